@@ -1,0 +1,55 @@
+# The course's commands. Quick start (README): `make lab` and `make test`.
+# Both create .venv on first use and reinstall only when pyproject.toml or constraints.txt change.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Jupyter refuses to run as root unless told; containers and CI often run as root.
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+# No display (a server, a container, CI): don't try to open a browser, just print the URL.
+BROWSER_FLAG := $(shell [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && [ "$$(uname)" != Darwin ] && echo --no-browser)
+NBVAL_FLAGS := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
+
+.PHONY: help install lab test unit-tests notebook-tests exercises check-exercises notebooks lint clean
+
+help:
+	@echo "make lab        install on first use, then start JupyterLab on notebooks/00_start_here.ipynb"
+	@echo "make test       install on first use, then run the whole test suite"
+	@echo "make exercises  regenerate exercises/ from solutions/"
+	@echo "make notebooks  re-execute the lecture notebooks in place (refresh stored outputs)"
+	@echo "make lint       ruff over course_lib/ and tests/"
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python >= 3.10 is needed; found " + sys.version.split()[0] + ". Run: make PYTHON=python3.11 ...")'
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# torch comes from the pin in constraints.txt, never from an unpinned resolve.
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[lab,dev]"
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab $(BROWSER_FLAG) $(ROOT_FLAG) notebooks/00_start_here.ipynb
+
+test: $(STAMP)
+	$(BIN)/python -m course_lib.grading.exercises check
+	$(BIN)/pytest tests -q
+	$(BIN)/pytest $(NBVAL_FLAGS) -q notebooks solutions
+
+exercises: $(STAMP)
+	$(BIN)/python -m course_lib.grading.exercises build
+
+check-exercises: $(STAMP)
+	$(BIN)/python -m course_lib.grading.exercises check
+
+notebooks: $(STAMP)
+	$(BIN)/python -m course_lib.grading.execute notebooks/*.ipynb
+
+lint: $(STAMP)
+	$(BIN)/ruff check course_lib tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
