@@ -17,7 +17,7 @@ help:
 	@echo "make lab        install on first use, then start JupyterLab on notebooks/00_start_here.ipynb"
 	@echo "make test       install on first use, then run the whole test suite"
 	@echo "make exercises  regenerate exercises/ from solutions/"
-	@echo "make notebooks  re-execute the lecture notebooks in place (refresh stored outputs)"
+	@echo "make notebooks  re-execute notebooks/ and solutions/ in place, then regenerate exercises/"
 	@echo "make lint       ruff over course_lib/ and tests/"
 
 install: $(STAMP)
@@ -45,7 +45,8 @@ check-exercises: $(STAMP)
 	$(BIN)/python -m course_lib.grading.exercises check
 
 notebooks: $(STAMP)
-	$(BIN)/python -m course_lib.grading.execute notebooks/*.ipynb
+	$(BIN)/python -m course_lib.grading.execute notebooks/*.ipynb solutions/*.ipynb
+	$(BIN)/python -m course_lib.grading.exercises build
 
 lint: $(STAMP)
 	$(BIN)/ruff check course_lib tests

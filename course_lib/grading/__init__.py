@@ -1,0 +1,64 @@
+"""Grading: verdict helpers, per-unit checks, the exercise generator and the grade command.
+
+Import-light on purpose: importing ``course_lib.grading`` (as every check cell does) loads only the
+standard library. The helpers below come from :mod:`course_lib.grading.core`; the generator and the
+grader (which need nbformat / nbclient) are loaded on first use.
+
+    python -m course_lib.grading.exercises build|check   # exercises/ from solutions/
+    python -m course_lib.grading.execute NB [NB ...]      # refresh a notebook's stored outputs
+    python -m course_lib.grade NOTEBOOK.ipynb             # score a learner's notebook per task
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from course_lib.grading.core import (
+    check_close,
+    check_equal,
+    fail,
+    fmt_int,
+    passed,
+    run_learner,
+)
+
+_LAZY = {
+    "build_exercises": "course_lib.grading.exercises",
+    "check_exercises": "course_lib.grading.exercises",
+    "ExerciseError": "course_lib.grading.exercises",
+    "grade_notebook": "course_lib.grading.grader",
+    "GradeReport": "course_lib.grading.grader",
+    "TaskResult": "course_lib.grading.grader",
+    "GradingInputError": "course_lib.grading.grader",
+    "execute_notebook": "course_lib.grading.execute",
+}
+
+__all__ = [
+    "ExerciseError",
+    "GradeReport",
+    "GradingInputError",
+    "TaskResult",
+    "build_exercises",
+    "check_close",
+    "check_equal",
+    "check_exercises",
+    "execute_notebook",
+    "fail",
+    "fmt_int",
+    "grade_notebook",
+    "passed",
+    "run_learner",
+]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'course_lib.grading' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

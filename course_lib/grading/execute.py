@@ -1,0 +1,167 @@
+"""Execute notebooks in place and save them with their outputs (``make notebooks``).
+
+    python -m course_lib.grading.execute notebooks/03_precision.ipynb [more.ipynb ...] [--timeout 300]
+
+Each notebook runs top to bottom in a fresh ``python3`` kernel (nbclient) whose working directory is
+the notebook's own directory, so relative paths behave as in JupyterLab. The kernel imports the same
+``course_lib`` as this command. Stored output is made as deterministic as possible: execution counts
+restart at 1, nbclient's per-cell timing metadata is not recorded (and old timing metadata is
+removed), widget state is not stored (its model ids are random), and the file is written with
+nbformat's canonical JSON (sorted keys, indent=1) plus a trailing newline.
+
+If a cell raises, the notebook is NOT overwritten (unless ``--allow-errors``) and the command names
+the notebook, the cell index and the exception, then goes on with the next notebook; it exits 1 if
+any notebook failed, 2 for a missing or unreadable file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["KERNEL_ARGS", "ExecuteError", "execute_notebook", "kernel_env"]
+
+# the kernel's own log (e.g. ipykernel's "running over TCP without encryption" warning on every
+# start) is infrastructure noise on the command's stderr; cell output is unaffected
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
+DEFAULT_TIMEOUT = 600.0  # seconds per cell; lecture notebooks run in about a minute in total
+
+
+class ExecuteError(RuntimeError):
+    """A notebook could not be executed; the message names the notebook and the cell."""
+
+
+def kernel_env() -> dict[str, str]:
+    """Environment for a kernel: this process's, with the directory holding ``course_lib`` first
+    on PYTHONPATH so the kernel grades and measures with the same package as the caller."""
+    import course_lib
+
+    root = str(Path(course_lib.__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    env["PYTHONPATH"] = os.pathsep.join([root, *parts])
+    env.pop("MPLBACKEND", None)  # let ipykernel pick its inline backend so figures are stored
+    env.pop("JPY_PARENT_PID", None)
+    return env
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _strip_timing(nb) -> None:
+    for cell in nb.cells:
+        meta = cell.get("metadata", {})
+        for key in ("execution", "ExecuteTime"):
+            meta.pop(key, None)
+    nb.metadata.pop("widgets", None)
+
+
+def execute_notebook(
+    path: Path | str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    kernel_name: str = "python3",
+    allow_errors: bool = False,
+    save: bool = True,
+):
+    """Execute the notebook at ``path`` in a fresh kernel (cwd = its directory) and save it in place.
+
+    Returns the executed notebook. Raises :class:`ExecuteError` naming the notebook and the failing
+    cell (a cell error unless ``allow_errors``, a cell running over ``timeout`` seconds, or a dead
+    kernel); the file is then left untouched.
+    """
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    from course_lib.grading.exercises import ExerciseError, read_notebook, render_notebook
+
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    path = Path(path)
+    try:
+        nb = read_notebook(path)
+    except ExerciseError as exc:
+        raise ExecuteError(str(exc)) from None
+    _strip_timing(nb)
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name=kernel_name,
+        allow_errors=allow_errors,
+        record_timing=False,
+        store_widget_state=False,
+        shutdown_kernel="immediate",
+        extra_arguments=list(KERNEL_ARGS),
+        resources={"metadata": {"path": str(path.resolve().parent)}},
+    )
+    with client.setup_kernel(env=kernel_env()):
+        for index, cell in enumerate(nb.cells):
+            try:
+                client.execute_cell(cell, index)
+            except CellTimeoutError:
+                raise ExecuteError(
+                    f"{path}: cell index {index} timed out after {timeout:g} s"
+                ) from None
+            except DeadKernelError:
+                raise ExecuteError(
+                    f"{path}: the kernel died while running cell index {index}"
+                ) from None
+            except CellExecutionError as exc:
+                error = next((o for o in cell.outputs if o.get("output_type") == "error"), {})
+                detail = f"{error.get('ename', 'error')}: {error.get('evalue', '')}".strip()
+                raise ExecuteError(f"{path}: cell index {index} raised {detail}") from exc
+    _strip_timing(nb)
+    if save:
+        try:
+            text = render_notebook(nb)
+        except Exception as exc:  # noqa: BLE001 - nbformat.ValidationError and friends
+            raise ExecuteError(
+                f"{path}: the executed notebook is not valid nbformat ({_one_line(exc)}); not saved"
+            ) from exc
+        path.write_bytes(text.encode("utf-8"))
+    return nb
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.grading.execute",
+        description="Execute notebooks in place (fresh kernel, cwd = the notebook's directory) and save their outputs.",
+    )
+    parser.add_argument("notebooks", nargs="+", metavar="NB", help="notebook files (.ipynb)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds per cell (default {DEFAULT_TIMEOUT:g})",
+    )
+    parser.add_argument("--kernel", default="python3", help="kernel name (default python3)")
+    parser.add_argument(
+        "--allow-errors", action="store_true", help="save the notebook even if cells raise"
+    )
+    args = parser.parse_args(argv)
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    missing = [nb for nb in args.notebooks if not Path(nb).is_file()]
+    if missing:
+        print(f"error: no such notebook file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    status = 0
+    for name in args.notebooks:
+        try:
+            execute_notebook(
+                name, timeout=args.timeout, kernel_name=args.kernel, allow_errors=args.allow_errors
+            )
+        except ExecuteError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        print(f"executed {name}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,452 @@
+"""Generate ``exercises/`` from ``solutions/`` (the source of truth) and detect drift.
+
+    python -m course_lib.grading.exercises build [--solutions solutions --out exercises]
+    python -m course_lib.grading.exercises check [--solutions solutions --out exercises]
+
+For each ``solutions/NN_topic.ipynb`` the generator writes ``exercises/NN_topic.ipynb`` where
+
+* every region from a ``### BEGIN SOLUTION`` line to its ``### END SOLUTION`` line (both included)
+  becomes, at the BEGIN marker's indentation,
+  ``raise NotImplementedError("FILL ME IN (roughly K lines)")``, K = the answer's non-blank,
+  non-comment lines (the nbgrader markers, GPU-Puzzles-style hint);
+* outputs and execution counts are cleared, except in cells tagged ``NBVAL_CHECK_OUTPUT``: they
+  keep their stored outputs AND execution counts (nbval treats a cell without an execution count as
+  "unrun" and refuses to compare it), which are the expected outputs nbval and the grader compare to;
+* a first markdown cell says the file is generated and from what; notebook metadata gets
+  ``{"course": {"generated_from": "solutions/NN_topic.ipynb", "unit": "NN_topic"}}``;
+* the file is written canonically (sorted keys, indent=1, trailing newline, cell ids copied from
+  the solution), so building twice gives byte-identical files and ``check`` can compare bytes.
+
+A malformed solution (BEGIN without END, nested or stray markers, an empty answer, markers outside
+code cells, a stored error output, a graded check cell without a stored output) raises
+:class:`ExerciseError` naming the file, the cell index and the line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "ExerciseError",
+    "SolutionTask",
+    "build_exercises",
+    "check_exercises",
+    "make_exercise",
+    "load_notebook_json",
+    "read_notebook",
+    "render_notebook",
+    "solution_tasks",
+    "unit_names",
+]
+
+CHECK_TAG = "NBVAL_CHECK_OUTPUT"
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+HEADER_ID = "generated-header"
+SOLUTION_NAME = re.compile(r"^\d\d_[A-Za-z0-9_\-]+\.ipynb$")
+_TASK_TAG = re.compile(r"^task-(.*)$")
+_POINTS_TAG = re.compile(r"^points-(.*)$")
+_BEGIN_LINE = re.compile(r"^(?P<indent>[ \t]*)#+[ \t]*BEGIN SOLUTION[ \t]*$")
+_END_LINE = re.compile(r"^(?P<indent>[ \t]*)#+[ \t]*END SOLUTION[ \t]*$")
+_CELL_ID = re.compile(r"^[a-zA-Z0-9_\-]{1,64}$")
+
+
+class ExerciseError(ValueError):
+    """A solution or exercise notebook is malformed; the message names file, cell and line."""
+
+
+# --------------------------------------------------------------------------- notebook helpers
+def load_notebook_json(path: Path | str) -> tuple[str, dict]:
+    """(text, parsed JSON) of a notebook file, checked to be a format-4 notebook; no nbformat import.
+
+    Raises ExerciseError with one line naming the file and the problem.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ExerciseError(f"{path}: no such file")
+    if path.is_dir():
+        raise ExerciseError(f"{path}: is a directory, not a notebook (.ipynb) file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ExerciseError(f"{path}: cannot read it as UTF-8 text ({exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ExerciseError(f"{path}: not a Jupyter notebook (invalid JSON: {exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise ExerciseError(f"{path}: not a Jupyter notebook (no 'cells' list in the JSON)")
+    if data.get("nbformat") != 4:
+        raise ExerciseError(
+            f"{path}: not a Jupyter notebook in format 4 (nbformat={data.get('nbformat')!r}; "
+            "open and save it in JupyterLab to upgrade it)"
+        )
+    if not isinstance(data.get("metadata", {}), dict):
+        raise ExerciseError(f"{path}: not a Jupyter notebook ('metadata' is not an object)")
+    return text, data
+
+
+def read_notebook(path: Path | str):
+    """Read a notebook as nbformat v4, or raise ExerciseError saying why it is not one."""
+    import nbformat
+
+    path = Path(path)
+    text, _ = load_notebook_json(path)
+    logger = logging.getLogger(
+        "nbformat"
+    )  # nbformat logs schema nits; we judge structure ourselves
+    previous = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        nb = nbformat.reads(text, as_version=4)
+    except Exception as exc:  # noqa: BLE001 - any reader failure means "not a notebook"
+        raise ExerciseError(
+            f"{path}: not a Jupyter notebook ({type(exc).__name__}: {exc})"
+        ) from None
+    finally:
+        logger.setLevel(previous)
+    for index, cell in enumerate(nb.cells):
+        if not isinstance(cell, dict) or "cell_type" not in cell or "source" not in cell:
+            raise ExerciseError(
+                f"{path}: not a Jupyter notebook (cell index {index} has no cell_type/source)"
+            )
+    return nb
+
+
+def cell_tags(cell) -> list[str]:
+    tags = cell.get("metadata", {}).get("tags", [])
+    return [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+
+
+def cell_task(cell, *, where: str = "notebook", index: int = -1) -> int | None:
+    """The task number of a cell tagged ``task-N`` (None if untagged)."""
+    found = [m.group(1) for t in cell_tags(cell) if (m := _TASK_TAG.match(t))]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ExerciseError(
+            f"{where}: cell index {index} has several task tags {found}; use one task-N"
+        )
+    if not found[0].isdigit():
+        raise ExerciseError(
+            f"{where}: cell index {index} has tag 'task-{found[0]}'; task tags are task-N with N a whole number"
+        )
+    return int(found[0])
+
+
+def cell_points(cell, *, where: str = "notebook", index: int = -1) -> int | float:
+    """Points of a graded cell: tag ``points-P`` (default 1)."""
+    found = [m.group(1) for t in cell_tags(cell) if (m := _POINTS_TAG.match(t))]
+    if not found:
+        return 1
+    try:
+        value = float(found[-1])
+    except ValueError:
+        value = -1.0
+    if len(found) > 1 or not value > 0 or value != value:
+        raise ExerciseError(
+            f"{where}: cell index {index} has points tags {found}; use one points-P with P > 0 (e.g. points-2)"
+        )
+    return int(value) if value.is_integer() else value
+
+
+@dataclass(frozen=True)
+class SolutionTask:
+    """A graded check cell of a solution notebook."""
+
+    task: int  # N of the task-N tag
+    points: int | float  # P of the points-P tag, default 1
+    cell_index: int  # index in the solution's cells
+    source: str  # the check cell's code
+    outputs: list  # the stored, expected outputs
+
+
+def solution_tasks(nb, path: Path | str) -> dict[int, SolutionTask]:
+    """Graded check cells of a solution, by task number; validates tags and stored outputs."""
+    where = str(path)
+    tasks: dict[int, SolutionTask] = {}
+    for index, cell in enumerate(nb.cells):
+        task = cell_task(cell, where=where, index=index)
+        if task is None:
+            continue
+        if cell.cell_type != "code":
+            raise ExerciseError(
+                f"{where}: cell index {index} is {cell.cell_type}, but tag task-{task} needs a code cell"
+            )
+        if CHECK_TAG not in cell_tags(cell):
+            raise ExerciseError(
+                f"{where}: cell index {index} has tag task-{task} but not {CHECK_TAG}; add it"
+            )
+        if task in tasks:
+            raise ExerciseError(
+                f"{where}: task-{task} tags two cells (index {tasks[task].cell_index} and {index}); one check cell per task"
+            )
+        if not cell.get("outputs") or cell.get("execution_count") is None:
+            raise ExerciseError(
+                f"{where}: check cell index {index} (task-{task}) has no stored output; execute the solution "
+                f"first: python -m course_lib.grading.execute {where}"
+            )
+        tasks[task] = SolutionTask(
+            task,
+            cell_points(cell, where=where, index=index),
+            index,
+            cell.source,
+            list(cell.outputs),
+        )
+    return dict(sorted(tasks.items()))
+
+
+def render_notebook(nb) -> str:
+    """Canonical text of a notebook: nbformat's JSON (sorted keys, indent=1) plus a trailing newline."""
+    import nbformat
+
+    nbformat.validate(nb)
+    text = nbformat.writes(nb, version=4)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def unit_names(solutions_dir: Path | str) -> list[str]:
+    """Units (``NN_topic``) that have a solution notebook in ``solutions_dir``."""
+    solutions_dir = Path(solutions_dir)
+    if not solutions_dir.is_dir():
+        return []
+    return sorted(
+        p.stem for p in solutions_dir.iterdir() if p.is_file() and SOLUTION_NAME.match(p.name)
+    )
+
+
+# --------------------------------------------------------------------------- the transformation
+def _count_answer_lines(lines: list[str]) -> int:
+    return sum(1 for line in lines if line.strip() and not line.strip().startswith("#"))
+
+
+def _hint(indent: str, k: int) -> str:
+    return (
+        f'{indent}raise NotImplementedError("FILL ME IN (roughly {k} line{"" if k == 1 else "s"})")'
+    )
+
+
+def strip_solution(source: str, *, where: str, index: int) -> str:
+    """Replace each BEGIN..END SOLUTION region of a code cell's source by a NotImplementedError hint."""
+    lines = source.split("\n")
+    out: list[str] = []
+    begin: tuple[int, str] | None = None  # (line number, indent) of the open region
+    answer: list[str] = []
+    for number, line in enumerate(lines, start=1):
+        b, e = _BEGIN_LINE.match(line), _END_LINE.match(line)
+        if b:
+            if begin is not None:
+                raise ExerciseError(
+                    f"{where}: cell index {index}, line {number}: nested '{BEGIN}' (the region opened at "
+                    f"line {begin[0]} is not closed); add '{END}' before it"
+                )
+            begin, answer = (number, b.group("indent")), []
+        elif e:
+            if begin is None:
+                raise ExerciseError(
+                    f"{where}: cell index {index}, line {number}: '{END}' without a '{BEGIN}' before it"
+                )
+            k = _count_answer_lines(answer)
+            if k == 0:
+                raise ExerciseError(
+                    f"{where}: cell index {index}, line {begin[0]}: empty solution region (no code between the markers)"
+                )
+            out.append(_hint(begin[1], k))
+            begin = None
+        elif "BEGIN SOLUTION" in line or "END SOLUTION" in line:
+            raise ExerciseError(
+                f"{where}: cell index {index}, line {number}: malformed marker {line.strip()!r}; a marker is "
+                f"a line of its own: '{BEGIN}' or '{END}'"
+            )
+        elif begin is not None:
+            answer.append(line)
+        else:
+            out.append(line)
+    if begin is not None:
+        raise ExerciseError(
+            f"{where}: cell index {index}, line {begin[0]}: '{BEGIN}' without a matching '{END}'"
+        )
+    return "\n".join(out)
+
+
+def _header_cell(solution_rel: str, unit: str):
+    import nbformat
+
+    text = (
+        f"**Generated file.** This notebook is generated from `{solution_rel}` by `make exercises`; "
+        "do not edit it by hand in the repository (edit the solution, then run `make exercises`).\n"
+        "\n"
+        'Learners: replace every `raise NotImplementedError("FILL ME IN ...")` with your answer, run '
+        "the notebook top to bottom, and check your score with "
+        f"`python -m course_lib.grade exercises/{unit}.ipynb` (from the repository root)."
+    )
+    cell = nbformat.v4.new_markdown_cell(text)
+    cell.id = HEADER_ID
+    cell.metadata = {"tags": ["generated"]}
+    return cell
+
+
+def make_exercise(solution_nb, solution_path: Path | str, *, solution_rel: str | None = None):
+    """The exercise notebook (a new NotebookNode) generated from one solution notebook."""
+    import nbformat
+
+    solution_path = Path(solution_path)
+    where = str(solution_path)
+    unit = solution_path.stem
+    solution_rel = solution_rel or f"solutions/{solution_path.name}"
+    solution_tasks(solution_nb, where)  # validates tags and expected outputs
+
+    cells = [_header_cell(solution_rel, unit)]
+    used_ids = {HEADER_ID}
+    for index, cell in enumerate(solution_nb.cells):
+        new = copy.deepcopy(cell)
+        new.metadata = {
+            k: v
+            for k, v in new.get("metadata", {}).items()
+            if k not in ("execution", "ExecuteTime")
+        }
+        cid = cell.get("id")
+        if not (isinstance(cid, str) and _CELL_ID.match(cid)) or cid in used_ids:
+            cid = f"cell-{index}"
+        used_ids.add(cid)
+        new.id = cid
+        if cell.cell_type == "code":
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    raise ExerciseError(
+                        f"{where}: cell index {index} has a stored error output ({output.get('ename')}); "
+                        f"fix the solution and execute it again: python -m course_lib.grading.execute {where}"
+                    )
+            new.source = strip_solution(cell.source, where=where, index=index)
+            if CHECK_TAG not in cell_tags(cell):
+                new.outputs = []
+                new.execution_count = None
+        else:
+            for number, line in enumerate(cell.source.split("\n"), start=1):
+                if _BEGIN_LINE.match(line) or _END_LINE.match(line):
+                    raise ExerciseError(
+                        f"{where}: cell index {index}, line {number}: solution marker in a {cell.cell_type} "
+                        "cell; markers are only allowed in code cells"
+                    )
+        cells.append(new)
+
+    nb = nbformat.v4.new_notebook()
+    nb.nbformat, nb.nbformat_minor = 4, max(5, int(solution_nb.get("nbformat_minor", 5)))
+    nb.metadata = copy.deepcopy(dict(solution_nb.get("metadata", {})))
+    nb.metadata["course"] = {"generated_from": solution_rel, "unit": unit}
+    nb.cells = cells
+    return nb
+
+
+# --------------------------------------------------------------------------- build / check
+def _expected_files(solutions_dir: Path, out_dir: Path) -> dict[Path, str]:
+    if not solutions_dir.is_dir():
+        raise ExerciseError(f"{solutions_dir}: no such solutions directory")
+    expected: dict[Path, str] = {}
+    for unit in unit_names(solutions_dir):
+        path = solutions_dir / f"{unit}.ipynb"
+        nb = read_notebook(path)
+        expected[out_dir / path.name] = render_notebook(
+            make_exercise(nb, path, solution_rel=f"solutions/{path.name}")
+        )
+    return expected
+
+
+def _is_generated(path: Path) -> bool:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {})
+        return isinstance(meta.get("course"), dict) and "generated_from" in meta["course"]
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def build_exercises(
+    solutions_dir: Path | str = "solutions", out_dir: Path | str = "exercises"
+) -> list[Path]:
+    """Write ``out_dir/NN_topic.ipynb`` for every ``solutions_dir/NN_topic.ipynb``; return the paths.
+
+    Files are only rewritten when their bytes change. Exercise notebooks that this generator wrote
+    earlier (metadata ``course.generated_from``) whose solution no longer exists are deleted; other
+    files in ``out_dir`` are left alone (``check_exercises`` reports them). Everything is validated
+    before anything is written.
+    """
+    solutions_dir, out_dir = Path(solutions_dir), Path(out_dir)
+    expected = _expected_files(solutions_dir, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for path, text in expected.items():
+        data = text.encode("utf-8")
+        if not path.exists() or path.read_bytes() != data:
+            path.write_bytes(data)
+    for path in sorted(out_dir.glob("*.ipynb")):
+        if path not in expected and _is_generated(path):
+            path.unlink()
+    return sorted(expected)
+
+
+def check_exercises(
+    solutions_dir: Path | str = "solutions", out_dir: Path | str = "exercises"
+) -> list[str]:
+    """Problems (one line each) if ``out_dir`` differs from what :func:`build_exercises` writes; [] if in sync."""
+    solutions_dir, out_dir = Path(solutions_dir), Path(out_dir)
+    expected = _expected_files(solutions_dir, out_dir)
+    problems = []
+    for path, text in expected.items():
+        if not path.exists():
+            problems.append(f"missing: {path} (run make exercises)")
+        elif path.read_bytes() != text.encode("utf-8"):
+            problems.append(
+                f"stale: {path} differs from what make exercises writes from {solutions_dir / path.name} "
+                "(edited by hand, or the solution changed); run make exercises"
+            )
+    if out_dir.is_dir():
+        for path in sorted(out_dir.glob("*.ipynb")):
+            if path not in expected:
+                problems.append(
+                    f"extra: {path} has no solution {solutions_dir / path.name}; delete it"
+                )
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.grading.exercises",
+        description="Generate exercises/ from solutions/ (build) or check that they are in sync (check).",
+    )
+    parser.add_argument("command", choices=["build", "check"])
+    parser.add_argument(
+        "--solutions", default="solutions", help="solutions directory (default: solutions)"
+    )
+    parser.add_argument(
+        "--out", default="exercises", help="exercises directory (default: exercises)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            for path in build_exercises(args.solutions, args.out):
+                print(path)
+            return 0
+        problems = check_exercises(args.solutions, args.out)
+    except ExerciseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print(
+            f"{len(problems)} problem(s): {args.out}/ is out of sync with {args.solutions}/",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"{args.out}/ is in sync with {args.solutions}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,494 @@
+"""Score a learner's exercise notebook per task against the solution's expected outputs.
+
+    python -m course_lib.grade exercises/03_precision.ipynb [--solutions DIR] [--timeout S] [--json]
+
+1. Find the solution: the notebook's metadata ``course.unit`` (or ``course.generated_from``), else
+   its file name ``NN_topic.ipynb`` (or, for a renamed copy, the one solution with the same ``NN_``
+   prefix), looked up in ``--solutions`` or else in ``solutions/`` next to the ``course_lib``
+   package being run.
+2. Run the learner's notebook cell by cell in a fresh kernel (nbclient, cwd = the notebook's
+   directory). A cell that raises is recorded and execution goes on, so later tasks are still
+   graded. Check cells run the solution's check code (found by their ``task-N`` tag), so an
+   accidental edit of a check cell cannot change the verdict.
+3. Task N passes iff its check cell ran without error and its output equals the expected output
+   stored in the solution's check cell, compared like nbval does (streams merged per name,
+   ``\\r`` applied, execution counts, metadata and images ignored) after stripping trailing
+   whitespace of every line. nbval's comparison is a method of its pytest item, so the few lines
+   needed are reimplemented here (tests check ``coalesce_streams`` against nbval's own).
+4. If the kernel dies or a cell runs over ``--timeout`` seconds, every task whose check cell has not
+   completed scores 0 with the message "kernel died" / "cell timed out after S s".
+
+Exit status: 0 if every task passes, 1 otherwise, 2 for bad input (missing file, not a notebook, no
+matching solution), reported as one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from course_lib.grading.exercises import (
+    CHECK_TAG,
+    SOLUTION_NAME,
+    ExerciseError,
+    cell_task,
+    load_notebook_json,
+    read_notebook,
+    solution_tasks,
+    unit_names,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "GradeReport",
+    "GradingInputError",
+    "TaskResult",
+    "coalesce_streams",
+    "compare_outputs",
+    "find_solution",
+    "grade_notebook",
+    "main",
+]
+
+DEFAULT_TIMEOUT = 120  # seconds per cell; exercise cells take a few seconds on 2 CPU cores
+
+# output keys nbval never compares (its default skip_compare list, images included)
+SKIP_COMPARE = frozenset(
+    {
+        "metadata",
+        "traceback",
+        "prompt_number",
+        "output_type",
+        "name",
+        "execution_count",
+        "application/vnd.jupyter.widget-view+json",
+        "image/png",
+        "image/jpeg",
+    }
+)
+
+
+class GradingInputError(ValueError):
+    """Bad input to the grader: missing file, not a notebook, or no matching solution."""
+
+
+class TaskResult(NamedTuple):
+    task: int
+    points: int | float
+    passed: bool
+    message: str
+
+
+@dataclass
+class GradeReport:
+    """Result of :func:`grade_notebook`."""
+
+    notebook: Path  # the learner's notebook
+    solution: Path  # the solution it was graded against
+    tasks: list[TaskResult]  # one per graded task of the solution, by task number
+    status: str = "completed"  # "completed", "kernel died" or "cell timed out after S s"
+    cell_errors: list[str] = field(
+        default_factory=list
+    )  # "cell index i: Type: message" of other cells
+
+    @property
+    def score(self) -> int | float:
+        return _num(sum(t.points for t in self.tasks if t.passed))
+
+    @property
+    def total(self) -> int | float:
+        return _num(sum(t.points for t in self.tasks))
+
+    @property
+    def all_passed(self) -> bool:
+        return all(t.passed for t in self.tasks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "notebook": str(self.notebook),
+            "solution": str(self.solution),
+            "status": self.status,
+            "score": self.score,
+            "total": self.total,
+            "tasks": [t._asdict() for t in self.tasks],
+            "cell_errors": list(self.cell_errors),
+        }
+
+    def format_table(self) -> str:
+        rows = [("task", "points", "passed", "message")]
+        rows += [
+            (str(t.task), _fmt_num(t.points), "✓" if t.passed else "✗", t.message)
+            for t in self.tasks
+        ]
+        w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+        lines = [f"grading {_display(self.notebook)} against {_display(self.solution)}"]
+        lines += [f"{r[0]:>{w0}}  {r[1]:>{w1}}  {r[2]:^6}  {r[3]}" for r in rows]
+        if self.cell_errors:
+            lines.append("other cells that raised:")
+            lines += [f"  {e}" for e in self.cell_errors]
+        if self.status != "completed":
+            lines.append(f"stopped: {self.status}")
+        lines.append(f"score: {_fmt_num(self.score)}/{_fmt_num(self.total)} points")
+        return "\n".join(lines)
+
+
+def _display(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _num(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else x
+
+
+def _fmt_num(x: float) -> str:
+    return f"{_num(x):g}" if isinstance(_num(x), float) else str(_num(x))
+
+
+def _first_line(text: str) -> str:
+    for line in str(text).splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+# --------------------------------------------------------------------------- nbval-style comparison
+_carriagereturn = re.compile(r"^.*\r(?=[^\n])", re.MULTILINE)
+
+
+def coalesce_streams(outputs: list) -> list[dict]:
+    """Merge stream outputs of the same name and drop text overwritten by ``\\r`` (as nbval does).
+
+    nbval.plugin.coalesce_streams also has a backspace rule, but its loop never runs (it compares
+    the text with itself before substituting), so backspaces are left alone here too.
+    """
+    merged: list[dict] = []
+    streams: dict[str, dict] = {}
+    for output in outputs:
+        output = dict(output)
+        if output.get("output_type") == "stream":
+            text = output.get("text", "")
+            text = "".join(text) if isinstance(text, list) else text
+            if output.get("name") in streams:
+                streams[output["name"]]["text"] += text
+                continue
+            output["text"] = text
+            streams[output.get("name")] = output
+        merged.append(output)
+    for output in streams.values():
+        output["text"] = _carriagereturn.sub("", output["text"])
+    return merged
+
+
+def _sanitize(value: Any) -> Any:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        value = "".join(value)
+    if not isinstance(value, str):
+        return value
+    return "\n".join(line.rstrip() for line in value.rstrip().split("\n"))
+
+
+def _comparable(outputs: list) -> dict[str, list]:
+    flat: dict[str, list] = defaultdict(list)
+    for output in coalesce_streams(outputs):
+        kind = output.get("output_type")
+        if kind == "stream":
+            flat[output.get("name", "stdout")].append(_sanitize(output.get("text", "")))
+        elif kind in ("display_data", "execute_result"):
+            for key, value in output.get("data", {}).items():
+                if key not in SKIP_COMPARE:
+                    flat[key].append(_sanitize(value))
+        elif kind == "error":
+            flat["error"].append(f"{output.get('ename')}: {output.get('evalue')}")
+    return flat
+
+
+def _show(values: list) -> str:
+    text = "\n".join(v if isinstance(v, str) else json.dumps(v, sort_keys=True) for v in values)
+    return repr(_first_line(text)) if text.strip() else "nothing"
+
+
+def compare_outputs(got: list, expected: list) -> str | None:
+    """None if ``got`` matches ``expected`` (nbval semantics, trailing whitespace stripped), else a one-line reason."""
+    g, e = _comparable(got), _comparable(expected)
+    for key in e:
+        if key not in g:
+            return f"output differs: expected {key} {_show(e[key])}, got no {key} output"
+    for key in g:
+        if key not in e:
+            return f"output differs: unexpected {key} output {_show(g[key])}"
+    for key in e:
+        if len(g[key]) != len(e[key]):
+            return f"output differs: expected {len(e[key])} {key} output(s), got {len(g[key])}"
+        for gv, ev in zip(g[key], e[key]):
+            if gv == ev:
+                continue
+            if isinstance(gv, str) and isinstance(ev, str):
+                gl, el = gv.split("\n"), ev.split("\n")
+                for i in range(max(len(gl), len(el))):
+                    a = el[i] if i < len(el) else None
+                    b = gl[i] if i < len(gl) else None
+                    if a != b:
+                        exp = repr(a) if a is not None else "no more lines"
+                        got_ = repr(b) if b is not None else "no more lines"
+                        return f"output differs ({key}, line {i + 1}): expected {exp}, got {got_}"
+            return f"output differs ({key}): expected {_show([ev])}, got {_show([gv])}"
+    return None
+
+
+# --------------------------------------------------------------------------- finding the solution
+def default_solutions_dir() -> Path:
+    """``solutions/`` of the repository holding the running ``course_lib`` package."""
+    import course_lib
+
+    return Path(course_lib.__file__).resolve().parent.parent / "solutions"
+
+
+def find_solution(path: Path | str, nb, solutions_dir: Path | str | None = None) -> Path:
+    """The solution notebook matching learner notebook ``nb`` (a NotebookNode or its JSON dict, read from ``path``)."""
+    path = Path(path)
+    explicit = solutions_dir is not None
+    solutions_dir = Path(solutions_dir) if explicit else default_solutions_dir()
+    if not solutions_dir.is_dir():
+        hint = "" if explicit else "; pass --solutions DIR"
+        raise GradingInputError(f"{path}: no solutions directory at {solutions_dir}{hint}")
+    units = unit_names(solutions_dir)
+    known = f"known units in {solutions_dir}: {', '.join(units) if units else 'none'}"
+    metadata = nb.get("metadata", {})
+    course = metadata.get("course", {}) if isinstance(metadata, dict) else {}
+    course = course if isinstance(course, dict) else {}
+    if isinstance(course.get("unit"), str) and course["unit"]:
+        wanted, why = (
+            f"{Path(course['unit']).name}.ipynb",
+            f"metadata course.unit={course['unit']!r}",
+        )
+    elif isinstance(course.get("generated_from"), str) and course["generated_from"]:
+        wanted, why = (
+            Path(course["generated_from"]).name,
+            f"metadata course.generated_from={course['generated_from']!r}",
+        )
+    else:
+        wanted, why = path.name, "file name"
+        if not (solutions_dir / wanted).is_file():
+            prefix = re.match(r"^(\d\d)_", path.name)
+            same = [u for u in units if prefix and u.startswith(prefix.group(1) + "_")]
+            if len(same) == 1:
+                return solutions_dir / f"{same[0]}.ipynb"
+    candidate = solutions_dir / wanted
+    if not (SOLUTION_NAME.match(candidate.name) and candidate.is_file()):
+        raise GradingInputError(
+            f"{path}: no matching solution for {Path(wanted).stem!r} (from its {why}); {known}"
+        )
+    return candidate
+
+
+# --------------------------------------------------------------------------- grading
+def _quiet_logger() -> logging.Logger:
+    logger = logging.getLogger("course_lib.grading.grader.nbclient")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+    logger.propagate = False
+    return logger
+
+
+def _error_of(cell) -> tuple[str, str] | None:
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error":
+            return str(output.get("ename", "Error")), str(output.get("evalue", ""))
+    return None
+
+
+def _error_message(ename: str, evalue: str) -> str:
+    first = _first_line(evalue)
+    if ename == "AssertionError":
+        return first or "AssertionError"
+    return f"{ename}: {first}" if first else ename
+
+
+def grade_notebook(
+    path: Path | str,
+    *,
+    solutions_dir: Path | str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    kernel_name: str = "python3",
+) -> GradeReport:
+    """Execute the learner notebook at ``path`` and score each graded task of its solution.
+
+    ``timeout`` is seconds per cell (rounded up to whole seconds, as nbclient counts them).
+    Returns a :class:`GradeReport` (``.tasks``: ``TaskResult(task, points, passed, message)``,
+    ``.score``, ``.total``). Raises :class:`GradingInputError` for a missing file, a file that is not
+    a notebook, or a notebook with no matching solution (or a malformed solution).
+    """
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not timeout > 0
+        or math.isinf(timeout)
+    ):
+        raise GradingInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    seconds = int(math.ceil(timeout))
+    path = Path(path)
+    try:
+        # bad input is reported before nbformat (slow to import) is needed
+        _, data = load_notebook_json(path)
+        solution = find_solution(path, data, solutions_dir)
+        nb = read_notebook(path)
+        expected = solution_tasks(read_notebook(solution), solution)
+    except ExerciseError as exc:
+        raise GradingInputError(str(exc)) from None
+    if not expected:
+        raise GradingInputError(
+            f"{path}: its solution {solution} has no graded check cells (tags task-N + {CHECK_TAG})"
+        )
+
+    # the learner's check cells, by task; they run the solution's check code
+    check_cells: dict[int, int] = {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        try:
+            task = cell_task(cell, where=str(path), index=index)
+        except ExerciseError:
+            continue
+        if task in expected and task not in check_cells:
+            check_cells[task] = index
+            cell.source = expected[task].source
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+
+    stopped_at, status = _execute(nb, path, seconds, kernel_name)
+
+    results = []
+    for task, spec in expected.items():
+        index = check_cells.get(task)
+        if index is None:
+            results.append(
+                TaskResult(
+                    task,
+                    spec.points,
+                    False,
+                    f"no check cell for task {task} in the notebook (a code cell tagged task-{task} and {CHECK_TAG})",
+                )
+            )
+            continue
+        if stopped_at is not None and index >= stopped_at:
+            results.append(TaskResult(task, spec.points, False, status))
+            continue
+        cell = nb.cells[index]
+        error = _error_of(cell)
+        if error is not None:
+            results.append(TaskResult(task, spec.points, False, _error_message(*error)))
+            continue
+        reason = compare_outputs(cell.outputs, spec.outputs)
+        if reason is not None:
+            results.append(TaskResult(task, spec.points, False, reason))
+            continue
+        stdout = "".join(
+            o.get("text", "")
+            for o in cell.outputs
+            if o.get("output_type") == "stream" and o.get("name") == "stdout"
+        )
+        results.append(
+            TaskResult(
+                task, spec.points, True, _first_line(stdout) or "output matches the expected output"
+            )
+        )
+
+    cell_errors = []
+    for index, cell in enumerate(nb.cells):
+        if (
+            cell.cell_type == "code"
+            and index not in check_cells.values()
+            and (error := _error_of(cell))
+        ):
+            cell_errors.append(
+                f"cell index {index}: {error[0]}: {_first_line(error[1])}".rstrip(": ")
+            )
+    return GradeReport(path, solution, results, status, cell_errors)
+
+
+def _execute(nb, path: Path, seconds: int, kernel_name: str) -> tuple[int | None, str]:
+    """Run every code cell, recording errors; returns (index where execution stopped or None, status)."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    from course_lib.grading.execute import KERNEL_ARGS, kernel_env
+
+    client = NotebookClient(
+        nb,
+        timeout=seconds,
+        kernel_name=kernel_name,
+        allow_errors=True,
+        record_timing=False,
+        store_widget_state=False,
+        shutdown_kernel="immediate",
+        extra_arguments=list(KERNEL_ARGS),
+        resources={"metadata": {"path": str(path.resolve().parent)}},
+        log=_quiet_logger(),
+    )
+    started = False
+    try:
+        with client.setup_kernel(env=kernel_env()):
+            started = True
+            for index, cell in enumerate(nb.cells):
+                if cell.cell_type != "code":
+                    continue
+                try:
+                    client.execute_cell(cell, index)
+                except CellExecutionError:
+                    pass  # recorded in the cell's outputs (e.g. a cell tagged raises-exception)
+                except CellTimeoutError:
+                    return index, f"cell timed out after {seconds} s"
+                except DeadKernelError:
+                    return index, "kernel died"
+    except Exception as exc:  # noqa: BLE001 - no kernel (e.g. ipykernel missing): every task scores 0
+        if started:
+            raise
+        return (
+            0,
+            f"kernel {kernel_name!r} failed to start: {type(exc).__name__}: {_first_line(str(exc))}",
+        )
+    return None, "completed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.grade",
+        description="Score an exercise notebook per task against its solution's expected outputs.",
+    )
+    parser.add_argument("notebook", help="the exercise notebook to grade (.ipynb)")
+    parser.add_argument(
+        "--solutions",
+        default=None,
+        help="solutions directory (default: solutions/ of this course_lib's repository)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds per cell (default {DEFAULT_TIMEOUT})",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    try:
+        report = grade_notebook(args.notebook, solutions_dir=args.solutions, timeout=args.timeout)
+    except GradingInputError as exc:
+        print(f"grade: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1, ensure_ascii=False))
+    else:
+        print(report.format_table())
+    return 0 if report.all_passed else 1

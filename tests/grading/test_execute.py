@@ -1,0 +1,107 @@
+"""Executing notebooks in place: deterministic stored outputs, cwd, errors leave the file alone."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from course_lib.grading.execute import ExecuteError, execute_notebook, main
+
+
+def test_reexecuting_the_fixture_reproduces_its_bytes(solution, tmp_path):
+    """The committed fixture was written by this command: running it again changes nothing."""
+    copy = tmp_path / solution.name
+    nb = nbformat.read(solution, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    cell.metadata["execution"] = {
+        "iopub.status.busy": "2026-01-01T00:00:00"
+    }  # stale timing metadata
+    nbformat.write(nb, copy)
+    execute_notebook(copy, timeout=60)
+    assert copy.read_bytes() == solution.read_bytes()
+
+
+def _notebook(path, *sources):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    nbformat.write(nb, path)
+    return path.read_bytes()
+
+
+def test_cli_uses_the_notebook_directory_and_keeps_failed_notebooks(tmp_path, capsys):
+    (tmp_path / "data.txt").write_text("relative path works", encoding="utf-8")
+    good = tmp_path / "good.ipynb"
+    _notebook(good, "print(open('data.txt').read())")
+    bad = tmp_path / "bad.ipynb"
+    bad_bytes = _notebook(bad, "x = 1", "1 / 0")
+    assert main([str(bad), str(good), "--timeout", "60"]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}: cell index 1 raised ZeroDivisionError: division by zero" in err
+    assert bad.read_bytes() == bad_bytes  # a failed notebook is not overwritten
+    cell = nbformat.read(good, as_version=4).cells[0]
+    assert cell.execution_count == 1
+    assert cell.outputs[0]["text"] == "relative path works\n"
+    assert "execution" not in cell.metadata
+
+
+def test_timeout_and_missing_files(tmp_path):
+    slow = tmp_path / "slow.ipynb"
+    _notebook(slow, "import time\ntime.sleep(60)")
+    with pytest.raises(ExecuteError, match=r"slow\.ipynb: cell index 0 timed out after 1 s"):
+        execute_notebook(slow, timeout=1)
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds, got 0"):
+        execute_notebook(slow, timeout=0)
+    done = subprocess.run(
+        [sys.executable, "-m", "course_lib.grading.execute", str(tmp_path / "absent.ipynb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        done.returncode == 2
+        and "no such notebook file" in done.stderr
+        and "Traceback" not in done.stderr
+    )
+
+
+def test_exercise_and_solution_under_nbval(exercise, solution, tmp_path):
+    """nbval (lax) passes the solution and fails every check cell of the untouched exercise."""
+    pytest.importorskip("nbval")
+    shutil.copy(solution, tmp_path / "solution.ipynb")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--nbval-lax",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "--rootdir",
+        str(tmp_path),
+        str(tmp_path / "solution.ipynb"),
+        str(exercise),
+        "-rf",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    failed = sorted(
+        line.split(" - ")[0].split("::")[-1]
+        for line in done.stdout.splitlines()
+        if line.startswith("FAILED")
+    )
+    # nbval counts code cells only: 3, 5 and 7 are the check cells of tasks 1-3, 4 is the
+    # top-level stub itself; the solution and the exercise's other cells (incl. the non-graded
+    # NBVAL_CHECK_OUTPUT cell 8, whose kept output is compared) pass
+    assert failed == ["Cell 3", "Cell 4", "Cell 5", "Cell 7"], done.stdout
+    assert all(
+        "99_fixture.ipynb::" in line
+        for line in done.stdout.splitlines()
+        if line.startswith("FAILED")
+    )
+    assert "4 failed, 14 passed" in done.stdout, done.stdout

@@ -1,0 +1,152 @@
+"""Repository-level checks: packaging, the exercise pipeline over the real units, and JupyterLab.
+
+The library tests live beside this file in folders mirroring course_lib/. These tests look at
+the course as a learner and an instructor meet it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb"))
+LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+# --- packaging -------------------------------------------------------------------------------
+
+def test_pyproject_is_the_single_source_of_dependencies():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=\[; ]", d)[0].lower() for d in project["dependencies"]}
+    assert {"torch", "matplotlib", "ipywidgets", "pandas", "cloudpickle", "psutil", "tqdm"} <= names
+    extras = {k: {re.split(r"[<>=\[; ]", d)[0].lower() for d in v}
+              for k, v in project["optional-dependencies"].items()}
+    assert "jupyterlab" in extras["lab"]
+    assert {"pytest", "nbval", "nbclient", "nbformat", "ruff", "pytest-timeout"} <= extras["dev"]
+    env = (ROOT / "environment.yml").read_text()
+    assert "python=3.11" in env and "-c constraints.txt" in env and "-e .[lab,dev]" in env
+    # environment.yml must not list packages of its own: they would drift from pyproject.toml.
+    pip_lines = [ln.strip() for ln in env.split("pip:")[1].splitlines() if ln.strip().startswith("-")]
+    assert pip_lines == ["- -c constraints.txt", "- -e .[lab,dev]"], pip_lines
+
+
+def test_torch_is_pinned_by_the_constraints_file():
+    pins = [ln.split("#")[0].strip() for ln in (ROOT / "constraints.txt").read_text().splitlines()]
+    assert "torch==2.13.0" in pins
+    makefile = (ROOT / "Makefile").read_text()
+    # Every pip install in the Makefile goes through the constraints file.
+    for line in makefile.splitlines():
+        if "pip install" in line and "--upgrade pip" not in line:
+            assert "-c constraints.txt" in line, line
+
+
+def test_every_unit_has_lecture_solution_and_exercise():
+    lectures = {p.name for p in LECTURES}
+    solutions = {p.name for p in SOLUTIONS}
+    exercises = {p.name for p in EXERCISES}
+    assert "00_start_here.ipynb" in lectures
+    assert solutions == exercises, "exercises/ must hold exactly one generated file per solution"
+    assert solutions <= lectures, f"solutions without a lecture: {sorted(solutions - lectures)}"
+
+
+def test_lecture_notebooks_are_committed_executed():
+    for path in LECTURES:
+        nb = json.loads(path.read_text())
+        code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+        assert code, f"{path.name} has no code"
+        unexecuted = [i for i, c in enumerate(code) if c.get("execution_count") is None]
+        assert not unexecuted, f"{path.name}: code cells {unexecuted} were not executed; run `make notebooks`"
+        assert any(c.get("outputs") for c in code), f"{path.name}: no stored outputs"
+        errors = [c for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        assert not errors, f"{path.name}: stored error outputs"
+
+
+# --- exercise pipeline over the real units ---------------------------------------------------
+
+def test_exercises_are_in_sync_with_solutions():
+    from course_lib.grading.exercises import check_exercises
+
+    problems = check_exercises(ROOT / "solutions", ROOT / "exercises")
+    assert problems == [], "run `make exercises`: " + "; ".join(problems)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
+def test_solution_scores_full_marks_and_exercise_scores_zero(solution):
+    from course_lib.grading.grader import grade_notebook
+
+    report = grade_notebook(solution, timeout=300)
+    assert report.tasks, f"{solution.name} has no graded task"
+    assert report.score == report.total, report
+    assert all(t.passed for t in report.tasks), report
+    # An untouched exercise fails every check: proof that each check can fail.
+    exercise = ROOT / "exercises" / solution.name
+    report = grade_notebook(exercise, timeout=300)
+    assert len(report.tasks) >= 1 and report.score == 0, report
+    assert not any(t.passed for t in report.tasks), report
+
+
+def test_grade_cli_bad_input_is_one_line_exit_2(tmp_path):
+    not_json = tmp_path / "notes.ipynb"
+    not_json.write_text("this is not a notebook")
+    for arg in [str(tmp_path / "missing.ipynb"), str(not_json)]:
+        proc = subprocess.run([sys.executable, "-m", "course_lib.grade", arg],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert proc.returncode == 2, proc
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert Path(arg).name in lines[0]
+
+
+# --- JupyterLab ------------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_jupyterlab_serves_unit_00(tmp_path):
+    """What `make lab` starts: a server on which notebooks/00_start_here.ipynb opens."""
+    jupyter = Path(sys.executable).parent / "jupyter"
+    if not jupyter.exists():
+        jupyter = shutil.which("jupyter")
+    token = "course-test-token"
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
+    cmd = [str(jupyter), "lab", "--no-browser", "--ServerApp.port=0", f"--IdentityProvider.token={token}",
+           "--ServerApp.ip=127.0.0.1", "notebooks/00_start_here.ipynb"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log = tmp_path / "lab.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = None
+        deadline = time.monotonic() + 90
+        while url is None and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            m = re.search(r"(http://127\.0\.0\.1:\d+)/lab", log.read_text())
+            url = m.group(1) if m else None
+            time.sleep(0.5)
+        assert url, "JupyterLab printed no URL in 90 s:\n" + log.read_text()
+        headers = {"Authorization": f"token {token}"}
+        req = urllib.request.Request(f"{url}/api/contents/notebooks/00_start_here.ipynb", headers=headers)
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            model = json.load(resp)
+        assert model["type"] == "notebook" and model["content"]["cells"]
+        req = urllib.request.Request(f"{url}/lab/tree/notebooks/00_start_here.ipynb", headers=headers)
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200 and b"JupyterLab" in resp.read()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
