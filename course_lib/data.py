@@ -1,0 +1,139 @@
+"""Synthetic tasks generated in code: no downloads, deterministic for a given seed.
+
+Every function takes a ``seed`` and draws from its own ``torch.Generator``, so the same call gives
+the same tensors on every machine and in every rank (global RNG state is left untouched).
+
+* ``regression_task``: noisy outputs of a random linear teacher (for the MLP).
+* ``random_token_batches``: uniform random tokens and their next-token targets (memory and
+  speed measurements of the GPT, where what is learned does not matter).
+* ``copy_or_sort_task``: sequence-to-sequence toy tasks (copy, reverse, sort).
+* ``pattern_task``: sequences that repeat a random motif; a GPT learns to predict every token
+  after the first period, so the loss falls from ln(vocab) towards ``pattern_task_loss_floor``:
+  a loss curve in a few seconds on a CPU.
+* ``modular_addition_task``: ``a + b mod p`` as token triples (a classic small learnable task).
+* ``iterate_minibatches``: shuffled mini-batches of any of the above.
+
+Introduced in notebooks/00_start_here.ipynb.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+
+__all__ = ["regression_task", "random_token_batches", "copy_or_sort_task", "pattern_task",
+           "pattern_task_loss_floor", "modular_addition_task", "iterate_minibatches"]
+
+
+def _pos_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _gen(seed: int) -> torch.Generator:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    return torch.Generator().manual_seed(seed)
+
+
+def regression_task(n: int, in_features: int, out_features: int = 1, *, noise: float = 0.1,
+                    seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)``: x ~ N(0, 1) of shape (n, in_features); y = x W^T + b + noise * N(0, 1),
+    shape (n, out_features), for a teacher W, b drawn from the same seed. float32."""
+    n, fi, fo = _pos_int("n", n), _pos_int("in_features", in_features), _pos_int("out_features", out_features)
+    if not noise >= 0:
+        raise ValueError(f"noise must be >= 0, got {noise!r}")
+    g = _gen(seed)
+    w = torch.randn(fo, fi, generator=g) / math.sqrt(fi)
+    b = torch.randn(fo, generator=g) * 0.1
+    x = torch.randn(n, fi, generator=g)
+    y = x @ w.T + b + noise * torch.randn(n, fo, generator=g)  # (n, out_features)
+    return x, y
+
+
+def random_token_batches(vocab: int, batch: int, seq: int, *, seed: int = 0,
+                         n_batches: int | None = None):
+    """Uniform random token ids: ``(idx, targets)``, each (batch, seq) int64, targets = idx
+    shifted by one (next token). With ``n_batches`` a list of that many such pairs."""
+    vocab, batch, seq = _pos_int("vocab", vocab), _pos_int("batch", batch), _pos_int("seq", seq)
+    g = _gen(seed)
+
+    def one():
+        tokens = torch.randint(0, vocab, (batch, seq + 1), generator=g)  # (B, T+1)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    if n_batches is None:
+        return one()
+    return [one() for _ in range(_pos_int("n_batches", n_batches))]
+
+
+COPY_SORT_TASKS = ("copy", "reverse", "sort")
+
+
+def copy_or_sort_task(n: int, seq: int, vocab: int, *, task: str = "copy",
+                      seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)``, each (n, seq) int64: x random tokens, y = x (copy), x reversed, or x sorted."""
+    n, seq, vocab = _pos_int("n", n), _pos_int("seq", seq), _pos_int("vocab", vocab)
+    if task not in COPY_SORT_TASKS:
+        raise ValueError(f"task={task!r} is not supported; valid choices: {', '.join(COPY_SORT_TASKS)}")
+    x = torch.randint(0, vocab, (n, seq), generator=_gen(seed))
+    y = {"copy": lambda: x.clone(), "reverse": lambda: x.flip(1),
+         "sort": lambda: x.sort(dim=1).values}[task]()
+    return x, y
+
+
+def pattern_task(n: int, seq: int, vocab: int, *, period: int = 8,
+                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token prediction on sequences that repeat a random motif of ``period`` tokens.
+
+    Returns ``(idx, targets)``, each (n, seq) int64 (targets = the sequence shifted by one).
+    The first ``period - 1`` targets of a sequence cannot be predicted; every later one can
+    (copy the token ``period`` positions back), which a 2-layer attention model learns quickly.
+    """
+    n, seq, vocab = _pos_int("n", n), _pos_int("seq", seq), _pos_int("vocab", vocab)
+    period = _pos_int("period", period)
+    if period > seq:
+        raise ValueError(f"period={period} must be <= seq={seq}")
+    motif = torch.randint(0, vocab, (n, period), generator=_gen(seed))  # (n, period)
+    reps = math.ceil((seq + 1) / period)
+    tokens = motif.repeat(1, reps)[:, : seq + 1]  # (n, seq + 1)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def pattern_task_loss_floor(seq: int, vocab: int, period: int = 8) -> float:
+    """Best achievable mean cross-entropy (nats) on ``pattern_task``: the first period - 1
+    targets are uniform guesses (ln vocab each), the rest are determined (0)."""
+    seq, vocab, period = _pos_int("seq", seq), _pos_int("vocab", vocab), _pos_int("period", period)
+    return (min(period - 1, seq) / seq) * math.log(vocab)
+
+
+def modular_addition_task(p: int = 11, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """All p*p pairs (a, b) as tokens ``[a, b, p]`` (p is the "=" token) with target (a+b) mod p,
+    shuffled with ``seed``. Returns x (p*p, 3) and y (p*p,), int64; vocabulary size p + 1."""
+    p = _pos_int("p", p)
+    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+    a, b = a.flatten(), b.flatten()
+    x = torch.stack([a, b, torch.full_like(a, p)], dim=1)  # (p*p, 3)
+    y = (a + b) % p
+    order = torch.randperm(p * p, generator=_gen(seed))
+    return x[order], y[order]
+
+
+def iterate_minibatches(*tensors: torch.Tensor, batch_size: int, shuffle: bool = True,
+                        seed: int = 0, drop_last: bool = False) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Yield tuples of mini-batches (slices along dim 0) of tensors of the same length."""
+    if not tensors:
+        raise ValueError("pass at least one tensor")
+    n = len(tensors[0])
+    for i, t in enumerate(tensors):
+        if len(t) != n:
+            raise ValueError(f"tensors[{i}] has {len(t)} rows, tensors[0] has {n}")
+    bs = _pos_int("batch_size", batch_size)
+    order = torch.randperm(n, generator=_gen(seed)) if shuffle else torch.arange(n)
+    for start in range(0, n, bs):
+        idx = order[start:start + bs]
+        if drop_last and len(idx) < bs:
+            return
+        yield tuple(t[idx] for t in tensors)

@@ -1,0 +1,397 @@
+"""MemoryMeter: tensor memory of a block of PyTorch code, by category, at its peak and over time.
+
+    from course_lib import MemoryMeter
+    with MemoryMeter(model, optimizer) as mem:
+        loss = model(x).pow(2).mean(); loss.backward(); optimizer.step()
+    mem.peak_bytes, mem.peak_breakdown, mem.end_breakdown, mem.timeline
+
+Built on PyTorch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``), a
+``TorchDispatchMode`` that sees every tensor an operator creates and follows its storage until
+it is freed. That API is private; this file is the only place in the course that touches it, and
+tests/measure/test_memory.py pins the behaviour we rely on.
+
+Categories (bytes of tensor storage, exact on CPU; on CUDA MemTracker rounds each storage up to
+the allocator's 512-byte blocks):
+
+==============  ==============================================================================
+params          ``nn.Parameter`` storages and module buffers (MemTracker's PARAM + BUFFER)
+grads           ``.grad`` of parameters (GRAD)
+optimizer       tensors in ``optimizer.state`` (OPT) -- moments, momentum buffers and torch.optim's
+                scalar ``step`` counters. Tensors the step allocates and frees again are
+                moved to *temporaries* (MemTracker labels them OPT while the step runs).
+activations     tensors created outside backward and outside the optimizer step (ACT): what
+                autograd saves for backward, the outputs, and forward transients alive at
+                that moment
+temporaries     tensors created during backward that are not gradients of parameters (TEMP:
+                gradients of activations, scratch), plus the step's transient buffers
+other           tensors passed with ``track=`` (MemTracker's "Other"), e.g. the input batch
+==============  ==============================================================================
+
+Inputs: a tensor created *before* the block (the batch ``x``) is not counted unless passed as
+``MemoryMeter(model, opt, track=(x,))`` (then it is *other*); a tensor created inside the block,
+outside any backward or step, is an *activation*.
+
+What the adapter adds to MemTracker: the mapping above; the optimizer-transient correction; a
+chronological ``timeline`` (MemTracker only keeps per-module snapshots) recorded at every module
+pre/post forward/backward hook and optimizer pre/post step, plus a ``peak`` row placed where the
+peak happened; repeated calls of the root module (several steps or micro-batches in one block;
+MemTracker raises NotImplementedError there) by restarting its per-module statistics; the CUDA
+allocator's own peaks (``cuda_peak_allocated``/``cuda_peak_reserved``); and plain, picklable
+results, so a rank started by ``course_lib.launch`` can return the meter.
+
+Under ``FakeTensorMode`` nothing is allocated: a 7B-parameter training step is measured from the
+shapes alone (``mem.simulated`` is True then; say so when showing the numbers). About 10 s and
+0.4 GB of RAM on one CPU core for Llama-7B, sequence 512, AdamW::
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        model = Llama(LlamaConfig.llama_7b_like()); opt = torch.optim.AdamW(model.parameters())
+        idx = torch.randint(0, 32000, (1, 512))
+        with MemoryMeter(model, opt) as mem:
+            model.loss(idx, idx).backward(); opt.step()
+Introduced in notebooks/01_backprop_memory.ipynb.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+# the one place in the course that imports the private API
+from torch.distributed._tools.common_utils import get_untyped_storages
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+__all__ = ["MemoryMeter", "CATEGORIES"]
+
+#: our categories, in the order plots stack them
+CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries", "other")
+
+# MemTracker reference type -> our category
+_CATEGORY_OF = {
+    _MemRefType.PARAM: "params",
+    _MemRefType.BUFFER: "params",
+    _MemRefType.GRAD: "grads",
+    _MemRefType.OPT: "optimizer",
+    _MemRefType.ACT: "activations",
+    _MemRefType.TEMP: "temporaries",
+    _MemRefType.OTH: "other",
+}
+
+
+def _empty() -> dict[str, int]:
+    return dict.fromkeys(CATEGORIES, 0)
+
+
+class _Tracker(MemTracker):
+    """MemTracker plus a chronological timeline, per-device peaks with our categories, and the
+    optimizer-transient correction. Everything that depends on MemTracker internals is here."""
+
+    def __init__(self, meter: "MemoryMeter") -> None:
+        super().__init__()
+        self._meter = meter
+        self._n_ops = 0
+        self._step_created: dict[int, list] = {}  # id(winfo) -> [winfo, born op, freed op]
+        self._step_start: list[int] = []  # op count when each running step began
+        self._our_opt_handles: tuple = ()
+        self.peaks: dict[str, tuple[int, dict[str, int], int, str]] = {}  # dev -> (total, bd, op, phase)
+        self.rows: list[dict[str, Any]] = []
+
+    # ---- categories -----------------------------------------------------------------------
+    def breakdown(self, device: str) -> dict[str, int]:
+        """Current bytes per category on ``device`` (MemTracker's labels, mapped)."""
+        out = _empty()
+        for dev, snap in self._curr_mem_snap.items():
+            if str(dev) != device:
+                continue
+            for reftype, cat in _CATEGORY_OF.items():
+                out[cat] += snap.get(reftype, 0)
+        return out
+
+    # ---- optimizer transients -------------------------------------------------------------
+    # While a step runs MemTracker labels every new tensor OPT. We note when each of them is
+    # created and freed (in op counts); when the step ends we know which ones are optimizer
+    # state (in ``optimizer.state``) and move the others, alive at a peak inside the step, from
+    # *optimizer* to *temporaries*. One pass per step, so a 7B AdamW step stays fast.
+    def _track(self, reftype: Any, t: torch.Tensor) -> None:
+        if not self._in_opt:
+            return super()._track(reftype, t)
+        new = [st for st in get_untyped_storages(t) if st not in self._WINFO]
+        super()._track(reftype, t)
+        for st in new:  # storages this operator created (in-place results are not new)
+            winfo, _ = self._WINFO.get(st, (None, None))
+            if winfo is not None:
+                self._step_created[id(winfo)] = [winfo, self._n_ops + 1, None]
+
+    def _delete_callback(self, winfo: Any, w_st: Any) -> None:
+        super()._delete_callback(winfo, w_st)
+        entry = self._step_created.get(id(winfo))
+        if entry is not None and entry[2] is None:
+            entry[2] = self._n_ops + 1  # alive up to and including op _n_ops
+
+    def _state_winfo_ids(self, optimizer: torch.optim.Optimizer) -> set[int]:
+        ids = set()
+        for state in optimizer.state.values():
+            for val in state.values():
+                if isinstance(val, torch.Tensor):
+                    for st in get_untyped_storages(val):
+                        winfo, _ = self._WINFO.get(st, (None, None))
+                        if winfo is not None:
+                            ids.add(id(winfo))
+        return ids
+
+    def _settle_step(self, optimizer: torch.optim.Optimizer, step_start_op: int) -> None:
+        state_ids = self._state_winfo_ids(optimizer)
+        for dev, (total, bd, op, phase) in list(self.peaks.items()):
+            if op <= step_start_op:
+                continue  # this device's peak is not inside this step
+            transient = sum(w.mem_consumed for w, born, died in self._step_created.values()
+                            if id(w) not in state_ids and str(w.device) == dev
+                            and born <= op and (died is None or died > op))
+            transient = min(transient, bd["optimizer"])
+            bd = {**bd, "optimizer": bd["optimizer"] - transient,
+                  "temporaries": bd["temporaries"] + transient}
+            self.peaks[dev] = (total, bd, op, phase)
+        self._step_created.clear()
+
+    def phase(self) -> str:
+        if self._in_opt:
+            return "step"
+        return "backward" if self._mod_tracker.is_bw else "forward"
+
+    # ---- timeline -------------------------------------------------------------------------
+    def record(self, event: str, module: str = "", phase: str | None = None) -> None:
+        row = {"op": self._n_ops, "event": event, "module": module,
+               "phase": phase or self.phase()}
+        row.update(self.breakdown(self._meter.device))
+        row["total"] = sum(row[c] for c in CATEGORIES)
+        self.rows.append(row)
+
+    def _name(self, module: nn.Module) -> str:
+        return self._mod_tracker.get_known_fqn(module) or type(module).__name__
+
+    def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        if (module in self.memory_tracking and not self._mod_tracker.is_bw
+                and set(self._mod_tracker.parents) - {self._name(module)} == {"Global"}):
+            # the root module runs again (next step or micro-batch): MemTracker refuses; its
+            # per-module statistics are not what we report, so restart them for this module
+            del self.memory_tracking[module]
+        super()._pre_fw_hook(module, inputs)
+        # a forward inside backward is activation-checkpointing recomputation
+        self.record("pre_recompute" if self._mod_tracker.is_bw else "pre_forward", self._name(module))
+
+    def _post_fw_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
+        if module in self.memory_tracking:
+            super()._post_fw_hook(module, inputs, outputs)
+        self.record("post_recompute" if self._mod_tracker.is_bw else "post_forward", self._name(module))
+
+    def _pre_bw_hook(self, module: nn.Module, args: Any) -> None:
+        if module is None or module not in self.memory_tracking:
+            return
+        super()._pre_bw_hook(module, args)
+        self.record("pre_backward", self._name(module), "backward")
+
+    def _post_bw_hook(self, module: nn.Module, args: Any) -> None:
+        if module is None or module not in self.memory_tracking:
+            return
+        super()._post_bw_hook(module, args)
+        self.record("post_backward", self._name(module), "backward")
+
+    def _register_global_optimizer_hook(self) -> None:
+        super()._register_global_optimizer_hook()  # sets/unsets _in_opt, labels state OPT
+
+        def pre(optimizer, args, kwargs):
+            self._step_start.append(self._n_ops)
+            self.record("pre_step", type(optimizer).__name__, "step")
+
+        def post(optimizer, args, kwargs):
+            self._settle_step(optimizer, self._step_start.pop())
+            self.record("post_step", type(optimizer).__name__, "step")
+
+        # registered after MemTracker's: its post hook (state -> OPT) runs before ours
+        self._our_opt_handles = (register_optimizer_step_pre_hook(pre),
+                                 register_optimizer_step_post_hook(post))
+
+    def _deregister_param_and_optimizer_hooks(self) -> None:
+        super()._deregister_param_and_optimizer_hooks()
+        for handle in self._our_opt_handles:
+            handle.remove()
+        self._our_opt_handles = ()
+
+    # ---- peaks ----------------------------------------------------------------------------
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        # Replaces MemTracker's version, which also refreshes a peak snapshot of every active
+        # module by scanning all modules after every operator (quadratic: minutes for a 7B
+        # model). We keep the global per-device peak only; per-module peaks are not reported.
+        self._n_ops += 1
+        for dev, snap in self._curr_mem_snap.items():
+            total = snap.get(_TOTAL_KEY, 0)
+            if total > self._peak_mem.get(dev, 0):
+                self._peak_mem[dev] = total
+                self._peak_mem_snap[dev] = dict(snap)
+            name = str(dev)
+            if total > self.peaks.get(name, (-1,))[0]:
+                self.peaks[name] = (total, self.breakdown(name), self._n_ops, self.phase())
+
+
+class MemoryMeter:
+    """Measure tensor memory by category while a block runs (see the module docstring).
+
+    Args:
+        model: module(s) whose parameters, buffers and gradients are counted from the start
+            (``None`` if the block creates them).
+        optimizer: optimizer(s) whose existing state is counted from the start; any optimizer
+            that steps inside the block is tracked anyway.
+        track: extra tensors created before the block to count as *other* (e.g. the input batch).
+        device: device whose memory is reported (default: the model's, else "cpu"). Peaks of
+            every device seen are in ``peak_bytes_by_device``.
+
+    Results (plain data, available after the block; the meter pickles):
+        ``peak_bytes`` (int), ``peak_breakdown`` (category -> bytes at the peak, sums to
+        ``peak_bytes``), ``peak_phase`` ("forward"/"backward"/"step"), ``end_breakdown``
+        (alive when the block ends), ``start_breakdown``, ``timeline`` (pandas DataFrame),
+        ``peak_bytes_by_device``, ``cuda_peak_allocated`` / ``cuda_peak_reserved`` (the CUDA
+        caching allocator's own peaks in bytes during the block; None on CPU and under
+        FakeTensorMode), ``simulated`` (True under FakeTensorMode).
+    """
+
+    def __init__(self, model: nn.Module | Iterable[nn.Module] | None = None,
+                 optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
+                 *, track: Iterable[torch.Tensor] = (), device: str | torch.device | None = None):
+        self._model = _as_list(model, nn.Module, "model")
+        self._optimizer = _as_list(optimizer, torch.optim.Optimizer, "optimizer")
+        self._track = list(track)
+        for i, t in enumerate(self._track):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"track[{i}] must be a torch.Tensor, got {type(t).__name__}")
+        self.device = _device_name(device) if device is not None else self._default_device()
+        self._tracker: _Tracker | None = None
+        self._warnings = None
+        self.peak_bytes: int | None = None
+        self.peak_breakdown: dict[str, int] | None = None
+        self.peak_phase: str | None = None
+        self.start_breakdown: dict[str, int] | None = None
+        self.end_breakdown: dict[str, int] | None = None
+        self.peak_bytes_by_device: dict[str, int] = {}
+        self.timeline = None
+        self.cuda_peak_allocated: int | None = None
+        self.cuda_peak_reserved: int | None = None
+        self.simulated = False
+
+    def _default_device(self) -> str:
+        for m in self._model:
+            for t in (*m.parameters(), *m.buffers()):
+                return str(t.device)
+        for opt in self._optimizer:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    return str(p.device)
+        return "cpu"
+
+    def _on_cuda(self) -> bool:
+        return (self.device.startswith("cuda") and torch.cuda.is_available()
+                and not self.simulated)
+
+    def __enter__(self) -> "MemoryMeter":
+        if self._tracker is not None or self.peak_bytes is not None:
+            raise RuntimeError("a MemoryMeter measures one block; create a new one for the next")
+        from torch._guards import active_fake_mode
+        self.simulated = active_fake_mode() is not None or any(
+            _is_fake(p) for m in self._model for p in m.parameters())
+        if self._on_cuda():
+            torch.cuda.reset_peak_memory_stats(self.device)
+        tracker = _Tracker(self)
+        tracker.track_external(*self._model, *self._optimizer, *self._track)
+        self._tracker = tracker
+        # MemTracker's backward hooks make PyTorch warn when no input of a module requires grad
+        # (always true of the first layer); harmless here, so silenced for the block only
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+        tracker.__enter__()
+        tracker.record("start", phase="start")
+        self.start_breakdown = tracker.breakdown(self.device)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        tracker = self._tracker
+        try:
+            tracker.record("end", phase="end")
+        finally:
+            try:
+                tracker.__exit__(exc_type, exc, tb)
+            finally:
+                self._warnings.__exit__(None, None, None)
+                self._warnings = None
+        self.end_breakdown = tracker.breakdown(self.device)
+        start_total = sum(self.start_breakdown.values())
+        total, bd, op, phase = tracker.peaks.get(self.device, (start_total, dict(self.start_breakdown), 0, "start"))
+        self.peak_bytes, self.peak_breakdown, self.peak_phase = int(total), dict(bd), phase
+        self.peak_bytes_by_device = {dev: int(p[0]) for dev, p in tracker.peaks.items()}
+        self.peak_bytes_by_device.setdefault(self.device, self.peak_bytes)
+        rows = list(tracker.rows)
+        peak_row = {"op": op, "event": "peak", "module": "", "phase": phase, **bd,
+                    "total": int(total)}
+        # place the peak row after every row recorded at or before the op that reached it
+        index = next((i for i, r in enumerate(rows) if r["op"] >= op and r["event"] != "start"), len(rows))
+        rows.insert(index, peak_row)
+        import pandas as pd
+        self.timeline = pd.DataFrame(rows, columns=["op", "event", "module", "phase",
+                                                    *CATEGORIES, "total"])
+        if self._on_cuda():
+            self.cuda_peak_allocated = int(torch.cuda.max_memory_allocated(self.device))
+            self.cuda_peak_reserved = int(torch.cuda.max_memory_reserved(self.device))
+        # drop every reference to tensors, modules and the tracker: results are plain data
+        self._tracker = None
+        self._model, self._optimizer, self._track = [], [], []
+
+    def summary(self) -> dict[str, Any]:
+        """Plain dict of the results (bytes)."""
+        return {"device": self.device, "simulated": self.simulated, "peak_bytes": self.peak_bytes,
+                "peak_phase": self.peak_phase, "peak_breakdown": self.peak_breakdown,
+                "end_breakdown": self.end_breakdown, "cuda_peak_allocated": self.cuda_peak_allocated,
+                "cuda_peak_reserved": self.cuda_peak_reserved}
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._tracker is not None:
+            raise RuntimeError("a running MemoryMeter cannot be pickled; leave the block first")
+        return dict(self.__dict__)
+
+    def __repr__(self) -> str:
+        if self.peak_bytes is None:
+            return f"MemoryMeter(device={self.device!r}, not run yet)"
+        from course_lib.measure.estimate import fmt_bytes
+        parts = ", ".join(f"{k}={fmt_bytes(v)}" for k, v in self.peak_breakdown.items() if v)
+        sim = ", simulated" if self.simulated else ""
+        return f"MemoryMeter(device={self.device!r}{sim}, peak={fmt_bytes(self.peak_bytes)}: {parts})"
+
+
+def _device_name(device: str | torch.device) -> str:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device={device!r} is not a valid torch device (e.g. 'cpu', 'cuda:0')") from err
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())  # tensors report "cuda:0"
+    return str(dev)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor)
+
+
+def _as_list(obj, cls, name: str) -> list:
+    if obj is None:
+        return []
+    items = [obj] if isinstance(obj, cls) else list(obj)
+    for i, item in enumerate(items):
+        if not isinstance(item, cls):
+            raise TypeError(f"{name} must be a {cls.__name__}, a list of them or None; "
+                            f"item {i} is a {type(item).__name__}")
+    return items

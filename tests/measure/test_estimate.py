@@ -1,0 +1,214 @@
+"""The formulas reproduce the published figures they cite, and reject bad input by name."""
+import math
+
+import pytest
+
+from course_lib.measure import estimate as E
+
+
+# ---- dtypes and model state -------------------------------------------------------------------
+def test_dtype_bytes_names_and_torch_dtypes():
+    import torch
+
+    assert E.dtype_bytes("fp32") == 4 and E.dtype_bytes("bfloat16") == 2 and E.dtype_bytes("int8") == 1
+    assert E.dtype_bytes(torch.float16) == 2 and E.dtype_bytes(torch.float64) == 8
+    with pytest.raises(ValueError, match="dtype='fp12'.*valid choices"):
+        E.dtype_bytes("fp12")
+
+
+@pytest.mark.parametrize("optimizer,expected", [("sgd", 0), ("momentum", 4), ("rmsprop", 4),
+                                                ("adagrad", 4), ("adam", 8), ("adamw", 8),
+                                                ("adam8bit", 2)])
+def test_optimizer_state_bytes_per_param(optimizer, expected):
+    assert E.optimizer_state_bytes_per_param(optimizer) == expected
+
+
+def test_optimizer_state_width_and_errors():
+    assert E.optimizer_state_bytes_per_param("adam", state_dtype_bytes=2) == 4
+    with pytest.raises(ValueError, match="optimizer='lion'.*valid choices: sgd"):
+        E.optimizer_state_bytes_per_param("lion")
+    with pytest.raises(ValueError, match="state_dtype_bytes=4.*adam8bit"):
+        E.optimizer_state_bytes_per_param("adam8bit", state_dtype_bytes=4)
+
+
+def test_model_state_bytes_recipes():
+    n = 1000
+    fp32 = E.model_state_bytes(n, precision="fp32", optimizer="adam")
+    assert fp32 == {"params": 4000, "grads": 4000, "optimizer": 8000, "master": 0, "total": 16000}
+    mixed = E.model_state_bytes(n, precision="bf16-mixed", optimizer="adamw")
+    # ZeRO paper, Sec. 3.1: 2 + 2 + (4 + 4 + 4) = 16 bytes per parameter
+    assert mixed == {"params": 2000, "grads": 2000, "optimizer": 8000, "master": 4000, "total": 16000}
+    assert E.model_state_bytes(n, precision="fp16-mixed", optimizer="sgd")["total"] == 8000
+    true16 = E.model_state_bytes(n, precision="bf16-true", optimizer="adam")
+    assert true16["optimizer"] == 4000 and true16["total"] == 8000
+    assert E.model_state_bytes(n, optimizer="adam8bit")["optimizer"] == 2000
+    # torch.optim's per-tensor step counters, when asked for
+    assert E.model_state_bytes(n, optimizer="adam", n_param_tensors=3)["optimizer"] == 8012
+    assert E.model_state_bytes(n, optimizer="momentum", n_param_tensors=3)["optimizer"] == 4000
+
+
+def test_model_state_bytes_bad_values_name_parameter_and_choices():
+    with pytest.raises(ValueError, match=r"precision='fp8'.*fp32, fp16-mixed, bf16-mixed, bf16-true"):
+        E.model_state_bytes(10, precision="fp8")
+    with pytest.raises(ValueError, match=r"optimizer='adafactor'.*valid choices"):
+        E.model_state_bytes(10, optimizer="adafactor")
+    with pytest.raises(ValueError, match="n_params must be >= 0"):
+        E.model_state_bytes(-1)
+    with pytest.raises(TypeError, match="n_params must be an int"):
+        E.model_state_bytes("10")
+
+
+# ---- ZeRO -------------------------------------------------------------------------------------
+def test_zero_paper_figure_1():
+    # Rajbhandari et al. 2019, Figure 1: Psi = 7.5B, N_d = 64, K = 12
+    got = [round(E.zero_bytes_per_rank(7.5e9, stage=s, world_size=64) / E.GB, 1) for s in range(4)]
+    assert got == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_zero_breakdown_sums_and_errors():
+    bd = E.zero_state_breakdown_per_rank(1000, stage=2, world_size=4)
+    assert bd == {"params": 2000, "grads": 500, "optimizer": 3000, "total": 5500}
+    assert E.zero_bytes_per_rank(10, stage=1, world_size=3) == pytest.approx(40 + 120 / 3)
+    with pytest.raises(ValueError, match="stage=4.*0, 1, 2, 3"):
+        E.zero_bytes_per_rank(10, stage=4, world_size=2)
+    with pytest.raises(ValueError, match="world_size must be >= 1"):
+        E.zero_bytes_per_rank(10, stage=1, world_size=0)
+
+
+# ---- activations ------------------------------------------------------------------------------
+def test_activation_bytes_mlp_counts():
+    # relu: hidden outputs once + the output; gelu also keeps the pre-activations
+    assert E.activation_bytes_mlp(2, [3, 5, 7, 4]) == 4 * 2 * (5 + 7 + 4)
+    assert E.activation_bytes_mlp(2, [3, 5, 7, 4], activation="gelu") == 4 * 2 * (2 * 12 + 4)
+    assert E.activation_bytes_mlp(2, [3, 5, 4], include_input=True, include_output=False,
+                                  dtype_bytes=2) == 2 * 2 * (3 + 5)
+    assert E.activation_bytes_mlp(8, [3, 5, 4]) == 2 * E.activation_bytes_mlp(4, [3, 5, 4])
+    with pytest.raises(ValueError, match="activation='elu'.*relu"):
+        E.activation_bytes_mlp(2, [3, 4], activation="elu")
+    with pytest.raises(ValueError, match="widths"):
+        E.activation_bytes_mlp(2, [3])
+
+
+def test_korthikanti_equation_1():
+    s, b, h, a = 2048, 4, 4096, 32
+    assert E.activation_bytes_transformer_layer(s, b, h, a) == s * b * h * (34 + 5 * a * s // h)
+    assert E.activation_bytes_transformer_layer(s, b, h, a, recompute="selective") == 34 * s * b * h
+    assert E.activation_bytes_transformer_layer(s, b, h, a, recompute="full") == 2 * s * b * h
+    assert E.activation_bytes_transformer_layer(s, b, h, a, bytes_per_value=4, dropout=False) == \
+        4 * (16 * s * b * h + a * s * s * b)
+    with pytest.raises(ValueError, match="recompute='some'"):
+        E.activation_bytes_transformer_layer(s, b, h, a, recompute="some")
+
+
+def test_activation_bytes_gpt_matches_korthikanti_without_dropout():
+    from course_lib.models import GPTConfig
+
+    cfg = GPTConfig.tiny()
+    B, T, C, L = 2, 16, cfg.n_embd, cfg.n_layer
+    per_layer_fp32 = E.activation_bytes_transformer_layer(T, B, C, cfg.n_head, bytes_per_value=4,
+                                                          dropout=False) + 4 * 4 * B * T
+    head = 4 * (2 * B * T * C + 2 * B * T)
+    assert E.activation_bytes_gpt(cfg, B, T, include_logits=False) == L * per_layer_fp32 + head
+    with pytest.raises(ValueError, match="seq=65"):
+        E.activation_bytes_gpt(cfg, 1, 65)
+    with pytest.raises(ValueError, match="config.dropout=0.1"):
+        E.activation_bytes_gpt(GPTConfig.tiny(dropout=0.1), 1, 8)
+    from course_lib.models import LlamaConfig
+
+    with pytest.raises(TypeError, match="config must be a course_lib.models.GPTConfig"):
+        E.activation_bytes_gpt(LlamaConfig.tiny(), 1, 8)
+
+
+# ---- communication ----------------------------------------------------------------------------
+def test_collective_bytes():
+    S = 1200
+    assert E.ring_allreduce_bytes_sent(S, 4) == 1800 and isinstance(E.ring_allreduce_bytes_sent(S, 4), int)
+    assert E.ring_allreduce_bytes_sent(10, 3) == pytest.approx(40 / 3)
+    assert E.ring_allreduce_bytes_sent(S, 1) == 0
+    assert E.naive_ring_allreduce_bytes_sent(S, 4) == 3600
+    assert E.reduce_broadcast_bytes_sent(S, 4) == 3600
+    assert E.reduce_broadcast_bytes_sent(S, 4, root=False) == S
+    assert E.allgather_bytes_sent(S, 4) == 900 == E.reduce_scatter_bytes_sent(S, 4)
+    # all-reduce = reduce-scatter + all-gather
+    assert E.ring_allreduce_bytes_sent(S, 4) == E.reduce_scatter_bytes_sent(S, 4) + E.allgather_bytes_sent(S, 4)
+    assert E.collective_bytes_sent("broadcast", S, 4) == 900
+    assert E.collective_bytes_sent("send_recv", S, 4) == S
+    with pytest.raises(ValueError, match="collective='allreduce'.*all_reduce"):
+        E.collective_bytes_sent("allreduce", S, 4)
+
+
+def test_pipeline_bubble():
+    assert E.pipeline_bubble_fraction(4, 1) == pytest.approx(3 / 4)
+    assert E.pipeline_bubble_fraction(4, 12) == pytest.approx(3 / 15)
+    assert E.pipeline_bubble_fraction(1, 8) == 0
+    with pytest.raises(ValueError, match="microbatches must be >= 1"):
+        E.pipeline_bubble_fraction(4, 0)
+
+
+def test_alpha_beta_models():
+    assert E.alpha_beta_time(1e6, alpha_s=1e-5, bandwidth=1e9) == pytest.approx(1e-5 + 1e-3)
+    assert E.alpha_beta_time(1e6, alpha_s=0, beta_s_per_byte=2e-9) == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match="exactly one of beta_s_per_byte"):
+        E.alpha_beta_time(1, bandwidth=1e9, beta_s_per_byte=1e-9)
+    a, bw, S, p = 5e-6, 1e10, 1e8, 8
+    assert E.allreduce_time(S, p, alpha=a, bandwidth=bw) == pytest.approx(14 * a + 1.75 * S / bw)
+    assert E.allreduce_time(S, p, alpha=a, bandwidth=bw, algorithm="tree") == pytest.approx(6 * (a + S / bw))
+    assert E.allreduce_time(S, p, alpha=a, bandwidth=bw, algorithm="recursive_doubling") == \
+        pytest.approx(3 * (a + S / bw))
+    # small messages: latency-bound, recursive doubling wins; large: ring wins
+    assert E.allreduce_time(8, 64, alpha=a, bandwidth=bw, algorithm="recursive_doubling") < \
+        E.allreduce_time(8, 64, alpha=a, bandwidth=bw)
+    assert E.allreduce_time(1e9, 64, alpha=a, bandwidth=bw) < \
+        E.allreduce_time(1e9, 64, alpha=a, bandwidth=bw, algorithm="recursive_doubling")
+    with pytest.raises(ValueError, match="algorithm='butterfly'.*ring, tree, recursive_doubling"):
+        E.allreduce_time(S, p, bandwidth=bw, algorithm="butterfly")
+
+
+def test_fit_alpha_beta_recovers_line():
+    sizes = [1e3, 1e4, 1e5, 1e6]
+    times = [2e-5 + s * 3e-10 for s in sizes]
+    alpha, beta = E.fit_alpha_beta(sizes, times)
+    assert alpha == pytest.approx(2e-5) and beta == pytest.approx(3e-10)
+    with pytest.raises(ValueError, match="2 distinct sizes"):
+        E.fit_alpha_beta([1, 1], [1, 2])
+
+
+def test_busbw_nccl_tests_convention():
+    assert E.busbw(100.0, "all_reduce", 8) == pytest.approx(175.0)
+    assert E.busbw(100.0, "all_gather", 8) == pytest.approx(87.5)
+    assert E.busbw(100.0, "reduce_scatter", 4) == pytest.approx(75.0)
+    assert E.busbw(100.0, "broadcast", 4) == pytest.approx(100.0)
+    assert E.algbw(1e9, 0.5) == pytest.approx(2e9)
+
+
+def test_link_speeds_and_allreduce_on_link():
+    assert E.LINK_SPEEDS["NVLink H100"].GBps == 900 and E.LINK_SPEEDS["InfiniBand NDR"].GBps == 50
+    assert {"PCIe 4.0 x16", "PCIe 5.0 x16", "NVLink A100", "InfiniBand HDR", "100 GbE"} <= set(E.LINK_SPEEDS)
+    assert all(link.source for link in E.LINK_SPEEDS.values())
+    two_gb = 2e9  # bf16 gradients of a 1B-parameter model
+    assert round(E.allreduce_time_on_link(two_gb, 8, 900) * 1e3, 1) == 3.9
+    assert round(E.allreduce_time_on_link(two_gb, 8, 50) * 1e3) == 70
+    assert E.link_speed("nvlink h100").per_direction_GBps == 450
+    with pytest.raises(ValueError, match="name='NVLink 9'.*valid choices"):
+        E.link_speed("NVLink 9")
+
+
+# ---- FLOPs, roofline, formatting --------------------------------------------------------------
+def test_flops_and_roofline():
+    assert E.matmul_flops(2, 3, 4) == 48
+    assert E.transformer_training_flops(10, 100) == 6000
+    assert E.matmul_arithmetic_intensity(1024, 1024, 1024, dtype_bytes=2) == pytest.approx(2 * 1024**3 / (2 * 3 * 1024**2))
+    assert E.ridge_point(100e12, 2e12) == 50
+    assert E.attainable_flops(10, 100e12, 2e12) == 20e12
+    assert E.attainable_flops(1000, 100e12, 2e12) == 100e12
+    assert E.roofline_time(1e12, 1e9, 100e12, 2e12) == pytest.approx(0.01)
+
+
+def test_fmt_bytes():
+    assert E.fmt_bytes(3 * 2**30) == "3.00 GiB"
+    assert E.fmt_bytes(512) == "512 B"
+    assert E.fmt_bytes(1536, "KiB", digits=1) == "1.5 KiB"
+    assert E.fmt_bytes(120e9, "GB", digits=1) == "120.0 GB"
+    with pytest.raises(ValueError, match="unit='gb'.*GiB"):
+        E.fmt_bytes(1, "gb")
+    assert not math.isnan(E.GB)
