@@ -27,11 +27,12 @@ $(STAMP): pyproject.toml constraints.txt
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# torch comes from the pin in constraints.txt, never from an unpinned resolve.
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[lab,dev]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[lab,dev,units]"
 	@touch $(STAMP)
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab $(BROWSER_FLAG) $(ROOT_FLAG) notebooks/00_start_here.ipynb
+	@# Serve the whole course (notebooks/, exercises/, solutions/) and open unit 00 first.
+	$(BIN)/jupyter lab $(BROWSER_FLAG) $(ROOT_FLAG) --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb
 
 test: $(STAMP)
 	$(BIN)/python -m course_lib.grading.exercises check

@@ -35,10 +35,10 @@ def test_pyproject_is_the_single_source_of_dependencies():
     assert "jupyterlab" in extras["lab"]
     assert {"pytest", "nbval", "nbclient", "nbformat", "ruff", "pytest-timeout"} <= extras["dev"]
     env = (ROOT / "environment.yml").read_text()
-    assert "python=3.11" in env and "-c constraints.txt" in env and "-e .[lab,dev]" in env
+    assert "python=3.11" in env and "-c constraints.txt" in env and "-e .[lab,dev,units]" in env
     # environment.yml must not list packages of its own: they would drift from pyproject.toml.
     pip_lines = [ln.strip() for ln in env.split("pip:")[1].splitlines() if ln.strip().startswith("-")]
-    assert pip_lines == ["- -c constraints.txt", "- -e .[lab,dev]"], pip_lines
+    assert pip_lines == ["- -c constraints.txt", "- -e .[lab,dev,units]"], pip_lines
 
 
 def test_torch_is_pinned_by_the_constraints_file():
@@ -120,7 +120,8 @@ def test_jupyterlab_serves_unit_00(tmp_path):
     token = "course-test-token"
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
     cmd = [str(jupyter), "lab", "--no-browser", "--ServerApp.port=0", f"--IdentityProvider.token={token}",
-           "--ServerApp.ip=127.0.0.1", "notebooks/00_start_here.ipynb"]
+           "--ServerApp.ip=127.0.0.1", "--ServerApp.root_dir=.",
+           "--LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb"]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     log = tmp_path / "lab.log"
@@ -140,9 +141,16 @@ def test_jupyterlab_serves_unit_00(tmp_path):
         with urllib.request.urlopen(req, timeout=30) as resp:
             model = json.load(resp)
         assert model["type"] == "notebook" and model["content"]["cells"]
-        req = urllib.request.Request(f"{url}/lab/tree/notebooks/00_start_here.ipynb", headers=headers)
+        # The learner also reaches the exercises from the same server.
+        req = urllib.request.Request(f"{url}/api/contents/exercises", headers=headers)
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            names = {item["name"] for item in json.load(resp)["content"]}
+        assert "00_start_here.ipynb" in names
+        # /lab (what the printed URL opens) serves JupyterLab with unit 00 as its default page.
+        req = urllib.request.Request(f"{url}/lab", headers=headers)
         with urllib.request.urlopen(req, timeout=30) as resp:
             assert resp.status == 200 and b"JupyterLab" in resp.read()
+        assert "/lab/tree/notebooks/00_start_here.ipynb" in " ".join(cmd)
     finally:
         proc.terminate()
         try:

@@ -1,0 +1,164 @@
+"""What one rank runs: the module-level trampoline that :func:`course_lib.launch` starts.
+
+A notebook-defined ``fn`` cannot be imported by name in a fresh process, so the caller sends it
+*by value* (cloudpickle) and this trampoline, which *can* be imported by name, unpacks and calls
+it. The module is small and imports only torch and cloudpickle, because the launcher preloads it
+into the forkserver: every rank is then a ``fork()`` of a process that already imported torch.
+
+Everything a rank produces goes to files in the launch's private temporary directory:
+``rank{r}.out`` / ``rank{r}.err`` (file descriptors 1 and 2, so C++ warnings are captured too),
+``rank{r}.result`` (the pickled return value or exception, written atomically) and
+``rank{r}.stack`` (a faulthandler dump of every thread if the rank is still running at the
+deadline). Files, not pipes: a rank can never block on a full pipe, and the output of a rank
+killed by a signal is still there to show.
+"""
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing.process
+import multiprocessing.spawn
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+# Set in every rank so a nested launch() can refuse clearly instead of forking a second world.
+RANK_MARKER_ENV = "COURSE_LIB_LAUNCH_RANK"
+# Set (briefly) by the caller while it starts the forkserver: "path:<file>" or "name:<module>".
+FORKSERVER_MAIN_ENV = "COURSE_LIB_FORKSERVER_MAIN"
+
+
+def _import_caller_main(main: str) -> None:
+    """In the forkserver: import the caller's main module once, as ``__mp_main__``.
+
+    multiprocessing re-imports the parent's ``__main__`` in every child it starts (so that
+    objects defined there can be unpickled). The stdlib forkserver means to do that once, in the
+    server (its default preload is "__main__"), but in Python 3.11 the main path never reaches
+    the server, so every rank re-ran e.g. the pytest script (~0.4 s per launch). Doing it here,
+    with the stdlib's own helpers, makes each forked rank find its main already in place.
+    """
+    kind, _, target = main.partition(":")
+    current = multiprocessing.process.current_process()
+    current._inheriting = True  # what forkserver.main sets around the same import
+    try:
+        if kind == "path":
+            multiprocessing.spawn.import_main_path(target)
+        elif kind == "name":
+            multiprocessing.spawn._fixup_main_from_name(target)
+    except BaseException:  # noqa: B036 - a main that cannot be imported here: ranks do it themselves
+        pass
+    finally:
+        del current._inheriting
+
+
+if FORKSERVER_MAIN_ENV in os.environ:  # only true while being preloaded into the forkserver
+    _import_caller_main(os.environ.pop(FORKSERVER_MAIN_ENV))
+
+
+def rank_file(workdir: str, rank: int, kind: str) -> str:
+    """Path of one of the per-rank files ('out', 'err', 'result', 'stack')."""
+    return os.path.join(workdir, f"rank{rank}.{kind}")
+
+
+def _redirect_std_streams(workdir: str, rank: int) -> None:
+    """Point fd 1 and 2 (and sys.stdout/sys.stderr) at this rank's capture files."""
+    for fd, kind in ((1, "out"), (2, "err")):
+        with open(rank_file(workdir, rank, kind), "wb") as f:
+            os.dup2(f.fileno(), fd)
+    # line buffering keeps print() and warnings in the order they happened within a stream
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+
+
+def _write_result(workdir: str, rank: int, record: tuple) -> None:
+    path = rank_file(workdir, rank, "result")
+    try:
+        data = cloudpickle.dumps(record)
+    except Exception as exc:  # the return value itself cannot travel back
+        value_type = type(record[1]).__name__ if record[0] == "ok" else "exception"
+        record = ("error", "TypeError",
+                  f"the return value of type {value_type} cannot be pickled: {exc!r}",
+                  traceback.format_exc(), time.time())
+        data = cloudpickle.dumps(record)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)  # atomic: the caller never reads half a result
+
+
+def _finish(store, world_size: int, timeout: float, wait: bool) -> None:
+    """Count this rank as finished; if ``wait``, stay alive until every rank has finished.
+
+    A rank that returns early and exits closes its gloo/NCCL connections, which breaks a peer
+    still finishing ``init_process_group`` or a collective with it; so a rank that returned
+    waits here (in the store, never in a collective, so it cannot mismatch the user's own
+    collectives). A rank that raised does not wait: its exit is what tells peers stuck in a
+    collective with it to give up now rather than at the timeout.
+    """
+    if store.add("course_lib/finished", 1) == world_size:
+        store.set("course_lib/all_finished", "1")
+    if wait:
+        store.wait(["course_lib/all_finished"], timedelta(seconds=timeout))
+
+
+def run_rank(rank: int, spec: dict) -> None:
+    """Entry point of one rank (called by torch.multiprocessing as ``run_rank(rank, spec)``).
+
+    ``spec`` holds: payload (cloudpickled ``(fn, args, kwargs)``), world_size, backend,
+    timeout (seconds), threads (intra-op threads), workdir, env (the caller's environment),
+    store_port (the caller's TCPStore).
+    """
+    workdir, world_size = spec["workdir"], spec["world_size"]
+    _redirect_std_streams(workdir, rank)
+    # The forkserver froze its environment when it started; use the caller's current one.
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    # the same variables torchrun sets, so env-reading code runs unchanged under both
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), **{RANK_MARKER_ENV: "1"})
+    torch.set_num_threads(spec["threads"])  # N ranks x 1 thread: no oversubscribed cores
+
+    stack_file = open(rank_file(workdir, rank, "stack"), "w")
+    # if this rank hangs, the caller gets its Python stack instead of just "timed out"
+    faulthandler.dump_traceback_later(spec["timeout"], exit=False, file=stack_file)
+    ok, store = False, None
+    try:
+        backend = spec["backend"]
+        if backend == "nccl":
+            torch.cuda.set_device(rank)  # one GPU per rank, never two ranks on one GPU
+        # The caller hosts this launch's TCPStore on a port the OS chose while binding it (port
+        # 0), so two launches (two notebooks) can never collide. gloo/NCCL then pick their own
+        # free ports for the data connections.
+        store = dist.TCPStore("127.0.0.1", spec["store_port"], is_master=False,
+                              timeout=timedelta(seconds=spec["timeout"]))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=spec["timeout"]))
+        fn, args, kwargs = cloudpickle.loads(spec["payload"])
+        value = fn(rank, world_size, *args, **kwargs)
+        _write_result(workdir, rank, ("ok", value, time.time()))
+        ok = True
+    except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt are failures too
+        _write_result(workdir, rank, ("error", type(exc).__name__, str(exc),
+                                      traceback.format_exc(), time.time()))
+    try:
+        if store is not None and world_size > 1:
+            _finish(store, world_size, spec["timeout"], wait=ok)
+    except BaseException:  # noqa: B036 - the result is written; the caller decides what happened
+        pass
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        stack_file.close()
+        # After a failure a peer may still wait in a collective; the caller stops it. Tearing
+        # the group down here could block, so only a rank that succeeded does it.
+        if ok and dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                traceback.print_exc()  # lands in this rank's captured stderr
+        sys.stdout.flush()
+        sys.stderr.flush()

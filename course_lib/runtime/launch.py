@@ -1,0 +1,506 @@
+"""Run one function on N ranks, from a notebook cell: ``course_lib.launch(fn, world_size)``.
+
+Introduced in notebooks/00_start_here.ipynb; every multi-rank unit (08 collectives onwards)
+runs its experiments through it.
+
+    import torch, torch.distributed as dist, course_lib
+
+    def fn(rank, world_size):
+        t = torch.tensor([rank + 1.0], device=course_lib.rank_device())
+        dist.all_reduce(t)                  # the default process group is ready
+        print("sum", t.item())              # shows up as "[rank r] sum 10.0" in the notebook
+        return t.item()
+
+    course_lib.launch(fn, 4)                # -> [10.0, 10.0, 10.0, 10.0], in rank order
+
+How it works, in the order things happen:
+
+1. Arguments are checked in the caller before any process starts (ValueError/TypeError naming
+   the parameter, the bad value and the valid choices).
+2. ``fn`` and its arguments are serialised *by value* with cloudpickle, so a function defined in
+   a notebook cell or a script's ``__main__`` works. A module-level trampoline
+   (``course_lib.runtime._worker.run_rank``) unpacks and calls it in each rank.
+3. Ranks start with ``torch.multiprocessing.start_processes``, using the ``forkserver`` start
+   method where the platform has it (Linux, macOS) and ``spawn`` elsewhere. The forkserver is a
+   helper process that imports torch once (we preload torch and the trampoline into it); each
+   rank is then a ``fork()`` of that clean, thread-free helper, so a warm launch costs ~0.1 s
+   instead of the ~2 s a ``spawn`` pays to import torch in every rank. Each rank uses one
+   intra-op thread by default (``threads_per_rank``), so 4 ranks do not fight over 2 cores.
+4. The ranks meet through a ``TCPStore`` that the caller hosts on a port the OS picks while
+   binding it (port 0): no MASTER_PORT, no port race, and two notebooks launching at the same
+   moment never collide. gloo runs on CPU;
+   NCCL only with one GPU per rank (``backend="auto"`` picks; see ``device.py``).
+5. Each rank's stdout/stderr (file descriptors 1 and 2, so C++ warnings too) goes to its own
+   file; after the run the caller prints it, prefixed ``[rank r]``, in rank order, so the
+   output of a cell is the same from run to run.
+6. A rank that returns waits (in the store, not in a collective) until every rank has
+   returned, so an early exit never breaks a peer still inside a collective with it.
+7. The caller waits on the ranks with a deadline. A rank that raises, dies by a signal, or is
+   still running ``timeout`` seconds after the ranks started stops the run: the other ranks are
+   terminated and :class:`~course_lib.LaunchError` names every rank and what happened to it
+   (a hung rank's Python stack included). ``timeout`` is also the process group's collective
+   timeout, so a skipped collective fails in seconds, not after PyTorch's 30-minute default.
+   Ctrl-C / "interrupt kernel" stops every rank and re-raises KeyboardInterrupt; the next
+   launch works.
+
+Leftover processes: after every return or raise no rank (nor any child of a rank) remains.
+Two long-lived *helpers* of Python's multiprocessing stay up on purpose: the forkserver (it is
+what makes the next launch fast; it exits by itself when the caller exits) and the resource
+tracker that comes with it. :func:`helper_pids` returns their pids so tests can tell them from
+leaked ranks, and :func:`shutdown_forkserver` stops the forkserver when you want a clean slate.
+
+Outgrowing the notebook. ``fn(rank, world_size, ...)`` is an ordinary torch.distributed worker;
+on a multi-GPU node, or on several nodes, run the same function under torchrun::
+
+    # train.py  (in a script, keep the launch under the __main__ guard, as for any multiprocessing)
+    import os, course_lib
+    def fn(rank, world_size): ...
+    if __name__ == "__main__":
+        world_size = int(os.environ.get("WORLD_SIZE", 4))  # torchrun sets it; 4 ranks otherwise
+        print(course_lib.launch(fn, world_size))
+
+    python train.py                                  # laptop: 4 gloo ranks started by launch
+    torchrun --standalone --nproc-per-node 8 train.py                 # one node, 8 GPUs (NCCL)
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
+             --rdzv-endpoint "$HEAD_NODE:$PORT" --rdzv-id run1 train.py   # on each of 2 nodes
+
+Under torchrun (detected from the TORCHELASTIC_RUN_ID / RANK / WORLD_SIZE variables it sets)
+each process already *is* one rank, so :func:`launch` starts nothing: it initialises the
+default process group from the environment if nobody has yet (and keeps it until the script
+exits, so later launches reuse it), runs ``fn`` once for this rank,
+all-gathers every rank's return value (``all_gather_object``) and returns the full list in rank
+order on every rank, exactly as in the notebook. ``world_size`` must then equal torchrun's
+WORLD_SIZE. Output is not captured there: use torchrun's own ``--tee 3`` / ``--log-dir``.
+"""
+from __future__ import annotations
+
+import atexit
+import math
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import multiprocessing.spawn
+import numbers
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+import cloudpickle
+import psutil
+import torch.distributed as dist
+import torch.multiprocessing
+
+from course_lib.runtime import _worker
+from course_lib.runtime.device import check_backend_name, resolve_backend
+from course_lib.runtime.errors import LaunchError
+
+# Imported once by the forkserver so that forked ranks start with torch already loaded.
+_FORKSERVER_PRELOAD = ["torch", "torch.distributed", "cloudpickle", "course_lib.runtime._worker"]
+_START_ALLOWANCE_S = (10.0, 60.0)  # time for every rank to start: warm forkserver / cold start
+_END_SLACK_S = 1.0        # after `timeout`, time for a rank's own timeout error to arrive
+_FAILURE_GRACE_S = 1.0    # after one rank fails, time the others get to report their own outcome
+_STOP_GRACE_S = 1.0       # SIGTERM, then SIGKILL after this long
+_STDERR_TAIL_LINES = 15   # lines of a dead rank's stderr quoted in the error
+
+
+def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "auto",
+           timeout: float = 60.0, threads_per_rank: int = 1, **kwargs: Any) -> list:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return their
+    return values as a list in rank order.
+
+    Args:
+        fn: any picklable-by-value callable (a notebook or ``__main__`` function is fine).
+        world_size: number of ranks (processes), a positive int.
+        *args, **kwargs: passed to every rank's ``fn`` after ``rank, world_size``. They travel
+            by cloudpickle, so they must be picklable. (``backend``, ``timeout`` and
+            ``threads_per_rank`` are taken by launch itself, not passed on.)
+        backend: "auto" (NCCL with one GPU per rank if there are >= world_size GPUs, else
+            gloo on CPU), "gloo" or "nccl".
+        timeout: seconds, > 0. Bounds every collective (process-group timeout) *and* the whole
+            run: ranks still running ``timeout`` s after they all started (process start-up
+            is not counted) are stopped and reported, with their Python stacks.
+        threads_per_rank: intra-op threads per rank (``torch.set_num_threads``), a positive int.
+
+    Raises:
+        TypeError / ValueError: bad arguments, before any process starts.
+        LaunchError: a rank raised, died by a signal or timed out; ``.failures`` maps each such
+            rank to its exception type, message and traceback (or signal / stack at the deadline).
+        KeyboardInterrupt: after stopping every rank, when the caller is interrupted.
+    """
+    world_size, timeout, threads_per_rank = _check_arguments(fn, world_size, backend, timeout,
+                                                             threads_per_rank)
+    if os.environ.get(_worker.RANK_MARKER_ENV):
+        raise RuntimeError("course_lib.launch() was called inside a rank of another launch(); "
+                           "nested launches are not supported: run the inner work directly")
+    if _under_torchrun():
+        return _launch_in_torchrun(fn, world_size, args, kwargs, backend, timeout)
+    resolved = resolve_backend(backend, world_size)
+    payload = _pickle_payload(fn, args, kwargs)
+    return _run_ranks(payload, world_size, resolved, timeout, threads_per_rank)
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+def _check_arguments(fn, world_size, backend, timeout, threads_per_rank) -> tuple[int, float, int]:
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, called as fn(rank, world_size, *args, **kwargs); "
+                        f"got {fn!r} of type {type(fn).__name__}")
+    world_size = _positive_int("world_size", world_size, "the number of ranks, e.g. 1, 2 or 4")
+    threads_per_rank = _positive_int("threads_per_rank", threads_per_rank,
+                                     "intra-op threads per rank, e.g. 1")
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a positive number of seconds, e.g. 60.0; got {timeout!r} "
+                        f"of type {type(timeout).__name__}")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, e.g. 60.0; "
+                         f"got {timeout!r}")
+    check_backend_name(backend)  # spelling only; GPU counts are checked once the mode is known
+    return world_size, float(timeout), threads_per_rank
+
+
+def _positive_int(name: str, value, hint: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int ({hint}); got {value!r} "
+                        f"of type {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int ({hint}); got {value!r}")
+    return int(value)
+
+
+def _pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
+    """cloudpickle ``(fn, args, kwargs)``; on failure name the culprit and its type."""
+    try:
+        return cloudpickle.dumps((fn, args, kwargs))
+    except Exception as whole_error:
+        candidates = [("fn", fn)] + [(f"positional argument args[{i}]", a) for i, a in enumerate(args)]
+        candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+        for label, value in candidates:
+            try:
+                cloudpickle.dumps(value)
+            except Exception as exc:
+                raise TypeError(f"{label} of type {type(value).__name__} cannot be pickled by "
+                                f"cloudpickle, so it cannot be sent to the ranks ({exc}); pass "
+                                "something picklable (tensors, numbers, dataclasses, functions) "
+                                "or create it inside fn") from exc
+        raise TypeError(f"the arguments cannot be pickled together: {whole_error}") from whole_error
+
+
+# ----------------------------------------------------------------------------- processes
+
+def helper_pids() -> set[int]:
+    """Pids of multiprocessing's long-lived helper processes (forkserver, resource tracker).
+
+    They are children of the caller but not ranks: the forkserver is kept warm on purpose (the
+    next launch then takes ~0.1 s instead of seconds) and exits when the caller exits.
+    """
+    pids = set()
+    forkserver_pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    tracker_pid = getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None)
+    for pid in (forkserver_pid, tracker_pid):
+        if pid is not None:
+            pids.add(pid)
+    return pids
+
+
+def shutdown_forkserver() -> None:
+    """Stop the warm forkserver (the next launch starts a new one and pays ~2 s once more)."""
+    server = multiprocessing.forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is not None:
+        server._stop()  # the stdlib's own (private) stop: closes the "alive" pipe and waits
+
+
+def _start_method() -> str:
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    server = multiprocessing.forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is None:
+        # Preload torch and the trampoline, so every rank is a fork of a process that has them.
+        current = list(getattr(server, "_preload_modules", []))
+        server.set_forkserver_preload(list(dict.fromkeys(current + _FORKSERVER_PRELOAD)))
+        # Tell the preloaded trampoline which main module to import once in the server (see
+        # _worker._import_caller_main); the server inherits the environment it starts with.
+        prep = multiprocessing.spawn.get_preparation_data("course_lib")
+        main = (f"name:{prep['init_main_from_name']}" if "init_main_from_name" in prep else
+                f"path:{prep['init_main_from_path']}" if "init_main_from_path" in prep else None)
+        if main is not None:
+            os.environ[_worker.FORKSERVER_MAIN_ENV] = main
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            os.environ.pop(_worker.FORKSERVER_MAIN_ENV, None)
+    return "forkserver"
+
+
+def _run_ranks(payload: bytes, world_size: int, backend: str, timeout: float, threads: int) -> list:
+    server_was_up = multiprocessing.forkserver._forkserver._forkserver_pid is not None
+    method = _start_method()
+    warm = method == "forkserver" and server_was_up  # else every rank imports torch first
+    # The rendezvous store lives in the caller, on a port the OS picks while binding it: no
+    # MASTER_PORT, no race between two launches (a FileStore works too, but polls every 10 ms).
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout))
+    workdir = tempfile.mkdtemp(prefix="course_lib_launch_")
+    spec = {"payload": payload, "world_size": world_size, "backend": backend, "timeout": timeout,
+            "threads": threads, "workdir": workdir, "env": dict(os.environ),
+            "store_port": store.port}
+    procs: list = []
+    before = {p.pid for p in multiprocessing.active_children()}
+    try:
+        try:
+            context = torch.multiprocessing.start_processes(
+                _worker.run_rank, args=(spec,), nprocs=world_size, join=False,
+                daemon=False,  # daemonic ranks could not start DataLoader workers
+                start_method=method)
+        except BaseException:
+            # interrupted half-way through starting: stop whatever did start
+            _stop([p for p in multiprocessing.active_children() if p.pid not in before])
+            raise
+        procs = context.processes
+        outcomes = _wait(procs, workdir, timeout, _START_ALLOWANCE_S[0 if warm else 1])
+    finally:
+        _stop(procs)
+        if procs:  # also after Ctrl-C: what the ranks printed until then
+            _emit_output(workdir, world_size)
+        for p in procs:
+            p.close()  # releases the sentinel fd now, not at garbage collection
+        shutil.rmtree(workdir, ignore_errors=True)
+        del store  # stops the store's server thread and closes its socket
+    failed = {r: o for r, o in outcomes.items() if o[0] != "ok"}
+    if failed:
+        raise _launch_error(outcomes, timeout)
+    return [outcomes[r][1] for r in range(world_size)]
+
+
+def _wait(procs: list, workdir: str, timeout: float, start_allowance: float) -> dict[int, tuple]:
+    """Wait for the ranks; return rank -> outcome tuple:
+    ("ok", value) | ("error", time, text) | ("stopped", reason).
+
+    Two deadlines: every rank must have *started* (its trampoline created its files) within
+    ``start_allowance`` s, and must have finished ``timeout`` s (+ a little slack for teardown)
+    after the last rank started. So a hung run is reported ``timeout`` s after it really began,
+    whether the processes took 0.05 s (warm forkserver) or 10 s (cold spawn) to start.
+    """
+    pending = {p.sentinel: rank for rank, p in enumerate(procs)}
+    outcomes: dict[int, tuple] = {}
+    started: set[int] = set()
+    deadline = time.monotonic() + start_allowance
+    first_failure = None  # (monotonic time, rank)
+    while pending:
+        if len(started) < len(procs):  # still checking who has started, every 50 ms
+            started |= {r for r in range(len(procs)) if r not in started
+                        and os.path.exists(_worker.rank_file(workdir, r, "stack"))}
+            if len(started) == len(procs):
+                deadline = time.monotonic() + timeout + _END_SLACK_S
+        limit = deadline if first_failure is None else min(deadline, first_failure[0] + _FAILURE_GRACE_S)
+        remaining = limit - time.monotonic()
+        if remaining <= 0:
+            break
+        if len(started) < len(procs):
+            remaining = min(remaining, 0.05)
+        for sentinel in multiprocessing.connection.wait(list(pending), timeout=remaining):
+            rank = pending.pop(sentinel)
+            procs[rank].join()
+            started.add(rank)
+            outcomes[rank] = _read_outcome(workdir, rank, procs[rank].exitcode)
+            if outcomes[rank][0] != "ok" and first_failure is None:
+                first_failure = (time.monotonic(), rank)
+    for rank in sorted(pending.values()):
+        record = _read_result(workdir, rank)
+        if record is not None and record[0] == "ok":
+            outcomes[rank] = ("ok", record[1], "returned, then waited for the other ranks to return")
+        elif record is not None:
+            outcomes[rank] = _error_outcome(record)  # raised; stopped while exiting
+        elif first_failure is not None:
+            outcomes[rank] = ("stopped", f"stopped by the launcher after rank {first_failure[1]} failed")
+        elif rank not in started:
+            outcomes[rank] = ("error", float("inf"), f"did not start within {start_allowance:g} s "
+                              "(machine overloaded?); stopped by the launcher")
+        else:
+            stack = _read_text(_worker.rank_file(workdir, rank, "stack")).strip()
+            text = (f"still running at the deadline (timeout={timeout:g} s): hung, too slow, or "
+                    "waiting in a collective that a peer never entered; stopped by the launcher")
+            if stack:
+                text += f"\nits Python stack at the deadline:\n{stack}"
+            outcomes[rank] = ("error", float("inf"), text)
+    return outcomes
+
+
+def _read_result(workdir: str, rank: int) -> tuple | None:
+    """The record a rank's trampoline wrote: ("ok", value, t) or ("error", type, msg, tb, t)."""
+    try:
+        with open(_worker.rank_file(workdir, rank, "result"), "rb") as f:
+            return pickle.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def _error_outcome(record: tuple) -> tuple:
+    _, exc_type, message, tb, when = record
+    return ("error", when, f"raised {exc_type}: {message}\n{tb.rstrip()}")
+
+
+def _read_outcome(workdir: str, rank: int, exitcode: int) -> tuple:
+    """Outcome of a rank whose process has exited with ``exitcode``."""
+    record = _read_result(workdir, rank)
+    if record is not None:
+        return ("ok", record[1]) if record[0] == "ok" else _error_outcome(record)
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        text = f"was killed by signal {name} (exit code {exitcode})"
+    else:
+        text = (f"exited with code {exitcode} before returning a result (if the caller is a "
+                "script, keep the launch under `if __name__ == '__main__':`, as multiprocessing "
+                "re-imports the main module in every rank)")
+    tail = _read_text(_worker.rank_file(workdir, rank, "err")).rstrip().splitlines()[-_STDERR_TAIL_LINES:]
+    if tail:
+        text += "\nlast lines of its stderr:\n" + "\n".join(tail)
+    return ("error", time.time(), text)
+
+
+# What a rank's collective reports when a *peer* died or failed first.
+_PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer",
+                         "NCCL communicator was aborted", "Broken pipe")
+
+
+def _launch_error(outcomes: dict[int, tuple], timeout: float) -> LaunchError:
+    failures = {r: o[2] for r, o in outcomes.items() if o[0] == "error"}
+
+    def consequence(rank: int) -> bool:  # failed only because a peer went away
+        return any(m in failures[rank].split("\n", 1)[0] for m in _PEER_FAILURE_MARKERS)
+
+    # the root cause: a failure that is not a peer's consequence, earliest first
+    first = min(failures, key=lambda r: (consequence(r), outcomes[r][1], r))
+    summary = {}
+    for rank, outcome in sorted(outcomes.items()):
+        if outcome[0] == "ok":
+            summary[rank] = outcome[2] if len(outcome) > 2 else "returned normally"
+        elif outcome[0] == "stopped":
+            summary[rank] = outcome[1]
+        else:
+            line = outcome[2].split("\n", 1)[0]
+            line = line if len(line) <= 160 else line[:157] + "..."
+            if consequence(rank) and rank != first:
+                line += f" (a consequence: a peer left the collective, see rank {first})"
+            summary[rank] = line
+    returned = sorted(r for r, o in outcomes.items() if o[0] == "ok")
+    waited = any(o[0] == "stopped" for o in outcomes.values()) or any(
+        "timed out" in f.lower() or "timeout" in f.lower() for f in failures.values())
+    lines = [f"{len(failures)} of {len(outcomes)} ranks failed (first: rank {first})."]
+    lines += [f"rank {r}: {s}" for r, s in summary.items()]
+    if returned and waited:  # the classic hang: one rank left, its peers waited for it
+        lines.append(f"hint: ranks {returned} returned while others failed or waited; a rank that "
+                     "skips a collective (or calls a different one) leaves its peers waiting")
+    order = sorted(failures, key=lambda r: r != first)  # root cause first, then rank order
+    lines += [f"\n--- rank {r} {failures[r]}" for r in order]
+    return LaunchError("\n".join(lines), failures, summary)
+
+
+def _stop(procs: list) -> None:
+    """Terminate (then kill) every rank still running, and any child processes they started."""
+    alive = [p for p in procs if p.exitcode is None]
+    if not alive:
+        return
+    descendants = []
+    for p in alive:
+        try:
+            descendants += psutil.Process(p.pid).children(recursive=True)
+        except psutil.Error:
+            pass
+    for p in alive:
+        p.terminate()  # SIGTERM
+    for d in descendants:
+        try:
+            d.terminate()
+        except psutil.Error:
+            pass
+    multiprocessing.connection.wait([p.sentinel for p in alive], timeout=_STOP_GRACE_S)
+    for p in alive:
+        if p.exitcode is None:
+            p.kill()  # SIGKILL: a rank stuck in C++ (a collective) may not act on SIGTERM
+        p.join(timeout=5.0)
+    _, still = psutil.wait_procs(descendants, timeout=_STOP_GRACE_S)
+    for d in still:
+        try:
+            d.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(still, timeout=_STOP_GRACE_S)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _emit_output(workdir: str, world_size: int) -> None:
+    """Print each rank's captured stdout/stderr into the caller's, prefixed, in rank order."""
+    for kind, stream in (("out", sys.stdout), ("err", sys.stderr)):
+        text = "".join(f"[rank {rank}] {line}\n"
+                       for rank in range(world_size)
+                       for line in _read_text(_worker.rank_file(workdir, rank, kind)).splitlines())
+        if text and stream is not None:  # sys.stdout is None under pythonw
+            stream.write(text)
+            stream.flush()
+
+
+# ----------------------------------------------------------------------------- under torchrun
+
+def _under_torchrun() -> bool:
+    env = os.environ
+    return "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env)
+
+
+def _destroy_default_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _launch_in_torchrun(fn, world_size: int, args: tuple, kwargs: dict, backend: str,
+                        timeout: float) -> list:
+    """This process is one rank of a torchrun job: run fn here, all-gather the results."""
+    env_world = int(os.environ["WORLD_SIZE"])
+    if world_size != env_world:
+        raise ValueError(f"world_size={world_size} but this process runs under torchrun with "
+                         f"WORLD_SIZE={env_world}; torchrun sets the world size, so pass "
+                         f"world_size={env_world} (or call launch outside torchrun)")
+    rank = int(os.environ["RANK"])
+    if not dist.is_initialized():
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env_world))
+        resolved = resolve_backend(backend, local_world)  # one GPU per rank *on this node*
+        if resolved == "nccl":
+            import torch
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(resolved, timeout=timedelta(seconds=timeout))  # env:// rendezvous
+        # Kept for the rest of this process (torchrun made it a rank for life): destroying and
+        # re-creating the default group inside one torchrun job reuses torchrun's store keys
+        # and can race. It is destroyed when the script exits.
+        atexit.register(_destroy_default_group)
+    try:
+        record = ("ok", fn(rank, world_size, *args, **kwargs))
+    except Exception as exc:
+        record = ("error", f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc().rstrip()}")
+    gathered: list = [None] * world_size
+    dist.all_gather_object(gathered, record)  # every rank learns every outcome
+    failures = {r: rec[1] for r, rec in enumerate(gathered) if rec[0] == "error"}
+    if failures:
+        summary = {r: ("returned normally" if rec[0] == "ok" else rec[1].splitlines()[0])
+                   for r, rec in enumerate(gathered)}
+        lines = [f"{len(failures)} of {world_size} ranks failed (under torchrun)."]
+        lines += [f"rank {r}: {s}" for r, s in summary.items()]
+        lines += [f"\n--- rank {r} {text}" for r, text in failures.items()]
+        raise LaunchError("\n".join(lines), failures, summary)
+    return [rec[1] for rec in gathered]
