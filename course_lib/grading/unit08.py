@@ -1,0 +1,250 @@
+"""Checks for the exercises of unit 08, collectives (solutions/08_collectives.ipynb).
+
+The learner's functions are launched on 2, 3 and 4 real gloo ranks with course_lib.launch and
+compared with torch.distributed (values) and with course_lib.measure.estimate (bytes, measured by
+CommMeter). Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
+"""
+from __future__ import annotations
+
+import traceback
+
+from course_lib.grading.core import fail, fmt_int, passed, run_learner
+
+WORLD_SIZES = (2, 3, 4)
+NUMELS = (1, 7, 1001)  # odd sizes: a chunk per rank is not always the same size (or not there)
+GRADE_TIMEOUT_S = 45.0  # a deadlocked ring (blocking send in both directions) ends here
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _p2p_only(calls: dict) -> dict:
+    """The calls of a CommMeter that are not point-to-point (they should be none)."""
+    return {op: n for op, n in calls.items() if "send" not in op and "recv" not in op}
+
+
+def _guarded(fn, *args):
+    """Call the learner's fn inside a rank; return (ok, error) instead of raising."""
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 - reported in the verdict
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return False, (type(exc).__name__, first, traceback.format_exc())
+    return True, None
+
+
+# --------------------------------------------------------------------------------------------
+# what runs inside the ranks
+# --------------------------------------------------------------------------------------------
+# The meters run with dispatch=False: they count direct torch.distributed calls (all a ring needs)
+# without importing torch.distributed.tensor in every rank, which costs seconds per launch.
+
+
+def _all_reduce_worker(rank: int, world_size: int, fn) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from course_lib.measure.comm import CommMeter
+
+    cases = []
+    for dtype in (torch.float32, torch.float64):
+        for numel in NUMELS:
+            gen = torch.Generator().manual_seed(7919 * rank + numel)
+            x = torch.randn(numel, generator=gen, dtype=torch.float64).to(dtype)  # (S,)
+            ref, abs_sum = x.clone(), x.abs()
+            dist.all_reduce(ref)
+            dist.all_reduce(abs_sum)
+            got = x.clone()
+            ok, err = _guarded(fn, got)
+            if not ok:
+                return {"error": err}
+            # any summation order is within (N-1) eps sum|x| of the exact sum (Higham 2002, 4.2)
+            bound = 2 * (world_size - 1) * torch.finfo(dtype).eps * abs_sum
+            bad = (got - ref).abs() > bound
+            cases.append({"dtype": str(dtype).removeprefix("torch."), "numel": numel,
+                          "ok": not bool(bad.any()) and got.dtype == dtype,
+                          "max_err": float((got.double() - ref.double()).abs().max()),
+                          "got_first": float(got.reshape(-1)[0]), "ref_first": float(ref.reshape(-1)[0])})
+    numel = world_size * 512  # divisible: the byte formula is exact
+    x = torch.randn(numel)
+    with CommMeter(dispatch=False) as meter:
+        ok, err = _guarded(fn, x)
+    if not ok:
+        return {"error": err}
+    return {"cases": cases, "size_bytes": numel * 4, "bytes_sent": int(meter.bytes_sent),
+            "other_calls": _p2p_only(dict(meter.calls))}
+
+
+def _all_gather_worker(rank: int, world_size: int, fn) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from course_lib.measure.comm import CommMeter
+
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    cases = []
+    for dtype in (torch.float32, torch.float64):
+        for k in NUMELS:
+            gen = torch.Generator().manual_seed(104729 * rank + k)
+            mine = torch.randn(k, generator=gen, dtype=torch.float64).to(dtype)  # (k,)
+            ref = torch.empty(world_size * k, dtype=dtype)
+            all_gather(ref, mine)
+            got = torch.full((world_size * k,), float("nan"), dtype=dtype)  # (N*k,)
+            ok, err = _guarded(fn, got, mine.clone())
+            if not ok:
+                return {"error": err}
+            cases.append({"dtype": str(dtype).removeprefix("torch."), "numel": k,
+                          "ok": bool(torch.equal(got, ref))})
+    k = 512
+    out, mine = torch.empty(world_size * k), torch.randn(k)
+    with CommMeter(dispatch=False) as meter:
+        ok, err = _guarded(fn, out, mine)
+    if not ok:
+        return {"error": err}
+    return {"cases": cases, "size_bytes": out.numel() * 4, "bytes_sent": int(meter.bytes_sent),
+            "other_calls": _p2p_only(dict(meter.calls))}
+
+
+def _composite_worker(rank: int, world_size: int, numel: int) -> int:
+    import torch
+
+    from course_lib.measure.comm import CommMeter
+    from course_lib.parallel.collectives import ring_all_gather, ring_reduce_scatter
+
+    x = torch.randn(numel)  # (S,)
+    shard = torch.empty(numel // world_size)  # (S/N,)
+    with CommMeter(dispatch=False) as meter:
+        ring_reduce_scatter(shard, x)
+        ring_all_gather(x, shard)
+    return int(meter.bytes_sent)
+
+
+# --------------------------------------------------------------------------------------------
+# shared verdict logic
+# --------------------------------------------------------------------------------------------
+def _launch_learner(task: int, worker, world_size: int, fn) -> list[dict]:
+    from course_lib.runtime.errors import LaunchError
+    from course_lib.runtime.launch import launch
+
+    try:
+        results = launch(worker, world_size, fn, timeout=GRADE_TIMEOUT_S)
+    except LaunchError as exc:
+        first = next(iter(exc.failures.values()), str(exc))
+        hint = " (a deadlock? post isend/irecv before waiting)" if "deadline" in str(exc) else ""
+        fail(task, f"{_name(fn)} on {world_size} ranks did not finish{hint}: "
+                   f"{(str(first).strip().splitlines() or [''])[0]}")
+    for rank, res in enumerate(results):
+        if "error" in res:
+            kind, message, _ = res["error"]
+            if kind == "NotImplementedError":
+                fail(task, f"not implemented yet: {_name(fn)} raised NotImplementedError")
+            hint = (" -- a deadlock? a blocking send waits for a receiver that is itself sending: "
+                    "post isend and irecv before waiting" if "timed out" in message.lower() else "")
+            fail(task, f"{_name(fn)} raised {kind} on rank {rank} of {world_size}: {message}{hint}")
+    return results
+
+
+def _check_cases(task: int, fn, world_size: int, results: list[dict], what: str) -> None:
+    for rank, res in enumerate(results):
+        for case in res["cases"]:
+            if not case["ok"]:
+                detail = (f" (max abs error {case['max_err']:.3g}; element 0: got "
+                          f"{case['got_first']:.6g}, expected {case['ref_first']:.6g})"
+                          if "max_err" in case else "")
+                fail(task, f"{what} differs from torch.distributed on rank {rank} of {world_size} "
+                           f"for {case['numel']} elements of {case['dtype']}{detail}")
+
+
+def _check_bytes(task: int, fn, world_size: int, results: list[dict], expected, formula: str) -> None:
+    for rank, res in enumerate(results):
+        if res["other_calls"]:
+            fail(task, f"{_name(fn)} must use only point-to-point send/recv, but rank {rank} "
+                       f"called {sorted(res['other_calls'])}")
+        if res["bytes_sent"] != expected:
+            hint = " (no send/isend was counted: build it from dist.isend and dist.irecv)" \
+                if res["bytes_sent"] == 0 else ""
+            fail(task, f"rank {rank} of {world_size} sent {fmt_int(res['bytes_sent'])} B for a "
+                       f"{fmt_int(res['size_bytes'])} B tensor; expected {formula} = "
+                       f"{fmt_int(int(expected))} B{hint}")
+
+
+# --------------------------------------------------------------------------------------------
+# checks
+# --------------------------------------------------------------------------------------------
+def check_ring_all_reduce(fn, task: int = 1) -> None:
+    """Task: ring all-reduce from send/recv. ``fn(tensor)`` sums ``tensor`` over ranks in place.
+
+    Graded on 2, 3 and 4 ranks, sizes 1, 7 and 1001, float32 and float64, against
+    ``dist.all_reduce`` (within the summation-order bound 2(N-1) eps sum|x|), then on a size
+    divisible by N: every rank must send exactly estimate.ring_allreduce_bytes_sent(S, N) bytes
+    through point-to-point calls only.
+    """
+    from course_lib.measure import estimate
+
+    if not callable(fn):
+        fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
+    for world_size in WORLD_SIZES:
+        results = _launch_learner(task, _all_reduce_worker, world_size, fn)
+        _check_cases(task, fn, world_size, results, "the all-reduced tensor")
+        size = results[0]["size_bytes"]
+        _check_bytes(task, fn, world_size, results,
+                     estimate.ring_allreduce_bytes_sent(size, world_size), "2(N-1)/N * S")
+    passed(task, "ring all-reduce matches dist.all_reduce on 2, 3 and 4 ranks (1, 7 and 1001 "
+                 "elements, float32 and float64) and each rank sends 2(N-1)/N * S bytes")
+
+
+def check_ring_all_gather(fn, task: int = 2) -> None:
+    """Task: ring all-gather. ``fn(output, input)``: rank r's ``input`` (k elements) lands in
+    chunk r of every rank's ``output`` (N * k elements).
+
+    Graded on 2, 3 and 4 ranks, k = 1, 7, 1001, float32 and float64, bitwise against
+    ``dist.all_gather_single`` (copies, no arithmetic), then bytes: each rank sends exactly
+    estimate.allgather_bytes_sent(S_out, N) = (N-1)/N * S_out through point-to-point calls.
+    """
+    from course_lib.measure import estimate
+
+    if not callable(fn):
+        fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
+    for world_size in WORLD_SIZES:
+        results = _launch_learner(task, _all_gather_worker, world_size, fn)
+        _check_cases(task, fn, world_size, results, "the gathered tensor")
+        size = results[0]["size_bytes"]
+        _check_bytes(task, fn, world_size, results,
+                     estimate.allgather_bytes_sent(size, world_size), "(N-1)/N * S_out")
+    passed(task, "ring all-gather equals dist.all_gather_single bit for bit on 2, 3 and 4 ranks "
+                 "and each rank sends (N-1)/N * S_out bytes")
+
+
+def check_composite_bytes(predict, task: int = 3) -> None:
+    """Task: predict the bytes one rank sends in an all-reduce done as ring reduce-scatter +
+    ring all-gather. ``predict(size_bytes, world_size)`` returns a number of bytes.
+
+    Graded against estimate (reduce_scatter_bytes_sent + allgather_bytes_sent) on several
+    (S, N), and against what CommMeter measures for the from-scratch rings on 2 and 4 ranks.
+    """
+    from course_lib.measure import estimate
+    from course_lib.runtime.errors import LaunchError
+    from course_lib.runtime.launch import launch
+
+    cases = [(4096, 2), (4096, 4), (3 * 4096, 3), (8 * 2**20, 8), (2**30, 64), (1000, 1)]
+    for size, n in cases:
+        expected = estimate.reduce_scatter_bytes_sent(size, n) + estimate.allgather_bytes_sent(size, n)
+        got = run_learner(task, predict, size, n)
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
+            fail(task, f"{_name(predict)}({size}, {n}) must return a number of bytes, got {got!r}")
+        if abs(got - expected) > 1e-9 * max(1.0, expected):
+            fail(task, f"for S = {fmt_int(size)} B on N = {n} ranks: expected {fmt_int(round(expected))} B "
+                       f"per rank, got {got!r}")
+    for n, numel in ((2, 2 * 1024), (4, 4 * 1024)):
+        try:
+            measured = launch(_composite_worker, n, numel, timeout=GRADE_TIMEOUT_S)
+        except LaunchError as exc:  # not the learner's fault, but say so clearly
+            fail(task, f"could not measure the reference run on {n} ranks: {str(exc).splitlines()[0]}")
+        predicted = run_learner(task, predict, numel * 4, n)
+        for rank, got in enumerate(measured):
+            if got != predicted:
+                fail(task, f"CommMeter measured {fmt_int(got)} B sent by rank {rank} of {n} for "
+                           f"S = {fmt_int(numel * 4)} B, your prediction is {predicted!r}")
+    passed(task, f"predictions match estimate on {len(cases)} cases and CommMeter on 2 and 4 ranks: "
+                 "reduce-scatter + all-gather sends 2(N-1)/N * S per rank, the ring all-reduce's bytes")
