@@ -1,0 +1,563 @@
+"""Batch size and gradient accumulation, measured.
+
+Introduced in notebooks/02_batch_size_and_accumulation.ipynb. Four measured runs:
+
+- the roofline of this machine: matmul throughput (FLOP/s) and copy bandwidth (B/s), and a few
+  training operations placed on it (matmuls of several sizes, GELU, LayerNorm);
+- throughput (samples/s) and activation memory of one training step against batch size;
+- the largest batch that fits a memory budget (simulated on CPU, the real device on a GPU);
+- gradient accumulation: same gradient as the full batch, flat memory, time per effective batch.
+
+Every function returns plain data (dicts, pandas DataFrames); plots live in course_lib.viz.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch import nn
+
+from course_lib.measure import estimate
+from course_lib.measure.memory import MemoryMeter
+from course_lib.measure.timing import time_fn
+from course_lib.models import MLP
+
+__all__ = [
+    "SimulatedOOM",
+    "MemoryBudget",
+    "OpCost",
+    "matmul_cost",
+    "elementwise_cost",
+    "measure_matmul_throughput",
+    "measure_copy_bandwidth",
+    "roofline_ops",
+    "training_step",
+    "throughput_vs_batch",
+    "step_peak_bytes",
+    "largest_batch_that_fits",
+    "split_batch",
+    "accumulation_step",
+    "accumulation_vs_full_batch",
+    "accumulation_memory_and_time",
+    "effective_batch",
+    "default_device",
+]
+
+
+def default_device() -> torch.device:
+    """The one device a single-process unit runs on: the first GPU if there is one, else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------------------------
+# Memory budget: a clear out-of-memory error naming requested vs available bytes
+# --------------------------------------------------------------------------------------------
+class SimulatedOOM(MemoryError):
+    """Raised by MemoryBudget.check when a run would need more bytes than the budget holds.
+
+    On CPU there is no device memory to run out of, so the budget is simulated: the error is
+    raised *before* anything is allocated, from a measured or estimated peak.
+    """
+
+    def __init__(self, requested: int, available: int, *, what: str, simulated: bool = True):
+        self.requested = int(requested)
+        self.available = int(available)
+        self.what = what
+        self.simulated = simulated
+        kind = "simulated device budget" if simulated else "device"
+        super().__init__(
+            f"out of memory ({'simulated' if simulated else 'real'}): {what} needs "
+            f"{estimate.fmt_bytes(self.requested)} ({self.requested:,} B) but the {kind} has "
+            f"{estimate.fmt_bytes(self.available)} ({self.available:,} B) available; "
+            f"short by {estimate.fmt_bytes(self.requested - self.available)}. "
+            f"Reduce the batch size or use gradient accumulation."
+        )
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A number of bytes a training step may use at its peak."""
+
+    capacity_bytes: int
+    """Bytes available to the run (for a simulated budget, any positive number you choose)."""
+    simulated: bool = True
+    """True on CPU: the budget is a number we compare against, not a device that can fail."""
+
+    def __post_init__(self):
+        if isinstance(self.capacity_bytes, bool) or not isinstance(self.capacity_bytes, int):
+            raise TypeError(
+                f"capacity_bytes must be an int number of bytes, got {self.capacity_bytes!r}"
+            )
+        if self.capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be > 0, got {self.capacity_bytes}")
+
+    @classmethod
+    def for_device(cls, device: torch.device | str, *, simulated_bytes: int) -> MemoryBudget:
+        """The real free memory of a CUDA device; on CPU a simulated budget of `simulated_bytes`."""
+        device = torch.device(device)
+        if device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(device)
+            return cls(int(free), simulated=False)
+        return cls(int(simulated_bytes), simulated=True)
+
+    def check(self, requested: int, *, what: str = "this step") -> None:
+        """Raise SimulatedOOM if `requested` bytes do not fit in the budget."""
+        if requested > self.capacity_bytes:
+            raise SimulatedOOM(requested, self.capacity_bytes, what=what, simulated=self.simulated)
+
+    def fits(self, requested: int) -> bool:
+        return requested <= self.capacity_bytes
+
+    def label(self) -> str:
+        tag = "simulated budget" if self.simulated else "free device memory"
+        return f"{estimate.fmt_bytes(self.capacity_bytes)} ({tag})"
+
+
+# --------------------------------------------------------------------------------------------
+# Roofline: peak compute, memory bandwidth, and where training operations sit
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OpCost:
+    """Work and traffic of one operation, the two coordinates of the roofline."""
+
+    name: str
+    flops: int
+    """Floating-point operations (a multiply-add counts as 2)."""
+    bytes: int
+    """Bytes read from and written to memory at least once (inputs + outputs)."""
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOP per byte moved."""
+        return estimate.arithmetic_intensity(self.flops, self.bytes)
+
+
+def matmul_cost(m: int, n: int, k: int, dtype: torch.dtype = torch.float32) -> OpCost:
+    """(m, k) @ (k, n): 2mnk FLOP; reads both inputs and writes the output once."""
+    flops = estimate.matmul_flops(m, n, k)
+    nbytes = (m * k + k * n + m * n) * estimate.dtype_bytes(dtype)
+    return OpCost(f"matmul {m}x{k}@{k}x{n}", int(flops), int(nbytes))
+
+
+# FLOP per element of the elementwise ops below, counted from their formulas:
+#   GELU (erf form) x * 0.5 * (1 + erf(x / sqrt 2)): ~8 (erf itself is a short polynomial)
+#   LayerNorm: mean 1, variance 3, normalize 2, scale and shift 2 = 8
+_ELEMENTWISE_FLOPS = {"gelu": 8, "layernorm": 8}
+
+
+def elementwise_cost(op: str, numel: int, dtype: torch.dtype = torch.float32) -> OpCost:
+    """An elementwise op reads its input once and writes its output once."""
+    if op not in _ELEMENTWISE_FLOPS:
+        raise ValueError(f"op must be one of {sorted(_ELEMENTWISE_FLOPS)}, got {op!r}")
+    nbytes = 2 * numel * estimate.dtype_bytes(dtype)
+    return OpCost(f"{op} {numel:,} el.", _ELEMENTWISE_FLOPS[op] * numel, int(nbytes))
+
+
+def measure_matmul_throughput(
+    n: int = 1024, *, device=None, dtype=torch.float32, warmup: int = 2, repeat: int = 5
+) -> dict:
+    """Median FLOP/s of an n x n x n matmul: our stand-in for the machine's peak compute."""
+    device = torch.device(device) if device is not None else default_device()
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    cost = matmul_cost(n, n, n, dtype)
+
+    def run():
+        torch.mm(a, b)
+        _sync(device)
+
+    t = time_fn(run, warmup=warmup, repeat=repeat)
+    return {"n": n, "flops": cost.flops, "median_s": t.median_s, "flop_per_s": cost.flops / t.median_s}
+
+
+def measure_copy_bandwidth(
+    nbytes: int = 64 * 2**20, *, device=None, warmup: int = 2, repeat: int = 5
+) -> dict:
+    """Median bytes/s of copying a large tensor: it reads nbytes and writes nbytes."""
+    device = torch.device(device) if device is not None else default_device()
+    if nbytes < 4:
+        raise ValueError(f"nbytes must be >= 4, got {nbytes}")
+    src = torch.randn(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+
+    def run():
+        dst.copy_(src)
+        _sync(device)
+
+    t = time_fn(run, warmup=warmup, repeat=repeat)
+    moved = 2 * src.numel() * src.element_size()  # read + write
+    return {"nbytes": moved, "median_s": t.median_s, "bytes_per_s": moved / t.median_s}
+
+
+def roofline_ops(
+    *,
+    matmul_sizes: Sequence[int] = (16, 64, 256, 1024),
+    elementwise_numel: int = 2**22,
+    device=None,
+    warmup: int = 2,
+    repeat: int = 5,
+) -> tuple[pd.DataFrame, dict]:
+    """Time matmuls, a GELU and a LayerNorm; measure bandwidth; place each op on the roofline.
+
+    The compute roof is the fastest matmul measured here (what PyTorch reaches on this machine,
+    not a vendor's peak); the bandwidth roof is a large copy (measure_copy_bandwidth).
+    Returns (ops, machine): one row per op with flops, bytes, intensity (FLOP/B), measured
+    FLOP/s, the roofline's attainable FLOP/s at that intensity, and which roof bounds it; and the
+    machine's peak FLOP/s, bandwidth and ridge point (FLOP/B where the two roofs meet).
+    """
+    device = torch.device(device) if device is not None else default_device()
+    _check_sizes("matmul_sizes", matmul_sizes)
+    bw = measure_copy_bandwidth(device=device, warmup=warmup, repeat=repeat)
+
+    jobs: list[tuple[OpCost, Callable[[], object]]] = []
+    for n in matmul_sizes:
+        a = torch.randn(n, n, device=device)
+        b = torch.randn(n, n, device=device)
+        # a small matmul is fast: repeat it inside the timed function so timer overhead is small
+        inner = max(1, int(2**24 // (2 * n**3)))
+        cost = matmul_cost(n, n, n)
+        jobs.append((OpCost(cost.name, cost.flops * inner, cost.bytes * inner),
+                     _repeated(lambda a=a, b=b: torch.mm(a, b), inner)))
+    x = torch.randn(elementwise_numel, device=device)
+    hidden = 1024
+    x2 = x.view(-1, hidden)  # (rows, hidden)
+    ln = nn.LayerNorm(hidden).to(device)
+    jobs.append((elementwise_cost("gelu", x.numel()), lambda: nn.functional.gelu(x)))
+    jobs.append((elementwise_cost("layernorm", x.numel()), lambda: ln(x2)))
+
+    rows = []
+    with torch.no_grad():
+        for cost, fn in jobs:
+            def run(fn=fn):
+                fn()
+                _sync(device)
+
+            t = time_fn(run, warmup=warmup, repeat=repeat)
+            rows.append({"op": cost.name, "flops": cost.flops, "bytes": cost.bytes,
+                         "intensity": cost.intensity, "median_s": t.median_s,
+                         "flop_per_s": cost.flops / t.median_s})
+    ops = pd.DataFrame(rows)
+    matmuls = ops[ops["op"].str.startswith("matmul")]
+    peak = float(matmuls["flop_per_s"].max())
+    machine = {
+        "peak_flop_per_s": peak,
+        "peak_source": str(matmuls.loc[matmuls["flop_per_s"].idxmax(), "op"]),
+        "bandwidth_bytes_per_s": bw["bytes_per_s"],
+        "ridge_flop_per_byte": estimate.ridge_point(peak, bw["bytes_per_s"]),
+        "device": str(device),
+    }
+    ops["attainable_flop_per_s"] = [
+        estimate.attainable_flops(i, peak, bw["bytes_per_s"]) for i in ops["intensity"]]
+    ops["bound"] = ["compute" if i >= machine["ridge_flop_per_byte"] else "memory"
+                    for i in ops["intensity"]]
+    return ops, machine
+
+
+def _repeated(fn: Callable[[], object], times: int) -> Callable[[], None]:
+    def run():
+        for _ in range(times):
+            fn()
+
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+# One training step; throughput and memory against batch size
+# --------------------------------------------------------------------------------------------
+def training_step(model: nn.Module, optimizer, loss_fn, inputs, targets) -> torch.Tensor:
+    """Forward, backward, step, zero_grad: the unit every measurement in this unit times."""
+    loss = loss_fn(model(inputs), targets)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def _mlp_batch(model: nn.Module, batch: int, *, device, generator_seed: int = 0):
+    """Random inputs and class targets shaped for an MLP (first/last Linear give the widths)."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise TypeError(f"model must contain nn.Linear layers, got {type(model).__name__}")
+    g = torch.Generator().manual_seed(generator_seed)
+    x = torch.randn(batch, linears[0].in_features, generator=g).to(device)
+    y = torch.randint(0, linears[-1].out_features, (batch,), generator=g).to(device)
+    return x, y
+
+
+def step_peak_bytes(model: nn.Module, batch: int, *, optimizer: str = "adam", device=None) -> dict:
+    """Measured bytes of one training step at `batch` (MemoryMeter): peak and its breakdown.
+
+    The input batch is counted (as 'other'): it sits in device memory during the step too.
+    'activations' is the activation bytes when the forward ends (what the formula predicts).
+    Runs on a copy of `model`, so the caller's weights are untouched.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    if device.type == "cuda":
+        # hand back blocks cached by earlier runs, so the reserved peak is this step's own
+        torch.cuda.empty_cache()
+    model = copy.deepcopy(model).to(device)
+    opt = _make_optimizer(optimizer, model)
+    x, y = _mlp_batch(model, batch, device=device)
+    with MemoryMeter(model, opt, track=(x, y)) as meter:
+        training_step(model, opt, nn.functional.cross_entropy, x, y)
+    tl = meter.timeline
+    out = {"batch": batch, "peak_bytes": int(meter.peak_bytes), "peak_phase": meter.peak_phase}
+    out.update({f"peak_{k}": int(v) for k, v in meter.peak_breakdown.items()})
+    out["activations"] = int(tl[tl["event"] == "post_forward"].iloc[-1]["activations"])
+    if meter.cuda_peak_reserved is not None:
+        out["cuda_peak_reserved"] = int(meter.cuda_peak_reserved)
+    return out
+
+
+def throughput_vs_batch(
+    model: nn.Module,
+    batch_sizes: Sequence[int],
+    *,
+    optimizer: str = "sgd",
+    device=None,
+    warmup: int = 3,
+    repeat: int = 7,
+) -> pd.DataFrame:
+    """Samples/s of a training step and measured activation bytes, one row per batch size.
+
+    `predicted_activation_bytes` comes from estimate.activation_bytes_mlp for the same widths.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    _check_sizes("batch_sizes", batch_sizes)
+    if not isinstance(model, MLP):
+        raise TypeError(f"model must be a course_lib.models.MLP, got {type(model).__name__}")
+    widths, activation = model.config.widths, model.config.activation
+    rows = []
+    for batch in batch_sizes:
+        work = copy.deepcopy(model).to(device)
+        opt = _make_optimizer(optimizer, work)
+        x, y = _mlp_batch(work, batch, device=device)
+
+        def step(work=work, opt=opt, x=x, y=y):
+            training_step(work, opt, nn.functional.cross_entropy, x, y)
+            _sync(device)
+
+        t = time_fn(step, warmup=warmup, repeat=repeat)
+        mem = step_peak_bytes(model, batch, optimizer=optimizer, device=device)
+        rows.append({
+            "batch": batch,
+            "median_s": t.median_s,
+            "samples_per_s": batch / t.median_s,
+            "activation_bytes": mem["activations"],
+            "predicted_activation_bytes": int(estimate.activation_bytes_mlp(
+                batch, widths, activation=activation)),
+            "peak_bytes": mem["peak_bytes"],
+        })
+    return pd.DataFrame(rows)
+
+
+def largest_batch_that_fits(
+    model: nn.Module,
+    budget: MemoryBudget,
+    *,
+    optimizer: str = "sgd",
+    device=None,
+    multiple_of: int = 8,
+    max_batch: int = 2**16,
+) -> dict:
+    """Largest batch (a multiple of `multiple_of`) whose *measured* step peak fits `budget`.
+
+    Doubling, then bisection; each probe runs one real training step under MemoryMeter (input
+    batch included). On a GPU with a real budget, the allocator's reserved peak is compared too,
+    and a real torch.OutOfMemoryError counts as "does not fit". Returns the batch, its peak, the
+    SimulatedOOM of the first batch that did not fit, and every probe (a DataFrame).
+    """
+    device = torch.device(device) if device is not None else default_device()
+    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
+        raise ValueError(f"multiple_of must be a positive int, got {multiple_of!r}")
+    probes: list[dict] = []
+
+    def fits(units: int) -> bool:
+        batch = units * multiple_of
+        try:
+            m = step_peak_bytes(model, batch, optimizer=optimizer, device=device)
+            p = max(m["peak_bytes"], m.get("cuda_peak_reserved", 0))
+        except torch.OutOfMemoryError:  # the real device ran out before the budget said so
+            torch.cuda.empty_cache()
+            p = budget.capacity_bytes + 1
+        probes.append({"batch": batch, "peak_bytes": p, "fits": budget.fits(p)})
+        return budget.fits(p)
+
+    def result(units: int, bad_units: int | None) -> dict:
+        oom = None
+        if bad_units is not None:
+            bad = bad_units * multiple_of
+            oom = SimulatedOOM(_peak_of(probes, bad), budget.capacity_bytes,
+                               what=f"a training step at batch {bad}", simulated=budget.simulated)
+        batch = units * multiple_of
+        return {"batch": batch, "peak_bytes": _peak_of(probes, batch) if units else None,
+                "oom": oom, "probes": pd.DataFrame(probes)}
+
+    if not fits(1):
+        return result(0, 1)
+    lo, hi = 1, 2
+    while hi * multiple_of <= max_batch and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi * multiple_of > max_batch:
+        return result(lo, None)
+    while hi - lo > 1:  # invariant: lo fits, hi does not
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return result(lo, hi)
+
+
+def _peak_of(probes: list[dict], batch: int) -> int:
+    return next(p["peak_bytes"] for p in probes if p["batch"] == batch)
+
+
+# --------------------------------------------------------------------------------------------
+# Gradient accumulation
+# --------------------------------------------------------------------------------------------
+def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int):
+    """Split a batch into `micro_batches` equal micro-batches (views, no copies)."""
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
+    batch = inputs.shape[0]
+    if batch % micro_batches:
+        divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+        raise ValueError(
+            f"micro_batches={micro_batches} does not divide the batch of {batch} samples; "
+            f"equal micro-batches keep the mean loss exact. Valid choices: {divisors}"
+        )
+    return list(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))
+
+
+def accumulation_step(model, optimizer, loss_fn, inputs, targets, micro_batches: int) -> None:
+    """One optimizer step on (inputs, targets), computed as `micro_batches` forward/backwards.
+
+    The loss is a mean over samples, so each micro-batch loss is divided by the number of
+    micro-batches: the summed gradients are then the gradient of the mean over the whole batch.
+    """
+    optimizer.zero_grad(set_to_none=True)  # once, before the loop: backward() adds into .grad
+    for x, y in split_batch(inputs, targets, micro_batches):
+        loss = loss_fn(model(x), y) / micro_batches
+        loss.backward()
+    optimizer.step()  # once, after the loop
+
+
+def _make_optimizer(name: str, model: nn.Module, lr: float = 1e-2):
+    choices = {
+        "sgd": lambda p: torch.optim.SGD(p, lr=lr),
+        "momentum": lambda p: torch.optim.SGD(p, lr=lr, momentum=0.9),
+        "adam": lambda p: torch.optim.Adam(p, lr=lr),
+    }
+    if name not in choices:
+        raise ValueError(f"optimizer must be one of {sorted(choices)}, got {name!r}")
+    return choices[name](model.parameters())
+
+
+def _check_sizes(name: str, values: Sequence[int]) -> None:
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise ValueError(f"{name} must be a non-empty list of positive ints, got {values!r}")
+
+
+def accumulation_vs_full_batch(
+    model: nn.Module,
+    batch: int,
+    micro_batch_counts: Sequence[int],
+    *,
+    dtypes: Sequence[torch.dtype] = (torch.float32, torch.float64),
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Max |difference| between accumulated and full-batch gradients, per dtype and count.
+
+    The two are equal in exact arithmetic; in floating point the sums run in a different order,
+    so they differ by rounding: about the dtype's machine epsilon times the gradient's size.
+    `rel_diff` divides by the largest gradient entry; `eps` is torch.finfo(dtype).eps.
+    """
+    _check_sizes("micro_batch_counts", micro_batch_counts)
+    rows = []
+    for dtype in dtypes:
+        base = copy.deepcopy(model).to(dtype)
+        x, y = _mlp_batch(base, batch, device="cpu", generator_seed=seed)
+        x = x.to(dtype)
+        full = _grads(base, nn.functional.cross_entropy, x, y, 1)
+        scale = max(g.abs().max().item() for g in full)
+        for k in micro_batch_counts:
+            acc = _grads(base, nn.functional.cross_entropy, x, y, k)
+            diff = max((a - f).abs().max().item() for a, f in zip(acc, full))
+            rows.append({"dtype": str(dtype).replace("torch.", ""), "micro_batches": k,
+                         "micro_batch": batch // k, "max_abs_diff": diff,
+                         "rel_diff": diff / scale, "eps": torch.finfo(dtype).eps})
+    return pd.DataFrame(rows)
+
+
+def _grads(model, loss_fn, x, y, micro_batches: int) -> list[torch.Tensor]:
+    """Gradients after one accumulated backward (no optimizer step) on a copy of model."""
+    work = copy.deepcopy(model)
+    for xb, yb in split_batch(x, y, micro_batches):
+        (loss_fn(work(xb), yb) / micro_batches).backward()
+    return [p.grad.detach().clone() for p in work.parameters()]
+
+
+def accumulation_memory_and_time(
+    model: nn.Module,
+    micro_batch: int,
+    accumulation_steps: Sequence[int],
+    *,
+    optimizer: str = "sgd",
+    device=None,
+    warmup: int = 1,
+    repeat: int = 3,
+) -> pd.DataFrame:
+    """For each number of accumulation steps k: the peak memory and time of one optimizer step on
+    an effective batch of micro_batch * k, done (a) as k accumulated micro-batches and (b) as one
+    full batch. Accumulation keeps the peak flat; the full batch's activations grow with k.
+
+    The input batch is tracked as data ('data_bytes', MemoryMeter's 'other'): here the whole
+    effective batch is in memory for both modes, while a real loader would bring in one
+    micro-batch at a time. 'peak_bytes' is the step's peak *without* the data, so the two modes
+    compare what the step itself needs.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    _check_sizes("accumulation_steps", accumulation_steps)
+    rows = []
+    for k in accumulation_steps:
+        effective = micro_batch * k
+        for mode, count in (("accumulated", k), ("full batch", 1)):
+            work = copy.deepcopy(model).to(device)
+            opt = _make_optimizer(optimizer, work)
+            x, y = _mlp_batch(work, effective, device=device)
+            with MemoryMeter(work, opt, track=(x, y)) as meter:
+                accumulation_step(work, opt, nn.functional.cross_entropy, x, y, count)
+
+            def run(work=work, opt=opt, x=x, y=y, count=count):
+                accumulation_step(work, opt, nn.functional.cross_entropy, x, y, count)
+                _sync(device)
+
+            t = time_fn(run, warmup=warmup, repeat=repeat)
+            data = int(meter.peak_breakdown["other"])
+            rows.append({
+                "accumulation_steps": k, "effective_batch": effective, "mode": mode,
+                "micro_batch": effective // count, "peak_bytes": int(meter.peak_bytes) - data,
+                "data_bytes": data,
+                "activation_bytes": int(meter.timeline["activations"].max()),
+                "median_s": t.median_s, "samples_per_s": effective / t.median_s,
+            })
+    return pd.DataFrame(rows)
+
+
+def effective_batch(micro_batch: int, accumulation_steps: int, world_size: int = 1) -> int:
+    """Samples behind one optimizer step: micro-batch x accumulation steps x data-parallel ranks."""
+    for name, v in (("micro_batch", micro_batch), ("accumulation_steps", accumulation_steps),
+                    ("world_size", world_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return micro_batch * accumulation_steps * world_size
+

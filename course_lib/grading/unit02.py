@@ -1,0 +1,228 @@
+"""Checks for the exercises of unit 02 (solutions/02_batch_size_and_accumulation.ipynb).
+
+Task 1: arithmetic intensity of a matmul (FLOP per byte), against estimate.
+Task 2: plan micro-batch and accumulation steps for a target effective batch.
+Task 3: the gradient-accumulation loop. The check runs the learner's loop on a small MLP it builds
+itself, spies on the optimizer and on the loss, and compares the update with one full-batch step.
+It names the classic bugs: the loss not divided by the number of micro-batches, zero_grad inside
+the loop, and stepping the optimizer every micro-batch.
+"""
+from __future__ import annotations
+
+import copy
+
+from course_lib.grading.core import fail, passed, run_learner
+
+# ---------------------------------------------------------------------------------- task 1
+
+
+def check_matmul_intensity(matmul_intensity, task: int = 1) -> None:
+    """Task: FLOP per byte of an (m x k) @ (k x n) matmul that reads A, B and writes C once."""
+    from course_lib.measure import estimate
+
+    cases = [(1, 4096, 4096, 4), (8, 4096, 4096, 2), (512, 512, 512, 4), (4096, 4096, 4096, 2),
+             (3, 5, 7, 8)]
+    for m, n, k, b in cases:
+        expected = estimate.matmul_arithmetic_intensity(m, n, k, dtype_bytes=b)
+        got = run_learner(task, matmul_intensity, m, n, k, b)
+        try:
+            ok = abs(float(got) - expected) <= 1e-9 * expected
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            hint = ""
+            if isinstance(got, (int, float)) and abs(float(got) - expected / 2) <= 1e-9 * expected:
+                hint = " (a multiply-add is 2 FLOP: the matmul does 2mnk FLOP)"
+            fail(task, f"m={m}, n={n}, k={k}, dtype_bytes={b}: expected {expected:.6g} FLOP/B, "
+                       f"got {got!r}{hint}")
+    passed(task, "matmul intensity matches estimate on 5 shapes (a batch-1 matvec: < 1 FLOP/B)")
+
+
+# ---------------------------------------------------------------------------------- task 2
+def _plan_reference(target_batch: int, max_micro_batch: int, world_size: int) -> tuple[int, int]:
+    per_rank = target_batch // world_size
+    micro = max(d for d in range(1, min(max_micro_batch, per_rank) + 1) if per_rank % d == 0)
+    return micro, per_rank // micro
+
+
+def check_plan_accumulation(plan_accumulation, task: int = 2) -> None:
+    """Task: (micro_batch, accumulation_steps) with micro x steps x ranks = target, fewest steps."""
+    cases = [(512, 64, 1), (512, 64, 4), (1024, 48, 8), (96, 7, 2), (256, 512, 1), (60, 60, 3)]
+    for target, max_micro, ranks in cases:
+        expected = _plan_reference(target, max_micro, ranks)
+        got = run_learner(task, plan_accumulation, target, max_micro, ranks)
+        try:
+            got_t = tuple(int(v) for v in got)
+        except (TypeError, ValueError):
+            fail(task, f"target={target}, max_micro_batch={max_micro}, world_size={ranks}: "
+                       f"expected a (micro_batch, accumulation_steps) pair, got {got!r}")
+        if got_t == expected:
+            continue
+        where = f"target={target}, max_micro_batch={max_micro}, world_size={ranks}"
+        if len(got_t) == 2 and got_t[0] * got_t[1] * ranks != target:
+            fail(task, f"{where}: micro_batch x accumulation_steps x world_size = "
+                       f"{got_t[0]} x {got_t[1]} x {ranks} = {got_t[0] * got_t[1] * ranks}, "
+                       f"not the target {target}")
+        if len(got_t) == 2 and got_t[0] > max_micro:
+            fail(task, f"{where}: micro_batch {got_t[0]} exceeds max_micro_batch {max_micro}")
+        fail(task, f"{where}: expected {expected} (the largest micro-batch that fits, so the "
+                   f"fewest accumulation steps), got {got!r}")
+    try:
+        plan_accumulation(100, 8, 3)
+    except ValueError:
+        pass
+    except NotImplementedError:
+        fail(task, "not implemented yet: plan_accumulation raised NotImplementedError")
+    except Exception as exc:  # noqa: BLE001 - learner error becomes a verdict
+        fail(task, f"target=100, world_size=3: expected ValueError, got {type(exc).__name__}: {exc}")
+    else:
+        fail(task, "target=100, world_size=3: 100 samples do not split over 3 ranks; expected a "
+                   "ValueError, got no error")
+    passed(task, f"plans match on {len(cases)} cases and an indivisible target raises ValueError")
+
+
+# ---------------------------------------------------------------------------------- task 3
+def _spy_optimizer(params, events: list, lr: float):
+    """torch.optim.SGD that logs step() and zero_grad() calls into `events`."""
+    import torch
+
+    class SpySGD(torch.optim.SGD):
+        def step(self, closure=None):
+            events.append("step")
+            return super().step(closure)
+
+        def zero_grad(self, set_to_none: bool = True):
+            events.append("zero_grad")
+            return super().zero_grad(set_to_none=set_to_none)
+
+    return SpySGD(params, lr=lr)
+
+
+def _spy_loss(events: list):
+    """Cross-entropy (mean) that logs each call and, via a tensor hook, each backward through it."""
+    import torch.nn.functional as F
+
+    def loss_fn(output, target):
+        loss = F.cross_entropy(output, target)
+        events.append("forward")
+        if loss.requires_grad:
+            loss.register_hook(lambda g: events.append("backward"))
+        return loss
+
+    return loss_fn
+
+
+def _case(seed: int, batch: int):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    d_in, hidden, classes = 6 + seed, 16 + 4 * seed, 3 + seed
+    model = nn.Sequential(nn.Linear(d_in, hidden), nn.Tanh(), nn.Linear(hidden, classes))
+    model = model.double()  # float64: the check's tolerance is then far below any bug's effect
+    x = torch.randn(batch, d_in, dtype=torch.float64)
+    y = torch.randint(0, classes, (batch,))
+    return model, x, y
+
+
+def _flat(params) -> "torch.Tensor":  # noqa: F821
+    import torch
+
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def _micro_grads(model, x, y, micro_batches: int):
+    """Per-micro-batch gradients (mean loss of each micro-batch), flattened."""
+    import torch.nn.functional as F
+
+    out = []
+    for xb, yb in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+        work = copy.deepcopy(model)
+        F.cross_entropy(work(xb), yb).backward()
+        out.append(_flat(p.grad for p in work.parameters()))
+    return out
+
+
+_LR = 0.5  # SGD learning rate of the check: the update is lr x gradient
+_RTOL = 1e-9
+
+
+def check_accumulation_step(accumulation_step, task: int = 3) -> None:
+    """Task: one optimizer step over `micro_batches` micro-batches = one full-batch step.
+
+    Compared in float64 with rtol=1e-9: summing micro-batch gradients adds the same terms in a
+    different order than the full batch does, so the two differ by rounding only (~1e-16
+    relative in float64); every bug below changes the update by a factor of order 1.
+    """
+    for seed, batch, k in ((0, 12, 3), (1, 16, 4)):
+        _check_one_case(accumulation_step, task, seed, batch, k)
+    passed(task, f"accumulated step equals the full-batch step on 2 unseen MLPs (float64, "
+                 f"rtol={_RTOL:g})")
+
+
+def _close(a, b, scale: float) -> bool:
+    return float((a - b).abs().max()) <= _RTOL * scale
+
+
+def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int) -> None:
+    import torch.nn.functional as F
+
+    model, x, y = _case(seed, batch)
+    before = _flat(model.parameters())
+    # reference: one step on the mean loss over the full batch
+    full = copy.deepcopy(model)
+    F.cross_entropy(full(x), y).backward()
+    expected_update = _LR * _flat(p.grad for p in full.parameters())
+
+    events: list[str] = []
+    work = copy.deepcopy(model)
+    opt = _spy_optimizer(work.parameters(), events, _LR)
+    model_zero_grad = work.zero_grad
+
+    def logged_model_zero_grad(set_to_none: bool = True):
+        events.append("zero_grad")
+        return model_zero_grad(set_to_none=set_to_none)
+
+    work.zero_grad = logged_model_zero_grad  # model.zero_grad() counts as zero_grad too
+    run_learner(task, accumulation_step, work, opt, _spy_loss(events), x, y, k)
+    where = f"batch of {batch} in {k} micro-batches"
+
+    n_fwd, n_bwd, n_step = (events.count(e) for e in ("forward", "backward", "step"))
+    if n_step == k and k > 1:
+        fail(task, f"{where}: optimizer.step() ran {k} times: stepping every micro-batch "
+                   f"makes {k} small updates instead of one; step once, after the loop")
+    if n_step != 1:
+        fail(task, f"{where}: expected optimizer.step() to run once, got {n_step} calls")
+    if n_fwd != k or n_bwd != k:
+        fail(task, f"{where}: expected {k} forward and {k} backward passes (one per "
+                   f"micro-batch), got {n_fwd} forward and {n_bwd} backward")
+    passes = [e for e in events if e in ("forward", "backward")]
+    if passes != ["forward", "backward"] * k:
+        fail(task, f"{where}: backward must follow each micro-batch's forward (got the order "
+                   f"{' '.join(passes)}); one backward after all forwards keeps every "
+                   f"micro-batch's activations alive, as much memory as the full batch")
+    first_bwd = events.index("backward")
+    last_bwd = len(events) - 1 - events[::-1].index("backward")
+    if "zero_grad" in events[first_bwd:last_bwd]:
+        fail(task, f"{where}: zero_grad inside the loop: it erases the gradients of the "
+                   f"earlier micro-batches, so only the last one is used; call it once, "
+                   f"before the loop (or after the step)")
+    if events.index("step") < last_bwd:
+        fail(task, f"{where}: optimizer.step() ran before the last backward")
+
+    update = before - _flat(work.parameters())
+    scale = float(expected_update.abs().max())
+    if _close(update, expected_update, scale):
+        return
+    if _close(update, k * expected_update, scale):
+        fail(task, f"{where}: loss not divided by the number of micro-batches: the update is "
+                   f"{k}x the full-batch update (backward adds up {k} mean losses); divide "
+                   f"each micro-batch loss by {k}")
+    last = _micro_grads(model, x, y, k)[-1]
+    if _close(update, _LR * last / k, scale) or _close(update, _LR * last, scale):
+        fail(task, f"{where}: zero_grad inside the loop: only the last micro-batch's "
+                   f"gradient reached the step; clear gradients once, before the loop")
+    err = float((update - expected_update).abs().max())
+    fail(task, f"{where}: parameter update differs from one full-batch step: max abs error "
+               f"{err:.3g} > rtol {_RTOL:g} x {scale:.3g} (are all micro-batches used, each "
+               f"once, with the loss divided by {k}?)")

@@ -1,0 +1,70 @@
+"""Plots of unit 01 (notebooks/01_backprop_memory.ipynb): results -> matplotlib Figure.
+
+Pure functions: they take the DataFrames of course_lib.experiments.unit01_backprop and return a
+Figure; nothing is measured here.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from course_lib.measure.estimate import MiB
+from course_lib.viz.plots import CATEGORY_COLORS
+
+__all__ = ["plot_scaling_sweep", "plot_optimizer_states"]
+
+# params and grads are equal in fp32: different markers keep both visible where they overlap
+_MARKERS = {"params": "s", "grads": "o", "optimizer": "^", "activations": "D"}
+
+
+def _require(df: pd.DataFrame, columns: list[str], name: str) -> None:
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"{name} must be a pandas DataFrame, got {type(df).__name__}")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{name} is missing columns {missing}; it has {list(df.columns)}")
+
+
+def plot_scaling_sweep(sweep: pd.DataFrame, *, title: str | None = None):
+    """Bytes per category against batch (left, at the largest width) and against width (right, at
+    the largest batch): measured as markers, predicted as dashed lines, MiB on log-log axes."""
+    _require(sweep, ["batch", "width", "category", "measured", "predicted"], "sweep")
+    fig, (ax_b, ax_w) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, x, fixed in ((ax_b, "batch", "width"), (ax_w, "width", "batch")):
+        at = sweep[fixed].max()
+        part = sweep[sweep[fixed] == at]
+        for cat, rows in part.groupby("category", sort=False):
+            rows = rows.sort_values(x)
+            color = CATEGORY_COLORS.get(cat, "black")
+            ax.plot(rows[x], rows["predicted"] / MiB, "--", color=color, alpha=0.7)
+            # a category that is 0 (SGD's optimizer state) cannot sit on a log axis
+            shown = rows[rows["measured"] > 0]
+            ax.plot(shown[x], shown["measured"] / MiB, _MARKERS.get(cat, "o"), color=color,
+                    label=cat, ms=9 if cat == "params" else 6, mfc="none" if cat == "params" else color)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(f"{x} ({fixed} = {at})")
+        ax.grid(True, which="both", alpha=0.3)
+    ax_b.set_ylabel("MiB (markers: measured, dashes: estimate)")
+    ax_w.legend(loc="best", fontsize=9)
+    fig.suptitle(title or "Model state follows the width; activations follow batch x width")
+    fig.tight_layout()
+    return fig
+
+
+def plot_optimizer_states(table: pd.DataFrame, *, title: str | None = None):
+    """Measured vs predicted optimizer-state bytes per optimizer (bars, MiB)."""
+    _require(table, ["optimizer", "measured", "predicted"], "table")
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs = range(len(table))
+    width = 0.38
+    ax.bar([x - width / 2 for x in xs], table["predicted"] / MiB, width, label="estimate",
+           color="tab:gray")
+    ax.bar([x + width / 2 for x in xs], table["measured"] / MiB, width, label="measured",
+           color=CATEGORY_COLORS["optimizer"])
+    ax.set_xticks(list(xs), table["optimizer"])
+    ax.set_ylabel("optimizer state (MiB)")
+    ax.legend()
+    ax.set_title(title or "Optimizer state: 0, 1 or 2 tensors the size of the parameters")
+    fig.tight_layout()
+    return fig
