@@ -432,7 +432,9 @@ def _execute(nb, path: Path, seconds: int, kernel_name: str) -> tuple[int | None
         kernel_name=kernel_name,
         allow_errors=True,
         record_timing=False,
-        store_widget_state=False,
+        # True: with False, nbclient raises KeyError when a cell writes into an
+        # ipywidgets.Output. The saved widget state is dropped afterwards (not deterministic).
+        store_widget_state=True,
         shutdown_kernel="immediate",
         extra_arguments=list(KERNEL_ARGS),
         resources={"metadata": {"path": str(path.resolve().parent)}},

@@ -49,9 +49,19 @@ PHASE_COLORS = {"forward": "#dbe9f6", "backward": "#fbe3d6", "step": "#dcefdc"}
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 
 
+_BACKEND_RESOLVED = False
+
+
 @contextmanager
 def style() -> Iterator[None]:
     """Context manager: draw with the course style (``STYLE``) without touching global rcParams."""
+    # Resolve the backend *before* entering rc_context. matplotlib picks its backend lazily on
+    # first use; if that happens inside rc_context, leaving the context restores the unresolved
+    # backend setting and Jupyter's inline backend stops showing every later figure.
+    global _BACKEND_RESOLVED
+    if not _BACKEND_RESOLVED:
+        plt.close(plt.figure())
+        _BACKEND_RESOLVED = True
     with plt.rc_context(STYLE):
         yield
 

@@ -82,3 +82,23 @@ def test_memory_timeline_bad_input(timeline):
         plot_memory_timeline(pd.DataFrame({"x": [1]}))
     with pytest.raises(ValueError, match="timeline is empty"):
         plot_memory_timeline(timeline.iloc[:0])
+
+
+@pytest.mark.timeout(180)
+def test_every_plot_cell_shows_its_figure_in_a_real_kernel(tmp_path):
+    """Regression: the first course plot used to resolve matplotlib's backend inside
+    rc_context, after which Jupyter's inline backend showed no later figure."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    v4 = nbformat.v4
+    nb = v4.new_notebook(cells=[
+        v4.new_code_cell("from course_lib.viz.plots import plot_measured_vs_predicted as plot"),
+        v4.new_code_cell("plot({'params': 1, 'grads': 2}, {'params': 1, 'grads': 2});"),
+        v4.new_code_cell("plot({'params': 3, 'grads': 2}, {'params': 1, 'grads': 2});"),
+        v4.new_code_cell("import matplotlib.pyplot as plt\nplt.plot([1, 2]);"),
+    ])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbclient.NotebookClient(nb, timeout=120, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    shown = [sum(o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
+                 for o in cell.outputs) for cell in nb.cells]
+    assert shown == [0, 1, 1, 1], shown
