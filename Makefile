@@ -9,6 +9,9 @@ STAMP  := $(VENV)/.installed
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 # No display (a server, a container, CI): don't try to open a browser, just print the URL.
 BROWSER_FLAG := $(shell [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && [ "$$(uname)" != Darwin ] && echo --no-browser)
+# Extra pip arguments, e.g. PyTorch's CPU-only index on a Linux laptop without a GPU:
+#   make PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu" lab
+PIP_ARGS ?=
 NBVAL_FLAGS := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
 .PHONY: help install lab test unit-tests notebook-tests exercises check-exercises notebooks lint clean
@@ -23,11 +26,11 @@ help:
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python >= 3.10 is needed; found " + sys.version.split()[0] + ". Run: make PYTHON=python3.11 ...")'
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed; found " + sys.version.split()[0] + ". Run: make PYTHON=python3.11 ...")'
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# torch comes from the pin in constraints.txt, never from an unpinned resolve.
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[lab,dev,units]"
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -c constraints.txt -e ".[lab,dev,units]"
 	@touch $(STAMP)
 
 lab: $(STAMP)
