@@ -141,24 +141,21 @@ class OpCost:
 
 
 def matmul_cost(m: int, n: int, k: int, dtype: torch.dtype = torch.float32) -> OpCost:
-    """(m, k) @ (k, n): 2mnk FLOP; reads both inputs and writes the output once."""
+    """(m, k) @ (k, n): 2mnk FLOP; reads both inputs and writes the output once
+    (``estimate.matmul_flops``, ``estimate.matmul_bytes``)."""
     flops = estimate.matmul_flops(m, n, k)
-    nbytes = (m * k + k * n + m * n) * estimate.dtype_bytes(dtype)
+    nbytes = estimate.matmul_bytes(m, n, k, dtype_bytes=estimate.dtype_bytes(dtype))
     return OpCost(f"matmul {m}x{k}@{k}x{n}", int(flops), int(nbytes))
 
 
-# FLOP per element of the elementwise ops below, counted from their formulas:
-#   GELU (erf form) x * 0.5 * (1 + erf(x / sqrt 2)): ~8 (erf itself is a short polynomial)
-#   LayerNorm: mean 1, variance 3, normalize 2, scale and shift 2 = 8
-_ELEMENTWISE_FLOPS = {"gelu": 8, "layernorm": 8}
-
-
 def elementwise_cost(op: str, numel: int, dtype: torch.dtype = torch.float32) -> OpCost:
-    """An elementwise op reads its input once and writes its output once."""
-    if op not in _ELEMENTWISE_FLOPS:
-        raise ValueError(f"op must be one of {sorted(_ELEMENTWISE_FLOPS)}, got {op!r}")
-    nbytes = 2 * numel * estimate.dtype_bytes(dtype)
-    return OpCost(f"{op} {numel:,} el.", _ELEMENTWISE_FLOPS[op] * numel, int(nbytes))
+    """An elementwise op reads its input once and writes its output once; FLOP per element
+    from ``estimate.ELEMENTWISE_FLOPS`` (``estimate.elementwise_cost``)."""
+    if op not in estimate.ELEMENTWISE_FLOPS:
+        raise ValueError(f"op must be one of {sorted(estimate.ELEMENTWISE_FLOPS)}, got {op!r}")
+    cost = estimate.elementwise_cost(numel, flops_per_element=op,
+                                     dtype_bytes=estimate.dtype_bytes(dtype))
+    return OpCost(f"{op} {numel:,} el.", cost.flops, int(cost.bytes))
 
 
 def measure_matmul_throughput(

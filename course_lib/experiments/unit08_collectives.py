@@ -188,25 +188,30 @@ def payload_bytes(name: str, world_size: int) -> int:
     return 4 * world_size
 
 
-def estimated_bytes_sent(name: str, world_size: int, rank: int) -> int | float | None:
-    """What estimate predicts ``rank`` sends in a run_primitives run of ``name`` (None when
-    estimate has no formula for it: scatter and gather)."""
+def estimated_bytes_sent(name: str, world_size: int, rank: int, *,
+                         root: int = 0) -> int | float | None:
+    """What estimate predicts ``rank`` sends in a run_primitives run of ``name`` with root
+    ``root`` (None when estimate has no formula for it). scatter and gather send different
+    amounts at the root and elsewhere (``estimate.collective_bytes_sent(..., root=...)``); the
+    from-scratch reduce + broadcast uses rank 0 as its root whatever ``root`` is."""
     size = payload_bytes(name, world_size)
     if name.endswith(" (from scratch)"):
         return predicted_bytes_sent(name.removesuffix(" (from scratch)"), size, world_size, rank)
     if name in estimate.COLLECTIVES:
-        return estimate.collective_bytes_sent(name, size, world_size)
+        return estimate.collective_bytes_sent(name, size, world_size, root=rank == root)
     return None
 
 
-def bytes_table(name: str, result: dict, world_size: int) -> pd.DataFrame:
-    """Per-rank bytes of one run_primitives result: measured (CommMeter) beside estimate."""
+def bytes_table(name: str, result: dict, world_size: int, *, root: int = 0) -> pd.DataFrame:
+    """Per-rank bytes of one run_primitives result (run with ``root``): measured (CommMeter)
+    beside estimate."""
     rows = []
     for rank in range(world_size):
         rows.append({"rank": rank, "calls": ", ".join(f"{op} x{k}" for op, k in
                                                     sorted(result["calls"][rank].items())),
                      "bytes_sent (CommMeter)": result["bytes_sent"][rank],
-                     "bytes_sent (estimate)": estimated_bytes_sent(name, world_size, rank)})
+                     "bytes_sent (estimate)": estimated_bytes_sent(name, world_size, rank,
+                                                                   root=root)})
     return pd.DataFrame(rows).set_index("rank")
 
 
@@ -343,17 +348,10 @@ def all_reduce_decompositions(world_size: int = 4, numel: int = 1001, *, seed: i
 def predicted_bytes_sent(algorithm: str, size_bytes: int, world_size: int, rank: int = 0) -> int | float:
     """Bytes ``rank`` sends in ``algorithm`` on a tensor of ``size_bytes`` (from estimate)."""
     _choice("algorithm", algorithm, BYTE_EXPERIMENTS)
-    if algorithm == "ring":
-        return estimate.ring_allreduce_bytes_sent(size_bytes, world_size)
-    if algorithm == "naive_ring":
-        return estimate.naive_ring_allreduce_bytes_sent(size_bytes, world_size)
-    if algorithm == "reduce_broadcast":
-        return estimate.reduce_broadcast_bytes_sent(size_bytes, world_size, root=rank == 0)
-    if algorithm == "recursive_doubling":
-        # the alpha-beta model with alpha = 0 and beta = 1 s/B gives the bytes on the critical
-        # path, log2(N) * S: for recursive doubling that is exactly what every rank sends
-        return round(estimate.allreduce_time(size_bytes, world_size, alpha=0.0, beta=1.0,
-                                             algorithm="recursive_doubling"))
+    if algorithm in estimate.ALLREDUCE_BYTES_ALGORITHMS:
+        # reduce_broadcast_all_reduce's root is rank 0 (its default)
+        return estimate.allreduce_bytes_sent(size_bytes, world_size, algorithm=algorithm,
+                                             root=rank == 0)
     return (estimate.reduce_scatter_bytes_sent(size_bytes, world_size)
             + estimate.allgather_bytes_sent(size_bytes, world_size))
 

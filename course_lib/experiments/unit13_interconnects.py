@@ -11,7 +11,8 @@ predicts, each returned as plain data (dicts, tidy pandas DataFrames); plots liv
 - :func:`fit_sweep` / :func:`sweep_residuals`: the alpha-beta model fitted to that sweep;
 - :func:`link_table` / :func:`gradient_allreduce_table`: published link speeds turned into
   predicted gradient all-reduce times (formulas in ``course_lib.measure.estimate``);
-- :func:`hierarchical_allreduce_time`: intra-node + inter-node all-reduce, same model;
+- :func:`hierarchical_allreduce_time`: intra-node + inter-node all-reduce, same model
+  (``estimate.hierarchical_allreduce_breakdown``);
 - :func:`topology_report`: ``nvidia-smi topo -m`` when there is one;
 - :func:`ddp_bucket_sweep`: DDP's ``bucket_cap_mb`` swept with the buckets counted by a comm hook
   and a per-rank timeline of backward computation and bucket all-reduces.
@@ -412,35 +413,20 @@ def hierarchical_allreduce_time(size_bytes: float, *, nodes: int, gpus_per_node:
                                 alpha_inter: float = 0.0) -> dict:
     """Alpha-beta estimate of a two-level all-reduce against flat rings over every GPU.
 
-    Assumed machine: N = ``nodes`` nodes of G = ``gpus_per_node`` GPUs; inside a node every GPU
-    reaches every other at ``intra_GBps`` per direction (NVSwitch); each GPU has its own NIC of
-    ``inter_GBps`` (as on DGX-class nodes). Bandwidths in GB/s (1e9 B/s), alphas in seconds.
-
-    Hierarchical (reduce-scatter in the node, all-reduce across nodes, all-gather in the node):
-
-    1. ring reduce-scatter over the G GPUs of a node: (G-1) (alpha_intra + S/G / B_intra);
-    2. all-reduce of each GPU's S/G shard with the same GPU of the other nodes, the G shards in
-       parallel on their own NICs: estimate.allreduce_time(S/G, N) on the inter-node link;
-    3. ring all-gather in the node: the same as step 1.
-
-    Flat: G rings over all N*G GPUs side by side, one per NIC, each carrying S/G (what NCCL's
-    ring algorithm does across nodes): estimate.allreduce_time(S/G, N*G) on the inter-node link
-    (every ring step crosses a node boundary somewhere, and the slowest hop sets its pace).
-
-    Same bandwidth term to within the intra-node phases; the difference is latency: 2(N-1)
-    inter-node steps instead of 2(NG-1). Returns the phases and both totals in seconds.
+    N = ``nodes`` nodes of G = ``gpus_per_node`` GPUs, ``intra_GBps`` per direction inside a node,
+    one NIC of ``inter_GBps`` per GPU; bandwidths in GB/s (1e9 B/s), alphas in seconds. The
+    formula (reduce-scatter in the node, all-reduce of the S/G shards across nodes, all-gather in
+    the node; flat: G rings of S/G over all N*G GPUs) and its sources are in
+    ``estimate.hierarchical_allreduce_breakdown``, which this calls. Returns its dict:
+    reduce_scatter_intra_s, allreduce_inter_s, all_gather_intra_s, hierarchical_s and
+    flat_rings_s, in seconds.
     """
-    s = _positive("size_bytes", size_bytes)
-    n = _int_at_least("nodes", nodes, 1)
-    g = _int_at_least("gpus_per_node", gpus_per_node, 1)
-    b_intra = _positive("intra_GBps", intra_GBps) * 1e9
-    b_inter = _positive("inter_GBps", inter_GBps) * 1e9
-    # G-1 ring steps, each moving one S/G chunk over the intra-node link
-    intra = (g - 1) * estimate.alpha_beta_time(s / g, alpha_s=alpha_intra, bandwidth=b_intra)
-    inter = estimate.allreduce_time(s / g, n, alpha=alpha_inter, bandwidth=b_inter)
-    flat = estimate.allreduce_time(s / g, n * g, alpha=alpha_inter, bandwidth=b_inter)
-    return {"reduce_scatter_intra_s": intra, "allreduce_inter_s": inter,
-            "all_gather_intra_s": intra, "hierarchical_s": 2 * intra + inter, "flat_rings_s": flat}
+    return estimate.hierarchical_allreduce_breakdown(
+        _positive("size_bytes", size_bytes), nodes=_int_at_least("nodes", nodes, 1),
+        gpus_per_node=_int_at_least("gpus_per_node", gpus_per_node, 1),
+        intra_GBps=_positive("intra_GBps", intra_GBps),
+        inter_GBps=_positive("inter_GBps", inter_GBps),
+        alpha_intra=alpha_intra, alpha_inter=alpha_inter)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Execute notebooks in place and save them with their outputs (``make notebooks``).
 
-    python -m course_lib.grading.execute notebooks/03_precision.ipynb [more.ipynb ...] [--timeout 300]
+    python -m course_lib.grading.execute notebooks/03_mixed_precision.ipynb [more.ipynb ...] [--timeout 300]
 
 Each notebook runs top to bottom in a fresh ``python3`` kernel (nbclient) whose working directory is
 the notebook's own directory, so relative paths behave as in JupyterLab. The kernel imports the same

@@ -20,6 +20,7 @@ from importlib import resources
 from typing import Sequence
 
 from course_lib.grading.core import fail, passed, run_learner
+from course_lib.measure import estimate
 
 __all__ = [
     "load_sweep",
@@ -61,48 +62,22 @@ def sweep_provenance() -> dict:
 # --------------------------------------------------------------------------------------------
 # the reference rule for task 2
 # --------------------------------------------------------------------------------------------
-def exposed_comm_time(bucket_bytes: int, *, grad_bytes: int, backward_s: float, alpha: float,
-                      beta: float) -> float:
-    """Seconds of communication left after the backward pass ends, for one bucket size.
-
-    The model (the alpha-beta model of one all-reduce call, plus a pipeline):
-
-    * backward produces ``grad_bytes`` of gradient at a steady rate over ``backward_s`` seconds;
-    * gradients are cut, in the order they are produced, into buckets of ``bucket_bytes`` (the
-      last bucket holds what is left, so there are ceil(grad_bytes / bucket_bytes) buckets);
-    * a bucket's all-reduce can start when its last byte is produced *and* the previous
-      bucket's all-reduce has finished (one communication channel), and takes
-      ``alpha + beta * bytes`` seconds;
-    * the answer is ``max(0, end of the last all-reduce - backward_s)``.
-
-    Small buckets pay alpha many times; large buckets leave a long last all-reduce that nothing
-    overlaps. This is the trade-off ``bucket_cap_mb`` sets in DDP.
-    """
-    b = int(bucket_bytes)
-    g = int(grad_bytes)
-    if b <= 0 or g <= 0:
-        raise ValueError(f"bucket_bytes and grad_bytes must be > 0, got {bucket_bytes!r}, {grad_bytes!r}")
-    if not (backward_s >= 0 and alpha >= 0 and beta >= 0):
-        raise ValueError(f"backward_s, alpha and beta must be >= 0, got {backward_s!r}, {alpha!r}, {beta!r}")
-    comm_free = 0.0  # when the channel finishes its previous all-reduce
-    produced = 0
-    while produced < g:
-        size = min(b, g - produced)
-        produced += size
-        ready = backward_s * produced / g
-        comm_free = max(ready, comm_free) + alpha + beta * size
-    return max(0.0, comm_free - backward_s)
+#: Seconds of communication left after backward for one bucket size: the model is
+#: ``estimate.ddp_exposed_comm_time`` (documented there), re-exported here under its old name.
+exposed_comm_time = estimate.ddp_exposed_comm_time
 
 
 def reference_bucket_bytes(alpha: float, beta: float, backward_s: float, grad_bytes: int,
                            candidates: Sequence[int]) -> int:
-    """The candidate bucket size with the least :func:`exposed_comm_time`; on a tie (within a
-    relative 1e-9) the larger bucket, which makes fewer calls."""
+    """The candidate bucket size with the least exposed communication
+    (``estimate.ddp_exposed_comm_time``); on a tie (within a relative 1e-9) the larger bucket,
+    which makes fewer calls."""
     if not candidates:
         raise ValueError("candidates must not be empty")
     best, best_t = None, math.inf
     for b in sorted(int(c) for c in candidates):
-        t = exposed_comm_time(b, grad_bytes=grad_bytes, backward_s=backward_s, alpha=alpha, beta=beta)
+        t = estimate.ddp_exposed_comm_time(b, grad_bytes=grad_bytes, backward_s=backward_s,
+                                           alpha=alpha, beta=beta)
         if best is None or t < best_t or math.isclose(t, best_t, rel_tol=1e-9, abs_tol=1e-15):
             best, best_t = b, min(t, best_t)
     return best
@@ -133,8 +108,6 @@ def _groups():
 def check_alpha_beta_fit(fit_alpha_beta, task: int = 1) -> None:
     """Task: least-squares T = alpha + beta S on every (collective, world size) of the recorded
     sweep, compared with estimate.fit_alpha_beta (rtol 1e-6; alpha also within 1e-9 s)."""
-    from course_lib.measure import estimate
-
     n = 0
     for coll, ws, sizes, times in _groups():
         expected = estimate.fit_alpha_beta(sizes, times)
@@ -159,10 +132,12 @@ def check_bucket_choice(choose_bucket_bytes, task: int = 2) -> None:
         expected = reference_bucket_bytes(alpha, beta, bwd, grad, cands)
         got = run_learner(task, choose_bucket_bytes, alpha, beta, bwd, grad, list(cands))
         if got != expected:
-            t_exp = exposed_comm_time(expected, grad_bytes=grad, backward_s=bwd, alpha=alpha, beta=beta)
+            t_exp = estimate.ddp_exposed_comm_time(expected, grad_bytes=grad, backward_s=bwd,
+                                                   alpha=alpha, beta=beta)
             detail = ""
-            if isinstance(got, int) and got > 0:
-                t_got = exposed_comm_time(got, grad_bytes=grad, backward_s=bwd, alpha=alpha, beta=beta)
+            if isinstance(got, int) and not isinstance(got, bool) and got > 0:
+                t_got = estimate.ddp_exposed_comm_time(got, grad_bytes=grad, backward_s=bwd,
+                                                       alpha=alpha, beta=beta)
                 detail = f" (exposed {t_got * 1e3:.3f} ms vs {t_exp * 1e3:.3f} ms)"
             fail(task, f"scenario '{name}': expected {expected // 1024} KiB, got {got!r}{detail}")
         chosen.append(f"{expected // MiB if expected >= MiB else expected / MiB:g} MiB")
@@ -182,8 +157,6 @@ _LINK_CASES = (  # (n_params, dtype, world_size, link name)
 def check_allreduce_prediction(predict_allreduce_s, task: int = 3) -> None:
     """Task: ring all-reduce time of a model's gradients on a published link (headline GB/s),
     compared with estimate.allreduce_time_on_link (rtol 1e-6)."""
-    from course_lib.measure import estimate
-
     for n_params, dtype, ws, link in _LINK_CASES:
         size = n_params * estimate.dtype_bytes(dtype)
         expected = estimate.allreduce_time_on_link(size, ws, estimate.link_speed(link).GBps)

@@ -15,7 +15,8 @@ Units
 This module imports nothing heavy (no torch), so it can be used anywhere, including in
 planning cells that never touch a tensor. Introduced across the units; the memory formulas in
 notebooks/01_backprop_memory.ipynb and notebooks/04_optimizer_memory.ipynb, the communication
-formulas in notebooks/08_collectives.ipynb and notebooks/13_interconnects.ipynb.
+formulas in notebooks/08_collectives.ipynb and notebooks/13_interconnects_and_backends.ipynb,
+the roofline in notebooks/02_batch_size_and_accumulation.ipynb.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import math
 import numbers
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 __all__ = [
     "PRECISIONS", "OPTIMIZERS", "COLLECTIVES", "LINK_SPEEDS", "Link",
@@ -31,11 +32,14 @@ __all__ = [
     "zero_bytes_per_rank", "zero_state_breakdown_per_rank",
     "activation_bytes_mlp", "activation_bytes_transformer_layer", "activation_bytes_gpt",
     "ring_allreduce_bytes_sent", "naive_ring_allreduce_bytes_sent", "reduce_broadcast_bytes_sent",
-    "allgather_bytes_sent", "reduce_scatter_bytes_sent", "collective_bytes_sent",
-    "pipeline_bubble_fraction",
+    "allgather_bytes_sent", "reduce_scatter_bytes_sent", "scatter_bytes_sent", "gather_bytes_sent",
+    "recursive_doubling_allreduce_bytes_sent", "ALLREDUCE_BYTES_ALGORITHMS", "allreduce_bytes_sent",
+    "collective_bytes_sent", "pipeline_bubble_fraction",
     "alpha_beta_time", "allreduce_time", "fit_alpha_beta", "busbw", "algbw",
     "allreduce_time_on_link", "link_speed",
-    "matmul_flops", "transformer_training_flops", "arithmetic_intensity",
+    "hierarchical_allreduce_breakdown", "hierarchical_allreduce_time", "ddp_exposed_comm_time",
+    "matmul_flops", "matmul_bytes", "ELEMENTWISE_FLOPS", "ElementwiseCost", "elementwise_cost",
+    "transformer_training_flops", "arithmetic_intensity",
     "matmul_arithmetic_intensity", "ridge_point", "attainable_flops", "roofline_time",
     "fmt_bytes", "GB", "GiB", "MiB", "KiB",
 ]
@@ -377,7 +381,7 @@ def activation_bytes_gpt(config: Any, batch: int, seq: int | None = None, *,
 # --------------------------------------------------------------------------------------------
 #: collectives known to :func:`collective_bytes_sent` and :func:`busbw`
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
-               "all_to_all", "send_recv")
+               "all_to_all", "send_recv", "scatter", "gather")
 
 
 def ring_allreduce_bytes_sent(size_bytes: int, world_size: int) -> int | float:
@@ -424,16 +428,109 @@ def reduce_scatter_bytes_sent(size_bytes: int, world_size: int) -> int | float:
     return _exact(Fraction((n - 1) * s, n))
 
 
-def collective_bytes_sent(collective: str, size_bytes: int, world_size: int) -> int | float:
+def _root_flag(root: Any) -> bool:
+    if not isinstance(root, bool):
+        raise ValueError(f"root={root!r} is not supported; valid choices: True (the root rank's "
+                         "bytes), False (a non-root rank's bytes)")
+    return root
+
+
+def scatter_bytes_sent(size_bytes: int, world_size: int, *, root: bool) -> int | float:
+    """Bytes one rank sends in a scatter of the root's ``size_bytes`` buffer (N chunks of S/N,
+    chunk r to rank r), sent directly by the root (gloo's and MPI's linear algorithm).
+
+    ``root=True``: the root sends every other rank its chunk, (N-1)/N * S; ``root=False``: a
+    non-root sends nothing, 0. The same convention as CommMeter (``course_lib.measure.comm``),
+    which counts the root's ``(N-1) * chunk`` bytes and nothing elsewhere. int when exact, else
+    float. (MPI 4.0 standard, Sec. 6.6, MPI_Scatter; Thakur et al. 2005, IJHPCA 19(1).)
+    """
+    s, n = _nonneg_int("size_bytes", size_bytes), _pos_int("world_size", world_size)
+    return _exact(Fraction((n - 1) * s, n)) if _root_flag(root) else 0
+
+
+def gather_bytes_sent(size_bytes: int, world_size: int, *, root: bool) -> int | float:
+    """Bytes one rank sends in a gather whose result at the root is ``size_bytes`` (N chunks of
+    S/N, chunk r from rank r), each rank sending its chunk straight to the root.
+
+    ``root=True``: the root sends nothing, 0 (its own chunk is a local copy; it *receives*
+    (N-1)/N * S); ``root=False``: a non-root sends its chunk, S/N. The convention of CommMeter
+    (``course_lib.measure.comm``). int when exact, else float. (MPI 4.0 standard, Sec. 6.5,
+    MPI_Gather.)
+    """
+    s, n = _nonneg_int("size_bytes", size_bytes), _pos_int("world_size", world_size)
+    if _root_flag(root) or n == 1:
+        return 0
+    return _exact(Fraction(s, n))
+
+
+def recursive_doubling_allreduce_bytes_sent(size_bytes: int, world_size: int) -> int:
+    """Bytes each rank sends in a recursive-doubling all-reduce: log2(N) * S.
+
+    log2(N) steps; in step k rank r swaps its whole partial sum (S bytes) with rank r XOR 2^k
+    (Thakur, Rabenseifner & Gropp 2005, "Optimization of collective communication operations in
+    MPICH", IJHPCA 19(1), Sec. 4). Every rank sends the same amount. ``world_size`` must be a
+    power of two (1, 2, 4, 8, ...), as in ``course_lib.parallel.collectives``.
+    Introduced in notebooks/08_collectives.ipynb.
+    """
+    s, n = _nonneg_int("size_bytes", size_bytes), _pos_int("world_size", world_size)
+    if n & (n - 1):
+        raise ValueError(f"world_size={n} is not a power of two, which recursive doubling needs; "
+                         "valid choices: 1, 2, 4, 8, 16, ...")
+    return (n.bit_length() - 1) * s
+
+
+#: all-reduce algorithms known to :func:`allreduce_bytes_sent` (the from-scratch ones of
+#: ``course_lib.parallel.collectives``)
+ALLREDUCE_BYTES_ALGORITHMS = ("ring", "naive_ring", "reduce_broadcast", "recursive_doubling")
+
+
+def allreduce_bytes_sent(size_bytes: int, world_size: int, *, algorithm: str = "ring",
+                         root: bool = True) -> int | float:
+    """Bytes one rank sends in an all-reduce of ``size_bytes`` with ``algorithm``:
+
+    * ``ring``: 2(N-1)/N * S (:func:`ring_allreduce_bytes_sent`)
+    * ``naive_ring``: (N-1) * S (:func:`naive_ring_allreduce_bytes_sent`)
+    * ``reduce_broadcast``: (N-1) * S at the root, S elsewhere (``root`` says which;
+      :func:`reduce_broadcast_bytes_sent`)
+    * ``recursive_doubling``: log2(N) * S, N a power of two
+      (:func:`recursive_doubling_allreduce_bytes_sent`)
+
+    ``root`` only matters for ``reduce_broadcast``. int when exact, else float.
+    """
+    algo = _choice("algorithm", algorithm, ALLREDUCE_BYTES_ALGORITHMS)
+    if algo == "ring":
+        return ring_allreduce_bytes_sent(size_bytes, world_size)
+    if algo == "naive_ring":
+        return naive_ring_allreduce_bytes_sent(size_bytes, world_size)
+    if algo == "reduce_broadcast":
+        return reduce_broadcast_bytes_sent(size_bytes, world_size, root=_root_flag(root))
+    return recursive_doubling_allreduce_bytes_sent(size_bytes, world_size)
+
+
+def collective_bytes_sent(collective: str, size_bytes: int, world_size: int, *,
+                          root: bool | None = None) -> int | float:
     """Bytes one rank sends for ``collective`` on a payload of ``size_bytes`` with the
     bandwidth-optimal ring/pipeline algorithms (the convention CommMeter reports): all_reduce
     2(N-1)/N S; all_gather (S = output) and reduce_scatter (S = input) (N-1)/N S; all_to_all
     (N-1)/N S (the part addressed to other ranks); broadcast/reduce (N-1)/N S (a pipelined
     ring: N-1 of the N ranks forward the whole payload once -- averaged over ranks); send_recv S.
+
+    scatter (S = the root's input) and gather (S = the root's output) are direct exchanges
+    whose bytes differ between the root and the other ranks, so they need ``root``: True for
+    the root, False for any other rank. scatter: root (N-1)/N S, others 0; gather: root 0,
+    others S/N (:func:`scatter_bytes_sent`, :func:`gather_bytes_sent`). ``root`` is ignored
+    for the other collectives, whose figure is the same on every rank.
     int when exact, else float.
     """
     c = _choice("collective", collective, COLLECTIVES)
     s, n = _nonneg_int("size_bytes", size_bytes), _pos_int("world_size", world_size)
+    if c in ("scatter", "gather"):
+        if root is None:
+            raise ValueError(f"root=None is not supported for collective={c!r} (the root and the "
+                             "other ranks send different amounts); valid choices: True (the "
+                             "root rank's bytes), False (a non-root rank's bytes)")
+        fn = scatter_bytes_sent if c == "scatter" else gather_bytes_sent
+        return fn(s, n, root=root)
     if c == "all_reduce":
         return ring_allreduce_bytes_sent(s, n)
     if c == "send_recv":
@@ -444,7 +541,7 @@ def collective_bytes_sent(collective: str, size_bytes: int, world_size: int) -> 
 def pipeline_bubble_fraction(stages: int, microbatches: int) -> float:
     """Idle fraction of a GPipe / 1F1B pipeline schedule: (p-1)/(m+p-1) (Huang et al. 2019,
     GPipe, arXiv:1811.06965; Narayanan et al. 2021, arXiv:2104.04473 Sec. 2.2 write the bubble
-    time over ideal time as (p-1)/m). Introduced in notebooks/12_pipeline_parallelism.ipynb."""
+    time over ideal time as (p-1)/m). Introduced in unit 12 (pipeline parallelism)."""
     p, m = _pos_int("stages", stages), _pos_int("microbatches", microbatches)
     return (p - 1) / (m + p - 1)
 
@@ -530,13 +627,16 @@ _BUSBW_FACTOR = {
     "broadcast": lambda n: Fraction(1),
     "reduce": lambda n: Fraction(1),
     "send_recv": lambda n: Fraction(1),
+    "scatter": lambda n: Fraction(n - 1, n),
+    "gather": lambda n: Fraction(n - 1, n),
 }
 
 
 def busbw(algbw: float, collective: str, world_size: int) -> float:
     """nccl-tests "bus bandwidth" = algbw x factor, comparable to the link's peak bandwidth:
-    all_reduce 2(n-1)/n, all_gather / reduce_scatter / all_to_all (n-1)/n, broadcast / reduce /
-    send_recv 1. https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md"""
+    all_reduce 2(n-1)/n, all_gather / reduce_scatter / all_to_all / scatter / gather (n-1)/n,
+    broadcast / reduce / send_recv 1. https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md
+    (scatter and gather: nccl-tests src/scatter.cu, src/gather.cu, ``ScatterGetBw``/``GatherGetBw``)."""
     c = _choice("collective", collective, COLLECTIVES)
     n = _pos_int("world_size", world_size)
     return float(_nonneg_number("algbw", algbw) * _BUSBW_FACTOR[c](n))
@@ -600,9 +700,107 @@ def allreduce_time_on_link(size_bytes: float, world_size: int, link_GBps: float,
     (GB/s, 1e9 bytes/s): 2(N-1)/N * S / B (+ 2(N-1) alpha). Example: 2 GB of bf16 gradients
     (a 1B-parameter model) over 8 ranks: ~3.9 ms at 900 GB/s (NVLink H100 headline figure; with
     its 450 GB/s per direction ~7.8 ms), ~70 ms at 50 GB/s (InfiniBand NDR).
-    Introduced in notebooks/13_interconnects.ipynb."""
+    Introduced in notebooks/13_interconnects_and_backends.ipynb."""
     bw = _pos_number("link_GBps", link_GBps) * 1e9
     return allreduce_time(size_bytes, world_size, alpha=alpha, bandwidth=bw, algorithm="ring")
+
+
+# --------------------------------------------------------------------------------------------
+# two-level all-reduce, and DDP's overlap of buckets with backward
+# --------------------------------------------------------------------------------------------
+def hierarchical_allreduce_breakdown(size_bytes: float, *, nodes: int, gpus_per_node: int,
+                                     intra_GBps: float, inter_GBps: float,
+                                     alpha_intra: float = 0.0,
+                                     alpha_inter: float = 0.0) -> dict[str, float]:
+    """Alpha-beta estimate of a two-level (hierarchical) all-reduce, phase by phase, beside flat
+    rings over every GPU. Seconds.
+
+    Assumed machine: N = ``nodes`` nodes of G = ``gpus_per_node`` GPUs; inside a node every GPU
+    reaches every other at ``intra_GBps`` per direction (NVSwitch); each GPU has its own NIC of
+    ``inter_GBps`` (as on DGX-class nodes). Bandwidths in GB/s (1e9 B/s), alphas in seconds,
+    ``size_bytes`` S the gradient each GPU holds.
+
+    Hierarchical: reduce-scatter in the node, all-reduce across nodes, all-gather in the node --
+    Horovod's ``HOROVOD_HIERARCHICAL_ALLREDUCE`` (horovod/common/ops/nccl_operations.cc,
+    NCCLHierarchicalAllreduce: ncclReduceScatter, MPI_Allreduce, ncclAllGather) and the "2D"
+    all-reduce of Mikami et al. 2018, arXiv:1811.05233 (Jia et al. 2018, arXiv:1807.11205, use
+    reduce/broadcast in the node instead). Ring terms from Thakur, Rabenseifner & Gropp 2005,
+    IJHPCA 19(1):
+
+    1. ring reduce-scatter over the G GPUs of a node: (G-1) (alpha_intra + S/G / B_intra)
+       (``reduce_scatter_intra_s``);
+    2. all-reduce of each GPU's S/G shard with the same GPU of the other nodes, the G shards in
+       parallel on their own NICs: :func:`allreduce_time` (S/G, N) on the inter-node link
+       (``allreduce_inter_s``);
+    3. ring all-gather in the node: the same as step 1 (``all_gather_intra_s``).
+
+    ``hierarchical_s`` = 1 + 2 + 3. ``flat_rings_s``: G rings over all N*G GPUs side by side, one
+    per NIC, each carrying S/G (what NCCL's ring algorithm does across nodes):
+    :func:`allreduce_time` (S/G, N*G) on the inter-node link (every ring step crosses a node
+    boundary somewhere, and the slowest hop sets its pace). Same bandwidth term to within the
+    intra-node phases; the difference is latency: 2(N-1) inter-node steps instead of 2(NG-1).
+    Introduced in notebooks/13_interconnects_and_backends.ipynb.
+    """
+    s = _nonneg_number("size_bytes", size_bytes)
+    n = _pos_int("nodes", nodes)
+    g = _pos_int("gpus_per_node", gpus_per_node)
+    b_intra = _pos_number("intra_GBps", intra_GBps) * 1e9
+    b_inter = _pos_number("inter_GBps", inter_GBps) * 1e9
+    # G-1 ring steps, each moving one S/G chunk over the intra-node link
+    intra = (g - 1) * alpha_beta_time(s / g, alpha_s=alpha_intra, bandwidth=b_intra)
+    inter = allreduce_time(s / g, n, alpha=alpha_inter, bandwidth=b_inter)
+    flat = allreduce_time(s / g, n * g, alpha=alpha_inter, bandwidth=b_inter)
+    return {"reduce_scatter_intra_s": intra, "allreduce_inter_s": inter,
+            "all_gather_intra_s": intra, "hierarchical_s": 2 * intra + inter, "flat_rings_s": flat}
+
+
+def hierarchical_allreduce_time(size_bytes: float, *, nodes: int, gpus_per_node: int,
+                                intra_GBps: float, inter_GBps: float, alpha_intra: float = 0.0,
+                                alpha_inter: float = 0.0) -> float:
+    """Seconds of a hierarchical all-reduce (intra-node ring reduce-scatter, inter-node
+    all-reduce of the S/G shards, intra-node ring all-gather): 2 (G-1) (alpha_intra +
+    S/G / B_intra) + 2(N-1) alpha_inter + 2(N-1)/N (S/G) / B_inter. Arguments, units and sources
+    as in :func:`hierarchical_allreduce_breakdown`; with one node it is the ring all-reduce over
+    the node's G GPUs."""
+    return hierarchical_allreduce_breakdown(
+        size_bytes, nodes=nodes, gpus_per_node=gpus_per_node, intra_GBps=intra_GBps,
+        inter_GBps=inter_GBps, alpha_intra=alpha_intra, alpha_inter=alpha_inter)["hierarchical_s"]
+
+
+def ddp_exposed_comm_time(bucket_bytes: int, *, grad_bytes: int, backward_s: float,
+                          alpha: float, beta: float) -> float:
+    """Seconds of gradient communication left after the backward pass ends, for one bucket size.
+
+    The model of DDP's gradient bucketing (Li et al. 2020, "PyTorch Distributed: Experiences on
+    Accelerating Data Parallel Training", VLDB, arXiv:2006.15704, Sec. 3.2: buckets are
+    all-reduced as soon as they are full, overlapping the rest of backward) with Hockney's
+    alpha-beta cost per call (:func:`alpha_beta_time`):
+
+    * backward produces ``grad_bytes`` of gradient at a steady rate over ``backward_s`` seconds;
+    * gradients are cut, in the order they are produced, into buckets of ``bucket_bytes`` (the
+      last bucket holds what is left, so there are ceil(grad_bytes / bucket_bytes) buckets);
+    * a bucket's all-reduce can start when its last byte is produced *and* the previous
+      bucket's all-reduce has finished (one communication channel), and takes
+      ``alpha + beta * bytes`` seconds (``alpha`` in s, ``beta`` in s/byte);
+    * the answer is ``max(0, end of the last all-reduce - backward_s)``, in seconds.
+
+    Small buckets pay alpha many times; large buckets leave a long last all-reduce that nothing
+    overlaps. This is the trade-off ``bucket_cap_mb`` sets in DDP.
+    Introduced in notebooks/13_interconnects_and_backends.ipynb.
+    """
+    b = _pos_int("bucket_bytes", bucket_bytes)
+    g = _pos_int("grad_bytes", grad_bytes)
+    backward_s = _nonneg_number("backward_s", backward_s)
+    alpha = _nonneg_number("alpha", alpha)
+    beta = _nonneg_number("beta", beta)
+    comm_free = 0.0  # when the channel finishes its previous all-reduce
+    produced = 0
+    while produced < g:
+        size = min(b, g - produced)
+        produced += size
+        ready = backward_s * produced / g
+        comm_free = max(ready, comm_free) + alpha + beta * size
+    return max(0.0, comm_free - backward_s)
 
 
 # --------------------------------------------------------------------------------------------
@@ -611,6 +809,51 @@ def allreduce_time_on_link(size_bytes: float, world_size: int, link_GBps: float,
 def matmul_flops(m: int, n: int, k: int) -> int:
     """FLOPs of an (m x k) @ (k x n) matmul: 2mnk (one multiply and one add per term)."""
     return 2 * _nonneg_int("m", m) * _nonneg_int("n", n) * _nonneg_int("k", k)
+
+
+def matmul_bytes(m: int, n: int, k: int, *, dtype_bytes: int = 4) -> int:
+    """Bytes an (m x k) @ (k x n) matmul moves to and from memory if it reads A and B once and
+    writes C once: (mk + kn + mn) * dtype_bytes -- the minimum traffic, reached when the
+    operands fit in cache (Williams, Waterman & Patterson 2009, "Roofline", CACM 52(4)).
+    Introduced in notebooks/02_batch_size_and_accumulation.ipynb."""
+    m, n, k = _nonneg_int("m", m), _nonneg_int("n", n), _nonneg_int("k", k)
+    return _pos_int("dtype_bytes", dtype_bytes) * (m * k + k * n + m * n)
+
+
+#: FLOPs per element of the elementwise operations the roofline of unit 02 places, counted from
+#: their formulas: GELU (erf form, torch.nn.functional.gelu) x * 0.5 * (1 + erf(x / sqrt 2)):
+#: ~8 (erf itself is a short polynomial); LayerNorm: mean 1, variance 3, normalize 2, scale and
+#: shift 2 = 8.
+ELEMENTWISE_FLOPS = {"gelu": 8, "layernorm": 8}
+
+
+class ElementwiseCost(NamedTuple):
+    """Work and traffic of an elementwise operation: ``flops`` (FLOPs) and ``bytes`` (bytes)."""
+
+    flops: int | float
+    bytes: int
+
+
+def elementwise_cost(numel: int, *, flops_per_element: float | str,
+                     dtype_bytes: int = 4) -> ElementwiseCost:
+    """FLOPs and bytes of an elementwise op over ``numel`` elements that reads its input once and
+    writes its output once: ``flops = flops_per_element * numel``, ``bytes = 2 * numel *
+    dtype_bytes`` (small operands such as LayerNorm's weight and bias are not counted).
+
+    ``flops_per_element``: a number, or the name of an op in :data:`ELEMENTWISE_FLOPS`
+    ("gelu", "layernorm"). Returns an :class:`ElementwiseCost` ``(flops, bytes)``; flops is an
+    int when it is whole. Roofline accounting of Williams, Waterman & Patterson 2009.
+    Introduced in notebooks/02_batch_size_and_accumulation.ipynb.
+    """
+    n = _nonneg_int("numel", numel)
+    if isinstance(flops_per_element, str):
+        per = ELEMENTWISE_FLOPS[_choice("flops_per_element", flops_per_element, ELEMENTWISE_FLOPS)]
+    else:
+        per = _nonneg_number("flops_per_element", flops_per_element)
+    flops = per * n
+    if isinstance(flops, float) and flops.is_integer():
+        flops = int(flops)
+    return ElementwiseCost(flops, 2 * n * _pos_int("dtype_bytes", dtype_bytes))
 
 
 def transformer_training_flops(n_params: int, tokens: int) -> int:
@@ -626,9 +869,9 @@ def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
 
 def matmul_arithmetic_intensity(m: int, n: int, k: int, *, dtype_bytes: int = 4) -> float:
     """Arithmetic intensity of an (m x k) @ (k x n) matmul that reads A and B once and writes C
-    once: 2mnk / (dtype_bytes (mk + kn + mn)) FLOPs/byte."""
-    moved = _pos_int("dtype_bytes", dtype_bytes) * (m * k + k * n + m * n)
-    return arithmetic_intensity(matmul_flops(m, n, k), moved)
+    once: 2mnk / (dtype_bytes (mk + kn + mn)) FLOPs/byte (:func:`matmul_flops` over
+    :func:`matmul_bytes`)."""
+    return arithmetic_intensity(matmul_flops(m, n, k), matmul_bytes(m, n, k, dtype_bytes=dtype_bytes))
 
 
 def ridge_point(peak_flops: float, mem_bandwidth: float) -> float:

@@ -22,7 +22,8 @@ Clocks: ``time.perf_counter_ns`` is only guaranteed to be comparable inside one 
 event log uses ``time.monotonic_ns`` -- on Linux ``CLOCK_MONOTONIC``, one clock for every process
 on the host (it never jumps with NTP), so spans of different ranks line up. Across hosts use
 ``clock="wall"`` (``time.time_ns``, synchronized by NTP to about a millisecond, may jump).
-Introduced in notebooks/02_batch_size.ipynb; the event log in notebooks/12_pipeline_parallelism.ipynb.
+Introduced in notebooks/02_batch_size_and_accumulation.ipynb; the event log draws the per-rank
+timeline of notebooks/13_interconnects_and_backends.ipynb (and of unit 12, pipeline parallelism).
 """
 from __future__ import annotations
 

@@ -42,7 +42,11 @@ def test_from_scratch_bytes_in_the_explorer_equal_estimate(primitives4):
         assert (table["bytes_sent (CommMeter)"] == table["bytes_sent (estimate)"]).all(), table
     ring = E.bytes_table("ring (from scratch)", primitives4["ring (from scratch)"], 4)
     assert ring["bytes_sent (CommMeter)"].tolist() == [24] * 4  # 2 * 3/4 * 16 B
-    assert E.estimated_bytes_sent("scatter", 4, 0) is None  # estimate has no formula: none shown
+    # scatter/gather: the root's buffer is S = 16 B; the root scatters 3/4 S, non-roots gather S/4
+    assert E.estimated_bytes_sent("scatter", 4, 0) == 12 and E.estimated_bytes_sent("scatter", 4, 1) == 0
+    for name in E.PRIMITIVES:
+        table = E.bytes_table(name, primitives4[name], 4)
+        assert (table["bytes_sent (CommMeter)"] == table["bytes_sent (estimate)"]).all(), table
 
 
 def test_three_ranks_and_a_different_root():

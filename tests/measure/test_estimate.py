@@ -137,6 +137,124 @@ def test_collective_bytes():
         E.collective_bytes_sent("allreduce", S, 4)
 
 
+def test_scatter_gather_bytes_root_and_non_root():
+    S, n = 1200, 4  # the root's full buffer: 4 chunks of 300 B
+    assert E.scatter_bytes_sent(S, n, root=True) == 900  # the 3 other ranks' chunks
+    assert E.scatter_bytes_sent(S, n, root=False) == 0
+    assert E.gather_bytes_sent(S, n, root=True) == 0  # its own chunk is a local copy
+    assert E.gather_bytes_sent(S, n, root=False) == 300
+    # what every rank sends adds up to the N-1 chunks that cross the network, both ways
+    assert E.scatter_bytes_sent(S, n, root=True) == sum(
+        E.gather_bytes_sent(S, n, root=False) for _ in range(n - 1))
+    assert E.gather_bytes_sent(10, 3, root=False) == pytest.approx(10 / 3)
+    assert E.scatter_bytes_sent(S, 1, root=True) == 0 == E.gather_bytes_sent(S, 1, root=False)
+    for c, root, expected in (("scatter", True, 900), ("scatter", False, 0),
+                              ("gather", True, 0), ("gather", False, 300)):
+        assert E.collective_bytes_sent(c, S, n, root=root) == expected
+    with pytest.raises(ValueError, match=r"root=None.*collective='scatter'.*valid choices: True"):
+        E.collective_bytes_sent("scatter", S, n)
+    with pytest.raises(ValueError, match=r"root=0 is not supported; valid choices: True"):
+        E.gather_bytes_sent(S, n, root=0)
+    # root is irrelevant where every rank sends the same
+    assert E.collective_bytes_sent("broadcast", S, n, root=False) == 900
+    assert E.busbw(100.0, "scatter", 4) == pytest.approx(75.0) == E.busbw(100.0, "gather", 4)
+
+
+def test_scatter_gather_bytes_equal_what_commmeter_counts():
+    """CommMeter's accounting of scatter/gather (its recording step, fed the arguments a call on
+    a 4-rank group would bind) agrees with estimate for the root and for the other ranks. The
+    end-to-end check on real ranks is in tests/experiments/test_unit08.py."""
+    import torch
+
+    from course_lib.measure import comm
+
+    n, chunk = 4, torch.empty(3)  # each rank's chunk: 12 B; the root's buffer S = 48 B
+    S = n * chunk.numel() * chunk.element_size()
+    meter = comm.CommMeter(dispatch=False)
+    for name in ("scatter", "gather"):
+        key = "src" if name == "scatter" else "dst"
+        for is_root in (True, False):
+            meter.records = []
+            # group_src/group_dst is a rank in the default group, which is rank 0 outside a
+            # process group: root 0 is "this rank", root 1 another one
+            args = {"tensor": chunk, key: None, f"group_{key}": 0 if is_root else 1, "group": None}
+            meter._record_rooted(name, args, n, False)
+            assert meter.bytes_sent == E.collective_bytes_sent(name, S, n, root=is_root), (name, is_root)
+
+
+def test_recursive_doubling_bytes_and_allreduce_dispatch():
+    S = 1000
+    assert E.recursive_doubling_allreduce_bytes_sent(S, 8) == 3000
+    assert E.recursive_doubling_allreduce_bytes_sent(S, 1) == 0
+    assert E.recursive_doubling_allreduce_bytes_sent(S, 2) == S
+    # the same figure as the alpha-beta model's bandwidth term with beta = 1 s/byte
+    for n in (2, 4, 16):
+        assert E.recursive_doubling_allreduce_bytes_sent(S, n) == E.allreduce_time(
+            S, n, alpha=0.0, beta=1.0, algorithm="recursive_doubling")
+    with pytest.raises(ValueError, match=r"world_size=6 is not a power of two.*valid choices: 1, 2, 4"):
+        E.recursive_doubling_allreduce_bytes_sent(S, 6)
+    assert E.allreduce_bytes_sent(S, 4) == E.ring_allreduce_bytes_sent(S, 4) == 1500
+    assert E.allreduce_bytes_sent(S, 4, algorithm="naive_ring") == 3000
+    assert E.allreduce_bytes_sent(S, 4, algorithm="reduce_broadcast") == 3000
+    assert E.allreduce_bytes_sent(S, 4, algorithm="reduce_broadcast", root=False) == S
+    assert E.allreduce_bytes_sent(S, 4, algorithm="recursive_doubling") == 2000
+    with pytest.raises(ValueError, match=r"algorithm='tree'.*ring, naive_ring, reduce_broadcast"):
+        E.allreduce_bytes_sent(S, 4, algorithm="tree")
+
+
+def test_hierarchical_allreduce():
+    s, g, n = 2 * 10**9, 8, 4
+    a_in, a_out, b_in, b_out = 5e-6, 20e-6, 450e9, 50e9
+    kw = dict(nodes=n, gpus_per_node=g, intra_GBps=450, inter_GBps=50, alpha_intra=a_in,
+              alpha_inter=a_out)
+    bd = E.hierarchical_allreduce_breakdown(s, **kw)
+    intra = (g - 1) * (a_in + s / g / b_in)  # ring reduce-scatter in the node
+    inter = 2 * (n - 1) * a_out + 2 * (n - 1) / n * (s / g) / b_out  # ring across nodes, S/G each
+    assert bd["reduce_scatter_intra_s"] == pytest.approx(intra, rel=1e-12)
+    assert bd["all_gather_intra_s"] == bd["reduce_scatter_intra_s"]
+    assert bd["allreduce_inter_s"] == pytest.approx(inter, rel=1e-12)
+    assert bd["hierarchical_s"] == pytest.approx(2 * intra + inter, rel=1e-12)
+    assert E.hierarchical_allreduce_time(s, **kw) == bd["hierarchical_s"]
+    ng = n * g
+    assert bd["flat_rings_s"] == pytest.approx(2 * (ng - 1) * a_out + 2 * (ng - 1) / ng * (s / g) / b_out,
+                                               rel=1e-12)
+    # one node: the plain ring over its G GPUs
+    one = E.hierarchical_allreduce_time(s, nodes=1, gpus_per_node=g, intra_GBps=450, inter_GBps=50,
+                                        alpha_intra=a_in)
+    assert one == pytest.approx(E.allreduce_time(s, g, alpha=a_in, bandwidth=b_in), rel=1e-12)
+    with pytest.raises(ValueError, match="gpus_per_node must be >= 1, got 0"):
+        E.hierarchical_allreduce_time(s, nodes=2, gpus_per_node=0, intra_GBps=1, inter_GBps=1)
+    with pytest.raises(ValueError, match="inter_GBps must be > 0"):
+        E.hierarchical_allreduce_time(s, nodes=2, gpus_per_node=2, intra_GBps=1, inter_GBps=0)
+    with pytest.raises(ValueError, match="alpha_s must be >= 0"):
+        E.hierarchical_allreduce_time(s, nodes=2, gpus_per_node=2, intra_GBps=1, inter_GBps=1,
+                                      alpha_intra=-1.0)
+
+
+def test_ddp_exposed_comm_time_pipeline():
+    # 3 buckets of 100 B ready at 1, 2, 3 s; each all-reduce 0.5 + 100 * 0.005 = 1 s: no queue
+    t = E.ddp_exposed_comm_time(100, grad_bytes=300, backward_s=3.0, alpha=0.5, beta=0.005)
+    assert t == pytest.approx(1.0)
+    # 2.5 s per all-reduce: they queue behind each other and end at 1 + 3 * 2.5 = 8.5 s
+    assert E.ddp_exposed_comm_time(100, grad_bytes=300, backward_s=3.0, alpha=0.5,
+                                   beta=0.02) == pytest.approx(5.5)
+    # one bucket: nothing overlaps
+    assert E.ddp_exposed_comm_time(10**6, grad_bytes=300, backward_s=3.0, alpha=0.5,
+                                   beta=0.01) == pytest.approx(3.5)
+    # ceil(250 / 100) = 3 buckets: 100, 100, 50
+    assert E.ddp_exposed_comm_time(100, grad_bytes=250, backward_s=0.0, alpha=1.0,
+                                   beta=0.0) == pytest.approx(3.0)
+    # fast links hide everything but the last bucket's call
+    assert E.ddp_exposed_comm_time(10, grad_bytes=100, backward_s=10.0, alpha=0.0,
+                                   beta=0.001) == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="bucket_bytes must be >= 1, got 0"):
+        E.ddp_exposed_comm_time(0, grad_bytes=1, backward_s=1, alpha=0, beta=0)
+    with pytest.raises(ValueError, match="backward_s must be >= 0, got -1"):
+        E.ddp_exposed_comm_time(1, grad_bytes=1, backward_s=-1, alpha=0, beta=0)
+    with pytest.raises(ValueError, match="beta must be >= 0"):
+        E.ddp_exposed_comm_time(1, grad_bytes=1, backward_s=1, alpha=0, beta=-1e-9)
+
+
 def test_pipeline_bubble():
     assert E.pipeline_bubble_fraction(4, 1) == pytest.approx(3 / 4)
     assert E.pipeline_bubble_fraction(4, 12) == pytest.approx(3 / 15)
@@ -202,6 +320,29 @@ def test_flops_and_roofline():
     assert E.attainable_flops(10, 100e12, 2e12) == 20e12
     assert E.attainable_flops(1000, 100e12, 2e12) == 100e12
     assert E.roofline_time(1e12, 1e9, 100e12, 2e12) == pytest.approx(0.01)
+
+
+def test_matmul_bytes_and_elementwise_cost():
+    assert E.matmul_bytes(8, 16, 32, dtype_bytes=2) == 2 * (8 * 32 + 32 * 16 + 8 * 16)
+    assert E.matmul_bytes(8, 16, 32) == 2 * E.matmul_bytes(8, 16, 32, dtype_bytes=2)
+    assert E.matmul_arithmetic_intensity(8, 16, 32, dtype_bytes=2) == \
+        E.matmul_flops(8, 16, 32) / E.matmul_bytes(8, 16, 32, dtype_bytes=2)
+    with pytest.raises(ValueError, match="dtype_bytes must be >= 1, got 0"):
+        E.matmul_bytes(2, 2, 2, dtype_bytes=0)
+    with pytest.raises(ValueError, match="m must be >= 0, got -1"):
+        E.matmul_bytes(-1, 2, 2)
+    flops, nbytes = E.elementwise_cost(1000, flops_per_element=8)
+    assert (flops, nbytes) == (8000, 8000) and isinstance(flops, int)
+    gelu = E.elementwise_cost(1000, flops_per_element="gelu", dtype_bytes=2)
+    assert gelu.flops == E.ELEMENTWISE_FLOPS["gelu"] * 1000 and gelu.bytes == 4000
+    assert E.elementwise_cost(10, flops_per_element=2.5).flops == 25
+    assert E.elementwise_cost(3, flops_per_element=0.5).flops == pytest.approx(1.5)
+    with pytest.raises(ValueError, match=r"flops_per_element='relu'.*valid choices: gelu, layernorm"):
+        E.elementwise_cost(10, flops_per_element="relu")
+    with pytest.raises(ValueError, match="flops_per_element must be >= 0"):
+        E.elementwise_cost(10, flops_per_element=-1)
+    with pytest.raises(ValueError, match="numel must be >= 0"):
+        E.elementwise_cost(-10, flops_per_element=1)
 
 
 def test_fmt_bytes():
