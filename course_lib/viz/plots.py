@@ -49,6 +49,20 @@ PHASE_COLORS = {"forward": "#dbe9f6", "backward": "#fbe3d6", "step": "#dcefdc"}
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 
 
+def require_columns(df, columns: list[str], name: str, *, nonempty: bool = False) -> None:
+    """Raise TypeError/ValueError unless ``df`` is a DataFrame with ``columns`` (and, with
+    ``nonempty``, at least one row): the input check of every plot function."""
+    import pandas as pd
+
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"{name} must be a pandas DataFrame, got {type(df).__name__}")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{name} is missing columns {missing}; it has {list(df.columns)}")
+    if nonempty and df.empty:
+        raise ValueError(f"{name} is empty: nothing to plot")
+
+
 _BACKEND_RESOLVED = False
 
 

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from course_lib.measure.estimate import MiB
-from course_lib.viz.plots import CATEGORY_COLORS
+from course_lib.viz.plots import CATEGORY_COLORS, require_columns
 
 __all__ = ["plot_scaling_sweep", "plot_optimizer_states"]
 
@@ -17,18 +17,11 @@ __all__ = ["plot_scaling_sweep", "plot_optimizer_states"]
 _MARKERS = {"params": "s", "grads": "o", "optimizer": "^", "activations": "D"}
 
 
-def _require(df: pd.DataFrame, columns: list[str], name: str) -> None:
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"{name} must be a pandas DataFrame, got {type(df).__name__}")
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{name} is missing columns {missing}; it has {list(df.columns)}")
-
 
 def plot_scaling_sweep(sweep: pd.DataFrame, *, title: str | None = None):
     """Bytes per category against batch (left, at the largest width) and against width (right, at
     the largest batch): measured as markers, predicted as dashed lines, MiB on log-log axes."""
-    _require(sweep, ["batch", "width", "category", "measured", "predicted"], "sweep")
+    require_columns(sweep, ["batch", "width", "category", "measured", "predicted"], "sweep")
     fig, (ax_b, ax_w) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, x, fixed in ((ax_b, "batch", "width"), (ax_w, "width", "batch")):
         at = sweep[fixed].max()
@@ -54,7 +47,7 @@ def plot_scaling_sweep(sweep: pd.DataFrame, *, title: str | None = None):
 
 def plot_optimizer_states(table: pd.DataFrame, *, title: str | None = None):
     """Measured vs predicted optimizer-state bytes per optimizer (bars, MiB)."""
-    _require(table, ["optimizer", "measured", "predicted"], "table")
+    require_columns(table, ["optimizer", "measured", "predicted"], "table")
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = range(len(table))
     width = 0.38

@@ -9,22 +9,16 @@ import numpy as np
 import pandas as pd
 
 from course_lib.measure.estimate import GB, MiB
+from course_lib.viz.plots import require_columns
 
 __all__ = ["plot_roofline", "plot_throughput_vs_batch", "plot_accumulation", "plot_batch_search"]
 
-
-def _require(df, columns: list[str], name: str) -> None:
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"{name} must be a pandas DataFrame, got {type(df).__name__}")
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{name} is missing columns {missing}; it has {list(df.columns)}")
 
 
 def plot_roofline(ops: pd.DataFrame, machine: dict, *, title: str | None = None):
     """Log-log roofline: attainable GFLOP/s = min(peak, intensity x bandwidth), with each op's
     measured GFLOP/s at its arithmetic intensity (FLOP/B)."""
-    _require(ops, ["op", "intensity", "flop_per_s"], "ops")
+    require_columns(ops, ["op", "intensity", "flop_per_s"], "ops")
     for key in ("peak_flop_per_s", "bandwidth_bytes_per_s", "ridge_flop_per_byte"):
         if key not in machine:
             raise ValueError(f"machine is missing {key!r}; it has {sorted(machine)}")
@@ -53,7 +47,7 @@ def plot_roofline(ops: pd.DataFrame, machine: dict, *, title: str | None = None)
 
 def plot_throughput_vs_batch(df: pd.DataFrame, *, title: str | None = None):
     """Samples/s (left) and activation MiB measured vs estimate (right) against batch size."""
-    _require(df, ["batch", "samples_per_s", "activation_bytes", "predicted_activation_bytes"], "df")
+    require_columns(df, ["batch", "samples_per_s", "activation_bytes", "predicted_activation_bytes"], "df")
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
     ax_t.plot(df["batch"], df["samples_per_s"], "o-", color="tab:blue")
     ax_t.set_xscale("log", base=2)
@@ -78,7 +72,7 @@ def plot_throughput_vs_batch(df: pd.DataFrame, *, title: str | None = None):
 def plot_accumulation(df: pd.DataFrame, *, title: str | None = None):
     """Peak MiB (left) and seconds per effective batch (right) against accumulation steps, for
     accumulated micro-batches vs one full batch of the same effective size."""
-    _require(df, ["accumulation_steps", "mode", "peak_bytes", "median_s"], "df")
+    require_columns(df, ["accumulation_steps", "mode", "peak_bytes", "median_s"], "df")
     fig, (ax_m, ax_t) = plt.subplots(1, 2, figsize=(11, 4))
     for mode, rows in df.groupby("mode", sort=False):
         style = "o-" if mode == "accumulated" else "s--"
@@ -101,7 +95,7 @@ def plot_accumulation(df: pd.DataFrame, *, title: str | None = None):
 def plot_batch_search(probes: pd.DataFrame, capacity_bytes: int, *, label: str = "budget",
                       title: str | None = None):
     """Measured peak of every probed batch against the budget line (fits: green, not: red)."""
-    _require(probes, ["batch", "peak_bytes", "fits"], "probes")
+    require_columns(probes, ["batch", "peak_bytes", "fits"], "probes")
     rows = probes.sort_values("batch")
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(rows["batch"], rows["peak_bytes"] / MiB, "-", color="gray", alpha=0.5)

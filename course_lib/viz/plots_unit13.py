@@ -10,21 +10,12 @@ import numpy as np
 import pandas as pd
 
 from course_lib.measure.estimate import fmt_bytes
+from course_lib.viz.plots import require_columns
 
 __all__ = ["plot_sweep", "plot_link_times", "plot_ddp_timeline", "plot_bucket_sweep"]
 
 _COLORS = {"all_reduce": "tab:blue", "all_gather": "tab:orange", "reduce_scatter": "tab:green"}
 _STYLES = ["-", "--", ":", "-."]
-
-
-def _require(df, columns: list[str], name: str) -> None:
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"{name} must be a pandas DataFrame, got {type(df).__name__}")
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{name} is missing columns {missing}; it has {list(df.columns)}")
-    if df.empty:
-        raise ValueError(f"{name} is empty: nothing to plot")
 
 
 def _size_axis(ax, sizes) -> None:
@@ -41,9 +32,9 @@ def plot_sweep(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
     """Left: time per call against size, measured (points) beside the fitted alpha-beta line.
     Right: bus bandwidth (nccl-tests busbw) against size, with the single-thread memcpy ceiling.
     One colour per collective, one line style per world size."""
-    _require(df, ["collective", "world_size", "size_bytes", "time_s", "busbw_GBps"], "df")
+    require_columns(df, ["collective", "world_size", "size_bytes", "time_s", "busbw_GBps"], "df", nonempty=True)
     if fits is not None:
-        _require(fits, ["collective", "world_size", "alpha_s", "beta_s_per_byte"], "fits")
+        require_columns(fits, ["collective", "world_size", "alpha_s", "beta_s_per_byte"], "fits", nonempty=True)
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
     world_sizes = sorted(df["world_size"].unique())
     for (coll, ws), g in df.groupby(["collective", "world_size"], sort=False):
@@ -83,7 +74,7 @@ def plot_sweep(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
 def plot_link_times(table: pd.DataFrame, *, title: str | None = None):
     """Predicted ring all-reduce time of one step's gradients per link and model (log scale),
     from experiments.unit13_interconnects.gradient_allreduce_table."""
-    _require(table, ["n_params", "link", "time_s"], "table")
+    require_columns(table, ["n_params", "link", "time_s"], "table", nonempty=True)
     models = sorted(table["n_params"].unique())
     links = list(dict.fromkeys(table["link"]))
     y = np.arange(len(links))
@@ -112,7 +103,7 @@ def plot_ddp_timeline(events: pd.DataFrame, *, bucket_cap_mb: float | None = Non
     """Per-rank Gantt chart of one DDP step: backward of each layer ('compute' lane) and each
     bucket's all-reduce ('comm' lane), on the shared host clock (seconds; 0 = the step's first
     event on any rank), as ``ddp_bucket_sweep(...).events`` returns it."""
-    _require(events, ["rank", "lane", "name", "start", "end"], "events")
+    require_columns(events, ["rank", "lane", "name", "start", "end"], "events", nonempty=True)
     if bucket_cap_mb is not None:
         if "bucket_cap_mb" not in events:
             raise ValueError("events has no bucket_cap_mb column to select from")
@@ -152,7 +143,7 @@ def plot_bucket_sweep(summary: pd.DataFrame, *, model: pd.DataFrame | None = Non
     adds to a step (step_time_s - local_step_time_s; the step time alone if there is no
     local_step_time_s), and where given the alpha-beta model's total and exposed communication
     time (``model`` with columns bucket_cap_mb, total_comm_s, tail_s)."""
-    _require(summary, ["bucket_cap_mb", "n_buckets", "step_time_s"], "summary")
+    require_columns(summary, ["bucket_cap_mb", "n_buckets", "step_time_s"], "summary", nonempty=True)
     fig, (ax_n, ax_t) = plt.subplots(1, 2, figsize=(10, 3.8))
     s = summary.sort_values("bucket_cap_mb")
     ax_n.plot(s["bucket_cap_mb"], s["n_buckets"], "o-", color="tab:purple")
@@ -167,7 +158,7 @@ def plot_bucket_sweep(summary: pd.DataFrame, *, model: pd.DataFrame | None = Non
         ax_t.plot(s["bucket_cap_mb"], s["step_time_s"] * 1e3, "o-", color="black",
                   label="measured step (fwd + bwd + comm)")
     if model is not None:
-        _require(model, ["bucket_cap_mb", "total_comm_s", "tail_s"], "model")
+        require_columns(model, ["bucket_cap_mb", "total_comm_s", "tail_s"], "model", nonempty=True)
         m = model.sort_values("bucket_cap_mb")
         ax_t.plot(m["bucket_cap_mb"], m["total_comm_s"] * 1e3, "s--", color="tab:red",
                   label="model: all calls, k alpha + G beta")
