@@ -11,6 +11,8 @@ the same tensors on every machine and in every rank (global RNG state is left un
   after the first period, so the loss falls from ln(vocab) towards ``pattern_task_loss_floor``:
   a loss curve in a few seconds on a CPU.
 * ``modular_addition_task``: ``a + b mod p`` as token triples (a classic small learnable task).
+* ``permutation_batch``: sequences that follow a fixed random permutation of the vocabulary (a
+  bigram task a tiny GPT learns in a few dozen steps; units 03 and 04 train on it).
 * ``iterate_minibatches``: shuffled mini-batches of any of the above.
 
 Introduced in notebooks/00_start_here.ipynb.
@@ -23,7 +25,8 @@ from typing import Iterator
 import torch
 
 __all__ = ["regression_task", "random_token_batches", "copy_or_sort_task", "pattern_task",
-           "pattern_task_loss_floor", "modular_addition_task", "iterate_minibatches"]
+           "pattern_task_loss_floor", "modular_addition_task", "iterate_minibatches",
+           "PERMUTATION_SEED", "permutation_batch"]
 
 
 def _pos_int(name: str, value) -> int:
@@ -119,6 +122,40 @@ def modular_addition_task(p: int = 11, *, seed: int = 0) -> tuple[torch.Tensor, 
     y = (a + b) % p
     order = torch.randperm(p * p, generator=_gen(seed))
     return x[order], y[order]
+
+
+#: seed of the fixed vocabulary permutation of :func:`permutation_batch`
+PERMUTATION_SEED = 1234
+
+
+def permutation_batch(vocab, batch: int, seq: int, *, generator: torch.Generator | int,
+                      device: torch.device | str = "cpu",
+                      perm_seed: int = PERMUTATION_SEED) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of a small learnable sequence task: each sequence starts at a random token and
+    then follows a fixed random permutation of the vocabulary (``next = perm[token]``).
+
+    ``vocab``: the vocabulary size, or a config with a ``vocab_size`` (a ``GPTConfig``).
+    The permutation is drawn from ``perm_seed`` (the same for every batch, so there is one
+    thing to learn), the start tokens from ``generator`` (a ``torch.Generator``, advanced by the
+    call, so successive calls give new batches; or an int seed for a fresh one). A model that
+    learns the permutation reaches loss 0; unlike :func:`pattern_task` it needs no induction
+    head, so a tiny GPT learns it in a few dozen steps (a CPU budget).
+
+    Returns ``(idx, targets)``, each (batch, seq) int64 on ``device`` (targets = the sequence
+    shifted by one).
+    """
+    vocab = _pos_int("vocab", getattr(vocab, "vocab_size", vocab))
+    batch, seq = _pos_int("batch", batch), _pos_int("seq", seq)
+    if isinstance(generator, int) and not isinstance(generator, bool):
+        generator = _gen(generator)
+    elif not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or an int seed, got {generator!r}")
+    perm = torch.randperm(vocab, generator=_gen(perm_seed))
+    tokens = torch.empty(batch, seq + 1, dtype=torch.long)  # (B, T+1)
+    tokens[:, 0] = torch.randint(0, vocab, (batch,), generator=generator)
+    for t in range(seq):
+        tokens[:, t + 1] = perm[tokens[:, t]]
+    return tokens[:, :seq].to(device), tokens[:, 1:].to(device)
 
 
 def iterate_minibatches(*tensors: torch.Tensor, batch_size: int, shuffle: bool = True,

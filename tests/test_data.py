@@ -75,3 +75,43 @@ def test_pattern_task_is_learned_by_the_tiny_gpt(one_thread):
         opt.step()
     assert first > 0.9 * math.log(vocab)
     assert loss.item() < 0.5 * math.log(vocab)  # well on the way down to the floor
+
+
+def test_permutation_batch_deterministic_one_successor_per_token():
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    a, b = data.permutation_batch(32, 4, 8, generator=g1), data.permutation_batch(32, 4, 8, generator=g2)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    idx, tgt = a
+    assert idx.shape == tgt.shape == (4, 8) and idx.dtype == torch.int64
+    assert torch.equal(idx[:, 1:], tgt[:, :-1])
+    # next = perm[token] for the permutation of PERMUTATION_SEED, for every position
+    perm = torch.randperm(32, generator=torch.Generator().manual_seed(data.PERMUTATION_SEED))
+    assert torch.equal(tgt, perm[idx])
+    # the generator advances (a new batch), the permutation does not change; an int seed works too
+    c = data.permutation_batch(32, 4, 8, generator=g1)
+    assert not torch.equal(c[0], idx) and torch.equal(c[1], perm[c[0]])
+    assert torch.equal(data.permutation_batch(32, 4, 8, generator=3)[0], idx)
+    # a config with vocab_size gives the same batch as its vocabulary size
+    cfg = GPTConfig.tiny(vocab_size=32)
+    assert torch.equal(data.permutation_batch(cfg, 4, 8, generator=3)[0], idx)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator or an int seed"):
+        data.permutation_batch(32, 4, 8, generator=None)
+    with pytest.raises(ValueError, match="seq must be a positive int"):
+        data.permutation_batch(32, 4, 0, generator=0)
+
+
+def test_permutation_batch_is_learnable():
+    cfg = GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, block_size=16, vocab_size=32)
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(40):
+        idx, tgt = data.permutation_batch(cfg, 8, 16, generator=gen)
+        loss = model.loss(idx, tgt)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[0] > 0.8 * math.log(32) and losses[-1] < 0.25 * losses[0]

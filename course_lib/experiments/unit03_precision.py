@@ -22,6 +22,7 @@ from typing import Sequence
 import pandas as pd
 import torch
 
+from course_lib.data import permutation_batch
 from course_lib.measure import estimate
 from course_lib.models import GPT, GPTConfig, count_params
 from course_lib.techniques import precision as P
@@ -71,23 +72,8 @@ def rounding_table(values: Sequence[float], formats: Sequence[str] = ("fp32", "b
 
 
 # --------------------------------------------------------------------------------------------
-# a small learnable task and one model (course_lib.data's pattern_task needs an induction
-# head and a few hundred steps; this bigram task learns in a few dozen, within a CPU budget)
+# one model; the learnable task is course_lib.data.permutation_batch (re-exported here)
 # --------------------------------------------------------------------------------------------
-def permutation_batch(config: GPTConfig, batch: int, seq: int, *, generator: torch.Generator,
-                    device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch of a small learnable sequence task: each sequence starts at a random token and
-    then follows a fixed random permutation of the vocabulary (``next = perm[token]``; the
-    permutation is drawn from seed 1234, the start tokens from ``generator``). A model that
-    learns the permutation reaches loss 0. Returns ``(idx, targets)`` of shape (batch, seq)."""
-    perm = torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(1234))
-    tokens = torch.empty(batch, seq + 1, dtype=torch.long)
-    tokens[:, 0] = torch.randint(0, config.vocab_size, (batch,), generator=generator)
-    for t in range(seq):
-        tokens[:, t + 1] = perm[tokens[:, t]]
-    return tokens[:, :seq].to(device), tokens[:, 1:].to(device)
-
-
 def _model(config: GPTConfig, seed: int, device) -> GPT:
     torch.manual_seed(seed)
     return GPT(config).to(device)
@@ -280,8 +266,8 @@ def loss_curves(modes: Sequence[str] = P.MODES, *, steps: int = 30, config: GPTC
                 batch: int = 8, seq: int = 16, lr: float = 1e-2, seed: int = 0,
                 init_scale: float = 2.0**16, growth_interval: int = 2000,
                 device: torch.device | str | None = None) -> pd.DataFrame:
-    """Train the tiny GPT on the permutation task (:func:`permutation_batch`) for ``steps`` Adam steps in each recipe (same seed,
-    same batches). Rows: mode, step, loss, skipped (fp16 loss scaling found inf/NaN), scale.
+    """Train the tiny GPT on the permutation task (:func:`course_lib.data.permutation_batch`) for
+    ``steps`` Adam steps in each recipe (same seed, same batches). Rows: mode, step, loss, skipped (fp16 loss scaling found inf/NaN), scale.
     ``init_scale`` and ``growth_interval`` go to ``torch.amp.GradScaler`` for fp16-mixed."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} must be an int >= 1")

@@ -3,7 +3,8 @@
 Introduced in notebooks/04_optimizer_memory.ipynb. Measured runs, each returning a pandas DataFrame:
 
 - :func:`state_bytes_table`: the state each optimizer really allocates for the tiny GPT (read from
-  ``optimizer.state`` and from MemoryMeter) beside ``estimate.optimizer_state_bytes_per_param``;
+  ``optimizer.state`` and from MemoryMeter) beside ``estimate.model_state_bytes`` (and, for 8-bit
+  Adam, ``estimate.adam8bit_state_bytes``);
 - :func:`mixed_precision_accounting`: the classic recipe (bf16 model + fp32 master + Adam) measured
   per parameter: 16 bytes at rest, more during the step (the fp32 gradients);
 - :func:`accounting_table`: the 12 / 16 / 18 / 20 bytes-per-parameter figures of the literature,
@@ -19,6 +20,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 import torch
 
+from course_lib.data import permutation_batch
 from course_lib.measure import estimate
 from course_lib.models import GPT, GPTConfig, count_params
 from course_lib.techniques import optim as O
@@ -33,8 +35,8 @@ DEFAULT_LR: dict[str, float] = {"sgd": 0.2, "momentum": 0.1, "rmsprop": 1e-3, "a
 
 
 def task_batch(config: GPTConfig, batch: int, seq: int, *, generator: torch.Generator):
-    """The learnable sequence task of unit 03 (a fixed random permutation of the vocabulary)."""
-    from course_lib.experiments.unit03_precision import permutation_batch
+    """The learnable sequence task of unit 03: :func:`course_lib.data.permutation_batch` (a fixed
+    random permutation of the vocabulary)."""
     return permutation_batch(config, batch, seq, generator=generator)
 
 
@@ -60,11 +62,14 @@ def state_bytes_table(names: Sequence[str] = O.OPTIMIZERS, *, config: GPTConfig 
     """Optimizer state of the tiny GPT after one step, per optimizer (``seq`` defaults to
     min(32, block_size): the state does not depend on it).
 
-    Columns: ``n_params``; ``predicted`` = ``estimate.model_state_bytes(...)["optimizer"]`` (per-
-    parameter state plus torch.optim's 4-byte ``step`` counters); ``measured`` = MemoryMeter's
-    *optimizer* bytes at the end of a step; ``moments`` / ``step`` / ``quant_meta`` from
-    :func:`course_lib.techniques.optim.state_bytes`; ``bytes_per_param`` = measured / n_params;
-    ``residual`` = measured - predicted.
+    Columns: ``n_params``; ``naive`` = ``estimate.model_state_bytes(...)["optimizer"]`` (bytes per
+    parameter times n, plus torch.optim's 4-byte ``step`` counters: 2 bytes per parameter for
+    8-bit Adam); ``predicted`` = ``naive`` for the torch.optim optimizers and
+    ``estimate.adam8bit_state_bytes(...)["total"]`` for 8-bit Adam (bitsandbytes' exact rules:
+    fp32 state for small tensors, per-block absmax, shared code books); ``measured`` =
+    MemoryMeter's *optimizer* bytes at the end of a step; ``moments`` / ``step`` / ``quant_meta``
+    from :func:`course_lib.techniques.optim.state_bytes`; ``bytes_per_param`` = measured /
+    n_params; ``residual`` = measured - predicted.
     """
     from course_lib.measure.memory import MemoryMeter
 
@@ -80,12 +85,15 @@ def state_bytes_table(names: Sequence[str] = O.OPTIMIZERS, *, config: GPTConfig 
             model.loss(idx, tgt).backward()
             opt.step()
         n = count_params(model)
-        pred = estimate.model_state_bytes(n, precision="fp32", optimizer=name,
-                                          n_param_tensors=len(list(model.parameters())))["optimizer"]
+        with_grad = [p for p in model.parameters() if p.grad is not None]  # the ones with state
+        naive = int(estimate.model_state_bytes(n, precision="fp32", optimizer=name,
+                                               n_param_tensors=len(with_grad))["optimizer"])
+        pred = (estimate.adam8bit_state_bytes(p.numel() for p in with_grad)["total"]
+                if name == "adam8bit" else naive)
         sb = O.state_bytes(opt)
         measured = int(mem.end_breakdown["optimizer"])
-        rows.append({"optimizer": name, "n_params": n, "predicted": int(pred), "measured": measured,
-                     "residual": measured - int(pred), **{k: sb[k] for k in ("moments", "step", "quant_meta")},
+        rows.append({"optimizer": name, "n_params": n, "naive": naive, "predicted": int(pred),
+                     "measured": measured, "residual": measured - int(pred), **{k: sb[k] for k in ("moments", "step", "quant_meta")},
                      "state_total": sb["total"],
                      "bytes_per_param": measured / n,
                      "predicted_per_param": estimate.optimizer_state_bytes_per_param(name)})

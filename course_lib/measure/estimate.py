@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 __all__ = [
     "PRECISIONS", "OPTIMIZERS", "COLLECTIVES", "LINK_SPEEDS", "Link",
     "dtype_bytes", "optimizer_state_bytes_per_param", "model_state_bytes",
+    "ADAM8BIT_MIN_8BIT_SIZE", "ADAM8BIT_BLOCK_SIZE", "adam8bit_state_bytes",
     "zero_bytes_per_rank", "zero_state_breakdown_per_rank",
     "activation_bytes_mlp", "activation_bytes_transformer_layer", "activation_bytes_gpt",
     "ring_allreduce_bytes_sent", "naive_ring_allreduce_bytes_sent", "reduce_broadcast_bytes_sent",
@@ -160,7 +161,8 @@ def optimizer_state_bytes_per_param(optimizer: str, *, state_dtype_bytes: int | 
     (default 4: torch.optim keeps state in the parameter's dtype, fp32 in the usual recipes).
     ``adam8bit`` keeps both moments in 1 byte each (Dettmers et al. 2021, arXiv:2110.02861), so
     ``state_dtype_bytes`` must be None or 1; the per-block absmax statistics (one fp32 per 256
-    values, about 0.03 bytes/param) are not included.
+    values, about 0.03 bytes/param) are not included (:func:`adam8bit_state_bytes` counts them,
+    and the rest of bitsandbytes' state, exactly).
 
     Not included either: torch.optim's scalar ``step`` counter per *parameter tensor* (see
     ``n_param_tensors`` in :func:`model_state_bytes`).
@@ -219,6 +221,76 @@ def model_state_bytes(n_params: int, *, precision: str = "fp32", optimizer: str 
         "optimizer": opt_b * n + step_bytes,
         "master": master_b * n,
     }
+    out["total"] = sum(out.values())
+    return out
+
+
+#: bitsandbytes' default: parameter tensors with fewer elements keep 32-bit optimizer state
+ADAM8BIT_MIN_8BIT_SIZE = 4096
+#: bitsandbytes' block size for blockwise 8-bit optimizer state (one fp32 absmax per block)
+ADAM8BIT_BLOCK_SIZE = 256
+_ADAM8BIT_CODE_BOOK_ENTRIES = 256  # an 8-bit code has 2**8 values
+
+
+def adam8bit_state_bytes(param_numels: Iterable[Any], *, min_8bit_size: int = ADAM8BIT_MIN_8BIT_SIZE,
+                         block_size: int = ADAM8BIT_BLOCK_SIZE,
+                         max_unorm: float = 0.0) -> dict[str, int]:
+    """Exact bytes of ``bitsandbytes.optim.Adam8bit`` state after the first step, by kind.
+
+    ``param_numels``: the number of elements of every parameter tensor that gets a gradient
+    (ints, or tensors: their ``numel()`` is used), e.g. ``[p.numel() for p in model.parameters()]``.
+    bitsandbytes creates the state of a tensor at its first step with a gradient, so tensors
+    without a gradient have none.
+
+    Returns ``{"uint8_states", "fp32_states", "absmax", "code_books", "unorm", "total"}`` (ints):
+
+    * ``uint8_states``: tensors with at least ``min_8bit_size`` elements (n each) keep both
+      moments (``state1`` = m, ``state2`` = v) as 8-bit codes: 2n bytes -- the "2 bytes per
+      parameter" of the paper;
+    * ``fp32_states``: smaller tensors (biases, LayerNorm weights) keep both moments in fp32:
+      8n bytes (bitsandbytes' ``min_8bit_size``, default 4096: small tensors gain nothing);
+    * ``absmax``: blockwise quantization stores one fp32 scale per block of ``block_size``
+      values and per moment (``absmax1``, ``absmax2``): 2 x 4 x ceil(n / block_size) bytes for
+      each 8-bit tensor;
+    * ``code_books``: the two 256-entry fp32 quantization maps (``qmap1``: signed dynamic map
+      for m, ``qmap2``: unsigned for v) are *shared* by all 8-bit tensors of an optimizer:
+      2 x 256 x 4 = 2,048 bytes once, 0 if no tensor is 8-bit;
+    * ``unorm``: with ``max_unorm > 0`` (off by default) every tensor also gets a 1-element fp32
+      ``unorm_vec``: 4 bytes per tensor;
+    * the step counter is a Python int in bitsandbytes (``state["step"]``): 0 bytes.
+
+    Source: bitsandbytes 0.50, ``bitsandbytes/optim/optimizer.py``, ``Optimizer2State.init_state``
+    (the base of ``Adam8bit``; ``blocksize = 256`` is fixed there, ``block_size`` here exists to
+    explore the trade-off) and ``Optimizer8bit.fill_qmap``; the method is Dettmers et al. 2022,
+    "8-bit Optimizers via Block-wise Quantization", ICLR 2022, arXiv:2110.02861 (Sec. 2: blockwise
+    quantization with dynamic quantization maps; the 32-bit state of small tensors is the library's
+    practice). On a large model nearly every parameter sits in a large matrix and the total tends
+    to 2 + 8 / 256 = 2.03125 bytes per parameter.
+
+    >>> adam8bit_state_bytes([4096, 100])["total"]  # 2*4096 + 8*100 + 2*4*16 + 2048
+    11168
+    """
+    min_size = _nonneg_int("min_8bit_size", min_8bit_size)
+    block = _pos_int("block_size", block_size)
+    if isinstance(max_unorm, bool) or not isinstance(max_unorm, numbers.Real) or max_unorm < 0:
+        raise ValueError(f"max_unorm={max_unorm!r} must be a number >= 0 (0 disables the update-norm clip)")
+    if isinstance(param_numels, (str, bytes, numbers.Number)) or not isinstance(param_numels, Iterable):
+        raise TypeError(f"param_numels must be an iterable of element counts (one per parameter tensor), "
+                        f"got {param_numels!r} ({type(param_numels).__name__})")
+    out = {"uint8_states": 0, "fp32_states": 0, "absmax": 0, "code_books": 0, "unorm": 0}
+    n_tensors = 0
+    for i, item in enumerate(param_numels):
+        n = item.numel() if callable(getattr(item, "numel", None)) else item
+        n = _nonneg_int(f"param_numels[{i}]", n)
+        n_tensors += 1
+        if n < min_size:
+            out["fp32_states"] += 2 * 4 * n
+        else:
+            out["uint8_states"] += 2 * n
+            out["absmax"] += 2 * 4 * -(-n // block)  # ceil(n / block) fp32 scales per moment
+            out["code_books"] = 2 * _ADAM8BIT_CODE_BOOK_ENTRIES * 4
+    if max_unorm > 0:
+        out["unorm"] = 4 * n_tensors
     out["total"] = sum(out.values())
     return out
 

@@ -11,18 +11,25 @@ from course_lib.models import GPTConfig
 SMALL = GPTConfig.tiny(n_layer=1, n_embd=64, n_head=2, block_size=16, vocab_size=64)
 
 
-def test_state_bytes_table_matches_estimate_exactly_except_8bit():
+def test_state_bytes_table_matches_estimate_exactly_including_8bit():
     df = E.state_bytes_table(config=SMALL, batch=2, seq=8).set_index("optimizer")
     assert list(df.index) == list(E.O.OPTIMIZERS)
-    for name in ("sgd", "momentum", "rmsprop", "adagrad", "adam", "adamw"):
+    for name in E.O.OPTIMIZERS:
         assert df.loc[name, "residual"] == 0, name
         assert df.loc[name, "measured"] == df.loc[name, "state_total"]  # MemoryMeter == optimizer.state
+    for name in ("sgd", "momentum", "rmsprop", "adagrad", "adam", "adamw"):
+        assert df.loc[name, "predicted"] == df.loc[name, "naive"], name
     n = df.loc["adam", "n_params"]
     assert df.loc["adam", "moments"] == 8 * n and df.loc["momentum", "moments"] == 4 * n
-    # 8-bit Adam: more than 2 B/param (small tensors stay fp32, absmax + code books), far below 8
+    # 8-bit Adam: more than the naive 2 B/param (small tensors stay fp32, absmax + code books),
+    # far below 8, and exactly estimate.adam8bit_state_bytes of the model's tensors
     r = df.loc["adam8bit"]
-    assert r["residual"] > 0 and r["quant_meta"] > 0
+    assert r["naive"] == 2 * n and r["measured"] > r["naive"] and r["quant_meta"] > 0
     assert 2.0 < r["bytes_per_param"] < 4.0
+    model = E._model(SMALL, 0)
+    parts = estimate.adam8bit_state_bytes([p.numel() for p in model.parameters()])
+    assert r["measured"] == parts["total"]
+    assert r["quant_meta"] == parts["absmax"] + parts["code_books"]
 
 
 def test_mixed_precision_accounting_is_16_at_rest_and_more_during_the_step():

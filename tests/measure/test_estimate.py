@@ -58,6 +58,103 @@ def test_model_state_bytes_bad_values_name_parameter_and_choices():
         E.model_state_bytes("10")
 
 
+# ---- 8-bit Adam (bitsandbytes), exact -----------------------------------------------------------
+def test_adam8bit_state_bytes_by_hand():
+    # one 8-bit tensor of 4096 (16 blocks), one kept in fp32 (100 < 4096)
+    assert E.adam8bit_state_bytes([4096, 100]) == {
+        "uint8_states": 2 * 4096, "fp32_states": 8 * 100, "absmax": 2 * 4 * 16, "code_books": 2 * 256 * 4,
+        "unorm": 0, "total": 8192 + 800 + 128 + 2048}
+    # a partial last block still costs a whole scale; code books only when some tensor is 8-bit
+    assert E.adam8bit_state_bytes([4097])["absmax"] == 2 * 4 * 17
+    assert E.adam8bit_state_bytes([10, 20]) == {"uint8_states": 0, "fp32_states": 240, "absmax": 0,
+                                                "code_books": 0, "unorm": 0, "total": 240}
+    assert E.adam8bit_state_bytes([])["total"] == 0
+    assert E.adam8bit_state_bytes([100], min_8bit_size=0)["uint8_states"] == 200
+    assert E.adam8bit_state_bytes([4096], block_size=2048)["absmax"] == 2 * 4 * 2
+    assert E.adam8bit_state_bytes([4096, 1], max_unorm=1.0)["unorm"] == 8
+    # a large matrix tends to 2 + 8/256 bytes per parameter
+    n = 4096 * 4096
+    bpp = (E.adam8bit_state_bytes([n])["total"] - 2048) / n
+    assert bpp == 2 + 8 / 256
+
+
+def test_adam8bit_state_bytes_errors_name_the_parameter():
+    with pytest.raises(TypeError, match="param_numels must be an iterable"):
+        E.adam8bit_state_bytes(4096)
+    with pytest.raises(ValueError, match=r"param_numels\[1\] must be >= 0"):
+        E.adam8bit_state_bytes([4096, -1])
+    with pytest.raises(TypeError, match=r"param_numels\[0\] must be an int"):
+        E.adam8bit_state_bytes(["4096"])
+    with pytest.raises(ValueError, match="block_size must be >= 1"):
+        E.adam8bit_state_bytes([4096], block_size=0)
+    with pytest.raises(ValueError, match="max_unorm=-1"):
+        E.adam8bit_state_bytes([4096], max_unorm=-1)
+
+
+def _optimizer_state_nbytes(opt):
+    """Bytes of the tensors in ``opt.state``, each storage once (bitsandbytes shares its code books)."""
+    import torch
+
+    seen, total = set(), 0
+    for st in opt.state.values():
+        for t in st.values():
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+                seen.add(t.untyped_storage().data_ptr())
+                total += t.untyped_storage().nbytes()
+    return total
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_adam8bit_state_bytes_equals_bitsandbytes_measured(dtype):
+    """The formula against the real bitsandbytes.optim.Adam8bit: tensors below 4,096 elements
+    (biases, LayerNorm), at and above it, sizes that are not a multiple of the 256-value block,
+    and a parameter without a gradient (no state). Measured two ways: the bytes of the tensors
+    in ``optimizer.state`` and MemoryMeter's *optimizer* bytes."""
+    import torch
+
+    bnb = pytest.importorskip("bitsandbytes")
+    from course_lib.measure.memory import MemoryMeter
+
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(64, 64), "ln": torch.nn.LayerNorm(64),
+                                 "b": torch.nn.Linear(64, 100), "emb": torch.nn.Embedding(300, 17),
+                                 "unused": torch.nn.Linear(80, 80)}).to(dt)
+    opt = bnb.optim.Adam8bit(model.parameters(), lr=1e-3)
+    with MemoryMeter(model, opt) as mem:
+        x = torch.randn(3, 64, dtype=dt)
+        loss = model["b"](model["ln"](model["a"](x))).sum() + model["emb"](torch.tensor([1, 2])).sum()
+        loss.backward()
+        opt.step()
+    with_grad = [p for p in model.parameters() if p.grad is not None]
+    numels = sorted(p.numel() for p in with_grad)
+    assert numels[0] < 4096 <= numels[-1] and any(n % 256 for n in numels if n >= 4096)
+    pred = E.adam8bit_state_bytes(p.numel() for p in with_grad)
+    assert _optimizer_state_nbytes(opt) == pred["total"] == int(mem.end_breakdown["optimizer"])
+    assert pred["total"] > 2 * sum(numels)  # more than the naive 2 B/param
+    # the parts, read from the state by name
+    uint8 = sum(st["state1"].nbytes + st["state2"].nbytes for st in opt.state.values()
+                if st["state1"].dtype == torch.uint8)
+    absmax = sum(st["absmax1"].nbytes + st["absmax2"].nbytes for st in opt.state.values() if "absmax1" in st)
+    assert (uint8, absmax) == (pred["uint8_states"], pred["absmax"])
+    assert len({st["qmap1"].data_ptr() for st in opt.state.values() if "qmap1" in st}) == 1  # shared
+
+
+def test_adam8bit_state_bytes_unorm_buffer_matches_bitsandbytes():
+    import torch
+
+    # the base class of Adam8bit; Adam8bit itself does not expose max_unorm
+    Optimizer2State = pytest.importorskip("bitsandbytes.optim.optimizer").Optimizer2State
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(64, 80)), torch.nn.Parameter(torch.randn(80))]
+    opt = Optimizer2State("adam", params, lr=1e-3, optim_bits=8, max_unorm=1.0)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert _optimizer_state_nbytes(opt) == E.adam8bit_state_bytes(params, max_unorm=1.0)["total"]
+
+
 # ---- ZeRO -------------------------------------------------------------------------------------
 def test_zero_paper_figure_1():
     # Rajbhandari et al. 2019, Figure 1: Psi = 7.5B, N_d = 64, K = 12
