@@ -285,7 +285,11 @@ def _header_cell(solution_rel: str, unit: str):
         "\n"
         'Learners: replace every `raise NotImplementedError("FILL ME IN ...")` with your answer, run '
         "the notebook top to bottom, and check your score with "
-        f"`python -m course_lib.grade exercises/{unit}.ipynb` (from the repository root)."
+        f"`python -m course_lib.grade exercises/{unit}.ipynb` (from the repository root).\n"
+        "\n"
+        "Until you run them, the check cells show the line the worked solution prints: that is the "
+        "target, not your result. Your answers live in this file, and `make exercises` rewrites "
+        "this folder, so keep a copy of your work (the grade command works on a copy anywhere)."
     )
     cell = nbformat.v4.new_markdown_cell(text)
     cell.id = HEADER_ID
