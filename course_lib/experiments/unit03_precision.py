@@ -17,6 +17,7 @@ Plain data out; plots in course_lib.viz.plots_unit03.
 from __future__ import annotations
 
 import math
+import time
 from typing import Sequence
 
 import pandas as pd
@@ -267,7 +268,8 @@ def loss_curves(modes: Sequence[str] = P.MODES, *, steps: int = 30, config: GPTC
                 init_scale: float = 2.0**16, growth_interval: int = 2000,
                 device: torch.device | str | None = None) -> pd.DataFrame:
     """Train the tiny GPT on the permutation task (:func:`course_lib.data.permutation_batch`) for
-    ``steps`` Adam steps in each recipe (same seed, same batches). Rows: mode, step, loss, skipped (fp16 loss scaling found inf/NaN), scale.
+    ``steps`` Adam steps in each recipe (same seed, same batches). Rows: mode, step, loss, skipped (fp16 loss scaling found inf/NaN), scale,
+    seconds (wall time of that training step, synchronized on CUDA: timed here, noisy, never graded).
     ``init_scale`` and ``growth_interval`` go to ``torch.amp.GradScaler`` for fp16-mixed."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} must be an int >= 1")
@@ -282,8 +284,11 @@ def loss_curves(modes: Sequence[str] = P.MODES, *, steps: int = 30, config: GPTC
         gen = torch.Generator().manual_seed(seed + 1)
         for step in range(steps):
             idx, tgt = permutation_batch(config, batch, seq, generator=gen, device=device)
+            t0 = time.perf_counter()
             r = P.train_step(model, opt, lambda m, idx=idx, tgt=tgt: m.loss(idx, tgt), mode=mode, scaler=scaler)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             rows.append({"mode": mode, "step": step, "loss": r.loss, "skipped": r.skipped,
-                         "scale": r.scale})
+                         "scale": r.scale, "seconds": time.perf_counter() - t0})
     return pd.DataFrame(rows)
 

@@ -81,14 +81,15 @@ def plot_gradient_histogram(abs_grads, *, scale: float = 1.0, fp16_table: pd.Dat
                                (math.log2(fp16.smallest_normal), "fp16 normal", "tab:orange"),
                                (math.log2(fp16.max), "fp16 max", "tab:red")):
             ax.axvline(x, color=color, ls="--")
-            ax.text(x, ax.get_ylim()[1] * 0.95, f" {text}", color=color, rotation=90, va="top", fontsize=11,
-                    bbox=dict(facecolor="white", alpha=0.8, edgecolor="none", pad=1))
+            # labels above the axes, where no bar can hide them
+            ax.text(x, 1.01, text, color=color, transform=ax.get_xaxis_transform(), ha="center",
+                    va="bottom", fontsize=11)
         ax.text(0.01, 0.95, f"bf16 smallest normal: 2^{math.log2(bf16.smallest_normal):.0f} (off the chart)",
                 transform=ax.transAxes, fontsize=11, va="top")
         ax.set_xlabel("log2 |activation gradient|")
-        ax.set_ylabel("count")
-        ax.set_title("Activation gradients of the tiny GPT vs the fp16 range")
-        ax.legend(loc="upper right", fontsize=10)
+        ax.set_ylabel("count (gradient values)")
+        ax.set_title("Activation gradients of the tiny GPT (measured) vs the fp16 range", pad=26)
+        ax.legend(loc="upper left", bbox_to_anchor=(0.0, 0.88), fontsize=10)
         fig.tight_layout()
     return fig
 

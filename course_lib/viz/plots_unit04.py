@@ -68,21 +68,22 @@ def plot_accounting(df: pd.DataFrame):
     literature. ``df``: ``accounting_table()``."""
     _need(df, ["source", "components", "bytes_per_param"], "df")
     with style():
-        fig, ax = plt.subplots(figsize=(12, 0.7 * len(df) + 1.5))
+        fig, ax = plt.subplots(figsize=(12, 0.85 * len(df) + 1.5))
         for y, (_, row) in enumerate(df.iterrows()):
             left = 0
             for part in row["components"].split(" + "):
                 name, nbytes = part.rsplit(" ", 1)
                 ax.barh(y, int(nbytes), left=left, color=_part_color(name), edgecolor="white")
-                ax.text(left + int(nbytes) / 2, y, name.replace(" ", "\n", 1), ha="center", va="center",
-                        fontsize=8)
+                # a 1-byte segment has room for its last word only ("m", "v")
+                label = name.replace(" ", "\n", 1) if int(nbytes) >= 2 else name.rsplit(" ", 1)[-1]
+                ax.text(left + int(nbytes) / 2, y, label, ha="center", va="center", fontsize=10)
                 left += int(nbytes)
             ax.text(left + 0.2, y, f"{row['bytes_per_param']} B", va="center", fontsize=12, weight="bold")
         ax.set_yticks(range(len(df)), df["source"])
         ax.invert_yaxis()
         ax.set_xlabel("bytes per parameter")
         ax.set_xlim(0, 23)
-        ax.set_title("12, 16, 18 or 20 bytes per parameter: what each figure counts")
+        ax.set_title("12, 16, 18 or 20 B/param: what each published figure counts")
         fig.tight_layout()
     return fig
 
@@ -105,7 +106,7 @@ def plot_mixed_precision_accounting(df: pd.DataFrame):
         ax.invert_yaxis()
         ax.set_xlabel("bytes per parameter")
         ax.set_xlim(0, df["total"].max() * 1.25)
-        ax.set_title("Mixed-precision Adam (bf16 model + fp32 master)")
+        ax.set_title("Mixed-precision Adam (bf16 model + fp32 master): predicted vs measured")
         handles, labels = ax.get_legend_handles_labels()
         uniq = dict(zip(labels, handles))
         ax.legend(uniq.values(), uniq.keys(), loc="upper center", bbox_to_anchor=(0.45, -0.2), ncol=3,

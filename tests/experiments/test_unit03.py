@@ -98,5 +98,6 @@ def test_loss_curves_same_start_and_fp16_skips_with_a_huge_scale():
     fp16 = df[df["mode"] == "fp16-mixed"]
     assert fp16["skipped"].iloc[0] and fp16["scale"].iloc[1] == 2.0**39  # backoff after the skip
     assert not df[df["mode"] == "fp32"]["skipped"].any()
+    assert (df["seconds"] > 0).all()  # every step is timed
     with pytest.raises(ValueError, match="mode='fp64'"):
         E.loss_curves(["fp64"], steps=1, config=SMALL)
