@@ -318,23 +318,40 @@ def _decomposition_worker(rank: int, world_size: int, numel: int, seed: int) -> 
     abs_sum = x.abs()
     dist.all_reduce(abs_sum)
     bound = float(((n - 1) * torch.finfo(x.dtype).eps * abs_sum).max())
+    # (method, its result, torch.distributed's result for the same input, the reference's name)
+    checks = [("reduce+broadcast", rb, reference, "all_reduce"),
+              ("reduce_scatter+all_gather", rs_ag, reference, "all_reduce"),
+              ("ring reduce_scatter+all_gather (from scratch)", ring_rs_ag, reference, "all_reduce"),
+              ("ring all_reduce (from scratch)", ring, reference, "all_reduce"),
+              ("naive ring all_reduce (from scratch)", C.naive_ring_all_reduce(x.clone()), reference,
+               "all_reduce"),
+              ("reduce+broadcast (from scratch)", C.reduce_broadcast_all_reduce(x.clone()), reference,
+               "all_reduce")]
+    if n & (n - 1) == 0:  # recursive doubling needs a power-of-two world size
+        checks.append(("recursive doubling (from scratch)", C.recursive_doubling_all_reduce(x.clone()),
+                       reference, "all_reduce"))
+    shard3 = torch.empty(padded_numel // n)
+    C.ring_reduce_scatter(shard3, padded)
+    checks.append(("ring reduce_scatter (from scratch)", shard3, shard, "reduce_scatter_tensor"))
+    full3 = torch.empty(padded_numel)
+    C.ring_all_gather(full3, shard)  # the same input as torch's all-gather above
+    checks.append(("ring all_gather (from scratch)", full3, full, "all_gather_into_tensor"))
     out = []
-    for method, got in {"reduce+broadcast": rb, "reduce_scatter+all_gather": rs_ag,
-                        "ring reduce_scatter+all_gather (from scratch)": ring_rs_ag,
-                        "ring all_reduce (from scratch)": ring}.items():
-        out.append({"rank": rank, "method": method,
-                    "max abs difference": float((got - reference).abs().max()),
-                    "bitwise equal": bool(torch.equal(got, reference)),
+    for method, got, want, ref_name in checks:
+        out.append({"rank": rank, "method": method, "compared with": f"dist.{ref_name}",
+                    "max abs difference": float((got - want).abs().max()),
+                    "bitwise equal": bool(torch.equal(got, want)),
                     "summation bound": bound})
     return out
 
 
 def all_reduce_decompositions(world_size: int = 4, numel: int = 1001, *, seed: int = 0,
                               timeout: float = 60.0) -> pd.DataFrame:
-    """all_reduce = reduce + broadcast = reduce_scatter + all_gather, checked on random data.
+    """all_reduce = reduce + broadcast = reduce_scatter + all_gather, checked on random data, and
+    every from-scratch collective of course_lib.parallel.collectives against torch.distributed.
 
-    One row per (rank, method): the largest difference from ``dist.all_reduce`` and whether it is
-    bitwise equal. ``summation bound`` is (N-1) eps max_i sum_r |x_r,i|, how far two valid
+    One row per (rank, method): the largest difference from the torch.distributed collective named
+    in ``compared with`` (``dist.all_reduce`` for every all-reduce) and whether it is bitwise equal. ``summation bound`` is (N-1) eps max_i sum_r |x_r,i|, how far two valid
     summation orders may drift apart in float32 (Higham 2002, section 4.2).
     """
     world_size = _world_size(world_size, minimum=1)

@@ -186,14 +186,17 @@ def plot_bytes(df, *, title: str = "bytes sent per rank: measured (bars) vs esti
     return fig
 
 
-def plot_times(times, model=None, *, title: str = "all-reduce time vs message size") -> Figure:
+def plot_times(times, model=None, *, title: str = "all-reduce time vs message size",
+               markers: Mapping[str, float | None] | None = None) -> Figure:
     """Measured medians (points, quartile bars) per algorithm on log-log axes, with the model's
     curves (lines) when ``model`` (algorithm, size_bytes, predicted_s) is given.
 
     ``times``: rows with algorithm, size_bytes, median_s, p25_s, p75_s
     (``experiments.unit08_collectives.time_all_reduce``).
+    ``markers``: label -> size in bytes, drawn as dotted vertical lines (e.g. the model's and the
+    measured crossover); a None size is skipped.
     """
-    fig, ax = plt.subplots(figsize=(8, 4.8), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(9, 5.2), constrained_layout=True)
     algorithms = list(dict.fromkeys(times["algorithm"]))
     for i, algorithm in enumerate(algorithms):
         sub = times[times["algorithm"] == algorithm].sort_values("size_bytes")
@@ -205,11 +208,26 @@ def plot_times(times, model=None, *, title: str = "all-reduce time vs message si
             curve = model[model["algorithm"] == algorithm].sort_values("size_bytes")
             ax.plot(curve["size_bytes"], curve["predicted_s"] * 1e3, "-", color=colour, alpha=0.8,
                     label=f"{algorithm} (alpha-beta model)")
+    for j, (label, size) in enumerate((markers or {}).items()):
+        if size is not None:
+            ax.axvline(size, color=("tab:purple", "black")[j % 2], ls=("--", ":")[j % 2], lw=1.5,
+                       label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("message size S (bytes, log2 scale)")
-    ax.set_ylabel("time per all-reduce (ms)")
+    sizes = sorted(set(int(v) for v in times["size_bytes"]))
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([_fmt_size(v) for v in sizes])
+    ax.set_xlabel("message size S (log scale; B, KiB, MiB = 1024-based)")
+    ax.set_ylabel("time per all-reduce (ms, median; bars: quartiles)")
     ax.set_title(title, fontsize=11)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=9)
     return fig
+
+
+def _fmt_size(n: int) -> str:
+    """256 -> '256 B', 65536 -> '64 KiB', 16777216 -> '16 MiB' (1024-based, no trailing zeros)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"

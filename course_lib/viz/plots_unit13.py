@@ -8,6 +8,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.collections import PatchCollection
+from matplotlib.patches import Rectangle
 
 from course_lib.measure.estimate import fmt_bytes
 from course_lib.viz.plots import require_columns
@@ -35,7 +37,7 @@ def plot_sweep(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
     require_columns(df, ["collective", "world_size", "size_bytes", "time_s", "busbw_GBps"], "df", nonempty=True)
     if fits is not None:
         require_columns(fits, ["collective", "world_size", "alpha_s", "beta_s_per_byte"], "fits", nonempty=True)
-    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 6))
     world_sizes = sorted(df["world_size"].unique())
     for (coll, ws), g in df.groupby(["collective", "world_size"], sort=False):
         g = g.sort_values("size_bytes")
@@ -57,14 +59,15 @@ def plot_sweep(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
                      label=f"single-thread memcpy {ceiling_GBps:.1f} GB/s")
     ax_t.set_yscale("log")
     ax_t.set_ylabel("time per call (ms, median)")
-    ax_t.set_title("time: measured vs alpha + beta S")
+    ax_t.set_title("time per call: measured (points), fitted alpha + beta S (lines)")
     ax_b.set_yscale("log")
     ax_b.set_ylabel("bus bandwidth (GB/s)")
     ax_b.set_title("busbw (nccl-tests convention)")
     for ax in (ax_t, ax_b):
         _size_axis(ax, df["size_bytes"])
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        # below the axes, so that no entry hides a measured point
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     backend = ", ".join(sorted(df["backend"].unique())) if "backend" in df else ""
     fig.suptitle(title or f"collective sweep ({backend})" if backend else "collective sweep")
     fig.tight_layout()
@@ -79,30 +82,51 @@ def plot_link_times(table: pd.DataFrame, *, title: str | None = None):
     links = list(dict.fromkeys(table["link"]))
     y = np.arange(len(links))
     height = 0.8 / len(models)
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(links) + 1.5))
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(links) + 2.2))
     for i, n in enumerate(models):
         g = table[table["n_params"] == n].set_index("link").loc[links]
         bars = ax.barh(y + i * height, g["time_s"] * 1e3, height=height,
                        label=f"{n / 1e9:g}B params ({fmt_bytes(int(g['grad_bytes'].iloc[0]), 'GB', digits=0)} of gradients)"
                        if "grad_bytes" in g else f"{n / 1e9:g}B params")
         for bar, t in zip(bars, g["time_s"]):
-            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {t * 1e3:.3g} ms",
-                    va="center", fontsize=7)
+            ms = t * 1e3
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
+                    f" {ms:,.0f} ms" if ms >= 100 else f" {ms:.3g} ms", va="center", fontsize=9)
     ax.set_yticks(y + height * (len(models) - 1) / 2)
     ax.set_yticklabels(links)
     ax.set_xscale("log")
-    ax.set_xlabel("predicted ring all-reduce time (ms), headline GB/s")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_xlim(right=float(table["time_s"].max()) * 1e3 * 4)  # room for the labels
+    ax.set_xlabel("predicted ring all-reduce time (ms, log scale), at the headline GB/s")
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     ax.set_title(title or "gradient all-reduce per step, by link (estimate)")
     fig.tight_layout()
     return fig
+
+
+def _sub_lanes(spans) -> list[int]:
+    """Greedy interval partitioning: the sub-lane of each (start, width) span, so that spans on the
+    same sub-lane never overlap in time (the fewest sub-lanes that achieves it)."""
+    ends: list[float] = []  # end time of the last span placed on each sub-lane
+    lane_of = [0] * len(spans)
+    for i in sorted(range(len(spans)), key=lambda k: spans[k][0]):
+        x, w = spans[i]
+        free = [j for j, e in enumerate(ends) if e <= x]
+        if free:
+            lane_of[i] = free[0]
+            ends[free[0]] = x + w
+        else:
+            lane_of[i] = len(ends)
+            ends.append(x + w)
+    return lane_of
 
 
 def plot_ddp_timeline(events: pd.DataFrame, *, bucket_cap_mb: float | None = None,
                       title: str | None = None):
     """Per-rank Gantt chart of one DDP step: backward of each layer ('compute' lane) and each
     bucket's all-reduce ('comm' lane), on the shared host clock (seconds; 0 = the step's first
-    event on any rank), as ``ddp_bucket_sweep(...).events`` returns it."""
+    event on any rank), as ``ddp_bucket_sweep(...).events`` returns it. All-reduces in flight at
+    the same time are drawn on separate sub-lanes of their rank's comm lane, each labelled with its
+    bucket, so none hides another."""
     require_columns(events, ["rank", "lane", "name", "start", "end"], "events", nonempty=True)
     if bucket_cap_mb is not None:
         if "bucket_cap_mb" not in events:
@@ -112,26 +136,37 @@ def plot_ddp_timeline(events: pd.DataFrame, *, bucket_cap_mb: float | None = Non
             raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r} is not in events; valid choices: {caps}")
         events = events[events["bucket_cap_mb"] == bucket_cap_mb]
     ranks = sorted(events["rank"].unique())
-    fig, ax = plt.subplots(figsize=(10, 0.9 * 2 * len(ranks) + 1.2))
-    labels, colors = [], {"compute": "tab:blue", "comm": "tab:red"}
-    for r_i, rank in enumerate(ranks):
-        for l_i, lane in enumerate(("compute", "comm")):
-            row = 2 * r_i + l_i
-            labels.append(f"rank {rank} {lane}")
-            ev = events[(events["rank"] == rank) & (events["lane"] == lane)]
+    colors = {"compute": "tab:blue", "comm": "tab:red"}
+    lanes = []  # (label, lane kind, spans in ms, names, sub-lane of each span, number of sub-lanes)
+    for rank in ranks:
+        for lane in ("compute", "comm"):
+            ev = events[(events["rank"] == rank) & (events["lane"] == lane)].sort_values("start")
             spans = [(s * 1e3, max(e - s, 1e-6) * 1e3) for s, e in zip(ev["start"], ev["end"])]
-            ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=colors[lane], edgecolors="white",
-                           alpha=0.8)
-            if lane == "comm":
-                for (x, w), name in zip(spans, ev["name"]):
-                    ax.text(x + w / 2, row, name.replace("bucket ", "b"), ha="center",
-                            va="center", fontsize=7, color="white")
-    ax.set_yticks(range(len(labels)))
-    ax.set_yticklabels(labels)
-    ax.invert_yaxis()
+            sub = _sub_lanes(spans) if lane == "comm" else [0] * len(spans)
+            lanes.append((f"rank {rank} {lane}", lane, spans, list(ev["name"]), sub, max(sub, default=0) + 1))
+    n_rows = sum(k for *_, k in lanes)
+    fig, ax = plt.subplots(figsize=(10, 0.55 * n_rows + 0.6 * len(lanes) + 1.2))
+    top, ticks = 0.0, []
+    for _label, lane, spans, names, sub, k in lanes:
+        # sub-lane j of this lane is centred at top + j; bars are 0.8 high, lanes 0.5 apart
+        rects = [Rectangle((x, top + j - 0.4), w, 0.8) for (x, w), j in zip(spans, sub)]
+        ax.add_collection(PatchCollection(rects, facecolors=colors[lane], edgecolors="white", alpha=0.85))
+        if lane == "comm":
+            for (x, w), j, name in zip(spans, sub, names):
+                ax.text(x + w / 2, top + j, name.replace("bucket ", "b"), ha="center", va="center",
+                        fontsize=9, color="white", fontweight="bold", clip_on=True)
+        ticks.append(top + (k - 1) / 2)
+        top += k + 0.5
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([lane[0] for lane in lanes])
+    all_x = [x for lane in lanes for x, _ in lane[2]] + [x + w for lane in lanes for x, w in lane[2]]
+    pad = 0.02 * (max(all_x) - min(all_x) or 1.0)
+    ax.set_xlim(min(all_x) - pad, max(all_x) + pad)
+    ax.set_ylim(top - 0.9, -0.6)  # inverted: rank 0 on top
     ax.set_xlabel("time since the first backward event on any rank (ms, shared host clock)")
     cap = f", bucket_cap_mb={bucket_cap_mb:g}" if bucket_cap_mb is not None else ""
-    ax.set_title(title or f"DDP backward: layer gradients (blue) and bucket all-reduces (red){cap}")
+    ax.set_title(title or f"DDP backward: layer gradients (blue) and bucket all-reduces (red){cap}\n"
+                          "all-reduces in flight at the same time get their own sub-lane")
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     return fig

@@ -83,8 +83,14 @@ def test_worked_example_mean_and_sgd_step():
 
 def test_decompositions_agree_with_all_reduce_within_the_summation_bound():
     df = E.all_reduce_decompositions(world_size=4, numel=1001)
-    assert len(df) == 4 * 4
+    assert len(df) == 4 * 9  # 4 ways to all-reduce, 3 more from-scratch all-reduces, RS and AG
     assert (df["max abs difference"] <= df["summation bound"]).all(), df
+    gather = df[df["method"] == "ring all_gather (from scratch)"]
+    assert (gather["compared with"] == "dist.all_gather_into_tensor").all()
+    assert gather["bitwise equal"].all()  # a gather only copies: identical bits
+    # 3 ranks: no recursive doubling (power of two only), every other method still checked
+    assert set(E.all_reduce_decompositions(world_size=3, numel=7)["method"]) == set(df["method"]) - {
+        "recursive doubling (from scratch)"}
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -83,6 +83,28 @@ def test_plot_ddp_timeline_one_lane_per_rank_and_kind():
         P.plot_ddp_timeline(_events(), bucket_cap_mb=4)
 
 
+def test_plot_ddp_timeline_overlapping_buckets_get_their_own_sub_lane():
+    comm = [("bucket 0", 0.010, 0.030), ("bucket 1", 0.015, 0.040), ("bucket 2", 0.020, 0.025),
+            ("bucket 3", 0.032, 0.045)]  # b0, b1, b2 in flight together; b3 fits after b0
+    rows = [{"rank": 0, "lane": "compute", "name": "backward L0", "start": 0.0, "end": 0.01}]
+    rows += [{"rank": 0, "lane": "comm", "name": n, "start": s, "end": e} for n, s, e in comm]
+    fig = P.plot_ddp_timeline(pd.DataFrame(rows))
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0 compute", "rank 0 comm"]
+    boxes = [p.get_extents() for p in ax.collections[1].get_paths()]
+    assert len(boxes) == 4
+    for i in range(4):
+        for j in range(i + 1, 4):
+            (x0, y0), (x1, y1) = boxes[i].get_points()
+            (u0, v0), (u1, v1) = boxes[j].get_points()
+            overlap_t = min(x1, u1) - max(x0, u0) > 1e-9
+            overlap_y = min(y1, v1) - max(y0, v0) > 1e-9
+            assert not (overlap_t and overlap_y), f"{comm[i][0]} and {comm[j][0]} drawn on top of each other"
+    lanes = sorted({round(b.get_points()[:, 1].mean(), 6) for b in boxes})
+    assert len(lanes) == 3  # three buckets in flight at once -> three sub-lanes, no more
+    assert sorted(t.get_text() for t in ax.texts) == ["b0", "b1", "b2", "b3"]
+
+
 def test_plot_bucket_sweep_with_model_lines():
     summary = pd.DataFrame({"bucket_cap_mb": [1, 4, 25], "n_buckets": [8, 2, 1],
                             "step_time_s": [0.05, 0.04, 0.045]})
