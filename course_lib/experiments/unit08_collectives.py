@@ -498,7 +498,9 @@ def fit_alpha_beta(times: pd.DataFrame, world_size: int,
     Both algorithms are sequences of message steps (ring: 2(N-1) steps of S/N bytes; recursive
     doubling: log2 N steps of S bytes), so every measurement gives a point (bytes per message,
     time per step) on the single-message line T = alpha + beta * m, which
-    ``estimate.fit_alpha_beta`` fits by least squares. Returns (alpha in s, beta in s/byte).
+    ``estimate.fit_alpha_beta`` fits by least squares of the relative error (so the small
+    messages, which measure alpha, count as much as the large ones, which measure beta).
+    Returns (alpha in s, beta in s/byte).
     """
     xs, ys = [], []
     for algorithm in algorithms:
@@ -507,7 +509,7 @@ def fit_alpha_beta(times: pd.DataFrame, world_size: int,
             steps, message = _steps_and_message(algorithm, size, world_size)
             xs.append(message)
             ys.append(t / steps)
-    return estimate.fit_alpha_beta(xs, ys)
+    return estimate.fit_alpha_beta(xs, ys, relative=True)
 
 
 def compare_with_model(times: pd.DataFrame, world_size: int, alpha: float, beta: float,

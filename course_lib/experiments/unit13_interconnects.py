@@ -342,15 +342,17 @@ def fit_sweep(df: pd.DataFrame) -> pd.DataFrame:
     (1/beta / 1e9) and busbw_fit_GBps (what the link would have to carry); both NaN when
     beta <= 0, i.e. the times did not grow with size (a range too small for the noise).
 
-    Ordinary least squares weighs every point equally in seconds, so the large messages decide
-    beta and alpha is what is left at S = 0: read it with the residual table beside it.
+    The fit minimises the *relative* error (``relative=True``): in plain seconds the largest
+    messages would decide everything and alpha, microseconds beside milliseconds, would be
+    whatever is left at S = 0 (often negative). Read it with the residual table beside it.
     """
     _check_sweep_frame(df)
     rows = []
     keys = [k for k in ("backend", "collective", "world_size") if k in df.columns]
     for key, g in df.groupby(keys, sort=False):
         key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        alpha, beta = estimate.fit_alpha_beta(g["size_bytes"].tolist(), g["time_s"].tolist())
+        alpha, beta = estimate.fit_alpha_beta(g["size_bytes"].tolist(), g["time_s"].tolist(),
+                                              relative=True)
         # beta <= 0: the times do not grow with size (sizes too small for the noise): no bandwidth
         alg = (1.0 / beta / 1e9) if beta > 0 else math.nan
         rows.append({**key, "alpha_s": alpha, "beta_s_per_byte": beta, "algbw_fit_GBps": alg,

@@ -668,20 +668,33 @@ def allreduce_time(size_bytes: float, world_size: int, *, alpha: float = 0.0,
     return steps * (a + n * b)
 
 
-def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
+def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], *,
+                   relative: bool = False) -> tuple[float, float]:
     """Least-squares fit of T = alpha + beta * S to measured (size in bytes, time in s) pairs.
 
     Returns ``(alpha_s, beta_s_per_byte)``; 1/beta is the effective bandwidth in bytes/s. Needs at
-    least two distinct sizes. (Ordinary least squares, closed form.)
+    least two distinct sizes. Closed form.
+
+    relative: ``False`` minimises the squared error in seconds (ordinary least squares), which the
+        largest messages dominate: alpha, a few microseconds beside milliseconds, is then barely
+        constrained and can even come out negative. ``True`` minimises the squared *relative*
+        error, i.e. weights each point by 1/T^2, so small messages (which measure alpha) and large
+        ones (which measure beta) count alike; the usual choice for latency-bandwidth fits
+        (Hockney 1994, "The communication challenge for MPP", Parallel Computing 20(3)).
     """
     xs, ys = [float(s) for s in sizes], [float(t) for t in times]
     if len(xs) != len(ys):
         raise ValueError(f"sizes and times must have the same length, got {len(xs)} and {len(ys)}")
     if len(set(xs)) < 2:
         raise ValueError(f"need at least 2 distinct sizes to fit alpha and beta, got sizes={xs!r}")
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    if relative and any(not y > 0 for y in ys):
+        raise ValueError(f"relative=True needs every time > 0, got times={ys!r}")
+    ws = [1.0 / (y * y) for y in ys] if relative else [1.0] * len(ys)
+    w = sum(ws)
+    mx = sum(wi * x for wi, x in zip(ws, xs)) / w
+    my = sum(wi * y for wi, y in zip(ws, ys)) / w
+    sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(ws, xs))
+    sxy = sum(wi * (x - mx) * (y - my) for wi, x, y in zip(ws, xs, ys))
     beta = sxy / sxx
     return my - beta * mx, beta
 

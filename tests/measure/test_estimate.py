@@ -450,3 +450,21 @@ def test_fmt_bytes():
     with pytest.raises(ValueError, match="unit='gb'.*GiB"):
         E.fmt_bytes(1, "gb")
     assert not math.isnan(E.GB)
+
+
+def test_relative_fit_recovers_alpha_that_ordinary_least_squares_loses():
+    # alpha = 50 us, 1 GB/s; +/-5 % noise on each point (alternating sign)
+    alpha, beta = 50e-6, 1e-9
+    sizes = [2**k for k in range(10, 25, 2)]
+    times = [(alpha + beta * s) * (1.05 if i % 2 else 0.95) for i, s in enumerate(sizes)]
+    a_rel, b_rel = E.fit_alpha_beta(sizes, times, relative=True)
+    a_ols, b_ols = E.fit_alpha_beta(sizes, times)
+    assert abs(a_rel / alpha - 1) < 0.1 and abs(b_rel / beta - 1) < 0.1
+    assert abs(a_ols / alpha - 1) > 1  # the largest message's 5 % swamps alpha entirely
+    # exact data: both fits are exact
+    exact = [alpha + beta * s for s in sizes]
+    for rel in (False, True):
+        a, b = E.fit_alpha_beta(sizes, exact, relative=rel)
+        assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
+    with pytest.raises(ValueError, match="times"):
+        E.fit_alpha_beta([1, 2], [0.0, 1.0], relative=True)
