@@ -3,9 +3,10 @@
 Task 1: arithmetic intensity of a matmul (FLOP per byte), against estimate.
 Task 2: plan micro-batch and accumulation steps for a target effective batch.
 Task 3: the gradient-accumulation loop. The check runs the learner's loop on a small MLP it builds
-itself, spies on the optimizer and on the loss, and compares the update with one full-batch step.
+itself, spies on the optimizer and on the loss, and compares the update with one full-batch step;
+then it calls the loop a second time on a new batch, as a training loop does, and compares again.
 It names the classic bugs: the loss not divided by the number of micro-batches, zero_grad inside
-the loop, and stepping the optimizer every micro-batch.
+the loop, stepping the optimizer every micro-batch, and never clearing the gradients.
 """
 from __future__ import annotations
 
@@ -150,29 +151,42 @@ _RTOL = 1e-9
 def check_accumulation_step(accumulation_step, task: int = 3) -> None:
     """Task: one optimizer step over `micro_batches` micro-batches = one full-batch step.
 
-    Compared in float64 with rtol=1e-9: summing micro-batch gradients adds the same terms in a
-    different order than the full batch does, so the two differ by rounding only (~1e-16
-    relative in float64); every bug below changes the update by a factor of order 1.
+    Each case calls the learner's function twice in a row on the same model and optimizer (two
+    steps of a training loop, on two batches), so gradients left over from the first call are
+    caught. Compared in float64 with rtol=1e-9: summing micro-batch gradients adds the same
+    terms in a different order than the full batch does, so the two differ by rounding only
+    (~1e-16 relative in float64); every bug below changes the update by a factor of order 1.
     """
     for seed, batch, k in ((0, 12, 3), (1, 16, 4)):
         _check_one_case(accumulation_step, task, seed, batch, k)
-    passed(task, f"accumulated step equals the full-batch step on 2 unseen MLPs (float64, "
-                 f"rtol={_RTOL:g})")
+    passed(task, f"2 accumulated steps in a row equal 2 full-batch steps on 2 unseen MLPs "
+                 f"(float64, rtol={_RTOL:g})")
 
 
 def _close(a, b, scale: float) -> bool:
     return float((a - b).abs().max()) <= _RTOL * scale
 
 
-def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int) -> None:
+def _full_batch_update(model, x, y):
+    """lr x the gradient of the mean loss over the whole batch, at `model`'s parameters."""
     import torch.nn.functional as F
 
+    ref = copy.deepcopy(model)
+    ref.zero_grad(set_to_none=True)
+    F.cross_entropy(ref(x), y).backward()
+    return _LR * _flat(p.grad for p in ref.parameters())
+
+
+def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int) -> None:
+    import torch
+
     model, x, y = _case(seed, batch)
+    g = torch.Generator().manual_seed(100 + seed)
+    x2 = torch.randn(x.shape, dtype=x.dtype, generator=g)  # the second call's batch
+    y2 = torch.randint(0, int(y.max()) + 1, y.shape, generator=g)
     before = _flat(model.parameters())
     # reference: one step on the mean loss over the full batch
-    full = copy.deepcopy(model)
-    F.cross_entropy(full(x), y).backward()
-    expected_update = _LR * _flat(p.grad for p in full.parameters())
+    expected_update = _full_batch_update(model, x, y)
 
     events: list[str] = []
     work = copy.deepcopy(model)
@@ -184,9 +198,42 @@ def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int)
         return model_zero_grad(set_to_none=set_to_none)
 
     work.zero_grad = logged_model_zero_grad  # model.zero_grad() counts as zero_grad too
-    run_learner(task, accumulation_step, work, opt, _spy_loss(events), x, y, k)
+    loss_fn = _spy_loss(events)
+    run_learner(task, accumulation_step, work, opt, loss_fn, x, y, k)
     where = f"batch of {batch} in {k} micro-batches"
+    _check_events(events, task, where, k)
 
+    update = before - _flat(work.parameters())
+    scale = float(expected_update.abs().max())
+    if not _close(update, expected_update, scale):
+        _diagnose_update(update, expected_update, scale, model, x, y, task, where, k)
+
+    # second call, as the next iteration of a training loop: a new batch, same model and optimizer
+    reference = copy.deepcopy(model)  # the untouched original, moved to the learner's parameters
+    with torch.no_grad():
+        for p, q in zip(reference.parameters(), work.parameters()):
+            p.copy_(q)
+    expected_update2 = _full_batch_update(reference, x2, y2)
+    left_over = _flat(p.grad if p.grad is not None else torch.zeros_like(p)
+                      for p in work.parameters())
+    before2 = _flat(work.parameters())
+    events.clear()
+    run_learner(task, accumulation_step, work, opt, loss_fn, x2, y2, k)
+    where2 = f"second call (next batch of {batch} in {k} micro-batches)"
+    _check_events(events, task, where2, k)
+    update2 = before2 - _flat(work.parameters())
+    scale2 = float(expected_update2.abs().max())
+    if _close(update2, expected_update2, scale2):
+        return
+    if "zero_grad" not in events and _close(update2, expected_update2 + _LR * left_over, scale2):
+        fail(task, f"{where2}: gradients never cleared: the step also used the gradients the "
+                   f"first call left in .grad (backward adds into .grad); call "
+                   f"optimizer.zero_grad() once per call, before the loop")
+    _diagnose_update(update2, expected_update2, scale2, reference, x2, y2, task, where2, k)
+
+
+def _check_events(events: list[str], task: int, where: str, k: int) -> None:
+    """Order and number of forward, backward, zero_grad and step calls within one call."""
     n_fwd, n_bwd, n_step = (events.count(e) for e in ("forward", "backward", "step"))
     if n_step == k and k > 1:
         fail(task, f"{where}: optimizer.step() ran {k} times: stepping every micro-batch "
@@ -210,10 +257,9 @@ def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int)
     if events.index("step") < last_bwd:
         fail(task, f"{where}: optimizer.step() ran before the last backward")
 
-    update = before - _flat(work.parameters())
-    scale = float(expected_update.abs().max())
-    if _close(update, expected_update, scale):
-        return
+
+def _diagnose_update(update, expected_update, scale, model, x, y, task, where, k) -> None:
+    """Name the bug behind a wrong parameter update (always fails)."""
     if _close(update, k * expected_update, scale):
         fail(task, f"{where}: loss not divided by the number of micro-batches: the update is "
                    f"{k}x the full-batch update (backward adds up {k} mean losses); divide "
@@ -225,4 +271,4 @@ def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int)
     err = float((update - expected_update).abs().max())
     fail(task, f"{where}: parameter update differs from one full-batch step: max abs error "
                f"{err:.3g} > rtol {_RTOL:g} x {scale:.3g} (are all micro-batches used, each "
-               f"once, with the loss divided by {k}?)")
+               f"once, with the loss divided by {k}, and the gradients cleared once per step?)")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from course_lib.measure.estimate import MiB
-from course_lib.viz.plots import CATEGORY_COLORS, require_columns
+from course_lib.measure.estimate import MiB, fmt_bytes
+from course_lib.viz.plots import CATEGORY_COLORS, require_columns, style
 
 __all__ = ["plot_scaling_sweep", "plot_optimizer_states"]
 
@@ -17,12 +17,16 @@ __all__ = ["plot_scaling_sweep", "plot_optimizer_states"]
 _MARKERS = {"params": "s", "grads": "o", "optimizer": "^", "activations": "D"}
 
 
-
 def plot_scaling_sweep(sweep: pd.DataFrame, *, title: str | None = None):
     """Bytes per category against batch (left, at the largest width) and against width (right, at
     the largest batch): measured as markers, predicted as dashed lines, MiB on log-log axes."""
     require_columns(sweep, ["batch", "width", "category", "measured", "predicted"], "sweep")
-    fig, (ax_b, ax_w) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    with style():
+        return _scaling_sweep(sweep, title)
+
+
+def _scaling_sweep(sweep, title):
+    fig, (ax_b, ax_w) = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True)
     for ax, x, fixed in ((ax_b, "batch", "width"), (ax_w, "width", "batch")):
         at = sweep[fixed].max()
         part = sweep[sweep[fixed] == at]
@@ -38,9 +42,10 @@ def plot_scaling_sweep(sweep: pd.DataFrame, *, title: str | None = None):
         ax.set_yscale("log")
         ax.set_xlabel(f"{x} ({fixed} = {at})")
         ax.grid(True, which="both", alpha=0.3)
-    ax_b.set_ylabel("MiB (markers: measured, dashes: estimate)")
-    ax_w.legend(loc="best", fontsize=9)
-    fig.suptitle(title or "Model state follows the width; activations follow batch x width")
+    ax_b.set_ylabel("MiB")
+    ax_w.legend(loc="upper left", fontsize=11)
+    fig.suptitle(title or "Measured (markers) vs estimate (dashed lines): model state follows\n"
+                          "the width; activations follow batch x width")
     fig.tight_layout()
     return fig
 
@@ -48,13 +53,21 @@ def plot_scaling_sweep(sweep: pd.DataFrame, *, title: str | None = None):
 def plot_optimizer_states(table: pd.DataFrame, *, title: str | None = None):
     """Measured vs predicted optimizer-state bytes per optimizer (bars, MiB)."""
     require_columns(table, ["optimizer", "measured", "predicted"], "table")
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    with style():
+        return _optimizer_states(table, title)
+
+
+def _optimizer_states(table, title):
+    fig, ax = plt.subplots(figsize=(10, 5))
     xs = range(len(table))
     width = 0.38
     ax.bar([x - width / 2 for x in xs], table["predicted"] / MiB, width, label="estimate",
            color="tab:gray")
-    ax.bar([x + width / 2 for x in xs], table["measured"] / MiB, width, label="measured",
-           color=CATEGORY_COLORS["optimizer"])
+    bars = ax.bar([x + width / 2 for x in xs], table["measured"] / MiB, width, label="measured",
+                  color=CATEGORY_COLORS["optimizer"])
+    # label every measured bar, so SGD's 0 B is visible too
+    ax.bar_label(bars, labels=[fmt_bytes(int(b)) for b in table["measured"]], padding=3)
+    ax.margins(y=0.15)
     ax.set_xticks(list(xs), table["optimizer"])
     ax.set_ylabel("optimizer state (MiB)")
     ax.legend()

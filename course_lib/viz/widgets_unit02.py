@@ -98,13 +98,17 @@ class AccumulationExplorer:
             return self.result
         with self.output:
             self.output.clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(6, 3))
-            colors = ["tab:green" if f else "tab:red" for f in df["fits"]]
-            ax.barh(df["mode"], df["peak_bytes"] / MiB, color=colors)
-            ax.axvline(budget.capacity_bytes / MiB, color="black", ls="--", label=budget.label())
-            ax.set_xlabel("peak of one optimizer step (MiB)")
-            ax.legend(fontsize=8)
-            fig.tight_layout()
+            from course_lib.viz.plots import style
+
+            with style():
+                fig, ax = plt.subplots(figsize=(9, 3.5))
+                colors = ["tab:green" if f else "tab:red" for f in df["fits"]]
+                ax.barh(df["mode"], df["peak_bytes"] / MiB, color=colors)
+                ax.axvline(budget.capacity_bytes / MiB, color="black", ls="--", label=budget.label())
+                ax.set_xlabel("measured peak of one optimizer step (MiB)")
+                ax.set_title("green: fits the budget, red: out of memory")
+                ax.legend(fontsize=11, loc="lower right")
+                fig.tight_layout()
             display(fig)
             plt.close(fig)
         return df

@@ -48,6 +48,13 @@ def bug_grads_set_to_none_by_hand(model, optimizer, loss_fn, inputs, targets, mi
     optimizer.step()
 
 
+def bug_never_zero_grad(model, optimizer, loss_fn, inputs, targets, micro_batches):
+    # right on a fresh model; on the next call the old gradients are added to the new ones
+    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        (loss_fn(model(x), y) / micro_batches).backward()
+    optimizer.step()
+
+
 def bug_step_every_micro_batch(model, optimizer, loss_fn, inputs, targets, micro_batches):
     optimizer.zero_grad()
     for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
@@ -79,8 +86,8 @@ def stub(*args):
 def test_accumulation_check_passes_correct_loops(fn, capsys):
     grading.check_accumulation_step(fn, task=3)
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["✓ task 3: accumulated step equals the full-batch step on 2 unseen MLPs "
-                   "(float64, rtol=1e-09)"]
+    assert out == ["✓ task 3: 2 accumulated steps in a row equal 2 full-batch steps on 2 unseen "
+                   "MLPs (float64, rtol=1e-09)"]
 
 
 @pytest.mark.parametrize("fn, pattern", [
@@ -88,6 +95,7 @@ def test_accumulation_check_passes_correct_loops(fn, capsys):
     (bug_zero_grad_inside, r"zero_grad inside the loop"),
     (bug_grads_set_to_none_by_hand, r"zero_grad inside the loop: only the last micro-batch"),
     (bug_step_every_micro_batch, r"optimizer.step\(\) ran 3 times: stepping every micro-batch"),
+    (bug_never_zero_grad, r"second call .*gradients never cleared"),
     (bug_one_backward_at_end, r"backward must follow each micro-batch's forward"),
     (bug_drops_last_micro_batch, r"parameter update differs from one full-batch step"),
     (stub, r"not implemented yet"),
