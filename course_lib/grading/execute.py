@@ -60,6 +60,28 @@ def _strip_timing(nb) -> None:
     nb.metadata.pop("widgets", None)
 
 
+def make_client(nb, path: Path, *, timeout: int, kernel_name: str, allow_errors: bool, log=None):
+    """The nbclient set-up shared by ``execute`` and the grader: a fresh kernel whose working
+    directory is the notebook's folder, no timing metadata, and immediate shutdown."""
+    from nbclient import NotebookClient
+
+    kwargs = {"log": log} if log is not None else {}
+    return NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name=kernel_name,
+        allow_errors=allow_errors,
+        record_timing=False,
+        # True: with False, nbclient raises KeyError when a cell writes into an
+        # ipywidgets.Output. The saved widget state is dropped afterwards (not deterministic).
+        store_widget_state=True,
+        shutdown_kernel="immediate",
+        extra_arguments=list(KERNEL_ARGS),
+        resources={"metadata": {"path": str(Path(path).resolve().parent)}},
+        **kwargs,
+    )
+
+
 def execute_notebook(
     path: Path | str,
     *,
@@ -74,7 +96,6 @@ def execute_notebook(
     cell (a cell error unless ``allow_errors``, a cell running over ``timeout`` seconds, or a dead
     kernel); the file is then left untouched.
     """
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     from course_lib.grading.exercises import ExerciseError, read_notebook, render_notebook
@@ -87,19 +108,8 @@ def execute_notebook(
     except ExerciseError as exc:
         raise ExecuteError(str(exc)) from None
     _strip_timing(nb)
-    client = NotebookClient(
-        nb,
-        timeout=timeout,
-        kernel_name=kernel_name,
-        allow_errors=allow_errors,
-        record_timing=False,
-        # True: with False, nbclient raises KeyError when a cell writes into an
-        # ipywidgets.Output. The saved widget state is dropped afterwards (not deterministic).
-        store_widget_state=True,
-        shutdown_kernel="immediate",
-        extra_arguments=list(KERNEL_ARGS),
-        resources={"metadata": {"path": str(path.resolve().parent)}},
-    )
+    client = make_client(nb, path, timeout=timeout, kernel_name=kernel_name,
+                         allow_errors=allow_errors)
     with client.setup_kernel(env=kernel_env()):
         for index, cell in enumerate(nb.cells):
             try:

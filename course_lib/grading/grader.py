@@ -421,25 +421,12 @@ def grade_notebook(
 
 def _execute(nb, path: Path, seconds: int, kernel_name: str) -> tuple[int | None, str]:
     """Run every code cell, recording errors; returns (index where execution stopped or None, status)."""
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    from course_lib.grading.execute import KERNEL_ARGS, kernel_env
+    from course_lib.grading.execute import kernel_env, make_client
 
-    client = NotebookClient(
-        nb,
-        timeout=seconds,
-        kernel_name=kernel_name,
-        allow_errors=True,
-        record_timing=False,
-        # True: with False, nbclient raises KeyError when a cell writes into an
-        # ipywidgets.Output. The saved widget state is dropped afterwards (not deterministic).
-        store_widget_state=True,
-        shutdown_kernel="immediate",
-        extra_arguments=list(KERNEL_ARGS),
-        resources={"metadata": {"path": str(path.resolve().parent)}},
-        log=_quiet_logger(),
-    )
+    client = make_client(nb, path, timeout=seconds, kernel_name=kernel_name, allow_errors=True,
+                         log=_quiet_logger())
     started = False
     try:
         with client.setup_kernel(env=kernel_env()):
