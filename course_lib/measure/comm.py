@@ -16,7 +16,9 @@ Two sources, merged into one list of records:
    that did ``from torch.distributed import all_reduce``), by wrappers that record the call and
    then call the original. They are restored on exit, also when the block raises.
    Counted: send, isend, recv, irecv, batch_isend_irecv (each P2POp), all_reduce, broadcast,
-   reduce, all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, scatter,
+   reduce, all_gather, all_gather_into_tensor / all_gather_single (torch 2.13's new name; the old
+   one now calls it, and only the outermost call is counted), reduce_scatter,
+   reduce_scatter_tensor / reduce_scatter_single, scatter,
    gather, all_to_all, all_to_all_single, barrier.
 2. **Operators seen by PyTorch's ``CommDebugMode``** (``torch.distributed.tensor.debug``), a
    ``TorchDispatchMode``: functional collectives (``torch.distributed._functional_collectives``,
@@ -61,7 +63,8 @@ __all__ = ["CommMeter", "PATCHED_FUNCTIONS"]
 PATCHED_FUNCTIONS = (
     "send", "isend", "recv", "irecv", "batch_isend_irecv",
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-    "reduce_scatter", "reduce_scatter_tensor", "scatter", "gather", "all_to_all",
+    "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+    "scatter", "gather", "all_to_all",
     "all_to_all_single", "barrier",
 )
 
@@ -305,6 +308,8 @@ class CommMeter:
                 "reduce": lambda: _nbytes(p["tensor"]),
                 "all_gather": lambda: _nbytes(p["tensor"]),
                 "all_gather_into_tensor": lambda: _nbytes(p["input_tensor"]),
+                "all_gather_single": lambda: _nbytes(p["input_tensor"]),
+                "reduce_scatter_single": lambda: _nbytes(p["input"]),
                 "reduce_scatter": lambda: _nbytes(p["input_list"]),
                 "reduce_scatter_tensor": lambda: _nbytes(p["input"]),
             }[name]()
@@ -322,7 +327,7 @@ class CommMeter:
             return Fraction(0)
         if name == "all_reduce":
             return Fraction(estimate.ring_allreduce_bytes_sent(payload, n)).limit_denominator(n)
-        if name in ("all_gather", "all_gather_into_tensor"):
+        if name in ("all_gather", "all_gather_into_tensor", "all_gather_single"):
             return Fraction((n - 1) * payload)  # output is n shards; forward n-1 of them
         # reduce_scatter, all_to_all, broadcast, reduce: (n-1)/n of the payload
         return Fraction((n - 1) * payload, n)

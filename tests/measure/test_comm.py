@@ -123,3 +123,29 @@ def test_bytes_exact_for_send_recv_and_ring_formula_for_collectives(world_size):
         assert apis == ["c10d", "functional"]  # CommDebugMode sees the functional one
         assert summary["collective_bytes_sent"] == 2 * ring + rs
     assert s0["bytes_sent"] == 52 + 2 * ring + rs
+
+
+def _old_and_new_gather_names(rank, world_size):
+    import torch
+    import torch.distributed as dist
+
+    from course_lib.measure.comm import CommMeter
+
+    shard = torch.ones(250)  # 1000 bytes per rank
+    with CommMeter(dispatch=False) as old:
+        dist.all_gather_into_tensor(torch.empty(250 * world_size), shard)
+        dist.reduce_scatter_tensor(torch.empty(250), torch.ones(250 * world_size))
+    with CommMeter(dispatch=False) as new:
+        dist.all_gather_single(torch.empty(250 * world_size), shard)
+        dist.reduce_scatter_single(torch.empty(250), torch.ones(250 * world_size))
+    return old.records, new.records
+
+
+def test_torch_2_13_single_names_count_once_and_like_the_old_names():
+    """all_gather_into_tensor now calls all_gather_single: each call must be recorded once,
+    under the name the caller used, with the same bytes."""
+    for old, new in launch(_old_and_new_gather_names, 2, timeout=60):
+        assert [r["op"] for r in old] == ["all_gather_into_tensor", "reduce_scatter_tensor"]
+        assert [r["op"] for r in new] == ["all_gather_single", "reduce_scatter_single"]
+        assert [(r["bytes"], r["sent"]) for r in old] == [(r["bytes"], r["sent"]) for r in new]
+        assert [r["sent"] for r in new] == [1000, 1000]  # (N-1)/N of 2000 B on 2 ranks, both ways
