@@ -1,1 +1,0 @@
-"""course_lib.experiments"""

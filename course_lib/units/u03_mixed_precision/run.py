@@ -1,0 +1,294 @@
+"""Reduced and mixed precision, measured.
+
+Introduced in notebooks/03_mixed_precision.ipynb. Measured runs, each returning a pandas DataFrame:
+
+- :func:`format_table` and :func:`rounding_table`: the float formats, read from ``torch.finfo``,
+  and what happens to a few values (gradients, weights, updates) stored in each;
+- :func:`gradient_histogram`: the activation gradients of a real tiny-GPT backward, and the share
+  that would underflow in fp16 (Micikevicius et al. 2017, Fig. 3) with and without loss scaling;
+- :func:`tiny_updates`: many small updates applied to bf16 weights vs to fp32 master weights;
+- :func:`training_memory`: model state and activations of one training step of the tiny GPT in
+  every recipe, measured with MemoryMeter beside ``estimate.model_state_bytes``;
+- :func:`matmul_speed`: matmul throughput per dtype on this machine (timed, never graded);
+- :func:`loss_curves`: the same training run in every recipe, with GradScaler's scale and skips.
+
+Plain data out; plots in course_lib.units.u03_mixed_precision.plots.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+from course_lib.data import permutation_batch
+from course_lib.measure import estimate
+from course_lib.models import GPT, GPTConfig, count_params
+from course_lib.techniques import precision as P
+
+__all__ = [
+    "format_table", "rounding_table", "gradient_histogram", "underflow_fractions", "tiny_updates",
+    "training_memory", "matmul_speed", "loss_curves", "default_device", "permutation_batch",
+]
+
+
+def default_device() -> torch.device:
+    """The first GPU if there is one, else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _formats(formats: Sequence[str]) -> list[str]:
+    if isinstance(formats, str):
+        formats = [formats]
+    for f in formats:
+        P.bit_layout(f)  # validates, names the valid choices
+    return list(formats)
+
+
+# --------------------------------------------------------------------------------------------
+# formats
+# --------------------------------------------------------------------------------------------
+def format_table(formats: Sequence[str] = tuple(P.FORMATS)) -> pd.DataFrame:
+    """One row per format: bits, exponent/mantissa split, range and precision (from torch.finfo)."""
+    rows = [P.bit_layout(f).as_dict() for f in _formats(formats)]
+    return pd.DataFrame(rows).drop(columns=["dtype"]).set_index("name")
+
+
+def rounding_table(values: Sequence[float], formats: Sequence[str] = ("fp32", "bf16", "fp16")) -> pd.DataFrame:
+    """Each value stored in each format: the stored value, its bits, the relative error, and
+    whether it underflowed to 0 or overflowed to inf."""
+    rows = []
+    for v in values:
+        for f in _formats(formats):
+            stored = P.round_trip(float(v), f)
+            rows.append({
+                "value": float(v), "format": f, "stored": stored, "bits": P.bit_string(v, f),
+                "rel_error": abs(stored - v) / abs(v) if v != 0 and math.isfinite(stored) else float("nan"),
+                "underflow": v != 0 and stored == 0.0,
+                "overflow": math.isinf(stored) and math.isfinite(v),
+            })
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# one model; the learnable task is course_lib.data.permutation_batch (re-exported here)
+# --------------------------------------------------------------------------------------------
+def _model(config: GPTConfig, seed: int, device) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(config).to(device)
+
+
+# --------------------------------------------------------------------------------------------
+# gradients: what fp16 would flush to zero
+# --------------------------------------------------------------------------------------------
+def gradient_histogram(*, config: GPTConfig | None = None, batch: int = 8, seq: int = 64,
+                       seed: int = 0) -> torch.Tensor:
+    """All activation gradients (the ``grad_output`` of every Linear) of one fp32 backward of
+    the tiny GPT, as one flat fp32 tensor of their absolute values (zeros removed)."""
+    config = config or GPTConfig.tiny()
+    model = _model(config, seed, "cpu")
+    gen = torch.Generator().manual_seed(seed)
+    idx, tgt = permutation_batch(config, batch, seq, generator=gen)
+    grads: list[torch.Tensor] = []
+    hooks = [m.register_full_backward_hook(lambda mod, gin, gout: grads.append(gout[0].detach().abs().flatten()))
+             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        model.loss(idx, tgt).backward()
+    finally:
+        for h in hooks:
+            h.remove()
+    g = torch.cat(grads)
+    return g[g > 0]
+
+
+def underflow_fractions(abs_grads: torch.Tensor, scales: Sequence[float] = (1.0, 2.0**8, 2.0**16),
+                        formats: Sequence[str] = ("fp16", "bf16")) -> pd.DataFrame:
+    """Share of the gradient values that become 0 (underflow) or land below the smallest normal
+    (subnormal: fewer mantissa bits) when ``value * scale`` is stored in each format, and the
+    share that overflows to inf."""
+    if not isinstance(abs_grads, torch.Tensor) or abs_grads.numel() == 0:
+        raise ValueError("abs_grads must be a non-empty tensor of gradient magnitudes")
+    rows = []
+    for f in _formats(formats):
+        lay = P.bit_layout(f)
+        for s in scales:
+            if not s > 0:
+                raise ValueError(f"scales must be positive, got {s!r}")
+            stored = (abs_grads.double() * s).to(lay.dtype)
+            rows.append({
+                "format": f, "scale": float(s),
+                "zero": float((stored == 0).double().mean()),
+                "subnormal": float(((stored > 0) & (stored < lay.smallest_normal)).double().mean()),
+                "inf": float(torch.isinf(stored).double().mean()),
+            })
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# tiny updates: why master weights exist
+# --------------------------------------------------------------------------------------------
+def tiny_updates(*, weight: float = 1.0, update: float = 1e-3, steps: int = 100) -> pd.DataFrame:
+    """Add ``update`` to ``weight`` ``steps`` times, with the weight stored in fp32, bf16, fp16,
+    and in bf16 with an fp32 master copy (the master is updated, the bf16 weight re-cast from it).
+    Returns one row per recipe with the final weight, the exact answer and the relative error."""
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r} must be an int >= 1")
+    exact = weight + steps * update
+    rows = []
+    for name, store, master in (("fp32", torch.float32, False), ("bf16", torch.bfloat16, False),
+                                ("fp16", torch.float16, False), ("bf16 + fp32 master", torch.bfloat16, True)):
+        w = torch.tensor([weight], dtype=store)
+        m = torch.tensor([weight], dtype=torch.float32)
+        u = torch.tensor([update], dtype=torch.float32)
+        for _ in range(steps):
+            if master:
+                m += u
+                w = m.to(store)
+            else:
+                w += u.to(store)
+        final = float(w.float())
+        rows.append({"recipe": name, "final": final, "exact": exact,
+                     "rel_error": abs(final - exact) / abs(exact),
+                     "update/weight": update / weight,
+                     "eps/2 of storage": P.bit_layout({torch.float32: "fp32", torch.bfloat16: "bf16",
+                                                       torch.float16: "fp16"}[store]).eps / 2})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# memory of one training step, per recipe
+# --------------------------------------------------------------------------------------------
+def training_memory(modes: Sequence[str] = P.MODES, *, config: GPTConfig | None = None,
+                    batch: int = 8, seq: int = 64, seed: int = 0,
+                    device: torch.device | str | None = None) -> pd.DataFrame:
+    """One Adam training step of the tiny GPT per recipe, measured with MemoryMeter.
+
+    A first step creates the optimizer state; the second is measured. One row per (mode,
+    category) with ``measured`` and ``predicted`` bytes and their ``residual``:
+
+    * params / grads / optimizer: state alive at the end of the step vs
+      ``estimate.model_state_bytes(precision=mode, optimizer="adam")`` (whose ``master`` is
+      added to ``params``: autocast's fp32 parameters *are* the master weights);
+    * activations: the most activation bytes alive at any moment of MemoryMeter's timeline vs ``estimate.activation_bytes_gpt`` with
+      4-byte (fp32) or 2-byte (the other recipes) values;
+    * peak: the measured peak of the whole step (predicted: the sum of the rows above).
+    """
+    from course_lib.measure.memory import MemoryMeter
+
+    config = config or GPTConfig.tiny()
+    device = torch.device(device) if device is not None else default_device()
+    rows = []
+    for mode in modes:
+        P._mode(mode)
+        model = P.prepare(_model(config, seed, device), mode)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        scaler = P.make_scaler(mode, device)
+        gen = torch.Generator().manual_seed(seed)
+        idx, tgt = permutation_batch(config, batch, seq, generator=gen, device=device)
+
+        def loss_fn(m, idx=idx, tgt=tgt):
+            return m.loss(idx, tgt)
+
+        P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)  # creates the Adam state
+        with MemoryMeter(model, opt) as mem:
+            P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)
+        n = count_params(model)
+        pred = estimate.model_state_bytes(n, precision=mode, optimizer="adam",
+                                          n_param_tensors=len(list(model.parameters())))
+        act = estimate.activation_bytes_gpt(config, batch, seq, dtype_bytes=4 if mode == "fp32" else 2)
+        meas = {"params": mem.end_breakdown["params"], "grads": mem.end_breakdown["grads"],
+                "optimizer": mem.end_breakdown["optimizer"],
+                # the most activations alive at any recorded moment (end of forward, in general)
+                "activations": int(mem.timeline["activations"].max())}
+        predicted = {"params": pred["params"] + pred["master"], "grads": pred["grads"],
+                     "optimizer": pred["optimizer"], "activations": act}
+        predicted["peak"] = sum(predicted.values())
+        meas["peak"] = mem.peak_bytes
+        for cat in ("params", "grads", "optimizer", "activations", "peak"):
+            rows.append({"mode": mode, "category": cat, "measured": int(meas[cat]),
+                         "predicted": int(predicted[cat]),
+                         "residual": int(meas[cat]) - int(predicted[cat])})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# matmul speed per dtype
+# --------------------------------------------------------------------------------------------
+def matmul_speed(sizes: Sequence[int] = (256, 512), dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), *,
+                 warmup: int = 2, repeat: int = 5, device: torch.device | str | None = None,
+                 cpu_threads: int | None = 1) -> pd.DataFrame:
+    """Median time and throughput of an (n x n) @ (n x n) matmul per dtype (timed here; noisy on a
+    shared machine, never graded). FLOPs from ``estimate.matmul_flops``.
+
+    On the CPU the matmuls run on ``cpu_threads`` threads (default 1, restored afterwards): on a
+    small shared machine a multi-threaded kernel waits for its slowest thread, and a core busy
+    with another process makes every timing jump by a scheduler time slice. None keeps PyTorch's
+    setting."""
+    from course_lib.measure.timing import time_fn
+
+    device = torch.device(device) if device is not None else default_device()
+    if cpu_threads is not None and (isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int)
+                                    or cpu_threads < 1):
+        raise ValueError(f"cpu_threads={cpu_threads!r} must be None or an int >= 1")
+    saved_threads = torch.get_num_threads()
+    if device.type == "cpu" and cpu_threads is not None:
+        torch.set_num_threads(cpu_threads)
+    try:
+        return _matmul_rows(sizes, dtypes, warmup, repeat, device, time_fn)
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _matmul_rows(sizes, dtypes, warmup, repeat, device, time_fn) -> pd.DataFrame:
+    rows = []
+    for n in sizes:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"sizes must hold positive ints, got {n!r}")
+        for f in _formats(dtypes):
+            dt = P.FORMATS[f]
+            if dt.itemsize == 1:
+                raise ValueError(f"dtypes={f!r}: fp8 matmul needs torch._scaled_mm on a GPU "
+                                 "with fp8 support; valid choices here: fp32, bf16, fp16")
+            a = torch.randn(n, n, device=device).to(dt)
+            b = torch.randn(n, n, device=device).to(dt)
+            res = time_fn(lambda a=a, b=b: torch.mm(a, b), warmup=warmup, repeat=repeat)
+            flops = estimate.matmul_flops(n, n, n)
+            rows.append({"n": n, "dtype": f, "median_s": res.median_s, "p10_s": res.p10_s, "p90_s": res.p90_s,
+                         "gflops": flops / res.median_s / 1e9})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# loss curves per recipe
+# --------------------------------------------------------------------------------------------
+def loss_curves(modes: Sequence[str] = P.MODES, *, steps: int = 30, config: GPTConfig | None = None,
+                batch: int = 8, seq: int = 16, lr: float = 1e-2, seed: int = 0,
+                init_scale: float = 2.0**16, growth_interval: int = 2000,
+                device: torch.device | str | None = None) -> pd.DataFrame:
+    """Train the tiny GPT on the permutation task (:func:`course_lib.data.permutation_batch`) for
+    ``steps`` Adam steps in each recipe (same seed, same batches). Rows: mode, step, loss, skipped (fp16 loss scaling found inf/NaN), scale,
+    seconds (wall time of that training step, synchronized on CUDA: timed here, noisy, never graded).
+    ``init_scale`` and ``growth_interval`` go to ``torch.amp.GradScaler`` for fp16-mixed."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r} must be an int >= 1")
+    config = config or GPTConfig.tiny()
+    device = torch.device(device) if device is not None else default_device()
+    rows = []
+    for mode in modes:
+        P._mode(mode)
+        model = P.prepare(_model(config, seed, device), mode)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        scaler = P.make_scaler(mode, device, init_scale=init_scale, growth_interval=growth_interval)
+        gen = torch.Generator().manual_seed(seed + 1)
+        for step in range(steps):
+            idx, tgt = permutation_batch(config, batch, seq, generator=gen, device=device)
+            t0 = time.perf_counter()
+            r = P.train_step(model, opt, lambda m, idx=idx, tgt=tgt: m.loss(idx, tgt), mode=mode, scaler=scaler)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            rows.append({"mode": mode, "step": step, "loss": r.loss, "skipped": r.skipped,
+                         "scale": r.scale, "seconds": time.perf_counter() - t0})
+    return pd.DataFrame(rows)
+

@@ -1,0 +1,676 @@
+"""Interconnects and communication backends, measured.
+
+Introduced in notebooks/13_interconnects_and_backends.ipynb. What this module measures or
+predicts, each returned as plain data (dicts, tidy pandas DataFrames); plots live in
+``course_lib.units.u13_interconnects_and_backends.plots``:
+
+- :func:`backend_report`: which torch.distributed backends this build has (gloo, NCCL) and GPUs;
+- :func:`memcpy_bandwidth`: one thread copying memory, the ceiling for ranks on one host;
+- :func:`collective_sweep`: all-reduce / all-gather / reduce-scatter timed over message sizes and
+  world sizes on real ranks, reported in the nccl-tests convention (algbw, busbw);
+- :func:`fit_sweep` / :func:`sweep_residuals`: the alpha-beta model fitted to that sweep;
+- :func:`link_table` / :func:`gradient_allreduce_table`: published link speeds turned into
+  predicted gradient all-reduce times (formulas in ``course_lib.measure.estimate``);
+- :func:`hierarchical_allreduce_time`: intra-node + inter-node all-reduce, same model
+  (``estimate.hierarchical_allreduce_breakdown``);
+- :func:`topology_report`: ``nvidia-smi topo -m`` when there is one;
+- :func:`ddp_bucket_sweep`: DDP's ``bucket_cap_mb`` swept with the buckets counted by a comm hook
+  and a per-rank timeline of backward computation and bucket all-reduces.
+
+Conventions (nccl-tests, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
+``size_bytes`` is the full buffer: the all-reduce tensor, the all-gather *output*, the
+reduce-scatter *input*. ``algbw = size / time`` and ``busbw = algbw x 2(n-1)/n`` for all-reduce,
+``x (n-1)/n`` for all-gather and reduce-scatter; GB/s means 1e9 bytes per second.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import shutil
+import statistics
+import subprocess
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from course_lib.measure import estimate
+
+__all__ = [
+    "SWEEP_COLLECTIVES",
+    "SweepConfig",
+    "backend_report",
+    "memcpy_bandwidth",
+    "sweep_sizes",
+    "collective_sweep",
+    "fit_sweep",
+    "sweep_residuals",
+    "link_table",
+    "gradient_allreduce_table",
+    "hierarchical_allreduce_time",
+    "topology_report",
+    "TOPO_EXAMPLE",
+    "BucketSweep",
+    "ddp_bucket_sweep",
+]
+
+#: the collectives :func:`collective_sweep` times (the three that data/ZeRO parallelism uses)
+SWEEP_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _int_at_least(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < low:
+        raise ValueError(f"{name}={value} must be >= {low}")
+    return value
+
+
+def _positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+    if not value > 0:
+        raise ValueError(f"{name}={value!r} must be > 0")
+    return value
+
+
+def _clock() -> float:
+    """Seconds for durations measured inside one process (perf_counter, the finest clock)."""
+    return time.perf_counter()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------------------------
+# what this machine has
+# --------------------------------------------------------------------------------------------
+def backend_report() -> dict:
+    """Which communication backends and devices a run here can use.
+
+    Keys: ``gloo``, ``nccl`` (``torch.distributed.is_*_available()``), ``cuda_devices``
+    (``torch.cuda.device_count()``), ``multi_rank_backend`` (what ``course_lib.launch`` picks for 2
+    ranks: NCCL only with one GPU per rank), ``both_on_gpus`` (True where the sweep can run on both
+    gloo and NCCL: NCCL available and at least 2 GPUs).
+    """
+    from course_lib.runtime.device import resolve_backend
+
+    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nccl = dist.is_available() and dist.is_nccl_available()
+    return {
+        "gloo": dist.is_available() and dist.is_gloo_available(),
+        "nccl": nccl,
+        "cuda_devices": n_gpus,
+        "multi_rank_backend": resolve_backend("auto", 2),
+        "both_on_gpus": bool(nccl and n_gpus >= 2),
+    }
+
+
+def memcpy_bandwidth(size_bytes: int = 64 * estimate.MiB, *, warmup: int = 1,
+                     repeat: int = 5) -> dict:
+    """Single-thread memory-copy bandwidth of this host: the ceiling for ranks on one host.
+
+    Two processes on one machine exchange data through memory (gloo: TCP over loopback, i.e. the
+    kernel copies every byte at least twice), so no collective between them can move bytes faster
+    than one core copies them. Copies ``size_bytes`` with ``dst.copy_(src)`` on one intra-op thread
+    and returns ``{"size_bytes", "time_s" (median), "time_min_s", "time_max_s", "GBps"}`` where
+    GBps = bytes copied / median time / 1e9 (the memory traffic is twice that: read + write).
+    """
+    size = _int_at_least("size_bytes", size_bytes, 1)
+    warmup = _int_at_least("warmup", warmup, 0)
+    repeat = _int_at_least("repeat", repeat, 1)
+    from course_lib.measure.timing import time_fn
+
+    n = max(1, size // 4)
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread, as each gloo rank's transport copies with one
+    try:
+        r = time_fn(lambda: dst.copy_(src), warmup=warmup, repeat=repeat, sync=False)
+    finally:
+        torch.set_num_threads(threads)
+    return {"size_bytes": 4 * n, "time_s": r.median_s, "time_min_s": r.min_s,
+            "time_max_s": r.max_s, "GBps": 4 * n / r.median_s / 1e9}
+
+
+# --------------------------------------------------------------------------------------------
+# the bandwidth sweep
+# --------------------------------------------------------------------------------------------
+def sweep_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
+    """Message sizes min_bytes, min_bytes*factor, ... up to max_bytes (inclusive), in bytes."""
+    lo = _int_at_least("min_bytes", min_bytes, 1)
+    hi = _int_at_least("max_bytes", max_bytes, 1)
+    f = _int_at_least("factor", factor, 1)
+    if hi < lo:
+        raise ValueError(f"max_bytes={hi} must be >= min_bytes={lo}")
+    if f < 2:
+        raise ValueError(f"factor={f} must be >= 2")
+    sizes = [lo]
+    while sizes[-1] * f <= hi:
+        sizes.append(sizes[-1] * f)
+    return sizes
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What :func:`collective_sweep` measures. The default is small enough for a 2-core laptop
+    (a few seconds per world size); :meth:`full` is the nccl-tests-like sweep for real hardware."""
+
+    collectives: tuple[str, ...] = SWEEP_COLLECTIVES
+    """which collectives, a subset of SWEEP_COLLECTIVES"""
+    world_sizes: tuple[int, ...] = (2, 4)
+    """numbers of ranks; one launch per world size and collective"""
+    min_bytes: int = estimate.KiB
+    """smallest message (full buffer, see the module docstring), bytes"""
+    max_bytes: int = 16 * estimate.MiB
+    """largest message, bytes"""
+    factor: int = 4
+    """ratio between consecutive sizes"""
+    warmup: int = 2
+    """untimed iterations per size (connection setup, first-touch allocation)"""
+    repeat: int = 5
+    """timed iterations per size; the median is reported"""
+    dtype: str = "float32"
+    """element type of the buffers: float32, bfloat16 or float16"""
+    backend: str = "auto"
+    """'auto' (NCCL with one GPU per rank, else gloo), 'gloo' or 'nccl'"""
+    timeout: float = 120.0
+    """seconds before a launch is declared hung"""
+
+    def __post_init__(self):
+        object.__setattr__(self, "collectives", tuple(self.collectives))
+        object.__setattr__(self, "world_sizes", tuple(self.world_sizes))
+        if not self.collectives:
+            raise ValueError(f"collectives must not be empty; valid choices: {SWEEP_COLLECTIVES}")
+        for c in self.collectives:
+            if c not in SWEEP_COLLECTIVES:
+                raise ValueError(f"collectives contains {c!r}; valid choices: {SWEEP_COLLECTIVES}")
+        if not self.world_sizes:
+            raise ValueError("world_sizes must not be empty, e.g. (2, 4)")
+        for w in self.world_sizes:
+            if isinstance(w, bool) or not isinstance(w, int) or w < 2:
+                raise ValueError(f"world_sizes contains {w!r}; each must be an int >= 2")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is not supported; valid choices: {tuple(_DTYPES)}")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(f"backend={self.backend!r}; valid choices: 'auto', 'gloo', 'nccl'")
+        _int_at_least("warmup", self.warmup, 0)
+        _int_at_least("repeat", self.repeat, 1)
+        _positive("timeout", self.timeout)
+        self.sizes()  # validates min_bytes, max_bytes, factor
+
+    def sizes(self) -> list[int]:
+        """The message sizes of the sweep, bytes."""
+        return sweep_sizes(self.min_bytes, self.max_bytes, self.factor)
+
+    @classmethod
+    def full(cls, **overrides) -> SweepConfig:
+        """1 KiB to 256 MiB in factors of 2, 20 timed iterations: for a real multi-GPU node."""
+        kw = dict(min_bytes=estimate.KiB, max_bytes=256 * estimate.MiB, factor=2, warmup=5,
+                  repeat=20, timeout=600.0)
+        kw.update(overrides)
+        return cls(**kw)
+
+
+def _collective_op(collective: str, full: torch.Tensor, shard: torch.Tensor):
+    """A zero-argument callable running one collective on preallocated buffers.
+    all_gather: shard (S/n) -> full (S); reduce_scatter: full (S) -> shard (S/n)."""
+    if collective == "all_reduce":
+        return lambda: dist.all_reduce(full)
+    # torch >= 2.11 names them *_single; older releases *_into_tensor / *_tensor (same semantics)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    if collective == "all_gather":
+        return lambda: gather(full, shard)
+    return lambda: scatter(shard, full)
+
+
+def _check_collective(collective: str, full: torch.Tensor, shard: torch.Tensor,
+                      rank: int, world_size: int) -> None:
+    """Run the collective once on known values and check the answer: a sweep that times a
+    collective computing the wrong thing would be worse than no sweep."""
+    full.fill_(rank + 1)
+    shard.fill_(rank + 1)
+    _collective_op(collective, full, shard)()
+    n = full.numel() // world_size
+    if collective == "all_reduce":
+        ok = bool((full == world_size * (world_size + 1) / 2).all())
+    elif collective == "all_gather":  # rank r's shard lands at [r n, (r+1) n)
+        expected = torch.arange(1, world_size + 1, device=full.device).repeat_interleave(n)
+        ok = bool((full == expected.to(full.dtype)).all())
+    else:
+        ok = bool((shard == world_size * (world_size + 1) / 2).all())
+    if not ok:
+        raise RuntimeError(f"rank {rank}: {collective} returned wrong values on "
+                           f"{dist.get_backend()}; the sweep would time a broken collective")
+
+
+def _sweep_worker(rank: int, world_size: int, collective: str, sizes: list[int], warmup: int,
+                  repeat: int, dtype: str) -> list[dict] | None:
+    """Time one collective at every size on this rank; rank 0 returns the records.
+
+    Each iteration starts after a barrier, so all ranks enter together; its time is the slowest
+    rank's (MAX over ranks: the collective is done when the last rank is done), and the reported
+    time is the median over ``repeat`` iterations.
+    """
+    from course_lib.runtime.device import rank_device
+
+    device = rank_device()
+    torch_dtype = _DTYPES[dtype]
+    itemsize = torch.tensor([], dtype=torch_dtype).element_size()
+    records = []
+    for i, size in enumerate(sizes):
+        numel = max(world_size, size // itemsize // world_size * world_size)  # divisible by n
+        full = torch.empty(numel, dtype=torch_dtype, device=device)
+        shard = torch.empty(numel // world_size, dtype=torch_dtype, device=device)
+        if i == 0:
+            _check_collective(collective, full, shard, rank, world_size)
+        op = _collective_op(collective, full, shard)
+        times = []
+        for it in range(warmup + repeat):
+            dist.barrier()
+            _sync(device)
+            t0 = _clock()
+            op()
+            _sync(device)
+            if it >= warmup:
+                times.append(_clock() - t0)
+        t = torch.tensor(times, dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # after timing: does not disturb it
+        t = sorted(t.cpu().tolist())
+        records.append({"size_bytes": numel * itemsize, "time_s": statistics.median(t),
+                        "time_min_s": t[0], "time_max_s": t[-1]})
+    return records if rank == 0 else None
+
+
+def collective_sweep(config: SweepConfig | None = None, *, progress: bool = True) -> pd.DataFrame:
+    """Time every collective of ``config`` at every size and world size on real ranks.
+
+    One :func:`course_lib.launch` per (world size, collective) so the tqdm bar moves. Returns a
+    tidy DataFrame, one row per (collective, world_size, size_bytes), columns: backend,
+    collective, world_size, size_bytes, time_s (median of the slowest rank), time_min_s,
+    time_max_s, repeat, algbw_GBps, busbw_GBps (estimate.busbw).
+    """
+    from tqdm.auto import tqdm
+
+    from course_lib.runtime.device import resolve_backend
+    from course_lib.runtime.launch import launch
+
+    config = SweepConfig() if config is None else config
+    if not isinstance(config, SweepConfig):
+        raise TypeError(f"config must be a SweepConfig, got {type(config).__name__}")
+    sizes = config.sizes()
+    jobs = [(w, c) for w in config.world_sizes for c in config.collectives]
+    rows = []
+    bar = tqdm(jobs, desc="collective sweep", disable=not progress, leave=False)
+    for world_size, collective in bar:
+        backend = resolve_backend(config.backend, world_size)
+        bar.set_postfix_str(f"{collective}, {world_size} ranks, {backend}")
+        results = launch(_sweep_worker, world_size, collective, sizes, config.warmup,
+                         config.repeat, config.dtype, backend=backend, timeout=config.timeout)
+        for rec in results[0]:
+            alg = estimate.algbw(rec["size_bytes"], rec["time_s"]) / 1e9
+            rows.append({"backend": backend, "collective": collective, "world_size": world_size,
+                         **rec, "repeat": config.repeat, "algbw_GBps": alg,
+                         "busbw_GBps": estimate.busbw(alg, collective, world_size)})
+    return pd.DataFrame(rows)
+
+
+_SWEEP_COLUMNS = ("collective", "world_size", "size_bytes", "time_s")
+
+
+def _check_sweep_frame(df: pd.DataFrame, name: str = "df") -> None:
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"{name} must be a pandas DataFrame from collective_sweep, got "
+                        f"{type(df).__name__}")
+    missing = [c for c in _SWEEP_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{name} lacks columns {missing}; expected at least {_SWEEP_COLUMNS}")
+
+
+def fit_sweep(df: pd.DataFrame) -> pd.DataFrame:
+    """Fit T = alpha + beta * S (estimate.fit_alpha_beta, least squares) per collective and
+    world size. Columns: collective, world_size, alpha_s, beta_s_per_byte, algbw_fit_GBps
+    (1/beta / 1e9) and busbw_fit_GBps (what the link would have to carry); both NaN when
+    beta <= 0, i.e. the times did not grow with size (a range too small for the noise).
+
+    The fit minimises the *relative* error (``relative=True``): in plain seconds the largest
+    messages would decide everything and alpha, microseconds beside milliseconds, would be
+    whatever is left at S = 0 (often negative). Read it with the residual table beside it.
+    """
+    _check_sweep_frame(df)
+    rows = []
+    keys = [k for k in ("backend", "collective", "world_size") if k in df.columns]
+    for key, g in df.groupby(keys, sort=False):
+        key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        alpha, beta = estimate.fit_alpha_beta(g["size_bytes"].tolist(), g["time_s"].tolist(),
+                                              relative=True)
+        # beta <= 0: the times do not grow with size (sizes too small for the noise): no bandwidth
+        alg = (1.0 / beta / 1e9) if beta > 0 else math.nan
+        rows.append({**key, "alpha_s": alpha, "beta_s_per_byte": beta, "algbw_fit_GBps": alg,
+                     "busbw_fit_GBps": estimate.busbw(alg, key["collective"], key["world_size"])
+                     if beta > 0 else math.nan})
+    return pd.DataFrame(rows)
+
+
+def sweep_residuals(df: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
+    """Measured beside predicted (alpha + beta S from ``fits``) for every row of the sweep:
+    adds predicted_s, residual_s (measured - predicted) and residual_pct (of measured)."""
+    _check_sweep_frame(df)
+    keys = [k for k in ("backend", "collective", "world_size") if k in df.columns and k in fits]
+    out = df.merge(fits[[*keys, "alpha_s", "beta_s_per_byte"]], on=keys, how="left")
+    out["predicted_s"] = out["alpha_s"] + out["beta_s_per_byte"] * out["size_bytes"]
+    out["residual_s"] = out["time_s"] - out["predicted_s"]
+    out["residual_pct"] = 100.0 * out["residual_s"] / out["time_s"]
+    return out.drop(columns=["alpha_s", "beta_s_per_byte"])
+
+
+# --------------------------------------------------------------------------------------------
+# published links -> predicted times
+# --------------------------------------------------------------------------------------------
+def link_table() -> pd.DataFrame:
+    """estimate.LINK_SPEEDS as one table: name, kind, GBps (headline), per_direction_GBps,
+    note, source."""
+    return pd.DataFrame([{"link": k.name, "kind": k.kind, "GBps": k.GBps,
+                          "per_direction_GBps": k.per_direction_GBps, "note": k.note,
+                          "source": k.source} for k in estimate.LINK_SPEEDS.values()])
+
+
+def gradient_allreduce_table(n_params: Sequence[float] = (1e9, 7e9), *, dtype: str = "bf16",
+                             world_size: int = 8) -> pd.DataFrame:
+    """Predicted ring all-reduce time of one step's gradients on every link of LINK_SPEEDS.
+
+    One row per (model, link): n_params, grad_bytes (n_params x dtype bytes), link, GBps,
+    time_s at the headline figure and time_per_direction_s at the per-direction figure
+    (estimate.allreduce_time_on_link, no latency term). E.g. 1e9 bf16 gradients = 2 GB over 8
+    ranks: ~3.9 ms at 900 GB/s, ~70 ms at 50 GB/s.
+    """
+    width = estimate.dtype_bytes(dtype)
+    rows = []
+    for n in n_params:
+        if isinstance(n, float) and n.is_integer():
+            n = int(n)  # papers write 7e9
+        grad_bytes = _int_at_least("n_params", n, 1) * width
+        for link in estimate.LINK_SPEEDS.values():
+            rows.append({
+                "n_params": int(n), "grad_bytes": grad_bytes, "link": link.name,
+                "GBps": link.GBps,
+                "time_s": estimate.allreduce_time_on_link(grad_bytes, world_size, link.GBps),
+                "time_per_direction_s": estimate.allreduce_time_on_link(
+                    grad_bytes, world_size, link.per_direction_GBps),
+            })
+    return pd.DataFrame(rows)
+
+
+def hierarchical_allreduce_time(size_bytes: float, *, nodes: int, gpus_per_node: int,
+                                intra_GBps: float, inter_GBps: float, alpha_intra: float = 0.0,
+                                alpha_inter: float = 0.0) -> dict:
+    """Alpha-beta estimate of a two-level all-reduce against flat rings over every GPU.
+
+    N = ``nodes`` nodes of G = ``gpus_per_node`` GPUs, ``intra_GBps`` per direction inside a node,
+    one NIC of ``inter_GBps`` per GPU; bandwidths in GB/s (1e9 B/s), alphas in seconds. The
+    formula (reduce-scatter in the node, all-reduce of the S/G shards across nodes, all-gather in
+    the node; flat: G rings of S/G over all N*G GPUs) and its sources are in
+    ``estimate.hierarchical_allreduce_breakdown``, which this calls. Returns its dict:
+    reduce_scatter_intra_s, allreduce_inter_s, all_gather_intra_s, hierarchical_s and
+    flat_rings_s, in seconds.
+    """
+    return estimate.hierarchical_allreduce_breakdown(
+        _positive("size_bytes", size_bytes), nodes=_int_at_least("nodes", nodes, 1),
+        gpus_per_node=_int_at_least("gpus_per_node", gpus_per_node, 1),
+        intra_GBps=_positive("intra_GBps", intra_GBps),
+        inter_GBps=_positive("inter_GBps", inter_GBps),
+        alpha_intra=alpha_intra, alpha_inter=alpha_inter)
+
+
+# --------------------------------------------------------------------------------------------
+# topology
+# --------------------------------------------------------------------------------------------
+#: An example in the format ``nvidia-smi topo -m`` prints, for an 8-GPU node whose GPUs all reach
+#: each other through NVSwitch (18 bonded NVLinks each, as on an H100 SXM node) and one NIC per
+#: GPU pair; the legend is the one nvidia-smi prints. Shown, labelled as an example, where no
+#: nvidia-smi exists.
+TOPO_EXAMPLE = """\
+        GPU0  GPU1  GPU2  GPU3  GPU4  GPU5  GPU6  GPU7  NIC0  NIC1  NIC2  NIC3  CPU Affinity  NUMA Affinity
+GPU0     X    NV18  NV18  NV18  NV18  NV18  NV18  NV18  PXB   NODE  SYS   SYS   0-55          0
+GPU1    NV18   X    NV18  NV18  NV18  NV18  NV18  NV18  PXB   NODE  SYS   SYS   0-55          0
+GPU2    NV18  NV18   X    NV18  NV18  NV18  NV18  NV18  NODE  PXB   SYS   SYS   0-55          0
+GPU3    NV18  NV18  NV18   X    NV18  NV18  NV18  NV18  NODE  PXB   SYS   SYS   0-55          0
+GPU4    NV18  NV18  NV18  NV18   X    NV18  NV18  NV18  SYS   SYS   PXB   NODE  56-111        1
+GPU5    NV18  NV18  NV18  NV18  NV18   X    NV18  NV18  SYS   SYS   PXB   NODE  56-111        1
+GPU6    NV18  NV18  NV18  NV18  NV18  NV18   X    NV18  SYS   SYS   NODE  PXB   56-111        1
+GPU7    NV18  NV18  NV18  NV18  NV18  NV18  NV18   X    SYS   SYS   NODE  PXB   56-111        1
+
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+
+
+def topology_report(*, timeout: float = 10.0) -> dict:
+    """``nvidia-smi topo -m`` of this machine when nvidia-smi exists and answers, else the
+    labelled :data:`TOPO_EXAMPLE`. Returns ``{"measured": bool, "source": str, "text": str}``."""
+    exe = shutil.which("nvidia-smi")
+    if exe is not None:
+        try:
+            out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True,
+                                 timeout=_positive("timeout", timeout), check=False)
+            if out.returncode == 0 and out.stdout.strip():
+                return {"measured": True, "source": f"{exe} topo -m", "text": out.stdout}
+            reason = (out.stderr or out.stdout).strip().splitlines()[:1] or ["no output"]
+            reason = f"nvidia-smi topo -m failed ({reason[0]})"
+        except subprocess.TimeoutExpired:
+            reason = f"nvidia-smi topo -m did not answer within {timeout} s"
+    else:
+        reason = "no nvidia-smi on this machine"
+    return {"measured": False, "text": TOPO_EXAMPLE,
+            "source": f"{reason}; EXAMPLE of the format for an 8-GPU NVSwitch node, not this machine"}
+
+
+# --------------------------------------------------------------------------------------------
+# DDP buckets: how many, how big, and when they are all-reduced
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BucketSweep:
+    """Result of :func:`ddp_bucket_sweep`.
+
+    ``summary``: one row per bucket_cap_mb: n_buckets (comm-hook calls per step),
+    bucket_bytes (tuple, in the order they were reduced), logged_bucket_bytes (from DDP's
+    ``_get_ddp_logging_data()['rebuilt_bucket_sizes']`` or ``['bucket_sizes']``), grad_bytes,
+    step_time_s (forward + backward with DDP, median over steps of the slowest rank),
+    local_step_time_s (the same step on the bare model, no communication; so
+    step_time_s - local_step_time_s is what DDP's communication adds), backward_time_s (median,
+    rank 0),
+    grad_max_abs_err (rank 0's DDP gradient against the mean of every rank's gradient computed
+    on one process: checks that the timed comm hook reduces correctly).
+    ``events``: the per-rank timeline of the last measured step of every cap, recorded with
+    ``measure.timing.EventLog`` and merged with ``merge_event_logs``: rank, name, start, end,
+    duration (seconds on the host's shared monotonic clock, 0 = the first event of that step on
+    any rank), lane ('compute': one layer's backward; 'comm': one bucket's all-reduce), bytes
+    (buckets only), bucket_cap_mb.
+    """
+
+    summary: pd.DataFrame
+    events: pd.DataFrame = field(repr=False)
+
+
+def _mlp(width: int, depth: int) -> torch.nn.Module:
+    """``depth`` Linear(width, width) layers with ReLU between them (course_lib.models.MLP)."""
+    from course_lib.models import MLP, MLPConfig
+
+    return MLP(MLPConfig(in_features=width, hidden=(width,) * (depth - 1), out_features=width))
+
+
+class _StepRecorder:
+    """The timeline of one DDP step on one rank, recorded with measure.timing.EventLog.
+
+    ``comm_hook`` is DDP's default hook (allreduce_hook: all-reduce the bucket, divide by the
+    world size) with a stopwatch: a bucket's span starts when DDP hands it over and ends in the
+    future's callback, when the all-reduce is done. A layer's backward span starts when its output
+    gradient arrives (module backward pre-hook) and ends when its last parameter gradient is
+    accumulated, the moment DDP's own autograd hook marks it ready. (A full backward hook would
+    misfire on layer 0, whose input needs no gradient.)
+    """
+
+    def __init__(self, rank: int, world_size: int, layers) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.n_params = {}
+        for i, layer in enumerate(layers):
+            params = list(layer.parameters())
+            self.n_params[i] = len(params)
+            layer.register_full_backward_pre_hook(functools.partial(self._layer_start, i))
+            for p in params:
+                p.register_post_accumulate_grad_hook(functools.partial(self._layer_end, i))
+        self.new_step()
+
+    def new_step(self) -> None:
+        from course_lib.measure.timing import EventLog
+
+        self.log = EventLog(self.rank)
+        self.calls: list[int] = []  # bytes of each bucket, in the order DDP handed them over
+        self._started: dict[int, int] = {}
+        self._remaining: dict[int, int] = {}
+
+    def _layer_start(self, i: int, module, grad_output) -> None:
+        self._started[i], self._remaining[i] = self.log.now_ns(), self.n_params[i]
+
+    def _layer_end(self, i: int, param) -> None:
+        self._remaining[i] -= 1
+        if self._remaining[i] == 0:  # weight and bias both accumulated
+            self.log.add(f"backward L{i}", self._started[i], self.log.now_ns(), lane="compute")
+
+    def comm_hook(self, state, bucket):
+        buf = bucket.buffer()
+        log, nbytes, index = self.log, buf.numel() * buf.element_size(), bucket.index()
+        start = log.now_ns()
+        self.calls.append(nbytes)
+        fut = dist.all_reduce(buf, async_op=True).get_future()
+
+        def done(f):  # runs when the all-reduce completes (gloo: on its worker thread)
+            log.add(f"bucket {index}", start, log.now_ns(), lane="comm", bytes=nbytes)
+            return f.value()[0].div_(self.world_size)
+        return fut.then(done)
+
+
+def _bucket_worker(rank: int, world_size: int, caps_mb: list[float], width: int, depth: int,
+                   batch: int, warmup: int, steps: int) -> dict:
+    """Build a fresh DDP model per cap; count buckets with a comm hook; log a timeline."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from course_lib.runtime.device import rank_device
+
+    device = rank_device()
+    # The module pre-hook of layer 0 fires although its input x needs no gradient, which is what
+    # we want (its output gradient has arrived); torch warns about that case, harmlessly here.
+    warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+    out = {"summary": [], "events": {}}
+    for cap in caps_mb:
+        torch.manual_seed(0)
+        model = _mlp(width, depth).to(device)
+        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        ddp = DDP(model, bucket_cap_mb=cap)
+        rec = _StepRecorder(rank, world_size, model.layers)
+        ddp.register_comm_hook(None, rec.comm_hook)
+
+        torch.manual_seed(1 + rank)  # each rank its own data, as in data parallelism
+        x = torch.randn(batch, width, device=device)  # (B, width)
+        # the same step without DDP (no communication), for the overhead DDP adds
+        local = []
+        for step in range(warmup + steps):
+            model.zero_grad(set_to_none=True)
+            dist.barrier()
+            _sync(device)
+            t0 = _clock()
+            model(x).square().mean().backward()
+            _sync(device)
+            if step >= warmup:
+                local.append(_clock() - t0)
+        step_times, bwd_times = [], []
+        for step in range(warmup + steps):
+            model.zero_grad(set_to_none=True)
+            rec.new_step()  # keeps only the last step's timeline
+            dist.barrier()
+            _sync(device)
+            t0 = _clock()
+            loss = ddp(x).square().mean()
+            t_bwd = _clock()
+            loss.backward()  # returns after DDP waited for every bucket's future
+            _sync(device)
+            t1 = _clock()
+            if step >= warmup:
+                step_times.append(t1 - t0)
+                bwd_times.append(t1 - t_bwd)
+        t = torch.tensor([step_times, local], dtype=torch.float64, device=device)  # (2, steps)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        t_ddp, t_local = t.cpu().tolist()
+        # parity: our timed hook must leave the gradient DDP's default hook leaves, the mean
+        # over ranks of each rank's gradient; recomputed here on one process from every x
+        ref = _mlp(width, depth).to(device)
+        ref.load_state_dict(model.state_dict())
+        for r in range(world_size):
+            torch.manual_seed(1 + r)
+            x_r = torch.randn(batch, width, device=device)  # (B, width): rank r's batch
+            (ref(x_r).square().mean() / world_size).backward()
+        grad_err = max(float((p.grad - q.grad).abs().max())
+                       for p, q in zip(model.parameters(), ref.parameters()))
+        logged = ddp._get_ddp_logging_data()  # private but stable since 1.9 (DDP's logger)
+        sizes = logged.get("rebuilt_bucket_sizes") or logged.get("bucket_sizes") or ""
+        out["summary"].append({
+            "bucket_cap_mb": cap, "n_buckets": len(rec.calls), "bucket_bytes": tuple(rec.calls),
+            "logged_bucket_bytes": tuple(int(s) for s in str(sizes).split(",") if s.strip()),
+            "grad_bytes": grad_bytes, "step_time_s": statistics.median(t_ddp),
+            "local_step_time_s": statistics.median(t_local),
+            "backward_time_s": statistics.median(bwd_times), "grad_max_abs_err": grad_err})
+        out["events"][cap] = rec.log.to_records()
+        dist.barrier()
+        del ddp
+    return out
+
+
+def ddp_bucket_sweep(bucket_caps_mb: Sequence[float] = (1, 2, 4, 25), *, world_size: int = 2,
+                     width: int = 512, depth: int = 8, batch: int = 64, warmup: int = 2,
+                     steps: int = 4, backend: str = "auto", timeout: float = 120.0) -> BucketSweep:
+    """DDP (torch.nn.parallel.DistributedDataParallel) over ``world_size`` ranks with
+    ``bucket_cap_mb`` swept, buckets counted by a comm hook (``register_comm_hook``) and checked
+    against DDP's own logging data, and a per-rank timeline of the last step.
+
+    The model is course_lib.models.MLP with ``depth`` Linear(width, width) layers: (width^2 +
+    width) x 4 bytes of fp32 gradient per layer. The first ``warmup`` steps are not timed: DDP rebuilds its buckets after
+    the first backward, in the order gradients became ready. Returns a :class:`BucketSweep`.
+    """
+    from course_lib.measure.timing import merge_event_logs
+    from course_lib.runtime.launch import launch
+
+    caps = [_positive("bucket_caps_mb[i]", c) for c in bucket_caps_mb]
+    if not caps:
+        raise ValueError("bucket_caps_mb must not be empty, e.g. (1, 2, 4, 25)")
+    for name, v in (("world_size", world_size), ("width", width), ("depth", depth),
+                    ("batch", batch), ("steps", steps)):
+        _int_at_least(name, v, 1)
+    if world_size < 2:
+        raise ValueError(f"world_size={world_size} must be >= 2 (DDP needs peers to reduce with)")
+    _int_at_least("warmup", warmup, 0)
+    # One launch for every cap: constructing the first DDP in a process imports torch._dynamo
+    # (seconds on a small machine), a cost a launch per cap would pay again and again.
+    res = launch(_bucket_worker, world_size, caps, width, depth, batch, warmup, steps,
+                 backend=backend, timeout=timeout)
+    frames = []
+    for cap in caps:  # one clock origin per cap: the earliest event of that step on any rank
+        ev = merge_event_logs([r["events"][cap] for r in res])
+        frames.append(ev.drop(columns=["meta"]).assign(bucket_cap_mb=cap))
+    events = pd.concat(frames, ignore_index=True)
+    return BucketSweep(pd.DataFrame(res[0]["summary"]), events)

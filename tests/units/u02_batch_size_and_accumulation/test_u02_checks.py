@@ -1,0 +1,158 @@
+"""Unit 02's graded checks: correct loops pass, each bug is named."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from course_lib.units.u02_batch_size_and_accumulation import checks as grading
+
+
+# ----------------------------------------------------------------------- learner variants
+def correct(model, optimizer, loss_fn, inputs, targets, micro_batches):
+    optimizer.zero_grad()
+    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        (loss_fn(model(x), y) / micro_batches).backward()
+    optimizer.step()
+
+
+def correct_zero_grad_after(model, optimizer, loss_fn, inputs, targets, micro_batches):
+    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        loss = loss_fn(model(x), y)
+        (loss / micro_batches).backward()
+    optimizer.step()
+    model.zero_grad()
+
+
+def bug_not_divided(model, optimizer, loss_fn, inputs, targets, micro_batches):
+    optimizer.zero_grad()
+    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        loss_fn(model(x), y).backward()
+    optimizer.step()
+
+
+def bug_zero_grad_inside(model, optimizer, loss_fn, inputs, targets, micro_batches):
+    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        optimizer.zero_grad()
+        (loss_fn(model(x), y) / micro_batches).backward()
+    optimizer.step()
+
+
+def bug_grads_set_to_none_by_hand(model, optimizer, loss_fn, inputs, targets, micro_batches):
+    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        for p in model.parameters():
+            p.grad = None  # the same bug without calling zero_grad
+        (loss_fn(model(x), y) / micro_batches).backward()
+    optimizer.step()
+
+
+def bug_never_zero_grad(model, optimizer, loss_fn, inputs, targets, micro_batches):
+    # right on a fresh model; on the next call the old gradients are added to the new ones
+    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        (loss_fn(model(x), y) / micro_batches).backward()
+    optimizer.step()
+
+
+def bug_step_every_micro_batch(model, optimizer, loss_fn, inputs, targets, micro_batches):
+    optimizer.zero_grad()
+    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        (loss_fn(model(x), y) / micro_batches).backward()
+        optimizer.step()
+
+
+def bug_one_backward_at_end(model, optimizer, loss_fn, inputs, targets, micro_batches):
+    optimizer.zero_grad()
+    total = sum(loss_fn(model(x), y) / micro_batches
+                for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))
+    total.backward()
+    optimizer.step()
+
+
+def bug_drops_last_micro_batch(model, optimizer, loss_fn, inputs, targets, micro_batches):
+    optimizer.zero_grad()
+    chunks = list(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))
+    for x, y in chunks[:-1] + chunks[:1]:  # right count, wrong data
+        (loss_fn(model(x), y) / micro_batches).backward()
+    optimizer.step()
+
+
+def stub(*args):
+    raise NotImplementedError("FILL ME IN (roughly 6 lines)")
+
+
+@pytest.mark.parametrize("fn", [correct, correct_zero_grad_after])
+def test_accumulation_check_passes_correct_loops(fn, capsys):
+    grading.check_accumulation_step(fn, task=3)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["✓ task 3: 2 accumulated steps in a row equal 2 full-batch steps on 2 unseen "
+                   "MLPs (float64, rtol=1e-09)"]
+
+
+@pytest.mark.parametrize("fn, pattern", [
+    (bug_not_divided, r"loss not divided by the number of micro-batches.*3x"),
+    (bug_zero_grad_inside, r"zero_grad inside the loop"),
+    (bug_grads_set_to_none_by_hand, r"zero_grad inside the loop: only the last micro-batch"),
+    (bug_step_every_micro_batch, r"optimizer.step\(\) ran 3 times: stepping every micro-batch"),
+    (bug_never_zero_grad, r"second call .*gradients never cleared"),
+    (bug_one_backward_at_end, r"backward must follow each micro-batch's forward"),
+    (bug_drops_last_micro_batch, r"parameter update differs from one full-batch step"),
+    (stub, r"not implemented yet"),
+])
+def test_accumulation_check_names_each_bug(fn, pattern):
+    with pytest.raises(AssertionError) as info:
+        grading.check_accumulation_step(fn, task=3)
+    msg = str(info.value)
+    assert msg.startswith("✗ task 3: "), msg
+    assert re.search(pattern, msg), msg
+
+
+def test_library_accumulation_step_passes_the_checker(capsys):
+    from course_lib.units.u02_batch_size_and_accumulation.run import accumulation_step
+
+    grading.check_accumulation_step(accumulation_step, task=3)
+    assert capsys.readouterr().out.startswith("✓ task 3:")
+
+
+def test_matmul_intensity_check():
+    from course_lib.measure import estimate
+
+    def right(m, n, k, b):
+        return 2 * m * n * k / (b * (m * k + k * n + m * n))
+
+    def half(m, n, k, b):
+        return m * n * k / (b * (m * k + k * n + m * n))
+
+    grading.check_matmul_intensity(right)
+    with pytest.raises(AssertionError, match=r"✗ task 1: .*a multiply-add is 2 FLOP"):
+        grading.check_matmul_intensity(half)
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        grading.check_matmul_intensity(stub)
+    # the reference really is estimate's formula
+    assert right(8, 16, 32, 2) == pytest.approx(estimate.matmul_arithmetic_intensity(8, 16, 32, dtype_bytes=2))
+
+
+def test_plan_accumulation_check(capsys):
+    def right(target, max_micro, ranks):
+        if target % ranks:
+            raise ValueError(f"target_batch={target} does not split over world_size={ranks}")
+        per_rank = target // ranks
+        micro = max(d for d in range(1, min(max_micro, per_rank) + 1) if per_rank % d == 0)
+        return micro, per_rank // micro
+
+    def ignores_ranks(target, max_micro, ranks):
+        micro = max(d for d in range(1, min(max_micro, target) + 1) if target % d == 0)
+        return micro, target // micro
+
+    def no_error(target, max_micro, ranks):
+        return right(target - target % ranks, max_micro, ranks)
+
+    grading.check_plan_accumulation(right)
+    assert capsys.readouterr().out.startswith("✓ task 2:")
+    with pytest.raises(AssertionError, match=r"x 4 = 2048, not the target 512"):
+        grading.check_plan_accumulation(ignores_ranks)
+    with pytest.raises(AssertionError, match=r"expected a ValueError"):
+        grading.check_plan_accumulation(no_error)
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        grading.check_plan_accumulation(stub)
+
+

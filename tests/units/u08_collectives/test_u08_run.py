@@ -1,0 +1,141 @@
+"""Unit 08 experiments: real ranks, results checked against the definitions and estimate."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from course_lib.measure import estimate
+from course_lib.units.u08_collectives import run as E
+
+FROM_SCRATCH = tuple(f"{a} (from scratch)" for a in E.ALGORITHMS)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, NaN (empty slot) matching NaN."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+@pytest.fixture(scope="module")
+def primitives4():
+    return E.run_primitives(E.COLLECTIVE_CHOICES, world_size=4)
+
+
+def test_every_primitive_on_four_ranks_matches_its_definition(primitives4):
+    assert list(primitives4) == list(E.COLLECTIVE_CHOICES)
+    for name, res in primitives4.items():
+        expected = E.expected_after(name, 4)
+        for rank in range(4):
+            assert _same(res["after"][rank], expected[rank]), (name, rank, res["after"][rank])
+    # before: every rank's input row is made of its own values (or is empty)
+    for rank, row in enumerate(primitives4["all_to_all"]["before"]):
+        assert row.tolist() == [10 * rank + c for c in range(4)]
+    assert primitives4["all_to_all"]["after"][1].tolist() == [1.0, 11.0, 21.0, 31.0]
+    assert primitives4["all_reduce"]["after"][0].tolist() == [60.0, 64.0, 68.0, 72.0]
+
+
+def test_from_scratch_bytes_in_the_explorer_equal_estimate(primitives4):
+    for name in FROM_SCRATCH:
+        table = E.bytes_table(name, primitives4[name], 4)
+        assert (table["bytes_sent (CommMeter)"] == table["bytes_sent (estimate)"]).all(), table
+    ring = E.bytes_table("ring (from scratch)", primitives4["ring (from scratch)"], 4)
+    assert ring["bytes_sent (CommMeter)"].tolist() == [24] * 4  # 2 * 3/4 * 16 B
+    # scatter/gather: the root's buffer is S = 16 B; the root scatters 3/4 S, non-roots gather S/4
+    assert E.estimated_bytes_sent("scatter", 4, 0) == 12 and E.estimated_bytes_sent("scatter", 4, 1) == 0
+    for name in E.PRIMITIVES:
+        table = E.bytes_table(name, primitives4[name], 4)
+        assert (table["bytes_sent (CommMeter)"] == table["bytes_sent (estimate)"]).all(), table
+
+
+def test_three_ranks_and_a_different_root():
+    res = E.run_primitives(["broadcast", "gather", "reduce"], world_size=3, root=2)
+    for name in res:
+        expected = E.expected_after(name, 3, root=2)
+        assert all(_same(a, e) for a, e in zip(res[name]["after"], expected)), name
+
+
+def test_bad_arguments_raise_before_launching():
+    with pytest.raises(ValueError, match="valid choices"):
+        E.run_primitives(["allreduce"])
+    with pytest.raises(ValueError, match="world_size=3"):
+        E.run_primitives(["recursive_doubling (from scratch)"], world_size=3)
+    with pytest.raises(ValueError, match="root"):
+        E.run_primitives(["broadcast"], world_size=2, root=2)
+    with pytest.raises(ValueError, match="multiple of world_size"):
+        E.measure_bytes(world_size=4, numel=1001)
+    with pytest.raises(ValueError, match="valid choices"):
+        E.time_all_reduce([1024], algorithms=["tree"])
+    with pytest.raises(TypeError, match="world_size"):
+        E.measure_bytes(world_size=2.0)
+
+
+def test_worked_example_mean_and_sgd_step():
+    df = E.worked_example()
+    assert df["grad"].tolist() == list(E.WORKED_EXAMPLE_GRADS)
+    means = df[[c for c in df.columns if c.startswith("mean via")]]
+    assert means.shape == (4, 4)
+    assert means.sub(0.10).abs().max().max() < 1e-15  # float64: 0.4 / 4 up to rounding
+    assert df["sgd step"].sub(-1e-4).abs().max() < 1e-18
+    assert df["new weight"].sub(0.9999).abs().max() < 1e-15
+
+
+def test_decompositions_agree_with_all_reduce_within_the_summation_bound():
+    df = E.all_reduce_decompositions(world_size=4, numel=1001)
+    assert len(df) == 4 * 9  # 4 ways to all-reduce, 3 more from-scratch all-reduces, RS and AG
+    assert (df["max abs difference"] <= df["summation bound"]).all(), df
+    gather = df[df["method"] == "ring all_gather (from scratch)"]
+    assert (gather["compared with"] == "dist.all_gather_into_tensor").all()
+    assert gather["bitwise equal"].all()  # a gather only copies: identical bits
+    # 3 ranks: no recursive doubling (power of two only), every other method still checked
+    assert set(E.all_reduce_decompositions(world_size=3, numel=7)["method"]) == set(df["method"]) - {
+        "recursive doubling (from scratch)"}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_measured_bytes_equal_estimate_exactly(world_size):
+    df = E.measure_bytes(world_size=world_size, numel=world_size * 256)
+    assert set(df.algorithm) == set(E.BYTE_EXPERIMENTS)
+    assert (df.residual == 0).all(), df
+    s = world_size * 256 * 4
+    ring = df[df.algorithm == "ring"]
+    assert (ring.bytes_sent == 2 * (world_size - 1) * s // world_size).all()
+    rb = df[df.algorithm == "reduce_broadcast"].set_index("rank").bytes_sent
+    assert rb[0] == (world_size - 1) * s and (rb.drop(0) == s).all()
+    naive = df[df.algorithm == "naive_ring"]
+    assert (naive.bytes_sent == (world_size - 1) * s).all()
+    composite = df[df.algorithm == "reduce_scatter+all_gather"]
+    assert (composite.bytes_sent.values == ring.bytes_sent.values).all()
+    assert (df.bytes_received[df.algorithm == "ring"] == ring.bytes_sent).all()
+
+
+def test_time_all_reduce_shape_and_positive_times():
+    df = E.time_all_reduce([1024, 4096], world_size=2, algorithms=["ring", "recursive_doubling", "gloo"],
+                           repeats=2, warmup=1, progress=False)
+    assert list(df.columns) == ["algorithm", "size_bytes", "median_s", "p25_s", "p75_s", "repeats"]
+    assert len(df) == 6 and (df.median_s > 0).all() and (df.p25_s <= df.p75_s).all()
+
+
+def _synthetic_times(alpha: float, beta: float, world_size: int, sizes) -> pd.DataFrame:
+    rows = []
+    for algorithm in ("ring", "recursive_doubling"):
+        for s in sizes:
+            t = estimate.allreduce_time(s, world_size, alpha=alpha, beta=beta, algorithm=algorithm)
+            rows.append({"algorithm": algorithm, "size_bytes": s, "median_s": t, "p25_s": t,
+                         "p75_s": t, "repeats": 1})
+    return pd.DataFrame(rows)
+
+
+def test_fit_recovers_alpha_beta_and_the_crossover_from_model_data():
+    alpha, beta, n = 50e-6, 1e-9, 4
+    times = _synthetic_times(alpha, beta, n, [2**k for k in range(8, 26, 2)])
+    a, b = E.fit_alpha_beta(times, n)
+    assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
+    cmp = E.compare_with_model(times, n, a, b)
+    assert cmp.ratio.sub(1).abs().max() < 1e-6
+    # on 4 ranks: 6 alpha + 1.5 S beta = 2 alpha + 2 S beta  <=>  S = 8 alpha / beta
+    assert E.model_crossover_bytes(n, alpha, beta) == pytest.approx(8 * alpha / beta, rel=1e-9)
+    assert E.measured_crossover_bytes(times) == 2**20  # first sampled size above 400 kB
+    # on 2 ranks the ring pays 2 alpha + S beta, recursive doubling alpha + S beta: never a crossover
+    assert E.model_crossover_bytes(2, alpha, beta) == math.inf
