@@ -1,0 +1,59 @@
+"""Units of bytes, formatting, and small helpers shared by the formula modules."""
+from __future__ import annotations
+
+import numbers
+from fractions import Fraction
+from typing import Mapping
+
+__all__ = ['KiB', 'MiB', 'GiB', 'GB', 'exact', 'fmt_bytes', 'breakdown_residual']
+
+KiB = 2**10
+MiB = 2**20
+GiB = 2**30
+GB = 10**9
+
+
+
+
+def exact(x: Fraction) -> int | float:
+    """An int when the fraction is whole, else a float."""
+    return int(x) if x.denominator == 1 else float(x)
+
+
+
+# --------------------------------------------------------------------------------------------
+# formatting
+# --------------------------------------------------------------------------------------------
+_UNITS = {"B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "TiB": 2**40,
+          "KB": 10**3, "MB": 10**6, "GB": GB, "TB": 10**12}
+
+
+def fmt_bytes(n: float, unit: str = "auto", *, digits: int = 2) -> str:
+    """Format a byte count with its unit: ``unit="auto"`` picks the largest binary unit
+    (KiB/MiB/GiB/TiB = powers of 1024) that keeps the number >= 1; or force one of
+    B, KiB, MiB, GiB, TiB (1024-based) or KB, MB, GB, TB (1000-based, as papers and vendors use).
+
+    >>> fmt_bytes(3 * 2**30)
+    '3.00 GiB'
+    >>> fmt_bytes(120e9, "GB", digits=1)
+    '120.0 GB'
+    """
+    if isinstance(n, bool) or not isinstance(n, numbers.Real):
+        raise TypeError(f"n must be a number of bytes, got {n!r} ({type(n).__name__})")
+    if unit == "auto":
+        unit = "B"
+        for name in ("KiB", "MiB", "GiB", "TiB"):
+            if abs(n) >= _UNITS[name]:
+                unit = name
+    if unit not in _UNITS:
+        raise ValueError(f"unit = {unit!r}: expected one of auto, {', '.join(_UNITS)}")
+    n = float(n) if not isinstance(n, int) else n
+    if unit == "B" and float(n).is_integer():
+        return f"{int(n)} B"
+    return f"{n / _UNITS[unit]:.{digits}f} {unit}"
+
+
+def breakdown_residual(measured: Mapping[str, float], predicted: Mapping[str, float]) -> dict[str, float]:
+    """measured - predicted for every key in either dict (missing keys count as 0), in bytes."""
+    keys = list(dict.fromkeys([*predicted, *measured]))
+    return {k: measured.get(k, 0) - predicted.get(k, 0) for k in keys}

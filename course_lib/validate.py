@@ -1,0 +1,113 @@
+"""One vocabulary for checking arguments, used by every layer of the course.
+
+Every check raises before any work starts, with one message shape::
+
+    <parameter> = <value>: expected <what is valid>
+
+``TypeError`` when the kind of value is wrong, ``ValueError`` when the value is out of range or
+not among the choices. Counts accept ``int``, numpy integers and integral floats such as
+``7.5e9`` (papers write parameter counts so); ``bool`` is never a number. Pure Python: no torch,
+so formulas and check cells can use it.
+"""
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = ["choice", "choices", "count", "counts", "number", "describe"]
+
+
+def describe(value: Any) -> str:
+    """``repr`` of a value with its type when the type is part of the problem."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _fail(exc: type[Exception], name: str, value: Any, expected: str) -> None:
+    raise exc(f"{name} = {describe(value)}: expected {expected}")
+
+
+def choice(name: str, value: Any, valid: Iterable[Any], *, case_insensitive: bool = False) -> Any:
+    """``value`` if it is one of ``valid`` (strings compared without case when asked)."""
+    valid = tuple(valid)
+    key = value.lower() if case_insensitive and isinstance(value, str) else value
+    try:
+        ok = key in valid
+    except TypeError:  # unhashable value against a set-like
+        ok = False
+    if not ok:
+        _fail(ValueError, name, value, "one of " + ", ".join(map(str, valid)))
+    return key
+
+
+def choices(name: str, values: Any, valid: Iterable[Any]) -> list:
+    """A list of choices; a single string is a list of one."""
+    valid = tuple(valid)
+    if isinstance(values, str):
+        values = [values]
+    values = list(values)
+    if not values:
+        _fail(ValueError, name, values, "a non-empty list of " + ", ".join(map(str, valid)))
+    for v in values:
+        if v not in valid:
+            _fail(ValueError, name, values, "each one of " + ", ".join(map(str, valid))
+                  + f" ({describe(v)} is not)")
+    return values
+
+
+def count(name: str, value: Any, *, minimum: int | None = 0, maximum: int | None = None) -> int:
+    """An integer count in ``[minimum, maximum]`` (numpy ints and integral floats accepted)."""
+    if isinstance(value, bool):
+        _fail(TypeError, name, value, "an int, not a bool")
+    if isinstance(value, numbers.Integral):
+        value = int(value)
+    elif isinstance(value, numbers.Real) and float(value).is_integer():
+        value = int(value)
+    else:
+        _fail(TypeError, name, value, f"an int (got {type(value).__name__})")
+    if minimum is not None and value < minimum:
+        _fail(ValueError, name, value, _range_text(minimum, maximum))
+    if maximum is not None and value > maximum:
+        _fail(ValueError, name, value, _range_text(minimum, maximum))
+    return value
+
+
+def counts(name: str, values: Any, *, minimum: int = 1) -> list[int]:
+    """A non-empty sequence of counts, each ``>= minimum``."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence | Iterable):
+        _fail(TypeError, name, values, f"a non-empty list of ints >= {minimum}")
+    values = list(values)
+    if not values:
+        _fail(ValueError, name, values, f"a non-empty list of ints >= {minimum}")
+    out = []
+    for v in values:
+        try:
+            out.append(count(name, v, minimum=minimum))
+        except (TypeError, ValueError):
+            _fail(ValueError, name, values, f"a non-empty list of ints >= {minimum}")
+    return out
+
+
+def number(name: str, value: Any, *, minimum: float | None = None, positive: bool = False,
+           maximum: float | None = None) -> float:
+    """A real number; ``positive`` means ``> 0``, ``minimum``/``maximum`` are inclusive."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        _fail(TypeError, name, value, f"a number (got {type(value).__name__})")
+    if value != value:  # NaN
+        _fail(ValueError, name, value, "a number, not NaN")
+    if positive and not value > 0:
+        _fail(ValueError, name, value, "a number > 0")
+    if minimum is not None and value < minimum:
+        _fail(ValueError, name, value, f"a number >= {minimum}")
+    if maximum is not None and value > maximum:
+        _fail(ValueError, name, value, f"a number <= {maximum}")
+    return value
+
+
+def _range_text(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"an int in {minimum}..{maximum}"
+    if minimum is not None:
+        return f"an int >= {minimum}"
+    return f"an int <= {maximum}"
