@@ -24,15 +24,11 @@ from typing import Iterator
 
 import torch
 
+from course_lib import validate
+
 __all__ = ["regression_task", "random_token_batches", "copy_or_sort_task", "pattern_task",
            "pattern_task_loss_floor", "modular_addition_task", "iterate_minibatches",
            "PERMUTATION_SEED", "permutation_batch"]
-
-
-def _pos_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -45,7 +41,7 @@ def regression_task(n: int, in_features: int, out_features: int = 1, *, noise: f
                     seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x, y)``: x ~ N(0, 1) of shape (n, in_features); y = x W^T + b + noise * N(0, 1),
     shape (n, out_features), for a teacher W, b drawn from the same seed. float32."""
-    n, fi, fo = _pos_int("n", n), _pos_int("in_features", in_features), _pos_int("out_features", out_features)
+    n, fi, fo = validate.count("n", n, minimum=1), validate.count("in_features", in_features, minimum=1), validate.count("out_features", out_features, minimum=1)
     if not noise >= 0:
         raise ValueError(f"noise must be >= 0, got {noise!r}")
     g = _gen(seed)
@@ -60,7 +56,7 @@ def random_token_batches(vocab: int, batch: int, seq: int, *, seed: int = 0,
                          n_batches: int | None = None):
     """Uniform random token ids: ``(idx, targets)``, each (batch, seq) int64, targets = idx
     shifted by one (next token). With ``n_batches`` a list of that many such pairs."""
-    vocab, batch, seq = _pos_int("vocab", vocab), _pos_int("batch", batch), _pos_int("seq", seq)
+    vocab, batch, seq = validate.count("vocab", vocab, minimum=1), validate.count("batch", batch, minimum=1), validate.count("seq", seq, minimum=1)
     g = _gen(seed)
 
     def one():
@@ -69,7 +65,7 @@ def random_token_batches(vocab: int, batch: int, seq: int, *, seed: int = 0,
 
     if n_batches is None:
         return one()
-    return [one() for _ in range(_pos_int("n_batches", n_batches))]
+    return [one() for _ in range(validate.count("n_batches", n_batches, minimum=1))]
 
 
 COPY_SORT_TASKS = ("copy", "reverse", "sort")
@@ -78,7 +74,7 @@ COPY_SORT_TASKS = ("copy", "reverse", "sort")
 def copy_or_sort_task(n: int, seq: int, vocab: int, *, task: str = "copy",
                       seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x, y)``, each (n, seq) int64: x random tokens, y = x (copy), x reversed, or x sorted."""
-    n, seq, vocab = _pos_int("n", n), _pos_int("seq", seq), _pos_int("vocab", vocab)
+    n, seq, vocab = validate.count("n", n, minimum=1), validate.count("seq", seq, minimum=1), validate.count("vocab", vocab, minimum=1)
     if task not in COPY_SORT_TASKS:
         raise ValueError(f"task={task!r} is not supported; valid choices: {', '.join(COPY_SORT_TASKS)}")
     x = torch.randint(0, vocab, (n, seq), generator=_gen(seed))
@@ -95,8 +91,8 @@ def pattern_task(n: int, seq: int, vocab: int, *, period: int = 8,
     The first ``period - 1`` targets of a sequence cannot be predicted; every later one can
     (copy the token ``period`` positions back), which a 2-layer attention model learns quickly.
     """
-    n, seq, vocab = _pos_int("n", n), _pos_int("seq", seq), _pos_int("vocab", vocab)
-    period = _pos_int("period", period)
+    n, seq, vocab = validate.count("n", n, minimum=1), validate.count("seq", seq, minimum=1), validate.count("vocab", vocab, minimum=1)
+    period = validate.count("period", period, minimum=1)
     if period > seq:
         raise ValueError(f"period={period} must be <= seq={seq}")
     motif = torch.randint(0, vocab, (n, period), generator=_gen(seed))  # (n, period)
@@ -108,14 +104,14 @@ def pattern_task(n: int, seq: int, vocab: int, *, period: int = 8,
 def pattern_task_loss_floor(seq: int, vocab: int, period: int = 8) -> float:
     """Best achievable mean cross-entropy (nats) on ``pattern_task``: the first period - 1
     targets are uniform guesses (ln vocab each), the rest are determined (0)."""
-    seq, vocab, period = _pos_int("seq", seq), _pos_int("vocab", vocab), _pos_int("period", period)
+    seq, vocab, period = validate.count("seq", seq, minimum=1), validate.count("vocab", vocab, minimum=1), validate.count("period", period, minimum=1)
     return (min(period - 1, seq) / seq) * math.log(vocab)
 
 
 def modular_addition_task(p: int = 11, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """All p*p pairs (a, b) as tokens ``[a, b, p]`` (p is the "=" token) with target (a+b) mod p,
     shuffled with ``seed``. Returns x (p*p, 3) and y (p*p,), int64; vocabulary size p + 1."""
-    p = _pos_int("p", p)
+    p = validate.count("p", p, minimum=1)
     a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
     a, b = a.flatten(), b.flatten()
     x = torch.stack([a, b, torch.full_like(a, p)], dim=1)  # (p*p, 3)
@@ -144,8 +140,8 @@ def permutation_batch(vocab, batch: int, seq: int, *, generator: torch.Generator
     Returns ``(idx, targets)``, each (batch, seq) int64 on ``device`` (targets = the sequence
     shifted by one).
     """
-    vocab = _pos_int("vocab", getattr(vocab, "vocab_size", vocab))
-    batch, seq = _pos_int("batch", batch), _pos_int("seq", seq)
+    vocab = validate.count("vocab", getattr(vocab, "vocab_size", vocab), minimum=1)
+    batch, seq = validate.count("batch", batch, minimum=1), validate.count("seq", seq, minimum=1)
     if isinstance(generator, int) and not isinstance(generator, bool):
         generator = _gen(generator)
     elif not isinstance(generator, torch.Generator):
@@ -167,7 +163,7 @@ def iterate_minibatches(*tensors: torch.Tensor, batch_size: int, shuffle: bool =
     for i, t in enumerate(tensors):
         if len(t) != n:
             raise ValueError(f"tensors[{i}] has {len(t)} rows, tensors[0] has {n}")
-    bs = _pos_int("batch_size", batch_size)
+    bs = validate.count("batch_size", batch_size, minimum=1)
     order = torch.randperm(n, generator=_gen(seed)) if shuffle else torch.arange(n)
     for start in range(0, n, bs):
         idx = order[start:start + bs]

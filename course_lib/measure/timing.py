@@ -33,7 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-__all__ = ["TimingResult", "time_fn", "cuda_sync", "EventLog", "merge_event_logs", "CLOCKS"]
+__all__ = ["TimingResult", "time_fn", "time_collective", "cuda_sync", "EventLog", "merge_event_logs",
+           "CLOCKS"]
 
 
 def cuda_sync() -> None:
@@ -117,6 +118,46 @@ def time_fn(fn: Callable[[], Any], *, warmup: int = 2, repeat: int = 10,
 
 
 #: clocks an EventLog can use (name -> function returning integer nanoseconds)
+def time_collective(op: Callable[[], Any], *, warmup: int = 1, repeat: int = 5, device=None,
+                    setup: Callable[[], Any] | None = None, max_over_ranks: bool = True,
+                    group=None) -> list[float]:
+    """Seconds of each of ``repeat`` calls of ``op`` (a collective), inside a rank.
+
+    Every iteration: ``setup()`` (untimed, e.g. refill the buffer so repeated sums stay finite),
+    a barrier (all ranks start together: we time the collective, not the stragglers), a device
+    sync, ``op()``, a sync. The first ``warmup`` iterations pay for connection set-up and
+    allocations and are thrown away. With ``max_over_ranks`` each iteration's time is the
+    slowest rank's (one all-reduce MAX after the timing, so it does not disturb it): a collective
+    is done when its last rank is. Returns the same list on every rank (or this rank's own times).
+    Used by notebooks/08_collectives.ipynb and notebooks/13_interconnects_and_backends.ipynb.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from course_lib import validate
+    from course_lib.runtime.device import sync
+
+    warmup = validate.count("warmup", warmup, minimum=0)
+    repeat = validate.count("repeat", repeat, minimum=1)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    times = []
+    for it in range(warmup + repeat):
+        if setup is not None:
+            setup()
+        dist.barrier(group=group)
+        sync(device)
+        t0 = time.perf_counter()
+        op()
+        sync(device)
+        if it >= warmup:
+            times.append(time.perf_counter() - t0)
+    if not max_over_ranks:
+        return times
+    t = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.cpu().tolist()
+
+
 CLOCKS: dict[str, Callable[[], int]] = {"monotonic": time.monotonic_ns, "wall": time.time_ns}
 
 

@@ -52,6 +52,21 @@ def resolve_backend(backend: str, world_size: int) -> str:
     return backend
 
 
+def default_device() -> torch.device:
+    """The one device a single-process unit runs on: the first GPU if there is one, else the CPU.
+
+    Units 01-07 run on it; multi-rank code uses :func:`rank_device` instead."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def sync(device: torch.device | str) -> None:
+    """Wait for the device's queued work (CUDA kernels run asynchronously); no-op on CPU.
+    Every timer in the course calls it before reading the clock."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def rank_device() -> torch.device:
     """The device this rank computes on: ``cuda:<local rank>`` under NCCL, else ``cpu``.
 

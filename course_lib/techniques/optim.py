@@ -19,10 +19,13 @@ from typing import Any, Iterable
 
 import torch
 
+from course_lib import validate
+from course_lib.measure import estimate
+
 __all__ = ["OPTIMIZERS", "Adam", "make_optimizer", "state_bytes", "import_bitsandbytes"]
 
 #: optimizers of the unit (the same names as ``course_lib.measure.estimate.OPTIMIZERS``)
-OPTIMIZERS = ("sgd", "momentum", "rmsprop", "adagrad", "adam", "adamw", "adam8bit")
+OPTIMIZERS = estimate.OPTIMIZERS  # one table of optimizers for the whole course
 
 
 class Adam(torch.optim.Optimizer):
@@ -112,10 +115,8 @@ def make_optimizer(name: str, params: Iterable[Any], *, lr: float, **kwargs: Any
     32-bit state -- the library's default, on purpose: small tensors gain nothing).
     Extra keyword arguments go to the constructor.
     """
-    if not isinstance(name, str) or name not in OPTIMIZERS:
-        raise ValueError(f"name={name!r} is not supported; valid choices: {', '.join(OPTIMIZERS)}")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        raise ValueError(f"lr={lr!r} must be a positive number")
+    validate.choice("name", name, OPTIMIZERS)
+    validate.number("lr", lr, positive=True)
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, **kwargs)
     if name == "momentum":

@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from course_lib.measure import estimate
+
 __all__ = [
     "FORMATS", "MODES", "BitLayout", "bit_layout", "bit_string", "round_trip",
     "DynamicLossScaler", "prepare", "make_scaler", "train_step", "StepResult",
@@ -36,7 +38,7 @@ FORMATS: dict[str, torch.dtype] = {
 
 #: training recipes accepted by :func:`prepare` / :func:`train_step`
 #: (the same names as ``course_lib.measure.estimate.PRECISIONS``)
-MODES = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
+MODES = estimate.PRECISIONS  # one table of precisions for the whole course
 
 
 def _dtype(fmt: str | torch.dtype, name: str = "fmt") -> torch.dtype:

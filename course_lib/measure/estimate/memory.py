@@ -10,7 +10,7 @@ from typing import Any, Iterable, Sequence
 from course_lib import validate as _v
 from course_lib.measure.estimate.units import exact
 
-__all__ = ['dtype_bytes', 'PRECISIONS', 'OPTIMIZERS', 'optimizer_state_bytes_per_param', 'model_state_bytes', 'ADAM8BIT_MIN_8BIT_SIZE', 'ADAM8BIT_BLOCK_SIZE', 'adam8bit_state_bytes', 'zero_state_breakdown_per_rank', 'zero_bytes_per_rank', 'MLP_ACTIVATION_SAVES', 'activation_bytes_mlp', 'activation_bytes_transformer_layer', 'activation_bytes_gpt']
+__all__ = ['dtype_bytes', 'PRECISIONS', 'OPTIMIZERS', 'STATE_TENSORS_PER_PARAM', 'optimizer_state_bytes_per_param', 'model_state_bytes', 'ADAM8BIT_MIN_8BIT_SIZE', 'ADAM8BIT_BLOCK_SIZE', 'adam8bit_state_bytes', 'zero_state_breakdown_per_rank', 'zero_bytes_per_rank', 'MLP_ACTIVATION_SAVES', 'activation_bytes_mlp', 'activation_bytes_transformer_layer', 'activation_bytes_gpt']
 
 # --------------------------------------------------------------------------------------------
 # dtypes, model state, optimizer state
@@ -44,7 +44,8 @@ def dtype_bytes(dtype: Any) -> int:
 
 
 #: precision recipes accepted by :func:`model_state_bytes`
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "bf16-true")
+#: the training precisions of the course (one table: ``techniques.precision.MODES`` is this)
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
 
 # number of per-parameter state tensors each optimizer keeps (torch.optim, defaults)
 _OPT_STATE_TENSORS = {
@@ -56,8 +57,10 @@ _OPT_STATE_TENSORS = {
     "adamw": 2,      # exp_avg, exp_avg_sq
     "adam8bit": 2,   # exp_avg, exp_avg_sq quantized to 8 bits (bitsandbytes)
 }
-#: optimizers accepted by :func:`model_state_bytes`
+#: the optimizers of the course (one table: ``techniques.optim.OPTIMIZERS`` is this)
 OPTIMIZERS = tuple(_OPT_STATE_TENSORS)
+#: state tensors each optimizer keeps per parameter
+STATE_TENSORS_PER_PARAM = dict(_OPT_STATE_TENSORS)
 # optimizers whose torch.optim implementation keeps a scalar ``step`` tensor per parameter tensor
 _STEP_COUNTER = {"adam", "adamw", "adagrad", "rmsprop"}
 

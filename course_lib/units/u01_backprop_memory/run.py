@@ -21,9 +21,11 @@ import pandas as pd
 import torch
 from torch import nn
 
+from course_lib import validate
 from course_lib.measure import estimate
 from course_lib.measure.memory import MemoryMeter
 from course_lib.models import GPT, MLP, GPTConfig, MLPConfig, count_params
+from course_lib.techniques import optim
 
 __all__ = [
     "CATEGORIES",
@@ -42,24 +44,16 @@ __all__ = [
 
 #: the categories this unit predicts and measures (MemoryMeter also reports temporaries, other)
 CATEGORIES = ("params", "grads", "optimizer", "activations")
-#: optimizers compared in this unit: name -> number of state tensors per parameter
-OPTIMIZERS = {"sgd": 0, "momentum": 1, "adam": 2}
+#: optimizers compared in this unit (no state, one state tensor, two state tensors per parameter)
+OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
 def make_optimizer(name: str, model: nn.Module, lr: float = 1e-3) -> torch.optim.Optimizer:
-    """torch.optim.SGD (no state), SGD with momentum (1 state), Adam (2 states).
-
-    foreach=False: the per-tensor loop keeps the step's temporaries small, so the optimizer
-    column of the timeline shows the state itself rather than the batched kernels' scratch.
-    """
-    if name not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {name!r}")
-    params = model.parameters()
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, foreach=False)
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=False)
-    return torch.optim.Adam(params, lr=lr, foreach=False)
+    """One of :data:`OPTIMIZERS` from ``techniques.optim.make_optimizer``, with ``foreach=False``:
+    the per-tensor loop keeps the step's temporaries small, so the optimizer column of the
+    timeline shows the state itself rather than the batched kernels' scratch."""
+    validate.choice("optimizer", name, OPTIMIZERS)
+    return optim.make_optimizer(name, model.parameters(), lr=lr, foreach=False)
 
 
 def make_batch(model: nn.Module, batch_shape: Sequence[int], *, device="cpu", seed: int = 0):
@@ -220,7 +214,7 @@ def optimizer_state_comparison(model: nn.Module, batch_shape: Sequence[int], *,
         meas = measure_step_memory(model, batch_shape, name, device=device)
         pred = estimate.model_state_bytes(n, precision="fp32", optimizer=name,
                                           n_param_tensors=n_tensors)["optimizer"]
-        rows.append({"optimizer": name, "states_per_param": OPTIMIZERS[name],
+        rows.append({"optimizer": name, "states_per_param": estimate.STATE_TENSORS_PER_PARAM[name],
                      "predicted": pred, "measured": meas["optimizer"],
                      "residual": meas["optimizer"] - pred,
                      "bytes_per_param": meas["optimizer"] / n})

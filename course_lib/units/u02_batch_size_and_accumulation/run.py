@@ -20,17 +20,27 @@ import pandas as pd
 import torch
 from torch import nn
 
+from course_lib import validate
 from course_lib.measure import estimate
+from course_lib.measure.budget import MemoryBudget, SimulatedOOM
 from course_lib.measure.memory import MemoryMeter
 from course_lib.measure.timing import time_fn
 from course_lib.models import MLP
+from course_lib.runtime.device import default_device, sync
+from course_lib.techniques.accumulation import (
+    accumulation_step,
+    effective_batch,
+    split_batch,
+    training_step,
+)
+from course_lib.techniques.optim import make_optimizer
 
 __all__ = [
     "SimulatedOOM",
     "MemoryBudget",
     "OpCost",
-    "matmul_cost",
-    "elementwise_cost",
+    "matmul_op_cost",
+    "elementwise_op_cost",
     "measure_matmul_throughput",
     "measure_copy_bandwidth",
     "roofline_ops",
@@ -45,80 +55,6 @@ __all__ = [
     "effective_batch",
     "default_device",
 ]
-
-
-def default_device() -> torch.device:
-    """The one device a single-process unit runs on: the first GPU if there is one, else the CPU."""
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-# --------------------------------------------------------------------------------------------
-# Memory budget: a clear out-of-memory error naming requested vs available bytes
-# --------------------------------------------------------------------------------------------
-class SimulatedOOM(MemoryError):
-    """Raised by MemoryBudget.check when a run would need more bytes than the budget holds.
-
-    On CPU there is no device memory to run out of, so the budget is simulated: the error is
-    raised *before* anything is allocated, from a measured or estimated peak.
-    """
-
-    def __init__(self, requested: int, available: int, *, what: str, simulated: bool = True):
-        self.requested = int(requested)
-        self.available = int(available)
-        self.what = what
-        self.simulated = simulated
-        kind = "simulated device budget" if simulated else "device"
-        super().__init__(
-            f"out of memory ({'simulated' if simulated else 'real'}): {what} needs "
-            f"{estimate.fmt_bytes(self.requested)} ({self.requested:,} B) but the {kind} has "
-            f"{estimate.fmt_bytes(self.available)} ({self.available:,} B) available; "
-            f"short by {estimate.fmt_bytes(self.requested - self.available)}. "
-            f"Reduce the batch size or use gradient accumulation."
-        )
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """A number of bytes a training step may use at its peak."""
-
-    capacity_bytes: int
-    """Bytes available to the run (for a simulated budget, any positive number you choose)."""
-    simulated: bool = True
-    """True on CPU: the budget is a number we compare against, not a device that can fail."""
-
-    def __post_init__(self):
-        if isinstance(self.capacity_bytes, bool) or not isinstance(self.capacity_bytes, int):
-            raise TypeError(
-                f"capacity_bytes must be an int number of bytes, got {self.capacity_bytes!r}"
-            )
-        if self.capacity_bytes <= 0:
-            raise ValueError(f"capacity_bytes must be > 0, got {self.capacity_bytes}")
-
-    @classmethod
-    def for_device(cls, device: torch.device | str, *, simulated_bytes: int) -> MemoryBudget:
-        """The real free memory of a CUDA device; on CPU a simulated budget of `simulated_bytes`."""
-        device = torch.device(device)
-        if device.type == "cuda":
-            free, _total = torch.cuda.mem_get_info(device)
-            return cls(int(free), simulated=False)
-        return cls(int(simulated_bytes), simulated=True)
-
-    def check(self, requested: int, *, what: str = "this step") -> None:
-        """Raise SimulatedOOM if `requested` bytes do not fit in the budget."""
-        if requested > self.capacity_bytes:
-            raise SimulatedOOM(requested, self.capacity_bytes, what=what, simulated=self.simulated)
-
-    def fits(self, requested: int) -> bool:
-        return requested <= self.capacity_bytes
-
-    def label(self) -> str:
-        tag = "simulated budget" if self.simulated else "free device memory"
-        return f"{estimate.fmt_bytes(self.capacity_bytes)} ({tag})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,7 +76,7 @@ class OpCost:
         return estimate.arithmetic_intensity(self.flops, self.bytes)
 
 
-def matmul_cost(m: int, n: int, k: int, dtype: torch.dtype = torch.float32) -> OpCost:
+def matmul_op_cost(m: int, n: int, k: int, dtype: torch.dtype = torch.float32) -> OpCost:
     """(m, k) @ (k, n): 2mnk FLOP; reads both inputs and writes the output once
     (``estimate.matmul_flops``, ``estimate.matmul_bytes``)."""
     flops = estimate.matmul_flops(m, n, k)
@@ -148,7 +84,7 @@ def matmul_cost(m: int, n: int, k: int, dtype: torch.dtype = torch.float32) -> O
     return OpCost(f"matmul {m}x{k}@{k}x{n}", int(flops), int(nbytes))
 
 
-def elementwise_cost(op: str, numel: int, dtype: torch.dtype = torch.float32) -> OpCost:
+def elementwise_op_cost(op: str, numel: int, dtype: torch.dtype = torch.float32) -> OpCost:
     """An elementwise op reads its input once and writes its output once; FLOP per element
     from ``estimate.ELEMENTWISE_FLOPS`` (``estimate.elementwise_cost``)."""
     if op not in estimate.ELEMENTWISE_FLOPS:
@@ -165,11 +101,11 @@ def measure_matmul_throughput(
     device = torch.device(device) if device is not None else default_device()
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    cost = matmul_cost(n, n, n, dtype)
+    cost = matmul_op_cost(n, n, n, dtype)
 
     def run():
         torch.mm(a, b)
-        _sync(device)
+        sync(device)
 
     t = time_fn(run, warmup=warmup, repeat=repeat)
     return {"n": n, "flops": cost.flops, "median_s": t.median_s, "flop_per_s": cost.flops / t.median_s}
@@ -187,7 +123,7 @@ def measure_copy_bandwidth(
 
     def run():
         dst.copy_(src)
-        _sync(device)
+        sync(device)
 
     t = time_fn(run, warmup=warmup, repeat=repeat)
     moved = 2 * src.numel() * src.element_size()  # read + write
@@ -211,7 +147,7 @@ def roofline_ops(
     machine's peak FLOP/s, bandwidth and ridge point (FLOP/B where the two roofs meet).
     """
     device = torch.device(device) if device is not None else default_device()
-    _check_sizes("matmul_sizes", matmul_sizes)
+    validate.counts("matmul_sizes", matmul_sizes)
     bw = measure_copy_bandwidth(device=device, warmup=warmup, repeat=repeat)
 
     jobs: list[tuple[OpCost, Callable[[], object]]] = []
@@ -220,22 +156,22 @@ def roofline_ops(
         b = torch.randn(n, n, device=device)
         # a small matmul is fast: repeat it inside the timed function so timer overhead is small
         inner = max(1, int(2**24 // (2 * n**3)))
-        cost = matmul_cost(n, n, n)
+        cost = matmul_op_cost(n, n, n)
         jobs.append((OpCost(cost.name, cost.flops * inner, cost.bytes * inner),
                      _repeated(lambda a=a, b=b: torch.mm(a, b), inner)))
     x = torch.randn(elementwise_numel, device=device)
     hidden = 1024
     x2 = x.view(-1, hidden)  # (rows, hidden)
     ln = nn.LayerNorm(hidden).to(device)
-    jobs.append((elementwise_cost("gelu", x.numel()), lambda: nn.functional.gelu(x)))
-    jobs.append((elementwise_cost("layernorm", x.numel()), lambda: ln(x2)))
+    jobs.append((elementwise_op_cost("gelu", x.numel()), lambda: nn.functional.gelu(x)))
+    jobs.append((elementwise_op_cost("layernorm", x.numel()), lambda: ln(x2)))
 
     rows = []
     with torch.no_grad():
         for cost, fn in jobs:
             def run(fn=fn):
                 fn()
-                _sync(device)
+                sync(device)
 
             t = time_fn(run, warmup=warmup, repeat=repeat)
             rows.append({"op": cost.name, "flops": cost.flops, "bytes": cost.bytes,
@@ -269,15 +205,6 @@ def _repeated(fn: Callable[[], object], times: int) -> Callable[[], None]:
 # --------------------------------------------------------------------------------------------
 # One training step; throughput and memory against batch size
 # --------------------------------------------------------------------------------------------
-def training_step(model: nn.Module, optimizer, loss_fn, inputs, targets) -> torch.Tensor:
-    """Forward, backward, step, zero_grad: the unit every measurement in this unit times."""
-    loss = loss_fn(model(inputs), targets)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
-
-
 def _mlp_batch(model: nn.Module, batch: int, *, device, generator_seed: int = 0):
     """Random inputs and class targets shaped for an MLP (first/last Linear give the widths)."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
@@ -301,7 +228,7 @@ def step_peak_bytes(model: nn.Module, batch: int, *, optimizer: str = "adam", de
         # hand back blocks cached by earlier runs, so the reserved peak is this step's own
         torch.cuda.empty_cache()
     model = copy.deepcopy(model).to(device)
-    opt = _make_optimizer(optimizer, model)
+    opt = make_optimizer(optimizer, model.parameters(), lr=1e-2)
     x, y = _mlp_batch(model, batch, device=device)
     with MemoryMeter(model, opt, track=(x, y)) as meter:
         training_step(model, opt, nn.functional.cross_entropy, x, y)
@@ -328,19 +255,19 @@ def throughput_vs_batch(
     `predicted_activation_bytes` comes from estimate.activation_bytes_mlp for the same widths.
     """
     device = torch.device(device) if device is not None else default_device()
-    _check_sizes("batch_sizes", batch_sizes)
+    validate.counts("batch_sizes", batch_sizes)
     if not isinstance(model, MLP):
         raise TypeError(f"model must be a course_lib.models.MLP, got {type(model).__name__}")
     widths, activation = model.config.widths, model.config.activation
     rows = []
     for batch in batch_sizes:
         work = copy.deepcopy(model).to(device)
-        opt = _make_optimizer(optimizer, work)
+        opt = make_optimizer(optimizer, work.parameters(), lr=1e-2)
         x, y = _mlp_batch(work, batch, device=device)
 
         def step(work=work, opt=opt, x=x, y=y):
             training_step(work, opt, nn.functional.cross_entropy, x, y)
-            _sync(device)
+            sync(device)
 
         t = time_fn(step, warmup=warmup, repeat=repeat)
         mem = step_peak_bytes(model, batch, optimizer=optimizer, device=device)
@@ -421,49 +348,6 @@ def _peak_of(probes: list[dict], batch: int) -> int:
 # --------------------------------------------------------------------------------------------
 # Gradient accumulation
 # --------------------------------------------------------------------------------------------
-def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int):
-    """Split a batch into `micro_batches` equal micro-batches (views, no copies)."""
-    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-        raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
-    batch = inputs.shape[0]
-    if batch % micro_batches:
-        divisors = [d for d in range(1, batch + 1) if batch % d == 0]
-        raise ValueError(
-            f"micro_batches={micro_batches} does not divide the batch of {batch} samples; "
-            f"equal micro-batches keep the mean loss exact. Valid choices: {divisors}"
-        )
-    return list(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))
-
-
-def accumulation_step(model, optimizer, loss_fn, inputs, targets, micro_batches: int) -> None:
-    """One optimizer step on (inputs, targets), computed as `micro_batches` forward/backwards.
-
-    The loss is a mean over samples, so each micro-batch loss is divided by the number of
-    micro-batches: the summed gradients are then the gradient of the mean over the whole batch.
-    """
-    optimizer.zero_grad(set_to_none=True)  # once, before the loop: backward() adds into .grad
-    for x, y in split_batch(inputs, targets, micro_batches):
-        loss = loss_fn(model(x), y) / micro_batches
-        loss.backward()
-    optimizer.step()  # once, after the loop
-
-
-def _make_optimizer(name: str, model: nn.Module, lr: float = 1e-2):
-    choices = {
-        "sgd": lambda p: torch.optim.SGD(p, lr=lr),
-        "momentum": lambda p: torch.optim.SGD(p, lr=lr, momentum=0.9),
-        "adam": lambda p: torch.optim.Adam(p, lr=lr),
-    }
-    if name not in choices:
-        raise ValueError(f"optimizer must be one of {sorted(choices)}, got {name!r}")
-    return choices[name](model.parameters())
-
-
-def _check_sizes(name: str, values: Sequence[int]) -> None:
-    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-        raise ValueError(f"{name} must be a non-empty list of positive ints, got {values!r}")
-
-
 def accumulation_vs_full_batch(
     model: nn.Module,
     batch: int,
@@ -478,7 +362,7 @@ def accumulation_vs_full_batch(
     so they differ by rounding: about the dtype's machine epsilon times the gradient's size.
     `rel_diff` divides by the largest gradient entry; `eps` is torch.finfo(dtype).eps.
     """
-    _check_sizes("micro_batch_counts", micro_batch_counts)
+    validate.counts("micro_batch_counts", micro_batch_counts)
     rows = []
     for dtype in dtypes:
         base = copy.deepcopy(model).to(dtype)
@@ -523,20 +407,20 @@ def accumulation_memory_and_time(
     compare what the step itself needs.
     """
     device = torch.device(device) if device is not None else default_device()
-    _check_sizes("accumulation_steps", accumulation_steps)
+    validate.counts("accumulation_steps", accumulation_steps)
     rows = []
     for k in accumulation_steps:
         effective = micro_batch * k
         for mode, count in (("accumulated", k), ("full batch", 1)):
             work = copy.deepcopy(model).to(device)
-            opt = _make_optimizer(optimizer, work)
+            opt = make_optimizer(optimizer, work.parameters(), lr=1e-2)
             x, y = _mlp_batch(work, effective, device=device)
             with MemoryMeter(work, opt, track=(x, y)) as meter:
                 accumulation_step(work, opt, nn.functional.cross_entropy, x, y, count)
 
             def run(work=work, opt=opt, x=x, y=y, count=count):
                 accumulation_step(work, opt, nn.functional.cross_entropy, x, y, count)
-                _sync(device)
+                sync(device)
 
             t = time_fn(run, warmup=warmup, repeat=repeat)
             data = int(meter.peak_breakdown["other"])
@@ -548,13 +432,3 @@ def accumulation_memory_and_time(
                 "median_s": t.median_s, "samples_per_s": effective / t.median_s,
             })
     return pd.DataFrame(rows)
-
-
-def effective_batch(micro_batch: int, accumulation_steps: int, world_size: int = 1) -> int:
-    """Samples behind one optimizer step: micro-batch x accumulation steps x data-parallel ranks."""
-    for name, v in (("micro_batch", micro_batch), ("accumulation_steps", accumulation_steps),
-                    ("world_size", world_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    return micro_batch * accumulation_steps * world_size
-

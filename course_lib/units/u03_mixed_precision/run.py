@@ -26,17 +26,13 @@ import torch
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
 from course_lib.models import GPT, GPTConfig, count_params
+from course_lib.runtime.device import default_device
 from course_lib.techniques import precision as P
 
 __all__ = [
     "format_table", "rounding_table", "gradient_histogram", "underflow_fractions", "tiny_updates",
     "training_memory", "matmul_speed", "loss_curves", "default_device", "permutation_batch",
 ]
-
-
-def default_device() -> torch.device:
-    """The first GPU if there is one, else the CPU."""
-    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _formats(formats: Sequence[str]) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 import torch
 
+from course_lib import validate
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
 from course_lib.models import GPT, GPTConfig, count_params
@@ -38,15 +39,6 @@ def task_batch(config: GPTConfig, batch: int, seq: int, *, generator: torch.Gene
     """The learnable sequence task of unit 03: :func:`course_lib.data.permutation_batch` (a fixed
     random permutation of the vocabulary)."""
     return permutation_batch(config, batch, seq, generator=generator)
-
-
-def _names(names: Sequence[str]) -> list[str]:
-    if isinstance(names, str):
-        names = [names]
-    for n in names:
-        if n not in O.OPTIMIZERS:
-            raise ValueError(f"optimizer {n!r} is not supported; valid choices: {', '.join(O.OPTIMIZERS)}")
-    return list(names)
 
 
 def _model(config: GPTConfig, seed: int) -> GPT:
@@ -76,7 +68,7 @@ def state_bytes_table(names: Sequence[str] = O.OPTIMIZERS, *, config: GPTConfig 
     config = config or GPTConfig.tiny()
     seq = min(32, config.block_size) if seq is None else seq
     rows = []
-    for name in _names(names):
+    for name in validate.choices('names', names, O.OPTIMIZERS):
         model = _model(config, seed)
         opt = O.make_optimizer(name, model.parameters(), lr=DEFAULT_LR[name])
         idx, tgt = task_batch(config, batch, seq, generator=torch.Generator().manual_seed(seed))
@@ -205,7 +197,7 @@ def convergence(names: Sequence[str] = O.OPTIMIZERS, *, steps: int = 40, config:
     config = config or GPTConfig.tiny()
     lrs = {**DEFAULT_LR, **(lr or {})}
     rows = []
-    for name in _names(names):
+    for name in validate.choices('names', names, O.OPTIMIZERS):
         model = _model(config, seed)
         opt = O.make_optimizer(name, model.parameters(), lr=lrs[name])
         gen = torch.Generator().manual_seed(seed + 1)

@@ -78,11 +78,9 @@ def _all_reduce_worker(rank: int, world_size: int, fn) -> dict:
 
 def _all_gather_worker(rank: int, world_size: int, fn) -> dict:
     import torch
-    import torch.distributed as dist
 
     from course_lib.measure.comm import CommMeter
-
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    from course_lib.runtime.compat import all_gather_single as all_gather
     cases = []
     for dtype in (torch.float32, torch.float64):
         for k in NUMELS:

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Sequence
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 
+from course_lib import validate
 from course_lib.measure import estimate
+from course_lib.measure.timing import time_collective
 from course_lib.parallel import collectives as C
+from course_lib.runtime import compat
 
 #: the eight primitives of torch.distributed shown in the notebook, in teaching order
 PRIMITIVES = ("broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather",
@@ -33,20 +35,6 @@ TIMED = ALGORITHMS + ("gloo",)
 COLLECTIVE_CHOICES = PRIMITIVES + tuple(f"{name} (from scratch)" for name in ALGORITHMS)
 
 WORKED_EXAMPLE_GRADS = (0.20, 0.10, -0.05, 0.15)
-
-
-def _choice(name: str, value, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not supported; valid choices: {', '.join(choices)}")
-    return value
-
-
-def _world_size(world_size, *, minimum: int = 1, maximum: int = 16) -> int:
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int, got {world_size!r}")
-    if not minimum <= world_size <= maximum:
-        raise ValueError(f"world_size must be in {minimum}..{maximum}, got world_size={world_size}")
-    return world_size
 
 
 def _launch(fn, world_size: int, *args, timeout: float = 60.0, **kwargs):
@@ -168,8 +156,8 @@ def run_primitives(names: Sequence[str] = PRIMITIVES, world_size: int = 4, *, ro
     """
     names = [names] if isinstance(names, str) else list(names)
     for name in names:
-        _choice("names[i]", name, COLLECTIVE_CHOICES)
-    world_size = _world_size(world_size, maximum=10)
+        validate.choice("names[i]", name, COLLECTIVE_CHOICES)
+    world_size = validate.count("world_size", world_size, minimum=1, maximum=10)
     if "recursive_doubling (from scratch)" in names and world_size & (world_size - 1):
         raise ValueError(f"recursive doubling needs a power-of-two world size, got "
                          f"world_size={world_size}; valid choices: 1, 2, 4, 8")
@@ -184,7 +172,7 @@ def run_primitives(names: Sequence[str] = PRIMITIVES, world_size: int = 4, *, ro
 def payload_bytes(name: str, world_size: int) -> int:
     """The S of a run_primitives run: N float32 slots, 4 * N bytes (the input row, or for
     all_gather the output row, as estimate's conventions count it)."""
-    _choice("name", name, COLLECTIVE_CHOICES)
+    validate.choice("name", name, COLLECTIVE_CHOICES)
     return 4 * world_size
 
 
@@ -220,7 +208,7 @@ def expected_after(name: str, world_size: int, *, root: int = 0) -> list[torch.T
 
     Used by tests and by the notebook's check cell (the ranks' real output must equal this).
     """
-    _choice("name", name, COLLECTIVE_CHOICES)
+    validate.choice("name", name, COLLECTIVE_CHOICES)
     n = world_size
     rows = torch.stack([_row(r, n) for r in range(n)])  # (rank, slot)
     total = rows.sum(0)  # (slot,)
@@ -261,8 +249,8 @@ def _worked_example_worker(rank: int, world_size: int, grads: Sequence[float], l
     padded[0] = g
     shard = torch.empty(1, dtype=torch.float64)
     full = torch.empty(n, dtype=torch.float64)
-    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(shard, padded)
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(full, shard)
+    compat.reduce_scatter_single(shard, padded)
+    compat.all_gather_single(full, shard)
     via_rs_ag = full[:1]
 
     via_ring = C.ring_all_reduce(g.clone())
@@ -283,7 +271,7 @@ def worked_example(grads: Sequence[float] = WORKED_EXAMPLE_GRADS, *, lr: float =
     the updated weight. float64, so the four means agree to the last bit or nearly.
     """
     grads = [float(g) for g in grads]
-    world_size = _world_size(len(grads), minimum=1, maximum=16)
+    world_size = validate.count("len(grads)", len(grads), minimum=1, maximum=16)
     rows = _launch(_worked_example_worker, world_size, grads, lr, weight, timeout=timeout)
     return pd.DataFrame(rows).set_index("rank")
 
@@ -304,8 +292,8 @@ def _decomposition_worker(rank: int, world_size: int, numel: int, seed: int) -> 
     padded[:numel] = x
     shard = torch.empty(padded_numel // n)  # (k,)
     full = torch.empty(padded_numel)
-    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(shard, padded)
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(full, shard)
+    compat.reduce_scatter_single(shard, padded)
+    compat.all_gather_single(full, shard)
     rs_ag = full[:numel]
 
     shard2 = torch.empty(padded_numel // n)
@@ -354,7 +342,7 @@ def all_reduce_decompositions(world_size: int = 4, numel: int = 1001, *, seed: i
     in ``compared with`` (``dist.all_reduce`` for every all-reduce) and whether it is bitwise equal. ``summation bound`` is (N-1) eps max_i sum_r |x_r,i|, how far two valid
     summation orders may drift apart in float32 (Higham 2002, section 4.2).
     """
-    world_size = _world_size(world_size, minimum=1)
+    world_size = validate.count('world_size', world_size, minimum=1, maximum=16)
     per_rank = _launch(_decomposition_worker, world_size, int(numel), int(seed), timeout=timeout)
     return pd.DataFrame([row for rows in per_rank for row in rows])
 
@@ -364,7 +352,7 @@ def all_reduce_decompositions(world_size: int = 4, numel: int = 1001, *, seed: i
 # --------------------------------------------------------------------------------------------
 def predicted_bytes_sent(algorithm: str, size_bytes: int, world_size: int, rank: int = 0) -> int | float:
     """Bytes ``rank`` sends in ``algorithm`` on a tensor of ``size_bytes`` (from estimate)."""
-    _choice("algorithm", algorithm, BYTE_EXPERIMENTS)
+    validate.choice("algorithm", algorithm, BYTE_EXPERIMENTS)
     if algorithm in estimate.ALLREDUCE_BYTES_ALGORITHMS:
         # reduce_broadcast_all_reduce's root is rank 0 (its default)
         return estimate.allreduce_bytes_sent(size_bytes, world_size, algorithm=algorithm,
@@ -402,8 +390,8 @@ def measure_bytes(world_size: int = 4, numel: int = 4 * 1024, *, algorithms: Seq
     even and the formulas are exact (uneven sizes are covered by
     ``collectives.ring_all_reduce_elements_sent``).
     """
-    world_size = _world_size(world_size, minimum=1)
-    algorithms = [_choice("algorithms[i]", a, BYTE_EXPERIMENTS) for a in algorithms]
+    world_size = validate.count('world_size', world_size, minimum=1, maximum=16)
+    algorithms = [validate.choice("algorithms[i]", a, BYTE_EXPERIMENTS) for a in algorithms]
     if numel % world_size:
         raise ValueError(f"numel must be a multiple of world_size so the formulas are exact: "
                          f"got numel={numel}, world_size={world_size}")
@@ -428,16 +416,9 @@ def _timing_worker(rank: int, world_size: int, numel: int, algorithms: Sequence[
     times: dict[str, list[float]] = {}
     for algorithm in algorithms:
         fn = dist.all_reduce if algorithm == "gloo" else C.ALL_REDUCE_ALGORITHMS[algorithm]
-        for _ in range(warmup):  # first calls pay for connection set-up and allocations
-            fn(x)
-        samples = []
-        for _ in range(repeats):
-            x.fill_(1.0)  # keep values finite however many times we sum them
-            dist.barrier()  # everyone starts together: we time the collective, not the stragglers
-            t0 = time.perf_counter()
-            fn(x)
-            samples.append(time.perf_counter() - t0)
-        times[algorithm] = samples
+        # x.fill_ keeps values finite however many times we sum them; per-rank samples
+        times[algorithm] = time_collective(lambda fn=fn: fn(x), warmup=warmup, repeat=repeats,
+                                           setup=lambda: x.fill_(1.0), max_over_ranks=False)
     return times
 
 
@@ -452,8 +433,8 @@ def time_all_reduce(sizes_bytes: Sequence[int], *, world_size: int = 4,
     seconds. On a shared CPU machine absolute times are noisy: compare algorithms within a run.
     Columns: algorithm, size_bytes, median_s, p25_s, p75_s, repeats.
     """
-    world_size = _world_size(world_size, minimum=2)
-    algorithms = [_choice("algorithms[i]", a, TIMED) for a in algorithms]
+    world_size = validate.count('world_size', world_size, minimum=2, maximum=16)
+    algorithms = [validate.choice("algorithms[i]", a, TIMED) for a in algorithms]
     if "recursive_doubling" in algorithms and world_size & (world_size - 1):
         raise ValueError(f"recursive_doubling needs a power-of-two world size, got "
                          f"world_size={world_size}; valid choices: 2, 4, 8, 16")
@@ -491,7 +472,7 @@ def _steps_and_message(algorithm: str, size_bytes: float, world_size: int) -> tu
                      "recursive_doubling")
 
 
-def fit_alpha_beta(times: pd.DataFrame, world_size: int,
+def fit_per_message_alpha_beta(times: pd.DataFrame, world_size: int,
                    algorithms: Sequence[str] = ("ring", "recursive_doubling")) -> tuple[float, float]:
     """Fit one (alpha, beta) to the all-reduce timings of the given from-scratch algorithms.
 

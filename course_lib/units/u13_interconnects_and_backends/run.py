@@ -11,7 +11,7 @@ predicts, each returned as plain data (dicts, tidy pandas DataFrames); plots liv
 - :func:`fit_sweep` / :func:`sweep_residuals`: the alpha-beta model fitted to that sweep;
 - :func:`link_table` / :func:`gradient_allreduce_table`: published link speeds turned into
   predicted gradient all-reduce times (formulas in ``course_lib.measure.estimate``);
-- :func:`hierarchical_allreduce_time`: intra-node + inter-node all-reduce, same model
+- ``estimate.hierarchical_allreduce_breakdown``: intra-node + inter-node all-reduce, same model
   (``estimate.hierarchical_allreduce_breakdown``);
 - :func:`topology_report`: ``nvidia-smi topo -m`` when there is one;
 - :func:`ddp_bucket_sweep`: DDP's ``bucket_cap_mb`` swept with the buckets counted by a comm hook
@@ -24,7 +24,6 @@ reduce-scatter *input*. ``algbw = size / time`` and ``busbw = algbw x 2(n-1)/n``
 """
 from __future__ import annotations
 
-import functools
 import math
 import shutil
 import statistics
@@ -38,7 +37,12 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
+from course_lib import validate
 from course_lib.measure import estimate
+from course_lib.measure.timeline import StepRecorder
+from course_lib.measure.timing import time_collective
+from course_lib.runtime import compat
+from course_lib.runtime.device import sync
 
 __all__ = [
     "SWEEP_COLLECTIVES",
@@ -51,7 +55,6 @@ __all__ = [
     "sweep_residuals",
     "link_table",
     "gradient_allreduce_table",
-    "hierarchical_allreduce_time",
     "topology_report",
     "TOPO_EXAMPLE",
     "BucketSweep",
@@ -63,30 +66,9 @@ SWEEP_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _int_at_least(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < low:
-        raise ValueError(f"{name}={value} must be >= {low}")
-    return value
-
-
-def _positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
-    if not value > 0:
-        raise ValueError(f"{name}={value!r} must be > 0")
-    return value
-
-
 def _clock() -> float:
     """Seconds for durations measured inside one process (perf_counter, the finest clock)."""
     return time.perf_counter()
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,9 +105,9 @@ def memcpy_bandwidth(size_bytes: int = 64 * estimate.MiB, *, warmup: int = 1,
     and returns ``{"size_bytes", "time_s" (median), "time_min_s", "time_max_s", "GBps"}`` where
     GBps = bytes copied / median time / 1e9 (the memory traffic is twice that: read + write).
     """
-    size = _int_at_least("size_bytes", size_bytes, 1)
-    warmup = _int_at_least("warmup", warmup, 0)
-    repeat = _int_at_least("repeat", repeat, 1)
+    size = validate.count("size_bytes", size_bytes, minimum=1)
+    warmup = validate.count("warmup", warmup, minimum=0)
+    repeat = validate.count("repeat", repeat, minimum=1)
     from course_lib.measure.timing import time_fn
 
     n = max(1, size // 4)
@@ -146,9 +128,9 @@ def memcpy_bandwidth(size_bytes: int = 64 * estimate.MiB, *, warmup: int = 1,
 # --------------------------------------------------------------------------------------------
 def sweep_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
     """Message sizes min_bytes, min_bytes*factor, ... up to max_bytes (inclusive), in bytes."""
-    lo = _int_at_least("min_bytes", min_bytes, 1)
-    hi = _int_at_least("max_bytes", max_bytes, 1)
-    f = _int_at_least("factor", factor, 1)
+    lo = validate.count("min_bytes", min_bytes, minimum=1)
+    hi = validate.count("max_bytes", max_bytes, minimum=1)
+    f = validate.count("factor", factor, minimum=1)
     if hi < lo:
         raise ValueError(f"max_bytes={hi} must be >= min_bytes={lo}")
     if f < 2:
@@ -202,9 +184,9 @@ class SweepConfig:
             raise ValueError(f"dtype={self.dtype!r} is not supported; valid choices: {tuple(_DTYPES)}")
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"backend={self.backend!r}; valid choices: 'auto', 'gloo', 'nccl'")
-        _int_at_least("warmup", self.warmup, 0)
-        _int_at_least("repeat", self.repeat, 1)
-        _positive("timeout", self.timeout)
+        validate.count("warmup", self.warmup, minimum=0)
+        validate.count("repeat", self.repeat, minimum=1)
+        validate.number("timeout", self.timeout, positive=True)
         self.sizes()  # validates min_bytes, max_bytes, factor
 
     def sizes(self) -> list[int]:
@@ -225,9 +207,7 @@ def _collective_op(collective: str, full: torch.Tensor, shard: torch.Tensor):
     all_gather: shard (S/n) -> full (S); reduce_scatter: full (S) -> shard (S/n)."""
     if collective == "all_reduce":
         return lambda: dist.all_reduce(full)
-    # torch >= 2.11 names them *_single; older releases *_into_tensor / *_tensor (same semantics)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    gather, scatter = compat.all_gather_single, compat.reduce_scatter_single
     if collective == "all_gather":
         return lambda: gather(full, shard)
     return lambda: scatter(shard, full)
@@ -274,18 +254,7 @@ def _sweep_worker(rank: int, world_size: int, collective: str, sizes: list[int],
         if i == 0:
             _check_collective(collective, full, shard, rank, world_size)
         op = _collective_op(collective, full, shard)
-        times = []
-        for it in range(warmup + repeat):
-            dist.barrier()
-            _sync(device)
-            t0 = _clock()
-            op()
-            _sync(device)
-            if it >= warmup:
-                times.append(_clock() - t0)
-        t = torch.tensor(times, dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # after timing: does not disturb it
-        t = sorted(t.cpu().tolist())
+        t = sorted(time_collective(op, warmup=warmup, repeat=repeat, device=device))
         records.append({"size_bytes": numel * itemsize, "time_s": statistics.median(t),
                         "time_min_s": t[0], "time_max_s": t[-1]})
     return records if rank == 0 else None
@@ -398,7 +367,7 @@ def gradient_allreduce_table(n_params: Sequence[float] = (1e9, 7e9), *, dtype: s
     for n in n_params:
         if isinstance(n, float) and n.is_integer():
             n = int(n)  # papers write 7e9
-        grad_bytes = _int_at_least("n_params", n, 1) * width
+        grad_bytes = validate.count("n_params", n, minimum=1) * width
         for link in estimate.LINK_SPEEDS.values():
             rows.append({
                 "n_params": int(n), "grad_bytes": grad_bytes, "link": link.name,
@@ -408,27 +377,6 @@ def gradient_allreduce_table(n_params: Sequence[float] = (1e9, 7e9), *, dtype: s
                     grad_bytes, world_size, link.per_direction_GBps),
             })
     return pd.DataFrame(rows)
-
-
-def hierarchical_allreduce_time(size_bytes: float, *, nodes: int, gpus_per_node: int,
-                                intra_GBps: float, inter_GBps: float, alpha_intra: float = 0.0,
-                                alpha_inter: float = 0.0) -> dict:
-    """Alpha-beta estimate of a two-level all-reduce against flat rings over every GPU.
-
-    N = ``nodes`` nodes of G = ``gpus_per_node`` GPUs, ``intra_GBps`` per direction inside a node,
-    one NIC of ``inter_GBps`` per GPU; bandwidths in GB/s (1e9 B/s), alphas in seconds. The
-    formula (reduce-scatter in the node, all-reduce of the S/G shards across nodes, all-gather in
-    the node; flat: G rings of S/G over all N*G GPUs) and its sources are in
-    ``estimate.hierarchical_allreduce_breakdown``, which this calls. Returns its dict:
-    reduce_scatter_intra_s, allreduce_inter_s, all_gather_intra_s, hierarchical_s and
-    flat_rings_s, in seconds.
-    """
-    return estimate.hierarchical_allreduce_breakdown(
-        _positive("size_bytes", size_bytes), nodes=_int_at_least("nodes", nodes, 1),
-        gpus_per_node=_int_at_least("gpus_per_node", gpus_per_node, 1),
-        intra_GBps=_positive("intra_GBps", intra_GBps),
-        inter_GBps=_positive("inter_GBps", inter_GBps),
-        alpha_intra=alpha_intra, alpha_inter=alpha_inter)
 
 
 # --------------------------------------------------------------------------------------------
@@ -468,7 +416,7 @@ def topology_report(*, timeout: float = 10.0) -> dict:
     if exe is not None:
         try:
             out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True,
-                                 timeout=_positive("timeout", timeout), check=False)
+                                 timeout=validate.number("timeout", timeout, positive=True), check=False)
             if out.returncode == 0 and out.stdout.strip():
                 return {"measured": True, "source": f"{exe} topo -m", "text": out.stdout}
             reason = (out.stderr or out.stdout).strip().splitlines()[:1] or ["no output"]
@@ -515,57 +463,6 @@ def _mlp(width: int, depth: int) -> torch.nn.Module:
     return MLP(MLPConfig(in_features=width, hidden=(width,) * (depth - 1), out_features=width))
 
 
-class _StepRecorder:
-    """The timeline of one DDP step on one rank, recorded with measure.timing.EventLog.
-
-    ``comm_hook`` is DDP's default hook (allreduce_hook: all-reduce the bucket, divide by the
-    world size) with a stopwatch: a bucket's span starts when DDP hands it over and ends in the
-    future's callback, when the all-reduce is done. A layer's backward span starts when its output
-    gradient arrives (module backward pre-hook) and ends when its last parameter gradient is
-    accumulated, the moment DDP's own autograd hook marks it ready. (A full backward hook would
-    misfire on layer 0, whose input needs no gradient.)
-    """
-
-    def __init__(self, rank: int, world_size: int, layers) -> None:
-        self.rank, self.world_size = rank, world_size
-        self.n_params = {}
-        for i, layer in enumerate(layers):
-            params = list(layer.parameters())
-            self.n_params[i] = len(params)
-            layer.register_full_backward_pre_hook(functools.partial(self._layer_start, i))
-            for p in params:
-                p.register_post_accumulate_grad_hook(functools.partial(self._layer_end, i))
-        self.new_step()
-
-    def new_step(self) -> None:
-        from course_lib.measure.timing import EventLog
-
-        self.log = EventLog(self.rank)
-        self.calls: list[int] = []  # bytes of each bucket, in the order DDP handed them over
-        self._started: dict[int, int] = {}
-        self._remaining: dict[int, int] = {}
-
-    def _layer_start(self, i: int, module, grad_output) -> None:
-        self._started[i], self._remaining[i] = self.log.now_ns(), self.n_params[i]
-
-    def _layer_end(self, i: int, param) -> None:
-        self._remaining[i] -= 1
-        if self._remaining[i] == 0:  # weight and bias both accumulated
-            self.log.add(f"backward L{i}", self._started[i], self.log.now_ns(), lane="compute")
-
-    def comm_hook(self, state, bucket):
-        buf = bucket.buffer()
-        log, nbytes, index = self.log, buf.numel() * buf.element_size(), bucket.index()
-        start = log.now_ns()
-        self.calls.append(nbytes)
-        fut = dist.all_reduce(buf, async_op=True).get_future()
-
-        def done(f):  # runs when the all-reduce completes (gloo: on its worker thread)
-            log.add(f"bucket {index}", start, log.now_ns(), lane="comm", bytes=nbytes)
-            return f.value()[0].div_(self.world_size)
-        return fut.then(done)
-
-
 def _bucket_worker(rank: int, world_size: int, caps_mb: list[float], width: int, depth: int,
                    batch: int, warmup: int, steps: int) -> dict:
     """Build a fresh DDP model per cap; count buckets with a comm hook; log a timeline."""
@@ -583,7 +480,7 @@ def _bucket_worker(rank: int, world_size: int, caps_mb: list[float], width: int,
         model = _mlp(width, depth).to(device)
         grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         ddp = DDP(model, bucket_cap_mb=cap)
-        rec = _StepRecorder(rank, world_size, model.layers)
+        rec = StepRecorder(rank, world_size, model.layers)
         ddp.register_comm_hook(None, rec.comm_hook)
 
         torch.manual_seed(1 + rank)  # each rank its own data, as in data parallelism
@@ -593,10 +490,10 @@ def _bucket_worker(rank: int, world_size: int, caps_mb: list[float], width: int,
         for step in range(warmup + steps):
             model.zero_grad(set_to_none=True)
             dist.barrier()
-            _sync(device)
+            sync(device)
             t0 = _clock()
             model(x).square().mean().backward()
-            _sync(device)
+            sync(device)
             if step >= warmup:
                 local.append(_clock() - t0)
         step_times, bwd_times = [], []
@@ -604,12 +501,12 @@ def _bucket_worker(rank: int, world_size: int, caps_mb: list[float], width: int,
             model.zero_grad(set_to_none=True)
             rec.new_step()  # keeps only the last step's timeline
             dist.barrier()
-            _sync(device)
+            sync(device)
             t0 = _clock()
             loss = ddp(x).square().mean()
             t_bwd = _clock()
             loss.backward()  # returns after DDP waited for every bucket's future
-            _sync(device)
+            sync(device)
             t1 = _clock()
             if step >= warmup:
                 step_times.append(t1 - t0)
@@ -655,15 +552,15 @@ def ddp_bucket_sweep(bucket_caps_mb: Sequence[float] = (1, 2, 4, 25), *, world_s
     from course_lib.measure.timing import merge_event_logs
     from course_lib.runtime.launch import launch
 
-    caps = [_positive("bucket_caps_mb[i]", c) for c in bucket_caps_mb]
+    caps = [validate.number("bucket_caps_mb[i]", c, positive=True) for c in bucket_caps_mb]
     if not caps:
         raise ValueError("bucket_caps_mb must not be empty, e.g. (1, 2, 4, 25)")
     for name, v in (("world_size", world_size), ("width", width), ("depth", depth),
                     ("batch", batch), ("steps", steps)):
-        _int_at_least(name, v, 1)
+        validate.count(name, v, minimum=1)
     if world_size < 2:
         raise ValueError(f"world_size={world_size} must be >= 2 (DDP needs peers to reduce with)")
-    _int_at_least("warmup", warmup, 0)
+    validate.count("warmup", warmup, minimum=0)
     # One launch for every cap: constructing the first DDP in a process imports torch._dynamo
     # (seconds on a small machine), a cost a launch per cap would pay again and again.
     res = launch(_bucket_worker, world_size, caps, width, depth, batch, warmup, steps,

@@ -43,14 +43,14 @@ def test_budget_for_cpu_is_simulated():
 
 
 def test_op_costs_match_estimate():
-    c = u2.matmul_cost(8, 16, 32, torch.float16)
+    c = u2.matmul_op_cost(8, 16, 32, torch.float16)
     assert c.flops == estimate.matmul_flops(8, 16, 32) == 2 * 8 * 16 * 32
     assert c.bytes == 2 * (8 * 32 + 32 * 16 + 8 * 16)
     assert c.intensity == pytest.approx(estimate.matmul_arithmetic_intensity(8, 16, 32, dtype_bytes=2))
-    g = u2.elementwise_cost("gelu", 1000)
+    g = u2.elementwise_op_cost("gelu", 1000)
     assert g.bytes == 8000 and g.intensity == pytest.approx(1.0)
     with pytest.raises(ValueError, match=r"op must be one of \['gelu', 'layernorm'\], got 'relu'"):
-        u2.elementwise_cost("relu", 10)
+        u2.elementwise_op_cost("relu", 10)
 
 
 def test_roofline_runs_and_classifies_by_ridge_point():

@@ -130,7 +130,7 @@ def _synthetic_times(alpha: float, beta: float, world_size: int, sizes) -> pd.Da
 def test_fit_recovers_alpha_beta_and_the_crossover_from_model_data():
     alpha, beta, n = 50e-6, 1e-9, 4
     times = _synthetic_times(alpha, beta, n, [2**k for k in range(8, 26, 2)])
-    a, b = E.fit_alpha_beta(times, n)
+    a, b = E.fit_per_message_alpha_beta(times, n)
     assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
     cmp = E.compare_with_model(times, n, a, b)
     assert cmp.ratio.sub(1).abs().max() < 1e-6

@@ -153,25 +153,25 @@ def test_link_table_and_gradient_times_reproduce_the_published_example():
 
 def test_hierarchical_allreduce_matches_the_ring_on_one_node_and_wins_on_latency():
     s, g = 2 * 10**9, 8
-    one_node = E.hierarchical_allreduce_time(s, nodes=1, gpus_per_node=g, intra_GBps=450,
+    one_node = estimate.hierarchical_allreduce_breakdown(s, nodes=1, gpus_per_node=g, intra_GBps=450,
                                              inter_GBps=50, alpha_intra=5e-6)
     ring = estimate.allreduce_time(s, g, alpha=5e-6, bandwidth=450e9)
     assert one_node["allreduce_inter_s"] == 0.0
     assert one_node["hierarchical_s"] == pytest.approx(ring, rel=1e-12)
     kw = dict(nodes=4, gpus_per_node=g, intra_GBps=450, inter_GBps=50, alpha_intra=5e-6,
               alpha_inter=20e-6)
-    big = E.hierarchical_allreduce_time(s, **kw)
+    big = estimate.hierarchical_allreduce_breakdown(s, **kw)
     assert big["allreduce_inter_s"] == pytest.approx(
         estimate.allreduce_time(s / g, 4, alpha=20e-6, bandwidth=50e9), rel=1e-12)
     assert big["flat_rings_s"] == pytest.approx(
         2 * 31 * 20e-6 + 2 * 31 / 32 * (s / g) / 50e9, rel=1e-12)  # 8 rings of S/8 bytes
     assert big["hierarchical_s"] == pytest.approx(
         2 * big["reduce_scatter_intra_s"] + big["allreduce_inter_s"], rel=1e-12)
-    small = E.hierarchical_allreduce_time(MiB, **kw)
+    small = estimate.hierarchical_allreduce_breakdown(MiB, **kw)
     assert small["hierarchical_s"] < small["flat_rings_s"]  # latency-bound: fewer slow steps
     assert big["flat_rings_s"] < big["hierarchical_s"]  # bandwidth-bound: intra phases cost
     with pytest.raises(ValueError, match="nodes"):
-        E.hierarchical_allreduce_time(s, nodes=0, gpus_per_node=8, intra_GBps=1, inter_GBps=1)
+        estimate.hierarchical_allreduce_breakdown(s, nodes=0, gpus_per_node=8, intra_GBps=1, inter_GBps=1)
 
 
 def test_topology_report_runs_nvidia_smi_or_labels_the_example(tmp_path, monkeypatch):

@@ -1,0 +1,24 @@
+"""The one place for torch-version fallbacks.
+
+torch 2.13 renamed the flat-tensor collectives: ``all_gather_into_tensor`` became
+``all_gather_single`` and ``reduce_scatter_tensor`` became ``reduce_scatter_single`` (the old
+names still work and call the new ones). The course is tested with 2.13 and runs on older
+builds (a lent GPU machine may have 2.11), so code calls these two names from here.
+"""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+__all__ = ["all_gather_single", "reduce_scatter_single"]
+
+
+def all_gather_single(output, input, group=None, async_op: bool = False):
+    """``output`` (world_size * input.numel()) <- every rank's ``input``, in rank order."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(output, input, group=group, async_op=async_op)
+
+
+def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+    """``output`` <- this rank's chunk of the element-wise reduction of every rank's ``input``."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, op=op, group=group, async_op=async_op)
