@@ -33,7 +33,7 @@ def test_token_tasks_shapes_and_targets():
     assert torch.equal(y, x.flip(1))
     with pytest.raises(ValueError, match="task='shuffle'.*copy, reverse, sort"):
         data.copy_or_sort_task(3, 6, 10, task="shuffle")
-    with pytest.raises(ValueError, match="seq must be a positive int"):
+    with pytest.raises(ValueError, match="seq = 0: expected an int >= 1"):
         data.random_token_batches(10, 2, 0)
 
 
@@ -96,7 +96,7 @@ def test_permutation_batch_deterministic_one_successor_per_token():
     assert torch.equal(data.permutation_batch(cfg, 4, 8, generator=3)[0], idx)
     with pytest.raises(TypeError, match="generator must be a torch.Generator or an int seed"):
         data.permutation_batch(32, 4, 8, generator=None)
-    with pytest.raises(ValueError, match="seq must be a positive int"):
+    with pytest.raises(ValueError, match="seq = 0: expected an int >= 1"):
         data.permutation_batch(32, 4, 0, generator=0)
 
 

@@ -48,7 +48,7 @@ def test_model_state_bytes_recipes():
 
 
 def test_model_state_bytes_bad_values_name_parameter_and_choices():
-    with pytest.raises(ValueError, match=r"precision = 'fp8'.*fp32, fp16-mixed, bf16-mixed, bf16-true"):
+    with pytest.raises(ValueError, match=r"precision = 'fp8'.*fp32, bf16-mixed, fp16-mixed, bf16-true"):
         E.model_state_bytes(10, precision="fp8")
     with pytest.raises(ValueError, match=r"optimizer = 'adafactor': expected"):
         E.model_state_bytes(10, optimizer="adafactor")

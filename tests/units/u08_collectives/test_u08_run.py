@@ -57,7 +57,7 @@ def test_three_ranks_and_a_different_root():
 
 
 def test_bad_arguments_raise_before_launching():
-    with pytest.raises(ValueError, match="valid choices"):
+    with pytest.raises(ValueError, match="expected one of"):
         E.run_primitives(["allreduce"])
     with pytest.raises(ValueError, match="world_size=3"):
         E.run_primitives(["recursive_doubling (from scratch)"], world_size=3)
@@ -65,10 +65,10 @@ def test_bad_arguments_raise_before_launching():
         E.run_primitives(["broadcast"], world_size=2, root=2)
     with pytest.raises(ValueError, match="multiple of world_size"):
         E.measure_bytes(world_size=4, numel=1001)
-    with pytest.raises(ValueError, match="valid choices"):
+    with pytest.raises(ValueError, match="expected one of"):
         E.time_all_reduce([1024], algorithms=["tree"])
     with pytest.raises(TypeError, match="world_size"):
-        E.measure_bytes(world_size=2.0)
+        E.measure_bytes(world_size=2.5)
 
 
 def test_worked_example_mean_and_sgd_step():
