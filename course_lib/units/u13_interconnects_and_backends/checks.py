@@ -20,7 +20,6 @@ from importlib import resources
 from typing import Sequence
 
 from course_lib.grading.core import fail, passed, run_learner
-from course_lib.measure import estimate
 
 __all__ = [
     "load_sweep",
@@ -63,8 +62,11 @@ def sweep_provenance() -> dict:
 # the reference rule for task 2
 # --------------------------------------------------------------------------------------------
 #: Seconds of communication left after backward for one bucket size: the model is
-#: ``estimate.ddp_exposed_comm_time`` (documented there), re-exported here under its old name.
-exposed_comm_time = estimate.ddp_exposed_comm_time
+def exposed_comm_time(*args, **kwargs):
+    """``estimate.ddp_exposed_comm_time`` (documented there), under its old name."""
+    from course_lib.measure import estimate
+
+    return estimate.ddp_exposed_comm_time(*args, **kwargs)
 
 
 def reference_bucket_bytes(alpha: float, beta: float, backward_s: float, grad_bytes: int,
@@ -74,6 +76,8 @@ def reference_bucket_bytes(alpha: float, beta: float, backward_s: float, grad_by
     which makes fewer calls."""
     if not candidates:
         raise ValueError("candidates must not be empty")
+    from course_lib.measure import estimate
+
     best, best_t = None, math.inf
     for b in sorted(int(c) for c in candidates):
         t = estimate.ddp_exposed_comm_time(b, grad_bytes=grad_bytes, backward_s=backward_s,
@@ -108,6 +112,8 @@ def _groups():
 def check_alpha_beta_fit(fit_alpha_beta, task: int = 1) -> None:
     """Task: least-squares T = alpha + beta S on every (collective, world size) of the recorded
     sweep, compared with estimate.fit_alpha_beta (rtol 1e-6; alpha also within 1e-9 s)."""
+    from course_lib.measure import estimate
+
     n = 0
     for coll, ws, sizes, times in _groups():
         expected = estimate.fit_alpha_beta(sizes, times)
@@ -127,6 +133,8 @@ def check_alpha_beta_fit(fit_alpha_beta, task: int = 1) -> None:
 def check_bucket_choice(choose_bucket_bytes, task: int = 2) -> None:
     """Task: pick the bucket size with the least exposed communication (reference rule:
     :func:`reference_bucket_bytes`) in every scenario of :data:`BUCKET_SCENARIOS`."""
+    from course_lib.measure import estimate
+
     chosen = []
     for name, alpha, beta, bwd, grad, cands in BUCKET_SCENARIOS:
         expected = reference_bucket_bytes(alpha, beta, bwd, grad, cands)
@@ -157,6 +165,8 @@ _LINK_CASES = (  # (n_params, dtype, world_size, link name)
 def check_allreduce_prediction(predict_allreduce_s, task: int = 3) -> None:
     """Task: ring all-reduce time of a model's gradients on a published link (headline GB/s),
     compared with estimate.allreduce_time_on_link (rtol 1e-6)."""
+    from course_lib.measure import estimate
+
     for n_params, dtype, ws, link in _LINK_CASES:
         size = n_params * estimate.dtype_bytes(dtype)
         expected = estimate.allreduce_time_on_link(size, ws, estimate.link_speed(link).GBps)
