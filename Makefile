@@ -14,7 +14,7 @@ BROWSER_FLAG := $(shell [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && [ "$$(uname)" != 
 PIP_ARGS ?=
 NBVAL_FLAGS := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
-.PHONY: help install lab test unit-tests notebook-tests exercises check-exercises notebooks lint clean
+.PHONY: help install lab test unit-tests notebook-tests exercises check-exercises notebooks lint clean new-unit
 
 help:
 	@echo "make lab        install on first use, then start JupyterLab on notebooks/00_start_here.ipynb"
@@ -22,6 +22,7 @@ help:
 	@echo "make exercises  regenerate exercises/ from solutions/"
 	@echo "make notebooks  re-execute notebooks/ and solutions/ in place, then regenerate exercises/"
 	@echo "make lint       ruff over course_lib/ and tests/"
+	@echo "make new-unit NN=05 TOPIC=cpu_offload TITLE=\"CPU offload\"   start a unit from course_lib/units/_template/"
 
 install: $(STAMP)
 
@@ -54,6 +55,9 @@ notebooks: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check course_lib tests
+
+new-unit: $(STAMP)
+	$(BIN)/python -m course_lib.units.new_unit "$(NN)" "$(TOPIC)" $(if $(TITLE),"$(TITLE)")
 
 clean:
 	rm -rf $(VENV) .pytest_cache
