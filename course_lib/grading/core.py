@@ -1,4 +1,4 @@
-"""Verdict helpers shared by every unit's checks (``course_lib.grading.unitNN``).
+"""Verdict helpers shared by every unit's checks (``course_lib.units.uNN_topic.checks``).
 
 A graded check cell calls one check; the check prints exactly one deterministic line
 

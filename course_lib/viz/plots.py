@@ -6,7 +6,7 @@ Pure functions: nothing is measured here, nothing is shown (a notebook cell endi
 
 Style, the same in every unit: one colour per memory category (``CATEGORY_COLORS``), large fonts
 (``STYLE``, readable from the back of a lecture room), bytes shown in MiB (2**20) unless a
-function says otherwise. Unit-specific plots live in ``plots_unitNN.py`` next to this file and
+function says otherwise. Unit-specific plots live in ``course_lib/units/uNN_topic/plots.py`` and
 reuse ``CATEGORY_COLORS``, ``PHASE_COLORS`` and ``style()``.
 
 Contents:
