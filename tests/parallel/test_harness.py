@@ -2,9 +2,10 @@
 
 The wrappers under test are written here, small on purpose (the real ones belong to units 09-12):
 a data-parallel wrapper that all-reduces and averages gradients after backward, two broken
-variants of it, torch's own DistributedDataParallel, and on 2 ranks a two-stage pipeline and
-torch's tensor parallelism (``parallelize_module``). Each world size is launched once; the rank
-function trains every case and returns the records, and the comparisons happen here.
+variants of it, torch's own DistributedDataParallel, on 2 ranks a two-stage pipeline and
+torch's tensor parallelism (``parallelize_module``), and on 4 ranks a dp 2 × tp 2 Mesh (tensor
+parallel pairs whose gradient shards are averaged over the DP group). Each world size is launched
+once; the rank function trains every case and returns the records; the comparisons happen here.
 """
 from __future__ import annotations
 
@@ -114,6 +115,25 @@ def pipeline_gather(stage, which):
     return H.merge_across(H.full_tensors(stage, which))
 
 
+def tp_dp_step(model, batch, mesh):
+    """2-D parallelism: torch's tensor parallelism inside each TP pair, then this step averages
+    every gradient shard over the DP replicas of the mesh."""
+    loss = H.mse_loss(model, batch)
+    loss.backward()
+    for p in model.parameters():
+        local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad  # my shard
+        dist.all_reduce(local, group=mesh.group("dp"))
+        local /= mesh.dp
+    return loss
+
+
+def tensor_parallel(model, mesh):
+    import torch.distributed.tensor.parallel as tp  # heavy: imported in the ranks only
+
+    return tp.parallelize_module(model, mesh["tp"], {"layers.0": tp.ColwiseParallel(),
+                                                     "layers.1": tp.RowwiseParallel()})
+
+
 # ---- one launch per world size ---------------------------------------------------------------
 def _train_every_case(rank, world_size):
     from torch.nn.parallel import DistributedDataParallel
@@ -132,16 +152,18 @@ def _train_every_case(rank, world_size):
             out[bug, "sgd"] = run(ManualDDP(model_fn(0), bug=bug), step_fn=manual_step,
                                   shard=(rank, world_size))
     if world_size == 2:
-        import torch.distributed.tensor.parallel as tp  # heavy: imported in the ranks only
-
         out["pipeline", "adamw"] = run(Stage(model_fn(0), rank), optimizer_fn=OPTIMIZERS["adamw"],
                                        step_fn=pipeline_step, gather_fn=pipeline_gather)
-        model = tp.parallelize_module(model_fn(0), Mesh(tp=2)["tp"], {
-            "layers.0": tp.ColwiseParallel(), "layers.1": tp.RowwiseParallel()})
-        out["tensor", "sgd"] = run(model)
+        out["tensor", "sgd"] = run(tensor_parallel(model_fn(0), Mesh(tp=2)))
         out["gpt", "adamw"] = run(DistributedDataParallel(gpt_fn(0)), batch_fn=token_batch_fn,
                                   optimizer_fn=OPTIMIZERS["adamw"],
                                   loss_fn=H.cross_entropy_loss, shard=(rank, world_size))
+    if world_size == 4:
+        mesh = Mesh(dp=2, tp=2)
+        out["tp x dp", "adamw"] = run(tensor_parallel(model_fn(0), mesh),
+                                      optimizer_fn=OPTIMIZERS["adamw"],
+                                      step_fn=functools.partial(tp_dp_step, mesh=mesh),
+                                      shard=(mesh.dp_rank, mesh.dp))
     return out
 
 
@@ -194,6 +216,10 @@ def test_a_rank_that_drops_the_all_reduce_is_named(world_size):
 def test_pipeline_stages_and_torch_tensor_parallel_fit_the_same_harness():
     H.assert_parity(reference("adamw"), records(2, ("pipeline", "adamw")))
     H.assert_parity(reference("sgd"), records(2, ("tensor", "sgd")))
+
+
+def test_a_mesh_of_two_tp_pairs_trained_data_parallel_matches_one_process():
+    H.assert_parity(reference("adamw"), records(4, ("tp x dp", "adamw")))
 
 
 def test_a_float64_gpt_with_adamw_under_torch_ddp_matches_one_process():
