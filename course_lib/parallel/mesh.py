@@ -7,7 +7,7 @@ and passed explicitly to whatever needs a group; nothing here is stored globally
     def fn(rank, world_size):
         mesh = Mesh(dp=2, tp=2)                 # 4 ranks: 2 replicas of a 2-way tensor split
         shard = (mesh.dp_rank, mesh.dp)         # which slice of the batch this rank trains on
-        dist.all_reduce(grad, group=mesh.group("dp"))   # average over the replicas only
+        dist.all_reduce(grad, group=mesh.group("dp"))   # sum over the replicas only
         ...
     course_lib.launch(fn, 4)
 
