@@ -1,0 +1,223 @@
+"""Where each rank sits when data, tensor and pipeline parallelism are combined.
+
+Used in notebooks/09_data_parallelism.ipynb, 10 (ZeRO/FSDP), 11 (tensor parallelism) and 12
+(pipeline parallelism), and in their tests. A :class:`Mesh` is made once inside the rank function
+and passed explicitly to whatever needs a group; nothing here is stored globally::
+
+    def fn(rank, world_size):
+        mesh = Mesh(dp=2, tp=2)                 # 4 ranks: 2 replicas of a 2-way tensor split
+        shard = (mesh.dp_rank, mesh.dp)         # which slice of the batch this rank trains on
+        dist.all_reduce(grad, group=mesh.group("dp"))   # sum over the replicas only
+        ...
+    course_lib.launch(fn, 4)
+
+The layout. The ``world_size = pp × dp × tp`` ranks are laid out in a 3-D grid of shape
+``(pp, dp, tp)``, in row-major order, so the last dimension varies fastest::
+
+    rank = (pp_rank × dp + dp_rank) × tp + tp_rank
+
+``tp`` is innermost, so the ranks of one tensor-parallel group are consecutive. That is
+Megatron-LM's convention (Shoeybi et al. 2019, arXiv:1909.08053; Narayanan et al. 2021,
+arXiv:2104.04473): with 8 GPUs per node and ``tp <= 8`` a TP group never leaves its node, which
+matters because tensor parallelism talks at every layer (twice per forward). Data parallelism
+talks once per step and pipeline parallelism only passes activations between neighbours, so they
+can cross the slower links between nodes; ``pp`` is outermost. For dp=2, tp=2, pp=2::
+
+    >>> print(format_layout(dp=2, tp=2, pp=2))
+                tp 0  tp 1
+    pp 0  dp 0     0     1
+    pp 0  dp 1     2     3
+    pp 1  dp 0     4     5
+    pp 1  dp 1     6     7
+
+A row is a TP group, a column within one ``pp`` block is a DP group ({0, 2}, {1, 3}, ...), and
+ranks with the same ``(dp, tp)`` in every block form a PP group ({0, 4}, {1, 5}, ...).
+
+Pure functions (no process group needed, so a notebook can print the grid and a test can check
+it without starting ranks): :func:`check_sizes`, :func:`layout` (rank -> :class:`Coord`),
+:func:`rank_groups` (every group along one dimension) and :func:`format_layout`.
+``pandas.DataFrame(layout(dp=2, tp=2, pp=2))`` gives the same table with a column per dimension.
+
+:class:`Mesh` is built on ``torch.distributed.device_mesh.init_device_mesh``, which creates one
+process group per row along each dimension (every rank takes part in creating all of them, so
+every rank must build the same Mesh, in the same order). ``mesh["tp"]`` is the 1-D
+``DeviceMesh`` that torch's own APIs take (``fully_shard(mesh=...)``, ``parallelize_module``).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch.distributed as dist
+
+from course_lib import validate
+
+__all__ = ["DIMS", "Coord", "Mesh", "check_sizes", "layout", "rank_groups", "format_layout"]
+
+#: mesh dimensions, outermost first (the order of the grid and of :class:`Coord`)
+DIMS = ("pp", "dp", "tp")
+
+
+class Coord(NamedTuple):
+    """Where one rank sits: its index along each dimension of the mesh."""
+
+    pp: int
+    dp: int
+    tp: int
+
+
+def check_sizes(*, dp=1, tp=1, pp=1, world_size=None) -> dict[str, int]:
+    """The sizes as ``{"pp": .., "dp": .., "tp": ..}`` (outermost first), checked.
+
+    Each size must be an int >= 1; when ``world_size`` is given it must equal their product.
+
+    Raises:
+        TypeError / ValueError: naming the bad value, e.g.
+            ``world_size = 6: expected dp 2 × tp 2 × pp 2 = 8 ranks``.
+    """
+    sizes = {"pp": validate.count("pp", pp, minimum=1),
+             "dp": validate.count("dp", dp, minimum=1),
+             "tp": validate.count("tp", tp, minimum=1)}
+    if world_size is not None:
+        world_size = validate.count("world_size", world_size, minimum=1)
+        product = math.prod(sizes.values())
+        if world_size != product:
+            raise ValueError(f"world_size = {world_size}: expected dp {sizes['dp']} × "
+                             f"tp {sizes['tp']} × pp {sizes['pp']} = {product} ranks")
+    return sizes
+
+
+def layout(*, dp=1, tp=1, pp=1) -> list[Coord]:
+    """The coordinates of every rank: ``layout(...)[rank]`` is the :class:`Coord` of ``rank``."""
+    s = check_sizes(dp=dp, tp=tp, pp=pp)
+    return [Coord(pp=r // (s["dp"] * s["tp"]), dp=r // s["tp"] % s["dp"], tp=r % s["tp"])
+            for r in range(math.prod(s.values()))]
+
+
+def rank_groups(dim: str, *, dp=1, tp=1, pp=1) -> list[list[int]]:
+    """Every group along ``dim``: the lists of global ranks that differ only in their ``dim``
+    coordinate, each ordered by that coordinate; groups ordered by their lowest rank.
+
+    ``rank_groups("tp", dp=2, tp=2) == [[0, 1], [2, 3]]``,
+    ``rank_groups("dp", dp=2, tp=2) == [[0, 2], [1, 3]]``.
+    """
+    dim = validate.choice("dim", dim, DIMS)
+    groups: dict[tuple, list[int]] = {}
+    for rank, coord in enumerate(layout(dp=dp, tp=tp, pp=pp)):
+        others = tuple(v for d, v in coord._asdict().items() if d != dim)
+        groups.setdefault(others, []).append(rank)  # ranks ascend, so each list is by `dim`
+    return sorted(groups.values())
+
+
+def format_layout(*, dp=1, tp=1, pp=1) -> str:
+    """The grid as text: one line per (pp, dp) pair, one column per tp index (see the module
+    docstring)."""
+    table = layout(dp=dp, tp=tp, pp=pp)
+    labels = [f"pp {c.pp}  dp {c.dp}" for c in table[::tp]]  # one per row
+    left = max(map(len, labels))
+    cell = max(len(f"tp {tp - 1}"), len(str(len(table) - 1))) + 2
+    lines = [" " * left + "".join(f"tp {t}".rjust(cell) for t in range(tp))]
+    for row, label in enumerate(labels):
+        lines.append(label.ljust(left)
+                     + "".join(str(r).rjust(cell) for r in range(row * tp, (row + 1) * tp)))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+class Mesh:
+    """The dp × tp × pp grid of ranks, with one process group per dimension for this rank.
+
+    Build it inside every rank (after ``course_lib.launch`` or torchrun has set up the default
+    process group), with the same sizes everywhere::
+
+        mesh = Mesh(dp=2, tp=2, pp=1)
+        mesh.coords                  # Coord(pp=0, dp=1, tp=0) on rank 2
+        mesh.dp_rank, mesh.tp_rank   # 1, 0
+        mesh.group("dp")             # the process group of rank 2's DP replicas: ranks [0, 2]
+        mesh.ranks("dp")             # [0, 2]
+
+    Args:
+        dp, tp, pp: sizes of the data-, tensor- and pipeline-parallel dimensions, ints >= 1
+            (keyword-only, so the order of the grid cannot be mixed up with the order of the
+            arguments).
+        world_size: the number of ranks you expect; checked against the sizes before anything
+            starts. By default, the size of the default process group.
+        device_type: what ``DeviceMesh`` places its tensors on: "cuda" under NCCL, else "cpu"
+            (the default picks from the default group's backend).
+
+    Raises:
+        TypeError / ValueError: bad sizes, or sizes whose product is not the world size.
+        RuntimeError: no default process group (build the Mesh inside a rank).
+    """
+
+    def __init__(self, *, dp=1, tp=1, pp=1, world_size=None, device_type: str | None = None):
+        self.sizes = check_sizes(dp=dp, tp=tp, pp=pp, world_size=world_size)
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("Mesh needs the default process group: build it inside a rank "
+                               "started by course_lib.launch (or torchrun); layout() and "
+                               "format_layout() give the grid without ranks")
+        actual = dist.get_world_size()
+        if world_size is not None and world_size != actual:
+            raise ValueError(f"world_size = {world_size}: expected the {actual} ranks of the "
+                             "default process group")
+        check_sizes(dp=dp, tp=tp, pp=pp, world_size=actual)
+        if device_type is None:
+            device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        # imported here: torch.distributed.device_mesh pulls in DTensor machinery
+        from torch.distributed.device_mesh import init_device_mesh
+        self.device_mesh = init_device_mesh(device_type, tuple(self.sizes.values()),
+                                            mesh_dim_names=DIMS)
+        self.rank = dist.get_rank()
+        self.world_size = actual
+        self.coords = Coord(*self.device_mesh.get_coordinate())
+
+    # ---- sizes ---------------------------------------------------------------------------
+    def size(self, dim: str) -> int:
+        """Number of ranks along ``dim`` ("pp", "dp" or "tp")."""
+        return self.sizes[validate.choice("dim", dim, DIMS)]
+
+    @property
+    def dp(self) -> int:
+        return self.sizes["dp"]
+
+    @property
+    def tp(self) -> int:
+        return self.sizes["tp"]
+
+    @property
+    def pp(self) -> int:
+        return self.sizes["pp"]
+
+    # ---- where am I ----------------------------------------------------------------------
+    def coord(self, dim: str) -> int:
+        """This rank's index along ``dim``: its rank inside ``group(dim)``."""
+        return getattr(self.coords, validate.choice("dim", dim, DIMS))
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coords.dp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.coords.tp
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coords.pp
+
+    # ---- groups --------------------------------------------------------------------------
+    def group(self, dim: str) -> dist.ProcessGroup:
+        """The process group of the ranks that share this rank's coordinates except along
+        ``dim`` (pass it as ``group=`` to any collective)."""
+        return self.device_mesh.get_group(validate.choice("dim", dim, DIMS))
+
+    def ranks(self, dim: str) -> list[int]:
+        """The global ranks of ``group(dim)``, ordered by their coordinate along ``dim``."""
+        return self.device_mesh[validate.choice("dim", dim, DIMS)].mesh.tolist()
+
+    def __getitem__(self, dim: str):
+        """The 1-D ``DeviceMesh`` along ``dim``, for torch APIs that take one."""
+        return self.device_mesh[validate.choice("dim", dim, DIMS)]
+
+    def __repr__(self) -> str:
+        return (f"Mesh(dp={self.dp}, tp={self.tp}, pp={self.pp}; rank {self.rank} at "
+                f"pp={self.pp_rank}, dp={self.dp_rank}, tp={self.tp_rank})")
