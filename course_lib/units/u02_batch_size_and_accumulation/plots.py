@@ -11,7 +11,8 @@ import pandas as pd
 from course_lib.measure.estimate import GB, MiB
 from course_lib.viz.plots import require_columns, style
 
-__all__ = ["plot_roofline", "plot_throughput_vs_batch", "plot_accumulation", "plot_batch_search"]
+__all__ = ["plot_roofline", "plot_throughput_vs_batch", "plot_accumulation", "plot_batch_search",
+           "plot_budget_check"]
 
 
 def plot_roofline(ops: pd.DataFrame, machine: dict, *, title: str | None = None):
@@ -130,5 +131,26 @@ def _batch_search(rows, capacity_bytes, label, title):
     ax.legend()
     ax.grid(True, alpha=0.3)
     ax.set_title(title or "Largest batch that fits: measured peak per probe")
+    fig.tight_layout()
+    return fig
+
+
+def plot_budget_check(df: pd.DataFrame, capacity_bytes: int, *, label: str = "budget",
+                      title: str | None = None):
+    """One bar per mode: measured peak of one optimizer step beside the budget line (fits:
+    green, out of memory: red). ``df``: the explorer's result (mode, peak_bytes, fits)."""
+    require_columns(df, ["mode", "peak_bytes", "fits"], "df")
+    with style():
+        return _budget_check(df, capacity_bytes, label, title)
+
+
+def _budget_check(df, capacity_bytes, label, title):
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    colors = ["tab:green" if f else "tab:red" for f in df["fits"]]
+    ax.barh(df["mode"], df["peak_bytes"] / MiB, color=colors)
+    ax.axvline(capacity_bytes / MiB, color="black", ls="--", label=label)
+    ax.set_xlabel("measured peak of one optimizer step (MiB)")
+    ax.set_title(title or "green: fits the budget, red: out of memory")
+    ax.legend(fontsize=11, loc="lower right")
     fig.tight_layout()
     return fig

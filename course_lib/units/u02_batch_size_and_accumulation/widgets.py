@@ -14,17 +14,19 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-import pandas as pd
-from IPython.display import display
 
 from course_lib.measure.estimate import MiB, fmt_bytes
+from course_lib.viz.widgets import Explorer
 
 __all__ = ["AccumulationExplorer"]
 
 
-class AccumulationExplorer:
-    """Sliders + Run; `result` is the last measurement, `messages` the verdict per mode."""
+class AccumulationExplorer(Explorer):
+    """Sliders + Run. After a run: ``result`` (the measurement, one row per mode, with ``fits``),
+    ``messages`` (the verdict per mode) and ``budget`` (the MemoryBudget it was checked against)."""
+
+    busy = "measuring..."
+    extras = ("messages", "budget")
 
     def __init__(self, *, device=None, in_features: int = 256, hidden: int = 512):
         self.device = device
@@ -36,24 +38,11 @@ class AccumulationExplorer:
                                              description="accum. steps")
         self.budget_mib = widgets.FloatLogSlider(value=6.0, base=2, min=-6, max=8, step=0.5,
                                                  description="budget MiB")
-        self.run_button = widgets.Button(description="Run", button_style="primary",
-                                         tooltip="measure one optimizer step both ways")
-        self.status = widgets.HTML(value="Set the controls, then press Run.")
-        self.output = widgets.Output()
-        self.result: pd.DataFrame | None = None
-        self.messages: dict[str, str] = {}
-        self.run_button.on_click(lambda _button: self.run())
-        self.widget = widgets.VBox([
-            widgets.HBox([widgets.VBox([self.micro_batch, self.steps, self.budget_mib]),
-                          self.run_button]),
-            self.status, self.output])
+        super().__init__(widgets.VBox([self.micro_batch, self.steps, self.budget_mib]),
+                         tooltip="measure one optimizer step both ways")
 
-    def run(self, *, render: bool = True) -> pd.DataFrame:
-        """Measure the accumulated and the full-batch step; check both against the budget.
-
-        render=False skips drawing into the widget's output area (scripted runs); the
-        measurement and the messages are the same.
-        """
+    def compute(self):
+        """Measure the accumulated and the full-batch step; check both against the budget."""
         import torch
 
         from course_lib.models import MLP, MLPConfig
@@ -67,20 +56,11 @@ class AccumulationExplorer:
         device = torch.device(self.device) if self.device is not None else default_device()
         # the slider's budget is a number we compare against on every device (so: simulated); on a
         # GPU the real limit is the free device memory, reported by MemoryBudget.for_device
-        budget = MemoryBudget(int(self.budget_mib.value * MiB), simulated=True)
-        self.run_button.disabled = True
-        self.status.value = "measuring..."
-        try:
-            torch.manual_seed(0)
-            model = MLP(MLPConfig(in_features=self.in_features, hidden=(self.hidden, self.hidden)))
-            df = accumulation_memory_and_time(model, int(self.micro_batch.value),
-                                              [int(self.steps.value)], device=device,
-                                              warmup=1, repeat=3)
-        except Exception as exc:  # noqa: BLE001 - keep the widget usable, show the error
-            self.status.value = f"<b>error:</b> {html.escape(type(exc).__name__)}: {html.escape(str(exc))}"
-            raise
-        finally:
-            self.run_button.disabled = False
+        self.budget = budget = MemoryBudget(int(self.budget_mib.value * MiB), simulated=True)
+        torch.manual_seed(0)
+        model = MLP(MLPConfig(in_features=self.in_features, hidden=(self.hidden, self.hidden)))
+        df = accumulation_memory_and_time(model, int(self.micro_batch.value), [int(self.steps.value)],
+                                          device=device, warmup=1, repeat=3)
         self.messages = {}
         for _, row in df.iterrows():
             what = (f"a step on {row['effective_batch']} samples as {row['mode']} "
@@ -91,24 +71,12 @@ class AccumulationExplorer:
                                               f" fits in {budget.label()}")
             except SimulatedOOM as err:
                 self.messages[row["mode"]] = f"{row['mode']}: {err}"
-        df = df.assign(fits=[budget.fits(int(p)) for p in df["peak_bytes"]])
-        self.result = df
-        self.status.value = "<br>".join(html.escape(m) for m in self.messages.values())
-        if not render:  # e.g. a scripted run whose caller shows the result itself
-            return self.result
-        with self.output:
-            self.output.clear_output(wait=True)
-            from course_lib.viz.plots import style
+        return df.assign(fits=[budget.fits(int(p)) for p in df["peak_bytes"]])
 
-            with style():
-                fig, ax = plt.subplots(figsize=(9, 3.5))
-                colors = ["tab:green" if f else "tab:red" for f in df["fits"]]
-                ax.barh(df["mode"], df["peak_bytes"] / MiB, color=colors)
-                ax.axvline(budget.capacity_bytes / MiB, color="black", ls="--", label=budget.label())
-                ax.set_xlabel("measured peak of one optimizer step (MiB)")
-                ax.set_title("green: fits the budget, red: out of memory")
-                ax.legend(fontsize=11, loc="lower right")
-                fig.tight_layout()
-            display(fig)
-            plt.close(fig)
-        return df
+    def summary(self, df) -> str:
+        return "<br>".join(html.escape(m) for m in self.messages.values())
+
+    def show(self, df):
+        from course_lib.units.u02_batch_size_and_accumulation.plots import plot_budget_check
+
+        return [plot_budget_check(df, self.budget.capacity_bytes, label=self.budget.label())]

@@ -11,17 +11,17 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-import pandas as pd
-from IPython.display import display
 
 from course_lib.measure.estimate import fmt_bytes
+from course_lib.viz.widgets import Explorer
 
 __all__ = ["PrecisionExplorer"]
 
 
-class PrecisionExplorer:
+class PrecisionExplorer(Explorer):
     """Recipe picker + sliders + Run; ``result`` is the last ``training_memory`` DataFrame."""
+
+    busy = "measuring..."
 
     def __init__(self, *, device=None, config=None):
         from course_lib.techniques.precision import MODES
@@ -32,43 +32,25 @@ class PrecisionExplorer:
                                             description="recipes", rows=4)
         self.batch = widgets.SelectionSlider(options=[1, 2, 4, 8, 16, 32], value=8, description="batch")
         self.seq = widgets.SelectionSlider(options=[8, 16, 32, 64], value=32, description="seq len")
-        self.run_button = widgets.Button(description="Run", button_style="primary",
-                                         tooltip="measure one training step per recipe")
-        self.status = widgets.HTML(value="Pick recipes and sizes, then press Run.")
-        self.output = widgets.Output()
-        self.result: pd.DataFrame | None = None
-        self.run_button.on_click(lambda _button: self.run())
-        self.widget = widgets.VBox([
-            widgets.HBox([self.modes, widgets.VBox([self.batch, self.seq]), self.run_button]),
-            self.status, self.output])
+        super().__init__(self.modes, widgets.VBox([self.batch, self.seq]),
+                         tooltip="measure one training step per recipe",
+                         intro="Pick recipes and sizes, then press Run.")
 
-    def run(self) -> pd.DataFrame:
-        """Measure one training step per selected recipe; plot predicted vs measured."""
-        from course_lib.units.u03_mixed_precision.plots import plot_memory_by_mode
+    def compute(self):
+        """Measure one training step per selected recipe."""
         from course_lib.units.u03_mixed_precision.run import training_memory
 
         modes = list(self.modes.value)
         if not modes:
-            self.status.value = "Select at least one recipe."
             raise ValueError("modes is empty; select at least one of fp32, bf16-mixed, fp16-mixed, bf16-true")
-        self.run_button.disabled = True
-        self.status.value = "measuring..."
-        try:
-            df = training_memory(modes, config=self.config, batch=int(self.batch.value),
-                                 seq=int(self.seq.value), device=self.device)
-        except Exception as exc:  # noqa: BLE001 - keep the widget usable, show the error
-            self.status.value = f"<b>error:</b> {html.escape(type(exc).__name__)}: {html.escape(str(exc))}"
-            raise
-        finally:
-            self.run_button.disabled = False
-        self.result = df
+        return training_memory(modes, config=self.config, batch=int(self.batch.value),
+                               seq=int(self.seq.value), device=self.device)
+
+    def summary(self, df) -> str:
         peaks = df[df["category"] == "peak"].set_index("mode")["measured"]
-        self.status.value = "measured peak: " + ", ".join(
-            f"{html.escape(m)} {fmt_bytes(int(v))}" for m, v in peaks.items())
-        with self.output:
-            self.output.clear_output(wait=True)
-            fig = plot_memory_by_mode(df)
-            display(fig)
-            plt.close(fig)
-            display(df.pivot(index="category", columns="mode", values="residual"))
-        return df
+        return "measured peak: " + ", ".join(f"{html.escape(m)} {fmt_bytes(int(v))}" for m, v in peaks.items())
+
+    def show(self, df):
+        from course_lib.units.u03_mixed_precision.plots import plot_memory_by_mode
+
+        return [plot_memory_by_mode(df), df.pivot(index="category", columns="mode", values="residual")]

@@ -12,16 +12,18 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-import pandas as pd
-from IPython.display import display
+
+from course_lib.viz.widgets import Explorer
 
 __all__ = ["OptimizerExplorer"]
 
 
-class OptimizerExplorer:
+class OptimizerExplorer(Explorer):
     """Optimizer picker + sliders + Run; ``result`` holds the last ``convergence`` DataFrame and
     ``state`` the last ``state_bytes_table``."""
+
+    busy = "training..."
+    extras = ("state",)
 
     def __init__(self, *, config=None):
         from course_lib.techniques.optim import OPTIMIZERS
@@ -32,20 +34,12 @@ class OptimizerExplorer:
         self.steps = widgets.IntSlider(value=20, min=5, max=100, step=5, description="steps")
         self.lr_scale = widgets.FloatLogSlider(value=1.0, base=10, min=-1, max=1, step=0.25,
                                                description="lr x")
-        self.run_button = widgets.Button(description="Run", button_style="primary",
-                                         tooltip="train and measure each optimizer")
-        self.status = widgets.HTML(value="Pick optimizers, then press Run.")
-        self.output = widgets.Output()
-        self.result: pd.DataFrame | None = None
-        self.state: pd.DataFrame | None = None
-        self.run_button.on_click(lambda _button: self.run())
-        self.widget = widgets.VBox([
-            widgets.HBox([self.optimizers, widgets.VBox([self.steps, self.lr_scale]), self.run_button]),
-            self.status, self.output])
+        super().__init__(self.optimizers, widgets.VBox([self.steps, self.lr_scale]),
+                         tooltip="train and measure each optimizer",
+                         intro="Pick optimizers, then press Run.")
 
-    def run(self) -> pd.DataFrame:
-        """Train with each selected optimizer and measure its state; plot both."""
-        from course_lib.units.u04_optimizer_memory.plots import plot_convergence, plot_state_bytes
+    def compute(self):
+        """Train with each selected optimizer and measure its state."""
         from course_lib.units.u04_optimizer_memory.run import (
             DEFAULT_LR,
             convergence,
@@ -54,25 +48,17 @@ class OptimizerExplorer:
 
         names = list(self.optimizers.value)
         if not names:
-            self.status.value = "Select at least one optimizer."
             raise ValueError("optimizers is empty; select at least one")
         lr = {n: DEFAULT_LR[n] * float(self.lr_scale.value) for n in names}
-        self.run_button.disabled = True
-        self.status.value = "training..."
-        try:
-            df = convergence(names, steps=int(self.steps.value), config=self.config, lr=lr)
-            state = state_bytes_table(names, config=self.config)
-        except Exception as exc:  # noqa: BLE001 - keep the widget usable, show the error
-            self.status.value = f"<b>error:</b> {html.escape(type(exc).__name__)}: {html.escape(str(exc))}"
-            raise
-        finally:
-            self.run_button.disabled = False
-        self.result, self.state = df, state
-        final = df.groupby("optimizer", sort=False)["loss"].last()
-        self.status.value = "final loss: " + ", ".join(f"{html.escape(n)} {v:.3f}" for n, v in final.items())
-        with self.output:
-            self.output.clear_output(wait=True)
-            for fig in (plot_convergence(df), plot_state_bytes(state)):
-                display(fig)
-                plt.close(fig)
+        df = convergence(names, steps=int(self.steps.value), config=self.config, lr=lr)
+        self.state = state_bytes_table(names, config=self.config)
         return df
+
+    def summary(self, df) -> str:
+        final = df.groupby("optimizer", sort=False)["loss"].last()
+        return "final loss: " + ", ".join(f"{html.escape(n)} {v:.3f}" for n, v in final.items())
+
+    def show(self, df):
+        from course_lib.units.u04_optimizer_memory.plots import plot_convergence, plot_state_bytes
+
+        return [plot_convergence(df), plot_state_bytes(self.state)]

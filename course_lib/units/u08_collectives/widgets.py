@@ -12,66 +12,55 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-import pandas as pd
-from IPython.display import display
+
+from course_lib.viz.widgets import Explorer
 
 __all__ = ["CollectiveExplorer"]
 
 
-class CollectiveExplorer:
-    """Dropdown + world-size slider + Run; ``result`` is the last run, ``table`` its bytes."""
+class CollectiveExplorer(Explorer):
+    """Dropdown + world-size slider + Run; ``result`` is the last run, ``table`` its bytes,
+    ``figure`` its before/after Figure (kept for tests and for saving)."""
+
+    busy = "launching the ranks..."
+    expected_errors = (ValueError,)  # e.g. recursive doubling on 3 ranks: say why, keep going
+    extras = ("table", "figure")
 
     def __init__(self, *, collective: str = "all_reduce", world_size: int = 4, max_world_size: int = 8):
         from course_lib.units.u08_collectives.run import COLLECTIVE_CHOICES
 
+        longest = max(len(c) for c in COLLECTIVE_CHOICES)
+        # wide enough for the longest choice, "recursive_doubling (from scratch)", and its label
         self.collective = widgets.Dropdown(options=list(COLLECTIVE_CHOICES), value=collective,
-                                           description="collective")
+                                           description="collective", style={"description_width": "initial"},
+                                           layout=widgets.Layout(width=f"calc({longest + 12}ch + 3em)"))
         self.world_size = widgets.IntSlider(value=world_size, min=2, max=max_world_size, step=1,
                                             description="ranks", continuous_update=False)
-        self.run_button = widgets.Button(description="Run", button_style="primary",
-                                         tooltip="launch the ranks and run the collective once")
-        self.status = widgets.HTML(value="Pick a collective and a number of ranks, then press Run.")
-        self.output = widgets.Output()
-        self.result: dict | None = None
-        self.table: pd.DataFrame | None = None
-        self.figure = None  # the last before/after Figure (kept for tests and for saving)
-        self.run_button.on_click(lambda _button: self.run())
-        self.widget = widgets.VBox([widgets.HBox([self.collective, self.world_size, self.run_button]),
-                                    self.status, self.output])
+        super().__init__(self.collective, self.world_size,
+                         tooltip="launch the ranks and run the collective once",
+                         intro="Pick a collective and a number of ranks, then press Run.")
 
-    def _ipython_display_(self):  # display(explorer) shows the controls
-        display(self.widget)
-
-    def run(self) -> dict | None:
-        """Launch the ranks, run the chosen collective, draw before/after and the bytes table."""
-        from course_lib.units.u08_collectives.plots import plot_before_after
+    def compute(self):
+        """Launch the ranks and run the chosen collective once."""
         from course_lib.units.u08_collectives.run import bytes_table, run_primitives
 
         name, n = self.collective.value, int(self.world_size.value)
-        self.run_button.disabled = True
-        self.status.value = f"running {html.escape(name)} on {n} ranks..."
-        try:
-            result = run_primitives([name], n)[name]
-        except ValueError as err:  # e.g. recursive doubling on 3 ranks: say why, keep going
-            self.result, self.table = None, None
-            self.status.value = f"<b>cannot run:</b> {html.escape(str(err))}"
-            return None
-        except Exception as exc:  # noqa: BLE001 - keep the widget usable, show the error
-            self.status.value = f"<b>error:</b> {html.escape(type(exc).__name__)}: {html.escape(str(exc))}"
-            raise
-        finally:
-            self.run_button.disabled = False
-        self.result = result
+        if name == "recursive_doubling (from scratch)" and n & (n - 1):
+            valid = [w for w in range(self.world_size.min, self.world_size.max + 1) if not w & (w - 1)]
+            raise ValueError(f"recursive doubling needs a power-of-two number of ranks, got "
+                             f"world_size={n}; valid choices here: {', '.join(map(str, valid))}")
+        result = run_primitives([name], n)[name]
         self.table = bytes_table(name, result, n)
-        total = int(self.table["bytes_sent (CommMeter)"].sum())
-        self.status.value = (f"{html.escape(name)} on {n} ranks: {total:,} B sent in all "
-                             f"(one float32 per slot, 4 B each)")
-        with self.output:
-            self.output.clear_output(wait=True)
-            self.figure = plot_before_after(result["before"], result["after"], name,
-                                            bytes_sent=result["bytes_sent"])
-            display(self.figure)
-            plt.close(self.figure)
-            display(self.table)
         return result
+
+    def summary(self, result) -> str:
+        total = int(self.table["bytes_sent (CommMeter)"].sum())
+        return (f"{html.escape(self.collective.value)} on {int(self.world_size.value)} ranks: "
+                f"{total:,} B sent in all (one float32 per slot, 4 B each)")
+
+    def show(self, result):
+        from course_lib.units.u08_collectives.plots import plot_before_after
+
+        self.figure = plot_before_after(result["before"], result["after"], self.collective.value,
+                                        bytes_sent=result["bytes_sent"])
+        return [self.figure, self.table]

@@ -12,20 +12,21 @@ from __future__ import annotations
 import html
 
 import ipywidgets as widgets
-import matplotlib.pyplot as plt
-import pandas as pd
-from IPython.display import display
 
 from course_lib.measure.estimate import KiB, MiB, fmt_bytes
+from course_lib.viz.widgets import Explorer
 
 __all__ = ["SweepExplorer"]
 
 _SIZES = [KiB * 2**i for i in range(19)]  # 1 KiB ... 256 MiB
 
 
-class SweepExplorer:
+class SweepExplorer(Explorer):
     """Controls + Run. After a run: ``result`` (the sweep), ``fits`` (alpha, beta),
     ``residuals`` (measured beside predicted), ``figure`` (the plot shown)."""
+
+    busy = "measuring..."
+    extras = ("fits", "residuals", "figure")
 
     def __init__(self, *, world_sizes=(2, 4), max_bytes: int = 256 * MiB, timeout: float = 120.0):
         from course_lib.units.u13_interconnects_and_backends.run import SWEEP_COLLECTIVES
@@ -43,19 +44,10 @@ class SweepExplorer:
             index=(0, min(len(sizes) - 1, 10)), description="sizes",
             layout=widgets.Layout(width="420px"))
         self.repeat = widgets.IntSlider(value=3, min=1, max=20, description="repeat")
-        self.run_button = widgets.Button(description="Run", button_style="primary",
-                                         tooltip="launch the ranks and time the collective")
-        self.status = widgets.HTML(value="Choose, then press Run (nothing runs before).")
-        self.output = widgets.Output()
-        self.result: pd.DataFrame | None = None
-        self.fits: pd.DataFrame | None = None
-        self.residuals: pd.DataFrame | None = None
-        self.figure = None
-        self.run_button.on_click(lambda _button: self.run())
-        self.widget = widgets.VBox([
-            widgets.HBox([widgets.VBox([self.collective, self.world_size]),
-                          widgets.VBox([self.sizes, self.repeat]), self.run_button]),
-            self.status, self.output])
+        super().__init__(widgets.VBox([self.collective, self.world_size]),
+                         widgets.VBox([self.sizes, self.repeat]),
+                         tooltip="launch the ranks and time the collective",
+                         intro="Choose, then press Run (nothing runs before).")
 
     def config(self):
         """The SweepConfig the next Run will measure (sizes in factors of 2)."""
@@ -67,43 +59,34 @@ class SweepExplorer:
                            max_bytes=int(hi), factor=2, warmup=1, repeat=int(self.repeat.value),
                            timeout=self.timeout)
 
-    def run(self) -> pd.DataFrame:
-        """Measure, fit, plot. Errors are shown in the status line and re-raised."""
-        from course_lib.units.u13_interconnects_and_backends.plots import plot_sweep
+    def compute(self):
+        """Measure the sweep and fit alpha and beta to it."""
         from course_lib.units.u13_interconnects_and_backends.run import (
             collective_sweep,
             fit_sweep,
             sweep_residuals,
         )
 
-        self.run_button.disabled = True
-        self.status.value = "measuring..."
-        try:
-            config = self.config()
-            df = collective_sweep(config, progress=False)
-            fits = fit_sweep(df)
-        except Exception as exc:  # noqa: BLE001 - keep the widget usable, show the error
-            self.status.value = (f"<b>error:</b> {html.escape(type(exc).__name__)}: "
-                                 f"{html.escape(str(exc).splitlines()[0] if str(exc) else '')}")
-            raise
-        finally:
-            self.run_button.disabled = False
-        self.result, self.fits = df, fits
-        self.residuals = sweep_residuals(df, fits)
-        f = fits.iloc[0]
-        what = f"{config.collectives[0]} on {config.world_sizes[0]} {df['backend'].iloc[0]} ranks, {len(df)} sizes"
+        df = collective_sweep(self.config(), progress=False)
+        self.fits = fit_sweep(df)
+        self.residuals = sweep_residuals(df, self.fits)
+        return df
+
+    def summary(self, df) -> str:
+        f = self.fits.iloc[0]
+        what = (f"{df['collective'].iloc[0]} on {df['world_size'].iloc[0]} {df['backend'].iloc[0]} "
+                f"ranks, {len(df)} sizes")
         if f["beta_s_per_byte"] > 0:
             fit = (f"alpha = {f['alpha_s'] * 1e6:.0f} us, 1/beta = {f['algbw_fit_GBps']:.3g} GB/s "
                    f"(busbw {f['busbw_fit_GBps']:.3g} GB/s)")
         else:
             fit = (f"alpha = {f['alpha_s'] * 1e6:.0f} us, beta <= 0: the time did not grow with "
                    "size in this range; widen it to larger messages to see a bandwidth")
-        self.status.value = html.escape(f"{what}: {fit}")
-        with self.output:
-            self.output.clear_output(wait=True)
-            self.figure = plot_sweep(df, fits)
-            display(self.figure)
-            plt.close(self.figure)
-            cols = ["size_bytes", "time_s", "predicted_s", "residual_pct", "busbw_GBps"]
-            display(self.residuals[cols].round(6))
-        return df
+        return html.escape(f"{what}: {fit}")
+
+    def show(self, df):
+        from course_lib.units.u13_interconnects_and_backends.plots import plot_sweep
+
+        self.figure = plot_sweep(df, self.fits)
+        cols = ["size_bytes", "time_s", "predicted_s", "residual_pct", "busbw_GBps"]
+        return [self.figure, self.residuals[cols].round(6)]

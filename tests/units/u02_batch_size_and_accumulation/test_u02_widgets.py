@@ -66,3 +66,8 @@ def test_plots_return_figures():
     assert len(p2.plot_batch_search(probes, 25).axes) == 1
     with pytest.raises(ValueError, match="missing columns"):
         p2.plot_batch_search(probes.drop(columns="fits"), 25)
+    fig = p2.plot_budget_check(probes.assign(mode=["a", "b", "c"]), 25 * MiB, label="25 MiB")
+    assert [p.get_width() for p in fig.axes[0].patches] == pytest.approx([10 / MiB, 30 / MiB, 20 / MiB])
+    assert fig.axes[0].get_legend().get_texts()[0].get_text() == "25 MiB"
+    with pytest.raises(ValueError, match="missing columns"):
+        p2.plot_budget_check(probes, 25)

@@ -116,6 +116,29 @@ def test_widget_explains_an_impossible_choice_and_stays_usable():
     assert ex.result is not None
 
 
+def test_widget_names_the_world_sizes_its_own_slider_offers():
+    from course_lib.units.u08_collectives.widgets import CollectiveExplorer
+
+    for top, listed in ((8, "2, 4, 8"), (6, "2, 4")):
+        ex = CollectiveExplorer(collective="recursive_doubling (from scratch)", world_size=3,
+                                max_world_size=top)
+        ex.run_button.click()
+        assert ex.status.value.endswith(f"valid choices here: {listed}")
+        assert ex.result is None and ex.table is None and ex.figure is None
+
+
+def test_widget_dropdown_is_wide_enough_for_the_longest_choice():
+    import re
+
+    from course_lib.units.u08_collectives.widgets import CollectiveExplorer
+
+    ex = CollectiveExplorer()
+    longest = max(len(c) for c in E.COLLECTIVE_CHOICES)  # "recursive_doubling (from scratch)"
+    assert ex.collective.style.description_width == "initial"  # the label takes only its own width
+    chars = int(re.match(r"calc\((\d+)ch", ex.collective.layout.width).group(1))
+    assert chars >= longest + len(ex.collective.description)
+
+
 @pytest.mark.parametrize("bad", ["allreduce"])
 def test_widget_rejects_unknown_collective(bad):
     from course_lib.units.u08_collectives.widgets import CollectiveExplorer

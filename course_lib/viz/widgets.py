@@ -1,0 +1,128 @@
+"""The frame every unit's "Explore" widget shares: a Run button, a status line and an output area.
+
+A unit's widget subclasses :class:`Explorer` and writes only its controls, ``compute()`` (a call
+into the unit's ``run.py``) and ``show()`` (a call into the unit's ``plots.py``)::
+
+    class SquareExplorer(Explorer):
+        busy = "squaring..."                  # the status line while compute() runs
+        expected_errors = (ValueError,)      # shown as "cannot run: ...", not raised
+        def __init__(self):
+            self.n = widgets.IntSlider(value=3, min=-2, max=9, description="n")
+            super().__init__(self.n, tooltip="square n")
+        def compute(self):                    # the measurement; raise to report a problem
+            return unit_run.square(self.n.value)
+        def summary(self, result):            # the status line (HTML) after a good run
+            return f"n squared is <b>{result}</b>"
+        def show(self, result):               # what the output area shows, in order
+            return [unit_plots.plot_square(result)]
+
+Driven from Python (tests do this): ``ex = SquareExplorer(); ex.n.value = 4; ex.run_button.click();
+ex.result``. Nothing runs until Run is pressed. This module is the one place in ``course_lib``
+where ipywidgets frames are built.
+"""
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+from IPython.display import display
+
+__all__ = ["Explorer"]
+
+
+class Explorer:
+    """Controls + Run button + status line + output area; ``result`` holds the last good run.
+
+    A run disables the button, calls ``compute()``, stores its return value in ``result``, sets
+    the status to ``summary(result)`` and shows the objects ``show(result)`` returns in
+    ``output`` (each Figure is displayed explicitly, then closed, so Jupyter's inline backend
+    never shows a second copy elsewhere). A run that fails clears ``result``, the attributes
+    named in ``extras`` and the output, so no earlier result sits under the error message. An
+    exception of a type in ``expected_errors`` is reported as "cannot run: ..." and ``run()``
+    returns None; any other is reported as "error: ..." and raised again.
+    """
+
+    busy: str = "running..."
+    expected_errors: tuple[type[BaseException], ...] = ()  # "cannot run: ...", not raised
+    extras: tuple[str, ...] = ()  # other attributes a run sets: None before it and after a failure
+
+    def __init__(self, *controls: widgets.Widget, tooltip: str = "run",
+                 intro: str = "Set the controls, then press Run."):
+        self.run_button = widgets.Button(description="Run", button_style="primary", tooltip=tooltip)
+        self.status = widgets.HTML(value=intro)
+        self.output = widgets.Output()
+        self.clear()
+        self.run_button.on_click(lambda _button: self.run())
+        self.widget = widgets.VBox([widgets.HBox([*controls, self.run_button]), self.status,
+                                    self.output])
+
+    def _ipython_display_(self):  # display(explorer), or an explorer ending a cell, shows it
+        display(self.widget)
+
+    def compute(self):
+        """Run the measurement for the current controls and return the result."""
+        raise NotImplementedError(f"{type(self).__name__} must define compute()")
+
+    def summary(self, result) -> str:
+        """The status line (HTML) after a good run."""
+        return "done"
+
+    def show(self, result) -> list:
+        """The objects (Figures, DataFrames, ...) the output area shows after a good run."""
+        return []
+
+    def clear(self) -> None:
+        """Forget the last run: ``result`` and ``extras`` back to None, output area emptied."""
+        self.result = None
+        for name in self.extras:
+            setattr(self, name, None)
+        self.output.outputs = ()
+
+    def run(self, *, render: bool = True):
+        """Run once with the current controls and return the result (None if it cannot run).
+
+        ``render=False`` leaves the output area empty (for a notebook cell that shows
+        ``result`` itself); the measurement and the status line are the same.
+        """
+        self.run_button.disabled = True
+        self.status.value = html.escape(self.busy)
+        opened = set(plt.get_fignums())
+        try:
+            result = self.compute()
+            status = self.summary(result)
+            shown = list(self.show(result)) if render else []
+        except self.expected_errors as err:
+            self._fail("cannot run", str(err), opened)
+            return None
+        except Exception as err:
+            self._fail("error", f"{type(err).__name__}: {err}", opened)
+            raise
+        finally:
+            self.run_button.disabled = False
+        self.result = result
+        self.status.value = status
+        try:
+            if not shown:
+                self.output.outputs = ()
+            else:
+                with self.output:  # wait=True: the new pictures replace the old without a flicker
+                    self.output.clear_output(wait=True)
+                    for obj in shown:
+                        display(obj)
+        finally:  # closed before the cell ends, so the inline backend never shows them again
+            _close_new_figures(opened)
+        return result
+
+    def _fail(self, label: str, message: str, opened: set[int]) -> None:
+        _close_new_figures(opened)
+        self.clear()
+        first = message.partition("\n")[0]  # a launched rank's error carries its whole traceback
+        self.status.value = f"<b>{label}:</b> {html.escape(first)}"
+
+
+def _close_new_figures(opened: set[int]) -> None:
+    """Close every pyplot figure made since ``opened`` (shown ones and any stray one)."""
+    for num in set(plt.get_fignums()) - opened:
+        plt.close(num)
+
