@@ -10,7 +10,7 @@ Everything a rank produces goes to files in the launch's private temporary direc
 ``rank{r}.result`` (the pickled return value or exception, written atomically) and
 ``rank{r}.stack`` (a faulthandler dump of every thread if the rank is still running at the
 deadline). Files, not pipes: a rank can never block on a full pipe, and the output of a rank
-killed by a signal is still there to show.
+killed by a signal is still there to show. The ranks meet through ``store`` there, a FileStore.
 """
 from __future__ import annotations
 
@@ -65,6 +65,11 @@ def rank_file(workdir: str, rank: int, kind: str) -> str:
     return os.path.join(workdir, f"rank{rank}.{kind}")
 
 
+def store_file(workdir: str) -> str:
+    """Path of the FileStore through which the ranks of one launch meet."""
+    return os.path.join(workdir, "store")
+
+
 def _redirect_std_streams(workdir: str, rank: int) -> None:
     """Point fd 1 and 2 (and sys.stdout/sys.stderr) at this rank's capture files."""
     for fd, kind in ((1, "out"), (2, "err")):
@@ -111,7 +116,7 @@ def run_rank(rank: int, spec: dict) -> None:
 
     ``spec`` holds: payload (cloudpickled ``(fn, args, kwargs)``), world_size, backend,
     timeout (seconds), threads (intra-op threads), workdir, env (the caller's environment),
-    store_port (the caller's TCPStore).
+    loopback_interface (for gloo, or None).
     """
     workdir, world_size = spec["workdir"], spec["world_size"]
     _redirect_std_streams(workdir, rank)
@@ -121,6 +126,9 @@ def run_rank(rank: int, spec: dict) -> None:
     # the same variables torchrun sets, so env-reading code runs unchanged under both
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), **{RANK_MARKER_ENV: "1"})
+    if spec.get("loopback_interface") and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        # all ranks are on this machine: gloo need not resolve the host name to find an address
+        os.environ["GLOO_SOCKET_IFNAME"] = spec["loopback_interface"]
     torch.set_num_threads(spec["threads"])  # N ranks x 1 thread: no oversubscribed cores
 
     stack_file = open(rank_file(workdir, rank, "stack"), "w")
@@ -131,11 +139,12 @@ def run_rank(rank: int, spec: dict) -> None:
         backend = spec["backend"]
         if backend == "nccl":
             torch.cuda.set_device(rank)  # one GPU per rank, never two ranks on one GPU
-        # The caller hosts this launch's TCPStore on a port the OS chose while binding it (port
-        # 0), so two launches (two notebooks) can never collide. gloo/NCCL then pick their own
-        # free ports for the data connections.
-        store = dist.TCPStore("127.0.0.1", spec["store_port"], is_master=False,
-                              timeout=timedelta(seconds=spec["timeout"]))
+        # The ranks meet through a file in the launch's private directory, so two launches
+        # (two notebooks) never collide, and no name service is asked anything: a TCPStore
+        # reverse-resolves ::ffff:127.0.0.1 on every connection, and a lost DNS query stalled
+        # the launch for glibc's 5 s retry time-out. gloo/NCCL pick free ports themselves.
+        store = dist.FileStore(store_file(workdir), world_size)
+        store.set_timeout(timedelta(seconds=spec["timeout"]))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=spec["timeout"]))
         fn, args, kwargs = cloudpickle.loads(spec["payload"])

@@ -26,10 +26,14 @@ How it works, in the order things happen:
    rank is then a ``fork()`` of that clean, thread-free helper, so a warm launch costs ~0.1 s
    instead of the ~2 s a ``spawn`` pays to import torch in every rank. Each rank uses one
    intra-op thread by default (``threads_per_rank``), so 4 ranks do not fight over 2 cores.
-4. The ranks meet through a ``TCPStore`` that the caller hosts on a port the OS picks while
-   binding it (port 0): no MASTER_PORT, no port race, and two notebooks launching at the same
-   moment never collide. gloo runs on CPU;
-   NCCL only with one GPU per rank (``backend="auto"`` picks; see ``device.py``).
+4. The ranks meet through a ``FileStore`` in the launch's private temporary directory: no
+   MASTER_PORT, no port race, and two notebooks launching at the same moment never collide.
+   No name service is asked anything either: a ``TCPStore`` made c10d reverse-resolve
+   ``::ffff:127.0.0.1`` on every connection, and one DNS query lost by the resolver cost a
+   launch 5 s (glibc's retry time-out); gloo talks over the loopback interface, named
+   explicitly (``GLOO_SOCKET_IFNAME``, unless you set it), instead of resolving the host name.
+   gloo runs on CPU; NCCL only with one GPU per rank (``backend="auto"`` picks; see
+   ``device.py``).
 5. Each rank's stdout/stderr (file descriptors 1 and 2, so C++ warnings too) goes to its own
    file; after the run the caller prints it, prefixed ``[rank r]``, in rank order, so the
    output of a cell is the same from run to run.
@@ -75,6 +79,7 @@ WORLD_SIZE. Output is not captured there: use torchrun's own ``--tee 3`` / ``--l
 from __future__ import annotations
 
 import atexit
+import functools
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -243,18 +248,27 @@ def _start_method() -> str:
     return "forkserver"
 
 
+@functools.lru_cache(maxsize=1)
+def _loopback_interface() -> str | None:
+    """Name of the loopback network interface ("lo" on Linux, "lo0" on macOS), if any."""
+    try:
+        interfaces = psutil.net_if_addrs()
+    except Exception:  # no interface list on this platform: gloo picks its own
+        return None
+    for name, addresses in interfaces.items():
+        if any(a.address in ("127.0.0.1", "::1") for a in addresses):
+            return name
+    return None
+
+
 def _run_ranks(payload: bytes, world_size: int, backend: str, timeout: float, threads: int) -> list:
     server_was_up = multiprocessing.forkserver._forkserver._forkserver_pid is not None
     method = _start_method()
     warm = method == "forkserver" and server_was_up  # else every rank imports torch first
-    # The rendezvous store lives in the caller, on a port the OS picks while binding it: no
-    # MASTER_PORT, no race between two launches (a FileStore works too, but polls every 10 ms).
-    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout))
     workdir = tempfile.mkdtemp(prefix="course_lib_launch_")
     spec = {"payload": payload, "world_size": world_size, "backend": backend, "timeout": timeout,
             "threads": threads, "workdir": workdir, "env": dict(os.environ),
-            "store_port": store.port}
+            "loopback_interface": _loopback_interface()}
     procs: list = []
     before = {p.pid for p in multiprocessing.active_children()}
     try:
@@ -276,7 +290,6 @@ def _run_ranks(payload: bytes, world_size: int, backend: str, timeout: float, th
         for p in procs:
             p.close()  # releases the sentinel fd now, not at garbage collection
         shutil.rmtree(workdir, ignore_errors=True)
-        del store  # stops the store's server thread and closes its socket
     failed = {r: o for r, o in outcomes.items() if o[0] != "ok"}
     if failed:
         raise _launch_error(outcomes, timeout)
