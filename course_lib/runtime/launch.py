@@ -68,13 +68,16 @@ on a multi-GPU node, or on several nodes, run the same function under torchrun::
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
              --rdzv-endpoint "$HEAD_NODE:$PORT" --rdzv-id run1 train.py   # on each of 2 nodes
 
-Under torchrun (detected from the TORCHELASTIC_RUN_ID / RANK / WORLD_SIZE variables it sets)
-each process already *is* one rank, so :func:`launch` starts nothing: it initialises the
+Under torchrun (detected from TORCHELASTIC_RUN_ID, which torchrun alone sets, with RANK and
+WORLD_SIZE) each process already *is* one rank, so :func:`launch` starts nothing: it initialises the
 default process group from the environment if nobody has yet (and keeps it until the script
 exits, so later launches reuse it), runs ``fn`` once for this rank,
 all-gathers every rank's return value (``all_gather_object``) and returns the full list in rank
 order on every rank, exactly as in the notebook. ``world_size`` must then equal torchrun's
 WORLD_SIZE. Output is not captured there: use torchrun's own ``--tee 3`` / ``--log-dir``.
+RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by hand (copied from a DDP tutorial into a
+notebook) do not make a torchrun job: launch starts its ranks as usual and warns that it
+ignored them.
 """
 from __future__ import annotations
 
@@ -95,6 +98,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -118,6 +122,10 @@ _END_SLACK_S = 1.0        # after `timeout`, time for a rank's own timeout error
 _FAILURE_GRACE_S = 1.0    # after one rank fails, time the others get to report their own outcome
 _STOP_GRACE_S = 1.0       # SIGTERM, then SIGKILL after this long
 _STDERR_TAIL_LINES = 15   # lines of a dead rank's stderr quoted in the error
+# Variables a DDP tutorial sets by hand; only under torchrun (TORCHELASTIC_RUN_ID) do they mean
+# that this process is already one rank of a job.
+_TUTORIAL_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                       "MASTER_PORT")
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "auto",
@@ -151,6 +159,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "
                            "nested launches are not supported: run the inner work directly")
     if _under_torchrun():
         return _launch_in_torchrun(fn, world_size, args, kwargs, backend, timeout)
+    _warn_about_tutorial_variables(world_size)
     resolved = resolve_backend(backend, world_size)
     payload = _pickle_payload(fn, args, kwargs)
     return _run_ranks(payload, world_size, resolved, timeout, threads_per_rank)
@@ -477,8 +486,24 @@ def _emit_output(workdir: str, world_size: int) -> None:
 # ----------------------------------------------------------------------------- under torchrun
 
 def _under_torchrun() -> bool:
+    """Whether this process is one rank of a torchrun job. TORCHELASTIC_RUN_ID is set by
+    torchrun (torch.distributed.run / elastic) alone; RANK and WORLD_SIZE are often set by hand."""
     env = os.environ
-    return "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env)
+    return "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env
+
+
+def _warn_about_tutorial_variables(world_size: int) -> None:
+    """Variables a DDP tutorial sets, present outside torchrun: say they are ignored."""
+    found = [f"{name}={os.environ[name]}" for name in _TUTORIAL_VARIABLES if name in os.environ]
+    if not found:
+        return
+    warnings.warn(
+        f"launch ignored {', '.join(found)} from os.environ: this process does not run under "
+        "torchrun (TORCHELASTIC_RUN_ID is not set), so launch starts its own "
+        f"{world_size} rank{'s' if world_size > 1 else ''} and gives each its own RANK, "
+        "WORLD_SIZE, LOCAL_RANK and rendezvous. If they were copied from a DDP tutorial, remove "
+        "them (os.environ.pop(name)); to run as torchrun's ranks, start a script with torchrun.",
+        UserWarning, stacklevel=3)
 
 
 def _destroy_default_group() -> None:
