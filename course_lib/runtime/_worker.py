@@ -15,6 +15,8 @@ killed by a signal is still there to show. The ranks meet through ``store`` ther
 from __future__ import annotations
 
 import faulthandler
+import importlib
+import multiprocessing
 import multiprocessing.process
 import multiprocessing.spawn
 import os
@@ -116,7 +118,8 @@ def run_rank(rank: int, spec: dict) -> None:
 
     ``spec`` holds: payload (cloudpickled ``(fn, args, kwargs)``), world_size, backend,
     timeout (seconds), threads (intra-op threads), workdir, env (the caller's environment),
-    loopback_interface (for gloo, or None).
+    sys_path (the caller's, ``''`` resolved), child_start_method (for the rank's own
+    multiprocessing children, or None), loopback_interface (for gloo, or None).
     """
     workdir, world_size = spec["workdir"], spec["world_size"]
     _redirect_std_streams(workdir, rank)
@@ -129,6 +132,12 @@ def run_rank(rank: int, spec: dict) -> None:
     if spec.get("loopback_interface") and not os.environ.get("GLOO_SOCKET_IFNAME"):
         # all ranks are on this machine: gloo need not resolve the host name to find an address
         os.environ["GLOO_SOCKET_IFNAME"] = spec["loopback_interface"]
+    # The caller's import path as it is now (multiprocessing maps '' to where it started).
+    sys.path[:] = spec.get("sys_path", sys.path)
+    importlib.invalidate_caches()
+    if spec.get("child_start_method"):
+        # DataLoader workers and other children: fork, so notebook-defined classes need no pickle
+        multiprocessing.set_start_method(spec["child_start_method"], force=True)
     torch.set_num_threads(spec["threads"])  # N ranks x 1 thread: no oversubscribed cores
 
     stack_file = open(rank_file(workdir, rank, "stack"), "w")

@@ -47,6 +47,12 @@ How it works, in the order things happen:
    Ctrl-C / "interrupt kernel" stops every rank and re-raises KeyboardInterrupt; the next
    launch works.
 
+What a rank sees: the caller's current environment and working directory, and the caller's
+``sys.path`` with ``''`` read as the caller's *current* directory (after ``%cd sub`` a module in
+``sub`` imports in the ranks as in the notebook). Processes a rank starts through
+multiprocessing (DataLoader workers) are forked on Linux unless the caller chose a start method,
+so a Dataset class defined in a notebook cell works with ``num_workers > 0``.
+
 Leftover processes: after every return or raise no rank (nor any child of a rank) remains.
 Two long-lived *helpers* of Python's multiprocessing stay up on purpose: the forkserver (it is
 what makes the next launch fast; it exits by itself when the caller exits) and the resource
@@ -257,6 +263,22 @@ def _start_method() -> str:
     return "forkserver"
 
 
+def _child_start_method() -> str | None:
+    """The multiprocessing start method ranks use for their own children (DataLoader workers).
+
+    Ranks would inherit the forkserver method, which pickles a DataLoader's Dataset by reference,
+    and a class defined in a notebook cell (``__main__.DS``) cannot be found that way. ``fork``
+    copies it instead, as in any Linux training script. A method the caller chose explicitly
+    is kept; macOS keeps its default (fork is unsafe there).
+    """
+    chosen = multiprocessing.get_start_method(allow_none=True)
+    if chosen is not None:
+        return chosen
+    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
+        return "fork"
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def _loopback_interface() -> str | None:
     """Name of the loopback network interface ("lo" on Linux, "lo0" on macOS), if any."""
@@ -270,6 +292,16 @@ def _loopback_interface() -> str | None:
     return None
 
 
+def _caller_sys_path() -> list:
+    """The caller's import path as it resolves now: ``''`` is the *current* directory.
+
+    multiprocessing replaces ``''`` with the directory the caller *started* in, so after
+    ``%cd sub`` a module in ``sub`` imported in the notebook but not in the ranks.
+    """
+    cwd = os.getcwd()
+    return [cwd if entry == "" else entry for entry in sys.path]
+
+
 def _run_ranks(payload: bytes, world_size: int, backend: str, timeout: float, threads: int) -> list:
     server_was_up = multiprocessing.forkserver._forkserver._forkserver_pid is not None
     method = _start_method()
@@ -277,6 +309,7 @@ def _run_ranks(payload: bytes, world_size: int, backend: str, timeout: float, th
     workdir = tempfile.mkdtemp(prefix="course_lib_launch_")
     spec = {"payload": payload, "world_size": world_size, "backend": backend, "timeout": timeout,
             "threads": threads, "workdir": workdir, "env": dict(os.environ),
+            "sys_path": _caller_sys_path(), "child_start_method": _child_start_method(),
             "loopback_interface": _loopback_interface()}
     procs: list = []
     before = {p.pid for p in multiprocessing.active_children()}

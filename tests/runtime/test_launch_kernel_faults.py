@@ -84,6 +84,26 @@ def nb(tmp_path_factory):
         session.kernel.close()
 
 
+def test_dataloader_workers_in_a_rank_with_a_notebook_defined_dataset(nb):
+    result = nb.kernel.run(textwrap.dedent("""\
+        from torch.utils.data import Dataset, DataLoader
+
+        class DS(Dataset):
+            def __len__(self):
+                return 8
+            def __getitem__(self, i):
+                return torch.tensor([float(i)])
+
+        def load(rank, world_size):
+            loader = DataLoader(DS(), batch_size=2, num_workers=2)
+            return sum(batch.sum().item() for batch in loader)
+
+        print("loaded", course_lib.launch(load, 2))
+    """))
+    assert "loaded [28.0, 28.0]" in result.stdout, result.text
+    assert result.error is None
+
+
 def test_variables_from_a_ddp_tutorial_do_not_switch_to_torchrun_mode(nb):
     result = nb.kernel.run(textwrap.dedent("""\
         os.environ.update(RANK="0", WORLD_SIZE="2", MASTER_ADDR="localhost", MASTER_PORT="12355")
@@ -106,3 +126,23 @@ def test_variables_from_a_ddp_tutorial_do_not_switch_to_torchrun_mode(nb):
     for variable in ("RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=localhost", "MASTER_PORT=12355"):
         assert variable in result.stderr, result.stderr  # the warning names what it ignored
     assert "ignored" in result.stderr and "torchrun" in result.stderr
+
+
+def test_ranks_import_from_the_directory_the_notebook_is_in_now(nb):
+    sub = nb.cwd / "sub"
+    sub.mkdir()
+    (sub / "course_lib_cd_helper.py").write_text("VALUE = 40\n")
+    result = nb.kernel.run(textwrap.dedent("""\
+        %cd sub
+        try:
+            import course_lib_cd_helper
+            def uses_helper(rank, world_size):
+                import course_lib_cd_helper as helper
+                return helper.VALUE + rank
+            print("in notebook", course_lib_cd_helper.VALUE)
+            print("in ranks", course_lib.launch(uses_helper, 2))
+        finally:
+            %cd ..
+    """))
+    assert "in notebook 40" in result.stdout, result.text
+    assert "in ranks [40, 41]" in result.stdout, result.text
