@@ -122,7 +122,10 @@ def run_rank(rank: int, spec: dict) -> None:
     multiprocessing children, or None), loopback_interface (for gloo, or None).
     """
     workdir, world_size = spec["workdir"], spec["world_size"]
-    _redirect_std_streams(workdir, rank)
+    try:
+        _redirect_std_streams(workdir, rank)
+    except OSError:  # the directory is gone: the caller gave up on this launch while starting it
+        return
     # The forkserver froze its environment when it started; use the caller's current one.
     os.environ.clear()
     os.environ.update(spec["env"])

@@ -45,13 +45,19 @@ How it works, in the order things happen:
    (a hung rank's Python stack included). ``timeout`` is also the process group's collective
    timeout, so a skipped collective fails in seconds, not after PyTorch's 30-minute default.
    Ctrl-C / "interrupt kernel" stops every rank and re-raises KeyboardInterrupt; the next
-   launch works.
+   launch works. Stopping is SIGTERM, a grace period of ``_STOP_GRACE_S`` for every rank, then
+   SIGKILL; further interrupts that arrive while the launcher stops the ranks are held until it
+   is done, so a second press of "interrupt" cannot leave ranks running.
 
 What a rank sees: the caller's current environment and working directory, and the caller's
 ``sys.path`` with ``''`` read as the caller's *current* directory (after ``%cd sub`` a module in
 ``sub`` imports in the ranks as in the notebook). Processes a rank starts through
 multiprocessing (DataLoader workers) are forked on Linux unless the caller chose a start method,
 so a Dataset class defined in a notebook cell works with ``num_workers > 0``.
+
+Leftover files: each launch works in ``<tempdir>/course_lib_launch_pid<caller pid>_*``, removed
+when the launch ends; a directory whose owner died (a kernel restarted mid-launch) is removed by
+the next launch.
 
 Leftover processes: after every return or raise no rank (nor any child of a rank) remains.
 Two long-lived *helpers* of Python's multiprocessing stay up on purpose: the forkserver (it is
@@ -102,6 +108,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -128,6 +135,7 @@ _END_SLACK_S = 1.0        # after `timeout`, time for a rank's own timeout error
 _FAILURE_GRACE_S = 1.0    # after one rank fails, time the others get to report their own outcome
 _STOP_GRACE_S = 1.0       # SIGTERM, then SIGKILL after this long
 _STDERR_TAIL_LINES = 15   # lines of a dead rank's stderr quoted in the error
+_WORKDIR_PREFIX = "course_lib_launch_pid"  # + "<caller pid>_<random>" in the temporary directory
 # Variables a DDP tutorial sets by hand; only under torchrun (TORCHELASTIC_RUN_ID) do they mean
 # that this process is already one rank of a job.
 _TUTORIAL_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -302,36 +310,149 @@ def _caller_sys_path() -> list:
     return [cwd if entry == "" else entry for entry in sys.path]
 
 
+# ----------------------------------------------------------------------------- work directories
+
+def _new_workdir() -> str:
+    return tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}_")
+
+
+def _workdir_owner(name: str) -> int | None:
+    """The pid in ``course_lib_launch_pid<pid>_<random>``, or None for any other name."""
+    if not name.startswith(_WORKDIR_PREFIX):
+        return None
+    pid, sep, _ = name[len(_WORKDIR_PREFIX):].partition("_")
+    return int(pid) if sep and pid.isdigit() else None
+
+
+def _owner_alive(pid: int, path: str) -> bool:
+    try:
+        owner = psutil.Process(pid)
+        if owner.status() == psutil.STATUS_ZOMBIE:
+            return False
+        # a process started after the directory last changed only reuses the dead owner's pid
+        return owner.create_time() <= os.stat(path).st_mtime + 1.0
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, OSError):
+        return True  # cannot tell: leave it
+
+
+def _reclaim_stale_workdirs() -> None:
+    """Remove work directories whose owning process is gone (a kernel restarted, or killed,
+    during a launch). Directories of live callers, other users' and unrelated ones stay."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for name in names:
+        pid = _workdir_owner(name)
+        if pid is None or pid == os.getpid():
+            continue
+        path = os.path.join(root, name)
+        try:
+            if uid is not None and os.stat(path).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        if not _owner_alive(pid, path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- interrupts
+
+class _InterruptGuard:
+    """SIGINT (Ctrl-C, "interrupt kernel") around one launch, in the main thread.
+
+    While the launch runs, an interrupt raises KeyboardInterrupt as usual. Once ``hold()`` is
+    called (cleanup has begun, or ranks are being handed to a warm forkserver), interrupts are
+    held instead: a second press of "interrupt" must not cut short the SIGTERM grace period and
+    skip SIGKILL, leaving ranks running. On exit the previous handler is back, and a held
+    interrupt is raised then, unless an exception is already on its way out.
+    """
+
+    def __init__(self):
+        self.holding = False
+        self.held = False
+        self._previous = None
+        self._installed = False
+
+    def __enter__(self) -> _InterruptGuard:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if callable(previous):  # default_int_handler, or IPython's: wrap it
+                self._previous = previous
+                signal.signal(signal.SIGINT, self._handle)
+                self._installed = True
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.holding:
+            self.held = True
+            return
+        self._previous(signum, frame)
+
+    def hold(self) -> None:
+        self.holding = True
+
+    def release(self) -> None:
+        """Stop holding; raise KeyboardInterrupt now if one arrived meanwhile."""
+        self.holding = False
+        if self.held:
+            self.held = False
+            raise KeyboardInterrupt
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+        if self.held and exc_type is None:
+            raise KeyboardInterrupt
+        return False
+
+
+# ----------------------------------------------------------------------------- running ranks
+
 def _run_ranks(payload: bytes, world_size: int, backend: str, timeout: float, threads: int) -> list:
+    _reclaim_stale_workdirs()
     server_was_up = multiprocessing.forkserver._forkserver._forkserver_pid is not None
     method = _start_method()
     warm = method == "forkserver" and server_was_up  # else every rank imports torch first
-    workdir = tempfile.mkdtemp(prefix="course_lib_launch_")
+    workdir = _new_workdir()
     spec = {"payload": payload, "world_size": world_size, "backend": backend, "timeout": timeout,
             "threads": threads, "workdir": workdir, "env": dict(os.environ),
             "sys_path": _caller_sys_path(), "child_start_method": _child_start_method(),
             "loopback_interface": _loopback_interface()}
     procs: list = []
     before = {p.pid for p in multiprocessing.active_children()}
-    try:
+    with _InterruptGuard() as interrupts:
         try:
-            context = torch.multiprocessing.start_processes(
-                _worker.run_rank, args=(spec,), nprocs=world_size, join=False,
-                daemon=False,  # daemonic ranks could not start DataLoader workers
-                start_method=method)
-        except BaseException:
-            # interrupted half-way through starting: stop whatever did start
-            _stop([p for p in multiprocessing.active_children() if p.pid not in before])
-            raise
-        procs = context.processes
-        outcomes = _wait(procs, workdir, timeout, _START_ALLOWANCE_S[0 if warm else 1])
-    finally:
-        _stop(procs)
-        if procs:  # also after Ctrl-C: what the ranks printed until then
-            _emit_output(workdir, world_size)
-        for p in procs:
-            p.close()  # releases the sentinel fd now, not at garbage collection
-        shutil.rmtree(workdir, ignore_errors=True)
+            if warm:  # a warm forkserver hands out ranks in milliseconds: not worth a half start
+                interrupts.hold()
+            try:
+                context = torch.multiprocessing.start_processes(
+                    _worker.run_rank, args=(spec,), nprocs=world_size, join=False,
+                    daemon=False,  # daemonic ranks could not start DataLoader workers
+                    start_method=method)
+            except BaseException:
+                # interrupted half-way through starting: stop whatever did start
+                interrupts.hold()
+                _stop([p for p in multiprocessing.active_children() if p.pid not in before])
+                raise
+            procs = context.processes
+            interrupts.release()
+            outcomes = _wait(procs, workdir, timeout, _START_ALLOWANCE_S[0 if warm else 1])
+        finally:
+            interrupts.hold()  # from here on, an interrupt waits until every rank is gone
+            _stop(procs)
+            if procs:  # also after Ctrl-C: what the ranks printed until then
+                _emit_output(workdir, world_size)
+            for p in procs:
+                try:
+                    p.close()  # releases the sentinel fd now, not at garbage collection
+                except ValueError:  # still running after SIGKILL (uninterruptible I/O)
+                    pass
+            shutil.rmtree(workdir, ignore_errors=True)
     failed = {r: o for r, o in outcomes.items() if o[0] != "ok"}
     if failed:
         raise _launch_error(outcomes, timeout)
@@ -483,7 +604,7 @@ def _stop(procs: list) -> None:
             d.terminate()
         except psutil.Error:
             pass
-    multiprocessing.connection.wait([p.sentinel for p in alive], timeout=_STOP_GRACE_S)
+    _wait_all([p.sentinel for p in alive], _STOP_GRACE_S)  # every rank gets the whole grace
     for p in alive:
         if p.exitcode is None:
             p.kill()  # SIGKILL: a rank stuck in C++ (a collective) may not act on SIGTERM
@@ -495,6 +616,19 @@ def _stop(procs: list) -> None:
         except psutil.Error:
             pass
     psutil.wait_procs(still, timeout=_STOP_GRACE_S)
+
+
+def _wait_all(sentinels: list, timeout: float) -> None:
+    """Wait until every sentinel is ready or ``timeout`` s have passed.
+    (``multiprocessing.connection.wait`` alone returns as soon as the *first* one is ready.)"""
+    deadline = time.monotonic() + timeout
+    pending = list(sentinels)
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        ready = multiprocessing.connection.wait(pending, timeout=remaining)
+        pending = [s for s in pending if s not in ready]
 
 
 def _read_text(path: str) -> str:

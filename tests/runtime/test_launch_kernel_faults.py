@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -146,3 +147,27 @@ def test_ranks_import_from_the_directory_the_notebook_is_in_now(nb):
     """))
     assert "in notebook 40" in result.stdout, result.text
     assert "in ranks [40, 41]" in result.stdout, result.text
+
+
+def test_a_second_interrupt_during_cleanup_still_stops_every_rank(nb):
+    nb.kernel.start("course_lib.launch(stubborn, 2, timeout=60)")
+    pids = nb.rank_pids(2)
+    assert nb.workdirs()
+    nb.kernel.interrupt()
+    time.sleep(0.4)  # the launcher is now in its SIGTERM grace period; the ranks ignore SIGTERM
+    nb.kernel.interrupt()
+    result = nb.kernel.collect(timeout=30)
+    assert result.error is not None and result.error[0] == "KeyboardInterrupt", result.text
+    assert _running(pids) == [], "ranks outlived an interrupted launch"
+    assert nb.workdirs() == []  # the work directory went with them
+    assert "again [3.0, 3.0]" in nb.kernel.run('print("again", course_lib.launch(ok, 2))').stdout
+
+
+def test_a_kernel_restart_during_a_launch_leaves_no_rank_and_no_work_directory(nb):
+    nb.kernel.start("course_lib.launch(stubborn, 2, timeout=60)")
+    pids = nb.rank_pids(2)
+    assert len(nb.workdirs()) == 1
+    nb.kernel.restart()
+    assert wait_for(lambda: _running(pids) == [], 10), "ranks outlived the kernel"
+    nb.setup()  # the first launch after the restart reclaims what the old kernel left
+    assert nb.workdirs() == []
