@@ -20,19 +20,36 @@ import multiprocessing
 import multiprocessing.process
 import multiprocessing.spawn
 import os
+import signal
 import sys
 import time
 import traceback
 from datetime import timedelta
 
-import cloudpickle
-import torch
-import torch.distributed as dist
-
 # Set in every rank so a nested launch() can refuse clearly instead of forking a second world.
 RANK_MARKER_ENV = "COURSE_LIB_LAUNCH_RANK"
 # Set (briefly) by the caller while it starts the forkserver: "path:<file>" or "name:<module>".
 FORKSERVER_MAIN_ENV = "COURSE_LIB_FORKSERVER_MAIN"
+# Set (briefly) by the caller while it starts the forkserver, which preloads this module first.
+FORKSERVER_PRELOAD_ENV = "COURSE_LIB_FORKSERVER_PRELOAD"
+
+
+def _exit_quietly(signum, frame) -> None:
+    """The forkserver's SIGINT handler while it imports torch (seconds, on the first launch).
+
+    "Interrupt kernel" signals the kernel's whole process group, the forkserver included;
+    without this it died printing ~30 lines of its own KeyboardInterrupt traceback into the
+    cell. It exits as before, only quietly; the next launch starts a new one.
+    """
+    os._exit(128 + signum)
+
+
+if os.environ.pop(FORKSERVER_PRELOAD_ENV, None):  # in the forkserver, before the slow imports
+    signal.signal(signal.SIGINT, _exit_quietly)
+
+import cloudpickle  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 
 def _import_caller_main(main: str) -> None:
@@ -121,6 +138,7 @@ def run_rank(rank: int, spec: dict) -> None:
     sys_path (the caller's, ``''`` resolved), child_start_method (for the rank's own
     multiprocessing children, or None), loopback_interface (for gloo, or None).
     """
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # not the forkserver's quiet exit
     workdir, world_size = spec["workdir"], spec["world_size"]
     try:
         _redirect_std_streams(workdir, rank)

@@ -128,18 +128,24 @@ from course_lib.runtime.errors import LaunchError
 # Imported once in the forkserver, then inherited by every rank for free. torch._dynamo (which
 # brings torch.distributed.tensor) costs ~1.4 s on an idle core: paid once per kernel here instead
 # of once per rank in every launch that builds DDP, DTensor or a CommMeter (units 08-13).
-_FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor",
-                       "cloudpickle", "course_lib.runtime._worker"]
+# The trampoline comes first: it makes the server exit quietly if interrupted while it imports
+# the rest (an interrupted first launch used to print the server's own 30-line traceback).
+_FORKSERVER_PRELOAD = ["course_lib.runtime._worker", "torch", "torch.distributed", "torch._dynamo",
+                       "torch.distributed.tensor", "cloudpickle"]
 _START_ALLOWANCE_S = (10.0, 60.0)  # time for every rank to start: warm forkserver / cold start
 _END_SLACK_S = 1.0        # after `timeout`, time for a rank's own timeout error to arrive
 _FAILURE_GRACE_S = 1.0    # after one rank fails, time the others get to report their own outcome
 _STOP_GRACE_S = 1.0       # SIGTERM, then SIGKILL after this long
 _STDERR_TAIL_LINES = 15   # lines of a dead rank's stderr quoted in the error
+_MEMORY_SAMPLE_S = 0.25   # how often the caller notes each running rank's memory use
+_LARGE_PAYLOAD_BYTES = 50 * 2**20  # a pickled fn + arguments above 50 MiB get a warning, once
 _WORKDIR_PREFIX = "course_lib_launch_pid"  # + "<caller pid>_<random>" in the temporary directory
 # Variables a DDP tutorial sets by hand; only under torchrun (TORCHELASTIC_RUN_ID) do they mean
 # that this process is already one rank of a job.
 _TUTORIAL_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                        "MASTER_PORT")
+
+_warned_large_payloads: set[str] = set()
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "auto",
@@ -176,6 +182,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "
     _warn_about_tutorial_variables(world_size)
     resolved = resolve_backend(backend, world_size)
     payload = _pickle_payload(fn, args, kwargs)
+    if len(payload) > _LARGE_PAYLOAD_BYTES:
+        _warn_large_payload(fn, args, kwargs, len(payload))
     return _run_ranks(payload, world_size, resolved, timeout, threads_per_rank)
 
 
@@ -225,6 +233,53 @@ def _pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
         raise TypeError(f"the arguments cannot be pickled together: {whole_error}") from whole_error
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def _captured_sizes(fn, args: tuple, kwargs: dict) -> list[tuple[str, int]]:
+    """(label, pickled size) of what fn carries along: globals it names, closure variables,
+    arguments; largest first. Only called for a payload already known to be large."""
+    parts: list[tuple[str, Any]] = []
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        module_globals = getattr(fn, "__globals__", {})
+        parts += [(f"global {name}", module_globals[name]) for name in code.co_names
+                  if name in module_globals]
+        cells = getattr(fn, "__closure__", None) or ()
+        for name, cell in zip(code.co_freevars, cells):
+            try:
+                parts.append((f"closure variable {name}", cell.cell_contents))
+            except ValueError:  # an empty cell
+                pass
+    parts += [(f"args[{i}]", a) for i, a in enumerate(args)]
+    parts += [(f"keyword argument {k}", v) for k, v in kwargs.items()]
+    sizes = []
+    for label, value in parts:
+        try:
+            sizes.append((label, len(cloudpickle.dumps(value))))
+        except Exception:  # the whole payload pickled; a part alone may not
+            continue
+    return sorted((p for p in sizes if p[1] >= 2**20), key=lambda p: -p[1])
+
+
+def _warn_large_payload(fn, args: tuple, kwargs: dict, size: int) -> None:
+    """Once per function name: the payload travels to every rank on every launch."""
+    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+    if name in _warned_large_payloads:
+        return
+    _warned_large_payloads.add(name)
+    parts = _captured_sizes(fn, args, kwargs)[:3]
+    largest = ("; the largest parts: " + ", ".join(f"{label} ({_mib(n)})" for label, n in parts)
+               if parts else "")
+    warnings.warn(
+        f"launch: {name} and its arguments pickle to {_mib(size)}{largest}. All of it is sent to "
+        "every rank on every launch. Create large data inside fn, or save it once (torch.save) "
+        "and load it inside fn, so that each rank builds or reads its own; if the ranks need the "
+        "caller's object, pass it as an argument, where the cost is visible at the call.",
+        UserWarning, stacklevel=3)
+
+
 # ----------------------------------------------------------------------------- processes
 
 def helper_pids() -> set[int]:
@@ -249,25 +304,40 @@ def shutdown_forkserver() -> None:
         server._stop()  # the stdlib's own (private) stop: closes the "alive" pipe and waits
 
 
+def _forkserver_running() -> bool:
+    """Whether the forkserver is up. Its pid alone does not say: an interrupted first launch
+    leaves the pid of a server that exited (the stdlib restarts it on its next use)."""
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _start_method() -> str:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
-    server = multiprocessing.forkserver._forkserver
-    if getattr(server, "_forkserver_pid", None) is None:
+    if not _forkserver_running():
+        server = multiprocessing.forkserver._forkserver
         # Preload torch and the trampoline, so every rank is a fork of a process that has them.
         current = list(getattr(server, "_preload_modules", []))
         server.set_forkserver_preload(list(dict.fromkeys(current + _FORKSERVER_PRELOAD)))
         # Tell the preloaded trampoline which main module to import once in the server (see
-        # _worker._import_caller_main); the server inherits the environment it starts with.
+        # _worker._import_caller_main), and that it is being preloaded; the server inherits the
+        # environment it starts with.
         prep = multiprocessing.spawn.get_preparation_data("course_lib")
         main = (f"name:{prep['init_main_from_name']}" if "init_main_from_name" in prep else
                 f"path:{prep['init_main_from_path']}" if "init_main_from_path" in prep else None)
         if main is not None:
             os.environ[_worker.FORKSERVER_MAIN_ENV] = main
+        os.environ[_worker.FORKSERVER_PRELOAD_ENV] = "1"
         try:
             multiprocessing.forkserver.ensure_running()
         finally:
             os.environ.pop(_worker.FORKSERVER_MAIN_ENV, None)
+            os.environ.pop(_worker.FORKSERVER_PRELOAD_ENV, None)
     return "forkserver"
 
 
@@ -415,15 +485,16 @@ class _InterruptGuard:
 
 def _run_ranks(payload: bytes, world_size: int, backend: str, timeout: float, threads: int) -> list:
     _reclaim_stale_workdirs()
-    server_was_up = multiprocessing.forkserver._forkserver._forkserver_pid is not None
+    warm = _forkserver_running()
     method = _start_method()
-    warm = method == "forkserver" and server_was_up  # else every rank imports torch first
+    warm = warm and method == "forkserver"  # else every rank imports torch first
     workdir = _new_workdir()
     spec = {"payload": payload, "world_size": world_size, "backend": backend, "timeout": timeout,
             "threads": threads, "workdir": workdir, "env": dict(os.environ),
             "sys_path": _caller_sys_path(), "child_start_method": _child_start_method(),
             "loopback_interface": _loopback_interface()}
     procs: list = []
+    memory: dict[int, tuple[int, int, int]] = {}
     before = {p.pid for p in multiprocessing.active_children()}
     with _InterruptGuard() as interrupts:
         try:
@@ -441,7 +512,7 @@ def _run_ranks(payload: bytes, world_size: int, backend: str, timeout: float, th
                 raise
             procs = context.processes
             interrupts.release()
-            outcomes = _wait(procs, workdir, timeout, _START_ALLOWANCE_S[0 if warm else 1])
+            outcomes = _wait(procs, workdir, timeout, _START_ALLOWANCE_S[0 if warm else 1], memory)
         finally:
             interrupts.hold()  # from here on, an interrupt waits until every rank is gone
             _stop(procs)
@@ -459,7 +530,23 @@ def _run_ranks(payload: bytes, world_size: int, backend: str, timeout: float, th
     return [outcomes[r][1] for r in range(world_size)]
 
 
-def _wait(procs: list, workdir: str, timeout: float, start_allowance: float) -> dict[int, tuple]:
+def _note_memory(procs: list, ranks, memory: dict) -> None:
+    """Record each running rank's resident memory and the system's available memory."""
+    try:
+        system = psutil.virtual_memory()
+    except Exception:
+        return
+    for rank in ranks:
+        try:
+            rss = psutil.Process(procs[rank].pid).memory_info().rss
+        except (psutil.Error, ValueError):
+            continue
+        if rss > 0:  # a rank that just died (a zombie) reports 0: keep its last real figure
+            memory[rank] = (rss, system.available, system.total)
+
+
+def _wait(procs: list, workdir: str, timeout: float, start_allowance: float,
+          memory: dict | None = None) -> dict[int, tuple]:
     """Wait for the ranks; return rank -> outcome tuple:
     ("ok", value) | ("error", time, text) | ("stopped", reason).
 
@@ -467,11 +554,15 @@ def _wait(procs: list, workdir: str, timeout: float, start_allowance: float) -> 
     ``start_allowance`` s, and must have finished ``timeout`` s (+ a little slack for teardown)
     after the last rank started. So a hung run is reported ``timeout`` s after it really began,
     whether the processes took 0.05 s (warm forkserver) or 10 s (cold spawn) to start.
+    Every ``_MEMORY_SAMPLE_S`` the running ranks' memory use goes into ``memory``, so that a
+    rank the out-of-memory killer takes can be reported with it.
     """
+    memory = {} if memory is None else memory
     pending = {p.sentinel: rank for rank, p in enumerate(procs)}
     outcomes: dict[int, tuple] = {}
     started: set[int] = set()
     deadline = time.monotonic() + start_allowance
+    next_sample = time.monotonic()
     first_failure = None  # (monotonic time, rank)
     while pending:
         if len(started) < len(procs):  # still checking who has started, every 50 ms
@@ -479,17 +570,21 @@ def _wait(procs: list, workdir: str, timeout: float, start_allowance: float) -> 
                         and os.path.exists(_worker.rank_file(workdir, r, "stack"))}
             if len(started) == len(procs):
                 deadline = time.monotonic() + timeout + _END_SLACK_S
+        if time.monotonic() >= next_sample:
+            _note_memory(procs, pending.values(), memory)
+            next_sample = time.monotonic() + _MEMORY_SAMPLE_S
         limit = deadline if first_failure is None else min(deadline, first_failure[0] + _FAILURE_GRACE_S)
         remaining = limit - time.monotonic()
         if remaining <= 0:
             break
         if len(started) < len(procs):
             remaining = min(remaining, 0.05)
+        remaining = min(remaining, max(0.0, next_sample - time.monotonic()))
         for sentinel in multiprocessing.connection.wait(list(pending), timeout=remaining):
             rank = pending.pop(sentinel)
             procs[rank].join()
             started.add(rank)
-            outcomes[rank] = _read_outcome(workdir, rank, procs[rank].exitcode)
+            outcomes[rank] = _read_outcome(workdir, rank, procs[rank].exitcode, memory.get(rank))
             if outcomes[rank][0] != "ok" and first_failure is None:
                 first_failure = (time.monotonic(), rank)
     for rank in sorted(pending.values()):
@@ -527,8 +622,14 @@ def _error_outcome(record: tuple) -> tuple:
     return ("error", when, f"raised {exc_type}: {message}\n{tb.rstrip()}")
 
 
-def _read_outcome(workdir: str, rank: int, exitcode: int) -> tuple:
-    """Outcome of a rank whose process has exited with ``exitcode``."""
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _read_outcome(workdir: str, rank: int, exitcode: int,
+                  memory: tuple[int, int, int] | None = None) -> tuple:
+    """Outcome of a rank whose process has exited with ``exitcode``; ``memory`` is its last
+    noted (resident bytes, system available bytes, system total bytes)."""
     record = _read_result(workdir, rank)
     if record is not None:
         return ("ok", record[1]) if record[0] == "ok" else _error_outcome(record)
@@ -538,6 +639,15 @@ def _read_outcome(workdir: str, rank: int, exitcode: int) -> tuple:
         except ValueError:
             name = f"signal {-exitcode}"
         text = f"was killed by signal {name} (exit code {exitcode})"
+        if exitcode == -signal.SIGKILL:
+            # The launcher sends SIGKILL only to ranks whose outcome is already known, so this
+            # one came from elsewhere: most often the kernel's out-of-memory killer.
+            text += (", out of memory? The launcher did not send it; the system's "
+                     "out-of-memory killer is the usual sender")
+            if memory is not None:
+                rss, available, total = memory
+                text += (f" (it was last seen using {_size(rss)}, when {_size(available)} of "
+                         f"{_size(total)} were available)")
     else:
         text = (f"exited with code {exitcode} before returning a result (if the caller is a "
                 "script, keep the launch under `if __name__ == '__main__':`, as multiprocessing "

@@ -163,6 +163,27 @@ def test_a_second_interrupt_during_cleanup_still_stops_every_rank(nb):
     assert "again [3.0, 3.0]" in nb.kernel.run('print("again", course_lib.launch(ok, 2))').stdout
 
 
+def test_interrupting_the_first_launch_prints_no_forkserver_traceback(nb):
+    nb.kernel.run("launch_module.shutdown_forkserver()")
+    nb.kernel.start("course_lib.launch(ok, 2)")  # cold: the forkserver now imports torch
+
+    def forkserver_started():
+        return any("forkserver" in " ".join(p.cmdline()) for p in nb.kernel.descendants()
+                   if p.is_running())
+
+    assert wait_for(forkserver_started, 30)
+    time.sleep(0.5)
+    nb.kernel.interrupt()
+    interrupted = nb.kernel.collect(timeout=60)
+    late = nb.kernel.drain(1.0)  # what the dying server printed may come after the cell ended
+    after = nb.kernel.run('print("after", course_lib.launch(ok, 2))', timeout=90)
+    assert interrupted.error is not None and interrupted.error[0] == "KeyboardInterrupt"
+    assert "after [3.0, 3.0]" in after.stdout, after.text  # a new server starts
+    shown = interrupted.stdout + interrupted.stderr + late + after.stdout + after.stderr
+    assert "forkserver.py" not in shown and "Traceback" not in shown, shown
+    assert nb.workdirs() == []
+
+
 def test_a_kernel_restart_during_a_launch_leaves_no_rank_and_no_work_directory(nb):
     nb.kernel.start("course_lib.launch(stubborn, 2, timeout=60)")
     pids = nb.rank_pids(2)
