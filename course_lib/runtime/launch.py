@@ -639,7 +639,7 @@ def _read_outcome(workdir: str, rank: int, exitcode: int,
         except ValueError:
             name = f"signal {-exitcode}"
         text = f"was killed by signal {name} (exit code {exitcode})"
-        if exitcode == -signal.SIGKILL:
+        if exitcode == -getattr(signal, "SIGKILL", 9):  # (Windows has no SIGKILL constant)
             # The launcher sends SIGKILL only to ranks whose outcome is already known, so this
             # one came from elsewhere: most often the kernel's out-of-memory killer.
             text += (", out of memory? The launcher did not send it; the system's "
