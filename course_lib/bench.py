@@ -3,20 +3,23 @@
 ``launch``: how long a trivial 2-rank job (one gloo all_reduce of one float) takes end to end,
 measured side by side in one run through
 
-* ``course_lib.launch`` (forkserver with torch preloaded): the cold first call, then the
-  median of ``--warm`` calls;
+* ``course_lib.launch`` (forkserver with torch preloaded): the cold first call, then median,
+  p99 and max of ``--warm`` calls (100 by default: a rare stall, such as the 5 s resolver
+  time-out that once hit ~3 % of launches, shows in p99 and max, never in the median);
 * plain ``torch.multiprocessing.spawn`` (every rank imports torch from scratch);
 * ``accelerate.notebook_launcher`` if accelerate is installed. It forks the caller, which
   does not mix with a forkserver already running in the same process, so it is timed in a
   subprocess of its own.
 
 Times are wall-clock seconds on this machine (shared cores make them noisy: read the medians,
-not single runs). Introduced in notebooks/00_start_here.ipynb.
+not single runs; the header prints the load average). Targets for course_lib.launch on 2 cores:
+median <= 0.1 s, p99 <= 0.3 s. Introduced in notebooks/00_start_here.ipynb.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -42,8 +45,14 @@ class Timing:
         return statistics.median(self.warm_s)
 
     @property
-    def spread_s(self) -> tuple[float, float]:
-        return min(self.warm_s), max(self.warm_s)
+    def p99_s(self) -> float:
+        """99th percentile, nearest rank: with 100 runs, the second slowest."""
+        ordered = sorted(self.warm_s)
+        return ordered[math.ceil(0.99 * len(ordered)) - 1]
+
+    @property
+    def max_s(self) -> float:
+        return max(self.warm_s)
 
 
 def _allreduce_job(rank: int, world_size: int) -> float:
@@ -128,26 +137,25 @@ def time_accelerate(world_size: int, warm_runs: int, timeout_s: float = 300.0) -
 
 
 def format_table(timings: list[Timing], baseline: str = "torch.multiprocessing.spawn") -> str:
-    """Aligned table: method, cold s, warm median s, spread (min-max), speed-up vs baseline."""
+    """Aligned table: method, cold s, warm median / p99 / max s, runs, speed-up vs baseline."""
     base = next((t.median_s for t in timings if t.method == baseline), None)
-    header = ("method", "cold s", "warm median s", "spread s (min-max)", "warm runs", "speed-up vs spawn")
+    header = ("method", "cold s", "warm median s", "p99 s", "max s", "warm runs", "speed-up vs spawn")
     rows = [header]
     for t in timings:
-        lo, hi = t.spread_s
         speedup = f"{base / t.median_s:.1f}x" if base else "n/a"
-        rows.append((t.method, f"{t.cold_s:.3f}", f"{t.median_s:.3f}", f"{lo:.3f}-{hi:.3f}",
-                     str(len(t.warm_s)), speedup))
+        rows.append((t.method, f"{t.cold_s:.3f}", f"{t.median_s:.3f}", f"{t.p99_s:.3f}",
+                     f"{t.max_s:.3f}", str(len(t.warm_s)), speedup))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def bench_launch(world_size: int = 2, warm_runs: int = 10, spawn_runs: int = 3,
-                 accelerate: bool = True) -> list[Timing]:
+def bench_launch(world_size: int = 2, warm_runs: int = 100, spawn_runs: int = 3,
+                 accelerate: bool = True, accelerate_runs: int = 10) -> list[Timing]:
     timings = [time_course_lib(world_size, warm_runs), time_spawn(world_size, spawn_runs)]
     if accelerate:
-        acc = time_accelerate(world_size, warm_runs)
+        acc = time_accelerate(world_size, accelerate_runs)
         if isinstance(acc, Timing):
             timings.append(acc)
         else:
@@ -160,23 +168,35 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="what", required=True)
     p = sub.add_parser("launch", help="launch overhead: course_lib.launch vs spawn vs notebook_launcher")
     p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--warm", type=int, default=10, help="warm runs of course_lib.launch and accelerate")
+    p.add_argument("--warm", type=int, default=100, help="warm runs of course_lib.launch")
     p.add_argument("--spawn", type=int, default=3, help="runs of torch.multiprocessing.spawn")
+    p.add_argument("--accelerate-runs", type=int, default=10,
+                   help="warm runs of accelerate.notebook_launcher")
     p.add_argument("--no-accelerate", action="store_true")
     args = parser.parse_args(argv)
-    if args.world_size < 1 or args.warm < 1 or args.spawn < 1:
-        parser.error("--world-size, --warm and --spawn must be positive")
+    if min(args.world_size, args.warm, args.spawn, args.accelerate_runs) < 1:
+        parser.error("--world-size, --warm, --spawn and --accelerate-runs must be positive; got "
+                     f"{args.world_size}, {args.warm}, {args.spawn}, {args.accelerate_runs}")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(f"{args.world_size}-rank all_reduce of one float, gloo on CPU; torch {torch.__version__}, "
-          f"{os.cpu_count()} logical CPUs; wall-clock seconds")
-    timings = bench_launch(args.world_size, args.warm, args.spawn, not args.no_accelerate)
+          f"{os.cpu_count()} logical CPUs, load average {load}; wall-clock seconds")
+    timings = bench_launch(args.world_size, args.warm, args.spawn, not args.no_accelerate,
+                           args.accelerate_runs)
     print(format_table(timings))
-    ours = timings[0].median_s
-    others = {t.method: t.median_s for t in timings[1:]}
-    print(f"course_lib.launch warm median {ours:.3f} s: target <= 0.1 s "
-          f"{'met' if ours <= 0.1 else 'NOT met'}; "
-          + "; ".join(f"{ratio:.1f}x faster than {m}" for m, ratio in
-                      ((m, v / ours) for m, v in others.items())))
+    print(summary_line(timings))
     return 0
+
+
+def summary_line(timings: list[Timing]) -> str:
+    """course_lib.launch against its targets (median <= 0.1 s, p99 <= 0.3 s) and the others."""
+    ours = timings[0]
+    others = {t.method: t.median_s for t in timings[1:]}
+    parts = [f"course_lib.launch over {len(ours.warm_s)} warm launches: median "
+             f"{ours.median_s:.3f} s (target <= 0.1 s {'met' if ours.median_s <= 0.1 else 'NOT met'}), "
+             f"p99 {ours.p99_s:.3f} s (target <= 0.3 s {'met' if ours.p99_s <= 0.3 else 'NOT met'}), "
+             f"max {ours.max_s:.3f} s"]
+    parts += [f"{v / ours.median_s:.1f}x faster than {m}" for m, v in others.items()]
+    return "; ".join(parts)
 
 
 if __name__ == "__main__":

@@ -10,27 +10,46 @@ Everything a rank produces goes to files in the launch's private temporary direc
 ``rank{r}.result`` (the pickled return value or exception, written atomically) and
 ``rank{r}.stack`` (a faulthandler dump of every thread if the rank is still running at the
 deadline). Files, not pipes: a rank can never block on a full pipe, and the output of a rank
-killed by a signal is still there to show.
+killed by a signal is still there to show. The ranks meet through ``store`` there, a FileStore.
 """
 from __future__ import annotations
 
 import faulthandler
+import importlib
+import multiprocessing
 import multiprocessing.process
 import multiprocessing.spawn
 import os
+import signal
 import sys
 import time
 import traceback
 from datetime import timedelta
 
-import cloudpickle
-import torch
-import torch.distributed as dist
-
 # Set in every rank so a nested launch() can refuse clearly instead of forking a second world.
 RANK_MARKER_ENV = "COURSE_LIB_LAUNCH_RANK"
 # Set (briefly) by the caller while it starts the forkserver: "path:<file>" or "name:<module>".
 FORKSERVER_MAIN_ENV = "COURSE_LIB_FORKSERVER_MAIN"
+# Set (briefly) by the caller while it starts the forkserver, which preloads this module first.
+FORKSERVER_PRELOAD_ENV = "COURSE_LIB_FORKSERVER_PRELOAD"
+
+
+def _exit_quietly(signum, frame) -> None:
+    """The forkserver's SIGINT handler while it imports torch (seconds, on the first launch).
+
+    "Interrupt kernel" signals the kernel's whole process group, the forkserver included;
+    without this it died printing ~30 lines of its own KeyboardInterrupt traceback into the
+    cell. It exits as before, only quietly; the next launch starts a new one.
+    """
+    os._exit(128 + signum)
+
+
+if os.environ.pop(FORKSERVER_PRELOAD_ENV, None):  # in the forkserver, before the slow imports
+    signal.signal(signal.SIGINT, _exit_quietly)
+
+import cloudpickle  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 
 def _import_caller_main(main: str) -> None:
@@ -63,6 +82,11 @@ if FORKSERVER_MAIN_ENV in os.environ:  # only true while being preloaded into th
 def rank_file(workdir: str, rank: int, kind: str) -> str:
     """Path of one of the per-rank files ('out', 'err', 'result', 'stack')."""
     return os.path.join(workdir, f"rank{rank}.{kind}")
+
+
+def store_file(workdir: str) -> str:
+    """Path of the FileStore through which the ranks of one launch meet."""
+    return os.path.join(workdir, "store")
 
 
 def _redirect_std_streams(workdir: str, rank: int) -> None:
@@ -111,16 +135,30 @@ def run_rank(rank: int, spec: dict) -> None:
 
     ``spec`` holds: payload (cloudpickled ``(fn, args, kwargs)``), world_size, backend,
     timeout (seconds), threads (intra-op threads), workdir, env (the caller's environment),
-    store_port (the caller's TCPStore).
+    sys_path (the caller's, ``''`` resolved), child_start_method (for the rank's own
+    multiprocessing children, or None), loopback_interface (for gloo, or None).
     """
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # not the forkserver's quiet exit
     workdir, world_size = spec["workdir"], spec["world_size"]
-    _redirect_std_streams(workdir, rank)
+    try:
+        _redirect_std_streams(workdir, rank)
+    except OSError:  # the directory is gone: the caller gave up on this launch while starting it
+        return
     # The forkserver froze its environment when it started; use the caller's current one.
     os.environ.clear()
     os.environ.update(spec["env"])
     # the same variables torchrun sets, so env-reading code runs unchanged under both
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), **{RANK_MARKER_ENV: "1"})
+    if spec.get("loopback_interface") and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        # all ranks are on this machine: gloo need not resolve the host name to find an address
+        os.environ["GLOO_SOCKET_IFNAME"] = spec["loopback_interface"]
+    # The caller's import path as it is now (multiprocessing maps '' to where it started).
+    sys.path[:] = spec.get("sys_path", sys.path)
+    importlib.invalidate_caches()
+    if spec.get("child_start_method"):
+        # DataLoader workers and other children: fork, so notebook-defined classes need no pickle
+        multiprocessing.set_start_method(spec["child_start_method"], force=True)
     torch.set_num_threads(spec["threads"])  # N ranks x 1 thread: no oversubscribed cores
 
     stack_file = open(rank_file(workdir, rank, "stack"), "w")
@@ -131,11 +169,12 @@ def run_rank(rank: int, spec: dict) -> None:
         backend = spec["backend"]
         if backend == "nccl":
             torch.cuda.set_device(rank)  # one GPU per rank, never two ranks on one GPU
-        # The caller hosts this launch's TCPStore on a port the OS chose while binding it (port
-        # 0), so two launches (two notebooks) can never collide. gloo/NCCL then pick their own
-        # free ports for the data connections.
-        store = dist.TCPStore("127.0.0.1", spec["store_port"], is_master=False,
-                              timeout=timedelta(seconds=spec["timeout"]))
+        # The ranks meet through a file in the launch's private directory, so two launches
+        # (two notebooks) never collide, and no name service is asked anything: a TCPStore
+        # reverse-resolves ::ffff:127.0.0.1 on every connection, and a lost DNS query stalled
+        # the launch for glibc's 5 s retry time-out. gloo/NCCL pick free ports themselves.
+        store = dist.FileStore(store_file(workdir), world_size)
+        store.set_timeout(timedelta(seconds=spec["timeout"]))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=spec["timeout"]))
         fn, args, kwargs = cloudpickle.loads(spec["payload"])

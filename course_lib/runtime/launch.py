@@ -26,10 +26,14 @@ How it works, in the order things happen:
    rank is then a ``fork()`` of that clean, thread-free helper, so a warm launch costs ~0.1 s
    instead of the ~2 s a ``spawn`` pays to import torch in every rank. Each rank uses one
    intra-op thread by default (``threads_per_rank``), so 4 ranks do not fight over 2 cores.
-4. The ranks meet through a ``TCPStore`` that the caller hosts on a port the OS picks while
-   binding it (port 0): no MASTER_PORT, no port race, and two notebooks launching at the same
-   moment never collide. gloo runs on CPU;
-   NCCL only with one GPU per rank (``backend="auto"`` picks; see ``device.py``).
+4. The ranks meet through a ``FileStore`` in the launch's private temporary directory: no
+   MASTER_PORT, no port race, and two notebooks launching at the same moment never collide.
+   No name service is asked anything either: a ``TCPStore`` made c10d reverse-resolve
+   ``::ffff:127.0.0.1`` on every connection, and one DNS query lost by the resolver cost a
+   launch 5 s (glibc's retry time-out); gloo talks over the loopback interface, named
+   explicitly (``GLOO_SOCKET_IFNAME``, unless you set it), instead of resolving the host name.
+   gloo runs on CPU; NCCL only with one GPU per rank (``backend="auto"`` picks; see
+   ``device.py``).
 5. Each rank's stdout/stderr (file descriptors 1 and 2, so C++ warnings too) goes to its own
    file; after the run the caller prints it, prefixed ``[rank r]``, in rank order, so the
    output of a cell is the same from run to run.
@@ -41,7 +45,19 @@ How it works, in the order things happen:
    (a hung rank's Python stack included). ``timeout`` is also the process group's collective
    timeout, so a skipped collective fails in seconds, not after PyTorch's 30-minute default.
    Ctrl-C / "interrupt kernel" stops every rank and re-raises KeyboardInterrupt; the next
-   launch works.
+   launch works. Stopping is SIGTERM, a grace period of ``_STOP_GRACE_S`` for every rank, then
+   SIGKILL; further interrupts that arrive while the launcher stops the ranks are held until it
+   is done, so a second press of "interrupt" cannot leave ranks running.
+
+What a rank sees: the caller's current environment and working directory, and the caller's
+``sys.path`` with ``''`` read as the caller's *current* directory (after ``%cd sub`` a module in
+``sub`` imports in the ranks as in the notebook). Processes a rank starts through
+multiprocessing (DataLoader workers) are forked on Linux unless the caller chose a start method,
+so a Dataset class defined in a notebook cell works with ``num_workers > 0``.
+
+Leftover files: each launch works in ``<tempdir>/course_lib_launch_pid<caller pid>_*``, removed
+when the launch ends; a directory whose owner died (a kernel restarted mid-launch) is removed by
+the next launch.
 
 Leftover processes: after every return or raise no rank (nor any child of a rank) remains.
 Two long-lived *helpers* of Python's multiprocessing stay up on purpose: the forkserver (it is
@@ -64,17 +80,21 @@ on a multi-GPU node, or on several nodes, run the same function under torchrun::
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
              --rdzv-endpoint "$HEAD_NODE:$PORT" --rdzv-id run1 train.py   # on each of 2 nodes
 
-Under torchrun (detected from the TORCHELASTIC_RUN_ID / RANK / WORLD_SIZE variables it sets)
-each process already *is* one rank, so :func:`launch` starts nothing: it initialises the
+Under torchrun (detected from TORCHELASTIC_RUN_ID, which torchrun alone sets, with RANK and
+WORLD_SIZE) each process already *is* one rank, so :func:`launch` starts nothing: it initialises the
 default process group from the environment if nobody has yet (and keeps it until the script
 exits, so later launches reuse it), runs ``fn`` once for this rank,
 all-gathers every rank's return value (``all_gather_object``) and returns the full list in rank
 order on every rank, exactly as in the notebook. ``world_size`` must then equal torchrun's
 WORLD_SIZE. Output is not captured there: use torchrun's own ``--tee 3`` / ``--log-dir``.
+RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by hand (copied from a DDP tutorial into a
+notebook) do not make a torchrun job: launch starts its ranks as usual and warns that it
+ignored them.
 """
 from __future__ import annotations
 
 import atexit
+import functools
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -88,8 +108,10 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -106,13 +128,24 @@ from course_lib.runtime.errors import LaunchError
 # Imported once in the forkserver, then inherited by every rank for free. torch._dynamo (which
 # brings torch.distributed.tensor) costs ~1.4 s on an idle core: paid once per kernel here instead
 # of once per rank in every launch that builds DDP, DTensor or a CommMeter (units 08-13).
-_FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.distributed.tensor",
-                       "cloudpickle", "course_lib.runtime._worker"]
+# The trampoline comes first: it makes the server exit quietly if interrupted while it imports
+# the rest (an interrupted first launch used to print the server's own 30-line traceback).
+_FORKSERVER_PRELOAD = ["course_lib.runtime._worker", "torch", "torch.distributed", "torch._dynamo",
+                       "torch.distributed.tensor", "cloudpickle"]
 _START_ALLOWANCE_S = (10.0, 60.0)  # time for every rank to start: warm forkserver / cold start
 _END_SLACK_S = 1.0        # after `timeout`, time for a rank's own timeout error to arrive
 _FAILURE_GRACE_S = 1.0    # after one rank fails, time the others get to report their own outcome
 _STOP_GRACE_S = 1.0       # SIGTERM, then SIGKILL after this long
 _STDERR_TAIL_LINES = 15   # lines of a dead rank's stderr quoted in the error
+_MEMORY_SAMPLE_S = 0.25   # how often the caller notes each running rank's memory use
+_LARGE_PAYLOAD_BYTES = 50 * 2**20  # a pickled fn + arguments above 50 MiB get a warning, once
+_WORKDIR_PREFIX = "course_lib_launch_pid"  # + "<caller pid>_<random>" in the temporary directory
+# Variables a DDP tutorial sets by hand; only under torchrun (TORCHELASTIC_RUN_ID) do they mean
+# that this process is already one rank of a job.
+_TUTORIAL_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                       "MASTER_PORT")
+
+_warned_large_payloads: set[str] = set()
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "auto",
@@ -146,8 +179,11 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "
                            "nested launches are not supported: run the inner work directly")
     if _under_torchrun():
         return _launch_in_torchrun(fn, world_size, args, kwargs, backend, timeout)
+    _warn_about_tutorial_variables(world_size)
     resolved = resolve_backend(backend, world_size)
     payload = _pickle_payload(fn, args, kwargs)
+    if len(payload) > _LARGE_PAYLOAD_BYTES:
+        _warn_large_payload(fn, args, kwargs, len(payload))
     return _run_ranks(payload, world_size, resolved, timeout, threads_per_rank)
 
 
@@ -197,6 +233,53 @@ def _pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
         raise TypeError(f"the arguments cannot be pickled together: {whole_error}") from whole_error
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def _captured_sizes(fn, args: tuple, kwargs: dict) -> list[tuple[str, int]]:
+    """(label, pickled size) of what fn carries along: globals it names, closure variables,
+    arguments; largest first. Only called for a payload already known to be large."""
+    parts: list[tuple[str, Any]] = []
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        module_globals = getattr(fn, "__globals__", {})
+        parts += [(f"global {name}", module_globals[name]) for name in code.co_names
+                  if name in module_globals]
+        cells = getattr(fn, "__closure__", None) or ()
+        for name, cell in zip(code.co_freevars, cells):
+            try:
+                parts.append((f"closure variable {name}", cell.cell_contents))
+            except ValueError:  # an empty cell
+                pass
+    parts += [(f"args[{i}]", a) for i, a in enumerate(args)]
+    parts += [(f"keyword argument {k}", v) for k, v in kwargs.items()]
+    sizes = []
+    for label, value in parts:
+        try:
+            sizes.append((label, len(cloudpickle.dumps(value))))
+        except Exception:  # the whole payload pickled; a part alone may not
+            continue
+    return sorted((p for p in sizes if p[1] >= 2**20), key=lambda p: -p[1])
+
+
+def _warn_large_payload(fn, args: tuple, kwargs: dict, size: int) -> None:
+    """Once per function name: the payload travels to every rank on every launch."""
+    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+    if name in _warned_large_payloads:
+        return
+    _warned_large_payloads.add(name)
+    parts = _captured_sizes(fn, args, kwargs)[:3]
+    largest = ("; the largest parts: " + ", ".join(f"{label} ({_mib(n)})" for label, n in parts)
+               if parts else "")
+    warnings.warn(
+        f"launch: {name} and its arguments pickle to {_mib(size)}{largest}. All of it is sent to "
+        "every rank on every launch. Create large data inside fn, or save it once (torch.save) "
+        "and load it inside fn, so that each rank builds or reads its own; if the ranks need the "
+        "caller's object, pass it as an argument, where the cost is visible at the call.",
+        UserWarning, stacklevel=3)
+
+
 # ----------------------------------------------------------------------------- processes
 
 def helper_pids() -> set[int]:
@@ -221,69 +304,249 @@ def shutdown_forkserver() -> None:
         server._stop()  # the stdlib's own (private) stop: closes the "alive" pipe and waits
 
 
+def _forkserver_running() -> bool:
+    """Whether the forkserver is up. Its pid alone does not say: an interrupted first launch
+    leaves the pid of a server that exited (the stdlib restarts it on its next use)."""
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _start_method() -> str:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
-    server = multiprocessing.forkserver._forkserver
-    if getattr(server, "_forkserver_pid", None) is None:
+    if not _forkserver_running():
+        server = multiprocessing.forkserver._forkserver
         # Preload torch and the trampoline, so every rank is a fork of a process that has them.
         current = list(getattr(server, "_preload_modules", []))
         server.set_forkserver_preload(list(dict.fromkeys(current + _FORKSERVER_PRELOAD)))
         # Tell the preloaded trampoline which main module to import once in the server (see
-        # _worker._import_caller_main); the server inherits the environment it starts with.
+        # _worker._import_caller_main), and that it is being preloaded; the server inherits the
+        # environment it starts with.
         prep = multiprocessing.spawn.get_preparation_data("course_lib")
         main = (f"name:{prep['init_main_from_name']}" if "init_main_from_name" in prep else
                 f"path:{prep['init_main_from_path']}" if "init_main_from_path" in prep else None)
         if main is not None:
             os.environ[_worker.FORKSERVER_MAIN_ENV] = main
+        os.environ[_worker.FORKSERVER_PRELOAD_ENV] = "1"
         try:
             multiprocessing.forkserver.ensure_running()
         finally:
             os.environ.pop(_worker.FORKSERVER_MAIN_ENV, None)
+            os.environ.pop(_worker.FORKSERVER_PRELOAD_ENV, None)
     return "forkserver"
 
 
+def _child_start_method() -> str | None:
+    """The multiprocessing start method ranks use for their own children (DataLoader workers).
+
+    Ranks would inherit the forkserver method, which pickles a DataLoader's Dataset by reference,
+    and a class defined in a notebook cell (``__main__.DS``) cannot be found that way. ``fork``
+    copies it instead, as in any Linux training script. A method the caller chose explicitly
+    is kept; macOS keeps its default (fork is unsafe there).
+    """
+    chosen = multiprocessing.get_start_method(allow_none=True)
+    if chosen is not None:
+        return chosen
+    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
+        return "fork"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _loopback_interface() -> str | None:
+    """Name of the loopback network interface ("lo" on Linux, "lo0" on macOS), if any."""
+    try:
+        interfaces = psutil.net_if_addrs()
+    except Exception:  # no interface list on this platform: gloo picks its own
+        return None
+    for name, addresses in interfaces.items():
+        if any(a.address in ("127.0.0.1", "::1") for a in addresses):
+            return name
+    return None
+
+
+def _caller_sys_path() -> list:
+    """The caller's import path as it resolves now: ``''`` is the *current* directory.
+
+    multiprocessing replaces ``''`` with the directory the caller *started* in, so after
+    ``%cd sub`` a module in ``sub`` imported in the notebook but not in the ranks.
+    """
+    cwd = os.getcwd()
+    return [cwd if entry == "" else entry for entry in sys.path]
+
+
+# ----------------------------------------------------------------------------- work directories
+
+def _new_workdir() -> str:
+    return tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}_")
+
+
+def _workdir_owner(name: str) -> int | None:
+    """The pid in ``course_lib_launch_pid<pid>_<random>``, or None for any other name."""
+    if not name.startswith(_WORKDIR_PREFIX):
+        return None
+    pid, sep, _ = name[len(_WORKDIR_PREFIX):].partition("_")
+    return int(pid) if sep and pid.isdigit() else None
+
+
+def _owner_alive(pid: int, path: str) -> bool:
+    try:
+        owner = psutil.Process(pid)
+        if owner.status() == psutil.STATUS_ZOMBIE:
+            return False
+        # a process started after the directory last changed only reuses the dead owner's pid
+        return owner.create_time() <= os.stat(path).st_mtime + 1.0
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, OSError):
+        return True  # cannot tell: leave it
+
+
+def _reclaim_stale_workdirs() -> None:
+    """Remove work directories whose owning process is gone (a kernel restarted, or killed,
+    during a launch). Directories of live callers, other users' and unrelated ones stay."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for name in names:
+        pid = _workdir_owner(name)
+        if pid is None or pid == os.getpid():
+            continue
+        path = os.path.join(root, name)
+        try:
+            if uid is not None and os.stat(path).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        if not _owner_alive(pid, path):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- interrupts
+
+class _InterruptGuard:
+    """SIGINT (Ctrl-C, "interrupt kernel") around one launch, in the main thread.
+
+    While the launch runs, an interrupt raises KeyboardInterrupt as usual. Once ``hold()`` is
+    called (cleanup has begun, or ranks are being handed to a warm forkserver), interrupts are
+    held instead: a second press of "interrupt" must not cut short the SIGTERM grace period and
+    skip SIGKILL, leaving ranks running. On exit the previous handler is back, and a held
+    interrupt is raised then, unless an exception is already on its way out.
+    """
+
+    def __init__(self):
+        self.holding = False
+        self.held = False
+        self._previous = None
+        self._installed = False
+
+    def __enter__(self) -> _InterruptGuard:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if callable(previous):  # default_int_handler, or IPython's: wrap it
+                self._previous = previous
+                signal.signal(signal.SIGINT, self._handle)
+                self._installed = True
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.holding:
+            self.held = True
+            return
+        self._previous(signum, frame)
+
+    def hold(self) -> None:
+        self.holding = True
+
+    def release(self) -> None:
+        """Stop holding; raise KeyboardInterrupt now if one arrived meanwhile."""
+        self.holding = False
+        if self.held:
+            self.held = False
+            raise KeyboardInterrupt
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+        if self.held and exc_type is None:
+            raise KeyboardInterrupt
+        return False
+
+
+# ----------------------------------------------------------------------------- running ranks
+
 def _run_ranks(payload: bytes, world_size: int, backend: str, timeout: float, threads: int) -> list:
-    server_was_up = multiprocessing.forkserver._forkserver._forkserver_pid is not None
+    _reclaim_stale_workdirs()
+    warm = _forkserver_running()
     method = _start_method()
-    warm = method == "forkserver" and server_was_up  # else every rank imports torch first
-    # The rendezvous store lives in the caller, on a port the OS picks while binding it: no
-    # MASTER_PORT, no race between two launches (a FileStore works too, but polls every 10 ms).
-    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout))
-    workdir = tempfile.mkdtemp(prefix="course_lib_launch_")
+    warm = warm and method == "forkserver"  # else every rank imports torch first
+    workdir = _new_workdir()
     spec = {"payload": payload, "world_size": world_size, "backend": backend, "timeout": timeout,
             "threads": threads, "workdir": workdir, "env": dict(os.environ),
-            "store_port": store.port}
+            "sys_path": _caller_sys_path(), "child_start_method": _child_start_method(),
+            "loopback_interface": _loopback_interface()}
     procs: list = []
+    memory: dict[int, tuple[int, int, int]] = {}
     before = {p.pid for p in multiprocessing.active_children()}
-    try:
+    with _InterruptGuard() as interrupts:
         try:
-            context = torch.multiprocessing.start_processes(
-                _worker.run_rank, args=(spec,), nprocs=world_size, join=False,
-                daemon=False,  # daemonic ranks could not start DataLoader workers
-                start_method=method)
-        except BaseException:
-            # interrupted half-way through starting: stop whatever did start
-            _stop([p for p in multiprocessing.active_children() if p.pid not in before])
-            raise
-        procs = context.processes
-        outcomes = _wait(procs, workdir, timeout, _START_ALLOWANCE_S[0 if warm else 1])
-    finally:
-        _stop(procs)
-        if procs:  # also after Ctrl-C: what the ranks printed until then
-            _emit_output(workdir, world_size)
-        for p in procs:
-            p.close()  # releases the sentinel fd now, not at garbage collection
-        shutil.rmtree(workdir, ignore_errors=True)
-        del store  # stops the store's server thread and closes its socket
+            if warm:  # a warm forkserver hands out ranks in milliseconds: not worth a half start
+                interrupts.hold()
+            try:
+                context = torch.multiprocessing.start_processes(
+                    _worker.run_rank, args=(spec,), nprocs=world_size, join=False,
+                    daemon=False,  # daemonic ranks could not start DataLoader workers
+                    start_method=method)
+            except BaseException:
+                # interrupted half-way through starting: stop whatever did start
+                interrupts.hold()
+                _stop([p for p in multiprocessing.active_children() if p.pid not in before])
+                raise
+            procs = context.processes
+            interrupts.release()
+            outcomes = _wait(procs, workdir, timeout, _START_ALLOWANCE_S[0 if warm else 1], memory)
+        finally:
+            interrupts.hold()  # from here on, an interrupt waits until every rank is gone
+            _stop(procs)
+            if procs:  # also after Ctrl-C: what the ranks printed until then
+                _emit_output(workdir, world_size)
+            for p in procs:
+                try:
+                    p.close()  # releases the sentinel fd now, not at garbage collection
+                except ValueError:  # still running after SIGKILL (uninterruptible I/O)
+                    pass
+            shutil.rmtree(workdir, ignore_errors=True)
     failed = {r: o for r, o in outcomes.items() if o[0] != "ok"}
     if failed:
         raise _launch_error(outcomes, timeout)
     return [outcomes[r][1] for r in range(world_size)]
 
 
-def _wait(procs: list, workdir: str, timeout: float, start_allowance: float) -> dict[int, tuple]:
+def _note_memory(procs: list, ranks, memory: dict) -> None:
+    """Record each running rank's resident memory and the system's available memory."""
+    try:
+        system = psutil.virtual_memory()
+    except Exception:
+        return
+    for rank in ranks:
+        try:
+            rss = psutil.Process(procs[rank].pid).memory_info().rss
+        except (psutil.Error, ValueError):
+            continue
+        if rss > 0:  # a rank that just died (a zombie) reports 0: keep its last real figure
+            memory[rank] = (rss, system.available, system.total)
+
+
+def _wait(procs: list, workdir: str, timeout: float, start_allowance: float,
+          memory: dict | None = None) -> dict[int, tuple]:
     """Wait for the ranks; return rank -> outcome tuple:
     ("ok", value) | ("error", time, text) | ("stopped", reason).
 
@@ -291,11 +554,15 @@ def _wait(procs: list, workdir: str, timeout: float, start_allowance: float) -> 
     ``start_allowance`` s, and must have finished ``timeout`` s (+ a little slack for teardown)
     after the last rank started. So a hung run is reported ``timeout`` s after it really began,
     whether the processes took 0.05 s (warm forkserver) or 10 s (cold spawn) to start.
+    Every ``_MEMORY_SAMPLE_S`` the running ranks' memory use goes into ``memory``, so that a
+    rank the out-of-memory killer takes can be reported with it.
     """
+    memory = {} if memory is None else memory
     pending = {p.sentinel: rank for rank, p in enumerate(procs)}
     outcomes: dict[int, tuple] = {}
     started: set[int] = set()
     deadline = time.monotonic() + start_allowance
+    next_sample = time.monotonic()
     first_failure = None  # (monotonic time, rank)
     while pending:
         if len(started) < len(procs):  # still checking who has started, every 50 ms
@@ -303,17 +570,21 @@ def _wait(procs: list, workdir: str, timeout: float, start_allowance: float) -> 
                         and os.path.exists(_worker.rank_file(workdir, r, "stack"))}
             if len(started) == len(procs):
                 deadline = time.monotonic() + timeout + _END_SLACK_S
+        if time.monotonic() >= next_sample:
+            _note_memory(procs, pending.values(), memory)
+            next_sample = time.monotonic() + _MEMORY_SAMPLE_S
         limit = deadline if first_failure is None else min(deadline, first_failure[0] + _FAILURE_GRACE_S)
         remaining = limit - time.monotonic()
         if remaining <= 0:
             break
         if len(started) < len(procs):
             remaining = min(remaining, 0.05)
+        remaining = min(remaining, max(0.0, next_sample - time.monotonic()))
         for sentinel in multiprocessing.connection.wait(list(pending), timeout=remaining):
             rank = pending.pop(sentinel)
             procs[rank].join()
             started.add(rank)
-            outcomes[rank] = _read_outcome(workdir, rank, procs[rank].exitcode)
+            outcomes[rank] = _read_outcome(workdir, rank, procs[rank].exitcode, memory.get(rank))
             if outcomes[rank][0] != "ok" and first_failure is None:
                 first_failure = (time.monotonic(), rank)
     for rank in sorted(pending.values()):
@@ -351,8 +622,14 @@ def _error_outcome(record: tuple) -> tuple:
     return ("error", when, f"raised {exc_type}: {message}\n{tb.rstrip()}")
 
 
-def _read_outcome(workdir: str, rank: int, exitcode: int) -> tuple:
-    """Outcome of a rank whose process has exited with ``exitcode``."""
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _read_outcome(workdir: str, rank: int, exitcode: int,
+                  memory: tuple[int, int, int] | None = None) -> tuple:
+    """Outcome of a rank whose process has exited with ``exitcode``; ``memory`` is its last
+    noted (resident bytes, system available bytes, system total bytes)."""
     record = _read_result(workdir, rank)
     if record is not None:
         return ("ok", record[1]) if record[0] == "ok" else _error_outcome(record)
@@ -362,6 +639,15 @@ def _read_outcome(workdir: str, rank: int, exitcode: int) -> tuple:
         except ValueError:
             name = f"signal {-exitcode}"
         text = f"was killed by signal {name} (exit code {exitcode})"
+        if exitcode == -getattr(signal, "SIGKILL", 9):  # (Windows has no SIGKILL constant)
+            # The launcher sends SIGKILL only to ranks whose outcome is already known, so this
+            # one came from elsewhere: most often the kernel's out-of-memory killer.
+            text += (", out of memory? The launcher did not send it; the system's "
+                     "out-of-memory killer is the usual sender")
+            if memory is not None:
+                rss, available, total = memory
+                text += (f" (it was last seen using {_size(rss)}, when {_size(available)} of "
+                         f"{_size(total)} were available)")
     else:
         text = (f"exited with code {exitcode} before returning a result (if the caller is a "
                 "script, keep the launch under `if __name__ == '__main__':`, as multiprocessing "
@@ -428,7 +714,7 @@ def _stop(procs: list) -> None:
             d.terminate()
         except psutil.Error:
             pass
-    multiprocessing.connection.wait([p.sentinel for p in alive], timeout=_STOP_GRACE_S)
+    _wait_all([p.sentinel for p in alive], _STOP_GRACE_S)  # every rank gets the whole grace
     for p in alive:
         if p.exitcode is None:
             p.kill()  # SIGKILL: a rank stuck in C++ (a collective) may not act on SIGTERM
@@ -440,6 +726,19 @@ def _stop(procs: list) -> None:
         except psutil.Error:
             pass
     psutil.wait_procs(still, timeout=_STOP_GRACE_S)
+
+
+def _wait_all(sentinels: list, timeout: float) -> None:
+    """Wait until every sentinel is ready or ``timeout`` s have passed.
+    (``multiprocessing.connection.wait`` alone returns as soon as the *first* one is ready.)"""
+    deadline = time.monotonic() + timeout
+    pending = list(sentinels)
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        ready = multiprocessing.connection.wait(pending, timeout=remaining)
+        pending = [s for s in pending if s not in ready]
 
 
 def _read_text(path: str) -> str:
@@ -464,8 +763,24 @@ def _emit_output(workdir: str, world_size: int) -> None:
 # ----------------------------------------------------------------------------- under torchrun
 
 def _under_torchrun() -> bool:
+    """Whether this process is one rank of a torchrun job. TORCHELASTIC_RUN_ID is set by
+    torchrun (torch.distributed.run / elastic) alone; RANK and WORLD_SIZE are often set by hand."""
     env = os.environ
-    return "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env)
+    return "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env
+
+
+def _warn_about_tutorial_variables(world_size: int) -> None:
+    """Variables a DDP tutorial sets, present outside torchrun: say they are ignored."""
+    found = [f"{name}={os.environ[name]}" for name in _TUTORIAL_VARIABLES if name in os.environ]
+    if not found:
+        return
+    warnings.warn(
+        f"launch ignored {', '.join(found)} from os.environ: this process does not run under "
+        "torchrun (TORCHELASTIC_RUN_ID is not set), so launch starts its own "
+        f"{world_size} rank{'s' if world_size > 1 else ''} and gives each its own RANK, "
+        "WORLD_SIZE, LOCAL_RANK and rendezvous. If they were copied from a DDP tutorial, remove "
+        "them (os.environ.pop(name)); to run as torchrun's ranks, start a script with torchrun.",
+        UserWarning, stacklevel=3)
 
 
 def _destroy_default_group() -> None:
