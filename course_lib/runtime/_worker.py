@@ -115,6 +115,19 @@ def _write_result(workdir: str, rank: int, record: tuple) -> None:
     os.replace(tmp, path)  # atomic: the caller never reads half a result
 
 
+def _all_joined(store, world_size: int, timeout: float) -> None:
+    """Wait until every rank has finished ``init_process_group``.
+
+    gloo connects the ranks pairwise; one rank can be through while a peer is still shaking
+    hands with it. Without this wait a function that raises at once exits that rank, closes
+    its sockets, and the peer reports "connectFullMesh failed" instead of its own error.
+    The wait is in the store, never a collective, so it cannot mix with the user's own.
+    """
+    if store.add("course_lib/joined", 1) == world_size:
+        store.set("course_lib/all_joined", "1")
+    store.wait(["course_lib/all_joined"], timedelta(seconds=timeout))
+
+
 def _finish(store, world_size: int, timeout: float, wait: bool) -> None:
     """Count this rank as finished; if ``wait``, stay alive until every rank has finished.
 
@@ -177,6 +190,8 @@ def run_rank(rank: int, spec: dict) -> None:
         store.set_timeout(timedelta(seconds=spec["timeout"]))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=spec["timeout"]))
+        if world_size > 1:
+            _all_joined(store, world_size, spec["timeout"])
         fn, args, kwargs = cloudpickle.loads(spec["payload"])
         value = fn(rank, world_size, *args, **kwargs)
         _write_result(workdir, rank, ("ok", value, time.time()))
