@@ -19,6 +19,7 @@ from course_lib.grading.core import (
     fail,
     fmt_int,
     passed,
+    refuse,
     run_learner,
 )
 
@@ -31,6 +32,7 @@ _LAZY = {
     "TaskResult": "course_lib.grading.grader",
     "GradingInputError": "course_lib.grading.grader",
     "execute_notebook": "course_lib.grading.execute",
+    "watch_references": "course_lib.grading.references",
 }
 
 __all__ = [
@@ -47,7 +49,9 @@ __all__ = [
     "fmt_int",
     "grade_notebook",
     "passed",
+    "refuse",
     "run_learner",
+    "watch_references",
 ]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterable, NoReturn
 
 __all__ = [
     "check_close",
@@ -27,6 +27,7 @@ __all__ = [
     "fail",
     "fmt_int",
     "passed",
+    "refuse",
     "run_learner",
 ]
 
@@ -92,32 +93,59 @@ def _callable_name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def run_learner(task: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def run_learner(task: int, fn: Callable[..., Any], *args: Any,
+                forbid: Iterable[str] = (), **kwargs: Any) -> Any:
     """Call the learner's ``fn(*args, **kwargs)`` and turn its failures into ✗ verdicts.
 
     ``NotImplementedError`` (the untouched exercise stub) becomes
     ``✗ task N: not implemented yet: <fn> raised NotImplementedError``; any other exception becomes
     ``✗ task N: <fn> raised <Type>: <first line of its message>``. The original exception is
     chained (``raise ... from exc``) so its traceback stays visible below the verdict.
+
+    ``forbid`` names the course's own answers to this task as ``"module:qualname"`` strings; if the
+    call enters one of them, the verdict is ``✗ task N: uses the course's own <name>: write it
+    yourself`` (see :mod:`course_lib.grading.references`).
     """
     _check_task(task)
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
     name = _callable_name(fn)
+    forbid = [forbid] if isinstance(forbid, str) else list(forbid)
+    if forbid:
+        from course_lib.grading.references import watch_references
     try:
-        return fn(*args, **kwargs)
+        if not forbid:
+            return fn(*args, **kwargs)
+        with watch_references(forbid) as used:
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                if used:
+                    refuse(task, used)
+        return result
     except NotImplementedError as exc:
         raise AssertionError(
             f"✗ task {task}: not implemented yet: {name} raised NotImplementedError"
         ) from exc
+    except AssertionError as exc:
+        if str(exc).startswith(f"✗ task {task}: uses the course's own"):
+            raise exc from None
+        raise _learner_error(task, name, exc) from exc
     except Exception as exc:  # noqa: BLE001 - every learner error becomes a verdict
-        detail = _one_line(str(exc))
-        kind = type(exc).__name__
-        raise AssertionError(
-            f"✗ task {task}: {name} raised {kind}: {detail}"
-            if detail
-            else f"✗ task {task}: {name} raised {kind}"
-        ) from exc
+        raise _learner_error(task, name, exc) from exc
+
+
+def refuse(task: int, used: Iterable[str]) -> NoReturn:
+    """The verdict for a learner's function that called the course's own answer."""
+    names = ", ".join(used)
+    fail(task, f"uses the course's own {names}: write it yourself")
+
+
+def _learner_error(task: int, name: str, exc: BaseException) -> AssertionError:
+    detail = _one_line(str(exc))
+    kind = type(exc).__name__
+    return AssertionError(f"✗ task {task}: {name} raised {kind}: {detail}" if detail
+                          else f"✗ task {task}: {name} raised {kind}")
 
 
 # --------------------------------------------------------------------------- comparisons
