@@ -152,8 +152,8 @@ def _primitives_worker(rank: int, world_size: int, names: Sequence[str], root: i
         dist.barrier()  # no rank starts the next primitive while another is still in the last one
         with _meter() as meter:
             before, after = _run_primitive(name, rank, world_size, root)
-        results[name] = {"before": before, "after": after, "bytes_sent": int(meter.bytes_sent),
-                         "bytes_received": int(meter.bytes_received), "calls": dict(meter.calls)}
+        results[name] = {"before": before, "after": after, "bytes_sent": int(meter.model_bytes_sent),
+                         "bytes_received": int(meter.model_bytes_received), "calls": dict(meter.calls)}
     return results
 
 
@@ -387,7 +387,7 @@ def _bytes_worker(rank: int, world_size: int, algorithms: Sequence[str], numel: 
             else:
                 C.ALL_REDUCE_ALGORITHMS[algorithm](x)
         rows.append({"algorithm": algorithm, "rank": rank, "size_bytes": x.numel() * x.element_size(),
-                     "bytes_sent": int(meter.bytes_sent), "bytes_received": int(meter.bytes_received),
+                     "bytes_sent": int(meter.model_bytes_sent), "bytes_received": int(meter.model_bytes_received),
                      "p2p_calls": sum(meter.calls.values())})
     return rows
 
