@@ -3,7 +3,10 @@
 Used by notebooks/08_collectives.ipynb, its widget and its exercise checks. Every function here
 launches real processes with :func:`course_lib.launch` (gloo on CPU) and returns plain data:
 tensors the ranks returned, or tidy pandas DataFrames. Predictions come from
-:mod:`course_lib.measure.estimate`, bytes from :class:`course_lib.measure.comm.CommMeter`.
+:mod:`course_lib.measure.estimate`; bytes from :class:`course_lib.measure.comm.CommMeter`, which
+counts the payload handed to every call and measures what the process wrote to its sockets (the
+wire). The wire bytes of every collective at a size where headers do not matter are measured in
+:mod:`course_lib.units.u08_collectives.wire_bytes`.
 """
 from __future__ import annotations
 
@@ -75,72 +78,75 @@ def piece_value(rank: int, piece: int) -> float:
     return float(10 * rank + piece)
 
 
-def _row(rank: int, world_size: int) -> torch.Tensor:
-    return torch.tensor([piece_value(rank, c) for c in range(world_size)])  # (N,)
+def _row(rank: int, world_size: int, k: int = 1) -> torch.Tensor:
+    values = torch.tensor([piece_value(rank, c) for c in range(world_size)])  # (N,)
+    return values.repeat_interleave(k)  # (N*k,) slot c = elements c*k .. c*k+k-1
 
 
-def _only(slot: int, value: torch.Tensor, world_size: int) -> torch.Tensor:
-    """An N-slot row that is empty (NaN) except at ``slot``."""
-    row = torch.full((world_size,), float("nan"))
-    row[slot] = value.reshape(())
+def _only(slot: int, value: torch.Tensor, world_size: int, k: int = 1) -> torch.Tensor:
+    """An N-slot row (k elements per slot) that is empty (NaN) except at ``slot``."""
+    row = _empty(world_size, k)
+    row[slot * k:(slot + 1) * k] = value.reshape(-1)
     return row
 
 
-def _empty(world_size: int) -> torch.Tensor:
-    return torch.full((world_size,), float("nan"))
+def _empty(world_size: int, k: int = 1) -> torch.Tensor:
+    return torch.full((world_size * k,), float("nan"))
 
 
-def _run_primitive(name: str, rank: int, world_size: int, root: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _run_primitive(name: str, rank: int, world_size: int, root: int,
+                   k: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Run one torch.distributed primitive; return (input buffer, output buffer) as N-slot rows.
 
     An N-slot row shows what the rank holds in the buffer it passes in (before) and the buffer the
-    result lands in (after); NaN marks a slot the rank has no data for.
+    result lands in (after); NaN marks a slot the rank has no data for. ``k``: float32 elements
+    per slot (1 for the pictures; more to move enough bytes for the wire to be measured).
     """
     n, me = world_size, rank
     is_root = me == root
     if name == "broadcast":
-        buf = _row(me, n) if is_root else _empty(n)  # non-roots pass an empty (NaN) buffer
+        buf = _row(me, n, k) if is_root else _empty(n, k)  # non-roots pass an empty (NaN) buffer
         before = buf.clone()
         dist.broadcast(buf, src=root)
         return before, buf
     if name == "scatter":
-        full = _row(me, n) if is_root else _empty(n)
-        out = torch.empty(1)
+        full = _row(me, n, k) if is_root else _empty(n, k)
+        out = torch.empty(k)
         dist.scatter(out, scatter_list=list(full.chunk(n)) if is_root else None, src=root)
-        return full, _only(me, out, n)
+        return full, _only(me, out, n, k)
     if name == "gather":
-        mine = torch.tensor([piece_value(me, me)])
-        out = [torch.empty(1) for _ in range(n)] if is_root else None
+        mine = torch.full((k,), piece_value(me, me))
+        out = [torch.empty(k) for _ in range(n)] if is_root else None
         dist.gather(mine, gather_list=out, dst=root)
-        return _only(me, mine, n), (torch.cat(out) if is_root else _empty(n))
+        return _only(me, mine, n, k), (torch.cat(out) if is_root else _empty(n, k))
     if name == "reduce":
-        buf = _row(me, n)
+        buf = _row(me, n, k)
         before = buf.clone()
         dist.reduce(buf, dst=root)
         # only the destination's buffer is defined after a reduce; the others are scratch
-        return before, (buf if is_root else _empty(n))
+        return before, (buf if is_root else _empty(n, k))
     if name == "all_reduce":
-        buf = _row(me, n)
+        buf = _row(me, n, k)
         before = buf.clone()
         dist.all_reduce(buf)
         return before, buf
     if name == "all_gather":
-        mine = torch.tensor([piece_value(me, me)])
-        out = [torch.empty(1) for _ in range(n)]
+        mine = torch.full((k,), piece_value(me, me))
+        out = [torch.empty(k) for _ in range(n)]
         dist.all_gather(out, mine)  # the list form: CommMeter counts it
-        return _only(me, mine, n), torch.cat(out)
+        return _only(me, mine, n, k), torch.cat(out)
     if name == "reduce_scatter":
-        buf = _row(me, n)
-        out = torch.empty(1)
+        buf = _row(me, n, k)
+        out = torch.empty(k)
         dist.reduce_scatter(out, list(buf.clone().chunk(n)))  # piece r of the sum lands on rank r
-        return buf, _only(me, out, n)
+        return buf, _only(me, out, n, k)
     if name == "all_to_all":
-        buf = _row(me, n)
-        out = torch.empty(n)
+        buf = _row(me, n, k)
+        out = torch.empty(n * k)
         dist.all_to_all_single(out, buf)  # slot c of rank r goes to rank c, slot r
         return buf, out
     algorithm = name.removesuffix(" (from scratch)")
-    buf = _row(me, n)
+    buf = _row(me, n, k)
     before = buf.clone()
     C.ALL_REDUCE_ALGORITHMS[algorithm](buf)
     return before, buf
@@ -152,8 +158,9 @@ def _primitives_worker(rank: int, world_size: int, names: Sequence[str], root: i
         dist.barrier()  # no rank starts the next primitive while another is still in the last one
         with _meter() as meter:
             before, after = _run_primitive(name, rank, world_size, root)
-        results[name] = {"before": before, "after": after, "bytes_sent": int(meter.model_bytes_sent),
-                         "bytes_received": int(meter.model_bytes_received), "calls": dict(meter.calls)}
+        results[name] = {"before": before, "after": after, "calls": dict(meter.calls),
+                         "wire_bytes_sent": meter.wire_bytes_sent,
+                         "model_bytes_sent": meter.model_bytes_sent, "wire_source": meter.wire_source}
     return results
 
 
@@ -161,9 +168,12 @@ def run_primitives(names: Sequence[str] = PRIMITIVES, world_size: int = 4, *, ro
                    timeout: float = 60.0) -> dict[str, dict]:
     """Run each named collective once on ``world_size`` real ranks (one launch for all).
 
-    Returns ``{name: {"before": [row per rank], "after": [row per rank], "bytes_sent": [int per
-    rank], "bytes_received": [...], "calls": [dict per rank]}}`` where a row is an N-slot float
-    tensor (NaN = the rank holds nothing there) and bytes are measured by CommMeter.
+    Returns ``{name: {"before": [row per rank], "after": [row per rank], "calls": [dict per
+    rank], "wire_bytes_sent": [...], "model_bytes_sent": [...], "wire_source": [...]}}`` where a
+    row is an N-slot float tensor (NaN = the rank holds nothing there); ``wire_bytes_sent`` is
+    measured by CommMeter (what the rank wrote to its sockets, None where the OS cannot see it),
+    ``model_bytes_sent`` is estimate's figure as CommMeter applies it. With one float per slot the
+    payloads are a few bytes, so the wire is mostly message headers here.
     ``names``: any of :data:`COLLECTIVE_CHOICES`.
     """
     names = [names] if isinstance(names, str) else list(names)
@@ -177,24 +187,26 @@ def run_primitives(names: Sequence[str] = PRIMITIVES, world_size: int = 4, *, ro
         raise ValueError(f"root must be a rank in 0..{world_size - 1}, got root={root}")
     per_rank = _launch(_primitives_worker, world_size, names, root, timeout=timeout)
     return {name: {key: [per_rank[r][name][key] for r in range(world_size)]
-                   for key in ("before", "after", "bytes_sent", "bytes_received", "calls")}
+                   for key in ("before", "after", "calls", "wire_bytes_sent", "model_bytes_sent",
+                               "wire_source")}
             for name in names}
 
 
-def payload_bytes(name: str, world_size: int) -> int:
-    """The S of a run_primitives run: N float32 slots, 4 * N bytes (the input row, or for
-    all_gather the output row, as estimate's conventions count it)."""
+def payload_bytes(name: str, world_size: int, k: int = 1) -> int:
+    """The S of a run_primitives run: N float32 slots of ``k`` elements, 4 * N * k bytes (the
+    input row, or for all_gather and gather the output row, as estimate's conventions count it)."""
     _choice("name", name, COLLECTIVE_CHOICES)
-    return 4 * world_size
+    return 4 * world_size * k
 
 
-def estimated_bytes_sent(name: str, world_size: int, rank: int, *,
-                         root: int = 0) -> int | float | None:
+def estimated_bytes_sent(name: str, world_size: int, rank: int, *, root: int = 0,
+                         k: int = 1) -> int | float | None:
     """What estimate predicts ``rank`` sends in a run_primitives run of ``name`` with root
-    ``root`` (None when estimate has no formula for it). scatter and gather send different
-    amounts at the root and elsewhere (``estimate.collective_bytes_sent(..., root=...)``); the
-    from-scratch reduce + broadcast uses rank 0 as its root whatever ``root`` is."""
-    size = payload_bytes(name, world_size)
+    ``root`` and ``k`` elements per slot (None when estimate has no formula for it). scatter and
+    gather send different amounts at the root and elsewhere
+    (``estimate.collective_bytes_sent(..., root=...)``); the from-scratch reduce + broadcast
+    uses rank 0 as its root whatever ``root`` is."""
+    size = payload_bytes(name, world_size, k)
     if name.endswith(" (from scratch)"):
         return predicted_bytes_sent(name.removesuffix(" (from scratch)"), size, world_size, rank)
     if name in estimate.COLLECTIVES:
@@ -203,15 +215,18 @@ def estimated_bytes_sent(name: str, world_size: int, rank: int, *,
 
 
 def bytes_table(name: str, result: dict, world_size: int, *, root: int = 0) -> pd.DataFrame:
-    """Per-rank bytes of one run_primitives result (run with ``root``): measured (CommMeter)
-    beside estimate."""
+    """Per-rank bytes of one run_primitives result (run with ``root``): predicted by estimate,
+    measured on the wire (CommMeter), and the residual (wire - predicted; None if unmeasured)."""
     rows = []
     for rank in range(world_size):
+        predicted = estimated_bytes_sent(name, world_size, rank, root=root)
+        wire = result["wire_bytes_sent"][rank]
         rows.append({"rank": rank, "calls": ", ".join(f"{op} x{k}" for op, k in
                                                     sorted(result["calls"][rank].items())),
-                     "bytes_sent (CommMeter)": result["bytes_sent"][rank],
-                     "bytes_sent (estimate)": estimated_bytes_sent(name, world_size, rank,
-                                                                   root=root)})
+                     "sent, predicted (estimate)": predicted,
+                     "sent, measured (wire)": wire,
+                     "residual (wire - predicted)": None if wire is None or predicted is None
+                     else wire - predicted})
     return pd.DataFrame(rows).set_index("rank")
 
 
@@ -360,7 +375,7 @@ def all_reduce_decompositions(world_size: int = 4, numel: int = 1001, *, seed: i
 
 
 # --------------------------------------------------------------------------------------------
-# 3. bytes: measured by CommMeter, predicted by estimate
+# 3. bytes of the from-scratch algorithms: predicted by estimate, counted and measured by CommMeter
 # --------------------------------------------------------------------------------------------
 def predicted_bytes_sent(algorithm: str, size_bytes: int, world_size: int, rank: int = 0) -> int | float:
     """Bytes ``rank`` sends in ``algorithm`` on a tensor of ``size_bytes`` (from estimate)."""
@@ -387,20 +402,23 @@ def _bytes_worker(rank: int, world_size: int, algorithms: Sequence[str], numel: 
             else:
                 C.ALL_REDUCE_ALGORITHMS[algorithm](x)
         rows.append({"algorithm": algorithm, "rank": rank, "size_bytes": x.numel() * x.element_size(),
-                     "bytes_sent": int(meter.model_bytes_sent), "bytes_received": int(meter.model_bytes_received),
-                     "p2p_calls": sum(meter.calls.values())})
+                     "payload_sent": int(meter.model_bytes_sent),
+                     "payload_received": int(meter.model_bytes_received),
+                     "wire_bytes_sent": meter.wire_bytes_sent, "p2p_calls": sum(meter.calls.values())})
     return rows
 
 
 def measure_bytes(world_size: int = 4, numel: int = 4 * 1024, *, algorithms: Sequence[str] = BYTE_EXPERIMENTS,
                   dtype: torch.dtype = torch.float32, timeout: float = 60.0) -> pd.DataFrame:
-    """Bytes each rank sends in each from-scratch algorithm, measured and predicted.
+    """Bytes each rank sends in each from-scratch algorithm: predicted, counted and measured.
 
-    One row per (algorithm, rank): ``size_bytes`` (S), ``bytes_sent`` and ``bytes_received``
-    (CommMeter), ``predicted_bytes_sent`` (estimate), ``residual`` (measured - predicted) and
-    ``p2p_calls``. ``numel`` must be a multiple of ``world_size`` so that the ring's chunks are
-    even and the formulas are exact (uneven sizes are covered by
-    ``collectives.ring_all_reduce_elements_sent``).
+    One row per (algorithm, rank): ``size_bytes`` (S); ``payload_sent`` / ``payload_received``,
+    the tensors the algorithm handed to isend / irecv (counted by CommMeter from the calls);
+    ``wire_bytes_sent``, what the rank wrote to its sockets (measured by CommMeter through the
+    OS; None where it cannot see them); ``predicted_bytes_sent`` (estimate); ``residual`` (wire -
+    predicted: gloo's message headers) and ``p2p_calls``. ``numel`` must be a multiple of
+    ``world_size`` so that the ring's chunks are even and the formulas are exact (uneven sizes
+    are covered by ``collectives.ring_all_reduce_elements_sent``).
     """
     world_size = _world_size(world_size, minimum=1)
     algorithms = [_choice("algorithms[i]", a, BYTE_EXPERIMENTS) for a in algorithms]
@@ -414,7 +432,10 @@ def measure_bytes(world_size: int = 4, numel: int = 4 * 1024, *, algorithms: Seq
     df = pd.DataFrame([row for rows in per_rank for row in rows])
     df["predicted_bytes_sent"] = [predicted_bytes_sent(a, s, world_size, r)
                                   for a, s, r in zip(df.algorithm, df.size_bytes, df["rank"])]
-    df["residual"] = df.bytes_sent - df.predicted_bytes_sent
+    df["residual"] = [None if w is None else w - p
+                      for w, p in zip(df.wire_bytes_sent, df.predicted_bytes_sent)]
+    df = df[["algorithm", "rank", "size_bytes", "predicted_bytes_sent", "payload_sent", "wire_bytes_sent",
+             "residual", "payload_received", "p2p_calls"]]
     return df.sort_values(["algorithm", "rank"], key=lambda c: c.map(
         {a: i for i, a in enumerate(algorithms)}) if c.name == "algorithm" else c).reset_index(drop=True)
 

@@ -64,13 +64,14 @@ class CollectiveExplorer:
             self.run_button.disabled = False
         self.result = result
         self.table = bytes_table(name, result, n)
-        total = int(self.table["bytes_sent (CommMeter)"].sum())
-        self.status.value = (f"{html.escape(name)} on {n} ranks: {total:,} B sent in all "
-                             f"(one float32 per slot, 4 B each)")
+        wire = self.table["sent, measured (wire)"]
+        total = (html.escape(result["wire_source"][0]) if wire.isna().any() else
+                 f"{int(wire.sum()):,} B on the wire in all, headers included")
+        self.status.value = f"{html.escape(name)} on {n} ranks: {total} (one float32 per slot, 4 B each)"
         with self.output:
             self.output.clear_output(wait=True)
             self.figure = plot_before_after(result["before"], result["after"], name,
-                                            bytes_sent=result["bytes_sent"])
+                                            bytes_sent=result["wire_bytes_sent"])
             display(self.figure)
             plt.close(self.figure)
             display(self.table)
