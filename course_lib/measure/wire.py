@@ -2,16 +2,17 @@
 
 Linux keeps, per process, the number of bytes the process handed to ``write``/``writev`` calls:
 ``wchar`` in ``/proc/self/io`` (all threads of the process together). gloo's TCP transport writes
-its sockets with ``writev``, so the growth of ``wchar`` across a gloo collective is what the
+its sockets with such calls, so the growth of ``wchar`` across a gloo collective is what the
 collective put on the wire from this rank, message headers included. Facts this module relies
 on, measured with torch 2.13 / gloo on Linux:
 
-* a point-to-point message costs 48 B of header per write: ``send`` of k bytes writes k + 96 B
-  at the sender and 48 B at the receiver (its ready-to-receive notice); a collective pays a few
-  of these per message, e.g. 1,728 B in all for a 1 MiB all_reduce on 4 ranks (0.16 %);
+* gloo frames every message: a ``send`` of k bytes writes k + 96 B at the sender and 48 B at
+  the receiver (a short message of its own), whatever k is; a collective pays a few such
+  overheads per message, e.g. 1,728 B in all for a 1 MiB all_reduce on 4 ranks (0.16 % of S);
 * ``send()``/``sendmsg()`` are *not* counted in ``wchar`` (a library that writes its sockets with
-  them is invisible here), nor are reads with ``recv()``: gloo receives that way, so ``rchar``
-  does not grow with received data, and received bytes are not measured;
+  them would be invisible here), nor are ``recv()`` reads in ``rchar``; gloo's reads do not show
+  up in ``rchar`` either (it grows by ~100 B, not by the MiB received), so received bytes are not
+  measured;
 * every other write of the process is counted too: a ``print`` flushed to a file, a log line, a
   warning written to stderr (``dist.all_gather_into_tensor`` writes ~250 B of FutureWarning the
   first time it is called). CommMeter therefore reads the counter immediately before and after
