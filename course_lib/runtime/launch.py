@@ -37,8 +37,9 @@ How it works, in the order things happen:
 5. Each rank's stdout/stderr (file descriptors 1 and 2, so C++ warnings too) goes to its own
    file; after the run the caller prints it, prefixed ``[rank r]``, in rank order, so the
    output of a cell is the same from run to run.
-6. A rank that returns waits (in the store, not in a collective) until every rank has
-   returned, so an early exit never breaks a peer still inside a collective with it.
+6. Every rank waits (in the store, not in a collective) until all have joined the process
+   group before ``fn`` starts, and a rank that returns waits until every rank has returned, so
+   an early exit never breaks a peer still connecting to it or inside a collective with it.
 7. The caller waits on the ranks with a deadline. A rank that raises, dies by a signal, or is
    still running ``timeout`` seconds after the ranks started stops the run: the other ranks are
    terminated and :class:`~course_lib.LaunchError` names every rank and what happened to it
@@ -93,7 +94,6 @@ ignored them.
 """
 from __future__ import annotations
 
-import atexit
 import functools
 import math
 import multiprocessing
@@ -103,26 +103,33 @@ import multiprocessing.resource_tracker
 import multiprocessing.spawn
 import numbers
 import os
-import pickle
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
-import traceback
-import warnings
-from datetime import timedelta
 from typing import Any, Callable
 
-import cloudpickle
 import psutil
-import torch.distributed as dist
 import torch.multiprocessing
 
 from course_lib.runtime import _worker
+from course_lib.runtime._outcomes import (
+    _emit_output,
+    _error_outcome,
+    _launch_error,
+    _read_outcome,
+    _read_result,
+    _read_text,
+)
+from course_lib.runtime._payload import _LARGE_PAYLOAD_BYTES, _pickle_payload, _warn_large_payload
+from course_lib.runtime._torchrun import (
+    _launch_in_torchrun,
+    _under_torchrun,
+    _warn_about_tutorial_variables,
+)
+from course_lib.runtime._workdir import _new_workdir, _reclaim_stale_workdirs
 from course_lib.runtime.device import check_backend_name, resolve_backend
-from course_lib.runtime.errors import LaunchError
 
 # Imported once by the forkserver so that forked ranks start with torch already loaded.
 # Imported once in the forkserver, then inherited by every rank for free. torch._dynamo (which
@@ -136,16 +143,8 @@ _START_ALLOWANCE_S = (10.0, 60.0)  # time for every rank to start: warm forkserv
 _END_SLACK_S = 1.0        # after `timeout`, time for a rank's own timeout error to arrive
 _FAILURE_GRACE_S = 1.0    # after one rank fails, time the others get to report their own outcome
 _STOP_GRACE_S = 1.0       # SIGTERM, then SIGKILL after this long
-_STDERR_TAIL_LINES = 15   # lines of a dead rank's stderr quoted in the error
 _MEMORY_SAMPLE_S = 0.25   # how often the caller notes each running rank's memory use
-_LARGE_PAYLOAD_BYTES = 50 * 2**20  # a pickled fn + arguments above 50 MiB get a warning, once
-_WORKDIR_PREFIX = "course_lib_launch_pid"  # + "<caller pid>_<random>" in the temporary directory
-# Variables a DDP tutorial sets by hand; only under torchrun (TORCHELASTIC_RUN_ID) do they mean
-# that this process is already one rank of a job.
-_TUTORIAL_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                       "MASTER_PORT")
 
-_warned_large_payloads: set[str] = set()
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "auto",
@@ -214,70 +213,6 @@ def _positive_int(name: str, value, hint: str) -> int:
         raise ValueError(f"{name} must be a positive int ({hint}); got {value!r}")
     return int(value)
 
-
-def _pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
-    """cloudpickle ``(fn, args, kwargs)``; on failure name the culprit and its type."""
-    try:
-        return cloudpickle.dumps((fn, args, kwargs))
-    except Exception as whole_error:
-        candidates = [("fn", fn)] + [(f"positional argument args[{i}]", a) for i, a in enumerate(args)]
-        candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-        for label, value in candidates:
-            try:
-                cloudpickle.dumps(value)
-            except Exception as exc:
-                raise TypeError(f"{label} of type {type(value).__name__} cannot be pickled by "
-                                f"cloudpickle, so it cannot be sent to the ranks ({exc}); pass "
-                                "something picklable (tensors, numbers, dataclasses, functions) "
-                                "or create it inside fn") from exc
-        raise TypeError(f"the arguments cannot be pickled together: {whole_error}") from whole_error
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.0f} MiB"
-
-
-def _captured_sizes(fn, args: tuple, kwargs: dict) -> list[tuple[str, int]]:
-    """(label, pickled size) of what fn carries along: globals it names, closure variables,
-    arguments; largest first. Only called for a payload already known to be large."""
-    parts: list[tuple[str, Any]] = []
-    code = getattr(fn, "__code__", None)
-    if code is not None:
-        module_globals = getattr(fn, "__globals__", {})
-        parts += [(f"global {name}", module_globals[name]) for name in code.co_names
-                  if name in module_globals]
-        cells = getattr(fn, "__closure__", None) or ()
-        for name, cell in zip(code.co_freevars, cells):
-            try:
-                parts.append((f"closure variable {name}", cell.cell_contents))
-            except ValueError:  # an empty cell
-                pass
-    parts += [(f"args[{i}]", a) for i, a in enumerate(args)]
-    parts += [(f"keyword argument {k}", v) for k, v in kwargs.items()]
-    sizes = []
-    for label, value in parts:
-        try:
-            sizes.append((label, len(cloudpickle.dumps(value))))
-        except Exception:  # the whole payload pickled; a part alone may not
-            continue
-    return sorted((p for p in sizes if p[1] >= 2**20), key=lambda p: -p[1])
-
-
-def _warn_large_payload(fn, args: tuple, kwargs: dict, size: int) -> None:
-    """Once per function name: the payload travels to every rank on every launch."""
-    name = getattr(fn, "__qualname__", type(fn).__qualname__)
-    if name in _warned_large_payloads:
-        return
-    _warned_large_payloads.add(name)
-    parts = _captured_sizes(fn, args, kwargs)[:3]
-    largest = ("; the largest parts: " + ", ".join(f"{label} ({_mib(n)})" for label, n in parts)
-               if parts else "")
-    warnings.warn(
-        f"launch: {name} and its arguments pickle to {_mib(size)}{largest}. All of it is sent to "
-        "every rank on every launch. Create large data inside fn, or save it once (torch.save) "
-        "and load it inside fn, so that each rank builds or reads its own; if the ranks need the "
-        "caller's object, pass it as an argument, where the cost is visible at the call.",
-        UserWarning, stacklevel=3)
 
 
 # ----------------------------------------------------------------------------- processes
@@ -379,55 +314,6 @@ def _caller_sys_path() -> list:
     cwd = os.getcwd()
     return [cwd if entry == "" else entry for entry in sys.path]
 
-
-# ----------------------------------------------------------------------------- work directories
-
-def _new_workdir() -> str:
-    return tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}_")
-
-
-def _workdir_owner(name: str) -> int | None:
-    """The pid in ``course_lib_launch_pid<pid>_<random>``, or None for any other name."""
-    if not name.startswith(_WORKDIR_PREFIX):
-        return None
-    pid, sep, _ = name[len(_WORKDIR_PREFIX):].partition("_")
-    return int(pid) if sep and pid.isdigit() else None
-
-
-def _owner_alive(pid: int, path: str) -> bool:
-    try:
-        owner = psutil.Process(pid)
-        if owner.status() == psutil.STATUS_ZOMBIE:
-            return False
-        # a process started after the directory last changed only reuses the dead owner's pid
-        return owner.create_time() <= os.stat(path).st_mtime + 1.0
-    except psutil.NoSuchProcess:
-        return False
-    except (psutil.Error, OSError):
-        return True  # cannot tell: leave it
-
-
-def _reclaim_stale_workdirs() -> None:
-    """Remove work directories whose owning process is gone (a kernel restarted, or killed,
-    during a launch). Directories of live callers, other users' and unrelated ones stay."""
-    root = tempfile.gettempdir()
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    for name in names:
-        pid = _workdir_owner(name)
-        if pid is None or pid == os.getpid():
-            continue
-        path = os.path.join(root, name)
-        try:
-            if uid is not None and os.stat(path).st_uid != uid:
-                continue
-        except OSError:
-            continue
-        if not _owner_alive(pid, path):
-            shutil.rmtree(path, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- interrupts
@@ -608,93 +494,6 @@ def _wait(procs: list, workdir: str, timeout: float, start_allowance: float,
     return outcomes
 
 
-def _read_result(workdir: str, rank: int) -> tuple | None:
-    """The record a rank's trampoline wrote: ("ok", value, t) or ("error", type, msg, tb, t)."""
-    try:
-        with open(_worker.rank_file(workdir, rank, "result"), "rb") as f:
-            return pickle.load(f)
-    except FileNotFoundError:
-        return None
-
-
-def _error_outcome(record: tuple) -> tuple:
-    _, exc_type, message, tb, when = record
-    return ("error", when, f"raised {exc_type}: {message}\n{tb.rstrip()}")
-
-
-def _size(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
-def _read_outcome(workdir: str, rank: int, exitcode: int,
-                  memory: tuple[int, int, int] | None = None) -> tuple:
-    """Outcome of a rank whose process has exited with ``exitcode``; ``memory`` is its last
-    noted (resident bytes, system available bytes, system total bytes)."""
-    record = _read_result(workdir, rank)
-    if record is not None:
-        return ("ok", record[1]) if record[0] == "ok" else _error_outcome(record)
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        text = f"was killed by signal {name} (exit code {exitcode})"
-        if exitcode == -getattr(signal, "SIGKILL", 9):  # (Windows has no SIGKILL constant)
-            # The launcher sends SIGKILL only to ranks whose outcome is already known, so this
-            # one came from elsewhere: most often the kernel's out-of-memory killer.
-            text += (", out of memory? The launcher did not send it; the system's "
-                     "out-of-memory killer is the usual sender")
-            if memory is not None:
-                rss, available, total = memory
-                text += (f" (it was last seen using {_size(rss)}, when {_size(available)} of "
-                         f"{_size(total)} were available)")
-    else:
-        text = (f"exited with code {exitcode} before returning a result (if the caller is a "
-                "script, keep the launch under `if __name__ == '__main__':`, as multiprocessing "
-                "re-imports the main module in every rank)")
-    tail = _read_text(_worker.rank_file(workdir, rank, "err")).rstrip().splitlines()[-_STDERR_TAIL_LINES:]
-    if tail:
-        text += "\nlast lines of its stderr:\n" + "\n".join(tail)
-    return ("error", time.time(), text)
-
-
-# What a rank's collective reports when a *peer* died or failed first.
-_PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer",
-                         "NCCL communicator was aborted", "Broken pipe")
-
-
-def _launch_error(outcomes: dict[int, tuple], timeout: float) -> LaunchError:
-    failures = {r: o[2] for r, o in outcomes.items() if o[0] == "error"}
-
-    def consequence(rank: int) -> bool:  # failed only because a peer went away
-        return any(m in failures[rank].split("\n", 1)[0] for m in _PEER_FAILURE_MARKERS)
-
-    # the root cause: a failure that is not a peer's consequence, earliest first
-    first = min(failures, key=lambda r: (consequence(r), outcomes[r][1], r))
-    summary = {}
-    for rank, outcome in sorted(outcomes.items()):
-        if outcome[0] == "ok":
-            summary[rank] = outcome[2] if len(outcome) > 2 else "returned normally"
-        elif outcome[0] == "stopped":
-            summary[rank] = outcome[1]
-        else:
-            line = outcome[2].split("\n", 1)[0]
-            line = line if len(line) <= 160 else line[:157] + "..."
-            if consequence(rank) and rank != first:
-                line += f" (a consequence: a peer left the collective, see rank {first})"
-            summary[rank] = line
-    returned = sorted(r for r, o in outcomes.items() if o[0] == "ok")
-    waited = any(o[0] == "stopped" for o in outcomes.values()) or any(
-        "timed out" in f.lower() or "timeout" in f.lower() for f in failures.values())
-    lines = [f"{len(failures)} of {len(outcomes)} ranks failed (first: rank {first})."]
-    lines += [f"rank {r}: {s}" for r, s in summary.items()]
-    if returned and waited:  # the classic hang: one rank left, its peers waited for it
-        lines.append(f"hint: ranks {returned} returned while others failed or waited; a rank that "
-                     "skips a collective (or calls a different one) leaves its peers waiting")
-    order = sorted(failures, key=lambda r: r != first)  # root cause first, then rank order
-    lines += [f"\n--- rank {r} {failures[r]}" for r in order]
-    return LaunchError("\n".join(lines), failures, summary)
-
 
 def _stop(procs: list) -> None:
     """Terminate (then kill) every rank still running, and any child processes they started."""
@@ -739,87 +538,3 @@ def _wait_all(sentinels: list, timeout: float) -> None:
             return
         ready = multiprocessing.connection.wait(pending, timeout=remaining)
         pending = [s for s in pending if s not in ready]
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def _emit_output(workdir: str, world_size: int) -> None:
-    """Print each rank's captured stdout/stderr into the caller's, prefixed, in rank order."""
-    for kind, stream in (("out", sys.stdout), ("err", sys.stderr)):
-        text = "".join(f"[rank {rank}] {line}\n"
-                       for rank in range(world_size)
-                       for line in _read_text(_worker.rank_file(workdir, rank, kind)).splitlines())
-        if text and stream is not None:  # sys.stdout is None under pythonw
-            stream.write(text)
-            stream.flush()
-
-
-# ----------------------------------------------------------------------------- under torchrun
-
-def _under_torchrun() -> bool:
-    """Whether this process is one rank of a torchrun job. TORCHELASTIC_RUN_ID is set by
-    torchrun (torch.distributed.run / elastic) alone; RANK and WORLD_SIZE are often set by hand."""
-    env = os.environ
-    return "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env
-
-
-def _warn_about_tutorial_variables(world_size: int) -> None:
-    """Variables a DDP tutorial sets, present outside torchrun: say they are ignored."""
-    found = [f"{name}={os.environ[name]}" for name in _TUTORIAL_VARIABLES if name in os.environ]
-    if not found:
-        return
-    warnings.warn(
-        f"launch ignored {', '.join(found)} from os.environ: this process does not run under "
-        "torchrun (TORCHELASTIC_RUN_ID is not set), so launch starts its own "
-        f"{world_size} rank{'s' if world_size > 1 else ''} and gives each its own RANK, "
-        "WORLD_SIZE, LOCAL_RANK and rendezvous. If they were copied from a DDP tutorial, remove "
-        "them (os.environ.pop(name)); to run as torchrun's ranks, start a script with torchrun.",
-        UserWarning, stacklevel=3)
-
-
-def _destroy_default_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def _launch_in_torchrun(fn, world_size: int, args: tuple, kwargs: dict, backend: str,
-                        timeout: float) -> list:
-    """This process is one rank of a torchrun job: run fn here, all-gather the results."""
-    env_world = int(os.environ["WORLD_SIZE"])
-    if world_size != env_world:
-        raise ValueError(f"world_size={world_size} but this process runs under torchrun with "
-                         f"WORLD_SIZE={env_world}; torchrun sets the world size, so pass "
-                         f"world_size={env_world} (or call launch outside torchrun)")
-    rank = int(os.environ["RANK"])
-    if not dist.is_initialized():
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env_world))
-        resolved = resolve_backend(backend, local_world)  # one GPU per rank *on this node*
-        if resolved == "nccl":
-            import torch
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(resolved, timeout=timedelta(seconds=timeout))  # env:// rendezvous
-        # Kept for the rest of this process (torchrun made it a rank for life): destroying and
-        # re-creating the default group inside one torchrun job reuses torchrun's store keys
-        # and can race. It is destroyed when the script exits.
-        atexit.register(_destroy_default_group)
-    try:
-        record = ("ok", fn(rank, world_size, *args, **kwargs))
-    except Exception as exc:
-        record = ("error", f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc().rstrip()}")
-    gathered: list = [None] * world_size
-    dist.all_gather_object(gathered, record)  # every rank learns every outcome
-    failures = {r: rec[1] for r, rec in enumerate(gathered) if rec[0] == "error"}
-    if failures:
-        summary = {r: ("returned normally" if rec[0] == "ok" else rec[1].splitlines()[0])
-                   for r, rec in enumerate(gathered)}
-        lines = [f"{len(failures)} of {world_size} ranks failed (under torchrun)."]
-        lines += [f"rank {r}: {s}" for r, s in summary.items()]
-        lines += [f"\n--- rank {r} {text}" for r, text in failures.items()]
-        raise LaunchError("\n".join(lines), failures, summary)
-    return [rec[1] for rec in gathered]
