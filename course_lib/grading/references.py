@@ -18,12 +18,13 @@ Introduced with the graded exercises (see CONTRIBUTING, "Notebooks").
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import types
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
-__all__ = ["reference_codes", "watch_references"]
+__all__ = ["reference_codes", "rewritten", "watch_references"]
 
 
 def _resolve(spec: str) -> Any:
@@ -73,7 +74,10 @@ def reference_codes(references: Iterable[str]) -> dict[types.CodeType, str]:
     for spec in references:
         obj = _resolve(spec)
         short = spec.split(":")[1]
-        found = list(_codes_of(obj))
+        # only code written in the reference's own module: a decorator's wrapper (functools,
+        # dataclasses' __repr__, torch.optim's no-grad wrapper) is shared with everyone else
+        home = os.path.realpath(importlib.import_module(spec.split(":")[0]).__file__ or "")
+        found = [code for code in _codes_of(obj) if os.path.realpath(code.co_filename) == home]
         if not found:
             raise ValueError(f"reference = {spec!r}: {type(obj).__name__} has no Python code "
                              "to watch (name a function or a class)")
@@ -92,12 +96,15 @@ def watch_references(references: Iterable[str]) -> Iterator[list[str]]:
     receiving its events.
     """
     codes = reference_codes(references)
+    # by identity: code objects compare equal by value, so a copy compiled from the same text
+    # would otherwise count as the course's own (the dict above keeps the objects alive)
+    names = {id(code): name for code, name in codes.items()}
     used: list[str] = []
     previous = sys.getprofile()
 
     def hook(frame, event, arg):
         if event == "call":
-            name = codes.get(frame.f_code)
+            name = names.get(id(frame.f_code))
             if name is not None and name not in used:
                 used.append(name)
         if previous is not None:
@@ -108,3 +115,33 @@ def watch_references(references: Iterable[str]) -> Iterator[list[str]]:
         yield used
     finally:
         sys.setprofile(previous)
+
+
+def rewritten(module_name: str):
+    """A fresh copy of a course module, compiled anew from its source: "a learner who wrote the
+    same code". Its functions and classes have new code objects, so the watch above does not
+    take them for the course's own; they call each other, not the originals. For tests of
+    checks (a correct answer written by hand must pass), never for learners.
+
+    The copy is registered as ``module_name + "__rewritten"`` and pickled by value, so it also
+    travels to ranks started by :func:`course_lib.launch`.
+    """
+    import inspect
+
+    import cloudpickle
+
+    original = importlib.import_module(module_name)
+    name = f"{module_name}__rewritten"
+    if name in sys.modules:
+        return sys.modules[name]
+    copy = types.ModuleType(name)
+    copy.__file__ = f"<rewritten {module_name}>"
+    copy.__package__ = original.__package__  # relative imports resolve as in the original
+    sys.modules[name] = copy  # dataclasses and typing look the module up by name
+    try:
+        exec(compile(inspect.getsource(original), copy.__file__, "exec"), copy.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    cloudpickle.register_pickle_by_value(copy)
+    return copy

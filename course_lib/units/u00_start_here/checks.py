@@ -34,12 +34,17 @@ def _unseen_models():
     return {"mlp": mlp, "norm_net": norm_net, "tied_lm": TiedLM(), "frozen": frozen}
 
 
+#: the course's own answers, out of reach while the learner's function runs
+_COUNT_REFERENCES = ("course_lib.models:count_params",)
+_STATE_REFERENCES = ("course_lib.measure.estimate.memory:model_state_bytes", "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param")
+
+
 def check_count_parameters(count_parameters, task: int = 1) -> None:
     """Task: count a model's parameters (shared tensors once, frozen ones included)."""
     total = 0
     for name, model in _unseen_models().items():
         expected = sum(p.numel() for p in model.parameters())
-        got = run_learner(task, count_parameters, model)
+        got = run_learner(task, count_parameters, model, forbid=_COUNT_REFERENCES)
         if got != expected:
             hint = ""
             if name == "tied_lm" and got > expected:
@@ -59,7 +64,7 @@ def check_parameter_bytes(parameter_bytes, task: int = 2) -> None:
     for dtype in dtypes:
         converted = copy.deepcopy(model).to(dtype)
         expected = sum(p.numel() * p.element_size() for p in converted.parameters())
-        got = run_learner(task, parameter_bytes, model, dtype)
+        got = run_learner(task, parameter_bytes, model, dtype, forbid=_COUNT_REFERENCES)
         if got != expected:
             fail(task, f"dtype {dtype}: expected {fmt_int(expected)} B, got {got!r}")
         total += expected
@@ -72,7 +77,7 @@ def check_adam_training_bytes(adam_training_bytes, task: int = 3) -> None:
 
     for n_params in (1, 1_000, 124_439_808, 7_000_000_000):
         expected = estimate.model_state_bytes(n_params, precision="fp32", optimizer="adam")["total"]
-        got = run_learner(task, adam_training_bytes, n_params)
+        got = run_learner(task, adam_training_bytes, n_params, forbid=_STATE_REFERENCES)
         if got != expected:
             fail(task, f"n_params={fmt_int(n_params)}: expected {fmt_int(expected)} B, got {got!r}")
     passed(task, f"Adam fp32 model state matches estimate (7B parameters -> {fmt_int(expected)} B)")

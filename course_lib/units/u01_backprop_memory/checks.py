@@ -64,6 +64,13 @@ def _measure(model, batch_shape, optimizer) -> dict:
     return out
 
 
+#: the course's own answers (and the meter the check measures with), out of reach while the
+#: learner's function runs: the task is to predict, from the model, what the meter will say
+_REFERENCES = ("course_lib.measure.estimate.memory:model_state_bytes", "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param",
+               "course_lib.measure.estimate.memory:activation_bytes_mlp", "course_lib.measure.estimate.memory:activation_bytes_gpt",
+               "course_lib.techniques.optim:state_bytes", "course_lib.measure.memory:MemoryMeter")
+
+
 def _describe(model, batch_shape, optimizer) -> str:
     c = model.config
     return (f"MLP widths={c.widths} activation={c.activation} bias={c.bias}, "
@@ -75,7 +82,7 @@ def check_optimizer_state_bytes(optimizer_state_bytes, task: int = 1) -> None:
     total = 0
     for model, batch_shape, opt in _unseen_cases():
         expected = _measure(model, batch_shape, opt)["optimizer"]
-        got = run_learner(task, optimizer_state_bytes, model, opt)
+        got = run_learner(task, optimizer_state_bytes, model, opt, forbid=_REFERENCES)
         if got != expected:
             hint = ""
             n_tensors = len(list(model.parameters()))
@@ -92,7 +99,8 @@ def check_predict_step_memory(predict_step_memory, task: int = 2) -> None:
     """Task: predicted bytes per category = what MemoryMeter measures, on unseen MLPs (exact)."""
     for model, batch_shape, opt in _unseen_cases():
         measured = _measure(model, batch_shape, opt)
-        got = run_learner(task, predict_step_memory, model, batch_shape, opt)
+        got = run_learner(task, predict_step_memory, model, batch_shape, opt,
+                          forbid=_REFERENCES)
         if not isinstance(got, dict):
             fail(task, f"expected a dict with keys {list(_CATEGORIES)}, got {type(got).__name__}")
         missing = [c for c in _CATEGORIES if c not in got]

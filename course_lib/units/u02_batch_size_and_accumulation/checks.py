@@ -14,6 +14,12 @@ import copy
 
 from course_lib.grading.core import fail, passed, run_learner
 
+#: the course's own answers, out of reach while the learner's function runs
+_INTENSITY_REFERENCES = ("course_lib.measure.estimate.compute:matmul_arithmetic_intensity", "course_lib.measure.estimate.compute:arithmetic_intensity",
+                         "course_lib.measure.estimate.compute:matmul_flops", "course_lib.measure.estimate.compute:matmul_bytes")
+_ACCUMULATION_REFERENCES = ("course_lib.techniques.accumulation:accumulation_step",
+                            "course_lib.techniques.accumulation:effective_batch")
+
 # ---------------------------------------------------------------------------------- task 1
 
 
@@ -25,7 +31,7 @@ def check_matmul_intensity(matmul_intensity, task: int = 1) -> None:
              (3, 5, 7, 8)]
     for m, n, k, b in cases:
         expected = estimate.matmul_arithmetic_intensity(m, n, k, dtype_bytes=b)
-        got = run_learner(task, matmul_intensity, m, n, k, b)
+        got = run_learner(task, matmul_intensity, m, n, k, b, forbid=_INTENSITY_REFERENCES)
         try:
             ok = abs(float(got) - expected) <= 1e-9 * expected
         except (TypeError, ValueError):
@@ -51,7 +57,8 @@ def check_plan_accumulation(plan_accumulation, task: int = 2) -> None:
     cases = [(512, 64, 1), (512, 64, 4), (1024, 48, 8), (96, 7, 2), (256, 512, 1), (60, 60, 3)]
     for target, max_micro, ranks in cases:
         expected = _plan_reference(target, max_micro, ranks)
-        got = run_learner(task, plan_accumulation, target, max_micro, ranks)
+        got = run_learner(task, plan_accumulation, target, max_micro, ranks,
+                          forbid=_ACCUMULATION_REFERENCES)
         try:
             got_t = tuple(int(v) for v in got)
         except (TypeError, ValueError):
@@ -199,7 +206,7 @@ def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int)
 
     work.zero_grad = logged_model_zero_grad  # model.zero_grad() counts as zero_grad too
     loss_fn = _spy_loss(events)
-    run_learner(task, accumulation_step, work, opt, loss_fn, x, y, k)
+    run_learner(task, accumulation_step, work, opt, loss_fn, x, y, k, forbid=_ACCUMULATION_REFERENCES)
     where = f"batch of {batch} in {k} micro-batches"
     _check_events(events, task, where, k)
 
@@ -218,7 +225,8 @@ def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int)
                       for p in work.parameters())
     before2 = _flat(work.parameters())
     events.clear()
-    run_learner(task, accumulation_step, work, opt, loss_fn, x2, y2, k)
+    run_learner(task, accumulation_step, work, opt, loss_fn, x2, y2, k,
+                forbid=_ACCUMULATION_REFERENCES)
     where2 = f"second call (next batch of {batch} in {k} micro-batches)"
     _check_events(events, task, where2, k)
     update2 = before2 - _flat(work.parameters())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import traceback
 
-from course_lib.grading.core import fail, fmt_int, passed, run_learner
+from course_lib.grading.core import fail, fmt_int, passed, refuse, run_learner
 
 WORLD_SIZES = (2, 3, 4)
 NUMELS = (1, 7, 1001)  # odd sizes: a chunk per rank is not always the same size (or not there)
@@ -25,13 +25,32 @@ def _p2p_only(calls: dict) -> dict:
     return {op: n for op, n in calls.items() if "send" not in op and "recv" not in op}
 
 
+#: the course's own answers, out of reach while the learner's code runs (inside each rank)
+_RING_REFERENCES = ("course_lib.parallel.collectives:ring_all_reduce",
+                    "course_lib.parallel.collectives:ring_reduce_scatter",
+                    "course_lib.parallel.collectives:ring_all_gather",
+                    "course_lib.parallel.collectives:naive_ring_all_reduce")
+_BYTES_REFERENCES = tuple(f"course_lib.measure.estimate.communication:{name}" for name in (
+    "ring_allreduce_bytes_sent", "reduce_scatter_bytes_sent", "allgather_bytes_sent",
+    "allreduce_bytes_sent", "collective_bytes_sent"))
+USES_REFERENCE = "uses the course's own"
+
+
 def _guarded(fn, *args):
-    """Call the learner's fn inside a rank; return (ok, error) instead of raising."""
+    """Call the learner's fn inside a rank with the course's rings out of reach; return
+    (ok, error) instead of raising. A call into a reference is reported as its own error."""
+    from course_lib.grading.references import watch_references
+
     try:
-        fn(*args)
+        with watch_references(_RING_REFERENCES) as used:
+            fn(*args)
     except Exception as exc:  # noqa: BLE001 - reported in the verdict
+        if used:
+            return False, (USES_REFERENCE, ", ".join(used), "")
         first = (str(exc).strip().splitlines() or [""])[0]
         return False, (type(exc).__name__, first, traceback.format_exc())
+    if used:
+        return False, (USES_REFERENCE, ", ".join(used), "")
     return True, None
 
 
@@ -136,6 +155,8 @@ def _launch_learner(task: int, worker, world_size: int, fn) -> list[dict]:
     for rank, res in enumerate(results):
         if "error" in res:
             kind, message, _ = res["error"]
+            if kind == USES_REFERENCE:
+                refuse(task, [message])
             if kind == "NotImplementedError":
                 fail(task, f"not implemented yet: {_name(fn)} raised NotImplementedError")
             hint = (" -- a deadlock? a blocking send waits for a receiver that is itself sending: "
@@ -230,7 +251,7 @@ def check_composite_bytes(predict, task: int = 3) -> None:
     cases = [(4096, 2), (4096, 4), (3 * 4096, 3), (8 * 2**20, 8), (2**30, 64), (1000, 1)]
     for size, n in cases:
         expected = estimate.reduce_scatter_bytes_sent(size, n) + estimate.allgather_bytes_sent(size, n)
-        got = run_learner(task, predict, size, n)
+        got = run_learner(task, predict, size, n, forbid=_BYTES_REFERENCES)
         if not isinstance(got, (int, float)) or isinstance(got, bool):
             fail(task, f"{_name(predict)}({size}, {n}) must return a number of bytes, got {got!r}")
         if abs(got - expected) > 1e-9 * max(1.0, expected):
@@ -241,7 +262,7 @@ def check_composite_bytes(predict, task: int = 3) -> None:
             measured = launch(_composite_worker, n, numel, timeout=GRADE_TIMEOUT_S)
         except LaunchError as exc:  # not the learner's fault, but say so clearly
             fail(task, f"could not measure the reference run on {n} ranks: {str(exc).splitlines()[0]}")
-        predicted = run_learner(task, predict, numel * 4, n)
+        predicted = run_learner(task, predict, numel * 4, n, forbid=_BYTES_REFERENCES)
         for rank, got in enumerate(measured):
             if got != predicted:
                 fail(task, f"CommMeter counted {fmt_int(got)} B handed to send calls by rank {rank} of {n} for "

@@ -106,11 +106,15 @@ def test_accumulation_check_names_each_bug(fn, pattern):
     assert re.search(pattern, msg), msg
 
 
-def test_library_accumulation_step_passes_the_checker(capsys):
-    from course_lib.units.u02_batch_size_and_accumulation.run import accumulation_step
+def test_the_course_accumulation_step_rewritten_passes_and_the_original_is_refused(capsys):
+    from course_lib.grading.references import rewritten
+    from course_lib.techniques.accumulation import accumulation_step
 
-    grading.check_accumulation_step(accumulation_step, task=3)
+    own = rewritten("course_lib.techniques.accumulation").accumulation_step  # a learner's copy
+    grading.check_accumulation_step(own, task=3)
     assert capsys.readouterr().out.startswith("✓ task 3:")
+    with pytest.raises(AssertionError, match="✗ task 3: uses the course's own accumulation_step"):
+        grading.check_accumulation_step(accumulation_step, task=3)
 
 
 def test_matmul_intensity_check():

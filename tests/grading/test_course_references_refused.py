@@ -1,0 +1,117 @@
+"""Every graded task of units 00-04, 08 and 13 refuses a learner answer that calls the course's
+own answer (or PyTorch's, where the check compares with it): the verdict is "uses the course's
+own <name>", never a pass. One notebook is graded end to end the way a learner's would be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from course_lib import models
+from course_lib.measure import estimate
+from course_lib.parallel import collectives as C
+from course_lib.techniques import accumulation, optim, precision
+from course_lib.units import (
+    u00_start_here as u00,
+)
+from course_lib.units import (
+    u01_backprop_memory as u01,
+)
+from course_lib.units import (
+    u02_batch_size_and_accumulation as u02,
+)
+from course_lib.units import (
+    u03_mixed_precision as u03,
+)
+from course_lib.units import (
+    u04_optimizer_memory as u04,
+)
+from course_lib.units import (
+    u08_collectives as u08,
+)
+from course_lib.units import (
+    u13_interconnects_and_backends as u13,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class SubclassedScaler(precision.DynamicLossScaler):
+    """A learner's "own" scaler that only renames the course's."""
+
+
+class WrappedAdamW(torch.optim.AdamW):
+    """PyTorch's AdamW behind the task's signature."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def _link_time(n_params, dtype, world_size, link):
+    size = n_params * estimate.dtype_bytes(dtype)
+    return estimate.allreduce_time_on_link(size, world_size, estimate.link_speed(link).GBps)
+
+
+CHEATS = {  # id: (check, the learner's answer that calls the reference, the name refused)
+    "u00-1": (u00.checks.check_count_parameters, models.count_params, "count_params"),
+    "u00-2": (u00.checks.check_parameter_bytes,
+              lambda m, dt: models.count_params(m) * torch.finfo(dt).bits // 8, "count_params"),
+    "u00-3": (u00.checks.check_adam_training_bytes,
+              lambda n: estimate.model_state_bytes(n)["total"], "model_state_bytes"),
+    "u01-1": (u01.checks.check_optimizer_state_bytes,
+              lambda model, opt: models.count_params(model)
+              * estimate.optimizer_state_bytes_per_param(opt), "optimizer_state_bytes_per_param"),
+    "u01-2": (u01.checks.check_predict_step_memory,
+              lambda model, shape, opt: estimate.model_state_bytes(models.count_params(model)),
+              "model_state_bytes"),
+    "u02-1": (u02.checks.check_matmul_intensity,
+              lambda m, n, k, b: estimate.matmul_arithmetic_intensity(m, n, k, dtype_bytes=b),
+              "matmul_arithmetic_intensity"),
+    "u02-2": (u02.checks.check_plan_accumulation,
+              lambda t, mx, w: (mx, t // accumulation.effective_batch(mx, 1, w)), "effective_batch"),
+    "u02-3": (u02.checks.check_accumulation_step, accumulation.accumulation_step, "accumulation_step"),
+    "u03-1": (u03.checks.check_underflow_recovery, precision.DynamicLossScaler, "DynamicLossScaler"),
+    "u03-2": (u03.checks.check_scale_schedule, SubclassedScaler, "DynamicLossScaler"),
+    "u03-3": (u03.checks.check_fp16_training, precision.DynamicLossScaler, "DynamicLossScaler"),
+    "u04-1": (u04.checks.check_adam, optim.Adam, "Adam"),
+    "u04-2": (u04.checks.check_adamw, WrappedAdamW, "AdamW"),
+    "u04-3": (u04.checks.check_adam_state_bytes, torch.optim.Adam, "Adam"),
+    "u08-3": (u08.checks.check_composite_bytes,
+              lambda s, n: estimate.ring_allreduce_bytes_sent(s, n), "ring_allreduce_bytes_sent"),
+    "u13-1": (u13.checks.check_alpha_beta_fit, estimate.fit_alpha_beta, "fit_alpha_beta"),
+    "u13-2": (u13.checks.check_bucket_choice, u13.checks.reference_bucket_bytes, "reference_bucket_bytes"),
+    "u13-3": (u13.checks.check_allreduce_prediction, _link_time, "allreduce_time_on_link"),
+}
+
+
+@pytest.mark.parametrize("case", list(CHEATS))
+def test_a_task_answered_by_the_course_is_refused(case):
+    check, cheat, name = CHEATS[case]
+    with pytest.raises(AssertionError) as info:
+        check(cheat)
+    assert f"uses the course's own {name}" in str(info.value)
+    assert str(info.value).endswith("write it yourself")
+
+
+def test_ring_tasks_refuse_the_course_rings_inside_the_ranks():
+    # the learner's function runs on real ranks; the watch runs there too
+    with pytest.raises(AssertionError, match="✗ task 1: uses the course's own ring_all_reduce"):
+        u08.checks.check_ring_all_reduce(C.ring_all_reduce)
+    with pytest.raises(AssertionError, match="✗ task 2: uses the course's own ring_all_gather"):
+        u08.checks.check_ring_all_gather(lambda out, x: C.ring_all_gather(out, x))
+
+
+def test_a_notebook_that_imports_the_reference_scores_zero(tmp_path):
+    from course_lib.grading import grade_notebook
+
+    exercise = nbformat.read(REPO / "exercises" / "04_optimizer_memory.ipynb", as_version=4)
+    answer = next(c for c in exercise.cells if c.cell_type == "code" and "class MyAdam" in c.source)
+    answer.source = "from course_lib.techniques.optim import Adam as MyAdam"
+    path = tmp_path / "04_optimizer_memory.ipynb"
+    nbformat.write(exercise, path)
+    report = grade_notebook(path, solutions_dir=REPO / "solutions", timeout=120)
+    assert report.score == 0 and report.total > 0
+    assert all("uses the course's own Adam: write it yourself" in t.message for t in report.tasks)
