@@ -16,6 +16,7 @@ import importlib
 from course_lib.grading.core import (
     check_close,
     check_equal,
+    expect_int,
     fail,
     fmt_int,
     passed,
@@ -44,6 +45,7 @@ __all__ = [
     "check_close",
     "check_equal",
     "check_exercises",
+    "expect_int",
     "execute_notebook",
     "fail",
     "fmt_int",

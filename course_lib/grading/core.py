@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, NoReturn
 __all__ = [
     "check_close",
     "check_equal",
+    "expect_int",
     "fail",
     "fmt_int",
     "passed",
@@ -84,6 +85,15 @@ def fail(task: int, message: str) -> NoReturn:
     if not isinstance(message, str):
         raise TypeError(f"message must be a str, got {type(message).__name__} {message!r}")
     raise AssertionError(f"✗ task {task}: {message}")
+
+
+def expect_int(task: int, what: str, got: Any) -> int:
+    """``got`` if it is an int (bytes, counts: the tasks say int); otherwise the ✗ verdict
+    ``✗ task N: <what> must be an int, got float 16.0`` (a float equal to the answer included:
+    a float of bytes is a sign the arithmetic went through a division)."""
+    if isinstance(got, bool) or not isinstance(got, numbers.Integral):
+        fail(task, f"{what} must be an int, got {type(got).__name__} {got!r}")
+    return int(got)
 
 
 def _callable_name(fn: Any) -> str:

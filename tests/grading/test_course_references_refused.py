@@ -115,3 +115,21 @@ def test_a_notebook_that_imports_the_reference_scores_zero(tmp_path):
     report = grade_notebook(path, solutions_dir=REPO / "solutions", timeout=120)
     assert report.score == 0 and report.total > 0
     assert all("uses the course's own Adam: write it yourself" in t.message for t in report.tasks)
+
+
+FLOATS = {  # a right number as a float: the task says int, so it fails
+    "u00-1": (u00.checks.check_count_parameters,
+              lambda m: float(sum(p.numel() for p in m.parameters()))),
+    "u00-3": (u00.checks.check_adam_training_bytes, lambda n: 16.0 * n),
+    "u01-1": (u01.checks.check_optimizer_state_bytes,
+              lambda m, opt: 4.0 * ({"sgd": 0, "momentum": 1, "adam": 2}[opt] * sum(p.numel() for p in m.parameters())
+                                    + (len(list(m.parameters())) if opt == "adam" else 0))),
+    "u02-2": (u02.checks.check_plan_accumulation, lambda t, mx, w: (float(mx), t / (mx * w))),
+}
+
+
+@pytest.mark.parametrize("case", list(FLOATS))
+def test_a_float_where_the_task_says_int_is_refused(case):
+    check, answer = FLOATS[case]
+    with pytest.raises(AssertionError, match=r"must be an int, got float"):
+        check(answer)

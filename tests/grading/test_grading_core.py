@@ -134,3 +134,15 @@ def test_run_learner_turns_errors_into_verdicts():
     assert isinstance(info.value.__cause__, KeyError)
     with pytest.raises(AssertionError, match="expected a function, got int 3"):
         run_learner(7, 3)
+
+
+def test_expect_int_refuses_floats_and_bools_with_the_value():
+    from course_lib.grading import expect_int
+
+    assert expect_int(1, "bytes", 16) == 16
+    import numpy as np
+
+    assert expect_int(1, "bytes", np.int64(16)) == 16
+    for bad in (16.0, True, "16", None):
+        with pytest.raises(AssertionError, match=r"✗ task 1: bytes must be an int, got"):
+            expect_int(1, "bytes", bad)

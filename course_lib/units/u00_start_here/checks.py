@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 
-from course_lib.grading.core import fail, fmt_int, passed, run_learner
+from course_lib.grading.core import expect_int, fail, fmt_int, passed, run_learner
 
 
 def _unseen_models():
@@ -45,6 +45,7 @@ def check_count_parameters(count_parameters, task: int = 1) -> None:
     for name, model in _unseen_models().items():
         expected = sum(p.numel() for p in model.parameters())
         got = run_learner(task, count_parameters, model, forbid=_COUNT_REFERENCES)
+        expect_int(task, f"the parameter count of model '{name}'", got)
         if got != expected:
             hint = ""
             if name == "tied_lm" and got > expected:
@@ -65,6 +66,7 @@ def check_parameter_bytes(parameter_bytes, task: int = 2) -> None:
         converted = copy.deepcopy(model).to(dtype)
         expected = sum(p.numel() * p.element_size() for p in converted.parameters())
         got = run_learner(task, parameter_bytes, model, dtype, forbid=_COUNT_REFERENCES)
+        expect_int(task, f"the bytes for {dtype}", got)
         if got != expected:
             fail(task, f"dtype {dtype}: expected {fmt_int(expected)} B, got {got!r}")
         total += expected
@@ -78,6 +80,7 @@ def check_adam_training_bytes(adam_training_bytes, task: int = 3) -> None:
     for n_params in (1, 1_000, 124_439_808, 7_000_000_000):
         expected = estimate.model_state_bytes(n_params, precision="fp32", optimizer="adam")["total"]
         got = run_learner(task, adam_training_bytes, n_params, forbid=_STATE_REFERENCES)
+        expect_int(task, f"the bytes for n_params={fmt_int(n_params)}", got)
         if got != expected:
             fail(task, f"n_params={fmt_int(n_params)}: expected {fmt_int(expected)} B, got {got!r}")
     passed(task, f"Adam fp32 model state matches estimate (7B parameters -> {fmt_int(expected)} B)")

@@ -8,7 +8,7 @@ Task 2: predict_step_memory(model, batch_shape, optimizer) -> bytes per category
 """
 from __future__ import annotations
 
-from course_lib.grading.core import fail, fmt_int, passed, run_learner
+from course_lib.grading.core import expect_int, fail, fmt_int, passed, run_learner
 
 _CATEGORIES = ("params", "grads", "optimizer", "activations")
 
@@ -83,6 +83,7 @@ def check_optimizer_state_bytes(optimizer_state_bytes, task: int = 1) -> None:
     for model, batch_shape, opt in _unseen_cases():
         expected = _measure(model, batch_shape, opt)["optimizer"]
         got = run_learner(task, optimizer_state_bytes, model, opt, forbid=_REFERENCES)
+        expect_int(task, f"the optimizer-state bytes ({opt})", got)
         if got != expected:
             hint = ""
             n_tensors = len(list(model.parameters()))
@@ -107,6 +108,7 @@ def check_predict_step_memory(predict_step_memory, task: int = 2) -> None:
         if missing:
             fail(task, f"expected a dict with keys {list(_CATEGORIES)}, missing {missing}")
         for c in _CATEGORIES:
+            expect_int(task, f"{c} (bytes)", got[c])
             if got[c] != measured[c]:
                 hint = _hint(c, model, batch_shape, opt, got[c], measured[c])
                 fail(task, f"{_describe(model, batch_shape, opt)}: {c}: expected "

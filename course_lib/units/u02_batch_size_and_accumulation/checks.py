@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-from course_lib.grading.core import fail, passed, run_learner
+from course_lib.grading.core import expect_int, fail, passed, run_learner
 
 #: the course's own answers, out of reach while the learner's function runs
 _INTENSITY_REFERENCES = ("course_lib.measure.estimate.compute:matmul_arithmetic_intensity", "course_lib.measure.estimate.compute:arithmetic_intensity",
@@ -60,10 +60,12 @@ def check_plan_accumulation(plan_accumulation, task: int = 2) -> None:
         got = run_learner(task, plan_accumulation, target, max_micro, ranks,
                           forbid=_ACCUMULATION_REFERENCES)
         try:
-            got_t = tuple(int(v) for v in got)
+            got_t = tuple(got)
         except (TypeError, ValueError):
             fail(task, f"target={target}, max_micro_batch={max_micro}, world_size={ranks}: "
                        f"expected a (micro_batch, accumulation_steps) pair, got {got!r}")
+        for v in got_t:
+            expect_int(task, "micro_batch and accumulation_steps", v)
         if got_t == expected:
             continue
         where = f"target={target}, max_micro_batch={max_micro}, world_size={ranks}"

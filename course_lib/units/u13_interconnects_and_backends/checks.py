@@ -19,7 +19,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Sequence
 
-from course_lib.grading.core import fail, passed, run_learner
+from course_lib.grading.core import expect_int, fail, passed, run_learner
 
 __all__ = [
     "load_sweep",
@@ -148,6 +148,7 @@ def check_bucket_choice(choose_bucket_bytes, task: int = 2) -> None:
         expected = reference_bucket_bytes(alpha, beta, bwd, grad, cands)
         got = run_learner(task, choose_bucket_bytes, alpha, beta, bwd, grad, list(cands),
                           forbid=_BUCKET_REFERENCES)
+        expect_int(task, f"the bucket size (bytes) in scenario '{name}'", got)
         if got != expected:
             t_exp = estimate.ddp_exposed_comm_time(expected, grad_bytes=grad, backward_s=bwd,
                                                    alpha=alpha, beta=beta)
