@@ -102,3 +102,20 @@ def test_parity_with_peft():
         layer.merge()
     merged = pm.merge_and_unload()
     torch.testing.assert_close(model(idx), merged(idx), rtol=0, atol=0)
+
+
+def test_memory_meter_measures_a_model_with_frozen_parameters():
+    from course_lib.measure import estimate
+    from course_lib.measure.memory import MemoryMeter
+
+    model = add_lora(_model(), r=8, alpha=16, targets=TARGETS)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(trainable, lr=1e-2)
+    idx = torch.randint(0, 65, (4, 16), generator=torch.Generator().manual_seed(0))
+    with MemoryMeter(model, opt) as mem:
+        model.loss(idx, idx).backward()
+        opt.step()
+    k = trainable_params(model)
+    pred = estimate.model_state_bytes(k, precision="fp32", optimizer="adam", n_param_tensors=len(trainable))
+    assert mem.end_breakdown["grads"] == pred["grads"] == 4 * k
+    assert mem.end_breakdown["optimizer"] == pred["optimizer"]
