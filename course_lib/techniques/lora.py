@@ -87,7 +87,9 @@ class LoRALinear(nn.Module):
         u = self.dropout(x).to(self.lora_A.dtype) @ self.lora_A.T  # (..., r)
         return y + (u @ self.lora_B.T * self.scaling).to(y.dtype)
 
-    @torch.no_grad()
+    # merge/unmerge use ``with torch.no_grad()`` rather than the decorator: the decorator's wrapper
+    # code is shared by every decorated function, so the graders' reference watch (which follows
+    # ``__wrapped__``) would flag a learner's own ``@torch.no_grad()`` merge as this one
     def merge(self) -> None:
         """Fold the update into the base weight (W0 += (alpha / r) B A); forward then skips the
         adapter. A quantized base cannot take the update in place: dequantize it first."""
@@ -98,14 +100,15 @@ class LoRALinear(nn.Module):
             raise TypeError(f"merge: layer {self.name!r} has a {type(self.base).__name__} base whose "
                             "weight is not a floating-point nn.Linear weight (a 4-bit base must be "
                             "dequantized before merging)")
-        weight += self.delta_weight().to(weight.dtype)
+        with torch.no_grad():
+            weight += self.delta_weight().to(weight.dtype)
         self.merged = True
 
-    @torch.no_grad()
     def unmerge(self) -> None:
         """Undo :meth:`merge` (W0 -= (alpha / r) B A), e.g. to keep training the adapter."""
         if self.merged:
-            self.base.weight -= self.delta_weight().to(self.base.weight.dtype)
+            with torch.no_grad():
+                self.base.weight -= self.delta_weight().to(self.base.weight.dtype)
             self.merged = False
 
     def extra_repr(self) -> str:
