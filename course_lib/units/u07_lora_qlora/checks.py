@@ -143,7 +143,7 @@ def check_init_adapter(init_adapter, task: int = 4) -> None:
     with torch.no_grad():
         A -= 0.1 * A.grad
         B -= 0.1 * B.grad
-    moved = float((x @ (W + 2.0 * B @ A).T - x @ W.T).abs().max())
+        moved = float((x @ (W + 2.0 * B @ A).T - x @ W.T).abs().max())
     if moved == 0.0:
         fail(task, "after one SGD step the adapter still changes nothing: with A and B both zero no "
                    "gradient reaches either (dL/dB = g (A x)^T, dL/dA = B^T g x^T); keep A random")
