@@ -88,6 +88,13 @@ def _empty() -> dict[str, int]:
     return dict.fromkeys(CATEGORIES, 0)
 
 
+class _NoHandle:
+    """Stands for a hook handle that was never registered (see ``_Tracker``)."""
+
+    def remove(self) -> None:
+        pass
+
+
 class _Tracker(MemTracker):
     """MemTracker plus a chronological timeline, per-device peaks with our categories, and the
     optimizer-transient correction. Everything that depends on MemTracker internals is here."""
@@ -112,6 +119,18 @@ class _Tracker(MemTracker):
             for reftype, cat in _CATEGORY_OF.items():
                 out[cat] += snap.get(reftype, 0)
         return out
+
+    # ---- frozen parameters ----------------------------------------------------------------
+    # MemTracker registers a gradient hook on every parameter it meets, which torch refuses for a
+    # parameter that does not require grad (a frozen base under LoRA, a 4-bit weight). Such a
+    # parameter never gets a gradient: a no-op handle pair makes MemTracker skip the hook.
+    def _track_module_params_and_buffers(self, module: nn.Module,
+                                         install_grad_hooks: bool = True) -> tuple[int, int]:
+        if install_grad_hooks:
+            for p in module.parameters():
+                if not p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                    self._param_to_grad_hook_handles[p] = (_NoHandle(), _NoHandle())
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
     # ---- optimizer transients -------------------------------------------------------------
     # While a step runs MemTracker labels every new tensor OPT. We note when each of them is
