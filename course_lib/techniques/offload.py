@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import weakref
 from typing import Any, Iterable
 
 import torch
@@ -60,6 +61,14 @@ def drop_page_cache(fd: int) -> bool:
         return False
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     return True
+
+
+def _remove_file(f, path: str) -> None:
+    f.close()
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def _sync(device: torch.device) -> None:
@@ -115,11 +124,17 @@ class OffloadAdamW:
         if self.tier == "file":
             fd, self.path = tempfile.mkstemp(prefix="offload-", suffix=".bin", dir=directory)
             self._file = os.fdopen(fd, "r+b", buffering=0)
+            # delete the file when the optimizer is collected (a finalizer, not __del__: it runs
+            # even at interpreter exit and never resurrects the object)
+            self._finalizer = weakref.finalize(self, _remove_file, self._file, self.path)
 
     # ---- the three phases of a step --------------------------------------------------------
-    @torch.no_grad()
     def offload_grads(self) -> None:
         """Device -> host: each gradient into its host buffer (fp32 on the host)."""
+        with torch.no_grad():  # a context, not the decorator: see the note in step()
+            self._offload_grads()
+
+    def _offload_grads(self) -> None:
         t0 = self._start()
         moved = 0
         for p, m, s in zip(self.params, self.master, self.staging):
@@ -135,9 +150,12 @@ class OffloadAdamW:
             moved += p.grad.numel() * p.grad.element_size()
         self._stop("to_host", t0, moved)
 
-    @torch.no_grad()
     def host_step(self) -> None:
         """The AdamW update on the host (with ``tier="file"``: read state, update, write back)."""
+        with torch.no_grad():  # a context, not the decorator: see the note in step()
+            self._host_step()
+
+    def _host_step(self) -> None:
         if self.tier == "file" and self.inner.state:
             t0 = time.perf_counter()
             self.bytes_moved["store_read"] = self._read_state()
@@ -151,9 +169,12 @@ class OffloadAdamW:
             self.bytes_moved["store_write"] = self._write_state()
             self.last_times["store_write"] = time.perf_counter() - t0
 
-    @torch.no_grad()
     def load_params(self) -> None:
         """Host -> device: the updated weights, rounded to the parameters' dtype on the host."""
+        with torch.no_grad():  # a context, not the decorator: see the note in step()
+            self._load_params()
+
+    def _load_params(self) -> None:
         t0 = self._start()
         moved = 0
         for p, m, s in zip(self.params, self.master, self.staging):
@@ -168,7 +189,12 @@ class OffloadAdamW:
         self._stop("to_device", t0, moved)
 
     def step(self) -> None:
-        """One synchronous step: offload_grads, host_step, load_params."""
+        """One synchronous step: offload_grads, host_step, load_params.
+
+        (The phases enter ``torch.no_grad()`` as a context rather than through the decorator:
+        the decorator's wrapper code is shared by every decorated function, so a check that
+        keeps this class out of a learner's reach would see the learner's own decorated
+        ``step`` as this one.)"""
         for k in PHASES:
             self.last_times[k] = 0.0
             self.bytes_moved[k] = 0
@@ -263,18 +289,8 @@ class OffloadAdamW:
     def close(self) -> None:
         """Delete the file of ``tier="file"`` (idempotent)."""
         if self._file is not None:
-            self._file.close()
+            self._finalizer()
             self._file = None
-            try:
-                os.remove(self.path)
-            except OSError:
-                pass
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     def __repr__(self) -> str:
         n = sum(m.numel() for m in self.master)
