@@ -21,19 +21,29 @@ the roofline in notebooks/02_batch_size_and_accumulation.ipynb.
 The formulas live in one module per topic, all importable as ``estimate.<name>``:
 ``units`` (byte units, formatting), ``memory`` (dtypes, model and optimizer state, ZeRO,
 activations), ``communication`` (bytes each rank sends), ``links`` (alpha-beta time models,
-link speeds, hierarchical all-reduce, DDP overlap), ``compute`` (FLOPs, roofline, bubble) and
-``lora`` (LoRA parameter counts, NF4 bytes, fine-tuning memory).
+link speeds, hierarchical all-reduce, DDP overlap), ``compute`` (FLOPs, roofline, bubble),
+``offload`` (what offload keeps where, moves and costs per step) and ``lora`` (LoRA parameter
+counts, NF4 bytes, fine-tuning memory).
 """
 from __future__ import annotations
 
-from course_lib.measure.estimate import communication, compute, links, lora, memory, units  # noqa: E402
+from course_lib.measure.estimate import (  # noqa: E402
+    communication,
+    compute,
+    links,
+    lora,
+    memory,
+    offload,
+    units,
+)
 from course_lib.measure.estimate.communication import *  # noqa: F401,F403
 from course_lib.measure.estimate.compute import *  # noqa: F401,F403
 from course_lib.measure.estimate.links import *  # noqa: F401,F403
 from course_lib.measure.estimate.lora import *  # noqa: F401,F403
 from course_lib.measure.estimate.memory import *  # noqa: F401,F403
+from course_lib.measure.estimate.offload import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import exact  # noqa: F401
 
 __all__ = [*units.__all__, *memory.__all__, *communication.__all__, *links.__all__, *compute.__all__,
-           *lora.__all__]
+           *offload.__all__, *lora.__all__]

@@ -1,0 +1,399 @@
+"""CPU offload, measured (notebooks/05_cpu_offload.ipynb).
+
+Measured runs, each returning a pandas DataFrame or plain data:
+
+- :func:`parity`: ``OffloadAdamW`` against the plain optimizer, K steps, largest difference;
+- :func:`memory_fit`: device memory of a step with and without offload (MemoryMeter), beside
+  ``estimate.offload_split``, against a (simulated, on CPU) device budget;
+- :func:`tier_bandwidth`: the tiers of this machine -- RAM copy, file write + fsync, file read with
+  the page cache dropped, cached file read -- in GB/s; :func:`h2d_bandwidth` (CUDA only): pinned
+  vs pageable host-to-device copies;
+- :func:`step_breakdown`: every measured part of an offloaded step and its total, beside
+  ``estimate.offload_step_time`` (serial and overlapped);
+- :func:`fsdp_offload_parity`: FSDP2 ``fully_shard(..., offload_policy=CPUOffloadPolicy())`` on 2
+  ranks against one process (the harness of ``course_lib.parallel``);
+- :func:`scale_up`: the same formulas at 7B and 70B (estimate only: nothing is measured).
+
+Plain data out; plots in course_lib.units.u05_cpu_offload.plots.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Sequence
+
+import pandas as pd
+import torch
+
+from course_lib import validate
+from course_lib.data import permutation_batch
+from course_lib.measure import estimate
+from course_lib.models import GPT, GPTConfig, count_params
+from course_lib.techniques.offload import PHASES, OffloadAdamW, drop_page_cache
+from course_lib.techniques.optim import MasterWeights
+
+__all__ = ["CONFIG", "LR", "parity", "memory_fit", "tier_bandwidth", "h2d_bandwidth",
+           "step_breakdown", "fsdp_offload_parity", "scale_up", "PARTS"]
+
+#: the model of the unit: a tiny GPT wide enough that its optimizer state outweighs activations
+CONFIG = GPTConfig.tiny(n_layer=2, n_embd=128, block_size=32)
+LR = 1e-2
+#: the parts of an offloaded step, in order: the caller's forward + backward, then OffloadAdamW's
+PARTS = ("compute", *PHASES)
+
+
+def _models(config: GPTConfig, dtype: torch.dtype, device: str | torch.device, seed: int = 0):
+    out = []
+    for _ in range(2):
+        torch.manual_seed(seed)
+        out.append(GPT(config).to(device, dtype))
+    return out
+
+
+def _plain_optimizer(model, dtype):
+    """The plain recipe: torch.optim.AdamW on fp32 parameters, unit 04's master weights on 16-bit."""
+    if dtype == torch.float32:
+        return torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
+    return MasterWeights(model, "adamw", lr=LR, foreach=False)
+
+
+# --------------------------------------------------------------------------------------------
+# parity
+# --------------------------------------------------------------------------------------------
+def parity(*, steps: int = 5, dtypes: Sequence[torch.dtype] = (torch.float32, torch.bfloat16),
+           tiers: Sequence[str] = ("memory", "file"), config: GPTConfig | None = None,
+           batch: int = 4, device: str = "cpu") -> pd.DataFrame:
+    """Train two copies of the model ``steps`` steps on the same batches, one with the plain
+    optimizer (AdamW; for bf16 the master-weights recipe of unit 04), one with ``OffloadAdamW``.
+    One row per (dtype, tier): the largest |difference| of any parameter, the largest distance
+    any parameter moved from its start (so 0 difference cannot mean "nothing happened"), and
+    the bytes moved each way in the last step."""
+    steps = validate.count("steps", steps, minimum=1)
+    config = config or CONFIG
+    rows = []
+    for dtype in dtypes:
+        for tier in tiers:
+            plain, off = _models(config, dtype, device)
+            start = [p.detach().clone() for p in plain.parameters()]
+            ref_opt = _plain_optimizer(plain, dtype)
+            opt = OffloadAdamW(off.parameters(), lr=LR, tier=tier)
+            gen = torch.Generator().manual_seed(1)
+            for _ in range(steps):
+                idx, tgt = permutation_batch(config, batch, config.block_size, generator=gen)
+                idx, tgt = idx.to(device), tgt.to(device)
+                for model, o in ((plain, ref_opt), (off, opt)):
+                    o.zero_grad(set_to_none=True)
+                    model.loss(idx, tgt).backward()
+                    o.step()
+            with torch.no_grad():
+                diff = max(float((a.float() - b.float()).abs().max())
+                           for a, b in zip(plain.parameters(), off.parameters()))
+                moved = min(float((a.float() - s.float()).abs().max())
+                            for a, s in zip(plain.parameters(), start))
+            rows.append({"dtype": str(dtype).removeprefix("torch."), "tier": tier, "steps": steps,
+                         "max_abs_diff": diff, "min_param_moved": moved,
+                         "to_host_bytes": opt.bytes_moved["to_host"],
+                         "to_device_bytes": opt.bytes_moved["to_device"],
+                         "n_params": count_params(off)})
+            opt.close()
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# device memory, with and without offload
+# --------------------------------------------------------------------------------------------
+def memory_fit(*, config: GPTConfig | None = None, batch: int = 4, dtype: torch.dtype = torch.bfloat16,
+               device: str = "cpu") -> pd.DataFrame:
+    """Device memory of one training step, plain and offloaded, measured with MemoryMeter.
+
+    Plain: the master-weights recipe (bf16 model, fp32 master, AdamW; unit 04) -- everything on
+    the device; the meter wraps forward, backward and the optimizer step (after a first step, so
+    the Adam state exists). Offloaded: ``OffloadAdamW``; the meter wraps forward, backward and
+    ``offload_grads`` -- the device's part of the step; the host update and the copy back run
+    outside it (on a GPU they touch host memory, which the meter of the device does not count;
+    ``load_params`` writes into the existing parameters and allocates nothing on the device).
+
+    Columns: ``model_state_predicted`` (``estimate.offload_split(...)["device"]``, level
+    "none" / "optimizer"), ``model_state_measured`` (params + grads + optimizer + master at the
+    peak), ``activations`` (activations + temporaries at the peak), ``peak`` (bytes),
+    ``host_predicted`` / ``host_measured`` (bytes the host keeps).
+    """
+    from course_lib.measure.memory import MemoryMeter
+
+    config = config or CONFIG
+    plain, off = _models(config, dtype, device)
+    n = count_params(plain)
+    precision = "fp32" if dtype == torch.float32 else "bf16-mixed"
+    gen = torch.Generator().manual_seed(1)
+    idx, tgt = (t.to(device) for t in permutation_batch(config, batch, config.block_size, generator=gen))
+
+    ref = _plain_optimizer(plain, dtype)
+    inner = ref if isinstance(ref, torch.optim.Optimizer) else ref.optimizer
+    master = [] if isinstance(ref, torch.optim.Optimizer) else ref.master
+    for measured in (False, True):
+        ref.zero_grad(set_to_none=True)
+        if measured:
+            with MemoryMeter(plain, inner, track=master, device=device) as mem_plain:
+                plain.loss(idx, tgt).backward()
+                ref.step()
+        else:
+            plain.loss(idx, tgt).backward()
+            ref.step()
+
+    opt = OffloadAdamW(off.parameters(), lr=LR)
+    for measured in (False, True):
+        opt.zero_grad(set_to_none=True)
+        if measured:
+            with MemoryMeter(off, device=device) as mem_off:
+                off.loss(idx, tgt).backward()
+                opt.offload_grads()
+        else:
+            off.loss(idx, tgt).backward()
+            opt.offload_grads()
+        opt.host_step()
+        opt.load_params()
+
+    rows = []
+    for label, level, mem, host in (("plain (all on device)", "none", mem_plain, 0),
+                                    ("offloaded optimizer", "optimizer", mem_off, opt.host_bytes())):
+        bd = mem.peak_breakdown
+        split = estimate.offload_split(n, level=level, precision=precision, optimizer="adamw")
+        rows.append({"run": label, "level": level,
+                     "model_state_predicted": split["device"],
+                     "model_state_measured": bd["params"] + bd["grads"] + bd["optimizer"] + bd["other"],
+                     "activations": bd["activations"] + bd["temporaries"],
+                     "peak": mem.peak_bytes, "peak_phase": mem.peak_phase,
+                     "host_predicted": split["host"],
+                     "host_measured": 0 if not host else host["master"] + host["optimizer"],
+                     "host_buffers": 0 if not host else host["grads"] + host["staging"],
+                     "n_params": n})
+    return pd.DataFrame(rows).set_index("run")
+
+
+# --------------------------------------------------------------------------------------------
+# bandwidth of the tiers of this machine
+# --------------------------------------------------------------------------------------------
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def tier_bandwidth(nbytes: int = 64 << 20, *, repeat: int = 3, directory: str | None = None) -> pd.DataFrame:
+    """GB/s (1e9 B/s, median of ``repeat``) of the places state can live on this machine:
+
+    * ``RAM copy``: ``torch`` copy between two preallocated host buffers (what a "transfer" is
+      when device and host are the same memory);
+    * ``file write + fsync``: written and flushed to the disk;
+    * ``file read, cache dropped``: read after ``posix_fadvise(POSIX_FADV_DONTNEED)`` -- from the
+      disk (where the call does not exist, from the page cache: the row says so);
+    * ``file read, cached``: read again at once, from the kernel's page cache.
+    """
+    nbytes = validate.count("nbytes", nbytes, minimum=4096)
+    repeat = validate.count("repeat", repeat, minimum=1)
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch every page first: the timed copy must not count page faults
+    buf = memoryview(dst.numpy())
+    times = {"RAM copy": [], "file write + fsync": [], "file read, cache dropped": [],
+             "file read, cached": []}
+    fd, path = tempfile.mkstemp(prefix="tier-", suffix=".bin", dir=directory)
+    try:
+        with os.fdopen(fd, "r+b", buffering=0) as f:
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                times["RAM copy"].append(time.perf_counter() - t0)
+                f.seek(0)
+                t0 = time.perf_counter()
+                f.write(memoryview(src.numpy()))
+                os.fsync(f.fileno())
+                times["file write + fsync"].append(time.perf_counter() - t0)
+                dropped = drop_page_cache(f.fileno())
+                for key in ("file read, cache dropped", "file read, cached"):
+                    f.seek(0)
+                    t0 = time.perf_counter()
+                    f.readinto(buf)
+                    times[key].append(time.perf_counter() - t0)
+    finally:
+        os.remove(path)
+    note = {"file read, cache dropped": "" if dropped else
+            "posix_fadvise is not available here: this read may come from the page cache"}
+    return pd.DataFrame([{"tier": k, "GBps": nbytes / _median(v) / 1e9, "bytes": nbytes,
+                          "note": note.get(k, "")} for k, v in times.items()]).set_index("tier")
+
+
+def h2d_bandwidth(nbytes: int = 256 << 20, *, repeat: int = 5) -> pd.DataFrame:
+    """Host <-> device copies on a CUDA GPU, GB/s (median of ``repeat``): from pinned
+    (page-locked, ``pin_memory=True``) and from pageable host memory, both directions.
+    Pageable copies go through a pinned bounce buffer of the driver; pinned ones are one DMA.
+    Raises RuntimeError without CUDA."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("h2d_bandwidth needs a CUDA device; on this machine use tier_bandwidth()")
+    from course_lib.measure.timing import time_fn
+
+    nbytes = validate.count("nbytes", nbytes, minimum=1)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    rows = []
+    for pinned in (True, False):
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        host.fill_(1)
+        for direction, fn in (("host -> device", lambda h=host, pin=pinned: dev.copy_(h, non_blocking=pin)),
+                              ("device -> host", lambda h=host, pin=pinned: h.copy_(dev, non_blocking=pin))):
+            r = time_fn(fn, warmup=2, repeat=repeat, sync=True)
+            rows.append({"memory": "pinned" if pinned else "pageable", "direction": direction,
+                         "GBps": nbytes / r.median_s / 1e9, "bytes": nbytes})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# the parts of an offloaded step
+# --------------------------------------------------------------------------------------------
+def step_breakdown(*, tier: str = "file", steps: int = 6, config: GPTConfig | None = None,
+                   batch: int = 8, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                   warmup: int = 1) -> pd.DataFrame:
+    """Time every part of ``steps`` offloaded steps (after ``warmup`` untimed ones).
+
+    One row per step: ``compute`` (forward + backward), the phases of ``OffloadAdamW``
+    (``to_host``, ``store_read``, ``host_adam``, ``store_write``, ``to_device``; seconds), and
+    ``total``, timed around the whole step by its own clock -- the parts are *not* summed to
+    make it. Also ``plain`` (the same step with the plain optimizer on the device, timed the
+    same way) and the bytes of each transfer.
+    """
+    steps = validate.count("steps", steps, minimum=1)
+    config = config or CONFIG
+    plain, off = _models(config, dtype, device)
+    ref = _plain_optimizer(plain, dtype)
+    opt = OffloadAdamW(off.parameters(), lr=LR, tier=tier)
+    gen = torch.Generator().manual_seed(1)
+    sync = (lambda: torch.cuda.synchronize()) if torch.device(device).type == "cuda" else (lambda: None)
+    rows = []
+    try:
+        for k in range(warmup + steps):
+            idx, tgt = (t.to(device) for t in permutation_batch(config, batch, config.block_size,
+                                                                 generator=gen))
+            sync()
+            t0 = time.perf_counter()
+            ref.zero_grad(set_to_none=True)
+            plain.loss(idx, tgt).backward()
+            ref.step()
+            sync()
+            t_plain = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            off.loss(idx, tgt).backward()
+            sync()
+            t1 = time.perf_counter()
+            opt.step()
+            t_end = time.perf_counter()
+            if k >= warmup:
+                rows.append({"step": k - warmup, "compute": t1 - t0, **opt.last_times,
+                             "total": t_end - t0, "plain": t_plain,
+                             **{f"{p}_bytes": b for p, b in opt.bytes_moved.items() if b}})
+    finally:
+        opt.close()
+    return pd.DataFrame(rows)
+
+
+def predicted_step_times(parts: pd.DataFrame | dict) -> dict[str, float]:
+    """``estimate.offload_step_time`` from measured parts (a :func:`step_breakdown` row or the
+    medians of its columns): ``serial_s`` (one after the other) and ``overlapped_s`` (max)."""
+    get = parts.get
+    kw = dict(compute_s=float(get("compute")),
+              transfer_s=float(get("to_host")) + float(get("to_device")),
+              host_s=float(get("host_adam")),
+              storage_s=float(get("store_read", 0.0)) + float(get("store_write", 0.0)))
+    return {"serial_s": estimate.offload_step_time(**kw, overlap=False),
+            "overlapped_s": estimate.offload_step_time(**kw, overlap=True)}
+
+
+__all__.append("predicted_step_times")
+
+
+# --------------------------------------------------------------------------------------------
+# FSDP2's CPU offload, in ranks
+# --------------------------------------------------------------------------------------------
+def _fsdp_model(seed: int):
+    from course_lib.models import MLP, MLPConfig
+
+    torch.manual_seed(seed)
+    # float64: Adam turns the rounding noise of near-zero gradients into visible steps (see
+    # course_lib.parallel.harness); in float64 that noise is 2**29 times smaller
+    return MLP(MLPConfig(in_features=8, hidden=(32, 32), out_features=1)).double()
+
+
+def _fsdp_batch(step: int):
+    from course_lib.data import regression_task
+
+    x, y = regression_task(16, 8, seed=step)
+    return x.double(), y.double()
+
+
+def _fsdp_rank(rank: int, world_size: int, steps: int):
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    from course_lib.parallel.harness import make_optimizer_fn, parallel_run
+
+    model = _fsdp_model(0)
+    # pin_memory=False: pinning needs CUDA; on a GPU keep the default (True)
+    policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    for layer in model.modules():
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, offload_policy=policy)
+    fully_shard(model, offload_policy=policy)
+    where = {name: {"type": type(p).__name__, "device": str(p.to_local().device),
+                    "local_shape": tuple(p.to_local().shape), "full_shape": tuple(p.shape)}
+             for name, p in model.named_parameters()}
+    record = parallel_run(model, _fsdp_batch, steps=steps, shard=(rank, world_size),
+                          optimizer_fn=make_optimizer_fn("adamw", lr=LR))
+    return record, where
+
+
+def fsdp_offload_parity(*, steps: int = 3, world_size: int = 2) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """FSDP2 with ``CPUOffloadPolicy`` on ``world_size`` gloo ranks against one process on the
+    full batch (AdamW, ``steps`` steps, float64 MLP). Returns ``(table, where)``: the harness's
+    comparison table (one row per step, rank and tensor) and where rank 0 keeps each parameter
+    (a DTensor shard on the CPU)."""
+    import course_lib
+    from course_lib.parallel.harness import compare, make_optimizer_fn, reference_run
+
+    steps = validate.count("steps", steps, minimum=1)
+    out = course_lib.launch(_fsdp_rank, world_size, steps, timeout=120.0)
+    ref = reference_run(_fsdp_model, _fsdp_batch, steps=steps,
+                        optimizer_fn=make_optimizer_fn("adamw", lr=LR))
+    table = compare(ref, [r for r, _ in out])
+    where = pd.DataFrame(out[0][1]).T
+    return table, where
+
+
+# --------------------------------------------------------------------------------------------
+# 7B and 70B, estimated
+# --------------------------------------------------------------------------------------------
+def scale_up(n_params: Sequence[float] = (7e9, 70e9), *, tokens_per_step: int = 16 * 4096,
+             link: str = "PCIe 4.0 x16", host_GBps: float = 100.0, gpu_TFLOPs: float = 989.0,
+             mfu: float = 0.5) -> pd.DataFrame:
+    """Estimated offloaded step at scale, one row per model size, level ``optimizer``,
+    bf16-mixed AdamW, one GPU: device and host GB, the step's parts in seconds -- compute =
+    6 N tokens / (peak x MFU) (``estimate.transformer_training_flops``), transfer each way on
+    ``link`` (``estimate.offload_transfer_times``), host Adam at ``host_GBps``
+    (``estimate.host_adam_time``) -- and the step time overlapped and serial, beside the step
+    without offload (compute only, if it fitted)."""
+    link_GBps = estimate.link_speed(link).per_direction_GBps
+    rows = []
+    for n in n_params:
+        n = validate.count("n_params", n, minimum=1)
+        split = estimate.offload_split(n, level="optimizer")
+        compute = estimate.transformer_training_flops(n, tokens_per_step) / (gpu_TFLOPs * 1e12 * mfu)
+        tr = estimate.offload_transfer_times(n, link_GBps=link_GBps)
+        host = estimate.host_adam_time(n, host_GBps=host_GBps)
+        rows.append({"params": f"{n / 1e9:g}B", "device GB": split["device"] / 1e9,
+                     "host GB": split["host"] / 1e9, "each way GB": split["to_host"] / 1e9,
+                     "compute s": compute, "transfer s (each way)": tr["duplex_s"],
+                     "host Adam s": host,
+                     "overlapped s": estimate.offload_step_time(compute_s=compute, transfer_s=tr["duplex_s"],
+                                                                host_s=host),
+                     "serial s": estimate.offload_step_time(compute_s=compute, transfer_s=tr["serial_s"],
+                                                            host_s=host, overlap=False),
+                     "no offload s": compute})
+    return pd.DataFrame(rows).set_index("params")
