@@ -17,7 +17,9 @@ any notebook failed, 2 for a missing or unreadable file.
 from __future__ import annotations
 
 import argparse
+import html
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -57,7 +59,54 @@ def _strip_timing(nb) -> None:
         meta = cell.get("metadata", {})
         for key in ("execution", "ExecuteTime"):
             meta.pop(key, None)
-    nb.metadata.pop("widgets", None)
+
+
+def _kernel_metadata(nb, client, kernel_name: str) -> None:
+    """Store what JupyterLab itself writes when it opens the notebook on this kernel (the
+    kernelspec's display name, the kernel's full language_info), so opening a notebook does not
+    mark it modified and saving it makes no diff (on the same Python version)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    reply = client.wait_for_reply(client.kc.kernel_info())
+    info = (reply or {}).get("content", {}).get("language_info")
+    if info:
+        nb.metadata["language_info"] = info
+    try:
+        spec = KernelSpecManager().get_kernel_spec(kernel_name)
+    except Exception:  # noqa: BLE001 - a kernel started by name always has a spec; keep the old one
+        return
+    nb.metadata["kernelspec"] = {"display_name": spec.display_name, "language": spec.language,
+                                 "name": kernel_name}
+
+
+_TQDM_TEXT = re.compile(r"<[^>]+>")
+
+
+def _finish_progress_bars(nb) -> None:
+    """Give each stored tqdm progress bar the text of its final state.
+
+    A tqdm bar in a notebook is a widget (an HBox of label, bar and counts); the text fallback a
+    page without the widget state shows is the one captured when the bar appeared: "0% 0/7". The
+    widget state at the end of the run holds the final label and counts; put those in the text.
+    """
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {})
+    models = state.get("state", {})
+
+    def value(model_id: str) -> str:
+        text = models.get(model_id, {}).get("state", {}).get("value", "")
+        return html.unescape(_TQDM_TEXT.sub("", str(text))).replace("\xa0", " ").replace("\u2007", " ").strip()
+
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get("application/vnd.jupyter.widget-view+json")
+            box = models.get((view or {}).get("model_id", ""), {})
+            children = box.get("state", {}).get("children", [])
+            if box.get("model_name") != "HBoxModel" or len(children) != 3:
+                continue
+            ids = [c.removeprefix("IPY_MODEL_") for c in children]
+            if models.get(ids[1], {}).get("model_name") not in ("FloatProgressModel", "IntProgressModel"):
+                continue
+            out["data"]["text/plain"] = f"{value(ids[0])} {value(ids[2])}".strip()
 
 
 def make_client(nb, path: Path, *, timeout: int, kernel_name: str, allow_errors: bool, log=None):
@@ -111,6 +160,7 @@ def execute_notebook(
     client = make_client(nb, path, timeout=timeout, kernel_name=kernel_name,
                          allow_errors=allow_errors)
     with client.setup_kernel(env=kernel_env()):
+        _kernel_metadata(nb, client, kernel_name)
         for index, cell in enumerate(nb.cells):
             try:
                 client.execute_cell(cell, index)
@@ -126,7 +176,9 @@ def execute_notebook(
                 error = next((o for o in cell.outputs if o.get("output_type") == "error"), {})
                 detail = f"{error.get('ename', 'error')}: {error.get('evalue', '')}".strip()
                 raise ExecuteError(f"{path}: cell index {index} raised {detail}") from exc
+        client.set_widgets_metadata()  # stored widgets render with their last values
     _strip_timing(nb)
+    _finish_progress_bars(nb)
     if save:
         try:
             text = render_notebook(nb)

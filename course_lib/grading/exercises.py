@@ -344,6 +344,7 @@ def make_exercise(solution_nb, solution_path: Path | str, *, solution_rel: str |
     nb = nbformat.v4.new_notebook()
     nb.nbformat, nb.nbformat_minor = 4, max(5, int(solution_nb.get("nbformat_minor", 5)))
     nb.metadata = copy.deepcopy(dict(solution_nb.get("metadata", {})))
+    nb.metadata.pop("widgets", None)  # the solution's widget state: no widget output survives here
     nb.metadata["course"] = {"generated_from": solution_rel, "unit": unit}
     nb.cells = cells
     return nb
