@@ -21,11 +21,14 @@ the roofline in notebooks/02_batch_size_and_accumulation.ipynb.
 The formulas live in one module per topic, all importable as ``estimate.<name>``:
 ``units`` (byte units, formatting), ``memory`` (dtypes, model and optimizer state, ZeRO,
 activations), ``communication`` (bytes each rank sends), ``links`` (alpha-beta time models,
-link speeds, hierarchical all-reduce, DDP overlap) and ``compute`` (FLOPs, roofline, bubble).
+link speeds, hierarchical all-reduce, DDP overlap), ``compute`` (FLOPs, roofline, bubble) and
+``checkpointing`` (activation bytes and
+recomputed FLOPs per checkpointing policy, notebooks/06_activation_checkpointing.ipynb).
 """
 from __future__ import annotations
 
-from course_lib.measure.estimate import communication, compute, links, memory, units  # noqa: E402
+from course_lib.measure.estimate import checkpointing, communication, compute, links, memory, units  # noqa: E402
+from course_lib.measure.estimate.checkpointing import *  # noqa: F401,F403
 from course_lib.measure.estimate.communication import *  # noqa: F401,F403
 from course_lib.measure.estimate.compute import *  # noqa: F401,F403
 from course_lib.measure.estimate.links import *  # noqa: F401,F403
@@ -33,4 +36,5 @@ from course_lib.measure.estimate.memory import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import exact  # noqa: F401
 
-__all__ = [*units.__all__, *memory.__all__, *communication.__all__, *links.__all__, *compute.__all__]
+__all__ = [*units.__all__, *memory.__all__, *communication.__all__, *links.__all__, *compute.__all__,
+           *checkpointing.__all__]
