@@ -151,6 +151,10 @@ def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
 
     ref = grads(copy.deepcopy(base), learner=False)
     model = copy.deepcopy(base)
+    # one call on its own first, so that a missing answer is reported under its own name
+    probe = torch.randn(2, 24, config.n_embd, requires_grad=True)
+    run_learner(task, checkpointed_forward, model.blocks[0], probe,
+                forbid=[f"{_CK}:Checkpointed", f"{_CK}:apply_checkpointing"])
     calls = [0] * config.n_layer
     for i, block in enumerate(model.blocks):
         block.register_forward_pre_hook(lambda m, a, i=i: calls.__setitem__(i, calls[i] + 1))
