@@ -22,12 +22,14 @@ The formulas live in one module per topic, all importable as ``estimate.<name>``
 ``units`` (byte units, formatting), ``memory`` (dtypes, model and optimizer state, ZeRO,
 activations), ``communication`` (bytes each rank sends), ``links`` (alpha-beta time models,
 link speeds, hierarchical all-reduce, DDP overlap), ``compute`` (FLOPs, roofline, bubble),
-``offload`` (what offload keeps where, moves and costs per step) and ``lora`` (LoRA parameter
-counts, NF4 bytes, fine-tuning memory).
+``offload`` (what offload keeps where, moves and costs per step), ``checkpointing`` (activation
+bytes and recomputed FLOPs per checkpointing policy) and ``lora`` (LoRA parameter counts, NF4
+bytes, fine-tuning memory).
 """
 from __future__ import annotations
 
 from course_lib.measure.estimate import (  # noqa: E402
+    checkpointing,
     communication,
     compute,
     links,
@@ -36,6 +38,7 @@ from course_lib.measure.estimate import (  # noqa: E402
     offload,
     units,
 )
+from course_lib.measure.estimate.checkpointing import *  # noqa: F401,F403
 from course_lib.measure.estimate.communication import *  # noqa: F401,F403
 from course_lib.measure.estimate.compute import *  # noqa: F401,F403
 from course_lib.measure.estimate.links import *  # noqa: F401,F403
@@ -46,4 +49,4 @@ from course_lib.measure.estimate.units import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import exact  # noqa: F401
 
 __all__ = [*units.__all__, *memory.__all__, *communication.__all__, *links.__all__, *compute.__all__,
-           *offload.__all__, *lora.__all__]
+           *offload.__all__, *checkpointing.__all__, *lora.__all__]

@@ -1,0 +1,90 @@
+"""Unit 06's figures (notebooks/06_activation_checkpointing.ipynb): results -> matplotlib Figure.
+
+Pure: nothing is measured here. Inputs are the DataFrames of
+``course_lib.units.u06_activation_checkpointing.run``.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from course_lib.viz.plots import require_columns, style
+
+__all__ = ["plot_policies", "plot_segment_sweep", "plot_scale"]
+
+
+def plot_policies(df: pd.DataFrame, times: pd.DataFrame | None = None):
+    """Left: bytes kept for backward per policy, predicted beside measured (KiB). Right: the
+    step's matmul FLOPs relative to no checkpointing (measured), and the time ratio if given."""
+    require_columns(df, ["case", "kept_predicted", "kept_measured", "flops_ratio"], "df", nonempty=True)
+    with style():
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8))
+        xs = list(range(len(df)))
+        ax.bar([x - 0.2 for x in xs], df["kept_predicted"] / 1024, width=0.4, color="lightgray",
+               edgecolor="black", hatch="//", label="predicted (estimate)")
+        ax.bar([x + 0.2 for x in xs], df["kept_measured"] / 1024, width=0.4, color="tab:blue",
+               label="measured (MemoryMeter)")
+        ax.set_xticks(xs, df["case"], rotation=30, ha="right")
+        ax.set_ylabel("activation KiB kept when forward ends")
+        ax.set_title("Memory kept for backward")
+        ax.legend()
+        bx.bar([x - 0.2 for x in xs], df["flops_ratio"], width=0.4, color="tab:orange",
+               label="matmul FLOPs (FlopCounterMode)")
+        if times is not None:
+            require_columns(times, ["case", "time_ratio"], "times")
+            t = times.set_index("case")["time_ratio"].reindex(df["case"])
+            bx.bar([x + 0.2 for x in xs], t, width=0.4, color="tab:gray", label="time (noisy on CPU)")
+        bx.axhline(4 / 3, color="black", ls="--", lw=1, label="4/3: one more forward")
+        bx.axhline(1.0, color="black", lw=0.8)
+        bx.set_xticks(xs, df["case"], rotation=30, ha="right")
+        bx.set_ylabel("relative to no checkpointing")
+        bx.set_title("What it costs")
+        bx.legend(fontsize=9)
+        fig.tight_layout()
+    return fig
+
+
+def plot_segment_sweep(df: pd.DataFrame):
+    """Kept bytes and backward peak against the segment length k, predicted and measured (KiB)."""
+    require_columns(df, ["k", "kept_predicted", "kept_measured", "peak_predicted", "peak_measured"], "df",
+                    nonempty=True)
+    with style():
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        ax.plot(df["k"], df["kept_predicted"] / 1024, "--", color="tab:blue", label="kept, predicted")
+        ax.plot(df["k"], df["kept_measured"] / 1024, "o", color="tab:blue", label="kept, measured")
+        ax.plot(df["k"], df["peak_predicted"] / 1024, "--", color="tab:red",
+                label="peak, predicted (kept + k blocks)")
+        ax.plot(df["k"], df["peak_measured"] / 1024, "s", color="tab:red", label="peak, measured")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(df["k"]), [str(k) for k in df["k"]])
+        ax.set_xlabel("blocks per checkpoint (segment length k)")
+        ax.set_ylabel("activation KiB")
+        ax.set_title("Segments: fewer checkpoints, bigger rebuilds")
+        ax.legend(fontsize=9)
+        fig.tight_layout()
+    return fig
+
+
+def plot_scale(df: pd.DataFrame):
+    """Activation GB kept per policy for the sources' models (log scale), 16-bit."""
+    require_columns(df, ["model", "policy", "kept_GB"], "df", nonempty=True)
+    with style():
+        fig, ax = plt.subplots(figsize=(11, 4.5))
+        models = list(dict.fromkeys(df["model"]))
+        policies = list(dict.fromkeys(df["policy"]))
+        width = 0.8 / len(policies)
+        colors = {"none": "tab:gray", "selective": "tab:green", "full": "tab:blue"}
+        for j, pol in enumerate(policies):
+            sub = df[df["policy"] == pol].set_index("model").reindex(models)
+            xs = [i + (j - (len(policies) - 1) / 2) * width for i in range(len(models))]
+            ax.bar(xs, sub["kept_GB"], width=width, color=colors.get(pol, "tab:purple"), label=pol)
+            for x, v in zip(xs, sub["kept_GB"]):
+                ax.text(x, v * 1.1, f"{v:,.1f}", ha="center", fontsize=9)
+        ax.axhline(80, color="red", ls=":", label="80 GB (one H100)")
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(models)), models)
+        ax.set_ylabel("activation GB kept (1e9 B)")
+        ax.set_title("Korthikanti et al.'s counts at paper scale")
+        ax.legend()
+        fig.tight_layout()
+    return fig
