@@ -1,14 +1,27 @@
-"""CommMeter: count the collective calls and bytes one rank sends while a block runs.
+"""CommMeter: the collective calls one rank makes while a block runs, and the bytes they move.
 
     from course_lib.measure.comm import CommMeter
     with CommMeter() as comm:                 # inside a rank, process group initialized
         dist.all_reduce(t)
         dist.send(x, dst=1)
-    comm.calls          # {"all_reduce": 1, "send": 1}
-    comm.bytes_sent     # exact for send, ring-algorithm figure for all_reduce (see below)
-    comm.records        # [{"op", "bytes", "peer", ...}, ...]  plain data, returnable from a rank
+    comm.calls             # {"all_reduce": 1, "send": 1}
+    comm.wire_bytes_sent   # MEASURED: what this process wrote to its sockets (None if unseen)
+    comm.model_bytes_sent  # MODELLED: estimate's figure for each call, summed
+    comm.records           # [{"op", "bytes", "model_sent", "wire_sent", "residual", ...}, ...]
+    comm.wire_source       # "/proc/self/io wchar (gloo over TCP)" or "unavailable: <reason>"
 
-Two sources, merged into one list of records:
+Two numbers per call, never mixed up:
+
+* **measured** -- ``wire_sent``: bytes the operating system saw this process write while the call
+  ran (``course_lib.measure.wire``: ``/proc/self/io`` ``wchar`` read just before and just after
+  the call; gloo over TCP on Linux). It includes message headers and is whatever algorithm the
+  library really ran. ``None`` where the OS cannot see the traffic (``wire_source`` says why),
+  and for calls that share a measurement window with others (asynchronous calls waited
+  together; their measured total is in ``wire_windows``).
+* **modelled** -- ``model_sent`` / ``model_received``: what ``course_lib.measure.estimate``
+  predicts this rank sends/receives (below). ``residual`` = ``wire_sent - model_sent``.
+
+Where the calls come from, merged into one list of records:
 
 1. **Direct ``torch.distributed`` calls** (``api="c10d"``): for the duration of the block the
    functions below are replaced, on the ``torch.distributed`` and
@@ -24,25 +37,31 @@ Two sources, merged into one list of records:
    ``TorchDispatchMode``: functional collectives (``torch.distributed._functional_collectives``,
    what DTensor and ``parallelize_module`` use; ``api="functional"``) and c10d operators issued
    from C++ outside a Python call we wrapped, e.g. the gradient buckets of DDP's reducer
-   (``api="dispatch"``). ``comm_debug_counts`` keeps CommDebugMode's own counts.
+   (``api="dispatch"``). ``comm_debug_counts`` keeps CommDebugMode's own counts. These run
+   asynchronously outside any call window, so their ``wire_sent`` is None (unless a window of a
+   wrapped call happens to be open); ``wire_block_bytes`` (everything the process wrote during the
+   block) still includes their traffic.
 
-Bytes convention (per rank, bytes = tensor ``numel * element_size``):
+Model convention (per rank; bytes = tensor ``numel * element_size``):
 
 * ``bytes``: the payload this rank hands to the call -- its input tensor(s) (for all_gather the
   local shard, for reduce_scatter/all_to_all the whole input, for send the tensor, for recv the
   buffer it fills).
-* point-to-point: ``sent``/``received`` are the exact payload (send/isend: sent, recv/irecv:
-  received); ``peer`` is the other rank (for ``recv`` without ``src``, the rank it came from).
-* collectives: ``sent``/``received`` are the bytes the bandwidth-optimal **ring** algorithm
-  moves through this rank (``estimate.collective_bytes_sent``): all_reduce 2(N-1)/N S; all_gather
-  (N-1) S_shard; reduce_scatter (N-1)/N S_in; broadcast and reduce (N-1)/N S (a ring pipeline in
-  which N-1 of the N ranks forward the payload, averaged over ranks). Exact where the algorithm
-  is a direct exchange: all_to_all(_single) (the chunks addressed to / coming from other ranks),
-  scatter/gather (the root sends / receives every other rank's chunk).
-  Real libraries may pick other algorithms (trees, direct copies), so these are the figures the
-  course's formulas predict, not wire measurements.
+* point-to-point: the exact payload (send/isend: ``model_sent``, recv/irecv: ``model_received``;
+  estimate's ``send_recv``); ``peer`` is the other rank (for ``recv`` without ``src``, the rank it
+  came from).
+* collectives: ``estimate.collective_bytes_sent``, the bandwidth-optimal **ring** figures:
+  all_reduce 2(N-1)/N S; all_gather (N-1) S_shard; reduce_scatter (N-1)/N S_in; broadcast and
+  reduce (N-1)/N S (a ring pipeline, averaged over ranks). Exact where the algorithm is a direct
+  exchange: all_to_all(_single) (the chunks addressed to / coming from other ranks), scatter/gather
+  (the root sends / receives every other rank's chunk). Libraries pick other algorithms: gloo's
+  broadcast is a tree (2 S at the root of 4 ranks, S at one rank, 0 at the others) and its
+  reduce_scatter moves what an all-reduce moves (2(N-1)/N S_in). The residual shows it.
 
-``bytes_sent`` / ``bytes_received`` sum ``sent`` / ``received`` over all records.
+Totals: ``wire_bytes_sent`` (sum of the measured windows; None if unavailable),
+``model_bytes_sent`` / ``model_bytes_received`` (sum over all records), ``wire_residual``
+(measured minus modelled, over the measured records). ``bytes_sent`` no longer exists: it was the
+model's figure under a name that read like a measurement.
 Introduced in notebooks/08_collectives.ipynb.
 """
 from __future__ import annotations
@@ -55,7 +74,9 @@ from typing import Any, Iterable
 import torch
 import torch.distributed as dist
 
-from course_lib.measure import estimate
+from course_lib.measure import estimate, wire
+from course_lib.measure._comm_dispatch import describe_dispatch, make_dispatch_mode
+from course_lib.measure._comm_dispatch import nbytes as _nbytes
 
 __all__ = ["CommMeter", "PATCHED_FUNCTIONS"]
 
@@ -67,14 +88,6 @@ PATCHED_FUNCTIONS = (
     "scatter", "gather", "all_to_all",
     "all_to_all_single", "barrier",
 )
-
-
-def _nbytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(o) for o in obj)
-    return 0
 
 
 def _num(x: Fraction | int) -> int | float:
@@ -94,43 +107,6 @@ def _group_rank(group: Any) -> int:
     return dist.get_rank(group)
 
 
-# operator names (overload packet, trailing "_" removed) -> the torch.distributed function name
-_DISPATCH_NAMES = {
-    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
-    "all_reduce_coalesced": "all_reduce",
-    "allgather": "all_gather", "allgather_coalesced": "all_gather",
-    "_allgather_base": "all_gather_into_tensor",
-    "allgather_into_tensor_coalesced": "all_gather_into_tensor",
-    "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
-    "_reduce_scatter_base": "reduce_scatter_tensor",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
-    "alltoall": "all_to_all", "alltoall_base": "all_to_all_single",
-    "shard_dim_alltoall": "all_to_all",
-}
-
-
-class _DispatchCounter:
-    """CommDebugMode subclass that also records the payload of each operator it counts."""
-
-    def __new__(cls, meter: "CommMeter"):
-        from torch.distributed.tensor.debug import CommDebugMode
-        from torch.distributed.tensor.debug._comm_mode import c10d_collective_ops
-
-        class _Mode(CommDebugMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = super().__torch_dispatch__(func, types, args, kwargs)
-                if out is NotImplemented or meter._depth > 0:
-                    return out  # a wrapped Python call already recorded it
-                packet = getattr(func, "_overloadpacket", None)
-                if packet in self.comm_registry:
-                    meter._record_dispatch(func, args, kwargs or {}, "functional")
-                elif packet in c10d_collective_ops:
-                    meter._record_dispatch(func, args, kwargs or {}, "dispatch")
-                return out
-
-        return _Mode()
-
-
 class CommMeter:
     """Count collective calls and bytes of this rank while the block runs (module docstring).
 
@@ -141,8 +117,10 @@ class CommMeter:
         patch_modules: extra modules whose attributes named like ``PATCHED_FUNCTIONS`` are
             replaced too (code that imported the functions by name).
 
-    Results (plain data): ``calls`` (op -> count), ``bytes_sent``, ``bytes_received``,
-    ``records`` (list of dicts: op, api, bytes, sent, received, peer, group_size, async),
+    Results (plain data): ``calls`` (op -> count); measured: ``wire_bytes_sent``,
+    ``wire_windows``, ``wire_block_bytes``, ``wire_source``; modelled: ``model_bytes_sent``,
+    ``model_bytes_received``; both: ``wire_residual``, ``records`` (list of dicts: op, api, bytes,
+    model_sent, model_received, wire_sent, residual, wire_window, peer, group_size, async),
     ``summary()``, ``comm_debug_counts`` (CommDebugMode's op -> count), ``rank``.
     """
 
@@ -155,6 +133,10 @@ class CommMeter:
         self.records: list[dict[str, Any]] = []
         self.comm_debug_counts: dict[str, int] = {}
         self.rank: int | None = None
+        self.wire_source: str = "unavailable: the meter has not run yet"
+        self.wire_windows: list[dict[str, Any]] = []
+        self.wire_block_bytes: int | None = None
+        self._wire: wire.WireWindows | None = None
         self._saved: list[tuple[Any, str, Any]] = []
         self._mode = None
         self._depth = 0
@@ -169,40 +151,81 @@ class CommMeter:
         return out
 
     @property
-    def bytes_sent(self) -> int | float:
-        return _num(sum(Fraction(r["sent"]) for r in self.records))
+    def wire_available(self) -> bool:
+        return self.wire_source == wire.GLOO_SOURCE
 
     @property
-    def bytes_received(self) -> int | float:
-        return _num(sum(Fraction(r["received"]) for r in self.records))
+    def wire_bytes_sent(self) -> int | None:
+        """MEASURED: bytes the OS saw this process write during the wrapped calls (None where it
+        cannot see the traffic; see ``wire_source``)."""
+        if not self.wire_available:
+            return None
+        return sum(w["wire_sent"] for w in self.wire_windows)
+
+    @property
+    def model_bytes_sent(self) -> int | float:
+        """MODELLED: estimate's bytes sent, summed over every recorded call."""
+        return _num(sum(Fraction(r["model_sent"]) for r in self.records))
+
+    @property
+    def model_bytes_received(self) -> int | float:
+        return _num(sum(Fraction(r["model_received"]) for r in self.records))
+
+    @property
+    def wire_residual(self) -> int | float | None:
+        """Measured minus modelled bytes sent, over the calls inside measured windows."""
+        if not self.wire_available:
+            return None
+        return _num(sum(Fraction(w["residual"]) for w in self.wire_windows))
+
+    @property
+    def bytes_sent(self):
+        raise AttributeError("CommMeter.bytes_sent was split in two: model_bytes_sent (estimate's "
+                             "figure) and wire_bytes_sent (measured by the OS)")
+
+    @property
+    def bytes_received(self):
+        raise AttributeError("CommMeter.bytes_received is now model_bytes_received (estimate's "
+                             "figure; received bytes are not measured on the wire)")
 
     def summary(self) -> dict[str, Any]:
-        """Plain dict: rank, calls, bytes_sent, bytes_received, p2p and collective subtotals."""
+        """Plain dict: rank, calls, wire_source, measured and modelled totals, the residual, how
+        many calls have no measurement of their own, p2p and collective subtotals (payload and
+        model)."""
         p2p = [r for r in self.records if r["op"] in ("send", "isend", "recv", "irecv")]
         coll = [r for r in self.records if r not in p2p]
-        return {"rank": self.rank, "calls": self.calls, "bytes_sent": self.bytes_sent,
-                "bytes_received": self.bytes_received,
-                "p2p_bytes_sent": sum(r["sent"] for r in p2p),
-                "p2p_bytes_received": sum(r["received"] for r in p2p),
+        return {"rank": self.rank, "calls": self.calls, "wire_source": self.wire_source,
+                "wire_bytes_sent": self.wire_bytes_sent, "model_bytes_sent": self.model_bytes_sent,
+                "model_bytes_received": self.model_bytes_received,
+                "wire_residual": self.wire_residual, "wire_block_bytes": self.wire_block_bytes,
+                "unmeasured_calls": sum(r["wire_window"] is None for r in self.records),
+                "p2p_bytes_sent": sum(r["model_sent"] for r in p2p),
+                "p2p_bytes_received": sum(r["model_received"] for r in p2p),
                 "collective_bytes_in": sum(r["bytes"] for r in coll),
-                "collective_bytes_sent": _num(sum(Fraction(r["sent"]) for r in coll))}
+                "collective_model_bytes_sent": _num(sum(Fraction(r["model_sent"]) for r in coll))}
 
     def __getstate__(self) -> dict[str, Any]:
         if self._active:
             raise RuntimeError("a running CommMeter cannot be pickled; leave the block first")
         state = dict(self.__dict__)
         state["_extra_modules"] = []
+        state["_wire"] = None
         return state
 
     def __repr__(self) -> str:
-        return f"CommMeter(rank={self.rank}, calls={self.calls}, bytes_sent={self.bytes_sent})"
+        return (f"CommMeter(rank={self.rank}, calls={self.calls}, wire_bytes_sent="
+                f"{self.wire_bytes_sent}, model_bytes_sent={self.model_bytes_sent})")
 
     # ---- context manager ------------------------------------------------------------------
     def __enter__(self) -> "CommMeter":
         if self._active:
             raise RuntimeError("this CommMeter is already running; use a new one per block")
         self.records = []
-        self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        initialized = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if initialized else 0
+        self.wire_source = wire.wire_source(dist.get_backend() if initialized else None)
+        self._wire = wire.WireWindows(self.records, self.wire_source)
+        self.wire_windows, self.wire_block_bytes = self._wire.windows, None  # live during the block
         modules = [dist, dist.distributed_c10d, *self._extra_modules]
         try:
             for name in PATCHED_FUNCTIONS:
@@ -216,8 +239,9 @@ class CommMeter:
                         self._saved.append((module, name, current))
                         setattr(module, name, wrapper)
             if self.dispatch:
-                self._mode = _DispatchCounter(self)
+                self._mode = make_dispatch_mode(self)
                 self._mode.__enter__()
+            self._wire.start()
         except BaseException:
             self._restore()
             raise
@@ -231,10 +255,16 @@ class CommMeter:
                 self.comm_debug_counts = {str(k): int(v) for k, v in self._mode.get_comm_counts().items()}
         finally:
             self._mode = None
-            self._restore()
-            self._active = False
+            try:
+                self._wire.stop()
+                self.wire_block_bytes = self._wire.block_bytes
+            finally:
+                self._restore()
+                self._active = False
 
     def _restore(self) -> None:
+        if self._wire is not None:
+            self._wire.restore()
         for module, name, original in reversed(self._saved):
             setattr(module, name, original)
         self._saved = []
@@ -254,11 +284,18 @@ class CommMeter:
             except TypeError:
                 return original(*args, **kwargs)  # let torch raise its own error
             meter._depth += 1
+            meter._wire.begin()
+            first = len(meter.records)
             try:
                 result = original(*args, **kwargs)
+            except BaseException:
+                meter._wire.end(first, None, None)
+                raise
             finally:
                 meter._depth -= 1
+            now = meter._wire.mark()  # read before any bookkeeping: the window stays tight
             meter._record_call(name, params, result)
+            meter._wire.end(first, result, now)
             return result
 
         wrapper.__wrapped__ = original
@@ -268,8 +305,10 @@ class CommMeter:
 
     def _add(self, op: str, api: str, payload: int, sent, received, peer, group_size: int,
              async_op: bool = False) -> None:
-        self.records.append({"op": op, "api": api, "bytes": int(payload), "sent": _num(sent),
-                             "received": _num(received), "peer": peer,
+        # wire_sent, residual and wire_window are filled when the call's window closes
+        self.records.append({"op": op, "api": api, "bytes": int(payload), "model_sent": _num(sent),
+                             "model_received": _num(received), "wire_sent": None,
+                             "residual": None, "wire_window": None, "peer": peer,
                              "group_size": int(group_size), "async": bool(async_op)})
 
     def _record_call(self, name: str, p: dict[str, Any], result: Any) -> None:
@@ -313,7 +352,7 @@ class CommMeter:
                 "reduce_scatter": lambda: _nbytes(p["input_list"]),
                 "reduce_scatter_tensor": lambda: _nbytes(p["input"]),
             }[name]()
-            moved = self._ring_bytes(name, payload, n)
+            moved = self._model_bytes(name, payload, n)
             peer = None
             if name == "broadcast":
                 peer = p.get("src") if p.get("src") is not None else p.get("group_src")
@@ -322,15 +361,20 @@ class CommMeter:
             self._add(name, "c10d", payload, moved, moved, peer, n, async_op)
 
     @staticmethod
-    def _ring_bytes(name: str, payload: int, n: int) -> Fraction:
+    def _model_bytes(name: str, payload: int, n: int) -> Fraction:
+        """estimate's bytes sent by one rank for a collective handed ``payload`` bytes."""
         if n <= 1:
             return Fraction(0)
-        if name == "all_reduce":
-            return Fraction(estimate.ring_allreduce_bytes_sent(payload, n)).limit_denominator(n)
-        if name in ("all_gather", "all_gather_into_tensor", "all_gather_single"):
-            return Fraction((n - 1) * payload)  # output is n shards; forward n-1 of them
-        # reduce_scatter, all_to_all, broadcast, reduce: (n-1)/n of the payload
-        return Fraction((n - 1) * payload, n)
+        if name.startswith("all_gather"):  # estimate's S is the output: n shards
+            name, payload = "all_gather", n * payload
+        elif name.startswith("reduce_scatter"):
+            name = "reduce_scatter"
+        elif name.startswith("all_to_all"):
+            name = "all_to_all"
+        if name not in estimate.COLLECTIVES:  # a dispatched barrier, send or recv
+            return Fraction(payload if name == "send" else 0)
+        value = estimate.collective_bytes_sent(name, payload, n)
+        return Fraction(value).limit_denominator(n)  # exact: a multiple of 1/n
 
     def _record_all_to_all(self, name: str, p: dict[str, Any], n: int, async_op: bool) -> None:
         # a direct exchange: exact bytes addressed to / received from the other ranks
@@ -368,32 +412,10 @@ class CommMeter:
         self._add(name, "c10d", chunk, sent, received, root, n, async_op)
 
     def _record_dispatch(self, func, args, kwargs, api: str) -> None:
-        name = str(getattr(func, "_overloadpacket", func)).split(".")[-1].rstrip("_")
-        base = _DISPATCH_NAMES.get(name, name)
-        if api == "dispatch":
-            # c10d operators take (outputs, inputs, ...) except the in-place ones
-            in_place = base in ("all_reduce", "broadcast", "reduce")
-            payload = _nbytes(args[0] if in_place else args[1])
-            n = self._dispatch_group_size(args)
-        else:
-            payload = _nbytes(args[0])
-            ints = [a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)]
-            n = ints[0] if base in ("all_gather_into_tensor", "reduce_scatter_tensor") and ints \
-                else self._dispatch_group_size(args)
+        base, payload, n = describe_dispatch(func, args, api)
         if base in ("scatter", "gather"):
             moved = Fraction(0)  # rooted: not attributed without the root (rare outside c10d)
         else:
-            moved = self._ring_bytes(base, payload, n)
+            moved = self._model_bytes(base, payload, n)
         self._add(base, api, payload, moved, moved, None, n)
-
-    @staticmethod
-    def _dispatch_group_size(args) -> int:
-        for a in args:
-            if isinstance(a, dist.ProcessGroup):
-                return a.size()
-            if isinstance(a, str):  # functional collectives name their group
-                try:
-                    return dist.distributed_c10d._resolve_process_group(a).size()
-                except Exception:
-                    continue
-        return _group_size(None)
+        self._wire.join(len(self.records) - 1)

@@ -260,7 +260,7 @@ def test_scatter_gather_bytes_root_and_non_root():
 def test_scatter_gather_bytes_equal_what_commmeter_counts():
     """CommMeter's accounting of scatter/gather (its recording step, fed the arguments a call on
     a 4-rank group would bind) agrees with estimate for the root and for the other ranks. The
-    end-to-end check on real ranks is in tests/experiments/test_unit08.py."""
+    end-to-end check on real ranks is in tests/units/u08_collectives/test_u08_run.py."""
     import torch
 
     from course_lib.measure import comm
@@ -276,7 +276,7 @@ def test_scatter_gather_bytes_equal_what_commmeter_counts():
             # process group: root 0 is "this rank", root 1 another one
             args = {"tensor": chunk, key: None, f"group_{key}": 0 if is_root else 1, "group": None}
             meter._record_rooted(name, args, n, False)
-            assert meter.bytes_sent == E.collective_bytes_sent(name, S, n, root=is_root), (name, is_root)
+            assert meter.model_bytes_sent == E.collective_bytes_sent(name, S, n, root=is_root), (name, is_root)
 
 
 def test_recursive_doubling_bytes_and_allreduce_dispatch():

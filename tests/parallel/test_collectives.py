@@ -291,7 +291,7 @@ def test_single_rank_is_a_no_op():
 
 
 # --------------------------------------------------------------------------------------------
-# bytes on the wire, counted by CommMeter (exact, uneven sizes included)
+# payloads handed to send/recv, counted by CommMeter (exact, uneven sizes included)
 # --------------------------------------------------------------------------------------------
 def _ranks_bytes(rank: int, world_size: int) -> dict:
     from course_lib.measure.comm import CommMeter
@@ -301,14 +301,14 @@ def _ranks_bytes(rank: int, world_size: int) -> dict:
         x = torch.randn(numel, dtype=torch.float64)
         with CommMeter(dispatch=False) as meter:
             C.ring_all_reduce(x)
-        out[("ring_all_reduce", numel)] = (int(meter.bytes_sent), int(meter.bytes_received))
+        out[("ring_all_reduce", numel)] = (int(meter.model_bytes_sent), int(meter.model_bytes_received))
         k = numel
         with CommMeter(dispatch=False) as meter:
             C.ring_reduce_scatter(torch.empty(k), torch.randn(world_size * k))
-        out[("ring_reduce_scatter", numel)] = (int(meter.bytes_sent), int(meter.bytes_received))
+        out[("ring_reduce_scatter", numel)] = (int(meter.model_bytes_sent), int(meter.model_bytes_received))
         with CommMeter(dispatch=False) as meter:
             C.ring_all_gather(torch.empty(world_size * k), torch.randn(k))
-        out[("ring_all_gather", numel)] = (int(meter.bytes_sent), int(meter.bytes_received))
+        out[("ring_all_gather", numel)] = (int(meter.model_bytes_sent), int(meter.model_bytes_received))
     return out
 
 

@@ -1,8 +1,9 @@
 """Checks for the exercises of unit 08, collectives (solutions/08_collectives.ipynb).
 
 The learner's functions are launched on 2, 3 and 4 real gloo ranks with course_lib.launch and
-compared with torch.distributed (values) and with course_lib.measure.estimate (bytes, measured by
-CommMeter). Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
+compared with torch.distributed (values) and with course_lib.measure.estimate (bytes: the payloads
+the learner's code hands to send/isend, counted by CommMeter from the calls it makes; for
+point-to-point calls that is what the model counts too, the wire adds only gloo's headers). Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
 """
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def _all_reduce_worker(rank: int, world_size: int, fn) -> dict:
         ok, err = _guarded(fn, x)
     if not ok:
         return {"error": err}
-    return {"cases": cases, "size_bytes": numel * 4, "bytes_sent": int(meter.bytes_sent),
+    return {"cases": cases, "size_bytes": numel * 4, "bytes_sent": int(meter.model_bytes_sent),
             "other_calls": _p2p_only(dict(meter.calls))}
 
 
@@ -100,7 +101,7 @@ def _all_gather_worker(rank: int, world_size: int, fn) -> dict:
         ok, err = _guarded(fn, out, mine)
     if not ok:
         return {"error": err}
-    return {"cases": cases, "size_bytes": out.numel() * 4, "bytes_sent": int(meter.bytes_sent),
+    return {"cases": cases, "size_bytes": out.numel() * 4, "bytes_sent": int(meter.model_bytes_sent),
             "other_calls": _p2p_only(dict(meter.calls))}
 
 
@@ -115,7 +116,7 @@ def _composite_worker(rank: int, world_size: int, numel: int) -> int:
     with CommMeter(dispatch=False) as meter:
         ring_reduce_scatter(shard, x)
         ring_all_gather(x, shard)
-    return int(meter.bytes_sent)
+    return int(meter.model_bytes_sent)
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,7 +220,8 @@ def check_composite_bytes(predict, task: int = 3) -> None:
     ring all-gather. ``predict(size_bytes, world_size)`` returns a number of bytes.
 
     Graded against estimate (reduce_scatter_bytes_sent + allgather_bytes_sent) on several
-    (S, N), and against what CommMeter measures for the from-scratch rings on 2 and 4 ranks.
+    (S, N), and against the payloads CommMeter counts in the from-scratch rings' send calls on 2
+    and 4 ranks.
     """
     from course_lib.measure import estimate
     from course_lib.runtime.errors import LaunchError
@@ -242,7 +244,7 @@ def check_composite_bytes(predict, task: int = 3) -> None:
         predicted = run_learner(task, predict, numel * 4, n)
         for rank, got in enumerate(measured):
             if got != predicted:
-                fail(task, f"CommMeter measured {fmt_int(got)} B sent by rank {rank} of {n} for "
+                fail(task, f"CommMeter counted {fmt_int(got)} B handed to send calls by rank {rank} of {n} for "
                            f"S = {fmt_int(numel * 4)} B, your prediction is {predicted!r}")
     passed(task, f"predictions match estimate on {len(cases)} cases and CommMeter on 2 and 4 ranks: "
                  "reduce-scatter + all-gather sends 2(N-1)/N * S per rank, the ring all-reduce's bytes")

@@ -68,12 +68,13 @@ def _draw_grid(ax, rows: Sequence, title: str, *, summed: bool = False) -> None:
 
 
 def plot_before_after(before: Sequence, after: Sequence, name: str, *,
-                      bytes_sent: Sequence[int] | None = None) -> Figure:
+                      bytes_sent: Sequence[int | None] | None = None) -> Figure:
     """Two panels, what every rank holds before and after one collective.
 
     ``before``/``after``: one N-slot row per rank (NaN = nothing there), as returned by
     ``run.run_primitives``. Colours: the rank a value came from;
     dark grey: a sum of several ranks' values; pale: the rank holds nothing there.
+    ``bytes_sent``: bytes each rank wrote on the wire, shown beside its name (None: unmeasured).
     """
     n = len(before)
     slots = len(_as_array(before[0]))
@@ -83,7 +84,8 @@ def plot_before_after(before: Sequence, after: Sequence, name: str, *,
     _draw_grid(axes[1], after, f"{name}: after", summed=_reduces(name))
     if bytes_sent is not None:
         axes[1].set_yticks(np.arange(n) + 0.5,
-                           [f"rank {r}  ({b:,} B sent)" for r, b in enumerate(bytes_sent)])
+                           [f"rank {r}  ({'?' if b is None else f'{b:,}'} B on the wire)"
+                            for r, b in enumerate(bytes_sent)])
     return fig
 
 
@@ -163,25 +165,35 @@ def _chunk_first_values(state, n: int) -> list[float | None]:
     return out
 
 
-def plot_bytes(df, *, title: str = "bytes sent per rank: measured (bars) vs estimate (black ticks)") -> Figure:
-    """Grouped bars of bytes sent per rank and algorithm, with the prediction marked.
+def plot_bytes(df, *, group: str = "algorithm", per_size: bool = False,
+               title: str = "bytes sent per rank: measured on the wire (bars) vs estimate (black ticks)") -> Figure:
+    """Grouped bars of the bytes each rank sent on the wire, with estimate's prediction marked.
 
-    ``df``: rows with algorithm, rank, bytes_sent, predicted_bytes_sent
-    (``run.measure_bytes``).
+    ``df``: rows with ``group`` (e.g. algorithm or collective), rank, wire_bytes_sent,
+    predicted_bytes_sent and size_bytes (``run.measure_bytes``,
+    ``wire_bytes.measure_wire_bytes``). ``per_size``: plot multiples of S instead of KiB. A rank
+    whose wire bytes were not measured (None) gets no bar, only its tick.
     """
-    algorithms = list(dict.fromkeys(df["algorithm"]))
+    groups = list(dict.fromkeys(df[group]))
     ranks = sorted(set(df["rank"]))
     width = 0.8 / len(ranks)
-    fig, ax = plt.subplots(figsize=(2.0 + 2.2 * len(algorithms), 4.2), constrained_layout=True)
+    scale = df["size_bytes"].astype(float) if per_size else 1024.0
+    values = df.assign(_wire=df["wire_bytes_sent"].astype(float) / scale,
+                       _predicted=df["predicted_bytes_sent"].astype(float) / scale)
+    fig, ax = plt.subplots(figsize=(2.0 + (1.3 if per_size else 2.2) * len(groups), 4.2),
+                           constrained_layout=True)
     for j, r in enumerate(ranks):
-        sub = df[df["rank"] == r].set_index("algorithm").loc[algorithms]
-        x = np.arange(len(algorithms)) - 0.4 + width * (j + 0.5)
-        ax.bar(x, sub["bytes_sent"] / 1024, width, color=_RANK_COLOURS[j % 10], label=f"rank {r}")
-        ax.scatter(x, sub["predicted_bytes_sent"].astype(float) / 1024, marker="_", s=400,
-                   color="black", zorder=3, label="estimate" if j == 0 else None)
-    ax.set_xticks(np.arange(len(algorithms)), [a.replace("+", "+\n") for a in algorithms])
-    ax.set_ylabel("KiB sent (1 KiB = 1024 B)")
+        sub = values[values["rank"] == r].set_index(group).loc[groups]
+        x = np.arange(len(groups)) - 0.4 + width * (j + 0.5)
+        ax.bar(x, sub["_wire"].fillna(0.0), width, color=_RANK_COLOURS[j % 10], label=f"rank {r}")
+        ax.scatter(x, sub["_predicted"], marker="_", s=400 * width / 0.2, color="black", zorder=3,
+                   label="estimate" if j == 0 else None)
+    labels = [g.replace("+", "+\n").replace(" (from scratch)", "\n(from scratch)") for g in groups]
+    ax.set_xticks(np.arange(len(groups)), labels, rotation=30 if per_size else 0,
+                  ha="right" if per_size else "center", fontsize=9)
+    ax.set_ylabel("bytes sent / S" if per_size else "KiB sent (1 KiB = 1024 B)")
     ax.set_title(title, fontsize=11)
+    ax.grid(True, axis="y", alpha=0.3)
     ax.legend(ncol=min(len(ranks) + 1, 5), fontsize=9)
     return fig
 

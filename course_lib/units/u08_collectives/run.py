@@ -3,12 +3,14 @@
 Used by notebooks/08_collectives.ipynb, its widget and its exercise checks. Every function here
 launches real processes with :func:`course_lib.launch` (gloo on CPU) and returns plain data:
 tensors the ranks returned, or tidy pandas DataFrames. Predictions come from
-:mod:`course_lib.measure.estimate`, bytes from :class:`course_lib.measure.comm.CommMeter`.
+:mod:`course_lib.measure.estimate`; bytes from :class:`course_lib.measure.comm.CommMeter`, which
+counts the payload handed to every call and measures what the process wrote to its sockets (the
+wire). The wire bytes of every collective at a size where headers do not matter are measured in
+:mod:`course_lib.units.u08_collectives.run_wire`.
 """
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 
 import pandas as pd
@@ -16,123 +18,54 @@ import torch
 import torch.distributed as dist
 
 from course_lib import validate
-from course_lib.measure import estimate
-from course_lib.measure.timing import time_collective
 from course_lib.parallel import collectives as C
 from course_lib.runtime import compat
+from course_lib.units.u08_collectives._primitives import (
+    ALGORITHMS,
+    BYTE_EXPERIMENTS,
+    COLLECTIVE_CHOICES,
+    PRIMITIVES,
+    TIMED,
+    WORKED_EXAMPLE_GRADS,
+    _empty,
+    _launch,
+    _meter,
+    _only,
+    _row,
+    _run_primitive,
+    estimated_bytes_sent,
+    payload_bytes,
+    piece_value,
+    predicted_bytes_sent,
+)
 
-#: the eight primitives of torch.distributed shown in the notebook, in teaching order
-PRIMITIVES = ("broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather",
-              "reduce_scatter", "all_to_all")
-#: the from-scratch all-reduce algorithms of course_lib.parallel.collectives, by name
-ALGORITHMS = tuple(C.ALL_REDUCE_ALGORITHMS)
-#: what the byte experiments can run: the from-scratch all-reduces plus the composite
-#: reduce-scatter + all-gather (both rings from scratch)
-BYTE_EXPERIMENTS = ALGORITHMS + ("reduce_scatter+all_gather",)
-#: what the timing experiments can run: from-scratch algorithms and gloo's own all_reduce
-TIMED = ALGORITHMS + ("gloo",)
-#: everything the widget can run
-COLLECTIVE_CHOICES = PRIMITIVES + tuple(f"{name} (from scratch)" for name in ALGORITHMS)
+# sections 4 (time) and 5 (wire bytes of every collective) live in their own files; one name here
+from course_lib.units.u08_collectives.run_timing import (
+    compare_with_model,
+    fit_per_message_alpha_beta,
+    measured_crossover_bytes,
+    model_crossover_bytes,
+    model_curves,
+    time_all_reduce,
+)
+from course_lib.units.u08_collectives.run_wire import (
+    WIRE_SIZE_BYTES,
+    measure_wire_bytes,
+    ratio_table,
+)
 
-WORKED_EXAMPLE_GRADS = (0.20, 0.10, -0.05, 0.15)
-
-
-def _launch(fn, world_size: int, *args, timeout: float = 60.0, **kwargs):
-    from course_lib.runtime.launch import launch  # imported here: ranks never need it
-
-    return launch(fn, world_size, *args, timeout=timeout, **kwargs)
-
-
-def _meter():
-    from course_lib.measure.comm import CommMeter
-
-    # direct torch.distributed calls are all we make; dispatch=True would also import
-    # torch.distributed.tensor in every rank (seconds of start-up) to see DTensor collectives
-    return CommMeter(dispatch=False)
-
+__all__ = [
+    "ALGORITHMS", "BYTE_EXPERIMENTS", "COLLECTIVE_CHOICES", "PRIMITIVES", "TIMED", "WIRE_SIZE_BYTES",
+    "WORKED_EXAMPLE_GRADS", "all_reduce_decompositions", "bytes_table", "compare_with_model",
+    "estimated_bytes_sent", "expected_after", "fit_per_message_alpha_beta", "measure_bytes",
+    "measure_wire_bytes", "measured_crossover_bytes", "model_crossover_bytes", "model_curves",
+    "payload_bytes", "piece_value", "predicted_bytes_sent", "ratio_table", "run_primitives",
+    "time_all_reduce", "worked_example",
+]
 
 # --------------------------------------------------------------------------------------------
 # 1. the eight primitives: before / after on every rank
 # --------------------------------------------------------------------------------------------
-def piece_value(rank: int, piece: int) -> float:
-    """The value rank ``rank`` starts with in slot ``piece``: 10 * rank + piece.
-
-    Tens digit = who owns it, units digit = which piece, so pictures and sums read at a glance
-    (all-reduce of piece 1 on 4 ranks: 1 + 11 + 21 + 31 = 64).
-    """
-    return float(10 * rank + piece)
-
-
-def _row(rank: int, world_size: int) -> torch.Tensor:
-    return torch.tensor([piece_value(rank, c) for c in range(world_size)])  # (N,)
-
-
-def _only(slot: int, value: torch.Tensor, world_size: int) -> torch.Tensor:
-    """An N-slot row that is empty (NaN) except at ``slot``."""
-    row = torch.full((world_size,), float("nan"))
-    row[slot] = value.reshape(())
-    return row
-
-
-def _empty(world_size: int) -> torch.Tensor:
-    return torch.full((world_size,), float("nan"))
-
-
-def _run_primitive(name: str, rank: int, world_size: int, root: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run one torch.distributed primitive; return (input buffer, output buffer) as N-slot rows.
-
-    An N-slot row shows what the rank holds in the buffer it passes in (before) and the buffer the
-    result lands in (after); NaN marks a slot the rank has no data for.
-    """
-    n, me = world_size, rank
-    is_root = me == root
-    if name == "broadcast":
-        buf = _row(me, n) if is_root else _empty(n)  # non-roots pass an empty (NaN) buffer
-        before = buf.clone()
-        dist.broadcast(buf, src=root)
-        return before, buf
-    if name == "scatter":
-        full = _row(me, n) if is_root else _empty(n)
-        out = torch.empty(1)
-        dist.scatter(out, scatter_list=list(full.chunk(n)) if is_root else None, src=root)
-        return full, _only(me, out, n)
-    if name == "gather":
-        mine = torch.tensor([piece_value(me, me)])
-        out = [torch.empty(1) for _ in range(n)] if is_root else None
-        dist.gather(mine, gather_list=out, dst=root)
-        return _only(me, mine, n), (torch.cat(out) if is_root else _empty(n))
-    if name == "reduce":
-        buf = _row(me, n)
-        before = buf.clone()
-        dist.reduce(buf, dst=root)
-        # only the destination's buffer is defined after a reduce; the others are scratch
-        return before, (buf if is_root else _empty(n))
-    if name == "all_reduce":
-        buf = _row(me, n)
-        before = buf.clone()
-        dist.all_reduce(buf)
-        return before, buf
-    if name == "all_gather":
-        mine = torch.tensor([piece_value(me, me)])
-        out = [torch.empty(1) for _ in range(n)]
-        dist.all_gather(out, mine)  # the list form: CommMeter counts it
-        return _only(me, mine, n), torch.cat(out)
-    if name == "reduce_scatter":
-        buf = _row(me, n)
-        out = torch.empty(1)
-        dist.reduce_scatter(out, list(buf.clone().chunk(n)))  # piece r of the sum lands on rank r
-        return buf, _only(me, out, n)
-    if name == "all_to_all":
-        buf = _row(me, n)
-        out = torch.empty(n)
-        dist.all_to_all_single(out, buf)  # slot c of rank r goes to rank c, slot r
-        return buf, out
-    algorithm = name.removesuffix(" (from scratch)")
-    buf = _row(me, n)
-    before = buf.clone()
-    C.ALL_REDUCE_ALGORITHMS[algorithm](buf)
-    return before, buf
-
 
 def _primitives_worker(rank: int, world_size: int, names: Sequence[str], root: int) -> dict:
     results = {}
@@ -140,8 +73,9 @@ def _primitives_worker(rank: int, world_size: int, names: Sequence[str], root: i
         dist.barrier()  # no rank starts the next primitive while another is still in the last one
         with _meter() as meter:
             before, after = _run_primitive(name, rank, world_size, root)
-        results[name] = {"before": before, "after": after, "bytes_sent": int(meter.bytes_sent),
-                         "bytes_received": int(meter.bytes_received), "calls": dict(meter.calls)}
+        results[name] = {"before": before, "after": after, "calls": dict(meter.calls),
+                         "wire_bytes_sent": meter.wire_bytes_sent,
+                         "model_bytes_sent": meter.model_bytes_sent, "wire_source": meter.wire_source}
     return results
 
 
@@ -149,9 +83,12 @@ def run_primitives(names: Sequence[str] = PRIMITIVES, world_size: int = 4, *, ro
                    timeout: float = 60.0) -> dict[str, dict]:
     """Run each named collective once on ``world_size`` real ranks (one launch for all).
 
-    Returns ``{name: {"before": [row per rank], "after": [row per rank], "bytes_sent": [int per
-    rank], "bytes_received": [...], "calls": [dict per rank]}}`` where a row is an N-slot float
-    tensor (NaN = the rank holds nothing there) and bytes are measured by CommMeter.
+    Returns ``{name: {"before": [row per rank], "after": [row per rank], "calls": [dict per
+    rank], "wire_bytes_sent": [...], "model_bytes_sent": [...], "wire_source": [...]}}`` where a
+    row is an N-slot float tensor (NaN = the rank holds nothing there); ``wire_bytes_sent`` is
+    measured by CommMeter (what the rank wrote to its sockets, None where the OS cannot see it),
+    ``model_bytes_sent`` is estimate's figure as CommMeter applies it. With one float per slot the
+    payloads are a few bytes, so the wire is mostly message headers here.
     ``names``: any of :data:`COLLECTIVE_CHOICES`.
     """
     names = [names] if isinstance(names, str) else list(names)
@@ -165,41 +102,24 @@ def run_primitives(names: Sequence[str] = PRIMITIVES, world_size: int = 4, *, ro
         raise ValueError(f"root must be a rank in 0..{world_size - 1}, got root={root}")
     per_rank = _launch(_primitives_worker, world_size, names, root, timeout=timeout)
     return {name: {key: [per_rank[r][name][key] for r in range(world_size)]
-                   for key in ("before", "after", "bytes_sent", "bytes_received", "calls")}
+                   for key in ("before", "after", "calls", "wire_bytes_sent", "model_bytes_sent",
+                               "wire_source")}
             for name in names}
 
 
-def payload_bytes(name: str, world_size: int) -> int:
-    """The S of a run_primitives run: N float32 slots, 4 * N bytes (the input row, or for
-    all_gather the output row, as estimate's conventions count it)."""
-    validate.choice("name", name, COLLECTIVE_CHOICES)
-    return 4 * world_size
-
-
-def estimated_bytes_sent(name: str, world_size: int, rank: int, *,
-                         root: int = 0) -> int | float | None:
-    """What estimate predicts ``rank`` sends in a run_primitives run of ``name`` with root
-    ``root`` (None when estimate has no formula for it). scatter and gather send different
-    amounts at the root and elsewhere (``estimate.collective_bytes_sent(..., root=...)``); the
-    from-scratch reduce + broadcast uses rank 0 as its root whatever ``root`` is."""
-    size = payload_bytes(name, world_size)
-    if name.endswith(" (from scratch)"):
-        return predicted_bytes_sent(name.removesuffix(" (from scratch)"), size, world_size, rank)
-    if name in estimate.COLLECTIVES:
-        return estimate.collective_bytes_sent(name, size, world_size, root=rank == root)
-    return None
-
-
 def bytes_table(name: str, result: dict, world_size: int, *, root: int = 0) -> pd.DataFrame:
-    """Per-rank bytes of one run_primitives result (run with ``root``): measured (CommMeter)
-    beside estimate."""
+    """Per-rank bytes of one run_primitives result (run with ``root``): predicted by estimate,
+    measured on the wire (CommMeter), and the residual (wire - predicted; None if unmeasured)."""
     rows = []
     for rank in range(world_size):
+        predicted = estimated_bytes_sent(name, world_size, rank, root=root)
+        wire = result["wire_bytes_sent"][rank]
         rows.append({"rank": rank, "calls": ", ".join(f"{op} x{k}" for op, k in
                                                     sorted(result["calls"][rank].items())),
-                     "bytes_sent (CommMeter)": result["bytes_sent"][rank],
-                     "bytes_sent (estimate)": estimated_bytes_sent(name, world_size, rank,
-                                                                   root=root)})
+                     "sent, predicted (estimate)": predicted,
+                     "sent, measured (wire)": wire,
+                     "residual (wire - predicted)": None if wire is None or predicted is None
+                     else wire - predicted})
     return pd.DataFrame(rows).set_index("rank")
 
 
@@ -348,19 +268,8 @@ def all_reduce_decompositions(world_size: int = 4, numel: int = 1001, *, seed: i
 
 
 # --------------------------------------------------------------------------------------------
-# 3. bytes: measured by CommMeter, predicted by estimate
+# 3. bytes of the from-scratch algorithms: predicted by estimate, counted and measured by CommMeter
 # --------------------------------------------------------------------------------------------
-def predicted_bytes_sent(algorithm: str, size_bytes: int, world_size: int, rank: int = 0) -> int | float:
-    """Bytes ``rank`` sends in ``algorithm`` on a tensor of ``size_bytes`` (from estimate)."""
-    validate.choice("algorithm", algorithm, BYTE_EXPERIMENTS)
-    if algorithm in estimate.ALLREDUCE_BYTES_ALGORITHMS:
-        # reduce_broadcast_all_reduce's root is rank 0 (its default)
-        return estimate.allreduce_bytes_sent(size_bytes, world_size, algorithm=algorithm,
-                                             root=rank == 0)
-    return (estimate.reduce_scatter_bytes_sent(size_bytes, world_size)
-            + estimate.allgather_bytes_sent(size_bytes, world_size))
-
-
 def _bytes_worker(rank: int, world_size: int, algorithms: Sequence[str], numel: int,
                   dtype: torch.dtype) -> list[dict]:
     rows = []
@@ -375,20 +284,23 @@ def _bytes_worker(rank: int, world_size: int, algorithms: Sequence[str], numel: 
             else:
                 C.ALL_REDUCE_ALGORITHMS[algorithm](x)
         rows.append({"algorithm": algorithm, "rank": rank, "size_bytes": x.numel() * x.element_size(),
-                     "bytes_sent": int(meter.bytes_sent), "bytes_received": int(meter.bytes_received),
-                     "p2p_calls": sum(meter.calls.values())})
+                     "payload_sent": int(meter.model_bytes_sent),
+                     "payload_received": int(meter.model_bytes_received),
+                     "wire_bytes_sent": meter.wire_bytes_sent, "p2p_calls": sum(meter.calls.values())})
     return rows
 
 
 def measure_bytes(world_size: int = 4, numel: int = 4 * 1024, *, algorithms: Sequence[str] = BYTE_EXPERIMENTS,
                   dtype: torch.dtype = torch.float32, timeout: float = 60.0) -> pd.DataFrame:
-    """Bytes each rank sends in each from-scratch algorithm, measured and predicted.
+    """Bytes each rank sends in each from-scratch algorithm: predicted, counted and measured.
 
-    One row per (algorithm, rank): ``size_bytes`` (S), ``bytes_sent`` and ``bytes_received``
-    (CommMeter), ``predicted_bytes_sent`` (estimate), ``residual`` (measured - predicted) and
-    ``p2p_calls``. ``numel`` must be a multiple of ``world_size`` so that the ring's chunks are
-    even and the formulas are exact (uneven sizes are covered by
-    ``collectives.ring_all_reduce_elements_sent``).
+    One row per (algorithm, rank): ``size_bytes`` (S); ``payload_sent`` / ``payload_received``,
+    the tensors the algorithm handed to isend / irecv (counted by CommMeter from the calls);
+    ``wire_bytes_sent``, what the rank wrote to its sockets (measured by CommMeter through the
+    OS; None where it cannot see them); ``predicted_bytes_sent`` (estimate); ``residual`` (wire -
+    predicted: gloo's message headers) and ``p2p_calls``. ``numel`` must be a multiple of
+    ``world_size`` so that the ring's chunks are even and the formulas are exact (uneven sizes
+    are covered by ``collectives.ring_all_reduce_elements_sent``).
     """
     world_size = validate.count('world_size', world_size, minimum=1, maximum=16)
     algorithms = [validate.choice("algorithms[i]", a, BYTE_EXPERIMENTS) for a in algorithms]
@@ -402,163 +314,9 @@ def measure_bytes(world_size: int = 4, numel: int = 4 * 1024, *, algorithms: Seq
     df = pd.DataFrame([row for rows in per_rank for row in rows])
     df["predicted_bytes_sent"] = [predicted_bytes_sent(a, s, world_size, r)
                                   for a, s, r in zip(df.algorithm, df.size_bytes, df["rank"])]
-    df["residual"] = df.bytes_sent - df.predicted_bytes_sent
+    df["residual"] = [None if w is None else w - p
+                      for w, p in zip(df.wire_bytes_sent, df.predicted_bytes_sent)]
+    df = df[["algorithm", "rank", "size_bytes", "predicted_bytes_sent", "payload_sent", "wire_bytes_sent",
+             "residual", "payload_received", "p2p_calls"]]
     return df.sort_values(["algorithm", "rank"], key=lambda c: c.map(
         {a: i for i, a in enumerate(algorithms)}) if c.name == "algorithm" else c).reset_index(drop=True)
-
-
-# --------------------------------------------------------------------------------------------
-# 4. time: ring vs recursive doubling vs gloo, and the alpha-beta fit
-# --------------------------------------------------------------------------------------------
-def _timing_worker(rank: int, world_size: int, numel: int, algorithms: Sequence[str],
-                   repeats: int, warmup: int) -> dict:
-    x = torch.randn(numel)  # (S,) float32
-    times: dict[str, list[float]] = {}
-    for algorithm in algorithms:
-        fn = dist.all_reduce if algorithm == "gloo" else C.ALL_REDUCE_ALGORITHMS[algorithm]
-        # x.fill_ keeps values finite however many times we sum them; per-rank samples
-        times[algorithm] = time_collective(lambda fn=fn: fn(x), warmup=warmup, repeat=repeats,
-                                           setup=lambda: x.fill_(1.0), max_over_ranks=False)
-    return times
-
-
-def time_all_reduce(sizes_bytes: Sequence[int], *, world_size: int = 4,
-                    algorithms: Sequence[str] = ("ring", "recursive_doubling", "gloo"),
-                    repeats: int = 5, warmup: int = 1, progress: bool = True,
-                    timeout: float = 300.0) -> pd.DataFrame:
-    """Time all-reduce of float32 tensors of each size on ``world_size`` ranks (one launch per size).
-
-    A sample is the slowest rank's time for one call (the collective is done when its last rank
-    is), after a barrier; we report the median and the quartiles over ``repeats`` samples, in
-    seconds. On a shared CPU machine absolute times are noisy: compare algorithms within a run.
-    Columns: algorithm, size_bytes, median_s, p25_s, p75_s, repeats.
-    """
-    world_size = validate.count('world_size', world_size, minimum=2, maximum=16)
-    algorithms = [validate.choice("algorithms[i]", a, TIMED) for a in algorithms]
-    if "recursive_doubling" in algorithms and world_size & (world_size - 1):
-        raise ValueError(f"recursive_doubling needs a power-of-two world size, got "
-                         f"world_size={world_size}; valid choices: 2, 4, 8, 16")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
-    sizes = list(sizes_bytes)
-    for s in sizes:
-        if s < 4 or s % 4:
-            raise ValueError(f"sizes_bytes must be positive multiples of 4 (float32), got {s}")
-    if progress:
-        from tqdm.auto import tqdm
-
-        sizes_iter = tqdm(sizes, desc=f"all-reduce sweep on {world_size} ranks", unit="size")
-    else:
-        sizes_iter = sizes
-    rows = []
-    for size in sizes_iter:
-        per_rank = _launch(_timing_worker, world_size, size // 4, algorithms, repeats, warmup,
-                           timeout=timeout)
-        for algorithm in algorithms:
-            slowest = [max(per_rank[r][algorithm][i] for r in range(world_size)) for i in range(repeats)]
-            q = statistics.quantiles(slowest, n=4) if repeats > 1 else [slowest[0]] * 3
-            rows.append({"algorithm": algorithm, "size_bytes": size, "median_s": statistics.median(slowest),
-                         "p25_s": q[0], "p75_s": q[2], "repeats": repeats})
-    return pd.DataFrame(rows)
-
-
-def _steps_and_message(algorithm: str, size_bytes: float, world_size: int) -> tuple[int, float]:
-    """(number of sequential message steps, bytes per message) of an all-reduce algorithm."""
-    if algorithm == "ring":
-        return 2 * (world_size - 1), size_bytes / world_size
-    if algorithm == "recursive_doubling":
-        return math.ceil(math.log2(world_size)), size_bytes
-    raise ValueError(f"algorithm={algorithm!r} has no alpha-beta fit here; valid choices: ring, "
-                     "recursive_doubling")
-
-
-def fit_per_message_alpha_beta(times: pd.DataFrame, world_size: int,
-                   algorithms: Sequence[str] = ("ring", "recursive_doubling")) -> tuple[float, float]:
-    """Fit one (alpha, beta) to the all-reduce timings of the given from-scratch algorithms.
-
-    Both algorithms are sequences of message steps (ring: 2(N-1) steps of S/N bytes; recursive
-    doubling: log2 N steps of S bytes), so every measurement gives a point (bytes per message,
-    time per step) on the single-message line T = alpha + beta * m, which
-    ``estimate.fit_alpha_beta`` fits by least squares of the relative error (so the small
-    messages, which measure alpha, count as much as the large ones, which measure beta).
-    Returns (alpha in s, beta in s/byte).
-    """
-    xs, ys = [], []
-    for algorithm in algorithms:
-        sub = times[times.algorithm == algorithm]
-        for size, t in zip(sub.size_bytes, sub.median_s):
-            steps, message = _steps_and_message(algorithm, size, world_size)
-            xs.append(message)
-            ys.append(t / steps)
-    return estimate.fit_alpha_beta(xs, ys, relative=True)
-
-
-def compare_with_model(times: pd.DataFrame, world_size: int, alpha: float, beta: float,
-                       algorithms: Sequence[str] = ("ring", "recursive_doubling")) -> pd.DataFrame:
-    """Measured median beside ``estimate.allreduce_time`` with the fitted alpha and beta.
-
-    Columns: algorithm, size_bytes, measured_s, predicted_s, residual_s (measured - predicted),
-    ratio (measured / predicted).
-    """
-    sub = times[times.algorithm.isin(list(algorithms))]
-    out = pd.DataFrame({
-        "algorithm": sub.algorithm.values,
-        "size_bytes": sub.size_bytes.values,
-        "measured_s": sub.median_s.values,
-        "predicted_s": [estimate.allreduce_time(s, world_size, alpha=max(alpha, 0.0),
-                                                beta=max(beta, 1e-15), algorithm=a)
-                        for a, s in zip(sub.algorithm, sub.size_bytes)],
-    })
-    out["residual_s"] = out.measured_s - out.predicted_s
-    out["ratio"] = out.measured_s / out.predicted_s
-    return out
-
-
-def model_crossover_bytes(world_size: int, alpha: float, beta: float) -> float:
-    """Message size where the alpha-beta model says ring and recursive doubling take equal time.
-
-    ring: 2(N-1) alpha + 2(N-1)/N S beta;  recursive doubling: log2 N (alpha + S beta).
-    Found by bisection on ``estimate.allreduce_time`` (so it always agrees with the plotted
-    curves); ``inf`` when the ring never wins in the model.
-    """
-    a, b = max(alpha, 0.0), max(beta, 1e-15)
-
-    def gap(s: float) -> float:  # > 0 while recursive doubling is faster
-        return (estimate.allreduce_time(s, world_size, alpha=a, beta=b, algorithm="ring")
-                - estimate.allreduce_time(s, world_size, alpha=a, beta=b, algorithm="recursive_doubling"))
-
-    lo, hi = 0.0, 1.0
-    while gap(hi) > 0:
-        hi *= 2
-        if hi > 2**60:
-            return math.inf
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if gap(mid) > 0 else (lo, mid)
-    return hi
-
-
-def measured_crossover_bytes(times: pd.DataFrame) -> float | None:
-    """Smallest measured size from which the ring is faster than recursive doubling at every
-    larger size too (None if it never is)."""
-    ring = times[times.algorithm == "ring"].set_index("size_bytes").median_s
-    rd = times[times.algorithm == "recursive_doubling"].set_index("size_bytes").median_s
-    sizes = sorted(set(ring.index) & set(rd.index))
-    crossover = None
-    for size in reversed(sizes):
-        if ring[size] < rd[size]:
-            crossover = size
-        else:
-            break
-    return crossover
-
-
-def model_curves(sizes_bytes: Sequence[float], world_size: int, alpha: float, beta: float,
-                 algorithms: Sequence[str] = ("ring", "recursive_doubling")) -> pd.DataFrame:
-    """``estimate.allreduce_time`` on a grid of sizes, for drawing the model's lines.
-    Columns: algorithm, size_bytes, predicted_s."""
-    return pd.DataFrame([
-        {"algorithm": a, "size_bytes": s,
-         "predicted_s": estimate.allreduce_time(s, world_size, alpha=max(alpha, 0.0),
-                                                beta=max(beta, 1e-15), algorithm=a)}
-        for a in algorithms for s in sizes_bytes])

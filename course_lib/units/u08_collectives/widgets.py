@@ -3,7 +3,7 @@
 CollectiveExplorer: pick a collective (one of the eight torch.distributed primitives, or one of
 our from-scratch all-reduce algorithms) and a world size; Run launches that many real ranks, runs
 the collective once and shows what every rank held before and after, with the bytes each rank
-sent (CommMeter) beside the estimate. Nothing runs until Run is pressed.
+sent on the wire (measured by CommMeter through the OS) beside the estimate. Nothing runs until Run is pressed.
 
     ex = CollectiveExplorer(); ex.collective.value = "all_to_all"; ex.run_button.click(); ex.result
 """
@@ -54,13 +54,15 @@ class CollectiveExplorer(Explorer):
         return result
 
     def summary(self, result) -> str:
-        total = int(self.table["bytes_sent (CommMeter)"].sum())
+        wire = self.table["sent, measured (wire)"]
+        total = (html.escape(result["wire_source"][0]) if wire.isna().any() else
+                 f"{int(wire.sum()):,} B on the wire in all, headers included")
         return (f"{html.escape(self.collective.value)} on {int(self.world_size.value)} ranks: "
-                f"{total:,} B sent in all (one float32 per slot, 4 B each)")
+                f"{total} (one float32 per slot, 4 B each)")
 
     def show(self, result):
         from course_lib.units.u08_collectives.plots import plot_before_after
 
         self.figure = plot_before_after(result["before"], result["after"], self.collective.value,
-                                        bytes_sent=result["bytes_sent"])
+                                        bytes_sent=result["wire_bytes_sent"])
         return [self.figure, self.table]

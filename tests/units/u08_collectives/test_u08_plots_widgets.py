@@ -30,7 +30,7 @@ def test_before_after_draws_every_value_and_blank_for_empty():
     texts = _texts(fig)
     assert len(texts) == 9 + 3  # NaN cells carry no label
     assert {"0", "1", "2"} <= set(texts)
-    assert "rank 0  (8 B sent)" in [t.get_text() for t in fig.axes[1].get_yticklabels()]
+    assert "rank 0  (8 B on the wire)" in [t.get_text() for t in fig.axes[1].get_yticklabels()]
     plt.close(fig)
 
 
@@ -65,10 +65,16 @@ def test_ring_steps_from_records_label_contributors():
 
 def test_bytes_and_times_plots():
     df = pd.DataFrame({"algorithm": ["ring", "ring", "naive_ring", "naive_ring"], "rank": [0, 1, 0, 1],
-                       "bytes_sent": [1024, 1024, 2048, 2048],
+                       "size_bytes": [2048] * 4, "wire_bytes_sent": [1168, 1168, 2192, None],
                        "predicted_bytes_sent": [1024, 1024, 2048, 2048]})
     fig = P.plot_bytes(df)
     assert "KiB" in fig.axes[0].get_ylabel()
+    heights = sorted(p.get_height() for p in fig.axes[0].patches)
+    assert heights == [0.0, 1168 / 1024, 1168 / 1024, 2192 / 1024]  # unmeasured: no bar
+    plt.close(fig)
+    fig = P.plot_bytes(df.rename(columns={"algorithm": "collective"}), group="collective", per_size=True)
+    assert fig.axes[0].get_ylabel() == "bytes sent / S"
+    assert max(p.get_height() for p in fig.axes[0].patches) == pytest.approx(2192 / 2048)
     plt.close(fig)
     times = pd.DataFrame({"algorithm": ["ring", "ring"], "size_bytes": [1024, 4096],
                           "median_s": [1e-3, 2e-3], "p25_s": [0.9e-3, 1.9e-3], "p75_s": [1.1e-3, 2.2e-3]})
@@ -98,10 +104,15 @@ def test_widget_runs_only_on_click_and_shows_the_real_result():
     titles = [ax.get_title() for ax in ex.figure.axes]
     assert titles == ["all_to_all: before", "all_to_all: after"]
 
+    assert "B on the wire in all" in ex.status.value
+
     ex.collective.value = "ring (from scratch)"
     ex.world_size.value = 4
     ex.run_button.click()
-    assert (ex.table["bytes_sent (CommMeter)"] == ex.table["bytes_sent (estimate)"]).all()
+    assert ex.table["sent, predicted (estimate)"].tolist() == [24] * 4  # 2 * 3/4 * 16 B
+    # measured: the 16 B payloads plus gloo's headers, so more than the estimate on every rank
+    assert (ex.table["residual (wire - predicted)"] > 0).all()
+    assert ex.table["sent, measured (wire)"].tolist() == ex.result["wire_bytes_sent"]
 
 
 def test_widget_explains_an_impossible_choice_and_stays_usable():

@@ -1,0 +1,100 @@
+"""Bytes every collective puts on the wire, beside what estimate predicts (unit 08).
+
+Used by notebooks/08_collectives.ipynb (section 5) and its tests. Each of the eight
+torch.distributed primitives and each from-scratch all-reduce runs once on real gloo ranks with a
+tensor of S bytes, large enough (MiBs) that gloo's message headers are a small fraction of it; a
+CommMeter around each call reads what the rank wrote to its sockets (``/proc/self/io`` wchar, see
+:mod:`course_lib.measure.wire`). The prediction is ``estimate``'s bandwidth-optimal figure, so
+the residual (wire - predicted) is the difference between the algorithm the library really ran
+and the one the course's formula assumes, plus headers.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import torch.distributed as dist
+
+from course_lib import validate
+from course_lib.units.u08_collectives._primitives import (
+    COLLECTIVE_CHOICES,
+    _launch,
+    _meter,
+    _run_primitive,
+    estimated_bytes_sent,
+)
+
+__all__ = ["WIRE_SIZE_BYTES", "measure_wire_bytes", "ratio_table"]
+
+#: default S: 4 MiB, where headers stay below 0.2 % of S for every collective on 2-8 ranks
+WIRE_SIZE_BYTES = 4 * 2**20
+
+
+def _wire_worker(rank: int, world_size: int, names: Sequence[str], root: int, k: int) -> list[dict]:
+    rows = []
+    for name in names:
+        dist.barrier()  # nobody is still writing the previous collective's bytes
+        with _meter() as meter:
+            _run_primitive(name, rank, world_size, root, k)
+        rows.append({"collective": name, "rank": rank, "wire_bytes_sent": meter.wire_bytes_sent,
+                     "wire_source": meter.wire_source})
+    return rows
+
+
+def measure_wire_bytes(world_size: int = 4, size_bytes: int = WIRE_SIZE_BYTES, *,
+                       names: Sequence[str] | None = None, root: int = 0,
+                       timeout: float = 120.0) -> pd.DataFrame:
+    """Run each collective once on ``world_size`` gloo ranks with S = ``size_bytes`` and return
+    what each rank sent on the wire beside estimate's prediction.
+
+    ``names``: any of ``run.COLLECTIVE_CHOICES`` (default: all of them, without recursive
+    doubling when ``world_size`` is not a power of two). S follows estimate's conventions: the
+    tensor for broadcast, reduce, all_reduce and the from-scratch all-reduces; the root's buffer
+    for scatter and gather; the output for all_gather (each rank contributes S/N); the input for
+    reduce_scatter and all_to_all. ``size_bytes`` must be a multiple of 4 * ``world_size``
+    (float32 slots of equal size).
+
+    One row per (collective, rank): ``size_bytes``, ``predicted_bytes_sent`` (estimate),
+    ``wire_bytes_sent`` (measured; None where the OS cannot see the traffic), ``residual`` (wire
+    - predicted), the same three divided by S (``predicted_S``, ``wire_S``, ``residual_S``) and
+    ``wire_source``.
+    """
+    world_size = validate.count("world_size", world_size, minimum=2, maximum=8)
+    power_of_two = world_size & (world_size - 1) == 0
+    if names is None:
+        names = [n for n in COLLECTIVE_CHOICES if power_of_two or not n.startswith("recursive")]
+    names = [names] if isinstance(names, str) else list(names)
+    for name in names:
+        validate.choice("names[i]", name, COLLECTIVE_CHOICES)
+    if "recursive_doubling (from scratch)" in names and not power_of_two:
+        raise ValueError(f"recursive doubling needs a power-of-two world size, got "
+                         f"world_size={world_size}; valid choices: 2, 4, 8")
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes <= 0 \
+            or size_bytes % (4 * world_size):
+        raise ValueError(f"size_bytes must be a positive multiple of 4 * world_size = "
+                         f"{4 * world_size} (float32 slots, one per rank), got size_bytes={size_bytes!r}")
+    if not 0 <= root < world_size:
+        raise ValueError(f"root must be a rank in 0..{world_size - 1}, got root={root}")
+    k = size_bytes // (4 * world_size)
+    per_rank = _launch(_wire_worker, world_size, names, root, k, timeout=timeout)
+    df = pd.DataFrame([row for rows in per_rank for row in rows])
+    df["size_bytes"] = size_bytes
+    df["predicted_bytes_sent"] = [estimated_bytes_sent(c, world_size, r, root=root, k=k)
+                                  for c, r in zip(df.collective, df["rank"])]
+    measured = df.wire_bytes_sent.notna()
+    df["residual"] = (df.wire_bytes_sent - df.predicted_bytes_sent).where(measured)
+    for col, new in (("predicted_bytes_sent", "predicted_S"), ("wire_bytes_sent", "wire_S"),
+                     ("residual", "residual_S")):
+        df[new] = df[col].astype(float) / size_bytes
+    order = {name: i for i, name in enumerate(names)}
+    df = df.sort_values(["collective", "rank"], key=lambda c: c.map(order) if c.name == "collective" else c)
+    return df[["collective", "rank", "size_bytes", "predicted_bytes_sent", "wire_bytes_sent", "residual",
+               "predicted_S", "wire_S", "residual_S", "wire_source"]].reset_index(drop=True)
+
+
+def ratio_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per collective: predicted and measured bytes sent by each rank, in multiples of S
+    (columns ``("predicted / S", rank)`` and ``("wire / S", rank)``), in the order of ``df``."""
+    order = list(dict.fromkeys(df["collective"]))
+    wide = df.pivot(index="collective", columns="rank", values=["predicted_S", "wire_S"]).loc[order]
+    return wide.rename(columns={"predicted_S": "predicted / S", "wire_S": "wire / S"}, level=0)
