@@ -3,6 +3,7 @@ bytes on the wire, no_sync, bad input. One launch per world size, many assertion
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from torch import nn
 
 import course_lib
 from course_lib.measure import estimate
+from course_lib.measure.wire import GLOO_SOURCE
 from course_lib.parallel import harness as H
 from course_lib.parallel.bucket_sweep import torch_ddp_buckets
 from course_lib.parallel.ddp import DataParallel, assign_buckets
@@ -51,7 +53,8 @@ def _worker(rank: int, world_size: int) -> dict:
     loss = nn.functional.mse_loss(ddp(x), y)
     with CommMeter(dispatch=False) as meter:
         loss.backward()
-    out["step"] = {"calls": meter.calls, "bytes_sent": meter.bytes_sent,
+    out["step"] = {"calls": meter.calls, "model_bytes_sent": meter.model_bytes_sent,
+                   "wire_bytes_sent": meter.wire_bytes_sent, "wire_source": meter.wire_source,
                    "async": [r["async"] for r in meter.records]}
 
     # no_sync: 2 micro-steps (equal halves of each shard), one all-reduce per bucket in
@@ -99,7 +102,15 @@ def test_parity_buckets_bytes_and_no_sync(world_size, reference):
         n_buckets = len(r["buckets"][CAPS_MB[0]])
         assert r["step"]["calls"] == {"all_reduce": n_buckets}
         assert all(r["step"]["async"])
-        assert r["step"]["bytes_sent"] == estimate.ring_allreduce_bytes_sent(psi_bytes, world_size)
+        model_bytes = estimate.ring_allreduce_bytes_sent(psi_bytes, world_size)
+        assert r["step"]["model_bytes_sent"] == model_bytes
+        if sys.platform == "linux":
+            assert r["step"]["wire_source"] == GLOO_SOURCE
+        if world_size in (2, 4) and r["step"]["wire_source"] == GLOO_SOURCE:
+            # measured by the OS: the ring's 2(N-1)/N Psi plus gloo's message headers, which
+            # measure 576 (N-1) B per all-reduce here; allow up to 1 KiB (N-1) per call
+            residual = r["step"]["wire_bytes_sent"] - model_bytes
+            assert 0 < residual <= n_buckets * 1024 * (world_size - 1), residual
         assert r["accumulated"]["calls"] == {"all_reduce": n_buckets}  # once per K micro-steps
         for name, g in ref_grads.items():
             torch.testing.assert_close(r["accumulated"]["grads"][name], g, rtol=1e-5, atol=1e-6)
