@@ -74,7 +74,7 @@ def _n_bytes(model: nn.Module) -> int:
 def _example_worker(rank: int, world_size: int, grads, lr: float, w0: float) -> dict:
     from course_lib.parallel.ddp import DataParallel
 
-    model = DataParallel(nn.Linear(1, 1, bias=False), bucket_cap_mb=25.0)
+    model = DataParallel(nn.Linear(1, 1, bias=False).double(), bucket_cap_mb=25.0)  # exact
     with torch.no_grad():
         model.module.weight.fill_(w0)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
