@@ -54,14 +54,20 @@ class StepRecorder:
         if self._remaining[i] == 0:  # weight and bias both accumulated
             self.log.add(f"backward L{i}", self._started[i], self.log.now_ns(), lane="compute")
 
+    def track(self, index: int, nbytes: int, fut):
+        """Record bucket ``index``'s all-reduce of ``nbytes``, launched now, ending when ``fut``
+        completes (the callback runs on the backend's thread, gloo's or NCCL's). Returns the
+        future of that callback (its value: ``fut``'s). Used by ``parallel.ddp.DataParallel``."""
+        log, start = self.log, self.log.now_ns()
+        self.calls.append(nbytes)
+
+        def done(f):
+            log.add(f"bucket {index}", start, log.now_ns(), lane="comm", bytes=nbytes)
+            return f.value()
+        return fut.then(done)
+
     def comm_hook(self, state, bucket):
         buf = bucket.buffer()
-        log, nbytes, index = self.log, buf.numel() * buf.element_size(), bucket.index()
-        start = log.now_ns()
-        self.calls.append(nbytes)
         fut = dist.all_reduce(buf, async_op=True).get_future()
-
-        def done(f):  # runs when the all-reduce completes (gloo: on its worker thread)
-            log.add(f"bucket {index}", start, log.now_ns(), lane="comm", bytes=nbytes)
-            return f.value()[0].div_(self.world_size)
-        return fut.then(done)
+        fut = self.track(bucket.index(), buf.numel() * buf.element_size(), fut)
+        return fut.then(lambda f: f.value()[0].div_(self.world_size))

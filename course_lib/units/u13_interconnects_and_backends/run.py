@@ -420,8 +420,8 @@ def topology_report(*, timeout: float = 10.0) -> dict:
             "source": f"{reason}; EXAMPLE of the format for an 8-GPU NVSwitch node, not this machine"}
 
 
-# DDP buckets (torch's DDP, measured): in run_buckets.py, re-exported here.
-from course_lib.units.u13_interconnects_and_backends.run_buckets import (  # noqa: E402
+# DDP buckets (torch's DDP, measured): a mechanism shared with unit 09, re-exported here.
+from course_lib.parallel.bucket_sweep import (  # noqa: E402
     BucketSweep,
     ddp_bucket_sweep,
 )

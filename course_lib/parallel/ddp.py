@@ -1,0 +1,211 @@
+"""Data parallelism from scratch: every rank holds the whole model, trains on its own slice of
+the batch, and averages the gradients with all-reduce before the optimizer step.
+Introduced in notebooks/09_data_parallelism.ipynb.
+
+Why it trains the same model as one process: the loss is a mean over the batch, so the gradient
+of the full batch is the mean of the gradients of N equal slices. If every replica starts from
+the same parameters (a broadcast from rank 0) and applies the same averaged gradient, the
+replicas stay identical, step after step: the *ordering invariant* of synchronous data
+parallelism. One all-reduce per step is the whole price: 2(N-1)/N x (gradient bytes) sent by
+each rank with a ring (``estimate.ring_allreduce_bytes_sent``).
+
+Read the two versions in order:
+
+* :func:`allreduce_gradients`, the naive one: after ``loss.backward()`` has finished, one
+  blocking all-reduce per parameter. Correct, but it pays the latency of one call per tensor,
+  and the network idles during backward while the compute idles during communication.
+* :class:`DataParallel`, what ``torch.nn.parallel.DistributedDataParallel`` does (Li et al.
+  2020, "PyTorch Distributed", VLDB, arXiv:2006.15704, Sec. 3.2): parameters are grouped into
+  *buckets* of about ``bucket_cap_mb`` MiB in reverse registration order (the order backward
+  produces their gradients); a per-parameter post-accumulate-grad hook counts the gradients
+  that have arrived, and a full bucket is flattened and all-reduced *asynchronously* while
+  backward goes on computing earlier layers. At the end of backward (an autograd engine
+  callback) we wait for every bucket and write the averages back into ``.grad``. Buckets are
+  launched strictly in bucket order, so every rank issues the same collectives in the same
+  order (gloo and NCCL match calls by order, not by name). ``no_sync()`` turns the hooks off for
+  gradient accumulation: K micro-steps, one all-reduce.
+
+What we leave out (torch's DDP has it): a smaller first bucket (torch uses 1 MiB when
+``bucket_cap_mb`` is not given), rebuilding buckets in the order gradients really arrived
+after the first step, unused parameters (``find_unused_parameters``), gradients as views into
+the bucket (``gradient_as_bucket_view``), several dtypes or devices in one model, comm hooks.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course_lib import validate
+
+__all__ = ["DataParallel", "allreduce_gradients", "broadcast_parameters", "assign_buckets"]
+
+MiB = 1024 * 1024  # bucket_cap_mb is in MiB, as in torch's DDP (its _MB_TO_BYTES)
+
+
+def _group_facts(group) -> tuple[int, int]:
+    """(world size, global rank of the group's rank 0); refuses to run outside a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("data parallelism needs a process group: run this inside "
+                           "course_lib.launch(fn, world_size) (or torchrun)")
+    return dist.get_world_size(group), dist.get_global_rank(group or dist.group.WORLD, 0)
+
+
+@torch.no_grad()
+def broadcast_parameters(module: nn.Module, group=None) -> None:
+    """Copy rank 0's parameters and buffers to every rank of ``group`` (one broadcast each),
+    so all replicas start from the same model."""
+    _, src = _group_facts(group)
+    for t in [*module.parameters(), *module.buffers()]:
+        dist.broadcast(t.data, src=src, group=group)
+
+
+def allreduce_gradients(module: nn.Module, group=None) -> int:
+    """The naive version: after backward, average every gradient over ``group``, one blocking
+    all-reduce per parameter. Returns the number of all-reduce calls it made."""
+    world_size, _ = _group_facts(group)
+    calls = 0
+    for p in module.parameters():
+        if p.grad is not None:
+            p.grad.div_(world_size)  # sum of g / N = the mean (what DDP's default hook does)
+            dist.all_reduce(p.grad, group=group)
+            calls += 1
+    return calls
+
+
+def assign_buckets(named_params: list[tuple[str, torch.Tensor]], cap_bytes: int) -> list[list[str]]:
+    """Parameter names per bucket. Parameters are taken in reverse registration order (the
+    order backward produces their gradients); a parameter joins the open bucket, and the bucket
+    closes once it holds ``cap_bytes`` or more (torch's ``_compute_bucket_assignment_by_size``
+    rule: a bucket may exceed the cap by its last parameter, and a parameter larger than the
+    cap gets a bucket of its own)."""
+    cap_bytes = validate.count("cap_bytes", cap_bytes, minimum=1)
+    buckets, current, size = [], [], 0
+    for name, p in reversed(named_params):
+        current.append(name)
+        size += p.numel() * p.element_size()
+        if size >= cap_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+@dataclass
+class _Bucket:
+    index: int
+    params: list[nn.Parameter]
+    arrived: int = 0  # gradients accumulated this backward
+    flat: torch.Tensor | None = None  # (sum of numels,) the averaged gradients, once launched
+    work: object = None  # the async all-reduce's handle
+    numels: list[int] = field(default_factory=list)
+
+
+class DataParallel(nn.Module):
+    """Wrap ``module`` for data parallelism over ``group`` (default: all ranks).
+
+    At construction the parameters and buffers are broadcast from the group's rank 0 and the
+    parameters are assigned to buckets of ``bucket_cap_mb`` MiB (``.buckets``: the parameter
+    names in each bucket, in launch order). During ``loss.backward()`` every full bucket is
+    all-reduced asynchronously; when ``backward()`` returns every ``.grad`` holds the mean over
+    ranks. Inside ``with model.no_sync():`` nothing is communicated and gradients accumulate
+    locally; the first backward outside it averages the accumulated sum.
+
+    ``recorder``: optional, an object with ``track(index, nbytes, future)`` (e.g.
+    ``measure.timeline.StepRecorder``), told about each bucket's all-reduce when it is launched,
+    to draw the overlap of communication with backward.
+    """
+
+    def __init__(self, module: nn.Module, *, group=None, bucket_cap_mb: float = 25.0,
+                 recorder=None) -> None:
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module = {validate.describe(module)}: expected a torch.nn.Module")
+        self.bucket_cap_mb = validate.number("bucket_cap_mb", bucket_cap_mb, positive=True)
+        cap_bytes = max(1, int(self.bucket_cap_mb * MiB))
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("module has no parameter that requires a gradient: nothing to average")
+        kinds = {(p.dtype, p.device) for _, p in named}
+        if len(kinds) > 1:
+            raise ValueError(f"parameters have dtypes/devices {sorted(map(str, kinds))}: expected "
+                             "one (a bucket is one flat tensor); cast the module first")
+        if recorder is not None and not callable(getattr(recorder, "track", None)):
+            raise TypeError(f"recorder = {validate.describe(recorder)}: expected None or an "
+                            "object with a track(index, nbytes, future) method")
+        self.module, self.group, self.recorder = module, group, recorder
+        self.world_size, _ = _group_facts(group)
+        broadcast_parameters(module, group)  # every replica starts from rank 0's model
+
+        self.buckets: list[list[str]] = assign_buckets(named, cap_bytes)
+        by_name = dict(named)
+        self._buckets = [_Bucket(i, [by_name[n] for n in names])
+                         for i, names in enumerate(self.buckets)]
+        for b in self._buckets:
+            b.numels = [p.numel() for p in b.params]
+            for p in b.params:
+                p.register_post_accumulate_grad_hook(self._make_hook(b))
+        self.require_sync = True  # False inside no_sync()
+        self._next = 0  # the next bucket to launch: buckets go out in order on every rank
+        self._in_backward = False
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside the block only accumulate local gradients (no all-reduce)."""
+        previous, self.require_sync = self.require_sync, False
+        try:
+            yield
+        finally:
+            self.require_sync = previous
+
+    # ---- during backward --------------------------------------------------------------------
+    def _make_hook(self, bucket: _Bucket):
+        def hook(param: torch.Tensor) -> None:  # runs once p.grad holds this backward's sum
+            if not self.require_sync:
+                return
+            if not self._in_backward:  # first gradient of this backward: wait at its end
+                self._in_backward = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            bucket.arrived += 1
+            self._launch_ready()
+        return hook
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self._buckets) and \
+                self._buckets[self._next].arrived == len(self._buckets[self._next].params):
+            b = self._buckets[self._next]
+            b.flat = torch.cat([p.grad.reshape(-1) for p in b.params])  # (sum of numels,)
+            b.flat.div_(self.world_size)  # all-reduce sums; sum of g / N is the mean
+            b.work = dist.all_reduce(b.flat, group=self.group, async_op=True)  # backward goes on
+            if self.recorder is not None:
+                self.recorder.track(b.index, b.flat.numel() * b.flat.element_size(),
+                                    b.work.get_future())
+            self._next += 1
+
+    def _finish(self) -> None:
+        """End of backward: wait for every bucket, copy the averages into ``.grad``, reset."""
+        missing = [name for names, b in zip(self.buckets, self._buckets)
+                   for name, p in zip(names, b.params) if b.work is None and p.grad is None]
+        try:
+            if self._next < len(self._buckets):
+                raise RuntimeError(
+                    f"backward ended with buckets {self._next}..{len(self._buckets) - 1} not "
+                    f"all-reduced: parameters {missing or '(some)'} got no gradient. Every "
+                    "parameter must take part in the loss on every rank (torch's DDP needs "
+                    "find_unused_parameters=True for models that skip some)")
+            for b in self._buckets:
+                b.work.wait()
+                for p, g in zip(b.params, b.flat.split(b.numels)):
+                    p.grad.copy_(g.view_as(p))
+        finally:
+            for b in self._buckets:
+                b.arrived, b.flat, b.work = 0, None, None
+            self._next, self._in_backward = 0, False

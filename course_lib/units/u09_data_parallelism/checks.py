@@ -1,0 +1,285 @@
+"""Unit 09's graded checks (solutions/09_data_parallelism.ipynb, exercises/09_data_parallelism.ipynb).
+
+1. ``check_bucketed_hook``: the learner's bucketed gradient hook, run on 2 and 3 real gloo ranks
+   (inside the ranks under ``watch_references``: the course's DataParallel is out of reach), two
+   SGD steps against one process on the full batch (parallel.harness), and every bucket
+   all-reduced asynchronously during backward, in bucket order;
+2. ``check_no_sync_loop``: the fixed accumulation loop: the gradients of the whole batch and one
+   all-reduce per bucket per optimizer step, counted by CommMeter on 2 ranks;
+3. ``check_accumulation_steps``: the batch arithmetic DeepSpeed asserts (the sources' config bug);
+4. ``check_bytes_prediction``: bytes each rank sends per optimizer step, against bytes measured
+   on the wire by the OS in real runs (gloo's headers allowed for).
+Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
+"""
+from __future__ import annotations
+
+from course_lib.grading.core import fail, fmt_int, passed, run_learner
+
+__all__ = ["check_bucketed_hook", "check_no_sync_loop", "check_accumulation_steps",
+           "check_bytes_prediction", "HOOK_REFERENCES"]
+
+#: the course's answers to task 1, out of reach while the learner's hook runs
+HOOK_REFERENCES = ("course_lib.parallel.ddp:DataParallel",
+                   "course_lib.parallel.ddp:allreduce_gradients")
+# (not torch's DistributedDataParallel: torch itself calls its class methods during any
+# backward; and a DDP wrapper the harness never calls would average nothing)
+HOOK_CAP_MB = 0.0002  # 209 B: 4 buckets for the 6,800 B check model
+GRADE_TIMEOUT_S = 60.0
+HEADER_ALLOWANCE = 1024  # B per all-reduce and per peer: gloo's message headers (576 B measured)
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _error(exc: BaseException) -> tuple[str, str]:
+    return type(exc).__name__, (str(exc).strip().splitlines() or [""])[0]
+
+
+def _launch(task: int, worker, world_size: int, *args) -> list[dict]:
+    from course_lib.runtime.errors import LaunchError
+    from course_lib.runtime.launch import launch
+
+    try:
+        results = launch(worker, world_size, *args, timeout=GRADE_TIMEOUT_S)
+    except LaunchError as exc:
+        first = next(iter(exc.failures.values()), str(exc))
+        fail(task, f"the run on {world_size} ranks did not finish: "
+                   f"{(str(first).strip().splitlines() or [''])[0]}")
+    for rank, res in enumerate(results):
+        if res.get("used"):
+            fail(task, f"uses the course's own {', '.join(res['used'])}: write it yourself")
+        if res.get("error"):
+            kind, message = res["error"]
+            if kind == "NotImplementedError":
+                fail(task, "not implemented yet: your function raised NotImplementedError")
+            fail(task, f"raised {kind} on rank {rank} of {world_size}: {message}")
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# task 1: the bucketed gradient hook
+# --------------------------------------------------------------------------------------------
+def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
+    from course_lib.grading.references import watch_references
+    from course_lib.measure.comm import CommMeter
+    from course_lib.parallel import harness as H
+    from course_lib.parallel.ddp import assign_buckets
+    from course_lib.units.u09_data_parallelism.run import batch_fn, model_fn
+
+    model = model_fn()  # the same seed on every rank: no broadcast needed
+    buckets = assign_buckets(list(model.named_parameters()), int(HOOK_CAP_MB * 2**20))
+    sizes = dict((n, p.numel() * p.element_size()) for n, p in model.named_parameters())
+    steps: list[dict] = []
+    used: list[str] = []
+    try:
+        with watch_references(forbid) as used:
+            finish = fn(model, [list(b) for b in buckets])
+            if not callable(finish):
+                raise TypeError(f"expected a finish() function, got {type(finish).__name__}")
+
+            def step_fn(m, batch):
+                loss = H.mse_loss(m, batch)
+                with CommMeter(dispatch=False) as meter:
+                    loss.backward()
+                    during = [(r["op"], r["bytes"], r["async"]) for r in meter.records]
+                    finish()
+                steps.append({"during": during, "calls": meter.calls})
+                return loss
+            record = H.parallel_run(model, batch_fn, steps=2, step_fn=step_fn,
+                                    shard=(rank, world_size))
+    except Exception as exc:  # noqa: BLE001 - reported in the verdict
+        return {"used": list(used), "error": _error(exc)}
+    return {"used": list(used), "record": record, "steps": steps,
+            "bucket_bytes": [sum(sizes[n] for n in b) for b in buckets]}
+
+
+def check_bucketed_hook(fn, task: int = 1) -> None:
+    """Task: ``fn(model, buckets)`` registers hooks that all-reduce each bucket asynchronously
+    as soon as its gradients have all arrived, and returns ``finish()``, to be called after
+    ``loss.backward()``: it waits and leaves the mean over ranks in every ``.grad``.
+
+    Graded on 2 and 3 ranks, 2 SGD steps of the float64 MLP (4 buckets): losses, gradients and
+    parameters equal one process on the full batch within the harness tolerance; during each
+    backward exactly one asynchronous all_reduce per bucket, in bucket order."""
+    from course_lib.parallel import harness as H
+    from course_lib.units.u09_data_parallelism.run import batch_fn, model_fn
+
+    if not callable(fn):
+        fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
+    reference = H.reference_run(model_fn, batch_fn, steps=2)
+    for world_size in (2, 3):
+        results = _launch(task, _hook_worker, world_size, fn, list(HOOK_REFERENCES))
+        for rank, res in enumerate(results):
+            expected = res["bucket_bytes"]
+            for k, step in enumerate(res["steps"]):
+                during = step["during"]
+                if [op for op, _, _ in during] != ["all_reduce"] * len(during) or \
+                        len(during) != len(expected):
+                    fail(task, f"rank {rank} of {world_size}, step {k + 1}: expected "
+                               f"{len(expected)} all_reduce calls during backward (one per "
+                               f"bucket, launched from the hook), got {[op for op, _, _ in during]}")
+                if not all(a for _, _, a in during):
+                    fail(task, f"rank {rank} of {world_size}: an all-reduce launched from the "
+                               "hook blocked backward; launch it with async_op=True and wait in "
+                               "finish()")
+                if [b for _, b, _ in during] != expected:
+                    fail(task, f"rank {rank} of {world_size}: buckets went out as "
+                               f"{[b for _, b, _ in during]} B, expected {expected} B in bucket "
+                               "order (each bucket flattened into one tensor)")
+                extra = {op: n for op, n in step["calls"].items() if op != "all_reduce"} or \
+                    step["calls"].get("all_reduce", 0) - len(expected)
+                if extra:
+                    fail(task, f"rank {rank} of {world_size}: finish() made more collective "
+                               f"calls than one all-reduce per bucket: {step['calls']}")
+        table = H.compare(reference, [r["record"] for r in results])
+        bad = table[~table.ok]
+        if len(bad):
+            row = bad.iloc[0]
+            fail(task, f"on {world_size} ranks, step {row.step}, rank {row['rank']}: "
+                       f"{row.quantity} {row['name']!r} differs from one process on the full "
+                       f"batch ({row.problem})")
+    passed(task, "the bucketed hook matches one process on 2 and 3 ranks, with one "
+                 "asynchronous all-reduce per bucket launched during backward, in order")
+
+
+# --------------------------------------------------------------------------------------------
+# task 2: the accumulation loop
+# --------------------------------------------------------------------------------------------
+MICRO_STEPS = 4
+
+
+def _loop_worker(rank: int, world_size: int, fn) -> dict:
+    from course_lib.measure.comm import CommMeter
+    from course_lib.parallel import harness as H
+    from course_lib.parallel.ddp import DataParallel
+    from course_lib.units.u09_data_parallelism.run import batch_fn, model_fn
+
+    rows = 8 * world_size * MICRO_STEPS
+    model = DataParallel(model_fn(), bucket_cap_mb=HOOK_CAP_MB)
+    x, y = H.shard_batch(batch_fn(0, rows=rows), rank, world_size)
+    micro = list(zip(x.chunk(MICRO_STEPS), y.chunk(MICRO_STEPS)))
+    try:
+        with CommMeter(dispatch=False) as meter:
+            fn(model, micro)
+    except Exception as exc:  # noqa: BLE001
+        return {"error": _error(exc)}
+    reference = H.reference_run(model_fn, lambda s: batch_fn(0, rows=rows)).grads[0]
+    grads = H.full_tensors(model, "grad")
+    worst = max((float((grads[n] - g).abs().max()) / (1e-6 + 1e-5 * float(g.abs().max()))
+                 if n in grads else float("inf")) for n, g in reference.items())
+    return {"calls": meter.calls, "buckets": len(model.buckets), "worst": worst}
+
+
+def check_no_sync_loop(fn, task: int = 2) -> None:
+    """Task: ``fn(model, micro_batches)`` runs forward and backward on each (x, y) micro-batch
+    of this rank so that the gradients are those of the whole batch, averaged over ranks, with
+    one all-reduce per bucket for the whole optimizer step (``model.no_sync()``)."""
+    if not callable(fn):
+        fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
+    for rank, res in enumerate(_launch(task, _loop_worker, 2, fn)):
+        calls, n = res["calls"].get("all_reduce", 0), res["buckets"]
+        if calls != n:
+            fail(task, f"rank {rank}: {calls} all-reduce calls for {MICRO_STEPS} micro-steps of "
+                       f"a {n}-bucket model; expected {n} (communicate on the last micro-step "
+                       "only)")
+        if not res["worst"] <= 1.0:
+            fail(task, f"rank {rank}: the accumulated gradients differ from one process on the "
+                       f"whole batch ({res['worst']:.3g} x the tolerance); divide each "
+                       "micro-batch loss by the number of micro-steps, and sync the last one")
+    passed(task, f"{MICRO_STEPS} micro-steps, one all-reduce per bucket, gradients of the whole "
+                 "batch on 2 ranks")
+
+
+# --------------------------------------------------------------------------------------------
+# task 3: the batch arithmetic
+# --------------------------------------------------------------------------------------------
+#: (train_batch_size, micro_batch_per_gpu, world_size, accumulation steps or None if impossible)
+BATCH_CASES = ((32, 4, 4, 2), (32, 4, 2, 4), (32, 8, 1, 4), (1024, 2, 64, 8), (30, 4, 4, None),
+               (32, 4, 16, None))
+
+
+def check_accumulation_steps(fn, task: int = 3) -> None:
+    """Task: ``fn(train_batch_size, micro_batch_per_gpu, world_size)`` returns the int number of
+    accumulation steps that makes train = micro x steps x world hold, and raises ValueError
+    when none does."""
+    forbid = ["course_lib.units.u09_data_parallelism.run:accumulation_steps_for"]
+    for b, m, n, steps in BATCH_CASES:
+        if steps is None:
+            try:
+                got = run_learner(task, fn, b, m, n, forbid=forbid)
+            except AssertionError as exc:
+                if "ValueError" in str(exc):
+                    continue
+                raise
+            fail(task, f"train {b}, micro {m}, {n} GPUs: no whole number of steps fits; expected "
+                       f"a ValueError, got {got!r}")
+        got = run_learner(task, fn, b, m, n, forbid=forbid)
+        if isinstance(got, bool) or not isinstance(got, int):
+            fail(task, f"train {b}, micro {m}, {n} GPUs: expected an int, got "
+                       f"{type(got).__name__} {got!r}")
+        if got != steps:
+            fail(task, f"train {b}, micro {m}, {n} GPUs: expected {steps} accumulation steps, "
+                       f"got {got}")
+    passed(task, f"accumulation steps right in {len(BATCH_CASES)} configs, including 32 = 4 x 2 x 4")
+
+
+# --------------------------------------------------------------------------------------------
+# task 4: bytes per step
+# --------------------------------------------------------------------------------------------
+#: (world size, micro-steps) measured for task 4
+BYTE_CASES = ((2, 1), (2, 4), (4, 4))
+
+
+def _bytes_worker(rank: int, world_size: int, micro_list: list[int]) -> dict:
+    import contextlib
+
+    import torch
+
+    from course_lib.measure.comm import CommMeter
+    from course_lib.parallel import harness as H
+    from course_lib.parallel.ddp import DataParallel
+    from course_lib.units.u09_data_parallelism.run import batch_fn, model_fn
+
+    out = {}
+    for k in micro_list:
+        model = DataParallel(model_fn(width=64, dtype=torch.float32), bucket_cap_mb=25.0)
+        x, y = H.shard_batch(batch_fn(0, rows=8 * k * world_size, dtype=torch.float32), rank,
+                             world_size)
+        with CommMeter(dispatch=False) as meter:
+            for i, batch in enumerate(zip(x.chunk(k), y.chunk(k))):
+                with model.no_sync() if i < k - 1 else contextlib.nullcontext():
+                    (H.mse_loss(model, batch) / k).backward()
+        out[k] = {"wire": meter.wire_bytes_sent, "model": meter.model_bytes_sent,
+                  "calls": meter.calls.get("all_reduce", 0),
+                  "n_params": sum(p.numel() for p in model.parameters())}
+    return out
+
+
+def check_bytes_prediction(fn, task: int = 4) -> None:
+    """Task: ``fn(n_params, dtype_bytes, world_size, micro_steps)`` predicts the int bytes each
+    rank sends per optimizer step (a ring all-reduce of the gradients; ``no_sync`` on all
+    micro-steps but the last), checked against the bytes each rank wrote to its sockets in
+    real runs (gloo's message headers, up to 1 KiB per call and peer, allowed)."""
+    forbid = [f"course_lib.measure.estimate.communication:{f}" for f in
+              ("ring_allreduce_bytes_sent", "allreduce_bytes_sent", "collective_bytes_sent")]
+    measured = {}
+    for n in sorted({n for n, _ in BYTE_CASES}):
+        ks = [k for m, k in BYTE_CASES if m == n]
+        for res in _launch(task, _bytes_worker, n, ks):
+            for k in ks:
+                measured.setdefault((n, k), []).append(res[k])
+    for (n, k), ranks in measured.items():
+        n_params = ranks[0]["n_params"]
+        got = run_learner(task, fn, n_params, 4, n, k, forbid=forbid)
+        if isinstance(got, bool) or not isinstance(got, int):
+            fail(task, f"expected an int number of bytes, got {type(got).__name__} {got!r}")
+        for rank, r in enumerate(ranks):
+            seen = r["wire"] if r["wire"] is not None else r["model"]
+            slack = r["calls"] * HEADER_ALLOWANCE * (n - 1) if r["wire"] is not None else 0
+            if not 0 <= seen - got <= slack:
+                fail(task, f"{fmt_int(n_params)} float32 parameters, {n} ranks, {k} micro-steps: "
+                           f"you predicted {fmt_int(got)} B, rank {rank} sent "
+                           f"{fmt_int(int(seen))} B ({r['calls']} all-reduce call(s))")
+    passed(task, f"bytes per optimizer step predicted for {len(measured)} measured runs "
+                 "(2 and 4 ranks, 1 and 4 micro-steps)")

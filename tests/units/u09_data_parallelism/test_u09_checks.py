@@ -1,0 +1,120 @@
+"""Unit 09's graded checks: a correct answer passes, a wrong one fails with a ✗ line, one that
+calls the course's own answer is refused."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib.units.u09_data_parallelism import checks as C
+
+
+def good_hook(model, buckets):
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    params = dict(model.named_parameters())
+    state = {"arrived": [0] * len(buckets), "next": 0, "pending": []}
+
+    def launch_ready():
+        while state["next"] < len(buckets) and \
+                state["arrived"][state["next"]] == len(buckets[state["next"]]):
+            names = buckets[state["next"]]
+            flat = torch.cat([params[n].grad.reshape(-1) for n in names]) / world
+            state["pending"].append((names, flat, dist.all_reduce(flat, async_op=True)))
+            state["next"] += 1
+
+    for i, names in enumerate(buckets):
+        for n in names:
+            def hook(p, i=i):
+                state["arrived"][i] += 1
+                launch_ready()
+            params[n].register_post_accumulate_grad_hook(hook)
+
+    def finish():
+        for names, flat, work in state["pending"]:
+            work.wait()
+            for n, g in zip(names, flat.split([params[n].numel() for n in names])):
+                params[n].grad.copy_(g.view_as(params[n]))
+        state.update(arrived=[0] * len(buckets), next=0, pending=[])
+    return finish
+
+
+def blocking_hook(model, buckets):
+    """All-reduces every gradient after backward: right numbers, no overlap."""
+    import torch.distributed as dist
+
+    def finish():
+        for p in model.parameters():
+            p.grad /= dist.get_world_size()
+            dist.all_reduce(p.grad)
+    return finish
+
+
+def course_hook(model, buckets):
+    from course_lib.parallel.ddp import DataParallel
+
+    DataParallel(model, bucket_cap_mb=C.HOOK_CAP_MB)
+    return lambda: None
+
+
+def test_check_bucketed_hook():
+    C.check_bucketed_hook(good_hook)
+    with pytest.raises(AssertionError, match="✗ task 1: .*expected 4 all_reduce calls during"):
+        C.check_bucketed_hook(blocking_hook)
+    with pytest.raises(AssertionError, match="✗ task 1: uses the course's own DataParallel"):
+        C.check_bucketed_hook(course_hook)
+
+
+def good_loop(model, micro_batches):
+    k = len(micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        with model.no_sync() if i < k - 1 else contextlib.nullcontext():
+            (F.mse_loss(model(x), y) / k).backward()
+
+
+def buggy_loop(model, micro_batches):  # the exercise's bug: the condition is inverted
+    k = len(micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        with model.no_sync() if i == k - 1 else contextlib.nullcontext():
+            (F.mse_loss(model(x), y) / k).backward()
+
+
+def test_check_no_sync_loop(capsys):
+    C.check_no_sync_loop(good_loop)
+    assert capsys.readouterr().out.startswith("✓ task 2:")
+    with pytest.raises(AssertionError, match="✗ task 2: rank 0: 12 all-reduce calls"):
+        C.check_no_sync_loop(buggy_loop)
+
+
+def test_check_accumulation_steps(capsys):
+    def good(b, m, n):
+        if b % (m * n):
+            raise ValueError("no whole number of steps")
+        return b // (m * n)
+
+    C.check_accumulation_steps(good)
+    assert capsys.readouterr().out.startswith("✓ task 3: accumulation steps right in 6 configs")
+    with pytest.raises(AssertionError, match="expected an int"):
+        C.check_accumulation_steps(lambda b, m, n: b / (m * n))
+    with pytest.raises(AssertionError, match="expected a ValueError"):
+        C.check_accumulation_steps(lambda b, m, n: b // (m * n))
+    with pytest.raises(AssertionError, match="expected 2 accumulation steps, got 4"):
+        C.check_accumulation_steps(lambda b, m, n: good(b, m, 2))  # the sources' 2 GPUs
+    from course_lib.units.u09_data_parallelism.run import accumulation_steps_for
+    with pytest.raises(AssertionError, match="uses the course's own accumulation_steps_for"):
+        C.check_accumulation_steps(lambda b, m, n: accumulation_steps_for(b, m, n))
+
+
+def test_check_bytes_prediction(capsys):
+    C.check_bytes_prediction(lambda p, b, n, k: 2 * (n - 1) * p * b // n)
+    assert capsys.readouterr().out.startswith("✓ task 4:")
+    with pytest.raises(AssertionError, match="✗ task 4: .*you predicted"):
+        C.check_bytes_prediction(lambda p, b, n, k: k * 2 * (n - 1) * p * b // n)  # no no_sync
+    with pytest.raises(AssertionError, match="expected an int"):
+        C.check_bytes_prediction(lambda p, b, n, k: 2 * (n - 1) * p * b / n)
+    from course_lib.measure import estimate
+    with pytest.raises(AssertionError, match="uses the course's own ring_allreduce_bytes_sent"):
+        C.check_bytes_prediction(lambda p, b, n, k: int(estimate.ring_allreduce_bytes_sent(p * b, n)))
