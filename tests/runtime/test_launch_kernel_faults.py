@@ -7,6 +7,7 @@ see every launch work directory (``course_lib_launch_*``) that is left behind.
 from __future__ import annotations
 
 import os
+import socket
 import textwrap
 import time
 
@@ -106,8 +107,12 @@ def test_dataloader_workers_in_a_rank_with_a_notebook_defined_dataset(nb):
 
 
 def test_variables_from_a_ddp_tutorial_do_not_switch_to_torchrun_mode(nb):
-    result = nb.kernel.run(textwrap.dedent("""\
-        os.environ.update(RANK="0", WORLD_SIZE="2", MASTER_ADDR="localhost", MASTER_PORT="12355")
+    # a tutorial's variables, with a port that is free now (nothing binds it: launch ignores them)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = nb.kernel.run(textwrap.dedent(f"""\
+        os.environ.update(RANK="0", WORLD_SIZE="2", MASTER_ADDR="localhost", MASTER_PORT="{port}")
         try:
             t0 = time.monotonic()
             print("two", course_lib.launch(ok, 2, timeout=10), time.monotonic() - t0 < 5)
@@ -124,7 +129,7 @@ def test_variables_from_a_ddp_tutorial_do_not_switch_to_torchrun_mode(nb):
     assert "four [10.0, 10.0, 10.0, 10.0]" in result.stdout
     assert "initialized True" not in result.stdout  # the kernel never joins a process group
     assert "runs under torchrun" not in result.text
-    for variable in ("RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=localhost", "MASTER_PORT=12355"):
+    for variable in ("RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=localhost", f"MASTER_PORT={port}"):
         assert variable in result.stderr, result.stderr  # the warning names what it ignored
     assert "ignored" in result.stderr and "torchrun" in result.stderr
 

@@ -1,23 +1,12 @@
 """Unit 01 explorer widget (driven from Python) and the unit's plots."""
 from __future__ import annotations
 
-import matplotlib
+import pandas as pd
+import pytest
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-
-from course_lib.units.u01_backprop_memory import plots as p1  # noqa: E402
-from course_lib.units.u01_backprop_memory import run as u1  # noqa: E402
-from course_lib.units.u01_backprop_memory.widgets import StepMemoryExplorer  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
+from course_lib.units.u01_backprop_memory import plots as p1
+from course_lib.units.u01_backprop_memory import run as u1
+from course_lib.units.u01_backprop_memory.widgets import StepMemoryExplorer
 
 
 def test_explorer_runs_a_real_measurement_on_click():

@@ -1,23 +1,12 @@
 """Unit 02 explorer widget (driven from Python) and the unit's plots."""
 from __future__ import annotations
 
-import matplotlib
+import pandas as pd
+import pytest
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-
-from course_lib.measure.estimate import MiB  # noqa: E402
-from course_lib.units.u02_batch_size_and_accumulation import plots as p2  # noqa: E402
-from course_lib.units.u02_batch_size_and_accumulation.widgets import AccumulationExplorer  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
+from course_lib.measure.estimate import MiB
+from course_lib.units.u02_batch_size_and_accumulation import plots as p2
+from course_lib.units.u02_batch_size_and_accumulation.widgets import AccumulationExplorer
 
 
 def test_explorer_measures_both_modes_and_reports_the_budget():

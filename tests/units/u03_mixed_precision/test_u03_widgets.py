@@ -1,27 +1,17 @@
 """Unit 03 explorer widget (driven from Python) and the unit's plots."""
 from __future__ import annotations
 
-import matplotlib
+import pandas as pd
+import pytest
+import torch
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from course_lib.models import GPTConfig  # noqa: E402
-from course_lib.units.u03_mixed_precision import plots as p3  # noqa: E402
-from course_lib.units.u03_mixed_precision import run as E  # noqa: E402
-from course_lib.units.u03_mixed_precision.widgets import PrecisionExplorer  # noqa: E402
+from course_lib.models import GPTConfig
+from course_lib.units.u03_mixed_precision import plots as p3
+from course_lib.units.u03_mixed_precision import run as E
+from course_lib.units.u03_mixed_precision.widgets import PrecisionExplorer
 
 SMALL = GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, block_size=16, vocab_size=32)
 
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 def test_explorer_runs_a_real_measurement_on_click():

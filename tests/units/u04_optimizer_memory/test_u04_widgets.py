@@ -1,26 +1,16 @@
 """Unit 04 explorer widget (driven from Python) and the unit's plots."""
 from __future__ import annotations
 
-import matplotlib
+import pandas as pd
+import pytest
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-
-from course_lib.models import GPTConfig  # noqa: E402
-from course_lib.units.u04_optimizer_memory import plots as p4  # noqa: E402
-from course_lib.units.u04_optimizer_memory import run as E  # noqa: E402
-from course_lib.units.u04_optimizer_memory.widgets import OptimizerExplorer  # noqa: E402
+from course_lib.models import GPTConfig
+from course_lib.units.u04_optimizer_memory import plots as p4
+from course_lib.units.u04_optimizer_memory import run as E
+from course_lib.units.u04_optimizer_memory.widgets import OptimizerExplorer
 
 SMALL = GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, block_size=16, vocab_size=32)
 
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 def test_explorer_trains_and_measures_on_click():

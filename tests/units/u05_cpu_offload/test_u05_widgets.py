@@ -1,22 +1,11 @@
 """Unit 05 explorer widget (driven from Python) and the unit's plots."""
 from __future__ import annotations
 
-import matplotlib
+import pandas as pd
+import pytest
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-
-from course_lib.units.u05_cpu_offload import plots  # noqa: E402
-from course_lib.units.u05_cpu_offload.widgets import OffloadExplorer  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
+from course_lib.units.u05_cpu_offload import plots
+from course_lib.units.u05_cpu_offload.widgets import OffloadExplorer
 
 
 def test_explorer_times_steps_on_click():

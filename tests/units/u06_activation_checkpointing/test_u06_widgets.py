@@ -1,25 +1,15 @@
 """Unit 06's explorer, driven from Python, and its plots."""
 from __future__ import annotations
 
-import matplotlib
+import pandas as pd
+import pytest
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-
-from course_lib.models import GPTConfig  # noqa: E402
-from course_lib.units.u06_activation_checkpointing import plots, run  # noqa: E402
-from course_lib.units.u06_activation_checkpointing.widgets import PolicyExplorer  # noqa: E402
+from course_lib.models import GPTConfig
+from course_lib.units.u06_activation_checkpointing import plots, run
+from course_lib.units.u06_activation_checkpointing.widgets import PolicyExplorer
 
 SMALL = GPTConfig.tiny(n_layer=2, n_embd=32, n_head=2, block_size=16, vocab_size=32)
 
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 def test_explorer_measures_on_click():

@@ -1,26 +1,16 @@
 """Unit 07's explorer (driven from Python) and plots."""
 from __future__ import annotations
 
-import matplotlib
+import pandas as pd
+import pytest
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-
-from course_lib.models import GPTConfig  # noqa: E402
-from course_lib.units.u07_lora_qlora import plots as P  # noqa: E402
-from course_lib.units.u07_lora_qlora import run as R  # noqa: E402
-from course_lib.units.u07_lora_qlora.widgets import LoRAExplorer  # noqa: E402
+from course_lib.models import GPTConfig
+from course_lib.units.u07_lora_qlora import plots as P
+from course_lib.units.u07_lora_qlora import run as R
+from course_lib.units.u07_lora_qlora.widgets import LoRAExplorer
 
 SMALL = GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, block_size=16, vocab_size=32)
 
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 def test_explorer_finetunes_on_click():
