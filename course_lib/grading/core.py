@@ -84,7 +84,34 @@ def fail(task: int, message: str) -> NoReturn:
     _check_task(task)
     if not isinstance(message, str):
         raise TypeError(f"message must be a str, got {type(message).__name__} {message!r}")
-    raise AssertionError(f"✗ task {task}: {message}")
+    raise verdict(f"✗ task {task}: {message}")
+
+
+_COURSE_DIR = __file__.rsplit("/grading/", 1)[0]
+
+
+def verdict(line: str, cause: BaseException | None = None) -> AssertionError:
+    """The ``AssertionError`` of a ✗ verdict, shown in a notebook as that one line.
+
+    IPython renders an exception through its ``_render_traceback_`` when it has one: here the ✗
+    line alone, so a failed check never prints the check's source (which would show the answer).
+    When the learner's own code raised (``cause``), its frames come first: the learner's
+    traceback is useful, the course's is not. nbval and the grader still see an error with
+    ``ename`` AssertionError and the ✗ line as ``evalue``.
+    """
+    exc = AssertionError(line)
+    lines = []
+    if cause is not None and not isinstance(cause, NotImplementedError):
+        import traceback
+
+        frames = [f for f in traceback.extract_tb(cause.__traceback__)
+                  if not f.filename.startswith(_COURSE_DIR)]
+        if frames:
+            lines = ["Traceback of your code (most recent call last):",
+                     *traceback.format_list(frames),
+                     f"{type(cause).__name__}: {cause}", ""]
+    exc._render_traceback_ = lambda: [*lines, line]
+    return exc
 
 
 def expect_int(task: int, what: str, got: Any) -> int:
@@ -134,8 +161,8 @@ def run_learner(task: int, fn: Callable[..., Any], *args: Any,
                     refuse(task, used)
         return result
     except NotImplementedError as exc:
-        raise AssertionError(
-            f"✗ task {task}: not implemented yet: {name} raised NotImplementedError"
+        raise verdict(
+            f"✗ task {task}: not implemented yet: {name} raised NotImplementedError", exc
         ) from exc
     except AssertionError as exc:
         if str(exc).startswith(f"✗ task {task}: uses the course's own"):
@@ -154,8 +181,8 @@ def refuse(task: int, used: Iterable[str]) -> NoReturn:
 def _learner_error(task: int, name: str, exc: BaseException) -> AssertionError:
     detail = _one_line(str(exc))
     kind = type(exc).__name__
-    return AssertionError(f"✗ task {task}: {name} raised {kind}: {detail}" if detail
-                          else f"✗ task {task}: {name} raised {kind}")
+    return verdict(f"✗ task {task}: {name} raised {kind}: {detail}" if detail
+                   else f"✗ task {task}: {name} raised {kind}", exc)
 
 
 # --------------------------------------------------------------------------- comparisons

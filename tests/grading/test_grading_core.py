@@ -146,3 +146,26 @@ def test_expect_int_refuses_floats_and_bools_with_the_value():
     for bad in (16.0, True, "16", None):
         with pytest.raises(AssertionError, match=r"✗ task 1: bytes must be an int, got"):
             expect_int(1, "bytes", bad)
+
+
+def test_a_verdict_renders_as_its_line_and_the_learners_own_frames_only():
+    with pytest.raises(AssertionError) as info:
+        fail(2, "expected 3, got 4")
+    assert info.value._render_traceback_() == ["✗ task 2: expected 3, got 4"]
+
+    def stub(x):
+        raise NotImplementedError("FILL ME IN")
+
+    with pytest.raises(AssertionError) as info:
+        run_learner(1, stub, 1)
+    assert info.value._render_traceback_() == ["✗ task 1: not implemented yet: stub raised NotImplementedError"]
+
+    def broken(x):
+        return {}[x]
+
+    with pytest.raises(AssertionError) as info:
+        run_learner(3, broken, "key")
+    shown = "".join(info.value._render_traceback_())
+    assert "return {}[x]" in shown and "KeyError" in shown  # the learner's frame
+    assert "course_lib" not in shown  # never the check's source
+    assert shown.endswith("✗ task 3: broken raised KeyError: 'key'")
