@@ -14,13 +14,15 @@ BROWSER_FLAG := $(shell [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && [ "$$(uname)" != 
 PIP_ARGS ?=
 NBVAL_FLAGS := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
 
-.PHONY: help install lab test unit-tests notebook-tests exercises check-exercises notebooks lint clean new-unit
+.PHONY: help install lab test unit-tests notebook-tests exercises check-exercises notebooks slides site lint clean new-unit
 
 help:
 	@echo "make lab        install on first use, then start JupyterLab on notebooks/00_start_here.ipynb"
 	@echo "make test       install on first use, then run the whole test suite"
 	@echo "make exercises  regenerate exercises/ from solutions/"
 	@echo "make notebooks  re-execute notebooks/ and solutions/ in place, then regenerate exercises/"
+	@echo "make slides     static reveal.js slides of every lecture in build/slides/ (open offline)"
+	@echo "make site       the course as static HTML in build/site/ (lectures, slides, exercises, index)"
 	@echo "make lint       ruff over course_lib/ and tests/"
 	@echo "make new-unit NN=05 TOPIC=cpu_offload TITLE=\"CPU offload\"   start a unit from course_lib/units/_template/"
 
@@ -51,7 +53,16 @@ check-exercises: $(STAMP)
 
 notebooks: $(STAMP)
 	$(BIN)/python -m course_lib.grading.execute notebooks/*.ipynb solutions/*.ipynb
+	$(BIN)/python -m course_lib.publish tag notebooks/*.ipynb
 	$(BIN)/python -m course_lib.grading.exercises build
+
+# Both fetch reveal.js, require.js, jQuery, MathJax and the widgets manager once (pinned, checked)
+# into build/vendor/, so the pages open without a network.
+slides: $(STAMP)
+	$(BIN)/python -m course_lib.publish slides
+
+site: $(STAMP)
+	$(BIN)/python -m course_lib.publish site
 
 lint: $(STAMP)
 	$(BIN)/ruff check course_lib tests

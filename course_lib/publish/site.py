@@ -1,0 +1,125 @@
+"""The course as static HTML, for reading without a kernel: ``make site``.
+
+Built with nbconvert, the exporter Jupyter itself uses for "Save and Export as HTML": it renders
+exactly the stored outputs JupyterLab shows (tables, figures, the stored state of the "Explore"
+widgets, formulas), needs nothing beyond the Jupyter stack the course already installs, and its
+output is plain files. (Jupyter Book would add a Sphinx tool chain and a theme to keep in step for
+the same pages.) Layout of ``build/site/``::
+
+    index.html                  the course map (from README.md's table) with links
+    lectures/NN_topic.html      each lecture with outputs
+    slides/NN_topic.slides.html each lecture as reveal.js slides
+    exercises/NN_topic.html     each exercise as a learner gets it (and the .ipynb to download)
+    vendor/                     reveal.js, require.js, MathJax, the widgets manager (offline)
+"""
+from __future__ import annotations
+
+import html
+import re
+import shutil
+from pathlib import Path
+
+from course_lib.publish import assets, slides
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def course_map(readme: Path = ROOT / "README.md") -> list[dict[str, str]]:
+    """The rows of README.md's course table: unit, title, what is measured, status."""
+    rows = []
+    for line in readme.read_text(encoding="utf-8").splitlines():
+        match = re.match(r"^\|\s*(\d\d)\s*\|(.+?)\|(.+?)\|(.+?)\|\s*$", line)
+        if match:
+            unit, title, measures, status = (part.strip() for part in match.groups())
+            rows.append({"unit": unit, "title": re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", title),
+                         "measures": measures, "status": status})
+    if not rows:
+        raise ValueError(f"no course table (| NN | title | measures | status |) in {readme}")
+    return rows
+
+
+def _relative(urls: dict[str, str], prefix: str) -> dict[str, str]:
+    return {key: f"{prefix}{url}" for key, url in urls.items()}
+
+
+def _export_html(path: Path, out_dir: Path, urls: dict[str, str]) -> Path:
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="lab", require_js_url=urls["require"],
+                            mathjax_url=urls["mathjax"], widget_renderer_url=urls["widgets"])
+    body, _ = exporter.from_filename(str(path))
+    out = out_dir / f"{path.stem}.html"
+    out.write_text(body, encoding="utf-8")
+    return out
+
+
+def _index(rows: list[dict[str, str]], built: dict[str, str]) -> str:
+    items = []
+    for row in rows:
+        stem = built.get(row["unit"])
+        if stem:
+            links = (f'<a href="lectures/{stem}.html">lecture</a> · '
+                     f'<a href="slides/{stem}.slides.html">slides</a> · '
+                     f'<a href="exercises/{stem}.html">exercises</a> '
+                     f'(<a href="exercises/{stem}.ipynb" download>.ipynb</a>)')
+        else:
+            links = f"<em>{html.escape(row['status'])}</em>"
+        items.append(f"<tr><td>{row['unit']}</td><td>{html.escape(row['title'])}</td>"
+                     f"<td>{html.escape(row['measures'])}</td><td>{links}</td></tr>")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Training large neural networks: the course</title>
+<style>
+body {{ font: 17px/1.5 system-ui, sans-serif; max-width: 70em; margin: 2em auto; padding: 0 1em; }}
+table {{ border-collapse: collapse; width: 100%; }}
+td, th {{ border-bottom: 1px solid #ddd; padding: .45em .6em; text-align: left; vertical-align: top; }}
+th {{ background: #f4f4f4; }}
+</style></head><body>
+<h1>Training large neural networks, measured on your own machine</h1>
+<p>Each unit is a JupyterLab notebook that measures what it teaches. These pages show the
+lectures as they were run (outputs stored); to run them and do the graded exercises, clone the
+course and run <code>make lab</code>. The slides open offline; press <kbd>s</kbd> for speaker notes
+and <kbd>Esc</kbd> for an overview.</p>
+<table><tr><th>Unit</th><th>Title</th><th>What you measure</th><th>Read</th></tr>
+{chr(10).join(items)}
+</table></body></html>
+"""
+
+
+def build(out: Path = ROOT / "build" / "site", *, units: list[str] | None = None) -> Path:
+    """Write the site under ``out`` (lectures, slides, exercises, index); return index.html."""
+    rows = course_map()
+    lectures = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    if units is not None:
+        known = [p.name[:2] for p in lectures]
+        bad = [u for u in units if u not in known]
+        if bad:
+            raise ValueError(f"units = {bad} not found; valid: {', '.join(known)}")
+        lectures = [p for p in lectures if p.name[:2] in units]
+    out.mkdir(parents=True, exist_ok=True)
+    urls = assets.install(out / "vendor")
+    built = {}
+    for folder in ("lectures", "slides", "exercises"):
+        (out / folder).mkdir(exist_ok=True)
+    for lecture in lectures:
+        _export_html(lecture, out / "lectures", _relative(urls, "../vendor/"))
+        slides.export(lecture, out / "slides", _relative(urls, "../vendor/"))
+        exercise = ROOT / "exercises" / lecture.name
+        if exercise.exists():
+            _export_html(exercise, out / "exercises", _relative(urls, "../vendor/"))
+            shutil.copy(exercise, out / "exercises" / exercise.name)
+        built[lecture.name[:2]] = lecture.stem
+    index = out / "index.html"
+    index.write_text(_index(rows, built), encoding="utf-8")
+    return index
+
+
+def build_slides(out: Path = ROOT / "build" / "slides", *, units: list[str] | None = None) -> list[Path]:
+    """Write only the slides (``make slides``) under ``out``, with their assets."""
+    lectures = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    if units is not None:
+        lectures = [p for p in lectures if p.name[:2] in units]
+    out.mkdir(parents=True, exist_ok=True)
+    urls = assets.install(out / "vendor")
+    return [slides.export(p, out, _relative(urls, "./vendor/")) for p in lectures]
