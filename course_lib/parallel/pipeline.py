@@ -214,13 +214,17 @@ def run_schedule(model: PipelineRank, actions: Sequence[Action], x: torch.Tensor
 
     ``x`` (b, ...) is the batch, read by the rank of stage 0; ``y`` the targets, read by the
     rank of the last stage; both are cut into ``microbatches`` equal micro-batches. Every
-    stage maps (b/m, ...) to the same shape. Returns the batch loss (the mean of the
+    stage maps (b/m, ...) to the same shape; a rank that holds neither end passes one of them
+    anyway (it gives the shape of the messages it receives). Returns the batch loss (the mean of the
     micro-batch losses) on the rank of the last stage, None elsewhere. ``log``: each F/B is
     recorded as a span (lane "compute"; meta stage, microbatch, kind) and each wait for a
     message as a span (lane "wait"), on the EventLog's shared clock.
     """
     m, p = microbatches, model.ranks
     last = len(model.split) - 1
+    if x is None and y is None:
+        raise ValueError("x = None and y = None: expected the batch or the targets (they give "
+                         "the shape of the micro-batches this rank receives)")
     xs = x.chunk(m) if x is not None else None  # m x (b/m, ...)
     ys = y.chunk(m) if y is not None else None
     ref = xs[0] if xs is not None else ys[0]

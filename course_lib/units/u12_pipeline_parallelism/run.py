@@ -206,7 +206,7 @@ def timelines(schedules: Sequence[str] = ("naive", "gpipe", "1f1b", "interleaved
                for r in res]
     memory = [r for r in records if r["meta"]["lane"] == "memory"]
     frames = []
-    for s, v in items:
+    for s, _v in items:
         for it in range(1, repeats + 1):
             mine = [r for r in records if r["meta"]["lane"] != "memory"
                     and r["meta"]["schedule"] == s and r["meta"]["repeat"] == it]
