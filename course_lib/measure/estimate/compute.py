@@ -7,14 +7,59 @@ from typing import NamedTuple
 
 from course_lib import validate as _v
 
-__all__ = ['pipeline_bubble_fraction', 'matmul_flops', 'matmul_bytes', 'ELEMENTWISE_FLOPS', 'ElementwiseCost', 'elementwise_cost', 'transformer_training_flops', 'arithmetic_intensity', 'matmul_arithmetic_intensity', 'ridge_point', 'attainable_flops', 'roofline_time']
+__all__ = ['pipeline_bubble_fraction', 'pipeline_bubble_ratio', 'microbatches_for_bubble', 'pipeline_boundary_bytes', 'pipeline_messages', 'matmul_flops', 'matmul_bytes', 'ELEMENTWISE_FLOPS', 'ElementwiseCost', 'elementwise_cost', 'transformer_training_flops', 'arithmetic_intensity', 'matmul_arithmetic_intensity', 'ridge_point', 'attainable_flops', 'roofline_time']
 
-def pipeline_bubble_fraction(stages: int, microbatches: int) -> float:
-    """Idle fraction of a GPipe / 1F1B pipeline schedule: (p-1)/(m+p-1) (Huang et al. 2019,
-    GPipe, arXiv:1811.06965; Narayanan et al. 2021, arXiv:2104.04473 Sec. 2.2 write the bubble
-    time over ideal time as (p-1)/m). Introduced in unit 12 (pipeline parallelism)."""
+def pipeline_bubble_fraction(stages: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Idle fraction of a GPipe / 1F1B pipeline step, idle time over the whole step:
+    (p-1)/(v·m + p-1) (Huang et al. 2019, GPipe, arXiv:1811.06965; with v stages per rank,
+    interleaved 1F1B, Narayanan et al. 2021, arXiv:2104.04473 Sec. 2.2.2). Narayanan et al. write
+    the bubble over the *ideal* (bubble-free) time instead, :func:`pipeline_bubble_ratio`
+    (p-1)/(v·m): the same bubble, another denominator. Introduced in
+    notebooks/12_pipeline_parallelism.ipynb."""
     p, m = _v.count("stages", stages, minimum=1), _v.count("microbatches", microbatches, minimum=1)
-    return (p - 1) / (m + p - 1)
+    v = _v.count("virtual_stages", virtual_stages, minimum=1)
+    return (p - 1) / (v * m + p - 1)
+
+
+def pipeline_bubble_ratio(stages: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Bubble time over ideal time, (p-1)/(v·m) (Narayanan et al. 2021, arXiv:2104.04473 Sec.
+    2.2.1-2.2.2). It exceeds :func:`pipeline_bubble_fraction` (idle over total) and can exceed 1;
+    the two are related by fraction = ratio / (1 + ratio)."""
+    p, m = _v.count("stages", stages, minimum=1), _v.count("microbatches", microbatches, minimum=1)
+    v = _v.count("virtual_stages", virtual_stages, minimum=1)
+    return (p - 1) / (v * m)
+
+
+def microbatches_for_bubble(stages: int, target: float, *, definition: str = "fraction",
+                            virtual_stages: int = 1) -> int:
+    """The smallest m whose bubble is below ``target`` (strictly), by ``definition``
+    "fraction" ((p-1)/(v·m+p-1), :func:`pipeline_bubble_fraction`) or "ratio" ((p-1)/(v·m),
+    :func:`pipeline_bubble_ratio`). At p = 4, target 0.1: 28 by fraction, 31 by ratio."""
+    p = _v.count("stages", stages, minimum=1)
+    target = _v.number("target", target, positive=True)
+    definition = _v.choice("definition", definition, ("fraction", "ratio"))
+    fn = pipeline_bubble_fraction if definition == "fraction" else pipeline_bubble_ratio
+    m = 1
+    while fn(p, m, virtual_stages) >= target:
+        m += 1
+    return m
+
+
+def pipeline_boundary_bytes(batch: int, seq: int, hidden: int, *, dtype_bytes: int = 2) -> int:
+    """Bytes of the activation that crosses one stage boundary for one micro-batch, each way
+    (the activation forward, its gradient backward): b·s·h·dtype_bytes, 2bsh in bf16 (32 MiB
+    at b 2, s 2048, h 4096). Introduced in notebooks/12_pipeline_parallelism.ipynb."""
+    return (_v.count("batch", batch, minimum=1) * _v.count("seq", seq, minimum=1)
+            * _v.count("hidden", hidden, minimum=1) * _v.count("dtype_bytes", dtype_bytes, minimum=1))
+
+
+def pipeline_messages(stages: int, microbatches: int, virtual_stages: int = 1) -> int:
+    """Point-to-point messages of one pipeline step over all ranks: each of m micro-batches
+    crosses v·p-1 stage boundaries forward and again backward, 2·m·(v·p-1); interleaving
+    multiplies the boundaries (and the bytes) by about v."""
+    p, m = _v.count("stages", stages, minimum=1), _v.count("microbatches", microbatches, minimum=1)
+    v = _v.count("virtual_stages", virtual_stages, minimum=1)
+    return 2 * m * (v * p - 1)
 
 
 
