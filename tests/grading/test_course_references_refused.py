@@ -55,24 +55,56 @@ def _link_time(n_params, dtype, world_size, link):
     return estimate.allreduce_time_on_link(size, world_size, estimate.link_speed(link).GBps)
 
 
+def _metered_eval(model, batches):
+    """A fixed loop that asks the course's meter how much it kept (the meter is out of reach)."""
+    from course_lib.measure.memory import MemoryMeter
+
+    with torch.no_grad(), MemoryMeter(model):
+        return torch.cat([model(x) for x in batches])
+
+
+def _scale_up(n_layer, n_embd, n_head, vocab_size, seq):
+    n = estimate.gpt_param_count(n_layer=n_layer, n_embd=n_embd, vocab_size=vocab_size, block_size=seq)
+    cfg = models.GPTConfig(vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+    return {"params": n, "model_state": 16 * n, "activations": estimate.activation_bytes_gpt(cfg, 1, seq)}
+
+
+
 CHEATS = {  # id: (check, the learner's answer that calls the reference, the name refused)
     "u00-1": (u00.checks.check_count_parameters, models.count_params, "count_params"),
     "u00-2": (u00.checks.check_parameter_bytes,
               lambda m, dt: models.count_params(m) * torch.finfo(dt).bits // 8, "count_params"),
     "u00-3": (u00.checks.check_adam_training_bytes,
               lambda n: estimate.model_state_bytes(n)["total"], "model_state_bytes"),
+    "u00-4": (u00.checks.check_predict_measured_state,
+              lambda m: {k: estimate.model_state_bytes(models.count_params(m))[k] for k in ("params", "grads", "optimizer")},
+              "count_params"),
+    "u00-5": (lambda fn: u00.checks.check_weight_bytes_bug("b", fn),
+              lambda m, dt: models.count_params(m) * torch.finfo(dt).bits // 8, "count_params"),
     "u01-1": (u01.checks.check_optimizer_state_bytes,
               lambda model, opt: models.count_params(model)
               * estimate.optimizer_state_bytes_per_param(opt), "optimizer_state_bytes_per_param"),
     "u01-2": (u01.checks.check_predict_step_memory,
               lambda model, shape, opt: estimate.model_state_bytes(models.count_params(model)),
               "model_state_bytes"),
+    "u01-3": (u01.checks.check_gpt_activation_bytes, estimate.activation_bytes_gpt, "activation_bytes_gpt"),
+    "u01-4": (lambda fn: u01.checks.check_eval_memory_bug("b", fn), _metered_eval, "MemoryMeter.__init__"),
+    "u01-5": (u01.checks.check_scale_up, _scale_up, "gpt_param_count"),
     "u02-1": (u02.checks.check_matmul_intensity,
               lambda m, n, k, b: estimate.matmul_arithmetic_intensity(m, n, k, dtype_bytes=b),
               "matmul_arithmetic_intensity"),
     "u02-2": (u02.checks.check_plan_accumulation,
               lambda t, mx, w: (mx, t // accumulation.effective_batch(mx, 1, w)), "effective_batch"),
     "u02-3": (u02.checks.check_accumulation_step, accumulation.accumulation_step, "accumulation_step"),
+    "u02-4": (u02.checks.check_largest_batch,
+              lambda m, b: u02.run.largest_batch_that_fits(m, u02.run.MemoryBudget.for_device("cpu", simulated_bytes=b),
+                                                           multiple_of=1, device="cpu")["batch"],
+              "largest_batch_that_fits"),
+    "u02-5": (lambda fn: u02.checks.check_uneven_accumulation("b", fn), accumulation.accumulation_step,
+              "accumulation_step"),
+    "u02-6": (u02.checks.check_gpus_needed,
+              lambda n, t, d, p, u: estimate.gpus_for_training(n, t, days=d, peak_flops=p, mfu=u),
+              "gpus_for_training"),
     "u03-1": (u03.checks.check_underflow_recovery, precision.DynamicLossScaler, "DynamicLossScaler"),
     "u03-2": (u03.checks.check_scale_schedule, SubclassedScaler, "DynamicLossScaler"),
     "u03-3": (u03.checks.check_fp16_training, precision.DynamicLossScaler, "DynamicLossScaler"),
@@ -125,6 +157,7 @@ FLOATS = {  # a right number as a float: the task says int, so it fails
               lambda m, opt: 4.0 * ({"sgd": 0, "momentum": 1, "adam": 2}[opt] * sum(p.numel() for p in m.parameters())
                                     + (len(list(m.parameters())) if opt == "adam" else 0))),
     "u02-2": (u02.checks.check_plan_accumulation, lambda t, mx, w: (float(mx), t / (mx * w))),
+    "u02-6": (u02.checks.check_gpus_needed, lambda n, t, d, p, u: float(-(-6 * n * t // int(d * 86_400 * p * u)))),
 }
 
 

@@ -1,10 +1,16 @@
 """Checks for the exercises of unit 01 (solutions/01_backprop_memory.ipynb).
 
-Both checks build random MLPs the learner has not seen, run a real training step under
+Tasks 1-3 build models the learner has not seen, run a real step (or forward) under
 MemoryMeter, and compare the learner's prediction with what was measured.
 
 Task 1: optimizer_state_bytes(model, optimizer) -> bytes of optimizer state after one step.
 Task 2: predict_step_memory(model, batch_shape, optimizer) -> bytes per category.
+Task 3 (predict, then measure): gpt_activation_bytes(config, batch, seq) -> bytes autograd keeps
+        when a GPT's forward ends, on GPT shapes the lecture did not show (exact).
+Task 4 (find the bug): an evaluation loop that keeps every batch's activations alive; name the
+        bug and fix it (graded by the measured peak).
+Task 5 (scale it up): parameters, model state and activations of GPT-shaped 7B and 70B models at
+        4,096 tokens, against estimate.
 """
 from __future__ import annotations
 
@@ -130,7 +136,174 @@ def _hint(category, model, batch_shape, opt, got, expected) -> str:
             return " (check what the activation saves: relu/tanh keep u, gelu/silu keep z too)"
         if got - expected == 4 * batch * model.config.in_features:
             return " (the input x is created before the step: it is not an activation here)"
-        return " (use estimate.activation_bytes_mlp with the model's widths and activation)"
+        return " (count what each layer keeps: every hidden output, the output layer's output)"
     if category == "optimizer":
-        return " (use estimate.model_state_bytes; Adam keeps a step counter per parameter tensor)"
+        return " (buffers per parameter: SGD 0, momentum 1, Adam 2 plus a step counter per tensor)"
     return ""
+
+
+# ---------------------------------------------------------------------------------- task 3
+_GPT_REFERENCES = ("course_lib.measure.estimate.memory:activation_bytes_gpt",
+                   "course_lib.measure.estimate.memory:activation_bytes_transformer_layer",
+                   "course_lib.measure.estimate.checkpointing:checkpointed_activation_bytes_gpt",
+                   "course_lib.measure.memory:MemoryMeter")
+
+
+def _unseen_gpt_cases():
+    """(config, batch, seq): shapes the lecture did not show, seq below block_size in one."""
+    from course_lib.models import GPTConfig
+
+    return [(GPTConfig.tiny(n_layer=3, n_embd=48, n_head=6, block_size=32, vocab_size=50), 3, 32),
+            (GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, block_size=40, vocab_size=97, bias=False), 2, 24),
+            (GPTConfig.tiny(n_layer=2, n_embd=16, n_head=1, block_size=16, vocab_size=23), 5, 16)]
+
+
+def _measure_gpt_forward(config, batch: int, seq: int) -> int:
+    """Bytes filed as activations when the forward of a GPT ends (the logits held)."""
+    import torch
+
+    from course_lib.measure.memory import MemoryMeter
+    from course_lib.models import GPT
+
+    torch.manual_seed(0)
+    model = GPT(config)
+    idx = torch.randint(0, config.vocab_size, (batch, seq))
+    with MemoryMeter(model) as mem:
+        logits = model(idx)
+    del logits
+    return int(mem.end_breakdown["activations"])
+
+
+def check_gpt_activation_bytes(gpt_activation_bytes, task: int = 3) -> None:
+    """Task (predict, then measure): activation bytes of a GPT forward, exact (0 B tolerance)."""
+    for config, batch, seq in _unseen_gpt_cases():
+        measured = _measure_gpt_forward(config, batch, seq)
+        got = run_learner(task, gpt_activation_bytes, config, batch, seq, forbid=_GPT_REFERENCES)
+        expect_int(task, "the activation bytes", got)
+        if got != measured:
+            B, T, C, nh = batch, seq, config.n_embd, config.n_head
+            hint = ""
+            if got - measured == -4 * B * T * config.vocab_size:
+                hint = " (the logits, B x T x vocab, are alive when the forward ends)"
+            elif got - measured == -4 * (2 * B * T * C + 2 * B * T):
+                hint = " (the final LayerNorm keeps its input, output, mean and rstd too)"
+            elif (measured - got) % (4 * config.n_layer * B * T * T) == 0:
+                hint = " (each head keeps its T x T attention probabilities)"
+            fail(task, f"GPT n_layer={config.n_layer} n_embd={C} n_head={nh} vocab={config.vocab_size}, "
+                       f"batch {B} x seq {T}: expected {fmt_int(measured)} B (measured), got {got!r}{hint}")
+    passed(task, "GPT activation bytes match MemoryMeter exactly (0 B tolerance) on 3 unseen shapes")
+
+
+# ---------------------------------------------------------------------------------- task 4
+#: diagnoses offered for the buggy evaluation loop of solutions/01_backprop_memory.ipynb
+EVAL_BUG_CHOICES = {
+    "a": "torch.cat copies the outputs, doubling their memory",
+    "b": "each kept output holds its batch's autograd graph and every activation saved for backward",
+    "c": "the model is in training mode, so it keeps dropout masks",
+    "d": "the list keeps the input batches alive",
+}
+_N_EVAL_BATCHES = 6
+
+
+def _eval_case():
+    import torch
+
+    from course_lib.models import MLP, MLPConfig
+
+    torch.manual_seed(3)
+    model = MLP(MLPConfig(in_features=24, hidden=(96, 96, 96), out_features=5, activation="gelu"))
+    g = torch.Generator().manual_seed(7)
+    batches = [torch.randn(32, 24, generator=g) for _ in range(_N_EVAL_BATCHES)]
+    return model, batches
+
+
+def _peak_activations(fn, model, batches, *, task: int | None = None):
+    """Peak bytes (activations + temporaries) while fn(model, batches) runs, and its result."""
+    from course_lib.measure.memory import MemoryMeter
+
+    with MemoryMeter(model) as mem:
+        # the meter's hooks run inside the learner's forward; only a second meter is refused
+        out = fn(model, batches) if task is None else run_learner(
+            task, fn, model, batches, forbid=("course_lib.measure.memory:MemoryMeter.__init__",))
+    peak = int(mem.peak_breakdown.get("activations", 0) + mem.peak_breakdown.get("temporaries", 0))
+    return peak, out
+
+
+def check_eval_memory_bug(bug: str, predict_all, task: int = 4) -> None:
+    """Task (find the bug): name why the evaluation loop's memory grows with the number of
+    batches, and fix it; the fixed loop's measured peak must stay near one batch's."""
+    import torch
+
+    key = bug.strip().lower() if isinstance(bug, str) else None
+    if key not in EVAL_BUG_CHOICES:
+        fail(task, f"bug must be one of {sorted(EVAL_BUG_CHOICES)}, got {bug!r}")
+    if key != "b":
+        fail(task, f"bug {bug!r} ({EVAL_BUG_CHOICES[key]}): that is not what makes the memory grow "
+                   "with the number of batches; look at what each kept output still refers to")
+    model, batches = _eval_case()
+    # what one batch costs with autograd on (its saved activations and transients), plus the
+    # outputs the loop must return: the most a fixed loop may hold at once
+    one_batch, _ = _peak_activations(lambda m, b: m(b[0]), model, batches)
+    with torch.no_grad():
+        expected = torch.cat([model(x) for x in batches])
+    outputs = expected.numel() * expected.element_size()
+    allowed = one_batch + outputs
+    peak, got = _peak_activations(predict_all, model, batches, task=task)
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        fail(task, f"expected a tensor of shape {tuple(expected.shape)} (every batch's outputs, "
+                   f"concatenated), got {got!r:.80}")
+    if not torch.allclose(got.detach(), expected, rtol=1e-5, atol=1e-6):
+        fail(task, "the outputs differ from the model's outputs on the batches")
+    if peak > allowed:
+        fail(task, f"measured peak of {fmt_int(peak)} B over {_N_EVAL_BATCHES} batches; one batch's "
+                   f"forward with autograd plus the outputs is {fmt_int(allowed)} B: autograd still "
+                   f"records a graph for the batches (evaluate with autograd off)")
+    passed(task, f"bug named and the fixed loop's measured peak stays within one batch's forward "
+                 f"plus the outputs over {_N_EVAL_BATCHES} batches")
+
+
+# ---------------------------------------------------------------------------------- task 5
+_SCALE_REFERENCES = ("course_lib.measure.estimate.memory:activation_bytes_gpt",
+                     "course_lib.measure.estimate.memory:activation_bytes_transformer_layer",
+                     "course_lib.measure.estimate.memory:model_state_bytes",
+                     "course_lib.measure.estimate.training:gpt_param_count",
+                     "course_lib.models:count_params")
+#: GPT-shaped models (our architecture, GPT-2 vocabulary) at the sizes people train
+SCALE_CASES = {"tiny": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=65, seq=64),
+               "7B": dict(n_layer=32, n_embd=4096, n_head=32, vocab_size=50257, seq=4096),
+               "70B": dict(n_layer=80, n_embd=8192, n_head=64, vocab_size=50257, seq=4096)}
+
+
+def _scale_expected(n_layer, n_embd, n_head, vocab_size, seq) -> dict:
+    from course_lib.measure import estimate
+    from course_lib.models import GPTConfig
+
+    n = estimate.gpt_param_count(n_layer=n_layer, n_embd=n_embd, vocab_size=vocab_size, block_size=seq)
+    config = GPTConfig(vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+    return {"params": n,
+            "model_state": estimate.model_state_bytes(n, precision="fp32", optimizer="adam")["total"],
+            "activations": estimate.activation_bytes_gpt(config, 1, seq)}
+
+
+def check_scale_up(scale_up, task: int = 5) -> None:
+    """Task (scale it up): parameters, fp32 Adam model state and activations (batch 1) of our
+    GPT at 7B and 70B shapes, 4,096 tokens, against estimate (exact)."""
+    shown = {}
+    for name, shape in SCALE_CASES.items():
+        expected = _scale_expected(**shape)
+        got = run_learner(task, scale_up, shape["n_layer"], shape["n_embd"], shape["n_head"],
+                          shape["vocab_size"], shape["seq"], forbid=_SCALE_REFERENCES)
+        if not isinstance(got, dict) or any(k not in got for k in expected):
+            fail(task, f"expected a dict with keys {list(expected)}, got {got!r:.80}")
+        for key, value in expected.items():
+            expect_int(task, f"{key} of the {name} model", got[key])
+            if got[key] != value:
+                hint = ""
+                if key == "params" and got[key] == 12 * shape["n_layer"] * shape["n_embd"] ** 2:
+                    hint = " (12 L C^2 is the blocks' weight matrices only: add biases, norms, embeddings)"
+                fail(task, f"{name} ({shape}): {key}: expected {fmt_int(value)}, got {got[key]!r}{hint}")
+        shown[name] = expected
+    s7, s70 = shown["7B"], shown["70B"]
+    passed(task, f"7B-shaped: {s7['params'] / 1e9:.2f}B params, {s7['model_state'] / 1e9:.0f} GB state, "
+                 f"{s7['activations'] / 1e9:.0f} GB activations at 4k tokens; 70B-shaped: "
+                 f"{s70['model_state'] / 1e12:.2f} TB, {s70['activations'] / 1e9:.0f} GB")

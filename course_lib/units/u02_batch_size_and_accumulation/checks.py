@@ -7,6 +7,10 @@ itself, spies on the optimizer and on the loss, and compares the update with one
 then it calls the loop a second time on a new batch, as a training loop does, and compares again.
 It names the classic bugs: the loss not divided by the number of micro-batches, zero_grad inside
 the loop, stepping the optimizer every micro-batch, and never clearing the gradients.
+Task 4 (predict, then measure): the largest batch whose SGD step fits a memory budget; the check
+measures the learner's batch and one 3 % larger.
+Task 5 (find the bug): an accumulation loop that weights unequal micro-batches equally.
+Task 6 (scale it up): GPUs needed to train 7B-175B models in a given time, against estimate.
 """
 from __future__ import annotations
 
@@ -274,7 +278,13 @@ def _diagnose_update(update, expected_update, scale, model, x, y, task, where, k
         fail(task, f"{where}: loss not divided by the number of micro-batches: the update is "
                    f"{k}x the full-batch update (backward adds up {k} mean losses); divide "
                    f"each micro-batch loss by {k}")
-    last = _micro_grads(model, x, y, k)[-1]
+    micro = _micro_grads(model, x, y, k)
+    sizes = [len(c) for c in x.chunk(k)]
+    if len(set(sizes)) > 1 and _close(update, _LR * sum(micro) / len(micro), scale):
+        fail(task, f"{where}: the micro-batches hold {sizes} samples, yet each micro-batch's mean "
+                   f"loss got the same weight 1/{len(micro)}: the samples of the short one count "
+                   f"more than the others; weight each micro-batch by its share of the batch")
+    last = micro[-1]
     if _close(update, _LR * last / k, scale) or _close(update, _LR * last, scale):
         fail(task, f"{where}: zero_grad inside the loop: only the last micro-batch's "
                    f"gradient reached the step; clear gradients once, before the loop")
@@ -282,3 +292,126 @@ def _diagnose_update(update, expected_update, scale, model, x, y, task, where, k
     fail(task, f"{where}: parameter update differs from one full-batch step: max abs error "
                f"{err:.3g} > rtol {_RTOL:g} x {scale:.3g} (are all micro-batches used, each "
                f"once, with the loss divided by {k}, and the gradients cleared once per step?)")
+
+
+# ---------------------------------------------------------------------------------- task 4
+_FIT_REFERENCES = ("course_lib.units.u02_batch_size_and_accumulation.run:largest_batch_that_fits",
+                   "course_lib.units.u02_batch_size_and_accumulation.run:step_peak_bytes",
+                   "course_lib.measure.memory:MemoryMeter",
+                   "course_lib.measure.estimate.memory:activation_bytes_mlp",
+                   "course_lib.measure.estimate.memory:model_state_bytes")
+#: a batch this much larger than the learner's must NOT fit (the tolerance of the prediction)
+FIT_TOLERANCE = 0.03
+
+
+def _fit_cases():
+    """(MLP, budget in bytes): shapes and budgets the lecture did not show."""
+    import torch
+
+    from course_lib.models import MLP, MLPConfig
+
+    out = []
+    for seed, (cfg, mib) in enumerate([(MLPConfig(in_features=48, hidden=(160, 160), out_features=7), 3),
+                                       (MLPConfig(in_features=64, hidden=(256,), out_features=4), 4)]):
+        torch.manual_seed(seed)
+        out.append((MLP(cfg), mib * 2**20))
+    return out
+
+
+def _step_peak(model, batch: int) -> int:
+    """Measured peak bytes of one SGD step at `batch`, the input batch and labels included."""
+    from course_lib.units.u02_batch_size_and_accumulation.run import step_peak_bytes
+
+    return int(step_peak_bytes(model, batch, optimizer="sgd", device="cpu")["peak_bytes"])
+
+
+def check_largest_batch(largest_batch, task: int = 4) -> None:
+    """Task (predict, then measure): the learner's batch must fit the budget when measured, and a
+    batch 3 % larger must not."""
+    for model, budget in _fit_cases():
+        got = run_learner(task, largest_batch, model, budget, forbid=_FIT_REFERENCES)
+        expect_int(task, "the batch size", got)
+        where = f"MLP widths={model.config.widths}, budget {budget:,} B"
+        if got < 1:
+            fail(task, f"{where}: expected a batch of at least 1, got {got}")
+        peak = _step_peak(model, got)
+        if peak > budget:
+            fail(task, f"{where}: batch {got} does not fit: its measured peak is {peak:,} B, "
+                       f"{peak - budget:,} B over (the peak is early in backward: what is alive there?)")
+        bigger = max(got + 1, int(got * (1 + FIT_TOLERANCE)))
+        peak_bigger = _step_peak(model, bigger)
+        if peak_bigger <= budget:
+            fail(task, f"{where}: batch {got} fits, but so does {bigger} (measured peak "
+                       f"{peak_bigger:,} B): the prediction is more than {FIT_TOLERANCE:.0%} too cautious")
+    passed(task, f"on 2 unseen MLPs your batch fits the budget when measured and one "
+                 f"{FIT_TOLERANCE:.0%} larger does not")
+
+
+# ---------------------------------------------------------------------------------- task 5
+#: diagnoses offered for the buggy loop of solutions/02_batch_size_and_accumulation.ipynb
+UNEVEN_BUG_CHOICES = {
+    "a": "zero_grad() belongs inside the loop",
+    "b": "the micro-batches differ in size, and dividing each mean loss by their number over-weights the short one",
+    "c": "backward() should run once, after the loop",
+    "d": "optimizer.step() should run after every micro-batch",
+}
+
+
+def check_uneven_accumulation(bug: str, accumulation_step, task: int = 5) -> None:
+    """Task (find the bug): name the bug of a loop that divides every micro-batch mean by the
+    number of micro-batches when the last micro-batch is shorter, and fix it; the fixed loop
+    must equal one full-batch step (float64, rtol 1e-9) twice in a row."""
+    key = bug.strip().lower() if isinstance(bug, str) else None
+    if key not in UNEVEN_BUG_CHOICES:
+        fail(task, f"bug must be one of {sorted(UNEVEN_BUG_CHOICES)}, got {bug!r}")
+    if key != "b":
+        fail(task, f"bug {bug!r} ({UNEVEN_BUG_CHOICES[key]}): the loop is right about that; "
+                   "compare the micro-batch sizes of a batch of 10 in 3 chunks")
+    for seed, batch, k in ((0, 10, 3), (1, 13, 4)):
+        _check_one_case(accumulation_step, task, seed, batch, k)
+    passed(task, f"bug named; with micro-batches of 4+4+2 and 4+4+4+1 samples, 2 accumulated steps "
+                 f"in a row equal 2 full-batch steps (float64, rtol={_RTOL:g})")
+
+
+# ---------------------------------------------------------------------------------- task 6
+_GPU_REFERENCES = ("course_lib.measure.estimate.training:gpus_for_training",
+                   "course_lib.measure.estimate.training:training_days",
+                   "course_lib.measure.estimate.training:training_flops_per_token",
+                   "course_lib.measure.estimate.compute:transformer_training_flops")
+
+
+def gpu_cases():
+    """(label, n_params, tokens, days, peak FLOP/s, MFU): the sources' worked example on three
+    GPU generations, and 7B / 70B runs on 2T tokens."""
+    from course_lib.measure import estimate
+
+    peak = {name: estimate.gpu_spec(name).peak_flops for name in ("V100", "A100", "H100")}
+    return [("175B, 300B tokens, 30 days, V100", 175 * 10**9, 300 * 10**9, 30, peak["V100"], 0.5),
+            ("175B, 300B tokens, 30 days, A100", 175 * 10**9, 300 * 10**9, 30, peak["A100"], 0.5),
+            ("175B, 300B tokens, 30 days, H100", 175 * 10**9, 300 * 10**9, 30, peak["H100"], 0.5),
+            ("7B, 2T tokens, 7 days, H100 at 40 %", 7 * 10**9, 2 * 10**12, 7, peak["H100"], 0.4),
+            ("70B, 2T tokens, 30 days, H100 at 40 %", 70 * 10**9, 2 * 10**12, 30, peak["H100"], 0.4)]
+
+
+def check_gpus_needed(gpus_needed, task: int = 6) -> None:
+    """Task (scale it up): whole GPUs to train a model on a token budget in a given time."""
+    from course_lib.measure import estimate
+
+    answers = []
+    for label, n, tokens, days, peak, util in gpu_cases():
+        expected = estimate.gpus_for_training(n, tokens, days=days, peak_flops=peak, mfu=util)
+        got = run_learner(task, gpus_needed, n, tokens, days, peak, util, forbid=_GPU_REFERENCES)
+        expect_int(task, f"the GPU count ({label})", got)
+        if got != expected:
+            exact = 6 * n * tokens / (days * 86_400 * peak * util)
+            hint = ""
+            if got == round(exact) or got == int(exact):
+                hint = " (a fraction of a GPU is a whole GPU: round up)"
+            elif abs(got - exact / 3) < 1.5:
+                hint = " (training is about 6 FLOPs per parameter per token: 2 forward, 4 backward)"
+            elif abs(got - exact * util) < 1.5:
+                hint = " (at an MFU below 1 each GPU delivers only that fraction of its peak)"
+            fail(task, f"{label}: expected {expected:,} GPUs, got {got!r}{hint}")
+        answers.append(got)
+    passed(task, f"175B on 300B tokens in 30 days at 50 % MFU: {answers[0]:,} V100, {answers[1]:,} A100, "
+                 f"{answers[2]:,} H100; 7B and 70B on 2T tokens match too")

@@ -12,7 +12,39 @@ from course_lib.measure.estimate import GB, MiB
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["plot_roofline", "plot_throughput_vs_batch", "plot_accumulation", "plot_batch_search",
-           "plot_budget_check"]
+           "plot_budget_check", "plot_throughput_prediction", "plot_lr_scaling"]
+
+
+def plot_throughput_prediction(df: pd.DataFrame, *, title: str | None = None):
+    """Samples/s against the batch: the roofline's bound (line) and the measurement (markers)."""
+    require_columns(df, ["batch", "predicted_samples_per_s", "measured_samples_per_s"], "df")
+    with style():
+        fig, ax = plt.subplots(figsize=(11, 5))
+        ax.plot(df["batch"], df["predicted_samples_per_s"], "k--", lw=2, label="roofline bound (predicted)")
+        ax.plot(df["batch"], df["measured_samples_per_s"], "o-", ms=9, label="measured")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch (samples)")
+        ax.set_ylabel("samples / s")
+        ax.set_title(title or "Throughput: the roofline's bound vs measured")
+        ax.legend()
+        fig.tight_layout()
+        return fig
+
+
+def plot_lr_scaling(df: pd.DataFrame, *, title: str | None = None):
+    """Held-out loss against samples seen, one line per (batch, learning rate) run."""
+    require_columns(df, ["run", "samples", "eval_loss"], "df")
+    with style():
+        fig, ax = plt.subplots(figsize=(11, 5))
+        for name, part in df.groupby("run", sort=False):
+            ax.plot(part["samples"], part["eval_loss"], marker="o", ms=5, label=name)
+        ax.set_xlabel("training samples seen")
+        ax.set_ylabel("held-out loss")
+        ax.set_title(title or "Same samples, different batch and learning rate")
+        ax.legend()
+        fig.tight_layout()
+        return fig
 
 
 def plot_roofline(ops: pd.DataFrame, machine: dict, *, title: str | None = None):

@@ -34,6 +34,15 @@ from course_lib.techniques.accumulation import (
     training_step,
 )
 from course_lib.techniques.optim import make_optimizer
+from course_lib.units.u02_batch_size_and_accumulation import run_scale
+from course_lib.units.u02_batch_size_and_accumulation.run_scale import (  # noqa: F401 - re-exported
+    gpt_step_mfu,
+    lr_scaling_runs,
+    roofline_step_time,
+    simple_noise_scale_of,
+    teacher_task,
+    throughput_prediction,
+)
 
 __all__ = [
     "SimulatedOOM",
@@ -54,6 +63,7 @@ __all__ = [
     "accumulation_memory_and_time",
     "effective_batch",
     "default_device",
+    *run_scale.__all__,
 ]
 
 

@@ -72,3 +72,110 @@ def test_predict_step_memory_check(capsys):
         grading.check_predict_step_memory(missing_key, task=2)
     with pytest.raises(AssertionError, match="✗ task 2: not implemented yet"):
         grading.check_predict_step_memory(stub, task=2)
+
+
+# ------------------------------------------------------------ tasks 3-5 (predict, bug, scale)
+def gpt_activation_bytes(config, batch, seq):
+    B, T, C, nh = batch, seq, config.n_embd, config.n_head
+    per_layer = 16 * B * T * C + 4 * B * T + nh * B * T * T
+    return 4 * (config.n_layer * per_layer + 2 * B * T * C + 2 * B * T + B * T * config.vocab_size)
+
+
+def test_gpt_activation_check(capsys):
+    from course_lib.measure import estimate
+
+    grading.check_gpt_activation_bytes(gpt_activation_bytes, task=3)
+    assert capsys.readouterr().out.strip() == (
+        "✓ task 3: GPT activation bytes match MemoryMeter exactly (0 B tolerance) on 3 unseen shapes")
+
+    def no_logits(config, batch, seq):
+        return gpt_activation_bytes(config, batch, seq) - 4 * batch * seq * config.vocab_size
+
+    def thirteen(config, batch, seq):  # the old 13BTC prose
+        return gpt_activation_bytes(config, batch, seq) - 4 * 3 * config.n_layer * batch * seq * config.n_embd
+
+    with pytest.raises(AssertionError, match=r"✗ task 3: .*the logits, B x T x vocab"):
+        grading.check_gpt_activation_bytes(no_logits, task=3)
+    with pytest.raises(AssertionError, match=r"✗ task 3: .*expected .* \(measured\), got"):
+        grading.check_gpt_activation_bytes(thirteen, task=3)
+    with pytest.raises(AssertionError, match="✗ task 3: uses the course's own activation_bytes_gpt"):
+        grading.check_gpt_activation_bytes(lambda c, b, t: estimate.activation_bytes_gpt(c, b, t), task=3)
+    with pytest.raises(AssertionError, match="✗ task 3: not implemented yet"):
+        grading.check_gpt_activation_bytes(stub, task=3)
+
+
+def test_eval_memory_bug_check(capsys):
+    import torch
+
+    def fixed(model, batches):
+        with torch.no_grad():
+            return torch.cat([model(x) for x in batches])
+
+    def inference(model, batches):
+        with torch.inference_mode():
+            return torch.cat([model(x) for x in batches])
+
+    def buggy(model, batches):
+        return torch.cat([model(x) for x in batches])
+
+    grading.check_eval_memory_bug("b", fixed, task=4)
+    grading.check_eval_memory_bug(" B", inference, task=4)
+    assert capsys.readouterr().out.count("✓ task 4: bug named") == 2
+    with pytest.raises(AssertionError, match=r"✗ task 4: .*autograd still records a graph"):
+        grading.check_eval_memory_bug("b", buggy, task=4)
+    with pytest.raises(AssertionError, match=r"✗ task 4: bug 'a' .*not what makes the memory grow"):
+        grading.check_eval_memory_bug("a", fixed, task=4)
+    with pytest.raises(AssertionError, match=r"✗ task 4: .*outputs differ"):
+        grading.check_eval_memory_bug("b", lambda m, b: 2 * fixed(m, b), task=4)
+    with pytest.raises(AssertionError, match="✗ task 4: not implemented yet"):
+        grading.check_eval_memory_bug("b", stub, task=4)
+
+
+def scale_up(n_layer, n_embd, n_head, vocab_size, seq):
+    from course_lib.models import GPTConfig
+
+    C = n_embd
+    params = n_layer * (12 * C * C + 13 * C) + vocab_size * C + seq * C + 2 * C
+    config = GPTConfig(vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head, n_embd=C)
+    return {"params": params, "model_state": 16 * params,
+            "activations": gpt_activation_bytes(config, 1, seq)}
+
+
+def test_scale_up_check(capsys):
+    from course_lib.measure import estimate
+
+    grading.check_scale_up(scale_up, task=5)
+    assert capsys.readouterr().out.strip() == (
+        "✓ task 5: 7B-shaped: 6.67B params, 107 GB state, 104 GB activations at 4k tokens; "
+        "70B-shaped: 1.04 TB, 516 GB")
+
+    def blocks_only(n_layer, n_embd, n_head, vocab_size, seq):
+        out = scale_up(n_layer, n_embd, n_head, vocab_size, seq)
+        out["params"] = 12 * n_layer * n_embd ** 2
+        return out
+
+    with pytest.raises(AssertionError, match=r"✗ task 5: tiny .*12 L C\^2 is the blocks' weight"):
+        grading.check_scale_up(blocks_only, task=5)
+
+    def uses_estimate(n_layer, n_embd, n_head, vocab_size, seq):
+        out = scale_up(n_layer, n_embd, n_head, vocab_size, seq)
+        out["model_state"] = estimate.model_state_bytes(out["params"])["total"]
+        return out
+
+    with pytest.raises(AssertionError, match="✗ task 5: uses the course's own model_state_bytes"):
+        grading.check_scale_up(uses_estimate, task=5)
+    with pytest.raises(AssertionError, match="✗ task 5: not implemented yet"):
+        grading.check_scale_up(stub, task=5)
+
+
+def test_eval_memory_bug_check_refuses_the_course_meter():
+    import torch
+
+    from course_lib.measure.memory import MemoryMeter
+
+    def measured_by_the_course(model, batches):
+        with torch.no_grad(), MemoryMeter(model):
+            return torch.cat([model(x) for x in batches])
+
+    with pytest.raises(AssertionError, match="✗ task 4: uses the course's own MemoryMeter.__init__"):
+        grading.check_eval_memory_bug("b", measured_by_the_course, task=4)

@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from course_lib.techniques import accumulation
 from course_lib.units.u02_batch_size_and_accumulation import checks as grading
 
 
@@ -160,3 +161,86 @@ def test_plan_accumulation_check(capsys):
         grading.check_plan_accumulation(stub)
 
 
+
+
+# ------------------------------------------------------------ tasks 4-6 (predict, bug, scale)
+def largest_batch(model, budget):
+    w = model.config.widths
+    params = 4 * sum(p.numel() for p in model.parameters())
+    per = 4 * sum(w[1:-1]) + 8 * w[-2] + 4 * w[0] + 8
+    return (budget - params - 4 * (w[-2] * w[-1] + w[-1])) // per
+
+
+def test_largest_batch_check(capsys):
+    from course_lib.measure import estimate
+
+    grading.check_largest_batch(largest_batch, task=4)
+    assert capsys.readouterr().out.strip().startswith("✓ task 4: on 2 unseen MLPs your batch fits")
+
+    def formula_only(model, budget):  # the lecture's first guess: state + activations + input
+        w = model.config.widths
+        params = 4 * sum(p.numel() for p in model.parameters())
+        return (budget - 2 * params) // (4 * sum(w[1:]) + 4 * w[0] + 8)
+
+    with pytest.raises(AssertionError, match=r"✗ task 4: .*does not fit: its measured peak"):
+        grading.check_largest_batch(formula_only, task=4)
+    with pytest.raises(AssertionError, match=r"✗ task 4: .*more than 3% too cautious"):
+        grading.check_largest_batch(lambda m, b: largest_batch(m, b) // 2, task=4)
+    with pytest.raises(AssertionError, match="✗ task 4: .*must be an int"):
+        grading.check_largest_batch(lambda m, b: float(largest_batch(m, b)), task=4)
+    with pytest.raises(AssertionError, match="✗ task 4: uses the course's own activation_bytes_mlp"):
+        grading.check_largest_batch(
+            lambda m, b: largest_batch(m, b) + 0 * estimate.activation_bytes_mlp(1, m.config.widths), task=4)
+    with pytest.raises(AssertionError, match="✗ task 4: not implemented yet"):
+        grading.check_largest_batch(stub, task=4)
+
+
+def uneven_step(model, optimizer, loss_fn, inputs, targets, micro_batches):
+    optimizer.zero_grad()
+    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        (loss_fn(model(x), y) * (len(x) / len(inputs))).backward()
+    optimizer.step()
+
+
+def uneven_buggy(model, optimizer, loss_fn, inputs, targets, micro_batches):
+    optimizer.zero_grad()
+    for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)):
+        (loss_fn(model(x), y) / micro_batches).backward()
+    optimizer.step()
+
+
+def test_uneven_accumulation_check(capsys):
+    grading.check_uneven_accumulation("b", uneven_step, task=5)
+    assert capsys.readouterr().out.strip().startswith("✓ task 5: bug named; with micro-batches of 4+4+2")
+    with pytest.raises(AssertionError, match=r"✗ task 5: .*\[4, 4, 2\] samples, yet each micro-batch's mean"):
+        grading.check_uneven_accumulation("b", uneven_buggy, task=5)
+    with pytest.raises(AssertionError, match=r"✗ task 5: bug 'c' .*the loop is right about that"):
+        grading.check_uneven_accumulation("c", uneven_step, task=5)
+    with pytest.raises(AssertionError, match="✗ task 5: uses the course's own accumulation_step"):
+        grading.check_uneven_accumulation("b", accumulation.accumulation_step, task=5)
+    with pytest.raises(AssertionError, match="✗ task 5: not implemented yet"):
+        grading.check_uneven_accumulation("b", stub, task=5)
+
+
+def gpus_needed(n_params, tokens, days, peak_flops, mfu):
+    import math
+
+    return math.ceil(6 * n_params * tokens / (days * 86_400 * peak_flops * mfu))
+
+
+def test_gpus_needed_check(capsys):
+    from course_lib.measure import estimate
+
+    grading.check_gpus_needed(gpus_needed, task=6)
+    assert capsys.readouterr().out.strip() == (
+        "✓ task 6: 175B on 300B tokens in 30 days at 50 % MFU: 1,945 V100, 780 A100, 246 H100; "
+        "7B and 70B on 2T tokens match too")
+    with pytest.raises(AssertionError, match=r"✗ task 6: .*round up"):
+        grading.check_gpus_needed(lambda n, t, d, p, u: round(6 * n * t / (d * 86_400 * p * u)), task=6)
+    with pytest.raises(AssertionError, match=r"✗ task 6: .*6 FLOPs per parameter per token"):
+        grading.check_gpus_needed(lambda n, t, d, p, u: gpus_needed(n, t, d, p, u * 3), task=6)
+    with pytest.raises(AssertionError, match="✗ task 6: uses the course's own gpus_for_training"):
+        grading.check_gpus_needed(
+            lambda n, t, d, p, u: estimate.gpus_for_training(n, t, days=d, peak_flops=p, mfu=u), task=6)
+    with pytest.raises(AssertionError, match="✗ task 6: not implemented yet"):
+        grading.check_gpus_needed(stub, task=6)

@@ -136,3 +136,69 @@ def test_peak_and_bandwidth_probes_report_their_units():
     assert bw["nbytes"] == 2 * 2**20  # read + write
     with pytest.raises(ValueError, match="nbytes must be >= 4"):
         u2.measure_copy_bandwidth(2)
+
+
+# ------------------------------------------------------------------ run_scale: roofline, MFU, lr
+def test_roofline_step_time_counts_by_hand():
+    from course_lib.models import MLP, MLPConfig
+    from course_lib.units.u02_batch_size_and_accumulation import run
+
+    model = MLP(MLPConfig(in_features=3, hidden=(5,), out_features=2))  # widths 3 -> 5 -> 2
+    B = 4
+    # layer 0: forward 2*4*5*3 = 120, weight grad 2*3*5*4 = 120; layer 1: forward 2*4*2*5 = 80,
+    # weight grad 2*5*2*4 = 80, input grad 2*4*5*2 = 80; ReLU 2*4*5 = 40; SGD 2 x 32 params = 64
+    out = run.roofline_step_time(model, B, peak_flops=1.0, bandwidth=1e30)  # compute-bound: time = FLOPs
+    assert out["flops"] == 120 + 120 + 80 + 80 + 80
+    assert out["predicted_s"] == pytest.approx(480 + 40 + 64)
+    mem = run.roofline_step_time(model, B, peak_flops=1e30, bandwidth=1.0)  # memory-bound: time = bytes
+    mm = 4 * ((4 * 3 + 3 * 5 + 4 * 5) + (3 * 4 + 4 * 5 + 3 * 5)
+              + (4 * 5 + 5 * 2 + 4 * 2) + (5 * 4 + 4 * 2 + 5 * 2) + (4 * 2 + 2 * 5 + 4 * 5))
+    assert mem["bytes"] == mm + 2 * 2 * 4 * 4 * 5 + 12 * 32
+    assert mem["predicted_s"] == pytest.approx(mem["bytes"])
+
+
+def test_lr_scaling_runs_follow_the_rule():
+    from course_lib.units.u02_batch_size_and_accumulation import run
+
+    runs = [dict(name="small", batch=16, lr=0.05), dict(name="big", batch=128, lr=0.05),
+            dict(name="big scaled", batch=128, lr=0.4, warmup_steps=8)]
+    df = run.lr_scaling_runs(runs, samples=2048, eval_every=256)
+    last = df.groupby("run", sort=False).last()
+    assert list(last["step"]) == [128, 16, 16]
+    assert (df.groupby("run")["samples"].max() == 2048).all()
+    assert last.loc["big", "eval_loss"] > last.loc["small", "eval_loss"] + 0.1
+    assert abs(last.loc["big scaled", "eval_loss"] - last.loc["small", "eval_loss"]) < 0.1
+    with pytest.raises(ValueError, match="batch = 0"):
+        run.lr_scaling_runs([dict(name="x", batch=0, lr=0.1)], samples=64)
+
+
+def test_noise_scale_matches_a_loop_over_examples():
+    import torch
+    import torch.nn.functional as F
+
+    from course_lib.units.u02_batch_size_and_accumulation import run, run_scale
+
+    got = run.simple_noise_scale_of(64)
+    x, y = run.teacher_task(64)
+    model = run_scale._student(x.shape[1], int(y.max()) + 1)
+    grads = []
+    for i in range(64):  # per-example gradients the slow way
+        model.zero_grad()
+        F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    g = torch.stack(grads)
+    assert got["trace_cov"] == pytest.approx(float(g.var(0).sum()), rel=1e-4)
+    assert got["grad_sq_norm"] == pytest.approx(float(g.mean(0).pow(2).sum()), rel=1e-4)
+    assert got["b_simple"] == pytest.approx(got["trace_cov"] / got["grad_sq_norm"])
+
+
+def test_gpt_step_mfu_counts_model_flops():
+    from course_lib.models import GPTConfig
+    from course_lib.units.u02_batch_size_and_accumulation import run
+
+    cfg = GPTConfig.tiny(n_layer=1, block_size=16)
+    out = run.gpt_step_mfu(cfg, 2, peak_flops=1e12, device="cpu", warmup=1, repeat=2)
+    n = out["params"]
+    assert out["flops_per_step"] == (6 * n + 12 * 1 * 16 * 64) * 2 * 16
+    assert out["mfu"] == pytest.approx(out["flops_per_step"] / out["median_s"] / 1e12)
+    assert 0 < out["mfu"] < 1
