@@ -43,11 +43,18 @@ class Adam(torch.optim.Optimizer):
     dtype -- 8 bytes per fp32 parameter -- and a Python int ``step`` (torch.optim keeps a
     4-byte tensor instead). Written in the same order of operations as torch.optim's
     single-tensor path, so it matches it to a few ulps.
+
+    ``state_dtype`` (default: the parameter's dtype, as torch.optim) keeps m and v in another
+    dtype: ``torch.float32`` for bf16 parameters is the "12 bytes per parameter" recipe (bf16
+    params 2 + bf16 grads 2 + fp32 m, v 8, no master copy). The update is then computed in fp32
+    and rounded once into the 16-bit parameter, so updates below half its spacing are lost
+    (notebooks/04_optimizer_memory.ipynb, section 5).
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, *, decoupled: bool = False) -> None:
+                 weight_decay: float = 0.0, *, decoupled: bool = False,
+                 state_dtype: torch.dtype | None = None) -> None:
         if not (isinstance(lr, (int, float)) and lr >= 0):
             raise ValueError(f"lr={lr!r} must be a number >= 0")
         if not (len(betas) == 2 and all(0 <= b < 1 for b in betas)):
@@ -56,8 +63,12 @@ class Adam(torch.optim.Optimizer):
             raise ValueError(f"eps={eps!r} must be >= 0")
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay={weight_decay!r} must be >= 0")
+        if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
+            raise ValueError(f"state_dtype = {state_dtype!r}: expected None or a floating torch.dtype "
+                             "(torch.float32, torch.bfloat16, ...)")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
                                       weight_decay=weight_decay, decoupled=bool(decoupled)))
+        self.state_dtype = state_dtype
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -72,10 +83,14 @@ class Adam(torch.optim.Optimizer):
                     continue
                 g = p.grad
                 state = self.state[p]
+                sdt = self.state_dtype or p.dtype
                 if not state:  # lazily, like torch.optim: no state before the first step
                     state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=sdt, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=sdt, memory_format=torch.preserve_format)
+                stored = p
+                if sdt != p.dtype:  # compute in the state's dtype, round once into p at the end
+                    p, g = p.to(sdt), g.to(sdt)
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 state["step"] += 1
                 t = state["step"]
@@ -89,6 +104,8 @@ class Adam(torch.optim.Optimizer):
                 step_size = lr / (1 - beta1**t)
                 denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
                 p.addcdiv_(m, denom, value=-step_size)
+                if p is not stored:
+                    stored.copy_(p)
         return loss
 
 

@@ -108,9 +108,25 @@ CHEATS = {  # id: (check, the learner's answer that calls the reference, the nam
     "u03-1": (u03.checks.check_underflow_recovery, precision.DynamicLossScaler, "DynamicLossScaler"),
     "u03-2": (u03.checks.check_scale_schedule, SubclassedScaler, "DynamicLossScaler"),
     "u03-3": (u03.checks.check_fp16_training, precision.DynamicLossScaler, "DynamicLossScaler"),
+    "u03-4": (u03.checks.check_predict_bf16_weight,
+              lambda w, u, s: float(u03.run.tiny_updates(weight=w, update=u, steps=s).iloc[1]["final"]),
+              "tiny_updates"),
+    "u03-5": (u03.checks.check_clip_bug,
+              lambda model, opt, batches, scale, max_norm: precision.DynamicLossScaler(init_scale=scale),
+              "DynamicLossScaler"),
+    "u03-6": (u03.checks.check_state_at_scale,
+              lambda n, r: estimate.model_state_bytes(n, precision="fp32")["total"], "model_state_bytes"),
     "u04-1": (u04.checks.check_adam, optim.Adam, "Adam"),
     "u04-2": (u04.checks.check_adamw, WrappedAdamW, "AdamW"),
     "u04-3": (u04.checks.check_adam_state_bytes, torch.optim.Adam, "Adam"),
+    "u04-4": (u04.checks.check_predict_step_peak,
+              lambda w: estimate.model_state_bytes(sum(a * b + b for a, b in zip(w[:-1], w[1:])),
+                                                   precision="bf16-mixed")["total"], "model_state_bytes"),
+    "u04-5": (u04.checks.check_master_bug, lambda model, lr: optim.MasterWeights(model, "adam", lr=lr),
+              "MasterWeights"),
+    "u04-6": (u04.checks.check_zero1_at_scale,
+              lambda n, w, m: estimate.zero_bytes_per_rank(n, stage=1, world_size=w, k=12 if m else 8),
+              "zero_bytes_per_rank"),
     "u08-3": (u08.checks.check_composite_bytes,
               lambda s, n: estimate.ring_allreduce_bytes_sent(s, n), "ring_allreduce_bytes_sent"),
     "u13-1": (u13.checks.check_alpha_beta_fit, estimate.fit_alpha_beta, "fit_alpha_beta"),
@@ -140,13 +156,28 @@ def test_a_notebook_that_imports_the_reference_scores_zero(tmp_path):
     from course_lib.grading import grade_notebook
 
     exercise = nbformat.read(REPO / "exercises" / "04_optimizer_memory.ipynb", as_version=4)
-    answer = next(c for c in exercise.cells if c.cell_type == "code" and "class MyAdam" in c.source)
-    answer.source = "from course_lib.techniques.optim import Adam as MyAdam"
+    cheats = {  # the answer cell of each task -> an answer that calls the course's own
+        "class MyAdam": "from course_lib.techniques.optim import Adam as MyAdam",
+        "def predict_step_peak": ("from course_lib.measure import estimate\n"
+                                  "def predict_step_peak(w):\n"
+                                  "    n = sum(a * b + b for a, b in zip(w[:-1], w[1:]))\n"
+                                  "    return estimate.model_state_bytes(n, precision='bf16-mixed')['total']"),
+        "class MyMaster": ("from course_lib.techniques.optim import MasterWeights\n"
+                           "def MyMaster(model, lr):\n    return MasterWeights(model, 'adam', lr=lr)"),
+        "def zero1_bytes": ("from course_lib.measure import estimate\n"
+                            "def zero1_bytes(n, w, m):\n"
+                            "    return estimate.zero_bytes_per_rank(n, stage=1, world_size=w, k=12 if m else 8)"),
+    }
+    for needle, source in cheats.items():
+        answer = next(c for c in exercise.cells if c.cell_type == "code" and needle in c.source)
+        answer.source = source
     path = tmp_path / "04_optimizer_memory.ipynb"
     nbformat.write(exercise, path)
     report = grade_notebook(path, solutions_dir=REPO / "solutions", timeout=120)
     assert report.score == 0 and report.total > 0
-    assert all("uses the course's own Adam: write it yourself" in t.message for t in report.tasks)
+    assert all("uses the course's own" in t.message and t.message.endswith("write it yourself")
+               for t in report.tasks)
+    assert len(report.tasks) == 6
 
 
 FLOATS = {  # a right number as a float: the task says int, so it fails

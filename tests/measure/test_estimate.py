@@ -45,6 +45,13 @@ def test_model_state_bytes_recipes():
     # torch.optim's per-tensor step counters, when asked for
     assert E.model_state_bytes(n, optimizer="adam", n_param_tensors=3)["optimizer"] == 8012
     assert E.model_state_bytes(n, optimizer="momentum", n_param_tensors=3)["optimizer"] == 4000
+    # the 12-byte accounting: bf16 params and grads, fp32 Adam moments, no master (S2)
+    twelve = E.model_state_bytes(n, precision="bf16-true", optimizer="adam", state_dtype_bytes=4)
+    assert twelve == {"params": 2000, "grads": 2000, "optimizer": 8000, "master": 0, "total": 12000}
+    with pytest.raises(ValueError, match="state_dtype_bytes"):
+        E.model_state_bytes(n, optimizer="adam8bit", state_dtype_bytes=4)
+    with pytest.raises(ValueError, match="state_dtype_bytes"):
+        E.model_state_bytes(n, state_dtype_bytes=0)
 
 
 def test_model_state_bytes_bad_values_name_parameter_and_choices():

@@ -50,6 +50,23 @@ def test_state_bytes_of_our_adam_is_exactly_8_per_fp32_param_and_4_per_bf16():
         assert sb == {"moments": per * (84 + 7), "step": 0, "quant_meta": 0, "total": per * 91}
 
 
+def test_adam_with_fp32_state_on_bf16_params_is_the_rounded_fp32_step():
+    # the 12-byte recipe: fp32 moments, the update computed in fp32 and rounded once into bf16
+    torch.manual_seed(0)
+    w = torch.randn(64, 32)
+    p16, p32 = torch.nn.Parameter(w.to(torch.bfloat16)), torch.nn.Parameter(w.to(torch.bfloat16).float())
+    opt16 = O.Adam([p16], lr=1e-2, state_dtype=torch.float32)
+    opt32 = torch.optim.Adam([p32], lr=1e-2, foreach=False)
+    g = torch.randn(64, 32)
+    p16.grad, p32.grad = g.to(torch.bfloat16), g.to(torch.bfloat16).float()
+    opt16.step()
+    opt32.step()
+    assert p16.dtype == torch.bfloat16 and torch.equal(p16.detach(), p32.detach().to(torch.bfloat16))
+    assert O.state_bytes(opt16)["moments"] == 8 * 64 * 32  # fp32 m and v
+    with pytest.raises(ValueError, match="state_dtype"):
+        O.Adam([p16], state_dtype=torch.int8)
+
+
 # every optimizer of the unit: state bytes of a model whose tensors are all >= 4096 elements
 # (8-bit) or all small (kept in 32 bits by bitsandbytes), exact
 @pytest.mark.parametrize("name", O.OPTIMIZERS)

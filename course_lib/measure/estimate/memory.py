@@ -90,7 +90,7 @@ def optimizer_state_bytes_per_param(optimizer: str, *, state_dtype_bytes: int | 
 
 
 def model_state_bytes(n_params: int, *, precision: str = "fp32", optimizer: str = "adam",
-                      n_param_tensors: int = 0) -> dict[str, int]:
+                      n_param_tensors: int = 0, state_dtype_bytes: int | None = None) -> dict[str, int]:
     """Bytes of model state (everything but activations) for one training replica.
 
     Returns ``{"params", "grads", "optimizer", "master", "total"}`` in bytes (ints).
@@ -116,6 +116,12 @@ def model_state_bytes(n_params: int, *, precision: str = "fp32", optimizer: str 
     tensor (fp32, 4 bytes) per parameter *tensor*; pass the number of parameter tensors (e.g.
     ``len(list(model.parameters()))``) to count them exactly, as MemoryMeter measures them.
     Papers ignore them (default 0).
+
+    ``state_dtype_bytes`` overrides the width of each optimizer state value. The one use: the
+    "12 bytes per parameter" accounting, ``precision="bf16-true", state_dtype_bytes=4`` -- bf16
+    params and grads with fp32 Adam moments and no master copy, 2Ψ + 2Ψ + 8Ψ (an optimizer that
+    keeps fp32 moments for bf16 weights, e.g. ``techniques.optim.Adam(state_dtype=torch.float32)``;
+    notebooks/04_optimizer_memory.ipynb measures it).
     """
     n = _v.count("n_params", n_params)
     prec = _v.choice("precision", precision, PRECISIONS, case_insensitive=True)
@@ -124,6 +130,11 @@ def model_state_bytes(n_params: int, *, precision: str = "fp32", optimizer: str 
     param_b = 4 if prec == "fp32" else 2
     master_b = 4 if prec in ("fp16-mixed", "bf16-mixed") else 0
     state_width = 2 if prec == "bf16-true" else 4
+    if state_dtype_bytes is not None:
+        if opt == "adam8bit":
+            raise ValueError(f"state_dtype_bytes = {state_dtype_bytes!r}: expected None for optimizer "
+                             "'adam8bit' (its state is 8-bit by definition)")
+        state_width = _v.count("state_dtype_bytes", state_dtype_bytes, minimum=1)
     opt_b = optimizer_state_bytes_per_param(opt, state_dtype_bytes=None if opt == "adam8bit"
                                             else state_width)
     step_bytes = 4 * n_tensors if opt in _STEP_COUNTER else 0

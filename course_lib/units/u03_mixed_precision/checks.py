@@ -10,6 +10,12 @@ Task 2: growth and backoff: a scripted run of clean and overflowing steps must g
 after every step as ``torch.amp.GradScaler``.
 Task 3: a short fp16-mixed training run with the learner's scaler must skip the same steps and end
 with the same weights and scale as the same run with ``torch.amp.GradScaler``.
+Task 4 (predict before you measure): the final value of a bf16 weight that receives a small update
+at every step, for held-out configurations, against the bf16 run itself (exact: it is deterministic).
+Task 5 (find the bug): an fp16 loop that clips the gradient norm before unscaling; the fixed loop
+must end with the weights of the loop done right (rtol=1e-5, atol=1e-7).
+Task 6 (scale it up): Adam model state of Llama-2-7B and -70B in four recipes, against
+``estimate.model_state_bytes``.
 """
 from __future__ import annotations
 
@@ -24,7 +30,8 @@ def _learner(task: int, fn, *args, **kwargs):
     """The learner's code, run with the course's own answer out of reach."""
     return run_learner(task, fn, *args, forbid=_REFERENCES, **kwargs)
 
-__all__ = ["check_underflow_recovery", "check_scale_schedule", "check_fp16_training"]
+__all__ = ["check_underflow_recovery", "check_scale_schedule", "check_fp16_training", "check_predict_bf16_weight",
+           "check_clip_bug", "check_state_at_scale", "BF16_RUNS", "SCALE_MODELS", "SCALE_RECIPES"]
 
 
 def _make_scaler(task: int, cls, **kwargs):
@@ -198,3 +205,137 @@ def check_fp16_training(LossScaler, task: int = 3) -> None:
         fail(task, f"final scale: expected {ref_scale:g}, got {scale:g}")
     passed(task, f"fp16-mixed run matches torch.amp.GradScaler: {sum(ref_skipped)} of {len(ref_skipped)} "
                  f"steps skipped, same weights, final scale {ref_scale:g}")
+
+
+# ---------------------------------------------------------------------------------- task 4
+#: task 4's held-out runs: (starting weight, update added at every step, steps). None of them is the
+#: lecture's (1.0, 1e-3, 100); each one is run in bf16 inside the check
+BF16_RUNS = ((1.0, 0.003, 50), (0.75, 0.003, 100), (3.0, 0.01, 40), (1.0, 0.005, 300), (1.0, -0.003, 100))
+_FORBID_4 = ("course_lib.units.u03_mixed_precision.run:tiny_updates", "course_lib.techniques.precision:round_trip")
+
+
+def _bf16_run(weight: float, update: float, steps: int) -> float:
+    """A bf16 weight that receives ``update`` ``steps`` times: the sum in fp32, rounded to bf16."""
+    import torch
+
+    w = torch.tensor(weight, dtype=torch.bfloat16)
+    for _ in range(steps):
+        w = (w.float() + update).to(torch.bfloat16)
+    return float(w)
+
+
+def check_predict_bf16_weight(predict_bf16_weight, task: int = 4) -> None:
+    """The final bf16 weight of held-out runs, predicted, against the runs themselves (exactly:
+    the runs are deterministic, so the tolerance is 0)."""
+    import numbers
+
+    for weight, update, steps in BF16_RUNS:
+        got = run_learner(task, predict_bf16_weight, weight, update, steps, forbid=_FORBID_4)
+        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+            fail(task, f"predict_bf16_weight({weight:g}, {update:g}, {steps}) must return a number, "
+                       f"got {type(got).__name__} {got!r}")
+        measured = _bf16_run(weight, update, steps)
+        if float(got) != measured:
+            fail(task, f"weight {weight:g}, update {update:g}, {steps} steps: the bf16 run ends at {measured:.8g} "
+                       f"(exact arithmetic: {weight + steps * update:.8g}), you predicted {float(got):.8g}. "
+                       "What is the spacing of bf16 numbers around the weight, and what happens to an "
+                       "update below half of it? Above half of it?")
+    passed(task, f"{len(BF16_RUNS)} held-out bf16 runs predicted exactly (stalls, rounded-up steps and "
+                 "binade boundaries)")
+
+
+# ---------------------------------------------------------------------------------- task 5
+#: task 5's run: a static loss scale, the clipping threshold, the learning rate (SGD: the size of
+#: the gradient is the size of the step) and the tolerance on the weights (same ops in the same
+#: order give equal bits; the tolerance forgives an equivalent order)
+CLIP_SCALE, CLIP_NORM, CLIP_LR, CLIP_STEPS, CLIP_RTOL, CLIP_ATOL = 2.0**12, 0.5, 0.1, 6, 1e-5, 1e-7
+_FORBID_5 = _REFERENCES + ("course_lib.techniques.precision:train_step",)
+
+
+def _clip_task():
+    import torch
+
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=CLIP_LR)
+    gen = torch.Generator().manual_seed(6)
+    batches = [(torch.randn(8, 16, generator=gen), 3 * torch.randn(8, 4, generator=gen)) for _ in range(CLIP_STEPS)]
+    return model, opt, batches
+
+
+def _clip_reference():
+    """The loop done right, written out: unscale, then clip, then step."""
+    import torch
+
+    model, opt, batches = _clip_task()
+    norms = []
+    for x, y in batches:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(x)
+        loss = (out.float() - y).pow(2).mean()
+        (loss * CLIP_SCALE).backward()
+        for p in model.parameters():
+            p.grad.div_(CLIP_SCALE)
+        if all(bool(torch.isfinite(p.grad).all()) for p in model.parameters()):
+            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)))
+            opt.step()
+    return [p.detach().clone() for p in model.parameters()], norms
+
+
+def check_clip_bug(train, task: int = 5) -> None:
+    """The fixed fp16 loop: the same weights as the loop done right (clip the true gradients)."""
+    import torch
+
+    ref, norms = _clip_reference()
+    model, opt, batches = _clip_task()
+    start = [p.detach().clone() for p in model.parameters()]
+    run_learner(task, train, model, opt, batches, CLIP_SCALE, CLIP_NORM, forbid=_FORBID_5)
+    got = [p.detach() for p in model.parameters()]
+    moved = sum(float((g - s).pow(2).sum()) for g, s in zip(got, start)) ** 0.5
+    should = sum(float((r - s).pow(2).sum()) for r, s in zip(ref, start)) ** 0.5
+    for i, (g, r) in enumerate(zip(got, ref)):
+        if not bool(torch.isfinite(g).all()):
+            fail(task, f"parameter {i} has inf/NaN after {CLIP_STEPS} steps: was a step taken on overflowing gradients?")
+        if not torch.allclose(g, r, rtol=CLIP_RTOL, atol=CLIP_ATOL):
+            hint = ""
+            if moved > 0 and should / moved > 100:
+                hint = (f" Your weights moved {should / moved:.3g}x less than they should: what size were the "
+                        "gradients when they were clipped?")
+            fail(task, f"parameter {i}: differs from the loop done right after {CLIP_STEPS} SGD steps, max abs "
+                       f"error {float((g - r).abs().max()):.3g} (rtol={CLIP_RTOL:g}, atol={CLIP_ATOL:g}).{hint}")
+    clipped = sum(n > CLIP_NORM for n in norms)
+    passed(task, f"the fixed loop matches the loop done right: {CLIP_STEPS} fp16 steps at loss scale "
+                 f"{CLIP_SCALE:g}, true gradient norm clipped to {CLIP_NORM:g} in {clipped} of them")
+
+
+# ---------------------------------------------------------------------------------- task 6
+#: task 6's models (Llama-2-7B and -70B parameter counts, Touvron et al. 2023) and recipes, with
+#: the row of ``estimate.model_state_bytes`` each one stores (autocast keeps the fp32 row)
+SCALE_MODELS = {"7B": 6_738_415_616, "70B": 68_976_648_192}
+SCALE_RECIPES = {"fp32": "fp32", "paper bf16-mixed": "bf16-mixed", "autocast bf16-mixed": "fp32",
+                 "bf16-true": "bf16-true"}
+_FORBID_6 = ("course_lib.measure.estimate.memory:model_state_bytes",
+             "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param",
+             "course_lib.measure.estimate.memory:zero_bytes_per_rank",
+             "course_lib.measure.estimate.memory:zero_state_breakdown_per_rank")
+
+
+def check_state_at_scale(adam_state_bytes, task: int = 6) -> None:
+    """Adam model state (params, grads, master, moments; no step counters) of 7B and 70B models in
+    each recipe, against ``estimate.model_state_bytes``."""
+    from course_lib.grading.core import expect_int
+    from course_lib.measure import estimate
+
+    for name, n in SCALE_MODELS.items():
+        for recipe, row in SCALE_RECIPES.items():
+            got = expect_int(task, f"adam_state_bytes({n:,}, {recipe!r})",
+                             run_learner(task, adam_state_bytes, n, recipe, forbid=_FORBID_6))
+            expected = estimate.model_state_bytes(n, precision=row, optimizer="adam")["total"]
+            if got != expected:
+                fail(task, f"{name} ({n:,} parameters), recipe {recipe!r}: expected {expected:,} B "
+                           f"({expected // n} B/param), got {got:,} B ({got / n:.3g} B/param). "
+                           "Which tensors does this recipe keep, and in which dtype?")
+    b7 = {r: estimate.model_state_bytes(SCALE_MODELS["7B"], precision=row)["total"] for r, row in SCALE_RECIPES.items()}
+    passed(task, f"{len(SCALE_MODELS) * len(SCALE_RECIPES)} answers equal estimate's model state (7B: "
+                 f"{b7['fp32'] / 1e9:.1f} GB in fp32, paper and autocast mixed; {b7['bf16-true'] / 1e9:.1f} GB bf16-true)")

@@ -7,6 +7,9 @@ Introduced in notebooks/04_optimizer_memory.ipynb. Measured runs, each returning
   Adam, ``estimate.adam8bit_state_bytes``);
 - :func:`mixed_precision_accounting`: the classic recipe (bf16 model + fp32 master + Adam) measured
   per parameter: 16 bytes at rest, more during the step (the fp32 gradients);
+- :func:`recipe_table`: the 16-byte recipe (fp32 master) beside the 12-byte one (bf16 weights,
+  fp32 Adam moments, no master) and the 8-byte bf16-true one: bytes per parameter measured at rest,
+  and what each does to small updates (the same steps as an fp32 run, compared with it);
 - :func:`accounting_table`: the 12 / 16 / 18 / 20 bytes-per-parameter figures of the literature,
   each from its components (bytes from ``estimate.dtype_bytes``) and its source;
 - :func:`convergence`: every optimizer on the same task, same seed, same batches.
@@ -26,7 +29,7 @@ from course_lib.measure import estimate
 from course_lib.models import GPT, GPTConfig, count_params
 from course_lib.techniques import optim as O
 
-__all__ = ["DEFAULT_LR", "state_bytes_table", "mixed_precision_accounting", "ACCOUNTINGS",
+__all__ = ["DEFAULT_LR", "state_bytes_table", "mixed_precision_accounting", "RECIPES", "recipe_table", "ACCOUNTINGS",
            "accounting_table", "convergence", "task_batch"]
 
 #: learning rates for the tiny GPT on the task: the best of a small grid (3-4 values each, 30 steps,
@@ -139,6 +142,99 @@ def mixed_precision_accounting(*, config: GPTConfig | None = None, batch: int = 
 
 
 # --------------------------------------------------------------------------------------------
+# 16 or 12 bytes per parameter: the master copy, measured
+# --------------------------------------------------------------------------------------------
+#: recipe -> (what it stores, estimate.model_state_bytes arguments)
+RECIPES: dict[str, tuple[str, dict]] = {
+    "fp32": ("fp32 params, grads, Adam m and v", dict(precision="fp32")),
+    "16 B: bf16 + fp32 master": ("bf16 params and grads, fp32 master, fp32 Adam m and v",
+                                 dict(precision="bf16-mixed")),
+    "12 B: bf16, fp32 moments": ("bf16 params and grads, fp32 Adam m and v, no master",
+                                 dict(precision="bf16-true", state_dtype_bytes=4)),
+    "8 B: bf16-true": ("bf16 params, grads, Adam m and v", dict(precision="bf16-true")),
+}
+
+
+class _Stepper:
+    """One recipe's optimizer behind one interface: zero_grad(), step(), the tensors it holds."""
+
+    def __init__(self, recipe: str, model: torch.nn.Module, lr: float) -> None:
+        self.master: list[torch.Tensor] = []
+        if recipe == "16 B: bf16 + fp32 master":
+            self._mw = O.MasterWeights(model, "adam", lr=lr)
+            self.optimizer, self.master = self._mw.optimizer, self._mw.master
+        elif recipe == "12 B: bf16, fp32 moments":
+            self._mw = None
+            self.optimizer = O.Adam(model.parameters(), lr=lr, state_dtype=torch.float32)
+        else:
+            self._mw = None
+            self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+
+    def zero_grad(self) -> None:
+        (self._mw or self.optimizer).zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        (self._mw or self.optimizer).step()
+
+
+def recipe_table(*, config: GPTConfig | None = None, batch: int = 4, seq: int = 32, steps: int = 20,
+                 lr: float = 1e-4, seed: int = 0) -> pd.DataFrame:
+    """Each recipe of :data:`RECIPES` on the tiny GPT, from the same initial weights (the fp32
+    ones, rounded to bf16 for the 16-bit recipes) on the same batches.
+
+    Columns: ``stores``; ``predicted B/param`` (``estimate.model_state_bytes`` with the recipe's
+    arguments and the step counters it keeps); ``measured B/param`` (MemoryMeter at the end of the
+    second step: params without buffers + grads + optimizer state + master); after ``steps`` steps at
+    ``lr``: ``loss``, ``unchanged by last step`` (share of 16-bit weights the last step left exactly
+    as they were) and ``update error`` = ||w - w_fp32|| / ||w_fp32 - w_0||, the error of the total
+    update against the fp32 run (0 = the same update, 1 = as far off as the update itself).
+    """
+    from course_lib.measure.memory import MemoryMeter
+
+    config = config or GPTConfig.tiny()
+    validate.number("lr", lr, positive=True)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"steps = {steps!r}: expected an int >= 2 (the second step is measured)")
+    rows, fp32_final, start = [], None, None
+    for recipe, (stores, kwargs) in RECIPES.items():
+        model = _model(config, seed)
+        if recipe != "fp32":
+            model = model.to(torch.bfloat16)
+        w0 = [p.detach().float().clone() for p in model.parameters()]
+        if start is None:
+            start = w0
+        stepper = _Stepper(recipe, model, lr)
+        gen = torch.Generator().manual_seed(seed + 1)
+        n = count_params(model)
+        buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+        for step in range(steps):
+            idx, tgt = task_batch(config, batch, seq, generator=gen)
+            stepper.zero_grad()
+            loss = model.loss(idx, tgt)
+            loss.backward()
+            before = [p.detach().clone() for p in model.parameters()]
+            if step == 1:
+                with MemoryMeter(model, stepper.optimizer, track=stepper.master) as mem:
+                    stepper.step()
+                end = mem.end_breakdown
+                measured = (end["params"] - buffers + end["grads"] + end["optimizer"] + end["other"]) / n
+            else:
+                stepper.step()
+        unchanged = sum(int((p.detach() == b).sum()) for p, b in zip(model.parameters(), before)) / n
+        final = [p.detach().float() for p in model.parameters()]
+        if recipe == "fp32":
+            fp32_final = final
+        num = sum(float((f - r).pow(2).sum()) for f, r in zip(final, fp32_final)) ** 0.5
+        den = sum(float((r - s).pow(2).sum()) for r, s in zip(fp32_final, start)) ** 0.5
+        n_counters = len(w0) if isinstance(stepper.optimizer, torch.optim.Adam) else 0  # O.Adam: Python int
+        pred = estimate.model_state_bytes(n, optimizer="adam", n_param_tensors=n_counters, **kwargs)["total"]
+        rows.append({"recipe": recipe, "stores": stores, "predicted B/param": pred / n,
+                     "measured B/param": measured, "loss": float(loss.detach()),
+                     "unchanged by last step": unchanged, "update error": num / den})
+    return pd.DataFrame(rows).set_index("recipe")
+
+
+# --------------------------------------------------------------------------------------------
 # 12, 16, 18 or 20 bytes per parameter? One table, with sources
 # --------------------------------------------------------------------------------------------
 #: (source, what it counts, components as (component, dtype) pairs, where in the source)
@@ -152,6 +248,10 @@ ACCOUNTINGS: tuple[tuple[str, str, tuple[tuple[str, str], ...], str], ...] = (
     ("Ultra-Scale Playbook, params+grads", "bf16 params and grads plus fp32 copies of both, before optimizer states",
      (("bf16 params", "bf16"), ("bf16 grads", "bf16"), ("fp32 master", "fp32"), ("fp32 grads", "fp32")),
      "Tazi et al. 2025, The Ultra-Scale Playbook (Hugging Face), 'Memory usage in Transformers'"),
+    ("12 B, no master copy", "bf16 params and grads, fp32 Adam moments, no fp32 master",
+     (("bf16 params", "bf16"), ("bf16 grads", "bf16"), ("Adam m", "fp32"), ("Adam v", "fp32")),
+     "S2's memory cheat sheet (labelled 'fp16 mixed precision'); an optimizer with fp32 moments on bf16 "
+     "weights, e.g. torchdistx AnyPrecisionAdamW with momentum_dtype = variance_dtype = float32"),
     ("ZeRO, mixed-precision Adam", "2 + 2 + K with K = 12",
      (("fp16 params", "fp16"), ("fp16 grads", "fp16"), ("fp32 master", "fp32"), ("Adam m", "fp32"), ("Adam v", "fp32")),
      "Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 3.1; Micikevicius et al. 2017, arXiv:1710.03740"),

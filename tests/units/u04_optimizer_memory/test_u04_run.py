@@ -59,3 +59,18 @@ def test_convergence_same_start_and_adam_beats_sgd():
         E.convergence(["lion"], steps=1)
     with pytest.raises(ValueError, match="steps=0"):
         E.convergence(["sgd"], steps=0)
+
+
+def test_recipe_table_measures_16_12_and_8_bytes_and_the_lost_updates():
+    df = E.recipe_table(config=SMALL, batch=2, seq=8, steps=6, lr=1e-4)
+    assert list(df.index) == list(E.RECIPES)
+    # measured by MemoryMeter, predicted by estimate: equal to the byte (step counters included)
+    assert (df["measured B/param"] - df["predicted B/param"]).abs().max() < 1e-12
+    assert [round(x) for x in df["measured B/param"]] == [16, 16, 12, 8]
+    err = df["update error"]
+    assert err["fp32"] == 0
+    # without a master copy the small updates are rounded away: far from the fp32 run
+    assert err["12 B: bf16, fp32 moments"] > 2 * err["16 B: bf16 + fp32 master"]
+    assert df.loc["12 B: bf16, fp32 moments", "unchanged by last step"] > df.loc["fp32", "unchanged by last step"]
+    with pytest.raises(ValueError, match="steps"):
+        E.recipe_table(config=SMALL, steps=1)
