@@ -43,8 +43,12 @@ def plot_split(shapes: pd.DataFrame) -> Figure:
                     for c in range(chunks):
                         y0 = c * out / chunks + k * part
                         ax.add_patch(Rectangle((0, y0), inp, part, color=colours[k], alpha=0.75))
-                    ax.text(inp / 2, k * part + part / 2, f"rank {k}: {h}x{w}", ha="center",
-                            va="center", fontsize=10)
+                    ax.text(inp / 2, k * part + part / 2, f"r{k}: {h}x{w}", ha="center",
+                            va="center", fontsize=8)
+            if chunks == 3:  # name the q, k, v blocks of the fused projection
+                for c, label in enumerate("qkv"):
+                    ax.text(inp * 1.05, (c + 0.5) * out / 3, label, ha="left", va="center",
+                            fontsize=12, fontweight="bold")
             ax.set_xlim(0, inp)
             ax.set_ylim(out, 0)
             ax.set_aspect("equal")

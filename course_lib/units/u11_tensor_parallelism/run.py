@@ -37,7 +37,7 @@ from course_lib.parallel.tensor import check_tp
 from course_lib.runtime.launch import launch
 
 __all__ = ["CONFIG", "model_fn", "batch_fn", "worked_example", "shard_shapes", "parity",
-           "dtensor_loss", "collective_counts", "wire_bytes", "memory_per_rank",
+           "dtensor_loss", "collective_counts", "wire_summary", "wire_bytes", "memory_per_rank",
            "activation_formulas", "LayerShape", "LLAMA_7B", "LLAMA_70B", "scale_table",
            "source_check", "source_bytes"]
 
@@ -206,11 +206,15 @@ def _dtensor_gpt(model: GPT, tp_mesh):
 
 
 def _dtensor_worker(rank: int, world_size: int) -> dict:
+    import warnings
+
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
 
     from course_lib.parallel.tensor import parallelize_gpt
 
+    # CommDebugMode's module hooks warn that the first block's input needs no gradient
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
     x, y = batch_fn(0)
     counts = {}
     losses = {}
@@ -299,29 +303,35 @@ def collective_counts(tp: int = 2, *, config: GPTConfig = CONFIG, batch: int = B
     return pd.DataFrame(rows)
 
 
-def wire_bytes(tps: Sequence[int] = (2, 4), *, config: GPTConfig = CONFIG, batch: int = BATCH,
-               sequence_parallel: Sequence[bool] = (False, True)) -> pd.DataFrame:
-    """Bytes one rank sends per training step (forward + backward of every layer), measured on
-    the wire, beside ``estimate.tp_comm_bytes_per_layer`` x n_layer (the ring algorithms) and
-    beside the ring model applied to the calls actually made. One row per tp and mode (rank 0;
-    the ranks of a ring send alike)."""
-    sizes = validate.counts("tps", tps, minimum=2)
+def wire_summary(counts: pd.DataFrame, *, config: GPTConfig = CONFIG,
+                 batch: int = BATCH) -> pd.DataFrame:
+    """Bytes one rank sends per training step (forward + backward of every layer; rank 0, the
+    ranks of a ring send alike) from :func:`collective_counts` frames: calls, predicted
+    (``estimate.tp_comm_bytes_per_layer`` x n_layer: the ring algorithms), model_of_calls (the
+    ring model applied to the calls actually made, the sequence-parallel boundary gathers
+    included), wire (MEASURED by the OS), wire/predicted. One row per tp and mode."""
     rows = []
-    for t in sizes:
-        df = collective_counts(t, config=config, batch=batch, sequence_parallel=sequence_parallel)
-        for sp, part in df[(df["rank"] == 0) & (df.phase != "grad sync")].groupby(
-                "sequence_parallel"):
-            pred = estimate.tp_comm_bytes_per_layer(config.block_size, batch, config.n_embd, t,
-                                                    bytes_per_value=4, sequence_parallel=sp)
-            wire = None if part.wire_sent.isna().any() else int(part.wire_sent.sum())
-            rows.append({"tp": t, "sequence_parallel": bool(sp),
-                         "calls": int(part.calls.sum()),
-                         "predicted": pred["sent"] * config.n_layer,
-                         "model_of_calls": part.model_sent.sum(), "wire": wire})
+    df = counts[(counts["rank"] == 0) & (counts.phase != "grad sync")]
+    for (t, sp), part in df.groupby(["tp", "sequence_parallel"]):
+        pred = estimate.tp_comm_bytes_per_layer(config.block_size, batch, config.n_embd, t,
+                                                bytes_per_value=4, sequence_parallel=sp)
+        wire = None if part.wire_sent.isna().any() else int(part.wire_sent.sum())
+        rows.append({"tp": t, "sequence_parallel": bool(sp), "calls": int(part.calls.sum()),
+                     "predicted": pred["sent"] * config.n_layer,
+                     "model_of_calls": part.model_sent.sum(), "wire": wire})
     out = pd.DataFrame(rows)
     out["wire/predicted"] = [None if w is None else w / p
                              for w, p in zip(out.wire, out.predicted)]
     return out
+
+
+def wire_bytes(tps: Sequence[int] = (2, 4), *, config: GPTConfig = CONFIG, batch: int = BATCH,
+               sequence_parallel: Sequence[bool] = (False, True)) -> pd.DataFrame:
+    """:func:`collective_counts` for each tp, summarised by :func:`wire_summary`."""
+    sizes = validate.counts("tps", tps, minimum=2)
+    frames = [collective_counts(t, config=config, batch=batch,
+                                sequence_parallel=sequence_parallel) for t in sizes]
+    return wire_summary(pd.concat(frames, ignore_index=True), config=config, batch=batch)
 
 
 # --------------------------------------------------------------------------------------------
@@ -439,6 +449,10 @@ LLAMA_7B = LayerShape(4096, 32, 32, 11008, 32)
 LLAMA_70B = LayerShape(8192, 64, 8, 28672, 80)
 
 
+H100_BF16_FLOPS = 989e12  #: H100 SXM dense bf16 peak (NVIDIA's datasheet), FLOP/s
+UTILIZATION = 0.5  #: the fraction of peak a well-tuned layer reaches (an assumption)
+
+
 def scale_table(shapes: Sequence[tuple[str, LayerShape]] = (("Llama-7B", LLAMA_7B),
                                                             ("Llama-2-70B", LLAMA_70B)),
                 tps: Sequence[int] = (1, 2, 4, 8), *, seq: int = 4096, batch: int = 1,
@@ -448,7 +462,9 @@ def scale_table(shapes: Sequence[tuple[str, LayerShape]] = (("Llama-7B", LLAMA_7
     dropout masks; with and without sequence parallelism), the bytes of one all-reduce
     (s b h x 2 B), what a rank sends per layer per step (4 ring all-reduces), and the time of
     those 4 all-reduces on each link (``estimate.allreduce_time_on_link`` at the link's
-    per-direction bandwidth). Bytes in B; seconds."""
+    per-direction bandwidth), and the layer's matmul time per rank (6 x params x tokens FLOPs,
+    ``estimate.transformer_training_flops``, over tp ranks at ``UTILIZATION`` of an H100's
+    bf16 peak; attention's s^2 FLOPs left out). Bytes in B; seconds."""
     sizes = validate.counts("tps", tps, minimum=1)
     rows = []
     for name, shape in shapes:
@@ -463,7 +479,10 @@ def scale_table(shapes: Sequence[tuple[str, LayerShape]] = (("Llama-7B", LLAMA_7
                    "activations_sp": estimate.tp_activation_bytes_layer(
                        seq, batch, shape.n_embd, shape.n_head, t, sequence_parallel=True),
                    "allreduce_bytes": comm["payload"], "sent_per_layer": comm["sent"],
-                   "allreduces_per_step": 4 * shape.n_layer}
+                   "allreduces_per_step": 4 * shape.n_layer,
+                   "compute_s_per_layer": estimate.transformer_training_flops(
+                       estimate.tp_layer_state_bytes(shape, 1)["params"], seq * batch)
+                   / t / (H100_BF16_FLOPS * UTILIZATION)}
             for link in links:
                 bw = estimate.link_speed(link).per_direction_GBps
                 row[f"comm_s_per_layer {link}"] = (
