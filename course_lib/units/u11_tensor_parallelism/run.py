@@ -22,6 +22,7 @@ checked before any rank starts. Each function returns plain data or a tidy DataF
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -348,10 +349,12 @@ def _memory_worker(rank: int, world_size: int, config: GPTConfig, batch: int,
     with MemoryMeter(model, opt) as mem:
         logits = model(x)  # (B, T, V): held, as estimate.tp_activation_bytes_gpt counts it
         # gloo's worker thread lets go of the last all-reduce's buffer a moment after the call
-        # returns; wait for every rank's calls to finish, then take the snapshot (the meter
-        # records a row at every module call)
+        # returns (measured: one BTC tensor too many, now and then, on one rank); wait for every
+        # rank's calls to finish and give the thread a moment, then take the snapshot (the
+        # meter records a row at every module call)
         if dist.is_initialized():
             dist.barrier()
+            time.sleep(0.02)
         _SNAPSHOT(logits)
         torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
         del logits
