@@ -277,7 +277,8 @@ class ColumnParallelLinear(nn.Module):
         self.gather_output, self.sequence_parallel = bool(gather_output), bool(sequence_parallel)
         ref = nn.Linear(in_features, out_features // t, bias=bias, dtype=dtype, device=device)
         self.weight, self.bias = ref.weight, ref.bias
-        self.weight.tp_split = (0, 1)  # (dim, chunks): how gather_full reassembles it
+        for p in self.parameters():
+            p.tp_split = (0, 1)  # (dim, chunks): how gather_full reassembles it
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group=None, *, chunks: int = 1, **kwargs):
