@@ -43,6 +43,11 @@ def _parity_worker(rank, world_size):
         with CommMeter(dispatch=False) as bwd:
             loss.backward()
         out[f"calls {sp}"] = (dict(fwd.calls), dict(bwd.calls))
+    if world_size == 4:  # an uneven split is refused inside the ranks too, by name
+        for make, name in ((lambda: T.ColumnParallelLinear(8, 6), "out_features = 6"),
+                           (lambda: T.RowParallelLinear(6, 8), "in_features = 6")):
+            with pytest.raises(ValueError, match=f"{name} is not divisible by tp = 4"):
+                make()
     # the two layers alone: column (gather_output) and row (input not parallel) = nn.Linear
     torch.manual_seed(1)
     full, x = torch.nn.Linear(8, 12), torch.randn(3, 8, requires_grad=True)
@@ -75,6 +80,11 @@ def test_parity_with_one_process_and_exact_collective_counts(world_size):
             {"all_gather": 2 * L + 1, "reduce_scatter": 2 * L}
         assert {k.replace("_single", ""): v for k, v in bwd.items()} == \
             {"all_gather": 4 * L + 1, "reduce_scatter": 2 * L}
+
+
+def test_a_group_outside_a_process_group_is_refused():
+    with pytest.raises(RuntimeError, match="needs a process group"):
+        T.ColumnParallelLinear(8, 8, group=object())
 
 
 def test_bad_splits_are_refused_with_the_valid_choices():
