@@ -41,17 +41,23 @@ def _resolve(spec: str) -> Any:
     return obj
 
 
-def _codes_of(obj: Any) -> Iterator[types.CodeType]:
+def _codes_of(obj: Any, _seen: set[int] | None = None) -> Iterator[types.CodeType]:
     if isinstance(obj, (staticmethod, classmethod)):
         obj = obj.__func__
     if isinstance(obj, property):
         for f in (obj.fget, obj.fset, obj.fdel):
             if f is not None:
-                yield from _codes_of(f)
+                yield from _codes_of(f, _seen)
         return
     if isinstance(obj, type):
+        # classes can refer to each other (a torch.autograd.Function and its generated
+        # _backward_cls point at one another): visit each class once
+        _seen = set() if _seen is None else _seen
+        if id(obj) in _seen:
+            return
+        _seen.add(id(obj))
         for member in vars(obj).values():
-            yield from _codes_of(member)
+            yield from _codes_of(member, _seen)
         return
     while hasattr(obj, "__wrapped__"):  # functools.wraps: the code that does the work
         code = getattr(obj, "__code__", None)

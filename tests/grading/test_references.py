@@ -95,3 +95,11 @@ def test_bad_reference_names_are_refused_with_the_fix(spec, words):
     with pytest.raises(ValueError, match=words):
         with watch_references([spec]):
             pass
+
+
+def test_an_autograd_function_class_is_watched_without_endless_recursion():
+    # torch.autograd.Function classes and their generated _backward_cls refer to each other
+    from course_lib.grading.references import reference_codes
+
+    codes = reference_codes(["course_lib.parallel.tensor:ReduceFromTensorParallelRegion"])
+    assert {c.co_name for c in codes} == {"forward", "backward"}

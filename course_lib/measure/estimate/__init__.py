@@ -23,9 +23,10 @@ The formulas live in one module per topic, all importable as ``estimate.<name>``
 activations), ``communication`` (bytes each rank sends), ``links`` (alpha-beta time models,
 link speeds, hierarchical all-reduce, DDP overlap), ``compute`` (FLOPs, roofline, bubble),
 ``offload`` (what offload keeps where, moves and costs per step), ``checkpointing`` (activation
-bytes and recomputed FLOPs per checkpointing policy) and ``lora`` (LoRA parameter counts, NF4
-bytes, fine-tuning memory) and ``training`` (parameter counts, 6ND, MFU, GPUs for a run,
-accelerator specs, memory tiers, learning rate against the batch).
+bytes and recomputed FLOPs per checkpointing policy), ``lora`` (LoRA parameter counts, NF4
+bytes, fine-tuning memory), ``training`` (parameter counts, 6ND, MFU, GPUs for a run,
+accelerator specs, memory tiers, learning rate against the batch) and ``tensor_parallel``
+(activations, parameters and communication per rank under tensor and sequence parallelism).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from course_lib.measure.estimate import (  # noqa: E402
     lora,
     memory,
     offload,
+    tensor_parallel,
     training,
     units,
 )
@@ -47,9 +49,11 @@ from course_lib.measure.estimate.links import *  # noqa: F401,F403
 from course_lib.measure.estimate.lora import *  # noqa: F401,F403
 from course_lib.measure.estimate.memory import *  # noqa: F401,F403
 from course_lib.measure.estimate.offload import *  # noqa: F401,F403
+from course_lib.measure.estimate.tensor_parallel import *  # noqa: F401,F403
 from course_lib.measure.estimate.training import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import exact  # noqa: F401
 
 __all__ = [*units.__all__, *memory.__all__, *communication.__all__, *links.__all__, *compute.__all__,
-           *offload.__all__, *checkpointing.__all__, *lora.__all__, *training.__all__]
+           *offload.__all__, *checkpointing.__all__, *lora.__all__, *training.__all__,
+           *tensor_parallel.__all__]

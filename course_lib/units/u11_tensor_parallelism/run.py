@@ -1,0 +1,416 @@
+"""Unit 11's measured runs (notebooks/11_tensor_parallelism.ipynb): tensor parallelism on real
+ranks.
+
+Every run goes through ``course_lib.launch`` (gloo on CPU; NCCL with one GPU per rank) and uses
+the course's from-scratch ``parallel.tensor`` beside torch's DTensor ``parallelize_module``.
+Arguments (heads, width, sequence not divisible by tp; tp larger than the world size) are
+checked before any rank starts. Each function returns plain data or a tidy DataFrame:
+
+- :func:`worked_example`: the sources' X (1x8) times W (8x16), split by columns and by rows on
+  2 real ranks, each beside the single-process product;
+- :func:`shard_shapes`: the shape of every weight on every rank of the split tiny GPT;
+- :func:`parity`: loss, gradients and parameters of the split tiny GPT against one process
+  (``parallel.harness``), tp = 1, 2, 4, with and without sequence parallelism;
+- :func:`dtensor_loss`: the same model split by torch's ``ColwiseParallel``/``RowwiseParallel``:
+  its loss beside ours and one process's, and CommDebugMode's collective counts;
+- :func:`collective_counts`: collectives per phase counted by CommMeter in our version;
+- :func:`wire_bytes`: bytes each rank wrote to its sockets per step, beside the ring model;
+- :func:`memory_per_rank`: MemoryMeter in every rank: params, grads, Adam state, activations,
+  beside ``estimate.tp_params_per_rank`` and ``estimate.tp_activation_bytes_gpt``;
+- :func:`activation_formulas`, :func:`scale_table`, :func:`source_check`, :func:`source_bytes`
+  (in ``run_scale.py``, re-exported): Korthikanti et al.'s formulas, a Llama-7B / 70B layer at
+  tp = 8 through ``measure.estimate``, and the sources' numbers recomputed.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from course_lib import validate
+from course_lib.measure import estimate
+from course_lib.models import GPT, GPTConfig
+from course_lib.parallel import harness as H
+from course_lib.parallel.tensor import check_tp
+from course_lib.runtime.launch import launch
+
+__all__ = ["CONFIG", "model_fn", "batch_fn", "worked_example", "shard_shapes", "parity",
+           "dtensor_loss", "collective_counts", "wire_summary", "wire_bytes", "memory_per_rank",
+           "activation_formulas", "LayerShape", "LLAMA_7B", "LLAMA_70B", "scale_table",
+           "source_check", "source_bytes"]
+
+#: the tiny GPT of this unit: 2 layers, 4 heads, width 64, sequence 16 (splits over 1, 2, 4)
+CONFIG = GPTConfig.tiny(n_layer=2, block_size=16)
+BATCH = 4
+
+
+def model_fn(seed: int = 0, *, config: GPTConfig = CONFIG,
+             dtype: torch.dtype = torch.float32) -> GPT:
+    """The tiny GPT, built the same in every process from ``seed``."""
+    torch.manual_seed(seed)
+    return GPT(config).to(dtype)
+
+
+def batch_fn(step: int, *, config: GPTConfig = CONFIG, batch: int = BATCH):
+    """Next-token batch of step ``step``: random token ids and the same ids shifted by one."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    x = torch.randint(0, config.vocab_size, (batch, config.block_size), generator=gen)
+    return x, torch.roll(x, -1, dims=1)
+
+
+def _check(tp, config=CONFIG, *, world_size=None, sequence_parallel=False) -> int:
+    return check_tp(config, tp, world_size=world_size, sequence_parallel=sequence_parallel)
+
+
+def _step_fn(model, batch):
+    from course_lib.parallel.tensor import sync_sequence_parallel_grads
+
+    loss = H.cross_entropy_loss(model, batch)
+    loss.backward()
+    sync_sequence_parallel_grads(model)  # nothing to do without sequence parallelism
+    return loss
+
+
+# --------------------------------------------------------------------------------------------
+# the worked example: X (1 x 8) times W (8 x 16) on 2 ranks
+# --------------------------------------------------------------------------------------------
+def _example_worker(rank: int, world_size: int) -> list[dict]:
+    from course_lib.measure.comm import CommMeter
+    from course_lib.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+
+    x = torch.arange(1.0, 9.0).view(1, 8)  # the sources' X = [1, 2, ..., 8]
+    full = torch.nn.Linear(8, 16, bias=False)
+    with torch.no_grad():
+        full.weight.copy_(torch.arange(128.0).view(16, 8) / 64)  # W^T: (out 16, in 8)
+    expected = full(x)
+    rows = []
+    for split, layer in [("column", ColumnParallelLinear.from_linear(full, gather_output=True)),
+                         ("row", RowParallelLinear.from_linear(full, input_is_parallel=False))]:
+        with CommMeter(dispatch=False) as meter:
+            y = layer(x)
+        local_x = x if split == "column" else x.chunk(world_size, dim=1)[rank]
+        rows.append({"split": split, "rank": rank, "x_on_rank": tuple(local_x.shape),
+                     "W_on_rank (in x out)": tuple(layer.weight.t().shape),
+                     "local_product": tuple((local_x @ layer.weight.t()).shape),
+                     "collective": ", ".join(op.replace("_single", "") for op in meter.calls) or "none",
+                     "y": tuple(y.shape), "equals_X_W": bool(torch.allclose(y, expected))})
+    return rows
+
+
+def worked_example() -> pd.DataFrame:
+    """The sources' example (S1): X of shape 1 x 8 times W of shape 8 x 16 on 2 ranks, split by
+    columns of W (each rank: X times an 8 x 8 block, outputs concatenated by an all-gather) and
+    by rows (each rank: its 1 x 4 slice of X times a 4 x 16 block, partial outputs summed by an
+    all-reduce). One row per split and rank: shapes, the collective CommMeter saw, and whether
+    the result equals X W computed in one process."""
+    return pd.DataFrame([r for res in launch(_example_worker, 2) for r in res])
+
+
+# --------------------------------------------------------------------------------------------
+# shard shapes
+# --------------------------------------------------------------------------------------------
+def _shapes_worker(rank: int, world_size: int, config: GPTConfig, tp: int) -> list[dict]:
+    from course_lib.parallel.mesh import Mesh
+    from course_lib.parallel.tensor import parallelize_gpt
+
+    mesh = Mesh(dp=world_size // tp, tp=tp)
+    model = parallelize_gpt(model_fn(config=config), mesh.group("tp"))
+    full = dict(model_fn(config=config).named_parameters())
+    block = "blocks.0."
+    return [{"rank": rank, "tp_rank": mesh.tp_rank, "parameter": name[len(block):],
+             "full": tuple(full[name].shape), "on_rank": tuple(p.shape),
+             "split": {0: "rows (column parallel)", 1: "columns (row parallel)"}.get(
+                 getattr(p, "tp_split", (None,))[0], "replicated")}
+            for name, p in model.named_parameters() if name.startswith(block)]
+
+
+def shard_shapes(tp: int = 2, *, config: GPTConfig = CONFIG,
+                 world_size: int | None = None) -> pd.DataFrame:
+    """The first block's parameters on every rank after ``parallelize_gpt`` over ``tp`` ranks
+    (``world_size`` ranks in all, default ``tp``; the others are data-parallel copies). One row
+    per rank and parameter: full shape, shape on the rank, how it is split. Refuses a ``tp``
+    that does not divide the heads or the width, or exceeds ``world_size``, before launching."""
+    world_size = tp if world_size is None else world_size
+    tp = _check(tp, config, world_size=world_size)
+    return pd.DataFrame([r for res in launch(_shapes_worker, world_size, config, tp)
+                         for r in res])
+
+
+# --------------------------------------------------------------------------------------------
+# parity with one process; torch's DTensor version
+# --------------------------------------------------------------------------------------------
+def _parity_worker(rank: int, world_size: int, steps: int, sp: bool, dtype) -> H.Record:
+    from course_lib.parallel.tensor import gather_full, parallelize_gpt
+
+    model = parallelize_gpt(model_fn(dtype=dtype), sequence_parallel=sp)
+    return H.parallel_run(model, batch_fn, steps=steps, step_fn=_step_fn, gather_fn=gather_full)
+
+
+def parity(tps: Sequence[int] = (1, 2, 4), *, sequence_parallel: Sequence[bool] = (False, True),
+           steps: int = 2, dtype: torch.dtype = torch.float32) -> pd.DataFrame:
+    """``steps`` SGD steps (lr 0.1) of the tiny GPT split over each tp, with and without
+    sequence parallelism, against one process (``parallel.harness``; tolerance per tensor:
+    1e-6 + 1e-5 x max|reference|, float32). One row per (tp, sequence_parallel): comparisons
+    (losses, every gradient and parameter, every rank and step), failed, worst (the largest
+    |difference| / tolerance), ok."""
+    sizes = validate.counts("tps", tps, minimum=1)
+    steps = validate.count("steps", steps, minimum=1)
+    for t in sizes:
+        _check(t, sequence_parallel=any(sequence_parallel))
+    reference = H.reference_run(lambda s: model_fn(s, dtype=dtype), batch_fn, steps=steps,
+                                loss_fn=H.cross_entropy_loss)
+    rows = []
+    for t in sizes:
+        for sp in dict.fromkeys(bool(sp) and t > 1 for sp in sequence_parallel):  # tp 1: no SP
+            table = H.compare(reference, launch(_parity_worker, t, steps, bool(sp), dtype))
+            rows.append({"tp": t, "sequence_parallel": bool(sp), "comparisons": len(table),
+                         "failed": int((~table.ok).sum()),
+                         "worst": float((table.max_abs_diff / table.tolerance).max()),
+                         "ok": bool(table.ok.all())})
+    return pd.DataFrame(rows)
+
+
+def _dtensor_gpt(model: GPT, tp_mesh):
+    """The tiny GPT split by torch's ``parallelize_module``. ColwiseParallel shards a Linear's
+    output rows contiguously, so the fused qkv rows are first reordered rank by rank
+    ([q_0 k_0 v_0 | q_1 k_1 v_1 | ...]) and the attention runs ``ParallelSelfAttention`` (heads
+    = what the rank holds), as torchtitan does with its separate wq, wk, wv."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from course_lib.parallel.tensor import ParallelSelfAttention
+
+    t = tp_mesh.size()
+    hs = model.config.n_embd // model.config.n_head
+    for block in model.blocks:
+        att = block.attn
+        qkv = att.c_attn
+        with torch.no_grad():
+            w = torch.cat([b for r in range(t) for b in
+                           [part.chunk(t, dim=0)[r] for part in qkv.weight.chunk(3, dim=0)]])
+            qkv.weight.copy_(w)
+            if qkv.bias is not None:
+                qkv.bias.copy_(torch.cat([b for r in range(t) for b in
+                                          [part.chunk(t)[r] for part in qkv.bias.chunk(3)]]))
+        block.attn = ParallelSelfAttention(qkv, att.c_proj, hs, att.causal_mask)
+        parallelize_module(block, tp_mesh, {"attn.c_attn": ColwiseParallel(),
+                                            "attn.c_proj": RowwiseParallel(),
+                                            "mlp.c_fc": ColwiseParallel(),
+                                            "mlp.c_proj": RowwiseParallel()})
+    return model
+
+
+def _dtensor_worker(rank: int, world_size: int) -> dict:
+    import warnings
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from course_lib.parallel.tensor import parallelize_gpt
+
+    # CommDebugMode's module hooks warn that the first block's input needs no gradient
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    x, y = batch_fn(0)
+    counts = {}
+    losses = {}
+    for name in ("course", "dtensor"):
+        model = model_fn()
+        if name == "course":
+            parallelize_gpt(model)
+        else:
+            _dtensor_gpt(model, init_device_mesh("cpu", (world_size,)))
+        with CommDebugMode() as fwd:
+            loss = H.cross_entropy_loss(model, (x, y))
+        with CommDebugMode() as bwd:
+            loss.backward()
+        losses[name] = loss.item()
+        counts[name] = {"forward": {str(k).split(".")[-1]: v for k, v in fwd.get_comm_counts().items()},
+                        "backward": {str(k).split(".")[-1]: v for k, v in bwd.get_comm_counts().items()}}
+    return {"losses": losses, "counts": counts}
+
+
+def dtensor_loss(tps: Sequence[int] = (2, 4)) -> pd.DataFrame:
+    """The tiny GPT split with torch's DTensor ``parallelize_module`` (ColwiseParallel on qkv
+    and c_fc, RowwiseParallel on the two output projections) and with ours, one forward and
+    backward on the same batch, float32. One row per tp: the three losses, the largest
+    difference to one process, and the collectives torch's ``CommDebugMode`` counted in
+    forward and in backward for each version (it sees DTensor's functional collectives; ours
+    are direct c10d calls, which it does not see: those are counted by CommMeter in
+    :func:`collective_counts`)."""
+    sizes = validate.counts("tps", tps, minimum=2)
+    for t in sizes:
+        _check(t)
+    reference = H.cross_entropy_loss(model_fn(), batch_fn(0)).item()
+    rows = []
+    for t in sizes:
+        res = launch(_dtensor_worker, t)[0]
+        c = res["counts"]["dtensor"]
+        rows.append({"tp": t, "one_process": reference, "course": res["losses"]["course"],
+                     "dtensor": res["losses"]["dtensor"],
+                     "max_abs_diff": max(abs(res["losses"][k] - reference)
+                                         for k in ("course", "dtensor")),
+                     "dtensor_forward": c["forward"], "dtensor_backward": c["backward"]})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# collectives and bytes per step
+# --------------------------------------------------------------------------------------------
+def _comm_worker(rank: int, world_size: int, config: GPTConfig, batch: int, sp: bool) -> list[dict]:
+    from course_lib.measure.comm import CommMeter
+    from course_lib.parallel.tensor import parallelize_gpt, sync_sequence_parallel_grads
+
+    model = parallelize_gpt(model_fn(config=config), sequence_parallel=sp)
+    x, y = batch_fn(0, config=config, batch=batch)
+    H.cross_entropy_loss(model, (x, y)).backward()  # warm-up: first calls set up gloo buffers
+    model.zero_grad(set_to_none=True)
+    rows = []
+    dist.barrier()
+    with CommMeter(dispatch=False) as fwd:
+        loss = H.cross_entropy_loss(model, (x, y))
+    with CommMeter(dispatch=False) as bwd:
+        loss.backward()
+    with CommMeter(dispatch=False) as sync:
+        sync_sequence_parallel_grads(model)
+    for phase, meter in (("forward", fwd), ("backward", bwd), ("grad sync", sync)):
+        for op, n in meter.calls.items():
+            recs = [r for r in meter.records if r["op"] == op]
+            wire = [r["wire_sent"] for r in recs]
+            rows.append({"rank": rank, "tp": world_size, "sequence_parallel": sp,
+                         "phase": phase, "op": op.replace("_single", ""), "calls": n,
+                         "payload_bytes": sum(r["bytes"] for r in recs),
+                         "model_sent": float(sum(r["model_sent"] for r in recs)),
+                         "wire_sent": None if None in wire else int(sum(wire))})
+    return rows
+
+
+def collective_counts(tp: int = 2, *, config: GPTConfig = CONFIG, batch: int = BATCH,
+                      sequence_parallel: Sequence[bool] = (False, True)) -> pd.DataFrame:
+    """One training step of the split tiny GPT; CommMeter in every rank counts each
+    collective in forward, in backward, and in the gradient sync of sequence parallelism. One
+    row per rank, mode, phase and op: calls, payload_bytes (the tensors handed to the calls),
+    model_sent (the ring model's bytes, ``estimate.collective_bytes_sent``), wire_sent (MEASURED:
+    bytes the rank wrote to its sockets during the calls, /proc/self/io)."""
+    tp = _check(tp, config, sequence_parallel=any(sequence_parallel))
+    b = validate.count("batch", batch, minimum=1)
+    rows = [r for sp in sequence_parallel
+            for res in launch(_comm_worker, tp, config, b, bool(sp)) for r in res]
+    return pd.DataFrame(rows)
+
+
+def wire_summary(counts: pd.DataFrame, *, config: GPTConfig = CONFIG,
+                 batch: int = BATCH) -> pd.DataFrame:
+    """Bytes one rank sends per training step (forward + backward of every layer; rank 0, the
+    ranks of a ring send alike) from :func:`collective_counts` frames: calls, predicted
+    (``estimate.tp_comm_bytes_per_layer`` x n_layer: the ring algorithms), model_of_calls (the
+    ring model applied to the calls actually made, the sequence-parallel boundary gathers
+    included), wire (MEASURED by the OS), wire/predicted. One row per tp and mode."""
+    rows = []
+    df = counts[(counts["rank"] == 0) & (counts.phase != "grad sync")]
+    for (t, sp), part in df.groupby(["tp", "sequence_parallel"]):
+        pred = estimate.tp_comm_bytes_per_layer(config.block_size, batch, config.n_embd, t,
+                                                bytes_per_value=4, sequence_parallel=sp)
+        wire = None if part.wire_sent.isna().any() else int(part.wire_sent.sum())
+        rows.append({"tp": t, "sequence_parallel": bool(sp), "calls": int(part.calls.sum()),
+                     "predicted": pred["sent"] * config.n_layer,
+                     "model_of_calls": part.model_sent.sum(), "wire": wire})
+    out = pd.DataFrame(rows)
+    out["wire/predicted"] = [None if w is None else w / p
+                             for w, p in zip(out.wire, out.predicted)]
+    return out
+
+
+def wire_bytes(tps: Sequence[int] = (2, 4), *, config: GPTConfig = CONFIG, batch: int = BATCH,
+               sequence_parallel: Sequence[bool] = (False, True)) -> pd.DataFrame:
+    """:func:`collective_counts` for each tp, summarised by :func:`wire_summary`."""
+    sizes = validate.counts("tps", tps, minimum=2)
+    frames = [collective_counts(t, config=config, batch=batch,
+                                sequence_parallel=sequence_parallel) for t in sizes]
+    return wire_summary(pd.concat(frames, ignore_index=True), config=config, batch=batch)
+
+
+# --------------------------------------------------------------------------------------------
+# memory per rank
+# --------------------------------------------------------------------------------------------
+def _memory_worker(rank: int, world_size: int, config: GPTConfig, batch: int,
+                   sp: bool) -> dict:
+    from course_lib.measure.memory import MemoryMeter
+    from course_lib.parallel.tensor import parallelize_gpt, sync_sequence_parallel_grads
+
+    model = parallelize_gpt(model_fn(config=config), sequence_parallel=sp)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = batch_fn(0, config=config, batch=batch)
+    with MemoryMeter(model, opt) as mem:
+        logits = model(x)  # (B, T, V): held, as estimate.tp_activation_bytes_gpt counts it
+        # gloo's worker thread lets go of the last all-reduce's buffer a moment after the call
+        # returns (measured: one BTC tensor too many, now and then, on one rank); wait for every
+        # rank's calls to finish and give the thread a moment, then take the snapshot (the
+        # meter records a row at every module call)
+        if dist.is_initialized():
+            dist.barrier()
+            time.sleep(0.02)
+        _SNAPSHOT(logits)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+        del logits
+        sync_sequence_parallel_grads(model)
+        opt.step()
+    tl = mem.timeline
+    fw = tl[tl.event == "post_forward"]
+    end_fw = fw[fw.phase == "forward"].iloc[-1]  # the snapshot's row
+    out = {c: int(tl[c].max()) for c in ("params", "grads", "optimizer")}
+    out["activations"] = int(end_fw["activations"])
+    out["buffers"] = sum(b.numel() * b.element_size() for b in model.buffers())
+    out["param_tensors"] = len(list(model.parameters()))
+    return out
+
+
+_SNAPSHOT = torch.nn.Identity()
+
+
+def memory_per_rank(tps: Sequence[int] = (1, 2, 4), *, config: GPTConfig = CONFIG,
+                    batch: int = BATCH,
+                    sequence_parallel: Sequence[bool] = (False, True)) -> pd.DataFrame:
+    """One Adam step of the split tiny GPT (float32) under MemoryMeter in every rank. One row
+    per tp, mode, rank and category (params, grads, optimizer, activations): measured (params,
+    grads, optimizer: the largest value over the step; activations: alive at the end of the
+    forward, logits held), predicted (``estimate.tp_params_per_rank`` x 4 B, plus the buffers
+    for params; Adam's two moments x 4 B plus a 4-byte step counter per tensor;
+    ``estimate.tp_activation_bytes_gpt``), residual (measured - predicted). Bytes."""
+    sizes = validate.counts("tps", tps, minimum=1)
+    b = validate.count("batch", batch, minimum=1)
+    rows = []
+    for t in sizes:
+        for sp in sequence_parallel:
+            sp = bool(sp) and t > 1
+            if any(r["tp"] == t and r["sequence_parallel"] == sp for r in rows):
+                continue  # tp = 1 has nothing to split along the sequence
+            _check(t, config, sequence_parallel=sp)
+            n = estimate.tp_params_per_rank(config, t)["per_rank"]
+            for rank, m in enumerate(launch(_memory_worker, t, config, b, sp)):
+                pred = {"params": 4 * n + m["buffers"], "grads": 4 * n,
+                        "optimizer": 8 * n + 4 * m["param_tensors"],
+                        "activations": estimate.tp_activation_bytes_gpt(
+                            config, b, tp=t, sequence_parallel=sp)}
+                for cat, p in pred.items():
+                    rows.append({"tp": t, "sequence_parallel": sp, "rank": rank,
+                                 "category": cat, "measured": m[cat], "predicted": p,
+                                 "residual": m[cat] - p})
+    return pd.DataFrame(rows)
+
+
+# the formulas and the 7B / 70B scale-up (run_scale.py), re-exported here
+from course_lib.units.u11_tensor_parallelism.run_scale import (  # noqa: E402
+    LLAMA_7B,
+    LLAMA_70B,
+    LayerShape,
+    activation_formulas,
+    scale_table,
+    source_bytes,
+    source_check,
+)

@@ -1,0 +1,38 @@
+"""Unit 11's plots and widget, driven from Python."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from course_lib.units.u11_tensor_parallelism import plots as P  # noqa: E402
+from course_lib.units.u11_tensor_parallelism import run  # noqa: E402
+from course_lib.units.u11_tensor_parallelism.widgets import SplitExplorer  # noqa: E402
+
+
+def test_plots_draw_and_refuse_bad_frames():
+    shapes = pd.DataFrame([{"tp_rank": r, "parameter": n, "full": full, "on_rank": on}
+                           for r in range(2) for n, full, on in [
+                               ("attn.c_attn.weight", (192, 64), (96, 64)),
+                               ("attn.c_proj.weight", (64, 64), (64, 32)),
+                               ("mlp.c_fc.weight", (256, 64), (128, 64)),
+                               ("mlp.c_proj.weight", (64, 256), (64, 128))]])
+    assert len(P.plot_split(shapes).axes) == 4
+    assert P.plot_scale(run.scale_table()).axes
+    with pytest.raises(ValueError, match="missing columns"):
+        P.plot_split(shapes.drop(columns=["on_rank"]))
+    plt.close("all")
+
+
+def test_split_explorer_runs():
+    ex = SplitExplorer(tp=2, sequence_parallel=True, batch=2)
+    ex.run_button.click()
+    assert ex.result is not None, ex.status.value
+    assert set(ex.result.tp) == {2} and set(ex.result.sequence_parallel) == {True}
+    assert (ex.result.residual == 0).all()
+    assert "activations" in ex.status.value
+    plt.close("all")
