@@ -334,20 +334,28 @@ def simulate_in_process(spec: dict) -> dict:
             loss.backward()
             del loss
             after_backward = _snap(tracker, "current")
+            # the peak of forward + backward; the optimizer step's own peak is kept apart: on
+            # DTensor parameters under FakeTensorMode, DTensor's sharding propagation runs its
+            # global-shape meta computations in our fake mode, and the tracker counts them as
+            # the step's temporaries (~12 B per *global* parameter for foreach AdamW), which
+            # no GPU would allocate
+            peak = _snap(tracker, "peak")
             t_backward = time.process_time()
             opt.step()
             after_step = _snap(tracker, "current")
             opt.zero_grad(set_to_none=True)
             t_step = time.process_time()
-        peak = _snap(tracker, "peak")
+        step_peak = _snap(tracker, "peak")
         maxima = _module_maxima(tracker)
     for snap in (after_forward, after_backward, after_step):  # maxima also over our own snapshots
         for k, v in snap.items():
             maxima[k] = max(maxima.get(k, 0), v)
     maxima["total"] = max(maxima.get("total", 0), peak.get("total", 0))
+    maxima["optimizer"] = after_step.get("optimizer", 0)  # state only; see step_peak above
     wall = time.process_time() - t0  # CPU seconds of this process
     return {"at_peak": peak, "max": maxima, "after_forward": after_forward,
             "after_backward": after_backward, "after_step": after_step,
+            "step_peak_total": step_peak.get("total", 0),
             "comm": _comm_counts(comm) if spec.get("count_comm", True) else None, "n_params_local": int(n_params_local),
             "phases_s": {"setup": t_setup - t0, "forward": t_forward - t_setup,
                          "backward": t_backward - t_forward, "step": t_step - t_backward},

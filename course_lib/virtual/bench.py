@@ -30,20 +30,25 @@ TARGET_RSS = 2**30
 
 
 def format_zero_table(df: pd.DataFrame) -> str:
-    """The ZeRO table as aligned text: GB per rank (1e9 B), ratio to the target, and the note."""
-    def gb(x) -> str:
-        return "-" if pd.isna(x) else f"{x:.2f}"
+    """The ZeRO table as aligned text: GB per rank (1e9 B), ratio to the target, and the note.
 
-    header = ("stage", "target", "estimate", "est@model", "FSDP2 run", "params", "gathered",
-              "grads", "optim", "virtual", "ratio", "peak", "residual")
+    states = params + grads + optim (the shards); virtual = states + gathered (the bf16
+    parameters gathered at once); ratio = virtual / target; resid. = virtual - estimate at the
+    model's exact parameter count; peak = the rank's whole peak (activations, buffers too).
+    """
+    def gb(x) -> str:
+        return "-" if x is None or pd.isna(x) else f"{x:.3f}"
+
+    header = ("stage", "target", "estimate", "est@model", "FSDP2 run", "params", "grads",
+              "optim", "states", "gathered", "virtual", "ratio", "resid.", "peak", "why")
     lines = [header]
     for r in df.to_dict("records"):
         lines.append((r["name"], gb(r["target_GB"]), gb(r["estimate_GB"]),
                       gb(r["estimate_model_GB"]), r["strategy"] or "-", gb(r.get("params_GB")),
-                      gb(r.get("gathered_GB")), gb(r.get("grads_GB")), gb(r.get("optimizer_GB")),
-                      gb(r.get("virtual_GB")),
+                      gb(r.get("grads_GB")), gb(r.get("optimizer_GB")), gb(r.get("states_GB")),
+                      gb(r.get("gathered_GB")), gb(r.get("virtual_GB")),
                       "-" if pd.isna(r.get("ratio")) else f"{r['ratio']:.3f}",
-                      gb(r.get("peak_GB")), r["note"]))
+                      gb(r.get("residual_GB")), gb(r.get("peak_GB")), r["note"]))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header) - 1)]
     out = []
     for line in lines:
@@ -51,6 +56,14 @@ def format_zero_table(df: pd.DataFrame) -> str:
         out.append("  ".join(cells) + "  " + line[-1])
     out.insert(1, "-" * len(out[0]))
     return "\n".join(out)
+
+
+def _legend(df: pd.DataFrame) -> str:
+    cpu = df["sim_cpu_s"].dropna() if "sim_cpu_s" in df else []
+    return ("states = params + grads + optim (fp32 shards, Adam moments); virtual = states + "
+            "gathered bf16 params alive at once; ratio = virtual / target; resid. = virtual - "
+            "estimate at the model's exact count; peak adds activations and buffers. "
+            f"Simulations: {len(cpu)}, {sum(cpu):.0f} CPU s. See course_lib/virtual/zero.py.")
 
 
 def bench_70b(world_size: int = 512, seq_len: int = 4096) -> dict:
@@ -76,6 +89,7 @@ def run(*, figure1: bool = True, seven_b: bool = True, seventy_b: bool = True) -
               f"[{df.attrs['model']}: {df.attrs['n_params']:,} params; "
               f"{time.perf_counter() - t0:.0f} s]")
         print(format_zero_table(df))
+        print(_legend(df))
     if seven_b:
         t0 = time.perf_counter()
         df = zero_7b_table(count_comm=False)
@@ -83,6 +97,7 @@ def run(*, figure1: bool = True, seven_b: bool = True, seventy_b: bool = True) -
               f"[{df.attrs['model']}: {df.attrs['n_params']:,} params; "
               f"{time.perf_counter() - t0:.0f} s]")
         print(format_zero_table(df))
+        print(_legend(df))
     if seventy_b:
         r = bench_70b()
         df = r["frame"].set_index("category")

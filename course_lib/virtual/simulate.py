@@ -212,7 +212,9 @@ def simulate_step(model_fn: Callable[[], Any], *, world_size: int, strategy: str
         :class:`VirtualFrame` (a DataFrame) with one row per category of :data:`ROWS` and
         columns ``category`` (str), ``at_peak``, ``max``, ``after_forward``,
         ``after_backward``, ``after_step`` (int bytes on rank 0) and ``label`` (= "virtual").
-        ``at_peak`` is the breakdown at the moment the rank's total peaked; ``max`` each
+        ``at_peak`` is the breakdown at the moment the rank's total peaked during forward and
+        backward (the optimizer step is left out: see ``attrs["step_peak_bytes_traced"]``,
+        inflated by DTensor's global-shape propagation, which a GPU does not allocate); ``max`` each
         category's largest value at the tracker's sampling points (every module's pre/post
         forward/backward and its own peaks, and after forward/backward/step), so rows of
         ``max`` do not add up to the total. ``after_backward``: before the optimizer step, the
@@ -221,7 +223,7 @@ def simulate_step(model_fn: Callable[[], Any], *, world_size: int, strategy: str
         ``temporaries`` (as ``MemoryMeter`` does). ``attrs``: label, title, strategy,
         world_size, tp, dp, mixed_precision, optimizer, batch, seq_len, model, n_params (when
         ``model_fn`` knows it), n_params_local, comm (collective counts from
-        ``CommDebugMode``: total / forward / backward), simulate_s (inside the process),
+        ``CommDebugMode``: total / forward / backward), simulate_s (CPU seconds of the process),
         launch_s (whole call), rss_peak_bytes (the process's peak resident memory), torch.
 
     Raises:
@@ -271,5 +273,6 @@ def to_frame(raw: dict, spec: dict, *, launch_s: float | None = None) -> Virtual
                     n_params_local=raw["n_params_local"], comm=raw["comm"],
                     simulate_s=raw["wall_s"], launch_s=launch_s,
                     rss_peak_bytes=raw["rss_peak_bytes"], torch=raw["torch"],
+                    step_peak_bytes_traced=raw["step_peak_total"],
                     rows=dict(_ROW_HELP))
     return df

@@ -19,20 +19,26 @@ Which stage FSDP2 implements:
 * P_os alone (shard only the optimizer) has no FSDP2 mode (``ZeroRedundancyOptimizer`` is
   ZeRO-1 in PyTorch); the table gives the estimate only.
 
-The residuals, every one of them PyTorch's design and not a tracker artefact:
+What is compared: ``virtual_GB`` = fp32 parameter shard + fp32 gradient shard + Adam state
+(:func:`model_states`: after backward) + the most gathered bf16 parameters alive at once. Per
+parameter, ZeRO counts fp16 params 2 + fp16 grads 2 + fp32 master 4 + Adam 8 = 16 B; FSDP2 with
+``MixedPrecisionPolicy(param_dtype=bf16)`` keeps the fp32 parameter (it *is* the master) 4 +
+fp32 gradient 4 + Adam 8 = 16 B of shards, and makes the bf16 copy (ZeRO's fp16 params) by
+all-gather when a layer runs. The residuals, each PyTorch's design and not a tracker artefact:
 
-1. Gradients are kept in the parameter's dtype (fp32, 4 B) once reduced, where ZeRO counts
-   fp16 gradients (2 B): +2Ψ/N for "fsdp" / "fsdp_no_reshard", +2Ψ for "ddp". FSDP2
-   reduce-scatters in ``reduce_dtype`` and casts the result to the sharded parameter's dtype.
-2. The bf16 compute copy is a separate tensor: ZeRO's 16 B already contains a 2 B fp16 copy
-   and a 4 B fp32 master, FSDP2's fp32 parameter *is* the master and the bf16 copy is made
-   by all-gather (sharded strategies) or by casting (replicate); the "gathered" column.
-   Under "fsdp" it is only the layers in flight (current + prefetched): a residual over the
-   1.9 GB target that shrinks with more, smaller layers.
-3. Adam keeps one fp32 ``step`` counter per parameter tensor (4 B each, a few KB in all).
-4. Sharding pads every parameter's dim 0 to a multiple of N (at most N - 1 rows each).
-5. Beyond model states, the peak (``peak_GB``) adds activations, the all-gather and
-   reduce-scatter buffers and backward temporaries: Figure 1 leaves all of those out.
+1. baseline: +2Ψ (15 GB at 7.5B): gradients are kept in fp32 (FSDP2 casts the reduced gradient
+   to the parameter's dtype), ZeRO counts fp16 gradients; the bf16 copy plays ZeRO's fp16 params.
+2. P_os+g: +2Ψ/N (0.23 GB at N = 64): the same fp32 gradients, now sharded. The 2Ψ of gathered
+   bf16 parameters are ZeRO-2's replicated fp16 parameters, held from forward to backward.
+3. P_os+g+p: the shards match 16Ψ/N to the byte (1.875 GB; the paper rounds to 1.9). The rest is
+   the gathered working set Figure 1 leaves out: the root module's parameters (embedding and
+   output layer: FSDP2 does not reshard the root after forward, since backward starts there)
+   plus the block being computed (and the next one when prefetched).
+4. Small terms: Adam's fp32 ``step`` counter per parameter tensor (4 B each), and padding of
+   every parameter's dim 0 to a multiple of N (at most N - 1 rows each; none for these shapes).
+5. Beyond model states, the peak (``peak_GB``) adds activations, all-gather and reduce-scatter
+   buffers, backward temporaries and (for the replicated baseline) the foreach optimizer's
+   scratch: Figure 1 leaves all of those out.
 
 Introduced in notebooks/10_zero_fsdp.ipynb.
 """
@@ -73,12 +79,11 @@ def model_states(df) -> dict[str, int]:
 
 
 _NOTE = {
-    0: "fp32 grads (+2Ψ over ZeRO's fp16) and a separate bf16 copy; ZeRO's 16 B has both copies "
-       "but 2 B grads",
+    0: "+2Ψ: grads kept in fp32 (4 B; ZeRO: fp16, 2 B); bf16 copy = ZeRO's fp16 params",
     1: "no FSDP2 mode shards only the optimizer (PyTorch: ZeroRedundancyOptimizer)",
-    2: "every layer's bf16 params gathered forward->backward (2Ψ, as ZeRO-2) + fp32 grad "
-       "shards (+2Ψ/N)",
-    3: "fp32 grad shards (+2Ψ/N); gathered = the layers in flight (not in Figure 1)",
+    2: "+2Ψ/N: fp32 grad shards; gathered = all bf16 params, forward to backward (ZeRO-2's 2Ψ)",
+    3: "shards = 16Ψ/N exactly; + gathered working set (root's embedding/output + block in "
+       "flight), not in Figure 1",
 }
 
 
@@ -89,9 +94,11 @@ def zero_table(model: LlamaLike, world_size: int, targets_gb, *, paper_n_params:
 
     Columns: stage, name, target_GB (the source), estimate_GB (zero_bytes_per_rank at the
     source's Ψ), estimate_model_GB (at this model's exact Ψ), strategy (the FSDP2 run, or
-    None), params_GB, gathered_GB, grads_GB, optimizer_GB, virtual_GB (their sum; see
-    :func:`model_states`), ratio (virtual / target), peak_GB (the rank's whole peak, with
-    activations and buffers), note, label (= "virtual" on rows run on the virtual cluster).
+    None), params_GB, gathered_GB, grads_GB, optimizer_GB, states_GB (params + grads +
+    optimizer), virtual_GB (states + gathered; see :func:`model_states`), ratio (virtual /
+    target), residual_GB (virtual - estimate_model), peak_GB (the rank's whole peak, with
+    activations and buffers), sim_cpu_s (CPU seconds of the simulation), note, label
+    (= "virtual" on rows run on the virtual cluster, else "estimate only").
     GB = 1e9 bytes, as the paper.
     """
     rows = []
@@ -111,8 +118,11 @@ def zero_table(model: LlamaLike, world_size: int, targets_gb, *, paper_n_params:
             runs[stage] = df
             states = model_states(df)
             row.update({f"{k}_GB": v / 1e9 for k, v in states.items() if k != "total"})
+            row["states_GB"] = (states["total"] - states["gathered"]) / 1e9
             row["virtual_GB"] = states["total"] / 1e9
             row["ratio"] = row["virtual_GB"] / row["target_GB"]
+            row["residual_GB"] = row["virtual_GB"] - row["estimate_model_GB"]
+            row["sim_cpu_s"] = df.attrs["simulate_s"]
             row["peak_GB"] = int(df.set_index("category").at["total", "at_peak"]) / 1e9
             row["label"] = LABEL
         else:

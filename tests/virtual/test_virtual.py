@@ -173,3 +173,18 @@ def test_lazy_chunks_match_fsdp2s_own(size, n):
     assert len(got) == len(want) == n
     for a, b in zip(want, got):
         assert a.shape == b.shape and a.storage_offset() == b.storage_offset()
+
+
+def test_plot_title_says_virtual(fsdp8, tp4):
+    from course_lib.viz.virtual import plot_virtual_breakdown
+
+    fig = plot_virtual_breakdown({"fsdp": fsdp8, "tp": tp4})
+    assert fig.axes[0].get_title().startswith("virtual cluster (simulated)")
+    with pytest.raises(ValueError, match="not a virtual-cluster result"):
+        plot_virtual_breakdown([_unlabelled(fsdp8)])
+
+
+def _unlabelled(df):
+    df = df.copy()
+    df.attrs = {}
+    return df
