@@ -44,7 +44,8 @@ def format_zero_table(df: pd.DataFrame) -> str:
     lines = [header]
     for r in df.to_dict("records"):
         lines.append((r["name"], gb(r["target_GB"]), gb(r["estimate_GB"]),
-                      gb(r["estimate_model_GB"]), r["strategy"] or "-", gb(r.get("params_GB")),
+                      gb(r["estimate_model_GB"]),
+                      r["strategy"] if isinstance(r["strategy"], str) else "-", gb(r.get("params_GB")),
                       gb(r.get("grads_GB")), gb(r.get("optimizer_GB")), gb(r.get("states_GB")),
                       gb(r.get("gathered_GB")), gb(r.get("virtual_GB")),
                       "-" if pd.isna(r.get("ratio")) else f"{r['ratio']:.3f}",
@@ -62,7 +63,9 @@ def _legend(df: pd.DataFrame) -> str:
     cpu = df["sim_cpu_s"].dropna() if "sim_cpu_s" in df else []
     return ("states = params + grads + optim (fp32 shards, Adam moments); virtual = states + "
             "gathered bf16 params alive at once; ratio = virtual / target; resid. = virtual - "
-            "estimate at the model's exact count; peak adds activations and buffers. "
+            "estimate at the model's exact count (an upper bound: for ddp the bf16 copy is freed "
+            "before the last gradients exist, so its peak is lower); peak = the rank's whole "
+            "peak in forward + backward, activations and buffers included. "
             f"Simulations: {len(cpu)}, {sum(cpu):.0f} CPU s. See course_lib/virtual/zero.py.")
 
 

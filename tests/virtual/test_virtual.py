@@ -188,3 +188,33 @@ def _unlabelled(df):
     df = df.copy()
     df.attrs = {}
     return df
+
+
+def test_zero_tables_estimate_columns_reproduce_the_sources():
+    from course_lib.virtual.bench import format_zero_table
+
+    fig1 = virtual.zero_figure1(run_virtual=False)
+    # Figure 1 prints one decimal: 1.875 GB appears as 1.9
+    assert list(fig1["estimate_GB"].round(1)) == [120.0, 31.4, 16.6, 1.9]
+    seven = virtual.zero_7b_table(run_virtual=False)
+    assert list(seven["estimate_GB"]) == [112.0, 38.5, 26.25, 14.0]
+    assert virtual.PRESETS["zero-7.5b"].n_params == 7_500_754_944      # within 0.01 % of 7.5e9
+    assert virtual.PRESETS["7b"].n_params == 7_000_002_560
+    assert set(seven["label"]) == {"estimate only"}
+    text = format_zero_table(fig1)
+    assert "P_os+g+p (ZeRO-3)" in text and "ZeroRedundancyOptimizer" in text
+
+
+def _broken_model():
+    raise RuntimeError("model_fn broke on purpose")
+
+
+def test_a_failing_model_fn_is_reported_and_leaves_no_process():
+    from course_lib import LaunchError
+
+    with pytest.raises(LaunchError, match="model_fn broke on purpose"):
+        virtual.simulate_step(_broken_model, world_size=4, strategy="fsdp", batch=1, seq_len=8,
+                              vocab=16, timeout=60)
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert children <= launch_module.helper_pids()
+    assert not torch.distributed.is_initialized()
