@@ -1,4 +1,7 @@
-"""Benchmarks of course_lib's own machinery: ``python -m course_lib.bench launch``.
+"""Benchmarks of course_lib's own machinery: ``python -m course_lib.bench launch|virtual``.
+
+``virtual``: the virtual cluster (``course_lib/virtual/bench.py``): ZeRO Figure 1 and the 7B
+table reproduced with FSDP2 on a fake process group, and a Llama-2-70B step on 512 virtual ranks.
 
 ``launch``: how long a trivial 2-rank job (one gloo all_reduce of one float) takes end to end,
 measured side by side in one run through
@@ -173,7 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--accelerate-runs", type=int, default=10,
                    help="warm runs of accelerate.notebook_launcher")
     p.add_argument("--no-accelerate", action="store_true")
+    v = sub.add_parser("virtual", help="virtual cluster: ZeRO Figure 1, 7B table, 70B on 512 ranks")
+    v.add_argument("--only", choices=("figure1", "7b", "70b"), action="append",
+                   help="run only these parts (repeatable); default: all three")
     args = parser.parse_args(argv)
+    if args.what == "virtual":
+        from course_lib.virtual import bench as virtual_bench
+
+        parts = set(args.only or ("figure1", "7b", "70b"))
+        return virtual_bench.run(figure1="figure1" in parts, seven_b="7b" in parts,
+                                 seventy_b="70b" in parts)
     if min(args.world_size, args.warm, args.spawn, args.accelerate_runs) < 1:
         parser.error("--world-size, --warm, --spawn and --accelerate-runs must be positive; got "
                      f"{args.world_size}, {args.warm}, {args.spawn}, {args.accelerate_runs}")

@@ -1,0 +1,278 @@
+"""``simulate_step``: one training step of PyTorch's real FSDP2 / tensor-parallel code, as one
+rank of a cluster that does not exist, in one process.
+
+    from course_lib import virtual
+    df = virtual.simulate_step(virtual.PRESETS["llama2-70b"], world_size=512, strategy="fsdp",
+                               mixed_precision="bf16", batch=1, seq_len=512)
+    df.attrs["title"]   # 'virtual cluster (simulated, not measured on GPUs): fsdp, 512 ranks, ...'
+
+How: a fake process group (``dist.init_process_group("fake", ...)``: every collective returns
+at once and moves nothing), the device mesh built before ``FakeTensorMode`` (tensors with shapes
+and dtypes but no storage), then the same ``fully_shard`` / ``parallelize_module`` /
+``replicate`` calls and optimizer a real job makes. PyTorch's memory trackers count the bytes
+each tensor would occupy on rank 0 (``FSDPMemTracker``: sharded/unsharded parameters,
+gradients, optimizer state, activations, all-gather and reduce-scatter buffers) and
+``CommDebugMode`` counts the collectives. The sharding, padding, dtype casts and buffers are
+PyTorch's own, which is what the formulas of ``course_lib.measure.estimate`` leave out.
+
+What it is not: a measurement of a GPU. No kernel runs, so there is no time per step, no CUDA
+context, no allocator fragmentation (add ~10-20 % on a real GPU; see notebooks/03), and
+activations are those of the CPU kernels PyTorch would pick (the fused attention's saved
+tensors differ between CPU and flash-attention). Every result says so: the ``label`` column is
+``"virtual"`` and its title starts with "virtual cluster".
+
+Each call runs in a fresh process started by :func:`course_lib.launch` (one rank, whose real
+1-rank group is swapped for the fake one), so the caller never gets a default process group or
+a fake mode left behind, and the memory of the traced model is returned to the OS when the call
+ends. Arguments are checked before that process starts.
+
+Introduced in notebooks/10_zero_fsdp.ipynb; used again in 11 (tensor parallelism) and 14
+(planning a run).
+"""
+from __future__ import annotations
+
+import html
+import time
+from typing import Any, Callable
+
+import pandas as pd
+
+from course_lib import validate as _v
+
+__all__ = ["simulate_step", "VirtualFrame", "STRATEGIES", "ROWS", "COLUMNS", "LABEL"]
+
+#: strategy -> what it is
+STRATEGIES = {
+    "fsdp": "FSDP2 fully_shard on every block and the root: parameters, gradients and optimizer "
+            "state sharded (ZeRO-3); parameters re-gathered for backward",
+    "fsdp_no_reshard": "fully_shard with reshard_after_forward=False: parameters stay gathered "
+                       "from forward to the end of backward (closest FSDP2 gets to ZeRO-2)",
+    "tp": "tensor parallelism over all ranks (parallelize_module: wq/wk/wv/w1/w3 column-wise, "
+          "wo/w2 row-wise); embeddings and norms replicated",
+    "fsdp+tp": "2-D: tensor parallelism inside groups of tp ranks, FSDP2 across the "
+               "world_size / tp groups",
+    "ddp": "replicate (FSDP2's data-parallel twin): every rank holds everything (ZeRO stage 0)",
+}
+OPTIMIZERS = ("adamw", "adam", "sgd")
+MIXED_PRECISION = (None, "bf16", "fp16")
+LABEL = "virtual"
+
+#: rows of the result, in order
+ROWS = ("params", "unsharded_params", "grads", "unsharded_grads", "optimizer", "activations",
+        "temporaries", "all_gather", "reduce_scatter", "buffers", "inputs", "total")
+#: numeric columns of the result (bytes, int)
+COLUMNS = ("at_peak", "max", "after_forward", "after_backward", "after_step")
+
+_ROW_HELP = {
+    "params": "this rank's parameters as stored (FSDP: its fp32 shard; TP: its slices)",
+    "unsharded_params": "gathered full parameters (bf16 with mixed precision) alive at the time",
+    "grads": "this rank's gradients as kept for the optimizer (FSDP: the reduced shard)",
+    "unsharded_grads": "full-size gradients before reduce-scatter",
+    "optimizer": "optimizer state kept between steps (Adam: 2 moments + a step counter per tensor)",
+    "activations": "tensors made in forward (what autograd saves, outputs)",
+    "temporaries": "backward scratch, activation gradients, and the optimizer step's transients",
+    "all_gather": "FSDP's all-gather output buffers",
+    "reduce_scatter": "FSDP's reduce-scatter input buffers",
+    "buffers": "module buffers",
+    "inputs": "the batch of token ids",
+    "total": "sum of the rows (at_peak: the rank's peak)",
+}
+
+
+class VirtualFrame(pd.DataFrame):
+    """A DataFrame whose repr (text and HTML) starts with its title, which says "virtual"."""
+
+    @property
+    def _constructor(self):
+        return VirtualFrame
+
+    @property
+    def title(self) -> str:
+        return self.attrs.get("title", "virtual cluster (simulated)")
+
+    def __repr__(self) -> str:
+        return f"{self.title}\n{super().__repr__()}"
+
+    def _repr_html_(self) -> str | None:
+        inner = super()._repr_html_()
+        return None if inner is None else f"<p><b>{html.escape(self.title)}</b></p>{inner}"
+
+    def gib(self) -> pd.DataFrame:
+        """The byte columns in GiB (2^30 B), rounded to 3 decimals, with the category index."""
+        out = VirtualFrame((self.set_index("category")[list(COLUMNS)] / 2**30).round(3))
+        out.attrs.update(self.attrs, units="GiB")
+        return out
+
+
+def _count_text(n: int) -> str:
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.2f}{suffix}"
+    return str(n)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_arguments(model_fn, *, world_size, strategy, mixed_precision, batch, seq_len, tp,
+                    reshard_after_forward, optimizer, vocab, timeout) -> dict:
+    """Every check, before any process starts; returns the normalised spec."""
+    if not callable(model_fn):
+        raise TypeError(f"model_fn = {_v.describe(model_fn)}: expected a callable that returns an "
+                        "nn.Module, e.g. course_lib.virtual.llama_like(...)")
+    strategy = _v.choice("strategy", strategy, STRATEGIES)
+    world_size = _v.count("world_size", world_size, minimum=1)
+    mixed_precision = _v.choice("mixed_precision", mixed_precision, MIXED_PRECISION)
+    optimizer = _v.choice("optimizer", optimizer, OPTIMIZERS, case_insensitive=True)
+    batch = _v.count("batch", batch, minimum=1)
+    seq_len = _v.count("seq_len", seq_len, minimum=1)
+    if not isinstance(reshard_after_forward, bool):
+        raise TypeError(f"reshard_after_forward = {_v.describe(reshard_after_forward)}: "
+                        "expected True or False")
+    timeout = _v.number("timeout", timeout, positive=True)
+    tp = _check_tp(model_fn, strategy, world_size, tp)
+    if vocab is None:
+        vocab = getattr(model_fn, "vocab", None)
+        if vocab is None:
+            raise ValueError("vocab = None: expected the model's vocabulary size (token ids are "
+                             "drawn from range(vocab)); model_fn has no .vocab to read it from")
+    vocab = _v.count("vocab", vocab, minimum=1)
+    return dict(model_fn=model_fn, world_size=world_size, strategy=strategy, tp=tp,
+                mixed_precision=mixed_precision, batch=batch, seq_len=seq_len, vocab=vocab,
+                reshard_after_forward=reshard_after_forward, optimizer=optimizer,
+                timeout=float(timeout))
+
+
+def _check_tp(model_fn, strategy: str, world_size: int, tp) -> int:
+    uses_tp = strategy in ("tp", "fsdp+tp")
+    if tp is None:
+        if strategy == "fsdp+tp":
+            raise ValueError(f"tp = None: expected the tensor-parallel degree for strategy "
+                             f"'fsdp+tp', one of {', '.join(map(str, _divisors(world_size)[1:]))} "
+                             f"(divisors of world_size = {world_size})")
+        tp = world_size if strategy == "tp" else 1
+    tp = _v.count("tp", tp, minimum=1)
+    if not uses_tp and tp != 1:
+        raise ValueError(f"tp = {tp}: expected 1 for strategy '{strategy}' (tensor parallelism: "
+                         "strategy 'tp' or 'fsdp+tp')")
+    if strategy == "tp" and tp != world_size:
+        raise ValueError(f"tp = {tp}: expected {world_size} (= world_size) for strategy 'tp', "
+                         "which splits every block over all ranks; 'fsdp+tp' combines the two")
+    if strategy == "fsdp+tp" and world_size % tp:
+        raise ValueError(f"tp = {tp}: expected a divisor of world_size = {world_size}, one of "
+                         f"{', '.join(map(str, _divisors(world_size)))}")
+    if uses_tp:
+        problems = getattr(model_fn, "tp_problems", None)
+        if problems is None:
+            raise TypeError(f"model_fn = {_v.describe(model_fn)}: strategy '{strategy}' needs a "
+                            "course_lib.virtual.llama_like(...) model (its blocks carry the "
+                            "column/row-parallel plan)")
+        found = problems(tp)
+        if found:
+            valid = [t for t in model_fn.valid_tp(limit=world_size) if world_size % t == 0]
+            raise ValueError(f"tp = {tp}: expected a degree that divides the model's heads, "
+                             f"kv_heads and ffn ({'; '.join(found)}); valid here: "
+                             f"{', '.join(map(str, valid))}")
+    return tp
+
+
+def simulate_step(model_fn: Callable[[], Any], *, world_size: int, strategy: str,
+                  mixed_precision: str | None = None, batch: int, seq_len: int,
+                  tp: int | None = None, reshard_after_forward: bool = True,
+                  optimizer: str = "adamw", vocab: int | None = None, timeout: float = 300.0,
+                  fast_chunks: bool = True, count_comm: bool = True) -> VirtualFrame:
+    """Per-rank memory of one training step on a virtual cluster of ``world_size`` ranks.
+
+    Args:
+        model_fn: builds the model when called with no arguments (built inside
+            ``FakeTensorMode``: no memory is allocated). A :func:`llama_like` config is one; any
+            callable returning a module that maps (B, T) int64 token ids to (B, T, vocab)
+            logits works for "fsdp", "fsdp_no_reshard" and "ddp" (FSDP wraps each module of
+            ``model.layers`` if it has that ModuleList, then the root).
+        world_size: number of ranks simulated.
+        strategy: one of :data:`STRATEGIES` ("fsdp", "fsdp_no_reshard", "tp", "fsdp+tp", "ddp").
+        mixed_precision: None (fp32 everywhere), "bf16" or "fp16": FSDP2/replicate
+            ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)`` over fp32 parameters
+            (fp32 master weights + Adam = the ZeRO paper's accounting); "tp" uses autocast.
+        batch, seq_len: the micro-batch of token ids each rank sees.
+        tp: tensor-parallel degree. None: world_size for "tp", 1 for the others; required
+            for "fsdp+tp" (a divisor of world_size, and of the model's heads, kv_heads, ffn).
+        reshard_after_forward: FSDP2's option ("fsdp_no_reshard" forces False).
+        optimizer: "adamw", "adam" (both: 2 fp32 moments per parameter) or "sgd" (no state);
+            foreach implementation, as on GPU. Its state is created before the measured step.
+        vocab: size of the token-id range; read from ``model_fn.vocab`` when None.
+        timeout: seconds for the whole simulation (its own process is stopped after that).
+        fast_chunks: skip building the world_size - 1 shards FSDP2 makes and throws away at
+            set-up (same result, ~2x faster at 512 ranks; see ``_rank._LazyChunks``).
+        count_comm: count collectives with ``CommDebugMode`` (attrs["comm"]; None when False,
+            which saves ~10 % of the time).
+
+    Returns:
+        :class:`VirtualFrame` (a DataFrame) with one row per category of :data:`ROWS` and
+        columns ``category`` (str), ``at_peak``, ``max``, ``after_forward``,
+        ``after_backward``, ``after_step`` (int bytes on rank 0) and ``label`` (= "virtual").
+        ``at_peak`` is the breakdown at the moment the rank's total peaked during forward and
+        backward (the optimizer step is left out: see ``attrs["step_peak_bytes_traced"]``,
+        inflated by DTensor's global-shape propagation, which a GPU does not allocate); ``max`` each
+        category's largest value at the tracker's sampling points (every module's pre/post
+        forward/backward and its own peaks, and after forward/backward/step), so rows of
+        ``max`` do not add up to the total. ``after_backward``: before the optimizer step, the
+        model states ZeRO's accounting counts (params + grads + optimizer). The optimizer row
+        is the state kept between steps; tensors the step allocates and frees are counted in
+        ``temporaries`` (as ``MemoryMeter`` does). ``attrs``: label, title, strategy,
+        world_size, tp, dp, mixed_precision, optimizer, batch, seq_len, model, n_params (when
+        ``model_fn`` knows it), n_params_local, comm (collective counts from
+        ``CommDebugMode``: total / forward / backward), simulate_s (CPU seconds of the process),
+        launch_s (whole call), rss_peak_bytes (the process's peak resident memory), torch.
+
+    Raises:
+        TypeError / ValueError: bad arguments, before any process starts.
+        course_lib.LaunchError: the simulation failed or ran past ``timeout``.
+    """
+    spec = check_arguments(model_fn, world_size=world_size, strategy=strategy,
+                           mixed_precision=mixed_precision, batch=batch, seq_len=seq_len, tp=tp,
+                           reshard_after_forward=reshard_after_forward, optimizer=optimizer,
+                           vocab=vocab, timeout=timeout)
+    spec["fast_chunks"], spec["count_comm"] = bool(fast_chunks), bool(count_comm)
+    from course_lib.runtime.launch import launch
+    from course_lib.virtual._rank import rank_entry
+
+    t0 = time.perf_counter()
+    (raw,) = launch(rank_entry, 1, spec, backend="gloo", timeout=spec["timeout"])
+    return to_frame(raw, spec, launch_s=time.perf_counter() - t0)
+
+
+def to_frame(raw: dict, spec: dict, *, launch_s: float | None = None) -> VirtualFrame:
+    """The plain result of one simulation as a :class:`VirtualFrame`."""
+    state = raw["after_step"].get("optimizer", 0)  # what the optimizer keeps between steps
+    columns: dict[str, list[int]] = {}
+    for col in COLUMNS:
+        snap = dict(raw[col])
+        extra = snap.get("optimizer", 0) - state
+        if extra > 0:  # the step's own transients (foreach scratch): temporaries, not state
+            snap["optimizer"] = state
+            snap["temporaries"] = snap.get("temporaries", 0) + extra
+        snap.setdefault("total", sum(v for k, v in snap.items() if k != "total"))
+        columns[col] = [int(snap.get(row, 0)) for row in ROWS]
+    model = spec["model_fn"]
+    n_params = getattr(model, "n_params", None)
+    tp, world = spec["tp"], spec["world_size"]
+    mp = spec["mixed_precision"] or "fp32"
+    title = (f"virtual cluster (simulated, not measured on GPUs): {spec['strategy']}, "
+             f"{world} ranks" + (f" (dp {world // tp} x tp {tp})" if tp > 1 else "")
+             + f", {getattr(model, 'name', type(model).__name__)}"
+             + (f" {_count_text(n_params)} params" if n_params else "")
+             + f", {mp}, {spec['optimizer']}, batch {spec['batch']} x seq {spec['seq_len']}; "
+             "bytes on rank 0")
+    df = VirtualFrame({"category": list(ROWS), **columns, "label": [LABEL] * len(ROWS)})
+    df.attrs.update(label=LABEL, title=title, strategy=spec["strategy"], world_size=world, tp=tp,
+                    dp=world // tp, mixed_precision=spec["mixed_precision"],
+                    optimizer=spec["optimizer"], batch=spec["batch"], seq_len=spec["seq_len"],
+                    model=getattr(model, "name", type(model).__name__), n_params=n_params,
+                    n_params_local=raw["n_params_local"], comm=raw["comm"],
+                    simulate_s=raw["wall_s"], launch_s=launch_s,
+                    rss_peak_bytes=raw["rss_peak_bytes"], torch=raw["torch"],
+                    step_peak_bytes_traced=raw["step_peak_total"],
+                    rows=dict(_ROW_HELP))
+    return df

@@ -1,0 +1,150 @@
+"""The ZeRO paper's Figure 1 (and the 7B-on-8-GPUs table) on the virtual cluster.
+
+Rajbhandari et al. 2020 (arXiv:1910.02054), Figure 1: Ψ = 7.5e9 parameters, N_d = 64 GPUs,
+mixed-precision Adam at 16 B/param (fp16 params 2, fp16 grads 2, fp32 master + momentum +
+variance 12): 120 / 31.4 / 16.6 / 1.9 GB per GPU for baseline / P_os / P_os+g / P_os+g+p.
+``course_lib.measure.estimate.zero_bytes_per_rank`` is that formula; here PyTorch's real FSDP2
+runs one step of a 7.5B Llama-shaped model as rank 0 of 64 and we read what it holds.
+
+Which stage FSDP2 implements:
+
+* ``fully_shard`` (strategy "fsdp") is P_os+g+p (ZeRO-3): fp32 parameter shard, fp32 gradient
+  shard, Adam moments of the shard -- 16Ψ/N -- plus the bf16 gathered parameters of the layer(s)
+  being computed.
+* ``reshard_after_forward=False`` ("fsdp_no_reshard") keeps every layer's gathered bf16
+  parameters from its forward to its backward: at the backward peak a rank holds 2Ψ of
+  parameters, as ZeRO-2 does, plus the same 16Ψ/N shards. The closest FSDP2 gets to P_os+g.
+* ``replicate`` ("ddp") is the baseline: fp32 parameters, fp32 gradients and Adam moments of
+  everything, plus the bf16 copy mixed precision computes with.
+* P_os alone (shard only the optimizer) has no FSDP2 mode (``ZeroRedundancyOptimizer`` is
+  ZeRO-1 in PyTorch); the table gives the estimate only.
+
+What is compared: ``virtual_GB`` = fp32 parameter shard + fp32 gradient shard + Adam state
+(:func:`model_states`: after backward) + the most gathered bf16 parameters alive at once. Per
+parameter, ZeRO counts fp16 params 2 + fp16 grads 2 + fp32 master 4 + Adam 8 = 16 B; FSDP2 with
+``MixedPrecisionPolicy(param_dtype=bf16)`` keeps the fp32 parameter (it *is* the master) 4 +
+fp32 gradient 4 + Adam 8 = 16 B of shards, and makes the bf16 copy (ZeRO's fp16 params) by
+all-gather when a layer runs. The residuals, each PyTorch's design and not a tracker artefact:
+
+1. baseline: +2Ψ (15 GB at 7.5B): gradients are kept in fp32 (FSDP2 casts the reduced gradient
+   to the parameter's dtype), ZeRO counts fp16 gradients; the bf16 copy plays ZeRO's fp16 params.
+2. P_os+g: +2Ψ/N (0.23 GB at N = 64): the same fp32 gradients, now sharded. The 2Ψ of gathered
+   bf16 parameters are ZeRO-2's replicated fp16 parameters, held from forward to backward.
+3. P_os+g+p: the shards match 16Ψ/N to the byte (1.875 GB; the paper rounds to 1.9). The rest is
+   the gathered working set Figure 1 leaves out: the root module's parameters (embedding and
+   output layer: FSDP2 does not reshard the root after forward, since backward starts there)
+   plus the block being computed (and the next one when prefetched).
+4. Small terms: Adam's fp32 ``step`` counter per parameter tensor (4 B each), and padding of
+   every parameter's dim 0 to a multiple of N (at most N - 1 rows each; none for these shapes).
+5. Beyond model states, the peak (``peak_GB``) adds activations, all-gather and reduce-scatter
+   buffers, backward temporaries and (for the replicated baseline) the foreach optimizer's
+   scratch: Figure 1 leaves all of those out.
+
+Introduced in notebooks/10_zero_fsdp.ipynb.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from course_lib.measure import estimate
+from course_lib.virtual.model import PRESETS, LlamaLike
+from course_lib.virtual.simulate import LABEL, simulate_step
+
+__all__ = ["model_states", "zero_table", "zero_figure1", "zero_7b_table", "FIGURE1_GB",
+           "SEVEN_B_GB", "STAGE_NAMES", "STAGE_STRATEGY"]
+
+STAGE_NAMES = {0: "baseline (DDP)", 1: "P_os (ZeRO-1)", 2: "P_os+g (ZeRO-2)", 3: "P_os+g+p (ZeRO-3)"}
+#: ZeRO stage -> the FSDP2 strategy that implements it (None: no FSDP2 counterpart)
+STAGE_STRATEGY = {0: "ddp", 1: None, 2: "fsdp_no_reshard", 3: "fsdp"}
+#: arXiv:1910.02054, Figure 1 (Ψ = 7.5e9, N_d = 64), GB per GPU
+FIGURE1_GB = (120.0, 31.4, 16.6, 1.9)
+#: 7B at 16 B/param on 8 GPUs (UNITS.md, unit 10, source S4), GB per GPU
+SEVEN_B_GB = (112.0, 38.5, 26.25, 14.0)
+
+
+def model_states(df) -> dict[str, int]:
+    """Model-state bytes per rank from a ``simulate_step`` result, in ZeRO's sense.
+
+    params, grads, optimizer: what the rank holds after backward, before the step (its shards,
+    or everything when replicated); gathered: the most bytes of gathered (unsharded) parameters
+    alive at once during the step. ``total`` = the four.
+    """
+    rows = df.set_index("category")
+    out = {"params": int(rows.at["params", "after_backward"]),
+           "gathered": int(rows.at["unsharded_params", "max"]),
+           "grads": int(rows.at["grads", "after_backward"]),
+           "optimizer": int(rows.at["optimizer", "after_backward"])}
+    out["total"] = sum(out.values())
+    return out
+
+
+_NOTE = {
+    0: "+2Ψ: grads kept in fp32 (4 B; ZeRO: fp16, 2 B); bf16 copy = ZeRO's fp16 params",
+    1: "no FSDP2 mode shards only the optimizer (PyTorch: ZeroRedundancyOptimizer)",
+    2: "+2Ψ/N: fp32 grad shards; gathered = all bf16 params, forward to backward (ZeRO-2's 2Ψ)",
+    3: "shards = 16Ψ/N exactly; + gathered working set (root's embedding/output + block in "
+       "flight), not in Figure 1",
+}
+
+
+def zero_table(model: LlamaLike, world_size: int, targets_gb, *, paper_n_params: float,
+               batch: int = 1, seq_len: int = 64, run_virtual: bool = True,
+               timeout: float = 300.0, count_comm: bool = True) -> pd.DataFrame:
+    """Per-stage model states per rank: the source's numbers, estimate, and the virtual cluster.
+
+    Columns: stage, name, target_GB (the source), estimate_GB (zero_bytes_per_rank at the
+    source's Ψ), estimate_model_GB (at this model's exact Ψ), strategy (the FSDP2 run, or
+    None), params_GB, gathered_GB, grads_GB, optimizer_GB, states_GB (params + grads +
+    optimizer), virtual_GB (states + gathered; see :func:`model_states`), ratio (virtual /
+    target), residual_GB (virtual - estimate_model), peak_GB (the rank's whole peak, with
+    activations and buffers), sim_cpu_s (CPU seconds of the simulation), note, label
+    (= "virtual" on rows run on the virtual cluster, else "estimate only").
+    GB = 1e9 bytes, as the paper.
+    """
+    rows = []
+    runs = {}
+    for stage in range(4):
+        strategy = STAGE_STRATEGY[stage]
+        row = {"stage": stage, "name": STAGE_NAMES[stage], "target_GB": float(targets_gb[stage]),
+               "estimate_GB": estimate.zero_bytes_per_rank(paper_n_params, stage=stage,
+                                                           world_size=world_size) / 1e9,
+               "estimate_model_GB": estimate.zero_bytes_per_rank(model.n_params, stage=stage,
+                                                                 world_size=world_size) / 1e9,
+               "strategy": strategy}
+        if run_virtual and strategy is not None:
+            df = simulate_step(model, world_size=world_size, strategy=strategy,
+                               mixed_precision="bf16", batch=batch, seq_len=seq_len,
+                               timeout=timeout, count_comm=count_comm)
+            runs[stage] = df
+            states = model_states(df)
+            row.update({f"{k}_GB": v / 1e9 for k, v in states.items() if k != "total"})
+            row["states_GB"] = (states["total"] - states["gathered"]) / 1e9
+            row["virtual_GB"] = states["total"] / 1e9
+            row["ratio"] = row["virtual_GB"] / row["target_GB"]
+            row["residual_GB"] = row["virtual_GB"] - row["estimate_model_GB"]
+            row["sim_cpu_s"] = df.attrs["simulate_s"]
+            row["peak_GB"] = int(df.set_index("category").at["total", "at_peak"]) / 1e9
+            row["label"] = LABEL
+        else:
+            row["label"] = "estimate only"
+        row["note"] = _NOTE[stage]
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out.attrs.update(label=LABEL, world_size=world_size, model=model.name,
+                     n_params=model.n_params, paper_n_params=paper_n_params, runs=runs,
+                     title=f"virtual cluster vs ZeRO accounting: {model.name} "
+                           f"({model.n_params / 1e9:.3f}B params), {world_size} ranks, bf16 "
+                           "params + fp32 master/Adam, GB per rank")
+    return out
+
+
+def zero_figure1(*, world_size: int = 64, run_virtual: bool = True, **kwargs) -> pd.DataFrame:
+    """Figure 1 of arXiv:1910.02054 (7.5B params, 64 GPUs) with FSDP2 on the virtual cluster."""
+    return zero_table(PRESETS["zero-7.5b"], world_size, FIGURE1_GB, paper_n_params=7.5e9,
+                      run_virtual=run_virtual, **kwargs)
+
+
+def zero_7b_table(*, world_size: int = 8, run_virtual: bool = True, **kwargs) -> pd.DataFrame:
+    """7B at 16 B/param on 8 GPUs: 112 / 38.5 / 26.25 / 14 GB, with FSDP2 on the virtual cluster."""
+    return zero_table(PRESETS["7b"], world_size, SEVEN_B_GB, paper_n_params=7e9,
+                      run_virtual=run_virtual, **kwargs)

@@ -1,0 +1,220 @@
+"""course_lib.virtual: PyTorch's FSDP2 / tensor parallelism on a fake process group.
+
+Each simulation runs in its own process (course_lib.launch, one rank); the runs are shared
+between tests through module-scoped fixtures. Expected byte counts are computed here from the
+parameter shapes (and FSDP2's documented padding rule), never from the tracker's output.
+"""
+from __future__ import annotations
+
+import math
+
+import psutil
+import pytest
+import torch
+
+import course_lib.runtime.launch as launch_module
+from course_lib import virtual
+from course_lib.virtual._rank import lazy_chunk_with_empty
+
+# every dim 0 divisible by 64: hidden 256, kv 4 x 32 = 128, ffn 512, vocab 1024
+EVEN = virtual.llama_like(2, 256, 8, 4, 512, 1024, name="even")
+ODD = virtual.llama_like(2, 256, 8, 4, 512, 1000, name="odd")  # vocab 1000: padded at N = 64
+
+
+def shapes(cfg):
+    with torch.device("meta"):
+        return [tuple(p.shape) for p in cfg().parameters()]
+
+
+def fsdp_shard_numel(cfg, n: int) -> int:
+    """Elements rank 0 stores: FSDP2 chunks dim 0 into ceil(d0 / n) rows per rank and pads
+    every shard to that many rows (rank 0 always holds a full chunk)."""
+    return sum(math.ceil(s[0] / n) * math.prod(s[1:]) for s in shapes(cfg))
+
+
+def row(df, category, column):
+    return int(df.set_index("category").at[category, column])
+
+
+@pytest.fixture(scope="module")
+def fsdp8():
+    return virtual.simulate_step(EVEN, world_size=8, strategy="fsdp", mixed_precision="bf16",
+                                 batch=2, seq_len=32)
+
+
+@pytest.fixture(scope="module")
+def tp4():
+    return virtual.simulate_step(EVEN, world_size=4, strategy="tp", batch=2, seq_len=32)
+
+
+def test_llama_like_counts_its_parameters():
+    assert EVEN.n_params == sum(math.prod(s) for s in shapes(EVEN))
+    assert virtual.PRESETS["llama2-70b"].n_params == 68_976_648_192
+    assert virtual.PRESETS["llama-7b"].n_params == 6_738_415_616
+
+
+def test_fsdp_params_are_total_over_n_and_adam_state_is_twice_that(fsdp8):
+    n = EVEN.n_params
+    assert n % 8 == 0
+    params = row(fsdp8, "params", "after_backward")
+    assert params == 4 * n // 8                       # fp32 shard: exactly total / N
+    assert row(fsdp8, "grads", "after_backward") == 4 * n // 8    # reduced fp32 grad shard
+    n_tensors = len(shapes(EVEN))
+    # AdamW: two fp32 moments per element + one fp32 step counter per parameter tensor
+    assert row(fsdp8, "optimizer", "after_step") == 2 * params + 4 * n_tensors
+    assert fsdp8.attrs["n_params_local"] == n // 8
+    # bf16 gathered parameters of the layers in flight never reach the whole model
+    assert 0 < row(fsdp8, "unsharded_params", "max") < 2 * n
+    states = virtual.model_states(fsdp8)
+    assert states["total"] - states["gathered"] == 16 * n // 8 + 4 * n_tensors
+    comm = fsdp8.attrs["comm"]
+    # 2 blocks + root: one all-gather each in forward and again in backward, one reduce-scatter each
+    assert comm["forward"] == {"_allgather_base_": 3}
+    assert comm["backward"] == {"_allgather_base_": 3, "_reduce_scatter_base_": 3}
+
+
+def test_fsdp_padding_at_64_ranks_and_fast_chunks_change_nothing():
+    runs = [virtual.simulate_step(ODD, world_size=64, strategy="fsdp", batch=1, seq_len=16,
+                                  optimizer="sgd", fast_chunks=fast) for fast in (True, False)]
+    params = row(runs[0], "params", "after_backward")
+    assert params == 4 * fsdp_shard_numel(ODD, 64)          # vocab 1000 -> 16 rows per rank
+    assert params > 4 * ODD.n_params / 64                   # padding: 24 rows x 256 x 2 tensors
+    assert params - 4 * (ODD.n_params + 2 * 24 * 256) / 64 == 0
+    assert row(runs[0], "optimizer", "after_step") == 0     # plain SGD keeps nothing
+    cols = list(virtual.COLUMNS)
+    assert runs[0][cols].equals(runs[1][cols])
+
+
+def test_no_reshard_holds_every_gathered_parameter_like_zero2():
+    df = virtual.simulate_step(EVEN, world_size=16, strategy="fsdp_no_reshard",
+                               mixed_precision="bf16", batch=1, seq_len=16)
+    assert row(df, "unsharded_params", "max") == 2 * EVEN.n_params   # bf16, all layers at once
+    assert row(df, "params", "after_backward") == 4 * EVEN.n_params // 16
+    assert df.attrs["comm"]["backward"] == {"_reduce_scatter_base_": 3}  # no re-gather
+
+
+def test_tp_splits_blocks_and_commdebugmode_counts_megatron_all_reduces(tp4):
+    cfg, t = EVEN, 4
+    block = [s for s in shapes(cfg)[1:-2]]                      # wq..w2 and the two norms
+    norms = [s for s in block if len(s) == 1]
+    split = sum(math.prod(s) for s in block if len(s) == 2) // t
+    replicated = cfg.n_params - sum(math.prod(s) for s in block) + sum(math.prod(s) for s in norms)
+    assert tp4.attrs["n_params_local"] == split + replicated
+    assert row(tp4, "params", "after_backward") == 4 * (split + replicated)
+    comm = tp4.attrs["comm"]
+    # forward: one all-reduce after each row-parallel layer (wo, w2): 2 per block
+    assert comm["forward"] == {"all_reduce": 2 * cfg.layers}
+    # backward: DTensor all-reduces the input gradient of each column-parallel layer
+    # (wq, wk, wv, w1, w3: 5 per block); Megatron's fused QKV / gate-up would make it 2
+    assert comm["backward"] == {"all_reduce": 5 * cfg.layers}
+
+
+def test_fsdp_plus_tp_runs_in_two_dimensions():
+    df = virtual.simulate_step(EVEN, world_size=8, strategy="fsdp+tp", tp=4,
+                               mixed_precision="bf16", batch=1, seq_len=16)
+    block = [s for s in shapes(EVEN)[1:-2] if len(s) == 2]
+    in_blocks = sum(math.prod(s) for s in block)
+    # block matrices split 4-way by tp, then 2-way by FSDP; the rest only 2-way by FSDP
+    assert df.attrs["n_params_local"] == in_blocks // 8 + (EVEN.n_params - in_blocks) // 2
+    assert df.attrs["dp"] == 2 and df.attrs["tp"] == 4
+    assert df.attrs["comm"]["forward"]["all_reduce"] == 2 * EVEN.layers
+
+
+def test_result_is_labelled_virtual(fsdp8):
+    assert list(fsdp8["category"]) == list(virtual.ROWS)
+    assert set(fsdp8["label"]) == {"virtual"} and fsdp8.attrs["label"] == "virtual"
+    assert repr(fsdp8).startswith("virtual cluster")
+    assert "virtual cluster" in fsdp8._repr_html_()
+    assert repr(fsdp8.gib()).startswith("virtual cluster")
+    assert fsdp8.attrs["world_size"] == 8 and fsdp8.attrs["strategy"] == "fsdp"
+    for col in virtual.COLUMNS:
+        assert fsdp8[col].dtype.kind == "i"
+    assert row(fsdp8, "total", "at_peak") >= row(fsdp8, "total", "after_step") > 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(strategy="zero9"), "strategy = 'zero9': expected one of fsdp, fsdp_no_reshard, tp"),
+    (dict(strategy="fsdp+tp", tp=3), "tp = 3: expected a divisor of world_size = 8"),
+    (dict(strategy="fsdp+tp", tp=8, world_size=16), "tp = 8: expected a degree that divides"),
+    (dict(strategy="tp", tp=2), "tp = 2: expected 8 (= world_size)"),
+    (dict(strategy="fsdp", tp=2), "tp = 2: expected 1 for strategy 'fsdp'"),
+    (dict(world_size=0), "world_size = 0: expected an int >= 1"),
+    (dict(mixed_precision="int8"), "mixed_precision = 'int8': expected one of None, bf16, fp16"),
+    (dict(optimizer="lion"), "optimizer = 'lion': expected one of adamw, adam, sgd"),
+    (dict(batch=0), "batch = 0: expected an int >= 1"),
+])
+def test_bad_configurations_are_refused_before_any_process(monkeypatch, kwargs, message):
+    def no_launch(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(launch_module, "launch", no_launch)
+    args = dict(world_size=8, strategy="fsdp", batch=1, seq_len=8) | kwargs
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("+", r"\+")):
+        virtual.simulate_step(EVEN, **args)
+    # kv_heads = 4: tp 8 cannot split 4 key/value heads, and the message says what can
+    with pytest.raises(ValueError, match=r"kv_heads = 4 is not divisible by tp = 8\); valid here: 1, 2, 4"):
+        virtual.simulate_step(EVEN, world_size=8, strategy="tp", batch=1, seq_len=8)
+    with pytest.raises(TypeError, match="model_fn"):
+        virtual.simulate_step(torch.nn.Linear, world_size=4, strategy="tp", batch=1, seq_len=8)
+
+
+def test_no_process_left_behind(fsdp8, tp4):
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert children <= launch_module.helper_pids()
+
+
+@pytest.mark.parametrize("size, n", [(256, 8), (1000, 64), (3, 8), (7, 3), (64, 64), (5, 1)])
+def test_lazy_chunks_match_fsdp2s_own(size, n):
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+
+    t = torch.empty(size, 4)
+    want, got = _chunk_with_empty(t, n, dim=0), lazy_chunk_with_empty(t, n, dim=0)
+    assert len(got) == len(want) == n
+    for a, b in zip(want, got):
+        assert a.shape == b.shape and a.storage_offset() == b.storage_offset()
+
+
+def test_plot_title_says_virtual(fsdp8, tp4):
+    from course_lib.viz.virtual import plot_virtual_breakdown
+
+    fig = plot_virtual_breakdown({"fsdp": fsdp8, "tp": tp4})
+    assert fig.axes[0].get_title().startswith("virtual cluster (simulated)")
+    with pytest.raises(ValueError, match="not a virtual-cluster result"):
+        plot_virtual_breakdown([_unlabelled(fsdp8)])
+
+
+def _unlabelled(df):
+    df = df.copy()
+    df.attrs = {}
+    return df
+
+
+def test_zero_tables_estimate_columns_reproduce_the_sources():
+    from course_lib.virtual.bench import format_zero_table
+
+    fig1 = virtual.zero_figure1(run_virtual=False)
+    # Figure 1 prints one decimal: 1.875 GB appears as 1.9
+    assert list(fig1["estimate_GB"].round(1)) == [120.0, 31.4, 16.6, 1.9]
+    seven = virtual.zero_7b_table(run_virtual=False)
+    assert list(seven["estimate_GB"]) == [112.0, 38.5, 26.25, 14.0]
+    assert virtual.PRESETS["zero-7.5b"].n_params == 7_500_754_944      # within 0.01 % of 7.5e9
+    assert virtual.PRESETS["7b"].n_params == 7_000_002_560
+    assert set(seven["label"]) == {"estimate only"}
+    text = format_zero_table(fig1)
+    assert "P_os+g+p (ZeRO-3)" in text and "ZeroRedundancyOptimizer" in text
+
+
+def _broken_model():
+    raise RuntimeError("model_fn broke on purpose")
+
+
+def test_a_failing_model_fn_is_reported_and_leaves_no_process():
+    from course_lib import LaunchError
+
+    with pytest.raises(LaunchError, match="model_fn broke on purpose"):
+        virtual.simulate_step(_broken_model, world_size=4, strategy="fsdp", batch=1, seq_len=8,
+                              vocab=16, timeout=60)
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert children <= launch_module.helper_pids()
+    assert not torch.distributed.is_initialized()
