@@ -52,7 +52,29 @@ class WrappedAdamW(torch.optim.AdamW):
 
 def _link_time(n_params, dtype, world_size, link):
     size = n_params * estimate.dtype_bytes(dtype)
-    return estimate.allreduce_time_on_link(size, world_size, estimate.link_speed(link).GBps)
+    return estimate.allreduce_time_on_link(size, world_size, estimate.link_speed(link).per_direction_GBps)
+
+
+def _cluster_time(n_params):
+    size = 2 * n_params
+    return {"node": estimate.allreduce_time_on_link(size, 8, 450),
+            "cluster": estimate.hierarchical_allreduce_time(size, nodes=4, gpus_per_node=8,
+                                                            intra_GBps=450, inter_GBps=50)}
+
+
+def _predict_with_fit(sizes, times, size):
+    alpha, beta = estimate.fit_alpha_beta(sizes, times, relative=True)
+    return alpha + beta * size
+
+
+def _measure_straggler(sleeps):
+    return u08.run.straggler(sleeps)["in_all_reduce_s"].tolist()
+
+
+def _average_with_the_course_ring(grad):
+    import torch.distributed as dist
+
+    return C.ring_all_reduce(grad.clone()) / dist.get_world_size()
 
 
 def _metered_eval(model, batches):
@@ -129,9 +151,16 @@ CHEATS = {  # id: (check, the learner's answer that calls the reference, the nam
               "zero_bytes_per_rank"),
     "u08-3": (u08.checks.check_composite_bytes,
               lambda s, n: estimate.ring_allreduce_bytes_sent(s, n), "ring_allreduce_bytes_sent"),
-    "u13-1": (u13.checks.check_alpha_beta_fit, estimate.fit_alpha_beta, "fit_alpha_beta"),
+    "u08-4": (u08.checks.check_straggler_prediction, _measure_straggler, "straggler"),
+    "u08-5": (u08.checks.check_fixed_average, _average_with_the_course_ring, "ring_all_reduce"),
+    "u08-6": (u08.checks.check_scale_bytes,
+              lambda p, n, s: estimate.ring_allreduce_bytes_sent(2 * p, n), "ring_allreduce_bytes_sent"),
+    "u13-1": (u13.checks.check_alpha_beta_fit,
+              lambda s, t: estimate.fit_alpha_beta(s, t, relative=True), "fit_alpha_beta"),
     "u13-2": (u13.checks.check_bucket_choice, u13.checks.reference_bucket_bytes, "reference_bucket_bytes"),
     "u13-3": (u13.checks.check_allreduce_prediction, _link_time, "allreduce_time_on_link"),
+    "u13-4": (u13.checks.check_scale_up, _cluster_time, "allreduce_time_on_link"),
+    "u13-5": (u13.checks.check_predict_heldout, _predict_with_fit, "fit_alpha_beta"),
 }
 
 

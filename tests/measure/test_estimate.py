@@ -404,11 +404,15 @@ def test_busbw_nccl_tests_convention():
 
 
 def test_link_speeds_and_allreduce_on_link():
-    assert E.LINK_SPEEDS["NVLink H100"].GBps == 900 and E.LINK_SPEEDS["InfiniBand NDR"].GBps == 50
+    assert E.LINK_SPEEDS["NVLink H100"].headline_GBps == 900 and E.LINK_SPEEDS["InfiniBand NDR"].headline_GBps == 50
+    # NVLink's headline is both directions added; the others are quoted per direction
+    assert E.LINK_SPEEDS["NVLink H100"].per_direction_GBps == 450
+    assert all(k.headline_GBps == k.per_direction_GBps for k in E.LINK_SPEEDS.values() if "NVLink" not in k.name)
     assert {"PCIe 4.0 x16", "PCIe 5.0 x16", "NVLink A100", "InfiniBand HDR", "100 GbE"} <= set(E.LINK_SPEEDS)
     assert all(link.source for link in E.LINK_SPEEDS.values())
     two_gb = 2e9  # bf16 gradients of a 1B-parameter model
     assert round(E.allreduce_time_on_link(two_gb, 8, 900) * 1e3, 1) == 3.9
+    assert round(E.allreduce_time_on_link(two_gb, 8, 450) * 1e3, 1) == 7.8  # per direction
     assert round(E.allreduce_time_on_link(two_gb, 8, 50) * 1e3) == 70
     assert E.link_speed("nvlink h100").per_direction_GBps == 450
     with pytest.raises(ValueError, match="name = 'NVLink 9': expected"):

@@ -130,13 +130,17 @@ def busbw(algbw: float, collective: str, world_size: int) -> float:
 class Link:
     """A published interconnect bandwidth.
 
-    ``GBps``: the headline figure in GB/s (1e9 bytes/s) as the vendor quotes it;
-    ``per_direction_GBps``: what one direction carries (a ring all-reduce sends and receives at
-    the same time, so this is what bounds it); ``source``: where the number comes from.
+    ``per_direction_GBps``: what one direction carries, in GB/s (1e9 bytes/s). A ring step sends
+    to one neighbour while it receives from the other, so each direction carries its own bytes and
+    this is the figure that bounds a collective: the course uses it everywhere.
+    ``headline_GBps``: the figure as the vendor's headline quotes it; for NVLink that is the
+    bidirectional aggregate (twice the per-direction figure), for PCIe, InfiniBand and Ethernet
+    it is already per direction. Plugging a bidirectional headline into a ring formula makes every
+    time 2x optimistic. ``source``: where the number comes from.
     """
 
     name: str
-    GBps: float
+    headline_GBps: float
     per_direction_GBps: float
     kind: str  # "intra-node" or "inter-node"
     source: str
@@ -178,9 +182,10 @@ def link_speed(name: str) -> Link:
 def allreduce_time_on_link(size_bytes: float, world_size: int, link_GBps: float, *,
                            alpha: float = 0.0) -> float:
     """Seconds for a ring all-reduce of ``size_bytes`` per rank over a link of ``link_GBps``
-    (GB/s, 1e9 bytes/s): 2(N-1)/N * S / B (+ 2(N-1) alpha). Example: 2 GB of bf16 gradients
-    (a 1B-parameter model) over 8 ranks: ~3.9 ms at 900 GB/s (NVLink H100 headline figure; with
-    its 450 GB/s per direction ~7.8 ms), ~70 ms at 50 GB/s (InfiniBand NDR).
+    (GB/s per direction, 1e9 bytes/s: ``Link.per_direction_GBps``): 2(N-1)/N * S / B
+    (+ 2(N-1) alpha). Example: 2 GB of bf16 gradients (a 1B-parameter model) over 8 ranks:
+    ~7.8 ms on NVLink H100 at its 450 GB/s per direction (the ~3.9 ms often quoted plugs in the
+    900 GB/s bidirectional headline, 2x optimistic), ~70 ms at 50 GB/s (InfiniBand NDR).
     Introduced in notebooks/13_interconnects_and_backends.ipynb."""
     bw = _v.number("link_GBps", link_GBps, positive=True) * 1e9
     return allreduce_time(size_bytes, world_size, alpha=alpha, bandwidth=bw, algorithm="ring")

@@ -269,3 +269,138 @@ def check_composite_bytes(predict, task: int = 3) -> None:
                            f"S = {fmt_int(numel * 4)} B, your prediction is {predicted!r}")
     passed(task, f"predictions match estimate on {len(cases)} cases and CommMeter on 2 and 4 ranks: "
                  "reduce-scatter + all-gather sends 2(N-1)/N * S per rank, the ring all-reduce's bytes")
+
+
+# --------------------------------------------------------------------------------------------
+# task 4: predict before you measure -- late ranks and an all-reduce
+# --------------------------------------------------------------------------------------------
+#: the late ranks of task 4: rank r computes STRAGGLER_SLEEPS[r] seconds before the all-reduce
+STRAGGLER_SLEEPS = (0.0, 0.3, 0.1, 0.0)
+STRAGGLER_TOL_S = 0.1  # scheduling on a shared 2-core machine: tens of ms of jitter
+#: measuring is not predicting: the lecture's run of the same experiment is out of reach
+_STRAGGLER_REFERENCES = ("course_lib.units.u08_collectives.run_patterns:straggler",)
+
+
+def _measure_straggler(sleeps) -> list[float]:
+    from course_lib.units.u08_collectives.run_patterns import straggler
+
+    return straggler(list(sleeps))["in_all_reduce_s"].tolist()
+
+
+def check_straggler_prediction(predict_wait_s, task: int = 4) -> None:
+    """Task: ``predict_wait_s(sleeps)`` returns, for each rank, the seconds it spends inside one
+    all-reduce when rank r first computes ``sleeps[r]`` seconds. The check predicts first, then
+    runs it on 4 real ranks with STRAGGLER_SLEEPS and compares every rank within 0.1 s. A shared
+    machine can delay one run: a miss is measured again (up to 3 runs)."""
+    got = run_learner(task, predict_wait_s, list(STRAGGLER_SLEEPS), forbid=_STRAGGLER_REFERENCES)
+    if not isinstance(got, (list, tuple)) or len(got) != len(STRAGGLER_SLEEPS) or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) for v in got):
+        fail(task, f"expected a list of {len(STRAGGLER_SLEEPS)} numbers of seconds (one per rank), got {got!r}")
+    misses = []
+    for _ in range(3):
+        measured = _measure_straggler(STRAGGLER_SLEEPS)
+        worst = max(range(len(got)), key=lambda r: abs(got[r] - measured[r]))
+        if abs(got[worst] - measured[worst]) <= STRAGGLER_TOL_S:
+            passed(task, f"every rank's time inside the all-reduce is within {STRAGGLER_TOL_S:g} s of "
+                         f"the prediction, on 4 ranks with delays {list(STRAGGLER_SLEEPS)} s")
+            return
+        misses.append(f"rank {worst}: predicted {got[worst]:.3f} s, measured {measured[worst]:.3f} s")
+    fail(task, f"sleeps {list(STRAGGLER_SLEEPS)}, in 3 runs: {'; '.join(misses)} (within "
+               f"{STRAGGLER_TOL_S:g} s passes)")
+
+
+# --------------------------------------------------------------------------------------------
+# task 5: find the bug -- all-gather where an all-reduce was needed
+# --------------------------------------------------------------------------------------------
+def buggy_average_gradients(grad):
+    """The gradient averaging of task 5, with its one mistake (shown to the learner)."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    parts = [torch.empty_like(grad) for _ in range(world)]
+    dist.all_gather(parts, grad)
+    return torch.cat(parts) / world
+
+
+def _average_worker(rank: int, world_size: int, fn) -> dict:
+    import torch
+
+    cases = []
+    for shape in ((2,), (3, 5)):
+        gen = torch.Generator().manual_seed(11 * rank + len(shape))
+        grad = torch.randn(shape, generator=gen, dtype=torch.float64)
+        # every rank's gradient, made again here: the mean this rank must end with
+        others = [torch.randn(shape, generator=torch.Generator().manual_seed(11 * r + len(shape)),
+                              dtype=torch.float64) for r in range(world_size)]
+        want = torch.stack(others).mean(0)
+        ok, err = _guarded(lambda g: cases.append(fn(g)), grad.clone())
+        if not ok:
+            return {"error": err}
+        out = cases.pop()
+        if not isinstance(out, torch.Tensor):
+            return {"cases": [{"shape": list(shape), "ok": False, "why": f"returned {type(out).__name__}, not a tensor"}]}
+        if tuple(out.shape) != shape:
+            return {"cases": [{"shape": list(shape), "ok": False,
+                               "why": f"returned shape {tuple(out.shape)}, expected the gradient's {shape}"}]}
+        err_max = float((out.double() - want).abs().max())
+        cases.append({"shape": list(shape), "ok": err_max <= 1e-12,
+                      "why": f"max abs difference from the mean {err_max:.3g}"})
+    return {"cases": cases}
+
+
+def check_fixed_average(fn, task: int = 5) -> None:
+    """Task: ``fn(grad)`` returns the mean of ``grad`` over all ranks, with grad's shape (what
+    buggy_average_gradients should have returned). Run on 2 and 3 real ranks, shapes (2,) and
+    (3, 5), float64, against the mean computed from every rank's gradient (within 1e-12)."""
+    if not callable(fn):
+        fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
+    for world_size in (2, 3):
+        results = _launch_learner(task, _average_worker, world_size, fn)
+        for rank, res in enumerate(results):
+            for case in res["cases"]:
+                if not case["ok"]:
+                    fail(task, f"rank {rank} of {world_size}, gradient of shape {tuple(case['shape'])}: "
+                               f"{case['why']}")
+    passed(task, "every rank holds the mean gradient, in the gradient's shape, on 2 and 3 ranks")
+
+
+# --------------------------------------------------------------------------------------------
+# task 6: scale it up -- bytes per GPU per step at 7B and 70B
+# --------------------------------------------------------------------------------------------
+SCALE_SCHEMES = ("all_reduce", "zero3", "parameter_server")
+SCALE_CASES = tuple((n, w) for n in (7_000_000_000, 70_000_000_000) for w in (8, 64))
+_SCALE_REFERENCES = _BYTES_REFERENCES + ("course_lib.measure.estimate.communication:reduce_broadcast_bytes_sent",)
+
+
+def _scale_expected(n_params: int, world_size: int, scheme: str) -> float:
+    from course_lib.measure import estimate
+
+    s = 2 * n_params  # bf16 gradients (and, for ZeRO-3, bf16 parameters): 2 bytes each
+    if scheme == "all_reduce":
+        return estimate.ring_allreduce_bytes_sent(s, world_size)
+    if scheme == "zero3":  # reduce-scatter the gradients, all-gather the parameters twice
+        return estimate.reduce_scatter_bytes_sent(s, world_size) + 2 * estimate.allgather_bytes_sent(s, world_size)
+    return estimate.reduce_broadcast_bytes_sent(s, world_size, root=True)
+
+
+def check_scale_bytes(bytes_per_step, task: int = 6) -> None:
+    """Task: ``bytes_per_step(n_params, world_size, scheme)``: the bytes the busiest GPU sends in
+    one step, bf16, for scheme "all_reduce" (ring all-reduce of the gradients), "zero3"
+    (ring reduce-scatter of the gradients + ring all-gather of the parameters before forward and
+    again before backward) and "parameter_server" (rank 0 collects and sends back everything).
+    Graded for 7B and 70B on 8 and 64 GPUs against estimate (rtol 1e-9)."""
+    for n_params, ws in SCALE_CASES:
+        for scheme in SCALE_SCHEMES:
+            expected = _scale_expected(n_params, ws, scheme)
+            got = run_learner(task, bytes_per_step, n_params, ws, scheme, forbid=_SCALE_REFERENCES)
+            if isinstance(got, bool) or not isinstance(got, (int, float)):
+                fail(task, f"{n_params:.0e} params, {ws} GPUs, {scheme}: expected a number of bytes, got {got!r}")
+            if abs(got - expected) > 1e-9 * expected:
+                fail(task, f"{n_params:.0e} params, {ws} GPUs, {scheme}: expected {expected / 1e9:,.2f} GB "
+                           f"per step, got {got / 1e9:,.4g} GB")
+    a = _scale_expected(70_000_000_000, 64, "all_reduce") / 1e9
+    z = _scale_expected(70_000_000_000, 64, "zero3") / 1e9
+    p = _scale_expected(70_000_000_000, 64, "parameter_server") / 1e9
+    passed(task, f"bytes per step match estimate for 7B and 70B on 8 and 64 GPUs (70B on 64: "
+                 f"all-reduce {a:,.0f} GB, ZeRO-3 {z:,.0f} GB, parameter server {p:,.0f} GB)")

@@ -39,6 +39,17 @@ from course_lib.units.u08_collectives._primitives import (
     predicted_bytes_sent,
 )
 
+# sections 9-11 (what collectives mean for training) and the held-out fit
+from course_lib.units.u08_collectives.run_patterns import (
+    COMPARED,
+    CONFUSION_GRADS,
+    algorithm_comparison,
+    confusion_example,
+    heldout_crossover,
+    lost_rank,
+    straggler,
+)
+
 # sections 4 (time) and 5 (wire bytes of every collective) live in their own files; one name here
 from course_lib.units.u08_collectives.run_timing import (
     compare_with_model,
@@ -61,6 +72,8 @@ __all__ = [
     "measure_wire_bytes", "measured_crossover_bytes", "model_crossover_bytes", "model_curves",
     "payload_bytes", "piece_value", "predicted_bytes_sent", "ratio_table", "run_primitives",
     "time_all_reduce", "worked_example",
+    "COMPARED", "CONFUSION_GRADS", "algorithm_comparison", "confusion_example", "heldout_crossover",
+    "lost_rank", "straggler",
 ]
 
 # --------------------------------------------------------------------------------------------

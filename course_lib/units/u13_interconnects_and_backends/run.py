@@ -9,13 +9,16 @@ predicts, each returned as plain data (dicts, tidy pandas DataFrames); plots liv
 - :func:`collective_sweep`: all-reduce / all-gather / reduce-scatter timed over message sizes and
   world sizes on real ranks, reported in the nccl-tests convention (algbw, busbw);
 - :func:`fit_sweep` / :func:`sweep_residuals`: the alpha-beta model fitted to that sweep;
+- :func:`heldout_fit`: the same fit made on some sizes and judged on the sizes it never saw;
+- :func:`placement_table`: tensor, pipeline and data parallelism's traffic per step on NVLink
+  and on InfiniBand (why TP stays in a node and PP/DP cross nodes);
 - :func:`link_table` / :func:`gradient_allreduce_table`: published link speeds turned into
   predicted gradient all-reduce times (formulas in ``course_lib.measure.estimate``);
 - ``estimate.hierarchical_allreduce_breakdown``: intra-node + inter-node all-reduce, same model
   (``estimate.hierarchical_allreduce_breakdown``);
-- :func:`topology_report`: ``nvidia-smi topo -m`` when there is one;
-- :func:`ddp_bucket_sweep`: DDP's ``bucket_cap_mb`` swept with the buckets counted by a comm hook
-  and a per-rank timeline of backward computation and bucket all-reduces.
+- :func:`topology_report`: ``nvidia-smi topo -m`` when there is one.
+
+DDP's buckets, measured, are unit 09's (``course_lib.parallel.bucket_sweep``).
 
 Conventions (nccl-tests, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
 ``size_bytes`` is the full buffer: the all-reduce tensor, the all-gather *output*, the
@@ -49,12 +52,12 @@ __all__ = [
     "collective_sweep",
     "fit_sweep",
     "sweep_residuals",
+    "heldout_fit",
+    "placement_table",
     "link_table",
     "gradient_allreduce_table",
     "topology_report",
     "TOPO_EXAMPLE",
-    "BucketSweep",
-    "ddp_bucket_sweep",
 ]
 
 #: the collectives :func:`collective_sweep` times (the three that data/ZeRO parallelism uses)
@@ -333,14 +336,84 @@ def sweep_residuals(df: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns=["alpha_s", "beta_s_per_byte"])
 
 
+def heldout_fit(df: pd.DataFrame, *, collective: str = "all_reduce", world_size: int = 2,
+                every: int = 2) -> pd.DataFrame:
+    """Fit alpha and beta on some sizes of a sweep and predict the others.
+
+    Of the sizes of ``collective`` on ``world_size`` ranks (ascending), every ``every``-th one
+    starting from the second is held out; ``estimate.fit_alpha_beta(..., relative=True)`` is fitted
+    on the rest (so the smallest and, when the count allows, the largest size are always fitted:
+    the held-out sizes are interpolated). Returns one row per held-out size: size_bytes,
+    measured_s, predicted_s, error_pct = 100 (predicted - measured) / measured. A residual on
+    the points of the fit itself flatters the model; this is the error on points it never saw.
+    """
+    _check_sweep_frame(df)
+    validate.count("every", every, minimum=2)
+    g = df[(df["collective"] == collective) & (df["world_size"] == world_size)].sort_values("size_bytes")
+    if len(g) < 3:
+        raise ValueError(f"collective={collective!r}, world_size={world_size}: need at least 3 sizes "
+                         f"in df to hold some out, found {len(g)}")
+    held = [i for i in range(1, len(g)) if i % every == 1 and i != len(g) - 1]
+    fit = [i for i in range(len(g)) if i not in held]
+    alpha, beta = estimate.fit_alpha_beta(g["size_bytes"].iloc[fit].tolist(),
+                                          g["time_s"].iloc[fit].tolist(), relative=True)
+    out = g.iloc[held][["size_bytes", "time_s"]].rename(columns={"time_s": "measured_s"})
+    out["predicted_s"] = alpha + beta * out["size_bytes"]
+    out["error_pct"] = 100.0 * (out["predicted_s"] - out["measured_s"]) / out["measured_s"]
+    return out.reset_index(drop=True)
+
+
+def placement_table(n_params: float = 7e9, *, hidden: int = 4096, layers: int = 32,
+                    tokens: int = 4096, group: int = 8, dtype: str = "bf16") -> pd.DataFrame:
+    """The communication of one training step of each parallelism, on NVLink H100 and on one
+    400 Gb/s InfiniBand NDR port (per-direction figures; bandwidth terms only).
+
+    A transformer of ``n_params`` parameters, ``layers`` layers of width ``hidden``; one step
+    processes ``tokens`` tokens per model replica; each parallel group has ``group`` ranks.
+
+    * tensor parallelism (Megatron-LM, Shoeybi et al. 2019): 2 all-reduces of the activations
+      (tokens x hidden) per layer in forward and 2 in backward, on the critical path;
+    * pipeline parallelism: one point-to-point send of the activations per stage boundary forward
+      and one of their gradients backward (counted for one boundary);
+    * data parallelism: one all-reduce of the gradients (n_params) per step, which can run while
+      backward is still computing earlier layers.
+
+    Columns: parallelism, calls_per_step, bytes_per_call, nvlink_s, infiniband_s, overlaps_compute.
+    Introduced in notebooks/13_interconnects_and_backends.ipynb (the placement rule).
+    """
+    width = estimate.dtype_bytes(dtype)
+    activ = validate.count("tokens", tokens, minimum=1) * validate.count("hidden", hidden, minimum=1) * width
+    layers = validate.count("layers", layers, minimum=1)
+    group = validate.count("group", group, minimum=2)
+    grads = validate.count("n_params", int(n_params), minimum=1) * width
+    nv = estimate.link_speed("NVLink H100").per_direction_GBps
+    ib = estimate.link_speed("InfiniBand NDR").per_direction_GBps
+
+    def per_step(calls: int, size: int, collective: bool, gbps: float) -> float:
+        one = estimate.allreduce_time_on_link(size, group, gbps) if collective else size / (gbps * 1e9)
+        return calls * one
+
+    rows = [
+        ("tensor (all-reduce of activations)", 4 * layers, activ, True, False),
+        ("pipeline (send activations, one boundary)", 2, activ, False, False),
+        ("data (all-reduce of gradients)", 1, grads, True, True),
+    ]
+    out = []
+    for name, calls, size, collective, overlaps in rows:
+        out.append({"parallelism": name, "calls_per_step": calls, "bytes_per_call": size,
+                    "nvlink_s": per_step(calls, size, collective, nv),
+                    "infiniband_s": per_step(calls, size, collective, ib), "overlaps_compute": overlaps})
+    return pd.DataFrame(out)
+
+
 # --------------------------------------------------------------------------------------------
 # published links -> predicted times
 # --------------------------------------------------------------------------------------------
 def link_table() -> pd.DataFrame:
-    """estimate.LINK_SPEEDS as one table: name, kind, GBps (headline), per_direction_GBps,
-    note, source."""
-    return pd.DataFrame([{"link": k.name, "kind": k.kind, "GBps": k.GBps,
-                          "per_direction_GBps": k.per_direction_GBps, "note": k.note,
+    """estimate.LINK_SPEEDS as one table: name, kind, per_direction_GBps (what the course uses),
+    headline_GBps (as the vendor quotes it), note, source."""
+    return pd.DataFrame([{"link": k.name, "kind": k.kind, "per_direction_GBps": k.per_direction_GBps,
+                          "headline_GBps": k.headline_GBps, "note": k.note,
                           "source": k.source} for k in estimate.LINK_SPEEDS.values()])
 
 
@@ -348,10 +421,11 @@ def gradient_allreduce_table(n_params: Sequence[float] = (1e9, 7e9), *, dtype: s
                              world_size: int = 8) -> pd.DataFrame:
     """Predicted ring all-reduce time of one step's gradients on every link of LINK_SPEEDS.
 
-    One row per (model, link): n_params, grad_bytes (n_params x dtype bytes), link, GBps,
-    time_s at the headline figure and time_per_direction_s at the per-direction figure
-    (estimate.allreduce_time_on_link, no latency term). E.g. 1e9 bf16 gradients = 2 GB over 8
-    ranks: ~3.9 ms at 900 GB/s, ~70 ms at 50 GB/s.
+    One row per (model, link): n_params, grad_bytes (n_params x dtype bytes), link,
+    per_direction_GBps, time_s at the per-direction figure (the course's convention) and
+    time_headline_s at the vendor's headline figure (estimate.allreduce_time_on_link, no latency
+    term). E.g. 1e9 bf16 gradients = 2 GB over 8 ranks: ~7.8 ms on NVLink H100 (450 GB/s per
+    direction; ~3.9 ms with its 900 GB/s headline), ~70 ms at 50 GB/s.
     """
     width = estimate.dtype_bytes(dtype)
     rows = []
@@ -362,10 +436,11 @@ def gradient_allreduce_table(n_params: Sequence[float] = (1e9, 7e9), *, dtype: s
         for link in estimate.LINK_SPEEDS.values():
             rows.append({
                 "n_params": int(n), "grad_bytes": grad_bytes, "link": link.name,
-                "GBps": link.GBps,
-                "time_s": estimate.allreduce_time_on_link(grad_bytes, world_size, link.GBps),
-                "time_per_direction_s": estimate.allreduce_time_on_link(
-                    grad_bytes, world_size, link.per_direction_GBps),
+                "per_direction_GBps": link.per_direction_GBps,
+                "time_s": estimate.allreduce_time_on_link(grad_bytes, world_size,
+                                                          link.per_direction_GBps),
+                "time_headline_s": estimate.allreduce_time_on_link(
+                    grad_bytes, world_size, link.headline_GBps),
             })
     return pd.DataFrame(rows)
 
@@ -418,10 +493,3 @@ def topology_report(*, timeout: float = 10.0) -> dict:
         reason = "no nvidia-smi on this machine"
     return {"measured": False, "text": TOPO_EXAMPLE,
             "source": f"{reason}; EXAMPLE of the format for an 8-GPU NVSwitch node, not this machine"}
-
-
-# DDP buckets (torch's DDP, measured): a mechanism shared with unit 09, re-exported here.
-from course_lib.parallel.bucket_sweep import (  # noqa: E402
-    BucketSweep,
-    ddp_bucket_sweep,
-)

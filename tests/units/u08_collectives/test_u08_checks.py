@@ -6,6 +6,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib.grading.references import rewritten
+from course_lib.measure import estimate
+from course_lib.parallel import collectives as course_C  # the course's own, which checks refuse
 
 # the course's rings as a learner would have written them: same code, compiled anew (the checks
 # refuse the course's own functions)
@@ -66,3 +68,69 @@ def test_composite_bytes_check():
         unit08.check_composite_bytes(lambda s, n: 2 * s)
     with pytest.raises(AssertionError, match="not implemented yet"):
         unit08.check_composite_bytes(lambda s, n: _stub_all_reduce(s))
+
+
+# --------------------------------------------------------------------------------------------
+# tasks 4-6: predict before you measure, find the bug, scale it up
+# --------------------------------------------------------------------------------------------
+def _wait(sleeps):
+    return [max(sleeps) - s for s in sleeps]  # an all-reduce ends when its last rank arrives
+
+
+def test_straggler_prediction_passes_measured_and_fails_wrong(capsys, monkeypatch):
+    from course_lib.units.u08_collectives import checks as unit08
+
+    unit08.check_straggler_prediction(_wait)  # measured on 4 real ranks
+    assert capsys.readouterr().out.startswith("✓ task 4: every rank's time inside the all-reduce")
+    # the verdict logic on a fixed measurement: the wrong ideas fail without more launches
+    monkeypatch.setattr(unit08, "_measure_straggler", lambda sleeps: [0.3, 0.002, 0.2, 0.3])
+    with pytest.raises(AssertionError, match=r"✗ task 4: sleeps .* in 3 runs: rank 0"):
+        unit08.check_straggler_prediction(lambda sleeps: [0.0] * len(sleeps))  # "no waiting"
+    with pytest.raises(AssertionError, match=r"✗ task 4: sleeps .*measured 0.300 s"):
+        unit08.check_straggler_prediction(lambda sleeps: list(sleeps))  # its own delay
+    with pytest.raises(AssertionError, match="expected a list of 4 numbers"):
+        unit08.check_straggler_prediction(lambda sleeps: 0.3)
+    with pytest.raises(AssertionError, match="✗ task 4: uses the course's own straggler"):
+        from course_lib.units.u08_collectives import run_patterns  # measuring, not predicting
+        unit08.check_straggler_prediction(
+            lambda sleeps: run_patterns.straggler(sleeps)["in_all_reduce_s"].tolist())
+
+
+def _fixed_average(grad):
+    out = grad.clone()
+    dist.all_reduce(out)
+    return out / dist.get_world_size()
+
+
+def test_fixed_average_passes_the_fix_and_fails_the_bug(capsys):
+    from course_lib.units.u08_collectives import checks as unit08
+
+    unit08.check_fixed_average(_fixed_average)
+    assert capsys.readouterr().out.startswith("✓ task 5: every rank holds the mean gradient")
+    with pytest.raises(AssertionError, match=r"✗ task 5: .*returned shape \(4,\), expected the gradient's \(2,\)"):
+        unit08.check_fixed_average(unit08.buggy_average_gradients)
+    with pytest.raises(AssertionError, match=r"✗ task 5: .*max abs difference"):
+        unit08.check_fixed_average(lambda g: (dist.all_reduce(g), g)[1])  # a sum, not a mean
+    with pytest.raises(AssertionError, match="✗ task 5: uses the course's own ring_all_reduce"):
+        unit08.check_fixed_average(lambda g: course_C.ring_all_reduce(g.clone()) / dist.get_world_size())
+
+
+def _bytes(n_params, world_size, scheme):
+    s, n = 2 * n_params, world_size
+    return {"all_reduce": 2 * (n - 1) * s / n, "zero3": 3 * (n - 1) * s / n,
+            "parameter_server": (n - 1) * s}[scheme]
+
+
+def test_scale_bytes(capsys):
+    from course_lib.units.u08_collectives import checks as unit08
+
+    unit08.check_scale_bytes(_bytes)
+    assert capsys.readouterr().out == (
+        "✓ task 6: bytes per step match estimate for 7B and 70B on 8 and 64 GPUs (70B on 64: "
+        "all-reduce 276 GB, ZeRO-3 413 GB, parameter server 8,820 GB)\n")
+    with pytest.raises(AssertionError, match="✗ task 6: .*zero3"):  # "sharding is free": 2(N-1)/N S
+        unit08.check_scale_bytes(lambda p, w, s: _bytes(p, w, "all_reduce" if s == "zero3" else s))
+    with pytest.raises(AssertionError, match="✗ task 6: .*all_reduce"):  # fp32 gradients
+        unit08.check_scale_bytes(lambda p, w, s: 2 * _bytes(p, w, s))
+    with pytest.raises(AssertionError, match="✗ task 6: uses the course's own ring_allreduce_bytes_sent"):
+        unit08.check_scale_bytes(lambda p, w, s: estimate.ring_allreduce_bytes_sent(2 * p, w))

@@ -185,3 +185,52 @@ def test_fit_recovers_alpha_beta_and_the_crossover_from_model_data():
     assert E.measured_crossover_bytes(times) == 2**20  # first sampled size above 400 kB
     # on 2 ranks the ring pays 2 alpha + S beta, recursive doubling alpha + S beta: never a crossover
     assert E.model_crossover_bytes(2, alpha, beta) == math.inf
+
+
+# ---- sections 9-12: confusion, stragglers, lost ranks, Rabenseifner; the held-out fit ----------
+def test_all_reduce_adds_all_gather_concatenates_and_equals_gather_broadcast():
+    df = E.confusion_example(((1.0, 2.0), (3.0, 4.0)))
+    assert df["all_reduce"].tolist() == [[4.0, 6.0]] * 2
+    assert df["all_gather"].tolist() == [[1.0, 2.0, 3.0, 4.0]] * 2
+    assert df["gather+broadcast"].tolist() == df["all_gather"].tolist()
+    with pytest.raises(ValueError, match="same length"):
+        E.confusion_example(((1.0,), (1.0, 2.0)))
+
+
+def test_a_late_rank_makes_every_other_rank_wait_inside_the_all_reduce():
+    df = E.straggler([0.0, 0.25])
+    assert df.loc[0, "in_all_reduce_s"] >= 0.2  # the fast rank waits for the slow one
+    assert df.loc[1, "in_all_reduce_s"] < df.loc[0, "in_all_reduce_s"]
+    assert (df["step_s"] >= 0.24).all()
+    with pytest.raises(ValueError, match="sleeps"):
+        E.straggler([0.1])
+
+
+def test_a_lost_rank_is_a_timeout_not_a_slow_step():
+    lines = E.lost_rank(2, lost=1, timeout=2)
+    assert lines[0].startswith("1 of 2 ranks failed") or lines[0].startswith("2 of 2 ranks failed")
+    assert any("Timed out" in line or "deadline" in line for line in lines[1:])  # gloo or the launcher
+    assert not any(".cc:" in line for line in lines)
+
+
+def test_rabenseifner_has_the_rings_bytes_in_fewer_messages():
+    df = E.algorithm_comparison(4, sizes=(1024, 64 * 1024), repeats=1)
+    assert (df["payload_sent"] == df["predicted_bytes"]).all()
+    assert (df["messages"] == df["predicted_messages"]).all()
+    m = df[df.size_bytes == 1024].set_index("algorithm")["messages"]
+    assert (m["ring"], m["recursive_doubling"], m["rabenseifner"]) == (6, 2, 4)
+    with pytest.raises(ValueError, match="power of two"):
+        E.algorithm_comparison(3)
+
+
+def test_heldout_crossover_predicts_held_out_sizes_from_the_rest():
+    alpha, beta, n = 1e-3, 1e-9, 4
+    sizes = [2**k for k in (8, 12, 16, 20, 24)]
+    rows = [{"algorithm": a, "size_bytes": s, "median_s": estimate.allreduce_time(s, n, alpha=alpha, beta=beta, algorithm=a)
+             * (1.1 if s == 2**16 else 1.0)} for a in ("ring", "recursive_doubling") for s in sizes]
+    out = E.heldout_crossover(pd.DataFrame(rows), n, held_out=[2**16])
+    assert out["alpha"] == pytest.approx(alpha, rel=1e-9) and out["beta"] == pytest.approx(beta, rel=1e-9)
+    assert out["errors"]["error_pct"].tolist() == pytest.approx([100 * (1 / 1.1 - 1)] * 2, rel=1e-9)
+    assert out["model_crossover_bytes"] == pytest.approx(8 * alpha / beta, rel=1e-6)
+    with pytest.raises(ValueError, match="were not measured"):
+        E.heldout_crossover(pd.DataFrame(rows), n, held_out=[3])

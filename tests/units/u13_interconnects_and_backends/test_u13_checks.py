@@ -35,14 +35,23 @@ def _polyfit(sizes, times):
     return alpha, beta
 
 
-def test_task1_accepts_least_squares_and_rejects_other_fits(capsys):
-    G.check_alpha_beta_fit(_polyfit)
+def _relative_polyfit(sizes, times):
+    # numpy weights multiply the residuals: w = 1/T minimises the squared relative error
+    t = np.asarray(times, float)
+    beta, alpha = np.polyfit(np.asarray(sizes, float), t, 1, w=1 / t)
+    return alpha, beta
+
+
+def test_task1_accepts_the_relative_fit_and_rejects_plain_least_squares(capsys):
+    G.check_alpha_beta_fit(_relative_polyfit)
     assert capsys.readouterr().out == (
-        "✓ task 1: alpha and beta match the least-squares reference on all 6 recorded sweeps\n")
+        "✓ task 1: alpha and beta match the relative-error fit on all 6 recorded sweeps\n")
+    with pytest.raises(AssertionError, match="✗ task 1: .*plain least-squares fit"):
+        G.check_alpha_beta_fit(_polyfit)
     with pytest.raises(AssertionError, match="✗ task 1: .*expected alpha"):
-        G.check_alpha_beta_fit(lambda s, t: (min(t), _polyfit(s, t)[1]))  # smallest time as alpha
+        G.check_alpha_beta_fit(lambda s, t: (min(t), _relative_polyfit(s, t)[1]))  # smallest time as alpha
     with pytest.raises(AssertionError, match="✗ task 1: .*expected beta"):
-        G.check_alpha_beta_fit(lambda s, t: (_polyfit(s, t)[0], 1 / 1e9))
+        G.check_alpha_beta_fit(lambda s, t: (_relative_polyfit(s, t)[0], 1 / 1e9))
     with pytest.raises(AssertionError, match="✗ task 1: not implemented yet"):
         G.check_alpha_beta_fit(lambda s, t: (_ for _ in ()).throw(NotImplementedError()))
     with pytest.raises(AssertionError, match="expected a pair"):
@@ -88,23 +97,78 @@ def test_task2_reference_rule_and_its_check(capsys):
     assert G.reference_bucket_bytes(0.0, 1e-9, 0.0, MiB, [KiB, MiB]) in (KiB, MiB)
 
 
-def test_task3_against_estimate(capsys):
-    def ring(n_params, dtype, world_size, link):
-        size = n_params * estimate.dtype_bytes(dtype)
-        return 2 * (world_size - 1) / world_size * size / (estimate.link_speed(link).GBps * 1e9)
+def _ring(n_params, dtype, world_size, link):
+    size = n_params * estimate.dtype_bytes(dtype)
+    return 2 * (world_size - 1) / world_size * size / (estimate.link_speed(link).per_direction_GBps * 1e9)
 
-    G.check_allreduce_prediction(ring)
+
+def test_task3_find_the_bug_per_direction(capsys):
+    G.check_allreduce_prediction(_ring)
     assert capsys.readouterr().out == (
         "✓ task 3: all-reduce times match estimate on 5 links and models "
-        "(1B bf16 over 8 ranks on NVLink H100: 3.9 ms)\n")
+        "(1B bf16 over 8 H100s: 7.8 ms, not 3.9 ms)\n")
+    with pytest.raises(AssertionError, match="✗ task 3: .*bidirectional headline"):
+        G.check_allreduce_prediction(G.buggy_predict_allreduce_s)  # the bug left in
     with pytest.raises(AssertionError, match="✗ task 3: .*expected"):  # forgot the 2(n-1)/n
         G.check_allreduce_prediction(
-            lambda n, d, w, link: n * estimate.dtype_bytes(d) / (estimate.link_speed(link).GBps * 1e9))
-    with pytest.raises(AssertionError, match="✗ task 3: .*expected"):  # per-direction figure
-        G.check_allreduce_prediction(
-            lambda n, d, w, link: 2 * (w - 1) / w * n * estimate.dtype_bytes(d)
-            / (estimate.link_speed(link).per_direction_GBps * 1e9) if "NVLink" in link else
-            ring(n, d, w, link))
+            lambda n, d, w, link: n * estimate.dtype_bytes(d) / (estimate.link_speed(link).per_direction_GBps * 1e9))
+    with pytest.raises(AssertionError, match="✗ task 3: uses the course's own allreduce_time_on_link"):
+        G.check_allreduce_prediction(lambda n, d, w, link: estimate.allreduce_time_on_link(
+            n * estimate.dtype_bytes(d), w, estimate.link_speed(link).per_direction_GBps))
+
+
+def _scale(n_params):
+    size = 2 * n_params  # bf16
+    nv, ib = 450e9, 50e9  # per direction
+    node = 2 * 7 / 8 * size / nv
+    intra = 7 * (size / 8) / nv  # ring reduce-scatter (and all-gather) in the node
+    inter = 2 * 3 / 4 * (size / 8) / ib  # ring all-reduce of one shard across 4 nodes
+    return {"node": node, "cluster": 2 * intra + inter}
+
+
+def test_task4_scale_it_up(capsys):
+    G.check_scale_up(_scale)
+    assert capsys.readouterr().out == (
+        "✓ task 4: 7B: 54 ms in one node, 107 ms over 4 nodes; 70B: 544 ms and 1069 ms "
+        "(match estimate)\n")
+    with pytest.raises(AssertionError, match="✗ task 4: .*node"):  # headline NVLink figure
+        G.check_scale_up(lambda n: {**_scale(n), "node": _scale(n)["node"] / 2})
+    with pytest.raises(AssertionError, match="✗ task 4: .*cluster"):  # a flat ring on the NIC
+        G.check_scale_up(lambda n: {**_scale(n), "cluster": 2 * 31 / 32 * 2 * n / 50e9})
+    with pytest.raises(AssertionError, match="✗ task 4: uses the course's own hierarchical_allreduce_time"):
+        G.check_scale_up(lambda n: {"node": _scale(n)["node"], "cluster": estimate.hierarchical_allreduce_time(
+            2 * n, nodes=4, gpus_per_node=8, intra_GBps=450, inter_GBps=50)})
+    with pytest.raises(AssertionError, match="expected a dict"):
+        G.check_scale_up(lambda n: 1.0)
+
+
+def _interpolate(sizes, times, size):
+    t = np.asarray(times, float)
+    beta, alpha = np.polyfit(np.asarray(sizes, float), t, 1, w=1 / t)
+    return float(alpha + beta * size)
+
+
+def test_task5_predict_then_measure(capsys):
+    G.check_predict_heldout(_interpolate)  # a real measurement on 2 ranks
+    assert capsys.readouterr().out == (
+        "✓ task 5: the prediction for 4 MiB is within a factor of 3 of the all-reduce measured "
+        "now on 2 gloo ranks\n")
+
+
+def test_task5_rejects_wrong_and_borrowed_predictions(monkeypatch):
+    # the verdict logic on a fixed "measurement" (alpha 0.3 ms, 1 GB/s, 4 MiB 20 % slow)
+    fake = {s: 3e-4 + s / 1e9 * (1.2 if s == G.HELD_OUT else 1.0) for s in G.PREDICT_SIZES}
+    monkeypatch.setattr(G, "_measure_all_reduce", lambda sizes: dict(fake))
+    G.check_predict_heldout(_interpolate)
+    with pytest.raises(AssertionError, match="✗ task 5: for 4 MiB, in 3 runs: predicted .*within a factor of 3"):
+        G.check_predict_heldout(lambda s, t, size: _interpolate(s, t, size) * 1e3)  # in ms, not s
+    with pytest.raises(AssertionError, match="✗ task 5: for 4 MiB"):
+        G.check_predict_heldout(lambda s, t, size: t[0])  # alpha only: 0.3 ms for 4.5 ms
+    with pytest.raises(AssertionError, match="✗ task 5: uses the course's own fit_alpha_beta"):
+        G.check_predict_heldout(lambda s, t, size: sum(
+            c * x for c, x in zip(estimate.fit_alpha_beta(s, t, relative=True), (1, size))))
+    with pytest.raises(AssertionError, match="✗ task 5: expected a positive number"):
+        G.check_predict_heldout(lambda s, t, size: "soon")
 
 
 def test_no_absolute_paths_in_the_recorded_sweep():

@@ -7,7 +7,6 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from course_lib.units.u13_interconnects_and_backends import checks as G  # noqa: E402
@@ -59,66 +58,6 @@ def test_plot_link_times_one_bar_per_link_and_model():
     assert len(ax.patches) == len(table)
     widths = sorted(round(p.get_width(), 6) for p in ax.patches)
     assert widths == sorted(round(t * 1e3, 6) for t in table["time_s"])
-
-
-def _events():
-    rows = []
-    for rank in (0, 1):
-        for i in range(3):
-            rows.append({"bucket_cap_mb": 1.0, "rank": rank, "lane": "compute",
-                         "name": f"backward L{2 - i}", "start": 0.01 * i,
-                         "end": 0.01 * i + 0.008, "bytes": None})
-        rows.append({"bucket_cap_mb": 1.0, "rank": rank, "lane": "comm", "name": "bucket 0",
-                     "start": 0.012, "end": 0.03, "bytes": 100})
-    return pd.DataFrame(rows)
-
-
-def test_plot_ddp_timeline_one_lane_per_rank_and_kind():
-    fig = P.plot_ddp_timeline(_events(), bucket_cap_mb=1.0)
-    ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == [
-        "rank 0 compute", "rank 0 comm", "rank 1 compute", "rank 1 comm"]
-    assert len(ax.collections) == 4  # one broken_barh per lane
-    with pytest.raises(ValueError, match="bucket_cap_mb=4"):
-        P.plot_ddp_timeline(_events(), bucket_cap_mb=4)
-
-
-def test_plot_ddp_timeline_overlapping_buckets_get_their_own_sub_lane():
-    comm = [("bucket 0", 0.010, 0.030), ("bucket 1", 0.015, 0.040), ("bucket 2", 0.020, 0.025),
-            ("bucket 3", 0.032, 0.045)]  # b0, b1, b2 in flight together; b3 fits after b0
-    rows = [{"rank": 0, "lane": "compute", "name": "backward L0", "start": 0.0, "end": 0.01}]
-    rows += [{"rank": 0, "lane": "comm", "name": n, "start": s, "end": e} for n, s, e in comm]
-    fig = P.plot_ddp_timeline(pd.DataFrame(rows))
-    ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0 compute", "rank 0 comm"]
-    boxes = [p.get_extents() for p in ax.collections[1].get_paths()]
-    assert len(boxes) == 4
-    for i in range(4):
-        for j in range(i + 1, 4):
-            (x0, y0), (x1, y1) = boxes[i].get_points()
-            (u0, v0), (u1, v1) = boxes[j].get_points()
-            overlap_t = min(x1, u1) - max(x0, u0) > 1e-9
-            overlap_y = min(y1, v1) - max(y0, v0) > 1e-9
-            assert not (overlap_t and overlap_y), f"{comm[i][0]} and {comm[j][0]} drawn on top of each other"
-    lanes = sorted({round(b.get_points()[:, 1].mean(), 6) for b in boxes})
-    assert len(lanes) == 3  # three buckets in flight at once -> three sub-lanes, no more
-    assert sorted(t.get_text() for t in ax.texts) == ["b0", "b1", "b2", "b3"]
-
-
-def test_plot_bucket_sweep_with_model_lines():
-    summary = pd.DataFrame({"bucket_cap_mb": [1, 4, 25], "n_buckets": [8, 2, 1],
-                            "step_time_s": [0.05, 0.04, 0.045]})
-    model = pd.DataFrame({"bucket_cap_mb": [1, 4, 25], "total_comm_s": [0.02, 0.012, 0.01],
-                          "tail_s": [0.002, 0.005, 0.01]})
-    fig = P.plot_bucket_sweep(summary, model=model)
-    ax_n, ax_t = fig.axes
-    assert list(ax_n.get_lines()[0].get_ydata()) == [8, 2, 1]
-    assert len(ax_t.get_lines()) == 3
-    assert ax_t.get_lines()[0].get_label() == "measured step (fwd + bwd + comm)"
-    fig = P.plot_bucket_sweep(summary.assign(local_step_time_s=[0.03, 0.03, 0.03]))
-    np.testing.assert_allclose(fig.axes[1].get_lines()[0].get_ydata(), [20, 10, 15])
-    with pytest.raises(ValueError, match="tail_s"):
-        P.plot_bucket_sweep(summary, model=model.drop(columns=["tail_s"]))
 
 
 def test_sweep_explorer_runs_only_on_the_button():

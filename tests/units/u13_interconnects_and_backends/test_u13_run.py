@@ -144,9 +144,10 @@ def test_link_table_and_gradient_times_reproduce_the_published_example():
     t = E.gradient_allreduce_table((1e9, 7e9), dtype="bf16", world_size=8)
     one_b = t[t["n_params"] == 10**9].set_index("link")
     assert one_b.loc["NVLink H100", "grad_bytes"] == 2 * 10**9
-    assert one_b.loc["NVLink H100", "time_s"] == pytest.approx(3.89e-3, rel=1e-3)  # ~3.9 ms
+    assert one_b.loc["NVLink H100", "time_s"] == pytest.approx(7.78e-3, rel=1e-3)  # 450 GB/s each way
     assert one_b.loc["InfiniBand NDR", "time_s"] == pytest.approx(70e-3, rel=1e-9)  # 70 ms
-    assert one_b.loc["NVLink H100", "time_per_direction_s"] == pytest.approx(7.78e-3, rel=1e-3)
+    assert one_b.loc["NVLink H100", "time_headline_s"] == pytest.approx(3.89e-3, rel=1e-3)  # the source's 3.9 ms
+    assert one_b.loc["InfiniBand NDR", "time_headline_s"] == one_b.loc["InfiniBand NDR", "time_s"]
     seven = t[t["n_params"] == 7 * 10**9].set_index("link")
     np.testing.assert_allclose(seven["time_s"], 7 * one_b["time_s"], rtol=1e-12)
 
@@ -206,44 +207,30 @@ def test_memcpy_bandwidth_is_one_thread_and_restores_the_setting():
         E.memcpy_bandwidth(MiB, repeat=0)
 
 
-# ----------------------------------------------------------------------------- DDP buckets
-@pytest.fixture(scope="module")
-def buckets():
-    return E.ddp_bucket_sweep((0.25, 25), width=256, depth=4, batch=16, warmup=2, steps=2)
+# ----------------------------------------------------------------------------- held out, placement
+def test_heldout_fit_predicts_sizes_it_did_not_fit():
+    sizes = [KiB * 4**k for k in range(6)]
+    # times on an exact line except the held-out sizes, which are off by +50 %: a fit that used
+    # them would not predict the line; a held-out fit recovers it and reports the 50 %
+    times = [1e-4 + s * 1e-9 for s in sizes]
+    rows = [{"collective": "all_reduce", "world_size": 2, "size_bytes": s,
+             "time_s": t * (1.5 if i in (1, 3) else 1.0)} for i, (s, t) in enumerate(zip(sizes, times))]
+    out = E.heldout_fit(pd.DataFrame(rows), every=2)
+    assert out["size_bytes"].tolist() == [sizes[1], sizes[3]]  # first and last are always fitted
+    np.testing.assert_allclose(out["predicted_s"], [times[1], times[3]], rtol=1e-9)
+    np.testing.assert_allclose(out["error_pct"], [100 * (1 / 1.5 - 1)] * 2, rtol=1e-9)
+    with pytest.raises(ValueError, match="need at least 3 sizes"):
+        E.heldout_fit(pd.DataFrame(rows[:2]))
 
 
-def test_bucket_count_matches_ddp_logging_and_gradients_match_reference(buckets):
-    s = buckets.summary.set_index("bucket_cap_mb")
-    layer_bytes = (256 * 256 + 256) * 4  # 263,168 B: more than 0.25 MiB, so a bucket each
-    assert s.loc[0.25, "n_buckets"] == 4 and s.loc[25, "n_buckets"] == 1
-    for cap, row in s.iterrows():
-        assert row["grad_bytes"] == 4 * layer_bytes
-        assert sum(row["bucket_bytes"]) == row["grad_bytes"]
-        # the comm hook saw the buckets DDP's reducer says it built
-        assert sorted(row["bucket_bytes"]) == sorted(row["logged_bucket_bytes"]), cap
-        assert row["grad_max_abs_err"] <= 1e-6  # mean of ranks' gradients (fp32 sum of 2)
-        assert row["step_time_s"] > 0 and row["local_step_time_s"] > 0
-    _no_leftover_ranks()
-
-
-def test_timeline_has_every_layer_and_bucket_on_every_rank(buckets):
-    ev = buckets.events
-    for (cap, _rank), g in ev.groupby(["bucket_cap_mb", "rank"]):
-        compute = g[g["lane"] == "compute"]
-        comm = g[g["lane"] == "comm"]
-        assert sorted(compute["name"]) == [f"backward L{i}" for i in range(4)]
-        assert len(comm) == (4 if cap == 0.25 else 1)
-        assert (g["end"] >= g["start"]).all() and (g["start"] >= 0).all()
-        np.testing.assert_allclose(g["duration"], g["end"] - g["start"], atol=1e-9)
-        assert set(comm["bytes"]) <= {256 * 257 * 4, 4 * 256 * 257 * 4}
-        # the last bucket holds layer 0, so it cannot start before layer 0's backward started
-        assert comm["start"].max() >= compute[compute["name"] == "backward L0"]["start"].min()
-
-
-def test_bucket_sweep_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="bucket_caps_mb"):
-        E.ddp_bucket_sweep(())
-    with pytest.raises(ValueError, match="world_size=1"):
-        E.ddp_bucket_sweep((1,), world_size=1)
-    with pytest.raises(ValueError, match="bucket_caps_mb\\[i\\]"):
-        E.ddp_bucket_sweep((0,))
+def test_placement_table_tp_traffic_is_per_layer_and_dp_is_the_gradient():
+    t = E.placement_table(7e9, hidden=4096, layers=32, tokens=4096, group=8).set_index("parallelism")
+    tp, pp, dp = t.iloc[0], t.iloc[1], t.iloc[2]
+    assert tp["calls_per_step"] == 4 * 32 and tp["bytes_per_call"] == 4096 * 4096 * 2
+    assert dp["bytes_per_call"] == 14 * 10**9 and dp["overlaps_compute"] and not tp["overlaps_compute"]
+    # ring all-reduce over 8 at 450 GB/s and at 50 GB/s per direction
+    assert tp["nvlink_s"] == pytest.approx(128 * 2 * 7 / 8 * 2**25 / 450e9, rel=1e-12)
+    assert dp["infiniband_s"] == pytest.approx(0.49, rel=1e-12)
+    assert pp["infiniband_s"] == pytest.approx(2 * 2**25 / 50e9, rel=1e-12)
+    with pytest.raises(ValueError, match="group"):
+        E.placement_table(group=1)
