@@ -33,17 +33,18 @@ __all__ = ["model_fn", "batch_fn", "units_of", "parity", "torch_parity", "memory
            "MEMORY_WIDTH"]
 
 LR = 1e-2  #: AdamW learning rate of every run
-MEMORY_WIDTH = 300  #: hidden width of the memory and traffic model (units of 2,700 / 45,150 / 453)
+MEMORY_WIDTH = 250  #: hidden width of the memory and traffic model (units of 2,250 / 31,375 / 378)
 
 
 def model_fn(seed: int = 0, *, width: int = 32, depth: int = 2, out: int = 2,
-             dtype: torch.dtype = torch.float64) -> nn.Module:
+             dtype: torch.dtype = torch.float64, taper: bool = True) -> nn.Module:
     """An MLP 8 -> width -> width/2 (-> width/2 ...) -> out with ``depth`` hidden layers (float64
-    by default: Adam magnifies rounding noise, see parallel/harness.py)."""
+    by default: Adam magnifies rounding noise, see parallel/harness.py); ``taper=False``: every
+    hidden layer ``width`` wide."""
     from course_lib.models import MLP, MLPConfig
 
     torch.manual_seed(seed)
-    hidden = (width,) + (width // 2,) * (depth - 1)
+    hidden = (width,) + (width // 2 if taper else width,) * (depth - 1)
     return MLP(MLPConfig(in_features=8, hidden=hidden, out_features=out)).to(dtype)
 
 
@@ -316,15 +317,15 @@ def _timeline_worker(rank: int, world_size: int, configs, width: int, depth: int
     y = torch.randn(batch, 2)
     events, rows = [], []
     for name in configs:
-        model = ZeroDataParallel(model_fn(width=width, depth=depth, dtype=torch.float32),
+        model = ZeroDataParallel(model_fn(width=width, depth=depth, dtype=torch.float32, taper=False),
                                  stage=3, lr=LR, **TIMELINE_CONFIGS[name])
         for step in range(3):  # 0: warm-up, 1: peak memory, 2: timeline and bytes
             model.log = EventLog(rank) if step == 2 else None
             meter = MemoryMeter(model, model.optimizer) if step == 1 else CommMeter(dispatch=False)
             dist.barrier()
-            with meter:
+            with meter:  # forward and backward: where stage 3 gathers (its step() sends nothing)
                 H.mse_loss(model, (x, y)).backward()
-                model.step()
+            model.step()
             model.zero_grad()
             if step == 1:
                 peak = meter.peak_bytes
@@ -337,11 +338,12 @@ def _timeline_worker(rank: int, world_size: int, configs, width: int, depth: int
 
 def fsdp_timeline(configs: Sequence[str] = tuple(TIMELINE_CONFIGS), *, world_size: int = 2,
                   width: int = 256, depth: int = 6, batch: int = 256):
-    """Stage 3 on an MLP of ``depth`` + 1 Linear units (float32) for each configuration of
+    """Stage 3 on an MLP of ``depth`` + 1 Linear units (float32; hidden layers ``width`` x
+    ``width``) for each configuration of
     :data:`TIMELINE_CONFIGS`. Returns ``(events, summary)``: events (``merge_event_logs`` of
     every rank: all-gather / forward / backward / reduce-scatter spans, shared host clock, per
     config; the last of 3 steps) and summary (per rank and config: peak_bytes, MemoryMeter's
-    peak over one step; wire_bytes, measured; all_gathers, calls counted)."""
+    peak over forward and backward; wire_bytes, measured; all_gathers, calls counted)."""
     from course_lib.measure.timing import merge_event_logs
 
     configs = validate.choices("configs", configs, tuple(TIMELINE_CONFIGS))
