@@ -37,9 +37,11 @@ hook), buckets spanning several layers, CPU offload, and recording the forward o
 step (our prefetch assumes units run in registration order, true of ``nn.Sequential``-like
 models).
 
-Reduce-scatter on gloo. gloo's ``reduce_scatter`` is an all-reduce followed by a copy (measured:
-2(N-1)/N x S per rank, twice the ring's (N-1)/N x S; FINDINGS, and notebook 10), so on gloo we use
-the course's ring (``collectives.ring_reduce_scatter``, unit 08), and torch's on other backends.
+Reduce-scatter on gloo. gloo's ``reduce_scatter`` sends what an all-reduce sends, 2(N-1)/N x S
+per rank, twice the ring's (N-1)/N x S (measured: torch's ``fully_shard``, which uses it, puts 2x
+DDP's bytes on the wire per step instead of 1.5x; notebooks/10_zero_fsdp.ipynb, section 5). So on
+gloo we reduce-scatter with the course's ring (``collectives.ring_reduce_scatter``, unit 08), and
+with torch's on other backends (NCCL's is a ring).
 """
 from __future__ import annotations
 

@@ -107,10 +107,12 @@ def plot_timeline(events: pd.DataFrame, configs=None) -> Figure:
             ax.set_title(c, fontsize=10)
             ax.grid(True, axis="x", alpha=0.3)
         axes[-1, 0].set_xlabel("ms since the step's first event (shared host clock)")
-        handles = [plt.Rectangle((0, 0), 1, 1, color=v) for v in _SPAN_COLOUR.values()]
-        fig.legend(handles, list(_SPAN_COLOUR), loc="upper right", ncol=5, fontsize=8)
-        fig.suptitle("Stage 3 (FSDP): gather before use, free after", x=0.3)
-        fig.tight_layout()
+        kinds = [k for k in _SPAN_COLOUR if any(_kind(n) == k for n in events["name"])]
+        handles = [plt.Rectangle((0, 0), 1, 1, color=_SPAN_COLOUR[k]) for k in kinds]
+        fig.suptitle("Stage 3 (FSDP): gather before use, free after (each panel: its own time scale)")
+        fig.tight_layout(rect=(0, 0, 1, 0.95))
+        fig.legend(handles, kinds, loc="lower center", ncol=len(kinds), fontsize=8,
+                   bbox_to_anchor=(0.5, 0.935))
     return fig
 
 

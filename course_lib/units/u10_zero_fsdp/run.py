@@ -252,7 +252,7 @@ def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[d
         rows.append({"world_size": world_size, "rank": rank, "config": name, "stage": stage,
                      "reshard_after_forward": kw.get("reshard_after_forward", True),
                      "calls": dict(meter.calls), "wire_bytes": meter.wire_bytes_sent,
-                     "model_bytes": meter.model_bytes_sent})
+                     "model_bytes": meter.model_bytes_sent, "wire_source": meter.wire_source})
     if with_torch:
         model = _memory_model()
         for layer in model.layers:
@@ -266,7 +266,8 @@ def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[d
             opt.zero_grad()
         rows.append({"world_size": world_size, "rank": rank, "config": "torch fully_shard",
                      "stage": 3, "reshard_after_forward": True, "calls": dict(meter.calls),
-                     "wire_bytes": meter.wire_bytes_sent, "model_bytes": meter.model_bytes_sent})
+                     "wire_bytes": meter.wire_bytes_sent, "model_bytes": meter.model_bytes_sent,
+                     "wire_source": meter.wire_source})
     return rows
 
 
