@@ -338,7 +338,7 @@ def _timeline_worker(rank: int, world_size: int, configs, width: int, depth: int
 
 
 def fsdp_timeline(configs: Sequence[str] = tuple(TIMELINE_CONFIGS), *, world_size: int = 2,
-                  width: int = 256, depth: int = 6, batch: int = 256):
+                  width: int = 256, depth: int = 6, batch: int = 64):
     """Stage 3 on an MLP of ``depth`` + 1 Linear units (float32; hidden layers ``width`` x
     ``width``) for each configuration of
     :data:`TIMELINE_CONFIGS`. Returns ``(events, summary)``: events (``merge_event_logs`` of
