@@ -21,7 +21,8 @@ state to update *its slice* of the parameters, and goes in three stages:
   ``fully_shard(reshard_after_forward=False)``); ``prefetch=True`` issues the next layer's
   all-gather asynchronously while the current layer computes.
 
-Stage 0 is plain data parallelism (one all-reduce per layer in ``step()``), for comparison.
+Stage 0 is plain data parallelism (one all-reduce per parameter tensor in ``step()``), for
+comparison.
 
 Layout. Every module that directly owns parameters (a Linear, a LayerNorm...) is a *unit*. A
 unit's parameters are laid end to end in one flat tensor of Psi_u elements, padded with zeros to
@@ -35,7 +36,7 @@ What we leave out (DeepSpeed / torch's FSDP2 have it): mixed precision (bf16 com
 fp32 master shard), overlapping the reduce-scatter with backward (ours is synchronous, in the
 hook), buckets spanning several layers, CPU offload, and recording the forward order of the first
 step (our prefetch assumes units run in registration order, true of ``nn.Sequential``-like
-models).
+models), and modules called more than once per forward (shared weights) at stage 3.
 
 Reduce-scatter on gloo. gloo's ``reduce_scatter`` sends what an all-reduce sends, 2(N-1)/N x S
 per rank, twice the ring's (N-1)/N x S (measured: torch's ``fully_shard``, which uses it, puts 2x
