@@ -50,6 +50,17 @@ def _worker(rank, world_size):
         with MemoryMeter(model, model.optimizer) as mem:
             pass
         state.append(mem.start_breakdown)
+    # why zero.py reduce-scatters with the course's ring on gloo: gloo's sends twice as much
+    from course_lib.parallel.collectives import ring_reduce_scatter
+    from course_lib.runtime.compat import reduce_scatter_single
+
+    inp, out = torch.randn(world_size * 65536), torch.empty(65536)
+    for name, fn in (("gloo", reduce_scatter_single), ("ring", ring_reduce_scatter)):
+        fn(out, inp)  # warm-up
+        with CommMeter(dispatch=False) as meter:
+            fn(out, inp)
+        sent = meter.wire_bytes_sent  # measured by the OS; None where it cannot see the wire
+        wire[name] = None if sent is None else sent / (4 * inp.numel())
     return {"records": records, "state": state, "wire": wire}
 
 
@@ -84,6 +95,9 @@ def test_traffic_per_stage(three_ranks):
     for stage in (1, 2, 3):
         assert wire[stage] == estimate.zero_bytes_sent_per_step(8 * padded, 3, stage=stage)
     assert wire[3] / wire[1] == pytest.approx(1.5)
+    if wire["gloo"] is not None:
+        assert wire["ring"] == pytest.approx(2 / 3, rel=0.01)  # (N-1)/N of the input
+        assert wire["gloo"] == pytest.approx(4 / 3, rel=0.01)  # 2(N-1)/N: an all-reduce's
 
 
 def test_bad_input_is_refused():
