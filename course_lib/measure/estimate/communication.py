@@ -9,7 +9,7 @@ from typing import Any
 from course_lib import validate as _v
 from course_lib.measure.estimate.units import exact
 
-__all__ = ['COLLECTIVES', 'ring_allreduce_bytes_sent', 'naive_ring_allreduce_bytes_sent', 'reduce_broadcast_bytes_sent', 'allgather_bytes_sent', 'reduce_scatter_bytes_sent', 'scatter_bytes_sent', 'gather_bytes_sent', 'recursive_doubling_allreduce_bytes_sent', 'ALLREDUCE_BYTES_ALGORITHMS', 'allreduce_bytes_sent', 'collective_bytes_sent']
+__all__ = ['COLLECTIVES', 'ring_allreduce_bytes_sent', 'naive_ring_allreduce_bytes_sent', 'reduce_broadcast_bytes_sent', 'allgather_bytes_sent', 'reduce_scatter_bytes_sent', 'scatter_bytes_sent', 'gather_bytes_sent', 'recursive_doubling_allreduce_bytes_sent', 'ALLREDUCE_BYTES_ALGORITHMS', 'allreduce_bytes_sent', 'collective_bytes_sent', 'zero_bytes_sent_per_step']
 
 # --------------------------------------------------------------------------------------------
 # collectives: bytes each rank sends
@@ -171,3 +171,31 @@ def collective_bytes_sent(collective: str, size_bytes: int, world_size: int, *,
     if c == "send_recv":
         return s
     return exact(Fraction((n - 1) * s, n))
+
+
+def zero_bytes_sent_per_step(size_bytes: int, world_size: int, *, stage: int,
+                             reshard_after_forward: bool = True) -> int | float:
+    """Bytes each rank sends in one training step under ZeRO stage 0-3 with ring collectives,
+    for a model whose parameters (and gradients) take ``size_bytes`` (S; under our padded
+    layout, the padded size):
+
+    * stage 0 (DDP): one all-reduce of the gradients, 2(N-1)/N S;
+    * stages 1 and 2: a reduce-scatter of the gradients and an all-gather of the updated
+      parameters, (N-1)/N S each: 2(N-1)/N S, the same as DDP (ZeRO paper, arXiv:1910.02054,
+      Sec. 7.2.1);
+    * stage 3: the parameters are all-gathered before forward and again before backward, the
+      gradients reduce-scattered: 3(N-1)/N S, 1.5x DDP (Sec. 7.2.2). With
+      ``reshard_after_forward=False`` the gathered parameters survive until backward:
+      2(N-1)/N S, at the memory cost of holding them.
+
+    int when exact, else float. Introduced in notebooks/10_zero_fsdp.ipynb.
+    """
+    s, n = _v.count("size_bytes", size_bytes), _v.count("world_size", world_size, minimum=1)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage = {stage!r}: expected one of 0, 1, 2, 3")
+    if not isinstance(reshard_after_forward, bool):
+        raise ValueError(f"reshard_after_forward = {reshard_after_forward!r}: expected one of "
+                         "True, False")
+    passes = 3 if stage == 3 and reshard_after_forward else 2
+    return exact(Fraction(passes * (n - 1) * s, n))
+

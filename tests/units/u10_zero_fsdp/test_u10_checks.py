@@ -1,0 +1,161 @@
+"""Unit 10's graded checks: a correct answer passes, a wrong one fails with a ✗ line, one that
+calls the course's own answer is refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course_lib.units.u10_zero_fsdp import checks as C
+
+
+# ---- task 1 --------------------------------------------------------------------------------
+def good_step(flat_param, flat_grad, shard, optimizer):
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    grad = torch.empty_like(shard.detach())
+    dist.reduce_scatter_single(grad, flat_grad)
+    shard.grad = grad / world
+    optimizer.step()
+    dist.all_gather_single(flat_param, shard.detach().clone())
+
+
+def no_gather_step(flat_param, flat_grad, shard, optimizer):  # the bug: no all-gather
+    import torch.distributed as dist
+
+    grad = torch.empty_like(shard.detach())
+    dist.reduce_scatter_single(grad, flat_grad)
+    shard.grad = grad / dist.get_world_size()
+    optimizer.step()
+
+
+def course_step(flat_param, flat_grad, shard, optimizer):
+    from torch import nn
+
+    from course_lib.parallel.zero import ZeroDataParallel
+
+    ZeroDataParallel(nn.Linear(2, 2).double(), stage=1)
+    good_step(flat_param, flat_grad, shard, optimizer)
+
+
+def test_check_zero1_step():
+    C.check_zero1_step(good_step)
+    with pytest.raises(AssertionError, match="✗ task 1: on 3 ranks, step 1, rank 0: param .*all-gather"):
+        C.check_zero1_step(no_gather_step)
+    with pytest.raises(AssertionError, match="✗ task 1: uses the course's own ZeroDataParallel"):
+        C.check_zero1_step(course_step)
+
+
+# ---- task 2 --------------------------------------------------------------------------------
+def good_prediction(units, stage, world_size):
+    psi = sum(map(sum, units))
+    shards = sum(-(-sum(u) // world_size) for u in units)
+    if stage == 0:
+        return {"params": 4 * psi, "grads": 4 * psi,
+                "optimizer": 8 * psi + 4 * sum(len(u) for u in units)}
+    return {"params": 4 * (shards if stage == 3 else world_size * shards),
+            "grads": 4 * (shards if stage >= 2 else psi),
+            "optimizer": 8 * shards + 4 * len(units)}
+
+
+def unpadded_prediction(units, stage, world_size):  # the paper's Psi / N: misses the padding
+    psi = sum(map(sum, units))
+    out = good_prediction(units, stage, world_size)
+    if stage:
+        out["optimizer"] = 8 * psi // world_size + 4 * len(units)
+    return out
+
+
+def course_prediction(units, stage, world_size):
+    from course_lib.measure import estimate
+
+    bd = estimate.zero_layout_bytes_per_rank(units, stage=stage, world_size=world_size)
+    return {k: bd[k] for k in ("params", "grads", "optimizer")}
+
+
+def test_check_memory_prediction():
+    C.check_memory_prediction(good_prediction)
+    with pytest.raises(AssertionError, match="✗ task 2: stage 1, 3 ranks: you predicted .* of optimizer"):
+        C.check_memory_prediction(unpadded_prediction)
+    with pytest.raises(AssertionError, match="✗ task 2: uses the course's own zero_layout_bytes_per_rank"):
+        C.check_memory_prediction(course_prediction)
+    with pytest.raises(AssertionError, match="✗ task 2: stage 0 params must be an int"):
+        C.check_memory_prediction(lambda u, s, n: {k: float(v) for k, v in
+                                                   good_prediction(u, s, n).items()})
+
+
+# ---- task 3 --------------------------------------------------------------------------------
+def _hook(params, shard, *, free):
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    flat = torch.zeros(world * shard.numel(), dtype=shard.dtype)
+    offset = 0
+    for p in params:
+        flat[offset:offset + p.numel()] = p.grad.reshape(-1)
+        offset += p.numel()
+        if free:
+            p.grad = None
+    g = torch.empty_like(shard.detach())
+    dist.reduce_scatter_single(g, flat)
+    g /= world
+    shard.grad = g if shard.grad is None else shard.grad + g
+
+
+def good_hook(params, shard):
+    _hook(params, shard, free=True)
+
+
+def keeping_hook(params, shard):  # the exercise's bug: right numbers, stage-1 memory
+    _hook(params, shard, free=False)
+
+
+def course_hook(params, shard):
+    from torch import nn
+
+    from course_lib.parallel.zero import ZeroDataParallel
+
+    ZeroDataParallel(nn.Linear(2, 2).double(), stage=2)  # every rank, same order: a collective
+    _hook(params, shard, free=True)
+
+
+def test_check_stage2_hook():
+    C.check_stage2_hook(good_hook)
+    with pytest.raises(AssertionError, match="✗ task 3: rank 0: after backward MemoryMeter finds"):
+        C.check_stage2_hook(keeping_hook)
+    with pytest.raises(AssertionError, match="✗ task 3: uses the course's own ZeroDataParallel"):
+        C.check_stage2_hook(course_hook)
+
+
+# ---- task 4 --------------------------------------------------------------------------------
+def good_stage(n_params, world_size, gpu_GB):
+    for stage in range(4):
+        p = 2 * n_params / (world_size if stage == 3 else 1)
+        g = 2 * n_params / (world_size if stage >= 2 else 1)
+        o = 12 * n_params / (world_size if stage >= 1 else 1)
+        if p + g + o <= gpu_GB * 1e9:
+            return stage
+    return None
+
+
+def naive_stage(n_params, world_size, gpu_GB):  # divides everything by N at every stage
+    for stage in range(4):
+        if 16 * n_params / (world_size if stage else 1) <= gpu_GB * 1e9:
+            return stage
+    return None
+
+
+def course_stage(n_params, world_size, gpu_GB):
+    from course_lib.units.u10_zero_fsdp.run import smallest_stage
+
+    return smallest_stage(n_params, world_size, gpu_GB)
+
+
+def test_check_smallest_stage():
+    C.check_smallest_stage(good_stage)
+    with pytest.raises(AssertionError, match="✗ task 4: 7B parameters on 8 GPUs of 24 GB: expected 3, got 1"):
+        C.check_smallest_stage(naive_stage)
+    with pytest.raises(AssertionError, match="✗ task 4: uses the course's own smallest_stage"):
+        C.check_smallest_stage(course_stage)
+    with pytest.raises(AssertionError, match="must be an int"):
+        C.check_smallest_stage(lambda n, w, g: float(good_stage(n, w, g) or 0))
