@@ -271,19 +271,25 @@ def explain(result, *, families: int = 8) -> str:
                              if row["tp"] > cl.gpus_per_node else "tensor-parallel all-reduces"),
                "dp_comm_s": f"data-parallel traffic not hidden by backward (ZeRO-{row['zero']})",
                "recompute_s": f"{row['recompute']} recomputation to fit",
-               "compute_s": "uneven stages or a smaller micro-batch",
+               "compute_s": "a slowest stage (the output layer or more layers on it) setting the pace",
                "p2p_s": "stage-to-stage sends"}[cause]
         lines.append(f"- {_family(row)}: fits, but {row['step_s'] / top['step_s'] - 1:+.0%} "
                      f"step time; the main cost: {why} (+{grew[cause]:.2f} s).")
+    def no_fit(best, label):
+        big = max(MEMORY_CATEGORIES, key=lambda k: best[f"{k}_GB"])
+        return (f"- {label}: doesn't fit; its smallest plan needs {best['memory_GB']:.1f} GB > "
+                f"{usable:.1f} (largest part: {big}, {best[big + '_GB']:.1f} GB).")
+
     if not rejected.empty:
+        fitting_zero = set(zip(result["tp"], result["pp"], result["zero"]))
+        same = rejected[(rejected.tp == top["tp"]) & (rejected.pp == top["pp"])]
+        for zero, grp in same.groupby("zero"):  # the winner's layout with less sharding
+            if (top["tp"], top["pp"], zero) not in fitting_zero:
+                lines.append(no_fit(grp.iloc[0], f"{_family(top)} with ZeRO-{zero}"))
         for (tp, pp), grp in rejected.groupby(["tp", "pp"], sort=False):
             if (tp, pp) in seen or shown >= families:
                 continue
             seen.add((tp, pp))
             shown += 1
-            best = grp.iloc[0]
-            big = max(MEMORY_CATEGORIES, key=lambda k: best[f"{k}_GB"])
-            lines.append(f"- {_family(best)}: doesn't fit; its smallest plan needs "
-                         f"{best['memory_GB']:.1f} GB > {usable:.1f} (largest part: {big}, "
-                         f"{best[big + '_GB']:.1f} GB).")
+            lines.append(no_fit(grp.iloc[0], _family(grp.iloc[0])))
     return "\n".join(lines)
