@@ -38,6 +38,7 @@ from course_lib.measure.estimate import (  # noqa: E402
     lora,
     memory,
     offload,
+    planning,
     tensor_parallel,
     training,
     units,
@@ -49,6 +50,7 @@ from course_lib.measure.estimate.links import *  # noqa: F401,F403
 from course_lib.measure.estimate.lora import *  # noqa: F401,F403
 from course_lib.measure.estimate.memory import *  # noqa: F401,F403
 from course_lib.measure.estimate.offload import *  # noqa: F401,F403
+from course_lib.measure.estimate.planning import *  # noqa: F401,F403
 from course_lib.measure.estimate.tensor_parallel import *  # noqa: F401,F403
 from course_lib.measure.estimate.training import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import *  # noqa: F401,F403
@@ -56,4 +58,4 @@ from course_lib.measure.estimate.units import exact  # noqa: F401
 
 __all__ = [*units.__all__, *memory.__all__, *communication.__all__, *links.__all__, *compute.__all__,
            *offload.__all__, *checkpointing.__all__, *lora.__all__, *training.__all__,
-           *tensor_parallel.__all__]
+           *tensor_parallel.__all__, *planning.__all__]

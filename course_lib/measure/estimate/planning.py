@@ -1,0 +1,197 @@
+"""Formulas for planning a run at scale: parameter counts of real architectures, activations
+under tensor and sequence parallelism, what a pipeline keeps in flight, tensor-parallel traffic,
+model FLOPs and GPU-days.
+
+Introduced in notebooks/14_planning_a_run.ipynb. Everything is in bytes, FLOPs, seconds, as in
+the rest of ``estimate``; "GB" is 1e9 bytes.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+from course_lib import validate as _v
+from course_lib.measure.estimate.units import exact
+
+__all__ = ["NORMS", "transformer_param_count", "activation_bytes_parallel_layer",
+           "pipeline_inflight_layers", "tp_payload_bytes_per_layer", "model_flops_per_token",
+           "layer_flops_per_token", "gpus_for_days", "gpu_hours", "mfu_from_gpu_hours"]
+
+NORMS = ("rmsnorm", "layernorm")
+_RECOMPUTE = ("none", "selective", "full")
+
+
+def transformer_param_count(*, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int,
+                            vocab: int, seq_len: int = 0, gated_mlp: bool = True,
+                            bias: bool = False, tied_embeddings: bool = False,
+                            learned_positions: bool = False, norm: str = "rmsnorm",
+                            embedding_norm: bool = False) -> dict[str, int]:
+    """Exact parameter count of a decoder-only transformer, by part.
+
+    Per layer (h = hidden, f = ffn, k = kv_heads * h / heads, the width of K and of V):
+    attention q and o projections 2 h^2, k and v projections 2 h k (grouped-query attention,
+    Ainslie et al. 2023, arXiv:2305.13245; k = h for multi-head attention); MLP 3 h f when gated
+    (SwiGLU: gate, up, down; Shazeer 2020, arXiv:2002.05202) else 2 h f; biases (``bias``)
+    h + 2k + h + (2f or f) + h; two norms, h each (RMSNorm) or 2h (LayerNorm, with bias).
+    Outside the layers: token embedding V h, an output matrix V h unless ``tied_embeddings``,
+    learned positions seq_len * h, a final norm, and an embedding norm (BLOOM) when asked.
+
+    With h = 4096, f = 11008, 32 layers, V = 32000, gated, untied, RMSNorm this is
+    6,738,415,616 (Llama-2-7B); GPT-3's shape gives 12 L h^2 + ... = 174.6e9 ("175B").
+    Returns ``{"per_layer", "layers", "embedding", "output", "other", "total"}`` (ints).
+    """
+    L = _v.count("layers", layers, minimum=1)
+    h, a = _v.count("hidden", hidden, minimum=1), _v.count("heads", heads, minimum=1)
+    g = _v.count("kv_heads", kv_heads, minimum=1, maximum=a)
+    f, V = _v.count("ffn", ffn, minimum=1), _v.count("vocab", vocab, minimum=1)
+    s = _v.count("seq_len", seq_len)
+    norm = _v.choice("norm", norm, NORMS)
+    if h % a or a % g:
+        raise ValueError(f"hidden = {h}, heads = {a}, kv_heads = {g}: expected heads to divide "
+                         "hidden and kv_heads to divide heads")
+    k = g * h // a
+    norm_params = h if norm == "rmsnorm" else 2 * h
+    attention = 2 * h * h + 2 * h * k + ((h + 2 * k + h) if bias else 0)
+    mlp = (3 if gated_mlp else 2) * h * f + (((2 * f) if gated_mlp else f) + h if bias else 0)
+    per_layer = attention + mlp + 2 * norm_params
+    embedding = V * h
+    output = 0 if tied_embeddings else V * h
+    other = norm_params + (s * h if learned_positions else 0) + (norm_params if embedding_norm else 0)
+    total = L * per_layer + embedding + output + other
+    return {"per_layer": per_layer, "layers": L * per_layer, "embedding": embedding,
+            "output": output, "other": other, "total": total}
+
+
+def activation_bytes_parallel_layer(seq: int, batch: int, hidden: int, heads: int, *,
+                                    kv_heads: int | None = None, ffn: int | None = None,
+                                    gated_mlp: bool = False, dropout: bool = True, tp: int = 1,
+                                    sequence_parallel: bool = True,
+                                    recompute: str = "none") -> int | float:
+    """Activation bytes one layer keeps per tensor-parallel rank, 16-bit values, 1-byte masks.
+
+    Korthikanti et al. 2022 (arXiv:2205.05198), Sec. 4, generalised to grouped-query attention
+    and a gated MLP. In units of s b h bytes (r = kv_heads / heads, f = ffn):
+
+    * attention: the QKV input 2, Q 2, K and V 4r, the projection's input 2, a residual dropout
+      mask 1 (with ``dropout``): 7 + 4r (11 for multi-head attention); plus the core,
+      5 a s / h: softmax output 2, its dropout mask 1 and output 2 (2 a s / h without dropout:
+      only the softmax output);
+    * MLP: its input 2, a residual dropout mask 1, and 4 f / h (the GeLU input and output) or
+      6 f / h for SwiGLU (the gate and up outputs, 4 f / h, and their product, 2 f / h);
+    * two LayerNorm inputs: 4.
+
+    With f = 4h, r = 1, dropout: 34 + 5 a s / h, the paper's Eq. 1. Tensor parallelism over
+    ``tp`` ranks splits everything but the LayerNorm and dropout parts (Eq. 2: 10 + 24 / t +
+    5as/(ht)); with ``sequence_parallel`` those are split too (Eq. 4: (34 + 5as/h) / t).
+    ``selective`` recomputes the attention core (drops the a s / h terms; FlashAttention keeps
+    the same, as it recomputes the scores in backward); ``full`` keeps the layer's input,
+    2 s b h (divided by t with sequence parallelism).
+    Bytes: int when exact, else float.
+    """
+    s, b = _v.count("seq", seq, minimum=1), _v.count("batch", batch, minimum=1)
+    h, a = _v.count("hidden", hidden, minimum=1), _v.count("heads", heads, minimum=1)
+    g = a if kv_heads is None else _v.count("kv_heads", kv_heads, minimum=1, maximum=a)
+    f = 4 * h if ffn is None else _v.count("ffn", ffn, minimum=1)
+    t = _v.count("tp", tp, minimum=1)
+    rec = _v.choice("recompute", recompute, _RECOMPUTE, case_insensitive=True)
+    sbh = Fraction(s * b * h)
+    if rec == "full":
+        return exact(2 * sbh / (t if sequence_parallel else 1))
+    r = Fraction(g, a)
+    mask = 1 if dropout else 0
+    # parts every TP rank splits: Q, K, V, projection input, MLP inner activations
+    split = (2 + 4 * r + 2) * sbh + Fraction(2 * s * b * f) * (3 if gated_mlp else 2)
+    # parts outside the TP regions: QKV input, MLP input, two LayerNorm inputs, dropout masks
+    outside = (2 + 2 + 4 + 2 * mask) * sbh
+    core = Fraction(a * s * s * b) * (5 if dropout else 2) if rec == "none" else 0
+    total = (split + core) / t + outside / (t if sequence_parallel else 1)
+    return exact(total)
+
+
+def pipeline_inflight_layers(layers_per_stage: int, stages: int, microbatches: int,
+                             virtual_stages: int = 1) -> int | float:
+    """Layers' worth of activations (for one micro-batch) the first pipeline rank keeps at its
+    peak, under 1F1B (PipeDream-Flush, Narayanan et al. 2021, arXiv:2006.09503) or its
+    interleaved form (Narayanan et al. 2021, arXiv:2104.04473).
+
+    1F1B: the first stage runs min(m, p) forwards before its first backward, each of its
+    ``layers_per_stage`` layers: min(m, p) * L/p -- all L layers of the model for m >= p
+    (Korthikanti et al. 2022, Sec. 4.2.3). Interleaved with v chunks per rank: Megatron's warm-up
+    runs (p - 1) * 2 + (v - 1) * p chunk forwards before the first backward, so v p + p - 1
+    chunks of L/(p v) layers are alive (at most m v): L (1 + (p - 1) / (p v)) for large m.
+    """
+    n = _v.count("layers_per_stage", layers_per_stage, minimum=1)
+    p = _v.count("stages", stages, minimum=1)
+    m = _v.count("microbatches", microbatches, minimum=1)
+    v = _v.count("virtual_stages", virtual_stages, minimum=1)
+    if v == 1:
+        return min(m, p) * n
+    if n % v:
+        raise ValueError(f"virtual_stages = {v}: expected a divisor of layers_per_stage = {n}")
+    chunks = min(m * v, v * p + p - 1) if p > 1 else 1
+    return chunks * n // v
+
+
+def tp_payload_bytes_per_layer(seq: int, batch: int, hidden: int, *, recompute: str = "none",
+                            dtype_bytes: int = 2) -> int:
+    """Bytes one layer's tensor-parallel collectives carry per micro-batch, as the payload S of
+    the all-reduces (Shoeybi et al. 2019, arXiv:1909.08053: f and g, one all-reduce in the
+    attention and one in the MLP each way -- 4 per layer per step; with sequence parallelism
+    each becomes an all-gather plus a reduce-scatter of the same total traffic, Korthikanti et
+    al. Sec. 4.2.2). Each payload is s b h values; ``full`` recomputation runs the forward's two
+    again: 6. Returns the summed payloads (pass each payload's size to an all-reduce time model).
+    """
+    s, b = _v.count("seq", seq, minimum=1), _v.count("batch", batch, minimum=1)
+    h = _v.count("hidden", hidden, minimum=1)
+    rec = _v.choice("recompute", recompute, _RECOMPUTE, case_insensitive=True)
+    calls = 6 if rec == "full" else 4
+    return calls * s * b * h * _v.count("dtype_bytes", dtype_bytes, minimum=1)
+
+
+def model_flops_per_token(n_params: int, *, layers: int = 0, hidden: int = 0, seq: int = 0) -> int:
+    """Training FLOPs per token that MFU counts: 6 N + 12 L h s (Chowdhery et al. 2022, PaLM,
+    arXiv:2204.02311, App. B: the 6N of Kaplan et al. plus the attention products, QK^T and AV,
+    2 s h each in the forward, times 3 for forward + backward). Leave layers/hidden/seq at 0
+    for 6 N alone. Recomputation is not model FLOPs (it is hardware FLOPs)."""
+    n = _v.count("n_params", n_params)
+    return 6 * n + 12 * _v.count("layers", layers) * _v.count("hidden", hidden) * _v.count("seq", seq)
+
+
+def layer_flops_per_token(layer_params: int, *, layers: int, hidden: int, seq: int,
+                             recompute: str = "none") -> dict[str, int]:
+    """FLOPs per token of ``layers`` transformer layers, split into the model's work and
+    recomputation. Model: 6 P + 12 s h per layer (P = the layer's parameters). Recompute:
+    ``full`` adds one forward, 2 P + 4 s h; ``selective`` adds the attention products' forward,
+    4 s h (Korthikanti et al. 2022, Sec. 5). Returns ``{"model", "recompute", "total"}``."""
+    P = _v.count("layer_params", layer_params)
+    L, h, s = (_v.count("layers", layers), _v.count("hidden", hidden), _v.count("seq", seq))
+    rec = _v.choice("recompute", recompute, _RECOMPUTE, case_insensitive=True)
+    model = L * (6 * P + 12 * s * h)
+    extra = {"none": 0, "selective": L * 4 * s * h, "full": L * (2 * P + 4 * s * h)}[rec]
+    return {"model": model, "recompute": extra, "total": model + extra}
+
+
+def gpus_for_days(total_flops: float, *, days: float, peak_flops: float, mfu: float) -> float:
+    """GPUs needed to do ``total_flops`` in ``days`` at ``mfu`` of ``peak_flops`` (FLOP/s):
+    F / (days * 86400 * mfu * peak). 3.15e23 FLOPs (175B x 300B tokens) in 30 days at 50 % MFU:
+    1,944 V100 (125 TFLOP/s), 779 A100 (312), 246 H100 (989)."""
+    f = _v.number("total_flops", total_flops, positive=True)
+    d = _v.number("days", days, positive=True)
+    u = _v.number("mfu", mfu, positive=True, maximum=1)
+    return f / (d * 86400 * u * _v.number("peak_flops", peak_flops, positive=True))
+
+
+def gpu_hours(total_flops: float, *, peak_flops: float, mfu: float) -> float:
+    """GPU-hours to do ``total_flops`` at ``mfu`` of ``peak_flops``: F / (3600 mfu peak).
+    7B x 2T tokens = 8.4e22 FLOPs: 47,200 H100-hours at 50 %."""
+    f = _v.number("total_flops", total_flops, positive=True)
+    u = _v.number("mfu", mfu, positive=True, maximum=1)
+    return f / (3600 * u * _v.number("peak_flops", peak_flops, positive=True))
+
+
+def mfu_from_gpu_hours(total_flops: float, hours: float, *, peak_flops: float) -> float:
+    """The MFU a reported GPU-hour figure implies: F / (hours * 3600 * peak). Llama-2-7B:
+    6 x 6.74e9 x 2e12 over 184,320 A100-hours (Touvron et al. 2023, arXiv:2307.09288, Table 2)
+    at 312 TFLOP/s: 39 %."""
+    f = _v.number("total_flops", total_flops, positive=True)
+    return f / (_v.number("hours", hours, positive=True) * 3600
+                * _v.number("peak_flops", peak_flops, positive=True))

@@ -1,0 +1,42 @@
+"""The capstone planner: lay a training run out on a cluster, predict its memory and its speed.
+
+``plan(model, cluster, global_batch_tokens=..., total_tokens=...)`` enumerates dp x tp x pp
+layouts (x ZeRO stage, recomputation, micro-batch, interleaving), keeps those whose per-GPU
+memory fits, ranks them by predicted step time, and ``explain(result)`` says why the winner
+wins. ``predict_memory(model, layout)`` gives one layout's per-rank memory by category: what a
+measured or virtual run of that layout is compared with. Every formula is in
+``course_lib.measure.estimate``. Introduced in notebooks/14_planning_a_run.ipynb.
+"""
+from course_lib.plan.memory import (
+    MEMORY_CATEGORIES,
+    check_layout,
+    layers_per_stage,
+    microbatches,
+    predict_memory,
+    stage_layers,
+)
+from course_lib.plan.planner import (
+    DEFAULT_EFFICIENCY,
+    DEFAULT_RESERVE,
+    TIME_PARTS,
+    evaluate,
+    explain,
+    plan,
+    step_time,
+)
+from course_lib.plan.specs import (
+    CLUSTERS,
+    MODELS,
+    RECOMPUTE,
+    ClusterSpec,
+    Layout,
+    ModelSpec,
+    cluster,
+    model,
+    this_machine,
+)
+
+__all__ = ["MEMORY_CATEGORIES", "check_layout", "layers_per_stage", "microbatches",
+           "predict_memory", "stage_layers", "DEFAULT_EFFICIENCY", "DEFAULT_RESERVE", "TIME_PARTS", "evaluate",
+           "explain", "plan", "step_time", "CLUSTERS", "MODELS", "RECOMPUTE", "ClusterSpec",
+           "Layout", "ModelSpec", "cluster", "model", "this_machine"]

@@ -1,0 +1,240 @@
+"""The course in a real browser: JupyterLab driven by Playwright in a system Chromium.
+
+What only a browser sees: the page's JavaScript errors, whether stored widgets render (not their
+``VBox(children=...`` text), a widget that updates when its control changes and Run is pressed,
+an unfilled exercise check that shows one ✗ line and none of the check's source, and the static
+slides. JupyterLab serves a temporary copy of ``notebooks/`` and ``exercises/`` (running cells
+never touches the repository).
+
+Playwright cannot download its own browser here, so it drives the system Chromium
+(``$COURSE_CHROMIUM``, else ``chromium`` / ``chromium-browser`` / ``google-chrome`` on PATH).
+Without one, these tests are skipped; to run them install Chromium (Debian: ``apt install
+chromium``) — ``.ci/run`` does. Timings go to ``build/browser-timings.json``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LECTURES = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+TIMINGS: dict[str, float] = {}
+
+
+def _chromium() -> str | None:
+    env = os.environ.get("COURSE_CHROMIUM")
+    if env:
+        return env
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+CHROMIUM = _chromium()
+sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium: install it (Debian: apt install chromium) or set "
+                             "COURSE_CHROMIUM=/path/to/chromium to run the browser tests")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on a free port over a copy of the course's notebooks; its base URL."""
+    root = tmp_path_factory.mktemp("lab")
+    for folder in ("notebooks", "exercises"):
+        shutil.copytree(ROOT / folder, root / folder)
+    home = tmp_path_factory.mktemp("jupyter")
+    port, token = _free_port(), "course-browser-test"
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"),
+           "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}",
+           "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
+           f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={home / 'settings'}",
+           f"--LabApp.workspaces_dir={home / 'workspaces'}",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+           "--LabApp.news_url=None", "--LabApp.expose_app_in_browser=True"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    settings = home / "settings" / "@jupyterlab"
+    # every cell in the page (no windowing), and no news pop-up over the notebook
+    for plugin, values in {"notebook-extension/tracker": {"windowingMode": "none"},
+                           "apputils-extension/notification": {"fetchNews": "false"}}.items():
+        path = settings / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    start = time.perf_counter()
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"JupyterLab did not start on port {port} within 60 s")
+                time.sleep(0.3)
+        TIMINGS["server up"] = time.perf_counter() - start
+        yield base, token, root
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, 9)
+            server.wait(timeout=15)
+        out = ROOT / "build" / "browser-timings.json"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps({k: round(v, 2) for k, v in TIMINGS.items()}, indent=1))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+def _open(browser, lab, path: str):
+    """A fresh page with notebook ``path`` open; (page, JavaScript errors seen, seconds)."""
+    base, token, _ = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    start = time.perf_counter()
+    page.goto(f"{base}/lab/tree/{path}?reset&token={token}")   # reset: only this notebook open
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell", timeout=60_000)
+    return page, errors, time.perf_counter() - start
+
+
+def _notebook_text(page) -> str:
+    return page.inner_text(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
+
+
+def _run_all(page, timeout_s: float = 180) -> float:
+    """Run All Cells (JupyterLab's own command, awaited to the end of the last cell); seconds.
+
+    ``--LabApp.expose_app_in_browser`` makes the application reachable as ``window.jupyterapp``.
+    """
+    start = time.perf_counter()
+    page.evaluate("""async () => {
+        const panel = window.jupyterapp.shell.currentWidget;
+        await panel.sessionContext.ready;
+        await window.jupyterapp.commands.execute('notebook:run-all-cells');
+    }""")
+    elapsed = time.perf_counter() - start
+    assert elapsed < timeout_s, f"Run All took {elapsed:.0f} s (limit {timeout_s} s)"
+    return elapsed
+
+
+OPEN_IN_PAGE = """async (path) => {
+    const app = window.jupyterapp;
+    const start = performance.now();
+    const panel = await app.commands.execute('docmanager:open', {path, factory: 'Notebook'});
+    await panel.context.ready;
+    await panel.revealed;
+    await new Promise(done => setTimeout(done, 1500));   // outputs and widget views render
+    const text = panel.content.node.innerText;
+    const views = panel.content.node.querySelectorAll('.jupyter-widgets').length;
+    const seconds = (performance.now() - start) / 1000;
+    await panel.sessionContext.shutdown();
+    panel.context.model.dirty = false;
+    panel.dispose();
+    return [text, views, seconds];
+}"""
+
+
+def test_every_lecture_opens_and_its_stored_widgets_render(browser, lab):
+    page, errors, seconds = _open(browser, lab, f"notebooks/{LECTURES[0]}")
+    TIMINGS["page usable"] = seconds
+    problems = []
+    for name in LECTURES:
+        text, views, seconds = page.evaluate(OPEN_IN_PAGE, f"notebooks/{name}")
+        TIMINGS[f"open {name}"] = seconds
+        if "VBox(children" in text or "HBox(children" in text:
+            problems.append(f"{name}: a stored widget shows as raw text (is its state stored?)")
+    assert not problems, "\n".join(problems)
+    assert errors == [], f"JavaScript errors: {errors[:3]}"
+    page.close()
+
+
+def test_unit01_widget_updates_on_run(browser, lab):
+    page, errors, _ = _open(browser, lab, "notebooks/01_backprop_memory.ipynb")
+    TIMINGS["run all unit 01"] = _run_all(page)
+    explorer = page.locator(".widget-vbox:has(.widget-html-content):has(button.widget-button:has-text('Run'))").last
+    explorer.scroll_into_view_if_needed()
+    status = explorer.locator(".widget-html-content").first
+    before = status.inner_text()
+    explorer.locator(".widget-dropdown select").nth(1).select_option("sgd")
+    start = time.perf_counter()
+    explorer.locator("button:has-text('Run')").click()
+    page.wait_for_function("([el, old]) => el.innerText !== old && el.innerText.includes('sgd')",
+                           arg=[status.element_handle(), before], timeout=60_000)
+    TIMINGS["widget run unit 01"] = time.perf_counter() - start
+    assert "adam" in before and "sgd" in status.inner_text()
+    assert errors == []
+    page.close()
+
+
+def test_unfilled_exercise_check_shows_one_line_and_no_source(browser, lab):
+    page, errors, _ = _open(browser, lab, "exercises/00_start_here.ipynb")
+    TIMINGS["run all exercise 00"] = _run_all(page)
+    errors_shown = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'],"
+                                " .jp-OutputArea-output.jp-RenderedText[data-mime-type="
+                                "'application/vnd.jupyter.error']")
+    texts = [errors_shown.nth(i).inner_text() for i in range(errors_shown.count())]
+    crosses = [t for t in texts if "✗ task" in t]
+    assert crosses, f"no ✗ line in the unfilled exercise's outputs: {texts[:3]}"
+    for text in crosses:
+        lines = [line for line in text.splitlines() if line.strip()]
+        assert len(lines) == 1, f"a failed check shows more than its ✗ line: {text[:400]}"
+        assert "expected" not in text and "course_lib/grading" not in text
+    assert errors == []
+    page.close()
+
+
+def test_static_slides_open_offline(browser, tmp_path):
+    from course_lib.publish import assets, site, slides
+
+    try:
+        urls = assets.install(tmp_path / "vendor")
+    except assets.AssetError as exc:
+        pytest.skip(f"the slides' JavaScript is not available: {exc}")
+    lecture = ROOT / "notebooks" / "09_data_parallelism.ipynb"
+    out = slides.export(lecture, tmp_path, site._relative(urls, "./vendor/"))
+    page = browser.new_page(viewport={"width": 1400, "height": 860})
+    errors, remote = [], []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("request", lambda r: remote.append(r.url) if r.url.startswith("http") else None)
+    start = time.perf_counter()
+    page.goto(out.as_uri())
+    page.wait_for_selector(".reveal.ready", timeout=30_000)
+    TIMINGS["slides ready unit 09"] = time.perf_counter() - start
+    import nbformat
+    expected = slides.count_slides(nbformat.read(lecture, as_version=4))
+    shown = page.evaluate("() => [...document.querySelectorAll('.slides section')]"
+                          ".filter(s => !s.querySelector('section')).length")
+    assert shown == expected
+    assert page.locator("mjx-container, .MathJax, .MathJax_CHTML").count() > 0, "no formula rendered"
+    assert errors == [] and remote == []
+    page.close()
