@@ -37,6 +37,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 lab: $(STAMP)
+	@# Trust the course's notebooks (a signature in your Jupyter data folder) so their stored
+	@# widgets draw before anything is run; an untrusted notebook shows a one-line note instead.
+	@$(BIN)/jupyter trust notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb >/dev/null 2>&1 || true
 	@# Serve the whole course (notebooks/, exercises/, solutions/) and open unit 00 first.
 	$(BIN)/jupyter lab $(BROWSER_FLAG) $(ROOT_FLAG) --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb
 

@@ -109,6 +109,25 @@ def _finish_progress_bars(nb) -> None:
             out["data"]["text/plain"] = f"{value(ids[0])} {value(ids[2])}".strip()
 
 
+#: the text a page shows for a stored widget it cannot draw (untrusted notebook, GitHub, nbviewer)
+WIDGET_TEXT = ("[an interactive widget: it draws here in JupyterLab once the notebook is trusted "
+               "(make lab does it) or run; run the cells above to use it]")
+
+
+def _explain_stored_widgets(nb) -> None:
+    """Replace each stored widget's text fallback (its repr, ``VBox(children=(HBox(...``) by a line
+    saying what it is and how to use it. tqdm bars keep the text of their final state."""
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if ("application/vnd.jupyter.widget-view+json" in data
+                    and _WIDGET_REPR.match(str(data.get("text/plain", "")))):
+                data["text/plain"] = WIDGET_TEXT
+
+
+_WIDGET_REPR = re.compile(r"^[A-Z][A-Za-z]*\(")
+
+
 def make_client(nb, path: Path, *, timeout: int, kernel_name: str, allow_errors: bool, log=None):
     """The nbclient set-up shared by ``execute`` and the grader: a fresh kernel whose working
     directory is the notebook's folder, no timing metadata, and immediate shutdown."""
@@ -179,6 +198,7 @@ def execute_notebook(
         client.set_widgets_metadata()  # stored widgets render with their last values
     _strip_timing(nb)
     _finish_progress_bars(nb)
+    _explain_stored_widgets(nb)
     if save:
         try:
             text = render_notebook(nb)

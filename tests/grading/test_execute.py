@@ -125,3 +125,18 @@ def test_stored_widgets_keep_their_state_and_progress_bars_their_final_text(tmp_
     state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
     view = nb.cells[1].outputs[0]["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
     assert state[view]["state"]["value"] == 5  # what the page renders without a kernel
+
+
+def test_a_stored_widget_says_what_it_is_instead_of_its_repr():
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from course_lib.grading.execute import WIDGET_TEXT, _explain_stored_widgets
+
+    view = {"application/vnd.jupyter.widget-view+json": {"model_id": "abc", "version_major": 2,
+                                                         "version_minor": 0}}
+    explorer = new_output("display_data", data={**view, "text/plain": "VBox(children=(HBox(...)))"})
+    bar = new_output("display_data", data={**view, "text/plain": "100% 7/7 [00:01<00:00]"})
+    nb = new_notebook(cells=[new_code_cell("x", outputs=[explorer, bar])])
+    _explain_stored_widgets(nb)
+    texts = [out["data"]["text/plain"] for out in nb.cells[0].outputs]
+    assert texts == [WIDGET_TEXT, "100% 7/7 [00:01<00:00]"]
