@@ -95,7 +95,7 @@ def lab(tmp_path_factory):
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"JupyterLab did not start on port {port} within 60 s")
+                    raise RuntimeError(f"JupyterLab did not start on port {port} within 60 s") from None
                 time.sleep(0.3)
         TIMINGS["server up"] = time.perf_counter() - start
         yield base, token, root
