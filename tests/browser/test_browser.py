@@ -162,10 +162,11 @@ OPEN_IN_PAGE = """async (path) => {
     const text = panel.content.node.innerText;
     const views = panel.content.node.querySelectorAll('.jupyter-widgets').length;
     const seconds = (performance.now() - start) / 1000;
+    const dirty = panel.context.model.dirty;             // opening alone must change nothing
     await panel.sessionContext.shutdown();
     panel.context.model.dirty = false;
     panel.dispose();
-    return [text, views, seconds];
+    return [text, views, seconds, dirty];
 }"""
 
 
@@ -182,7 +183,10 @@ def test_every_lecture_opens_and_its_stored_widgets_render(browser, lab):
     TIMINGS["page usable"] = seconds
     problems = []
     for name in LECTURES:
-        text, views, seconds = page.evaluate(OPEN_IN_PAGE, f"notebooks/{name}")
+        text, views, seconds, dirty = page.evaluate(OPEN_IN_PAGE, f"notebooks/{name}")
+        if dirty:
+            problems.append(f"{name}: marked modified on opening (stored metadata differs from "
+                            f"what JupyterLab writes; re-execute it with make notebooks)")
         TIMINGS[f"open {name}"] = seconds
         stored = _stored_widget_views(ROOT / "notebooks" / name)
         if "VBox(children" in text or "HBox(children" in text or "an interactive widget:" in text:
