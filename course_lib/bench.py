@@ -1,4 +1,5 @@
-"""Benchmarks of course_lib's own machinery: ``python -m course_lib.bench launch``.
+"""Benchmarks of course_lib's own machinery: ``python -m course_lib.bench launch`` (below) and
+``python -m course_lib.bench ranks`` (persistent ranks against their peers: ``bench_ranks.py``).
 
 ``launch``: how long a trivial 2-rank job (one gloo all_reduce of one float) takes end to end,
 measured side by side in one run through
@@ -173,7 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--accelerate-runs", type=int, default=10,
                    help="warm runs of accelerate.notebook_launcher")
     p.add_argument("--no-accelerate", action="store_true")
+    r = sub.add_parser("ranks", help="persistent ranks in a notebook: %%ranks vs nbdistributed "
+                       "vs jupyter-distributed, through a real kernel (see course_lib/bench_ranks.py)")
+    r.add_argument("--runs", type=int, default=20, help="runs of the trivial cell")
+    r.add_argument("--nbdistributed-python", default=None,
+                   help="python of a virtual environment with nbdistributed and ipykernel installed")
+    r.add_argument("--jupyter-distributed-python", default=None,
+                   help="python of a virtual environment with jupyter-distributed installed")
+    r.add_argument("--verbose", action="store_true", help="also print what each cell showed")
     args = parser.parse_args(argv)
+    if args.what == "ranks":
+        return _main_ranks(parser, args)
     if min(args.world_size, args.warm, args.spawn, args.accelerate_runs) < 1:
         parser.error("--world-size, --warm, --spawn and --accelerate-runs must be positive; got "
                      f"{args.world_size}, {args.warm}, {args.spawn}, {args.accelerate_runs}")
@@ -184,6 +195,21 @@ def main(argv: list[str] | None = None) -> int:
                            args.accelerate_runs)
     print(format_table(timings))
     print(summary_line(timings))
+    return 0
+
+
+def _main_ranks(parser, args) -> int:
+    from course_lib import bench_ranks
+
+    if args.runs < 1:
+        parser.error(f"--runs must be positive; got {args.runs}")
+    print(bench_ranks.header())
+    results = bench_ranks.bench_ranks(args.runs, args.nbdistributed_python,
+                                      args.jupyter_distributed_python, args.verbose)
+    print(bench_ranks.format_table(results))
+    for r in results:
+        if r.note:
+            print(f"note, {r.tool}: {r.note}")
     return 0
 
 

@@ -74,6 +74,16 @@ class RanksUsageError(ValueError):
         return [f"RanksUsageError: {self.args[0]}"]
 
 
+class _Interrupted(KeyboardInterrupt):
+    """The interrupt a %%ranks cell re-raises once every rank has stopped (shown in one line)."""
+
+    def _render_traceback_(self):
+        return ["KeyboardInterrupt: the cell was interrupted on every rank"]
+
+
+_Interrupted.__name__ = _Interrupted.__qualname__ = "KeyboardInterrupt"  # what the notebook names
+
+
 def _usage(message: str) -> RanksUsageError:
     return RanksUsageError(message)
 
@@ -289,7 +299,7 @@ def _raise_for(replies: dict, rs) -> None:
     if statuses <= {"interrupted"} and rs.alive:
         sys.stderr.write(f"[ranks] interrupted: ranks {sorted(bad)} stopped their cell; every rank "
                          "keeps its state\n")
-        raise KeyboardInterrupt
+        raise _Interrupted
     failed = {r: RankSet._failure_text(r, rep) for r, rep in bad.items()}
     lines = [f"rank {r}: {failed[r].splitlines()[0]}" for r in sorted(failed)]
     if rs.alive:
