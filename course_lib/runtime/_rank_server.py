@@ -15,7 +15,8 @@ function and exiting it loops: receive a request on its pipe, run it in its own 
 ``definitions`` are (label, source) pairs of the kernel's own imports, functions and classes
 (see ``_definitions.py``), run first; ``notes`` lists those that failed here, so that the
 kernel can say once what the ranks lack. stdout/stderr (fds 1 and 2) go to this rank's files
-in the set's directory; the kernel reads what each cell added.
+in the set's directory; the kernel reads what each cell added. On the pipe every message is
+8 bytes of request number (echoed in the reply, so a late reply is recognised) + the pickle.
 
 Interrupts: SIGINT raises KeyboardInterrupt only while a request is running, and only once per
 request (the kernel's process group and the kernel itself may both send one). Parent-death
@@ -179,7 +180,7 @@ def serve(rank: int, spec: dict, conn, lifeline) -> None:
         reply = ("ok", None, [], 0.0)
     except BaseException as exc:  # noqa: B036 - reported to the kernel as a failed start
         reply = ("error", type(exc).__name__, str(exc), traceback.format_exc(), [], 0.0)
-    conn.send_bytes(cloudpickle.dumps(reply))
+    conn.send_bytes(bytes(8) + cloudpickle.dumps(reply))  # request number 0: the start
     if reply[0] != "ok":
         return
     namespace = {"__name__": "__main__", "__builtins__": __builtins__, "rank": rank,
@@ -192,13 +193,13 @@ def serve(rank: int, spec: dict, conn, lifeline) -> None:
             break  # the kernel closed the pipe: stop
         except KeyboardInterrupt:  # cannot happen while idle, but never leave the loop for it
             continue
-        request = cloudpickle.loads(data)
+        seq, request = data[:8], cloudpickle.loads(data[8:])
         if request[0] == "stop":
             break
         started = time.perf_counter()
         reply = _handle(request, namespace, failed)
         try:
-            conn.send_bytes(cloudpickle.dumps(reply + (time.perf_counter() - started,)))
+            conn.send_bytes(seq + cloudpickle.dumps(reply + (time.perf_counter() - started,)))
         except (BrokenPipeError, OSError):
             break
     if dist.is_initialized():

@@ -90,6 +90,7 @@ class RankSet:
         self._conns: list = []
         self._lifelines: list = []
         self._offsets: dict[tuple[int, str], int] = {}
+        self._seq = 0  # number of the request in flight (the start counts as 0)
         self.workdir: str | None = None
         self.start_seconds: float | None = None
         self.ended: str | None = None  # why the set is no longer usable (None: never started)
@@ -151,7 +152,7 @@ class RankSet:
         """End every rank (politely, then SIGTERM/SIGKILL) and remove the set's directory."""
         for conn in self._conns:
             try:
-                conn.send_bytes(cloudpickle.dumps(("stop",)))
+                conn.send_bytes(bytes(8) + cloudpickle.dumps(("stop",)))
             except (OSError, ValueError):
                 pass
         deadline = time.monotonic() + _GRACE_S
@@ -236,12 +237,14 @@ class RankSet:
                 raise RuntimeError(f"{reason}; the set was stopped (a process group cannot go on "
                                    "without one of its ranks): %ranks restart starts a new one")
         ranks = sorted(requests)
-        for rank in ranks:
-            for kind in ("out", "err"):
-                path = _worker.rank_file(self.workdir, rank, kind)
-                self._offsets[rank, kind] = os.path.getsize(path) if os.path.exists(path) else 0
-            self._conns[rank].send_bytes(requests[rank])
+        self._seq += 1  # replies carry it: one left over from an abandoned request is ignored
         with _InterruptGuard() as guard:
+            guard.hold()  # an interrupt is acted on only inside the wait (never half-way through
+            for rank in ranks:  # sending, which would leave ranks out of step with the kernel)
+                for kind in ("out", "err"):
+                    path = _worker.rank_file(self.workdir, rank, kind)
+                    self._offsets[rank, kind] = os.path.getsize(path) if os.path.exists(path) else 0
+                self._conns[rank].send_bytes(self._seq.to_bytes(8, "little") + requests[rank])
             replies = self._collect(set(ranks), timeout, guard)
             guard.held = False  # the caller re-raises the interrupt after showing the output
         for rank in ranks:
@@ -287,9 +290,12 @@ class RankSet:
                         stopping_since = stopping_since or time.monotonic()
                     continue
                 try:
-                    reply = cloudpickle.loads(self._conns[rank].recv_bytes())
+                    data = self._conns[rank].recv_bytes()
                 except (EOFError, OSError):
                     continue  # its sentinel reports the death
+                if int.from_bytes(data[:8], "little") != self._seq:
+                    continue  # the late reply of an earlier request
+                reply = cloudpickle.loads(data[8:])
                 pending.discard(rank)
                 replies[rank].update(self._reply_fields(reply, replies[rank]))
                 if replies[rank]["status"] not in ("ok", "interrupted") and first_failure is None:
