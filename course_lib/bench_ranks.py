@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import queue
+import re
 import statistics
 import tempfile
 import time
@@ -82,7 +83,8 @@ JUPYTER_DISTRIBUTED = Tool(
 @dataclass
 class Result:
     tool: str
-    start_s: float | None = None
+    start_cell_s: float | None = None  # the start cell returned
+    start_s: float | None = None       # every rank answered a cell
     restart_s: float | None = None
     trivial_median_s: float | None = None
     trivial_runs: int = 0
@@ -92,6 +94,11 @@ class Result:
     note: str = ""
     leftover_processes: int | None = None
     details: dict = field(default_factory=dict)
+
+
+# "rank 1: raised ...", "[Rank 1 — error]", "error on rank 1" (not a mere "Rank 1:" header)
+_NAMES_RANK_1 = re.compile(r"rank 1\b[^\n]{0,12}(error|fail|raise)|(error|fail)[^\n]{0,40}rank 1\b",
+                           re.IGNORECASE)
 
 
 def _all_alive(cell) -> bool:
@@ -123,6 +130,7 @@ def measure(tool: Tool, trivial_runs: int = 20, cwd: str | None = None) -> Resul
             return result
         t0 = time.perf_counter()
         started = kernel.run(tool.start, timeout=180)
+        result.start_cell_s = time.perf_counter() - t0
         result.details["start output"] = _shown(started)[-400:]
         if started.error or not started.finished:
             result.note = f"start failed: {_shown(started)[-300:]}"
@@ -134,7 +142,6 @@ def measure(tool: Tool, trivial_runs: int = 20, cwd: str | None = None) -> Resul
                 result.note = "the ranks did not answer within 180 s of the start cell"
                 return result
         result.start_s = time.perf_counter() - t0
-        result.details["start cell returned after s"] = round(time.perf_counter() - t0, 2)
         result.details["trivial output"] = _shown(first)[-400:]
         times = []
         for _ in range(trivial_runs):
@@ -147,6 +154,17 @@ def measure(tool: Tool, trivial_runs: int = 20, cwd: str | None = None) -> Resul
         if times:
             result.trivial_median_s, result.trivial_runs = statistics.median(times), len(times)
         kernel.run(tool.set_state, timeout=60)
+        raised = kernel.run(tool.raise_on_1, timeout=60)
+        shown = _shown(raised)
+        again = kernel.run(tool.read_state, timeout=30)
+        usable = all(f"x {10 * r}" in again.stdout for r in range(4))
+        result.raise_behaviour = "; ".join([
+            "cell fails" if raised.error else "cell does NOT fail (no error in the notebook)",
+            "names rank 1" if _NAMES_RANK_1.search(shown) else "rank not named",
+            "traceback shown" if "boom-1" in shown and "Traceback" in shown or "line 2" in shown
+            else "message only" if "boom-1" in shown else "error text not shown",
+            "others usable" if usable else "ranks not usable afterwards"])
+        result.details["raise output"] = shown[-600:]
         kernel.start(tool.sleep)
         time.sleep(1.0)
         t0 = time.perf_counter()
@@ -162,18 +180,6 @@ def measure(tool: Tool, trivial_runs: int = 20, cwd: str | None = None) -> Resul
         if not interrupted.finished:
             result.interrupt_after = "the kernel stayed busy for 60 s (not stopped)"
         result.details["after interrupt output"] = _shown(after)[-400:]
-        raised = kernel.run(tool.raise_on_1, timeout=60)
-        shown = _shown(raised)
-        again = kernel.run(tool.read_state, timeout=30)
-        usable = all(f"x {10 * r}" in again.stdout for r in range(4))
-        result.raise_behaviour = "; ".join([
-            "cell fails" if raised.error else "cell does NOT fail (no error in the notebook)",
-            "names rank 1" if "rank 1" in shown.lower() or "rank: 1" in shown.lower()
-            else "rank not named",
-            "traceback shown" if "boom-1" in shown and "Traceback" in shown or "line 2" in shown
-            else "message only" if "boom-1" in shown else "error text not shown",
-            "others usable" if usable else "ranks not usable afterwards"])
-        result.details["raise output"] = shown[-600:]
         if tool.start_again:
             kernel.run(tool.stop, timeout=60)
             t0 = time.perf_counter()
@@ -209,14 +215,15 @@ def _fmt(v, unit="s") -> str:
 
 def format_table(results: list[Result]) -> str:
     """A Markdown table: one row per tool."""
-    rows = ["| tool | start 4 ranks (first / again) | trivial cell, median | interrupt: idle after | "
-            "after the interrupt | a rank raises | processes left after kernel shutdown |",
+    rows = ["| tool | start 4 ranks: cell returns / ranks answer / a second start | trivial cell, "
+            "median | interrupt: kernel idle after | after the interrupt | a rank raises | "
+            "processes left after kernel shutdown |",
             "|---|---|---|---|---|---|---|"]
     for r in results:
         if r.note and r.start_s is None:
             rows.append(f"| {r.tool} | not measured: {r.note} | | | | | |")
             continue
-        rows.append(f"| {r.tool} | {_fmt(r.start_s)} / {_fmt(r.restart_s)} | "
+        rows.append(f"| {r.tool} | {_fmt(r.start_cell_s)} / {_fmt(r.start_s)} / {_fmt(r.restart_s)} | "
                     f"{_fmt(r.trivial_median_s, 'ms')} ({r.trivial_runs} runs) | "
                     f"{_fmt(r.interrupt_s)} | {r.interrupt_after} | {r.raise_behaviour} | "
                     f"{r.leftover_processes} |")

@@ -68,6 +68,7 @@ class Kernel:
 
     def collect(self, timeout: float = 60.0) -> Cell:
         cell, msg_id, self._msg_id = Cell(), self._msg_id, None
+        displays: dict[str, str] = {}  # display id -> its latest text (updates replace it)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -82,14 +83,16 @@ class Kernel:
                     cell.stdout += content["text"]
                 else:
                     cell.stderr += content["text"]
-            elif kind in ("execute_result", "display_data"):
-                cell.stdout += content.get("data", {}).get("text/plain", "") + "\n"
+            elif kind in ("execute_result", "display_data", "update_display_data"):
+                key = content.get("transient", {}).get("display_id") or f"#{len(displays)}"
+                displays[key] = content.get("data", {}).get("text/plain", "")
             elif kind == "error":
                 cell.error = (content["ename"], content["evalue"])
                 cell.traceback = "\n".join(content["traceback"])
             elif kind == "status" and content["execution_state"] == "idle":
                 cell.finished = True
                 break
+        cell.stdout += "".join(text + "\n" for text in displays.values())
         return cell
 
     def run(self, code: str, timeout: float = 60.0) -> Cell:

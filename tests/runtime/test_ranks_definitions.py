@@ -50,12 +50,12 @@ def test_a_cell_that_does_not_parse_carries_nothing():
 
 
 def test_ranks_table_says_why_a_peer_was_not_measured():
-    ours = Result("course_lib %%ranks", start_s=1.5, restart_s=0.4, trivial_median_s=0.021,
+    ours = Result("course_lib %%ranks", start_cell_s=1.5, start_s=1.5, restart_s=0.4, trivial_median_s=0.021,
                   trivial_runs=20, interrupt_s=0.05, interrupt_after="cell stopped; ranks answer, "
                   "state kept", raise_behaviour="cell fails; names rank 1", leftover_processes=0)
     peer = Result("peer 0.1", note="kernel did not start: no module")
     lines = format_table([ours, peer]).splitlines()
-    assert lines[2] == ("| course_lib %%ranks | 1.50 s / 0.40 s | 21 ms (20 runs) | 0.05 s | "
+    assert lines[2] == ("| course_lib %%ranks | 1.50 s / 1.50 s / 0.40 s | 21 ms (20 runs) | 0.05 s | "
                         "cell stopped; ranks answer, state kept | cell fails; names rank 1 | 0 |")
     assert lines[3].startswith("| peer 0.1 | not measured: kernel did not start: no module")
 
