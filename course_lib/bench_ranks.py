@@ -55,7 +55,7 @@ class Tool:
 
 
 COURSE = Tool("course_lib %%ranks", "", "%load_ext course_lib.ranks", "%ranks start 4",
-              "%%ranks\nprint(f'alive-{rank}')", "%%ranks\nx = 10 * rank", "%%ranks\nprint('x', x)",
+              "%%ranks\nprint(f'alive-{rank}')", "%%ranks\nx = 10 * rank", "%%ranks\nprint(f'x={x}')",
               "%%ranks\nimport time\ntime.sleep(30)",
               "%%ranks\nif rank == 1:\n    raise ValueError('boom-1')\nrank", "%ranks stop")
 
@@ -64,7 +64,7 @@ COURSE = Tool("course_lib %%ranks", "", "%load_ext course_lib.ranks", "%ranks st
 # notebooks' and programs' included. The benchmark never calls them: it unloads the extension,
 # whose own shutdown ends only the workers it started (and cannot start a second set after).
 NBDISTRIBUTED = Tool("nbdistributed 0.1.0", "", "%load_ext nbdistributed", "%dist_init -n 4",
-                     "print(f'alive-{rank}')", "x = 10 * rank", "print('x', x)", "import time\ntime.sleep(30)",
+                     "print(f'alive-{rank}')", "x = 10 * rank", "print(f'x={x}')", "import time\ntime.sleep(30)",
                      "if rank == 1:\n    raise ValueError('boom-1')\nrank", "%unload_ext nbdistributed",
                      start_again=False)
 
@@ -74,7 +74,7 @@ NBDISTRIBUTED = Tool("nbdistributed 0.1.0", "", "%load_ext nbdistributed", "%dis
 JUPYTER_DISTRIBUTED = Tool(
     "jupyter-distributed 0.1.1", "", "",
     "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\nrank = dist.get_rank()",
-    "print(f'alive-{rank}')", "x = 10 * rank", "print('x', x)", "import time\ntime.sleep(30)",
+    "print(f'alive-{rank}')", "x = 10 * rank", "print(f'x={x}')", "import time\ntime.sleep(30)",
     "if rank == 1:\n    raise ValueError('boom-1')\nrank", "", start_again=False,
     kernel_module="jupyter_distributed.kernel",
     env=(("JUPYTER_DISTRIBUTED_WORLD_SIZE", "4"), ("JUPYTER_DISTRIBUTED_BASE_KERNEL", "python3")))
@@ -157,7 +157,7 @@ def measure(tool: Tool, trivial_runs: int = 20, cwd: str | None = None) -> Resul
         raised = kernel.run(tool.raise_on_1, timeout=60)
         shown = _shown(raised)
         again = kernel.run(tool.read_state, timeout=30)
-        usable = all(f"x {10 * r}" in again.stdout for r in range(4))
+        usable = all(f"x={10 * r}" in again.stdout for r in range(4))
         result.raise_behaviour = "; ".join([
             "cell fails" if raised.error else "cell does NOT fail (no error in the notebook)",
             "names rank 1" if _NAMES_RANK_1.search(shown) else "rank not named",
@@ -173,7 +173,7 @@ def measure(tool: Tool, trivial_runs: int = 20, cwd: str | None = None) -> Resul
         result.interrupt_s = time.perf_counter() - t0 if interrupted.finished else None
         result.details["interrupt output"] = _shown(interrupted)[-600:]
         after = kernel.run(tool.read_state, timeout=30)
-        kept = all(f"x {10 * r}" in after.stdout for r in range(4))
+        kept = all(f"x={10 * r}" in after.stdout for r in range(4))
         result.interrupt_after = ("cell stopped; ranks answer, state kept" if kept else
                                   "ranks do not answer afterwards" if after.error or not after.finished
                                   else "ranks answer, state lost")
