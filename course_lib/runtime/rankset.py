@@ -310,12 +310,14 @@ class RankSet:
 
     def _interrupt(self, pending: set[int], replies: dict, reason: str, timeout: float) -> None:
         if reason == "timeout" and hasattr(signal, "SIGUSR1"):
+            files = {r: _worker.rank_file(self.workdir, r, "stack") for r in pending}
+            before = {r: os.path.getsize(f) if os.path.exists(f) else 0 for r, f in files.items()}
             self._signal(pending, signal.SIGUSR1)  # each rank's Python stack, into its stack file
             # a signal that arrives while another is pending may go to a thread that is not the
             # main one (a sleeping main thread would then never see it): one at a time
             time.sleep(0.1)
-            for rank in pending:
-                replies[rank]["stack"] = _read_text(_worker.rank_file(self.workdir, rank, "stack")).strip()
+            for rank in pending:  # only what this dump added (earlier deadlines wrote there too)
+                replies[rank]["stack"] = _read_text(files[rank])[before[rank]:].strip()
                 replies[rank]["deadline"] = timeout
         for rank in pending:
             replies[rank]["stop_reason"] = reason
