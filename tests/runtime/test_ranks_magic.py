@@ -146,6 +146,17 @@ def test_a_cell_past_its_timeout_is_stopped_with_its_stack(kernel):
     assert "every rank is still running" in result.text
 
 
+def test_a_rank_stuck_in_a_collective_is_killed_and_the_set_must_restart(kernel):
+    t0 = time.monotonic()
+    result = kernel.run("%%ranks --timeout 1\nif rank == 0:\n    dist.all_reduce(torch.ones(1))",
+                        timeout=30)
+    assert time.monotonic() - t0 < 6
+    assert "rank 0: did not stop within 1 s of being interrupted" in result.text, result.text
+    assert "%ranks restart" in result.text
+    assert kernel.run("%ranks restart", timeout=60).error is None
+    assert kernel.run("%%ranks 2\nrank").stdout == "[rank 2] Out: 2\n"
+
+
 def test_a_rank_that_dies_is_reported_with_its_signal_and_restart_works(kernel):
     result = kernel.run("%%ranks\nimport os, signal\nif rank == 3:\n"
                         "    os.kill(os.getpid(), signal.SIGKILL)\nrank", timeout=30)
