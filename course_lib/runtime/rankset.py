@@ -302,10 +302,13 @@ class RankSet:
                     first_failure = time.monotonic()
         if pending or dead:
             for rank in sorted(pending):
+                why = replies[rank].get("stop_reason", "interrupted")
+                why = (f"still running at the deadline (timeout={timeout:g} s), then " if why == "timeout"
+                       else "")
                 replies[rank].update(status="killed", error=(
-                    f"did not stop within {_GRACE_S:g} s of being interrupted (stuck in C++, e.g. "
-                    "waiting in a collective for a rank that is not in it): killed"))
-            self.stop("stopped after a rank died or did not stop")
+                    f"{why}did not stop within {_GRACE_S:g} s of being interrupted (stuck in C++, "
+                    "e.g. waiting in a collective for a rank that is not in it): killed"))
+            self.stop("a rank died or did not stop")
         return replies
 
     def _interrupt(self, pending: set[int], replies: dict, reason: str, timeout: float) -> None:
@@ -317,7 +320,10 @@ class RankSet:
             # main one (a sleeping main thread would then never see it): one at a time
             time.sleep(0.1)
             for rank in pending:  # only what this dump added (earlier deadlines wrote there too)
-                replies[rank]["stack"] = _read_text(files[rank])[before[rank]:].strip()
+                stack = _read_text(files[rank])[before[rank]:].strip().splitlines()
+                cut = next((i for i, line in enumerate(stack) if _rank_server.__file__ in line),
+                           len(stack))  # the cell's frames come first; the server's are noise
+                replies[rank]["stack"] = "\n".join(stack[:cut])
                 replies[rank]["deadline"] = timeout
         for rank in pending:
             replies[rank]["stop_reason"] = reason
@@ -374,6 +380,6 @@ class RankSet:
         if reply["status"] == "timeout":
             text = (f"still running at the deadline (timeout={reply.get('deadline', 0):g} s): "
                     f"interrupted\n{text}")
-            if reply.get("stack"):
-                text += f"\nits Python stack at the deadline:\n{reply['stack']}"
+        if reply.get("stack"):
+            text += f"\nits Python stack at the deadline:\n{reply['stack']}"
         return text
