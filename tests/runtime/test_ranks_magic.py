@@ -94,6 +94,9 @@ def test_a_subset_runs_only_there_and_gather_returns_rank_order(kernel):
     assert subset.stdout == "[rank 0] Out: 0\n[rank 2] Out: 2\n", subset.text
     gathered = kernel.run("print([x[0].item() for x in ranks.gather('t')])")
     assert gathered.stdout == "[150.0, 16.0, 170.0, 18.0]\n", gathered.text
+    both = kernel.run("import course_lib\nprint(course_lib.launch(lambda r, w: r * 10, 2))")
+    assert both.stdout == "[0, 10]\n", both.text  # a launch beside the persistent ranks
+    assert kernel.run("%%ranks 3\nt[0].item()").stdout == "[rank 3] Out: 18.0\n"
     missing = kernel.run("%%ranks 1,5\nprint(rank)")
     assert missing.error is not None
     assert "ranks = [5]: expected ranks of this set, 0 to 3" in missing.text
