@@ -1,7 +1,9 @@
-"""Benchmarks of course_lib's own machinery: ``python -m course_lib.bench launch|virtual``.
+"""Benchmarks of course_lib's own machinery: ``python -m course_lib.bench launch|virtual|ranks``.
 
 ``virtual``: the virtual cluster (``course_lib/virtual/bench.py``): ZeRO Figure 1 and the 7B
 table reproduced with FSDP2 on a fake process group, and a Llama-2-70B step on 512 virtual ranks.
+
+``ranks``: persistent ranks against their peers (``bench_ranks.py``).
 
 ``launch``: how long a trivial 2-rank job (one gloo all_reduce of one float) takes end to end,
 measured side by side in one run through
@@ -179,7 +181,17 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("virtual", help="virtual cluster: ZeRO Figure 1, 7B table, 70B on 512 ranks")
     v.add_argument("--only", choices=("figure1", "7b", "70b"), action="append",
                    help="run only these parts (repeatable); default: all three")
+    r = sub.add_parser("ranks", help="persistent ranks in a notebook: %%ranks vs nbdistributed "
+                       "vs jupyter-distributed, through a real kernel (see course_lib/bench_ranks.py)")
+    r.add_argument("--runs", type=int, default=20, help="runs of the trivial cell")
+    r.add_argument("--nbdistributed-python", default=None,
+                   help="python of a virtual environment with nbdistributed and ipykernel installed")
+    r.add_argument("--jupyter-distributed-python", default=None,
+                   help="python of a virtual environment with jupyter-distributed installed")
+    r.add_argument("--verbose", action="store_true", help="also print what each cell showed")
     args = parser.parse_args(argv)
+    if args.what == "ranks":
+        return _main_ranks(parser, args)
     if args.what == "virtual":
         from course_lib.virtual import bench as virtual_bench
 
@@ -196,6 +208,21 @@ def main(argv: list[str] | None = None) -> int:
                            args.accelerate_runs)
     print(format_table(timings))
     print(summary_line(timings))
+    return 0
+
+
+def _main_ranks(parser, args) -> int:
+    from course_lib import bench_ranks
+
+    if args.runs < 1:
+        parser.error(f"--runs must be positive; got {args.runs}")
+    print(bench_ranks.header())
+    results = bench_ranks.bench_ranks(args.runs, args.nbdistributed_python,
+                                      args.jupyter_distributed_python, args.verbose)
+    print(bench_ranks.format_table(results))
+    for r in results:
+        if r.note:
+            print(f"note, {r.tool}: {r.note}")
     return 0
 
 

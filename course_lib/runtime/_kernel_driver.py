@@ -1,0 +1,116 @@
+"""Drive a real Jupyter kernel cell by cell (for ``python -m course_lib.bench ranks``).
+
+A small jupyter_client wrapper: start a kernel (of this interpreter, or of another virtual
+environment's ``python``), run cells, collect stdout / stderr / error as a notebook shows them,
+interrupt ("interrupt kernel": SIGINT to the kernel's process group), close. Every wait has a
+timeout. This checkout's ``course_lib`` goes first on the kernel's PYTHONPATH.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Cell:
+    stdout: str = ""
+    stderr: str = ""
+    error: tuple[str, str] | None = None
+    traceback: str = ""
+    finished: bool = False
+
+
+class Kernel:
+    def __init__(self, cwd: str, python: str | None = None, extra_env: dict | None = None,
+                 module: str = "ipykernel_launcher"):
+        from jupyter_client import KernelManager
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        self._specs = tempfile.mkdtemp(prefix="course_lib_kernelspec_")
+        spec_dir = os.path.join(self._specs, "bench")
+        os.makedirs(spec_dir)
+        with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
+            json.dump({"argv": [python or sys.executable, "-m", module, "-f",
+                                "{connection_file}"], "display_name": "bench", "language": "python"}, f)
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        env.update(extra_env or {})
+        self.km = KernelManager(kernel_name="bench",
+                                kernel_spec_manager=KernelSpecManager(kernel_dirs=[self._specs]))
+        self.km.start_kernel(cwd=cwd, env=env)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+        self._msg_id: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.km.provisioner.process.pid
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def start(self, code: str) -> None:
+        self._msg_id = self.kc.execute(code, store_history=True)
+
+    def collect(self, timeout: float = 60.0) -> Cell:
+        cell, msg_id, self._msg_id = Cell(), self._msg_id, None
+        displays: dict[str, str] = {}  # display id -> its latest text (updates replace it)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
+            except queue.Empty:
+                continue
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                if content["name"] == "stdout":
+                    cell.stdout += content["text"]
+                else:
+                    cell.stderr += content["text"]
+            elif kind in ("execute_result", "display_data", "update_display_data"):
+                key = content.get("transient", {}).get("display_id") or f"#{len(displays)}"
+                displays[key] = content.get("data", {}).get("text/plain", "")
+            elif kind == "error":
+                cell.error = (content["ename"], content["evalue"])
+                cell.traceback = "\n".join(content["traceback"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                cell.finished = True
+                break
+        cell.stdout += "".join(text + "\n" for text in displays.values())
+        return cell
+
+    def run(self, code: str, timeout: float = 60.0) -> Cell:
+        self.start(code)
+        return self.collect(timeout)
+
+    def interrupt(self) -> None:
+        self.km.interrupt_kernel()
+
+    def close(self) -> None:
+        leftovers = self.descendants()
+        try:
+            self.kc.stop_channels()
+            self.km.shutdown_kernel(now=False)  # a polite shutdown, as the notebook's menu does
+        except Exception:
+            self.km.shutdown_kernel(now=True)
+        finally:
+            time.sleep(0.5)
+            psutil.wait_procs(leftovers, timeout=5)
+            import shutil
+            shutil.rmtree(self._specs, ignore_errors=True)
