@@ -67,7 +67,7 @@ def compare_with_virtual(model: ModelSpec, layout: Layout, *, seq_len: int = 128
     ``virtual_B`` (simulate_step after backward: params + grads + optimizer, see
     ``virtual.model_states``), ``ratio`` (virtual / predicted), ``residual_B`` and ``note``.
     ``attrs``: label "virtual", title, tolerance (:data:`TOLERANCE`, on the per-layer row),
-    runs (the two VirtualFrames), gathered (the most gathered bf16 parameter bytes at once in
+    sim_cpu_s (CPU seconds of the two simulations), gathered (the most gathered bf16 parameter bytes at once in
     the 2-layer run, beside the planner's ``buffers``).
     """
     from course_lib import virtual
@@ -98,7 +98,8 @@ def compare_with_virtual(model: ModelSpec, layout: Layout, *, seq_len: int = 128
                          "ratio": b / a, "residual_B": int(b - a), "note": n}
                         for p, a, b, n in rows])
     gathered = virtual.model_states(runs[2])["gathered"]
-    out.attrs.update(label="virtual", tolerance=TOLERANCE, runs=runs, gathered=gathered,
+    out.attrs.update(label="virtual", tolerance=TOLERANCE, gathered=gathered,
+                     sim_cpu_s=sum(df.attrs["simulate_s"] for df in runs.values()),
                      predicted_buffers=predict_memory(model.replace(layers=2), layout)["buffers"],
                      title=f"virtual cluster (simulated) vs planner: {model.name} at dp {layout.dp}"
                            f" x tp {layout.tp}, ZeRO-3; model state per rank, B")
