@@ -35,8 +35,11 @@ from course_lib.plan.specs import (
     model,
     this_machine,
 )
+from course_lib.plan.virtual_check import TOLERANCE as VIRTUAL_TOLERANCE
+from course_lib.plan.virtual_check import compare_with_virtual
 
 __all__ = ["MEMORY_CATEGORIES", "check_layout", "layers_per_stage", "microbatches",
            "predict_memory", "stage_layers", "DEFAULT_EFFICIENCY", "DEFAULT_RESERVE", "TIME_PARTS", "evaluate",
            "explain", "plan", "step_time", "CLUSTERS", "MODELS", "RECOMPUTE", "ClusterSpec",
-           "Layout", "ModelSpec", "cluster", "model", "this_machine"]
+           "Layout", "ModelSpec", "cluster", "model", "this_machine", "compare_with_virtual",
+           "VIRTUAL_TOLERANCE"]
