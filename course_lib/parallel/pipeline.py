@@ -209,7 +209,8 @@ def _tag(kind: str, stage: int, microbatch: int, microbatches: int) -> int:
 
 def run_schedule(model: PipelineRank, actions: Sequence[Action], x: torch.Tensor | None,
                  y: torch.Tensor | None, *, microbatches: int, loss_fn: Callable,
-                 log: EventLog | None = None) -> torch.Tensor | None:
+                 log: EventLog | None = None,
+                 message_shape: Sequence[int] | None = None) -> torch.Tensor | None:
     """Run this rank's ``actions`` for one batch and leave the gradients in ``.grad``.
 
     ``x`` (b, ...) is the batch, read by the rank of stage 0; ``y`` the targets, read by the
@@ -218,7 +219,9 @@ def run_schedule(model: PipelineRank, actions: Sequence[Action], x: torch.Tensor
     anyway (it gives the shape of the messages it receives). Returns the batch loss (the mean of the
     micro-batch losses) on the rank of the last stage, None elsewhere. ``log``: each F/B is
     recorded as a span (lane "compute"; meta stage, microbatch, kind) and each wait for a
-    message as a span (lane "wait"), on the EventLog's shared clock.
+    message as a span (lane "wait"), on the EventLog's shared clock. ``message_shape``: the
+    shape of one received message (activation or its gradient) when it is not that of a
+    micro-batch of ``x``, e.g. a first stage that embeds (b, s) token ids into (b, s, h).
     """
     m, p = microbatches, model.ranks
     last = len(model.split) - 1
@@ -229,6 +232,8 @@ def run_schedule(model: PipelineRank, actions: Sequence[Action], x: torch.Tensor
     ys = y.chunk(m) if y is not None else None
     ref = xs[0] if xs is not None else ys[0]
     shape, dtype = ref.shape, next(model.parameters()).dtype
+    if message_shape is not None:
+        shape = torch.Size(message_shape)
     saved: dict[tuple[int, int], tuple] = {}  # (stage, mb) -> (input, output or loss)
     mailbox: dict[int, torch.Tensor] = {}  # messages to a stage on this same rank
     sends, total, in_flight = [], None, {}
