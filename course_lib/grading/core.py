@@ -26,7 +26,9 @@ __all__ = [
     "check_equal",
     "expect_int",
     "fail",
+    "error_pair",
     "fmt_int",
+    "launch_learner",
     "passed",
     "refuse",
     "run_learner",
@@ -176,6 +178,40 @@ def refuse(task: int, used: Iterable[str]) -> NoReturn:
     """The verdict for a learner's function that called the course's own answer."""
     names = ", ".join(used)
     fail(task, f"uses the course's own {names}: write it yourself")
+
+
+def error_pair(exc: BaseException) -> tuple[str, str]:
+    """(type name, first line of the message): how a rank reports the learner's exception back."""
+    return type(exc).__name__, (str(exc).strip().splitlines() or [""])[0]
+
+
+def launch_learner(task: int, worker: Callable[..., dict], world_size: int, *args: Any,
+                   timeout: float) -> list[dict]:
+    """Run ``worker`` on ``world_size`` real ranks for a check; every rank's result dict.
+
+    A rank's worker reports ``{"used": [...]}`` when the learner's code called the course's own
+    answer and ``{"error": error_pair(exc)}`` when it raised; either fails the task with one line,
+    as does a run that does not finish within ``timeout`` seconds. ``launch`` is imported here,
+    not at module level, so a check cell that never launches stays light.
+    """
+    from course_lib.runtime.errors import LaunchError
+    from course_lib.runtime.launch import launch
+
+    try:
+        results = launch(worker, world_size, *args, timeout=timeout)
+    except LaunchError as exc:
+        first = next(iter(exc.failures.values()), str(exc))
+        fail(task, f"the run on {world_size} ranks did not finish: "
+                   f"{(str(first).strip().splitlines() or [''])[0]}")
+    for rank, res in enumerate(results):
+        if res.get("used"):
+            refuse(task, res["used"])
+        if res.get("error"):
+            kind, message = res["error"]
+            if kind == "NotImplementedError":
+                fail(task, "not implemented yet: your function raised NotImplementedError")
+            fail(task, f"raised {kind} on rank {rank} of {world_size}: {message}")
+    return results
 
 
 def _learner_error(task: int, name: str, exc: BaseException) -> AssertionError:

@@ -13,7 +13,7 @@ Each check prints one deterministic line or raises AssertionError("✗ task N: .
 """
 from __future__ import annotations
 
-from course_lib.grading.core import fail, fmt_int, passed, run_learner
+from course_lib.grading.core import error_pair, fail, fmt_int, launch_learner, passed, run_learner
 
 __all__ = ["check_bucketed_hook", "check_no_sync_loop", "check_accumulation_steps",
            "check_bytes_prediction", "HOOK_REFERENCES"]
@@ -32,29 +32,8 @@ def _name(fn) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def _error(exc: BaseException) -> tuple[str, str]:
-    return type(exc).__name__, (str(exc).strip().splitlines() or [""])[0]
-
-
 def _launch(task: int, worker, world_size: int, *args) -> list[dict]:
-    from course_lib.runtime.errors import LaunchError
-    from course_lib.runtime.launch import launch
-
-    try:
-        results = launch(worker, world_size, *args, timeout=GRADE_TIMEOUT_S)
-    except LaunchError as exc:
-        first = next(iter(exc.failures.values()), str(exc))
-        fail(task, f"the run on {world_size} ranks did not finish: "
-                   f"{(str(first).strip().splitlines() or [''])[0]}")
-    for rank, res in enumerate(results):
-        if res.get("used"):
-            fail(task, f"uses the course's own {', '.join(res['used'])}: write it yourself")
-        if res.get("error"):
-            kind, message = res["error"]
-            if kind == "NotImplementedError":
-                fail(task, "not implemented yet: your function raised NotImplementedError")
-            fail(task, f"raised {kind} on rank {rank} of {world_size}: {message}")
-    return results
+    return launch_learner(task, worker, world_size, *args, timeout=GRADE_TIMEOUT_S)
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,7 +68,7 @@ def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
             record = H.parallel_run(model, batch_fn, steps=2, step_fn=step_fn,
                                     shard=(rank, world_size))
     except Exception as exc:  # noqa: BLE001 - reported in the verdict
-        return {"used": list(used), "error": _error(exc)}
+        return {"used": list(used), "error": error_pair(exc)}
     return {"used": list(used), "record": record, "steps": steps,
             "bucket_bytes": [sum(sizes[n] for n in b) for b in buckets]}
 
@@ -163,7 +142,7 @@ def _loop_worker(rank: int, world_size: int, fn) -> dict:
         with CommMeter(dispatch=False) as meter:
             fn(model, micro)
     except Exception as exc:  # noqa: BLE001
-        return {"error": _error(exc)}
+        return {"error": error_pair(exc)}
     reference = H.reference_run(model_fn, lambda s: batch_fn(0, rows=rows)).grads[0]
     grads = H.full_tensors(model, "grad")
     worst = max((float((grads[n] - g).abs().max()) / (1e-6 + 1e-5 * float(g.abs().max()))

@@ -12,7 +12,15 @@ Each check prints one deterministic line or raises AssertionError("✗ task N: .
 """
 from __future__ import annotations
 
-from course_lib.grading.core import expect_int, fail, fmt_int, passed, run_learner
+from course_lib.grading.core import (
+    error_pair,
+    expect_int,
+    fail,
+    fmt_int,
+    launch_learner,
+    passed,
+    run_learner,
+)
 
 __all__ = ["check_zero1_step", "check_memory_prediction", "check_stage2_hook",
            "check_smallest_stage", "ZERO_REFERENCES", "ESTIMATE_REFERENCES"]
@@ -27,29 +35,8 @@ GRADE_TIMEOUT_S = 90.0
 LR = 1e-2
 
 
-def _error(exc: BaseException) -> tuple[str, str]:
-    return type(exc).__name__, (str(exc).strip().splitlines() or [""])[0]
-
-
 def _launch(task: int, worker, world_size: int, *args) -> list[dict]:
-    from course_lib.runtime.errors import LaunchError
-    from course_lib.runtime.launch import launch
-
-    try:
-        results = launch(worker, world_size, *args, timeout=GRADE_TIMEOUT_S)
-    except LaunchError as exc:
-        first = next(iter(exc.failures.values()), str(exc))
-        fail(task, f"the run on {world_size} ranks did not finish: "
-                   f"{(str(first).strip().splitlines() or [''])[0]}")
-    for rank, res in enumerate(results):
-        if res.get("used"):
-            fail(task, f"uses the course's own {', '.join(res['used'])}: write it yourself")
-        if res.get("error"):
-            kind, message = res["error"]
-            if kind == "NotImplementedError":
-                fail(task, "not implemented yet: your function raised NotImplementedError")
-            fail(task, f"raised {kind} on rank {rank} of {world_size}: {message}")
-    return results
+    return launch_learner(task, worker, world_size, *args, timeout=GRADE_TIMEOUT_S)
 
 
 def _first_mismatch(task: int, table, world_size: int, hint: str) -> None:
@@ -132,7 +119,7 @@ def _zero1_worker(rank: int, world_size: int, fn, forbid) -> dict:
         record = H.parallel_run(layout.model, batch_fn, steps=3, optimizer_fn=lambda m: Step(),
                                 gather_fn=gather, shard=(rank, world_size))
     except Exception as exc:  # noqa: BLE001 - reported in the verdict
-        return {"used": used, "error": _error(exc)}
+        return {"used": used, "error": error_pair(exc)}
     state = sum(t.numel() for st in layout.optimizer.state.values() for t in st.values()
                 if isinstance(t, torch.Tensor) and t.dim())
     return {"used": used, "record": record, "state": state, "shard": layout.shard.numel()}
@@ -197,7 +184,7 @@ def check_memory_prediction(fn, task: int = 2) -> None:
     try:
         measured = _measured_memory()
     except Exception as exc:  # noqa: BLE001
-        fail(task, f"the measured run did not finish: {_error(exc)[1]}")
+        fail(task, f"the measured run did not finish: {error_pair(exc)[1]}")
     forbid = [*ESTIMATE_REFERENCES, *ZERO_REFERENCES]
     for stage in (0, 1, 2, 3):
         got = run_learner(task, fn, [list(u) for u in units], stage, MEMORY_WORLD_SIZE,
@@ -246,7 +233,7 @@ def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
         with MemoryMeter(model, model.optimizer) as mem:
             pass
     except Exception as exc:  # noqa: BLE001
-        return {"used": used, "error": _error(exc)}
+        return {"used": used, "error": error_pair(exc)}
     shards = sum(u.shard.numel() * u.shard.element_size() for u in model.units)
     return {"used": used, "record": record, "grads": mem.start_breakdown["grads"],
             "shards": shards}

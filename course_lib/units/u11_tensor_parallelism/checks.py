@@ -12,7 +12,7 @@ Each check prints one deterministic line or raises AssertionError("✗ task N: .
 """
 from __future__ import annotations
 
-from course_lib.grading.core import expect_int, fail, passed
+from course_lib.grading.core import error_pair, expect_int, fail, launch_learner, passed
 
 __all__ = ["check_row_parallel", "check_allreduce_count", "check_fixed_mlp", "REFERENCES"]
 
@@ -26,29 +26,8 @@ GRADE_TIMEOUT_S = 60.0
 RTOL, ATOL = 1e-5, 1e-6  # float32, per tensor: ATOL + RTOL x max|reference| (parallel.harness)
 
 
-def _error(exc: BaseException) -> tuple[str, str]:
-    return type(exc).__name__, (str(exc).strip().splitlines() or [""])[0]
-
-
 def _launch(task: int, worker, world_size: int, *args) -> list[dict]:
-    from course_lib.runtime.errors import LaunchError
-    from course_lib.runtime.launch import launch
-
-    try:
-        results = launch(worker, world_size, *args, timeout=GRADE_TIMEOUT_S)
-    except LaunchError as exc:
-        first = next(iter(exc.failures.values()), str(exc))
-        fail(task, f"the run on {world_size} ranks did not finish: "
-                   f"{(str(first).strip().splitlines() or [''])[0]}")
-    for rank, res in enumerate(results):
-        if res.get("used"):
-            fail(task, f"uses the course's own {', '.join(res['used'])}: write it yourself")
-        if res.get("error"):
-            kind, message = res["error"]
-            if kind == "NotImplementedError":
-                fail(task, "not implemented yet: your function raised NotImplementedError")
-            fail(task, f"raised {kind} on rank {rank} of {world_size}: {message}")
-    return results
+    return launch_learner(task, worker, world_size, *args, timeout=GRADE_TIMEOUT_S)
 
 
 def _worst(got, ref) -> float:
@@ -109,7 +88,7 @@ def _row_worker(rank: int, world_size: int, fn, forbid) -> dict:
                 raise TypeError(f"expected a tensor, got {type(y).__name__}")
             (y * target).sum().backward()
     except Exception as exc:  # noqa: BLE001 - reported in the verdict
-        return {"used": list(used), "error": _error(exc)}
+        return {"used": list(used), "error": error_pair(exc)}
     ref_w = full.weight.grad.chunk(world_size, dim=1)[rank]
     ref_x = xr.grad.chunk(world_size, dim=1)[rank]
     return {"used": list(used), "pairs": {
@@ -216,7 +195,7 @@ def _mlp_worker(rank: int, world_size: int, fn, forbid) -> dict:
                 raise TypeError(f"expected a tensor, got {type(y).__name__}")
             (y * target).sum().backward()
     except Exception as exc:  # noqa: BLE001
-        return {"used": list(used), "error": _error(exc)}
+        return {"used": list(used), "error": error_pair(exc)}
     return {"used": list(used), "pairs": {
         "the output": (y.detach(), y_ref.detach()),
         "the input's gradient": (xl.grad, xr.grad),
