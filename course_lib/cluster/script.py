@@ -1,0 +1,175 @@
+"""Write a torchrun-ready script for an experiment, and the commands that run it.
+
+``export(experiment, path, **settings)`` writes a short, self-contained Python file: it imports
+course_lib (which must be installed on every node, as it is in the course's environment), holds
+the reader's settings, and calls :func:`course_lib.cluster.main`. ``launch_command`` gives the
+torchrun line for one node or several; ``slurm_script`` an ``sbatch`` file around it.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import shlex
+import textwrap
+
+from course_lib import validate
+from course_lib.cluster.experiment import Experiment, get
+
+DEFAULT_PORT = 29500
+
+
+def launch_command(script: str | os.PathLike, *, nproc_per_node: int, nnodes: int = 1,
+                   rdzv_endpoint: str | None = None, rdzv_id: str = "$JOB_ID",
+                   args: dict | None = None) -> str:
+    """The torchrun command that runs ``script`` on ``nnodes`` x ``nproc_per_node`` ranks.
+
+    One node and no ``rdzv_endpoint``: ``--standalone`` (torchrun picks a free port on this
+    host). Otherwise every node runs the same command; the c10d rendezvous at ``rdzv_endpoint``
+    (default ``$HEAD_NODE:29500``: a host every node can reach, the job's first node) groups
+    them, ``rdzv_id`` keeps two jobs apart. ``args``:
+    settings to pass to the script (``{"dp": 2}`` -> ``--dp 2``).
+    """
+    nproc = validate.count("nproc_per_node", nproc_per_node, minimum=1)
+    nodes = validate.count("nnodes", nnodes, minimum=1)
+    tail = [str(script)]
+    for key, value in (args or {}).items():
+        shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        tail += ["--" + key.replace("_", "-"), shown]
+    tail_text = " ".join(shlex.quote(t) for t in tail)
+    if nodes == 1 and rdzv_endpoint is None:
+        return f"torchrun --standalone --nproc-per-node {nproc} {tail_text}"
+    # $HEAD_NODE / $JOB_ID stay unquoted so the shell (or srun) expands them on each node
+    return (f"torchrun --nnodes {nodes} --nproc-per-node {nproc} --rdzv-backend c10d "
+            f"--rdzv-endpoint {rdzv_endpoint or '$HEAD_NODE:' + str(DEFAULT_PORT)} --rdzv-id {rdzv_id} {tail_text}")
+
+
+def slurm_script(script: str | os.PathLike, *, nodes: int, gpus_per_node: int,
+                 time: str = "00:30:00", job_name: str = "course-run",
+                 partition: str | None = None, port: int = DEFAULT_PORT,
+                 args: dict | None = None, venv: str = ".venv") -> str:
+    """An ``sbatch`` file that runs ``script`` with torchrun on ``nodes`` x ``gpus_per_node``
+    ranks: one task per node (``srun`` starts one torchrun agent on each), the first node of the
+    allocation as the rendezvous host, the job id as the rendezvous id."""
+    nodes = validate.count("nodes", nodes, minimum=1)
+    gpus = validate.count("gpus_per_node", gpus_per_node, minimum=1)
+    port = validate.count("port", port, minimum=1, maximum=65535)
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name={job_name}",
+             f"#SBATCH --nodes={nodes}",
+             "#SBATCH --ntasks-per-node=1          # one torchrun agent per node; it starts the ranks",
+             f"#SBATCH --gpus-per-node={gpus}",
+             f"#SBATCH --cpus-per-task={max(2, 4 * gpus)}",
+             f"#SBATCH --time={time}",
+             "#SBATCH --output=%x-%j.out"]
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    command = launch_command(script, nproc_per_node=gpus, nnodes=nodes,
+                             rdzv_endpoint=f"$HEAD_NODE:{port}", rdzv_id="$SLURM_JOB_ID",
+                             args=args)
+    lines += ["",
+              "set -euo pipefail",
+              f"source {venv}/bin/activate             # the course's environment, on every node",
+              'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              "export HEAD_NODE",
+              "export TORCHELASTIC_ERROR_FILE=${TORCHELASTIC_ERROR_FILE:-$PWD/error-$SLURM_JOB_ID.json}",
+              "# NCCL on GPUs is chosen by course_lib as launch chooses it (one GPU per rank);",
+              "# export NCCL_DEBUG=INFO to see the links it uses.",
+              "",
+              f"srun {command}",
+              ""]
+    return "\n".join(lines)
+
+
+SCRIPT = '''\
+#!/usr/bin/env python
+"""{name}: {title}.
+
+{summary}
+
+One machine, {world_text}:
+    {one_node}
+Two nodes of {per_node} ranks (the same command on each node; HEAD_NODE = the first node):
+    {two_nodes}
+Without torchrun (course_lib.launch starts the ranks, as in the lecture):
+    python {script} --world-size {plain_world}
+A setting can be changed on the command line: {setting_example}
+Back in a notebook:
+    from course_lib import cluster
+    from course_lib.units import {package} as unit
+    res = cluster.load("{out}")  # res.value: the lecture's value; res.meta: the run
+{plot_text}"""
+from course_lib.cluster import main
+
+EXPERIMENT = {name!r}
+SETTINGS = {settings}
+OUT = {out!r}
+
+if __name__ == "__main__":
+    main(EXPERIMENT, SETTINGS, out=OUT, world_size={world_size!r})
+'''
+
+
+def render(experiment: str | Experiment, *, script: str = "experiment.py",
+           out: str | None = None, world_size: int | None = None, **settings) -> str:
+    """The text of the exported script (see :func:`export`)."""
+    exp = get(experiment)
+    chosen = exp.settings(settings)
+    fixed = exp.world_size(chosen) if exp.world_size else None
+    if world_size is not None or fixed is not None:
+        world_size = exp.resolve_world_size(world_size, chosen)  # refused here, before any rank
+    shown = world_size or max(exp.minimum, 4 if exp.check is None else exp.minimum)
+    if world_size is None and exp.check is not None:
+        for candidate in (4, 2, exp.minimum):
+            try:
+                exp.resolve_world_size(candidate, chosen)
+            except ValueError:
+                continue
+            shown = candidate
+            break
+    out = out or f"{pathlib.Path(script).stem}_results.json"
+    per_node = max(1, shown // 2)
+    example_key = next(iter(chosen), None)
+    if example_key is None:
+        setting_example = "(this experiment has no settings)"
+    else:
+        v = chosen[example_key]
+        v = ",".join(map(str, v)) if isinstance(v, tuple) else v
+        setting_example = f"python {script} --{example_key.replace('_', '-')} {v}"
+    function = f"{exp.run.__module__}.{exp.run.__qualname__}"
+    doc = " ".join((exp.run.__doc__ or "").split())
+    summary = textwrap.fill(
+        f"{doc} Every rank calls {function} with SETTINGS below, as {exp.lecture} does; rank 0 "
+        f"writes the value to {out} (JSON). Exported by course_lib.cluster.", 96,
+        break_on_hyphens=False, break_long_words=False)
+    settings_text = "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in chosen.items()) + "}" \
+        if chosen else "{}"
+    return SCRIPT.format(
+        name=exp.name, title=exp.title, lecture=exp.lecture, out=out, script=script,
+        package=exp.run.__module__.split(".")[2],
+        world_text=f"{shown} ranks" + ("" if world_size else " (any valid world size)"),
+        one_node=launch_command(script, nproc_per_node=shown),
+        two_nodes=launch_command(script, nproc_per_node=per_node, nnodes=2)
+        if shown % 2 == 0 and shown >= 2 else "(needs an even world size)",
+        per_node=per_node, plain_world=shown, summary=summary, setting_example=setting_example,
+        plot_text=f"    {exp.plot}\n" if exp.plot else "",
+        settings=settings_text, world_size=world_size)
+
+
+def export(experiment: str | Experiment, path: str | os.PathLike, *,
+           out: str | None = None, world_size: int | None = None, **settings) -> pathlib.Path:
+    """Write a torchrun-ready script for ``experiment`` with ``settings`` to ``path``.
+
+    ``experiment``: a name from :func:`course_lib.cluster.experiments` (``"u09.bytes"``) or a
+    unit (``"u09"``, its first experiment). ``out``: the results file the script's rank 0
+    writes (default: ``<script stem>_results.json``, next to where it runs). ``world_size``:
+    checked now when given (a bad one is refused before any process starts) and used when the
+    script runs without torchrun. Settings are checked now too; an unknown one is refused with
+    the list of valid ones.
+    """
+    path = pathlib.Path(path)
+    if path.suffix != ".py":
+        raise ValueError(f"path = {str(path)!r}: expected a .py file")
+    text = render(experiment, script=path.name, out=out, world_size=world_size, **settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
