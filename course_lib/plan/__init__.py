@@ -3,10 +3,12 @@
 ``plan(model, cluster, global_batch_tokens=..., total_tokens=...)`` enumerates dp x tp x pp
 layouts (x ZeRO stage, recomputation, micro-batch, interleaving), keeps those whose per-GPU
 memory fits, ranks them by predicted step time, and ``explain(result)`` says why the winner
-wins. ``predict_memory(model, layout)`` gives one layout's per-rank memory by category: what a
+wins; ``launch_command(result)`` is the torchrun line (or sbatch file) that starts the winner.
+``predict_memory(model, layout)`` gives one layout's per-rank memory by category: what a
 measured or virtual run of that layout is compared with. Every formula is in
 ``course_lib.measure.estimate``. Introduced in notebooks/14_planning_a_run.ipynb.
 """
+from course_lib.plan.launch import launch_command
 from course_lib.plan.memory import (
     MEMORY_CATEGORIES,
     check_layout,
@@ -38,7 +40,8 @@ from course_lib.plan.specs import (
 from course_lib.plan.virtual_check import TOLERANCE as VIRTUAL_TOLERANCE
 from course_lib.plan.virtual_check import compare_with_virtual
 
-__all__ = ["MEMORY_CATEGORIES", "check_layout", "layers_per_stage", "microbatches",
+__all__ = ["MEMORY_CATEGORIES", "check_layout", "launch_command", "layers_per_stage",
+           "microbatches",
            "predict_memory", "stage_layers", "DEFAULT_EFFICIENCY", "DEFAULT_RESERVE", "TIME_PARTS", "evaluate",
            "explain", "plan", "step_time", "CLUSTERS", "MODELS", "RECOMPUTE", "ClusterSpec",
            "Layout", "ModelSpec", "cluster", "model", "this_machine", "compare_with_virtual",

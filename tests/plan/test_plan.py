@@ -154,3 +154,30 @@ def test_uneven_stages_balance_the_output_layer():
 def test_this_machine_is_a_one_device_cluster():
     c = P.cluster("this machine")
     assert c.gpus == 1 and c.memory_bytes > 2**30 and c.peak_flops > 1e8
+
+
+def test_the_plan_gives_the_torchrun_command_that_starts_its_layout():
+    import pandas as pd
+
+    from course_lib import cluster
+    from course_lib.cluster.runner import _parser
+
+    result = P.plan(P.model("Llama-2-70B"), P.cluster("8xH100 + 400G IB", gpus=512),
+                       global_batch_tokens=4096 * 1024)
+    best = result.iloc[0]
+    cmd = P.launch_command(result, script="train.py")
+    nodes = int(best.dp * best.tp * best.pp) // 8
+    assert cmd.startswith(f"torchrun --nnodes {nodes} --nproc-per-node 8 --rdzv-backend c10d ")
+    assert f"train.py --dp {best.dp} --tp {best.tp} --pp {best.pp} --zero {best.zero}" in cmd
+    job = P.launch_command(result, 2, slurm=True)
+    assert f"#SBATCH --nodes={nodes}" in job and "srun torchrun" in job
+    # an exported 3-D run accepts the layout the planner passes it
+    short = P.launch_command(result, script="three_d.py", args=("dp", "tp", "pp"))
+    exp = cluster.get("u14.run_3d")
+    argv = short.split("three_d.py ", 1)[1].split()
+    parsed = vars(_parser(exp, exp.settings()).parse_args(argv))
+    assert (int(parsed["dp"]), int(parsed["tp"]), int(parsed["pp"])) == (best.dp, best.tp, best.pp)
+    with pytest.raises(ValueError, match="args"):
+        P.launch_command(result, args=("dp", "gpus"))
+    with pytest.raises(TypeError, match="expected the DataFrame plan.plan"):
+        P.launch_command(pd.DataFrame({"dp": [1], "tp": [1], "pp": [1]}))

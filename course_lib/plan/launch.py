@@ -1,0 +1,46 @@
+"""From a planned layout to the torchrun command that starts it (``plan.launch_command``)."""
+from __future__ import annotations
+
+from course_lib import validate as _v
+
+#: the layout columns of a plan row passed to the training script, as --name value
+LAYOUT_ARGS = ("dp", "tp", "pp", "zero", "recompute", "micro_batch", "v")
+
+
+def launch_command(result, rank: int = 1, *, script: str = "train.py",
+                   rdzv_endpoint: str = "$HEAD_NODE:29500", slurm: bool = False,
+                   args: tuple[str, ...] = LAYOUT_ARGS) -> str:
+    """The torchrun command (or, with ``slurm=True``, the sbatch file) that starts the layout
+    ranked ``rank`` in ``result`` (what :func:`course_lib.plan.plan` returned) on its cluster:
+    ``--nproc-per-node`` = the cluster's GPUs per node, ``--nnodes`` = dp x tp x pp / that, and
+    the layout passed to ``script`` as ``--dp .. --tp .. --pp .. --zero .. --recompute ..
+    --micro-batch .. --v ..`` (the names of the plan's columns; ``args`` picks which). ``script``
+    is your training script, or one exported by ``course_lib.cluster`` (``u14.run_3d`` takes
+    ``args=("dp", "tp", "pp")``)."""
+    from course_lib.cluster import launch_command as torchrun_command
+    from course_lib.cluster import slurm_script
+
+    inputs = getattr(result, "attrs", {}).get("inputs")
+    if inputs is None or "cluster" not in inputs:
+        raise TypeError(f"result = {type(result).__name__}: expected the DataFrame plan.plan() "
+                        "returned (its attrs hold the cluster)")
+    if len(result) == 0:
+        raise ValueError("result has no layout that fits: nothing to launch")
+    rank = _v.count("rank", rank, minimum=1, maximum=len(result))
+    row = result[result["rank"] == rank].iloc[0]
+    gpus = int(row["dp"] * row["tp"] * row["pp"])
+    per_node = inputs["cluster"].gpus_per_node
+    if gpus <= per_node:
+        nodes, nproc = 1, gpus
+    elif gpus % per_node:
+        raise ValueError(f"rank = {rank}: its {gpus} GPUs do not fill whole nodes of {per_node}")
+    else:
+        nodes, nproc = gpus // per_node, per_node
+    chosen = _v.choices("args", list(args), LAYOUT_ARGS)
+    values = {k: (row[k].item() if hasattr(row[k], "item") else row[k]) for k in chosen}
+    if slurm:
+        return slurm_script(script, nodes=nodes, gpus_per_node=nproc, args=values)
+    if nodes == 1:
+        return torchrun_command(script, nproc_per_node=nproc, args=values)
+    return torchrun_command(script, nproc_per_node=nproc, nnodes=nodes,
+                            rdzv_endpoint=rdzv_endpoint, args=values)
