@@ -18,9 +18,10 @@ Each unit declares what it exports in ``units/uNN_topic/cluster.py`` (``EXPERIME
 from __future__ import annotations
 
 from course_lib.cluster.experiment import Experiment, experiments, get
+from course_lib.cluster.local import torchrun_here
 from course_lib.cluster.results import differences
 from course_lib.cluster.runner import ClusterResult, load, main, run
 from course_lib.cluster.script import export, launch_command, render, slurm_script
 
 __all__ = ["ClusterResult", "Experiment", "differences", "experiments", "export", "get", "launch_command",
-           "load", "main", "render", "run", "slurm_script"]
+           "load", "main", "render", "run", "slurm_script", "torchrun_here"]

@@ -34,7 +34,10 @@ class Experiment:
     torchrun and under launch); world_size: the world size from the settings when the settings fix
     it (the 3-D run: dp x tp x pp), else None; check: raises ValueError for a world size it cannot
     use; minimum: the smallest world size; canonical: the deterministic part of a value, for
-    results whose row order or optional rows depend on timing (a timeline's events).
+    results whose row order or optional rows depend on timing (a timeline's events); backend:
+    what ``backend='auto'`` means while it runs, under launch and torchrun alike ("gloo": the
+    course's experiments keep their tensors on the CPU, so a GPU node runs them on gloo too;
+    "auto": launch's rule, NCCL when every rank on a node has a GPU).
     """
 
     name: str
@@ -47,6 +50,7 @@ class Experiment:
     check: Callable[[int, dict], None] | None = None
     minimum: int = 2
     canonical: Callable[[Any], Any] | None = None
+    backend: str = "gloo"
 
     def differences(self, a: Any, b: Any) -> list[str]:
         """Where two values of this experiment differ in what must not vary (empty: the same);

@@ -10,6 +10,7 @@ what the run was: experiment, settings, world size, launcher, backend, the host 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -32,7 +33,7 @@ _STOP_DELAY_S = 1.5
 @dataclasses.dataclass
 class ClusterResult:
     """An experiment's value and what produced it (``meta``: experiment, settings, world_size,
-    launcher, backend, hosts (one per rank), nodes, torch, started, wall_s)."""
+    launcher, backend, hosts and node_ranks (one per rank), nodes, torch, started, wall_s)."""
 
     value: Any
     meta: dict
@@ -55,18 +56,37 @@ def _probe(rank: int, world_size: int) -> dict:
             "local_rank": int(os.environ.get("LOCAL_RANK", rank))}
 
 
+@contextlib.contextmanager
+def _backend(exp: Experiment):
+    """What ``backend='auto'`` means while the experiment runs (runtime/device.py)."""
+    from course_lib.runtime.device import BACKEND_VARIABLE
+
+    saved = os.environ.get(BACKEND_VARIABLE)
+    if exp.backend != "auto":
+        os.environ[BACKEND_VARIABLE] = exp.backend
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(BACKEND_VARIABLE, None)
+        else:
+            os.environ[BACKEND_VARIABLE] = saved
+
+
 def _execute(exp: Experiment, world_size: int, settings: dict, launcher: str) -> ClusterResult:
     import torch
 
     import course_lib
 
     started = time.time()
-    value = exp.run(world_size, **settings)
-    wall = time.time() - started
-    probe = course_lib.launch(_probe, world_size)
+    with _backend(exp):
+        value = exp.run(world_size, **settings)
+        wall = time.time() - started
+        probe = course_lib.launch(_probe, world_size)
     meta = {"experiment": exp.name, "title": exp.title, "settings": settings,
             "world_size": world_size, "launcher": launcher,
             "backend": probe[0]["backend"], "hosts": [p["host"] for p in probe],
+            "node_ranks": [p["node_rank"] for p in probe],
             "nodes": len({(p["host"], p["node_rank"]) for p in probe}),
             "varying": list(exp.varying), "torch": torch.__version__,
             "started": datetime.datetime.fromtimestamp(started).isoformat(timespec="seconds"),

@@ -6,6 +6,10 @@ The rule (DESIGN.md, principle 3): NCCL with one GPU per rank when there are at 
 GPUs as ranks, otherwise gloo on CPU. A single GPU never hosts two NCCL ranks: NCCL refuses two
 ranks on one device, and sharing one GPU between processes would measure contention, not the
 technique being taught.
+
+``COURSE_LIB_BACKEND`` (``gloo`` or ``nccl``), when set, is what ``auto`` means: the exported
+cluster experiments (``course_lib.cluster``) set it to ``gloo`` because they keep their tensors on
+the CPU, so that ``launch`` and torchrun make the same choice on a GPU node too.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 BACKENDS = ("auto", "gloo", "nccl")
+BACKEND_VARIABLE = "COURSE_LIB_BACKEND"
 
 # CPU feature flags (Linux /proc/cpuinfo names) that mean bf16 arithmetic runs natively.
 _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # bf16: the aarch64 "Features" name
@@ -35,6 +40,12 @@ def resolve_backend(backend: str, world_size: int) -> str:
     """Turn ``backend`` ('auto', 'gloo' or 'nccl') into the backend a run of ``world_size``
     ranks will use; raise ValueError, before any process starts, if it cannot work here."""
     check_backend_name(backend)
+    forced = os.environ.get(BACKEND_VARIABLE)
+    if backend == "auto" and forced:
+        if forced not in ("gloo", "nccl"):
+            raise ValueError(f"{BACKEND_VARIABLE} = {forced!r}: expected 'gloo' or 'nccl' (or "
+                             "unset it to let backend='auto' choose)")
+        backend = forced
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
         return "nccl" if dist.is_nccl_available() and n_gpus >= world_size else "gloo"

@@ -78,3 +78,18 @@ def test_rank_device_under_nccl_is_one_gpu_per_rank():
     out = course_lib.launch(_device, n, backend="nccl")
     assert out == [(f"cuda:{r}", float(n), "nccl") for r in range(n)]
     assert course_lib.launch(_device, n)[0][2] == "nccl"  # auto picks NCCL when GPUs suffice
+
+
+def test_course_lib_backend_says_what_auto_means(monkeypatch):
+    from course_lib.runtime.device import BACKEND_VARIABLE, resolve_backend
+
+    monkeypatch.setenv(BACKEND_VARIABLE, "gloo")
+    assert resolve_backend("auto", 2) == "gloo"
+    assert resolve_backend("gloo", 2) == "gloo"
+    monkeypatch.setenv(BACKEND_VARIABLE, "mpi")
+    with pytest.raises(ValueError, match="COURSE_LIB_BACKEND = 'mpi': expected 'gloo' or 'nccl'"):
+        resolve_backend("auto", 2)
+    if not torch.cuda.is_available():  # nccl forced on a machine without GPUs: refused, named
+        monkeypatch.setenv(BACKEND_VARIABLE, "nccl")
+        with pytest.raises(ValueError, match="nccl"):
+            resolve_backend("auto", 2)
