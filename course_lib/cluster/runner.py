@@ -180,6 +180,7 @@ def _torchrun_main(exp: Experiment, chosen: dict, path: pathlib.Path) -> Cluster
                            f"{'them' if len(failed) > 1 else 'it'}") from None
     if rank == 0:
         results.write_atomic(path, results.dumps(res.value, res.meta))
-        print(f"{exp.name}: {world_size} ranks on {res.meta['nodes']} node(s) under torchrun "
-              f"({res.meta['backend']}); wrote {path}", flush=True)
+        nodes = res.meta["nodes"]
+        print(f"{exp.name}: {world_size} ranks on {nodes} node{'s' if nodes != 1 else ''} under "
+              f"torchrun ({res.meta['backend']}); wrote {path}", flush=True)
     return res

@@ -61,7 +61,7 @@ def test_every_experiment_gives_launchs_result_under_torchrun(tmp_path):
         assert (t["launcher"], m["launcher"]) == ("torchrun", "launch")
         assert t["backend"] == m["backend"] == "gloo"  # the same device choice both ways
         assert t["world_size"] == m["world_size"] == 2 and t["settings"] == m["settings"]
-        assert f"{name}: 2 ranks on 1 node(s) under torchrun" in proc.stdout
+        assert f"{name}: 2 ranks on 1 node under torchrun" in proc.stdout
 
 
 @pytest.mark.timeout(150)
