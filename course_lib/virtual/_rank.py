@@ -120,6 +120,11 @@ def fast_fsdp_chunks():
         _fsdp_param._chunk_with_empty = original
 
 
+#: the tracker categories that make the activation peak: tensors made in forward (and rebuilt
+#: by checkpointing) and backward's scratch (activation gradients)
+_ACTIVATION_KINDS = ("Activation", "Temp")
+
+
 def _global_peak_only(tracker_cls):
     """``tracker_cls`` whose per-operator peak update keeps only the global peak.
 
@@ -127,15 +132,25 @@ def _global_peak_only(tracker_cls):
     active ones and deep-copies the snapshot at each new peak: O(modules) per operator, so
     O(layers^2) per step (~10 % of a 70B step). We read per-module states only at their
     pre/post forward/backward hooks, which it still records; the global peak stays exact.
+    It also keeps the peak of activations + temporaries (``activation_peak_bytes``), which
+    need not fall at the moment of the total's peak.
     """
     from torch.distributed._tools.mem_tracker import _TOTAL_KEY
 
     class Tracker(tracker_cls):
+        #: largest activations + temporaries seen so far, and the snapshot at that moment
+        activation_peak_bytes = 0
+        activation_peak_snap: dict = {}
+
         def _update_peak_stats(self, peak_state) -> None:
             for dev, snap in self._curr_mem_snap.items():
                 if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
                     self._peak_mem[dev] = snap[_TOTAL_KEY]
                     self._peak_mem_snap[dev] = dict(snap)  # values are ints: a copy suffices
+                act = sum(v for k, v in snap.items() if getattr(k, "value", k) in _ACTIVATION_KINDS)
+                if act > self.activation_peak_bytes:
+                    self.activation_peak_bytes = act
+                    self.activation_peak_snap = {dev: dict(snap)}
 
     Tracker.__name__ = tracker_cls.__name__
     return Tracker
@@ -182,6 +197,9 @@ def _build(spec: dict, mesh) -> tuple[nn.Module, Any]:
         tp_mesh = mesh["tp"] if strategy == "fsdp+tp" else mesh
         for block in _blocks(model):
             parallelize_module(block, tp_mesh, _tp_plan(block))
+    # torchtitan's order: tensor parallelism, then checkpointing, then FSDP (which shards the
+    # checkpoint wrappers)
+    _apply_checkpointing(model, spec.get("checkpoint"))
     if strategy in ("fsdp", "fsdp_no_reshard", "fsdp+tp"):
         dp_mesh = mesh["dp"] if strategy == "fsdp+tp" else mesh
         reshard = spec["reshard_after_forward"] and strategy != "fsdp_no_reshard"
@@ -197,6 +215,54 @@ def _build(spec: dict, mesh) -> tuple[nn.Module, Any]:
     elif param_dtype is not None:  # tp: no FSDP policy to cast with; autocast does it per op
         autocast = param_dtype
     return model, autocast
+
+
+#: aten ops whose outputs the "selective" policy keeps (torchtitan's op-level list: the matmuls
+#: and the fused attention, whose CPU kernel is the flash one; everything else is recomputed)
+SELECTIVE_SAVE = ("mm", "_scaled_dot_product_flash_attention_for_cpu",
+                  "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention")
+
+
+def _selective_context():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    keep = {getattr(torch.ops.aten, n) for n in SELECTIVE_SAVE if hasattr(torch.ops.aten, n)}
+
+    def policy(ctx, op, *args, **kwargs):
+        return (CheckpointPolicy.MUST_SAVE if op.overloadpacket in keep
+                else CheckpointPolicy.PREFER_RECOMPUTE)
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def _apply_checkpointing(model: nn.Module, policy: str | None) -> None:
+    """Wrap every block of ``model.layers`` in ``checkpoint_wrapper`` (non-reentrant
+    ``torch.utils.checkpoint``, what torchtitan's ``apply_ac`` uses); None: nothing.
+
+    ``full``: a block keeps only its inputs and runs its forward again in backward.
+    ``selective``: the outputs of :data:`SELECTIVE_SAVE` are kept too, the rest is recomputed.
+
+    Applied before ``fully_shard`` / ``replicate``, which then wrap the checkpoint wrappers (as
+    torchtitan does). The rebuilt tensors exist during backward, where the trackers file them
+    under temporaries (FSDPMemTracker files them as activations only when the recomputation
+    enters an FSDP module's pre-forward, i.e. with the wrapper around a sharded block: same
+    bytes, same collectives); ``activation_peak_bytes`` counts both categories.
+    """
+    if policy is None:
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
+
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not len(layers):
+        raise TypeError(f"checkpoint = {policy!r}: expected a model with a ModuleList "
+                        f"model.layers of blocks to checkpoint; {type(model).__name__} has none")
+    extra = {"context_fn": _selective_context} if policy == "selective" else {}
+    for i, block in enumerate(layers):
+        layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                       preserve_rng_state=False, **extra)
 
 
 def _optimizer(name: str, params) -> torch.optim.Optimizer:
@@ -340,6 +406,9 @@ def simulate_in_process(spec: dict) -> dict:
             # the step's temporaries (~12 B per *global* parameter for foreach AdamW), which
             # no GPU would allocate
             peak = _snap(tracker, "peak")
+            act_peak = {}
+            for per_device in tracker.activation_peak_snap.values():
+                _add(act_peak, per_device)
             t_backward = time.process_time()
             opt.step()
             after_step = _snap(tracker, "current")
@@ -355,7 +424,7 @@ def simulate_in_process(spec: dict) -> dict:
     wall = time.process_time() - t0  # CPU seconds of this process
     return {"at_peak": peak, "max": maxima, "after_forward": after_forward,
             "after_backward": after_backward, "after_step": after_step,
-            "step_peak_total": step_peak.get("total", 0),
+            "step_peak_total": step_peak.get("total", 0), "activation_peak": act_peak,
             "comm": _comm_counts(comm) if spec.get("count_comm", True) else None, "n_params_local": int(n_params_local),
             "phases_s": {"setup": t_setup - t0, "forward": t_forward - t_setup,
                          "backward": t_backward - t_forward, "step": t_step - t_backward},

@@ -55,6 +55,8 @@ STRATEGIES = {
 }
 OPTIMIZERS = ("adamw", "adam", "sgd")
 MIXED_PRECISION = (None, "bf16", "fp16")
+#: activation checkpointing of every block (None: none); see ``_rank._apply_checkpointing``
+CHECKPOINT = (None, "full", "selective")
 LABEL = "virtual"
 
 #: rows of the result, in order
@@ -116,7 +118,7 @@ def _divisors(n: int) -> list[int]:
 
 
 def check_arguments(model_fn, *, world_size, strategy, mixed_precision, batch, seq_len, tp,
-                    reshard_after_forward, optimizer, vocab, timeout) -> dict:
+                    reshard_after_forward, optimizer, vocab, timeout, checkpoint=None) -> dict:
     """Every check, before any process starts; returns the normalised spec."""
     if not callable(model_fn):
         raise TypeError(f"model_fn = {_v.describe(model_fn)}: expected a callable that returns an "
@@ -125,6 +127,7 @@ def check_arguments(model_fn, *, world_size, strategy, mixed_precision, batch, s
     world_size = _v.count("world_size", world_size, minimum=1)
     mixed_precision = _v.choice("mixed_precision", mixed_precision, MIXED_PRECISION)
     optimizer = _v.choice("optimizer", optimizer, OPTIMIZERS, case_insensitive=True)
+    checkpoint = _v.choice("checkpoint", checkpoint, CHECKPOINT)
     batch = _v.count("batch", batch, minimum=1)
     seq_len = _v.count("seq_len", seq_len, minimum=1)
     if not isinstance(reshard_after_forward, bool):
@@ -141,7 +144,7 @@ def check_arguments(model_fn, *, world_size, strategy, mixed_precision, batch, s
     return dict(model_fn=model_fn, world_size=world_size, strategy=strategy, tp=tp,
                 mixed_precision=mixed_precision, batch=batch, seq_len=seq_len, vocab=vocab,
                 reshard_after_forward=reshard_after_forward, optimizer=optimizer,
-                timeout=float(timeout))
+                checkpoint=checkpoint, timeout=float(timeout))
 
 
 def _check_tp(model_fn, strategy: str, world_size: int, tp) -> int:
@@ -180,7 +183,8 @@ def _check_tp(model_fn, strategy: str, world_size: int, tp) -> int:
 def simulate_step(model_fn: Callable[[], Any], *, world_size: int, strategy: str,
                   mixed_precision: str | None = None, batch: int, seq_len: int,
                   tp: int | None = None, reshard_after_forward: bool = True,
-                  optimizer: str = "adamw", vocab: int | None = None, timeout: float = 300.0,
+                  optimizer: str = "adamw", checkpoint: str | None = None,
+                  vocab: int | None = None, timeout: float = 300.0,
                   fast_chunks: bool = True, count_comm: bool = True) -> VirtualFrame:
     """Per-rank memory of one training step on a virtual cluster of ``world_size`` ranks.
 
@@ -201,6 +205,12 @@ def simulate_step(model_fn: Callable[[], Any], *, world_size: int, strategy: str
         reshard_after_forward: FSDP2's option ("fsdp_no_reshard" forces False).
         optimizer: "adamw", "adam" (both: 2 fp32 moments per parameter) or "sgd" (no state);
             foreach implementation, as on GPU. Its state is created before the measured step.
+        checkpoint: activation checkpointing of every block of ``model.layers``, applied as
+            torchtitan does (``checkpoint_wrapper``, non-reentrant, after tensor parallelism and
+            before ``fully_shard``): None (off), "full" (a block keeps its inputs and recomputes
+            the rest in backward) or "selective" (also keeps the outputs of the matmuls and of
+            the fused attention: ``_rank.SELECTIVE_SAVE``). Introduced in
+            notebooks/06_activation_checkpointing.ipynb.
         vocab: size of the token-id range; read from ``model_fn.vocab`` when None.
         timeout: seconds for the whole simulation (its own process is stopped after that).
         fast_chunks: skip building the world_size - 1 shards FSDP2 makes and throws away at
@@ -221,10 +231,13 @@ def simulate_step(model_fn: Callable[[], Any], *, world_size: int, strategy: str
         model states ZeRO's accounting counts (params + grads + optimizer). The optimizer row
         is the state kept between steps; tensors the step allocates and frees are counted in
         ``temporaries`` (as ``MemoryMeter`` does). ``attrs``: label, title, strategy,
-        world_size, tp, dp, mixed_precision, optimizer, batch, seq_len, model, n_params (when
+        world_size, tp, dp, mixed_precision, optimizer, checkpoint, batch, seq_len, model, n_params (when
         ``model_fn`` knows it), n_params_local, comm (collective counts from
         ``CommDebugMode``: total / forward / backward), simulate_s (CPU seconds of the process),
-        launch_s (whole call), rss_peak_bytes (the process's peak resident memory), torch.
+        launch_s (whole call), rss_peak_bytes (the process's peak resident memory), torch,
+        activation_peak_bytes (the largest activations + temporaries during forward and
+        backward, which need not fall at the total's peak; with ``checkpoint`` the rebuilt
+        tensors count as activations) and activation_peak (every row at that moment).
 
     Raises:
         TypeError / ValueError: bad arguments, before any process starts.
@@ -233,7 +246,7 @@ def simulate_step(model_fn: Callable[[], Any], *, world_size: int, strategy: str
     spec = check_arguments(model_fn, world_size=world_size, strategy=strategy,
                            mixed_precision=mixed_precision, batch=batch, seq_len=seq_len, tp=tp,
                            reshard_after_forward=reshard_after_forward, optimizer=optimizer,
-                           vocab=vocab, timeout=timeout)
+                           vocab=vocab, timeout=timeout, checkpoint=checkpoint)
     spec["fast_chunks"], spec["count_comm"] = bool(fast_chunks), bool(count_comm)
     from course_lib.runtime.launch import launch
     from course_lib.virtual._rank import rank_entry
@@ -263,16 +276,22 @@ def to_frame(raw: dict, spec: dict, *, launch_s: float | None = None) -> Virtual
              f"{world} ranks" + (f" (dp {world // tp} x tp {tp})" if tp > 1 else "")
              + f", {getattr(model, 'name', type(model).__name__)}"
              + (f" {_count_text(n_params)} params" if n_params else "")
-             + f", {mp}, {spec['optimizer']}, batch {spec['batch']} x seq {spec['seq_len']}; "
+             + f", {mp}, {spec['optimizer']}, "
+             + f"checkpoint {spec.get('checkpoint') or 'none'}, "
+             + f"batch {spec['batch']} x seq {spec['seq_len']}; "
              "bytes on rank 0")
+    act = raw.get("activation_peak", {})
     df = VirtualFrame({"category": list(ROWS), **columns, "label": [LABEL] * len(ROWS)})
     df.attrs.update(label=LABEL, title=title, strategy=spec["strategy"], world_size=world, tp=tp,
                     dp=world // tp, mixed_precision=spec["mixed_precision"],
-                    optimizer=spec["optimizer"], batch=spec["batch"], seq_len=spec["seq_len"],
+                    optimizer=spec["optimizer"], checkpoint=spec.get("checkpoint"),
+                    batch=spec["batch"], seq_len=spec["seq_len"],
                     model=getattr(model, "name", type(model).__name__), n_params=n_params,
                     n_params_local=raw["n_params_local"], comm=raw["comm"],
                     simulate_s=raw["wall_s"], launch_s=launch_s,
                     rss_peak_bytes=raw["rss_peak_bytes"], torch=raw["torch"],
                     step_peak_bytes_traced=raw["step_peak_total"],
+                    activation_peak_bytes=int(act.get("activations", 0) + act.get("temporaries", 0)),
+                    activation_peak={k: int(act.get(k, 0)) for k in ROWS},
                     rows=dict(_ROW_HELP))
     return df

@@ -218,3 +218,73 @@ def test_a_failing_model_fn_is_reported_and_leaves_no_process():
     children = {p.pid for p in psutil.Process().children(recursive=True)}
     assert children <= launch_module.helper_pids()
     assert not torch.distributed.is_initialized()
+
+
+# ----------------------------------------------------------------- activation checkpointing
+# activations outweigh the parameters here (b*s = 512 tokens of width 64), so the activation
+# peak is the blocks' and not FSDP's gradient casts
+ACT_B, ACT_S = 4, 128
+
+
+def act_cfg(layers):
+    return virtual.llama_like(layers, 64, 4, 2, 128, 64, name="act")
+
+
+def llama_block_saved_bytes(cfg, b, s):
+    """Bytes one plain llama_like block keeps for backward in bf16 on the CPU kernels, per token:
+    each RMSNorm upcasts to fp32 and keeps its fp32 input, fp32 normalised value and fp32 rstd
+    (2 x (4h + 4h + 4)); the bf16 inputs of wq/wk/wv and of w1/w3 (2 x 2h); the rotated q and k
+    and v that attention keeps (2h + 2kv + 2kv), its output (2h, which is wo's input too) and
+    fp32 logsumexp (4 per head); SwiGLU's w1 and w3 outputs, silu(w1) and the product (4 x 2f).
+    (The rotation keeps nothing large: its cos/sin need no gradient.)"""
+    h, kv, f, a = cfg.hidden, cfg.kv_heads * cfg.head_dim, cfg.ffn, cfg.heads
+    return b * s * (24 * h + 4 * kv + 8 * f + 4 * a + 8)
+
+
+@pytest.fixture(scope="module")
+def ck_runs():
+    run = dict(world_size=8, strategy="fsdp", mixed_precision="bf16", batch=ACT_B, seq_len=ACT_S)
+    return {(layers, ck): virtual.simulate_step(act_cfg(layers), checkpoint=ck, **run)
+            for layers, ck in ((2, None), (2, "full"), (3, "full"), (2, "selective"))}
+
+
+def test_full_checkpointing_keeps_block_inputs_and_rebuilds_one_block(ck_runs):
+    L, cfg = 2, act_cfg(2)
+    none, full = ck_runs[(L, None)], ck_runs[(L, "full")]
+    inp = 2 * ACT_S * ACT_B * cfg.hidden                  # one bf16 block input: 2sbh bytes
+    W = llama_block_saved_bytes(cfg, ACT_B, ACT_S)        # what a plain block keeps
+    assert W == 21 * inp + ACT_B * ACT_S * (4 * cfg.heads + 8)
+    # after forward, each checkpointed block keeps its input instead of its W bytes: exact
+    kept = row(none, "activations", "after_forward") - row(full, "activations", "after_forward")
+    assert kept == L * (W - inp)
+    # one more block adds one more kept input, to the kept bytes and to the peak alike: exact
+    deeper = ck_runs[(3, "full")]
+    assert row(deeper, "activations", "after_forward") - row(full, "activations", "after_forward") == inp
+    assert deeper.attrs["activation_peak_bytes"] - full.attrs["activation_peak_bytes"] == inp
+    # the peak: L kept inputs + one block rebuilt (estimate) + backward's scratch, which the
+    # estimate leaves out (activation gradients, partly fp32 through the RMSNorm upcast): here
+    # 23 % of the estimate, and at most 30 % (the stated tolerance)
+    estimate = L * inp + W
+    peak = full.attrs["activation_peak_bytes"]
+    assert estimate < peak <= 1.3 * estimate
+    # without checkpointing every block keeps W: the peak is L * W and more
+    assert none.attrs["activation_peak_bytes"] > L * W
+    assert peak < 0.55 * none.attrs["activation_peak_bytes"]
+    # same collectives: recomputation gathers nothing more (the block's parameters are
+    # gathered for backward anyway)
+    assert full.attrs["comm"] == none.attrs["comm"]
+    assert full.attrs["checkpoint"] == "full" and "checkpoint full" in full.attrs["title"]
+    assert "checkpoint none" in none.attrs["title"]
+
+
+def test_selective_checkpointing_keeps_between_none_and_full(ck_runs):
+    kept = {ck: row(ck_runs[(2, ck)], "activations", "after_forward") for ck in (None, "full", "selective")}
+    assert kept["full"] < kept["selective"] < kept[None]
+    assert "checkpoint selective" in ck_runs[(2, "selective")].attrs["title"]
+
+
+def test_bad_checkpoint_policy_names_the_choices(monkeypatch):
+    monkeypatch.setattr(launch_module, "launch", lambda *a, **k: pytest.fail("a process was started"))
+    with pytest.raises(ValueError, match="checkpoint = 'every_k': expected one of None, full, selective"):
+        virtual.simulate_step(EVEN, world_size=8, strategy="fsdp", batch=1, seq_len=8,
+                              checkpoint="every_k")
