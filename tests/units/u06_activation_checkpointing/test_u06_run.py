@@ -40,3 +40,19 @@ def test_cheapest_fitting_policy_and_bad_input():
         run.make_batch(SMALL, 2, 99)
     with pytest.raises(ValueError, match=r"rounds = 0"):
         run.time_overhead(SMALL, rounds=0)
+
+
+def test_virtual_7b_table_scales_the_virtual_cluster_per_block():
+    from course_lib.measure import estimate
+
+    vt = run.virtual_7b_table(layers=4, batch=1, seq=64)
+    # full checkpointing: each block keeps its bf16 input, 2 s b h bytes, on the virtual cluster
+    assert vt.loc["full", "virtual_per_block_GB"] * 1e9 == 2 * 64 * 1 * 4096
+    assert vt.loc["full", "virtual_per_block_GB"] < vt.loc["none", "virtual_per_block_GB"] / 10
+    assert vt.loc["full", "virtual_kept_GB"] < vt.loc["none", "virtual_kept_GB"]
+    assert vt.loc["full", "virtual_peak_GB"] < vt.loc["none", "virtual_peak_GB"]
+    assert vt.loc["full", "estimate_kept_GB"] * 1e9 == estimate.checkpointed_activation_bytes(
+        64, 1, 4096, 32, 4, policy="full")
+    assert all(t.startswith("virtual cluster") for t in vt.attrs["titles"])
+    with pytest.raises(ValueError, match="probe"):
+        run.virtual_7b_table(probe=(2, 1))
