@@ -140,6 +140,23 @@ def test_interrupt_stops_every_rank_within_two_seconds_and_keeps_state(kernel):
     assert kernel.run("%%ranks 0\nt[0].item()").stdout == "[rank 0] Out: 150.0\n"
 
 
+def test_interrupting_ranks_stuck_in_a_collective_kills_them_and_says_restart(kernel):
+    kernel.start("%%ranks\nimport time\nif rank == 0:\n    time.sleep(60)\n"
+                 "else:\n    dist.all_reduce(torch.ones(1))")
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    kernel.interrupt()
+    result = kernel.collect(timeout=30)
+    assert result.finished and time.monotonic() - t0 < 4, result.text
+    assert result.error is not None and result.error[0] == "KeyboardInterrupt", result.text
+    assert ("[ranks] interrupted: ranks [0] stopped their cell; ranks [1, 2, 3] did not stop "
+            "within 1 s") in result.stderr, result.text
+    assert "%ranks restart starts a fresh set" in result.text and "raised" not in result.text
+    refused = kernel.run("%%ranks\nrank")
+    assert "no ranks are running (a rank died or did not stop): %ranks restart" in refused.text
+    assert kernel.run("%ranks restart", timeout=60).error is None
+
+
 def test_a_cell_past_its_timeout_is_stopped_with_its_stack(kernel):
     t0 = time.monotonic()
     result = kernel.run("%%ranks 1 --timeout 1\nimport time\ntime.sleep(30)", timeout=30)
