@@ -85,7 +85,8 @@ def _variant(source, dest, sources):
 
 
 def test_exercise_and_solution_under_nbval(exercise, solution, tmp_path):
-    """nbval (lax) passes the solution and fails it when a check prints ✗; it fails every check
+    """nbval (lax) passes the solution and fails it when a check prints ✗ or a cell tagged
+    NBVAL_CHECK_OUTPUT prints something else than its stored output; it fails every check
     cell of the untouched exercise, passes a filled-in one by comparing with the solution's output
     (not the "expected once ..." text the cell shows), and fails a check cell whose output differs."""
     pytest.importorskip("nbval")
@@ -94,13 +95,20 @@ def test_exercise_and_solution_under_nbval(exercise, solution, tmp_path):
     broken = _variant(solution, tmp_path / "broken" / "solution.ipynb", {"fixture-3": wrong})
     answers = {"fixture-3": "def double(x):\n    return 2 * x", "fixture-5": "total = 45\ntotal",
                "fixture-7": "def mean(xs):\n    return sum(xs) / len(xs)"}
+    # a deterministic cell (metadata tag NBVAL_CHECK_OUTPUT, which nbval itself only knows as
+    # "nbval-check-output") whose stored output went stale: compared, so it fails
+    stale = _variant(solution, tmp_path / "stale" / "solution.ipynb", {})
+    nb = nbformat.read(stale, as_version=4)
+    next(c for c in nb.cells if c.id == "fixture-9").outputs[0]["text"] = "deterministic: 41\n"
+    nbformat.write(nb, stale)
     filled = _variant(exercise, tmp_path / "filled" / "exercise.ipynb", answers)
     chatty = _variant(exercise, tmp_path / "chatty" / "exercise.ipynb",
                       {**answers, "fixture-6": 'print("hi")\ncheck_equal(2, "total", total, 45)'})
     cmd = [
         sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider",
         "-p", "course_lib.grading.nbval_targets", "-o", "addopts=", "--rootdir", str(tmp_path),
-        str(tmp_path / "solution.ipynb"), str(broken), str(exercise), str(filled), str(chatty), "-rf",
+        str(tmp_path / "solution.ipynb"), str(broken), str(stale), str(exercise), str(filled), str(chatty),
+        "-rf",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     failed = sorted(  # "FAILED chatty/exercise.ipynb::Cell 5 - ..." -> "chatty::Cell 5"
@@ -112,8 +120,8 @@ def test_exercise_and_solution_under_nbval(exercise, solution, tmp_path):
     # top-level stub itself; the exercise's other cells (incl. the non-graded NBVAL_CHECK_OUTPUT
     # cell 8, compared with its stored expected output) pass
     assert failed == ["broken::Cell 3", "chatty::Cell 5", "exercises::Cell 3", "exercises::Cell 4",
-                      "exercises::Cell 5", "exercises::Cell 7"], done.stdout
-    assert "6 failed, 39 passed" in done.stdout, done.stdout
+                      "exercises::Cell 5", "exercises::Cell 7", "stale::Cell 8"], done.stdout
+    assert "7 failed, 47 passed" in done.stdout, done.stdout
     assert "✗ task 1" in done.stdout and "Cell outputs differ" in done.stdout
 
 
