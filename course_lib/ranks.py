@@ -344,6 +344,21 @@ def _record_definitions(code: str) -> None:
             _session.defined.append(item)
 
 
+def _record_modules(namespace: dict) -> None:
+    """Carry the modules the kernel has imported so far under their names (``tp`` for
+    ``from course_lib.parallel import tensor as tp``). The history replay above misses them when
+    the front end runs cells without storing history (nbval, nbclient's store_history=False)."""
+    import types
+
+    lines = [f"import {value.__name__} as {name}" for name, value in namespace.items()
+             if isinstance(value, types.ModuleType) and not name.startswith("_")
+             and value.__name__ != "__main__"]
+    for line in lines:
+        if _session.latest.get(line) != line:
+            _session.latest[line] = line
+            _session.defined.append((line, line, "<kernel namespace>"))
+
+
 def _post_run_cell(result) -> None:
     if result.error_before_exec is not None or result.error_in_exec is not None:
         return
@@ -366,6 +381,7 @@ def load_ipython_extension(ip) -> None:
     history = ip.user_ns.get("In", [])
     for code in history[1:ip.execution_count]:  # cells run before the extension was loaded
         _record_definitions(code)
+    _record_modules(ip.user_ns)
     if _post_run_cell not in ip.events.callbacks["post_run_cell"]:
         ip.events.register("post_run_cell", _post_run_cell)
     atexit.register(_stop)  # a kernel shutdown ends the ranks (the lifeline would, too)

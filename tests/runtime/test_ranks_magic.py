@@ -202,6 +202,16 @@ def test_a_trivial_cell_is_fast(kernel):
     assert per_cell_ms < 200, per_cell_ms  # target 50 ms; loose for a loaded 2-core machine
 
 
+def test_modules_imported_before_the_extension_follow_without_stored_history(kernel):
+    """nbval runs cells with store_history=False: no history to replay at %load_ext, but the
+    modules already imported (``from course_lib.parallel import tensor as tp``) still follow."""
+    assert kernel.run("from course_lib import validate as imported_before").error is None
+    assert kernel.run("%reload_ext course_lib.ranks\n%ranks start 2", timeout=60).error is None
+    result = kernel.run("%%ranks\nimported_before.__name__")
+    assert result.stdout == "".join(f"[rank {r}] Out: 'course_lib.validate'\n" for r in (0, 1)), \
+        result.text
+
+
 def test_a_kernel_restart_or_death_leaves_no_rank(kernel):
     pids = _pids(kernel)
     kernel.restart()
