@@ -219,7 +219,11 @@ def test_unit01_widget_updates_on_run(browser, lab):
 
 def test_unfilled_exercise_check_shows_one_line_and_no_source(browser, lab):
     page, errors, _ = _open(browser, lab, "exercises/00_start_here.ipynb")
+    target = "expected once your answer is right: ✓ task"
+    page.wait_for_selector(f".jp-OutputArea-output:has-text('{target}')", timeout=30_000)
     TIMINGS["run all exercise 00"] = _run_all(page)
+    # once run, a check cell shows the learner's own output, never the stored target
+    assert target not in _notebook_text(page)
     errors_shown = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'],"
                                 " .jp-OutputArea-output.jp-RenderedText[data-mime-type="
                                 "'application/vnd.jupyter.error']")
