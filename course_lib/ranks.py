@@ -78,7 +78,7 @@ class _Interrupted(KeyboardInterrupt):
     """The interrupt a %%ranks cell re-raises once every rank has stopped (shown in one line)."""
 
     def _render_traceback_(self):
-        return ["KeyboardInterrupt: the cell was interrupted on every rank"]
+        return [f"KeyboardInterrupt: {self.args[0] if self.args else 'the cell was interrupted on every rank'}"]
 
 
 _Interrupted.__name__ = _Interrupted.__qualname__ = "KeyboardInterrupt"  # what the notebook names
@@ -94,9 +94,11 @@ def current():
     """The running :class:`~course_lib.runtime.rankset.RankSet` (RuntimeError if none)."""
     rs = _session.rankset
     if rs is None or not rs.alive:
-        why = f" ({rs.ended})" if rs is not None and rs.ended else ""
-        raise RanksUsageError(f"no ranks are running{why}: start them first with %ranks start 4 "
-                           "(after %load_ext course_lib.ranks)")
+        if rs is not None and rs.ended:
+            raise RanksUsageError(f"no ranks are running ({rs.ended}): %ranks restart starts a fresh "
+                                  f"set of {rs.world_size} (their state is lost), or %ranks start N")
+        raise RanksUsageError("no ranks are running: start them first with %ranks start 4 "
+                              "(after %load_ext course_lib.ranks)")
     return rs
 
 
@@ -268,6 +270,12 @@ def ranks_cell(line: str, cell: str) -> None:
     _raise_for(replies, rs)
 
 
+def _grace_s() -> float:
+    from course_lib.runtime.rankset import _GRACE_S
+
+    return _GRACE_S
+
+
 def _prefixed(rank: int, text: str) -> str:
     return "".join(f"[rank {rank}] {line}\n" for line in text.splitlines())
 
@@ -300,6 +308,17 @@ def _raise_for(replies: dict, rs) -> None:
         sys.stderr.write(f"[ranks] interrupted: ranks {sorted(bad)} stopped their cell; every rank "
                          "keeps its state\n")
         raise _Interrupted
+    if statuses <= {"interrupted", "killed"} and not rs.alive and all(
+            rep.get("stop_reason") == "interrupted" for rep in bad.values()):
+        # the stop button while some ranks wait in C++ (a collective a stopped rank never joins)
+        stopped = sorted(r for r, rep in bad.items() if rep["status"] == "interrupted")
+        killed = sorted(r for r, rep in bad.items() if rep["status"] == "killed")
+        sys.stderr.write("[ranks] interrupted: " +
+                         (f"ranks {stopped} stopped their cell; " if stopped else "") +
+                         f"ranks {killed} did not stop within {_grace_s():g} s (stuck in C++, e.g. "
+                         "waiting in a collective for a rank that is not in it) and were killed\n")
+        raise _Interrupted("the ranks were stopped (a process group cannot go on without one of "
+                           "its ranks): %ranks restart starts a fresh set (state is lost)")
     failed = {r: RankSet._failure_text(r, rep) for r, rep in bad.items()}
     lines = [f"rank {r}: {failed[r].splitlines()[0]}" for r in sorted(failed)]
     if rs.alive:
@@ -325,6 +344,21 @@ def _record_definitions(code: str) -> None:
             _session.defined.append(item)
 
 
+def _record_modules(namespace: dict) -> None:
+    """Carry the modules the kernel has imported so far under their names (``tp`` for
+    ``from course_lib.parallel import tensor as tp``). The history replay above misses them when
+    the front end runs cells without storing history (nbval, nbclient's store_history=False)."""
+    import types
+
+    lines = [f"import {value.__name__} as {name}" for name, value in namespace.items()
+             if isinstance(value, types.ModuleType) and not name.startswith("_")
+             and value.__name__ != "__main__"]
+    for line in lines:
+        if _session.latest.get(line) != line:
+            _session.latest[line] = line
+            _session.defined.append((line, line, "<kernel namespace>"))
+
+
 def _post_run_cell(result) -> None:
     if result.error_before_exec is not None or result.error_in_exec is not None:
         return
@@ -347,6 +381,7 @@ def load_ipython_extension(ip) -> None:
     history = ip.user_ns.get("In", [])
     for code in history[1:ip.execution_count]:  # cells run before the extension was loaded
         _record_definitions(code)
+    _record_modules(ip.user_ns)
     if _post_run_cell not in ip.events.callbacks["post_run_cell"]:
         ip.events.register("post_run_cell", _post_run_cell)
     atexit.register(_stop)  # a kernel shutdown ends the ranks (the lifeline would, too)

@@ -81,6 +81,38 @@ def test_exercises_are_in_sync_with_solutions():
     assert problems == [], "run `make exercises`: " + "; ".join(problems)
 
 
+def _joined(output: dict) -> dict:
+    """An output with its multi-line strings joined (the JSON may store them as lists of lines)."""
+    return {k: "".join(v) if isinstance(v, list) and k == "text" else v for k, v in output.items()}
+
+
+def test_exercise_check_cells_show_targets_not_passes():
+    """An unfilled exercise never looks run or passed: no execution count anywhere, and each check
+    cell shows "expected once your answer is right: ✓ ..." while the solution's own output (what
+    nbval and the grader compare with) sits in its metadata."""
+    from course_lib.grading.exercises import TARGET_LABEL, cell_tags, expected_outputs
+
+    checked = 0
+    for path in EXERCISES:
+        solution = {c["id"]: c for c in json.loads((ROOT / "solutions" / path.name).read_text())["cells"]}
+        for cell in json.loads(path.read_text())["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            where = f"{path.name} cell {cell['id']}"
+            assert cell["execution_count"] is None, f"{where} shows an execution count"
+            if "NBVAL_CHECK_OUTPUT" not in cell_tags(cell):
+                assert cell["outputs"] == [], f"{where} keeps an output"
+                continue
+            (shown,) = cell["outputs"]
+            plain = "".join(shown["data"]["text/plain"])
+            assert shown["output_type"] == "display_data" and plain.startswith(TARGET_LABEL + " ✓ task"), where
+            assert not any(line.lstrip().startswith("✓") for line in plain.splitlines()), where
+            stored = solution[cell["id"]]["outputs"]
+            assert [_joined(o) for o in expected_outputs(cell)] == [_joined(o) for o in stored], where
+            checked += 1
+    assert checked >= len(EXERCISES), checked
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
 def test_solution_scores_full_marks_and_exercise_scores_zero(solution):

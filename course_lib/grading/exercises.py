@@ -9,9 +9,15 @@ For each ``solutions/NN_topic.ipynb`` the generator writes ``exercises/NN_topic.
   becomes, at the BEGIN marker's indentation,
   ``raise NotImplementedError("FILL ME IN (roughly K lines)")``, K = the answer's non-blank,
   non-comment lines (the nbgrader markers, GPU-Puzzles-style hint);
-* outputs and execution counts are cleared, except in cells tagged ``NBVAL_CHECK_OUTPUT``: they
-  keep their stored outputs AND execution counts (nbval treats a cell without an execution count as
-  "unrun" and refuses to compare it), which are the expected outputs nbval and the grader compare to;
+* outputs and execution counts are cleared everywhere. A cell tagged ``NBVAL_CHECK_OUTPUT`` shows
+  the solution's output as a visible *target*, never as a result: one output reading
+  ``expected once your answer is right: ✓ task 1: ...`` (markdown, with a plain-text twin) and no
+  execution count, so an unfilled check never looks passed. The solution's outputs themselves go
+  in the cell's metadata, ``course.expected_outputs``: the learner's run of the cell replaces the
+  target with their real output, and ``nbval`` compares against ``course.expected_outputs``
+  through the pytest plugin :mod:`course_lib.grading.nbval_targets` (loaded by the repository's
+  ``conftest.py``; without it nbval refuses the cell as "Unrun reference cell has outputs", it
+  never passes it). The grader compares with the solution file itself;
 * a first markdown cell says the file is generated and from what; notebook metadata gets
   ``{"course": {"generated_from": "solutions/NN_topic.ipynb", "unit": "NN_topic"}}``;
 * the file is written canonically (sorted keys, indent=1, trailing newline, cell ids copied from
@@ -34,14 +40,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "TARGET_LABEL",
     "ExerciseError",
     "SolutionTask",
     "build_exercises",
     "check_exercises",
+    "expected_outputs",
     "make_exercise",
     "load_notebook_json",
     "read_notebook",
     "render_notebook",
+    "target_output",
     "solution_tasks",
     "unit_names",
 ]
@@ -56,6 +65,8 @@ _POINTS_TAG = re.compile(r"^points-(.*)$")
 _BEGIN_LINE = re.compile(r"^(?P<indent>[ \t]*)#+[ \t]*BEGIN SOLUTION[ \t]*$")
 _END_LINE = re.compile(r"^(?P<indent>[ \t]*)#+[ \t]*END SOLUTION[ \t]*$")
 _CELL_ID = re.compile(r"^[a-zA-Z0-9_\-]{1,64}$")
+# what an exercise's check cell shows before the learner runs it: a target, not a result
+TARGET_LABEL = "expected once your answer is right:"
 
 
 class ExerciseError(ValueError):
@@ -276,6 +287,51 @@ def strip_solution(source: str, *, where: str, index: int) -> str:
     return "\n".join(out)
 
 
+def _output_text(outputs: list) -> str:
+    """The text a list of outputs shows: streams and text/plain, in order."""
+    parts = []
+    for output in outputs:
+        if output.get("output_type") == "stream":
+            text = output.get("text", "")
+        elif output.get("output_type") == "error":
+            text = f"{output.get('ename', 'Error')}: {output.get('evalue', '')}"
+        else:
+            text = output.get("data", {}).get("text/plain", "")
+        parts.append("".join(text) if isinstance(text, list) else str(text))
+    return "".join(parts).rstrip("\n")
+
+
+def target_output(outputs: list):
+    """One display_data output that shows ``outputs`` as the target of a check cell.
+
+    ``expected once your answer is right: ✓ task 1: ...`` as text/plain, and as text/markdown with
+    the label in italics and the expected line in a code span (a code block when it has several
+    lines), so it reads as a note about the cell, not as something the cell printed.
+    """
+    import nbformat
+
+    text = _output_text(outputs)
+    if "\n" in text:
+        fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
+        markdown = f"*{TARGET_LABEL}*\n\n{fence}\n{text}\n{fence}"
+        plain = f"{TARGET_LABEL}\n{text}"
+    else:
+        ticks = "`" * (1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
+        pad = " " if text.startswith("`") or text.endswith("`") else ""
+        markdown = f"*{TARGET_LABEL}* {ticks}{pad}{text}{pad}{ticks}"
+        plain = f"{TARGET_LABEL} {text}"
+    return nbformat.v4.new_output(
+        "display_data", data={"text/markdown": markdown, "text/plain": plain}
+    )
+
+
+def expected_outputs(cell) -> list | None:
+    """The solution's outputs an exercise's check cell must reproduce (None if it has none)."""
+    course = cell.get("metadata", {}).get("course", {})
+    found = course.get("expected_outputs") if isinstance(course, dict) else None
+    return list(found) if isinstance(found, list) else None
+
+
 def _header_cell(solution_rel: str, unit: str):
     import nbformat
 
@@ -287,8 +343,8 @@ def _header_cell(solution_rel: str, unit: str):
         "the notebook top to bottom, and check your score with "
         f"`python -m course_lib.grade exercises/{unit}.ipynb` (from the repository root).\n"
         "\n"
-        "Until you run them, the check cells show the line the worked solution prints: that is the "
-        "target, not your result. Your answers live in this file, and `make exercises` rewrites "
+        "Until you run them, the check cells show *expected once your answer is right: ...*, the "
+        "line the worked solution prints: a target, not your result. Your answers live in this file, and `make exercises` rewrites "
         "this folder, so keep a copy of your work (the grade command works on a copy anywhere)."
     )
     cell = nbformat.v4.new_markdown_cell(text)
@@ -329,9 +385,14 @@ def make_exercise(solution_nb, solution_path: Path | str, *, solution_rel: str |
                         f"fix the solution and execute it again: python -m course_lib.grading.execute {where}"
                     )
             new.source = strip_solution(cell.source, where=where, index=index)
-            if CHECK_TAG not in cell_tags(cell):
+            if CHECK_TAG in cell_tags(cell) and cell.get("outputs"):
+                course = dict(new.metadata.get("course", {}))
+                course["expected_outputs"] = copy.deepcopy(list(cell.outputs))
+                new.metadata["course"] = course
+                new.outputs = [target_output(cell.outputs)]
+            else:
                 new.outputs = []
-                new.execution_count = None
+            new.execution_count = None
         else:
             for number, line in enumerate(cell.source.split("\n"), start=1):
                 if _BEGIN_LINE.match(line) or _END_LINE.match(line):

@@ -2,9 +2,10 @@
 
 What only a browser sees: the page's JavaScript errors, whether stored widgets render (not their
 ``VBox(children=...`` text), a widget that updates when its control changes and Run is pressed,
-an unfilled exercise check that shows one ✗ line and none of the check's source, and the static
-slides. JupyterLab serves a temporary copy of ``notebooks/`` and ``exercises/`` (running cells
-never touches the repository).
+an unfilled exercise check that shows one ✗ line and none of the check's source, the %ranks
+magics driven from the page (the ■ stop button, Kernel > Restart), and the static slides.
+JupyterLab serves a temporary copy of ``notebooks/`` and ``exercises/`` (running cells never
+touches the repository).
 
 Playwright cannot download its own browser here, so it drives the system Chromium
 (``$COURSE_CHROMIUM``, else ``chromium`` / ``chromium-browser`` / ``google-chrome`` on PATH).
@@ -218,7 +219,11 @@ def test_unit01_widget_updates_on_run(browser, lab):
 
 def test_unfilled_exercise_check_shows_one_line_and_no_source(browser, lab):
     page, errors, _ = _open(browser, lab, "exercises/00_start_here.ipynb")
+    target = "expected once your answer is right: ✓ task"
+    page.wait_for_selector(f".jp-OutputArea-output:has-text('{target}')", timeout=30_000)
     TIMINGS["run all exercise 00"] = _run_all(page)
+    # once run, a check cell shows the learner's own output, never the stored target
+    assert target not in _notebook_text(page)
     errors_shown = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'],"
                                 " .jp-OutputArea-output.jp-RenderedText[data-mime-type="
                                 "'application/vnd.jupyter.error']")
@@ -229,6 +234,78 @@ def test_unfilled_exercise_check_shows_one_line_and_no_source(browser, lab):
         lines = [line for line in text.splitlines() if line.strip()]
         assert len(lines) == 1, f"a failed check shows more than its ✗ line: {text[:400]}"
         assert "expected" not in text and "course_lib/grading" not in text
+    assert errors == []
+    page.close()
+
+
+RUN_NEW_CELL = """async ([source, wait]) => {
+    const app = window.jupyterapp;
+    const panel = app.shell.currentWidget;
+    await panel.sessionContext.ready;
+    const notebook = panel.content, index = notebook.model.cells.length;
+    notebook.model.sharedModel.insertCell(index, {cell_type: 'code', source});
+    notebook.activeCellIndex = index;
+    window.courseCellDone = app.commands.execute('notebook:run-cell');
+    if (wait) await window.courseCellDone;
+    return index;
+}"""
+CELL_TEXT = """async (index) => {
+    await window.courseCellDone;
+    return window.jupyterapp.shell.currentWidget.content.widgets[index].outputArea.node.innerText;
+}"""
+
+
+def _run_cell(page, source: str) -> str:
+    """Add a code cell at the end, run it (JupyterLab's run-cell, awaited) and return its output."""
+    return page.evaluate(CELL_TEXT, page.evaluate(RUN_NEW_CELL, [source, True]))
+
+
+def test_ranks_magics_interrupt_with_the_stop_button_and_restart_leaves_no_process(browser, lab):
+    """%ranks start, a %%ranks cell, ■ stop during a long %%ranks cell, Kernel > Restart."""
+    import nbformat
+    import psutil
+
+    _, _, root = lab
+    nb = nbformat.v4.new_notebook()
+    nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, root / "ranks_scratch.ipynb")
+    page, errors, _ = _open(browser, lab, "ranks_scratch.ipynb")
+    kernel_pid = int(_run_cell(page, "import os\n%load_ext course_lib.ranks\nos.getpid()").split()[-1])
+    start = time.perf_counter()
+    assert "2 ranks running" in _run_cell(page, "%ranks start 2")
+    TIMINGS["ranks start 2"] = time.perf_counter() - start
+    start = time.perf_counter()
+    text = _run_cell(page, "%%ranks\nprint('hello from', rank)\nrank * 10")
+    TIMINGS["ranks trivial cell"] = time.perf_counter() - start
+    assert text.splitlines()[:4] == ["[rank 0] hello from 0", "[rank 0] Out: 0",
+                                     "[rank 1] hello from 1", "[rank 1] Out: 10"], text
+    processes = psutil.Process(kernel_pid).children(recursive=True)
+    assert len(processes) >= 2, processes  # the ranks (and the launcher's forkserver)
+
+    index = page.evaluate(RUN_NEW_CELL, ["%%ranks\nimport time\ntime.sleep(60)", False])
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session"
+                           ".kernel.status === 'busy'", timeout=10_000)
+    page.wait_for_timeout(1000)  # the magic has sent the cell: the ranks are sleeping
+    start = time.perf_counter()
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) "
+                 "[data-command='notebook:interrupt-kernel']").first.click()
+    text = page.evaluate(CELL_TEXT, index)
+    TIMINGS["ranks interrupt (stop button)"] = time.perf_counter() - start
+    assert TIMINGS["ranks interrupt (stop button)"] < 3, TIMINGS
+    assert "[ranks] interrupted: ranks [0, 1] stopped their cell" in text, text
+    assert "KeyboardInterrupt" in text
+    assert _run_cell(page, "%%ranks 1\nrank").strip() == "[rank 1] Out: 1"  # still usable
+
+    page.click(".lm-MenuBar-itemLabel:text-is('Kernel')")
+    page.click(".lm-Menu-itemLabel:text-is('Restart Kernel…')")
+    start = time.perf_counter()
+    page.click(".jp-Dialog button:has-text('Restart')")
+    left = processes
+    while left and time.perf_counter() - start < 15:
+        left = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.1)
+    TIMINGS["ranks gone after kernel restart"] = time.perf_counter() - start
+    assert left == [], f"still running after the kernel restart: {left}"
     assert errors == []
     page.close()
 

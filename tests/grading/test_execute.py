@@ -74,42 +74,55 @@ def test_timeout_and_missing_files(tmp_path):
     )
 
 
+def _variant(source, dest, sources):
+    """A copy of notebook ``source`` at ``dest`` with cell sources replaced by cell id."""
+    nb = nbformat.read(source, as_version=4)
+    for cell in nb.cells:
+        cell.source = sources.get(cell.id, cell.source)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, dest)
+    return dest
+
+
 def test_exercise_and_solution_under_nbval(exercise, solution, tmp_path):
-    """nbval (lax) passes the solution and fails every check cell of the untouched exercise."""
+    """nbval (lax) passes the solution and fails it when a check prints ✗ or a cell tagged
+    NBVAL_CHECK_OUTPUT prints something else than its stored output; it fails every check
+    cell of the untouched exercise, passes a filled-in one by comparing with the solution's output
+    (not the "expected once ..." text the cell shows), and fails a check cell whose output differs."""
     pytest.importorskip("nbval")
     shutil.copy(solution, tmp_path / "solution.ipynb")
+    wrong = "def double(x):\n    return 3 * x"
+    broken = _variant(solution, tmp_path / "broken" / "solution.ipynb", {"fixture-3": wrong})
+    answers = {"fixture-3": "def double(x):\n    return 2 * x", "fixture-5": "total = 45\ntotal",
+               "fixture-7": "def mean(xs):\n    return sum(xs) / len(xs)"}
+    # a deterministic cell (metadata tag NBVAL_CHECK_OUTPUT, which nbval itself only knows as
+    # "nbval-check-output") whose stored output went stale: compared, so it fails
+    stale = _variant(solution, tmp_path / "stale" / "solution.ipynb", {})
+    nb = nbformat.read(stale, as_version=4)
+    next(c for c in nb.cells if c.id == "fixture-9").outputs[0]["text"] = "deterministic: 41\n"
+    nbformat.write(nb, stale)
+    filled = _variant(exercise, tmp_path / "filled" / "exercise.ipynb", answers)
+    chatty = _variant(exercise, tmp_path / "chatty" / "exercise.ipynb",
+                      {**answers, "fixture-6": 'print("hi")\ncheck_equal(2, "total", total, 45)'})
     cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--nbval-lax",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-o",
-        "addopts=",
-        "--rootdir",
-        str(tmp_path),
-        str(tmp_path / "solution.ipynb"),
-        str(exercise),
+        sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider",
+        "-p", "course_lib.grading.nbval_targets", "-o", "addopts=", "--rootdir", str(tmp_path),
+        str(tmp_path / "solution.ipynb"), str(broken), str(stale), str(exercise), str(filled), str(chatty),
         "-rf",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
-    failed = sorted(
-        line.split(" - ")[0].split("::")[-1]
-        for line in done.stdout.splitlines()
-        if line.startswith("FAILED")
+    failed = sorted(  # "FAILED chatty/exercise.ipynb::Cell 5 - ..." -> "chatty::Cell 5"
+        "::".join((where.split("/")[-2], cell))
+        for line in done.stdout.splitlines() if line.startswith("FAILED ")
+        for where, cell in [line[len("FAILED "):].split(" - ")[0].split("::")]
     )
     # nbval counts code cells only: 3, 5 and 7 are the check cells of tasks 1-3, 4 is the
-    # top-level stub itself; the solution and the exercise's other cells (incl. the non-graded
-    # NBVAL_CHECK_OUTPUT cell 8, whose kept output is compared) pass
-    assert failed == ["Cell 3", "Cell 4", "Cell 5", "Cell 7"], done.stdout
-    assert all(
-        "99_fixture.ipynb::" in line
-        for line in done.stdout.splitlines()
-        if line.startswith("FAILED")
-    )
-    assert "4 failed, 14 passed" in done.stdout, done.stdout
+    # top-level stub itself; the exercise's other cells (incl. the non-graded NBVAL_CHECK_OUTPUT
+    # cell 8, compared with its stored expected output) pass
+    assert failed == ["broken::Cell 3", "chatty::Cell 5", "exercises::Cell 3", "exercises::Cell 4",
+                      "exercises::Cell 5", "exercises::Cell 7", "stale::Cell 8"], done.stdout
+    assert "7 failed, 47 passed" in done.stdout, done.stdout
+    assert "✗ task 1" in done.stdout and "Cell outputs differ" in done.stdout
 
 
 def test_stored_widgets_keep_their_state_and_progress_bars_their_final_text(tmp_path):

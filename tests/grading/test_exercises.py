@@ -51,19 +51,36 @@ def test_markers_become_hints_at_their_indentation(exercise, solution):
         assert answer not in text
 
 
-def test_check_outputs_kept_other_outputs_cleared(exercise, solution):
+def test_check_cells_show_a_target_and_keep_the_expected_output_in_metadata(exercise, solution):
     cells, ref = _cells(exercise), _cells(solution)
     kept = {"fixture-4", "fixture-6", "fixture-8", "fixture-9"}  # tagged NBVAL_CHECK_OUTPUT
     for cell_id, cell in cells.items():
         if cell.cell_type != "code":
             continue
+        # nothing looks run: no execution count anywhere, so no "[4]:" beside an unfilled check
+        assert cell.execution_count is None, cell_id
         if cell_id in kept:
-            assert cell.outputs == ref[cell_id].outputs and cell.outputs
-            # nbval compares only cells with an execution count: it must survive
-            assert cell.execution_count == ref[cell_id].execution_count is not None
+            assert ref[cell_id].outputs and cell.metadata["course"]["expected_outputs"] == ref[cell_id].outputs
+            (shown,) = cell.outputs
+            assert shown.output_type == "display_data"
+            line = "".join(ref[cell_id].outputs[0]["text"]).rstrip("\n")
+            assert shown.data["text/plain"] == f"expected once your answer is right: {line}"
+            assert shown.data["text/markdown"] == f"*expected once your answer is right:* `{line}`"
         else:
-            assert cell.outputs == [] and cell.execution_count is None, cell_id
+            assert cell.outputs == [] and "course" not in cell.metadata, cell_id
     assert ref["fixture-2"].outputs and ref["fixture-5"].outputs  # they had outputs to clear
+
+
+def test_target_output_quotes_backticks_and_several_lines():
+    from course_lib.grading.exercises import target_output
+
+    one = target_output([{"output_type": "stream", "name": "stdout", "text": "✓ task 1: `x` = 2\n"}])
+    assert one.data["text/markdown"] == "*expected once your answer is right:* ``✓ task 1: `x` = 2``"
+    two = target_output([{"output_type": "stream", "name": "stdout", "text": "a\nb\n"},
+                         {"output_type": "execute_result", "data": {"text/plain": "3"},
+                          "metadata": {}, "execution_count": 1}])
+    assert two.data["text/plain"] == "expected once your answer is right:\na\nb\n3"
+    assert two.data["text/markdown"].endswith("\n\n```\na\nb\n3\n```")
 
 
 def test_header_metadata_and_ids(exercise):

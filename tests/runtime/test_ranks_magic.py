@@ -140,6 +140,23 @@ def test_interrupt_stops_every_rank_within_two_seconds_and_keeps_state(kernel):
     assert kernel.run("%%ranks 0\nt[0].item()").stdout == "[rank 0] Out: 150.0\n"
 
 
+def test_interrupting_ranks_stuck_in_a_collective_kills_them_and_says_restart(kernel):
+    kernel.start("%%ranks\nimport time\nif rank == 0:\n    time.sleep(60)\n"
+                 "else:\n    dist.all_reduce(torch.ones(1))")
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    kernel.interrupt()
+    result = kernel.collect(timeout=30)
+    assert result.finished and time.monotonic() - t0 < 4, result.text
+    assert result.error is not None and result.error[0] == "KeyboardInterrupt", result.text
+    assert ("[ranks] interrupted: ranks [0] stopped their cell; ranks [1, 2, 3] did not stop "
+            "within 1 s") in result.stderr, result.text
+    assert "%ranks restart starts a fresh set" in result.text and "raised" not in result.text
+    refused = kernel.run("%%ranks\nrank")
+    assert "no ranks are running (a rank died or did not stop): %ranks restart" in refused.text
+    assert kernel.run("%ranks restart", timeout=60).error is None
+
+
 def test_a_cell_past_its_timeout_is_stopped_with_its_stack(kernel):
     t0 = time.monotonic()
     result = kernel.run("%%ranks 1 --timeout 1\nimport time\ntime.sleep(30)", timeout=30)
@@ -183,6 +200,16 @@ def test_a_trivial_cell_is_fast(kernel):
     """))
     per_cell_ms = int(result.stdout.strip().splitlines()[-1].split()[-1])
     assert per_cell_ms < 200, per_cell_ms  # target 50 ms; loose for a loaded 2-core machine
+
+
+def test_modules_imported_before_the_extension_follow_without_stored_history(kernel):
+    """nbval runs cells with store_history=False: no history to replay at %load_ext, but the
+    modules already imported (``from course_lib.parallel import tensor as tp``) still follow."""
+    assert kernel.run("from course_lib import validate as imported_before").error is None
+    assert kernel.run("%reload_ext course_lib.ranks\n%ranks start 2", timeout=60).error is None
+    result = kernel.run("%%ranks\nimported_before.__name__")
+    assert result.stdout == "".join(f"[rank {r}] Out: 'course_lib.validate'\n" for r in (0, 1)), \
+        result.text
 
 
 def test_a_kernel_restart_or_death_leaves_no_rank(kernel):
