@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from course_lib.measure.estimate import fmt_bytes
-from course_lib.viz.plots import require_columns
+from course_lib.viz.plots import require_columns, styled
 
 __all__ = ["plot_sweep", "plot_link_times"]
 
@@ -23,10 +23,11 @@ def _size_axis(ax, sizes) -> None:
     ticks = sorted(set(int(s) for s in sizes))
     step = max(1, len(ticks) // 6)
     ax.set_xticks(ticks[::step])
-    ax.set_xticklabels([fmt_bytes(t, digits=0) for t in ticks[::step]], fontsize=8)
+    ax.set_xticklabels([fmt_bytes(t, digits=0) for t in ticks[::step]])
     ax.set_xlabel("message size (full buffer)")
 
 
+@styled
 def plot_sweep(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
                ceiling_GBps: float | None = None, title: str | None = None):
     """Left: time per call against size, measured (points) beside the fitted alpha-beta line.
@@ -65,13 +66,14 @@ def plot_sweep(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
         _size_axis(ax, df["size_bytes"])
         ax.grid(True, which="both", alpha=0.3)
         # below the axes, so that no entry hides a measured point
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     backend = ", ".join(sorted(df["backend"].unique())) if "backend" in df else ""
     fig.suptitle(title or f"collective sweep ({backend})" if backend else "collective sweep")
     fig.tight_layout()
     return fig
 
 
+@styled
 def plot_link_times(table: pd.DataFrame, *, title: str | None = None):
     """Predicted ring all-reduce time of one step's gradients per link and model (log scale),
     from run.gradient_allreduce_table."""
@@ -89,13 +91,13 @@ def plot_link_times(table: pd.DataFrame, *, title: str | None = None):
         for bar, t in zip(bars, g["time_s"]):
             ms = t * 1e3
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
-                    f" {ms:,.0f} ms" if ms >= 100 else f" {ms:.3g} ms", va="center", fontsize=9)
+                    f" {ms:,.0f} ms" if ms >= 100 else f" {ms:.3g} ms", va="center")
     ax.set_yticks(y + height * (len(models) - 1) / 2)
     ax.set_yticklabels(links)
     ax.set_xscale("log")
     ax.set_xlim(right=float(table["time_s"].max()) * 1e3 * 4)  # room for the labels
     ax.set_xlabel("predicted ring all-reduce time (ms, log scale), at the headline GB/s")
-    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     ax.set_title(title or "gradient all-reduce per step, by link (estimate)")
     fig.tight_layout()
     return fig
