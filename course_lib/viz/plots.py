@@ -164,8 +164,9 @@ def readable(fig, *, min_px: float = MIN_TEXT_PX):
 
     Tick labels are enlarged through ``tick_params`` (so ticks matplotlib makes again at the
     next draw keep the size); other texts (titles, labels, legends, annotations, cell values)
-    directly. A figure without a layout engine is laid out again (``tight_layout``) if anything
-    grew. Repeated because larger text can widen the PNG, which JupyterLab then shrinks more.
+    directly. A figure without a layout engine or a figure legend is laid out again
+    (``tight_layout``) if anything grew; a plot function that places those itself should choose
+    sizes at or above the minimum (``tests/viz/test_readable.py`` measures them). Repeated because larger text can widen the PNG, which JupyterLab then shrinks more.
     """
     changed = False
     for _ in range(4):
@@ -188,7 +189,9 @@ def readable(fig, *, min_px: float = MIN_TEXT_PX):
                 ax.tick_params(axis=name, which=which, labelsize=target)
             else:
                 t.set_fontsize(target)
-        if fig.get_layout_engine() is None:
+        # lay out again, unless the figure has a layout engine (it lays out at every draw) or
+        # places a figure legend itself (a plain tight_layout would lay the axes over it)
+        if fig.get_layout_engine() is None and not fig.legends:
             fig.tight_layout()
     if changed:
         fig.canvas.draw_idle()

@@ -65,6 +65,7 @@ def _draw_grid(ax, rows: Sequence, title: str, *, summed: bool = False) -> None:
     ax.set_xlabel("slot")
     ax.set_title(title, fontsize=12)
     ax.tick_params(length=0)
+    ax.grid(False)  # the cells are the grid
     for side in ax.spines.values():
         side.set_visible(False)
 
@@ -152,6 +153,7 @@ def plot_ring_steps(records: Sequence[Sequence[Mapping]]) -> Figure:
         ax.set_xticks(np.arange(n) + 0.5, [f"c{c}" for c in range(n)])
         ax.set_yticks(np.arange(n) + 0.5, [f"rank {r}" for r in range(n)] if s == 0 else [])
         ax.tick_params(length=0)
+        ax.grid(False)
         for side in ax.spines.values():
             side.set_visible(False)
     fig.suptitle("ring all-reduce: which ranks' data each chunk holds (framed: sent next)", fontsize=12)
