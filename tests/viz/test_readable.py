@@ -140,7 +140,23 @@ def _u01_timeline():
                                                                 {"params": 4e6, "grads": 3e6})
 
 
-@pytest.mark.parametrize("make", [_u08_figures, _u13_figures, _u01_timeline])
+def _u12_gantt():
+    from course_lib.units.u12_pipeline_parallelism import plots as P
+
+    rows, t = [], 0.0
+    for mb in range(8):  # one long forward and backward, then many short ones: crowded labels
+        for rank in range(2):
+            for kind, d in (("F", 0.004 if mb == 0 else 0.0004), ("B", 0.008 if mb == 0 else 0.0008)):
+                rows.append({"rank": rank, "lane": "compute", "start": t, "end": t + d, "stage": rank,
+                             "mb": mb, "kind": kind, "schedule": "gpipe", "virtual": 1, "repeat": 0})
+                t += d
+    fig = P.plot_gantt(pd.DataFrame(rows))
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert "F0" in labels and "F5" not in labels  # a label only where the bar holds it
+    yield "u12 gantt", fig
+
+
+@pytest.mark.parametrize("make", [_u08_figures, _u13_figures, _u01_timeline, _u12_gantt])
 def test_course_figures_show_no_text_below_the_minimum(make):
     for name, fig in make():
         px, text = _smallest(fig)
