@@ -185,3 +185,20 @@ def test_wrap_breaks_between_words_and_keeps_short_lines():
     assert V.wrap("short\nlines stay", 40) == "short\nlines stay"
     with pytest.raises(ValueError, match="width must be an int >= 20.*width=5"):
         V.wrap("x", 5)
+
+
+def test_lecture_printed_lines_fit_the_output_area():
+    """Stored printed output of every lecture: no line longer than JupyterLab's output area shows
+    unwrapped at a 1400 px page (968 px / 7.8 px a character = 123). Warnings the ranks forward
+    ("[rank N] ...") come from PyTorch, not from the course, and are left as they are."""
+    import json
+
+    limit = int(V.DISPLAY_WIDTH_PX // 7.83)
+    long = []
+    for path in sorted((ROOT.parent / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "stream":
+                    long += [f"{path.name} cell {i}: {line[:60]}..." for line in "".join(out["text"]).split("\n")
+                             if len(line) > limit and not line.startswith("[rank ")]
+    assert long == []
