@@ -126,6 +126,7 @@ def _display_data(obj) -> dict:
     """``obj`` as one display_data output (what ``display(obj)`` would send). A Figure becomes a
     PNG exactly as Jupyter's inline backend renders it (``bbox_inches="tight"``, the figure's own
     dpi), whether or not the inline backend has registered its formatter yet."""
+    from IPython.core.formatters import DisplayFormatter
     from IPython.core.interactiveshell import InteractiveShell
     from matplotlib.figure import Figure
 
@@ -134,7 +135,11 @@ def _display_data(obj) -> dict:
 
         data = {"image/png": print_figure(obj, "png", base64=True), "text/plain": repr(obj)}
         return {"output_type": "display_data", "data": data, "metadata": {}}
-    data, metadata = InteractiveShell.instance().display_formatter.format(obj)
+    # the kernel's formatter (with any the learner registered); outside IPython a plain one, not
+    # a new shell (which would open a history database)
+    formatter = (InteractiveShell.instance().display_formatter if InteractiveShell.initialized()
+                 else DisplayFormatter())
+    data, metadata = formatter.format(obj)
     return {"output_type": "display_data", "data": data, "metadata": metadata}
 
 
