@@ -36,8 +36,9 @@ class Explorer:
 
     A run disables the button, calls ``compute()``, stores its return value in ``result``, sets
     the status to ``summary(result)`` and shows the objects ``show(result)`` returns in
-    ``output`` (each Figure is displayed explicitly, then closed, so Jupyter's inline backend
-    never shows a second copy elsewhere). A run that fails clears ``result``, the attributes
+    ``output`` (set as the Output widget's ``outputs``, never displayed while capturing, so no
+    copy goes to JupyterLab's Log Console; each Figure is rendered to PNG, then closed, so
+    Jupyter's inline backend never shows a second copy elsewhere). A run that fails clears ``result``, the attributes
     named in ``extras`` and the output, so no earlier result sits under the error message. An
     exception of a type in ``expected_errors`` is reported as "cannot run: ..." and ``run()``
     returns None; any other is reported as "error: ..." and raised again.
@@ -103,13 +104,13 @@ class Explorer:
         self.result = result
         self.status.value = status
         try:
-            if not shown:
-                self.output.outputs = ()
-            else:
-                with self.output:  # wait=True: the new pictures replace the old without a flicker
-                    self.output.clear_output(wait=True)
-                    for obj in shown:
-                        display(obj)
+            # One assignment of the Output widget's ``outputs``: the pictures travel as the widget's
+            # own state and replace the old ones at once. Not ``with self.output: display(...)``:
+            # that sends them as kernel output messages which JupyterLab routes into the widget
+            # only once it has seen the widget's capture switched on; on the first Run after a
+            # kernel start that switch often arrives late, and the picture lands in the Log
+            # Console instead. Setting ``outputs`` here also lets a failed run clear them again.
+            self.output.outputs = tuple(_display_data(obj) for obj in shown)
         finally:  # closed before the cell ends, so the inline backend never shows them again
             _close_new_figures(opened)
         return result
@@ -119,6 +120,27 @@ class Explorer:
         self.clear()
         first = message.partition("\n")[0]  # a launched rank's error carries its whole traceback
         self.status.value = f"<b>{label}:</b> {html.escape(first)}"
+
+
+def _display_data(obj) -> dict:
+    """``obj`` as one display_data output (what ``display(obj)`` would send). A Figure becomes a
+    PNG exactly as Jupyter's inline backend renders it (``bbox_inches="tight"``, the figure's own
+    dpi), whether or not the inline backend has registered its formatter yet."""
+    from IPython.core.formatters import DisplayFormatter
+    from IPython.core.interactiveshell import InteractiveShell
+    from matplotlib.figure import Figure
+
+    if isinstance(obj, Figure):
+        from IPython.core.pylabtools import print_figure
+
+        data = {"image/png": print_figure(obj, "png", base64=True), "text/plain": repr(obj)}
+        return {"output_type": "display_data", "data": data, "metadata": {}}
+    # the kernel's formatter (with any the learner registered); outside IPython a plain one, not
+    # a new shell (which would open a history database)
+    formatter = (InteractiveShell.instance().display_formatter if InteractiveShell.initialized()
+                 else DisplayFormatter())
+    data, metadata = formatter.format(obj)
+    return {"output_type": "display_data", "data": data, "metadata": metadata}
 
 
 def _close_new_figures(opened: set[int]) -> None:

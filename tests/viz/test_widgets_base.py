@@ -5,6 +5,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import base64  # noqa: E402
+
 import ipywidgets as widgets  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
@@ -85,11 +87,14 @@ def test_a_good_run_stores_the_result_and_shows_it(displayed):
     assert ex.status.value == "n squared is <b>16</b>"
     assert not ex.run_button.disabled
     assert ex.shown == 1
-    (fig, was_open), (table, _) = displayed  # in show()'s order, each figure before it closed
-    assert isinstance(fig, Figure) and was_open and table == {"n": 4, "square": 16}
+    assert displayed == []  # nothing displayed while capturing: the outputs are the widget's state
+    png, table = ex.output.outputs  # in show()'s order
+    assert png["output_type"] == "display_data" and png["data"]["text/plain"].startswith("<Figure")
+    assert base64.b64decode(png["data"]["image/png"])[:4] == b"\x89PNG"
+    assert table["data"]["text/plain"] == "{'n': 4, 'square': 16}"
     assert plt.get_fignums() == []  # shown figures and the stray one are closed
     assert ex.run(render=False) == 16 and ex.shown == 1  # render=False draws nothing
-    assert len(displayed) == 2
+    assert ex.output.outputs == ()
     assert ex.status.value == "n squared is <b>16</b>"
 
 
@@ -108,7 +113,7 @@ def test_the_button_is_disabled_while_compute_runs():
 def test_an_expected_error_says_cannot_run_and_clears_the_last_result():
     ex = Square()
     ex.run()
-    ex.output.outputs = PREVIOUS  # as if the good run had drawn into the output area
+    assert len(ex.output.outputs) == 2  # the good run's picture and table, as the widget's state
     ex.n.value = -1
     assert ex.run() is None  # not raised
     assert ex.status.value == "<b>cannot run:</b> n must be &gt;= 0, got n=-1 &lt;here&gt;"

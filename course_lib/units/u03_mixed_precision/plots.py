@@ -139,12 +139,17 @@ def plot_matmul_speed(df: pd.DataFrame):
             sub = df[df["dtype"] == dt].set_index("n")
             xs = [i + j * w for i in range(len(sizes))]
             ys = [float(sub.loc[n, "gflops"]) for n in sizes]
-            ax.bar(xs, ys, width=w, color=colors.get(dt, "gray"), label=dt)
+            bars = ax.bar(xs, ys, width=w, color=colors.get(dt, "gray"), label=dt)
+            ax.bar_label(bars, [f"{y:,.0f}" if y >= 100 else f"{y:.2g}" for y in ys], padding=2)
         ax.set_yscale("log")
+        # from the decade below the slowest bar (a labelled tick under every bar) to room above
+        # the fastest bar for its value and the legend
+        lo, hi = float(df["gflops"].min()), float(df["gflops"].max())
+        ax.set_ylim(10 ** math.floor(math.log10(lo)), hi * 8)
         ax.set_xticks([i + 0.4 - w / 2 for i in range(len(sizes))], [f"{n}x{n}" for n in sizes])
         ax.set_ylabel("GFLOP/s (median)")
         ax.set_title("Matmul throughput per dtype on this machine")
-        ax.legend()
+        ax.legend(loc="upper left", ncol=len(dtypes))
         fig.tight_layout()
     return fig
 

@@ -14,6 +14,8 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from course_lib.viz.plots import styled
+
 __all__ = ["plot_before_after", "plot_bytes", "plot_primitives", "plot_ring_steps", "plot_times"]
 
 _RANK_COLOURS = plt.get_cmap("tab10").colors
@@ -63,10 +65,12 @@ def _draw_grid(ax, rows: Sequence, title: str, *, summed: bool = False) -> None:
     ax.set_xlabel("slot")
     ax.set_title(title, fontsize=12)
     ax.tick_params(length=0)
+    ax.grid(False)  # the cells are the grid
     for side in ax.spines.values():
         side.set_visible(False)
 
 
+@styled
 def plot_before_after(before: Sequence, after: Sequence, name: str, *,
                       bytes_sent: Sequence[int | None] | None = None) -> Figure:
     """Two panels, what every rank holds before and after one collective.
@@ -89,6 +93,7 @@ def plot_before_after(before: Sequence, after: Sequence, name: str, *,
     return fig
 
 
+@styled
 def plot_primitives(results: Mapping[str, Mapping[str, Sequence]]) -> Figure:
     """All collectives of ``results`` (name -> {"before", "after", ...}), one row of
     before -> after panels per collective, two collectives per row of the figure."""
@@ -108,6 +113,7 @@ def plot_primitives(results: Mapping[str, Mapping[str, Sequence]]) -> Figure:
     return fig
 
 
+@styled
 def plot_ring_steps(records: Sequence[Sequence[Mapping]]) -> Figure:
     """The ring all-reduce step by step, from the ``record=`` lists of every rank.
 
@@ -147,6 +153,7 @@ def plot_ring_steps(records: Sequence[Sequence[Mapping]]) -> Figure:
         ax.set_xticks(np.arange(n) + 0.5, [f"c{c}" for c in range(n)])
         ax.set_yticks(np.arange(n) + 0.5, [f"rank {r}" for r in range(n)] if s == 0 else [])
         ax.tick_params(length=0)
+        ax.grid(False)
         for side in ax.spines.values():
             side.set_visible(False)
     fig.suptitle("ring all-reduce: which ranks' data each chunk holds (framed: sent next)", fontsize=12)
@@ -165,6 +172,7 @@ def _chunk_first_values(state, n: int) -> list[float | None]:
     return out
 
 
+@styled
 def plot_bytes(df, *, group: str = "algorithm", per_size: bool = False,
                title: str = "bytes sent per rank: measured on the wire (bars) vs estimate (black ticks)") -> Figure:
     """Grouped bars of the bytes each rank sent on the wire, with estimate's prediction marked.
@@ -198,6 +206,7 @@ def plot_bytes(df, *, group: str = "algorithm", per_size: bool = False,
     return fig
 
 
+@styled
 def plot_times(times, model=None, *, title: str = "all-reduce time vs message size",
                markers: Mapping[str, float | None] | None = None) -> Figure:
     """Measured medians (points, quartile bars) per algorithm on log-log axes, with the model's

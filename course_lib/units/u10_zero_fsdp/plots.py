@@ -102,17 +102,17 @@ def plot_timeline(events: pd.DataFrame, configs=None) -> Figure:
                     labels.append(f"rank {rank} {lane}")
                     y += 1
             ax.set_yticks(ticks)
-            ax.set_yticklabels(labels, fontsize=8)
+            ax.set_yticklabels(labels, fontsize=11)
             ax.invert_yaxis()
-            ax.set_title(c, fontsize=10)
+            ax.set_title(c, fontsize=12)
             ax.grid(True, axis="x", alpha=0.3)
         axes[-1, 0].set_xlabel("ms since the step's first event (shared host clock)")
         kinds = [k for k in _SPAN_COLOUR if any(_kind(n) == k for n in events["name"])]
         handles = [plt.Rectangle((0, 0), 1, 1, color=_SPAN_COLOUR[k]) for k in kinds]
         fig.suptitle("Stage 3 (FSDP): gather before use, free after (each panel: its own time scale)")
-        fig.tight_layout(rect=(0, 0, 1, 0.95))
-        fig.legend(handles, kinds, loc="lower center", ncol=len(kinds), fontsize=8,
-                   bbox_to_anchor=(0.5, 0.935))
+        fig.tight_layout(rect=(0, 0, 1, 0.92))
+        fig.legend(handles, kinds, loc="lower center", ncol=len(kinds), fontsize=12,
+                   bbox_to_anchor=(0.5, 0.915), frameon=False)
     return fig
 
 

@@ -16,6 +16,7 @@ def _gantt(ax, ev: pd.DataFrame, title: str, n_chunks: int) -> None:
     cmap = plt.get_cmap("tab20")
     compute = ev[ev["lane"] == "compute"]
     ranks = sorted(compute["rank"].unique())
+    span = float(compute["end"].max() - compute["start"].min())
     for _, e in compute.iterrows():
         y = ranks.index(e["rank"])
         chunk = int(e["stage"]) // len(ranks)
@@ -23,12 +24,13 @@ def _gantt(ax, ev: pd.DataFrame, title: str, n_chunks: int) -> None:
         ax.barh(y, (e["end"] - e["start"]) * 1e3, left=e["start"] * 1e3, height=0.8,
                 color=colour, edgecolor="black" if chunk else "white",
                 hatch="//" if chunk else None, linewidth=0.5)
-        ax.text((e["start"] + e["end"]) / 2 * 1e3, y, f"{e['kind']}{int(e['mb'])}", ha="center",
-                va="center", fontsize=7, clip_on=True)
+        if e["end"] - e["start"] >= 0.035 * span:  # a label only where it fits at a readable size
+            ax.text((e["start"] + e["end"]) / 2 * 1e3, y, f"{e['kind']}{int(e['mb'])}", ha="center",
+                    va="center", fontsize=10, clip_on=True)
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([f"rank {r}" for r in ranks])
     ax.invert_yaxis()
-    ax.set_title(title, fontsize=11)
+    ax.set_title(title, fontsize=12)
     ax.grid(True, axis="x", alpha=0.3)
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
 from course_lib.measure.estimate import fmt_bytes
-from course_lib.viz.plots import require_columns
+from course_lib.viz.plots import require_columns, styled
 
 __all__ = ["plot_sweep", "plot_link_times"]
 
@@ -21,12 +22,13 @@ _STYLES = ["-", "--", ":", "-."]
 def _size_axis(ax, sizes) -> None:
     ax.set_xscale("log", base=2)
     ticks = sorted(set(int(s) for s in sizes))
-    step = max(1, len(ticks) // 6)
+    step = max(1, -(-len(ticks) // 4))  # at most 4 labels: readable size without overlapping
     ax.set_xticks(ticks[::step])
-    ax.set_xticklabels([fmt_bytes(t, digits=0) for t in ticks[::step]], fontsize=8)
+    ax.set_xticklabels([fmt_bytes(t, digits=0) for t in ticks[::step]])
     ax.set_xlabel("message size (full buffer)")
 
 
+@styled
 def plot_sweep(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
                ceiling_GBps: float | None = None, title: str | None = None):
     """Left: time per call against size, measured (points) beside the fitted alpha-beta line.
@@ -35,43 +37,58 @@ def plot_sweep(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
     require_columns(df, ["collective", "world_size", "size_bytes", "time_s", "busbw_GBps"], "df", nonempty=True)
     if fits is not None:
         require_columns(fits, ["collective", "world_size", "alpha_s", "beta_s_per_byte"], "fits", nonempty=True)
-    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 6))
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 6.2))
     world_sizes = sorted(df["world_size"].unique())
+    collectives = list(dict.fromkeys(df["collective"]))
     for (coll, ws), g in df.groupby(["collective", "world_size"], sort=False):
         g = g.sort_values("size_bytes")
         color = _COLORS.get(coll, "tab:gray")
         ls = _STYLES[world_sizes.index(ws) % len(_STYLES)]
         label = f"{coll}, {ws} ranks"
-        ax_t.plot(g["size_bytes"], g["time_s"] * 1e3, "o", color=color, ms=4,
+        ax_t.plot(g["size_bytes"], g["time_s"] * 1e3, "o", color=color, ms=5,
                   mfc="none" if world_sizes.index(ws) else color, label=f"{label} measured")
         if fits is not None:
             f = fits[(fits["collective"] == coll) & (fits["world_size"] == ws)]
             if len(f):
                 xs = np.geomspace(g["size_bytes"].min(), g["size_bytes"].max(), 100)
                 pred = f["alpha_s"].iloc[0] + f["beta_s_per_byte"].iloc[0] * xs
-                ax_t.plot(xs, np.clip(pred, 1e-9, None) * 1e3, ls, color=color, lw=1.2,
+                ax_t.plot(xs, np.clip(pred, 1e-9, None) * 1e3, ls, color=color, lw=1.4,
                           label=f"{label} alpha-beta fit")
-        ax_b.plot(g["size_bytes"], g["busbw_GBps"], ls, marker="o", ms=3, color=color, label=label)
+        ax_b.plot(g["size_bytes"], g["busbw_GBps"], ls, marker="o", ms=4, color=color,
+                  mfc="none" if world_sizes.index(ws) else color, label=label)
     if ceiling_GBps is not None:
         ax_b.axhline(ceiling_GBps, color="black", ls="--", lw=1,
                      label=f"single-thread memcpy {ceiling_GBps:.1f} GB/s")
     ax_t.set_yscale("log")
     ax_t.set_ylabel("time per call (ms, median)")
-    ax_t.set_title("time per call: measured (points), fitted alpha + beta S (lines)")
+    ax_t.set_title("time per call")
     ax_b.set_yscale("log")
     ax_b.set_ylabel("bus bandwidth (GB/s)")
     ax_b.set_title("busbw (nccl-tests convention)")
     for ax in (ax_t, ax_b):
         _size_axis(ax, df["size_bytes"])
         ax.grid(True, which="both", alpha=0.3)
-        # below the axes, so that no entry hides a measured point
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+    # one legend for both panels, below them (no entry hides a point): colour = collective,
+    # line style and filled/hollow marker = world size
+    handles = [Line2D([], [], color=_COLORS.get(c, "tab:gray"), lw=4, label=c) for c in collectives]
+    handles += [Line2D([], [], color="black", ls=_STYLES[i % len(_STYLES)], marker="o",
+                       mfc="black" if i == 0 else "none", label=f"{ws} ranks")
+                for i, ws in enumerate(world_sizes)]
+    if fits is not None:
+        handles += [Line2D([], [], color="gray", marker="o", ls="none", label="left: measured"),
+                    Line2D([], [], color="gray", label="left: alpha-beta fit")]
+    if ceiling_GBps is not None:
+        handles.append(Line2D([], [], color="black", ls="--", lw=1,
+                              label=f"single-thread memcpy {ceiling_GBps:.1f} GB/s"))
     backend = ", ".join(sorted(df["backend"].unique())) if "backend" in df else ""
     fig.suptitle(title or f"collective sweep ({backend})" if backend else "collective sweep")
-    fig.tight_layout()
+    rows = -(-len(handles) // 4)
+    fig.tight_layout(rect=(0, 0.065 * rows, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=4, bbox_to_anchor=(0.5, 0.0), frameon=False)
     return fig
 
 
+@styled
 def plot_link_times(table: pd.DataFrame, *, title: str | None = None):
     """Predicted ring all-reduce time of one step's gradients per link and model (log scale),
     from run.gradient_allreduce_table."""
@@ -89,13 +106,13 @@ def plot_link_times(table: pd.DataFrame, *, title: str | None = None):
         for bar, t in zip(bars, g["time_s"]):
             ms = t * 1e3
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
-                    f" {ms:,.0f} ms" if ms >= 100 else f" {ms:.3g} ms", va="center", fontsize=9)
+                    f" {ms:,.0f} ms" if ms >= 100 else f" {ms:.3g} ms", va="center")
     ax.set_yticks(y + height * (len(models) - 1) / 2)
     ax.set_yticklabels(links)
     ax.set_xscale("log")
     ax.set_xlim(right=float(table["time_s"].max()) * 1e3 * 4)  # room for the labels
     ax.set_xlabel("predicted ring all-reduce time (ms, log scale), at the headline GB/s")
-    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     ax.set_title(title or "gradient all-reduce per step, by link (estimate)")
     fig.tight_layout()
     return fig

@@ -118,13 +118,18 @@ def test_widget_runs_only_on_click_and_shows_the_real_result():
 def test_widget_explains_an_impossible_choice_and_stays_usable():
     from course_lib.units.u08_collectives.widgets import CollectiveExplorer
 
-    ex = CollectiveExplorer(collective="recursive_doubling (from scratch)", world_size=3)
+    ex = CollectiveExplorer(collective="recursive_doubling (from scratch)", world_size=2)
+    ex.run_button.click()
+    assert ex.result is not None
+    assert [o["data"].keys() >= {"image/png"} for o in ex.output.outputs] == [True, False]
+    ex.world_size.value = 3
     ex.run_button.click()
     assert ex.result is None and "cannot run" in ex.status.value and "world_size=3" in ex.status.value
+    assert ex.output.outputs == ()  # the 2-rank picture and table are gone, not left under it
     assert not ex.run_button.disabled
     ex.world_size.value = 2
     ex.run_button.click()
-    assert ex.result is not None
+    assert ex.result is not None and len(ex.output.outputs) == 2
 
 
 def test_widget_names_the_world_sizes_its_own_slider_offers():
@@ -135,6 +140,8 @@ def test_widget_names_the_world_sizes_its_own_slider_offers():
                                 max_world_size=top)
         ex.run_button.click()
         assert ex.status.value.endswith(f"valid choices here: {listed}")
+        offered = range(ex.world_size.min, ex.world_size.max + 1, ex.world_size.step)
+        assert listed == ", ".join(str(w) for w in offered if not w & (w - 1))  # the slider's own
         assert ex.result is None and ex.table is None and ex.figure is None
 
 
