@@ -213,6 +213,13 @@ def test_unit01_widget_updates_on_run(browser, lab):
                            arg=[status.element_handle(), before], timeout=60_000)
     TIMINGS["widget run unit 01"] = time.perf_counter() - start
     assert "adam" in before and "sgd" in status.inner_text()
+    # the new timeline is in the widget, and no copy of it went to the Log Console (where the
+    # first Run after a kernel start used to send it)
+    explorer.locator(".widget-output img").first.wait_for(timeout=30_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('logconsole:open')")
+    page.select_option(".jp-LogConsole-toolbarLogLevel select, select[aria-label='Log level']", "debug",
+                       timeout=10_000)  # show every entry
+    assert page.locator(".jp-LogConsolePanel img").count() == 0
     assert errors == []
     page.close()
 
