@@ -102,6 +102,17 @@ class Experiment:
         return world_size
 
 
+def batch_divides(rows: int) -> Callable[[int, dict], None]:
+    """A ``check`` for experiments whose global batch of ``rows`` rows is split evenly over the
+    ranks: refuses a world size that does not divide it, listing the ones that do."""
+    def check(world_size: int, settings: dict) -> None:
+        if rows % world_size:
+            valid = ", ".join(str(n) for n in range(2, rows + 1) if rows % n == 0)
+            raise ValueError(f"world_size = {world_size}: the global batch of {rows} rows must "
+                             f"split evenly; valid: {valid}")
+    return check
+
+
 def _settings_text(settings: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in settings.items())
 

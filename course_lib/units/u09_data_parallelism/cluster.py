@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from course_lib.cluster import Experiment
+from course_lib.cluster.experiment import batch_divides
 
 
 def bytes_per_step(world_size: int, *, width: int = 256, bucket_cap_mb: float = 0.25):
@@ -23,12 +24,8 @@ def accumulation(world_size: int, *, micro_steps: int = 4, bucket_cap_mb: float 
                                     bucket_cap_mb=bucket_cap_mb)
 
 
-def _rows_divide(world_size: int, settings: dict) -> None:
-    rows = 24  # unit.run.batch_fn's global batch
-    if rows % world_size:
-        valid = ", ".join(str(n) for n in range(2, rows + 1) if rows % n == 0)
-        raise ValueError(f"world_size = {world_size}: the global batch of {rows} rows must split "
-                         f"evenly; valid: {valid}")
+# unit.run.batch_fn's global batch is 24 rows, split over the ranks
+_ROWS = batch_divides(24)
 
 
 EXPERIMENTS = [
@@ -36,7 +33,7 @@ EXPERIMENTS = [
                bytes_per_step, "notebooks/09_data_parallelism.ipynb",
                plot="unit.plots.plot_bytes(res.value)"),
     Experiment("u09.parity", "DataParallel vs one process on the full batch", parity,
-               "notebooks/09_data_parallelism.ipynb", check=_rows_divide, minimum=1),
+               "notebooks/09_data_parallelism.ipynb", check=_ROWS, minimum=1),
     Experiment("u09.accumulation", "gradient accumulation with and without no_sync",
-               accumulation, "notebooks/09_data_parallelism.ipynb", check=_rows_divide),
+               accumulation, "notebooks/09_data_parallelism.ipynb", check=_ROWS),
 ]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from course_lib.cluster import Experiment
+from course_lib.cluster.experiment import batch_divides
 
 
 def parity(world_size: int, *, stages: tuple = (1, 2, 3), steps: int = 3):
@@ -22,17 +23,13 @@ def comm(world_size: int, *, stages: tuple = (0, 1, 2, 3), with_torch: bool = Tr
     return run.comm_table((world_size,), stages, with_torch=with_torch)
 
 
-def _rows_divide(world_size: int, settings: dict) -> None:
-    rows = 24  # unit.run.batch_fn's global batch
-    if rows % world_size:
-        valid = ", ".join(str(n) for n in range(2, rows + 1) if rows % n == 0)
-        raise ValueError(f"world_size = {world_size}: the global batch of {rows} rows must split "
-                         f"evenly; valid: {valid}")
+# unit.run.batch_fn's global batch is 24 rows, split over the ranks
+_ROWS = batch_divides(24)
 
 
 EXPERIMENTS = [
     Experiment("u10.parity", "ZeRO stages 1-3 vs one process on the full batch", parity,
-               "notebooks/10_zero_fsdp.ipynb", check=_rows_divide),
+               "notebooks/10_zero_fsdp.ipynb", check=_ROWS),
     Experiment("u10.memory", "model-state bytes per rank per ZeRO stage (MemoryMeter)", memory,
                "notebooks/10_zero_fsdp.ipynb", plot="unit.plots.plot_memory(res.value)",
                minimum=1),
