@@ -1,9 +1,10 @@
-"""Drive a real Jupyter kernel cell by cell (for ``python -m course_lib.bench ranks``).
+"""Drive a real Jupyter kernel cell by cell (``python -m course_lib.bench ranks`` and the
+kernel tests in tests/runtime).
 
 A small jupyter_client wrapper: start a kernel (of this interpreter, or of another virtual
 environment's ``python``), run cells, collect stdout / stderr / error as a notebook shows them,
-interrupt ("interrupt kernel": SIGINT to the kernel's process group), close. Every wait has a
-timeout. This checkout's ``course_lib`` goes first on the kernel's PYTHONPATH.
+interrupt ("interrupt kernel": SIGINT to the kernel's process group), restart, close. Every wait
+has a timeout. This checkout's ``course_lib`` goes first on the kernel's PYTHONPATH.
 """
 from __future__ import annotations
 
@@ -27,12 +28,20 @@ class Cell:
     stderr: str = ""
     error: tuple[str, str] | None = None
     traceback: str = ""
-    finished: bool = False
+    finished: bool = False  # the kernel went idle within the timeout
+
+    @property
+    def text(self) -> str:
+        return self.stdout + self.stderr + self.traceback
 
 
 class Kernel:
+    """``store_history``: what the cells are sent with (nbval and nbclient send False);
+    ``displays_in_stdout``: append each displayed value's text/plain to ``stdout``."""
+
     def __init__(self, cwd: str, python: str | None = None, extra_env: dict | None = None,
-                 module: str = "ipykernel_launcher"):
+                 module: str = "ipykernel_launcher", *, store_history: bool = True,
+                 displays_in_stdout: bool = True):
         from jupyter_client import KernelManager
         from jupyter_client.kernelspec import KernelSpecManager
 
@@ -52,6 +61,8 @@ class Kernel:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
         self._msg_id: str | None = None
+        self._store_history = store_history
+        self._displays_in_stdout = displays_in_stdout
 
     @property
     def pid(self) -> int:
@@ -64,7 +75,7 @@ class Kernel:
             return []
 
     def start(self, code: str) -> None:
-        self._msg_id = self.kc.execute(code, store_history=True)
+        self._msg_id = self.kc.execute(code, store_history=self._store_history)
 
     def collect(self, timeout: float = 60.0) -> Cell:
         cell, msg_id, self._msg_id = Cell(), self._msg_id, None
@@ -92,8 +103,23 @@ class Kernel:
             elif kind == "status" and content["execution_state"] == "idle":
                 cell.finished = True
                 break
-        cell.stdout += "".join(text + "\n" for text in displays.values())
+        if self._displays_in_stdout:
+            cell.stdout += "".join(text + "\n" for text in displays.values())
         return cell
+
+    def drain(self, seconds: float) -> str:
+        """Stream output that arrives within ``seconds``, whichever cell it is attributed to
+        (output a subprocess writes to the kernel's stderr can land after its cell ended)."""
+        text = ""
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=min(remaining, 0.2))
+            except queue.Empty:
+                continue
+            if msg["msg_type"] == "stream":
+                text += msg["content"]["text"]
+        return text
 
     def run(self, code: str, timeout: float = 60.0) -> Cell:
         self.start(code)
@@ -101,6 +127,10 @@ class Kernel:
 
     def interrupt(self) -> None:
         self.km.interrupt_kernel()
+
+    def restart(self) -> None:
+        self.km.restart_kernel(now=True)
+        self.kc.wait_for_ready(timeout=60)
 
     def close(self) -> None:
         leftovers = self.descendants()
