@@ -29,11 +29,7 @@ def _encode(obj: Any) -> Any:
     import pandas as pd
     import torch
 
-    if obj is None or isinstance(obj, (bool, str)):
-        return obj
-    if isinstance(obj, int):
-        return obj
-    if isinstance(obj, float):
+    if obj is None or isinstance(obj, (bool, str, int, float)):
         return obj
     if isinstance(obj, np.generic):
         return _encode(obj.item())

@@ -117,15 +117,15 @@ def render(experiment: str | Experiment, *, script: str = "experiment.py",
     fixed = exp.world_size(chosen) if exp.world_size else None
     if world_size is not None or fixed is not None:
         world_size = exp.resolve_world_size(world_size, chosen)  # refused here, before any rank
-    shown = world_size or max(exp.minimum, 4 if exp.check is None else exp.minimum)
-    if world_size is None and exp.check is not None:
-        for candidate in (4, 2, exp.minimum):
-            try:
-                exp.resolve_world_size(candidate, chosen)
-            except ValueError:
-                continue
-            shown = candidate
+    shown = world_size  # the world size the instructions show: the given one, or a valid one
+    for candidate in (4, 2, exp.minimum):
+        if shown is not None:
             break
+        try:
+            shown = exp.resolve_world_size(candidate, chosen)
+        except ValueError:
+            continue
+    shown = shown or exp.minimum
     out = out or f"{pathlib.Path(script).stem}_results.json"
     per_node = max(1, shown // 2)
     example_key = next(iter(chosen), None)
