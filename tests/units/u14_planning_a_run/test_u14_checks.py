@@ -11,7 +11,8 @@ from course_lib.units.u14_planning_a_run import checks as C
 def test_sized_run(capsys):
     C.check_sized_run(A.sized_run)
     assert capsys.readouterr().out.startswith("✓ task 1: the layout fits")
-    too_slow = lambda: (dict(dp=8, tp=8, pp=1, zero=1, recompute="selective", micro_batch=1), 58.7e9)  # noqa: E731
+    def too_slow():
+        return dict(dp=8, tp=8, pp=1, zero=1, recompute="selective", micro_batch=1), 58.7e9
     with pytest.raises(AssertionError, match=r"✗ task 1: it fits but takes 33.8 days > 31"):
         C.check_sized_run(too_slow)
     too_big = lambda: (dict(dp=16, tp=4, pp=1, zero=1, recompute="selective", micro_batch=1), 1e11)  # noqa: E731
