@@ -3,6 +3,7 @@
 The public names below are imported lazily, so ``python -m course_lib.grade`` and other
 light entry points do not pay for ``import torch`` until they need it.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -20,6 +20,7 @@ Times are wall-clock seconds on this machine (shared cores make them noisy: read
 not single runs; the header prints the load average). Targets for course_lib.launch on 2 cores:
 median <= 0.1 s, p99 <= 0.3 s. Introduced in notebooks/00_start_here.ipynb.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,8 @@ class Timing:
     """Wall-clock seconds of one launch method."""
 
     method: str
-    cold_s: float           # the first call in a fresh process (start-up costs included)
-    warm_s: list[float]     # the calls after it
+    cold_s: float  # the first call in a fresh process (start-up costs included)
+    warm_s: list[float]  # the calls after it
 
     @property
     def median_s(self) -> float:
@@ -132,8 +133,12 @@ def time_accelerate(world_size: int, warm_runs: int, timeout_s: float = 300.0) -
         import accelerate  # noqa: F401
     except ImportError:
         return "accelerate is not installed (pip install -c constraints.txt accelerate)"
-    proc = subprocess.run([sys.executable, "-c", _ACCELERATE_SCRIPT, str(warm_runs), str(world_size)],
-                          capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(
+        [sys.executable, "-c", _ACCELERATE_SCRIPT, str(warm_runs), str(world_size)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("TIMES_JSON "):
             times = json.loads(line.split(" ", 1)[1])
@@ -144,20 +149,42 @@ def time_accelerate(world_size: int, warm_runs: int, timeout_s: float = 300.0) -
 def format_table(timings: list[Timing], baseline: str = "torch.multiprocessing.spawn") -> str:
     """Aligned table: method, cold s, warm median / p99 / max s, runs, speed-up vs baseline."""
     base = next((t.median_s for t in timings if t.method == baseline), None)
-    header = ("method", "cold s", "warm median s", "p99 s", "max s", "warm runs", "speed-up vs spawn")
+    header = (
+        "method",
+        "cold s",
+        "warm median s",
+        "p99 s",
+        "max s",
+        "warm runs",
+        "speed-up vs spawn",
+    )
     rows = [header]
     for t in timings:
         speedup = f"{base / t.median_s:.1f}x" if base else "n/a"
-        rows.append((t.method, f"{t.cold_s:.3f}", f"{t.median_s:.3f}", f"{t.p99_s:.3f}",
-                     f"{t.max_s:.3f}", str(len(t.warm_s)), speedup))
+        rows.append(
+            (
+                t.method,
+                f"{t.cold_s:.3f}",
+                f"{t.median_s:.3f}",
+                f"{t.p99_s:.3f}",
+                f"{t.max_s:.3f}",
+                str(len(t.warm_s)),
+                speedup,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def bench_launch(world_size: int = 2, warm_runs: int = 100, spawn_runs: int = 3,
-                 accelerate: bool = True, accelerate_runs: int = 10) -> list[Timing]:
+def bench_launch(
+    world_size: int = 2,
+    warm_runs: int = 100,
+    spawn_runs: int = 3,
+    accelerate: bool = True,
+    accelerate_runs: int = 10,
+) -> list[Timing]:
     timings = [time_course_lib(world_size, warm_runs), time_spawn(world_size, spawn_runs)]
     if accelerate:
         acc = time_accelerate(world_size, accelerate_runs)
@@ -169,25 +196,43 @@ def bench_launch(world_size: int = 2, warm_runs: int = 100, spawn_runs: int = 3,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.bench", description=__doc__.split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="what", required=True)
-    p = sub.add_parser("launch", help="launch overhead: course_lib.launch vs spawn vs notebook_launcher")
+    p = sub.add_parser(
+        "launch", help="launch overhead: course_lib.launch vs spawn vs notebook_launcher"
+    )
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--warm", type=int, default=100, help="warm runs of course_lib.launch")
     p.add_argument("--spawn", type=int, default=3, help="runs of torch.multiprocessing.spawn")
-    p.add_argument("--accelerate-runs", type=int, default=10,
-                   help="warm runs of accelerate.notebook_launcher")
+    p.add_argument(
+        "--accelerate-runs", type=int, default=10, help="warm runs of accelerate.notebook_launcher"
+    )
     p.add_argument("--no-accelerate", action="store_true")
     v = sub.add_parser("virtual", help="virtual cluster: ZeRO Figure 1, 7B table, 70B on 512 ranks")
-    v.add_argument("--only", choices=("figure1", "7b", "70b"), action="append",
-                   help="run only these parts (repeatable); default: all three")
-    r = sub.add_parser("ranks", help="persistent ranks in a notebook: %%ranks vs nbdistributed "
-                       "vs jupyter-distributed, through a real kernel (see course_lib/bench_ranks.py)")
+    v.add_argument(
+        "--only",
+        choices=("figure1", "7b", "70b"),
+        action="append",
+        help="run only these parts (repeatable); default: all three",
+    )
+    r = sub.add_parser(
+        "ranks",
+        help="persistent ranks in a notebook: %%ranks vs nbdistributed "
+        "vs jupyter-distributed, through a real kernel (see course_lib/bench_ranks.py)",
+    )
     r.add_argument("--runs", type=int, default=20, help="runs of the trivial cell")
-    r.add_argument("--nbdistributed-python", default=None,
-                   help="python of a virtual environment with nbdistributed and ipykernel installed")
-    r.add_argument("--jupyter-distributed-python", default=None,
-                   help="python of a virtual environment with jupyter-distributed installed")
+    r.add_argument(
+        "--nbdistributed-python",
+        default=None,
+        help="python of a virtual environment with nbdistributed and ipykernel installed",
+    )
+    r.add_argument(
+        "--jupyter-distributed-python",
+        default=None,
+        help="python of a virtual environment with jupyter-distributed installed",
+    )
     r.add_argument("--verbose", action="store_true", help="also print what each cell showed")
     args = parser.parse_args(argv)
     if args.what == "ranks":
@@ -196,16 +241,22 @@ def main(argv: list[str] | None = None) -> int:
         from course_lib.virtual import bench as virtual_bench
 
         parts = set(args.only or ("figure1", "7b", "70b"))
-        return virtual_bench.run(figure1="figure1" in parts, seven_b="7b" in parts,
-                                 seventy_b="70b" in parts)
+        return virtual_bench.run(
+            figure1="figure1" in parts, seven_b="7b" in parts, seventy_b="70b" in parts
+        )
     if min(args.world_size, args.warm, args.spawn, args.accelerate_runs) < 1:
-        parser.error("--world-size, --warm, --spawn and --accelerate-runs must be positive; got "
-                     f"{args.world_size}, {args.warm}, {args.spawn}, {args.accelerate_runs}")
+        parser.error(
+            "--world-size, --warm, --spawn and --accelerate-runs must be positive; got "
+            f"{args.world_size}, {args.warm}, {args.spawn}, {args.accelerate_runs}"
+        )
     load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    print(f"{args.world_size}-rank all_reduce of one float, gloo on CPU; torch {torch.__version__}, "
-          f"{os.cpu_count()} logical CPUs, load average {load}; wall-clock seconds")
-    timings = bench_launch(args.world_size, args.warm, args.spawn, not args.no_accelerate,
-                           args.accelerate_runs)
+    print(
+        f"{args.world_size}-rank all_reduce of one float, gloo on CPU; torch {torch.__version__}, "
+        f"{os.cpu_count()} logical CPUs, load average {load}; wall-clock seconds"
+    )
+    timings = bench_launch(
+        args.world_size, args.warm, args.spawn, not args.no_accelerate, args.accelerate_runs
+    )
     print(format_table(timings))
     print(summary_line(timings))
     return 0
@@ -217,8 +268,9 @@ def _main_ranks(parser, args) -> int:
     if args.runs < 1:
         parser.error(f"--runs must be positive; got {args.runs}")
     print(bench_ranks.header())
-    results = bench_ranks.bench_ranks(args.runs, args.nbdistributed_python,
-                                      args.jupyter_distributed_python, args.verbose)
+    results = bench_ranks.bench_ranks(
+        args.runs, args.nbdistributed_python, args.jupyter_distributed_python, args.verbose
+    )
     print(bench_ranks.format_table(results))
     for r in results:
         if r.note:
@@ -230,10 +282,12 @@ def summary_line(timings: list[Timing]) -> str:
     """course_lib.launch against its targets (median <= 0.1 s, p99 <= 0.3 s) and the others."""
     ours = timings[0]
     others = {t.method: t.median_s for t in timings[1:]}
-    parts = [f"course_lib.launch over {len(ours.warm_s)} warm launches: median "
-             f"{ours.median_s:.3f} s (target <= 0.1 s {'met' if ours.median_s <= 0.1 else 'NOT met'}), "
-             f"p99 {ours.p99_s:.3f} s (target <= 0.3 s {'met' if ours.p99_s <= 0.3 else 'NOT met'}), "
-             f"max {ours.max_s:.3f} s"]
+    parts = [
+        f"course_lib.launch over {len(ours.warm_s)} warm launches: median "
+        f"{ours.median_s:.3f} s (target <= 0.1 s {'met' if ours.median_s <= 0.1 else 'NOT met'}), "
+        f"p99 {ours.p99_s:.3f} s (target <= 0.3 s {'met' if ours.p99_s <= 0.3 else 'NOT met'}), "
+        f"max {ours.max_s:.3f} s"
+    ]
     parts += [f"{v / ours.median_s:.1f}x faster than {m}" for m, v in others.items()]
     return "; ".join(parts)
 

@@ -18,6 +18,7 @@ separate virtual environment given with ``--nbdistributed-python`` /
 ``--jupyter-distributed-python`` (never course dependencies). A peer that cannot be installed or
 run is reported with the reason. Introduced in notebooks/08_collectives.ipynb.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,51 +41,76 @@ class Tool:
     """How to drive one tool: its kernel's python and the cells that do each thing."""
 
     name: str
-    python: str            # interpreter whose ipykernel runs the notebook
-    setup: str             # cell: load the extension
-    start: str             # cell: start 4 ranks
-    trivial: str           # cell: every rank prints alive-<rank>
-    set_state: str         # cell: every rank sets `x = 10 * rank`
-    read_state: str        # cell: every rank shows `x`
-    sleep: str             # cell: every rank sleeps 30 s
-    raise_on_1: str        # cell: rank 1 raises ValueError('boom-1'), the others return rank
-    stop: str              # cell: stop the ranks
+    python: str  # interpreter whose ipykernel runs the notebook
+    setup: str  # cell: load the extension
+    start: str  # cell: start 4 ranks
+    trivial: str  # cell: every rank prints alive-<rank>
+    set_state: str  # cell: every rank sets `x = 10 * rank`
+    read_state: str  # cell: every rank shows `x`
+    sleep: str  # cell: every rank sleeps 30 s
+    raise_on_1: str  # cell: rank 1 raises ValueError('boom-1'), the others return rank
+    stop: str  # cell: stop the ranks
     start_again: bool = True  # whether `stop` leaves the tool able to start a second set
     kernel_module: str = "ipykernel_launcher"  # what the kernel's python runs (`-m`)
-    env: tuple = ()        # (name, value) pairs for the kernel's environment
+    env: tuple = ()  # (name, value) pairs for the kernel's environment
 
 
-COURSE = Tool("course_lib %%ranks", "", "%load_ext course_lib.ranks", "%ranks start 4",
-              "%%ranks\nprint(f'alive-{rank}')", "%%ranks\nx = 10 * rank", "%%ranks\nprint(f'x={x}')",
-              "%%ranks\nimport time\ntime.sleep(30)",
-              "%%ranks\nif rank == 1:\n    raise ValueError('boom-1')\nrank", "%ranks stop")
+COURSE = Tool(
+    "course_lib %%ranks",
+    "",
+    "%load_ext course_lib.ranks",
+    "%ranks start 4",
+    "%%ranks\nprint(f'alive-{rank}')",
+    "%%ranks\nx = 10 * rank",
+    "%%ranks\nprint(f'x={x}')",
+    "%%ranks\nimport time\ntime.sleep(30)",
+    "%%ranks\nif rank == 1:\n    raise ValueError('boom-1')\nrank",
+    "%ranks stop",
+)
 
 # Its %dist_shutdown (and %dist_reset) end with `pkill -f worker.py`, `pkill -9 -f python.*worker`
 # and `pkill -9 -f torch.*distributed`: they kill every matching process of the user, other
 # notebooks' and programs' included. The benchmark never calls them: it unloads the extension,
 # whose own shutdown ends only the workers it started (and cannot start a second set after).
-NBDISTRIBUTED = Tool("nbdistributed 0.1.0", "", "%load_ext nbdistributed", "%dist_init -n 4",
-                     "print(f'alive-{rank}')", "x = 10 * rank", "print(f'x={x}')", "import time\ntime.sleep(30)",
-                     "if rank == 1:\n    raise ValueError('boom-1')\nrank", "%unload_ext nbdistributed",
-                     start_again=False)
+NBDISTRIBUTED = Tool(
+    "nbdistributed 0.1.0",
+    "",
+    "%load_ext nbdistributed",
+    "%dist_init -n 4",
+    "print(f'alive-{rank}')",
+    "x = 10 * rank",
+    "print(f'x={x}')",
+    "import time\ntime.sleep(30)",
+    "if rank == 1:\n    raise ValueError('boom-1')\nrank",
+    "%unload_ext nbdistributed",
+    start_again=False,
+)
 
 
 # A proxy kernel: every cell runs on WORLD_SIZE ordinary ipykernels (the ranks, started with the
 # proxy's first cell); it sets MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE, the cell makes the group.
 JUPYTER_DISTRIBUTED = Tool(
-    "jupyter-distributed 0.1.1", "", "",
+    "jupyter-distributed 0.1.1",
+    "",
+    "",
     "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\nrank = dist.get_rank()",
-    "print(f'alive-{rank}')", "x = 10 * rank", "print(f'x={x}')", "import time\ntime.sleep(30)",
-    "if rank == 1:\n    raise ValueError('boom-1')\nrank", "", start_again=False,
+    "print(f'alive-{rank}')",
+    "x = 10 * rank",
+    "print(f'x={x}')",
+    "import time\ntime.sleep(30)",
+    "if rank == 1:\n    raise ValueError('boom-1')\nrank",
+    "",
+    start_again=False,
     kernel_module="jupyter_distributed.kernel",
-    env=(("JUPYTER_DISTRIBUTED_WORLD_SIZE", "4"), ("JUPYTER_DISTRIBUTED_BASE_KERNEL", "python3")))
+    env=(("JUPYTER_DISTRIBUTED_WORLD_SIZE", "4"), ("JUPYTER_DISTRIBUTED_BASE_KERNEL", "python3")),
+)
 
 
 @dataclass
 class Result:
     tool: str
     start_cell_s: float | None = None  # the start cell returned
-    start_s: float | None = None       # every rank answered a cell
+    start_s: float | None = None  # every rank answered a cell
     restart_s: float | None = None
     trivial_median_s: float | None = None
     trivial_runs: int = 0
@@ -97,8 +123,9 @@ class Result:
 
 
 # "rank 1: raised ...", "[Rank 1 — error]", "error on rank 1" (not a mere "Rank 1:" header)
-_NAMES_RANK_1 = re.compile(r"rank 1\b[^\n]{0,12}(error|fail|raise)|(error|fail)[^\n]{0,40}rank 1\b",
-                           re.IGNORECASE)
+_NAMES_RANK_1 = re.compile(
+    r"rank 1\b[^\n]{0,12}(error|fail|raise)|(error|fail)[^\n]{0,40}rank 1\b", re.IGNORECASE
+)
 
 
 def _all_alive(cell) -> bool:
@@ -118,8 +145,9 @@ def measure(tool: Tool, trivial_runs: int = 20, cwd: str | None = None) -> Resul
         # first, as activating it would (without, its workers fail: ModuleNotFoundError zmq)
         path = os.pathsep.join([os.path.dirname(tool.python), os.environ.get("PATH", "")])
         env = dict(tool.env, **({"PATH": path} if tool.python else {}))
-        kernel = _kernel_driver.Kernel(cwd, python=tool.python or None, extra_env=env,
-                                       module=tool.kernel_module)
+        kernel = _kernel_driver.Kernel(
+            cwd, python=tool.python or None, extra_env=env, module=tool.kernel_module
+        )
     except Exception as exc:  # the kernel itself does not start in that environment
         result.note = f"kernel did not start: {exc}"
         return result
@@ -137,7 +165,9 @@ def measure(tool: Tool, trivial_runs: int = 20, cwd: str | None = None) -> Resul
             return result
         # started = every rank answers a cell (a tool may return before its workers are ready)
         while not _all_alive(first := kernel.run(tool.trivial, timeout=60)):
-            result.details.setdefault("cells before the ranks answered", []).append(_shown(first)[-200:])
+            result.details.setdefault("cells before the ranks answered", []).append(
+                _shown(first)[-200:]
+            )
             if time.perf_counter() - t0 > 180:
                 result.note = "the ranks did not answer within 180 s of the start cell"
                 return result
@@ -158,12 +188,18 @@ def measure(tool: Tool, trivial_runs: int = 20, cwd: str | None = None) -> Resul
         shown = _shown(raised)
         again = kernel.run(tool.read_state, timeout=30)
         usable = all(f"x={10 * r}" in again.stdout for r in range(4))
-        result.raise_behaviour = "; ".join([
-            "cell fails" if raised.error else "cell does NOT fail (no error in the notebook)",
-            "names rank 1" if _NAMES_RANK_1.search(shown) else "rank not named",
-            "traceback shown" if "boom-1" in shown and "Traceback" in shown or "line 2" in shown
-            else "message only" if "boom-1" in shown else "error text not shown",
-            "others usable" if usable else "ranks not usable afterwards"])
+        result.raise_behaviour = "; ".join(
+            [
+                "cell fails" if raised.error else "cell does NOT fail (no error in the notebook)",
+                "names rank 1" if _NAMES_RANK_1.search(shown) else "rank not named",
+                "traceback shown"
+                if "boom-1" in shown and "Traceback" in shown or "line 2" in shown
+                else "message only"
+                if "boom-1" in shown
+                else "error text not shown",
+                "others usable" if usable else "ranks not usable afterwards",
+            ]
+        )
         result.details["raise output"] = shown[-600:]
         kernel.start(tool.sleep)
         time.sleep(1.0)
@@ -174,9 +210,13 @@ def measure(tool: Tool, trivial_runs: int = 20, cwd: str | None = None) -> Resul
         result.details["interrupt output"] = _shown(interrupted)[-600:]
         after = kernel.run(tool.read_state, timeout=30)
         kept = all(f"x={10 * r}" in after.stdout for r in range(4))
-        result.interrupt_after = ("cell stopped; ranks answer, state kept" if kept else
-                                  "ranks do not answer afterwards" if after.error or not after.finished
-                                  else "ranks answer, state lost")
+        result.interrupt_after = (
+            "cell stopped; ranks answer, state kept"
+            if kept
+            else "ranks do not answer afterwards"
+            if after.error or not after.finished
+            else "ranks answer, state lost"
+        )
         if not interrupted.finished:
             result.interrupt_after = "the kernel stayed busy for 60 s (not stopped)"
         result.details["after interrupt output"] = _shown(after)[-400:]
@@ -215,34 +255,49 @@ def _fmt(v, unit="s") -> str:
 
 def format_table(results: list[Result]) -> str:
     """A Markdown table: one row per tool."""
-    rows = ["| tool | start 4 ranks: cell returns / ranks answer / a second start | trivial cell, "
-            "median | interrupt: kernel idle after | after the interrupt | a rank raises | "
-            "processes left after kernel shutdown |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| tool | start 4 ranks: cell returns / ranks answer / a second start | trivial cell, "
+        "median | interrupt: kernel idle after | after the interrupt | a rank raises | "
+        "processes left after kernel shutdown |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         if r.note and r.start_s is None:
             rows.append(f"| {r.tool} | not measured: {r.note} | | | | | |")
             continue
-        rows.append(f"| {r.tool} | {_fmt(r.start_cell_s)} / {_fmt(r.start_s)} / {_fmt(r.restart_s)} | "
-                    f"{_fmt(r.trivial_median_s, 'ms')} ({r.trivial_runs} runs) | "
-                    f"{_fmt(r.interrupt_s)} | {r.interrupt_after} | {r.raise_behaviour} | "
-                    f"{r.leftover_processes} |")
+        rows.append(
+            f"| {r.tool} | {_fmt(r.start_cell_s)} / {_fmt(r.start_s)} / {_fmt(r.restart_s)} | "
+            f"{_fmt(r.trivial_median_s, 'ms')} ({r.trivial_runs} runs) | "
+            f"{_fmt(r.interrupt_s)} | {r.interrupt_after} | {r.raise_behaviour} | "
+            f"{r.leftover_processes} |"
+        )
     return "\n".join(rows)
 
 
-def bench_ranks(trivial_runs: int = 20, nbdistributed_python: str | None = None,
-                jupyter_distributed_python: str | None = None, verbose: bool = False) -> list[Result]:
+def bench_ranks(
+    trivial_runs: int = 20,
+    nbdistributed_python: str | None = None,
+    jupyter_distributed_python: str | None = None,
+    verbose: bool = False,
+) -> list[Result]:
     results = [measure(COURSE, trivial_runs)]
     if nbdistributed_python:
-        results.append(measure(dataclasses.replace(NBDISTRIBUTED, python=nbdistributed_python),
-                               trivial_runs))
+        results.append(
+            measure(dataclasses.replace(NBDISTRIBUTED, python=nbdistributed_python), trivial_runs)
+        )
     else:
         results.append(Result(NBDISTRIBUTED.name, note="no --nbdistributed-python given"))
     if jupyter_distributed_python:
-        results.append(measure(dataclasses.replace(JUPYTER_DISTRIBUTED,
-                                                   python=jupyter_distributed_python), trivial_runs))
+        results.append(
+            measure(
+                dataclasses.replace(JUPYTER_DISTRIBUTED, python=jupyter_distributed_python),
+                trivial_runs,
+            )
+        )
     else:
-        results.append(Result(JUPYTER_DISTRIBUTED.name, note="no --jupyter-distributed-python given"))
+        results.append(
+            Result(JUPYTER_DISTRIBUTED.name, note="no --jupyter-distributed-python given")
+        )
     if verbose:
         for r in results:
             print(json.dumps({"tool": r.tool, **r.details}, indent=1))
@@ -253,5 +308,7 @@ def header() -> str:
     import torch
 
     load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    return (f"4 ranks on CPU (gloo), driven through a Jupyter kernel; torch {torch.__version__}, "
-            f"{os.cpu_count()} logical CPUs, load average {load}")
+    return (
+        f"4 ranks on CPU (gloo), driven through a Jupyter kernel; torch {torch.__version__}, "
+        f"{os.cpu_count()} logical CPUs, load average {load}"
+    )

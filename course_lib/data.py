@@ -17,6 +17,7 @@ the same tensors on every machine and in every rank (global RNG state is left un
 
 Introduced in notebooks/00_start_here.ipynb.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,9 +27,17 @@ import torch
 
 from course_lib import validate
 
-__all__ = ["regression_task", "random_token_batches", "copy_or_sort_task", "pattern_task",
-           "pattern_task_loss_floor", "modular_addition_task", "iterate_minibatches",
-           "PERMUTATION_SEED", "permutation_batch"]
+__all__ = [
+    "regression_task",
+    "random_token_batches",
+    "copy_or_sort_task",
+    "pattern_task",
+    "pattern_task_loss_floor",
+    "modular_addition_task",
+    "iterate_minibatches",
+    "PERMUTATION_SEED",
+    "permutation_batch",
+]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -37,11 +46,16 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def regression_task(n: int, in_features: int, out_features: int = 1, *, noise: float = 0.1,
-                    seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def regression_task(
+    n: int, in_features: int, out_features: int = 1, *, noise: float = 0.1, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x, y)``: x ~ N(0, 1) of shape (n, in_features); y = x W^T + b + noise * N(0, 1),
     shape (n, out_features), for a teacher W, b drawn from the same seed. float32."""
-    n, fi, fo = validate.count("n", n, minimum=1), validate.count("in_features", in_features, minimum=1), validate.count("out_features", out_features, minimum=1)
+    n, fi, fo = (
+        validate.count("n", n, minimum=1),
+        validate.count("in_features", in_features, minimum=1),
+        validate.count("out_features", out_features, minimum=1),
+    )
     if not noise >= 0:
         raise ValueError(f"noise must be >= 0, got {noise!r}")
     g = _gen(seed)
@@ -52,11 +66,16 @@ def regression_task(n: int, in_features: int, out_features: int = 1, *, noise: f
     return x, y
 
 
-def random_token_batches(vocab: int, batch: int, seq: int, *, seed: int = 0,
-                         n_batches: int | None = None):
+def random_token_batches(
+    vocab: int, batch: int, seq: int, *, seed: int = 0, n_batches: int | None = None
+):
     """Uniform random token ids: ``(idx, targets)``, each (batch, seq) int64, targets = idx
     shifted by one (next token). With ``n_batches`` a list of that many such pairs."""
-    vocab, batch, seq = validate.count("vocab", vocab, minimum=1), validate.count("batch", batch, minimum=1), validate.count("seq", seq, minimum=1)
+    vocab, batch, seq = (
+        validate.count("vocab", vocab, minimum=1),
+        validate.count("batch", batch, minimum=1),
+        validate.count("seq", seq, minimum=1),
+    )
     g = _gen(seed)
 
     def one():
@@ -71,27 +90,42 @@ def random_token_batches(vocab: int, batch: int, seq: int, *, seed: int = 0,
 COPY_SORT_TASKS = ("copy", "reverse", "sort")
 
 
-def copy_or_sort_task(n: int, seq: int, vocab: int, *, task: str = "copy",
-                      seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def copy_or_sort_task(
+    n: int, seq: int, vocab: int, *, task: str = "copy", seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x, y)``, each (n, seq) int64: x random tokens, y = x (copy), x reversed, or x sorted."""
-    n, seq, vocab = validate.count("n", n, minimum=1), validate.count("seq", seq, minimum=1), validate.count("vocab", vocab, minimum=1)
+    n, seq, vocab = (
+        validate.count("n", n, minimum=1),
+        validate.count("seq", seq, minimum=1),
+        validate.count("vocab", vocab, minimum=1),
+    )
     if task not in COPY_SORT_TASKS:
-        raise ValueError(f"task={task!r} is not supported; valid choices: {', '.join(COPY_SORT_TASKS)}")
+        raise ValueError(
+            f"task={task!r} is not supported; valid choices: {', '.join(COPY_SORT_TASKS)}"
+        )
     x = torch.randint(0, vocab, (n, seq), generator=_gen(seed))
-    y = {"copy": lambda: x.clone(), "reverse": lambda: x.flip(1),
-         "sort": lambda: x.sort(dim=1).values}[task]()
+    y = {
+        "copy": lambda: x.clone(),
+        "reverse": lambda: x.flip(1),
+        "sort": lambda: x.sort(dim=1).values,
+    }[task]()
     return x, y
 
 
-def pattern_task(n: int, seq: int, vocab: int, *, period: int = 8,
-                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def pattern_task(
+    n: int, seq: int, vocab: int, *, period: int = 8, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token prediction on sequences that repeat a random motif of ``period`` tokens.
 
     Returns ``(idx, targets)``, each (n, seq) int64 (targets = the sequence shifted by one).
     The first ``period - 1`` targets of a sequence cannot be predicted; every later one can
     (copy the token ``period`` positions back), which a 2-layer attention model learns quickly.
     """
-    n, seq, vocab = validate.count("n", n, minimum=1), validate.count("seq", seq, minimum=1), validate.count("vocab", vocab, minimum=1)
+    n, seq, vocab = (
+        validate.count("n", n, minimum=1),
+        validate.count("seq", seq, minimum=1),
+        validate.count("vocab", vocab, minimum=1),
+    )
     period = validate.count("period", period, minimum=1)
     if period > seq:
         raise ValueError(f"period={period} must be <= seq={seq}")
@@ -104,7 +138,11 @@ def pattern_task(n: int, seq: int, vocab: int, *, period: int = 8,
 def pattern_task_loss_floor(seq: int, vocab: int, period: int = 8) -> float:
     """Best achievable mean cross-entropy (nats) on ``pattern_task``: the first period - 1
     targets are uniform guesses (ln vocab each), the rest are determined (0)."""
-    seq, vocab, period = validate.count("seq", seq, minimum=1), validate.count("vocab", vocab, minimum=1), validate.count("period", period, minimum=1)
+    seq, vocab, period = (
+        validate.count("seq", seq, minimum=1),
+        validate.count("vocab", vocab, minimum=1),
+        validate.count("period", period, minimum=1),
+    )
     return (min(period - 1, seq) / seq) * math.log(vocab)
 
 
@@ -124,9 +162,15 @@ def modular_addition_task(p: int = 11, *, seed: int = 0) -> tuple[torch.Tensor, 
 PERMUTATION_SEED = 1234
 
 
-def permutation_batch(vocab, batch: int, seq: int, *, generator: torch.Generator | int,
-                      device: torch.device | str = "cpu",
-                      perm_seed: int = PERMUTATION_SEED) -> tuple[torch.Tensor, torch.Tensor]:
+def permutation_batch(
+    vocab,
+    batch: int,
+    seq: int,
+    *,
+    generator: torch.Generator | int,
+    device: torch.device | str = "cpu",
+    perm_seed: int = PERMUTATION_SEED,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A batch of a small learnable sequence task: each sequence starts at a random token and
     then follows a fixed random permutation of the vocabulary (``next = perm[token]``).
 
@@ -154,8 +198,13 @@ def permutation_batch(vocab, batch: int, seq: int, *, generator: torch.Generator
     return tokens[:, :seq].to(device), tokens[:, 1:].to(device)
 
 
-def iterate_minibatches(*tensors: torch.Tensor, batch_size: int, shuffle: bool = True,
-                        seed: int = 0, drop_last: bool = False) -> Iterator[tuple[torch.Tensor, ...]]:
+def iterate_minibatches(
+    *tensors: torch.Tensor,
+    batch_size: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = False,
+) -> Iterator[tuple[torch.Tensor, ...]]:
     """Yield tuples of mini-batches (slices along dim 0) of tensors of the same length."""
     if not tensors:
         raise ValueError("pass at least one tensor")
@@ -166,7 +215,7 @@ def iterate_minibatches(*tensors: torch.Tensor, batch_size: int, shuffle: bool =
     bs = validate.count("batch_size", batch_size, minimum=1)
     order = torch.randperm(n, generator=_gen(seed)) if shuffle else torch.arange(n)
     for start in range(0, n, bs):
-        idx = order[start:start + bs]
+        idx = order[start : start + bs]
         if drop_last and len(idx) < bs:
             return
         yield tuple(t[idx] for t in tensors)

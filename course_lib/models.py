@@ -15,6 +15,7 @@ exact byte counts (``activation_bytes_mlp``, ``activation_bytes_gpt``) that Memo
 
 Introduced in notebooks/01_backprop_memory.ipynb.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["MLPConfig", "MLP", "GPTConfig", "GPT", "LlamaConfig", "Llama",
-           "count_params", "tiny_gpt", "gpt2_small", "llama_7b_like"]
+__all__ = [
+    "MLPConfig",
+    "MLP",
+    "GPTConfig",
+    "GPT",
+    "LlamaConfig",
+    "Llama",
+    "count_params",
+    "tiny_gpt",
+    "gpt2_small",
+    "llama_7b_like",
+]
 
 
 def _check_pos_int(owner: str, name: str, value) -> None:
@@ -36,8 +47,14 @@ def _check_pos_int(owner: str, name: str, value) -> None:
 # ============================================================================================
 # MLP
 # ============================================================================================
-_ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid,
-                "silu": nn.SiLU, "identity": nn.Identity}
+_ACTIVATIONS = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "tanh": nn.Tanh,
+    "sigmoid": nn.Sigmoid,
+    "silu": nn.SiLU,
+    "identity": nn.Identity,
+}
 
 
 @dataclass(frozen=True)
@@ -62,8 +79,10 @@ class MLPConfig:
         for i, h in enumerate(self.hidden):
             _check_pos_int("MLPConfig", f"hidden[{i}]", h)
         if self.activation not in _ACTIVATIONS:
-            raise ValueError(f"MLPConfig.activation={self.activation!r} is not supported; "
-                             f"valid choices: {', '.join(_ACTIVATIONS)}")
+            raise ValueError(
+                f"MLPConfig.activation={self.activation!r} is not supported; "
+                f"valid choices: {', '.join(_ACTIVATIONS)}"
+            )
 
     @property
     def widths(self) -> list[int]:
@@ -86,7 +105,9 @@ class MLP(nn.Module):
             raise TypeError(f"config must be an MLPConfig, got {type(config).__name__}")
         self.config = config
         w = config.widths
-        self.layers = nn.ModuleList(nn.Linear(a, b, bias=config.bias) for a, b in zip(w[:-1], w[1:]))
+        self.layers = nn.ModuleList(
+            nn.Linear(a, b, bias=config.bias) for a, b in zip(w[:-1], w[1:])
+        )
         self.act = _ACTIVATIONS[config.activation]()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, in_features)
@@ -127,22 +148,28 @@ class GPTConfig:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             _check_pos_int("GPTConfig", name, getattr(self, name))
         if self.n_embd % self.n_head:
-            raise ValueError(f"GPTConfig.n_embd={self.n_embd} must be divisible by "
-                             f"n_head={self.n_head}")
+            raise ValueError(
+                f"GPTConfig.n_embd={self.n_embd} must be divisible by n_head={self.n_head}"
+            )
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"GPTConfig.dropout={self.dropout!r} must be in [0, 1)")
 
     @classmethod
     def tiny(cls, **overrides) -> "GPTConfig":
         """A GPT that trains in seconds on one CPU core (about 0.1M parameters)."""
-        return cls(**{**dict(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=64),
-                      **overrides})
+        return cls(
+            **{**dict(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=64), **overrides}
+        )
 
     @classmethod
     def gpt2_small(cls, **overrides) -> "GPTConfig":
         """GPT-2 small, 124M parameters (Radford et al. 2019; nanoGPT's default)."""
-        return cls(**{**dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12,
-                             n_embd=768), **overrides})
+        return cls(
+            **{
+                **dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+                **overrides,
+            }
+        )
 
 
 class CausalSelfAttention(nn.Module):
@@ -246,7 +273,9 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # idx: (B, T) int64
         B, T = idx.shape
         if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} is larger than block_size={self.config.block_size}")
+            raise ValueError(
+                f"sequence length {T} is larger than block_size={self.config.block_size}"
+            )
         x = self.wte(idx) + self.wpe(self.pos[:T])  # (B, T, C); the two lookups are freed
         if self.config.dropout > 0 and self.training:
             x = F.dropout(x, p=self.config.dropout)
@@ -289,8 +318,10 @@ class LlamaConfig:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "ffn_hidden"):
             _check_pos_int("LlamaConfig", name, getattr(self, name))
         if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"LlamaConfig.n_embd={self.n_embd} must be divisible by "
-                             f"n_head={self.n_head} into an even head size (rotary pairs)")
+            raise ValueError(
+                f"LlamaConfig.n_embd={self.n_embd} must be divisible by "
+                f"n_head={self.n_head} into an even head size (rotary pairs)"
+            )
 
     @classmethod
     def llama_7b_like(cls, **overrides) -> "LlamaConfig":
@@ -301,8 +332,14 @@ class LlamaConfig:
     @classmethod
     def tiny(cls, **overrides) -> "LlamaConfig":
         """A small Llama with the same structure, for tests on CPU."""
-        return cls(**{**dict(vocab_size=128, block_size=64, n_layer=2, n_head=4, n_embd=64,
-                             ffn_hidden=176), **overrides})
+        return cls(
+            **{
+                **dict(
+                    vocab_size=128, block_size=64, n_layer=2, n_head=4, n_embd=64, ffn_hidden=176
+                ),
+                **overrides,
+            }
+        )
 
 
 def _rope_tables(head_dim: int, length: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -362,14 +399,18 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layer))
         self.norm = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.output = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        cos, sin = _rope_tables(config.n_embd // config.n_head, config.block_size, config.rope_theta)
+        cos, sin = _rope_tables(
+            config.n_embd // config.n_head, config.block_size, config.rope_theta
+        )
         self.register_buffer("rope_cos", cos, persistent=False)  # (block_size, hs/2)
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # idx: (B, T) int64
         B, T = idx.shape
         if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} is larger than block_size={self.config.block_size}")
+            raise ValueError(
+                f"sequence length {T} is larger than block_size={self.config.block_size}"
+            )
         x = self.tok_embeddings(idx)  # (B, T, C)
         cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         for layer in self.layers:

@@ -29,6 +29,7 @@ cell; a rank that raises named with its traceback while the others keep their st
 rank reported with its signal; "interrupt kernel" stopping every rank within ~1 s; nothing left
 after a kernel restart) are those of :class:`course_lib.runtime.rankset.RankSet`.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -38,8 +39,10 @@ import sys
 from course_lib.runtime._definitions import definitions
 from course_lib.runtime.errors import LaunchError
 
-_HELP = ("%ranks start N [--backend B] [--timeout S] [--threads T] | %ranks stop | "
-         "%ranks restart | %ranks timeout S | %ranks status")
+_HELP = (
+    "%ranks start N [--backend B] [--timeout S] [--threads T] | %ranks stop | "
+    "%ranks restart | %ranks timeout S | %ranks status"
+)
 
 
 class _Session:
@@ -50,8 +53,8 @@ class _Session:
         self.options: dict = {}
         self.defined: list[tuple[str, str, str]] = []  # (label, source, filename), in run order
         self.sent: dict[int, int] = {}  # rank -> how many of ``defined`` it has received
-        self.cells = 0           # %%ranks cells run (names their tracebacks' file)
-        self.kernel_cells = 0    # kernel cells recorded
+        self.cells = 0  # %%ranks cells run (names their tracebacks' file)
+        self.kernel_cells = 0  # kernel cells recorded
         self.latest: dict[str, str] = {}  # label -> the last source recorded for it
         self.noted: set[str] = set()
 
@@ -78,7 +81,9 @@ class _Interrupted(KeyboardInterrupt):
     """The interrupt a %%ranks cell re-raises once every rank has stopped (shown in one line)."""
 
     def _render_traceback_(self):
-        return [f"KeyboardInterrupt: {self.args[0] if self.args else 'the cell was interrupted on every rank'}"]
+        return [
+            f"KeyboardInterrupt: {self.args[0] if self.args else 'the cell was interrupted on every rank'}"
+        ]
 
 
 _Interrupted.__name__ = _Interrupted.__qualname__ = "KeyboardInterrupt"  # what the notebook names
@@ -90,23 +95,30 @@ def _usage(message: str) -> RanksUsageError:
 
 # ----------------------------------------------------------------------------- Python API
 
+
 def current():
     """The running :class:`~course_lib.runtime.rankset.RankSet` (RuntimeError if none)."""
     rs = _session.rankset
     if rs is None or not rs.alive:
         if rs is not None and rs.ended:
-            raise RanksUsageError(f"no ranks are running ({rs.ended}): %ranks restart starts a fresh "
-                                  f"set of {rs.world_size} (their state is lost), or %ranks start N")
-        raise RanksUsageError("no ranks are running: start them first with %ranks start 4 "
-                              "(after %load_ext course_lib.ranks)")
+            raise RanksUsageError(
+                f"no ranks are running ({rs.ended}): %ranks restart starts a fresh "
+                f"set of {rs.world_size} (their state is lost), or %ranks start N"
+            )
+        raise RanksUsageError(
+            "no ranks are running: start them first with %ranks start 4 "
+            "(after %load_ext course_lib.ranks)"
+        )
     return rs
 
 
 def gather(expression: str, ranks=None, *, timeout: float | None = None) -> list:
     """Evaluate ``expression`` (a str) on each rank and return the values as a list in rank order."""
     if not isinstance(expression, str):
-        raise TypeError(f"expression = {expression!r}: expected a str to evaluate on each rank, "
-                        "e.g. ranks.gather('t')")
+        raise TypeError(
+            f"expression = {expression!r}: expected a str to evaluate on each rank, "
+            "e.g. ranks.gather('t')"
+        )
     rs = current()
     selected = rs.check_ranks(ranks)
     try:
@@ -127,7 +139,7 @@ def push(ranks=None, **values) -> None:
 
 def _pending(ranks) -> dict[int, list]:
     """The kernel definitions each of ``ranks`` has not received yet."""
-    return {r: _session.defined[_session.sent.get(r, 0):] for r in ranks}
+    return {r: _session.defined[_session.sent.get(r, 0) :] for r in ranks}
 
 
 def _mark_sent(replies: dict) -> None:
@@ -138,6 +150,7 @@ def _mark_sent(replies: dict) -> None:
 
 # ----------------------------------------------------------------------------- magics
 
+
 def _parse_ranks(text: str) -> list[int]:
     out: list[int] = []
     try:
@@ -145,8 +158,9 @@ def _parse_ranks(text: str) -> list[int]:
             first, dash, last = part.strip().partition("-")
             out += range(int(first), int(last) + 1) if dash else [int(first)]
     except ValueError:
-        raise _usage(f"ranks = {text!r}: expected rank numbers like 0,2 or a range like 1-3 "
-                     "(%%ranks 0,2)") from None
+        raise _usage(
+            f"ranks = {text!r}: expected rank numbers like 0,2 or a range like 1-3 (%%ranks 0,2)"
+        ) from None
     return out
 
 
@@ -158,14 +172,18 @@ def _options(tokens: list[str], allowed: dict) -> tuple[list[str], dict]:
         if token.startswith("--"):
             name = token[2:]
             if name not in allowed:
-                raise _usage(f"unknown option {token}: expected one of "
-                             f"{', '.join('--' + n for n in allowed)}")
+                raise _usage(
+                    f"unknown option {token}: expected one of "
+                    f"{', '.join('--' + n for n in allowed)}"
+                )
             value = next(it, None)
             try:
                 options[name] = allowed[name](value)
             except (TypeError, ValueError):
-                raise _usage(f"{token} {value}: expected a value, e.g. {token} "
-                             f"{ {'timeout': 30, 'threads': 1}.get(name, 'gloo') }") from None
+                raise _usage(
+                    f"{token} {value}: expected a value, e.g. {token} "
+                    f"{ {'timeout': 30, 'threads': 1}.get(name, 'gloo') }"
+                ) from None
         else:
             positional.append(token)
     return positional, options
@@ -180,14 +198,21 @@ def _start(args: list[str]) -> None:
     try:
         n = int(positional[0])
     except ValueError:
-        raise _usage(f"N = {positional[0]!r}: expected a number of ranks, e.g. %ranks start 4") from None
+        raise _usage(
+            f"N = {positional[0]!r}: expected a number of ranks, e.g. %ranks start 4"
+        ) from None
     if n <= 0:
         raise _usage(f"N = {n}: expected a number of ranks >= 1, e.g. %ranks start 4")
     if _session.rankset is not None and _session.rankset.alive:
-        raise _usage(f"{_session.rankset.world_size} ranks are already running: %ranks stop "
-                     "first, or %ranks restart for a fresh set of the same size")
-    kwargs = {"backend": options.get("backend", "auto"), "timeout": options.get("timeout", 60.0),
-              "threads_per_rank": options.get("threads", 1)}
+        raise _usage(
+            f"{_session.rankset.world_size} ranks are already running: %ranks stop "
+            "first, or %ranks restart for a fresh set of the same size"
+        )
+    kwargs = {
+        "backend": options.get("backend", "auto"),
+        "timeout": options.get("timeout", 60.0),
+        "threads_per_rank": options.get("threads", 1),
+    }
     try:
         rs = RankSet(n, **kwargs)
     except (TypeError, ValueError) as exc:
@@ -196,8 +221,10 @@ def _start(args: list[str]) -> None:
     rs.start()
     _session.rankset, _session.options, _session.sent = rs, {"n": n, **kwargs}, {}
     _session.noted.clear()
-    print(f"{n} ranks running ({rs.backend}), started in {rs.start_seconds:.2f} s; "
-          f"`rank` and `world_size` are defined in each. Cell timeout {rs.timeout:g} s.")
+    print(
+        f"{n} ranks running ({rs.backend}), started in {rs.start_seconds:.2f} s; "
+        f"`rank` and `world_size` are defined in each. Cell timeout {rs.timeout:g} s."
+    )
 
 
 def _stop() -> None:
@@ -226,22 +253,36 @@ def ranks_line(line: str) -> None:
             raise _usage("%ranks restart: no set was started in this kernel; use %ranks start 4")
         _stop()
         o = _session.options
-        _start([str(o["n"]), "--backend", o["backend"], "--timeout", str(o["timeout"]),
-                "--threads", str(o["threads_per_rank"])])
+        _start(
+            [
+                str(o["n"]),
+                "--backend",
+                o["backend"],
+                "--timeout",
+                str(o["timeout"]),
+                "--threads",
+                str(o["threads_per_rank"]),
+            ]
+        )
     elif command == "timeout":
         rs = current()
         try:
             from course_lib import validate
+
             rs.timeout = validate.number("timeout", float(args[0]), positive=True, maximum=86400.0)
         except (IndexError, ValueError) as exc:
-            raise _usage(f"%ranks timeout needs seconds > 0, e.g. %ranks timeout 30 ({exc})") from None
+            raise _usage(
+                f"%ranks timeout needs seconds > 0, e.g. %ranks timeout 30 ({exc})"
+            ) from None
         _session.options["timeout"] = rs.timeout
         print(f"cell timeout: {rs.timeout:g} s")
     elif command == "status":
         rs = _session.rankset
-        print(f"{rs.world_size} ranks running ({rs.backend}), cell timeout {rs.timeout:g} s"
-              if rs is not None and rs.alive else
-              f"no ranks running{f' ({rs.ended})' if rs is not None and rs.ended else ''}")
+        print(
+            f"{rs.world_size} ranks running ({rs.backend}), cell timeout {rs.timeout:g} s"
+            if rs is not None and rs.alive
+            else f"no ranks running{f' ({rs.ended})' if rs is not None and rs.ended else ''}"
+        )
     else:
         raise _usage(f"unknown subcommand {command!r}: {_HELP}")
 
@@ -259,8 +300,13 @@ def ranks_cell(line: str, cell: str) -> None:
         raise _usage(str(exc)) from None
     _session.cells += 1
     try:
-        replies = rs.run(cell, selected, definitions=_pending(selected),
-                         timeout=options.get("timeout"), filename=f"<ranks cell {_session.cells}>")
+        replies = rs.run(
+            cell,
+            selected,
+            definitions=_pending(selected),
+            timeout=options.get("timeout"),
+            filename=f"<ranks cell {_session.cells}>",
+        )
     except (TypeError, ValueError) as exc:
         raise _usage(str(exc)) from None
     except RuntimeError as exc:  # a rank died between cells: the set was stopped
@@ -281,11 +327,19 @@ def _prefixed(rank: int, text: str) -> str:
 
 
 def _show(replies: dict) -> None:
-    out = "".join(_prefixed(r, rep.get("stdout", "")) +
-                  (_prefixed(r, f"Out: {rep['value']}") if rep["status"] == "ok" and rep.get("value")
-                   is not None else "") for r, rep in sorted(replies.items()))
+    out = "".join(
+        _prefixed(r, rep.get("stdout", ""))
+        + (
+            _prefixed(r, f"Out: {rep['value']}")
+            if rep["status"] == "ok" and rep.get("value") is not None
+            else ""
+        )
+        for r, rep in sorted(replies.items())
+    )
     err = "".join(_prefixed(r, rep.get("stderr", "")) for r, rep in sorted(replies.items()))
-    notes = [n for rep in replies.values() for n in rep.get("notes") or () if n not in _session.noted]
+    notes = [
+        n for rep in replies.values() for n in rep.get("notes") or () if n not in _session.noted
+    ]
     for note in dict.fromkeys(notes):
         _session.noted.add(note)
         err += f"[ranks] not defined in the ranks: {note}\n"
@@ -305,35 +359,52 @@ def _raise_for(replies: dict, rs) -> None:
         return
     statuses = {rep["status"] for rep in bad.values()}
     if statuses <= {"interrupted"} and rs.alive:
-        sys.stderr.write(f"[ranks] interrupted: ranks {sorted(bad)} stopped their cell; every rank "
-                         "keeps its state\n")
+        sys.stderr.write(
+            f"[ranks] interrupted: ranks {sorted(bad)} stopped their cell; every rank "
+            "keeps its state\n"
+        )
         raise _Interrupted
-    if statuses <= {"interrupted", "killed"} and not rs.alive and all(
-            rep.get("stop_reason") == "interrupted" for rep in bad.values()):
+    if (
+        statuses <= {"interrupted", "killed"}
+        and not rs.alive
+        and all(rep.get("stop_reason") == "interrupted" for rep in bad.values())
+    ):
         # the stop button while some ranks wait in C++ (a collective a stopped rank never joins)
         stopped = sorted(r for r, rep in bad.items() if rep["status"] == "interrupted")
         killed = sorted(r for r, rep in bad.items() if rep["status"] == "killed")
-        sys.stderr.write("[ranks] interrupted: " +
-                         (f"ranks {stopped} stopped their cell; " if stopped else "") +
-                         f"ranks {killed} did not stop within {_grace_s():g} s (stuck in C++, e.g. "
-                         "waiting in a collective for a rank that is not in it) and were killed\n")
-        raise _Interrupted("the ranks were stopped (a process group cannot go on without one of "
-                           "its ranks): %ranks restart starts a fresh set (state is lost)")
+        sys.stderr.write(
+            "[ranks] interrupted: "
+            + (f"ranks {stopped} stopped their cell; " if stopped else "")
+            + f"ranks {killed} did not stop within {_grace_s():g} s (stuck in C++, e.g. "
+            "waiting in a collective for a rank that is not in it) and were killed\n"
+        )
+        raise _Interrupted(
+            "the ranks were stopped (a process group cannot go on without one of "
+            "its ranks): %ranks restart starts a fresh set (state is lost)"
+        )
     failed = {r: RankSet._failure_text(r, rep) for r, rep in bad.items()}
     lines = [f"rank {r}: {failed[r].splitlines()[0]}" for r in sorted(failed)]
     if rs.alive:
         fine = sorted(set(replies) - set(bad))
-        tail = (f"ranks {fine} finished the cell; " if fine else "") + \
-            "every rank is still running, with its state"
+        tail = (
+            f"ranks {fine} finished the cell; " if fine else ""
+        ) + "every rank is still running, with its state"
     else:
-        tail = (f"the ranks were stopped ({rs.ended}): a process group cannot go on without one "
-                "of its ranks. %ranks restart starts a fresh set (state is lost)")
-    message = (f"{len(bad)} of {len(replies)} ranks failed: " + "; ".join(lines) + f"\n{tail}\n" +
-               "".join(f"\n--- rank {r} {failed[r]}\n" for r in sorted(failed)))
+        tail = (
+            f"the ranks were stopped ({rs.ended}): a process group cannot go on without one "
+            "of its ranks. %ranks restart starts a fresh set (state is lost)"
+        )
+    message = (
+        f"{len(bad)} of {len(replies)} ranks failed: "
+        + "; ".join(lines)
+        + f"\n{tail}\n"
+        + "".join(f"\n--- rank {r} {failed[r]}\n" for r in sorted(failed))
+    )
     raise RanksError(message, failed)
 
 
 # ----------------------------------------------------------------------------- the extension
+
 
 def _record_definitions(code: str) -> None:
     _session.kernel_cells += 1
@@ -350,9 +421,13 @@ def _record_modules(namespace: dict) -> None:
     the front end runs cells without storing history (nbval, nbclient's store_history=False)."""
     import types
 
-    lines = [f"import {value.__name__} as {name}" for name, value in namespace.items()
-             if isinstance(value, types.ModuleType) and not name.startswith("_")
-             and value.__name__ != "__main__"]
+    lines = [
+        f"import {value.__name__} as {name}"
+        for name, value in namespace.items()
+        if isinstance(value, types.ModuleType)
+        and not name.startswith("_")
+        and value.__name__ != "__main__"
+    ]
     for line in lines:
         if _session.latest.get(line) != line:
             _session.latest[line] = line
@@ -379,7 +454,7 @@ def load_ipython_extension(ip) -> None:
     ip.register_magic_function(ranks_line, magic_kind="line", magic_name="ranks")
     ip.register_magic_function(ranks_cell, magic_kind="cell", magic_name="ranks")
     history = ip.user_ns.get("In", [])
-    for code in history[1:ip.execution_count]:  # cells run before the extension was loaded
+    for code in history[1 : ip.execution_count]:  # cells run before the extension was loaded
         _record_definitions(code)
     _record_modules(ip.user_ns)
     if _post_run_cell not in ip.events.callbacks["post_run_cell"]:

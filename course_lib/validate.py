@@ -9,6 +9,7 @@ not among the choices. Counts accept ``int``, numpy integers and integral floats
 ``7.5e9`` (papers write parameter counts so); ``bool`` is never a number. Pure Python: no torch,
 so formulas and check cells can use it.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -51,8 +52,12 @@ def choices(name: str, values: Any, valid: Iterable[Any]) -> list:
         _fail(ValueError, name, values, "a non-empty list of " + ", ".join(map(str, valid)))
     for v in values:
         if v not in valid:
-            _fail(ValueError, name, values, "each one of " + ", ".join(map(str, valid))
-                  + f" ({describe(v)} is not)")
+            _fail(
+                ValueError,
+                name,
+                values,
+                "each one of " + ", ".join(map(str, valid)) + f" ({describe(v)} is not)",
+            )
     return values
 
 
@@ -89,8 +94,14 @@ def counts(name: str, values: Any, *, minimum: int = 1) -> list[int]:
     return out
 
 
-def number(name: str, value: Any, *, minimum: float | None = None, positive: bool = False,
-           maximum: float | None = None) -> float:
+def number(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    positive: bool = False,
+    maximum: float | None = None,
+) -> float:
     """A real number; ``positive`` means ``> 0``, ``minimum``/``maximum`` are inclusive."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         _fail(TypeError, name, value, f"a number (got {type(value).__name__})")

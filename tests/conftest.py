@@ -4,6 +4,7 @@ One intra-op thread per test process: the reference machine has 2 cores, and lau
 (one thread each) share them with the test process. Oversubscribed BLAS threads made single
 training steps an order of magnitude slower under load.
 """
+
 import sys
 
 import matplotlib

@@ -3,6 +3,7 @@
 The library tests live beside this file in folders mirroring course_lib/. These tests look at
 the course as a learner and an instructor meet it.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,18 +27,23 @@ LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 # --- packaging -------------------------------------------------------------------------------
 
+
 def test_pyproject_is_the_single_source_of_dependencies():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = {re.split(r"[<>=\[; ]", d)[0].lower() for d in project["dependencies"]}
     assert {"torch", "matplotlib", "ipywidgets", "pandas", "cloudpickle", "psutil", "tqdm"} <= names
-    extras = {k: {re.split(r"[<>=\[; ]", d)[0].lower() for d in v}
-              for k, v in project["optional-dependencies"].items()}
+    extras = {
+        k: {re.split(r"[<>=\[; ]", d)[0].lower() for d in v}
+        for k, v in project["optional-dependencies"].items()
+    }
     assert "jupyterlab" in extras["lab"]
     assert {"pytest", "nbval", "nbclient", "nbformat", "ruff", "pytest-timeout"} <= extras["dev"]
     env = (ROOT / "environment.yml").read_text()
     assert "python=3.11" in env and "-c constraints.txt" in env and "-e .[lab,dev,units]" in env
     # environment.yml must not list packages of its own: they would drift from pyproject.toml.
-    pip_lines = [ln.strip() for ln in env.split("pip:")[1].splitlines() if ln.strip().startswith("-")]
+    pip_lines = [
+        ln.strip() for ln in env.split("pip:")[1].splitlines() if ln.strip().startswith("-")
+    ]
     assert pip_lines == ["- -c constraints.txt", "- -e .[lab,dev,units]"], pip_lines
 
 
@@ -66,13 +72,16 @@ def test_lecture_notebooks_are_committed_executed():
         code = [c for c in nb["cells"] if c["cell_type"] == "code"]
         assert code, f"{path.name} has no code"
         unexecuted = [i for i, c in enumerate(code) if c.get("execution_count") is None]
-        assert not unexecuted, f"{path.name}: code cells {unexecuted} were not executed; run `make notebooks`"
+        assert not unexecuted, (
+            f"{path.name}: code cells {unexecuted} were not executed; run `make notebooks`"
+        )
         assert any(c.get("outputs") for c in code), f"{path.name}: no stored outputs"
         errors = [c for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
         assert not errors, f"{path.name}: stored error outputs"
 
 
 # --- exercise pipeline over the real units ---------------------------------------------------
+
 
 def test_exercises_are_in_sync_with_solutions():
     from course_lib.grading.exercises import check_exercises
@@ -94,7 +103,9 @@ def test_exercise_check_cells_show_targets_not_passes():
 
     checked = 0
     for path in EXERCISES:
-        solution = {c["id"]: c for c in json.loads((ROOT / "solutions" / path.name).read_text())["cells"]}
+        solution = {
+            c["id"]: c for c in json.loads((ROOT / "solutions" / path.name).read_text())["cells"]
+        }
         for cell in json.loads(path.read_text())["cells"]:
             if cell["cell_type"] != "code":
                 continue
@@ -105,10 +116,14 @@ def test_exercise_check_cells_show_targets_not_passes():
                 continue
             (shown,) = cell["outputs"]
             plain = "".join(shown["data"]["text/plain"])
-            assert shown["output_type"] == "display_data" and plain.startswith(TARGET_LABEL + " ✓ task"), where
+            assert shown["output_type"] == "display_data" and plain.startswith(
+                TARGET_LABEL + " ✓ task"
+            ), where
             assert not any(line.lstrip().startswith("✓") for line in plain.splitlines()), where
             stored = solution[cell["id"]]["outputs"]
-            assert [_joined(o) for o in expected_outputs(cell)] == [_joined(o) for o in stored], where
+            assert [_joined(o) for o in expected_outputs(cell)] == [_joined(o) for o in stored], (
+                where
+            )
             checked += 1
     assert checked >= len(EXERCISES), checked
 
@@ -133,8 +148,13 @@ def test_grade_cli_bad_input_is_one_line_exit_2(tmp_path):
     not_json = tmp_path / "notes.ipynb"
     not_json.write_text("this is not a notebook")
     for arg in [str(tmp_path / "missing.ipynb"), str(not_json)]:
-        proc = subprocess.run([sys.executable, "-m", "course_lib.grade", arg],
-                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, "-m", "course_lib.grade", arg],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
         assert proc.returncode == 2, proc
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -143,6 +163,7 @@ def test_grade_cli_bad_input_is_one_line_exit_2(tmp_path):
 
 # --- JupyterLab ------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(120)
 def test_jupyterlab_serves_unit_00(tmp_path):
     """What `make lab` starts: a server on which notebooks/00_start_here.ipynb opens."""
@@ -150,10 +171,21 @@ def test_jupyterlab_serves_unit_00(tmp_path):
     if not jupyter.exists():
         jupyter = shutil.which("jupyter")
     token = "course-test-token"
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"), JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"))
-    cmd = [str(jupyter), "lab", "--no-browser", "--ServerApp.port=0", f"--IdentityProvider.token={token}",
-           "--ServerApp.ip=127.0.0.1", "--ServerApp.root_dir=.",
-           "--LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb"]
+    env = dict(
+        os.environ,
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
+        JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
+    )
+    cmd = [
+        str(jupyter),
+        "lab",
+        "--no-browser",
+        "--ServerApp.port=0",
+        f"--IdentityProvider.token={token}",
+        "--ServerApp.ip=127.0.0.1",
+        "--ServerApp.root_dir=.",
+        "--LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb",
+    ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     log = tmp_path / "lab.log"
@@ -169,7 +201,9 @@ def test_jupyterlab_serves_unit_00(tmp_path):
             time.sleep(0.5)
         assert url, "JupyterLab printed no URL in 90 s:\n" + log.read_text()
         headers = {"Authorization": f"token {token}"}
-        req = urllib.request.Request(f"{url}/api/contents/notebooks/00_start_here.ipynb", headers=headers)
+        req = urllib.request.Request(
+            f"{url}/api/contents/notebooks/00_start_here.ipynb", headers=headers
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             model = json.load(resp)
         assert model["type"] == "notebook" and model["content"]["cells"]

@@ -1,4 +1,5 @@
 """Synthetic tasks: deterministic per seed, the documented shapes, and learnable."""
+
 import math
 
 import pytest
@@ -79,7 +80,10 @@ def test_pattern_task_is_learned_by_the_tiny_gpt(one_thread):
 
 def test_permutation_batch_deterministic_one_successor_per_token():
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    a, b = data.permutation_batch(32, 4, 8, generator=g1), data.permutation_batch(32, 4, 8, generator=g2)
+    a, b = (
+        data.permutation_batch(32, 4, 8, generator=g1),
+        data.permutation_batch(32, 4, 8, generator=g2),
+    )
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     idx, tgt = a
     assert idx.shape == tgt.shape == (4, 8) and idx.dtype == torch.int64

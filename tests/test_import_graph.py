@@ -9,6 +9,7 @@
 
 Every violation is reported with its file, line and import, all at once.
 """
+
 from __future__ import annotations
 
 import ast
@@ -65,19 +66,30 @@ def violations(root: pathlib.Path = PACKAGE) -> list[str]:
             where = f"{rel}:{line} imports {module}"
             other = _unit_of(module)
             if in_units and other and other != own_unit:
-                found.setdefault((rel, line, 1), f"{where}: a unit must not import another unit ({other}); move "
-                             "what both need into a mechanism layer")
+                found.setdefault(
+                    (rel, line, 1),
+                    f"{where}: a unit must not import another unit ({other}); move "
+                    "what both need into a mechanism layer",
+                )
             if not may_draw and module.split(".")[0] in DRAWING:
-                found.setdefault((rel, line, 2), f"{where}: only units/*/plots.py, units/*/widgets.py and viz/ may "
-                             "import matplotlib or ipywidgets")
+                found.setdefault(
+                    (rel, line, 2),
+                    f"{where}: only units/*/plots.py, units/*/widgets.py and viz/ may "
+                    "import matplotlib or ipywidgets",
+                )
             if in_units and path.name == "checks.py" and top:
                 root_name = module.split(".")[0]
                 stdlib = root_name in sys.stdlib_module_names or root_name == "__future__"
                 if not stdlib and not module.startswith(CHECKS_MAY_IMPORT):
-                    found.setdefault((rel, line, 3), f"{where}: checks.py imports only the standard library and "
-                                 "course_lib.grading at module level; import it inside the check")
+                    found.setdefault(
+                        (rel, line, 3),
+                        f"{where}: checks.py imports only the standard library and "
+                        "course_lib.grading at module level; import it inside the check",
+                    )
             if not in_units and parts[1] != "units" and module.startswith("course_lib.units"):
-                found.setdefault((rel, line, 4), f"{where}: mechanism layers never import course_lib.units")
+                found.setdefault(
+                    (rel, line, 4), f"{where}: mechanism layers never import course_lib.units"
+                )
     return list(found.values())
 
 
@@ -86,13 +98,28 @@ def test_the_package_follows_the_import_rules():
     assert not found, "import rules broken:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("relpath, source, message", [
-    ("units/u01_a/run.py", "from course_lib.units.u02_b import run\n", "must not import another unit"),
-    ("units/u01_a/run.py", "import matplotlib.pyplot as plt\n", "may import matplotlib"),
-    ("measure/thing.py", "def f():\n    import ipywidgets\n", "may import matplotlib or ipywidgets"),
-    ("units/u01_a/checks.py", "import torch\n", "import it inside the check"),
-    ("parallel/x.py", "from course_lib.units.u01_a import run\n", "never import course_lib.units"),
-])
+@pytest.mark.parametrize(
+    "relpath, source, message",
+    [
+        (
+            "units/u01_a/run.py",
+            "from course_lib.units.u02_b import run\n",
+            "must not import another unit",
+        ),
+        ("units/u01_a/run.py", "import matplotlib.pyplot as plt\n", "may import matplotlib"),
+        (
+            "measure/thing.py",
+            "def f():\n    import ipywidgets\n",
+            "may import matplotlib or ipywidgets",
+        ),
+        ("units/u01_a/checks.py", "import torch\n", "import it inside the check"),
+        (
+            "parallel/x.py",
+            "from course_lib.units.u01_a import run\n",
+            "never import course_lib.units",
+        ),
+    ],
+)
 def test_a_planted_bad_import_is_named(tmp_path, relpath, source, message):
     pkg = tmp_path / "course_lib"
     target = pkg / relpath
@@ -107,7 +134,7 @@ def test_allowed_imports_are_not_flagged(tmp_path):
     for relpath, source in {
         "units/u01_a/plots.py": "import matplotlib.pyplot as plt\n",
         "units/u01_a/checks.py": "import json\nfrom course_lib.grading import passed\n"
-                                 "def check():\n    import torch\n",
+        "def check():\n    import torch\n",
         "units/u01_a/run.py": "from course_lib.units.u01_a import plots\nfrom . import checks\n",
         "viz/widgets.py": "import ipywidgets\n",
     }.items():
@@ -124,7 +151,8 @@ def test_a_check_cell_imports_no_heavy_module():
             importlib.import_module(f"course_lib.units.{p.parent.name}.checks")
         print(sorted(m for m in ("torch", "matplotlib", "pandas", "ipywidgets") if m in sys.modules))
     """)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

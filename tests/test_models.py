@@ -1,4 +1,5 @@
 """Models: published parameter counts, shapes, config validation, nanoGPT-equivalent attention."""
+
 import math
 
 import pytest

@@ -15,6 +15,7 @@ rendezvous as two nodes would) gives the same result.
 
 Each unit declares what it exports in ``units/uNN_topic/cluster.py`` (``EXPERIMENTS``).
 """
+
 from __future__ import annotations
 
 from course_lib.cluster.experiment import Experiment, experiments, get
@@ -23,5 +24,18 @@ from course_lib.cluster.results import differences
 from course_lib.cluster.runner import ClusterResult, load, main, run
 from course_lib.cluster.script import export, launch_command, render, slurm_script
 
-__all__ = ["ClusterResult", "Experiment", "differences", "experiments", "export", "get", "launch_command",
-           "load", "main", "render", "run", "slurm_script", "torchrun_here"]
+__all__ = [
+    "ClusterResult",
+    "Experiment",
+    "differences",
+    "experiments",
+    "export",
+    "get",
+    "launch_command",
+    "load",
+    "main",
+    "render",
+    "run",
+    "slurm_script",
+    "torchrun_here",
+]

@@ -1,4 +1,5 @@
 """``python -m course_lib.cluster list | export | command | slurm``: see course_lib/cluster."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,9 @@ def _settings(exp, extra: list[str]) -> dict:
     while i < len(extra):
         flag = extra[i]
         if not flag.startswith("--"):
-            raise SystemExit(f"error: unexpected argument {flag!r}; settings of {exp.name}: {valid}")
+            raise SystemExit(
+                f"error: unexpected argument {flag!r}; settings of {exp.name}: {valid}"
+            )
         key, eq, value = flag[2:].partition("=")
         if not eq:
             if i + 1 >= len(extra):
@@ -39,16 +42,21 @@ def _redirected_name() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.cluster",
-                                     description="Run the course's multi-rank experiments under "
-                                                 "torchrun, on one machine or a cluster.")
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.cluster",
+        description="Run the course's multi-rank experiments under "
+        "torchrun, on one machine or a cluster.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the experiments that export, with their settings")
     ex = sub.add_parser("export", help="print a torchrun-ready script (settings: --name value)")
     ex.add_argument("experiment", help="e.g. u09.bytes, or a unit (u09: its first experiment)")
-    ex.add_argument("--script-name", default=None,
-                    help="the file name you will save it as, for its instructions (default: the "
-                         "file standard output is redirected to, else experiment.py)")
+    ex.add_argument(
+        "--script-name",
+        default=None,
+        help="the file name you will save it as, for its instructions (default: the "
+        "file standard output is redirected to, else experiment.py)",
+    )
     ex.add_argument("--out", help="the results file its rank 0 writes")
     ex.add_argument("--world-size", type=int, help="check this world size now")
     cmd = sub.add_parser("command", help="print the torchrun command for a script")
@@ -67,23 +75,43 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             for name, exp in experiments().items():
                 settings = ", ".join(f"{k}={v!r}" for k, v in exp.defaults.items())
-                print(f"{name:18s} {exp.title}  [{exp.lecture}]\n{'':18s} settings: {settings or '-'}")
+                print(
+                    f"{name:18s} {exp.title}  [{exp.lecture}]\n{'':18s} settings: {settings or '-'}"
+                )
             return 0
         if args.command == "export":
             exp = get(args.experiment)
-            sys.stdout.write(render(exp, script=args.script_name or _redirected_name(),
-                                    out=args.out,
-                                    world_size=args.world_size, **_settings(exp, extra)))
+            sys.stdout.write(
+                render(
+                    exp,
+                    script=args.script_name or _redirected_name(),
+                    out=args.out,
+                    world_size=args.world_size,
+                    **_settings(exp, extra),
+                )
+            )
             return 0
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command == "command":
-            print(launch_command(args.script, nproc_per_node=args.nproc_per_node,
-                                 nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint))
+            print(
+                launch_command(
+                    args.script,
+                    nproc_per_node=args.nproc_per_node,
+                    nnodes=args.nnodes,
+                    rdzv_endpoint=args.rdzv_endpoint,
+                )
+            )
             return 0
-        sys.stdout.write(slurm_script(args.script, nodes=args.nodes,
-                                      gpus_per_node=args.gpus_per_node, time=args.time,
-                                      partition=args.partition))
+        sys.stdout.write(
+            slurm_script(
+                args.script,
+                nodes=args.nodes,
+                gpus_per_node=args.gpus_per_node,
+                time=args.time,
+                partition=args.partition,
+            )
+        )
         return 0
     except (ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)

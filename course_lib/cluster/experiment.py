@@ -8,6 +8,7 @@ the unit gives one, refuses a world size the experiment cannot use (e.g. tp not 
 heads) before any rank starts. The cluster layer never imports a unit by name (the package's
 import rules: mechanism layers do not depend on units); it discovers the units' declarations.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,6 +57,7 @@ class Experiment:
         """Where two values of this experiment differ in what must not vary (empty: the same);
         measured times (``varying``) are left out."""
         from course_lib.cluster.results import differences
+
         if self.canonical is not None:
             a, b = self.canonical(a), self.canonical(b)
         return differences(a, b, ignore=self.varying)
@@ -64,8 +66,11 @@ class Experiment:
     def defaults(self) -> dict[str, Any]:
         """The settings and their defaults, from ``run``'s keyword-only parameters."""
         sig = inspect.signature(self.run)
-        return {p.name: p.default for p in sig.parameters.values()
-                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        return {
+            p.name: p.default
+            for p in sig.parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        }
 
     @property
     def unit(self) -> str:
@@ -80,8 +85,10 @@ class Experiment:
         for key, value in (overrides or {}).items():
             if key not in defaults:
                 valid = ", ".join(defaults) or "none"
-                raise ValueError(f"setting {key} = {value!r}: {self.name} has no such setting; "
-                                 f"valid settings: {valid}")
+                raise ValueError(
+                    f"setting {key} = {value!r}: {self.name} has no such setting; "
+                    f"valid settings: {valid}"
+                )
             out[key] = _coerce(key, value, defaults[key])
         return out
 
@@ -90,12 +97,15 @@ class Experiment:
         fixed = self.world_size(settings) if self.world_size else None
         if fixed is not None:
             if world_size is not None and world_size != fixed:
-                raise ValueError(f"world_size = {world_size}: {self.name} runs on exactly {fixed} "
-                                 f"ranks with these settings ({_settings_text(settings)})")
+                raise ValueError(
+                    f"world_size = {world_size}: {self.name} runs on exactly {fixed} "
+                    f"ranks with these settings ({_settings_text(settings)})"
+                )
             world_size = fixed
         if world_size is None:
-            raise ValueError(f"world_size = None: {self.name} needs a world size (an int >= "
-                             f"{self.minimum})")
+            raise ValueError(
+                f"world_size = None: {self.name} needs a world size (an int >= {self.minimum})"
+            )
         world_size = validate.count("world_size", world_size, minimum=self.minimum)
         if self.check is not None:
             self.check(world_size, settings)
@@ -105,11 +115,15 @@ class Experiment:
 def batch_divides(rows: int) -> Callable[[int, dict], None]:
     """A ``check`` for experiments whose global batch of ``rows`` rows is split evenly over the
     ranks: refuses a world size that does not divide it, listing the ones that do."""
+
     def check(world_size: int, settings: dict) -> None:
         if rows % world_size:
             valid = ", ".join(str(n) for n in range(2, rows + 1) if rows % n == 0)
-            raise ValueError(f"world_size = {world_size}: the global batch of {rows} rows must "
-                             f"split evenly; valid: {valid}")
+            raise ValueError(
+                f"world_size = {world_size}: the global batch of {rows} rows must "
+                f"split evenly; valid: {valid}"
+            )
+
     return check
 
 
@@ -156,8 +170,10 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
         return tuple(_coerce(key, v.strip() if isinstance(v, str) else v, kind()) for v in items)
     if default is None:
         return value
-    raise TypeError(f"setting {key}: defaults of type {type(default).__name__} cannot be set "
-                    "from outside the unit")
+    raise TypeError(
+        f"setting {key}: defaults of type {type(default).__name__} cannot be set "
+        "from outside the unit"
+    )
 
 
 def _declarations() -> list[Experiment]:
@@ -195,5 +211,7 @@ def get(name: str | Experiment) -> Experiment:
         first = [e for e in reg.values() if e.unit == name]
         if first:
             return first[0]
-    raise ValueError(f"experiment = {name!r}: expected one of {', '.join(reg)} (or a unit: "
-                     f"{', '.join(dict.fromkeys(e.unit for e in reg.values()))})")
+    raise ValueError(
+        f"experiment = {name!r}: expected one of {', '.join(reg)} (or a unit: "
+        f"{', '.join(dict.fromkeys(e.unit for e in reg.values()))})"
+    )

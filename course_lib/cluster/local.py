@@ -5,6 +5,7 @@ c10d rendezvous on 127.0.0.1 (a free port); node 0 starts first and hosts the re
 as the head node of a cluster job does. The same script, the same flags as on a cluster; only
 the addresses are local. Used by unit 14's lecture and by tests/cluster.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,14 @@ def _env() -> dict:
     env = dict(os.environ)
     root = str(pathlib.Path(__file__).resolve().parents[2])  # this course_lib, on every rank
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    for name in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                 "MASTER_PORT"):
+    for name in (
+        "TORCHELASTIC_RUN_ID",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
         env.pop(name, None)
     return env
 
@@ -43,8 +50,9 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout: float) -> None:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.05)
-    raise TimeoutError(f"the first torchrun agent did not listen on 127.0.0.1:{port} within "
-                       f"{timeout:g} s")
+    raise TimeoutError(
+        f"the first torchrun agent did not listen on 127.0.0.1:{port} within {timeout:g} s"
+    )
 
 
 def torchrun_command(*args: str) -> list[str]:
@@ -52,8 +60,9 @@ def torchrun_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
 
 
-def run_agents(commands: list[list[str]], cwd, *, timeout: float = 120.0,
-               first_listens_on: int | None = None) -> list[subprocess.CompletedProcess]:
+def run_agents(
+    commands: list[list[str]], cwd, *, timeout: float = 120.0, first_listens_on: int | None = None
+) -> list[subprocess.CompletedProcess]:
     """Start every command (each in its own session) and wait for all, at most ``timeout``
     seconds; on time-out every agent's process group (agent and ranks) is killed and
     TimeoutError raised. With ``first_listens_on``, the others start once the first listens."""
@@ -63,9 +72,17 @@ def run_agents(commands: list[list[str]], cwd, *, timeout: float = 120.0,
     done: list[subprocess.CompletedProcess] = []
     try:
         for i, cmd in enumerate(commands):
-            procs.append(subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True,
-                                          start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    cwd=cwd,
+                    env=_env(),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
             if i == 0 and first_listens_on is not None:
                 _wait_listening(first_listens_on, procs[0], timeout)
         for proc, cmd in zip(procs, commands):
@@ -73,8 +90,10 @@ def run_agents(commands: list[list[str]], cwd, *, timeout: float = 120.0,
             try:
                 out, err = proc.communicate(timeout=left)
             except subprocess.TimeoutExpired:
-                raise TimeoutError(f"torchrun agents still running after {timeout:g} s; killed "
-                                   "them and their ranks") from None
+                raise TimeoutError(
+                    f"torchrun agents still running after {timeout:g} s; killed "
+                    "them and their ranks"
+                ) from None
             done.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
     finally:
         for proc in procs:
@@ -84,9 +103,15 @@ def run_agents(commands: list[list[str]], cwd, *, timeout: float = 120.0,
     return done
 
 
-def torchrun_here(script: str | os.PathLike, *, nnodes: int = 2, nproc_per_node: int = 2,
-                  args: list[str] | tuple[str, ...] = (), timeout: float = 120.0,
-                  check: bool = True) -> list[subprocess.CompletedProcess]:
+def torchrun_here(
+    script: str | os.PathLike,
+    *,
+    nnodes: int = 2,
+    nproc_per_node: int = 2,
+    args: list[str] | tuple[str, ...] = (),
+    timeout: float = 120.0,
+    check: bool = True,
+) -> list[subprocess.CompletedProcess]:
     """Run ``script`` under ``nnodes`` torchrun agents on this machine, as ``nnodes`` nodes of
     ``nproc_per_node`` ranks (``nnodes=1``: one ``--standalone`` agent). The working folder is
     the script's. Returns each agent's CompletedProcess (node 0 first); with ``check``, an agent
@@ -97,19 +122,41 @@ def torchrun_here(script: str | os.PathLike, *, nnodes: int = 2, nproc_per_node:
     nodes = validate.count("nnodes", nnodes, minimum=1)
     nproc = validate.count("nproc_per_node", nproc_per_node, minimum=1)
     if nodes == 1:
-        results = run_agents([torchrun_command("--standalone", "--nproc-per-node", str(nproc),
-                                               script.name, *args)], script.parent, timeout=timeout)
+        results = run_agents(
+            [torchrun_command("--standalone", "--nproc-per-node", str(nproc), script.name, *args)],
+            script.parent,
+            timeout=timeout,
+        )
     else:
         port = free_port()
-        common = ["--nnodes", str(nodes), "--nproc-per-node", str(nproc), "--rdzv-backend",
-                  "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"local{port}",
-                  "--max-restarts", "0"]
-        results = run_agents([torchrun_command(*common, "--node-rank", str(n), script.name, *args)
-                              for n in range(nodes)], script.parent, timeout=timeout,
-                             first_listens_on=port)
+        common = [
+            "--nnodes",
+            str(nodes),
+            "--nproc-per-node",
+            str(nproc),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            f"local{port}",
+            "--max-restarts",
+            "0",
+        ]
+        results = run_agents(
+            [
+                torchrun_command(*common, "--node-rank", str(n), script.name, *args)
+                for n in range(nodes)
+            ],
+            script.parent,
+            timeout=timeout,
+            first_listens_on=port,
+        )
     if check:
         for node, res in enumerate(results):
             if res.returncode != 0:
-                raise RuntimeError(f"torchrun agent of node {node} exited with {res.returncode}:\n"
-                                   f"{res.stderr[-3000:]}")
+                raise RuntimeError(
+                    f"torchrun agent of node {node} exited with {res.returncode}:\n"
+                    f"{res.stderr[-3000:]}"
+                )
     return results

@@ -11,6 +11,7 @@ Tags (an object with exactly one of these keys): ``__tuple__``, ``__tensor__``, 
 ``__dataclass__`` (only classes defined in course_lib are rebuilt), ``__dtype__``, ``__dict__``
 (a dict whose keys are not all strings).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,33 +38,50 @@ def _encode(obj: Any) -> Any:
         return {"__dtype__": str(obj).removeprefix("torch.")}
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu()
-        return {"__tensor__": {"dtype": str(t.dtype).removeprefix("torch."),
-                               "shape": list(t.shape), "data": t.reshape(-1).tolist()}}
+        return {
+            "__tensor__": {
+                "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": list(t.shape),
+                "data": t.reshape(-1).tolist(),
+            }
+        }
     if isinstance(obj, pd.DataFrame):
-        return {"__dataframe__": {
-            "columns": [_encode(c) for c in obj.columns],
-            "dtypes": [str(d) for d in obj.dtypes],
-            "index": [_encode(i) for i in obj.index],
-            "index_name": _encode(obj.index.name),
-            "data": [[_encode(v) for v in row] for row in obj.itertuples(index=False, name=None)],
-            "attrs": _encode(dict(obj.attrs))}}
+        return {
+            "__dataframe__": {
+                "columns": [_encode(c) for c in obj.columns],
+                "dtypes": [str(d) for d in obj.dtypes],
+                "index": [_encode(i) for i in obj.index],
+                "index_name": _encode(obj.index.name),
+                "data": [
+                    [_encode(v) for v in row] for row in obj.itertuples(index=False, name=None)
+                ],
+                "attrs": _encode(dict(obj.attrs)),
+            }
+        }
     if isinstance(obj, tuple):
         return {"__tuple__": [_encode(v) for v in obj]}
     if isinstance(obj, list):
         return [_encode(v) for v in obj]
     if isinstance(obj, dict):
-        if all(isinstance(k, str) for k in obj) and not (len(obj) == 1 and next(iter(obj)).startswith("__")):
+        if all(isinstance(k, str) for k in obj) and not (
+            len(obj) == 1 and next(iter(obj)).startswith("__")
+        ):
             return {k: _encode(v) for k, v in obj.items()}
         return {"__dict__": [[_encode(k), _encode(v)] for k, v in obj.items()]}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         cls = type(obj)
-        return {"__dataclass__": {"class": f"{cls.__module__}:{cls.__qualname__}",
-                                  "fields": {f.name: _encode(getattr(obj, f.name))
-                                             for f in dataclasses.fields(obj)}}}
+        return {
+            "__dataclass__": {
+                "class": f"{cls.__module__}:{cls.__qualname__}",
+                "fields": {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)},
+            }
+        }
     if isinstance(obj, pd.Series):
         raise TypeError("a pandas Series in a result: return series.to_frame() instead")
-    raise TypeError(f"cannot store a {type(obj).__module__}.{type(obj).__qualname__} in a results "
-                    "file: return numbers, strings, lists, dicts, tensors or DataFrames")
+    raise TypeError(
+        f"cannot store a {type(obj).__module__}.{type(obj).__qualname__} in a results "
+        "file: return numbers, strings, lists, dicts, tensors or DataFrames"
+    )
 
 
 def _decode(obj: Any) -> Any:
@@ -72,16 +90,18 @@ def _decode(obj: Any) -> Any:
     if not isinstance(obj, dict):
         return obj
     if len(obj) == 1:
-        (key, val), = obj.items()
+        ((key, val),) = obj.items()
         if key == "__tuple__":
             return tuple(_decode(v) for v in val)
         if key == "__dict__":
             return {_freeze(_decode(k)): _decode(v) for k, v in val}
         if key == "__dtype__":
             import torch
+
             return getattr(torch, val)
         if key == "__tensor__":
             import torch
+
             dtype = getattr(torch, val["dtype"])
             return torch.tensor(val["data"], dtype=dtype).reshape(val["shape"])
         if key == "__dataframe__":
@@ -89,8 +109,10 @@ def _decode(obj: Any) -> Any:
         if key == "__dataclass__":
             module, _, qualname = val["class"].partition(":")
             if module.split(".")[0] != "course_lib":
-                raise ValueError(f"results file names the class {val['class']}: only course_lib's "
-                                 "own dataclasses are rebuilt from a results file")
+                raise ValueError(
+                    f"results file names the class {val['class']}: only course_lib's "
+                    "own dataclasses are rebuilt from a results file"
+                )
             cls: Any = importlib.import_module(module)
             for part in qualname.split("."):
                 cls = getattr(cls, part)
@@ -107,8 +129,11 @@ def _decode_frame(val: dict):
 
     columns = [_decode(c) for c in val["columns"]]
     rows = [[_decode(v) for v in row] for row in val["data"]]
-    df = pd.DataFrame.from_records(rows, columns=range(len(columns))) if rows else \
-        pd.DataFrame({i: [] for i in range(len(columns))})
+    df = (
+        pd.DataFrame.from_records(rows, columns=range(len(columns)))
+        if rows
+        else pd.DataFrame({i: [] for i in range(len(columns))})
+    )
     df.columns = columns
     for i, dtype in enumerate(val["dtypes"]):
         if dtype != "object":
@@ -124,8 +149,11 @@ def _decode_frame(val: dict):
 
 def dumps(value: Any, meta: dict | None = None) -> str:
     """The JSON text of a results file: ``{"format", "meta", "value"}``."""
-    return json.dumps({"format": FORMAT, "meta": _encode(meta or {}), "value": _encode(value)},
-                      indent=1, allow_nan=True)
+    return json.dumps(
+        {"format": FORMAT, "meta": _encode(meta or {}), "value": _encode(value)},
+        indent=1,
+        allow_nan=True,
+    )
 
 
 def loads(text: str) -> tuple[Any, dict]:
@@ -133,8 +161,10 @@ def loads(text: str) -> tuple[Any, dict]:
     doc = json.loads(text)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise ValueError(f"format = {found!r}: expected {FORMAT!r} (a file written by an exported "
-                         "course_lib.cluster script)")
+        raise ValueError(
+            f"format = {found!r}: expected {FORMAT!r} (a file written by an exported "
+            "course_lib.cluster script)"
+        )
     return _decode(doc["value"]), _decode(doc["meta"])
 
 
@@ -153,7 +183,6 @@ def write_atomic(path: str | os.PathLike, text: str) -> pathlib.Path:
             os.unlink(tmp)
         raise
     return path
-
 
 
 def differences(a: Any, b: Any, *, ignore: tuple[str, ...] = (), where: str = "value") -> list[str]:
@@ -183,10 +212,19 @@ def differences(a: Any, b: Any, *, ignore: tuple[str, ...] = (), where: str = "v
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if a.dtype != b.dtype or a.shape != b.shape:
             return [f"{where}: tensor {a.dtype} {tuple(a.shape)} != {b.dtype} {tuple(b.shape)}"]
-        same = torch.equal(a, b) or bool(((a == b) | (a.isnan() & b.isnan())).all()) \
-            if a.is_floating_point() else torch.equal(a, b)
-        return [] if same else [f"{where}: tensors differ (max |diff| "
-                                f"{(a.double() - b.double()).abs().max().item():.3g})"]
+        same = (
+            torch.equal(a, b) or bool(((a == b) | (a.isnan() & b.isnan())).all())
+            if a.is_floating_point()
+            else torch.equal(a, b)
+        )
+        return (
+            []
+            if same
+            else [
+                f"{where}: tensors differ (max |diff| "
+                f"{(a.double() - b.double()).abs().max().item():.3g})"
+            ]
+        )
     if isinstance(a, dict) and isinstance(b, dict):
         ka = [k for k in a if k not in ignore]
         kb = [k for k in b if k not in ignore]
@@ -208,7 +246,11 @@ def differences(a: Any, b: Any, *, ignore: tuple[str, ...] = (), where: str = "v
     both_nan = isinstance(a, float) and isinstance(b, float) and a != a and b != b
     if both_nan:
         return []
-    if type(a) is not type(b) and not (isinstance(a, (int, float)) and isinstance(b, (int, float))
-                                        and not isinstance(a, bool) and not isinstance(b, bool)):
+    if type(a) is not type(b) and not (
+        isinstance(a, (int, float))
+        and isinstance(b, (int, float))
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+    ):
         return [f"{where}: {type(a).__name__} {a!r} != {type(b).__name__} {b!r}"]
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]

@@ -7,6 +7,7 @@ rank's share here and all-gathers every rank's outcome (runtime/_torchrun.py). E
 value is the one the notebook gets, and it is written as a results file (``results.py``) with
 what the run was: experiment, settings, world size, launcher, backend, the host of every rank.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,16 +45,22 @@ class ClusterResult:
 
     def __repr__(self) -> str:
         m = self.meta
-        return (f"ClusterResult({m['experiment']}: {m['world_size']} ranks on {m['nodes']} "
-                f"node{'s' if m['nodes'] != 1 else ''} under {m['launcher']} ({m['backend']}), "
-                f"{type(self.value).__name__})")
+        return (
+            f"ClusterResult({m['experiment']}: {m['world_size']} ranks on {m['nodes']} "
+            f"node{'s' if m['nodes'] != 1 else ''} under {m['launcher']} ({m['backend']}), "
+            f"{type(self.value).__name__})"
+        )
 
 
 def _probe(rank: int, world_size: int) -> dict:
     import torch.distributed as dist
-    return {"host": socket.gethostname(), "backend": dist.get_backend(),
-            "node_rank": int(os.environ.get("GROUP_RANK", 0)),
-            "local_rank": int(os.environ.get("LOCAL_RANK", rank))}
+
+    return {
+        "host": socket.gethostname(),
+        "backend": dist.get_backend(),
+        "node_rank": int(os.environ.get("GROUP_RANK", 0)),
+        "local_rank": int(os.environ.get("LOCAL_RANK", rank)),
+    }
 
 
 @contextlib.contextmanager
@@ -83,19 +90,31 @@ def _execute(exp: Experiment, world_size: int, settings: dict, launcher: str) ->
         value = exp.run(world_size, **settings)
         wall = time.time() - started
         probe = course_lib.launch(_probe, world_size)
-    meta = {"experiment": exp.name, "title": exp.title, "settings": settings,
-            "world_size": world_size, "launcher": launcher,
-            "backend": probe[0]["backend"], "hosts": [p["host"] for p in probe],
-            "node_ranks": [p["node_rank"] for p in probe],
-            "nodes": len({(p["host"], p["node_rank"]) for p in probe}),
-            "varying": list(exp.varying), "torch": torch.__version__,
-            "started": datetime.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
-            "wall_s": wall}
+    meta = {
+        "experiment": exp.name,
+        "title": exp.title,
+        "settings": settings,
+        "world_size": world_size,
+        "launcher": launcher,
+        "backend": probe[0]["backend"],
+        "hosts": [p["host"] for p in probe],
+        "node_ranks": [p["node_rank"] for p in probe],
+        "nodes": len({(p["host"], p["node_rank"]) for p in probe}),
+        "varying": list(exp.varying),
+        "torch": torch.__version__,
+        "started": datetime.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
+        "wall_s": wall,
+    }
     return ClusterResult(value, meta)
 
 
-def run(experiment: str | Experiment, world_size: int | None = None, *,
-        out: str | os.PathLike | None = None, **settings: Any) -> ClusterResult:
+def run(
+    experiment: str | Experiment,
+    world_size: int | None = None,
+    *,
+    out: str | os.PathLike | None = None,
+    **settings: Any,
+) -> ClusterResult:
     """Run ``experiment`` here on ``world_size`` ranks with ``course_lib.launch``, as the lecture
     does, and return a :class:`ClusterResult` (written to ``out`` too when given). The same
     result an exported script gives under torchrun, which is what the tests compare."""
@@ -114,8 +133,10 @@ def load(path: str | os.PathLike) -> ClusterResult:
     """The :class:`ClusterResult` an exported script wrote to ``path``."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"path = {str(path)!r}: no results file there (an exported "
-                                "script writes one on rank 0 when its run ends)")
+        raise FileNotFoundError(
+            f"path = {str(path)!r}: no results file there (an exported "
+            "script writes one on rank 0 when its run ends)"
+        )
     value, meta = results.loads(path.read_text())
     return ClusterResult(value, meta)
 
@@ -123,19 +144,31 @@ def load(path: str | os.PathLike) -> ClusterResult:
 def _parser(exp: Experiment, settings: dict) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=f"{exp.name}: {exp.title}. Under torchrun every process is one rank; run "
-                    "with plain python it starts its own ranks with course_lib.launch.")
+        "with plain python it starts its own ranks with course_lib.launch."
+    )
     p.add_argument("--out", help="results file (JSON), written by rank 0")
-    p.add_argument("--world-size", type=int, default=None,
-                   help="ranks to start when run without torchrun (torchrun sets it otherwise)")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="ranks to start when run without torchrun (torchrun sets it otherwise)",
+    )
     for key, default in settings.items():
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        p.add_argument("--" + key.replace("_", "-"), dest=key, default=None,
-                       help=f"(default: {shown})")
+        p.add_argument(
+            "--" + key.replace("_", "-"), dest=key, default=None, help=f"(default: {shown})"
+        )
     return p
 
 
-def main(experiment: str, settings: dict | None = None, *, out: str | None = None,
-         world_size: int | None = None, argv: list[str] | None = None) -> ClusterResult | None:
+def main(
+    experiment: str,
+    settings: dict | None = None,
+    *,
+    out: str | None = None,
+    world_size: int | None = None,
+    argv: list[str] | None = None,
+) -> ClusterResult | None:
     """The body of an exported script. Settings on the command line override ``settings``.
 
     Under torchrun (TORCHELASTIC_RUN_ID set) each process runs its rank, rank 0 writes the
@@ -148,8 +181,9 @@ def main(experiment: str, settings: dict | None = None, *, out: str | None = Non
     exp = get(experiment)
     chosen = exp.settings(settings)
     args = _parser(exp, chosen).parse_args(sys.argv[1:] if argv is None else argv)
-    overrides = {k: v for k, v in vars(args).items()
-                 if k not in ("out", "world_size") and v is not None}
+    overrides = {
+        k: v for k, v in vars(args).items() if k not in ("out", "world_size") and v is not None
+    }
     chosen = exp.settings({**chosen, **overrides})
     path = pathlib.Path(args.out or out or f"{exp.name.replace('.', '_')}_results.json")
     if not _under_torchrun():
@@ -170,17 +204,24 @@ def _torchrun_main(exp: Experiment, chosen: dict, path: pathlib.Path) -> Cluster
     except LaunchError as err:
         failed = sorted(err.failures)
         if rank in failed:
-            raise RuntimeError(f"{exp.name}: rank {rank} of {world_size} failed on "
-                               f"{socket.gethostname()}:\n{err.failures[rank]}") from None
+            raise RuntimeError(
+                f"{exp.name}: rank {rank} of {world_size} failed on "
+                f"{socket.gethostname()}:\n{err.failures[rank]}"
+            ) from None
         time.sleep(_STOP_DELAY_S)
         first = err.failures[failed[0]].splitlines()[0]
-        raise RuntimeError(f"{exp.name}: rank{'s' if len(failed) > 1 else ''} "
-                           f"{', '.join(map(str, failed))} of {world_size} failed "
-                           f"(rank {failed[0]} {first}); rank {rank} stopped with "
-                           f"{'them' if len(failed) > 1 else 'it'}") from None
+        raise RuntimeError(
+            f"{exp.name}: rank{'s' if len(failed) > 1 else ''} "
+            f"{', '.join(map(str, failed))} of {world_size} failed "
+            f"(rank {failed[0]} {first}); rank {rank} stopped with "
+            f"{'them' if len(failed) > 1 else 'it'}"
+        ) from None
     if rank == 0:
         results.write_atomic(path, results.dumps(res.value, res.meta))
         nodes = res.meta["nodes"]
-        print(f"{exp.name}: {world_size} ranks on {nodes} node{'s' if nodes != 1 else ''} under "
-              f"torchrun ({res.meta['backend']}); wrote {path}", flush=True)
+        print(
+            f"{exp.name}: {world_size} ranks on {nodes} node{'s' if nodes != 1 else ''} under "
+            f"torchrun ({res.meta['backend']}); wrote {path}",
+            flush=True,
+        )
     return res

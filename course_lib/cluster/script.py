@@ -5,6 +5,7 @@ course_lib (which must be installed on every node, as it is in the course's envi
 the reader's settings, and calls :func:`course_lib.cluster.main`. ``launch_command`` gives the
 torchrun line for one node or several; ``slurm_script`` an ``sbatch`` file around it.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,15 @@ from course_lib.cluster.experiment import Experiment, get
 DEFAULT_PORT = 29500
 
 
-def launch_command(script: str | os.PathLike, *, nproc_per_node: int, nnodes: int = 1,
-                   rdzv_endpoint: str | None = None, rdzv_id: str = "$JOB_ID",
-                   args: dict | None = None) -> str:
+def launch_command(
+    script: str | os.PathLike,
+    *,
+    nproc_per_node: int,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "$JOB_ID",
+    args: dict | None = None,
+) -> str:
     """The torchrun command that runs ``script`` on ``nnodes`` x ``nproc_per_node`` ranks.
 
     One node and no ``rdzv_endpoint``: ``--standalone`` (torchrun picks a free port on this
@@ -39,44 +46,63 @@ def launch_command(script: str | os.PathLike, *, nproc_per_node: int, nnodes: in
     if nodes == 1 and rdzv_endpoint is None:
         return f"torchrun --standalone --nproc-per-node {nproc} {tail_text}"
     # $HEAD_NODE / $JOB_ID stay unquoted so the shell (or srun) expands them on each node
-    return (f"torchrun --nnodes {nodes} --nproc-per-node {nproc} --rdzv-backend c10d "
-            f"--rdzv-endpoint {rdzv_endpoint or '$HEAD_NODE:' + str(DEFAULT_PORT)} --rdzv-id {rdzv_id} {tail_text}")
+    return (
+        f"torchrun --nnodes {nodes} --nproc-per-node {nproc} --rdzv-backend c10d "
+        f"--rdzv-endpoint {rdzv_endpoint or '$HEAD_NODE:' + str(DEFAULT_PORT)} --rdzv-id {rdzv_id} {tail_text}"
+    )
 
 
-def slurm_script(script: str | os.PathLike, *, nodes: int, gpus_per_node: int,
-                 time: str = "00:30:00", job_name: str = "course-run",
-                 partition: str | None = None, port: int = DEFAULT_PORT,
-                 args: dict | None = None, venv: str = ".venv") -> str:
+def slurm_script(
+    script: str | os.PathLike,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    time: str = "00:30:00",
+    job_name: str = "course-run",
+    partition: str | None = None,
+    port: int = DEFAULT_PORT,
+    args: dict | None = None,
+    venv: str = ".venv",
+) -> str:
     """An ``sbatch`` file that runs ``script`` with torchrun on ``nodes`` x ``gpus_per_node``
     ranks: one task per node (``srun`` starts one torchrun agent on each), the first node of the
     allocation as the rendezvous host, the job id as the rendezvous id."""
     nodes = validate.count("nodes", nodes, minimum=1)
     gpus = validate.count("gpus_per_node", gpus_per_node, minimum=1)
     port = validate.count("port", port, minimum=1, maximum=65535)
-    lines = ["#!/bin/bash",
-             f"#SBATCH --job-name={job_name}",
-             f"#SBATCH --nodes={nodes}",
-             "#SBATCH --ntasks-per-node=1          # one torchrun agent per node; it starts the ranks",
-             f"#SBATCH --gpus-per-node={gpus}",
-             f"#SBATCH --cpus-per-task={max(2, 4 * gpus)}",
-             f"#SBATCH --time={time}",
-             "#SBATCH --output=%x-%j.out"]
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1          # one torchrun agent per node; it starts the ranks",
+        f"#SBATCH --gpus-per-node={gpus}",
+        f"#SBATCH --cpus-per-task={max(2, 4 * gpus)}",
+        f"#SBATCH --time={time}",
+        "#SBATCH --output=%x-%j.out",
+    ]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
-    command = launch_command(script, nproc_per_node=gpus, nnodes=nodes,
-                             rdzv_endpoint=f"$HEAD_NODE:{port}", rdzv_id="$SLURM_JOB_ID",
-                             args=args)
-    lines += ["",
-              "set -euo pipefail",
-              f"source {venv}/bin/activate             # the course's environment, on every node",
-              'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-              "export HEAD_NODE",
-              "# a failed rank: torchrun prints its traceback (the root cause) to the job's output",
-              "# NCCL on GPUs is chosen by course_lib as launch chooses it (one GPU per rank);",
-              "# export NCCL_DEBUG=INFO to see the links it uses.",
-              "",
-              f"srun {command}",
-              ""]
+    command = launch_command(
+        script,
+        nproc_per_node=gpus,
+        nnodes=nodes,
+        rdzv_endpoint=f"$HEAD_NODE:{port}",
+        rdzv_id="$SLURM_JOB_ID",
+        args=args,
+    )
+    lines += [
+        "",
+        "set -euo pipefail",
+        f"source {venv}/bin/activate             # the course's environment, on every node",
+        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export HEAD_NODE",
+        "# a failed rank: torchrun prints its traceback (the root cause) to the job's output",
+        "# NCCL on GPUs is chosen by course_lib as launch chooses it (one GPU per rank);",
+        "# export NCCL_DEBUG=INFO to see the links it uses.",
+        "",
+        f"srun {command}",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -109,8 +135,14 @@ if __name__ == "__main__":
 '''
 
 
-def render(experiment: str | Experiment, *, script: str = "experiment.py",
-           out: str | None = None, world_size: int | None = None, **settings) -> str:
+def render(
+    experiment: str | Experiment,
+    *,
+    script: str = "experiment.py",
+    out: str | None = None,
+    world_size: int | None = None,
+    **settings,
+) -> str:
     """The text of the exported script (see :func:`export`)."""
     exp = get(experiment)
     chosen = exp.settings(settings)
@@ -139,24 +171,44 @@ def render(experiment: str | Experiment, *, script: str = "experiment.py",
     doc = " ".join((exp.run.__doc__ or "").split())
     summary = textwrap.fill(
         f"{doc} Every rank calls {function} with SETTINGS below, as {exp.lecture} does; rank 0 "
-        f"writes the value to {out} (JSON). Exported by course_lib.cluster.", 96,
-        break_on_hyphens=False, break_long_words=False)
-    settings_text = "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in chosen.items()) + "}" \
-        if chosen else "{}"
+        f"writes the value to {out} (JSON). Exported by course_lib.cluster.",
+        96,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+    settings_text = (
+        "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in chosen.items()) + "}" if chosen else "{}"
+    )
     return SCRIPT.format(
-        name=exp.name, title=exp.title, lecture=exp.lecture, out=out, script=script,
+        name=exp.name,
+        title=exp.title,
+        lecture=exp.lecture,
+        out=out,
+        script=script,
         package=exp.run.__module__.split(".")[2],
         world_text=f"{shown} ranks" + ("" if world_size else " (any valid world size)"),
         one_node=launch_command(script, nproc_per_node=shown),
         two_nodes=launch_command(script, nproc_per_node=per_node, nnodes=2)
-        if shown % 2 == 0 and shown >= 2 else "(needs an even world size)",
-        per_node=per_node, plain_world=shown, summary=summary, setting_example=setting_example,
+        if shown % 2 == 0 and shown >= 2
+        else "(needs an even world size)",
+        per_node=per_node,
+        plain_world=shown,
+        summary=summary,
+        setting_example=setting_example,
         plot_text=f"    {exp.plot}\n" if exp.plot else "",
-        settings=settings_text, world_size=world_size)
+        settings=settings_text,
+        world_size=world_size,
+    )
 
 
-def export(experiment: str | Experiment, path: str | os.PathLike, *,
-           out: str | None = None, world_size: int | None = None, **settings) -> pathlib.Path:
+def export(
+    experiment: str | Experiment,
+    path: str | os.PathLike,
+    *,
+    out: str | None = None,
+    world_size: int | None = None,
+    **settings,
+) -> pathlib.Path:
     """Write a torchrun-ready script for ``experiment`` with ``settings`` to ``path``.
 
     ``experiment``: a name from :func:`course_lib.cluster.experiments` (``"u09.bytes"``) or a

@@ -106,12 +106,18 @@ def verdict(line: str, cause: BaseException | None = None) -> AssertionError:
     if cause is not None and not isinstance(cause, NotImplementedError):
         import traceback
 
-        frames = [f for f in traceback.extract_tb(cause.__traceback__)
-                  if not f.filename.startswith(_COURSE_DIR)]
+        frames = [
+            f
+            for f in traceback.extract_tb(cause.__traceback__)
+            if not f.filename.startswith(_COURSE_DIR)
+        ]
         if frames:
-            lines = ["Traceback of your code (most recent call last):",
-                     *traceback.format_list(frames),
-                     f"{type(cause).__name__}: {cause}", ""]
+            lines = [
+                "Traceback of your code (most recent call last):",
+                *traceback.format_list(frames),
+                f"{type(cause).__name__}: {cause}",
+                "",
+            ]
     exc._render_traceback_ = lambda: [*lines, line]
     return exc
 
@@ -132,8 +138,9 @@ def _callable_name(fn: Any) -> str:
     return getattr(fn, "__name__", None) or type(fn).__name__
 
 
-def run_learner(task: int, fn: Callable[..., Any], *args: Any,
-                forbid: Iterable[str] = (), **kwargs: Any) -> Any:
+def run_learner(
+    task: int, fn: Callable[..., Any], *args: Any, forbid: Iterable[str] = (), **kwargs: Any
+) -> Any:
     """Call the learner's ``fn(*args, **kwargs)`` and turn its failures into ✗ verdicts.
 
     ``NotImplementedError`` (the untouched exercise stub) becomes
@@ -185,8 +192,9 @@ def error_pair(exc: BaseException) -> tuple[str, str]:
     return type(exc).__name__, (str(exc).strip().splitlines() or [""])[0]
 
 
-def launch_learner(task: int, worker: Callable[..., dict], world_size: int, *args: Any,
-                   timeout: float) -> list[dict]:
+def launch_learner(
+    task: int, worker: Callable[..., dict], world_size: int, *args: Any, timeout: float
+) -> list[dict]:
     """Run ``worker`` on ``world_size`` real ranks for a check; every rank's result dict.
 
     A rank's worker reports ``{"used": [...]}`` when the learner's code called the course's own
@@ -201,8 +209,11 @@ def launch_learner(task: int, worker: Callable[..., dict], world_size: int, *arg
         results = launch(worker, world_size, *args, timeout=timeout)
     except LaunchError as exc:
         first = next(iter(exc.failures.values()), str(exc))
-        fail(task, f"the run on {world_size} ranks did not finish: "
-                   f"{(str(first).strip().splitlines() or [''])[0]}")
+        fail(
+            task,
+            f"the run on {world_size} ranks did not finish: "
+            f"{(str(first).strip().splitlines() or [''])[0]}",
+        )
     for rank, res in enumerate(results):
         if res.get("used"):
             refuse(task, res["used"])
@@ -217,8 +228,12 @@ def launch_learner(task: int, worker: Callable[..., dict], world_size: int, *arg
 def _learner_error(task: int, name: str, exc: BaseException) -> AssertionError:
     detail = _one_line(str(exc))
     kind = type(exc).__name__
-    return verdict(f"✗ task {task}: {name} raised {kind}: {detail}" if detail
-                   else f"✗ task {task}: {name} raised {kind}", exc)
+    return verdict(
+        f"✗ task {task}: {name} raised {kind}: {detail}"
+        if detail
+        else f"✗ task {task}: {name} raised {kind}",
+        exc,
+    )
 
 
 # --------------------------------------------------------------------------- comparisons

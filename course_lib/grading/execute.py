@@ -75,8 +75,11 @@ def _kernel_metadata(nb, client, kernel_name: str) -> None:
         spec = KernelSpecManager().get_kernel_spec(kernel_name)
     except Exception:  # noqa: BLE001 - a kernel started by name always has a spec; keep the old one
         return
-    nb.metadata["kernelspec"] = {"display_name": spec.display_name, "language": spec.language,
-                                 "name": kernel_name}
+    nb.metadata["kernelspec"] = {
+        "display_name": spec.display_name,
+        "language": spec.language,
+        "name": kernel_name,
+    }
 
 
 _TQDM_TEXT = re.compile(r"<[^>]+>")
@@ -94,7 +97,12 @@ def _finish_progress_bars(nb) -> None:
 
     def value(model_id: str) -> str:
         text = models.get(model_id, {}).get("state", {}).get("value", "")
-        return html.unescape(_TQDM_TEXT.sub("", str(text))).replace("\xa0", " ").replace("\u2007", " ").strip()
+        return (
+            html.unescape(_TQDM_TEXT.sub("", str(text)))
+            .replace("\xa0", " ")
+            .replace("\u2007", " ")
+            .strip()
+        )
 
     for cell in nb.cells:
         for out in cell.get("outputs", []):
@@ -104,14 +112,19 @@ def _finish_progress_bars(nb) -> None:
             if box.get("model_name") != "HBoxModel" or len(children) != 3:
                 continue
             ids = [c.removeprefix("IPY_MODEL_") for c in children]
-            if models.get(ids[1], {}).get("model_name") not in ("FloatProgressModel", "IntProgressModel"):
+            if models.get(ids[1], {}).get("model_name") not in (
+                "FloatProgressModel",
+                "IntProgressModel",
+            ):
                 continue
             out["data"]["text/plain"] = f"{value(ids[0])} {value(ids[2])}".strip()
 
 
 #: the text a page shows for a stored widget it cannot draw (untrusted notebook, GitHub, nbviewer)
-WIDGET_TEXT = ("[an interactive widget: it draws here in JupyterLab once the notebook is trusted "
-               "(make lab does it) or run; run the cells above to use it]")
+WIDGET_TEXT = (
+    "[an interactive widget: it draws here in JupyterLab once the notebook is trusted "
+    "(make lab does it) or run; run the cells above to use it]"
+)
 
 
 def _explain_stored_widgets(nb) -> None:
@@ -120,8 +133,9 @@ def _explain_stored_widgets(nb) -> None:
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             data = out.get("data", {})
-            if ("application/vnd.jupyter.widget-view+json" in data
-                    and _WIDGET_REPR.match(str(data.get("text/plain", "")))):
+            if "application/vnd.jupyter.widget-view+json" in data and _WIDGET_REPR.match(
+                str(data.get("text/plain", ""))
+            ):
                 data["text/plain"] = WIDGET_TEXT
 
 
@@ -176,8 +190,9 @@ def execute_notebook(
     except ExerciseError as exc:
         raise ExecuteError(str(exc)) from None
     _strip_timing(nb)
-    client = make_client(nb, path, timeout=timeout, kernel_name=kernel_name,
-                         allow_errors=allow_errors)
+    client = make_client(
+        nb, path, timeout=timeout, kernel_name=kernel_name, allow_errors=allow_errors
+    )
     with client.setup_kernel(env=kernel_env()):
         _kernel_metadata(nb, client, kernel_name)
         for index, cell in enumerate(nb.cells):

@@ -425,8 +425,9 @@ def _execute(nb, path: Path, seconds: int, kernel_name: str) -> tuple[int | None
 
     from course_lib.grading.execute import kernel_env, make_client
 
-    client = make_client(nb, path, timeout=seconds, kernel_name=kernel_name, allow_errors=True,
-                         log=_quiet_logger())
+    client = make_client(
+        nb, path, timeout=seconds, kernel_name=kernel_name, allow_errors=True, log=_quiet_logger()
+    )
     started = False
     try:
         with client.setup_kernel(env=kernel_env()):

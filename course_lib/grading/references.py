@@ -29,8 +29,10 @@ __all__ = ["reference_codes", "rewritten", "watch_references"]
 
 def _resolve(spec: str) -> Any:
     if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ValueError(f"reference = {spec!r}: expected 'module:qualname', "
-                         "e.g. 'course_lib.techniques.optim:Adam'")
+        raise ValueError(
+            f"reference = {spec!r}: expected 'module:qualname', "
+            "e.g. 'course_lib.techniques.optim:Adam'"
+        )
     module_name, qualname = spec.split(":")
     obj: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
@@ -85,8 +87,10 @@ def reference_codes(references: Iterable[str]) -> dict[types.CodeType, str]:
         home = os.path.realpath(importlib.import_module(spec.split(":")[0]).__file__ or "")
         found = [code for code in _codes_of(obj) if os.path.realpath(code.co_filename) == home]
         if not found:
-            raise ValueError(f"reference = {spec!r}: {type(obj).__name__} has no Python code "
-                             "to watch (name a function or a class)")
+            raise ValueError(
+                f"reference = {spec!r}: {type(obj).__name__} has no Python code "
+                "to watch (name a function or a class)"
+            )
         for code in found:
             codes.setdefault(code, short)
     return codes

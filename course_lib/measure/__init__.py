@@ -3,6 +3,7 @@
 ``estimate`` is imported eagerly (it needs no torch); the rest on first use, so planning code
 that only needs formulas stays light.
 """
+
 from __future__ import annotations
 
 import importlib

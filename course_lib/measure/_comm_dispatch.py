@@ -6,6 +6,7 @@ function that CommMeter could wrap; the dispatcher sees them. This module turns 
 operator call into (torch.distributed name, payload bytes, group size) for
 ``course_lib.measure.comm``. Introduced in notebooks/08_collectives.ipynb.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,15 +18,18 @@ __all__ = ["make_dispatch_mode", "describe_dispatch", "nbytes"]
 
 # operator names (overload packet, trailing "_" removed) -> the torch.distributed function name
 _DISPATCH_NAMES = {
-    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce",
     "all_reduce_coalesced": "all_reduce",
-    "allgather": "all_gather", "allgather_coalesced": "all_gather",
+    "allgather": "all_gather",
+    "allgather_coalesced": "all_gather",
     "_allgather_base": "all_gather_into_tensor",
     "allgather_into_tensor_coalesced": "all_gather_into_tensor",
     "all_gather_into_tensor_coalesced": "all_gather_into_tensor",
     "_reduce_scatter_base": "reduce_scatter_tensor",
     "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
-    "alltoall": "all_to_all", "alltoall_base": "all_to_all_single",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all_single",
     "shard_dim_alltoall": "all_to_all",
 }
 
@@ -70,8 +74,11 @@ def describe_dispatch(func, args, api: str) -> tuple[str, int, int]:
         in_place = base in ("all_reduce", "broadcast", "reduce")
         return base, nbytes(args[0] if in_place else args[1]), _group_size(args)
     ints = [a for a in args[1:] if isinstance(a, int) and not isinstance(a, bool)]
-    n = ints[0] if base in ("all_gather_into_tensor", "reduce_scatter_tensor") and ints \
+    n = (
+        ints[0]
+        if base in ("all_gather_into_tensor", "reduce_scatter_tensor") and ints
         else _group_size(args)
+    )
     return base, nbytes(args[0]), n
 
 

@@ -9,6 +9,7 @@ Introduced in notebooks/02_batch_size_and_accumulation.ipynb (the largest batch 
 the memory-saving units (offload, checkpointing, LoRA, ZeRO) use it to show a step that does not
 fit and then does.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,8 +54,9 @@ class MemoryBudget:
     """True on CPU: the budget is a number we compare against, not a device that can fail."""
 
     def __post_init__(self):
-        object.__setattr__(self, "capacity_bytes",
-                           validate.count("capacity_bytes", self.capacity_bytes, minimum=1))
+        object.__setattr__(
+            self, "capacity_bytes", validate.count("capacity_bytes", self.capacity_bytes, minimum=1)
+        )
 
     @classmethod
     def for_device(cls, device: torch.device | str, *, simulated_bytes: int) -> MemoryBudget:

@@ -64,6 +64,7 @@ Totals: ``wire_bytes_sent`` (sum of the measured windows; None if unavailable),
 model's figure under a name that read like a measurement.
 Introduced in notebooks/08_collectives.ipynb.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -82,11 +83,25 @@ __all__ = ["CommMeter", "PATCHED_FUNCTIONS"]
 
 #: torch.distributed functions CommMeter wraps
 PATCHED_FUNCTIONS = (
-    "send", "isend", "recv", "irecv", "batch_isend_irecv",
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-    "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
-    "scatter", "gather", "all_to_all",
-    "all_to_all_single", "barrier",
+    "send",
+    "isend",
+    "recv",
+    "irecv",
+    "batch_isend_irecv",
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "scatter",
+    "gather",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
 )
 
 
@@ -180,13 +195,17 @@ class CommMeter:
 
     @property
     def bytes_sent(self):
-        raise AttributeError("CommMeter.bytes_sent was split in two: model_bytes_sent (estimate's "
-                             "figure) and wire_bytes_sent (measured by the OS)")
+        raise AttributeError(
+            "CommMeter.bytes_sent was split in two: model_bytes_sent (estimate's "
+            "figure) and wire_bytes_sent (measured by the OS)"
+        )
 
     @property
     def bytes_received(self):
-        raise AttributeError("CommMeter.bytes_received is now model_bytes_received (estimate's "
-                             "figure; received bytes are not measured on the wire)")
+        raise AttributeError(
+            "CommMeter.bytes_received is now model_bytes_received (estimate's "
+            "figure; received bytes are not measured on the wire)"
+        )
 
     def summary(self) -> dict[str, Any]:
         """Plain dict: rank, calls, wire_source, measured and modelled totals, the residual, how
@@ -194,15 +213,21 @@ class CommMeter:
         model)."""
         p2p = [r for r in self.records if r["op"] in ("send", "isend", "recv", "irecv")]
         coll = [r for r in self.records if r not in p2p]
-        return {"rank": self.rank, "calls": self.calls, "wire_source": self.wire_source,
-                "wire_bytes_sent": self.wire_bytes_sent, "model_bytes_sent": self.model_bytes_sent,
-                "model_bytes_received": self.model_bytes_received,
-                "wire_residual": self.wire_residual, "wire_block_bytes": self.wire_block_bytes,
-                "unmeasured_calls": sum(r["wire_window"] is None for r in self.records),
-                "p2p_bytes_sent": sum(r["model_sent"] for r in p2p),
-                "p2p_bytes_received": sum(r["model_received"] for r in p2p),
-                "collective_bytes_in": sum(r["bytes"] for r in coll),
-                "collective_model_bytes_sent": _num(sum(Fraction(r["model_sent"]) for r in coll))}
+        return {
+            "rank": self.rank,
+            "calls": self.calls,
+            "wire_source": self.wire_source,
+            "wire_bytes_sent": self.wire_bytes_sent,
+            "model_bytes_sent": self.model_bytes_sent,
+            "model_bytes_received": self.model_bytes_received,
+            "wire_residual": self.wire_residual,
+            "wire_block_bytes": self.wire_block_bytes,
+            "unmeasured_calls": sum(r["wire_window"] is None for r in self.records),
+            "p2p_bytes_sent": sum(r["model_sent"] for r in p2p),
+            "p2p_bytes_received": sum(r["model_received"] for r in p2p),
+            "collective_bytes_in": sum(r["bytes"] for r in coll),
+            "collective_model_bytes_sent": _num(sum(Fraction(r["model_sent"]) for r in coll)),
+        }
 
     def __getstate__(self) -> dict[str, Any]:
         if self._active:
@@ -213,8 +238,10 @@ class CommMeter:
         return state
 
     def __repr__(self) -> str:
-        return (f"CommMeter(rank={self.rank}, calls={self.calls}, wire_bytes_sent="
-                f"{self.wire_bytes_sent}, model_bytes_sent={self.model_bytes_sent})")
+        return (
+            f"CommMeter(rank={self.rank}, calls={self.calls}, wire_bytes_sent="
+            f"{self.wire_bytes_sent}, model_bytes_sent={self.model_bytes_sent})"
+        )
 
     # ---- context manager ------------------------------------------------------------------
     def __enter__(self) -> "CommMeter":
@@ -252,7 +279,9 @@ class CommMeter:
         try:
             if self._mode is not None:
                 self._mode.__exit__(exc_type, exc, tb)
-                self.comm_debug_counts = {str(k): int(v) for k, v in self._mode.get_comm_counts().items()}
+                self.comm_debug_counts = {
+                    str(k): int(v) for k, v in self._mode.get_comm_counts().items()
+                }
         finally:
             self._mode = None
             try:
@@ -303,13 +332,33 @@ class CommMeter:
         wrapper.__doc__ = original.__doc__
         return wrapper
 
-    def _add(self, op: str, api: str, payload: int, sent, received, peer, group_size: int,
-             async_op: bool = False) -> None:
+    def _add(
+        self,
+        op: str,
+        api: str,
+        payload: int,
+        sent,
+        received,
+        peer,
+        group_size: int,
+        async_op: bool = False,
+    ) -> None:
         # wire_sent, residual and wire_window are filled when the call's window closes
-        self.records.append({"op": op, "api": api, "bytes": int(payload), "model_sent": _num(sent),
-                             "model_received": _num(received), "wire_sent": None,
-                             "residual": None, "wire_window": None, "peer": peer,
-                             "group_size": int(group_size), "async": bool(async_op)})
+        self.records.append(
+            {
+                "op": op,
+                "api": api,
+                "bytes": int(payload),
+                "model_sent": _num(sent),
+                "model_received": _num(received),
+                "wire_sent": None,
+                "residual": None,
+                "wire_window": None,
+                "peer": peer,
+                "group_size": int(group_size),
+                "async": bool(async_op),
+            }
+        )
 
     def _record_call(self, name: str, p: dict[str, Any], result: Any) -> None:
         group = p.get("group")
@@ -385,21 +434,28 @@ class CommMeter:
             sent = payload - (_nbytes(ins[me]) if me < len(ins) else 0)
             received = _nbytes(outs) - (_nbytes(outs[me]) if me < len(outs) else 0)
         else:
+
             def others(t: torch.Tensor, splits) -> Fraction:
                 total = _nbytes(t)
                 if not splits:  # even split along dim 0
                     return Fraction(total * (n - 1), n)
                 row = Fraction(total, max(1, t.shape[0]))
                 return total - row * splits[me]
+
             payload = _nbytes(p["input"])
             sent = others(p["input"], p.get("input_split_sizes"))
             received = others(p["output"], p.get("output_split_sizes"))
         self._add(name, "c10d", payload, sent, received, None, n, async_op)
 
     def _record_rooted(self, name: str, p: dict[str, Any], n: int, async_op: bool) -> None:
-        root_key, group_root_key = ("src", "group_src") if name == "scatter" else ("dst", "group_dst")
+        root_key, group_root_key = (
+            ("src", "group_src") if name == "scatter" else ("dst", "group_dst")
+        )
         if p.get(root_key) is not None:  # a global rank
-            root, is_root = p[root_key], p[root_key] == (dist.get_rank() if dist.is_initialized() else 0)
+            root, is_root = (
+                p[root_key],
+                p[root_key] == (dist.get_rank() if dist.is_initialized() else 0),
+            )
         else:  # a rank in the group (torch defaults to 0 when neither is given)
             root = p.get(group_root_key) or 0
             is_root = root == _group_rank(p.get("group"))

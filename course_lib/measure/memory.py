@@ -51,6 +51,7 @@ shapes alone (``mem.simulated`` is True then; say so when showing the numbers). 
             model.loss(idx, idx).backward(); opt.step()
 Introduced in notebooks/01_backprop_memory.ipynb.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -106,7 +107,9 @@ class _Tracker(MemTracker):
         self._step_created: dict[int, list] = {}  # id(winfo) -> [winfo, born op, freed op]
         self._step_start: list[int] = []  # op count when each running step began
         self._our_opt_handles: tuple = ()
-        self.peaks: dict[str, tuple[int, dict[str, int], int, str]] = {}  # dev -> (total, bd, op, phase)
+        self.peaks: dict[
+            str, tuple[int, dict[str, int], int, str]
+        ] = {}  # dev -> (total, bd, op, phase)
         self.rows: list[dict[str, Any]] = []
 
     # ---- categories -----------------------------------------------------------------------
@@ -124,8 +127,9 @@ class _Tracker(MemTracker):
     # MemTracker registers a gradient hook on every parameter it meets, which torch refuses for a
     # parameter that does not require grad (a frozen base under LoRA, a 4-bit weight). Such a
     # parameter never gets a gradient: a no-op handle pair makes MemTracker skip the hook.
-    def _track_module_params_and_buffers(self, module: nn.Module,
-                                         install_grad_hooks: bool = True) -> tuple[int, int]:
+    def _track_module_params_and_buffers(
+        self, module: nn.Module, install_grad_hooks: bool = True
+    ) -> tuple[int, int]:
         if install_grad_hooks:
             for p in module.parameters():
                 if not p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
@@ -169,12 +173,20 @@ class _Tracker(MemTracker):
         for dev, (total, bd, op, phase) in list(self.peaks.items()):
             if op <= step_start_op:
                 continue  # this device's peak is not inside this step
-            transient = sum(w.mem_consumed for w, born, died in self._step_created.values()
-                            if id(w) not in state_ids and str(w.device) == dev
-                            and born <= op and (died is None or died > op))
+            transient = sum(
+                w.mem_consumed
+                for w, born, died in self._step_created.values()
+                if id(w) not in state_ids
+                and str(w.device) == dev
+                and born <= op
+                and (died is None or died > op)
+            )
             transient = min(transient, bd["optimizer"])
-            bd = {**bd, "optimizer": bd["optimizer"] - transient,
-                  "temporaries": bd["temporaries"] + transient}
+            bd = {
+                **bd,
+                "optimizer": bd["optimizer"] - transient,
+                "temporaries": bd["temporaries"] + transient,
+            }
             self.peaks[dev] = (total, bd, op, phase)
         self._step_created.clear()
 
@@ -185,8 +197,7 @@ class _Tracker(MemTracker):
 
     # ---- timeline -------------------------------------------------------------------------
     def record(self, event: str, module: str = "", phase: str | None = None) -> None:
-        row = {"op": self._n_ops, "event": event, "module": module,
-               "phase": phase or self.phase()}
+        row = {"op": self._n_ops, "event": event, "module": module, "phase": phase or self.phase()}
         row.update(self.breakdown(self._meter.device))
         row["total"] = sum(row[c] for c in CATEGORIES)
         self.rows.append(row)
@@ -195,19 +206,26 @@ class _Tracker(MemTracker):
         return self._mod_tracker.get_known_fqn(module) or type(module).__name__
 
     def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
-        if (module in self.memory_tracking and not self._mod_tracker.is_bw
-                and set(self._mod_tracker.parents) - {self._name(module)} == {"Global"}):
+        if (
+            module in self.memory_tracking
+            and not self._mod_tracker.is_bw
+            and set(self._mod_tracker.parents) - {self._name(module)} == {"Global"}
+        ):
             # the root module runs again (next step or micro-batch): MemTracker refuses; its
             # per-module statistics are not what we report, so restart them for this module
             del self.memory_tracking[module]
         super()._pre_fw_hook(module, inputs)
         # a forward inside backward is activation-checkpointing recomputation
-        self.record("pre_recompute" if self._mod_tracker.is_bw else "pre_forward", self._name(module))
+        self.record(
+            "pre_recompute" if self._mod_tracker.is_bw else "pre_forward", self._name(module)
+        )
 
     def _post_fw_hook(self, module: nn.Module, inputs: Any, outputs: Any) -> None:
         if module in self.memory_tracking:
             super()._post_fw_hook(module, inputs, outputs)
-        self.record("post_recompute" if self._mod_tracker.is_bw else "post_forward", self._name(module))
+        self.record(
+            "post_recompute" if self._mod_tracker.is_bw else "post_forward", self._name(module)
+        )
 
     def _pre_bw_hook(self, module: nn.Module, args: Any) -> None:
         if module is None or module not in self.memory_tracking:
@@ -233,8 +251,10 @@ class _Tracker(MemTracker):
             self.record("post_step", type(optimizer).__name__, "step")
 
         # registered after MemTracker's: its post hook (state -> OPT) runs before ours
-        self._our_opt_handles = (register_optimizer_step_pre_hook(pre),
-                                 register_optimizer_step_post_hook(post))
+        self._our_opt_handles = (
+            register_optimizer_step_pre_hook(pre),
+            register_optimizer_step_post_hook(post),
+        )
 
     def _deregister_param_and_optimizer_hooks(self) -> None:
         super()._deregister_param_and_optimizer_hooks()
@@ -279,9 +299,14 @@ class MemoryMeter:
         FakeTensorMode), ``simulated`` (True under FakeTensorMode).
     """
 
-    def __init__(self, model: nn.Module | Iterable[nn.Module] | None = None,
-                 optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
-                 *, track: Iterable[torch.Tensor] = (), device: str | torch.device | None = None):
+    def __init__(
+        self,
+        model: nn.Module | Iterable[nn.Module] | None = None,
+        optimizer: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None = None,
+        *,
+        track: Iterable[torch.Tensor] = (),
+        device: str | torch.device | None = None,
+    ):
         self._model = _as_list(model, nn.Module, "model")
         self._optimizer = _as_list(optimizer, torch.optim.Optimizer, "optimizer")
         self._track = list(track)
@@ -313,15 +338,16 @@ class MemoryMeter:
         return "cpu"
 
     def _on_cuda(self) -> bool:
-        return (self.device.startswith("cuda") and torch.cuda.is_available()
-                and not self.simulated)
+        return self.device.startswith("cuda") and torch.cuda.is_available() and not self.simulated
 
     def __enter__(self) -> "MemoryMeter":
         if self._tracker is not None or self.peak_bytes is not None:
             raise RuntimeError("a MemoryMeter measures one block; create a new one for the next")
         from torch._guards import active_fake_mode
+
         self.simulated = active_fake_mode() is not None or any(
-            _is_fake(p) for m in self._model for p in m.parameters())
+            _is_fake(p) for m in self._model for p in m.parameters()
+        )
         if self._on_cuda():
             torch.cuda.reset_peak_memory_stats(self.device)
         tracker = _Tracker(self)
@@ -331,7 +357,9 @@ class MemoryMeter:
         # (always true of the first layer); harmless here, so silenced for the block only
         self._warnings = warnings.catch_warnings()
         self._warnings.__enter__()
-        warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message="Full backward hook is firing", category=UserWarning
+        )
         tracker.__enter__()
         tracker.record("start", phase="start")
         self.start_breakdown = tracker.breakdown(self.device)
@@ -349,19 +377,31 @@ class MemoryMeter:
                 self._warnings = None
         self.end_breakdown = tracker.breakdown(self.device)
         start_total = sum(self.start_breakdown.values())
-        total, bd, op, phase = tracker.peaks.get(self.device, (start_total, dict(self.start_breakdown), 0, "start"))
+        total, bd, op, phase = tracker.peaks.get(
+            self.device, (start_total, dict(self.start_breakdown), 0, "start")
+        )
         self.peak_bytes, self.peak_breakdown, self.peak_phase = int(total), dict(bd), phase
         self.peak_bytes_by_device = {dev: int(p[0]) for dev, p in tracker.peaks.items()}
         self.peak_bytes_by_device.setdefault(self.device, self.peak_bytes)
         rows = list(tracker.rows)
-        peak_row = {"op": op, "event": "peak", "module": "", "phase": phase, **bd,
-                    "total": int(total)}
+        peak_row = {
+            "op": op,
+            "event": "peak",
+            "module": "",
+            "phase": phase,
+            **bd,
+            "total": int(total),
+        }
         # place the peak row after every row recorded at or before the op that reached it
-        index = next((i for i, r in enumerate(rows) if r["op"] >= op and r["event"] != "start"), len(rows))
+        index = next(
+            (i for i, r in enumerate(rows) if r["op"] >= op and r["event"] != "start"), len(rows)
+        )
         rows.insert(index, peak_row)
         import pandas as pd
-        self.timeline = pd.DataFrame(rows, columns=["op", "event", "module", "phase",
-                                                    *CATEGORIES, "total"])
+
+        self.timeline = pd.DataFrame(
+            rows, columns=["op", "event", "module", "phase", *CATEGORIES, "total"]
+        )
         if self._on_cuda():
             self.cuda_peak_allocated = int(torch.cuda.max_memory_allocated(self.device))
             self.cuda_peak_reserved = int(torch.cuda.max_memory_reserved(self.device))
@@ -371,10 +411,16 @@ class MemoryMeter:
 
     def summary(self) -> dict[str, Any]:
         """Plain dict of the results (bytes)."""
-        return {"device": self.device, "simulated": self.simulated, "peak_bytes": self.peak_bytes,
-                "peak_phase": self.peak_phase, "peak_breakdown": self.peak_breakdown,
-                "end_breakdown": self.end_breakdown, "cuda_peak_allocated": self.cuda_peak_allocated,
-                "cuda_peak_reserved": self.cuda_peak_reserved}
+        return {
+            "device": self.device,
+            "simulated": self.simulated,
+            "peak_bytes": self.peak_bytes,
+            "peak_phase": self.peak_phase,
+            "peak_breakdown": self.peak_breakdown,
+            "end_breakdown": self.end_breakdown,
+            "cuda_peak_allocated": self.cuda_peak_allocated,
+            "cuda_peak_reserved": self.cuda_peak_reserved,
+        }
 
     def __getstate__(self) -> dict[str, Any]:
         if self._tracker is not None:
@@ -385,16 +431,21 @@ class MemoryMeter:
         if self.peak_bytes is None:
             return f"MemoryMeter(device={self.device!r}, not run yet)"
         from course_lib.measure.estimate import fmt_bytes
+
         parts = ", ".join(f"{k}={fmt_bytes(v)}" for k, v in self.peak_breakdown.items() if v)
         sim = ", simulated" if self.simulated else ""
-        return f"MemoryMeter(device={self.device!r}{sim}, peak={fmt_bytes(self.peak_bytes)}: {parts})"
+        return (
+            f"MemoryMeter(device={self.device!r}{sim}, peak={fmt_bytes(self.peak_bytes)}: {parts})"
+        )
 
 
 def _device_name(device: str | torch.device) -> str:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
-        raise ValueError(f"device={device!r} is not a valid torch device (e.g. 'cpu', 'cuda:0')") from err
+        raise ValueError(
+            f"device={device!r} is not a valid torch device (e.g. 'cpu', 'cuda:0')"
+        ) from err
     if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
         dev = torch.device("cuda", torch.cuda.current_device())  # tensors report "cuda:0"
     return str(dev)
@@ -402,6 +453,7 @@ def _device_name(device: str | torch.device) -> str:
 
 def _is_fake(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
+
     return isinstance(t, FakeTensor)
 
 
@@ -411,6 +463,8 @@ def _as_list(obj, cls, name: str) -> list:
     items = [obj] if isinstance(obj, cls) else list(obj)
     for i, item in enumerate(items):
         if not isinstance(item, cls):
-            raise TypeError(f"{name} must be a {cls.__name__}, a list of them or None; "
-                            f"item {i} is a {type(item).__name__}")
+            raise TypeError(
+                f"{name} must be a {cls.__name__}, a list of them or None; "
+                f"item {i} is a {type(item).__name__}"
+            )
     return items

@@ -7,6 +7,7 @@ backward runs and when each gradient bucket's all-reduce starts and ends. Merged
 Introduced in notebooks/13_interconnects_and_backends.ipynb; units 09, 10 and 12 draw their
 timelines from it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -64,6 +65,7 @@ class StepRecorder:
         def done(f):
             log.add(f"bucket {index}", start, log.now_ns(), lane="comm", bytes=nbytes)
             return f.value()
+
         return fut.then(done)
 
     def comm_hook(self, state, bucket):

@@ -25,6 +25,7 @@ on the host (it never jumps with NTP), so spans of different ranks line up. Acro
 Introduced in notebooks/02_batch_size_and_accumulation.ipynb; the event log draws the per-rank
 timeline of notebooks/13_interconnects_and_backends.ipynb (and of unit 12, pipeline parallelism).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -33,8 +34,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-__all__ = ["TimingResult", "time_fn", "time_collective", "cuda_sync", "EventLog", "merge_event_logs",
-           "CLOCKS"]
+__all__ = [
+    "TimingResult",
+    "time_fn",
+    "time_collective",
+    "cuda_sync",
+    "EventLog",
+    "merge_event_logs",
+    "CLOCKS",
+]
 
 
 def cuda_sync() -> None:
@@ -74,16 +82,31 @@ class TimingResult:
         if not times:
             raise ValueError("times is empty; need at least one measurement")
         s = sorted(times)
-        return cls(median_s=statistics.median(s), p10_s=_quantile(s, 0.1), p90_s=_quantile(s, 0.9),
-                   min_s=s[0], max_s=s[-1], mean_s=statistics.fmean(s), n=len(s), times=times)
+        return cls(
+            median_s=statistics.median(s),
+            p10_s=_quantile(s, 0.1),
+            p90_s=_quantile(s, 0.9),
+            min_s=s[0],
+            max_s=s[-1],
+            mean_s=statistics.fmean(s),
+            n=len(s),
+            times=times,
+        )
 
     def __str__(self) -> str:
-        return (f"{self.median_s * 1e3:.3f} ms median (p10 {self.p10_s * 1e3:.3f}, "
-                f"p90 {self.p90_s * 1e3:.3f}, n={self.n})")
+        return (
+            f"{self.median_s * 1e3:.3f} ms median (p10 {self.p10_s * 1e3:.3f}, "
+            f"p90 {self.p90_s * 1e3:.3f}, n={self.n})"
+        )
 
 
-def time_fn(fn: Callable[[], Any], *, warmup: int = 2, repeat: int = 10,
-            sync: bool | Callable[[], None] | None = None) -> TimingResult:
+def time_fn(
+    fn: Callable[[], Any],
+    *,
+    warmup: int = 2,
+    repeat: int = 10,
+    sync: bool | Callable[[], None] | None = None,
+) -> TimingResult:
     """Call ``fn()`` ``warmup`` times untimed, then ``repeat`` times timed (perf_counter).
 
     ``sync``: None (default) synchronizes CUDA before and after each timed call when CUDA is
@@ -118,9 +141,16 @@ def time_fn(fn: Callable[[], Any], *, warmup: int = 2, repeat: int = 10,
 
 
 #: clocks an EventLog can use (name -> function returning integer nanoseconds)
-def time_collective(op: Callable[[], Any], *, warmup: int = 1, repeat: int = 5, device=None,
-                    setup: Callable[[], Any] | None = None, max_over_ranks: bool = True,
-                    group=None) -> list[float]:
+def time_collective(
+    op: Callable[[], Any],
+    *,
+    warmup: int = 1,
+    repeat: int = 5,
+    device=None,
+    setup: Callable[[], Any] | None = None,
+    max_over_ranks: bool = True,
+    group=None,
+) -> list[float]:
     """Seconds of each of ``repeat`` calls of ``op`` (a collective), inside a rank.
 
     Every iteration: ``setup()`` (untimed, e.g. refill the buffer so repeated sums stay finite),
@@ -173,7 +203,9 @@ class EventLog:
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise ValueError(f"rank must be an int >= 0, got {rank!r}")
         if clock not in CLOCKS:
-            raise ValueError(f"clock={clock!r} is not supported; valid choices: {', '.join(CLOCKS)}")
+            raise ValueError(
+                f"clock={clock!r} is not supported; valid choices: {', '.join(CLOCKS)}"
+            )
         self.rank, self.clock, self.sync = rank, clock, bool(sync)
         self._records: list[dict[str, Any]] = []
 
@@ -198,8 +230,15 @@ class EventLog:
         """Record a span measured elsewhere (same clock)."""
         if end_ns < start_ns:
             raise ValueError(f"end_ns={end_ns} is before start_ns={start_ns} for span {name!r}")
-        self._records.append({"rank": self.rank, "name": name, "start_ns": int(start_ns),
-                              "end_ns": int(end_ns), "meta": dict(meta)})
+        self._records.append(
+            {
+                "rank": self.rank,
+                "name": name,
+                "start_ns": int(start_ns),
+                "end_ns": int(end_ns),
+                "meta": dict(meta),
+            }
+        )
 
     def to_records(self) -> list[dict[str, Any]]:
         """A plain list of dicts (copies), safe to return from a rank."""
@@ -227,8 +266,16 @@ def merge_event_logs(logs: Iterable[EventLog | Iterable[Mapping[str, Any]]]):
     rows = []
     for r in records:
         meta = dict(r.get("meta", {}))
-        rows.append({"rank": r["rank"], "name": r["name"], "start": (r["start_ns"] - t0) / 1e9,
-                     "end": (r["end_ns"] - t0) / 1e9, "duration": (r["end_ns"] - r["start_ns"]) / 1e9,
-                     "meta": meta, **{k: v for k, v in meta.items() if k not in columns}})
+        rows.append(
+            {
+                "rank": r["rank"],
+                "name": r["name"],
+                "start": (r["start_ns"] - t0) / 1e9,
+                "end": (r["end_ns"] - t0) / 1e9,
+                "duration": (r["end_ns"] - r["start_ns"]) / 1e9,
+                "meta": meta,
+                **{k: v for k, v in meta.items() if k not in columns},
+            }
+        )
     df = pd.DataFrame(rows)
     return df.sort_values(["start", "rank"], kind="stable").reset_index(drop=True)

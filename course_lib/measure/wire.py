@@ -33,6 +33,7 @@ have ``wire_sent = None``, so nothing is split by a formula. A ``Work`` that is 
 with ``wait()`` (polled, or awaited through its future) keeps its window open until the block
 ends. Introduced in notebooks/08_collectives.ipynb.
 """
+
 from __future__ import annotations
 
 import sys
@@ -64,8 +65,10 @@ def wire_source(backend: str | None) -> str:
     """Where wire bytes come from for ``backend`` on this system: :data:`GLOO_SOURCE`, or
     ``"unavailable: <reason>"``."""
     if not sys.platform.startswith("linux"):
-        return (f"unavailable: {sys.platform} has no /proc/self/io (per-process write counters "
-                "are a Linux feature); wire bytes are not measured")
+        return (
+            f"unavailable: {sys.platform} has no /proc/self/io (per-process write counters "
+            "are a Linux feature); wire bytes are not measured"
+        )
     try:
         read_wchar()
     except (OSError, ValueError) as exc:
@@ -73,9 +76,11 @@ def wire_source(backend: str | None) -> str:
     if backend is None:
         return "unavailable: no process group is initialized"
     if backend != "gloo":
-        return (f"unavailable: the {backend} backend does not move tensors through write calls "
-                "of this process (NCCL copies over NVLink/PCIe or RDMA by DMA), so "
-                "/proc/self/io cannot see them; only the model's bytes are reported")
+        return (
+            f"unavailable: the {backend} backend does not move tensors through write calls "
+            "of this process (NCCL copies over NVLink/PCIe or RDMA by DMA), so "
+            "/proc/self/io cannot see them; only the model's bytes are reported"
+        )
     return GLOO_SOURCE
 
 
@@ -191,8 +196,15 @@ class WireWindows:
         wire = end - window["start"]
         model = _number(sum(Fraction(self.records[i]["model_sent"]) for i in indices))
         number = len(self.windows)
-        self.windows.append({"records": list(indices), "ops": [self.records[i]["op"] for i in indices],
-                             "wire_sent": wire, "model_sent": model, "residual": _number(wire - Fraction(model))})
+        self.windows.append(
+            {
+                "records": list(indices),
+                "ops": [self.records[i]["op"] for i in indices],
+                "wire_sent": wire,
+                "model_sent": model,
+                "residual": _number(wire - Fraction(model)),
+            }
+        )
         for i in indices:
             self.records[i]["wire_window"] = number
         if len(indices) == 1:

@@ -5,6 +5,7 @@ the course's own ``parallel.ddp.DataParallel``, with a per-rank timeline of ever
 Introduced in notebooks/09_data_parallelism.ipynb (overlap, our DDP beside torch's); unit 13
 (notebooks/13_interconnects_and_backends.ipynb) fits the alpha-beta model to the same sweep.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -57,8 +58,9 @@ class BucketSweep:
     events: pd.DataFrame = field(repr=False)
 
 
-def torch_ddp_buckets(model: torch.nn.Module, bucket_cap_mb: float, example_input,
-                      *, steps: int = 4) -> list[list[str]]:
+def torch_ddp_buckets(
+    model: torch.nn.Module, bucket_cap_mb: float, example_input, *, steps: int = 4
+) -> list[list[str]]:
     """Parameter names per bucket of torch's DistributedDataParallel for ``model`` (inside a
     rank), in the order DDP launches them. DDP starts with one bucket and rebuilds its buckets
     after the first backward, in the order gradients arrived; its logger reports them
@@ -99,12 +101,21 @@ def _wrap(implementation: str, model, cap: float, rec: StepRecorder):
         data = ddp._get_ddp_logging_data()  # private but stable since 1.9 (DDP's logger)
         sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
         return tuple(int(s) for s in str(sizes).split(",") if s.strip())
+
     return ddp, logged
 
 
-def _bucket_worker(rank: int, world_size: int, caps_mb: list[float], width: int, depth: int,
-                   batch: int, warmup: int, steps: int,
-                   implementations: tuple[str, ...] = ("torch",)) -> dict:
+def _bucket_worker(
+    rank: int,
+    world_size: int,
+    caps_mb: list[float],
+    width: int,
+    depth: int,
+    batch: int,
+    warmup: int,
+    steps: int,
+    implementations: tuple[str, ...] = ("torch",),
+) -> dict:
     """Build a fresh DDP model per cap; count buckets with a comm hook; log a timeline."""
     from course_lib.runtime.device import rank_device
 
@@ -130,7 +141,7 @@ def _bucket_worker(rank: int, world_size: int, caps_mb: list[float], width: int,
             dist.barrier()
             sync(device)
             t0 = time.perf_counter()
-            with (ddp.no_sync() if implementation == "course" else contextlib.nullcontext()):
+            with ddp.no_sync() if implementation == "course" else contextlib.nullcontext():
                 model(x).square().mean().backward()
             sync(device)
             if step >= warmup:
@@ -161,25 +172,43 @@ def _bucket_worker(rank: int, world_size: int, caps_mb: list[float], width: int,
             torch.manual_seed(1 + r)
             x_r = torch.randn(batch, width, device=device)  # (B, width): rank r's batch
             (ref(x_r).square().mean() / world_size).backward()
-        grad_err = max(float((p.grad - q.grad).abs().max())
-                       for p, q in zip(model.parameters(), ref.parameters()))
-        out["summary"].append({
-            "implementation": implementation,
-            "bucket_cap_mb": cap, "n_buckets": len(rec.calls), "bucket_bytes": tuple(rec.calls),
-            "logged_bucket_bytes": logged_sizes(),
-            "grad_bytes": grad_bytes, "step_time_s": statistics.median(t_ddp),
-            "local_step_time_s": statistics.median(t_local),
-            "backward_time_s": statistics.median(bwd_times), "grad_max_abs_err": grad_err})
+        grad_err = max(
+            float((p.grad - q.grad).abs().max())
+            for p, q in zip(model.parameters(), ref.parameters())
+        )
+        out["summary"].append(
+            {
+                "implementation": implementation,
+                "bucket_cap_mb": cap,
+                "n_buckets": len(rec.calls),
+                "bucket_bytes": tuple(rec.calls),
+                "logged_bucket_bytes": logged_sizes(),
+                "grad_bytes": grad_bytes,
+                "step_time_s": statistics.median(t_ddp),
+                "local_step_time_s": statistics.median(t_local),
+                "backward_time_s": statistics.median(bwd_times),
+                "grad_max_abs_err": grad_err,
+            }
+        )
         out["events"][implementation, cap] = rec.log.to_records()
         dist.barrier()
         del ddp
     return out
 
 
-def ddp_bucket_sweep(bucket_caps_mb: Sequence[float] = (1, 2, 4, 25), *, world_size: int = 2,
-                     width: int = 512, depth: int = 8, batch: int = 64, warmup: int = 2,
-                     steps: int = 4, implementations: Sequence[str] = ("torch",),
-                     backend: str = "auto", timeout: float = 120.0) -> BucketSweep:
+def ddp_bucket_sweep(
+    bucket_caps_mb: Sequence[float] = (1, 2, 4, 25),
+    *,
+    world_size: int = 2,
+    width: int = 512,
+    depth: int = 8,
+    batch: int = 64,
+    warmup: int = 2,
+    steps: int = 4,
+    implementations: Sequence[str] = ("torch",),
+    backend: str = "auto",
+    timeout: float = 120.0,
+) -> BucketSweep:
     """DDP over ``world_size`` ranks with ``bucket_cap_mb`` swept, for each of
     ``implementations`` ("torch": torch.nn.parallel.DistributedDataParallel, buckets counted by a
     comm hook (``register_comm_hook``) and checked against DDP's own logging data; "course":
@@ -196,8 +225,13 @@ def ddp_bucket_sweep(bucket_caps_mb: Sequence[float] = (1, 2, 4, 25), *, world_s
     caps = [validate.number("bucket_caps_mb[i]", c, positive=True) for c in bucket_caps_mb]
     if not caps:
         raise ValueError("bucket_caps_mb must not be empty, e.g. (1, 2, 4, 25)")
-    for name, v in (("world_size", world_size), ("width", width), ("depth", depth),
-                    ("batch", batch), ("steps", steps)):
+    for name, v in (
+        ("world_size", world_size),
+        ("width", width),
+        ("depth", depth),
+        ("batch", batch),
+        ("steps", steps),
+    ):
         validate.count(name, v, minimum=1)
     if world_size < 2:
         raise ValueError(f"world_size={world_size} must be >= 2 (DDP needs peers to reduce with)")
@@ -207,8 +241,19 @@ def ddp_bucket_sweep(bucket_caps_mb: Sequence[float] = (1, 2, 4, 25), *, world_s
     impls = tuple(validate.choices("implementations", implementations, IMPLEMENTATIONS))
     # One launch for every cap: constructing the first DDP in a process imports torch._dynamo
     # (seconds on a small machine), a cost a launch per cap would pay again and again.
-    res = launch(_bucket_worker, world_size, caps, width, depth, batch, warmup, steps, impls,
-                 backend=backend, timeout=timeout)
+    res = launch(
+        _bucket_worker,
+        world_size,
+        caps,
+        width,
+        depth,
+        batch,
+        warmup,
+        steps,
+        impls,
+        backend=backend,
+        timeout=timeout,
+    )
     frames = []
     for impl, cap in [(i, c) for i in impls for c in caps]:  # one clock origin per run: the
         ev = merge_event_logs([r["events"][impl, cap] for r in res])  # step's first event

@@ -36,6 +36,7 @@ result can differ from ``dist.all_reduce`` in the last bits of a float; every ra
 bitwise-identical values, because every reduced chunk is computed once and then copied (the same
 holds for reduce + broadcast and recursive doubling, not for the naive ring).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -153,8 +154,14 @@ def _ring_reduce_scatter_chunks(
         incoming = scratch[: chunks[recv_idx].numel()]  # (chunk,) view, no allocation per step
         _exchange(chunks[send_idx], right, incoming, left, group)
         chunks[recv_idx].add_(incoming)  # in place: the reduced chunk lives inside the tensor
-        _snapshot(record, phase="reduce-scatter", step=phase_offset + step + 1,
-                  sent_chunk=send_idx, received_chunk=recv_idx, state=flat)
+        _snapshot(
+            record,
+            phase="reduce-scatter",
+            step=phase_offset + step + 1,
+            sent_chunk=send_idx,
+            received_chunk=recv_idx,
+            state=flat,
+        )
 
 
 def _ring_all_gather_chunks(
@@ -170,14 +177,22 @@ def _ring_all_gather_chunks(
         send_idx = (rank - step) % world
         recv_idx = (rank - step - 1) % world
         _exchange(chunks[send_idx], right, chunks[recv_idx], left, group)
-        _snapshot(record, phase="all-gather", step=phase_offset + step + 1,
-                  sent_chunk=send_idx, received_chunk=recv_idx, state=flat)
+        _snapshot(
+            record,
+            phase="all-gather",
+            step=phase_offset + step + 1,
+            sent_chunk=send_idx,
+            received_chunk=recv_idx,
+            state=flat,
+        )
 
 
 # --------------------------------------------------------------------------------------------
 # public collectives
 # --------------------------------------------------------------------------------------------
-def ring_all_reduce(tensor: torch.Tensor, group=None, *, record: list | None = None) -> torch.Tensor:
+def ring_all_reduce(
+    tensor: torch.Tensor, group=None, *, record: list | None = None
+) -> torch.Tensor:
     """Sum ``tensor`` over all ranks, in place, with the bandwidth-optimal ring algorithm.
 
     Reduce-scatter (N-1 steps) then all-gather (N-1 steps), each step moving one chunk of about
@@ -398,7 +413,7 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
         offsets.append(offsets[-1] + size)
 
     def span(lo: int, hi: int) -> torch.Tensor:  # chunks lo..hi-1, contiguous in flat
-        return flat[offsets[lo]:offsets[hi]]
+        return flat[offsets[lo] : offsets[hi]]
 
     lo, hi = 0, world  # the chunks this rank is still responsible for
     distance = world // 2

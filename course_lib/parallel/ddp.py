@@ -30,6 +30,7 @@ What we leave out (torch's DDP has it): a smaller first bucket (torch uses 1 MiB
 after the first step, unused parameters (``find_unused_parameters``), gradients as views into
 the bucket (``gradient_as_bucket_view``), several dtypes or devices in one model, comm hooks.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,8 +51,10 @@ MiB = 1024 * 1024  # bucket_cap_mb is in MiB, as in torch's DDP (its _MB_TO_BYTE
 def _group_facts(group) -> tuple[int, int]:
     """(world size, global rank of the group's rank 0); refuses to run outside a process group."""
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("data parallelism needs a process group: run this inside "
-                           "course_lib.launch(fn, world_size) (or torchrun)")
+        raise RuntimeError(
+            "data parallelism needs a process group: run this inside "
+            "course_lib.launch(fn, world_size) (or torchrun)"
+        )
     return dist.get_world_size(group), dist.get_global_rank(group or dist.group.WORLD, 0)
 
 
@@ -121,8 +124,9 @@ class DataParallel(nn.Module):
     to draw the overlap of communication with backward.
     """
 
-    def __init__(self, module: nn.Module, *, group=None, bucket_cap_mb: float = 25.0,
-                 recorder=None) -> None:
+    def __init__(
+        self, module: nn.Module, *, group=None, bucket_cap_mb: float = 25.0, recorder=None
+    ) -> None:
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module = {validate.describe(module)}: expected a torch.nn.Module")
@@ -133,19 +137,24 @@ class DataParallel(nn.Module):
             raise ValueError("module has no parameter that requires a gradient: nothing to average")
         kinds = {(p.dtype, p.device) for _, p in named}
         if len(kinds) > 1:
-            raise ValueError(f"parameters have dtypes/devices {sorted(map(str, kinds))}: expected "
-                             "one (a bucket is one flat tensor); cast the module first")
+            raise ValueError(
+                f"parameters have dtypes/devices {sorted(map(str, kinds))}: expected "
+                "one (a bucket is one flat tensor); cast the module first"
+            )
         if recorder is not None and not callable(getattr(recorder, "track", None)):
-            raise TypeError(f"recorder = {validate.describe(recorder)}: expected None or an "
-                            "object with a track(index, nbytes, future) method")
+            raise TypeError(
+                f"recorder = {validate.describe(recorder)}: expected None or an "
+                "object with a track(index, nbytes, future) method"
+            )
         self.module, self.group, self.recorder = module, group, recorder
         self.world_size, _ = _group_facts(group)
         broadcast_parameters(module, group)  # every replica starts from rank 0's model
 
         self.buckets: list[list[str]] = assign_buckets(named, cap_bytes)
         by_name = dict(named)
-        self._buckets = [_Bucket(i, [by_name[n] for n in names])
-                         for i, names in enumerate(self.buckets)]
+        self._buckets = [
+            _Bucket(i, [by_name[n] for n in names]) for i, names in enumerate(self.buckets)
+        ]
         for b in self._buckets:
             b.numels = [p.numel() for p in b.params]
             for p in b.params:
@@ -176,31 +185,39 @@ class DataParallel(nn.Module):
                 torch.autograd.Variable._execution_engine.queue_callback(self._finish)
             bucket.arrived += 1
             self._launch_ready()
+
         return hook
 
     def _launch_ready(self) -> None:
-        while self._next < len(self._buckets) and \
-                self._buckets[self._next].arrived == len(self._buckets[self._next].params):
+        while self._next < len(self._buckets) and self._buckets[self._next].arrived == len(
+            self._buckets[self._next].params
+        ):
             b = self._buckets[self._next]
             b.flat = torch.cat([p.grad.reshape(-1) for p in b.params])  # (sum of numels,)
             b.flat.div_(self.world_size)  # all-reduce sums; sum of g / N is the mean
             b.work = dist.all_reduce(b.flat, group=self.group, async_op=True)  # backward goes on
             if self.recorder is not None:
-                self.recorder.track(b.index, b.flat.numel() * b.flat.element_size(),
-                                    b.work.get_future())
+                self.recorder.track(
+                    b.index, b.flat.numel() * b.flat.element_size(), b.work.get_future()
+                )
             self._next += 1
 
     def _finish(self) -> None:
         """End of backward: wait for every bucket, copy the averages into ``.grad``, reset."""
-        missing = [name for names, b in zip(self.buckets, self._buckets)
-                   for name, p in zip(names, b.params) if b.work is None and p.grad is None]
+        missing = [
+            name
+            for names, b in zip(self.buckets, self._buckets)
+            for name, p in zip(names, b.params)
+            if b.work is None and p.grad is None
+        ]
         try:
             if self._next < len(self._buckets):
                 raise RuntimeError(
                     f"backward ended with buckets {self._next}..{len(self._buckets) - 1} not "
                     f"all-reduced: parameters {missing or '(some)'} got no gradient. Every "
                     "parameter must take part in the loss on every rank (torch's DDP needs "
-                    "find_unused_parameters=True for models that skip some)")
+                    "find_unused_parameters=True for models that skip some)"
+                )
             for b in self._buckets:
                 b.work.wait()
                 for p, g in zip(b.params, b.flat.split(b.numels)):

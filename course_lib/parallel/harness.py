@@ -60,6 +60,7 @@ step (57 times the tolerance) while every gradient of that step matches; with SG
 stays at 2%. So check Adam-based wrappers in float64 (``model_fn`` returns ``model.double()``,
 float64 inputs): the noise is 2^29 times smaller and the same run stays at 1e-6 of the tolerance.
 """
+
 from __future__ import annotations
 
 import functools
@@ -75,9 +76,21 @@ import torch.nn.functional as F
 from course_lib import validate
 from course_lib.techniques.optim import make_optimizer
 
-__all__ = ["Record", "reference_run", "parallel_run", "compare", "assert_parity",
-           "make_optimizer_fn", "mse_loss", "cross_entropy_loss", "shard_batch", "full_tensors",
-           "merge_across", "RTOL", "ATOL"]
+__all__ = [
+    "Record",
+    "reference_run",
+    "parallel_run",
+    "compare",
+    "assert_parity",
+    "make_optimizer_fn",
+    "mse_loss",
+    "cross_entropy_loss",
+    "shard_batch",
+    "full_tensors",
+    "merge_across",
+    "RTOL",
+    "ATOL",
+]
 
 RTOL = 1e-5  #: default relative tolerance, times max |reference| of each tensor
 ATOL = 1e-6  #: default absolute tolerance
@@ -132,12 +145,16 @@ def shard_batch(batch, index: int, count: int, *, device=None):
     tensors = [batch] if isinstance(batch, torch.Tensor) else list(batch)
     for t in tensors:
         if not isinstance(t, torch.Tensor) or t.dim() == 0:
-            raise TypeError(f"batch = {validate.describe(batch)}: expected a tensor or a "
-                            "tuple of tensors with a batch dimension")
+            raise TypeError(
+                f"batch = {validate.describe(batch)}: expected a tensor or a "
+                "tuple of tensors with a batch dimension"
+            )
         if t.shape[0] % count:
-            raise ValueError(f"batch rows = {t.shape[0]}: expected a multiple of the {count} "
-                             "shards (equal shards keep the mean of shard losses equal to "
-                             "the full-batch loss)")
+            raise ValueError(
+                f"batch rows = {t.shape[0]}: expected a multiple of the {count} "
+                "shards (equal shards keep the mean of shard losses equal to "
+                "the full-batch loss)"
+            )
     out = [t.tensor_split(count)[index].to(device) for t in tensors]  # (rows / count, ...)
     return out[0] if isinstance(batch, torch.Tensor) else type(batch)(out)
 
@@ -156,7 +173,7 @@ def full_tensors(model: torch.nn.Module, which: str = "param") -> dict[str, torc
         if hasattr(t, "full_tensor"):  # a DTensor (sharded or replicated over a DeviceMesh)
             t = t.full_tensor()
         while name.startswith("module."):
-            name = name[len("module."):]
+            name = name[len("module.") :]
         out[name] = t.detach().to("cpu", copy=True)
     return out
 
@@ -175,24 +192,46 @@ def merge_across(tensors: dict[str, torch.Tensor], group=None) -> dict[str, torc
 
 
 # ---- the runs ----------------------------------------------------------------------------
-def reference_run(model_fn: Callable, batch_fn: Callable, *, steps: int = 1,
-                  optimizer_fn: Callable | None = None, loss_fn: Callable = mse_loss,
-                  seed: int = 0) -> Record:
+def reference_run(
+    model_fn: Callable,
+    batch_fn: Callable,
+    *,
+    steps: int = 1,
+    optimizer_fn: Callable | None = None,
+    loss_fn: Callable = mse_loss,
+    seed: int = 0,
+) -> Record:
     """``steps`` steps of ``model_fn(seed)`` on one process, each on the full batch
     ``batch_fn(step)``, with ``optimizer_fn(model)`` (default: SGD, lr 0.1) and
     ``loss_fn(model, batch)`` (forward and loss, a mean over the batch; default
     :func:`mse_loss`)."""
     _check_callable("model_fn", model_fn)
-    steps, optimizer_fn, step_fn = _check_run(steps, batch_fn, optimizer_fn, None, loss_fn,
-                                              full_tensors)
-    return _run(model_fn(seed), batch_fn, steps, optimizer_fn, step_fn, full_tensors, (0, 1),
-                distributed=False)
+    steps, optimizer_fn, step_fn = _check_run(
+        steps, batch_fn, optimizer_fn, None, loss_fn, full_tensors
+    )
+    return _run(
+        model_fn(seed),
+        batch_fn,
+        steps,
+        optimizer_fn,
+        step_fn,
+        full_tensors,
+        (0, 1),
+        distributed=False,
+    )
 
 
-def parallel_run(model: torch.nn.Module, batch_fn: Callable, *, steps: int = 1,
-                 optimizer_fn: Callable | None = None, loss_fn: Callable = mse_loss,
-                 step_fn: Callable | None = None, gather_fn: Callable = full_tensors,
-                 shard: tuple[int, int] = (0, 1)) -> Record:
+def parallel_run(
+    model: torch.nn.Module,
+    batch_fn: Callable,
+    *,
+    steps: int = 1,
+    optimizer_fn: Callable | None = None,
+    loss_fn: Callable = mse_loss,
+    step_fn: Callable | None = None,
+    gather_fn: Callable = full_tensors,
+    shard: tuple[int, int] = (0, 1),
+) -> Record:
     """K steps of the wrapped ``model`` in this rank; call it in every rank (it runs
     collectives). Same arguments as :func:`reference_run`, plus the three hooks of the module
     docstring: ``step_fn(model, batch)``, ``gather_fn(model, which)`` and ``shard=(i, n)``.
@@ -201,10 +240,19 @@ def parallel_run(model: torch.nn.Module, batch_fn: Callable, *, steps: int = 1,
         raise TypeError(f"shard = {validate.describe(shard)}: expected (index, count)")
     count = validate.count("shard count", shard[1], minimum=1)
     shard = (validate.count("shard index", shard[0], minimum=0, maximum=count - 1), count)
-    steps, optimizer_fn, step_fn = _check_run(steps, batch_fn, optimizer_fn, step_fn, loss_fn,
-                                              gather_fn)
-    return _run(model, batch_fn, steps, optimizer_fn, step_fn, gather_fn, shard,
-                distributed=dist.is_available() and dist.is_initialized())
+    steps, optimizer_fn, step_fn = _check_run(
+        steps, batch_fn, optimizer_fn, step_fn, loss_fn, gather_fn
+    )
+    return _run(
+        model,
+        batch_fn,
+        steps,
+        optimizer_fn,
+        step_fn,
+        gather_fn,
+        shard,
+        distributed=dist.is_available() and dist.is_initialized(),
+    )
 
 
 def _check_run(steps, batch_fn, optimizer_fn, step_fn, loss_fn, gather_fn):
@@ -214,14 +262,19 @@ def _check_run(steps, batch_fn, optimizer_fn, step_fn, loss_fn, gather_fn):
     if step_fn is None:
         _check_callable("loss_fn", loss_fn)
         step_fn = functools.partial(_default_step, loss_fn)
-    for name, fn in [("batch_fn", batch_fn), ("optimizer_fn", optimizer_fn),
-                     ("step_fn", step_fn), ("gather_fn", gather_fn)]:
+    for name, fn in [
+        ("batch_fn", batch_fn),
+        ("optimizer_fn", optimizer_fn),
+        ("step_fn", step_fn),
+        ("gather_fn", gather_fn),
+    ]:
         _check_callable(name, fn)
     return steps, optimizer_fn, step_fn
 
 
-def _run(model, batch_fn, steps, optimizer_fn, step_fn, gather_fn, shard, *,
-         distributed: bool) -> Record:
+def _run(
+    model, batch_fn, steps, optimizer_fn, step_fn, gather_fn, shard, *, distributed: bool
+) -> Record:
     optimizer = optimizer_fn(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     record = Record(params=[gather_fn(model, "param")])
@@ -249,8 +302,9 @@ def _global_loss(loss) -> float:
     dist.all_gather_object(every, mine)
     values = [v for v in every if v is not None]
     if not values:
-        raise RuntimeError("no rank returned a loss from step_fn: the rank that computes the "
-                           "loss must return it")
+        raise RuntimeError(
+            "no rank returned a loss from step_fn: the rank that computes the loss must return it"
+        )
     return math.fsum(values) / len(values)
 
 
@@ -263,8 +317,13 @@ def _check_callable(name: str, value) -> None:
 COLUMNS = ["rank", "step", "quantity", "name", "max_abs_diff", "tolerance", "ok", "problem"]
 
 
-def compare(reference: Record, parallel: Record | Sequence[Record], *, rtol: float = RTOL,
-            atol: float = ATOL) -> pd.DataFrame:
+def compare(
+    reference: Record,
+    parallel: Record | Sequence[Record],
+    *,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+) -> pd.DataFrame:
     """One row per step, rank and compared tensor (the columns of ``COLUMNS``), in the order
     things happen: parameters at step 0 (before training: did every process build the same
     model?), then for each step and rank the loss, the gradients and the updated parameters.
@@ -278,23 +337,48 @@ def compare(reference: Record, parallel: Record | Sequence[Record], *, rtol: flo
     rows, f64 = [], torch.float64
     for rank, rec in enumerate(records):
         if len(rec.losses) != len(reference.losses):
-            rows.append(_row(rank, 0, "steps", "", math.inf, 0.0,
-                             f"{len(rec.losses)} steps run, reference ran {len(reference.losses)}"))
+            rows.append(
+                _row(
+                    rank,
+                    0,
+                    "steps",
+                    "",
+                    math.inf,
+                    0.0,
+                    f"{len(rec.losses)} steps run, reference ran {len(reference.losses)}",
+                )
+            )
             continue
         rows += _tensor_rows(rank, 0, "param", reference.params[0], rec.params[0], rtol, atol)
         for k in range(len(reference.losses)):
             ref_loss, got_loss = reference.losses[k], rec.losses[k]
-            rows.append(_check(rank, k + 1, "loss", "", torch.tensor(ref_loss, dtype=f64),
-                               torch.tensor(got_loss, dtype=f64), rtol, atol))
+            rows.append(
+                _check(
+                    rank,
+                    k + 1,
+                    "loss",
+                    "",
+                    torch.tensor(ref_loss, dtype=f64),
+                    torch.tensor(got_loss, dtype=f64),
+                    rtol,
+                    atol,
+                )
+            )
             rows += _tensor_rows(rank, k + 1, "grad", reference.grads[k], rec.grads[k], rtol, atol)
-            rows += _tensor_rows(rank, k + 1, "param", reference.params[k + 1],
-                                 rec.params[k + 1], rtol, atol)
+            rows += _tensor_rows(
+                rank, k + 1, "param", reference.params[k + 1], rec.params[k + 1], rtol, atol
+            )
     rows.sort(key=lambda row: row["step"])  # stable: ranks stay in order within a step
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def assert_parity(reference: Record, parallel: Record | Sequence[Record], *, rtol: float = RTOL,
-                  atol: float = ATOL) -> pd.DataFrame:
+def assert_parity(
+    reference: Record,
+    parallel: Record | Sequence[Record],
+    *,
+    rtol: float = RTOL,
+    atol: float = ATOL,
+) -> pd.DataFrame:
     """:func:`compare`, raising ``AssertionError`` at the first mismatch (rank, step, tensor,
     max abs diff, tolerance); returns the table when everything matches."""
     table = compare(reference, parallel, rtol=rtol, atol=atol)
@@ -302,16 +386,22 @@ def assert_parity(reference: Record, parallel: Record | Sequence[Record], *, rto
     if len(bad):
         first = bad.iloc[0]
         what = first.quantity + (f" {first['name']!r}" if first["name"] else "")
-        raise AssertionError(f"parity fails at rank {first['rank']}, step {first.step}, {what}: "
-                             f"{first.problem}; {len(bad)} of {len(table)} comparisons fail")
+        raise AssertionError(
+            f"parity fails at rank {first['rank']}, step {first.step}, {what}: "
+            f"{first.problem}; {len(bad)} of {len(table)} comparisons fail"
+        )
     return table
 
 
 def _tensor_rows(rank, step, quantity, ref: dict, got: dict, rtol, atol) -> list[dict]:
-    rows = [_check(rank, step, quantity, name, t, got.get(name), rtol, atol)
-            for name, t in ref.items()]
-    rows += [_row(rank, step, quantity, name, math.inf, 0.0, "not in the reference run")
-             for name in got if name not in ref]
+    rows = [
+        _check(rank, step, quantity, name, t, got.get(name), rtol, atol) for name, t in ref.items()
+    ]
+    rows += [
+        _row(rank, step, quantity, name, math.inf, 0.0, "not in the reference run")
+        for name in got
+        if name not in ref
+    ]
     return rows
 
 
@@ -319,17 +409,38 @@ def _check(rank, step, quantity, name, ref, got, rtol, atol) -> dict:
     if got is None:
         return _row(rank, step, quantity, name, math.inf, 0.0, "missing from the parallel run")
     if got.shape != ref.shape:
-        return _row(rank, step, quantity, name, math.inf, 0.0,
-                    f"shape {tuple(got.shape)} != reference {tuple(ref.shape)}")
+        return _row(
+            rank,
+            step,
+            quantity,
+            name,
+            math.inf,
+            0.0,
+            f"shape {tuple(got.shape)} != reference {tuple(ref.shape)}",
+        )
     ref64, got64 = ref.double(), got.double()
     diff = float((got64 - ref64).abs().max()) if ref.numel() else 0.0
     scale = float(ref64.abs().max()) if ref.numel() else 0.0
     tol = atol + rtol * scale
-    problem = "" if diff <= tol else (f"max abs diff {diff:.3g} > tolerance {tol:.3g} "
-                                      f"(atol {atol:g} + rtol {rtol:g} × max|reference| {scale:.3g})")
+    problem = (
+        ""
+        if diff <= tol
+        else (
+            f"max abs diff {diff:.3g} > tolerance {tol:.3g} "
+            f"(atol {atol:g} + rtol {rtol:g} × max|reference| {scale:.3g})"
+        )
+    )
     return _row(rank, step, quantity, name, diff, tol, problem)
 
 
 def _row(rank, step, quantity, name, diff, tol, problem) -> dict:
-    return dict(rank=rank, step=step, quantity=quantity, name=name, max_abs_diff=diff,
-                tolerance=tol, ok=not problem, problem=problem)
+    return dict(
+        rank=rank,
+        step=step,
+        quantity=quantity,
+        name=name,
+        max_abs_diff=diff,
+        tolerance=tol,
+        ok=not problem,
+        problem=problem,
+    )

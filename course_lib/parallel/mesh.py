@@ -43,6 +43,7 @@ process group per row along each dimension (every rank takes part in creating al
 every rank must build the same Mesh, in the same order). ``mesh["tp"]`` is the 1-D
 ``DeviceMesh`` that torch's own APIs take (``fully_shard(mesh=...)``, ``parallelize_module``).
 """
+
 from __future__ import annotations
 
 import math
@@ -75,23 +76,29 @@ def check_sizes(*, dp=1, tp=1, pp=1, world_size=None) -> dict[str, int]:
         TypeError / ValueError: naming the bad value, e.g.
             ``world_size = 6: expected dp 2 × tp 2 × pp 2 = 8 ranks``.
     """
-    sizes = {"pp": validate.count("pp", pp, minimum=1),
-             "dp": validate.count("dp", dp, minimum=1),
-             "tp": validate.count("tp", tp, minimum=1)}
+    sizes = {
+        "pp": validate.count("pp", pp, minimum=1),
+        "dp": validate.count("dp", dp, minimum=1),
+        "tp": validate.count("tp", tp, minimum=1),
+    }
     if world_size is not None:
         world_size = validate.count("world_size", world_size, minimum=1)
         product = math.prod(sizes.values())
         if world_size != product:
-            raise ValueError(f"world_size = {world_size}: expected dp {sizes['dp']} × "
-                             f"tp {sizes['tp']} × pp {sizes['pp']} = {product} ranks")
+            raise ValueError(
+                f"world_size = {world_size}: expected dp {sizes['dp']} × "
+                f"tp {sizes['tp']} × pp {sizes['pp']} = {product} ranks"
+            )
     return sizes
 
 
 def layout(*, dp=1, tp=1, pp=1) -> list[Coord]:
     """The coordinates of every rank: ``layout(...)[rank]`` is the :class:`Coord` of ``rank``."""
     s = check_sizes(dp=dp, tp=tp, pp=pp)
-    return [Coord(pp=r // (s["dp"] * s["tp"]), dp=r // s["tp"] % s["dp"], tp=r % s["tp"])
-            for r in range(math.prod(s.values()))]
+    return [
+        Coord(pp=r // (s["dp"] * s["tp"]), dp=r // s["tp"] % s["dp"], tp=r % s["tp"])
+        for r in range(math.prod(s.values()))
+    ]
 
 
 def rank_groups(dim: str, *, dp=1, tp=1, pp=1) -> list[list[int]]:
@@ -118,8 +125,9 @@ def format_layout(*, dp=1, tp=1, pp=1) -> str:
     cell = max(len(f"tp {tp - 1}"), len(str(len(table) - 1))) + 2
     lines = [" " * left + "".join(f"tp {t}".rjust(cell) for t in range(tp))]
     for row, label in enumerate(labels):
-        lines.append(label.ljust(left)
-                     + "".join(str(r).rjust(cell) for r in range(row * tp, (row + 1) * tp)))
+        lines.append(
+            label.ljust(left) + "".join(str(r).rjust(cell) for r in range(row * tp, (row + 1) * tp))
+        )
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -152,20 +160,26 @@ class Mesh:
     def __init__(self, *, dp=1, tp=1, pp=1, world_size=None, device_type: str | None = None):
         self.sizes = check_sizes(dp=dp, tp=tp, pp=pp, world_size=world_size)
         if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError("Mesh needs the default process group: build it inside a rank "
-                               "started by course_lib.launch (or torchrun); layout() and "
-                               "format_layout() give the grid without ranks")
+            raise RuntimeError(
+                "Mesh needs the default process group: build it inside a rank "
+                "started by course_lib.launch (or torchrun); layout() and "
+                "format_layout() give the grid without ranks"
+            )
         actual = dist.get_world_size()
         if world_size is not None and world_size != actual:
-            raise ValueError(f"world_size = {world_size}: expected the {actual} ranks of the "
-                             "default process group")
+            raise ValueError(
+                f"world_size = {world_size}: expected the {actual} ranks of the "
+                "default process group"
+            )
         check_sizes(dp=dp, tp=tp, pp=pp, world_size=actual)
         if device_type is None:
             device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
         # imported here: torch.distributed.device_mesh pulls in DTensor machinery
         from torch.distributed.device_mesh import init_device_mesh
-        self.device_mesh = init_device_mesh(device_type, tuple(self.sizes.values()),
-                                            mesh_dim_names=DIMS)
+
+        self.device_mesh = init_device_mesh(
+            device_type, tuple(self.sizes.values()), mesh_dim_names=DIMS
+        )
         self.rank = dist.get_rank()
         self.world_size = actual
         self.coords = Coord(*self.device_mesh.get_coordinate())
@@ -219,5 +233,7 @@ class Mesh:
         return self.device_mesh[validate.choice("dim", dim, DIMS)]
 
     def __repr__(self) -> str:
-        return (f"Mesh(dp={self.dp}, tp={self.tp}, pp={self.pp}; rank {self.rank} at "
-                f"pp={self.pp_rank}, dp={self.dp_rank}, tp={self.tp_rank})")
+        return (
+            f"Mesh(dp={self.dp}, tp={self.tp}, pp={self.pp}; rank {self.rank} at "
+            f"pp={self.pp_rank}, dp={self.dp_rank}, tp={self.tp_rank})"
+        )

@@ -30,6 +30,7 @@ before backward, so the accumulated gradients are those of the full-batch mean (
 micro-batches). What we leave out (torch.distributed.pipelining has it): splitting a model
 by tracing it, stages whose input and output shapes differ, zero-bubble schedules.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -42,9 +43,23 @@ from torch import nn
 from course_lib import validate
 from course_lib.measure.timing import EventLog
 
-__all__ = ["SCHEDULES", "Action", "split_layers", "stage_owner", "naive_order", "gpipe_order",
-           "one_f_one_b_order", "interleaved_order", "schedule_order", "check_pipeline",
-           "make_stack", "PipelineRank", "run_schedule", "bubble_from_events", "replay"]
+__all__ = [
+    "SCHEDULES",
+    "Action",
+    "split_layers",
+    "stage_owner",
+    "naive_order",
+    "gpipe_order",
+    "one_f_one_b_order",
+    "interleaved_order",
+    "schedule_order",
+    "check_pipeline",
+    "make_stack",
+    "PipelineRank",
+    "run_schedule",
+    "bubble_from_events",
+    "replay",
+]
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved")
 
@@ -65,13 +80,17 @@ def split_layers(n_layers: int, stages: int, *, sizes: Sequence[int] | None = No
     stages = validate.count("stages", stages, minimum=1)
     if sizes is None:
         if n_layers % stages:
-            raise ValueError(f"n_layers = {n_layers}: expected a multiple of stages = {stages} "
-                             "(or an explicit split: sizes=[layers of stage 0, ...])")
+            raise ValueError(
+                f"n_layers = {n_layers}: expected a multiple of stages = {stages} "
+                "(or an explicit split: sizes=[layers of stage 0, ...])"
+            )
         sizes = [n_layers // stages] * stages
     sizes = validate.counts("sizes", sizes, minimum=1)
     if len(sizes) != stages or sum(sizes) != n_layers:
-        raise ValueError(f"sizes = {sizes}: expected {stages} stage sizes adding up to "
-                         f"n_layers = {n_layers} (they add up to {sum(sizes)})")
+        raise ValueError(
+            f"sizes = {sizes}: expected {stages} stage sizes adding up to "
+            f"n_layers = {n_layers} (they add up to {sum(sizes)})"
+        )
     bounds = [sum(sizes[:k]) for k in range(stages + 1)]
     return [range(bounds[k], bounds[k + 1]) for k in range(stages)]
 
@@ -90,8 +109,9 @@ def naive_order(rank: int, ranks: int, microbatches: int) -> list[Action]:
 
 def gpipe_order(rank: int, ranks: int, microbatches: int) -> list[Action]:
     """All forwards, then all backwards (in micro-batch order, as torch's ScheduleGPipe)."""
-    return ([Action("F", i, rank) for i in range(microbatches)]
-            + [Action("B", i, rank) for i in range(microbatches)])
+    return [Action("F", i, rank) for i in range(microbatches)] + [
+        Action("B", i, rank) for i in range(microbatches)
+    ]
 
 
 def one_f_one_b_order(rank: int, ranks: int, microbatches: int) -> list[Action]:
@@ -125,18 +145,28 @@ def interleaved_order(rank: int, ranks: int, microbatches: int, virtual: int) ->
     return order + [action("B", k) for k in range(total - warmup, total)]
 
 
-def schedule_order(name: str, rank: int, ranks: int, microbatches: int,
-                   virtual: int = 1) -> list[Action]:
+def schedule_order(
+    name: str, rank: int, ranks: int, microbatches: int, virtual: int = 1
+) -> list[Action]:
     """The actions of ``rank`` under schedule ``name`` (one of :data:`SCHEDULES`)."""
     name = validate.choice("schedule", name, SCHEDULES)
     if name == "interleaved":
         return interleaved_order(rank, ranks, microbatches, virtual)
-    return {"naive": naive_order, "gpipe": gpipe_order,
-            "1f1b": one_f_one_b_order}[name](rank, ranks, microbatches)
+    return {"naive": naive_order, "gpipe": gpipe_order, "1f1b": one_f_one_b_order}[name](
+        rank, ranks, microbatches
+    )
 
 
-def check_pipeline(schedule: str, *, n_layers: int, ranks: int, microbatches: int,
-                   batch_rows: int, virtual: int = 1, sizes: Sequence[int] | None = None) -> list[range]:
+def check_pipeline(
+    schedule: str,
+    *,
+    n_layers: int,
+    ranks: int,
+    microbatches: int,
+    batch_rows: int,
+    virtual: int = 1,
+    sizes: Sequence[int] | None = None,
+) -> list[range]:
     """Refuse a bad configuration before any rank starts; returns the split (one range per
     stage, v·p stages). Every error names the parameter, the value and what would work."""
     schedule = validate.choice("schedule", schedule, SCHEDULES)
@@ -145,24 +175,39 @@ def check_pipeline(schedule: str, *, n_layers: int, ranks: int, microbatches: in
     virtual = validate.count("virtual", virtual, minimum=1)
     rows = validate.count("batch_rows", batch_rows, minimum=1)
     if virtual > 1 and schedule != "interleaved":
-        raise ValueError(f"virtual = {virtual}: only the interleaved schedule has several "
-                         f"stages per rank; expected 1 for schedule = {schedule!r}")
+        raise ValueError(
+            f"virtual = {virtual}: only the interleaved schedule has several "
+            f"stages per rank; expected 1 for schedule = {schedule!r}"
+        )
     if rows % m:
-        raise ValueError(f"batch_rows = {rows}: expected a multiple of microbatches = {m} "
-                         "(equal micro-batches keep the mean of their losses the batch loss)")
+        raise ValueError(
+            f"batch_rows = {rows}: expected a multiple of microbatches = {m} "
+            "(equal micro-batches keep the mean of their losses the batch loss)"
+        )
     if schedule in ("1f1b", "interleaved") and m < ranks:
-        raise ValueError(f"microbatches = {m}: expected at least ranks = {ranks} for "
-                         f"{schedule} (with fewer the pipeline never fills: use gpipe, or "
-                         f"m >= {ranks})")
+        raise ValueError(
+            f"microbatches = {m}: expected at least ranks = {ranks} for "
+            f"{schedule} (with fewer the pipeline never fills: use gpipe, or "
+            f"m >= {ranks})"
+        )
     if schedule == "interleaved" and m % ranks:
-        raise ValueError(f"microbatches = {m}: expected a multiple of ranks = {ranks} for the "
-                         "interleaved schedule (its forwards go in groups of p micro-batches)")
+        raise ValueError(
+            f"microbatches = {m}: expected a multiple of ranks = {ranks} for the "
+            "interleaved schedule (its forwards go in groups of p micro-batches)"
+        )
     return split_layers(n_layers, ranks * virtual, sizes=sizes)
 
 
 # ---- the model and one rank's share of it --------------------------------------------------
-def make_stack(n_layers: int, *, width: int = 64, seq: int = 16, heads: int = 4, seed: int = 0,
-               dtype: torch.dtype = torch.float32) -> nn.Sequential:
+def make_stack(
+    n_layers: int,
+    *,
+    width: int = 64,
+    seq: int = 16,
+    heads: int = 4,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> nn.Sequential:
     """``n_layers`` transformer blocks of the tiny GPT (course_lib.models.Block), input and
     output (b, seq, width). The GPT's embedding and head are left out: they would sit on the
     first and last stage (with tied weights their gradients are all-reduced between the two)."""
@@ -180,13 +225,21 @@ class PipelineRank(nn.Module):
     ``owner(stage, ranks) -> rank`` places the stages and routes the messages (default
     :func:`stage_owner`)."""
 
-    def __init__(self, layers: nn.Sequential, split: Sequence[range], rank: int, ranks: int, *,
-                 owner: Callable[[int, int], int] = stage_owner):
+    def __init__(
+        self,
+        layers: nn.Sequential,
+        split: Sequence[range],
+        rank: int,
+        ranks: int,
+        *,
+        owner: Callable[[int, int], int] = stage_owner,
+    ):
         super().__init__()
         self.split, self.rank, self.ranks, self.owner = list(split), rank, ranks, owner
         self.stage_ids = [k for k in range(len(split)) if owner(k, ranks) == rank]
-        self.stages = nn.ModuleDict({str(k): nn.Sequential(*[layers[i] for i in split[k]])
-                                     for k in self.stage_ids})
+        self.stages = nn.ModuleDict(
+            {str(k): nn.Sequential(*[layers[i] for i in split[k]]) for k in self.stage_ids}
+        )
 
     def tensors(self, which: str = "param") -> dict[str, torch.Tensor]:
         """This rank's parameters or gradients named as in the full model (CPU copies)."""
@@ -207,10 +260,17 @@ def _tag(kind: str, stage: int, microbatch: int, microbatches: int) -> int:
     return (2 * stage + (kind == "B")) * microbatches + microbatch
 
 
-def run_schedule(model: PipelineRank, actions: Sequence[Action], x: torch.Tensor | None,
-                 y: torch.Tensor | None, *, microbatches: int, loss_fn: Callable,
-                 log: EventLog | None = None,
-                 message_shape: Sequence[int] | None = None) -> torch.Tensor | None:
+def run_schedule(
+    model: PipelineRank,
+    actions: Sequence[Action],
+    x: torch.Tensor | None,
+    y: torch.Tensor | None,
+    *,
+    microbatches: int,
+    loss_fn: Callable,
+    log: EventLog | None = None,
+    message_shape: Sequence[int] | None = None,
+) -> torch.Tensor | None:
     """Run this rank's ``actions`` for one batch and leave the gradients in ``.grad``.
 
     ``x`` (b, ...) is the batch, read by the rank of stage 0; ``y`` the targets, read by the
@@ -226,8 +286,10 @@ def run_schedule(model: PipelineRank, actions: Sequence[Action], x: torch.Tensor
     m, p = microbatches, model.ranks
     last = len(model.split) - 1
     if x is None and y is None:
-        raise ValueError("x = None and y = None: expected the batch or the targets (they give "
-                         "the shape of the micro-batches this rank receives)")
+        raise ValueError(
+            "x = None and y = None: expected the batch or the targets (they give "
+            "the shape of the micro-batches this rank receives)"
+        )
     xs = x.chunk(m) if x is not None else None  # m x (b/m, ...)
     ys = y.chunk(m) if y is not None else None
     ref = xs[0] if xs is not None else ys[0]
@@ -259,8 +321,10 @@ def run_schedule(model: PipelineRank, actions: Sequence[Action], x: torch.Tensor
 
     for kind, mb, k in actions:
         if str(k) not in model.stages:
-            raise ValueError(f"rank {model.rank} was given {kind}{mb} of stage {k}, which it does "
-                             f"not hold (it holds stages {model.stage_ids})")
+            raise ValueError(
+                f"rank {model.rank} was given {kind}{mb} of stage {k}, which it does "
+                f"not hold (it holds stages {model.stage_ids})"
+            )
         module = model.stages[str(k)]
         pending = []
         for work, t in sends:  # release the tensors already sent
@@ -297,8 +361,10 @@ def run_schedule(model: PipelineRank, actions: Sequence[Action], x: torch.Tensor
     for work, _ in sends:
         work.wait()
     if saved:
-        raise RuntimeError(f"schedule left micro-batches {sorted(saved)} without a backward "
-                           "(stage, micro-batch): every F needs its B")
+        raise RuntimeError(
+            f"schedule left micro-batches {sorted(saved)} without a backward "
+            "(stage, micro-batch): every F needs its B"
+        )
     return total  # the batch loss (last stage only)
 
 
@@ -312,8 +378,9 @@ def bubble_from_events(events) -> dict[int, float]:
     return {int(r): float(1 - b / span) for r, b in busy.items()}
 
 
-def replay(orders: Sequence[Sequence[Action]], split: Sequence[range], *,
-           backward_cost: float = 2.0) -> list[dict]:
+def replay(
+    orders: Sequence[Sequence[Action]], split: Sequence[range], *, backward_cost: float = 2.0
+) -> list[dict]:
     """The same actions on ideal hardware: each F costs its stage's layer count, each B
     ``backward_cost`` times that, messages are free, and an action starts when its rank is free
     and its input has arrived. ``orders[r]`` is rank r's list of actions (e.g. the order a run
@@ -327,8 +394,11 @@ def replay(orders: Sequence[Sequence[Action]], split: Sequence[range], *,
         for r in range(p):
             while pos[r] < len(orders[r]):
                 kind, mb, k = orders[r][pos[r]]
-                dep = (("F", k - 1, mb) if k > 0 else None) if kind == "F" else \
-                      (("B", k + 1, mb) if k < n - 1 else ("F", k, mb))
+                dep = (
+                    (("F", k - 1, mb) if k > 0 else None)
+                    if kind == "F"
+                    else (("B", k + 1, mb) if k < n - 1 else ("F", k, mb))
+                )
                 if dep is not None and dep not in done:
                     break
                 start = max(free[r], done[dep] if dep else 0.0)
@@ -338,6 +408,8 @@ def replay(orders: Sequence[Sequence[Action]], split: Sequence[range], *,
                 pos[r] += 1
                 moved = True
         if not moved:
-            raise RuntimeError("these orders deadlock: every rank waits for a message that no "
-                               f"rank will send (positions {pos})")
+            raise RuntimeError(
+                "these orders deadlock: every rank waits for a message that no "
+                f"rank will send (positions {pos})"
+            )
     return spans

@@ -37,6 +37,7 @@ regions and different ones inside: Megatron forks the RNG per rank; we refuse ``
 a vocabulary-parallel embedding and cross-entropy (the tiny GPT's head stays replicated),
 overlapping the communication with the matmuls.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,12 +48,26 @@ from torch import nn
 from course_lib import validate
 from course_lib.runtime.compat import all_gather_single, reduce_scatter_single
 
-__all__ = ["f", "g", "CopyToTensorParallelRegion", "ReduceFromTensorParallelRegion",
-           "GatherFromTensorParallelRegion", "ScatterToTensorParallelRegion",
-           "ScatterToSequenceRegion", "GatherFromSequenceRegion", "ReduceScatterToSequenceRegion",
-           "AllGatherLinear", "ColumnParallelLinear", "RowParallelLinear",
-           "ParallelSelfAttention", "parallelize_gpt", "sync_sequence_parallel_grads",
-           "gather_full", "check_tp", "valid_tp"]
+__all__ = [
+    "f",
+    "g",
+    "CopyToTensorParallelRegion",
+    "ReduceFromTensorParallelRegion",
+    "GatherFromTensorParallelRegion",
+    "ScatterToTensorParallelRegion",
+    "ScatterToSequenceRegion",
+    "GatherFromSequenceRegion",
+    "ReduceScatterToSequenceRegion",
+    "AllGatherLinear",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "ParallelSelfAttention",
+    "parallelize_gpt",
+    "sync_sequence_parallel_grads",
+    "gather_full",
+    "check_tp",
+    "valid_tp",
+]
 
 
 # ---- rank facts and argument checks ---------------------------------------------------------
@@ -60,8 +75,10 @@ def _facts(group) -> tuple[int, int]:
     """(tp, this rank's index in the group); (1, 0) outside a process group."""
     if not (dist.is_available() and dist.is_initialized()):
         if group is not None:
-            raise RuntimeError("a tensor-parallel group needs a process group: run this inside "
-                               "course_lib.launch(fn, world_size) (or torchrun)")
+            raise RuntimeError(
+                "a tensor-parallel group needs a process group: run this inside "
+                "course_lib.launch(fn, world_size) (or torchrun)"
+            )
         return 1, 0
     return dist.get_world_size(group), dist.get_rank(group)
 
@@ -71,8 +88,14 @@ def valid_tp(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def check_tp(config, tp: int, *, world_size: int | None = None,
-             sequence_parallel: bool = False, seq: int | None = None) -> int:
+def check_tp(
+    config,
+    tp: int,
+    *,
+    world_size: int | None = None,
+    sequence_parallel: bool = False,
+    seq: int | None = None,
+) -> int:
     """Refuse a split of ``config`` (a GPTConfig or LlamaConfig) over ``tp`` ranks before any
     rank starts: heads, width and MLP width must divide by ``tp``; ``tp`` may not exceed the
     ``world_size``; with sequence parallelism the sequence must divide too. Returns ``tp``."""
@@ -80,11 +103,15 @@ def check_tp(config, tp: int, *, world_size: int | None = None,
     if world_size is not None:
         world_size = validate.count("world_size", world_size, minimum=1)
         if tp > world_size:
-            raise ValueError(f"tp = {tp}: expected at most world_size = {world_size} "
-                             "(a tensor-parallel group is made of ranks that exist)")
+            raise ValueError(
+                f"tp = {tp}: expected at most world_size = {world_size} "
+                "(a tensor-parallel group is made of ranks that exist)"
+            )
         if world_size % tp:
-            raise ValueError(f"world_size = {world_size}: expected a multiple of tp = {tp}; "
-                             f"valid tp: {', '.join(map(str, valid_tp(world_size)))}")
+            raise ValueError(
+                f"world_size = {world_size}: expected a multiple of tp = {tp}; "
+                f"valid tp: {', '.join(map(str, valid_tp(world_size)))}"
+            )
     ffn = getattr(config, "ffn_hidden", 4 * config.n_embd)
     sizes = [("n_head", config.n_head), ("n_embd", config.n_embd), ("ffn_hidden", ffn)]
     if hasattr(config, "n_kv_head"):  # grouped-query attention: the key/value heads split too
@@ -93,11 +120,15 @@ def check_tp(config, tp: int, *, world_size: int | None = None,
         sizes.append(("seq", config.block_size if seq is None else seq))
     for name, n in sizes:
         if n % tp:
-            raise ValueError(f"{name} = {n} is not divisible by tp = {tp}; "
-                             f"valid tp: {', '.join(map(str, valid_tp(n)))}")
+            raise ValueError(
+                f"{name} = {n} is not divisible by tp = {tp}; "
+                f"valid tp: {', '.join(map(str, valid_tp(n)))}"
+            )
     if getattr(config, "dropout", 0.0):
-        raise ValueError(f"dropout = {config.dropout}: expected 0.0 (tensor parallelism here "
-                         "does not fork the dropout RNG per rank, as Megatron does)")
+        raise ValueError(
+            f"dropout = {config.dropout}: expected 0.0 (tensor parallelism here "
+            "does not fork the dropout RNG per rank, as Megatron does)"
+        )
     return tp
 
 
@@ -253,8 +284,10 @@ class AllGatherLinear(torch.autograd.Function):
 # ---- the two layers -------------------------------------------------------------------------
 def _check_split(name: str, n: int, t: int) -> None:
     if n % t:
-        raise ValueError(f"{name} = {n} is not divisible by tp = {t}; "
-                         f"valid tp: {', '.join(map(str, valid_tp(n)))}")
+        raise ValueError(
+            f"{name} = {n} is not divisible by tp = {t}; "
+            f"valid tp: {', '.join(map(str, valid_tp(n)))}"
+        )
 
 
 class ColumnParallelLinear(nn.Module):
@@ -265,9 +298,18 @@ class ColumnParallelLinear(nn.Module):
     ``gather_output`` (an all-gather). With ``sequence_parallel`` the input is this rank's
     sequence chunk and :class:`AllGatherLinear` replaces ``f``."""
 
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = True,
-                 gather_output: bool = False, group=None, sequence_parallel: bool = False,
-                 dtype=None, device=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool = True,
+        gather_output: bool = False,
+        group=None,
+        sequence_parallel: bool = False,
+        dtype=None,
+        device=None,
+    ):
         super().__init__()
         t, _ = _facts(group)
         self.in_features = validate.count("in_features", in_features, minimum=1)
@@ -284,15 +326,23 @@ class ColumnParallelLinear(nn.Module):
     def from_linear(cls, linear: nn.Linear, group=None, *, chunks: int = 1, **kwargs):
         """This rank's part of an existing ``linear``. ``chunks``: the output holds that many
         blocks side by side (3 for a fused q, k, v), each split over the ranks."""
-        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                    group=group, dtype=linear.weight.dtype, device=linear.weight.device, **kwargs)
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            group=group,
+            dtype=linear.weight.dtype,
+            device=linear.weight.device,
+            **kwargs,
+        )
         _, r = _facts(group)
         with torch.no_grad():
             blocks = linear.weight.chunk(chunks, dim=0)  # chunks x (out/chunks, in)
             layer.weight.copy_(torch.cat([b.chunk(layer.tp, dim=0)[r] for b in blocks]))
             if linear.bias is not None:
-                layer.bias.copy_(torch.cat([b.chunk(layer.tp)[r]
-                                            for b in linear.bias.chunk(chunks)]))
+                layer.bias.copy_(
+                    torch.cat([b.chunk(layer.tp)[r] for b in linear.bias.chunk(chunks)])
+                )
         for p in layer.parameters():
             p.tp_split = (0, chunks)
         return layer
@@ -309,8 +359,10 @@ class ColumnParallelLinear(nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, tp={self.tp}"
-                f" (weight {tuple(self.weight.shape)} per rank)")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, tp={self.tp}"
+            f" (weight {tuple(self.weight.shape)} per rank)"
+        )
 
 
 class RowParallelLinear(nn.Module):
@@ -320,29 +372,48 @@ class RowParallelLinear(nn.Module):
     reduce-scatter along the sequence with ``sequence_parallel``). ``input_is_parallel=False``:
     the input is whole and each rank first keeps its slice."""
 
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = True,
-                 input_is_parallel: bool = True, group=None, sequence_parallel: bool = False,
-                 dtype=None, device=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool = True,
+        input_is_parallel: bool = True,
+        group=None,
+        sequence_parallel: bool = False,
+        dtype=None,
+        device=None,
+    ):
         super().__init__()
         t, _ = _facts(group)
         self.in_features = validate.count("in_features", in_features, minimum=1)
         self.out_features = validate.count("out_features", out_features, minimum=1)
         _check_split("in_features", in_features, t)
         self.group, self.tp = group, t
-        self.input_is_parallel, self.sequence_parallel = bool(input_is_parallel), bool(sequence_parallel)
+        self.input_is_parallel, self.sequence_parallel = (
+            bool(input_is_parallel),
+            bool(sequence_parallel),
+        )
         ref = nn.Linear(in_features // t, out_features, bias=bias, dtype=dtype, device=device)
         self.weight, self.bias = ref.weight, ref.bias
         if bias:  # nn.Linear's bound 1/sqrt(fan_in) with the full fan_in
             with torch.no_grad():
-                self.bias.uniform_(-in_features ** -0.5, in_features ** -0.5)
+                self.bias.uniform_(-(in_features**-0.5), in_features**-0.5)
             self.bias.sequence_parallel_partial = self.sequence_parallel
         self.weight.tp_split = (1, 1)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group=None, **kwargs):
         """This rank's part of an existing ``linear``."""
-        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                    group=group, dtype=linear.weight.dtype, device=linear.weight.device, **kwargs)
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            group=group,
+            dtype=linear.weight.dtype,
+            device=linear.weight.device,
+            **kwargs,
+        )
         _, r = _facts(group)
         with torch.no_grad():
             layer.weight.copy_(linear.weight.chunk(layer.tp, dim=1)[r])
@@ -363,8 +434,10 @@ class RowParallelLinear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, tp={self.tp}"
-                f" (weight {tuple(self.weight.shape)} per rank)")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, tp={self.tp}"
+            f" (weight {tuple(self.weight.shape)} per rank)"
+        )
 
 
 # ---- the tiny GPT, split ---------------------------------------------------------------------
@@ -386,7 +459,7 @@ class ParallelSelfAttention(nn.Module):
         q = q.view(B, T, -1, hs).transpose(1, 2)  # (B, nh/t, T, hs)
         k = k.view(B, T, -1, hs).transpose(1, 2)  # (B, nh/t, T, hs)
         v = v.view(B, T, -1, hs).transpose(1, 2)  # (B, nh/t, T, hs)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / hs ** 0.5)  # (B, nh/t, T, T)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / hs**0.5)  # (B, nh/t, T, T)
         att = att.masked_fill(self.causal_mask[:T, :T], float("-inf"))
         att = F.softmax(att, dim=-1)
         y = att @ v  # (B, nh/t, T, hs)
@@ -412,19 +485,25 @@ def parallelize_gpt(model, group=None, *, sequence_parallel: bool = False):
         block.attn = ParallelSelfAttention(
             ColumnParallelLinear.from_linear(att.c_attn, group, chunks=3, sequence_parallel=sp),
             RowParallelLinear.from_linear(att.c_proj, group, sequence_parallel=sp),
-            hs, att.causal_mask)
-        block.mlp.c_fc = ColumnParallelLinear.from_linear(block.mlp.c_fc, group,
-                                                          sequence_parallel=sp)
-        block.mlp.c_proj = RowParallelLinear.from_linear(block.mlp.c_proj, group,
-                                                         sequence_parallel=sp)
+            hs,
+            att.causal_mask,
+        )
+        block.mlp.c_fc = ColumnParallelLinear.from_linear(
+            block.mlp.c_fc, group, sequence_parallel=sp
+        )
+        block.mlp.c_proj = RowParallelLinear.from_linear(
+            block.mlp.c_proj, group, sequence_parallel=sp
+        )
         if sp:
             for p in [*block.ln_1.parameters(), *block.ln_2.parameters()]:
                 p.sequence_parallel_partial = True
     if sp:  # split the stream after the embeddings, gather it before the replicated head
         model.blocks[0].register_forward_pre_hook(
-            lambda m, args: (ScatterToSequenceRegion.apply(args[0], group),))
+            lambda m, args: (ScatterToSequenceRegion.apply(args[0], group),)
+        )
         model.ln_f.register_forward_pre_hook(
-            lambda m, args: (GatherFromSequenceRegion.apply(args[0], group),))
+            lambda m, args: (GatherFromSequenceRegion.apply(args[0], group),)
+        )
     model.tp_group, model.tp, model.sequence_parallel = group, t, sp
     return model
 
@@ -432,8 +511,11 @@ def parallelize_gpt(model, group=None, *, sequence_parallel: bool = False):
 def sync_sequence_parallel_grads(model, group=None) -> int:
     """Sum over the ranks the gradients of parameters used on sequence chunks (LayerNorms in
     the blocks, the row layers' biases), in one flattened all-reduce. Returns the calls made."""
-    grads = [p.grad for p in model.parameters()
-             if getattr(p, "sequence_parallel_partial", False) and p.grad is not None]
+    grads = [
+        p.grad
+        for p in model.parameters()
+        if getattr(p, "sequence_parallel_partial", False) and p.grad is not None
+    ]
     if not grads or _facts(group)[0] == 1:
         return 0
     flat = torch.cat([gr.reshape(-1) for gr in grads])
@@ -461,7 +543,8 @@ def gather_full(model, which: str = "param", group=None) -> dict[str, torch.Tens
             parts = [torch.empty_like(x) for _ in range(t)]
             dist.all_gather(parts, x.contiguous(), group=group)
             blocks = [part.chunk(chunks, dim=dim) for part in parts]  # rank x chunk
-            x = torch.cat([torch.cat([b[c] for b in blocks], dim=dim) for c in range(chunks)],
-                          dim=dim)
+            x = torch.cat(
+                [torch.cat([b[c] for b in blocks], dim=dim) for c in range(chunks)], dim=dim
+            )
         out[name] = x.to("cpu", copy=True)
     return out

@@ -44,6 +44,7 @@ DDP's bytes on the wire per step instead of 1.5x; notebooks/10_zero_fsdp.ipynb, 
 gloo we reduce-scatter with the course's ring (``collectives.ring_reduce_scatter``, unit 08), and
 with torch's on other backends (NCCL's is a ring).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ class _Unit:
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """The unit's parameters as views of ``flat`` (N*s,), in their shapes."""
-        return [flat[o:o + s.numel()].view(s) for o, s in zip(self.offsets, self.shapes)]
+        return [flat[o : o + s.numel()].view(s) for o, s in zip(self.offsets, self.shapes)]
 
 
 class ZeroDataParallel(nn.Module):
@@ -104,9 +105,18 @@ class ZeroDataParallel(nn.Module):
     "forward <unit>", "backward <unit>", "reduce-scatter <unit>" on lanes "comm"/"compute".
     """
 
-    def __init__(self, module: nn.Module, *, stage: int, optimizer=torch.optim.AdamW, group=None,
-                 reshard_after_forward: bool = True, prefetch: bool = False, log=None,
-                 **optimizer_kwargs) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        stage: int,
+        optimizer=torch.optim.AdamW,
+        group=None,
+        reshard_after_forward: bool = True,
+        prefetch: bool = False,
+        log=None,
+        **optimizer_kwargs,
+    ) -> None:
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module = {validate.describe(module)}: expected a torch.nn.Module")
@@ -114,21 +124,32 @@ class ZeroDataParallel(nn.Module):
             raise TypeError(f"stage = {stage!r}: expected one of 0, 1, 2, 3 (an int)")
         self.stage = validate.choice("stage", stage, STAGES)
         if not (isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer)):
-            raise TypeError(f"optimizer = {validate.describe(optimizer)}: expected a "
-                            "torch.optim.Optimizer class, e.g. torch.optim.AdamW")
-        for name, flag in (("reshard_after_forward", reshard_after_forward), ("prefetch", prefetch)):
+            raise TypeError(
+                f"optimizer = {validate.describe(optimizer)}: expected a "
+                "torch.optim.Optimizer class, e.g. torch.optim.AdamW"
+            )
+        for name, flag in (
+            ("reshard_after_forward", reshard_after_forward),
+            ("prefetch", prefetch),
+        ):
             validate.choice(name, flag, (True, False))
         if stage != 3 and (prefetch or not reshard_after_forward):
-            raise ValueError(f"stage = {stage}: prefetch and reshard_after_forward concern stage 3 "
-                             "(parameters gathered per layer); expected stage = 3 or the defaults")
+            raise ValueError(
+                f"stage = {stage}: prefetch and reshard_after_forward concern stage 3 "
+                "(parameters gathered per layer); expected stage = 3 or the defaults"
+            )
         params = [p for p in module.parameters()]
         if not params or not all(p.requires_grad for p in params):
-            raise ValueError("module: expected parameters that all require a gradient (freeze "
-                             "nothing under ZeroDataParallel)")
+            raise ValueError(
+                "module: expected parameters that all require a gradient (freeze "
+                "nothing under ZeroDataParallel)"
+            )
         kinds = {(p.dtype, p.device) for p in params}
         if len(kinds) > 1:
-            raise ValueError(f"parameters have dtypes/devices {sorted(map(str, kinds))}: expected "
-                             "one (a unit is one flat tensor); cast the module first")
+            raise ValueError(
+                f"parameters have dtypes/devices {sorted(map(str, kinds))}: expected "
+                "one (a unit is one flat tensor); cast the module first"
+            )
         self.module, self.group, self.log = module, group, log
         self.reshard_after_forward, self.prefetch = reshard_after_forward, prefetch
         self.world_size, _ = _group_facts(group)
@@ -164,11 +185,18 @@ class ZeroDataParallel(nn.Module):
         offsets = [0]
         for _, p in own:
             offsets.append(offsets[-1] + p.numel())
-        unit = _Unit(sub, prefix, [n for n, _ in own], [p.shape for _, p in own], numel,
-                     shard=None, offsets=offsets[:-1])
+        unit = _Unit(
+            sub,
+            prefix,
+            [n for n, _ in own],
+            [p.shape for _, p in own],
+            numel,
+            shard=None,
+            offsets=offsets[:-1],
+        )
         for view, (_, p) in zip(unit.views(flat), own):
             view.copy_(p)
-        mine = flat[self.rank * s:(self.rank + 1) * s]  # (s,) this rank's slice
+        mine = flat[self.rank * s : (self.rank + 1) * s]  # (s,) this rank's slice
         if self.stage in (1, 2):  # full parameters stay: module params and shard are views of flat
             unit.flat = flat
             unit.shard = nn.Parameter(mine)
@@ -185,29 +213,43 @@ class ZeroDataParallel(nn.Module):
     # ---- communication ----------------------------------------------------------------------
     def _reduce_scatter_mean(self, flat_grad: torch.Tensor, name: str) -> torch.Tensor:
         """(N*s,) local gradients -> (s,) this rank's slice of their mean over ranks."""
-        out = torch.empty(flat_grad.numel() // self.world_size, dtype=flat_grad.dtype,
-                          device=flat_grad.device)
+        out = torch.empty(
+            flat_grad.numel() // self.world_size, dtype=flat_grad.dtype, device=flat_grad.device
+        )
         start = self._now()
         if dist.get_backend(self.group) == "gloo":
             ring_reduce_scatter(out, flat_grad, self.group)  # see the module docstring
         else:
             reduce_scatter_single(out, flat_grad, group=self.group)
-        self._span(f"reduce-scatter {name}", start, "comm", bytes=flat_grad.numel() * flat_grad.element_size())
+        self._span(
+            f"reduce-scatter {name}",
+            start,
+            "comm",
+            bytes=flat_grad.numel() * flat_grad.element_size(),
+        )
         return out.div_(self.world_size)
 
     def _all_gather(self, unit: _Unit, *, wait: bool = True) -> None:
         """Start (or finish) filling ``unit.flat`` (N*s,) with every rank's shard."""
         if unit.flat is None:
-            unit.flat = torch.empty(self.world_size * unit.shard.numel(), dtype=unit.shard.dtype,
-                                    device=unit.shard.device)
+            unit.flat = torch.empty(
+                self.world_size * unit.shard.numel(),
+                dtype=unit.shard.dtype,
+                device=unit.shard.device,
+            )
             unit.t_launch = self._now()
-            unit.pending = all_gather_single(unit.flat, unit.shard.detach(),
-                                                       group=self.group, async_op=True)
+            unit.pending = all_gather_single(
+                unit.flat, unit.shard.detach(), group=self.group, async_op=True
+            )
         if wait and unit.pending is not None:
             unit.pending.wait()
             unit.pending = None
-            self._span(f"all-gather {unit.prefix or 'root'}", unit.t_launch, "comm",
-                       bytes=unit.flat.numel() * unit.flat.element_size())
+            self._span(
+                f"all-gather {unit.prefix or 'root'}",
+                unit.t_launch,
+                "comm",
+                bytes=unit.flat.numel() * unit.flat.element_size(),
+            )
 
     def _gather_params(self, unit: _Unit) -> None:
         """Stage 1/2 after the optimizer step: every rank's updated shard into ``unit.flat``."""
@@ -249,8 +291,15 @@ class ZeroDataParallel(nn.Module):
         if self.reshard_after_forward:
             self._free(unit)
         # the unit's backward starts when the gradient of its output arrives: gather there
-        outs = [out] if isinstance(out, torch.Tensor) else [t for t in (out if isinstance(
-            out, (tuple, list)) else ()) if isinstance(t, torch.Tensor)]
+        outs = (
+            [out]
+            if isinstance(out, torch.Tensor)
+            else [
+                t
+                for t in (out if isinstance(out, (tuple, list)) else ())
+                if isinstance(t, torch.Tensor)
+            ]
+        )
         unit.backward_started = False
         for t in outs:
             if t.requires_grad:
@@ -347,7 +396,9 @@ class ZeroDataParallel(nn.Module):
             shard = u.shard if which == "param" else u.shard.grad
             if shard is None:
                 continue
-            flat = torch.empty(self.world_size * shard.numel(), dtype=shard.dtype, device=shard.device)
+            flat = torch.empty(
+                self.world_size * shard.numel(), dtype=shard.dtype, device=shard.device
+            )
             all_gather_single(flat, shard.detach().clone(), group=self.group)
             for name, view in zip(u.names, u.views(flat)):
                 out[f"{u.prefix}.{name}" if u.prefix else name] = view.clone().cpu()

@@ -8,6 +8,7 @@ wins; ``launch_command(result)`` is the torchrun line (or sbatch file) that star
 measured or virtual run of that layout is compared with. Every formula is in
 ``course_lib.measure.estimate``. Introduced in notebooks/14_planning_a_run.ipynb.
 """
+
 from course_lib.plan.launch import launch_command
 from course_lib.plan.memory import (
     MEMORY_CATEGORIES,
@@ -40,9 +41,30 @@ from course_lib.plan.specs import (
 from course_lib.plan.virtual_check import TOLERANCE as VIRTUAL_TOLERANCE
 from course_lib.plan.virtual_check import compare_with_virtual
 
-__all__ = ["MEMORY_CATEGORIES", "check_layout", "launch_command", "layers_per_stage",
-           "microbatches",
-           "predict_memory", "stage_layers", "DEFAULT_EFFICIENCY", "DEFAULT_RESERVE", "TIME_PARTS", "evaluate",
-           "explain", "plan", "step_time", "CLUSTERS", "MODELS", "RECOMPUTE", "ClusterSpec",
-           "Layout", "ModelSpec", "cluster", "model", "this_machine", "compare_with_virtual",
-           "VIRTUAL_TOLERANCE"]
+__all__ = [
+    "MEMORY_CATEGORIES",
+    "check_layout",
+    "launch_command",
+    "layers_per_stage",
+    "microbatches",
+    "predict_memory",
+    "stage_layers",
+    "DEFAULT_EFFICIENCY",
+    "DEFAULT_RESERVE",
+    "TIME_PARTS",
+    "evaluate",
+    "explain",
+    "plan",
+    "step_time",
+    "CLUSTERS",
+    "MODELS",
+    "RECOMPUTE",
+    "ClusterSpec",
+    "Layout",
+    "ModelSpec",
+    "cluster",
+    "model",
+    "this_machine",
+    "compare_with_virtual",
+    "VIRTUAL_TOLERANCE",
+]

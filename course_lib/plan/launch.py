@@ -1,4 +1,5 @@
 """From a planned layout to the torchrun command that starts it (``plan.launch_command``)."""
+
 from __future__ import annotations
 
 from course_lib import validate as _v
@@ -7,9 +8,15 @@ from course_lib import validate as _v
 LAYOUT_ARGS = ("dp", "tp", "pp", "zero", "recompute", "micro_batch", "v")
 
 
-def launch_command(result, rank: int = 1, *, script: str = "train.py",
-                   rdzv_endpoint: str = "$HEAD_NODE:29500", slurm: bool = False,
-                   args: tuple[str, ...] = LAYOUT_ARGS) -> str:
+def launch_command(
+    result,
+    rank: int = 1,
+    *,
+    script: str = "train.py",
+    rdzv_endpoint: str = "$HEAD_NODE:29500",
+    slurm: bool = False,
+    args: tuple[str, ...] = LAYOUT_ARGS,
+) -> str:
     """The torchrun command (or, with ``slurm=True``, the sbatch file) that starts the layout
     ranked ``rank`` in ``result`` (what :func:`course_lib.plan.plan` returned) on its cluster:
     ``--nproc-per-node`` = the cluster's GPUs per node, ``--nnodes`` = dp x tp x pp / that, and
@@ -22,8 +29,10 @@ def launch_command(result, rank: int = 1, *, script: str = "train.py",
 
     inputs = getattr(result, "attrs", {}).get("inputs")
     if inputs is None or "cluster" not in inputs:
-        raise TypeError(f"result = {type(result).__name__}: expected the DataFrame plan.plan() "
-                        "returned (its attrs hold the cluster)")
+        raise TypeError(
+            f"result = {type(result).__name__}: expected the DataFrame plan.plan() "
+            "returned (its attrs hold the cluster)"
+        )
     if len(result) == 0:
         raise ValueError("result has no layout that fits: nothing to launch")
     rank = _v.count("rank", rank, minimum=1, maximum=len(result))
@@ -42,5 +51,6 @@ def launch_command(result, rank: int = 1, *, script: str = "train.py",
         return slurm_script(script, nodes=nodes, gpus_per_node=nproc, args=values)
     if nodes == 1:
         return torchrun_command(script, nproc_per_node=nproc, args=values)
-    return torchrun_command(script, nproc_per_node=nproc, nnodes=nodes,
-                            rdzv_endpoint=rdzv_endpoint, args=values)
+    return torchrun_command(
+        script, nproc_per_node=nproc, nnodes=nodes, rdzv_endpoint=rdzv_endpoint, args=values
+    )

@@ -6,6 +6,7 @@ fp32 master and Adam moments, as the ZeRO paper counts), activations from
 ``activation_bytes_parallel_layer`` (Korthikanti et al. 2022) times the layers a pipeline keeps
 in flight (``pipeline_inflight_layers``). Introduced in notebooks/14_planning_a_run.ipynb.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,14 @@ from course_lib import validate as _v
 from course_lib.measure import estimate
 from course_lib.plan.specs import ClusterSpec, Layout, ModelSpec, divisors
 
-__all__ = ["MEMORY_CATEGORIES", "check_layout", "layers_per_stage", "stage_layers",
-           "microbatches", "predict_memory"]
+__all__ = [
+    "MEMORY_CATEGORIES",
+    "check_layout",
+    "layers_per_stage",
+    "stage_layers",
+    "microbatches",
+    "predict_memory",
+]
 
 #: the categories of :func:`predict_memory`, in plotting order
 MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "logits", "buffers")
@@ -25,9 +32,11 @@ def layers_per_stage(model: ModelSpec, pp: int, *, uneven_stages: bool = False) 
     """Layers on the fullest pipeline stage: L / pp, or ceil(L / pp) with ``uneven_stages``
     (BLOOM put 70 layers on 12 stages, Llama 3 126 on 16)."""
     if model.layers % pp and not uneven_stages:
-        raise ValueError(f"pp = {pp}: expected a divisor of layers = {model.layers}: one of "
-                         f"{', '.join(map(str, divisors(model.layers)))} (or pass "
-                         "uneven_stages=True to let some stages hold one layer fewer)")
+        raise ValueError(
+            f"pp = {pp}: expected a divisor of layers = {model.layers}: one of "
+            f"{', '.join(map(str, divisors(model.layers)))} (or pass "
+            "uneven_stages=True to let some stages hold one layer fewer)"
+        )
     return math.ceil(model.layers / pp)
 
 
@@ -47,8 +56,11 @@ def stage_layers(model: ModelSpec, pp: int, *, uneven_stages: bool = False) -> t
     if model.layers % pp == 0:
         return n, n
     w = model.vocab * model.hidden / model.params()["per_layer"]
-    n = next(k for k in range(1, model.layers + 1)
-             if (pp - 1) * k + max(0, math.floor(k - w)) >= model.layers)
+    n = next(
+        k
+        for k in range(1, model.layers + 1)
+        if (pp - 1) * k + max(0, math.floor(k - w)) >= model.layers
+    )
     return n, max(1, model.layers - (pp - 1) * n)
 
 
@@ -57,21 +69,31 @@ def microbatches(model: ModelSpec, layout: Layout, global_batch_tokens: int) -> 
     refuses a batch that does not divide."""
     tokens = _v.count("global_batch_tokens", global_batch_tokens, minimum=1)
     if tokens % model.seq_len:
-        raise ValueError(f"global_batch_tokens = {tokens}: expected a multiple of seq_len = "
-                         f"{model.seq_len} (whole sequences)")
+        raise ValueError(
+            f"global_batch_tokens = {tokens}: expected a multiple of seq_len = "
+            f"{model.seq_len} (whole sequences)"
+        )
     seqs = tokens // model.seq_len
     per = layout.dp * layout.micro_batch
     if seqs % per:
         ok = [d for d in divisors(seqs) if d * layout.micro_batch <= seqs][:12]
-        raise ValueError(f"global batch = {seqs} sequences: expected a multiple of dp x "
-                         f"micro_batch = {layout.dp} x {layout.micro_batch} = {per}; dp dividing "
-                         f"{seqs // layout.micro_batch if seqs % layout.micro_batch == 0 else seqs}"
-                         f" at this micro_batch: one of {', '.join(map(str, ok))}, ...")
+        raise ValueError(
+            f"global batch = {seqs} sequences: expected a multiple of dp x "
+            f"micro_batch = {layout.dp} x {layout.micro_batch} = {per}; dp dividing "
+            f"{seqs // layout.micro_batch if seqs % layout.micro_batch == 0 else seqs}"
+            f" at this micro_batch: one of {', '.join(map(str, ok))}, ..."
+        )
     return seqs // per
 
 
-def check_layout(model: ModelSpec, layout: Layout, cluster: ClusterSpec | None = None, *,
-                 global_batch_tokens: int | None = None, uneven_stages: bool = False) -> None:
+def check_layout(
+    model: ModelSpec,
+    layout: Layout,
+    cluster: ClusterSpec | None = None,
+    *,
+    global_batch_tokens: int | None = None,
+    uneven_stages: bool = False,
+) -> None:
     """Refuse a layout that cannot run, naming the parameter, its value and the valid choices:
     tp must divide heads and kv_heads; pp must divide layers (unless ``uneven_stages``); v must
     divide the layers of a stage; the layout may not use more GPUs than the cluster has; the
@@ -83,26 +105,40 @@ def check_layout(model: ModelSpec, layout: Layout, cluster: ClusterSpec | None =
         raise TypeError(f"layout = {layout!r}: expected a Layout")
     g = math.gcd(model.heads, model.kv_heads)
     if g % layout.tp:
-        raise ValueError(f"tp = {layout.tp}: expected a divisor of heads = {model.heads} and "
-                         f"kv_heads = {model.kv_heads}: one of {', '.join(map(str, divisors(g)))}")
+        raise ValueError(
+            f"tp = {layout.tp}: expected a divisor of heads = {model.heads} and "
+            f"kv_heads = {model.kv_heads}: one of {', '.join(map(str, divisors(g)))}"
+        )
     n = layers_per_stage(model, layout.pp, uneven_stages=uneven_stages)
     if n % layout.virtual_stages:
-        raise ValueError(f"virtual_stages = {layout.virtual_stages}: expected a divisor of the "
-                         f"{n} layers of a stage: one of {', '.join(map(str, divisors(n)))}")
+        raise ValueError(
+            f"virtual_stages = {layout.virtual_stages}: expected a divisor of the "
+            f"{n} layers of a stage: one of {', '.join(map(str, divisors(n)))}"
+        )
     if cluster is not None and layout.gpus > cluster.gpus:
-        raise ValueError(f"dp x tp x pp = {layout.dp} x {layout.tp} x {layout.pp} = {layout.gpus}"
-                         f" GPUs: expected at most the cluster's {cluster.gpus} "
-                         f"({cluster.nodes} nodes x {cluster.gpus_per_node})")
+        raise ValueError(
+            f"dp x tp x pp = {layout.dp} x {layout.tp} x {layout.pp} = {layout.gpus}"
+            f" GPUs: expected at most the cluster's {cluster.gpus} "
+            f"({cluster.nodes} nodes x {cluster.gpus_per_node})"
+        )
     if global_batch_tokens is not None:
         m = microbatches(model, layout, global_batch_tokens)
         if layout.virtual_stages > 1 and m < layout.pp:
-            raise ValueError(f"virtual_stages = {layout.virtual_stages}: expected 1 with "
-                             f"{m} micro-batches < pp = {layout.pp} (the interleaved schedule "
-                             "needs at least as many micro-batches as stages)")
+            raise ValueError(
+                f"virtual_stages = {layout.virtual_stages}: expected 1 with "
+                f"{m} micro-batches < pp = {layout.pp} (the interleaved schedule "
+                "needs at least as many micro-batches as stages)"
+            )
 
 
-def predict_memory(model: ModelSpec, layout: Layout, *, global_batch_tokens: int | None = None,
-                   uneven_stages: bool = False, stage: str = "worst") -> dict[str, int | float]:
+def predict_memory(
+    model: ModelSpec,
+    layout: Layout,
+    *,
+    global_batch_tokens: int | None = None,
+    uneven_stages: bool = False,
+    stage: str = "worst",
+) -> dict[str, int | float]:
     """Bytes one GPU holds at its peak under ``layout``, by category (:data:`MEMORY_CATEGORIES`)
     plus ``total``. ``stage``: "first" (the embedding, and the most micro-batches in flight),
     "last" (the output layer and its logits, one micro-batch in flight) or "worst" (the larger).
@@ -120,18 +156,32 @@ def predict_memory(model: ModelSpec, layout: Layout, *, global_batch_tokens: int
     Not counted: the CUDA context, NCCL and allocator fragmentation (the planner leaves a
     reserve for them), temporaries inside a kernel.
     """
-    check_layout(model, layout, global_batch_tokens=global_batch_tokens,
-                 uneven_stages=uneven_stages)
+    check_layout(
+        model, layout, global_batch_tokens=global_batch_tokens, uneven_stages=uneven_stages
+    )
     which = _v.choice("stage", stage, ("worst", "first", "last"))
     if which == "worst":
-        first = predict_memory(model, layout, global_batch_tokens=global_batch_tokens,
-                               uneven_stages=uneven_stages, stage="first")
-        last = predict_memory(model, layout, global_batch_tokens=global_batch_tokens,
-                              uneven_stages=uneven_stages, stage="last")
+        first = predict_memory(
+            model,
+            layout,
+            global_batch_tokens=global_batch_tokens,
+            uneven_stages=uneven_stages,
+            stage="first",
+        )
+        last = predict_memory(
+            model,
+            layout,
+            global_batch_tokens=global_batch_tokens,
+            uneven_stages=uneven_stages,
+            stage="last",
+        )
         return first if first["total"] >= last["total"] else last
     t, p, v, b = layout.tp, layout.pp, layout.virtual_stages, layout.micro_batch
-    m = (microbatches(model, layout, global_batch_tokens) if global_batch_tokens is not None
-         else p * max(1, layout.virtual_stages))
+    m = (
+        microbatches(model, layout, global_batch_tokens)
+        if global_batch_tokens is not None
+        else p * max(1, layout.virtual_stages)
+    )
     n_first, n_last = stage_layers(model, p, uneven_stages=uneven_stages)
     n = n_first if which == "first" else n_last
     parts = model.params()
@@ -139,13 +189,20 @@ def predict_memory(model: ModelSpec, layout: Layout, *, global_batch_tokens: int
     stage_params = n * parts["per_layer"] + parts["other"]
     stage_params += parts["embedding"] if is_first else 0
     stage_params += (parts["output"] or (parts["embedding"] if p > 1 else 0)) if is_last else 0
-    state = estimate.zero_state_breakdown_per_rank(-(-stage_params // t), stage=layout.zero,
-                                                   world_size=layout.dp)
-    layer = dict(kv_heads=model.kv_heads, ffn=model.ffn, gated_mlp=model.gated_mlp,
-                 dropout=model.dropout, tp=t, sequence_parallel=layout.sequence_parallel)
-    per_layer = estimate.activation_bytes_parallel_layer(model.seq_len, b, model.hidden,
-                                                         model.heads, recompute=layout.recompute,
-                                                         **layer)
+    state = estimate.zero_state_breakdown_per_rank(
+        -(-stage_params // t), stage=layout.zero, world_size=layout.dp
+    )
+    layer = dict(
+        kv_heads=model.kv_heads,
+        ffn=model.ffn,
+        gated_mlp=model.gated_mlp,
+        dropout=model.dropout,
+        tp=t,
+        sequence_parallel=layout.sequence_parallel,
+    )
+    per_layer = estimate.activation_bytes_parallel_layer(
+        model.seq_len, b, model.hidden, model.heads, recompute=layout.recompute, **layer
+    )
     if which == "first" or p == 1:
         inflight = estimate.pipeline_inflight_layers(n, p, m, v)
     else:
@@ -153,10 +210,17 @@ def predict_memory(model: ModelSpec, layout: Layout, *, global_batch_tokens: int
     activations = inflight * per_layer
     if layout.recompute == "full":  # the layer being rebuilt for its backward
         activations += estimate.activation_bytes_parallel_layer(
-            model.seq_len, b, model.hidden, model.heads, recompute="selective", **layer)
+            model.seq_len, b, model.hidden, model.heads, recompute="selective", **layer
+        )
     logits = 4 * model.seq_len * b * model.vocab / t if is_last else 0
     buffers = 2 * 2 * parts["per_layer"] / t if layout.zero == 3 else 0
-    out = {"params": state["params"], "grads": state["grads"], "optimizer": state["optimizer"],
-           "activations": activations, "logits": logits, "buffers": buffers}
+    out = {
+        "params": state["params"],
+        "grads": state["grads"],
+        "optimizer": state["optimizer"],
+        "activations": activations,
+        "logits": logits,
+        "buffers": buffers,
+    }
     out["total"] = sum(out.values())
     return out

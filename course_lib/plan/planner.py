@@ -22,6 +22,7 @@ also gathers the weights twice per micro-batch (each overlapped with that micro-
 compute). MFU = model FLOPs (6 N + 12 L h s per token) / (step time x GPUs x peak).
 Introduced in notebooks/14_planning_a_run.ipynb.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,15 @@ from course_lib.plan.memory import (
 )
 from course_lib.plan.specs import RECOMPUTE, ClusterSpec, Layout, ModelSpec, divisors
 
-__all__ = ["DEFAULT_EFFICIENCY", "DEFAULT_RESERVE", "step_time", "plan", "explain",
-           "evaluate", "TIME_PARTS"]
+__all__ = [
+    "DEFAULT_EFFICIENCY",
+    "DEFAULT_RESERVE",
+    "step_time",
+    "plan",
+    "explain",
+    "evaluate",
+    "TIME_PARTS",
+]
 
 #: fraction of the GPU's peak that large bf16 matrix products sustain in training (assumed)
 DEFAULT_EFFICIENCY = 0.6
@@ -56,25 +64,44 @@ def _dp_group(cluster: ClusterSpec, layout: Layout) -> tuple[int, int]:
     return math.ceil(layout.dp / per_node), per_node
 
 
-def _allreduce_s(size: float, ranks: int, cluster: ClusterSpec, *, nodes: int, per_node: int) -> float:
+def _allreduce_s(
+    size: float, ranks: int, cluster: ClusterSpec, *, nodes: int, per_node: int
+) -> float:
     if ranks <= 1 or size == 0:
         return 0.0
-    return estimate.hierarchical_allreduce_time(size, nodes=nodes, gpus_per_node=per_node,
-                                                intra_GBps=cluster.intra_GBps,
-                                                inter_GBps=cluster.inter_GBps)
+    return estimate.hierarchical_allreduce_time(
+        size,
+        nodes=nodes,
+        gpus_per_node=per_node,
+        intra_GBps=cluster.intra_GBps,
+        inter_GBps=cluster.inter_GBps,
+    )
 
 
-def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *,
-              global_batch_tokens: int, efficiency: float = DEFAULT_EFFICIENCY,
-              uneven_stages: bool = False) -> dict[str, float]:
+def step_time(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    *,
+    global_batch_tokens: int,
+    efficiency: float = DEFAULT_EFFICIENCY,
+    uneven_stages: bool = False,
+) -> dict[str, float]:
     """Seconds of one training step under ``layout``, by part (:data:`TIME_PARTS`), with
     ``step_s``, ``microbatches``, ``bubble_fraction``, ``mfu``, ``tokens_per_s``. See the module
     docstring for the model; every term comes from ``estimate``."""
-    check_layout(model, layout, cluster, global_batch_tokens=global_batch_tokens,
-                 uneven_stages=uneven_stages)
+    check_layout(
+        model, layout, cluster, global_batch_tokens=global_batch_tokens, uneven_stages=uneven_stages
+    )
     eff = _v.number("efficiency", efficiency, positive=True, maximum=1)
-    t, p, v, b, s, h = (layout.tp, layout.pp, layout.virtual_stages, layout.micro_batch,
-                        model.seq_len, model.hidden)
+    t, p, v, b, s, h = (
+        layout.tp,
+        layout.pp,
+        layout.virtual_stages,
+        layout.micro_batch,
+        model.seq_len,
+        model.hidden,
+    )
     m = microbatches(model, layout, global_batch_tokens)
     n, n_last = stage_layers(model, p, uneven_stages=uneven_stages)
     parts = model.params()
@@ -82,8 +109,9 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *,
     tokens = b * s
 
     def stage_flops(layers, output):
-        f = estimate.layer_flops_per_token(parts["per_layer"], layers=layers, hidden=h, seq=s,
-                                              recompute=layout.recompute)
+        f = estimate.layer_flops_per_token(
+            parts["per_layer"], layers=layers, hidden=h, seq=s, recompute=layout.recompute
+        )
         return f["model"] + (6 * model.vocab * h if output else 0), f["recompute"]
 
     # the slowest stage sets the pace: a middle one, or the last with the output layer
@@ -92,27 +120,38 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *,
     recompute = slow[1] * tokens / t / rate
     tp_comm = 0.0
     if t > 1:
-        calls = estimate.tp_payload_bytes_per_layer(s, b, h, recompute=layout.recompute) // (2 * s * b * h)
+        calls = estimate.tp_payload_bytes_per_layer(s, b, h, recompute=layout.recompute) // (
+            2 * s * b * h
+        )
         payload = 2 * s * b * h
         if t <= cluster.gpus_per_node:
             one = estimate.allreduce_time(payload, t, bandwidth=cluster.intra_GBps * 1e9)
         else:
-            one = _allreduce_s(payload, t, cluster, nodes=t // cluster.gpus_per_node,
-                               per_node=cluster.gpus_per_node)
+            one = _allreduce_s(
+                payload,
+                t,
+                cluster,
+                nodes=t // cluster.gpus_per_node,
+                per_node=cluster.gpus_per_node,
+            )
         tp_comm = n * calls * one
     p2p = 0.0
     if p > 1:
         across = layout.tp * layout.dp >= cluster.gpus_per_node
         bw = (cluster.inter_GBps if across else cluster.intra_GBps) * 1e9
-        boundary = estimate.pipeline_boundary_bytes(b, s, h) / (t if layout.sequence_parallel else 1)
+        boundary = estimate.pipeline_boundary_bytes(b, s, h) / (
+            t if layout.sequence_parallel else 1
+        )
         p2p = 2 * v * boundary / bw
     per_mb = compute + recompute + tp_comm + p2p
     bubble_fraction = estimate.pipeline_bubble_fraction(p, m, v)
     pipeline = m * per_mb / (1 - bubble_fraction)
     bubble = pipeline - m * per_mb
     # data-parallel gradients of the fullest stage's parameters on this rank (bf16)
-    stage_params = max(n * parts["per_layer"] + parts["embedding"],
-                       n_last * parts["per_layer"] + (parts["output"] or parts["embedding"]))
+    stage_params = max(
+        n * parts["per_layer"] + parts["embedding"],
+        n_last * parts["per_layer"] + (parts["output"] or parts["embedding"]),
+    )
     grad_bytes = 2 * -(-stage_params // t)
     nodes, per_node = _dp_group(cluster, layout)
     allreduce = _allreduce_s(grad_bytes, layout.dp, cluster, nodes=nodes, per_node=per_node)
@@ -120,41 +159,81 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *,
     if layout.dp == 1:
         dp_comm = 0.0
     elif layout.zero <= 1:
-        dp_comm = estimate.ddp_exposed_comm_time(-(-grad_bytes // 32), grad_bytes=grad_bytes,
-                                                 backward_s=backward, alpha=0.0,
-                                                 beta=allreduce / grad_bytes)
+        dp_comm = estimate.ddp_exposed_comm_time(
+            -(-grad_bytes // 32),
+            grad_bytes=grad_bytes,
+            backward_s=backward,
+            alpha=0.0,
+            beta=allreduce / grad_bytes,
+        )
     elif layout.zero == 2:
         dp_comm = m * max(0.0, allreduce / 2 - backward)
     else:  # gather weights for forward and backward, reduce-scatter gradients, every micro-batch
         dp_comm = m * max(0.0, 1.5 * allreduce - (compute + recompute))
     step = pipeline + dp_comm
-    model_flops = estimate.model_flops_per_token(model.n_params, layers=model.layers, hidden=h,
-                                                 seq=s) * global_batch_tokens
-    out = {"compute_s": m * compute, "recompute_s": m * recompute, "tp_comm_s": m * tp_comm,
-           "p2p_s": m * p2p, "bubble_s": bubble, "dp_comm_s": dp_comm, "step_s": step,
-           "microbatches": m, "bubble_fraction": bubble_fraction,
-           "mfu": model_flops / (step * layout.gpus * cluster.peak_flops),
-           "tokens_per_s": global_batch_tokens / step}
+    model_flops = (
+        estimate.model_flops_per_token(model.n_params, layers=model.layers, hidden=h, seq=s)
+        * global_batch_tokens
+    )
+    out = {
+        "compute_s": m * compute,
+        "recompute_s": m * recompute,
+        "tp_comm_s": m * tp_comm,
+        "p2p_s": m * p2p,
+        "bubble_s": bubble,
+        "dp_comm_s": dp_comm,
+        "step_s": step,
+        "microbatches": m,
+        "bubble_fraction": bubble_fraction,
+        "mfu": model_flops / (step * layout.gpus * cluster.peak_flops),
+        "tokens_per_s": global_batch_tokens / step,
+    }
     return out
 
 
-def evaluate(model: ModelSpec, cluster: ClusterSpec, layout: Layout, *, global_batch_tokens: int,
-             total_tokens: float | None = None, efficiency: float = DEFAULT_EFFICIENCY,
-             reserve: float = DEFAULT_RESERVE, uneven_stages: bool = False) -> dict:
+def evaluate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    *,
+    global_batch_tokens: int,
+    total_tokens: float | None = None,
+    efficiency: float = DEFAULT_EFFICIENCY,
+    reserve: float = DEFAULT_RESERVE,
+    uneven_stages: bool = False,
+) -> dict:
     """One row of :func:`plan` for one layout: the layout, memory by category (GB), whether it
     fits in (1 - reserve) of the GPU's memory, and the step time by part."""
-    mem = predict_memory(model, layout, global_batch_tokens=global_batch_tokens,
-                         uneven_stages=uneven_stages)
+    mem = predict_memory(
+        model, layout, global_batch_tokens=global_batch_tokens, uneven_stages=uneven_stages
+    )
     usable = (1 - _v.number("reserve", reserve, minimum=0, maximum=0.9)) * cluster.memory_bytes
-    row = {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "zero": layout.zero,
-           "recompute": layout.recompute, "micro_batch": layout.micro_batch,
-           "v": layout.virtual_stages, "memory_GB": mem["total"] / 1e9,
-           **{f"{k}_GB": mem[k] / 1e9 for k in MEMORY_CATEGORIES},
-           "fits": mem["total"] <= usable}
-    row.update(step_time(model, cluster, layout, global_batch_tokens=global_batch_tokens,
-                         efficiency=efficiency, uneven_stages=uneven_stages))
+    row = {
+        "dp": layout.dp,
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "zero": layout.zero,
+        "recompute": layout.recompute,
+        "micro_batch": layout.micro_batch,
+        "v": layout.virtual_stages,
+        "memory_GB": mem["total"] / 1e9,
+        **{f"{k}_GB": mem[k] / 1e9 for k in MEMORY_CATEGORIES},
+        "fits": mem["total"] <= usable,
+    }
+    row.update(
+        step_time(
+            model,
+            cluster,
+            layout,
+            global_batch_tokens=global_batch_tokens,
+            efficiency=efficiency,
+            uneven_stages=uneven_stages,
+        )
+    )
     if total_tokens is not None:
-        row["days"] = _v.number("total_tokens", total_tokens, positive=True) / row["tokens_per_s"] / 86400
+        row["days"] = (
+            _v.number("total_tokens", total_tokens, positive=True) / row["tokens_per_s"] / 86400
+        )
     return row
 
 
@@ -171,17 +250,29 @@ def _candidates(model, cluster, gpus, seqs, uneven_stages, max_micro_batch):
             n = stage_layers(model, pp, uneven_stages=uneven_stages)[0]
             for mb in [d for d in divisors(seqs // dp) if d <= max_micro_batch]:
                 m = seqs // (dp * mb)
-                vs = [1] if pp == 1 else [v for v in (1, 2, 4, 8) if n % v == 0 and (v == 1 or m >= pp)]
+                vs = (
+                    [1]
+                    if pp == 1
+                    else [v for v in (1, 2, 4, 8) if n % v == 0 and (v == 1 or m >= pp)]
+                )
                 for v in vs:
                     for zero in (0, 1, 2, 3):
                         for rec in RECOMPUTE:
                             yield Layout(dp, tp, pp, zero, rec, mb, v)
 
 
-def plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_tokens: int,
-         total_tokens: float | None = None, gpus: int | None = None,
-         efficiency: float = DEFAULT_EFFICIENCY, reserve: float = DEFAULT_RESERVE,
-         uneven_stages: bool = False, max_micro_batch: int = 8):
+def plan(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    global_batch_tokens: int,
+    total_tokens: float | None = None,
+    gpus: int | None = None,
+    efficiency: float = DEFAULT_EFFICIENCY,
+    reserve: float = DEFAULT_RESERVE,
+    uneven_stages: bool = False,
+    max_micro_batch: int = 8,
+):
     """Every layout of ``model`` on ``gpus`` GPUs of ``cluster`` (all of them by default) that
     fits, ranked by step time: a pandas DataFrame, one row per layout (``rank`` 1 = fastest),
     with memory per GPU by category (GB), the step time by part (s), MFU, tokens/s and, with
@@ -200,30 +291,58 @@ def plan(model: ModelSpec, cluster: ClusterSpec, *, global_batch_tokens: int,
         raise TypeError(f"model = {model!r}: expected a ModelSpec (e.g. plan.model('Llama-2-7B'))")
     if not isinstance(cluster, ClusterSpec):
         raise TypeError(f"cluster = {cluster!r}: expected a ClusterSpec (e.g. plan.cluster(...))")
-    n_gpus = cluster.gpus if gpus is None else _v.count("gpus", gpus, minimum=1, maximum=cluster.gpus)
+    n_gpus = (
+        cluster.gpus if gpus is None else _v.count("gpus", gpus, minimum=1, maximum=cluster.gpus)
+    )
     tokens = _v.count("global_batch_tokens", global_batch_tokens, minimum=1)
     if tokens % model.seq_len:
-        raise ValueError(f"global_batch_tokens = {tokens}: expected a multiple of seq_len = "
-                         f"{model.seq_len} (whole sequences)")
+        raise ValueError(
+            f"global_batch_tokens = {tokens}: expected a multiple of seq_len = "
+            f"{model.seq_len} (whole sequences)"
+        )
     seqs = tokens // model.seq_len
-    rows = [evaluate(model, cluster, lay, global_batch_tokens=tokens, total_tokens=total_tokens,
-                     efficiency=efficiency, reserve=reserve, uneven_stages=uneven_stages)
-            for lay in _candidates(model, cluster, n_gpus, seqs, uneven_stages,
-                                   _v.count("max_micro_batch", max_micro_batch, minimum=1))]
+    rows = [
+        evaluate(
+            model,
+            cluster,
+            lay,
+            global_batch_tokens=tokens,
+            total_tokens=total_tokens,
+            efficiency=efficiency,
+            reserve=reserve,
+            uneven_stages=uneven_stages,
+        )
+        for lay in _candidates(
+            model,
+            cluster,
+            n_gpus,
+            seqs,
+            uneven_stages,
+            _v.count("max_micro_batch", max_micro_batch, minimum=1),
+        )
+    ]
     if not rows:
-        raise ValueError(f"gpus = {n_gpus}: no dp x tp x pp layout divides it with tp dividing "
-                         f"the heads ({model.heads}, KV {model.kv_heads}) and dp dividing the "
-                         f"global batch of {seqs} sequences")
+        raise ValueError(
+            f"gpus = {n_gpus}: no dp x tp x pp layout divides it with tp dividing "
+            f"the heads ({model.heads}, KV {model.kv_heads}) and dp dividing the "
+            f"global batch of {seqs} sequences"
+        )
     df = pd.DataFrame(rows)
     fits = df[df["fits"]].sort_values(["step_s", "memory_GB"], kind="stable").reset_index(drop=True)
     fits.insert(0, "rank", range(1, len(fits) + 1))
     rejected = df[~df["fits"]].sort_values("memory_GB", kind="stable").reset_index(drop=True)
     fits.attrs["rejected"] = rejected
-    fits.attrs["inputs"] = {"model": model, "cluster": cluster, "gpus": n_gpus,
-                            "global_batch_tokens": tokens, "total_tokens": total_tokens,
-                            "efficiency": efficiency, "reserve": reserve,
-                            "uneven_stages": uneven_stages,
-                            "usable_GB": (1 - reserve) * cluster.memory_bytes / 1e9}
+    fits.attrs["inputs"] = {
+        "model": model,
+        "cluster": cluster,
+        "gpus": n_gpus,
+        "global_batch_tokens": tokens,
+        "total_tokens": total_tokens,
+        "efficiency": efficiency,
+        "reserve": reserve,
+        "uneven_stages": uneven_stages,
+        "usable_GB": (1 - reserve) * cluster.memory_bytes / 1e9,
+    }
     return fits
 
 
@@ -238,23 +357,35 @@ def explain(result, *, families: int = 8) -> str:
     recomputation, uneven stages)."""
     inputs = result.attrs.get("inputs")
     if inputs is None:
-        raise ValueError("result: expected the DataFrame plan() returns (its attrs hold the inputs)")
+        raise ValueError(
+            "result: expected the DataFrame plan() returns (its attrs hold the inputs)"
+        )
     cl, usable = inputs["cluster"], inputs["usable_GB"]
     rejected = result.attrs["rejected"]
     if result.empty:
         best = rejected.iloc[0]
         big = max(MEMORY_CATEGORIES, key=lambda k: best[f"{k}_GB"])
-        return (f"Nothing fits: the smallest layout, {_family(best)} with ZeRO-{best['zero']} and "
-                f"{best['recompute']} recomputation, needs {best['memory_GB']:.1f} GB per GPU "
-                f"(largest part: {big}, {best[big + '_GB']:.1f} GB) of {usable:.1f} usable. "
-                "More GPUs, a smaller batch per GPU, offload, or LoRA instead of full training.")
+        return (
+            f"Nothing fits: the smallest layout, {_family(best)} with ZeRO-{best['zero']} and "
+            f"{best['recompute']} recomputation, needs {best['memory_GB']:.1f} GB per GPU "
+            f"(largest part: {big}, {best[big + '_GB']:.1f} GB) of {usable:.1f} usable. "
+            "More GPUs, a smaller batch per GPU, offload, or LoRA instead of full training."
+        )
     top = result.iloc[0]
-    lines = [f"Winner: {_family(top)}, ZeRO-{top['zero']}, {top['recompute']} recomputation, "
-             f"micro-batch {top['micro_batch']}" + (f", v = {top['v']}" if top["v"] > 1 else "")
-             + f": {top['memory_GB']:.1f} GB per GPU of {usable:.1f} usable, step "
-             f"{top['step_s']:.2f} s, MFU {top['mfu']:.0%}.",
-             "  Its step: " + ", ".join(f"{k[:-2].replace('_', ' ')} {top[k] / top['step_s']:.0%}"
-                                        for k in TIME_PARTS if top[k] > 0) + "."]
+    lines = [
+        f"Winner: {_family(top)}, ZeRO-{top['zero']}, {top['recompute']} recomputation, "
+        f"micro-batch {top['micro_batch']}"
+        + (f", v = {top['v']}" if top["v"] > 1 else "")
+        + f": {top['memory_GB']:.1f} GB per GPU of {usable:.1f} usable, step "
+        f"{top['step_s']:.2f} s, MFU {top['mfu']:.0%}.",
+        "  Its step: "
+        + ", ".join(
+            f"{k[:-2].replace('_', ' ')} {top[k] / top['step_s']:.0%}"
+            for k in TIME_PARTS
+            if top[k] > 0
+        )
+        + ".",
+    ]
     seen = {(top["tp"], top["pp"])}
     keys = result.groupby(["tp", "pp"], sort=False).head(1)
     shown = 0
@@ -265,20 +396,30 @@ def explain(result, *, families: int = 8) -> str:
         shown += 1
         grew = {k: row[k] - top[k] for k in TIME_PARTS}
         cause = max(grew, key=grew.get)
-        why = {"bubble_s": f"pipeline bubble {row['bubble_fraction']:.0%} of the step "
-                           f"({row['microbatches']} micro-batches on {row['pp']} stages)",
-               "tp_comm_s": ("tensor parallelism across nodes, over the network"
-                             if row["tp"] > cl.gpus_per_node else "tensor-parallel all-reduces"),
-               "dp_comm_s": f"data-parallel traffic not hidden by backward (ZeRO-{row['zero']})",
-               "recompute_s": f"{row['recompute']} recomputation to fit",
-               "compute_s": "a slowest stage (the output layer or more layers on it) setting the pace",
-               "p2p_s": "stage-to-stage sends"}[cause]
-        lines.append(f"- {_family(row)}: fits, but {row['step_s'] / top['step_s'] - 1:+.0%} "
-                     f"step time; the main cost: {why} (+{grew[cause]:.2f} s).")
+        why = {
+            "bubble_s": f"pipeline bubble {row['bubble_fraction']:.0%} of the step "
+            f"({row['microbatches']} micro-batches on {row['pp']} stages)",
+            "tp_comm_s": (
+                "tensor parallelism across nodes, over the network"
+                if row["tp"] > cl.gpus_per_node
+                else "tensor-parallel all-reduces"
+            ),
+            "dp_comm_s": f"data-parallel traffic not hidden by backward (ZeRO-{row['zero']})",
+            "recompute_s": f"{row['recompute']} recomputation to fit",
+            "compute_s": "a slowest stage (the output layer or more layers on it) setting the pace",
+            "p2p_s": "stage-to-stage sends",
+        }[cause]
+        lines.append(
+            f"- {_family(row)}: fits, but {row['step_s'] / top['step_s'] - 1:+.0%} "
+            f"step time; the main cost: {why} (+{grew[cause]:.2f} s)."
+        )
+
     def no_fit(best, label):
         big = max(MEMORY_CATEGORIES, key=lambda k: best[f"{k}_GB"])
-        return (f"- {label}: doesn't fit; its smallest plan needs {best['memory_GB']:.1f} GB > "
-                f"{usable:.1f} (largest part: {big}, {best[big + '_GB']:.1f} GB).")
+        return (
+            f"- {label}: doesn't fit; its smallest plan needs {best['memory_GB']:.1f} GB > "
+            f"{usable:.1f} (largest part: {big}, {best[big + '_GB']:.1f} GB)."
+        )
 
     if not rejected.empty:
         fitting_zero = set(zip(result["tp"], result["pp"], result["zero"]))

@@ -21,6 +21,7 @@ its own all-reduce between them). :func:`run_3d` trains ``steps`` steps and retu
 rank's measurements, the full parameters after training reassembled from the shards, so
 :func:`reference_3d` (one process, full batch, same seed) can be compared with it.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,18 @@ from course_lib import validate
 from course_lib.models import GPT, GPTConfig
 from course_lib.plan.specs import Layout, ModelSpec
 
-__all__ = ["tiny_config", "tiny_spec", "make_batch", "reference_3d", "run_3d", "parity_3d",
-           "memory_table", "comm_table", "LOSS_RTOL", "PARAM_TOL"]
+__all__ = [
+    "tiny_config",
+    "tiny_spec",
+    "make_batch",
+    "reference_3d",
+    "run_3d",
+    "parity_3d",
+    "memory_table",
+    "comm_table",
+    "LOSS_RTOL",
+    "PARAM_TOL",
+]
 
 #: parity tolerances. Loss: |diff| <= LOSS_RTOL × |reference loss| (fp32 sums in another
 #: order). Parameters after Adam: |diff| <= PARAM_TOL × lr × steps. Adam moves a parameter by
@@ -44,21 +55,38 @@ LOSS_RTOL = 1e-5
 PARAM_TOL = 1e-2
 
 
-def tiny_config(*, layers: int = 2, width: int = 32, heads: int = 4, vocab: int = 64,
-                seq: int = 16) -> GPTConfig:
+def tiny_config(
+    *, layers: int = 2, width: int = 32, heads: int = 4, vocab: int = 64, seq: int = 16
+) -> GPTConfig:
     """The GPT of the 3-D run: untied head (see the module docstring), no dropout."""
-    return GPTConfig(vocab_size=vocab, block_size=seq, n_layer=layers, n_head=heads,
-                     n_embd=width, tie_weights=False)
+    return GPTConfig(
+        vocab_size=vocab,
+        block_size=seq,
+        n_layer=layers,
+        n_head=heads,
+        n_embd=width,
+        tie_weights=False,
+    )
 
 
 def tiny_spec(config: GPTConfig) -> ModelSpec:
     """The same model as the planner describes it (GeLU MLP, biases, LayerNorm, learned
     positions, untied output)."""
-    return ModelSpec(name="tiny GPT (3-D run)", layers=config.n_layer, hidden=config.n_embd,
-                     heads=config.n_head, kv_heads=config.n_head, ffn=4 * config.n_embd,
-                     vocab=config.vocab_size, seq_len=config.block_size, gated_mlp=False,
-                     bias=config.bias, tied_embeddings=config.tie_weights,
-                     learned_positions=True, norm="layernorm")
+    return ModelSpec(
+        name="tiny GPT (3-D run)",
+        layers=config.n_layer,
+        hidden=config.n_embd,
+        heads=config.n_head,
+        kv_heads=config.n_head,
+        ffn=4 * config.n_embd,
+        vocab=config.vocab_size,
+        seq_len=config.block_size,
+        gated_mlp=False,
+        bias=config.bias,
+        tied_embeddings=config.tie_weights,
+        learned_positions=True,
+        norm="layernorm",
+    )
 
 
 def make_batch(step: int, rows: int, config: GPTConfig, seed: int = 0):
@@ -78,8 +106,14 @@ def _optimizer(params, lr: float):
     return torch.optim.Adam(params, lr=lr)
 
 
-def reference_3d(*, steps: int = 2, batch: int = 8, lr: float = 1e-3, seed: int = 0,
-                 config: GPTConfig | None = None) -> dict:
+def reference_3d(
+    *,
+    steps: int = 2,
+    batch: int = 8,
+    lr: float = 1e-3,
+    seed: int = 0,
+    config: GPTConfig | None = None,
+) -> dict:
     """One process, the full batch: losses per step and the parameters after ``steps``."""
     config = config or tiny_config()
     model = _build(config, seed)
@@ -92,8 +126,10 @@ def reference_3d(*, steps: int = 2, batch: int = 8, lr: float = 1e-3, seed: int 
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return {"losses": losses,
-            "params": {k: v.detach().clone() for k, v in model.named_parameters()}}
+    return {
+        "losses": losses,
+        "params": {k: v.detach().clone() for k, v in model.named_parameters()},
+    }
 
 
 class _Embed(nn.Module):
@@ -103,7 +139,7 @@ class _Embed(nn.Module):
         self.register_buffer("pos", model.pos, persistent=False)
 
     def forward(self, idx):  # (b, s) int64 -> (b, s, h)
-        return self.wte(idx) + self.wpe(self.pos[:idx.shape[1]])
+        return self.wte(idx) + self.wpe(self.pos[: idx.shape[1]])
 
 
 class _Head(nn.Module):
@@ -148,8 +184,9 @@ def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed,
     model = parallelize_gpt(_build(config, seed), group=tp_group)  # same seed everywhere
     n_layer = config.n_layer
     split = split_layers(n_layer + 2, pp, sizes=_stage_sizes(n_layer, pp))
-    pipe = PipelineRank(_layers(model), split, mesh.rank, pp,
-                        owner=lambda stage, ranks: pp_ranks[stage % ranks])
+    pipe = PipelineRank(
+        _layers(model), split, mesh.rank, pp, owner=lambda stage, ranks: pp_ranks[stage % ranks]
+    )
     del model
     opt = _optimizer(pipe.parameters(), lr)
     order = gpipe_order(mesh.pp_rank, pp, microbatches)
@@ -159,7 +196,7 @@ def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed,
     with CommMeter(dispatch=False) as comm, MemoryMeter(pipe, opt) as mem:
         for step in range(steps):
             x, y = make_batch(step, batch, config, seed)
-            x, y = (t[mesh.dp_rank * rows:(mesh.dp_rank + 1) * rows] for t in (x, y))
+            x, y = (t[mesh.dp_rank * rows : (mesh.dp_rank + 1) * rows] for t in (x, y))
             opt.zero_grad()
             loss = run_schedule_3d(pipe, order, x, y, microbatches, shape, mesh.pp_rank, pp)
             allreduce_gradients(pipe, group=dp_group)  # mean over the dp replicas
@@ -172,13 +209,18 @@ def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed,
     for name, t in gather_full(pipe, "param", group=tp_group).items():
         _, stage, j, rest = name.split(".", 3)  # stages.<k>.<j>.<rest>
         full[_full_name(split[int(stage)].start + int(j), rest, n_layer)] = t
-    return {"rank": rank, "coords": tuple(mesh.coords), "losses": losses,
-            "memory": {k: mem.end_breakdown[k] for k in ("params", "grads", "optimizer")},
-            "peak_bytes": mem.peak_bytes,
-            "params_numel": sum(p.numel() for p in pipe.parameters()),
-            "buffer_bytes": sum(b.numel() * b.element_size() for b in pipe.buffers()),
-            "comm": comm.summary(), "calls": comm.calls,
-            "params": full if mesh.tp_rank == 0 else None}
+    return {
+        "rank": rank,
+        "coords": tuple(mesh.coords),
+        "losses": losses,
+        "memory": {k: mem.end_breakdown[k] for k in ("params", "grads", "optimizer")},
+        "peak_bytes": mem.peak_bytes,
+        "params_numel": sum(p.numel() for p in pipe.parameters()),
+        "buffer_bytes": sum(b.numel() * b.element_size() for b in pipe.buffers()),
+        "comm": comm.summary(),
+        "calls": comm.calls,
+        "params": full if mesh.tp_rank == 0 else None,
+    }
 
 
 def run_schedule_3d(pipe, order, x, y, microbatches, shape, pp_rank, pp):
@@ -186,9 +228,15 @@ def run_schedule_3d(pipe, order, x, y, microbatches, shape, pp_rank, pp):
     targets; every message is one (b/m, s, h) activation or its gradient."""
     from course_lib.parallel.pipeline import run_schedule
 
-    return run_schedule(pipe, order, x if pp_rank == 0 else None,
-                        y if pp_rank == pp - 1 else None, microbatches=microbatches,
-                        loss_fn=_ce, message_shape=shape)
+    return run_schedule(
+        pipe,
+        order,
+        x if pp_rank == 0 else None,
+        y if pp_rank == pp - 1 else None,
+        microbatches=microbatches,
+        loss_fn=_ce,
+        message_shape=shape,
+    )
 
 
 def _stage_sizes(n_layer: int, pp: int) -> list[int]:
@@ -200,9 +248,19 @@ def _stage_sizes(n_layer: int, pp: int) -> list[int]:
     return sizes
 
 
-def run_3d(dp: int = 2, tp: int = 2, pp: int = 2, steps: int = 2, *, batch: int = 8,
-           microbatches: int = 2, lr: float = 1e-3, seed: int = 0,
-           config: GPTConfig | None = None, timeout: float = 120.0) -> dict:
+def run_3d(
+    dp: int = 2,
+    tp: int = 2,
+    pp: int = 2,
+    steps: int = 2,
+    *,
+    batch: int = 8,
+    microbatches: int = 2,
+    lr: float = 1e-3,
+    seed: int = 0,
+    config: GPTConfig | None = None,
+    timeout: float = 120.0,
+) -> dict:
     """Train the tiny GPT ``steps`` steps on dp × tp × pp ranks (``course_lib.launch``, gloo).
 
     Returns ``{"ranks": [per-rank dict], "losses": [loss per step], "params": full parameters
@@ -223,32 +281,46 @@ def run_3d(dp: int = 2, tp: int = 2, pp: int = 2, steps: int = 2, *, batch: int 
     if config.n_layer % pp:
         raise ValueError(f"pp = {pp}: expected a divisor of n_layer = {config.n_layer}")
     if batch % (dp * m):
-        raise ValueError(f"batch = {batch}: expected a multiple of dp × microbatches = "
-                         f"{dp} × {m} = {dp * m}")
+        raise ValueError(
+            f"batch = {batch}: expected a multiple of dp × microbatches = {dp} × {m} = {dp * m}"
+        )
     from course_lib.parallel.tensor import check_tp
+
     check_tp(config, tp)
-    ranks = course_lib.launch(_rank_fn, dp * tp * pp, dp, tp, pp, steps, batch, m, lr, seed,
-                              config, timeout=timeout)
+    ranks = course_lib.launch(
+        _rank_fn, dp * tp * pp, dp, tp, pp, steps, batch, m, lr, seed, config, timeout=timeout
+    )
     last = [r for r in ranks if r["coords"][0] == pp - 1]
     params = {}
     for r in ranks:
         if r["params"] is not None and r["coords"][1] == 0:
             params.update(r["params"])
-    return {"ranks": ranks, "losses": last[0]["losses"], "params": params,
-            "layout": dict(dp=dp, tp=tp, pp=pp), "config": config,
-            "setup": dict(steps=steps, batch=batch, microbatches=m, lr=lr, seed=seed)}
+    return {
+        "ranks": ranks,
+        "losses": last[0]["losses"],
+        "params": params,
+        "layout": dict(dp=dp, tp=tp, pp=pp),
+        "config": config,
+        "setup": dict(steps=steps, batch=batch, microbatches=m, lr=lr, seed=seed),
+    }
 
 
-def parity_3d(result: dict, reference: dict | None = None, *, loss_rtol: float = LOSS_RTOL,
-              param_tol: float = PARAM_TOL) -> dict:
+def parity_3d(
+    result: dict,
+    reference: dict | None = None,
+    *,
+    loss_rtol: float = LOSS_RTOL,
+    param_tol: float = PARAM_TOL,
+) -> dict:
     """Compare a :func:`run_3d` result with one process on the full batch (:func:`reference_3d`
     with the same settings): the loss of every step (|diff| <= loss_rtol × |loss|) and every
     parameter after training (|diff| <= param_tol × lr × steps, see :data:`PARAM_TOL`). Also
     checks that the dp replicas hold bit-identical parameters. Returns the largest differences
     and ``ok``."""
     s = result["setup"]
-    ref = reference or reference_3d(steps=s["steps"], batch=s["batch"], lr=s["lr"],
-                                    seed=s["seed"], config=result["config"])
+    ref = reference or reference_3d(
+        steps=s["steps"], batch=s["batch"], lr=s["lr"], seed=s["seed"], config=result["config"]
+    )
     loss_diff = max(abs(a - b) for a, b in zip(ref["losses"], result["losses"]))
     loss_ok = all(abs(a - b) <= loss_rtol * abs(a) for a, b in zip(ref["losses"], result["losses"]))
     missing = sorted(set(ref["params"]) ^ set(result["params"]))
@@ -269,15 +341,26 @@ def parity_3d(result: dict, reference: dict | None = None, *, loss_rtol: float =
             continue
         stage = r["coords"][0]
         if stage in replicas:
-            replica_diff = max(replica_diff, max((r["params"][k] - replicas[stage][k]).abs()
-                                                 .max().item() for k in r["params"]))
+            replica_diff = max(
+                replica_diff,
+                max((r["params"][k] - replicas[stage][k]).abs().max().item() for k in r["params"]),
+            )
         else:
             replicas[stage] = r["params"]
     ok = loss_ok and not missing and worst <= param_atol and replica_diff == 0.0
-    return {"ok": ok, "reference_losses": ref["losses"], "losses": result["losses"],
-            "max_loss_diff": loss_diff, "max_param_diff": worst, "worst_param": worst_name,
-            "param_tolerance": param_atol, "replica_param_diff": replica_diff,
-            "missing": missing, "loss_rtol": loss_rtol, "param_tol": param_tol}
+    return {
+        "ok": ok,
+        "reference_losses": ref["losses"],
+        "losses": result["losses"],
+        "max_loss_diff": loss_diff,
+        "max_param_diff": worst,
+        "worst_param": worst_name,
+        "param_tolerance": param_atol,
+        "replica_param_diff": replica_diff,
+        "missing": missing,
+        "loss_rtol": loss_rtol,
+        "param_tol": param_tol,
+    }
 
 
 #: bytes per element the planner assumes (bf16 weights and grads, fp32 master + Adam moments)
@@ -298,8 +381,9 @@ def memory_table(result: dict):
 
     lay = result["layout"]
     spec = tiny_spec(result["config"])
-    layout = Layout(dp=lay["dp"], tp=lay["tp"], pp=lay["pp"], zero=0, recompute="none",
-                    sequence_parallel=False)
+    layout = Layout(
+        dp=lay["dp"], tp=lay["tp"], pp=lay["pp"], zero=0, recompute="none", sequence_parallel=False
+    )
     rows = []
     for r in result["ranks"]:
         pp_rank, dp_rank, tp_rank = r["coords"]
@@ -312,8 +396,9 @@ def memory_table(result: dict):
             row[f"measured_{cat}"] = r["memory"][cat]
             row[f"predicted_{cat}"] = pred[cat]
         # MemoryMeter counts module buffers (causal masks, positions) as params: taken out
-        row["measured_params_elems"] = ((r["memory"]["params"] - r["buffer_bytes"])
-                                        // _RUN_BYTES["params"])
+        row["measured_params_elems"] = (r["memory"]["params"] - r["buffer_bytes"]) // _RUN_BYTES[
+            "params"
+        ]
         row["predicted_params_elems"] = math.ceil(pred["params"] / _PLANNER_BYTES["params"])
         row["elems_ratio"] = row["measured_params_elems"] / row["predicted_params_elems"]
         rows.append(row)
@@ -329,10 +414,18 @@ def comm_table(result: dict):
     rows = []
     for r in result["ranks"]:
         c = r["comm"]
-        rows.append({"rank": r["rank"], "pp": r["coords"][0], "dp": r["coords"][1],
-                     "tp": r["coords"][2], "all_reduce": r["calls"].get("all_reduce", 0),
-                     "send": r["calls"].get("isend", 0), "recv": r["calls"].get("recv", 0),
-                     "p2p_bytes_sent": c["p2p_bytes_sent"],
-                     "model_bytes_sent": c["model_bytes_sent"],
-                     "wire_bytes_sent": c["wire_bytes_sent"]})
+        rows.append(
+            {
+                "rank": r["rank"],
+                "pp": r["coords"][0],
+                "dp": r["coords"][1],
+                "tp": r["coords"][2],
+                "all_reduce": r["calls"].get("all_reduce", 0),
+                "send": r["calls"].get("isend", 0),
+                "recv": r["calls"].get("recv", 0),
+                "p2p_bytes_sent": c["p2p_bytes_sent"],
+                "model_bytes_sent": c["model_bytes_sent"],
+                "wire_bytes_sent": c["wire_bytes_sent"],
+            }
+        )
     return pd.DataFrame(rows)

@@ -21,6 +21,7 @@ Residuals, each named in the table:
 
 Introduced in notebooks/14_planning_a_run.ipynb.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -40,17 +41,29 @@ def _check(model: ModelSpec, layout: Layout) -> None:
     if not isinstance(layout, Layout):
         raise TypeError(f"layout = {layout!r}: expected a Layout")
     if layout.zero != 3:
-        raise ValueError(f"zero = {layout.zero}: expected 3 (the virtual cluster runs FSDP2's "
-                         "fully_shard, ZeRO-3)")
+        raise ValueError(
+            f"zero = {layout.zero}: expected 3 (the virtual cluster runs FSDP2's "
+            "fully_shard, ZeRO-3)"
+        )
     if layout.pp != 1:
         raise ValueError(f"pp = {layout.pp}: expected 1 (the virtual cluster has no pipeline)")
-    odd = [f"{f} = {getattr(model, f)!r}" for f, ok in (
-        ("gated_mlp", True), ("bias", False), ("tied_embeddings", False),
-        ("learned_positions", False), ("norm", "rmsnorm"), ("embedding_norm", False))
-        if getattr(model, f) != ok]
+    odd = [
+        f"{f} = {getattr(model, f)!r}"
+        for f, ok in (
+            ("gated_mlp", True),
+            ("bias", False),
+            ("tied_embeddings", False),
+            ("learned_positions", False),
+            ("norm", "rmsnorm"),
+            ("embedding_norm", False),
+        )
+        if getattr(model, f) != ok
+    ]
     if odd:
-        raise ValueError(f"model = {model.name}: expected a Llama-shaped model (SwiGLU, RMSNorm, "
-                         f"no biases, untied output); got {', '.join(odd)}")
+        raise ValueError(
+            f"model = {model.name}: expected a Llama-shaped model (SwiGLU, RMSNorm, "
+            f"no biases, untied output); got {', '.join(odd)}"
+        )
 
 
 def _predicted_state(model: ModelSpec, layout: Layout) -> int:
@@ -58,8 +71,9 @@ def _predicted_state(model: ModelSpec, layout: Layout) -> int:
     return m["params"] + m["grads"] + m["optimizer"]
 
 
-def compare_with_virtual(model: ModelSpec, layout: Layout, *, seq_len: int = 128,
-                         timeout: float = 120.0) -> pd.DataFrame:
+def compare_with_virtual(
+    model: ModelSpec, layout: Layout, *, seq_len: int = 128, timeout: float = 120.0
+) -> pd.DataFrame:
     """Model state per rank, planner vs virtual cluster, for ``layout`` (zero 3, pp 1).
 
     Returns a DataFrame with rows ``per layer``, ``rest`` (embedding, output, final norm) and
@@ -79,28 +93,68 @@ def compare_with_virtual(model: ModelSpec, layout: Layout, *, seq_len: int = 128
     for k in (1, 2):
         cut = model.replace(layers=k)
         pred[k] = _predicted_state(cut, layout)
-        shape = virtual.llama_like(k, model.hidden, model.heads, model.kv_heads, model.ffn,
-                                   model.vocab, name=f"{model.name}, {k} layer{'s' * (k > 1)}")
-        df = virtual.simulate_step(shape, world_size=world, strategy=strategy,
-                                   tp=layout.tp if layout.tp > 1 else None,
-                                   mixed_precision="bf16", batch=1, seq_len=seq_len,
-                                   timeout=timeout, count_comm=False)
+        shape = virtual.llama_like(
+            k,
+            model.hidden,
+            model.heads,
+            model.kv_heads,
+            model.ffn,
+            model.vocab,
+            name=f"{model.name}, {k} layer{'s' * (k > 1)}",
+        )
+        df = virtual.simulate_step(
+            shape,
+            world_size=world,
+            strategy=strategy,
+            tp=layout.tp if layout.tp > 1 else None,
+            mixed_precision="bf16",
+            batch=1,
+            seq_len=seq_len,
+            timeout=timeout,
+            count_comm=False,
+        )
         st = virtual.model_states(df)
         virt[k] = st["total"] - st["gathered"]
         runs[k] = df
-    rows = [("per layer", pred[2] - pred[1], virt[2] - virt[1],
-             "Adam step counters; under TP the norms stay whole on each rank"),
-            ("rest", 2 * pred[1] - pred[2], 2 * virt[1] - virt[2],
-             "embedding + output: TP leaves them replicated over tp (planner: split)"
-             if layout.tp > 1 else "embedding + output + final norm, sharded over dp"),
-            ("1 layer + rest", pred[1], virt[1], ""), ("2 layers + rest", pred[2], virt[2], "")]
-    out = pd.DataFrame([{"part": p, "predicted_B": int(a), "virtual_B": int(b),
-                         "ratio": b / a, "residual_B": int(b - a), "note": n}
-                        for p, a, b, n in rows])
+    rows = [
+        (
+            "per layer",
+            pred[2] - pred[1],
+            virt[2] - virt[1],
+            "Adam step counters; under TP the norms stay whole on each rank",
+        ),
+        (
+            "rest",
+            2 * pred[1] - pred[2],
+            2 * virt[1] - virt[2],
+            "embedding + output: TP leaves them replicated over tp (planner: split)"
+            if layout.tp > 1
+            else "embedding + output + final norm, sharded over dp",
+        ),
+        ("1 layer + rest", pred[1], virt[1], ""),
+        ("2 layers + rest", pred[2], virt[2], ""),
+    ]
+    out = pd.DataFrame(
+        [
+            {
+                "part": p,
+                "predicted_B": int(a),
+                "virtual_B": int(b),
+                "ratio": b / a,
+                "residual_B": int(b - a),
+                "note": n,
+            }
+            for p, a, b, n in rows
+        ]
+    )
     gathered = virtual.model_states(runs[2])["gathered"]
-    out.attrs.update(label="virtual", tolerance=TOLERANCE, gathered=gathered,
-                     sim_cpu_s=sum(df.attrs["simulate_s"] for df in runs.values()),
-                     predicted_buffers=predict_memory(model.replace(layers=2), layout)["buffers"],
-                     title=f"virtual cluster (simulated) vs planner: {model.name} at dp {layout.dp}"
-                           f" x tp {layout.tp}, ZeRO-3; model state per rank, B")
+    out.attrs.update(
+        label="virtual",
+        tolerance=TOLERANCE,
+        gathered=gathered,
+        sim_cpu_s=sum(df.attrs["simulate_s"] for df in runs.values()),
+        predicted_buffers=predict_memory(model.replace(layers=2), layout)["buffers"],
+        title=f"virtual cluster (simulated) vs planner: {model.name} at dp {layout.dp}"
+        f" x tp {layout.tp}, ZeRO-3; model state per rank, B",
+    )
     return out

@@ -1,4 +1,5 @@
 """Command line: ``python -m course_lib.publish {tag,slides,site,assets}``."""
+
 from __future__ import annotations
 
 import argparse

@@ -11,6 +11,7 @@ value, so a tampered or truncated download is refused. Only the files a page use
 ``build/vendor/`` (or ``$COURSE_VENDOR_DIR``); a machine without network access can be given the
 five files by hand (``python -m course_lib.publish assets`` says where they go).
 """
+
 from __future__ import annotations
 
 import base64
@@ -29,10 +30,11 @@ REGISTRY = "https://registry.npmjs.org"
 @dataclass(frozen=True)
 class Asset:
     """One pinned npm package and the part of it the pages load."""
+
     name: str
     version: str
-    integrity: str          # the registry's ``dist.integrity`` (sha512, base64)
-    keep: tuple[str, ...]   # path prefixes inside ``package/`` that are unpacked
+    integrity: str  # the registry's ``dist.integrity`` (sha512, base64)
+    keep: tuple[str, ...]  # path prefixes inside ``package/`` that are unpacked
     drop: tuple[str, ...] = ()  # prefixes (or suffixes) under ``keep`` that are not
 
     @property
@@ -47,34 +49,59 @@ class Asset:
 
 ASSETS = {
     "reveal": Asset(
-        "reveal.js", "4.6.1",
+        "reveal.js",
+        "4.6.1",
         "sha512-1CW0auaXNPmwmvQ7TwpszwVxMi2Xr5cTS3J3EBC/HHgbPF32Dn7aiu/LKWDOGjMbaDwKQiGmfqcoGQ74HUHCMw==",
-        keep=("dist/", "plugin/notes/", "LICENSE"), drop=(".map",)),
+        keep=("dist/", "plugin/notes/", "LICENSE"),
+        drop=(".map",),
+    ),
     "require": Asset(
-        "requirejs", "2.3.7",
+        "requirejs",
+        "2.3.7",
         "sha512-DouTG8T1WanGok6Qjg2SXuCMzszOo0eHeH9hDZ5Y4x8Je+9JB38HdTLT4/VA8OaUhBa0JPVHJ0pyBkM1z+pDsw==",
-        keep=("require.js", "LICENSE")),
+        keep=("require.js", "LICENSE"),
+    ),
     "jquery": Asset(
-        "jquery", "3.7.1",
+        "jquery",
+        "3.7.1",
         "sha512-m4avr8yL8kmFN8psrbFFFmB/If14iN5o9nw/NgnnM+kybDJpRsAynV2BsfpTYrTRysYUdADVD7CkUUizgkpLfg==",
-        keep=("dist/jquery.min.js", "LICENSE.txt")),
+        keep=("dist/jquery.min.js", "LICENSE.txt"),
+    ),
     "mathjax": Asset(
-        "mathjax", "2.7.9",
+        "mathjax",
+        "2.7.9",
         "sha512-NOGEDTIM9+MrsqnjPEjVGNx4q0GQxqm61yQwSK+/5S59i26wId5IC5gNu9/bu8+CCVl5p9G2IHcAl/wJa+5+BQ==",
         # nbconvert's configuration is TeX-AMS_CHTML-full,Safe: TeX in, CommonHTML out.
-        keep=("MathJax.js", "LICENSE", "config/TeX-AMS_CHTML-full.js", "config/Safe.js",
-              "extensions/",
-              "jax/input/TeX/", "jax/output/CommonHTML/", "jax/element/",
-              "fonts/HTML-CSS/TeX/woff/", "localization/en/")),
+        keep=(
+            "MathJax.js",
+            "LICENSE",
+            "config/TeX-AMS_CHTML-full.js",
+            "config/Safe.js",
+            "extensions/",
+            "jax/input/TeX/",
+            "jax/output/CommonHTML/",
+            "jax/element/",
+            "fonts/HTML-CSS/TeX/woff/",
+            "localization/en/",
+        ),
+    ),
     "widgets": Asset(
-        "@jupyter-widgets/html-manager", "1.0.15",
+        "@jupyter-widgets/html-manager",
+        "1.0.15",
         "sha512-5thBIV6ymNgmPVOHvzx+gGy8ZSKmSazhtGw4/c4xJDVzRhG9PTeQsRjF3FUTopvFi//SABeNz1yp47bCrJ3CQA==",
-        keep=("dist/", "LICENSE"), drop=(".map", "dist/embed.js", "dist/libembed-amd.js")),
+        keep=("dist/", "LICENSE"),
+        drop=(".map", "dist/embed.js", "dist/libembed-amd.js"),
+    ),
 }
 
 #: the file of each asset that a page links to, relative to the asset's folder
-ENTRY = {"reveal": "", "require": "require.js", "jquery": "dist/jquery.min.js",
-         "mathjax": "MathJax.js?config=TeX-AMS_CHTML-full,Safe", "widgets": "dist/embed-amd.js"}
+ENTRY = {
+    "reveal": "",
+    "require": "require.js",
+    "jquery": "dist/jquery.min.js",
+    "mathjax": "MathJax.js?config=TeX-AMS_CHTML-full,Safe",
+    "widgets": "dist/embed-amd.js",
+}
 
 
 class AssetError(RuntimeError):
@@ -91,9 +118,11 @@ def _check_integrity(data: bytes, asset: Asset) -> None:
     algo, _, expected = asset.integrity.partition("-")
     got = base64.b64encode(hashlib.new(algo, data).digest()).decode()
     if got != expected:
-        raise AssetError(f"{asset.name} {asset.version}: the tarball's {algo} is {got[:16]}…, "
-                         f"expected {expected[:16]}… (a corrupted or different download); "
-                         f"delete it from {vendor_dir()} and try again")
+        raise AssetError(
+            f"{asset.name} {asset.version}: the tarball's {algo} is {got[:16]}…, "
+            f"expected {expected[:16]}… (a corrupted or different download); "
+            f"delete it from {vendor_dir()} and try again"
+        )
 
 
 def tarball(asset: Asset, *, timeout: float = 60.0) -> bytes:
@@ -108,7 +137,8 @@ def tarball(asset: Asset, *, timeout: float = 60.0) -> bytes:
         except OSError as exc:
             raise AssetError(
                 f"could not download {asset.tarball_url} ({exc}). The pages need it to open "
-                f"offline. On a machine without network access, copy that file to {cache}") from exc
+                f"offline. On a machine without network access, copy that file to {cache}"
+            ) from exc
         _check_integrity(data, asset)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_bytes(data)
@@ -117,8 +147,9 @@ def tarball(asset: Asset, *, timeout: float = 60.0) -> bytes:
 
 
 def _wanted(path: str, asset: Asset) -> bool:
-    return (path.startswith(asset.keep)
-            and not any(path.startswith(d) or path.endswith(d) for d in asset.drop))
+    return path.startswith(asset.keep) and not any(
+        path.startswith(d) or path.endswith(d) for d in asset.drop
+    )
 
 
 def unpack(key: str, dest: Path) -> Path:
@@ -134,7 +165,7 @@ def unpack(key: str, dest: Path) -> Path:
         shutil.rmtree(target)
     with tarfile.open(fileobj=io.BytesIO(tarball(asset)), mode="r:gz") as tar:
         for member in tar.getmembers():
-            path = member.name.split("/", 1)[-1]   # drop the leading "package/"
+            path = member.name.split("/", 1)[-1]  # drop the leading "package/"
             if not member.isfile() or not _wanted(path, asset):
                 continue
             out = target / path

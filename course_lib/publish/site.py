@@ -12,6 +12,7 @@ the same pages.) Layout of ``build/site/``::
     exercises/NN_topic.html     each exercise as a learner gets it (and the .ipynb to download)
     vendor/                     reveal.js, require.js, MathJax, the widgets manager (offline)
 """
+
 from __future__ import annotations
 
 import html
@@ -31,8 +32,14 @@ def course_map(readme: Path = ROOT / "README.md") -> list[dict[str, str]]:
         match = re.match(r"^\|\s*(\d\d)\s*\|(.+?)\|(.+?)\|(.+?)\|\s*$", line)
         if match:
             unit, title, measures, status = (part.strip() for part in match.groups())
-            rows.append({"unit": unit, "title": re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", title),
-                         "measures": measures, "status": status})
+            rows.append(
+                {
+                    "unit": unit,
+                    "title": re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", title),
+                    "measures": measures,
+                    "status": status,
+                }
+            )
     if not rows:
         raise ValueError(f"no course table (| NN | title | measures | status |) in {readme}")
     return rows
@@ -45,8 +52,12 @@ def _relative(urls: dict[str, str], prefix: str) -> dict[str, str]:
 def _export_html(path: Path, out_dir: Path, urls: dict[str, str]) -> Path:
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(template_name="lab", require_js_url=urls["require"],
-                            mathjax_url=urls["mathjax"], widget_renderer_url=urls["widgets"])
+    exporter = HTMLExporter(
+        template_name="lab",
+        require_js_url=urls["require"],
+        mathjax_url=urls["mathjax"],
+        widget_renderer_url=urls["widgets"],
+    )
     body, _ = exporter.from_filename(str(path))
     out = out_dir / f"{path.stem}.html"
     out.write_text(body, encoding="utf-8")
@@ -58,14 +69,18 @@ def _index(rows: list[dict[str, str]], built: dict[str, str]) -> str:
     for row in rows:
         stem = built.get(row["unit"])
         if stem:
-            links = (f'<a href="lectures/{stem}.html">lecture</a> · '
-                     f'<a href="slides/{stem}.slides.html">slides</a> · '
-                     f'<a href="exercises/{stem}.html">exercises</a> '
-                     f'(<a href="exercises/{stem}.ipynb" download>.ipynb</a>)')
+            links = (
+                f'<a href="lectures/{stem}.html">lecture</a> · '
+                f'<a href="slides/{stem}.slides.html">slides</a> · '
+                f'<a href="exercises/{stem}.html">exercises</a> '
+                f'(<a href="exercises/{stem}.ipynb" download>.ipynb</a>)'
+            )
         else:
             links = f"<em>{html.escape(row['status'])}</em>"
-        items.append(f"<tr><td>{row['unit']}</td><td>{html.escape(row['title'])}</td>"
-                     f"<td>{html.escape(row['measures'])}</td><td>{links}</td></tr>")
+        items.append(
+            f"<tr><td>{row['unit']}</td><td>{html.escape(row['title'])}</td>"
+            f"<td>{html.escape(row['measures'])}</td><td>{links}</td></tr>"
+        )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -115,7 +130,9 @@ def build(out: Path = ROOT / "build" / "site", *, units: list[str] | None = None
     return index
 
 
-def build_slides(out: Path = ROOT / "build" / "slides", *, units: list[str] | None = None) -> list[Path]:
+def build_slides(
+    out: Path = ROOT / "build" / "slides", *, units: list[str] | None = None
+) -> list[Path]:
     """Write only the slides (``make slides``) under ``out``, with their assets."""
     lectures = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     if units is not None:

@@ -15,6 +15,7 @@ that every lecture follows them and an edited lecture is re-tagged by ``make not
 - a cell tagged ``slide:<type>`` (``slide:skip``, ``slide:subslide``, ``slide:fragment``, ...)
   overrides the rules, for the cases they get wrong.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,23 +34,26 @@ def _override(cell) -> str | None:
         if tag.startswith("slide:"):
             kind = tag.split(":", 1)[1]
             if kind not in SLIDE_TYPES:
-                raise ValueError(f"cell tag {tag!r}: slide type {kind!r} is not one of "
-                                 f"{', '.join(SLIDE_TYPES)}")
+                raise ValueError(
+                    f"cell tag {tag!r}: slide type {kind!r} is not one of {', '.join(SLIDE_TYPES)}"
+                )
             return kind
     return None
 
 
 def _has_figure(cell) -> bool:
-    return any("image/png" in out.get("data", {}) or "image/svg+xml" in out.get("data", {})
-               for out in cell.get("outputs", []))
+    return any(
+        "image/png" in out.get("data", {}) or "image/svg+xml" in out.get("data", {})
+        for out in cell.get("outputs", [])
+    )
 
 
 def slide_types(nb) -> list[str]:
     """The slide type of each cell of ``nb`` by the rules of this module."""
     kinds: list[str] = []
     first_code = True
-    figures = 0                       # figures on the current subslide
-    lines = 0                         # lines of text on the current subslide
+    figures = 0  # figures on the current subslide
+    lines = 0  # lines of text on the current subslide
     for index, cell in enumerate(nb.cells):
         kind = _override(cell)
         if cell.cell_type == "markdown":
@@ -92,8 +96,10 @@ def tag(path: str | Path) -> bool:
 
 def count_slides(nb) -> int:
     """Slides an audience sees: slides plus subslides (reveal.js's horizontal and vertical pages)."""
-    return sum(cell.metadata.get("slideshow", {}).get("slide_type") in ("slide", "subslide")
-               for cell in nb.cells)
+    return sum(
+        cell.metadata.get("slideshow", {}).get("slide_type") in ("slide", "subslide")
+        for cell in nb.cells
+    )
 
 
 def export(path: str | Path, out_dir: Path, urls: dict[str, str]) -> Path:
@@ -105,13 +111,20 @@ def export(path: str | Path, out_dir: Path, urls: dict[str, str]) -> Path:
     from nbconvert import SlidesExporter
 
     exporter = SlidesExporter(
-        template_name="course_slides", extra_template_basedirs=[str(TEMPLATES)],
-        reveal_url_prefix=urls["reveal"], reveal_theme="white", reveal_scroll=True,
-        reveal_transition="none", reveal_number="c/t",
-        require_js_url=urls["require"], jquery_url=urls["jquery"],
+        template_name="course_slides",
+        extra_template_basedirs=[str(TEMPLATES)],
+        reveal_url_prefix=urls["reveal"],
+        reveal_theme="white",
+        reveal_scroll=True,
+        reveal_transition="none",
+        reveal_number="c/t",
+        require_js_url=urls["require"],
+        jquery_url=urls["jquery"],
         mathjax_url=urls["mathjax"],
-        widget_renderer_url=urls["widgets"], exclude_input_prompt=True,
-        exclude_output_prompt=True)
+        widget_renderer_url=urls["widgets"],
+        exclude_input_prompt=True,
+        exclude_output_prompt=True,
+    )
     body, _ = exporter.from_filename(str(path))
     out = out_dir / f"{Path(path).stem}.slides.html"
     out.write_text(body, encoding="utf-8")

@@ -19,6 +19,7 @@ What cannot, and why:
 * a definition whose own execution needs something missing in the ranks (a decorator or a
   default value computed from a kernel variable): it fails there, and the cell says so once.
 """
+
 from __future__ import annotations
 
 import ast
@@ -67,6 +68,6 @@ def definitions(code: str, filename: str) -> list[tuple[str, str, str]]:
             continue
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         # keep the line numbers of the cell, so tracebacks in the ranks point at the right line
-        source = "\n" * (start - 1) + "".join(lines[start - 1:node.end_lineno])
+        source = "\n" * (start - 1) + "".join(lines[start - 1 : node.end_lineno])
         found.append((_label(node, source), source, filename))
     return found

@@ -6,6 +6,7 @@ environment's ``python``), run cells, collect stdout / stderr / error as a noteb
 interrupt ("interrupt kernel": SIGINT to the kernel's process group), restart, close. Every wait
 has a timeout. This checkout's ``course_lib`` goes first on the kernel's PYTHONPATH.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,9 +40,16 @@ class Kernel:
     """``store_history``: what the cells are sent with (nbval and nbclient send False);
     ``displays_in_stdout``: append each displayed value's text/plain to ``stdout``."""
 
-    def __init__(self, cwd: str, python: str | None = None, extra_env: dict | None = None,
-                 module: str = "ipykernel_launcher", *, store_history: bool = True,
-                 displays_in_stdout: bool = True):
+    def __init__(
+        self,
+        cwd: str,
+        python: str | None = None,
+        extra_env: dict | None = None,
+        module: str = "ipykernel_launcher",
+        *,
+        store_history: bool = True,
+        displays_in_stdout: bool = True,
+    ):
         from jupyter_client import KernelManager
         from jupyter_client.kernelspec import KernelSpecManager
 
@@ -49,13 +57,20 @@ class Kernel:
         spec_dir = os.path.join(self._specs, "bench")
         os.makedirs(spec_dir)
         with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
-            json.dump({"argv": [python or sys.executable, "-m", module, "-f",
-                                "{connection_file}"], "display_name": "bench", "language": "python"}, f)
+            json.dump(
+                {
+                    "argv": [python or sys.executable, "-m", module, "-f", "{connection_file}"],
+                    "display_name": "bench",
+                    "language": "python",
+                },
+                f,
+            )
         env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         env.update(extra_env or {})
-        self.km = KernelManager(kernel_name="bench",
-                                kernel_spec_manager=KernelSpecManager(kernel_dirs=[self._specs]))
+        self.km = KernelManager(
+            kernel_name="bench", kernel_spec_manager=KernelSpecManager(kernel_dirs=[self._specs])
+        )
         self.km.start_kernel(cwd=cwd, env=env)
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -83,7 +98,9 @@ class Kernel:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                msg = self.kc.get_iopub_msg(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
+                msg = self.kc.get_iopub_msg(
+                    timeout=max(0.01, min(0.5, deadline - time.monotonic()))
+                )
             except queue.Empty:
                 continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
@@ -143,4 +160,5 @@ class Kernel:
             time.sleep(0.5)
             psutil.wait_procs(leftovers, timeout=5)
             import shutil
+
             shutil.rmtree(self._specs, ignore_errors=True)

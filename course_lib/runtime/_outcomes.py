@@ -2,6 +2,7 @@
 :class:`~course_lib.LaunchError` that names them; each rank's captured output printed in rank
 order. Part of :func:`course_lib.launch` (runtime/launch.py).
 """
+
 from __future__ import annotations
 
 import pickle
@@ -12,7 +13,8 @@ import time
 from course_lib.runtime import _worker
 from course_lib.runtime.errors import LaunchError
 
-_STDERR_TAIL_LINES = 15   # lines of a dead rank's stderr quoted in the error
+_STDERR_TAIL_LINES = 15  # lines of a dead rank's stderr quoted in the error
+
 
 def _read_result(workdir: str, rank: int) -> tuple | None:
     """The record a rank's trampoline wrote: ("ok", value, t) or ("error", type, msg, tb, t)."""
@@ -32,8 +34,9 @@ def _size(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def _read_outcome(workdir: str, rank: int, exitcode: int,
-                  memory: tuple[int, int, int] | None = None) -> tuple:
+def _read_outcome(
+    workdir: str, rank: int, exitcode: int, memory: tuple[int, int, int] | None = None
+) -> tuple:
     """Outcome of a rank whose process has exited with ``exitcode``; ``memory`` is its last
     noted (resident bytes, system available bytes, system total bytes)."""
     record = _read_result(workdir, rank)
@@ -48,25 +51,39 @@ def _read_outcome(workdir: str, rank: int, exitcode: int,
         if exitcode == -getattr(signal, "SIGKILL", 9):  # (Windows has no SIGKILL constant)
             # The launcher sends SIGKILL only to ranks whose outcome is already known, so this
             # one came from elsewhere: most often the kernel's out-of-memory killer.
-            text += (", out of memory? The launcher did not send it; the system's "
-                     "out-of-memory killer is the usual sender")
+            text += (
+                ", out of memory? The launcher did not send it; the system's "
+                "out-of-memory killer is the usual sender"
+            )
             if memory is not None:
                 rss, available, total = memory
-                text += (f" (it was last seen using {_size(rss)}, when {_size(available)} of "
-                         f"{_size(total)} were available)")
+                text += (
+                    f" (it was last seen using {_size(rss)}, when {_size(available)} of "
+                    f"{_size(total)} were available)"
+                )
     else:
-        text = (f"exited with code {exitcode} before returning a result (if the caller is a "
-                "script, keep the launch under `if __name__ == '__main__':`, as multiprocessing "
-                "re-imports the main module in every rank)")
-    tail = _read_text(_worker.rank_file(workdir, rank, "err")).rstrip().splitlines()[-_STDERR_TAIL_LINES:]
+        text = (
+            f"exited with code {exitcode} before returning a result (if the caller is a "
+            "script, keep the launch under `if __name__ == '__main__':`, as multiprocessing "
+            "re-imports the main module in every rank)"
+        )
+    tail = (
+        _read_text(_worker.rank_file(workdir, rank, "err"))
+        .rstrip()
+        .splitlines()[-_STDERR_TAIL_LINES:]
+    )
     if tail:
         text += "\nlast lines of its stderr:\n" + "\n".join(tail)
     return ("error", time.time(), text)
 
 
 # What a rank's collective reports when a *peer* died or failed first.
-_PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer",
-                         "NCCL communicator was aborted", "Broken pipe")
+_PEER_FAILURE_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "NCCL communicator was aborted",
+    "Broken pipe",
+)
 
 
 def _launch_error(outcomes: dict[int, tuple], timeout: float) -> LaunchError:
@@ -91,16 +108,18 @@ def _launch_error(outcomes: dict[int, tuple], timeout: float) -> LaunchError:
             summary[rank] = line
     returned = sorted(r for r, o in outcomes.items() if o[0] == "ok")
     waited = any(o[0] == "stopped" for o in outcomes.values()) or any(
-        "timed out" in f.lower() or "timeout" in f.lower() for f in failures.values())
+        "timed out" in f.lower() or "timeout" in f.lower() for f in failures.values()
+    )
     lines = [f"{len(failures)} of {len(outcomes)} ranks failed (first: rank {first})."]
     lines += [f"rank {r}: {s}" for r, s in summary.items()]
     if returned and waited:  # the classic hang: one rank left, its peers waited for it
-        lines.append(f"hint: ranks {returned} returned while others failed or waited; a rank that "
-                     "skips a collective (or calls a different one) leaves its peers waiting")
+        lines.append(
+            f"hint: ranks {returned} returned while others failed or waited; a rank that "
+            "skips a collective (or calls a different one) leaves its peers waiting"
+        )
     order = sorted(failures, key=lambda r: r != first)  # root cause first, then rank order
     lines += [f"\n--- rank {r} {failures[r]}" for r in order]
     return LaunchError("\n".join(lines), failures, summary)
-
 
 
 def _read_text(path: str) -> str:
@@ -114,9 +133,11 @@ def _read_text(path: str) -> str:
 def _emit_output(workdir: str, world_size: int) -> None:
     """Print each rank's captured stdout/stderr into the caller's, prefixed, in rank order."""
     for kind, stream in (("out", sys.stdout), ("err", sys.stderr)):
-        text = "".join(f"[rank {rank}] {line}\n"
-                       for rank in range(world_size)
-                       for line in _read_text(_worker.rank_file(workdir, rank, kind)).splitlines())
+        text = "".join(
+            f"[rank {rank}] {line}\n"
+            for rank in range(world_size)
+            for line in _read_text(_worker.rank_file(workdir, rank, kind)).splitlines()
+        )
         if text and stream is not None:  # sys.stdout is None under pythonw
             stream.write(text)
             stream.flush()

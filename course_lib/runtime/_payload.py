@@ -2,6 +2,7 @@
 
 Part of :func:`course_lib.launch` (runtime/launch.py).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -12,21 +13,26 @@ import cloudpickle
 _LARGE_PAYLOAD_BYTES = 50 * 2**20  # a pickled fn + arguments above 50 MiB get a warning, once
 _warned_large_payloads: set[str] = set()
 
+
 def _pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
     """cloudpickle ``(fn, args, kwargs)``; on failure name the culprit and its type."""
     try:
         return cloudpickle.dumps((fn, args, kwargs))
     except Exception as whole_error:
-        candidates = [("fn", fn)] + [(f"positional argument args[{i}]", a) for i, a in enumerate(args)]
+        candidates = [("fn", fn)] + [
+            (f"positional argument args[{i}]", a) for i, a in enumerate(args)
+        ]
         candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
         for label, value in candidates:
             try:
                 cloudpickle.dumps(value)
             except Exception as exc:
-                raise TypeError(f"{label} of type {type(value).__name__} cannot be pickled by "
-                                f"cloudpickle, so it cannot be sent to the ranks ({exc}); pass "
-                                "something picklable (tensors, numbers, dataclasses, functions) "
-                                "or create it inside fn") from exc
+                raise TypeError(
+                    f"{label} of type {type(value).__name__} cannot be pickled by "
+                    f"cloudpickle, so it cannot be sent to the ranks ({exc}); pass "
+                    "something picklable (tensors, numbers, dataclasses, functions) "
+                    "or create it inside fn"
+                ) from exc
         raise TypeError(f"the arguments cannot be pickled together: {whole_error}") from whole_error
 
 
@@ -41,8 +47,11 @@ def _captured_sizes(fn, args: tuple, kwargs: dict) -> list[tuple[str, int]]:
     code = getattr(fn, "__code__", None)
     if code is not None:
         module_globals = getattr(fn, "__globals__", {})
-        parts += [(f"global {name}", module_globals[name]) for name in code.co_names
-                  if name in module_globals]
+        parts += [
+            (f"global {name}", module_globals[name])
+            for name in code.co_names
+            if name in module_globals
+        ]
         cells = getattr(fn, "__closure__", None) or ()
         for name, cell in zip(code.co_freevars, cells):
             try:
@@ -67,11 +76,16 @@ def _warn_large_payload(fn, args: tuple, kwargs: dict, size: int) -> None:
         return
     _warned_large_payloads.add(name)
     parts = _captured_sizes(fn, args, kwargs)[:3]
-    largest = ("; the largest parts: " + ", ".join(f"{label} ({_mib(n)})" for label, n in parts)
-               if parts else "")
+    largest = (
+        "; the largest parts: " + ", ".join(f"{label} ({_mib(n)})" for label, n in parts)
+        if parts
+        else ""
+    )
     warnings.warn(
         f"launch: {name} and its arguments pickle to {_mib(size)}{largest}. All of it is sent to "
         "every rank on every launch. Create large data inside fn, or save it once (torch.save) "
         "and load it inside fn, so that each rank builds or reads its own; if the ranks need the "
         "caller's object, pass it as an argument, where the cost is visible at the call.",
-        UserWarning, stacklevel=3)
+        UserWarning,
+        stacklevel=3,
+    )

@@ -23,6 +23,7 @@ request (the kernel's process group and the kernel itself may both send one). Pa
 watch: a thread blocks on the read end of a "lifeline" pipe whose only write end the kernel
 holds; when the kernel exits, however it exits, the read ends and the rank kills itself.
 """
+
 from __future__ import annotations
 
 import ast
@@ -129,8 +130,10 @@ def _handle(request: tuple, namespace: dict, failed: dict) -> tuple:
             try:
                 data = cloudpickle.dumps(value)
             except Exception as exc:
-                raise TypeError(f"the value of {request[2]!r} (type {type(value).__name__}) "
-                                f"cannot be pickled, so it cannot be sent back: {exc}") from exc
+                raise TypeError(
+                    f"the value of {request[2]!r} (type {type(value).__name__}) "
+                    f"cannot be pickled, so it cannot be sent back: {exc}"
+                ) from exc
             return ("ok", data, notes)
         if kind == "push":
             namespace.update(cloudpickle.loads(request[1]))
@@ -153,13 +156,19 @@ def serve(rank: int, spec: dict, conn, lifeline) -> None:
     _worker._redirect_std_streams(workdir, rank)
     os.environ.clear()
     os.environ.update(spec["env"])
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), **{_worker.RANK_MARKER_ENV: "1"})
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        **{_worker.RANK_MARKER_ENV: "1"},
+    )
     if spec.get("loopback_interface") and not os.environ.get("GLOO_SOCKET_IFNAME"):
         os.environ["GLOO_SOCKET_IFNAME"] = spec["loopback_interface"]
     sys.path[:] = spec["sys_path"]
     if spec.get("child_start_method"):
         import multiprocessing
+
         multiprocessing.set_start_method(spec["child_start_method"], force=True)
     torch.set_num_threads(spec["threads"])
     stack_file = open(_worker.rank_file(workdir, rank, "stack"), "w")
@@ -172,19 +181,28 @@ def serve(rank: int, spec: dict, conn, lifeline) -> None:
         timeout = timedelta(seconds=spec["pg_timeout"])
         store = dist.FileStore(_worker.store_file(workdir), world_size)
         store.set_timeout(timeout)
-        dist.init_process_group(spec["backend"], store=store, rank=rank, world_size=world_size,
-                                timeout=timeout)
+        dist.init_process_group(
+            spec["backend"], store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
         if world_size > 1:
             _worker._all_joined(store, world_size, spec["pg_timeout"])
         from course_lib.runtime.device import rank_device
+
         reply = ("ok", None, [], 0.0)
     except BaseException as exc:  # noqa: B036 - reported to the kernel as a failed start
         reply = ("error", type(exc).__name__, str(exc), traceback.format_exc(), [], 0.0)
     conn.send_bytes(bytes(8) + cloudpickle.dumps(reply))  # request number 0: the start
     if reply[0] != "ok":
         return
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__, "rank": rank,
-                 "world_size": world_size, "torch": torch, "dist": dist, "device": rank_device()}
+    namespace = {
+        "__name__": "__main__",
+        "__builtins__": __builtins__,
+        "rank": rank,
+        "world_size": world_size,
+        "torch": torch,
+        "dist": dist,
+        "device": rank_device(),
+    }
     failed: dict[str, str] = {}
     while True:
         try:

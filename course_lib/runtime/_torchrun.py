@@ -1,6 +1,7 @@
 """``course_lib.launch`` inside a torchrun job: this process already is one rank, so run ``fn`` here
 and all-gather every rank's outcome. Part of :func:`course_lib.launch` (runtime/launch.py).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -16,8 +17,15 @@ from course_lib.runtime.errors import LaunchError
 
 # Variables a DDP tutorial sets by hand; only under torchrun (TORCHELASTIC_RUN_ID) do they mean
 # that this process is already one rank of a job.
-_TUTORIAL_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                       "MASTER_PORT")
+_TUTORIAL_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
 
 def _under_torchrun() -> bool:
     """Whether this process is one rank of a torchrun job. TORCHELASTIC_RUN_ID is set by
@@ -37,7 +45,9 @@ def _warn_about_tutorial_variables(world_size: int) -> None:
         f"{world_size} rank{'s' if world_size > 1 else ''} and gives each its own RANK, "
         "WORLD_SIZE, LOCAL_RANK and rendezvous. If they were copied from a DDP tutorial, remove "
         "them (os.environ.pop(name)); to run as torchrun's ranks, start a script with torchrun.",
-        UserWarning, stacklevel=3)
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _destroy_default_group() -> None:
@@ -45,20 +55,24 @@ def _destroy_default_group() -> None:
         dist.destroy_process_group()
 
 
-def _launch_in_torchrun(fn, world_size: int, args: tuple, kwargs: dict, backend: str,
-                        timeout: float) -> list:
+def _launch_in_torchrun(
+    fn, world_size: int, args: tuple, kwargs: dict, backend: str, timeout: float
+) -> list:
     """This process is one rank of a torchrun job: run fn here, all-gather the results."""
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
-        raise ValueError(f"world_size={world_size} but this process runs under torchrun with "
-                         f"WORLD_SIZE={env_world}; torchrun sets the world size, so pass "
-                         f"world_size={env_world} (or call launch outside torchrun)")
+        raise ValueError(
+            f"world_size={world_size} but this process runs under torchrun with "
+            f"WORLD_SIZE={env_world}; torchrun sets the world size, so pass "
+            f"world_size={env_world} (or call launch outside torchrun)"
+        )
     rank = int(os.environ["RANK"])
     if not dist.is_initialized():
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env_world))
         resolved = resolve_backend(backend, local_world)  # one GPU per rank *on this node*
         if resolved == "nccl":
             import torch
+
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(resolved, timeout=timedelta(seconds=timeout))  # env:// rendezvous
         # Kept for the rest of this process (torchrun made it a rank for life): destroying and
@@ -73,8 +87,10 @@ def _launch_in_torchrun(fn, world_size: int, args: tuple, kwargs: dict, backend:
     dist.all_gather_object(gathered, record)  # every rank learns every outcome
     failures = {r: rec[1] for r, rec in enumerate(gathered) if rec[0] == "error"}
     if failures:
-        summary = {r: ("returned normally" if rec[0] == "ok" else rec[1].splitlines()[0])
-                   for r, rec in enumerate(gathered)}
+        summary = {
+            r: ("returned normally" if rec[0] == "ok" else rec[1].splitlines()[0])
+            for r, rec in enumerate(gathered)
+        }
         lines = [f"{len(failures)} of {world_size} ranks failed (under torchrun)."]
         lines += [f"rank {r}: {s}" for r, s in summary.items()]
         lines += [f"\n--- rank {r} {text}" for r, text in failures.items()]

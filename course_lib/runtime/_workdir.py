@@ -1,6 +1,7 @@
 """Each launch's private directory (results, captured output, the rendezvous file), and the
 reclaiming of directories whose owner died. Part of :func:`course_lib.launch` (runtime/launch.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -11,6 +12,7 @@ import psutil
 
 _WORKDIR_PREFIX = "course_lib_launch_pid"  # + "<caller pid>_<random>" in the temporary directory
 
+
 def _new_workdir() -> str:
     return tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}_")
 
@@ -19,7 +21,7 @@ def _workdir_owner(name: str) -> int | None:
     """The pid in ``course_lib_launch_pid<pid>_<random>``, or None for any other name."""
     if not name.startswith(_WORKDIR_PREFIX):
         return None
-    pid, sep, _ = name[len(_WORKDIR_PREFIX):].partition("_")
+    pid, sep, _ = name[len(_WORKDIR_PREFIX) :].partition("_")
     return int(pid) if sep and pid.isdigit() else None
 
 

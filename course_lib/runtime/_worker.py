@@ -12,6 +12,7 @@ Everything a rank produces goes to files in the launch's private temporary direc
 deadline). Files, not pipes: a rank can never block on a full pipe, and the output of a rank
 killed by a signal is still there to show. The ranks meet through ``store`` there, a FileStore.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -95,8 +96,12 @@ def _redirect_std_streams(workdir: str, rank: int) -> None:
         with open(rank_file(workdir, rank, kind), "wb") as f:
             os.dup2(f.fileno(), fd)
     # line buffering keeps print() and warnings in the order they happened within a stream
-    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+    sys.stdout = open(
+        1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
+    )
+    sys.stderr = open(
+        2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
+    )
 
 
 def _write_result(workdir: str, rank: int, record: tuple) -> None:
@@ -105,9 +110,13 @@ def _write_result(workdir: str, rank: int, record: tuple) -> None:
         data = cloudpickle.dumps(record)
     except Exception as exc:  # the return value itself cannot travel back
         value_type = type(record[1]).__name__ if record[0] == "ok" else "exception"
-        record = ("error", "TypeError",
-                  f"the return value of type {value_type} cannot be pickled: {exc!r}",
-                  traceback.format_exc(), time.time())
+        record = (
+            "error",
+            "TypeError",
+            f"the return value of type {value_type} cannot be pickled: {exc!r}",
+            traceback.format_exc(),
+            time.time(),
+        )
         data = cloudpickle.dumps(record)
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
@@ -161,8 +170,13 @@ def run_rank(rank: int, spec: dict) -> None:
     os.environ.clear()
     os.environ.update(spec["env"])
     # the same variables torchrun sets, so env-reading code runs unchanged under both
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), **{RANK_MARKER_ENV: "1"})
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        **{RANK_MARKER_ENV: "1"},
+    )
     if spec.get("loopback_interface") and not os.environ.get("GLOO_SOCKET_IFNAME"):
         # all ranks are on this machine: gloo need not resolve the host name to find an address
         os.environ["GLOO_SOCKET_IFNAME"] = spec["loopback_interface"]
@@ -188,8 +202,13 @@ def run_rank(rank: int, spec: dict) -> None:
         # the launch for glibc's 5 s retry time-out. gloo/NCCL pick free ports themselves.
         store = dist.FileStore(store_file(workdir), world_size)
         store.set_timeout(timedelta(seconds=spec["timeout"]))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=spec["timeout"]))
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=spec["timeout"]),
+        )
         if world_size > 1:
             _all_joined(store, world_size, spec["timeout"])
         fn, args, kwargs = cloudpickle.loads(spec["payload"])
@@ -197,8 +216,11 @@ def run_rank(rank: int, spec: dict) -> None:
         _write_result(workdir, rank, ("ok", value, time.time()))
         ok = True
     except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt are failures too
-        _write_result(workdir, rank, ("error", type(exc).__name__, str(exc),
-                                      traceback.format_exc(), time.time()))
+        _write_result(
+            workdir,
+            rank,
+            ("error", type(exc).__name__, str(exc), traceback.format_exc(), time.time()),
+        )
     try:
         if store is not None and world_size > 1:
             _finish(store, world_size, spec["timeout"], wait=ok)

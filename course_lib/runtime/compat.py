@@ -5,6 +5,7 @@ torch 2.13 renamed the flat-tensor collectives: ``all_gather_into_tensor`` becam
 names still work and call the new ones). The course is tested with 2.13 and runs on older
 builds (a lent GPU machine may have 2.11), so code calls these two names from here.
 """
+
 from __future__ import annotations
 
 import torch.distributed as dist

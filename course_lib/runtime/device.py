@@ -11,6 +11,7 @@ technique being taught.
 cluster experiments (``course_lib.cluster``) set it to ``gloo`` because they keep their tensors on
 the CPU, so that ``launch`` and torchrun make the same choice on a GPU node too.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,10 @@ _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # bf16: the aarch64 "Feat
 def check_backend_name(backend) -> None:
     """Raise TypeError/ValueError unless ``backend`` is one of :data:`BACKENDS`."""
     if not isinstance(backend, str):
-        raise TypeError(f"backend must be a str, one of {BACKENDS}; got {backend!r} "
-                        f"of type {type(backend).__name__}")
+        raise TypeError(
+            f"backend must be a str, one of {BACKENDS}; got {backend!r} "
+            f"of type {type(backend).__name__}"
+        )
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
 
@@ -43,23 +46,30 @@ def resolve_backend(backend: str, world_size: int) -> str:
     forced = os.environ.get(BACKEND_VARIABLE)
     if backend == "auto" and forced:
         if forced not in ("gloo", "nccl"):
-            raise ValueError(f"{BACKEND_VARIABLE} = {forced!r}: expected 'gloo' or 'nccl' (or "
-                             "unset it to let backend='auto' choose)")
+            raise ValueError(
+                f"{BACKEND_VARIABLE} = {forced!r}: expected 'gloo' or 'nccl' (or "
+                "unset it to let backend='auto' choose)"
+            )
         backend = forced
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
         return "nccl" if dist.is_nccl_available() and n_gpus >= world_size else "gloo"
     if backend == "nccl":
         if not dist.is_nccl_available():
-            raise ValueError("backend='nccl' is not available in this PyTorch build "
-                             f"(torch {torch.__version__}); use backend='gloo' or 'auto'")
+            raise ValueError(
+                "backend='nccl' is not available in this PyTorch build "
+                f"(torch {torch.__version__}); use backend='gloo' or 'auto'"
+            )
         if n_gpus < world_size:
-            raise ValueError(f"backend='nccl' needs one GPU per rank: world_size={world_size} "
-                             f"but torch.cuda.device_count() found {n_gpus} GPU(s); use "
-                             f"world_size<={n_gpus}, or backend='gloo' / 'auto' to run on CPU")
+            raise ValueError(
+                f"backend='nccl' needs one GPU per rank: world_size={world_size} "
+                f"but torch.cuda.device_count() found {n_gpus} GPU(s); use "
+                f"world_size<={n_gpus}, or backend='gloo' / 'auto' to run on CPU"
+            )
     if backend == "gloo" and not dist.is_gloo_available():
-        raise ValueError("backend='gloo' is not available in this PyTorch build; "
-                         "use backend='nccl' or 'auto'")
+        raise ValueError(
+            "backend='gloo' is not available in this PyTorch build; use backend='nccl' or 'auto'"
+        )
     return backend
 
 
@@ -122,13 +132,15 @@ def hardware_report() -> dict:
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
-            gpus.append({
-                "index": i,
-                "name": props.name,
-                "memory_gib": round(props.total_memory / 1024**3, 1),
-                "compute_capability": f"{props.major}.{props.minor}",
-                "bf16": props.major >= 8,  # Ampere and newer run bf16 natively
-            })
+            gpus.append(
+                {
+                    "index": i,
+                    "name": props.name,
+                    "memory_gib": round(props.total_memory / 1024**3, 1),
+                    "compute_capability": f"{props.major}.{props.minor}",
+                    "bf16": props.major >= 8,  # Ampere and newer run bf16 natively
+                }
+            )
     return {
         "cpu_model": model,
         "cpu_physical_cores": psutil.cpu_count(logical=False),
@@ -151,20 +163,30 @@ def hardware_report() -> dict:
 def format_hardware_report(report: dict) -> str:
     """Render :func:`hardware_report` as aligned lines for printing in a notebook."""
     native = report["cpu_bf16_native"]
-    cpu_bf16 = ("unknown (no CPU flags readable)" if native is None else
-                f"native ({', '.join(report['cpu_bf16_flags'])})" if native else
-                "emulated (works, slowly: no AVX512-BF16/AMX)")
+    cpu_bf16 = (
+        "unknown (no CPU flags readable)"
+        if native is None
+        else f"native ({', '.join(report['cpu_bf16_flags'])})"
+        if native
+        else "emulated (works, slowly: no AVX512-BF16/AMX)"
+    )
     if report["gpus"]:
-        gpu_lines = [f"{g['index']}: {g['name']}, {g['memory_gib']} GiB, "
-                     f"sm {g['compute_capability']}, bf16 {'yes' if g['bf16'] else 'no'}"
-                     for g in report["gpus"]]
+        gpu_lines = [
+            f"{g['index']}: {g['name']}, {g['memory_gib']} GiB, "
+            f"sm {g['compute_capability']}, bf16 {'yes' if g['bf16'] else 'no'}"
+            for g in report["gpus"]
+        ]
     else:
         gpu_lines = ["none (multi-rank runs use gloo on CPU)"]
-    backends = ", ".join(f"{k} {'yes' if v else 'no'}"
-                         for k, v in report["distributed_backends"].items())
+    backends = ", ".join(
+        f"{k} {'yes' if v else 'no'}" for k, v in report["distributed_backends"].items()
+    )
     rows = [
         ("CPU", report["cpu_model"]),
-        ("cores", f"{report['cpu_physical_cores']} physical, {report['cpu_logical_cores']} logical"),
+        (
+            "cores",
+            f"{report['cpu_physical_cores']} physical, {report['cpu_logical_cores']} logical",
+        ),
         ("RAM", f"{report['ram_gib']} GiB"),
         ("bf16 on CPU", cpu_bf16),
         ("GPUs", gpu_lines[0]),

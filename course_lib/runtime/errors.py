@@ -2,6 +2,7 @@
 
 Introduced in notebooks/00_start_here.ipynb; raised by :func:`course_lib.launch`.
 """
+
 from __future__ import annotations
 
 
@@ -16,7 +17,9 @@ class LaunchError(RuntimeError):
             (including ranks that returned normally or were stopped by the launcher).
     """
 
-    def __init__(self, message: str, failures: dict[int, str], summary: dict[int, str] | None = None):
+    def __init__(
+        self, message: str, failures: dict[int, str], summary: dict[int, str] | None = None
+    ):
         super().__init__(message)
         self.failures = dict(sorted(failures.items()))
         self.summary = dict(sorted((summary or {}).items()))

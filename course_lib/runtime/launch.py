@@ -92,6 +92,7 @@ RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set by hand (copied from a DDP tutori
 notebook) do not make a torchrun job: launch starts its ranks as usual and warns that it
 ignored them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -137,18 +138,30 @@ from course_lib.runtime.device import check_backend_name, resolve_backend
 # of once per rank in every launch that builds DDP, DTensor or a CommMeter (units 08-13).
 # The trampoline comes first: it makes the server exit quietly if interrupted while it imports
 # the rest (an interrupted first launch used to print the server's own 30-line traceback).
-_FORKSERVER_PRELOAD = ["course_lib.runtime._worker", "torch", "torch.distributed", "torch._dynamo",
-                       "torch.distributed.tensor", "cloudpickle"]
+_FORKSERVER_PRELOAD = [
+    "course_lib.runtime._worker",
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "torch.distributed.tensor",
+    "cloudpickle",
+]
 _START_ALLOWANCE_S = (10.0, 60.0)  # time for every rank to start: warm forkserver / cold start
-_END_SLACK_S = 1.0        # after `timeout`, time for a rank's own timeout error to arrive
-_FAILURE_GRACE_S = 1.0    # after one rank fails, time the others get to report their own outcome
-_STOP_GRACE_S = 1.0       # SIGTERM, then SIGKILL after this long
-_MEMORY_SAMPLE_S = 0.25   # how often the caller notes each running rank's memory use
+_END_SLACK_S = 1.0  # after `timeout`, time for a rank's own timeout error to arrive
+_FAILURE_GRACE_S = 1.0  # after one rank fails, time the others get to report their own outcome
+_STOP_GRACE_S = 1.0  # SIGTERM, then SIGKILL after this long
+_MEMORY_SAMPLE_S = 0.25  # how often the caller notes each running rank's memory use
 
 
-
-def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "auto",
-           timeout: float = 60.0, threads_per_rank: int = 1, **kwargs: Any) -> list:
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "auto",
+    timeout: float = 60.0,
+    threads_per_rank: int = 1,
+    **kwargs: Any,
+) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return their
     return values as a list in rank order.
 
@@ -171,11 +184,14 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "
             rank to its exception type, message and traceback (or signal / stack at the deadline).
         KeyboardInterrupt: after stopping every rank, when the caller is interrupted.
     """
-    world_size, timeout, threads_per_rank = _check_arguments(fn, world_size, backend, timeout,
-                                                             threads_per_rank)
+    world_size, timeout, threads_per_rank = _check_arguments(
+        fn, world_size, backend, timeout, threads_per_rank
+    )
     if os.environ.get(_worker.RANK_MARKER_ENV):
-        raise RuntimeError("course_lib.launch() was called inside a rank of another launch(); "
-                           "nested launches are not supported: run the inner work directly")
+        raise RuntimeError(
+            "course_lib.launch() was called inside a rank of another launch(); "
+            "nested launches are not supported: run the inner work directly"
+        )
     if _under_torchrun():
         return _launch_in_torchrun(fn, world_size, args, kwargs, backend, timeout)
     _warn_about_tutorial_variables(world_size)
@@ -188,34 +204,42 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "
 
 # ----------------------------------------------------------------------------- argument checks
 
+
 def _check_arguments(fn, world_size, backend, timeout, threads_per_rank) -> tuple[int, float, int]:
     if not callable(fn):
-        raise TypeError(f"fn must be callable, called as fn(rank, world_size, *args, **kwargs); "
-                        f"got {fn!r} of type {type(fn).__name__}")
+        raise TypeError(
+            f"fn must be callable, called as fn(rank, world_size, *args, **kwargs); "
+            f"got {fn!r} of type {type(fn).__name__}"
+        )
     world_size = _positive_int("world_size", world_size, "the number of ranks, e.g. 1, 2 or 4")
-    threads_per_rank = _positive_int("threads_per_rank", threads_per_rank,
-                                     "intra-op threads per rank, e.g. 1")
+    threads_per_rank = _positive_int(
+        "threads_per_rank", threads_per_rank, "intra-op threads per rank, e.g. 1"
+    )
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"timeout must be a positive number of seconds, e.g. 60.0; got {timeout!r} "
-                        f"of type {type(timeout).__name__}")
+        raise TypeError(
+            f"timeout must be a positive number of seconds, e.g. 60.0; got {timeout!r} "
+            f"of type {type(timeout).__name__}"
+        )
     if not (math.isfinite(timeout) and timeout > 0):
-        raise ValueError(f"timeout must be a positive, finite number of seconds, e.g. 60.0; "
-                         f"got {timeout!r}")
+        raise ValueError(
+            f"timeout must be a positive, finite number of seconds, e.g. 60.0; got {timeout!r}"
+        )
     check_backend_name(backend)  # spelling only; GPU counts are checked once the mode is known
     return world_size, float(timeout), threads_per_rank
 
 
 def _positive_int(name: str, value, hint: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive int ({hint}); got {value!r} "
-                        f"of type {type(value).__name__}")
+        raise TypeError(
+            f"{name} must be a positive int ({hint}); got {value!r} of type {type(value).__name__}"
+        )
     if value < 1:
         raise ValueError(f"{name} must be a positive int ({hint}); got {value!r}")
     return int(value)
 
 
-
 # ----------------------------------------------------------------------------- processes
+
 
 def helper_pids() -> set[int]:
     """Pids of multiprocessing's long-lived helper processes (forkserver, resource tracker).
@@ -263,8 +287,13 @@ def _start_method() -> str:
         # _worker._import_caller_main), and that it is being preloaded; the server inherits the
         # environment it starts with.
         prep = multiprocessing.spawn.get_preparation_data("course_lib")
-        main = (f"name:{prep['init_main_from_name']}" if "init_main_from_name" in prep else
-                f"path:{prep['init_main_from_path']}" if "init_main_from_path" in prep else None)
+        main = (
+            f"name:{prep['init_main_from_name']}"
+            if "init_main_from_name" in prep
+            else f"path:{prep['init_main_from_path']}"
+            if "init_main_from_path" in prep
+            else None
+        )
         if main is not None:
             os.environ[_worker.FORKSERVER_MAIN_ENV] = main
         os.environ[_worker.FORKSERVER_PRELOAD_ENV] = "1"
@@ -315,8 +344,8 @@ def _caller_sys_path() -> list:
     return [cwd if entry == "" else entry for entry in sys.path]
 
 
-
 # ----------------------------------------------------------------------------- interrupts
+
 
 class _InterruptGuard:
     """SIGINT (Ctrl-C, "interrupt kernel") around one launch, in the main thread.
@@ -369,16 +398,25 @@ class _InterruptGuard:
 
 # ----------------------------------------------------------------------------- running ranks
 
+
 def _run_ranks(payload: bytes, world_size: int, backend: str, timeout: float, threads: int) -> list:
     _reclaim_stale_workdirs()
     warm = _forkserver_running()
     method = _start_method()
     warm = warm and method == "forkserver"  # else every rank imports torch first
     workdir = _new_workdir()
-    spec = {"payload": payload, "world_size": world_size, "backend": backend, "timeout": timeout,
-            "threads": threads, "workdir": workdir, "env": dict(os.environ),
-            "sys_path": _caller_sys_path(), "child_start_method": _child_start_method(),
-            "loopback_interface": _loopback_interface()}
+    spec = {
+        "payload": payload,
+        "world_size": world_size,
+        "backend": backend,
+        "timeout": timeout,
+        "threads": threads,
+        "workdir": workdir,
+        "env": dict(os.environ),
+        "sys_path": _caller_sys_path(),
+        "child_start_method": _child_start_method(),
+        "loopback_interface": _loopback_interface(),
+    }
     procs: list = []
     memory: dict[int, tuple[int, int, int]] = {}
     before = {p.pid for p in multiprocessing.active_children()}
@@ -388,9 +426,13 @@ def _run_ranks(payload: bytes, world_size: int, backend: str, timeout: float, th
                 interrupts.hold()
             try:
                 context = torch.multiprocessing.start_processes(
-                    _worker.run_rank, args=(spec,), nprocs=world_size, join=False,
+                    _worker.run_rank,
+                    args=(spec,),
+                    nprocs=world_size,
+                    join=False,
                     daemon=False,  # daemonic ranks could not start DataLoader workers
-                    start_method=method)
+                    start_method=method,
+                )
             except BaseException:
                 # interrupted half-way through starting: stop whatever did start
                 interrupts.hold()
@@ -431,8 +473,9 @@ def _note_memory(procs: list, ranks, memory: dict) -> None:
             memory[rank] = (rss, system.available, system.total)
 
 
-def _wait(procs: list, workdir: str, timeout: float, start_allowance: float,
-          memory: dict | None = None) -> dict[int, tuple]:
+def _wait(
+    procs: list, workdir: str, timeout: float, start_allowance: float, memory: dict | None = None
+) -> dict[int, tuple]:
     """Wait for the ranks; return rank -> outcome tuple:
     ("ok", value) | ("error", time, text) | ("stopped", reason).
 
@@ -452,14 +495,21 @@ def _wait(procs: list, workdir: str, timeout: float, start_allowance: float,
     first_failure = None  # (monotonic time, rank)
     while pending:
         if len(started) < len(procs):  # still checking who has started, every 50 ms
-            started |= {r for r in range(len(procs)) if r not in started
-                        and os.path.exists(_worker.rank_file(workdir, r, "stack"))}
+            started |= {
+                r
+                for r in range(len(procs))
+                if r not in started and os.path.exists(_worker.rank_file(workdir, r, "stack"))
+            }
             if len(started) == len(procs):
                 deadline = time.monotonic() + timeout + _END_SLACK_S
         if time.monotonic() >= next_sample:
             _note_memory(procs, pending.values(), memory)
             next_sample = time.monotonic() + _MEMORY_SAMPLE_S
-        limit = deadline if first_failure is None else min(deadline, first_failure[0] + _FAILURE_GRACE_S)
+        limit = (
+            deadline
+            if first_failure is None
+            else min(deadline, first_failure[0] + _FAILURE_GRACE_S)
+        )
         remaining = limit - time.monotonic()
         if remaining <= 0:
             break
@@ -476,23 +526,35 @@ def _wait(procs: list, workdir: str, timeout: float, start_allowance: float,
     for rank in sorted(pending.values()):
         record = _read_result(workdir, rank)
         if record is not None and record[0] == "ok":
-            outcomes[rank] = ("ok", record[1], "returned, then waited for the other ranks to return")
+            outcomes[rank] = (
+                "ok",
+                record[1],
+                "returned, then waited for the other ranks to return",
+            )
         elif record is not None:
             outcomes[rank] = _error_outcome(record)  # raised; stopped while exiting
         elif first_failure is not None:
-            outcomes[rank] = ("stopped", f"stopped by the launcher after rank {first_failure[1]} failed")
+            outcomes[rank] = (
+                "stopped",
+                f"stopped by the launcher after rank {first_failure[1]} failed",
+            )
         elif rank not in started:
-            outcomes[rank] = ("error", float("inf"), f"did not start within {start_allowance:g} s "
-                              "(machine overloaded?); stopped by the launcher")
+            outcomes[rank] = (
+                "error",
+                float("inf"),
+                f"did not start within {start_allowance:g} s "
+                "(machine overloaded?); stopped by the launcher",
+            )
         else:
             stack = _read_text(_worker.rank_file(workdir, rank, "stack")).strip()
-            text = (f"still running at the deadline (timeout={timeout:g} s): hung, too slow, or "
-                    "waiting in a collective that a peer never entered; stopped by the launcher")
+            text = (
+                f"still running at the deadline (timeout={timeout:g} s): hung, too slow, or "
+                "waiting in a collective that a peer never entered; stopped by the launcher"
+            )
             if stack:
                 text += f"\nits Python stack at the deadline:\n{stack}"
             outcomes[rank] = ("error", float("inf"), text)
     return outcomes
-
 
 
 def _stop(procs: list) -> None:

@@ -26,6 +26,7 @@ Guarantees, per request (a cell):
   kernel holds (parent-death watch), and ranks stay in the kernel's process group, which
   Jupyter signals on interrupt and kills on restart. ``stop`` (also run at exit) ends them.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -53,7 +54,7 @@ from course_lib.runtime.launch import (
     _stop,
 )
 
-_GRACE_S = 1.0   # after an interrupt, a failure or the deadline: time a rank gets to stop
+_GRACE_S = 1.0  # after an interrupt, a failure or the deadline: time a rank gets to stop
 
 
 def _signal_name(exitcode: int) -> str:
@@ -79,8 +80,14 @@ class RankReply(dict):
 class RankSet:
     """``world_size`` persistent ranks; see the module docstring. Use :meth:`start` first."""
 
-    def __init__(self, world_size: int, *, backend: str = "auto", timeout: float = 60.0,
-                 threads_per_rank: int = 1):
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        backend: str = "auto",
+        timeout: float = 60.0,
+        threads_per_rank: int = 1,
+    ):
         self.world_size = validate.count("world_size", world_size, minimum=1)
         self.timeout = validate.number("timeout", timeout, positive=True, maximum=86400.0)
         self.threads_per_rank = validate.count("threads_per_rank", threads_per_rank, minimum=1)
@@ -110,19 +117,29 @@ class RankSet:
         method = _start_method()
         context = multiprocessing.get_context(method)
         self.workdir = _new_workdir()
-        spec = {"world_size": self.world_size, "backend": self.backend, "pg_timeout": self.timeout,
-                "threads": self.threads_per_rank, "workdir": self.workdir, "env": dict(os.environ),
-                "sys_path": _caller_sys_path(), "child_start_method": _child_start_method(),
-                "loopback_interface": _loopback_interface()}
+        spec = {
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "pg_timeout": self.timeout,
+            "threads": self.threads_per_rank,
+            "workdir": self.workdir,
+            "env": dict(os.environ),
+            "sys_path": _caller_sys_path(),
+            "child_start_method": _child_start_method(),
+            "loopback_interface": _loopback_interface(),
+        }
         with _InterruptGuard() as guard:
             guard.hold()  # an interrupt while starting is acted on once every rank is accounted for
             try:
                 for rank in range(self.world_size):
                     ours, theirs = context.Pipe()
                     life_r, life_w = context.Pipe(duplex=False)
-                    proc = context.Process(target=_rank_server.serve, daemon=False,
-                                           args=(rank, spec, theirs, life_r),
-                                           name=f"course_lib-rank{rank}")
+                    proc = context.Process(
+                        target=_rank_server.serve,
+                        daemon=False,
+                        args=(rank, spec, theirs, life_r),
+                        name=f"course_lib-rank{rank}",
+                    )
                     proc.start()
                     theirs.close()
                     life_r.close()
@@ -130,7 +147,9 @@ class RankSet:
                     self._conns.append(ours)
                     self._lifelines.append(life_w)
                 allowance = _START_ALLOWANCE_S[0 if warm and method == "forkserver" else 1]
-                replies = self._collect(set(range(self.world_size)), allowance + self.timeout, guard)
+                replies = self._collect(
+                    set(range(self.world_size)), allowance + self.timeout, guard
+                )
             except BaseException:
                 self.stop()
                 raise
@@ -138,12 +157,17 @@ class RankSet:
                 guard.held = False
                 self.stop()
                 raise KeyboardInterrupt
-        failed = {r: self._failure_text(r, rep) for r, rep in replies.items() if rep["status"] != "ok"}
+        failed = {
+            r: self._failure_text(r, rep) for r, rep in replies.items() if rep["status"] != "ok"
+        }
         if failed:
             self.stop()
-            raise LaunchError(f"{len(failed)} of {self.world_size} ranks failed to start (first: "
-                              f"rank {min(failed)}).\n" + "\n".join(
-                                  f"--- rank {r} {t}" for r, t in sorted(failed.items())), failed)
+            raise LaunchError(
+                f"{len(failed)} of {self.world_size} ranks failed to start (first: "
+                f"rank {min(failed)}).\n"
+                + "\n".join(f"--- rank {r} {t}" for r, t in sorted(failed.items())),
+                failed,
+            )
         self.ended = None
         self.start_seconds = time.perf_counter() - t0
         return self
@@ -179,14 +203,23 @@ class RankSet:
         ranks = sorted(set(validate.counts("ranks", ranks, minimum=0)))
         missing = [r for r in ranks if r >= self.world_size]
         if missing or not ranks:
-            raise ValueError(f"ranks = {missing or ranks}: expected ranks of this set, 0 to "
-                             f"{self.world_size - 1} (it has {self.world_size}); start a larger "
-                             f"set with %ranks start N for more")
+            raise ValueError(
+                f"ranks = {missing or ranks}: expected ranks of this set, 0 to "
+                f"{self.world_size - 1} (it has {self.world_size}); start a larger "
+                f"set with %ranks start N for more"
+            )
         return ranks
 
     # ------------------------------------------------------------------ requests
-    def run(self, source: str, ranks=None, *, definitions=(), timeout: float | None = None,
-            filename: str = "<ranks cell>") -> dict[int, RankReply]:
+    def run(
+        self,
+        source: str,
+        ranks=None,
+        *,
+        definitions=(),
+        timeout: float | None = None,
+        filename: str = "<ranks cell>",
+    ) -> dict[int, RankReply]:
         """Execute ``source`` on ``ranks`` (default: all); rank -> :class:`RankReply`.
 
         ``definitions``: (label, source, filename) triples run first (a failure becomes a note,
@@ -194,24 +227,34 @@ class RankSet:
         Never raises for what a rank did: read each reply's ``status``."""
         ranks = self.check_ranks(ranks)
         per_rank = definitions if isinstance(definitions, dict) else {r: definitions for r in ranks}
-        requests = {r: cloudpickle.dumps(("exec", list(per_rank.get(r, ())), source, filename))
-                    for r in ranks}
+        requests = {
+            r: cloudpickle.dumps(("exec", list(per_rank.get(r, ())), source, filename))
+            for r in ranks
+        }
         return self._request(requests, timeout)
 
-    def gather(self, expression: str, ranks=None, *, definitions=(),
-               timeout: float | None = None) -> list:
+    def gather(
+        self, expression: str, ranks=None, *, definitions=(), timeout: float | None = None
+    ) -> list:
         """Evaluate ``expression`` on each rank and return the values, in rank order
         (``definitions`` as for :meth:`run`, executed first)."""
         from course_lib.runtime.errors import LaunchError
 
         ranks = self.check_ranks(ranks)
         per_rank = definitions if isinstance(definitions, dict) else {r: definitions for r in ranks}
-        replies = self._request({r: cloudpickle.dumps(("eval", list(per_rank.get(r, ())), expression))
-                                 for r in ranks}, timeout)
-        failed = {r: self._failure_text(r, rep) for r, rep in replies.items() if rep["status"] != "ok"}
+        replies = self._request(
+            {r: cloudpickle.dumps(("eval", list(per_rank.get(r, ())), expression)) for r in ranks},
+            timeout,
+        )
+        failed = {
+            r: self._failure_text(r, rep) for r, rep in replies.items() if rep["status"] != "ok"
+        }
         if failed:
-            raise LaunchError(f"gather({expression!r}) failed on ranks {sorted(failed)}.\n" +
-                              "\n".join(f"--- rank {r} {t}" for r, t in sorted(failed.items())), failed)
+            raise LaunchError(
+                f"gather({expression!r}) failed on ranks {sorted(failed)}.\n"
+                + "\n".join(f"--- rank {r} {t}" for r, t in sorted(failed.items())),
+                failed,
+            )
         return [cloudpickle.loads(replies[r]["value"]) for r in sorted(replies)]
 
     def push(self, values: dict, ranks=None, *, timeout: float | None = None) -> None:
@@ -220,22 +263,31 @@ class RankSet:
 
         request = cloudpickle.dumps(("push", cloudpickle.dumps(values)))
         replies = self._request({r: request for r in self.check_ranks(ranks)}, timeout)
-        failed = {r: self._failure_text(r, rep) for r, rep in replies.items() if rep["status"] != "ok"}
+        failed = {
+            r: self._failure_text(r, rep) for r, rep in replies.items() if rep["status"] != "ok"
+        }
         if failed:
             raise LaunchError(f"push failed on ranks {sorted(failed)}", failed)
 
     def _request(self, requests: dict[int, bytes], timeout: float | None) -> dict[int, RankReply]:
         if not self.alive:
-            raise RuntimeError(f"the ranks are {self.ended or 'not started'}: start them first "
-                               "(%ranks start N, or RankSet(N).start())")
-        timeout = self.timeout if timeout is None else validate.number(
-            "timeout", timeout, positive=True, maximum=86400.0)
+            raise RuntimeError(
+                f"the ranks are {self.ended or 'not started'}: start them first "
+                "(%ranks start N, or RankSet(N).start())"
+            )
+        timeout = (
+            self.timeout
+            if timeout is None
+            else validate.number("timeout", timeout, positive=True, maximum=86400.0)
+        )
         for rank, proc in enumerate(self.procs):  # a rank that died since the last request
             if proc.exitcode is not None:
                 reason = f"rank {rank} {describe_exit(proc.exitcode)} since the last cell"
                 self.stop(reason)
-                raise RuntimeError(f"{reason}; the set was stopped (a process group cannot go on "
-                                   "without one of its ranks): %ranks restart starts a new one")
+                raise RuntimeError(
+                    f"{reason}; the set was stopped (a process group cannot go on "
+                    "without one of its ranks): %ranks restart starts a new one"
+                )
         ranks = sorted(requests)
         self._seq += 1  # replies carry it: one left over from an abandoned request is ignored
         with _InterruptGuard() as guard:
@@ -262,21 +314,36 @@ class RankSet:
         while pending:
             now = time.monotonic()
             if stopping_since is None:
-                reason = ("interrupted" if guard.held else
-                          "timeout" if now >= deadline else
-                          "interrupted" if first_failure and now >= first_failure + _GRACE_S else None)
+                reason = (
+                    "interrupted"
+                    if guard.held
+                    else "timeout"
+                    if now >= deadline
+                    else "interrupted"
+                    if first_failure and now >= first_failure + _GRACE_S
+                    else None
+                )
                 if reason:
                     self._interrupt(pending, replies, reason, timeout)
                     stopping_since = now
             elif now >= stopping_since + _GRACE_S:
                 break
-            limit = (stopping_since + _GRACE_S if stopping_since else
-                     min(deadline, first_failure + _GRACE_S) if first_failure else deadline)
+            limit = (
+                stopping_since + _GRACE_S
+                if stopping_since
+                else min(deadline, first_failure + _GRACE_S)
+                if first_failure
+                else deadline
+            )
             waitables = {self._conns[r]: r for r in pending}
-            waitables.update({p.sentinel: -1 - r for r, p in enumerate(self.procs) if r not in dead})
+            waitables.update(
+                {p.sentinel: -1 - r for r, p in enumerate(self.procs) if r not in dead}
+            )
             try:
                 guard.holding = guard.held  # the first interrupt raises here; later ones are held
-                ready = multiprocessing.connection.wait(list(waitables), max(0.0, min(limit - now, 0.2)))
+                ready = multiprocessing.connection.wait(
+                    list(waitables), max(0.0, min(limit - now, 0.2))
+                )
             except KeyboardInterrupt:
                 guard.held = guard.holding = True
                 continue
@@ -303,11 +370,18 @@ class RankSet:
         if pending or dead:
             for rank in sorted(pending):
                 why = replies[rank].get("stop_reason", "interrupted")
-                why = (f"still running at the deadline (timeout={timeout:g} s), then " if why == "timeout"
-                       else "")
-                replies[rank].update(status="killed", error=(
-                    f"{why}did not stop within {_GRACE_S:g} s of being interrupted (stuck in C++, "
-                    "e.g. waiting in a collective for a rank that is not in it): killed"))
+                why = (
+                    f"still running at the deadline (timeout={timeout:g} s), then "
+                    if why == "timeout"
+                    else ""
+                )
+                replies[rank].update(
+                    status="killed",
+                    error=(
+                        f"{why}did not stop within {_GRACE_S:g} s of being interrupted (stuck in C++, "
+                        "e.g. waiting in a collective for a rank that is not in it): killed"
+                    ),
+                )
             self.stop("a rank died or did not stop")
         return replies
 
@@ -320,9 +394,10 @@ class RankSet:
             # main one (a sleeping main thread would then never see it): one at a time
             time.sleep(0.1)
             for rank in pending:  # only what this dump added (earlier deadlines wrote there too)
-                stack = _read_text(files[rank])[before[rank]:].strip().splitlines()
-                cut = next((i for i, line in enumerate(stack) if _rank_server.__file__ in line),
-                           len(stack))  # the cell's frames come first; the server's are noise
+                stack = _read_text(files[rank])[before[rank] :].strip().splitlines()
+                cut = next(
+                    (i for i, line in enumerate(stack) if _rank_server.__file__ in line), len(stack)
+                )  # the cell's frames come first; the server's are noise
                 replies[rank]["stack"] = "\n".join(stack[:cut])
                 replies[rank]["deadline"] = timeout
         for rank in pending:
@@ -346,8 +421,12 @@ class RankSet:
             status = "timeout"
         elif exc_type == "KeyboardInterrupt":
             status = "interrupted"
-        return {"status": status, "error": f"raised {exc_type}: {message}\n{tb.rstrip()}",
-                "exc_type": exc_type, "notes": notes}
+        return {
+            "status": status,
+            "error": f"raised {exc_type}: {message}\n{tb.rstrip()}",
+            "exc_type": exc_type,
+            "notes": notes,
+        }
 
     def _rank_died(self, rank: int, pending: set[int], replies: dict) -> bool:
         proc = self.procs[rank]
@@ -378,8 +457,10 @@ class RankSet:
     def _failure_text(rank: int, reply: RankReply) -> str:
         text = reply.get("error") or f"ended with status {reply['status']}"
         if reply["status"] == "timeout":
-            text = (f"still running at the deadline (timeout={reply.get('deadline', 0):g} s): "
-                    f"interrupted\n{text}")
+            text = (
+                f"still running at the deadline (timeout={reply.get('deadline', 0):g} s): "
+                f"interrupted\n{text}"
+            )
         if reply.get("stack"):
             text += f"\nits Python stack at the deadline:\n{reply['stack']}"
         return text

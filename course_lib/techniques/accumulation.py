@@ -4,6 +4,7 @@ Introduced in notebooks/02_batch_size_and_accumulation.ipynb. Data parallelism's
 (unit 09), pipeline micro-batches (unit 12) and ZeRO (unit 10) reuse these pieces: a batch split
 into equal micro-batches, each loss divided by their number, gradients summed by backward.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,7 +22,6 @@ def training_step(model: nn.Module, optimizer, loss_fn, inputs, targets) -> torc
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
-
 
 
 def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int):
@@ -50,9 +50,10 @@ def accumulation_step(model, optimizer, loss_fn, inputs, targets, micro_batches:
     optimizer.step()  # once, after the loop
 
 
-
 def effective_batch(micro_batch: int, accumulation_steps: int, world_size: int = 1) -> int:
     """Samples behind one optimizer step: micro-batch x accumulation steps x data-parallel ranks."""
-    return (validate.count("micro_batch", micro_batch, minimum=1)
-            * validate.count("accumulation_steps", accumulation_steps, minimum=1)
-            * validate.count("world_size", world_size, minimum=1))
+    return (
+        validate.count("micro_batch", micro_batch, minimum=1)
+        * validate.count("accumulation_steps", accumulation_steps, minimum=1)
+        * validate.count("world_size", world_size, minimum=1)
+    )

@@ -28,6 +28,7 @@ must draw the *same* masks, or backward differentiates a different function from
 computed. ``checkpoint(..., preserve_rng_state=True)`` (the default) saves the RNG state before
 the forward and restores it for the recomputation; ``False`` is only safe without randomness.
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,16 +43,33 @@ from torch.utils.checkpoint import (
 
 from course_lib import validate
 
-__all__ = ["POLICIES", "MATMUL_OPS", "SAVE_OP_CHOICES", "Checkpointed", "selective_policy",
-           "apply_checkpointing", "remove_checkpointing", "checkpoint_layout"]
+__all__ = [
+    "POLICIES",
+    "MATMUL_OPS",
+    "SAVE_OP_CHOICES",
+    "Checkpointed",
+    "selective_policy",
+    "apply_checkpointing",
+    "remove_checkpointing",
+    "checkpoint_layout",
+]
 
 #: the policies of :func:`apply_checkpointing`
 POLICIES = ("none", "full", "every_k", "selective", "segments")
 #: what the default selective policy keeps: the outputs of the matrix products
 MATMUL_OPS = ("mm", "addmm", "bmm")
 #: aten ops a selective policy may be asked to keep (by their overload packet name)
-SAVE_OP_CHOICES = ("mm", "addmm", "bmm", "baddbmm", "_softmax", "gelu", "native_layer_norm",
-                   "add", "mul")
+SAVE_OP_CHOICES = (
+    "mm",
+    "addmm",
+    "bmm",
+    "baddbmm",
+    "_softmax",
+    "gelu",
+    "native_layer_norm",
+    "add",
+    "mul",
+)
 
 
 def _resolve_ops(save_ops) -> frozenset:
@@ -69,8 +87,11 @@ def selective_policy(save_ops=MATMUL_OPS):
     packets = _resolve_ops(save_ops)
 
     def policy(ctx, op, *args, **kwargs):
-        return (CheckpointPolicy.MUST_SAVE if op.overloadpacket in packets
-                else CheckpointPolicy.PREFER_RECOMPUTE)
+        return (
+            CheckpointPolicy.MUST_SAVE
+            if op.overloadpacket in packets
+            else CheckpointPolicy.PREFER_RECOMPUTE
+        )
 
     return functools.partial(create_selective_checkpoint_contexts, policy)
 
@@ -93,8 +114,9 @@ class Checkpointed(nn.Module):
         kwargs = {"context_fn": self.context_fn} if self.context_fn is not None else {}
         # use_reentrant=False: the variant PyTorch recommends (works with inputs that need no
         # grad, with torch.autograd.grad, and is the only one that takes a context_fn)
-        return checkpoint(self._run, x, use_reentrant=False,
-                          preserve_rng_state=self.preserve_rng_state, **kwargs)
+        return checkpoint(
+            self._run, x, use_reentrant=False, preserve_rng_state=self.preserve_rng_state, **kwargs
+        )
 
 
 def checkpoint_layout(n_layer: int, policy: str, *, k: int = 1) -> list[tuple[int, ...]]:
@@ -112,16 +134,24 @@ def checkpoint_layout(n_layer: int, policy: str, *, k: int = 1) -> list[tuple[in
         return []
     if policy in ("full", "selective"):
         if k != 1:
-            raise ValueError(f"k = {k}: expected 1 with policy = {policy!r} (every block is "
-                             "checkpointed; use policy 'every_k' or 'segments' with k > 1)")
+            raise ValueError(
+                f"k = {k}: expected 1 with policy = {policy!r} (every block is "
+                "checkpointed; use policy 'every_k' or 'segments' with k > 1)"
+            )
         return [(i,) for i in range(n)]
     if policy == "every_k":
         return [(i,) for i in range(0, n, k)]
     return [tuple(range(i, min(i + k, n))) for i in range(0, n, k)]  # segments
 
 
-def apply_checkpointing(model: nn.Module, policy: str, *, k: int = 1, save_ops=MATMUL_OPS,
-                        preserve_rng_state: bool = True) -> nn.Module:
+def apply_checkpointing(
+    model: nn.Module,
+    policy: str,
+    *,
+    k: int = 1,
+    save_ops=MATMUL_OPS,
+    preserve_rng_state: bool = True,
+) -> nn.Module:
     """Checkpoint the blocks of ``model`` (anything with an ``nn.ModuleList`` called ``blocks``
     whose forward calls each block in turn, such as ``course_lib.models.GPT``), in place.
 
@@ -133,8 +163,10 @@ def apply_checkpointing(model: nn.Module, policy: str, *, k: int = 1, save_ops=M
     """
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.ModuleList):
-        raise TypeError(f"model must have an nn.ModuleList 'blocks' (e.g. course_lib.models.GPT), "
-                        f"got {type(model).__name__}")
+        raise TypeError(
+            f"model must have an nn.ModuleList 'blocks' (e.g. course_lib.models.GPT), "
+            f"got {type(model).__name__}"
+        )
     if any(isinstance(b, Checkpointed) for b in blocks):
         raise ValueError("model is already checkpointed; call remove_checkpointing(model) first")
     layout = checkpoint_layout(len(blocks), policy, k=k)
@@ -149,8 +181,13 @@ def apply_checkpointing(model: nn.Module, policy: str, *, k: int = 1, save_ops=M
             new.append(blocks[i])
             i += 1
             continue
-        new.append(Checkpointed([blocks[j] for j in group], context_fn=context_fn,
-                                preserve_rng_state=preserve_rng_state))
+        new.append(
+            Checkpointed(
+                [blocks[j] for j in group],
+                context_fn=context_fn,
+                preserve_rng_state=preserve_rng_state,
+            )
+        )
         i += len(group)
     model.blocks = nn.ModuleList(new)
     return model
@@ -163,4 +200,3 @@ def remove_checkpointing(model: nn.Module) -> nn.Module:
         blocks.extend(b.blocks if isinstance(b, Checkpointed) else [b])
     model.blocks = nn.ModuleList(blocks)
     return model
-

@@ -21,6 +21,7 @@ and ``out_features``: an ``nn.Linear``, or a 4-bit ``bitsandbytes.nn.Linear4bit`
 
 Introduced in notebooks/07_lora_qlora.ipynb.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,10 @@ __all__ = ["LoRALinear", "add_lora", "lora_modules", "trainable_params"]
 
 def _check_rank(r, d_in: int, d_out: int, name: str) -> int:
     if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= min(d_in, d_out):
-        raise ValueError(f"r = {r!r}: expected an int with 1 <= r <= min(d_in, d_out) = {min(d_in, d_out)} "
-                         f"for layer {name!r} (d_in {d_in}, d_out {d_out})")
+        raise ValueError(
+            f"r = {r!r}: expected an int with 1 <= r <= min(d_in, d_out) = {min(d_in, d_out)} "
+            f"for layer {name!r} (d_in {d_in}, d_out {d_out})"
+        )
     return r
 
 
@@ -50,13 +53,16 @@ class LoRALinear(nn.Module):
     ``dropout``: applied to the adapter's input only; ``name``: the layer's name, used in errors.
     """
 
-    def __init__(self, base: nn.Module, *, r: int, alpha: float, dropout: float = 0.0,
-                 name: str = "layer") -> None:
+    def __init__(
+        self, base: nn.Module, *, r: int, alpha: float, dropout: float = 0.0, name: str = "layer"
+    ) -> None:
         super().__init__()
         d_in, d_out = getattr(base, "in_features", None), getattr(base, "out_features", None)
         if not isinstance(d_in, int) or not isinstance(d_out, int):
-            raise TypeError(f"base must be a linear layer with in_features and out_features "
-                            f"(nn.Linear, bitsandbytes Linear4bit), got {type(base).__name__} for {name!r}")
+            raise TypeError(
+                f"base must be a linear layer with in_features and out_features "
+                f"(nn.Linear, bitsandbytes Linear4bit), got {type(base).__name__} for {name!r}"
+            )
         self.r = _check_rank(r, d_in, d_out, name)
         self.alpha = validate.number("alpha", alpha, positive=True)
         self.scaling = self.alpha / self.r
@@ -67,8 +73,12 @@ class LoRALinear(nn.Module):
         weight = getattr(base, "weight", None)
         dtype = weight.dtype if weight is not None and weight.is_floating_point() else torch.float32
         device = weight.device if weight is not None else None
-        self.lora_A = nn.Parameter(torch.empty(self.r, d_in, dtype=dtype, device=device))  # (r, d_in)
-        self.lora_B = nn.Parameter(torch.zeros(d_out, self.r, dtype=dtype, device=device))  # (d_out, r)
+        self.lora_A = nn.Parameter(
+            torch.empty(self.r, d_in, dtype=dtype, device=device)
+        )  # (r, d_in)
+        self.lora_B = nn.Parameter(
+            torch.zeros(d_out, self.r, dtype=dtype, device=device)
+        )  # (d_out, r)
         # the init of nn.Linear (and peft): uniform(-1/sqrt(d_in), 1/sqrt(d_in))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         p = validate.number("dropout", dropout, minimum=0.0, maximum=1.0)
@@ -97,9 +107,11 @@ class LoRALinear(nn.Module):
             return
         weight = getattr(self.base, "weight", None)
         if not isinstance(self.base, nn.Linear) or weight is None or not weight.is_floating_point():
-            raise TypeError(f"merge: layer {self.name!r} has a {type(self.base).__name__} base whose "
-                            "weight is not a floating-point nn.Linear weight (a 4-bit base must be "
-                            "dequantized before merging)")
+            raise TypeError(
+                f"merge: layer {self.name!r} has a {type(self.base).__name__} base whose "
+                "weight is not a floating-point nn.Linear weight (a 4-bit base must be "
+                "dequantized before merging)"
+            )
         with torch.no_grad():
             weight += self.delta_weight().to(weight.dtype)
         self.merged = True
@@ -120,8 +132,9 @@ def _matches(name: str, targets: list[str]) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
-def add_lora(model: nn.Module, *, r: int, alpha: float, targets: Iterable[str] | str,
-             dropout: float = 0.0) -> nn.Module:
+def add_lora(
+    model: nn.Module, *, r: int, alpha: float, targets: Iterable[str] | str, dropout: float = 0.0
+) -> nn.Module:
     """Freeze every parameter of ``model`` and wrap each ``nn.Linear`` (or 4-bit ``Linear4bit``)
     named by ``targets`` in a :class:`LoRALinear`; returns ``model`` (changed in place).
 
@@ -131,15 +144,25 @@ def add_lora(model: nn.Module, *, r: int, alpha: float, targets: Iterable[str] |
     """
     targets = [targets] if isinstance(targets, str) else list(targets)
     if not targets or not all(isinstance(t, str) and t for t in targets):
-        raise ValueError(f"targets = {targets!r}: expected one or more layer names, e.g. ['wq', 'wv']")
-    linears = [n for n, m in model.named_modules() if hasattr(m, "in_features") and hasattr(m, "out_features")
-               and not isinstance(m, LoRALinear) and n]
+        raise ValueError(
+            f"targets = {targets!r}: expected one or more layer names, e.g. ['wq', 'wv']"
+        )
+    linears = [
+        n
+        for n, m in model.named_modules()
+        if hasattr(m, "in_features")
+        and hasattr(m, "out_features")
+        and not isinstance(m, LoRALinear)
+        and n
+    ]
     chosen = [n for n in linears if _matches(n, targets)]
     for t in targets:
         if not any(_matches(n, [t]) for n in chosen):
             short = sorted({n.rsplit(".", 1)[-1] for n in linears})
-            raise ValueError(f"targets: {t!r} names no linear layer of {type(model).__name__}; "
-                             f"expected one of {', '.join(short)} (or a dotted suffix of a full name)")
+            raise ValueError(
+                f"targets: {t!r} names no linear layer of {type(model).__name__}; "
+                f"expected one of {', '.join(short)} (or a dotted suffix of a full name)"
+            )
     for p in model.parameters():
         p.requires_grad_(False)
     for name in chosen:

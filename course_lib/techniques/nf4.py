@@ -21,6 +21,7 @@ CPU), and :func:`quantized_bytes` measures what such a layer really stores.
 
 Introduced in notebooks/07_lora_qlora.ipynb.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -30,8 +31,15 @@ from torch import nn
 
 from course_lib import validate
 
-__all__ = ["NF4_DELTA", "nf4_code", "quantize_nf4", "dequantize_nf4", "nf4_linear",
-           "quantize_linears_", "quantized_bytes"]
+__all__ = [
+    "NF4_DELTA",
+    "nf4_code",
+    "quantize_nf4",
+    "dequantize_nf4",
+    "nf4_linear",
+    "quantize_linears_",
+    "quantized_bytes",
+]
 
 #: offset of the outermost quantiles: delta = (1/32 + 1/30) / 2 (QLoRA, Sec. 3 and Appendix E)
 NF4_DELTA = (1 / 32 + 1 / 30) / 2
@@ -49,7 +57,9 @@ def nf4_code(dtype: torch.dtype = torch.float32) -> torch.Tensor:
 def _blocks(w: torch.Tensor, blocksize: int) -> torch.Tensor:
     blocksize = validate.count("blocksize", blocksize, minimum=2)
     if w.numel() % blocksize:
-        raise ValueError(f"w has {w.numel()} elements: expected a multiple of blocksize = {blocksize}")
+        raise ValueError(
+            f"w has {w.numel()} elements: expected a multiple of blocksize = {blocksize}"
+        )
     return w.detach().reshape(-1, blocksize).float()  # (n_blocks, blocksize)
 
 
@@ -68,8 +78,14 @@ def quantize_nf4(w: torch.Tensor, *, blocksize: int = 64) -> tuple[torch.Tensor,
     return packed, absmax
 
 
-def dequantize_nf4(packed: torch.Tensor, absmax: torch.Tensor, shape, *, blocksize: int = 64,
-                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_nf4(
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    shape,
+    *,
+    blocksize: int = 64,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """Inverse of :func:`quantize_nf4`: code value times its block's absmax, reshaped."""
     n = int(torch.Size(shape).numel())
     idx = torch.stack([packed >> 4, packed & 0xF], dim=1).reshape(-1)[:n].long()  # (n,)
@@ -85,30 +101,51 @@ def nf4_linear(linear: nn.Linear, *, double_quant: bool = True, blocksize: int =
     if not isinstance(linear, nn.Linear):
         raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
     w = linear.weight
-    q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                          compute_dtype=w.dtype, compress_statistics=bool(double_quant),
-                          quant_type="nf4")
-    q.weight = bnb.nn.Params4bit(w.detach().clone(), requires_grad=False, blocksize=blocksize,
-                                 compress_statistics=bool(double_quant), quant_type="nf4")
+    q = bnb.nn.Linear4bit(
+        linear.in_features,
+        linear.out_features,
+        bias=linear.bias is not None,
+        compute_dtype=w.dtype,
+        compress_statistics=bool(double_quant),
+        quant_type="nf4",
+    )
+    q.weight = bnb.nn.Params4bit(
+        w.detach().clone(),
+        requires_grad=False,
+        blocksize=blocksize,
+        compress_statistics=bool(double_quant),
+        quant_type="nf4",
+    )
     if linear.bias is not None:
         q.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
     return q.to(w.device)  # moving a Params4bit to its device is what quantizes it
 
 
-def quantize_linears_(model: nn.Module, targets: Iterable[str] | str, *, double_quant: bool = True,
-                      blocksize: int = 64) -> list[str]:
+def quantize_linears_(
+    model: nn.Module,
+    targets: Iterable[str] | str,
+    *,
+    double_quant: bool = True,
+    blocksize: int = 64,
+) -> list[str]:
     """Replace the ``nn.Linear`` layers named by ``targets`` (last name component or dotted suffix,
     as in ``add_lora``) by NF4 :func:`nf4_linear` layers, in place; returns their names."""
     targets = [targets] if isinstance(targets, str) else list(targets)
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)
-             and any(n == t or n.endswith("." + t) for t in targets)]
+    names = [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and any(n == t or n.endswith("." + t) for t in targets)
+    ]
     if not names:
         raise ValueError(f"targets = {targets!r}: no nn.Linear of {type(model).__name__} matches")
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, nf4_linear(getattr(parent, child), double_quant=double_quant,
-                                          blocksize=blocksize))
+        setattr(
+            parent,
+            child,
+            nf4_linear(getattr(parent, child), double_quant=double_quant, blocksize=blocksize),
+        )
     return names
 
 
@@ -132,8 +169,10 @@ def quantized_bytes(layers: nn.Module | Iterable[nn.Module]) -> dict[str, int]:
     for layer in layers:
         qs = getattr(layer.weight, "quant_state", None)
         if qs is None:
-            raise TypeError(f"{type(layer).__name__} has no quantized weight (expected a bitsandbytes "
-                            "Linear4bit moved to its device, which quantizes it)")
+            raise TypeError(
+                f"{type(layer).__name__} has no quantized weight (expected a bitsandbytes "
+                "Linear4bit moved to its device, which quantizes it)"
+            )
         out["codes"] += _storage_bytes(layer.weight.data, seen)
         out["scales"] += _storage_bytes(qs.absmax, seen)
         out["code_tables"] += _storage_bytes(qs.code, seen)

@@ -27,6 +27,7 @@ where both run the same single-tensor AdamW on the same numbers (tests/technique
 Every phase is timed (``last_times``, seconds, CUDA-synchronized) and its bytes counted
 (``bytes_moved``), so a notebook can put the measured parts beside ``estimate.offload_step_time``.
 """
+
 from __future__ import annotations
 
 import os
@@ -90,10 +91,18 @@ class OffloadAdamW:
             through a driver bounce buffer.
     """
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], *, lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, tier: str = "memory", directory: str | None = None,
-                 pin_memory: bool | None = None) -> None:
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        *,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        tier: str = "memory",
+        directory: str | None = None,
+        pin_memory: bool | None = None,
+    ) -> None:
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("params is empty: expected at least one parameter that requires grad")
@@ -107,15 +116,20 @@ class OffloadAdamW:
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         # host side: fp32 master weights (with fp32 .grad buffers) and, for 16-bit parameters,
         # staging buffers in the parameters' dtype: what crosses the link is 2 bytes per parameter
-        self.master = [torch.nn.Parameter(p.detach().to("cpu", torch.float32, copy=True))
-                       for p in self.params]
+        self.master = [
+            torch.nn.Parameter(p.detach().to("cpu", torch.float32, copy=True)) for p in self.params
+        ]
         for m in self.master:
             m.grad = torch.zeros_like(m)
-        self.staging = [None if p.dtype == torch.float32 and self.device.type == "cpu" else
-                        torch.empty(p.shape, dtype=p.dtype, pin_memory=self.pin_memory)
-                        for p in self.params]
-        self.inner = torch.optim.AdamW(self.master, lr=lr, betas=betas, eps=eps,
-                                       weight_decay=weight_decay, foreach=False)
+        self.staging = [
+            None
+            if p.dtype == torch.float32 and self.device.type == "cpu"
+            else torch.empty(p.shape, dtype=p.dtype, pin_memory=self.pin_memory)
+            for p in self.params
+        ]
+        self.inner = torch.optim.AdamW(
+            self.master, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=False
+        )
         self.last_times: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.bytes_moved: dict[str, int] = dict.fromkeys(PHASES, 0)
         self._file = None
@@ -181,8 +195,8 @@ class OffloadAdamW:
             if s is None:
                 p.copy_(m)
             else:
-                s.copy_(m)                                  # round to p.dtype on the host
-                p.copy_(s, non_blocking=self.pin_memory)    # then up
+                s.copy_(m)  # round to p.dtype on the host
+                p.copy_(s, non_blocking=self.pin_memory)  # then up
             moved += p.numel() * p.element_size()
         if self.tier == "file":
             self._release(self.master)
@@ -214,13 +228,21 @@ class OffloadAdamW:
         """Bytes of host state: ``master`` (fp32 weights), ``grads`` (fp32), ``optimizer`` (m, v
         and the step counters), ``staging`` (buffers in the parameters' dtype), ``total``, and
         ``on_disk``: the part of it that sits in the file now (``tier="file"``, between steps)."""
+
         def nbytes(t):
             return self._shapes.get(id(t), t.shape).numel() * t.element_size()
-        out = {"master": sum(nbytes(m) for m in self.master),
-               "grads": sum(nbytes(m.grad) for m in self.master),
-               "optimizer": sum(nbytes(t) for st in self.inner.state.values() for t in st.values()
-                                if isinstance(t, torch.Tensor)),
-               "staging": sum(nbytes(s) for s in self.staging if s is not None)}
+
+        out = {
+            "master": sum(nbytes(m) for m in self.master),
+            "grads": sum(nbytes(m.grad) for m in self.master),
+            "optimizer": sum(
+                nbytes(t)
+                for st in self.inner.state.values()
+                for t in st.values()
+                if isinstance(t, torch.Tensor)
+            ),
+            "staging": sum(nbytes(s) for s in self.staging if s is not None),
+        }
         out["total"] = sum(out.values())
         out["on_disk"] = sum(self._shapes[k].numel() * 4 for k in self._shapes)  # fp32 tensors
         return out
@@ -294,8 +316,10 @@ class OffloadAdamW:
 
     def __repr__(self) -> str:
         n = sum(m.numel() for m in self.master)
-        return (f"OffloadAdamW({n:,} parameters on {self.device}, state in host "
-                f"{'RAM' if self.tier == 'memory' else 'file ' + self.path})")
+        return (
+            f"OffloadAdamW({n:,} parameters on {self.device}, state in host "
+            f"{'RAM' if self.tier == 'memory' else 'file ' + self.path})"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()

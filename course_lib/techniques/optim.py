@@ -11,6 +11,7 @@ Introduced in notebooks/04_optimizer_memory.ipynb.
   Adam (Dettmers et al. 2021, arXiv:2110.02861; its CPU backend runs on any x86 CPU).
 * :func:`state_bytes` counts the bytes an optimizer's state really holds, by kind.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,10 +52,17 @@ class Adam(torch.optim.Optimizer):
     (notebooks/04_optimizer_memory.ipynb, section 5).
     """
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, *, decoupled: bool = False,
-                 state_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        decoupled: bool = False,
+        state_dtype: torch.dtype | None = None,
+    ) -> None:
         if not (isinstance(lr, (int, float)) and lr >= 0):
             raise ValueError(f"lr={lr!r} must be a number >= 0")
         if not (len(betas) == 2 and all(0 <= b < 1 for b in betas)):
@@ -63,11 +71,23 @@ class Adam(torch.optim.Optimizer):
             raise ValueError(f"eps={eps!r} must be >= 0")
         if not weight_decay >= 0:
             raise ValueError(f"weight_decay={weight_decay!r} must be >= 0")
-        if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
-            raise ValueError(f"state_dtype = {state_dtype!r}: expected None or a floating torch.dtype "
-                             "(torch.float32, torch.bfloat16, ...)")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay, decoupled=bool(decoupled)))
+        if state_dtype is not None and not (
+            isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point
+        ):
+            raise ValueError(
+                f"state_dtype = {state_dtype!r}: expected None or a floating torch.dtype "
+                "(torch.float32, torch.bfloat16, ...)"
+            )
+        super().__init__(
+            params,
+            dict(
+                lr=lr,
+                betas=tuple(betas),
+                eps=eps,
+                weight_decay=weight_decay,
+                decoupled=bool(decoupled),
+            ),
+        )
         self.state_dtype = state_dtype
 
     @torch.no_grad()
@@ -77,7 +97,12 @@ class Adam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            lr, (beta1, beta2), eps, wd = (
+                group["lr"],
+                group["betas"],
+                group["eps"],
+                group["weight_decay"],
+            )
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -86,8 +111,12 @@ class Adam(torch.optim.Optimizer):
                 sdt = self.state_dtype or p.dtype
                 if not state:  # lazily, like torch.optim: no state before the first step
                     state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, dtype=sdt, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=sdt, memory_format=torch.preserve_format)
+                    state["exp_avg"] = torch.zeros_like(
+                        p, dtype=sdt, memory_format=torch.preserve_format
+                    )
+                    state["exp_avg_sq"] = torch.zeros_like(
+                        p, dtype=sdt, memory_format=torch.preserve_format
+                    )
                 stored = p
                 if sdt != p.dtype:  # compute in the state's dtype, round once into p at the end
                     p, g = p.to(sdt), g.to(sdt)
@@ -99,7 +128,7 @@ class Adam(torch.optim.Optimizer):
                         p.mul_(1 - lr * wd)
                     else:
                         g = g.add(p, alpha=wd)
-                m.lerp_(g, 1 - beta1)                          # m = β1 m + (1-β1) g
+                m.lerp_(g, 1 - beta1)  # m = β1 m + (1-β1) g
                 v.mul_(beta2).addcmul_(g, g, value=1 - beta2)  # v = β2 v + (1-β2) g²
                 step_size = lr / (1 - beta1**t)
                 denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(eps)
@@ -119,12 +148,15 @@ def import_bitsandbytes():
     try:
         import bitsandbytes as bnb
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("optimizer='adam8bit' needs bitsandbytes: "
-                          "pip install -c constraints.txt bitsandbytes") from exc
+        raise ImportError(
+            "optimizer='adam8bit' needs bitsandbytes: pip install -c constraints.txt bitsandbytes"
+        ) from exc
     return bnb
 
 
-def make_optimizer(name: str, params: Iterable[Any], *, lr: float, **kwargs: Any) -> torch.optim.Optimizer:
+def make_optimizer(
+    name: str, params: Iterable[Any], *, lr: float, **kwargs: Any
+) -> torch.optim.Optimizer:
     """The optimizer ``name`` of :data:`OPTIMIZERS` over ``params``, from the library.
 
     ``momentum`` is SGD with momentum 0.9; ``adam8bit`` is ``bitsandbytes.optim.Adam8bit``
@@ -161,7 +193,9 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     * ``total``: the sum. Python numbers in the state (an int ``step``) weigh 0 here.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+        )
     out = {"moments": 0, "step": 0, "quant_meta": 0}
     seen: set[int] = set()
     for p, st in optimizer.state.items():
@@ -198,12 +232,18 @@ class MasterWeights:
     per op (see notebooks/03_mixed_precision.ipynb).
     """
 
-    def __init__(self, model: torch.nn.Module, name: str = "adam", *, lr: float, **kwargs: Any) -> None:
+    def __init__(
+        self, model: torch.nn.Module, name: str = "adam", *, lr: float, **kwargs: Any
+    ) -> None:
         self.params = [p for p in model.parameters() if p.requires_grad]
-        bad = sorted({str(p.dtype) for p in self.params if p.dtype not in (torch.float16, torch.bfloat16)})
+        bad = sorted(
+            {str(p.dtype) for p in self.params if p.dtype not in (torch.float16, torch.bfloat16)}
+        )
         if bad:
-            raise ValueError(f"model parameters must be float16/bfloat16 for MasterWeights, got {bad}; "
-                             "cast the model first (model.to(torch.bfloat16))")
+            raise ValueError(
+                f"model parameters must be float16/bfloat16 for MasterWeights, got {bad}; "
+                "cast the model first (model.to(torch.bfloat16))"
+            )
         self.master = [torch.nn.Parameter(p.detach().float().clone()) for p in self.params]
         self.optimizer = make_optimizer(name, self.master, lr=lr, **kwargs)
 
@@ -217,5 +257,5 @@ class MasterWeights:
             m.grad = None if p.grad is None else p.grad.float()  # fp32 grads, for this step only
         self.optimizer.step()
         for p, m in zip(self.params, self.master):
-            p.copy_(m)       # round the updated master back to 16 bits
-            m.grad = None    # free the fp32 gradients
+            p.copy_(m)  # round the updated master back to 16 bits
+            m.grad = None  # free the fp32 gradients

@@ -12,6 +12,7 @@ Introduced in notebooks/03_mixed_precision.ipynb.
 * :func:`prepare` and :func:`train_step` run one training step in each recipe of
   :data:`MODES` with the official APIs (``torch.autocast``, ``torch.amp.GradScaler``).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,17 @@ import torch
 from course_lib.measure import estimate
 
 __all__ = [
-    "FORMATS", "MODES", "BitLayout", "bit_layout", "bit_string", "round_trip",
-    "DynamicLossScaler", "prepare", "make_scaler", "train_step", "StepResult",
+    "FORMATS",
+    "MODES",
+    "BitLayout",
+    "bit_layout",
+    "bit_string",
+    "round_trip",
+    "DynamicLossScaler",
+    "prepare",
+    "make_scaler",
+    "train_step",
+    "StepResult",
 ]
 
 #: float formats of the unit, by short name -> torch dtype
@@ -44,8 +54,10 @@ MODES = estimate.PRECISIONS  # one table of precisions for the whole course
 def _dtype(fmt: str | torch.dtype, name: str = "fmt") -> torch.dtype:
     if isinstance(fmt, torch.dtype):
         if fmt not in FORMATS.values():
-            raise ValueError(f"{name}={fmt!r} is not supported; valid choices: "
-                             f"{', '.join(map(str, FORMATS.values()))}")
+            raise ValueError(
+                f"{name}={fmt!r} is not supported; valid choices: "
+                f"{', '.join(map(str, FORMATS.values()))}"
+            )
         return fmt
     if isinstance(fmt, str) and fmt.lower() in FORMATS:
         return FORMATS[fmt.lower()]
@@ -65,16 +77,16 @@ def _mode(mode: Any) -> str:
 class BitLayout:
     """Layout, range and precision of one float format, all read from ``torch.finfo``."""
 
-    name: str                 # short name, e.g. "bf16"
-    dtype: torch.dtype        # the torch dtype
-    bits: int                 # total bits
-    exponent_bits: int        # bits of the biased exponent
-    mantissa_bits: int        # stored fraction bits (the leading 1 is implicit)
-    max: float                # largest finite value
-    smallest_normal: float    # 2**(1 - bias): below this, values lose precision (subnormals)
+    name: str  # short name, e.g. "bf16"
+    dtype: torch.dtype  # the torch dtype
+    bits: int  # total bits
+    exponent_bits: int  # bits of the biased exponent
+    mantissa_bits: int  # stored fraction bits (the leading 1 is implicit)
+    max: float  # largest finite value
+    smallest_normal: float  # 2**(1 - bias): below this, values lose precision (subnormals)
     smallest_subnormal: float  # smallest positive value; anything below rounds to 0 (underflow)
-    eps: float                # gap between 1.0 and the next value: 2**-mantissa_bits
-    decimal_digits: float     # about log10(2**(mantissa_bits + 1)) significant decimal digits
+    eps: float  # gap between 1.0 and the next value: 2**-mantissa_bits
+    decimal_digits: float  # about log10(2**(mantissa_bits + 1)) significant decimal digits
 
     def as_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -93,9 +105,15 @@ def bit_layout(fmt: str | torch.dtype) -> BitLayout:
     fi = torch.finfo(dtype)
     mantissa = int(round(-math.log2(fi.eps)))
     return BitLayout(
-        name=name, dtype=dtype, bits=fi.bits, exponent_bits=fi.bits - 1 - mantissa,
-        mantissa_bits=mantissa, max=float(fi.max), smallest_normal=float(fi.smallest_normal),
-        smallest_subnormal=float(fi.smallest_normal) * float(fi.eps), eps=float(fi.eps),
+        name=name,
+        dtype=dtype,
+        bits=fi.bits,
+        exponent_bits=fi.bits - 1 - mantissa,
+        mantissa_bits=mantissa,
+        max=float(fi.max),
+        smallest_normal=float(fi.smallest_normal),
+        smallest_subnormal=float(fi.smallest_normal) * float(fi.eps),
+        eps=float(fi.eps),
         decimal_digits=(mantissa + 1) * math.log10(2),
     )
 
@@ -114,7 +132,7 @@ def bit_string(x: float, fmt: str | torch.dtype) -> str:
     raw = int(t.view(_INT_VIEW[layout.bits]).item()) & ((1 << layout.bits) - 1)
     s = format(raw, f"0{layout.bits}b")
     e = layout.exponent_bits
-    return f"{s[0]}|{s[1:1 + e]}|{s[1 + e:]}"
+    return f"{s[0]}|{s[1 : 1 + e]}|{s[1 + e :]}"
 
 
 def round_trip(x: float | torch.Tensor, fmt: str | torch.dtype) -> float | torch.Tensor:
@@ -142,14 +160,14 @@ class DynamicLossScaler:
       resets; after ``growth_interval`` clean steps in a row ``scale *= growth_factor``.
     """
 
-    init_scale: float = 2.0**16       # starting scale (GradScaler default)
-    growth_factor: float = 2.0        # multiply after growth_interval clean steps
-    backoff_factor: float = 0.5       # multiply after a step with inf/NaN gradients
-    growth_interval: int = 2000       # clean steps in a row before growing
+    init_scale: float = 2.0**16  # starting scale (GradScaler default)
+    growth_factor: float = 2.0  # multiply after growth_interval clean steps
+    backoff_factor: float = 0.5  # multiply after a step with inf/NaN gradients
+    growth_interval: int = 2000  # clean steps in a row before growing
     scale_value: float = field(init=False)
     growth_tracker: int = field(init=False, default=0)  # clean steps since the last change
-    steps: int = field(init=False, default=0)            # update() calls
-    skipped_steps: int = field(init=False, default=0)    # steps skipped for inf/NaN
+    steps: int = field(init=False, default=0)  # update() calls
+    skipped_steps: int = field(init=False, default=0)  # steps skipped for inf/NaN
 
     def __post_init__(self) -> None:
         for name in ("init_scale", "growth_factor"):
@@ -160,8 +178,11 @@ class DynamicLossScaler:
             raise ValueError(f"growth_factor={self.growth_factor!r} must be > 1")
         if not 0 < self.backoff_factor < 1:
             raise ValueError(f"backoff_factor={self.backoff_factor!r} must be in (0, 1)")
-        if isinstance(self.growth_interval, bool) or not isinstance(self.growth_interval, int) \
-                or self.growth_interval < 1:
+        if (
+            isinstance(self.growth_interval, bool)
+            or not isinstance(self.growth_interval, int)
+            or self.growth_interval < 1
+        ):
             raise ValueError(f"growth_interval={self.growth_interval!r} must be an int >= 1")
         self.scale_value = float(self.init_scale)
 
@@ -232,14 +253,19 @@ def make_scaler(mode: str, device: str | torch.device = "cpu", **kwargs: Any):
 
 @dataclass(frozen=True)
 class StepResult:
-    loss: float      # the unscaled loss, as a Python float
-    skipped: bool    # the optimizer step was skipped (inf/NaN gradients under fp16 loss scaling)
-    scale: float     # the loss scale used for this step (1.0 without a scaler)
+    loss: float  # the unscaled loss, as a Python float
+    skipped: bool  # the optimizer step was skipped (inf/NaN gradients under fp16 loss scaling)
+    scale: float  # the loss scale used for this step (1.0 without a scaler)
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               loss_fn: Callable[[torch.nn.Module], torch.Tensor], *, mode: str,
-               scaler: Any = None) -> StepResult:
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[torch.nn.Module], torch.Tensor],
+    *,
+    mode: str,
+    scaler: Any = None,
+) -> StepResult:
     """One forward/backward/step of ``loss_fn(model)`` in recipe ``mode``.
 
     * ``fp32``: plain.
@@ -251,8 +277,10 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """
     _mode(mode)
     if mode == "fp16-mixed" and scaler is None:
-        raise ValueError("mode='fp16-mixed' needs scaler=make_scaler('fp16-mixed') "
-                         "(or a DynamicLossScaler); got scaler=None")
+        raise ValueError(
+            "mode='fp16-mixed' needs scaler=make_scaler('fp16-mixed') "
+            "(or a DynamicLossScaler); got scaler=None"
+        )
     device_type = next(model.parameters()).device.type
     optimizer.zero_grad(set_to_none=True)
     if mode in ("bf16-mixed", "fp16-mixed"):

@@ -21,6 +21,7 @@ No unit imports another unit: what two units share lives in a mechanism layer
 ``tests/test_import_graph.py`` enforces these rules. A new unit starts from ``_template/``
 (``make new-unit NN=05 TOPIC=cpu_offload``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,7 +36,8 @@ def unit_getattr(package: str):
     def __getattr__(name: str):
         if name in UNIT_MODULES:
             return importlib.import_module(f"{package}.{name}")
-        raise AttributeError(f"module {package!r} has no attribute {name!r}; "
-                             f"a unit has {', '.join(UNIT_MODULES)}")
+        raise AttributeError(
+            f"module {package!r} has no attribute {name!r}; a unit has {', '.join(UNIT_MODULES)}"
+        )
 
     return __getattr__

@@ -3,6 +3,7 @@
 Copies ``course_lib/units/_template/`` to ``course_lib/units/uNN_TOPIC/`` and an empty test
 folder ``tests/units/uNN_TOPIC/``, filling in the number, topic and title. Refuses to overwrite.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,9 @@ def new_unit(number: str, topic: str, title: str, *, root: pathlib.Path = ROOT) 
     if not re.fullmatch(r"\d\d", number):
         raise ValueError(f"NN = {number!r}: expected two digits, e.g. 05")
     if not re.fullmatch(r"[a-z][a-z0-9_]*", topic):
-        raise ValueError(f"TOPIC = {topic!r}: expected lower_case_with_underscores, e.g. cpu_offload")
+        raise ValueError(
+            f"TOPIC = {topic!r}: expected lower_case_with_underscores, e.g. cpu_offload"
+        )
     target = root / "course_lib" / "units" / f"u{number}_{topic}"
     if target.exists():
         raise FileExistsError(f"{target.relative_to(root)} exists already")
@@ -38,13 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("title", nargs="?", default=None, help='e.g. "CPU offload"')
     args = parser.parse_args(argv)
     try:
-        path = new_unit(args.number, args.topic, args.title or args.topic.replace("_", " ").capitalize())
+        path = new_unit(
+            args.number, args.topic, args.title or args.topic.replace("_", " ").capitalize()
+        )
     except (ValueError, FileExistsError) as exc:
         print(f"new-unit: {exc}", file=sys.stderr)
         return 2
-    print(f"created {path.relative_to(ROOT)}/ (run.py, plots.py, widgets.py, checks.py) and "
-          f"tests/units/{path.name}/; add notebooks/{args.number}_{args.topic}.ipynb and "
-          f"solutions/{args.number}_{args.topic}.ipynb")
+    print(
+        f"created {path.relative_to(ROOT)}/ (run.py, plots.py, widgets.py, checks.py) and "
+        f"tests/units/{path.name}/; add notebooks/{args.number}_{args.topic}.ipynb and "
+        f"solutions/{args.number}_{args.topic}.ipynb"
+    )
     return 0
 
 

@@ -10,16 +10,29 @@ size, in one process (fake process group + FakeTensorMode + PyTorch's memory tra
 
 Introduced in notebooks/10_zero_fsdp.ipynb; used in 11 and 14.
 """
+
 from course_lib.virtual.model import PRESETS, LlamaLike, llama_like
 from course_lib.virtual.simulate import (
-           COLUMNS,
-           LABEL,
-           ROWS,
-           STRATEGIES,
-           VirtualFrame,
-           simulate_step,
+    COLUMNS,
+    LABEL,
+    ROWS,
+    STRATEGIES,
+    VirtualFrame,
+    simulate_step,
 )
 from course_lib.virtual.zero import model_states, zero_7b_table, zero_figure1
 
-__all__ = ["simulate_step", "VirtualFrame", "STRATEGIES", "ROWS", "COLUMNS", "LABEL",
-           "llama_like", "LlamaLike", "PRESETS", "zero_figure1", "zero_7b_table", "model_states"]
+__all__ = [
+    "simulate_step",
+    "VirtualFrame",
+    "STRATEGIES",
+    "ROWS",
+    "COLUMNS",
+    "LABEL",
+    "llama_like",
+    "LlamaLike",
+    "PRESETS",
+    "zero_figure1",
+    "zero_7b_table",
+    "model_states",
+]

@@ -11,6 +11,7 @@ trackers (``FSDPMemTracker`` for FSDP2, ``MemTracker`` otherwise) count the byte
 Everything returned is plain data (ints, strings, dicts), so it travels back by pickle.
 Introduced in notebooks/10_zero_fsdp.ipynb.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,17 +28,21 @@ import torch.nn.functional as F
 
 #: tracker category name -> our row name (FSDPMemTracker's names, then MemTracker's)
 CATEGORY_OF = {
-    "Sharded Param": "params", "Parameter": "params",
+    "Sharded Param": "params",
+    "Parameter": "params",
     "Unsharded Param": "unsharded_params",
     "Buffer": "buffers",
-    "Sharded Grad": "grads", "Gradient": "grads",
+    "Sharded Grad": "grads",
+    "Gradient": "grads",
     "Unsharded Grad": "unsharded_grads",
-    "OptState": "optimizer", "Optstate": "optimizer",
+    "OptState": "optimizer",
+    "Optstate": "optimizer",
     "Activation": "activations",
     "Temp": "temporaries",
     "All Gather": "all_gather",
     "Reduce Scatter": "reduce_scatter",
-    "Inputs": "inputs", "Input": "inputs",
+    "Inputs": "inputs",
+    "Input": "inputs",
     "Total": "total",
 }
 
@@ -70,7 +75,9 @@ class _LazyChunks(Sequence):
             raise IndexError(i)
         if i < self.real:
             start = i * self.step
-            return self.tensor.narrow(self.dim, start, min(self.step, self.tensor.size(self.dim) - start))
+            return self.tensor.narrow(
+                self.dim, start, min(self.step, self.tensor.size(self.dim) - start)
+            )
         return self[0].new_empty(0)
 
 
@@ -112,6 +119,7 @@ def meshes_outside_fake():
 def fast_fsdp_chunks():
     """Use :func:`lazy_chunk_with_empty` inside FSDP2 while the block runs (restored after)."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param
+
     original = _fsdp_param._chunk_with_empty
     _fsdp_param._chunk_with_empty = lazy_chunk_with_empty
     try:
@@ -175,9 +183,15 @@ def _tp_plan(model: nn.Module) -> dict:
 
     # Megatron split (Shoeybi et al. 2019): column-parallel in, row-parallel out, so each
     # attention and each MLP needs one all-reduce forward (after wo / w2) and one backward.
-    return {"wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(),
-            "wo": RowwiseParallel(), "w1": ColwiseParallel(), "w3": ColwiseParallel(),
-            "w2": RowwiseParallel()}
+    return {
+        "wq": ColwiseParallel(),
+        "wk": ColwiseParallel(),
+        "wv": ColwiseParallel(),
+        "wo": RowwiseParallel(),
+        "w1": ColwiseParallel(),
+        "w3": ColwiseParallel(),
+        "w2": RowwiseParallel(),
+    }
 
 
 def _build(spec: dict, mesh) -> tuple[nn.Module, Any]:
@@ -189,7 +203,9 @@ def _build(spec: dict, mesh) -> tuple[nn.Module, Any]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model_fn() returned {type(model).__name__}: expected a torch.nn.Module")
     param_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mp)
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if mp else None)
+    policy = MixedPrecisionPolicy(
+        param_dtype=param_dtype, reduce_dtype=torch.float32 if mp else None
+    )
     autocast = None
     if strategy in ("tp", "fsdp+tp"):
         from torch.distributed.tensor.parallel import parallelize_module
@@ -219,8 +235,12 @@ def _build(spec: dict, mesh) -> tuple[nn.Module, Any]:
 
 #: aten ops whose outputs the "selective" policy keeps (torchtitan's op-level list: the matmuls
 #: and the fused attention, whose CPU kernel is the flash one; everything else is recomputed)
-SELECTIVE_SAVE = ("mm", "_scaled_dot_product_flash_attention_for_cpu",
-                  "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention")
+SELECTIVE_SAVE = (
+    "mm",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+)
 
 
 def _selective_context():
@@ -229,8 +249,11 @@ def _selective_context():
     keep = {getattr(torch.ops.aten, n) for n in SELECTIVE_SAVE if hasattr(torch.ops.aten, n)}
 
     def policy(ctx, op, *args, **kwargs):
-        return (CheckpointPolicy.MUST_SAVE if op.overloadpacket in keep
-                else CheckpointPolicy.PREFER_RECOMPUTE)
+        return (
+            CheckpointPolicy.MUST_SAVE
+            if op.overloadpacket in keep
+            else CheckpointPolicy.PREFER_RECOMPUTE
+        )
 
     return create_selective_checkpoint_contexts(policy)
 
@@ -257,12 +280,15 @@ def _apply_checkpointing(model: nn.Module, policy: str | None) -> None:
 
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList) or not len(layers):
-        raise TypeError(f"checkpoint = {policy!r}: expected a model with a ModuleList "
-                        f"model.layers of blocks to checkpoint; {type(model).__name__} has none")
+        raise TypeError(
+            f"checkpoint = {policy!r}: expected a model with a ModuleList "
+            f"model.layers of blocks to checkpoint; {type(model).__name__} has none"
+        )
     extra = {"context_fn": _selective_context} if policy == "selective" else {}
     for i, block in enumerate(layers):
-        layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                       preserve_rng_state=False, **extra)
+        layers[i] = checkpoint_wrapper(
+            block, checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False, **extra
+        )
 
 
 def _optimizer(name: str, params) -> torch.optim.Optimizer:
@@ -295,9 +321,11 @@ def _prime_optimizer(opt: torch.optim.Optimizer) -> None:
     with torch.no_grad():
         for group in opt.param_groups:
             for p in group["params"]:
-                opt.state[p] = {"step": torch.tensor(0.0, dtype=torch.float32),
-                                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+                opt.state[p] = {
+                    "step": torch.tensor(0.0, dtype=torch.float32),
+                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                }
 
 
 def _snap(tracker, kind: str) -> dict[str, int]:
@@ -351,6 +379,7 @@ def _peak_rss_bytes() -> int:
     except OSError:
         pass
     import psutil
+
     return psutil.Process().memory_info().rss
 
 
@@ -372,15 +401,20 @@ def simulate_in_process(spec: dict) -> dict:
     else:
         mesh = init_device_mesh("cpu", (world,))
     fsdp_like = strategy in ("fsdp", "fsdp_no_reshard", "fsdp+tp", "ddp")
-    with FakeTensorMode(allow_non_fake_inputs=True), meshes_outside_fake(), \
-            (fast_fsdp_chunks() if spec["fast_chunks"] else contextlib.nullcontext()):
+    with (
+        FakeTensorMode(allow_non_fake_inputs=True),
+        meshes_outside_fake(),
+        fast_fsdp_chunks() if spec["fast_chunks"] else contextlib.nullcontext(),
+    ):
         model, autocast_dtype = _build(spec, mesh)
-        n_params_local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-                             for p in model.parameters())
+        n_params_local = sum(
+            p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+            for p in model.parameters()
+        )
         opt = _optimizer(spec["optimizer"], model.parameters())
         _prime_optimizer(opt)
         vocab = spec["vocab"]
-        idx = torch.randint(0, vocab, (spec["batch"], spec["seq_len"]))       # (B, T)
+        idx = torch.randint(0, vocab, (spec["batch"], spec["seq_len"]))  # (B, T)
         tracker_cls = _global_peak_only(FSDPMemTracker if fsdp_like else MemTracker)
         tracker = tracker_cls(model, opt) if fsdp_like else tracker_cls()
         if not fsdp_like:
@@ -388,11 +422,14 @@ def simulate_in_process(spec: dict) -> dict:
         tracker.track_inputs((idx,)) if fsdp_like else None
         comm = CommDebugMode() if spec.get("count_comm", True) else contextlib.nullcontext()
         t_setup = time.process_time()
-        autocast = (torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None
-                    else contextlib.nullcontext())
+        autocast = (
+            torch.autocast("cpu", dtype=autocast_dtype)
+            if autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
         with comm, tracker:
             with autocast:
-                logits = model(idx)                                            # (B, T, v)
+                logits = model(idx)  # (B, T, v)
             after_forward = _snap(tracker, "current")
             loss = F.cross_entropy(logits.flatten(0, 1).float(), idx.flatten())
             del logits  # a training loop keeps only the loss
@@ -422,14 +459,27 @@ def simulate_in_process(spec: dict) -> dict:
     maxima["total"] = max(maxima.get("total", 0), peak.get("total", 0))
     maxima["optimizer"] = after_step.get("optimizer", 0)  # state only; see step_peak above
     wall = time.process_time() - t0  # CPU seconds of this process
-    return {"at_peak": peak, "max": maxima, "after_forward": after_forward,
-            "after_backward": after_backward, "after_step": after_step,
-            "step_peak_total": step_peak.get("total", 0), "activation_peak": act_peak,
-            "comm": _comm_counts(comm) if spec.get("count_comm", True) else None, "n_params_local": int(n_params_local),
-            "phases_s": {"setup": t_setup - t0, "forward": t_forward - t_setup,
-                         "backward": t_backward - t_forward, "step": t_step - t_backward},
-            "wall_s": wall, "rss_peak_bytes": _peak_rss_bytes(),
-            "pid": os.getpid(), "torch": torch.__version__}
+    return {
+        "at_peak": peak,
+        "max": maxima,
+        "after_forward": after_forward,
+        "after_backward": after_backward,
+        "after_step": after_step,
+        "step_peak_total": step_peak.get("total", 0),
+        "activation_peak": act_peak,
+        "comm": _comm_counts(comm) if spec.get("count_comm", True) else None,
+        "n_params_local": int(n_params_local),
+        "phases_s": {
+            "setup": t_setup - t0,
+            "forward": t_forward - t_setup,
+            "backward": t_backward - t_forward,
+            "step": t_step - t_backward,
+        },
+        "wall_s": wall,
+        "rss_peak_bytes": _peak_rss_bytes(),
+        "pid": os.getpid(),
+        "torch": torch.__version__,
+    }
 
 
 def rank_entry(rank: int, world_size: int, spec: dict) -> dict:

@@ -12,6 +12,7 @@ Seconds are wall-clock on this machine and CPU seconds of the simulating process
 machine the CPU seconds are the steadier number); the header prints the load average.
 Introduced in notebooks/10_zero_fsdp.ipynb.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,20 +37,48 @@ def format_zero_table(df: pd.DataFrame) -> str:
     parameters gathered at once); ratio = virtual / target; resid. = virtual - estimate at the
     model's exact parameter count; peak = the rank's whole peak (activations, buffers too).
     """
+
     def gb(x) -> str:
         return "-" if x is None or pd.isna(x) else f"{x:.3f}"
 
-    header = ("stage", "target", "estimate", "est@model", "FSDP2 run", "params", "grads",
-              "optim", "states", "gathered", "virtual", "ratio", "resid.", "peak", "why")
+    header = (
+        "stage",
+        "target",
+        "estimate",
+        "est@model",
+        "FSDP2 run",
+        "params",
+        "grads",
+        "optim",
+        "states",
+        "gathered",
+        "virtual",
+        "ratio",
+        "resid.",
+        "peak",
+        "why",
+    )
     lines = [header]
     for r in df.to_dict("records"):
-        lines.append((r["name"], gb(r["target_GB"]), gb(r["estimate_GB"]),
-                      gb(r["estimate_model_GB"]),
-                      r["strategy"] if isinstance(r["strategy"], str) else "-", gb(r.get("params_GB")),
-                      gb(r.get("grads_GB")), gb(r.get("optimizer_GB")), gb(r.get("states_GB")),
-                      gb(r.get("gathered_GB")), gb(r.get("virtual_GB")),
-                      "-" if pd.isna(r.get("ratio")) else f"{r['ratio']:.3f}",
-                      gb(r.get("residual_GB")), gb(r.get("peak_GB")), r["note"]))
+        lines.append(
+            (
+                r["name"],
+                gb(r["target_GB"]),
+                gb(r["estimate_GB"]),
+                gb(r["estimate_model_GB"]),
+                r["strategy"] if isinstance(r["strategy"], str) else "-",
+                gb(r.get("params_GB")),
+                gb(r.get("grads_GB")),
+                gb(r.get("optimizer_GB")),
+                gb(r.get("states_GB")),
+                gb(r.get("gathered_GB")),
+                gb(r.get("virtual_GB")),
+                "-" if pd.isna(r.get("ratio")) else f"{r['ratio']:.3f}",
+                gb(r.get("residual_GB")),
+                gb(r.get("peak_GB")),
+                r["note"],
+            )
+        )
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header) - 1)]
     out = []
     for line in lines:
@@ -61,44 +90,63 @@ def format_zero_table(df: pd.DataFrame) -> str:
 
 def _legend(df: pd.DataFrame) -> str:
     cpu = df["sim_cpu_s"].dropna() if "sim_cpu_s" in df else []
-    return ("states = params + grads + optim (fp32 shards, Adam moments); virtual = states + "
-            "gathered bf16 params alive at once; ratio = virtual / target; resid. = virtual - "
-            "estimate at the model's exact count (an upper bound: for ddp the bf16 copy is freed "
-            "before the last gradients exist, so its peak is lower); peak = the rank's whole "
-            "peak in forward + backward, activations and buffers included. "
-            f"Simulations: {len(cpu)}, {sum(cpu):.0f} CPU s. See course_lib/virtual/zero.py.")
+    return (
+        "states = params + grads + optim (fp32 shards, Adam moments); virtual = states + "
+        "gathered bf16 params alive at once; ratio = virtual / target; resid. = virtual - "
+        "estimate at the model's exact count (an upper bound: for ddp the bf16 copy is freed "
+        "before the last gradients exist, so its peak is lower); peak = the rank's whole "
+        "peak in forward + backward, activations and buffers included. "
+        f"Simulations: {len(cpu)}, {sum(cpu):.0f} CPU s. See course_lib/virtual/zero.py."
+    )
 
 
 def bench_70b(world_size: int = 512, seq_len: int = 4096) -> dict:
     """One FSDP2 step of Llama-2-70B (bf16 compute, fp32 master + AdamW) on the virtual cluster."""
     t0 = time.perf_counter()
-    df = simulate_step(PRESETS["llama2-70b"], world_size=world_size, strategy="fsdp",
-                       mixed_precision="bf16", batch=1, seq_len=seq_len, count_comm=False,
-                       timeout=600)
+    df = simulate_step(
+        PRESETS["llama2-70b"],
+        world_size=world_size,
+        strategy="fsdp",
+        mixed_precision="bf16",
+        batch=1,
+        seq_len=seq_len,
+        count_comm=False,
+        timeout=600,
+    )
     wall = time.perf_counter() - t0
-    return {"frame": df, "wall_s": wall, "cpu_s": df.attrs["simulate_s"],
-            "rss": df.attrs["rss_peak_bytes"]}
+    return {
+        "frame": df,
+        "wall_s": wall,
+        "cpu_s": df.attrs["simulate_s"],
+        "rss": df.attrs["rss_peak_bytes"],
+    }
 
 
 def run(*, figure1: bool = True, seven_b: bool = True, seventy_b: bool = True) -> int:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    print(f"virtual cluster: fake process group + FakeTensorMode + FSDPMemTracker; "
-          f"{os.cpu_count()} logical CPUs, load average {load}. Every 'virtual' number is "
-          "simulated (PyTorch's real sharding code, no GPU); GB = 1e9 B.")
+    print(
+        f"virtual cluster: fake process group + FakeTensorMode + FSDPMemTracker; "
+        f"{os.cpu_count()} logical CPUs, load average {load}. Every 'virtual' number is "
+        "simulated (PyTorch's real sharding code, no GPU); GB = 1e9 B."
+    )
     if figure1:
         t0 = time.perf_counter()
         df = zero_figure1(count_comm=False)
-        print(f"\n1. ZeRO Figure 1 (arXiv:1910.02054): 7.5B params, 64 ranks, per rank "
-              f"[{df.attrs['model']}: {df.attrs['n_params']:,} params; "
-              f"{time.perf_counter() - t0:.0f} s]")
+        print(
+            f"\n1. ZeRO Figure 1 (arXiv:1910.02054): 7.5B params, 64 ranks, per rank "
+            f"[{df.attrs['model']}: {df.attrs['n_params']:,} params; "
+            f"{time.perf_counter() - t0:.0f} s]"
+        )
         print(format_zero_table(df))
         print(_legend(df))
     if seven_b:
         t0 = time.perf_counter()
         df = zero_7b_table(count_comm=False)
-        print(f"\n2. 7B at 16 B/param on 8 ranks (targets 112 / 38.5 / 26.25 / 14 GB) "
-              f"[{df.attrs['model']}: {df.attrs['n_params']:,} params; "
-              f"{time.perf_counter() - t0:.0f} s]")
+        print(
+            f"\n2. 7B at 16 B/param on 8 ranks (targets 112 / 38.5 / 26.25 / 14 GB) "
+            f"[{df.attrs['model']}: {df.attrs['n_params']:,} params; "
+            f"{time.perf_counter() - t0:.0f} s]"
+        )
         print(format_zero_table(df))
         print(_legend(df))
     if seventy_b:
@@ -107,15 +155,21 @@ def run(*, figure1: bool = True, seven_b: bool = True, seventy_b: bool = True) -
         n = PRESETS["llama2-70b"].n_params
         ok_t = "met" if r["wall_s"] <= TARGET_S else "NOT met"
         ok_m = "met" if r["rss"] <= TARGET_RSS else "NOT met"
-        print(f"\n3. Llama-2-70B ({n:,} params), FSDP2 over 512 virtual ranks, bf16 + fp32 "
-              "AdamW, batch 1 x 4096 tokens per rank: the same run would need 512 GPUs.")
-        print(f"   here: {r['wall_s']:.1f} s wall (target <= {TARGET_S:.0f} s {ok_t}), "
-              f"{r['cpu_s']:.1f} CPU s in the simulating process, peak RSS "
-              f"{r['rss'] / 2**30:.2f} GiB (target <= 1 GiB {ok_m})")
-        print(f"   per rank (virtual): params {df.at['params', 'after_backward'] / 1e9:.3f} GB, "
-              f"grads {df.at['grads', 'after_backward'] / 1e9:.3f} GB, optimizer "
-              f"{df.at['optimizer', 'after_step'] / 1e9:.3f} GB, peak "
-              f"{df.at['total', 'at_peak'] / 1e9:.2f} GB (activations at the peak "
-              f"{df.at['activations', 'at_peak'] / 1e9:.2f} GB); 16 B x {n:,} / 512 = "
-              f"{16 * n / 512 / 1e9:.3f} GB of model states")
+        print(
+            f"\n3. Llama-2-70B ({n:,} params), FSDP2 over 512 virtual ranks, bf16 + fp32 "
+            "AdamW, batch 1 x 4096 tokens per rank: the same run would need 512 GPUs."
+        )
+        print(
+            f"   here: {r['wall_s']:.1f} s wall (target <= {TARGET_S:.0f} s {ok_t}), "
+            f"{r['cpu_s']:.1f} CPU s in the simulating process, peak RSS "
+            f"{r['rss'] / 2**30:.2f} GiB (target <= 1 GiB {ok_m})"
+        )
+        print(
+            f"   per rank (virtual): params {df.at['params', 'after_backward'] / 1e9:.3f} GB, "
+            f"grads {df.at['grads', 'after_backward'] / 1e9:.3f} GB, optimizer "
+            f"{df.at['optimizer', 'after_step'] / 1e9:.3f} GB, peak "
+            f"{df.at['total', 'at_peak'] / 1e9:.2f} GB (activations at the peak "
+            f"{df.at['activations', 'at_peak'] / 1e9:.2f} GB); 16 B x {n:,} / 512 = "
+            f"{16 * n / 512 / 1e9:.3f} GB of model states"
+        )
     return 0

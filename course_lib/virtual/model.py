@@ -19,6 +19,7 @@ Llama-2-70B: 80 layers, h 8192, 64 heads, 8 kv heads, f 28672, v 32000 -> 68,976
 
 Introduced in notebooks/10_zero_fsdp.ipynb.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,10 +56,14 @@ class LlamaLike:
         for field in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
             _v.count(field, getattr(self, field), minimum=1)
         if self.hidden % self.heads or (self.hidden // self.heads) % 2:
-            raise ValueError(f"heads = {self.heads}: expected a divisor of hidden = {self.hidden} "
-                             "that leaves an even head size (rotary embeddings rotate pairs)")
+            raise ValueError(
+                f"heads = {self.heads}: expected a divisor of hidden = {self.hidden} "
+                "that leaves an even head size (rotary embeddings rotate pairs)"
+            )
         if self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads = {self.kv_heads}: expected a divisor of heads = {self.heads}")
+            raise ValueError(
+                f"kv_heads = {self.kv_heads}: expected a divisor of heads = {self.heads}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -93,8 +98,16 @@ class LlamaLike:
         return LlamaLikeModel(self)
 
 
-def llama_like(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int,
-               *, name: str = "llama-like") -> LlamaLike:
+def llama_like(
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    vocab: int,
+    *,
+    name: str = "llama-like",
+) -> LlamaLike:
     """Shapes of a Llama-style decoder (see :class:`LlamaLike`)."""
     return LlamaLike(layers, hidden, heads, kv_heads, ffn, vocab, name)
 
@@ -103,10 +116,12 @@ def llama_like(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vo
 #: chosen so that the parameter count is the one the ZeRO paper (7.5e9) and the 7B exercise
 #: (7e9) assume; "llama2-70b" is Llama-2-70B (arXiv:2307.09288, Table 1 and the released config).
 PRESETS = {
-    "llama-7b": LlamaLike(32, 4096, 32, 32, 11008, 32000, "llama-7b"),             # 6,738,415,616
-    "7b": LlamaLike(32, 4096, 32, 32, 11008, 63932, "7b (llama-7b blocks)"),       # 7,000,002,560
-    "zero-7.5b": LlamaLike(35, 4096, 32, 32, 11008, 50944, "7.5b (llama-7b blocks)"),  # 7,500,754,944
-    "llama2-70b": LlamaLike(80, 8192, 64, 8, 28672, 32000, "llama2-70b"),           # 68,976,648,192
+    "llama-7b": LlamaLike(32, 4096, 32, 32, 11008, 32000, "llama-7b"),  # 6,738,415,616
+    "7b": LlamaLike(32, 4096, 32, 32, 11008, 63932, "7b (llama-7b blocks)"),  # 7,000,002,560
+    "zero-7.5b": LlamaLike(
+        35, 4096, 32, 32, 11008, 50944, "7.5b (llama-7b blocks)"
+    ),  # 7,500,754,944
+    "llama2-70b": LlamaLike(80, 8192, 64, 8, 28672, 32000, "llama2-70b"),  # 68,976,648,192
 }
 
 
@@ -138,14 +153,19 @@ class Block(nn.Module):
         self.w2 = nn.Linear(cfg.ffn, h, bias=False)  # down
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape                                             # x: (B, T, h)
+        B, T, _ = x.shape  # x: (B, T, h)
         hs = self.head_dim
         a = self.attention_norm(x)
-        q = _rotate(self.wq(a).view(B, T, -1, hs), cos, sin)         # (B, T, nq, hs)
-        k = _rotate(self.wk(a).view(B, T, -1, hs), cos, sin)         # (B, T, nkv, hs)
-        v = self.wv(a).view(B, T, -1, hs)                            # (B, T, nkv, hs)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           is_causal=True, enable_gqa=self.group > 1)  # (B, nq, T, hs)
+        q = _rotate(self.wq(a).view(B, T, -1, hs), cos, sin)  # (B, T, nq, hs)
+        k = _rotate(self.wk(a).view(B, T, -1, hs), cos, sin)  # (B, T, nkv, hs)
+        v = self.wv(a).view(B, T, -1, hs)  # (B, T, nkv, hs)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            enable_gqa=self.group > 1,
+        )  # (B, nq, T, hs)
         x = x + self.wo(y.transpose(1, 2).reshape(B, T, -1))
         f = self.ffn_norm(x)
         return x + self.w2(F.silu(self.w1(f)) * self.w3(f))
@@ -163,12 +183,12 @@ class LlamaLikeModel(nn.Module):
         self.output = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # idx: (B, T) int64
-        x = self.tok_embeddings(idx)                                  # (B, T, h)
+        x = self.tok_embeddings(idx)  # (B, T, h)
         T, hs = idx.shape[1], self.config.head_dim
         pos = torch.arange(T, device=x.device, dtype=torch.float32)
         inv = 10000.0 ** (-torch.arange(0, hs, 2, device=x.device, dtype=torch.float32) / hs)
-        ang = torch.outer(pos, inv)[None, :, None, :]                 # (1, T, 1, hs/2)
-        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)       # once, shared by the blocks
+        ang = torch.outer(pos, inv)[None, :, None, :]  # (1, T, 1, hs/2)
+        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)  # once, shared by the blocks
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return self.output(self.norm(x))                              # (B, T, v)
+        return self.output(self.norm(x))  # (B, T, v)

@@ -29,6 +29,7 @@ ends. Arguments are checked before that process starts.
 Introduced in notebooks/10_zero_fsdp.ipynb; used again in 11 (tensor parallelism) and 14
 (planning a run).
 """
+
 from __future__ import annotations
 
 import html
@@ -44,13 +45,13 @@ __all__ = ["simulate_step", "VirtualFrame", "STRATEGIES", "ROWS", "COLUMNS", "LA
 #: strategy -> what it is
 STRATEGIES = {
     "fsdp": "FSDP2 fully_shard on every block and the root: parameters, gradients and optimizer "
-            "state sharded (ZeRO-3); parameters re-gathered for backward",
+    "state sharded (ZeRO-3); parameters re-gathered for backward",
     "fsdp_no_reshard": "fully_shard with reshard_after_forward=False: parameters stay gathered "
-                       "from forward to the end of backward (closest FSDP2 gets to ZeRO-2)",
+    "from forward to the end of backward (closest FSDP2 gets to ZeRO-2)",
     "tp": "tensor parallelism over all ranks (parallelize_module: wq/wk/wv/w1/w3 column-wise, "
-          "wo/w2 row-wise); embeddings and norms replicated",
+    "wo/w2 row-wise); embeddings and norms replicated",
     "fsdp+tp": "2-D: tensor parallelism inside groups of tp ranks, FSDP2 across the "
-               "world_size / tp groups",
+    "world_size / tp groups",
     "ddp": "replicate (FSDP2's data-parallel twin): every rank holds everything (ZeRO stage 0)",
 }
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -60,8 +61,20 @@ CHECKPOINT = (None, "full", "selective")
 LABEL = "virtual"
 
 #: rows of the result, in order
-ROWS = ("params", "unsharded_params", "grads", "unsharded_grads", "optimizer", "activations",
-        "temporaries", "all_gather", "reduce_scatter", "buffers", "inputs", "total")
+ROWS = (
+    "params",
+    "unsharded_params",
+    "grads",
+    "unsharded_grads",
+    "optimizer",
+    "activations",
+    "temporaries",
+    "all_gather",
+    "reduce_scatter",
+    "buffers",
+    "inputs",
+    "total",
+)
 #: numeric columns of the result (bytes, int)
 COLUMNS = ("at_peak", "max", "after_forward", "after_backward", "after_step")
 
@@ -117,12 +130,27 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def check_arguments(model_fn, *, world_size, strategy, mixed_precision, batch, seq_len, tp,
-                    reshard_after_forward, optimizer, vocab, timeout, checkpoint=None) -> dict:
+def check_arguments(
+    model_fn,
+    *,
+    world_size,
+    strategy,
+    mixed_precision,
+    batch,
+    seq_len,
+    tp,
+    reshard_after_forward,
+    optimizer,
+    vocab,
+    timeout,
+    checkpoint=None,
+) -> dict:
     """Every check, before any process starts; returns the normalised spec."""
     if not callable(model_fn):
-        raise TypeError(f"model_fn = {_v.describe(model_fn)}: expected a callable that returns an "
-                        "nn.Module, e.g. course_lib.virtual.llama_like(...)")
+        raise TypeError(
+            f"model_fn = {_v.describe(model_fn)}: expected a callable that returns an "
+            "nn.Module, e.g. course_lib.virtual.llama_like(...)"
+        )
     strategy = _v.choice("strategy", strategy, STRATEGIES)
     world_size = _v.count("world_size", world_size, minimum=1)
     mixed_precision = _v.choice("mixed_precision", mixed_precision, MIXED_PRECISION)
@@ -131,61 +159,97 @@ def check_arguments(model_fn, *, world_size, strategy, mixed_precision, batch, s
     batch = _v.count("batch", batch, minimum=1)
     seq_len = _v.count("seq_len", seq_len, minimum=1)
     if not isinstance(reshard_after_forward, bool):
-        raise TypeError(f"reshard_after_forward = {_v.describe(reshard_after_forward)}: "
-                        "expected True or False")
+        raise TypeError(
+            f"reshard_after_forward = {_v.describe(reshard_after_forward)}: expected True or False"
+        )
     timeout = _v.number("timeout", timeout, positive=True)
     tp = _check_tp(model_fn, strategy, world_size, tp)
     if vocab is None:
         vocab = getattr(model_fn, "vocab", None)
         if vocab is None:
-            raise ValueError("vocab = None: expected the model's vocabulary size (token ids are "
-                             "drawn from range(vocab)); model_fn has no .vocab to read it from")
+            raise ValueError(
+                "vocab = None: expected the model's vocabulary size (token ids are "
+                "drawn from range(vocab)); model_fn has no .vocab to read it from"
+            )
     vocab = _v.count("vocab", vocab, minimum=1)
-    return dict(model_fn=model_fn, world_size=world_size, strategy=strategy, tp=tp,
-                mixed_precision=mixed_precision, batch=batch, seq_len=seq_len, vocab=vocab,
-                reshard_after_forward=reshard_after_forward, optimizer=optimizer,
-                checkpoint=checkpoint, timeout=float(timeout))
+    return dict(
+        model_fn=model_fn,
+        world_size=world_size,
+        strategy=strategy,
+        tp=tp,
+        mixed_precision=mixed_precision,
+        batch=batch,
+        seq_len=seq_len,
+        vocab=vocab,
+        reshard_after_forward=reshard_after_forward,
+        optimizer=optimizer,
+        checkpoint=checkpoint,
+        timeout=float(timeout),
+    )
 
 
 def _check_tp(model_fn, strategy: str, world_size: int, tp) -> int:
     uses_tp = strategy in ("tp", "fsdp+tp")
     if tp is None:
         if strategy == "fsdp+tp":
-            raise ValueError(f"tp = None: expected the tensor-parallel degree for strategy "
-                             f"'fsdp+tp', one of {', '.join(map(str, _divisors(world_size)[1:]))} "
-                             f"(divisors of world_size = {world_size})")
+            raise ValueError(
+                f"tp = None: expected the tensor-parallel degree for strategy "
+                f"'fsdp+tp', one of {', '.join(map(str, _divisors(world_size)[1:]))} "
+                f"(divisors of world_size = {world_size})"
+            )
         tp = world_size if strategy == "tp" else 1
     tp = _v.count("tp", tp, minimum=1)
     if not uses_tp and tp != 1:
-        raise ValueError(f"tp = {tp}: expected 1 for strategy '{strategy}' (tensor parallelism: "
-                         "strategy 'tp' or 'fsdp+tp')")
+        raise ValueError(
+            f"tp = {tp}: expected 1 for strategy '{strategy}' (tensor parallelism: "
+            "strategy 'tp' or 'fsdp+tp')"
+        )
     if strategy == "tp" and tp != world_size:
-        raise ValueError(f"tp = {tp}: expected {world_size} (= world_size) for strategy 'tp', "
-                         "which splits every block over all ranks; 'fsdp+tp' combines the two")
+        raise ValueError(
+            f"tp = {tp}: expected {world_size} (= world_size) for strategy 'tp', "
+            "which splits every block over all ranks; 'fsdp+tp' combines the two"
+        )
     if strategy == "fsdp+tp" and world_size % tp:
-        raise ValueError(f"tp = {tp}: expected a divisor of world_size = {world_size}, one of "
-                         f"{', '.join(map(str, _divisors(world_size)))}")
+        raise ValueError(
+            f"tp = {tp}: expected a divisor of world_size = {world_size}, one of "
+            f"{', '.join(map(str, _divisors(world_size)))}"
+        )
     if uses_tp:
         problems = getattr(model_fn, "tp_problems", None)
         if problems is None:
-            raise TypeError(f"model_fn = {_v.describe(model_fn)}: strategy '{strategy}' needs a "
-                            "course_lib.virtual.llama_like(...) model (its blocks carry the "
-                            "column/row-parallel plan)")
+            raise TypeError(
+                f"model_fn = {_v.describe(model_fn)}: strategy '{strategy}' needs a "
+                "course_lib.virtual.llama_like(...) model (its blocks carry the "
+                "column/row-parallel plan)"
+            )
         found = problems(tp)
         if found:
             valid = [t for t in model_fn.valid_tp(limit=world_size) if world_size % t == 0]
-            raise ValueError(f"tp = {tp}: expected a degree that divides the model's heads, "
-                             f"kv_heads and ffn ({'; '.join(found)}); valid here: "
-                             f"{', '.join(map(str, valid))}")
+            raise ValueError(
+                f"tp = {tp}: expected a degree that divides the model's heads, "
+                f"kv_heads and ffn ({'; '.join(found)}); valid here: "
+                f"{', '.join(map(str, valid))}"
+            )
     return tp
 
 
-def simulate_step(model_fn: Callable[[], Any], *, world_size: int, strategy: str,
-                  mixed_precision: str | None = None, batch: int, seq_len: int,
-                  tp: int | None = None, reshard_after_forward: bool = True,
-                  optimizer: str = "adamw", checkpoint: str | None = None,
-                  vocab: int | None = None, timeout: float = 300.0,
-                  fast_chunks: bool = True, count_comm: bool = True) -> VirtualFrame:
+def simulate_step(
+    model_fn: Callable[[], Any],
+    *,
+    world_size: int,
+    strategy: str,
+    mixed_precision: str | None = None,
+    batch: int,
+    seq_len: int,
+    tp: int | None = None,
+    reshard_after_forward: bool = True,
+    optimizer: str = "adamw",
+    checkpoint: str | None = None,
+    vocab: int | None = None,
+    timeout: float = 300.0,
+    fast_chunks: bool = True,
+    count_comm: bool = True,
+) -> VirtualFrame:
     """Per-rank memory of one training step on a virtual cluster of ``world_size`` ranks.
 
     Args:
@@ -243,10 +307,20 @@ def simulate_step(model_fn: Callable[[], Any], *, world_size: int, strategy: str
         TypeError / ValueError: bad arguments, before any process starts.
         course_lib.LaunchError: the simulation failed or ran past ``timeout``.
     """
-    spec = check_arguments(model_fn, world_size=world_size, strategy=strategy,
-                           mixed_precision=mixed_precision, batch=batch, seq_len=seq_len, tp=tp,
-                           reshard_after_forward=reshard_after_forward, optimizer=optimizer,
-                           vocab=vocab, timeout=timeout, checkpoint=checkpoint)
+    spec = check_arguments(
+        model_fn,
+        world_size=world_size,
+        strategy=strategy,
+        mixed_precision=mixed_precision,
+        batch=batch,
+        seq_len=seq_len,
+        tp=tp,
+        reshard_after_forward=reshard_after_forward,
+        optimizer=optimizer,
+        vocab=vocab,
+        timeout=timeout,
+        checkpoint=checkpoint,
+    )
     spec["fast_chunks"], spec["count_comm"] = bool(fast_chunks), bool(count_comm)
     from course_lib.runtime.launch import launch
     from course_lib.virtual._rank import rank_entry
@@ -272,26 +346,42 @@ def to_frame(raw: dict, spec: dict, *, launch_s: float | None = None) -> Virtual
     n_params = getattr(model, "n_params", None)
     tp, world = spec["tp"], spec["world_size"]
     mp = spec["mixed_precision"] or "fp32"
-    title = (f"virtual cluster (simulated, not measured on GPUs): {spec['strategy']}, "
-             f"{world} ranks" + (f" (dp {world // tp} x tp {tp})" if tp > 1 else "")
-             + f", {getattr(model, 'name', type(model).__name__)}"
-             + (f" {_count_text(n_params)} params" if n_params else "")
-             + f", {mp}, {spec['optimizer']}, "
-             + f"checkpoint {spec.get('checkpoint') or 'none'}, "
-             + f"batch {spec['batch']} x seq {spec['seq_len']}; "
-             "bytes on rank 0")
+    title = (
+        f"virtual cluster (simulated, not measured on GPUs): {spec['strategy']}, "
+        f"{world} ranks"
+        + (f" (dp {world // tp} x tp {tp})" if tp > 1 else "")
+        + f", {getattr(model, 'name', type(model).__name__)}"
+        + (f" {_count_text(n_params)} params" if n_params else "")
+        + f", {mp}, {spec['optimizer']}, "
+        + f"checkpoint {spec.get('checkpoint') or 'none'}, "
+        + f"batch {spec['batch']} x seq {spec['seq_len']}; "
+        "bytes on rank 0"
+    )
     act = raw.get("activation_peak", {})
     df = VirtualFrame({"category": list(ROWS), **columns, "label": [LABEL] * len(ROWS)})
-    df.attrs.update(label=LABEL, title=title, strategy=spec["strategy"], world_size=world, tp=tp,
-                    dp=world // tp, mixed_precision=spec["mixed_precision"],
-                    optimizer=spec["optimizer"], checkpoint=spec.get("checkpoint"),
-                    batch=spec["batch"], seq_len=spec["seq_len"],
-                    model=getattr(model, "name", type(model).__name__), n_params=n_params,
-                    n_params_local=raw["n_params_local"], comm=raw["comm"],
-                    simulate_s=raw["wall_s"], launch_s=launch_s,
-                    rss_peak_bytes=raw["rss_peak_bytes"], torch=raw["torch"],
-                    step_peak_bytes_traced=raw["step_peak_total"],
-                    activation_peak_bytes=int(act.get("activations", 0) + act.get("temporaries", 0)),
-                    activation_peak={k: int(act.get(k, 0)) for k in ROWS},
-                    rows=dict(_ROW_HELP))
+    df.attrs.update(
+        label=LABEL,
+        title=title,
+        strategy=spec["strategy"],
+        world_size=world,
+        tp=tp,
+        dp=world // tp,
+        mixed_precision=spec["mixed_precision"],
+        optimizer=spec["optimizer"],
+        checkpoint=spec.get("checkpoint"),
+        batch=spec["batch"],
+        seq_len=spec["seq_len"],
+        model=getattr(model, "name", type(model).__name__),
+        n_params=n_params,
+        n_params_local=raw["n_params_local"],
+        comm=raw["comm"],
+        simulate_s=raw["wall_s"],
+        launch_s=launch_s,
+        rss_peak_bytes=raw["rss_peak_bytes"],
+        torch=raw["torch"],
+        step_peak_bytes_traced=raw["step_peak_total"],
+        activation_peak_bytes=int(act.get("activations", 0) + act.get("temporaries", 0)),
+        activation_peak={k: int(act.get(k, 0)) for k in ROWS},
+        rows=dict(_ROW_HELP),
+    )
     return df

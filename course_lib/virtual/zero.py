@@ -42,6 +42,7 @@ all-gather when a layer runs. The residuals, each PyTorch's design and not a tra
 
 Introduced in notebooks/10_zero_fsdp.ipynb.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -50,10 +51,23 @@ from course_lib.measure import estimate
 from course_lib.virtual.model import PRESETS, LlamaLike
 from course_lib.virtual.simulate import LABEL, simulate_step
 
-__all__ = ["model_states", "zero_table", "zero_figure1", "zero_7b_table", "FIGURE1_GB",
-           "SEVEN_B_GB", "STAGE_NAMES", "STAGE_STRATEGY"]
+__all__ = [
+    "model_states",
+    "zero_table",
+    "zero_figure1",
+    "zero_7b_table",
+    "FIGURE1_GB",
+    "SEVEN_B_GB",
+    "STAGE_NAMES",
+    "STAGE_STRATEGY",
+]
 
-STAGE_NAMES = {0: "baseline (DDP)", 1: "P_os (ZeRO-1)", 2: "P_os+g (ZeRO-2)", 3: "P_os+g+p (ZeRO-3)"}
+STAGE_NAMES = {
+    0: "baseline (DDP)",
+    1: "P_os (ZeRO-1)",
+    2: "P_os+g (ZeRO-2)",
+    3: "P_os+g+p (ZeRO-3)",
+}
 #: ZeRO stage -> the FSDP2 strategy that implements it (None: no FSDP2 counterpart)
 STAGE_STRATEGY = {0: "ddp", 1: None, 2: "fsdp_no_reshard", 3: "fsdp"}
 #: arXiv:1910.02054, Figure 1 (Ψ = 7.5e9, N_d = 64), GB per GPU
@@ -70,10 +84,12 @@ def model_states(df) -> dict[str, int]:
     alive at once during the step. ``total`` = the four.
     """
     rows = df.set_index("category")
-    out = {"params": int(rows.at["params", "after_backward"]),
-           "gathered": int(rows.at["unsharded_params", "max"]),
-           "grads": int(rows.at["grads", "after_backward"]),
-           "optimizer": int(rows.at["optimizer", "after_backward"])}
+    out = {
+        "params": int(rows.at["params", "after_backward"]),
+        "gathered": int(rows.at["unsharded_params", "max"]),
+        "grads": int(rows.at["grads", "after_backward"]),
+        "optimizer": int(rows.at["optimizer", "after_backward"]),
+    }
     out["total"] = sum(out.values())
     return out
 
@@ -83,13 +99,22 @@ _NOTE = {
     1: "no FSDP2 mode shards only the optimizer (PyTorch: ZeroRedundancyOptimizer)",
     2: "+2Ψ/N: fp32 grad shards; gathered = all bf16 params, forward to backward (ZeRO-2's 2Ψ)",
     3: "shards = 16Ψ/N exactly; + gathered working set (root's embedding/output + block in "
-       "flight), not in Figure 1",
+    "flight), not in Figure 1",
 }
 
 
-def zero_table(model: LlamaLike, world_size: int, targets_gb, *, paper_n_params: float,
-               batch: int = 1, seq_len: int = 64, run_virtual: bool = True,
-               timeout: float = 300.0, count_comm: bool = True) -> pd.DataFrame:
+def zero_table(
+    model: LlamaLike,
+    world_size: int,
+    targets_gb,
+    *,
+    paper_n_params: float,
+    batch: int = 1,
+    seq_len: int = 64,
+    run_virtual: bool = True,
+    timeout: float = 300.0,
+    count_comm: bool = True,
+) -> pd.DataFrame:
     """Per-stage model states per rank: the source's numbers, estimate, and the virtual cluster.
 
     Columns: stage, name, target_GB (the source), estimate_GB (zero_bytes_per_rank at the
@@ -105,16 +130,31 @@ def zero_table(model: LlamaLike, world_size: int, targets_gb, *, paper_n_params:
     runs = {}
     for stage in range(4):
         strategy = STAGE_STRATEGY[stage]
-        row = {"stage": stage, "name": STAGE_NAMES[stage], "target_GB": float(targets_gb[stage]),
-               "estimate_GB": estimate.zero_bytes_per_rank(paper_n_params, stage=stage,
-                                                           world_size=world_size) / 1e9,
-               "estimate_model_GB": estimate.zero_bytes_per_rank(model.n_params, stage=stage,
-                                                                 world_size=world_size) / 1e9,
-               "strategy": strategy}
+        row = {
+            "stage": stage,
+            "name": STAGE_NAMES[stage],
+            "target_GB": float(targets_gb[stage]),
+            "estimate_GB": estimate.zero_bytes_per_rank(
+                paper_n_params, stage=stage, world_size=world_size
+            )
+            / 1e9,
+            "estimate_model_GB": estimate.zero_bytes_per_rank(
+                model.n_params, stage=stage, world_size=world_size
+            )
+            / 1e9,
+            "strategy": strategy,
+        }
         if run_virtual and strategy is not None:
-            df = simulate_step(model, world_size=world_size, strategy=strategy,
-                               mixed_precision="bf16", batch=batch, seq_len=seq_len,
-                               timeout=timeout, count_comm=count_comm)
+            df = simulate_step(
+                model,
+                world_size=world_size,
+                strategy=strategy,
+                mixed_precision="bf16",
+                batch=batch,
+                seq_len=seq_len,
+                timeout=timeout,
+                count_comm=count_comm,
+            )
             runs[stage] = df
             states = model_states(df)
             row.update({f"{k}_GB": v / 1e9 for k, v in states.items() if k != "total"})
@@ -130,21 +170,34 @@ def zero_table(model: LlamaLike, world_size: int, targets_gb, *, paper_n_params:
         row["note"] = _NOTE[stage]
         rows.append(row)
     out = pd.DataFrame(rows)
-    out.attrs.update(label=LABEL, world_size=world_size, model=model.name,
-                     n_params=model.n_params, paper_n_params=paper_n_params, runs=runs,
-                     title=f"virtual cluster vs ZeRO accounting: {model.name} "
-                           f"({model.n_params / 1e9:.3f}B params), {world_size} ranks, bf16 "
-                           "params + fp32 master/Adam, GB per rank")
+    out.attrs.update(
+        label=LABEL,
+        world_size=world_size,
+        model=model.name,
+        n_params=model.n_params,
+        paper_n_params=paper_n_params,
+        runs=runs,
+        title=f"virtual cluster vs ZeRO accounting: {model.name} "
+        f"({model.n_params / 1e9:.3f}B params), {world_size} ranks, bf16 "
+        "params + fp32 master/Adam, GB per rank",
+    )
     return out
 
 
 def zero_figure1(*, world_size: int = 64, run_virtual: bool = True, **kwargs) -> pd.DataFrame:
     """Figure 1 of arXiv:1910.02054 (7.5B params, 64 GPUs) with FSDP2 on the virtual cluster."""
-    return zero_table(PRESETS["zero-7.5b"], world_size, FIGURE1_GB, paper_n_params=7.5e9,
-                      run_virtual=run_virtual, **kwargs)
+    return zero_table(
+        PRESETS["zero-7.5b"],
+        world_size,
+        FIGURE1_GB,
+        paper_n_params=7.5e9,
+        run_virtual=run_virtual,
+        **kwargs,
+    )
 
 
 def zero_7b_table(*, world_size: int = 8, run_virtual: bool = True, **kwargs) -> pd.DataFrame:
     """7B at 16 B/param on 8 GPUs: 112 / 38.5 / 26.25 / 14 GB, with FSDP2 on the virtual cluster."""
-    return zero_table(PRESETS["7b"], world_size, SEVEN_B_GB, paper_n_params=7e9,
-                      run_virtual=run_virtual, **kwargs)
+    return zero_table(
+        PRESETS["7b"], world_size, SEVEN_B_GB, paper_n_params=7e9, run_virtual=run_virtual, **kwargs
+    )

@@ -36,6 +36,7 @@ Contents:
     ``print_wrapped``
   * memory: ``plot_measured_vs_predicted``, ``plot_memory_timeline``
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,25 +49,54 @@ import matplotlib.pyplot as plt
 
 from course_lib.measure.estimate import fmt_bytes
 
-__all__ = ["STYLE", "style", "styled", "CATEGORY_COLORS", "PHASE_COLORS", "UNITS", "MIN_TEXT_PX",
-           "DISPLAY_WIDTH_PX", "LINE_CHARS", "text_px", "readable", "wrap", "print_wrapped",
-           "plot_measured_vs_predicted", "plot_memory_timeline"]
+__all__ = [
+    "STYLE",
+    "style",
+    "styled",
+    "CATEGORY_COLORS",
+    "PHASE_COLORS",
+    "UNITS",
+    "MIN_TEXT_PX",
+    "DISPLAY_WIDTH_PX",
+    "LINE_CHARS",
+    "text_px",
+    "readable",
+    "wrap",
+    "print_wrapped",
+    "plot_measured_vs_predicted",
+    "plot_memory_timeline",
+]
 
 # ============================================================================================
 # style
 # ============================================================================================
 #: rcParams applied while a course figure is drawn (big, plain, readable when projected)
 STYLE = {
-    "font.size": 14, "axes.titlesize": 16, "axes.labelsize": 14, "legend.fontsize": 12,
-    "xtick.labelsize": 12, "ytick.labelsize": 12, "figure.titlesize": 17,
-    "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-    "grid.alpha": 0.3, "figure.dpi": 100, "savefig.bbox": "tight",
+    "font.size": 14,
+    "axes.titlesize": 16,
+    "axes.labelsize": 14,
+    "legend.fontsize": 12,
+    "xtick.labelsize": 12,
+    "ytick.labelsize": 12,
+    "figure.titlesize": 17,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "figure.dpi": 100,
+    "savefig.bbox": "tight",
 }
 
 #: one colour per MemoryMeter category, used by every memory plot of the course
-CATEGORY_COLORS = {"params": "tab:blue", "grads": "tab:orange", "optimizer": "tab:green",
-                   "activations": "tab:red", "temporaries": "tab:purple", "other": "tab:gray",
-                   "master": "tab:olive"}
+CATEGORY_COLORS = {
+    "params": "tab:blue",
+    "grads": "tab:orange",
+    "optimizer": "tab:green",
+    "activations": "tab:red",
+    "temporaries": "tab:purple",
+    "other": "tab:gray",
+    "master": "tab:olive",
+}
 
 #: background shading of the phases of a training step
 PHASE_COLORS = {"forward": "#dbe9f6", "backward": "#fbe3d6", "step": "#dcefdc"}
@@ -122,10 +152,12 @@ def style() -> Iterator[None]:
 def styled(fn):
     """Decorator: run a plot function inside ``style()`` (for functions not written as
     ``with style(): ...``)."""
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         with style():
             return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -144,7 +176,9 @@ def _drawn_texts(fig):
     box = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)
     out = []
     for t in fig.findobj(Text):
-        if not (t.get_visible() and t.get_text().strip()) or (t.axes is not None and not t.axes.get_visible()):
+        if not (t.get_visible() and t.get_text().strip()) or (
+            t.axes is not None and not t.axes.get_visible()
+        ):
             continue
         extent = t.get_window_extent(renderer)
         if extent.width and box.overlaps(extent):  # tick labels outside the view are not drawn
@@ -204,9 +238,13 @@ def wrap(text: str, width: int = LINE_CHARS, *, indent: str = "") -> str:
     breaks are kept."""
     if not isinstance(width, int) or isinstance(width, bool) or width < 20:
         raise ValueError(f"width must be an int >= 20 (characters), got width={width!r}")
-    return "\n".join(textwrap.fill(line, width, subsequent_indent=indent, break_long_words=False,
-                                    break_on_hyphens=False) or line
-                      for line in str(text).split("\n"))
+    return "\n".join(
+        textwrap.fill(
+            line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+        )
+        or line
+        for line in str(text).split("\n")
+    )
 
 
 def print_wrapped(*parts, width: int = LINE_CHARS, indent: str = "  ") -> None:
@@ -232,9 +270,14 @@ def _check_mapping(name: str, value) -> dict:
 # ============================================================================================
 # memory
 # ============================================================================================
-def plot_measured_vs_predicted(measured: Mapping[str, float], predicted: Mapping[str, float], *,
-                               title: str = "Memory: measured vs predicted", unit: str = "MiB",
-                               skip_total: bool = True):
+def plot_measured_vs_predicted(
+    measured: Mapping[str, float],
+    predicted: Mapping[str, float],
+    *,
+    title: str = "Memory: measured vs predicted",
+    unit: str = "MiB",
+    skip_total: bool = True,
+):
     """Two stacked bars (predicted, measured), one segment per category, and the residual.
 
     ``measured``/``predicted``: category -> bytes (e.g. ``mem.peak_breakdown`` and
@@ -242,10 +285,16 @@ def plot_measured_vs_predicted(measured: Mapping[str, float], predicted: Mapping
     (``skip_total``). Categories missing on one side count as 0. The annotation on the right
     gives measured - predicted per category and in total.
     """
-    measured, predicted = _check_mapping("measured", measured), _check_mapping("predicted", predicted)
+    measured, predicted = (
+        _check_mapping("measured", measured),
+        _check_mapping("predicted", predicted),
+    )
     div = _unit(unit)
-    cats = [c for c in dict.fromkeys([*CATEGORY_COLORS, *predicted, *measured])
-            if not (skip_total and c == "total") and (measured.get(c, 0) or predicted.get(c, 0))]
+    cats = [
+        c
+        for c in dict.fromkeys([*CATEGORY_COLORS, *predicted, *measured])
+        if not (skip_total and c == "total") and (measured.get(c, 0) or predicted.get(c, 0))
+    ]
     with style():
         fig, ax = plt.subplots(figsize=(9, 5.5))
         for x, values in ((0, predicted), (1, measured)):
@@ -253,9 +302,14 @@ def plot_measured_vs_predicted(measured: Mapping[str, float], predicted: Mapping
             for cat in cats:
                 height = values.get(cat, 0) / div
                 if height:
-                    ax.bar(x, height, bottom=bottom, width=0.6,
-                           color=CATEGORY_COLORS.get(cat, "black"),
-                           label=cat if x == 0 or not predicted.get(cat, 0) else None)
+                    ax.bar(
+                        x,
+                        height,
+                        bottom=bottom,
+                        width=0.6,
+                        color=CATEGORY_COLORS.get(cat, "black"),
+                        label=cat if x == 0 or not predicted.get(cat, 0) else None,
+                    )
                     bottom += height
             ax.text(x, bottom, f"{bottom:,.2f}", ha="center", va="bottom")
         ax.margins(y=0.12)
@@ -269,17 +323,25 @@ def plot_measured_vs_predicted(measured: Mapping[str, float], predicted: Mapping
             lines.append(f"{cat}: {'+' if diff >= 0 else '-'}{fmt_bytes(abs(diff))}")
         total = sum(measured.get(c, 0) for c in cats) - sum(predicted.get(c, 0) for c in cats)
         lines.append(f"total: {'+' if total >= 0 else '-'}{fmt_bytes(abs(total))}")
-        ax.text(1.42, 0.02, "\n".join(lines), transform=ax.get_xaxis_transform(), va="bottom",
-                fontsize=11, family="monospace",
-                bbox=dict(boxstyle="round", facecolor="white", alpha=0.8))
+        ax.text(
+            1.42,
+            0.02,
+            "\n".join(lines),
+            transform=ax.get_xaxis_transform(),
+            va="bottom",
+            fontsize=11,
+            family="monospace",
+            bbox=dict(boxstyle="round", facecolor="white", alpha=0.8),
+        )
         handles, labels = ax.get_legend_handles_labels()
         ax.legend(handles[::-1], labels[::-1], loc="upper right", fontsize=11)
         fig.tight_layout()
     return fig
 
 
-def plot_memory_timeline(timeline, *, title: str = "Memory during a training step",
-                         unit: str = "MiB", categories=None):
+def plot_memory_timeline(
+    timeline, *, title: str = "Memory during a training step", unit: str = "MiB", categories=None
+):
     """Stacked areas of memory by category over the events of ``MemoryMeter.timeline``, with the
     phases shaded (forward accumulates activations; backward frees them and creates gradients;
     the first optimizer step creates the optimizer state) and the peak marked.
@@ -289,15 +351,19 @@ def plot_memory_timeline(timeline, *, title: str = "Memory during a training ste
     import pandas as pd
 
     if not isinstance(timeline, pd.DataFrame):
-        raise TypeError(f"timeline must be a pandas DataFrame (MemoryMeter.timeline), got "
-                        f"{type(timeline).__name__}")
+        raise TypeError(
+            f"timeline must be a pandas DataFrame (MemoryMeter.timeline), got "
+            f"{type(timeline).__name__}"
+        )
     from course_lib.measure.memory import CATEGORIES
 
     cats = list(categories) if categories is not None else [c for c in CATEGORIES if c in timeline]
     missing = [c for c in ["event", "phase", *cats] if c not in timeline.columns]
     if missing or not cats:
-        raise ValueError(f"timeline is missing columns {missing or list(CATEGORIES)}; it has "
-                         f"{list(timeline.columns)}")
+        raise ValueError(
+            f"timeline is missing columns {missing or list(CATEGORIES)}; it has "
+            f"{list(timeline.columns)}"
+        )
     if timeline.empty:
         raise ValueError("timeline is empty: run the block inside MemoryMeter first")
     div = _unit(unit)
@@ -312,19 +378,37 @@ def plot_memory_timeline(timeline, *, title: str = "Memory during a training ste
             if i == len(tl) or tl.phase[i] != tl.phase[start]:
                 phase = tl.phase[start]
                 if phase in PHASE_COLORS:
-                    ax.axvspan(start - 0.5, i - 0.5, color=PHASE_COLORS[phase], zorder=0,
-                               label=phase if phase not in seen else None)
+                    ax.axvspan(
+                        start - 0.5,
+                        i - 0.5,
+                        color=PHASE_COLORS[phase],
+                        zorder=0,
+                        label=phase if phase not in seen else None,
+                    )
                     seen.add(phase)
                 start = i
-        ax.stackplot(xs, *[tl[c] / div for c in cats], labels=cats, zorder=2, alpha=0.9,
-                     colors=[CATEGORY_COLORS.get(c, "black") for c in cats])
+        ax.stackplot(
+            xs,
+            *[tl[c] / div for c in cats],
+            labels=cats,
+            zorder=2,
+            alpha=0.9,
+            colors=[CATEGORY_COLORS.get(c, "black") for c in cats],
+        )
         peak = tl.index[tl.event == "peak"]
         if len(peak):
             i = int(peak[0])
             total = sum(tl.loc[i, c] for c in cats)
-            ax.annotate(f"peak {fmt_bytes(total)}", (i, total / div), xytext=(0, 12),
-                        textcoords="offset points", ha="center", fontsize=12, zorder=3,
-                        arrowprops=dict(arrowstyle="-"))
+            ax.annotate(
+                f"peak {fmt_bytes(total)}",
+                (i, total / div),
+                xytext=(0, 12),
+                textcoords="offset points",
+                ha="center",
+                fontsize=12,
+                zorder=3,
+                arrowprops=dict(arrowstyle="-"),
+            )
         ax.set_xlim(-0.5, len(tl) - 0.5)
         ax.set_ylim(0, max(1e-12, (tl[cats].sum(axis=1).max() / div) * 1.15))
         ax.set_xlabel("event (module hooks, optimizer step)")

@@ -3,6 +3,7 @@
 Every title says "virtual cluster (simulated)": these bytes come from PyTorch's sharding code
 traced under FakeTensorMode, not from a GPU. Introduced in notebooks/10_zero_fsdp.ipynb.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -14,13 +15,20 @@ from course_lib.viz.plots import CATEGORY_COLORS, UNITS, require_columns, style
 __all__ = ["plot_virtual_breakdown", "VIRTUAL_COLORS"]
 
 #: colours of the virtual rows: MemoryMeter's where the category is the same
-VIRTUAL_COLORS = {**CATEGORY_COLORS, "unsharded_params": "tab:cyan", "unsharded_grads": "gold",
-                  "all_gather": "tab:brown", "reduce_scatter": "tab:pink", "buffers": "black",
-                  "inputs": "tab:gray"}
+VIRTUAL_COLORS = {
+    **CATEGORY_COLORS,
+    "unsharded_params": "tab:cyan",
+    "unsharded_grads": "gold",
+    "all_gather": "tab:brown",
+    "reduce_scatter": "tab:pink",
+    "buffers": "black",
+    "inputs": "tab:gray",
+}
 
 
-def plot_virtual_breakdown(frames, *, column: str = "at_peak", unit: str = "GiB",
-                           title: str | None = None):
+def plot_virtual_breakdown(
+    frames, *, column: str = "at_peak", unit: str = "GiB", title: str | None = None
+):
     """One stacked horizontal bar per result: the rank's bytes by category.
 
     ``frames``: a result, a list of results, or a mapping ``{bar label: result}`` (default
@@ -32,8 +40,10 @@ def plot_virtual_breakdown(frames, *, column: str = "at_peak", unit: str = "GiB"
         items = list(frames.items())
     else:
         frames = [frames] if not isinstance(frames, Sequence) else list(frames)
-        items = [(f"{f.attrs.get('strategy', '?')}, N={f.attrs.get('world_size', '?')}", f)
-                 for f in frames]
+        items = [
+            (f"{f.attrs.get('strategy', '?')}, N={f.attrs.get('world_size', '?')}", f)
+            for f in frames
+        ]
     if not items:
         raise ValueError("frames = []: expected at least one simulate_step result")
     if unit not in UNITS:
@@ -41,8 +51,9 @@ def plot_virtual_breakdown(frames, *, column: str = "at_peak", unit: str = "GiB"
     for label, f in items:
         require_columns(f, ["category", column], f"frames[{label!r}]", nonempty=True)
         if f.attrs.get("label") != "virtual":
-            raise ValueError(f"frames[{label!r}] is not a virtual-cluster result "
-                             "(attrs['label'] != 'virtual')")
+            raise ValueError(
+                f"frames[{label!r}] is not a virtual-cluster result (attrs['label'] != 'virtual')"
+            )
     scale = UNITS[unit]
     with style():
         fig, ax = plt.subplots(figsize=(10, 1.2 + 0.7 * len(items)))
@@ -53,14 +64,22 @@ def plot_virtual_breakdown(frames, *, column: str = "at_peak", unit: str = "GiB"
             for cat, value in rows.items():
                 if cat == "total" or value <= 0:
                     continue
-                ax.barh(y, value / scale, left=left, color=VIRTUAL_COLORS.get(cat, "lightgray"),
-                        label=None if cat in seen else cat)
+                ax.barh(
+                    y,
+                    value / scale,
+                    left=left,
+                    color=VIRTUAL_COLORS.get(cat, "lightgray"),
+                    label=None if cat in seen else cat,
+                )
                 seen.add(cat)
                 left += value / scale
         ax.set_yticks(range(len(items)), [label for label, _ in items])
         ax.set_xlabel(f"{unit} on one rank ({column.replace('_', ' ')})")
         head = "virtual cluster (simulated)"
-        ax.set_title(f"{head}: {title}" if title else
-                     f"{head}: per-rank memory, {items[0][1].attrs.get('model', '')}")
+        ax.set_title(
+            f"{head}: {title}"
+            if title
+            else f"{head}: per-rank memory, {items[0][1].attrs.get('model', '')}"
+        )
         ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return fig

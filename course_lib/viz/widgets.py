@@ -20,6 +20,7 @@ Driven from Python (tests do this): ``ex = SquareExplorer(); ex.n.value = 4; ex.
 ex.result``. Nothing runs until Run is pressed. This module is the one place in ``course_lib``
 where ipywidgets frames are built.
 """
+
 from __future__ import annotations
 
 import html
@@ -48,15 +49,20 @@ class Explorer:
     expected_errors: tuple[type[BaseException], ...] = ()  # "cannot run: ...", not raised
     extras: tuple[str, ...] = ()  # other attributes a run sets: None before it and after a failure
 
-    def __init__(self, *controls: widgets.Widget, tooltip: str = "run",
-                 intro: str = "Set the controls, then press Run."):
+    def __init__(
+        self,
+        *controls: widgets.Widget,
+        tooltip: str = "run",
+        intro: str = "Set the controls, then press Run.",
+    ):
         self.run_button = widgets.Button(description="Run", button_style="primary", tooltip=tooltip)
         self.status = widgets.HTML(value=intro)
         self.output = widgets.Output()
         self.clear()
         self.run_button.on_click(lambda _button: self.run())
-        self.widget = widgets.VBox([widgets.HBox([*controls, self.run_button]), self.status,
-                                    self.output])
+        self.widget = widgets.VBox(
+            [widgets.HBox([*controls, self.run_button]), self.status, self.output]
+        )
 
     def _ipython_display_(self):  # display(explorer), or an explorer ending a cell, shows it
         display(self.widget)
@@ -137,8 +143,11 @@ def _display_data(obj) -> dict:
         return {"output_type": "display_data", "data": data, "metadata": {}}
     # the kernel's formatter (with any the learner registered); outside IPython a plain one, not
     # a new shell (which would open a history database)
-    formatter = (InteractiveShell.instance().display_formatter if InteractiveShell.initialized()
-                 else DisplayFormatter())
+    formatter = (
+        InteractiveShell.instance().display_formatter
+        if InteractiveShell.initialized()
+        else DisplayFormatter()
+    )
     data, metadata = formatter.format(obj)
     return {"output_type": "display_data", "data": data, "metadata": metadata}
 
@@ -147,4 +156,3 @@ def _close_new_figures(opened: set[int]) -> None:
     """Close every pyplot figure made since ``opened`` (shown ones and any stray one)."""
     for num in set(plt.get_fignums()) - opened:
         plt.close(num)
-

@@ -12,6 +12,7 @@ Playwright cannot download its own browser here, so it drives the system Chromiu
 Without one, these tests are skipped; to run them install Chromium (Debian: ``apt install
 chromium``) — ``.ci/run`` does. Timings go to ``build/browser-timings.json``.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,10 @@ def _chromium() -> str | None:
 CHROMIUM = _chromium()
 sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
 pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no Chromium: install it (Debian: apt install chromium) or set "
-                             "COURSE_CHROMIUM=/path/to/chromium to run the browser tests")
+    CHROMIUM is None,
+    reason="no Chromium: install it (Debian: apt install chromium) or set "
+    "COURSE_CHROMIUM=/path/to/chromium to run the browser tests",
+)
 
 
 def _free_port() -> int:
@@ -63,30 +66,52 @@ def lab(tmp_path_factory):
         shutil.copytree(ROOT / folder, root / folder)
     home = tmp_path_factory.mktemp("jupyter")
     port, token = _free_port(), "course-browser-test"
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"),
-           "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "JUPYTER_DATA_DIR": str(home / "data"),
-           "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(home / "config"),
+        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+        "JUPYTER_DATA_DIR": str(home / "data"),
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+    }
     # as `make lab` does: trusted notebooks draw their stored widgets before anything runs
-    subprocess.run([sys.executable, "-m", "jupyter", "trust", *map(str, root.glob("*/*.ipynb"))],
-                   env=env, check=True, capture_output=True, timeout=120)
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}",
-           "--ServerApp.ip=127.0.0.1", f"--IdentityProvider.token={token}",
-           f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={home / 'settings'}",
-           f"--LabApp.workspaces_dir={home / 'workspaces'}",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           "--LabApp.news_url=None", "--LabApp.expose_app_in_browser=True"]
+    subprocess.run(
+        [sys.executable, "-m", "jupyter", "trust", *map(str, root.glob("*/*.ipynb"))],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        f"--port={port}",
+        "--ServerApp.ip=127.0.0.1",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        f"--LabApp.user_settings_dir={home / 'settings'}",
+        f"--LabApp.workspaces_dir={home / 'workspaces'}",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.news_url=None",
+        "--LabApp.expose_app_in_browser=True",
+    ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     settings = home / "settings" / "@jupyterlab"
     # every cell in the page (no windowing), and no news pop-up over the notebook
-    for plugin, values in {"notebook-extension/tracker": {"windowingMode": "none"},
-                           "apputils-extension/notification": {"fetchNews": "false"}}.items():
+    for plugin, values in {
+        "notebook-extension/tracker": {"windowingMode": "none"},
+        "apputils-extension/notification": {"fetchNews": "false"},
+    }.items():
         path = settings / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
     start = time.perf_counter()
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -96,7 +121,9 @@ def lab(tmp_path_factory):
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"JupyterLab did not start on port {port} within 60 s") from None
+                    raise RuntimeError(
+                        f"JupyterLab did not start on port {port} within 60 s"
+                    ) from None
                 time.sleep(0.3)
         TIMINGS["server up"] = time.perf_counter() - start
         yield base, token, root
@@ -127,8 +154,10 @@ def _open(browser, lab, path: str):
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     start = time.perf_counter()
-    page.goto(f"{base}/lab/tree/{path}?reset&token={token}")   # reset: only this notebook open
-    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell", timeout=60_000)
+    page.goto(f"{base}/lab/tree/{path}?reset&token={token}")  # reset: only this notebook open
+    page.wait_for_selector(
+        ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell", timeout=60_000
+    )
     return page, errors, time.perf_counter() - start
 
 
@@ -180,8 +209,11 @@ def _stored_widget_views(path: Path) -> int:
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
-    return sum("application/vnd.jupyter.widget-view+json" in out.get("data", {})
-               for cell in nb.cells for out in cell.get("outputs", []))
+    return sum(
+        "application/vnd.jupyter.widget-view+json" in out.get("data", {})
+        for cell in nb.cells
+        for out in cell.get("outputs", [])
+    )
 
 
 def test_every_lecture_opens_and_its_stored_widgets_render(browser, lab):
@@ -192,8 +224,10 @@ def test_every_lecture_opens_and_its_stored_widgets_render(browser, lab):
         stored = _stored_widget_views(ROOT / "notebooks" / name)
         text, views, seconds, dirty = page.evaluate(OPEN_IN_PAGE, [f"notebooks/{name}", stored > 0])
         if dirty:
-            problems.append(f"{name}: marked modified on opening (stored metadata differs from "
-                            f"what JupyterLab writes; re-execute it with make notebooks)")
+            problems.append(
+                f"{name}: marked modified on opening (stored metadata differs from "
+                f"what JupyterLab writes; re-execute it with make notebooks)"
+            )
         TIMINGS[f"open {name}"] = seconds
         if "VBox(children" in text or "HBox(children" in text or "an interactive widget:" in text:
             problems.append(f"{name}: a stored widget shows as text, not drawn")
@@ -207,23 +241,31 @@ def test_every_lecture_opens_and_its_stored_widgets_render(browser, lab):
 def test_unit01_widget_updates_on_run(browser, lab):
     page, errors, _ = _open(browser, lab, "notebooks/01_backprop_memory.ipynb")
     TIMINGS["run all unit 01"] = _run_all(page)
-    explorer = page.locator(".widget-vbox:has(.widget-html-content):has(button.widget-button:has-text('Run'))").last
+    explorer = page.locator(
+        ".widget-vbox:has(.widget-html-content):has(button.widget-button:has-text('Run'))"
+    ).last
     explorer.scroll_into_view_if_needed()
     status = explorer.locator(".widget-html-content").first
     before = status.inner_text()
     explorer.locator(".widget-dropdown select").nth(1).select_option("sgd")
     start = time.perf_counter()
     explorer.locator("button:has-text('Run')").click()
-    page.wait_for_function("([el, old]) => el.innerText !== old && el.innerText.includes('sgd')",
-                           arg=[status.element_handle(), before], timeout=60_000)
+    page.wait_for_function(
+        "([el, old]) => el.innerText !== old && el.innerText.includes('sgd')",
+        arg=[status.element_handle(), before],
+        timeout=60_000,
+    )
     TIMINGS["widget run unit 01"] = time.perf_counter() - start
     assert "adam" in before and "sgd" in status.inner_text()
     # the new timeline is in the widget, and no copy of it went to the Log Console (where the
     # first Run after a kernel start used to send it)
     explorer.locator(".widget-output img").first.wait_for(timeout=30_000)
     page.evaluate("() => window.jupyterapp.commands.execute('logconsole:open')")
-    page.select_option(".jp-LogConsole-toolbarLogLevel select, select[aria-label='Log level']", "debug",
-                       timeout=10_000)  # show every entry
+    page.select_option(
+        ".jp-LogConsole-toolbarLogLevel select, select[aria-label='Log level']",
+        "debug",
+        timeout=10_000,
+    )  # show every entry
     assert page.locator(".jp-LogConsolePanel img").count() == 0
     assert errors == []
     page.close()
@@ -236,9 +278,11 @@ def test_unfilled_exercise_check_shows_one_line_and_no_source(browser, lab):
     TIMINGS["run all exercise 00"] = _run_all(page)
     # once run, a check cell shows the learner's own output, never the stored target
     assert target not in _notebook_text(page)
-    errors_shown = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'],"
-                                " .jp-OutputArea-output.jp-RenderedText[data-mime-type="
-                                "'application/vnd.jupyter.error']")
+    errors_shown = page.locator(
+        ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'],"
+        " .jp-OutputArea-output.jp-RenderedText[data-mime-type="
+        "'application/vnd.jupyter.error']"
+    )
     texts = [errors_shown.nth(i).inner_text() for i in range(errors_shown.count())]
     crosses = [t for t in texts if "✗ task" in t]
     assert crosses, f"no ✗ line in the unfilled exercise's outputs: {texts[:3]}"
@@ -282,25 +326,35 @@ def test_ranks_magics_interrupt_with_the_stop_button_and_restart_leaves_no_proce
     nb.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "ranks_scratch.ipynb")
     page, errors, _ = _open(browser, lab, "ranks_scratch.ipynb")
-    kernel_pid = int(_run_cell(page, "import os\n%load_ext course_lib.ranks\nos.getpid()").split()[-1])
+    kernel_pid = int(
+        _run_cell(page, "import os\n%load_ext course_lib.ranks\nos.getpid()").split()[-1]
+    )
     start = time.perf_counter()
     assert "2 ranks running" in _run_cell(page, "%ranks start 2")
     TIMINGS["ranks start 2"] = time.perf_counter() - start
     start = time.perf_counter()
     text = _run_cell(page, "%%ranks\nprint('hello from', rank)\nrank * 10")
     TIMINGS["ranks trivial cell"] = time.perf_counter() - start
-    assert text.splitlines()[:4] == ["[rank 0] hello from 0", "[rank 0] Out: 0",
-                                     "[rank 1] hello from 1", "[rank 1] Out: 10"], text
+    assert text.splitlines()[:4] == [
+        "[rank 0] hello from 0",
+        "[rank 0] Out: 0",
+        "[rank 1] hello from 1",
+        "[rank 1] Out: 10",
+    ], text
     processes = psutil.Process(kernel_pid).children(recursive=True)
     assert len(processes) >= 2, processes  # the ranks (and the launcher's forkserver)
 
     index = page.evaluate(RUN_NEW_CELL, ["%%ranks\nimport time\ntime.sleep(60)", False])
-    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session"
-                           ".kernel.status === 'busy'", timeout=10_000)
+    page.wait_for_function(
+        "() => window.jupyterapp.shell.currentWidget.sessionContext.session"
+        ".kernel.status === 'busy'",
+        timeout=10_000,
+    )
     page.wait_for_timeout(1000)  # the magic has sent the cell: the ranks are sleeping
     start = time.perf_counter()
-    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) "
-                 "[data-command='notebook:interrupt-kernel']").first.click()
+    page.locator(
+        ".jp-NotebookPanel:not(.lm-mod-hidden) [data-command='notebook:interrupt-kernel']"
+    ).first.click()
     text = page.evaluate(CELL_TEXT, index)
     TIMINGS["ranks interrupt (stop button)"] = time.perf_counter() - start
     assert TIMINGS["ranks interrupt (stop button)"] < 3, TIMINGS
@@ -340,10 +394,15 @@ def test_static_slides_open_offline(browser, tmp_path):
     page.wait_for_selector(".reveal.ready", timeout=30_000)
     TIMINGS["slides ready unit 09"] = time.perf_counter() - start
     import nbformat
+
     expected = slides.count_slides(nbformat.read(lecture, as_version=4))
-    shown = page.evaluate("() => [...document.querySelectorAll('.slides section')]"
-                          ".filter(s => !s.querySelector('section')).length")
+    shown = page.evaluate(
+        "() => [...document.querySelectorAll('.slides section')]"
+        ".filter(s => !s.querySelector('section')).length"
+    )
     assert shown == expected
-    assert page.locator("mjx-container, .MathJax, .MathJax_CHTML").count() > 0, "no formula rendered"
+    assert page.locator("mjx-container, .MathJax, .MathJax_CHTML").count() > 0, (
+        "no formula rendered"
+    )
     assert errors == [] and remote == []
     page.close()

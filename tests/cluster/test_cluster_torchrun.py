@@ -1,6 +1,7 @@
 """Exported experiments under torchrun give what launch gives; two torchrun agents meeting at a
 c10d rendezvous (two "nodes" on this host) run an exported script to launch's result; a rank
 that fails is named in torchrun's own error report."""
+
 from __future__ import annotations
 
 import psutil
@@ -49,8 +50,9 @@ def test_every_unit_with_ranks_exports_something():
 @pytest.mark.timeout(300)
 def test_every_experiment_gives_launchs_result_under_torchrun(tmp_path):
     (tmp_path / "driver.py").write_text(DRIVER.format(small=SMALL))
-    [proc] = run_agents([torchrun("--standalone", "--nproc-per-node", "2", "driver.py")],
-                        tmp_path, timeout=240)
+    [proc] = run_agents(
+        [torchrun("--standalone", "--nproc-per-node", "2", "driver.py")], tmp_path, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     for name, settings in SMALL.items():
         under_torchrun = cluster.load(tmp_path / f"{name}.json")

@@ -1,5 +1,6 @@
 """The pieces of course_lib.cluster without torchrun: results files, settings, world sizes,
 commands, the command line, and an exported script run with plain python."""
+
 from __future__ import annotations
 
 import math
@@ -19,18 +20,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _frame():
-    df = pd.DataFrame({"name": ["a", "b", "c"], "n": [1, 2, 3], "x": [0.1, math.nan, 1 / 3],
-                       "ok": [True, False, True], "cell": [[1, 2], (3, 4), None]})
+    df = pd.DataFrame(
+        {
+            "name": ["a", "b", "c"],
+            "n": [1, 2, 3],
+            "x": [0.1, math.nan, 1 / 3],
+            "ok": [True, False, True],
+            "cell": [[1, 2], (3, 4), None],
+        }
+    )
     df.attrs["ranks"] = 4
     df.attrs["inner"] = pd.DataFrame({"k": [1.5]})
     return df
 
 
 def test_a_results_file_gives_back_equal_values():
-    value = {"frame": _frame(), "t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3) / 7,
-             "i64": torch.tensor([2**40, -1]), "pair": (1, 2.5), "list": [1, "two", None],
-             "by_rank": {0: "a", 3: "b"}, "config": GPTConfig(n_layer=2, n_embd=32),
-             "dtype": torch.float16, "tag_like": {"__tuple__": [1]}, "nan": math.nan}
+    value = {
+        "frame": _frame(),
+        "t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3) / 7,
+        "i64": torch.tensor([2**40, -1]),
+        "pair": (1, 2.5),
+        "list": [1, "two", None],
+        "by_rank": {0: "a", 3: "b"},
+        "config": GPTConfig(n_layer=2, n_embd=32),
+        "dtype": torch.float16,
+        "tag_like": {"__tuple__": [1]},
+        "nan": math.nan,
+    }
     back, meta = results.loads(results.dumps(value, {"world_size": 2}))
     assert meta == {"world_size": 2}
     assert results.differences(value, back) == []
@@ -55,8 +71,9 @@ def test_differences_finds_each_kind_of_change():
 def test_a_file_not_written_by_an_export_is_refused(tmp_path):
     with pytest.raises(ValueError, match="format = None: expected 'course_lib.cluster/1'"):
         results.loads('{"value": 1}')
-    bad = results.dumps(None).replace('"value": null', '"value": {"__dataclass__": '
-                                      '{"class": "os:stat_result", "fields": {}}}')
+    bad = results.dumps(None).replace(
+        '"value": null', '"value": {"__dataclass__": {"class": "os:stat_result", "fields": {}}}'
+    )
     with pytest.raises(ValueError, match="only course_lib's own dataclasses"):
         results.loads(bad)
     with pytest.raises(FileNotFoundError, match="no results file there"):
@@ -65,7 +82,10 @@ def test_a_file_not_written_by_an_export_is_refused(tmp_path):
 
 def test_settings_are_typed_and_unknown_ones_named():
     exp = cluster.get("u09.bytes")
-    assert exp.settings({"bucket_cap_mb": "25", "width": "64"}) == {"width": 64, "bucket_cap_mb": 25.0}
+    assert exp.settings({"bucket_cap_mb": "25", "width": "64"}) == {
+        "width": 64,
+        "bucket_cap_mb": 25.0,
+    }
     with pytest.raises(ValueError, match="valid settings: width, bucket_cap_mb"):
         exp.settings({"bucket_cap": 25})
     with pytest.raises(ValueError, match="setting width = 'wide': expected an int"):
@@ -80,7 +100,9 @@ def test_settings_are_typed_and_unknown_ones_named():
 
 
 def test_a_world_size_an_experiment_cannot_use_is_refused_before_any_rank(tmp_path):
-    with pytest.raises(ValueError, match="n_head = 4 is not divisible by tp = 3; valid tp: 1, 2, 4"):
+    with pytest.raises(
+        ValueError, match="n_head = 4 is not divisible by tp = 3; valid tp: 1, 2, 4"
+    ):
         cluster.export("u11.parity", tmp_path / "never.py", world_size=3)
     with pytest.raises(ValueError, match="u14.run_3d runs on exactly 8 ranks"):
         cluster.get("u14.run_3d").resolve_world_size(4, cluster.get("u14.run_3d").settings())
@@ -93,11 +115,15 @@ def test_a_world_size_an_experiment_cannot_use_is_refused_before_any_rank(tmp_pa
 
 
 def test_launch_commands_for_one_node_several_and_slurm(tmp_path):
-    assert cluster.launch_command("ddp.py", nproc_per_node=4) == \
-        "torchrun --standalone --nproc-per-node 4 ddp.py"
+    assert (
+        cluster.launch_command("ddp.py", nproc_per_node=4)
+        == "torchrun --standalone --nproc-per-node 4 ddp.py"
+    )
     two = cluster.launch_command("t.py", nproc_per_node=8, nnodes=2, args={"dp": 2, "pp": 8})
-    assert two == ("torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "
-                   "$HEAD_NODE:29500 --rdzv-id $JOB_ID t.py --dp 2 --pp 8")
+    assert two == (
+        "torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "
+        "$HEAD_NODE:29500 --rdzv-id $JOB_ID t.py --dp 2 --pp 8"
+    )
     job = cluster.slurm_script("t.py", nodes=4, gpus_per_node=8, partition="gpu")
     assert "#SBATCH --nodes=4" in job and "#SBATCH --partition=gpu" in job
     assert "srun torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d" in job
@@ -110,9 +136,15 @@ def test_launch_commands_for_one_node_several_and_slurm(tmp_path):
 
 def _cli(*args, stdout=None, cwd=None):
     env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-m", "course_lib.cluster", *args], cwd=cwd, env=env,
-                          stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "course_lib.cluster", *args],
+        cwd=cwd,
+        env=env,
+        stdout=stdout or subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_command_line_exports_a_script_named_after_its_file(tmp_path):
@@ -123,7 +155,9 @@ def test_the_command_line_exports_a_script_named_after_its_file(tmp_path):
     assert "torchrun --standalone --nproc-per-node 4 ddp.py" in text
     assert "'bucket_cap_mb': 25.0" in text and "ddp_results.json" in text
     listed = _cli("list")
-    assert listed.returncode == 0 and "u14.run_3d" in listed.stdout and "u08.timing" in listed.stdout
+    assert (
+        listed.returncode == 0 and "u14.run_3d" in listed.stdout and "u08.timing" in listed.stdout
+    )
     bad = _cli("export", "u09", "--bucket-cap", "25")
     assert bad.returncode == 2 and "valid settings: width, bucket_cap_mb" in bad.stderr
 
@@ -132,8 +166,14 @@ def test_the_command_line_exports_a_script_named_after_its_file(tmp_path):
 def test_an_exported_script_runs_with_plain_python_through_launch(tmp_path):
     script = cluster.export("u10.memory", tmp_path / "zero.py", stages=(0, 3))
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, str(script), "--world-size", "2", "--stages", "3"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--world-size", "2", "--stages", "3"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = cluster.load(tmp_path / "zero_results.json")
     assert res.meta["launcher"] == "launch" and res.meta["settings"]["stages"] == (3,)

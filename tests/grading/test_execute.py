@@ -27,7 +27,9 @@ def test_reexecuting_the_fixture_reproduces_its_bytes(solution, tmp_path):
     again, stored = nbformat.read(copy, as_version=4), nbformat.read(solution, as_version=4)
     # the kernel's full language_info is stored, as JupyterLab writes it: the same but for the
     # Python version of the machine that ran it
-    assert again.metadata.language_info.pop("version") and stored.metadata.language_info.pop("version")
+    assert again.metadata.language_info.pop("version") and stored.metadata.language_info.pop(
+        "version"
+    )
     assert again.metadata.kernelspec.display_name == "Python 3 (ipykernel)"
     assert nbformat.writes(again) == nbformat.writes(stored)
 
@@ -93,8 +95,11 @@ def test_exercise_and_solution_under_nbval(exercise, solution, tmp_path):
     shutil.copy(solution, tmp_path / "solution.ipynb")
     wrong = "def double(x):\n    return 3 * x"
     broken = _variant(solution, tmp_path / "broken" / "solution.ipynb", {"fixture-3": wrong})
-    answers = {"fixture-3": "def double(x):\n    return 2 * x", "fixture-5": "total = 45\ntotal",
-               "fixture-7": "def mean(xs):\n    return sum(xs) / len(xs)"}
+    answers = {
+        "fixture-3": "def double(x):\n    return 2 * x",
+        "fixture-5": "total = 45\ntotal",
+        "fixture-7": "def mean(xs):\n    return sum(xs) / len(xs)",
+    }
     # a deterministic cell (metadata tag NBVAL_CHECK_OUTPUT, which nbval itself only knows as
     # "nbval-check-output") whose stored output went stale: compared, so it fails
     stale = _variant(solution, tmp_path / "stale" / "solution.ipynb", {})
@@ -102,35 +107,64 @@ def test_exercise_and_solution_under_nbval(exercise, solution, tmp_path):
     next(c for c in nb.cells if c.id == "fixture-9").outputs[0]["text"] = "deterministic: 41\n"
     nbformat.write(nb, stale)
     filled = _variant(exercise, tmp_path / "filled" / "exercise.ipynb", answers)
-    chatty = _variant(exercise, tmp_path / "chatty" / "exercise.ipynb",
-                      {**answers, "fixture-6": 'print("hi")\ncheck_equal(2, "total", total, 45)'})
+    chatty = _variant(
+        exercise,
+        tmp_path / "chatty" / "exercise.ipynb",
+        {**answers, "fixture-6": 'print("hi")\ncheck_equal(2, "total", total, 45)'},
+    )
     cmd = [
-        sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider",
-        "-p", "course_lib.grading.nbval_targets", "-o", "addopts=", "--rootdir", str(tmp_path),
-        str(tmp_path / "solution.ipynb"), str(broken), str(stale), str(exercise), str(filled), str(chatty),
+        sys.executable,
+        "-m",
+        "pytest",
+        "--nbval-lax",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "course_lib.grading.nbval_targets",
+        "-o",
+        "addopts=",
+        "--rootdir",
+        str(tmp_path),
+        str(tmp_path / "solution.ipynb"),
+        str(broken),
+        str(stale),
+        str(exercise),
+        str(filled),
+        str(chatty),
         "-rf",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     failed = sorted(  # "FAILED chatty/exercise.ipynb::Cell 5 - ..." -> "chatty::Cell 5"
         "::".join((where.split("/")[-2], cell))
-        for line in done.stdout.splitlines() if line.startswith("FAILED ")
-        for where, cell in [line[len("FAILED "):].split(" - ")[0].split("::")]
+        for line in done.stdout.splitlines()
+        if line.startswith("FAILED ")
+        for where, cell in [line[len("FAILED ") :].split(" - ")[0].split("::")]
     )
     # nbval counts code cells only: 3, 5 and 7 are the check cells of tasks 1-3, 4 is the
     # top-level stub itself; the exercise's other cells (incl. the non-graded NBVAL_CHECK_OUTPUT
     # cell 8, compared with its stored expected output) pass
-    assert failed == ["broken::Cell 3", "chatty::Cell 5", "exercises::Cell 3", "exercises::Cell 4",
-                      "exercises::Cell 5", "exercises::Cell 7", "stale::Cell 8"], done.stdout
+    assert failed == [
+        "broken::Cell 3",
+        "chatty::Cell 5",
+        "exercises::Cell 3",
+        "exercises::Cell 4",
+        "exercises::Cell 5",
+        "exercises::Cell 7",
+        "stale::Cell 8",
+    ], done.stdout
     assert "7 failed, 47 passed" in done.stdout, done.stdout
     assert "✗ task 1" in done.stdout and "Cell outputs differ" in done.stdout
 
 
 def test_stored_widgets_keep_their_state_and_progress_bars_their_final_text(tmp_path):
     path = tmp_path / "widgets.ipynb"
-    _notebook(path,
-              "from tqdm.auto import tqdm\nfor _ in tqdm(range(7), desc='sweep'):\n    pass",
-              "import ipywidgets as w\nslider = w.IntSlider(value=3)\nslider",
-              "slider.value = 5")
+    _notebook(
+        path,
+        "from tqdm.auto import tqdm\nfor _ in tqdm(range(7), desc='sweep'):\n    pass",
+        "import ipywidgets as w\nslider = w.IntSlider(value=3)\nslider",
+        "slider.value = 5",
+    )
     execute_notebook(path, timeout=60)
     nb = nbformat.read(path, as_version=4)
     bar = nb.cells[0].outputs[0]["data"]["text/plain"]
@@ -145,8 +179,13 @@ def test_a_stored_widget_says_what_it_is_instead_of_its_repr():
 
     from course_lib.grading.execute import WIDGET_TEXT, _explain_stored_widgets
 
-    view = {"application/vnd.jupyter.widget-view+json": {"model_id": "abc", "version_major": 2,
-                                                         "version_minor": 0}}
+    view = {
+        "application/vnd.jupyter.widget-view+json": {
+            "model_id": "abc",
+            "version_major": 2,
+            "version_minor": 0,
+        }
+    }
     explorer = new_output("display_data", data={**view, "text/plain": "VBox(children=(HBox(...)))"})
     bar = new_output("display_data", data={**view, "text/plain": "100% 7/7 [00:01<00:00]"})
     nb = new_notebook(cells=[new_code_cell("x", outputs=[explorer, bar])])

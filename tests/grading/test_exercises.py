@@ -60,7 +60,10 @@ def test_check_cells_show_a_target_and_keep_the_expected_output_in_metadata(exer
         # nothing looks run: no execution count anywhere, so no "[4]:" beside an unfilled check
         assert cell.execution_count is None, cell_id
         if cell_id in kept:
-            assert ref[cell_id].outputs and cell.metadata["course"]["expected_outputs"] == ref[cell_id].outputs
+            assert (
+                ref[cell_id].outputs
+                and cell.metadata["course"]["expected_outputs"] == ref[cell_id].outputs
+            )
             (shown,) = cell.outputs
             assert shown.output_type == "display_data"
             line = "".join(ref[cell_id].outputs[0]["text"]).rstrip("\n")
@@ -74,11 +77,23 @@ def test_check_cells_show_a_target_and_keep_the_expected_output_in_metadata(exer
 def test_target_output_quotes_backticks_and_several_lines():
     from course_lib.grading.exercises import target_output
 
-    one = target_output([{"output_type": "stream", "name": "stdout", "text": "✓ task 1: `x` = 2\n"}])
-    assert one.data["text/markdown"] == "*expected once your answer is right:* ``✓ task 1: `x` = 2``"
-    two = target_output([{"output_type": "stream", "name": "stdout", "text": "a\nb\n"},
-                         {"output_type": "execute_result", "data": {"text/plain": "3"},
-                          "metadata": {}, "execution_count": 1}])
+    one = target_output(
+        [{"output_type": "stream", "name": "stdout", "text": "✓ task 1: `x` = 2\n"}]
+    )
+    assert (
+        one.data["text/markdown"] == "*expected once your answer is right:* ``✓ task 1: `x` = 2``"
+    )
+    two = target_output(
+        [
+            {"output_type": "stream", "name": "stdout", "text": "a\nb\n"},
+            {
+                "output_type": "execute_result",
+                "data": {"text/plain": "3"},
+                "metadata": {},
+                "execution_count": 1,
+            },
+        ]
+    )
     assert two.data["text/plain"] == "expected once your answer is right:\na\nb\n3"
     assert two.data["text/markdown"].endswith("\n\n```\na\nb\n3\n```")
 

@@ -29,15 +29,18 @@ CHECK_LINES = {
 }
 
 
-
 def _children() -> list:
     """Child processes of this test process, less the launcher's long-lived helpers (the warm
     forkserver and resource tracker that other tests in the same session may have started)."""
     from course_lib.runtime.launch import helper_pids
 
     helpers = helper_pids()
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.pid not in helpers and not (helpers & {a.pid for a in p.parents()})]
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in helpers and not (helpers & {a.pid for a in p.parents()})
+    ]
+
 
 def test_solution_gets_full_marks_json(solution, solutions_dir, capsys):
     before = solution.read_bytes()

@@ -158,7 +158,9 @@ def test_a_verdict_renders_as_its_line_and_the_learners_own_frames_only():
 
     with pytest.raises(AssertionError) as info:
         run_learner(1, stub, 1)
-    assert info.value._render_traceback_() == ["✗ task 1: not implemented yet: stub raised NotImplementedError"]
+    assert info.value._render_traceback_() == [
+        "✗ task 1: not implemented yet: stub raised NotImplementedError"
+    ]
 
     def broken(x):
         return {}[x]

@@ -86,11 +86,14 @@ def test_an_existing_profiler_keeps_its_events_and_is_restored():
     assert "model_state_bytes" in seen
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("course_lib.measure.estimate", "expected 'module:qualname'"),
-    ("course_lib.measure.estimate:no_such_thing", "has no no_such_thing"),
-    ("course_lib.measure.estimate:COLLECTIVES", "no Python code"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("course_lib.measure.estimate", "expected 'module:qualname'"),
+        ("course_lib.measure.estimate:no_such_thing", "has no no_such_thing"),
+        ("course_lib.measure.estimate:COLLECTIVES", "no Python code"),
+    ],
+)
 def test_bad_reference_names_are_refused_with_the_fix(spec, words):
     with pytest.raises(ValueError, match=words):
         with watch_references([spec]):

@@ -7,6 +7,7 @@ few KiB at most (largest seen: 6.9 KiB for a 1 MiB list-form reduce_scatter on 4
 S = 1 MiB every comparison allows 1 % of S (10.5 KiB); the findings the tests pin down (a tree
 broadcast, reduce_scatter moving an all-reduce's bytes) differ from the ring model by 25-125 % of
 S, so they cannot pass if the formula replaces the measurement."""
+
 import os
 import pickle
 import tempfile
@@ -36,8 +37,10 @@ def single_rank_group():
 
 
 def _originals():
-    return {name: (getattr(dist, name), getattr(dist.distributed_c10d, name))
-            for name in PATCHED_FUNCTIONS}
+    return {
+        name: (getattr(dist, name), getattr(dist.distributed_c10d, name))
+        for name in PATCHED_FUNCTIONS
+    }
 
 
 def test_counts_calls_and_payloads_on_one_rank(single_rank_group):
@@ -48,13 +51,20 @@ def test_counts_calls_and_payloads_on_one_rank(single_rank_group):
         dist.broadcast(t, src=0)
         dist.all_gather_into_tensor(torch.empty(10), t)
         dist.barrier()
-    assert comm.calls == {"all_reduce": 2, "broadcast": 1, "all_gather_into_tensor": 1, "barrier": 1}
+    assert comm.calls == {
+        "all_reduce": 2,
+        "broadcast": 1,
+        "all_gather_into_tensor": 1,
+        "barrier": 1,
+    }
     assert [r["bytes"] for r in comm.records] == [40, 40, 40, 40, 0]
     assert comm.model_bytes_sent == 0 and comm.model_bytes_received == 0  # one rank moves nothing
     assert comm.wire_source == wire.GLOO_SOURCE
     # measured: one rank writes nothing to a socket (all_gather_into_tensor's window may hold the
     # FutureWarning it writes to stderr on first use: wchar counts every write of the process)
-    assert [w["wire_sent"] for w in comm.wire_windows if w["ops"] != ["all_gather_into_tensor"]] == [0] * 4
+    assert [
+        w["wire_sent"] for w in comm.wire_windows if w["ops"] != ["all_gather_into_tensor"]
+    ] == [0] * 4
     assert [r["wire_window"] for r in comm.records] == [0, 1, 2, 3, 4]
     with pytest.raises(AttributeError, match="model_bytes_sent.*wire_bytes_sent"):
         comm.bytes_sent  # noqa: B018 - the old ambiguous name says where to go
@@ -165,10 +175,14 @@ def test_bytes_exact_for_send_recv_and_ring_formula_for_collectives(world_size):
     for rank, (summary, records, direct) in enumerate(results):
         a2a, scatter = direct
         assert (a2a["op"], a2a["model_sent"], a2a["model_received"]) == (
-            "all_to_all_single", 16 * (world_size - 1), 16 * (world_size - 1))
+            "all_to_all_single",
+            16 * (world_size - 1),
+            16 * (world_size - 1),
+        )
         root = rank == 0
         assert (scatter["model_sent"], scatter["model_received"]) == (
-            (8 * (world_size - 1), 0) if root else (0, 8))
+            (8 * (world_size - 1), 0) if root else (0, 8)
+        )
         assert summary["calls"]["all_reduce"] == 2
         apis = [r["api"] for r in records if r["op"] == "all_reduce"]
         assert apis == ["c10d", "functional"]  # CommDebugMode sees the functional one
@@ -205,8 +219,13 @@ def test_torch_2_13_single_names_count_once_and_like_the_old_names():
     for old, new in launch(_old_and_new_gather_names, 2, timeout=60):
         assert [r["op"] for r in old] == ["all_gather_into_tensor", "reduce_scatter_tensor"]
         assert [r["op"] for r in new] == ["all_gather_single", "reduce_scatter_single"]
-        assert [(r["bytes"], r["model_sent"]) for r in old] == [(r["bytes"], r["model_sent"]) for r in new]
-        assert [r["model_sent"] for r in new] == [1000, 1000]  # (N-1)/N of 2000 B on 2 ranks, both ways
+        assert [(r["bytes"], r["model_sent"]) for r in old] == [
+            (r["bytes"], r["model_sent"]) for r in new
+        ]
+        assert [r["model_sent"] for r in new] == [
+            1000,
+            1000,
+        ]  # (N-1)/N of 2000 B on 2 ranks, both ways
 
 
 # ---- wire bytes of real gloo collectives --------------------------------------------------------
@@ -220,35 +239,66 @@ def _wire_figures(rank, world_size, size):
     n, numel = world_size, size // 4
     ops = {
         "all_reduce": lambda: dist.all_reduce(torch.ones(numel)),
-        "all_gather": lambda: dist.all_gather([torch.empty(numel) for _ in range(n)], torch.ones(numel)),
+        "all_gather": lambda: dist.all_gather(
+            [torch.empty(numel) for _ in range(n)], torch.ones(numel)
+        ),
         "broadcast": lambda: dist.broadcast(torch.ones(numel), src=0),
-        "reduce_scatter": lambda: dist.reduce_scatter_single(torch.empty(numel // n), torch.ones(numel)),
-        "send": lambda: (dist.send(torch.ones(numel), dst=1) if rank == 0 else
-                         dist.recv(torch.empty(numel), src=0) if rank == 1 else None),
-        "send 4 B": lambda: (dist.send(torch.ones(1), dst=1) if rank == 0 else
-                             dist.recv(torch.empty(1), src=0) if rank == 1 else None),
+        "reduce_scatter": lambda: dist.reduce_scatter_single(
+            torch.empty(numel // n), torch.ones(numel)
+        ),
+        "send": lambda: (
+            dist.send(torch.ones(numel), dst=1)
+            if rank == 0
+            else dist.recv(torch.empty(numel), src=0)
+            if rank == 1
+            else None
+        ),
+        "send 4 B": lambda: (
+            dist.send(torch.ones(1), dst=1)
+            if rank == 0
+            else dist.recv(torch.empty(1), src=0)
+            if rank == 1
+            else None
+        ),
         "async all_reduce": lambda: dist.all_reduce(torch.ones(numel), async_op=True).wait(),
-        "isend+irecv": lambda: [w.wait() for w in [dist.isend(torch.ones(numel), (rank + 1) % n),
-                                                   dist.irecv(torch.empty(numel), (rank - 1) % n)]],
+        "isend+irecv": lambda: [
+            w.wait()
+            for w in [
+                dist.isend(torch.ones(numel), (rank + 1) % n),
+                dist.irecv(torch.empty(numel), (rank - 1) % n),
+            ]
+        ],
     }
     out = {}
     for name, op in ops.items():
         dist.barrier()
         with CommMeter(dispatch=False) as meter:
             op()
-        out[name] = {"wire": meter.wire_bytes_sent, "model": meter.model_bytes_sent,
-                     "records": meter.records, "windows": meter.wire_windows,
-                     "source": meter.wire_source}
+        out[name] = {
+            "wire": meter.wire_bytes_sent,
+            "model": meter.model_bytes_sent,
+            "records": meter.records,
+            "windows": meter.wire_windows,
+            "source": meter.wire_source,
+        }
     return out
 
 
 # wire bytes per rank in multiples of S (S = the tensor; for all_gather and reduce_scatter, S_in),
 # as gloo moves them: all_reduce is a ring, broadcast a binomial tree, reduce_scatter an all-reduce
 GLOO_WIRE = {
-    2: {"all_reduce": [1.0, 1.0], "all_gather": [1.0, 1.0], "broadcast": [1.0, 0.0],
-        "reduce_scatter": [1.0, 1.0]},
-    4: {"all_reduce": [1.5] * 4, "all_gather": [3.0] * 4, "broadcast": [2.0, 1.0, 0.0, 0.0],
-        "reduce_scatter": [1.5] * 4},
+    2: {
+        "all_reduce": [1.0, 1.0],
+        "all_gather": [1.0, 1.0],
+        "broadcast": [1.0, 0.0],
+        "reduce_scatter": [1.0, 1.0],
+    },
+    4: {
+        "all_reduce": [1.5] * 4,
+        "all_gather": [3.0] * 4,
+        "broadcast": [2.0, 1.0, 0.0, 0.0],
+        "reduce_scatter": [1.5] * 4,
+    },
 }
 
 
@@ -306,4 +356,6 @@ def test_header_overhead_and_asynchronous_windows(wire_run):
         pair = res["isend+irecv"]
         assert [w["ops"] for w in pair["windows"]] == [["isend", "irecv"]]
         assert [r["wire_sent"] for r in pair["records"]] == [None, None]
-        assert 0 < pair["wire"] - MIB <= 1024 and pair["windows"][0]["residual"] == pair["wire"] - MIB
+        assert (
+            0 < pair["wire"] - MIB <= 1024 and pair["windows"][0]["residual"] == pair["wire"] - MIB
+        )

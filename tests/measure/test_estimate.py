@@ -1,4 +1,5 @@
 """The formulas reproduce the published figures they cite, and reject bad input by name."""
+
 import math
 
 import pytest
@@ -10,15 +11,26 @@ from course_lib.measure import estimate as E
 def test_dtype_bytes_names_and_torch_dtypes():
     import torch
 
-    assert E.dtype_bytes("fp32") == 4 and E.dtype_bytes("bfloat16") == 2 and E.dtype_bytes("int8") == 1
+    assert (
+        E.dtype_bytes("fp32") == 4 and E.dtype_bytes("bfloat16") == 2 and E.dtype_bytes("int8") == 1
+    )
     assert E.dtype_bytes(torch.float16) == 2 and E.dtype_bytes(torch.float64) == 8
     with pytest.raises(ValueError, match="dtype = 'fp12': expected"):
         E.dtype_bytes("fp12")
 
 
-@pytest.mark.parametrize("optimizer,expected", [("sgd", 0), ("momentum", 4), ("rmsprop", 4),
-                                                ("adagrad", 4), ("adam", 8), ("adamw", 8),
-                                                ("adam8bit", 2)])
+@pytest.mark.parametrize(
+    "optimizer,expected",
+    [
+        ("sgd", 0),
+        ("momentum", 4),
+        ("rmsprop", 4),
+        ("adagrad", 4),
+        ("adam", 8),
+        ("adamw", 8),
+        ("adam8bit", 2),
+    ],
+)
 def test_optimizer_state_bytes_per_param(optimizer, expected):
     assert E.optimizer_state_bytes_per_param(optimizer) == expected
 
@@ -37,7 +49,13 @@ def test_model_state_bytes_recipes():
     assert fp32 == {"params": 4000, "grads": 4000, "optimizer": 8000, "master": 0, "total": 16000}
     mixed = E.model_state_bytes(n, precision="bf16-mixed", optimizer="adamw")
     # ZeRO paper, Sec. 3.1: 2 + 2 + (4 + 4 + 4) = 16 bytes per parameter
-    assert mixed == {"params": 2000, "grads": 2000, "optimizer": 8000, "master": 4000, "total": 16000}
+    assert mixed == {
+        "params": 2000,
+        "grads": 2000,
+        "optimizer": 8000,
+        "master": 4000,
+        "total": 16000,
+    }
     assert E.model_state_bytes(n, precision="fp16-mixed", optimizer="sgd")["total"] == 8000
     true16 = E.model_state_bytes(n, precision="bf16-true", optimizer="adam")
     assert true16["optimizer"] == 4000 and true16["total"] == 8000
@@ -55,7 +73,9 @@ def test_model_state_bytes_recipes():
 
 
 def test_model_state_bytes_bad_values_name_parameter_and_choices():
-    with pytest.raises(ValueError, match=r"precision = 'fp8'.*fp32, bf16-mixed, fp16-mixed, bf16-true"):
+    with pytest.raises(
+        ValueError, match=r"precision = 'fp8'.*fp32, bf16-mixed, fp16-mixed, bf16-true"
+    ):
         E.model_state_bytes(10, precision="fp8")
     with pytest.raises(ValueError, match=r"optimizer = 'adafactor': expected"):
         E.model_state_bytes(10, optimizer="adafactor")
@@ -69,12 +89,23 @@ def test_model_state_bytes_bad_values_name_parameter_and_choices():
 def test_adam8bit_state_bytes_by_hand():
     # one 8-bit tensor of 4096 (16 blocks), one kept in fp32 (100 < 4096)
     assert E.adam8bit_state_bytes([4096, 100]) == {
-        "uint8_states": 2 * 4096, "fp32_states": 8 * 100, "absmax": 2 * 4 * 16, "code_books": 2 * 256 * 4,
-        "unorm": 0, "total": 8192 + 800 + 128 + 2048}
+        "uint8_states": 2 * 4096,
+        "fp32_states": 8 * 100,
+        "absmax": 2 * 4 * 16,
+        "code_books": 2 * 256 * 4,
+        "unorm": 0,
+        "total": 8192 + 800 + 128 + 2048,
+    }
     # a partial last block still costs a whole scale; code books only when some tensor is 8-bit
     assert E.adam8bit_state_bytes([4097])["absmax"] == 2 * 4 * 17
-    assert E.adam8bit_state_bytes([10, 20]) == {"uint8_states": 0, "fp32_states": 240, "absmax": 0,
-                                                "code_books": 0, "unorm": 0, "total": 240}
+    assert E.adam8bit_state_bytes([10, 20]) == {
+        "uint8_states": 0,
+        "fp32_states": 240,
+        "absmax": 0,
+        "code_books": 0,
+        "unorm": 0,
+        "total": 240,
+    }
     assert E.adam8bit_state_bytes([])["total"] == 0
     assert E.adam8bit_state_bytes([100], min_8bit_size=0)["uint8_states"] == 200
     assert E.adam8bit_state_bytes([4096], block_size=2048)["absmax"] == 2 * 4 * 2
@@ -95,7 +126,7 @@ def test_adam8bit_state_bytes_errors_name_the_parameter():
     with pytest.raises(ValueError, match="block_size = .*: expected an int >= 1"):
         E.adam8bit_state_bytes([4096], block_size=0)
     with pytest.raises(ValueError, match="max_unorm = -1"):
-        E.adam8bit_state_bytes([4096], max_unorm = -1)
+        E.adam8bit_state_bytes([4096], max_unorm=-1)
 
 
 def _optimizer_state_nbytes(opt):
@@ -124,13 +155,21 @@ def test_adam8bit_state_bytes_equals_bitsandbytes_measured(dtype):
 
     dt = getattr(torch, dtype)
     torch.manual_seed(0)
-    model = torch.nn.ModuleDict({"a": torch.nn.Linear(64, 64), "ln": torch.nn.LayerNorm(64),
-                                 "b": torch.nn.Linear(64, 100), "emb": torch.nn.Embedding(300, 17),
-                                 "unused": torch.nn.Linear(80, 80)}).to(dt)
+    model = torch.nn.ModuleDict(
+        {
+            "a": torch.nn.Linear(64, 64),
+            "ln": torch.nn.LayerNorm(64),
+            "b": torch.nn.Linear(64, 100),
+            "emb": torch.nn.Embedding(300, 17),
+            "unused": torch.nn.Linear(80, 80),
+        }
+    ).to(dt)
     opt = bnb.optim.Adam8bit(model.parameters(), lr=1e-3)
     with MemoryMeter(model, opt) as mem:
         x = torch.randn(3, 64, dtype=dt)
-        loss = model["b"](model["ln"](model["a"](x))).sum() + model["emb"](torch.tensor([1, 2])).sum()
+        loss = (
+            model["b"](model["ln"](model["a"](x))).sum() + model["emb"](torch.tensor([1, 2])).sum()
+        )
         loss.backward()
         opt.step()
     with_grad = [p for p in model.parameters() if p.grad is not None]
@@ -140,11 +179,18 @@ def test_adam8bit_state_bytes_equals_bitsandbytes_measured(dtype):
     assert _optimizer_state_nbytes(opt) == pred["total"] == int(mem.end_breakdown["optimizer"])
     assert pred["total"] > 2 * sum(numels)  # more than the naive 2 B/param
     # the parts, read from the state by name
-    uint8 = sum(st["state1"].nbytes + st["state2"].nbytes for st in opt.state.values()
-                if st["state1"].dtype == torch.uint8)
-    absmax = sum(st["absmax1"].nbytes + st["absmax2"].nbytes for st in opt.state.values() if "absmax1" in st)
+    uint8 = sum(
+        st["state1"].nbytes + st["state2"].nbytes
+        for st in opt.state.values()
+        if st["state1"].dtype == torch.uint8
+    )
+    absmax = sum(
+        st["absmax1"].nbytes + st["absmax2"].nbytes for st in opt.state.values() if "absmax1" in st
+    )
     assert (uint8, absmax) == (pred["uint8_states"], pred["absmax"])
-    assert len({st["qmap1"].data_ptr() for st in opt.state.values() if "qmap1" in st}) == 1  # shared
+    assert (
+        len({st["qmap1"].data_ptr() for st in opt.state.values() if "qmap1" in st}) == 1
+    )  # shared
 
 
 def test_adam8bit_state_bytes_unorm_buffer_matches_bitsandbytes():
@@ -184,8 +230,9 @@ def test_activation_bytes_mlp_counts():
     # relu: hidden outputs once + the output; gelu also keeps the pre-activations
     assert E.activation_bytes_mlp(2, [3, 5, 7, 4]) == 4 * 2 * (5 + 7 + 4)
     assert E.activation_bytes_mlp(2, [3, 5, 7, 4], activation="gelu") == 4 * 2 * (2 * 12 + 4)
-    assert E.activation_bytes_mlp(2, [3, 5, 4], include_input=True, include_output=False,
-                                  dtype_bytes=2) == 2 * 2 * (3 + 5)
+    assert E.activation_bytes_mlp(
+        2, [3, 5, 4], include_input=True, include_output=False, dtype_bytes=2
+    ) == 2 * 2 * (3 + 5)
     assert E.activation_bytes_mlp(8, [3, 5, 4]) == 2 * E.activation_bytes_mlp(4, [3, 5, 4])
     with pytest.raises(ValueError, match="activation = 'elu'.*relu"):
         E.activation_bytes_mlp(2, [3, 4], activation="elu")
@@ -198,8 +245,9 @@ def test_korthikanti_equation_1():
     assert E.activation_bytes_transformer_layer(s, b, h, a) == s * b * h * (34 + 5 * a * s // h)
     assert E.activation_bytes_transformer_layer(s, b, h, a, recompute="selective") == 34 * s * b * h
     assert E.activation_bytes_transformer_layer(s, b, h, a, recompute="full") == 2 * s * b * h
-    assert E.activation_bytes_transformer_layer(s, b, h, a, bytes_per_value=4, dropout=False) == \
-        4 * (16 * s * b * h + a * s * s * b)
+    assert E.activation_bytes_transformer_layer(
+        s, b, h, a, bytes_per_value=4, dropout=False
+    ) == 4 * (16 * s * b * h + a * s * s * b)
     with pytest.raises(ValueError, match="recompute = 'some'"):
         E.activation_bytes_transformer_layer(s, b, h, a, recompute="some")
 
@@ -209,8 +257,10 @@ def test_activation_bytes_gpt_matches_korthikanti_without_dropout():
 
     cfg = GPTConfig.tiny()
     B, T, C, L = 2, 16, cfg.n_embd, cfg.n_layer
-    per_layer_fp32 = E.activation_bytes_transformer_layer(T, B, C, cfg.n_head, bytes_per_value=4,
-                                                          dropout=False) + 4 * 4 * B * T
+    per_layer_fp32 = (
+        E.activation_bytes_transformer_layer(T, B, C, cfg.n_head, bytes_per_value=4, dropout=False)
+        + 4 * 4 * B * T
+    )
     head = 4 * (2 * B * T * C + 2 * B * T)
     assert E.activation_bytes_gpt(cfg, B, T, include_logits=False) == L * per_layer_fp32 + head
     with pytest.raises(ValueError, match="seq = 65"):
@@ -226,7 +276,9 @@ def test_activation_bytes_gpt_matches_korthikanti_without_dropout():
 # ---- communication ----------------------------------------------------------------------------
 def test_collective_bytes():
     S = 1200
-    assert E.ring_allreduce_bytes_sent(S, 4) == 1800 and isinstance(E.ring_allreduce_bytes_sent(S, 4), int)
+    assert E.ring_allreduce_bytes_sent(S, 4) == 1800 and isinstance(
+        E.ring_allreduce_bytes_sent(S, 4), int
+    )
     assert E.ring_allreduce_bytes_sent(10, 3) == pytest.approx(40 / 3)
     assert E.ring_allreduce_bytes_sent(S, 1) == 0
     assert E.naive_ring_allreduce_bytes_sent(S, 4) == 3600
@@ -234,7 +286,9 @@ def test_collective_bytes():
     assert E.reduce_broadcast_bytes_sent(S, 4, root=False) == S
     assert E.allgather_bytes_sent(S, 4) == 900 == E.reduce_scatter_bytes_sent(S, 4)
     # all-reduce = reduce-scatter + all-gather
-    assert E.ring_allreduce_bytes_sent(S, 4) == E.reduce_scatter_bytes_sent(S, 4) + E.allgather_bytes_sent(S, 4)
+    assert E.ring_allreduce_bytes_sent(S, 4) == E.reduce_scatter_bytes_sent(
+        S, 4
+    ) + E.allgather_bytes_sent(S, 4)
     assert E.collective_bytes_sent("broadcast", S, 4) == 900
     assert E.collective_bytes_sent("send_recv", S, 4) == S
     with pytest.raises(ValueError, match="collective = 'allreduce'.*all_reduce"):
@@ -249,11 +303,16 @@ def test_scatter_gather_bytes_root_and_non_root():
     assert E.gather_bytes_sent(S, n, root=False) == 300
     # what every rank sends adds up to the N-1 chunks that cross the network, both ways
     assert E.scatter_bytes_sent(S, n, root=True) == sum(
-        E.gather_bytes_sent(S, n, root=False) for _ in range(n - 1))
+        E.gather_bytes_sent(S, n, root=False) for _ in range(n - 1)
+    )
     assert E.gather_bytes_sent(10, 3, root=False) == pytest.approx(10 / 3)
     assert E.scatter_bytes_sent(S, 1, root=True) == 0 == E.gather_bytes_sent(S, 1, root=False)
-    for c, root, expected in (("scatter", True, 900), ("scatter", False, 0),
-                              ("gather", True, 0), ("gather", False, 300)):
+    for c, root, expected in (
+        ("scatter", True, 900),
+        ("scatter", False, 0),
+        ("gather", True, 0),
+        ("gather", False, 300),
+    ):
         assert E.collective_bytes_sent(c, S, n, root=root) == expected
     with pytest.raises(ValueError, match=r"root = None: expected True.*'scatter'"):
         E.collective_bytes_sent("scatter", S, n)
@@ -283,7 +342,10 @@ def test_scatter_gather_bytes_equal_what_commmeter_counts():
             # process group: root 0 is "this rank", root 1 another one
             args = {"tensor": chunk, key: None, f"group_{key}": 0 if is_root else 1, "group": None}
             meter._record_rooted(name, args, n, False)
-            assert meter.model_bytes_sent == E.collective_bytes_sent(name, S, n, root=is_root), (name, is_root)
+            assert meter.model_bytes_sent == E.collective_bytes_sent(name, S, n, root=is_root), (
+                name,
+                is_root,
+            )
 
 
 def test_recursive_doubling_bytes_and_allreduce_dispatch():
@@ -294,7 +356,8 @@ def test_recursive_doubling_bytes_and_allreduce_dispatch():
     # the same figure as the alpha-beta model's bandwidth term with beta = 1 s/byte
     for n in (2, 4, 16):
         assert E.recursive_doubling_allreduce_bytes_sent(S, n) == E.allreduce_time(
-            S, n, alpha=0.0, beta=1.0, algorithm="recursive_doubling")
+            S, n, alpha=0.0, beta=1.0, algorithm="recursive_doubling"
+        )
     with pytest.raises(ValueError, match=r"world_size = 6: expected a power of two.*1, 2, 4"):
         E.recursive_doubling_allreduce_bytes_sent(S, 6)
     assert E.allreduce_bytes_sent(S, 4) == E.ring_allreduce_bytes_sent(S, 4) == 1500
@@ -309,8 +372,9 @@ def test_recursive_doubling_bytes_and_allreduce_dispatch():
 def test_hierarchical_allreduce():
     s, g, n = 2 * 10**9, 8, 4
     a_in, a_out, b_in, b_out = 5e-6, 20e-6, 450e9, 50e9
-    kw = dict(nodes=n, gpus_per_node=g, intra_GBps=450, inter_GBps=50, alpha_intra=a_in,
-              alpha_inter=a_out)
+    kw = dict(
+        nodes=n, gpus_per_node=g, intra_GBps=450, inter_GBps=50, alpha_intra=a_in, alpha_inter=a_out
+    )
     bd = E.hierarchical_allreduce_breakdown(s, **kw)
     intra = (g - 1) * (a_in + s / g / b_in)  # ring reduce-scatter in the node
     inter = 2 * (n - 1) * a_out + 2 * (n - 1) / n * (s / g) / b_out  # ring across nodes, S/G each
@@ -320,19 +384,22 @@ def test_hierarchical_allreduce():
     assert bd["hierarchical_s"] == pytest.approx(2 * intra + inter, rel=1e-12)
     assert E.hierarchical_allreduce_time(s, **kw) == bd["hierarchical_s"]
     ng = n * g
-    assert bd["flat_rings_s"] == pytest.approx(2 * (ng - 1) * a_out + 2 * (ng - 1) / ng * (s / g) / b_out,
-                                               rel=1e-12)
+    assert bd["flat_rings_s"] == pytest.approx(
+        2 * (ng - 1) * a_out + 2 * (ng - 1) / ng * (s / g) / b_out, rel=1e-12
+    )
     # one node: the plain ring over its G GPUs
-    one = E.hierarchical_allreduce_time(s, nodes=1, gpus_per_node=g, intra_GBps=450, inter_GBps=50,
-                                        alpha_intra=a_in)
+    one = E.hierarchical_allreduce_time(
+        s, nodes=1, gpus_per_node=g, intra_GBps=450, inter_GBps=50, alpha_intra=a_in
+    )
     assert one == pytest.approx(E.allreduce_time(s, g, alpha=a_in, bandwidth=b_in), rel=1e-12)
     with pytest.raises(ValueError, match="gpus_per_node = 0: expected an int >= 1"):
         E.hierarchical_allreduce_time(s, nodes=2, gpus_per_node=0, intra_GBps=1, inter_GBps=1)
     with pytest.raises(ValueError, match="inter_GBps = .*: expected a number > 0"):
         E.hierarchical_allreduce_time(s, nodes=2, gpus_per_node=2, intra_GBps=1, inter_GBps=0)
     with pytest.raises(ValueError, match="alpha_s = .*: expected .*>= 0"):
-        E.hierarchical_allreduce_time(s, nodes=2, gpus_per_node=2, intra_GBps=1, inter_GBps=1,
-                                      alpha_intra=-1.0)
+        E.hierarchical_allreduce_time(
+            s, nodes=2, gpus_per_node=2, intra_GBps=1, inter_GBps=1, alpha_intra=-1.0
+        )
 
 
 def test_ddp_exposed_comm_time_pipeline():
@@ -340,17 +407,21 @@ def test_ddp_exposed_comm_time_pipeline():
     t = E.ddp_exposed_comm_time(100, grad_bytes=300, backward_s=3.0, alpha=0.5, beta=0.005)
     assert t == pytest.approx(1.0)
     # 2.5 s per all-reduce: they queue behind each other and end at 1 + 3 * 2.5 = 8.5 s
-    assert E.ddp_exposed_comm_time(100, grad_bytes=300, backward_s=3.0, alpha=0.5,
-                                   beta=0.02) == pytest.approx(5.5)
+    assert E.ddp_exposed_comm_time(
+        100, grad_bytes=300, backward_s=3.0, alpha=0.5, beta=0.02
+    ) == pytest.approx(5.5)
     # one bucket: nothing overlaps
-    assert E.ddp_exposed_comm_time(10**6, grad_bytes=300, backward_s=3.0, alpha=0.5,
-                                   beta=0.01) == pytest.approx(3.5)
+    assert E.ddp_exposed_comm_time(
+        10**6, grad_bytes=300, backward_s=3.0, alpha=0.5, beta=0.01
+    ) == pytest.approx(3.5)
     # ceil(250 / 100) = 3 buckets: 100, 100, 50
-    assert E.ddp_exposed_comm_time(100, grad_bytes=250, backward_s=0.0, alpha=1.0,
-                                   beta=0.0) == pytest.approx(3.0)
+    assert E.ddp_exposed_comm_time(
+        100, grad_bytes=250, backward_s=0.0, alpha=1.0, beta=0.0
+    ) == pytest.approx(3.0)
     # fast links hide everything but the last bucket's call
-    assert E.ddp_exposed_comm_time(10, grad_bytes=100, backward_s=10.0, alpha=0.0,
-                                   beta=0.001) == pytest.approx(0.01)
+    assert E.ddp_exposed_comm_time(
+        10, grad_bytes=100, backward_s=10.0, alpha=0.0, beta=0.001
+    ) == pytest.approx(0.01)
     with pytest.raises(ValueError, match="bucket_bytes = 0: expected an int >= 1"):
         E.ddp_exposed_comm_time(0, grad_bytes=1, backward_s=1, alpha=0, beta=0)
     with pytest.raises(ValueError, match="backward_s = -1: expected .*>= 0"):
@@ -374,14 +445,19 @@ def test_alpha_beta_models():
         E.alpha_beta_time(1, bandwidth=1e9, beta_s_per_byte=1e-9)
     a, bw, S, p = 5e-6, 1e10, 1e8, 8
     assert E.allreduce_time(S, p, alpha=a, bandwidth=bw) == pytest.approx(14 * a + 1.75 * S / bw)
-    assert E.allreduce_time(S, p, alpha=a, bandwidth=bw, algorithm="tree") == pytest.approx(6 * (a + S / bw))
-    assert E.allreduce_time(S, p, alpha=a, bandwidth=bw, algorithm="recursive_doubling") == \
-        pytest.approx(3 * (a + S / bw))
+    assert E.allreduce_time(S, p, alpha=a, bandwidth=bw, algorithm="tree") == pytest.approx(
+        6 * (a + S / bw)
+    )
+    assert E.allreduce_time(
+        S, p, alpha=a, bandwidth=bw, algorithm="recursive_doubling"
+    ) == pytest.approx(3 * (a + S / bw))
     # small messages: latency-bound, recursive doubling wins; large: ring wins
-    assert E.allreduce_time(8, 64, alpha=a, bandwidth=bw, algorithm="recursive_doubling") < \
-        E.allreduce_time(8, 64, alpha=a, bandwidth=bw)
-    assert E.allreduce_time(1e9, 64, alpha=a, bandwidth=bw) < \
-        E.allreduce_time(1e9, 64, alpha=a, bandwidth=bw, algorithm="recursive_doubling")
+    assert E.allreduce_time(
+        8, 64, alpha=a, bandwidth=bw, algorithm="recursive_doubling"
+    ) < E.allreduce_time(8, 64, alpha=a, bandwidth=bw)
+    assert E.allreduce_time(1e9, 64, alpha=a, bandwidth=bw) < E.allreduce_time(
+        1e9, 64, alpha=a, bandwidth=bw, algorithm="recursive_doubling"
+    )
     with pytest.raises(ValueError, match="algorithm = 'butterfly'.*ring, tree, recursive_doubling"):
         E.allreduce_time(S, p, bandwidth=bw, algorithm="butterfly")
 
@@ -404,11 +480,20 @@ def test_busbw_nccl_tests_convention():
 
 
 def test_link_speeds_and_allreduce_on_link():
-    assert E.LINK_SPEEDS["NVLink H100"].headline_GBps == 900 and E.LINK_SPEEDS["InfiniBand NDR"].headline_GBps == 50
+    assert (
+        E.LINK_SPEEDS["NVLink H100"].headline_GBps == 900
+        and E.LINK_SPEEDS["InfiniBand NDR"].headline_GBps == 50
+    )
     # NVLink's headline is both directions added; the others are quoted per direction
     assert E.LINK_SPEEDS["NVLink H100"].per_direction_GBps == 450
-    assert all(k.headline_GBps == k.per_direction_GBps for k in E.LINK_SPEEDS.values() if "NVLink" not in k.name)
-    assert {"PCIe 4.0 x16", "PCIe 5.0 x16", "NVLink A100", "InfiniBand HDR", "100 GbE"} <= set(E.LINK_SPEEDS)
+    assert all(
+        k.headline_GBps == k.per_direction_GBps
+        for k in E.LINK_SPEEDS.values()
+        if "NVLink" not in k.name
+    )
+    assert {"PCIe 4.0 x16", "PCIe 5.0 x16", "NVLink A100", "InfiniBand HDR", "100 GbE"} <= set(
+        E.LINK_SPEEDS
+    )
     assert all(link.source for link in E.LINK_SPEEDS.values())
     two_gb = 2e9  # bf16 gradients of a 1B-parameter model
     assert round(E.allreduce_time_on_link(two_gb, 8, 900) * 1e3, 1) == 3.9
@@ -423,7 +508,9 @@ def test_link_speeds_and_allreduce_on_link():
 def test_flops_and_roofline():
     assert E.matmul_flops(2, 3, 4) == 48
     assert E.transformer_training_flops(10, 100) == 6000
-    assert E.matmul_arithmetic_intensity(1024, 1024, 1024, dtype_bytes=2) == pytest.approx(2 * 1024**3 / (2 * 3 * 1024**2))
+    assert E.matmul_arithmetic_intensity(1024, 1024, 1024, dtype_bytes=2) == pytest.approx(
+        2 * 1024**3 / (2 * 3 * 1024**2)
+    )
     assert E.ridge_point(100e12, 2e12) == 50
     assert E.attainable_flops(10, 100e12, 2e12) == 20e12
     assert E.attainable_flops(1000, 100e12, 2e12) == 100e12
@@ -433,8 +520,9 @@ def test_flops_and_roofline():
 def test_matmul_bytes_and_elementwise_cost():
     assert E.matmul_bytes(8, 16, 32, dtype_bytes=2) == 2 * (8 * 32 + 32 * 16 + 8 * 16)
     assert E.matmul_bytes(8, 16, 32) == 2 * E.matmul_bytes(8, 16, 32, dtype_bytes=2)
-    assert E.matmul_arithmetic_intensity(8, 16, 32, dtype_bytes=2) == \
-        E.matmul_flops(8, 16, 32) / E.matmul_bytes(8, 16, 32, dtype_bytes=2)
+    assert E.matmul_arithmetic_intensity(8, 16, 32, dtype_bytes=2) == E.matmul_flops(
+        8, 16, 32
+    ) / E.matmul_bytes(8, 16, 32, dtype_bytes=2)
     with pytest.raises(ValueError, match="dtype_bytes = 0: expected an int >= 1"):
         E.matmul_bytes(2, 2, 2, dtype_bytes=0)
     with pytest.raises(ValueError, match="m = -1: expected .*>= 0"):
@@ -445,7 +533,9 @@ def test_matmul_bytes_and_elementwise_cost():
     assert gelu.flops == E.ELEMENTWISE_FLOPS["gelu"] * 1000 and gelu.bytes == 4000
     assert E.elementwise_cost(10, flops_per_element=2.5).flops == 25
     assert E.elementwise_cost(3, flops_per_element=0.5).flops == pytest.approx(1.5)
-    with pytest.raises(ValueError, match=r"flops_per_element = 'relu'.*expected one of gelu, layernorm"):
+    with pytest.raises(
+        ValueError, match=r"flops_per_element = 'relu'.*expected one of gelu, layernorm"
+    ):
         E.elementwise_cost(10, flops_per_element="relu")
     with pytest.raises(ValueError, match="flops_per_element = .*: expected .*>= 0"):
         E.elementwise_cost(10, flops_per_element=-1)

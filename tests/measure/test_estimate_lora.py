@@ -1,4 +1,5 @@
 """estimate.lora: counts and bytes against the figures of the LoRA and QLoRA papers."""
+
 import pytest
 
 from course_lib.measure import estimate
@@ -15,7 +16,9 @@ def test_lora_counts():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match=r"r = 9: expected r <= min\(d_in, d_out\) = 8 for shapes\[0\]"):
+    with pytest.raises(
+        ValueError, match=r"r = 9: expected r <= min\(d_in, d_out\) = 8 for shapes\[0\]"
+    ):
         estimate.lora_params([(8, 16)], r=9)
     with pytest.raises(ValueError, match="targets"):
         estimate.llama_linear_shapes(hidden=8, ffn_hidden=16, n_layer=1, targets=["qkv"])

@@ -1,4 +1,5 @@
 """estimate.offload: byte counts against the worked example, errors, and the step-time model."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,20 +10,37 @@ from course_lib.measure import estimate
 def test_seven_billion_bf16_mixed_optimizer_offload_is_the_worked_example():
     # S2/S4 accounting: 7B, bf16 params + grads on the GPU (4 B), master + m + v on the host (12 B)
     split = estimate.offload_split(7e9, level="optimizer")
-    assert split == {"device": 28 * 10**9, "host": 84 * 10**9,
-                     "to_host": 14 * 10**9, "to_device": 14 * 10**9}
-    t = estimate.offload_transfer_times(7e9, link_GBps=estimate.link_speed("PCIe 4.0 x16").per_direction_GBps)
+    assert split == {
+        "device": 28 * 10**9,
+        "host": 84 * 10**9,
+        "to_host": 14 * 10**9,
+        "to_device": 14 * 10**9,
+    }
+    t = estimate.offload_transfer_times(
+        7e9, link_GBps=estimate.link_speed("PCIe 4.0 x16").per_direction_GBps
+    )
     assert t["to_host_s"] == t["to_device_s"] == pytest.approx(0.4375)
     assert t["duplex_s"] == pytest.approx(0.4375) and t["serial_s"] == pytest.approx(0.875)
 
 
-@pytest.mark.parametrize("level, device, host, down, up", [
-    ("none", 16, 0, 0, 0), ("optimizer", 4, 12, 2, 2), ("optimizer+grads", 2, 14, 2, 2),
-    ("all", 0, 16, 2, 4)])
+@pytest.mark.parametrize(
+    "level, device, host, down, up",
+    [
+        ("none", 16, 0, 0, 0),
+        ("optimizer", 4, 12, 2, 2),
+        ("optimizer+grads", 2, 14, 2, 2),
+        ("all", 0, 16, 2, 4),
+    ],
+)
 def test_levels_bytes_per_param_bf16_mixed_adam(level, device, host, down, up):
     n = 1000
     s = estimate.offload_split(n, level=level)
-    assert (s["device"], s["host"], s["to_host"], s["to_device"]) == (device * n, host * n, down * n, up * n)
+    assert (s["device"], s["host"], s["to_host"], s["to_device"]) == (
+        device * n,
+        host * n,
+        down * n,
+        up * n,
+    )
     # nothing is lost: device + host is the whole model state
     assert s["device"] + s["host"] == estimate.model_state_bytes(n, precision="bf16-mixed")["total"]
 

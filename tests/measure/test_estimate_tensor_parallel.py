@@ -1,5 +1,6 @@
 """estimate.tensor_parallel: Korthikanti et al.'s closed forms, parameter counts of real models,
 communication per layer, and bad input."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,15 +19,19 @@ def test_activation_bytes_reproduce_the_papers_equations(t):
     assert E.tp_activation_bytes_layer(s, b, h, a, t) == (eq1 if t == 1 else eq2)
     assert E.tp_activation_bytes_layer(s, b, h, a, t, sequence_parallel=True) == eq3
     # without dropout, 16-bit: the existing single-device formula at t = 1
-    assert E.tp_activation_bytes_layer(s, b, h, a, dropout=False) == \
-        E.activation_bytes_transformer_layer(s, b, h, a, dropout=False)
+    assert E.tp_activation_bytes_layer(
+        s, b, h, a, dropout=False
+    ) == E.activation_bytes_transformer_layer(s, b, h, a, dropout=False)
 
 
 def test_toy_formula_at_tp_1_is_the_single_process_count():
     cfg = GPTConfig.tiny()
     assert E.tp_activation_bytes_gpt(cfg, 2, 16) == E.activation_bytes_gpt(cfg, 2, 16)
-    assert E.tp_activation_bytes_gpt(cfg, 2, 16, tp=4, sequence_parallel=True) < \
-        E.tp_activation_bytes_gpt(cfg, 2, 16, tp=4) < E.tp_activation_bytes_gpt(cfg, 2, 16)
+    assert (
+        E.tp_activation_bytes_gpt(cfg, 2, 16, tp=4, sequence_parallel=True)
+        < E.tp_activation_bytes_gpt(cfg, 2, 16, tp=4)
+        < E.tp_activation_bytes_gpt(cfg, 2, 16)
+    )
 
 
 def test_params_per_rank_add_up_to_the_real_models():

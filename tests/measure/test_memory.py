@@ -3,6 +3,7 @@
 These tests also pin the behaviour of PyTorch's private MemTracker that the adapter relies on:
 if an upgrade changes it, they fail here, in one place.
 """
+
 import json
 import os
 import pickle
@@ -42,10 +43,22 @@ def test_private_api_we_rely_on_is_there():
 
     names = {r.name for r in mt._MemRefType}
     assert {"PARAM", "BUFFER", "GRAD", "ACT", "TEMP", "OPT", "OTH"} <= names
-    for attr in ("_pre_fw_hook", "_post_fw_hook", "_pre_bw_hook", "_post_bw_hook", "_track",
-                 "_delete_callback", "_update_peak_stats", "_register_global_optimizer_hook",
-                 "_deregister_param_and_optimizer_hooks", "_curr_mem_snap", "_WINFO", "_in_opt",
-                 "_mod_tracker", "track_external"):
+    for attr in (
+        "_pre_fw_hook",
+        "_post_fw_hook",
+        "_pre_bw_hook",
+        "_post_bw_hook",
+        "_track",
+        "_delete_callback",
+        "_update_peak_stats",
+        "_register_global_optimizer_hook",
+        "_deregister_param_and_optimizer_hooks",
+        "_curr_mem_snap",
+        "_WINFO",
+        "_in_opt",
+        "_mod_tracker",
+        "track_external",
+    ):
         assert hasattr(mt.MemTracker(), attr), attr
 
 
@@ -53,15 +66,18 @@ def test_private_api_we_rely_on_is_there():
 def test_params_grads_optimizer_state_exact(opt_name):
     model = _mlp()
     params = list(model.parameters())
-    opt = {"adam": lambda: torch.optim.Adam(params),
-           "adamw": lambda: torch.optim.AdamW(params),
-           "momentum": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9),
-           "sgd": lambda: torch.optim.SGD(params, lr=0.1)}[opt_name]()
+    opt = {
+        "adam": lambda: torch.optim.Adam(params),
+        "adamw": lambda: torch.optim.AdamW(params),
+        "momentum": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+        "sgd": lambda: torch.optim.SGD(params, lr=0.1),
+    }[opt_name]()
     x = torch.randn(20, 32)
     with MemoryMeter(model, opt) as mem:
         loss = _step(model, opt, x)
-    expected = E.model_state_bytes(count_params(model), precision="fp32", optimizer=opt_name,
-                                   n_param_tensors=len(params))
+    expected = E.model_state_bytes(
+        count_params(model), precision="fp32", optimizer=opt_name, n_param_tensors=len(params)
+    )
     end = mem.end_breakdown
     assert end["params"] == expected["params"]
     assert end["grads"] == expected["grads"]
@@ -147,7 +163,7 @@ def test_timeline_phases_tell_the_story():
     assert fwd.grads.max() == 0 and bwd.grads.iloc[-1] > 0  # backward creates grads...
     assert bwd.activations.iloc[-1] < fwd.activations.max()  # ...and frees activations
     post_step = tl.index[tl.event == "post_step"][0]
-    assert tl.loc[:post_step - 1].query("event != 'peak'").optimizer.max() == 0
+    assert tl.loc[: post_step - 1].query("event != 'peak'").optimizer.max() == 0
     assert tl.loc[post_step].optimizer > 0  # the first step creates the state
     peak = tl[tl.event == "peak"]
     assert len(peak) == 1 and peak.total.iloc[0] == mem.peak_bytes == tl.total.max()
@@ -231,8 +247,13 @@ _FAKE_7B = textwrap.dedent("""
 def test_llama_7b_training_step_under_fake_tensor_mode():
     """Target: under 60 s and 2 GB of RAM on 2 cores (measured ~8 s of tracing, ~0.4 GB)."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _FAKE_7B], capture_output=True, text=True,
-                          timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-c", _FAKE_7B],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     n, t = r["n_params"], r["n_tensors"]
@@ -243,9 +264,13 @@ def test_llama_7b_training_step_under_fake_tensor_mode():
     assert r["end"]["optimizer"] == expected["optimizer"]
     assert r["peak"] >= expected["total"]
     assert r["seconds"] < 60, f"7B fake step took {r['seconds']:.1f} s (target < 60 s)"
-    assert r["maxrss_kib"] * 1024 < 2e9, f"peak RSS {r['maxrss_kib'] / 2**20:.2f} GiB (target < 2 GB)"
-    print(f"7B fake step: {r['seconds']:.1f} s in the meter block, peak RSS "
-          f"{r['maxrss_kib'] / 2**20:.2f} GiB, whole subprocess {time.perf_counter() - t0:.1f} s")
+    assert r["maxrss_kib"] * 1024 < 2e9, (
+        f"peak RSS {r['maxrss_kib'] / 2**20:.2f} GiB (target < 2 GB)"
+    )
+    print(
+        f"7B fake step: {r['seconds']:.1f} s in the meter block, peak RSS "
+        f"{r['maxrss_kib'] / 2**20:.2f} GiB, whole subprocess {time.perf_counter() - t0:.1f} s"
+    )
 
 
 def _ddp_step_measured(rank, world_size):
@@ -256,8 +281,9 @@ def _ddp_step_measured(rank, world_size):
     from course_lib.models import MLP, MLPConfig
 
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(MLP(MLPConfig(in_features=8, hidden=(16,),
-                                                                    out_features=4)))
+    model = torch.nn.parallel.DistributedDataParallel(
+        MLP(MLPConfig(in_features=8, hidden=(16,), out_features=4))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x = torch.randn(4, 8)
     with CommMeter() as comm, MemoryMeter(model, opt) as mem:
@@ -282,14 +308,20 @@ def test_meter_inside_launched_ranks_returns_plain_results():
 def test_error_in_block_propagates_and_unhooks():
     from torch.optim import optimizer as optim_mod
 
-    hooks_before = (len(optim_mod._global_optimizer_pre_hooks), len(optim_mod._global_optimizer_post_hooks))
+    hooks_before = (
+        len(optim_mod._global_optimizer_pre_hooks),
+        len(optim_mod._global_optimizer_post_hooks),
+    )
     model = _mlp()
     with pytest.raises(RuntimeError, match="boom"):
         with MemoryMeter(model) as mem:
             model(torch.randn(2, 32))
             raise RuntimeError("boom")
     assert mem.end_breakdown["params"] > 0 and mem.timeline.event.iloc[-1] == "end"
-    assert (len(optim_mod._global_optimizer_pre_hooks), len(optim_mod._global_optimizer_post_hooks)) == hooks_before
+    assert (
+        len(optim_mod._global_optimizer_pre_hooks),
+        len(optim_mod._global_optimizer_post_hooks),
+    ) == hooks_before
     assert torch.UntypedStorage.resize_ is not None
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 

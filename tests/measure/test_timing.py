@@ -1,4 +1,5 @@
 """time_fn reports median and spread of a known sleep; EventLog spans line up across processes."""
+
 import pickle
 import subprocess
 import sys
@@ -62,7 +63,12 @@ def test_event_log_spans_records_and_merge():
 
 def test_monotonic_clock_is_shared_between_processes():
     before = time.monotonic_ns()
-    out = subprocess.run([sys.executable, "-c", "import time; print(time.monotonic_ns())"],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import time; print(time.monotonic_ns())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     after = time.monotonic_ns()
     assert before <= int(out.stdout) <= after

@@ -10,6 +10,7 @@ Stability of Numerical Algorithms", 2nd ed., section 4.2); we compare each eleme
 that bound, with eps of the dtype under test. Inputs made of small integers are summed exactly in
 every order, and there we require bitwise equality.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,16 +27,19 @@ NUMELS = (1, 7, 1001)
 DTYPES = (torch.float32, torch.float64)
 
 
-
-
-
 # --------------------------------------------------------------------------------------------
 # what runs inside the ranks
 # --------------------------------------------------------------------------------------------
 def _ranks_parity(rank: int, world_size: int) -> dict:
     """Run every from-scratch collective beside its torch.distributed twin; return plain data."""
-    out: dict = {"all_reduce": {}, "exact": {}, "reduce_scatter": {}, "all_gather": {}, "errors": {},
-                 "half": {}}
+    out: dict = {
+        "all_reduce": {},
+        "exact": {},
+        "reduce_scatter": {},
+        "all_gather": {},
+        "errors": {},
+        "half": {},
+    }
     algorithms = dict(C.ALL_REDUCE_ALGORITHMS)
     if world_size & (world_size - 1):
         algorithms.pop("recursive_doubling")
@@ -66,14 +70,22 @@ def _ranks_parity(rank: int, world_size: int) -> dict:
             mine, theirs = torch.empty(k, dtype=dtype), torch.empty(k, dtype=dtype)
             big_before = big.clone()
             C.ring_reduce_scatter(mine, big)
-            reduce_scatter_ref = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            reduce_scatter_ref = (
+                getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            )
             reduce_scatter_ref(theirs, big.clone())
             big_abs = big.abs()
             dist.all_reduce(big_abs)
             out["reduce_scatter"][(str(dtype), numel)] = (
-                mine, theirs, big_abs.chunk(world_size)[rank], torch.equal(big, big_before))
-            gathered, gathered_ref = torch.empty(world_size * k, dtype=dtype), torch.empty(
-                world_size * k, dtype=dtype)
+                mine,
+                theirs,
+                big_abs.chunk(world_size)[rank],
+                torch.equal(big, big_before),
+            )
+            gathered, gathered_ref = (
+                torch.empty(world_size * k, dtype=dtype),
+                torch.empty(world_size * k, dtype=dtype),
+            )
             C.ring_all_gather(gathered, x)
             all_gather_ref = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
             all_gather_ref(gathered_ref, x)
@@ -108,7 +120,9 @@ def _ranks_parity(rank: int, world_size: int) -> dict:
     out["record"] = record
     # bad sizes for the mirrored signatures
     for name, call in {
-        "reduce_scatter": lambda: C.ring_reduce_scatter(torch.empty(3), torch.empty(3 * world_size + 1)),
+        "reduce_scatter": lambda: C.ring_reduce_scatter(
+            torch.empty(3), torch.empty(3 * world_size + 1)
+        ),
         "all_gather": lambda: C.ring_all_gather(torch.empty(3 * world_size - 1), torch.empty(3)),
     }.items():
         try:
@@ -142,7 +156,8 @@ def test_all_reduce_matches_torch_within_summation_bound(parity):
     world_size, results = parity
     names = {name for name, _, _ in results[0]["all_reduce"]}
     expected_names = set(C.ALL_REDUCE_ALGORITHMS) - (
-        {"recursive_doubling"} if world_size & (world_size - 1) else set())
+        {"recursive_doubling"} if world_size & (world_size - 1) else set()
+    )
     assert names == expected_names
     for rank, res in enumerate(results):
         for key, (got, ref, abs_sum, same_object) in res["all_reduce"].items():
@@ -150,7 +165,8 @@ def test_all_reduce_matches_torch_within_summation_bound(parity):
             assert got.dtype == ref.dtype and got.shape == ref.shape
             err = (got - ref).abs()
             assert bool((err <= _bound(abs_sum, world_size)).all()), (
-                f"rank {rank} {key}: max error {err.max().item():.3g} above the summation bound")
+                f"rank {rank} {key}: max error {err.max().item():.3g} above the summation bound"
+            )
 
 
 def test_all_reduce_small_integers_exact_and_identical_on_every_rank(parity):
@@ -162,7 +178,8 @@ def test_all_reduce_small_integers_exact_and_identical_on_every_rank(parity):
             continue
         for rank in range(1, world_size):
             assert torch.equal(results[rank]["all_reduce"][key][0], got), (
-                f"{key}: rank {rank} differs from rank 0 (every rank must hold the same bits)")
+                f"{key}: rank {rank} differs from rank 0 (every rank must hold the same bits)"
+            )
 
 
 def test_reduce_scatter_and_all_gather_match_torch(parity):
@@ -172,7 +189,10 @@ def test_reduce_scatter_and_all_gather_match_torch(parity):
             assert input_untouched, f"rank {rank} {key}: ring_reduce_scatter modified its input"
             assert bool(((mine - theirs).abs() <= _bound(abs_sum, world_size)).all()), (rank, key)
         for key, (gathered, gathered_ref) in res["all_gather"].items():
-            assert torch.equal(gathered, gathered_ref), (rank, key)  # pure copies: bitwise equal  # pure copies: bitwise equal
+            assert torch.equal(gathered, gathered_ref), (
+                rank,
+                key,
+            )  # pure copies: bitwise equal  # pure copies: bitwise equal
 
 
 def test_half_precision_within_its_own_summation_bound(parity):
@@ -211,7 +231,8 @@ def test_record_shows_two_n_minus_one_steps_ending_complete(parity):
         record = res["record"]
         assert [r["step"] for r in record] == list(range(2 * (world_size - 1) + 1))
         assert [r["phase"] for r in record] == (
-            ["input"] + ["reduce-scatter"] * (world_size - 1) + ["all-gather"] * (world_size - 1))
+            ["input"] + ["reduce-scatter"] * (world_size - 1) + ["all-gather"] * (world_size - 1)
+        )
         assert torch.all(record[0]["state"] == 2**rank)
         assert torch.all(record[-1]["state"] == full)
         # after reduce-scatter, the chunk this rank owns (chunk `rank`) is complete
@@ -227,7 +248,10 @@ def test_bad_world_size_and_sizes_raise_clear_value_errors(parity):
         assert f"world_size={world_size}" in msg and "1, 2, 4, 8" in msg
     else:
         assert "recursive_doubling" not in errors
-    assert "input.numel()" in errors["reduce_scatter"] and f"world_size={world_size}" in errors["reduce_scatter"]
+    assert (
+        "input.numel()" in errors["reduce_scatter"]
+        and f"world_size={world_size}" in errors["reduce_scatter"]
+    )
     assert "output.numel()" in errors["all_gather"]
 
 
@@ -301,14 +325,23 @@ def _ranks_bytes(rank: int, world_size: int) -> dict:
         x = torch.randn(numel, dtype=torch.float64)
         with CommMeter(dispatch=False) as meter:
             C.ring_all_reduce(x)
-        out[("ring_all_reduce", numel)] = (int(meter.model_bytes_sent), int(meter.model_bytes_received))
+        out[("ring_all_reduce", numel)] = (
+            int(meter.model_bytes_sent),
+            int(meter.model_bytes_received),
+        )
         k = numel
         with CommMeter(dispatch=False) as meter:
             C.ring_reduce_scatter(torch.empty(k), torch.randn(world_size * k))
-        out[("ring_reduce_scatter", numel)] = (int(meter.model_bytes_sent), int(meter.model_bytes_received))
+        out[("ring_reduce_scatter", numel)] = (
+            int(meter.model_bytes_sent),
+            int(meter.model_bytes_received),
+        )
         with CommMeter(dispatch=False) as meter:
             C.ring_all_gather(torch.empty(world_size * k), torch.randn(k))
-        out[("ring_all_gather", numel)] = (int(meter.model_bytes_sent), int(meter.model_bytes_received))
+        out[("ring_all_gather", numel)] = (
+            int(meter.model_bytes_sent),
+            int(meter.model_bytes_received),
+        )
     return out
 
 
@@ -320,16 +353,26 @@ def test_bytes_sent_are_exactly_the_chunks_forwarded(world_size):
     for rank, res in enumerate(results):
         for numel in NUMELS:
             sent, received = res[("ring_all_reduce", numel)]
-            assert sent == 8 * C.ring_all_reduce_elements_sent(numel, world_size, rank), (rank, numel)
+            assert sent == 8 * C.ring_all_reduce_elements_sent(numel, world_size, rank), (
+                rank,
+                numel,
+            )
             # what rank r receives is what its left neighbour sends
             left = (rank - 1) % world_size
             assert received == 8 * C.ring_all_reduce_elements_sent(numel, world_size, left)
             k_bytes = 4 * numel
-            assert res[("ring_reduce_scatter", numel)][0] == estimate.reduce_scatter_bytes_sent(
-                world_size * k_bytes, world_size) == (world_size - 1) * k_bytes
-            assert res[("ring_all_gather", numel)][0] == estimate.allgather_bytes_sent(
-                world_size * k_bytes, world_size) == (world_size - 1) * k_bytes
+            assert (
+                res[("ring_reduce_scatter", numel)][0]
+                == estimate.reduce_scatter_bytes_sent(world_size * k_bytes, world_size)
+                == (world_size - 1) * k_bytes
+            )
+            assert (
+                res[("ring_all_gather", numel)][0]
+                == estimate.allgather_bytes_sent(world_size * k_bytes, world_size)
+                == (world_size - 1) * k_bytes
+            )
     # divisible sizes: the estimate's 2(N-1)/N * S exactly
     s = 8 * world_size * 10
-    assert 8 * C.ring_all_reduce_elements_sent(world_size * 10, world_size, 0) == \
-        estimate.ring_allreduce_bytes_sent(s, world_size)
+    assert 8 * C.ring_all_reduce_elements_sent(
+        world_size * 10, world_size, 0
+    ) == estimate.ring_allreduce_bytes_sent(s, world_size)

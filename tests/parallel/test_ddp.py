@@ -1,5 +1,6 @@
 """course_lib.parallel.ddp: parity with one process (harness), buckets equal torch's DDP's,
 bytes on the wire, no_sync, bad input. One launch per world size, many assertions each."""
+
 from __future__ import annotations
 
 import contextlib
@@ -41,8 +42,13 @@ def _worker(rank: int, world_size: int) -> dict:
     torch.manual_seed(100 + rank)
     # every rank builds a different model: the broadcast in DataParallel must make them equal
     ddp = DataParallel(model_fn(seed=rank), bucket_cap_mb=CAPS_MB[0])
-    out["record"] = H.parallel_run(ddp, batch_fn, steps=3, shard=(rank, world_size),
-                                   optimizer_fn=H.make_optimizer_fn("adamw", lr=1e-2))
+    out["record"] = H.parallel_run(
+        ddp,
+        batch_fn,
+        steps=3,
+        shard=(rank, world_size),
+        optimizer_fn=H.make_optimizer_fn("adamw", lr=1e-2),
+    )
     out["buckets"] = {cap: DataParallel(model_fn(), bucket_cap_mb=cap).buckets for cap in CAPS_MB}
     example = torch.randn(2, 8, dtype=torch.float64)
     out["torch_buckets"] = {cap: torch_ddp_buckets(model_fn(), cap, example) for cap in CAPS_MB}
@@ -53,16 +59,20 @@ def _worker(rank: int, world_size: int) -> dict:
     loss = nn.functional.mse_loss(ddp(x), y)
     with CommMeter(dispatch=False) as meter:
         loss.backward()
-    out["step"] = {"calls": meter.calls, "model_bytes_sent": meter.model_bytes_sent,
-                   "wire_bytes_sent": meter.wire_bytes_sent, "wire_source": meter.wire_source,
-                   "async": [r["async"] for r in meter.records]}
+    out["step"] = {
+        "calls": meter.calls,
+        "model_bytes_sent": meter.model_bytes_sent,
+        "wire_bytes_sent": meter.wire_bytes_sent,
+        "wire_source": meter.wire_source,
+        "async": [r["async"] for r in meter.records],
+    }
 
     # no_sync: 2 micro-steps (equal halves of each shard), one all-reduce per bucket in
     # total, and the gradients of the full batch
     ddp.zero_grad()
     with CommMeter(dispatch=False) as meter:
         for k, (xm, ym) in enumerate(zip(x.chunk(2), y.chunk(2))):
-            with (ddp.no_sync() if k < 1 else contextlib.nullcontext()):  # sync on the last
+            with ddp.no_sync() if k < 1 else contextlib.nullcontext():  # sync on the last
                 (nn.functional.mse_loss(ddp(xm), ym) / 2).backward()
     out["accumulated"] = {"calls": meter.calls, "grads": H.full_tensors(ddp, "grad")}
     return out
@@ -80,8 +90,9 @@ def _unused_parameter_worker(rank: int, world_size: int) -> str:
 
 @pytest.fixture(scope="module")
 def reference():
-    return H.reference_run(model_fn, batch_fn, steps=3,
-                           optimizer_fn=H.make_optimizer_fn("adamw", lr=1e-2))
+    return H.reference_run(
+        model_fn, batch_fn, steps=3, optimizer_fn=H.make_optimizer_fn("adamw", lr=1e-2)
+    )
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])

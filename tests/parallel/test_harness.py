@@ -7,6 +7,7 @@ torch's tensor parallelism (``parallelize_module``), and on 4 ranks a dp 2 × tp
 parallel pairs whose gradient shards are averaged over the DP group). Each world size is launched
 once; the rank function trains every case and returns the records; the comparisons happen here.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,8 +31,10 @@ pytestmark = pytest.mark.timeout(120)
 
 STEPS = 3
 ROWS = 16  # full batch: 16, 8 or 4 rows per rank on 1, 2 or 4 ranks
-OPTIMIZERS = {"sgd": H.make_optimizer_fn("sgd", lr=0.1),
-              "adamw": H.make_optimizer_fn("adamw", lr=1e-2, weight_decay=0.1)}
+OPTIMIZERS = {
+    "sgd": H.make_optimizer_fn("sgd", lr=0.1),
+    "adamw": H.make_optimizer_fn("adamw", lr=1e-2, weight_decay=0.1),
+}
 DP_CASES = [(w, o) for w in ("manual", "torch ddp") for o in OPTIMIZERS]
 BUGS = ("sum", "drop on rank 1")
 
@@ -130,8 +133,9 @@ def tp_dp_step(model, batch, mesh):
 def tensor_parallel(model, mesh):
     import torch.distributed.tensor.parallel as tp  # heavy: imported in the ranks only
 
-    return tp.parallelize_module(model, mesh["tp"], {"layers.0": tp.ColwiseParallel(),
-                                                     "layers.1": tp.RowwiseParallel()})
+    return tp.parallelize_module(
+        model, mesh["tp"], {"layers.0": tp.ColwiseParallel(), "layers.1": tp.RowwiseParallel()}
+    )
 
 
 # ---- one launch per world size ---------------------------------------------------------------
@@ -142,28 +146,46 @@ def _train_every_case(rank, world_size):
     out = {}
     for wrapper, opt in DP_CASES:
         if wrapper == "manual":
-            out[wrapper, opt] = run(ManualDDP(model_fn(0)), optimizer_fn=OPTIMIZERS[opt],
-                                    step_fn=manual_step, shard=(rank, world_size))
+            out[wrapper, opt] = run(
+                ManualDDP(model_fn(0)),
+                optimizer_fn=OPTIMIZERS[opt],
+                step_fn=manual_step,
+                shard=(rank, world_size),
+            )
         else:
-            out[wrapper, opt] = run(DistributedDataParallel(model_fn(0)),
-                                    optimizer_fn=OPTIMIZERS[opt], shard=(rank, world_size))
+            out[wrapper, opt] = run(
+                DistributedDataParallel(model_fn(0)),
+                optimizer_fn=OPTIMIZERS[opt],
+                shard=(rank, world_size),
+            )
     if world_size > 1:
         for bug in BUGS:
-            out[bug, "sgd"] = run(ManualDDP(model_fn(0), bug=bug), step_fn=manual_step,
-                                  shard=(rank, world_size))
+            out[bug, "sgd"] = run(
+                ManualDDP(model_fn(0), bug=bug), step_fn=manual_step, shard=(rank, world_size)
+            )
     if world_size == 2:
-        out["pipeline", "adamw"] = run(Stage(model_fn(0), rank), optimizer_fn=OPTIMIZERS["adamw"],
-                                       step_fn=pipeline_step, gather_fn=pipeline_gather)
+        out["pipeline", "adamw"] = run(
+            Stage(model_fn(0), rank),
+            optimizer_fn=OPTIMIZERS["adamw"],
+            step_fn=pipeline_step,
+            gather_fn=pipeline_gather,
+        )
         out["tensor", "sgd"] = run(tensor_parallel(model_fn(0), Mesh(tp=2)))
-        out["gpt", "adamw"] = run(DistributedDataParallel(gpt_fn(0)), batch_fn=token_batch_fn,
-                                  optimizer_fn=OPTIMIZERS["adamw"],
-                                  loss_fn=H.cross_entropy_loss, shard=(rank, world_size))
+        out["gpt", "adamw"] = run(
+            DistributedDataParallel(gpt_fn(0)),
+            batch_fn=token_batch_fn,
+            optimizer_fn=OPTIMIZERS["adamw"],
+            loss_fn=H.cross_entropy_loss,
+            shard=(rank, world_size),
+        )
     if world_size == 4:
         mesh = Mesh(dp=2, tp=2)
-        out["tp x dp", "adamw"] = run(tensor_parallel(model_fn(0), mesh),
-                                      optimizer_fn=OPTIMIZERS["adamw"],
-                                      step_fn=functools.partial(tp_dp_step, mesh=mesh),
-                                      shard=(mesh.dp_rank, mesh.dp))
+        out["tp x dp", "adamw"] = run(
+            tensor_parallel(model_fn(0), mesh),
+            optimizer_fn=OPTIMIZERS["adamw"],
+            step_fn=functools.partial(tp_dp_step, mesh=mesh),
+            shard=(mesh.dp_rank, mesh.dp),
+        )
     return out
 
 
@@ -192,8 +214,11 @@ def test_data_parallel_matches_one_process(world_size, wrapper, opt):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_summed_instead_of_averaged_gradients_fail_at_the_first_gradient(world_size):
-    with pytest.raises(AssertionError, match=r"^parity fails at rank 0, step 1, grad "
-                                             r"'layers\.0\.weight': max abs diff \S+ > tolerance"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^parity fails at rank 0, step 1, grad "
+        r"'layers\.0\.weight': max abs diff \S+ > tolerance",
+    ):
         H.assert_parity(reference("sgd"), records(world_size, ("sum", "sgd")))
     table = H.compare(reference("sgd"), records(world_size, ("sum", "sgd")))
     first = table[(table.step == 1) & (table.quantity == "grad")]
@@ -205,8 +230,11 @@ def test_summed_instead_of_averaged_gradients_fail_at_the_first_gradient(world_s
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_a_rank_that_drops_the_all_reduce_is_named(world_size):
     recs = records(world_size, ("drop on rank 1", "sgd"))
-    with pytest.raises(AssertionError, match=r"^parity fails at rank 1, step 1, grad "
-                                             r"'layers\.0\.weight'"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^parity fails at rank 1, step 1, grad "
+        r"'layers\.0\.weight'",
+    ):
         H.assert_parity(reference("sgd"), recs)
     rank0 = H.compare(reference("sgd"), recs[0])
     assert rank0[rank0.step <= 1].ok.all()  # rank 0 still got the right average at step 1...
@@ -223,8 +251,13 @@ def test_a_mesh_of_two_tp_pairs_trained_data_parallel_matches_one_process():
 
 
 def test_a_float64_gpt_with_adamw_under_torch_ddp_matches_one_process():
-    ref = H.reference_run(gpt_fn, token_batch_fn, steps=STEPS, optimizer_fn=OPTIMIZERS["adamw"],
-                          loss_fn=H.cross_entropy_loss)
+    ref = H.reference_run(
+        gpt_fn,
+        token_batch_fn,
+        steps=STEPS,
+        optimizer_fn=OPTIMIZERS["adamw"],
+        loss_fn=H.cross_entropy_loss,
+    )
     table = H.assert_parity(ref, records(2, ("gpt", "adamw")))
     assert "lm_head.weight" not in set(table.name)  # tied to the embedding: counted once
     assert {"wte.weight", "blocks.0.attn.c_attn.weight", "ln_f.weight"} <= set(table.name)
@@ -248,15 +281,18 @@ def test_a_model_fn_that_builds_different_models_is_caught_before_training():
 
 def test_compare_reports_missing_extra_and_misshaped_tensors():
     ref = H.reference_run(model_fn, batch_fn)
-    bad = H.Record(losses=list(ref.losses), grads=[dict(ref.grads[0])],
-                   params=[dict(p) for p in ref.params])
+    bad = H.Record(
+        losses=list(ref.losses), grads=[dict(ref.grads[0])], params=[dict(p) for p in ref.params]
+    )
     del bad.grads[0]["layers.1.bias"]
     bad.grads[0]["extra"] = torch.zeros(2)
     bad.params[1]["layers.2.bias"] = torch.zeros(3)
     problems = H.compare(ref, bad).query("not ok").set_index(["quantity", "name"]).problem
-    assert problems.to_dict() == {("grad", "layers.1.bias"): "missing from the parallel run",
-                                  ("grad", "extra"): "not in the reference run",
-                                  ("param", "layers.2.bias"): "shape (3,) != reference (2,)"}
+    assert problems.to_dict() == {
+        ("grad", "layers.1.bias"): "missing from the parallel run",
+        ("grad", "extra"): "not in the reference run",
+        ("param", "layers.2.bias"): "shape (3,) != reference (2,)",
+    }
     longer = H.reference_run(model_fn, batch_fn, steps=2)
     with pytest.raises(AssertionError, match="2 steps run, reference ran 1"):
         H.assert_parity(ref, longer)
@@ -279,23 +315,47 @@ def test_shard_batch_takes_equal_row_slices():
         H.shard_batch((x, 3), 0, 1)
 
 
-@pytest.mark.parametrize("call, exc, words", [
-    (lambda: H.reference_run(model_fn, batch_fn, steps=0), ValueError,
-     "steps = 0: expected an int >= 1"),
-    (lambda: H.reference_run(model_fn, batch_fn, optimizer_fn=3), TypeError,
-     "optimizer_fn = 3: expected a callable"),
-    (lambda: H.reference_run(model_fn, batch_fn, loss_fn="mse"), TypeError,
-     "loss_fn = 'mse': expected a callable"),
-    (lambda: H.parallel_run(model_fn(0), batch_fn, shard=(2, 2)), ValueError,
-     "shard index = 2: expected an int in 0..1"),
-    (lambda: H.parallel_run(model_fn(0), batch_fn, shard=2), TypeError,
-     "shard = 2: expected (index, count)"),
-    (lambda: H.make_optimizer_fn("lion"), ValueError, "name = 'lion': expected one of"),
-    (lambda: H.compare(reference("sgd"), reference("sgd"), rtol=-1), ValueError,
-     "rtol = -1: expected a number >= 0"),
-    (lambda: H.full_tensors(model_fn(0), "grads"), ValueError,
-     "which = 'grads': expected one of param, grad"),
-])
+@pytest.mark.parametrize(
+    "call, exc, words",
+    [
+        (
+            lambda: H.reference_run(model_fn, batch_fn, steps=0),
+            ValueError,
+            "steps = 0: expected an int >= 1",
+        ),
+        (
+            lambda: H.reference_run(model_fn, batch_fn, optimizer_fn=3),
+            TypeError,
+            "optimizer_fn = 3: expected a callable",
+        ),
+        (
+            lambda: H.reference_run(model_fn, batch_fn, loss_fn="mse"),
+            TypeError,
+            "loss_fn = 'mse': expected a callable",
+        ),
+        (
+            lambda: H.parallel_run(model_fn(0), batch_fn, shard=(2, 2)),
+            ValueError,
+            "shard index = 2: expected an int in 0..1",
+        ),
+        (
+            lambda: H.parallel_run(model_fn(0), batch_fn, shard=2),
+            TypeError,
+            "shard = 2: expected (index, count)",
+        ),
+        (lambda: H.make_optimizer_fn("lion"), ValueError, "name = 'lion': expected one of"),
+        (
+            lambda: H.compare(reference("sgd"), reference("sgd"), rtol=-1),
+            ValueError,
+            "rtol = -1: expected a number >= 0",
+        ),
+        (
+            lambda: H.full_tensors(model_fn(0), "grads"),
+            ValueError,
+            "which = 'grads': expected one of param, grad",
+        ),
+    ],
+)
 def test_bad_arguments_are_refused_naming_the_values(call, exc, words):
     with pytest.raises(exc) as info:
         call()

@@ -4,6 +4,7 @@ Each world size is launched once; the rank function builds every mesh shape that
 reports what it sees (coordinates, group ranks, an all-reduce of the global ranks over each
 group). The parent checks those reports against the pure layout functions.
 """
+
 from __future__ import annotations
 
 import sys
@@ -23,9 +24,12 @@ pytestmark = pytest.mark.timeout(120)
 
 def _shapes(world_size):
     """Every (dp, tp, pp) whose product is world_size."""
-    return [(dp, tp, world_size // (dp * tp))
-            for dp in range(1, world_size + 1) for tp in range(1, world_size + 1)
-            if world_size % (dp * tp) == 0]
+    return [
+        (dp, tp, world_size // (dp * tp))
+        for dp in range(1, world_size + 1)
+        for tp in range(1, world_size + 1)
+        if world_size % (dp * tp) == 0
+    ]
 
 
 # ---- pure layout ---------------------------------------------------------------------------
@@ -41,7 +45,8 @@ def test_layout_of_8_ranks_puts_tp_innermost_and_pp_outermost():
         "pp 0  dp 0     0     1",
         "pp 0  dp 1     2     3",
         "pp 1  dp 0     4     5",
-        "pp 1  dp 1     6     7"]
+        "pp 1  dp 1     6     7",
+    ]
 
 
 @pytest.mark.parametrize("dp, tp, pp", _shapes(8) + [(3, 2, 1), (1, 3, 2)])
@@ -64,16 +69,22 @@ def test_layout_is_a_bijection_and_groups_partition_the_ranks(dp, tp, pp):
             assert len(others) == 1
 
 
-@pytest.mark.parametrize("kwargs, exc, words", [
-    (dict(dp=2, tp=2, pp=2, world_size=6), ValueError,
-     "world_size = 6: expected dp 2 × tp 2 × pp 2 = 8 ranks"),
-    (dict(dp=0), ValueError, "dp = 0: expected an int >= 1"),
-    (dict(tp=-2), ValueError, "tp = -2: expected an int >= 1"),
-    (dict(pp=1.5), TypeError, "pp = 1.5: expected an int"),
-    (dict(dp=True), TypeError, "dp = True: expected an int, not a bool"),
-    (dict(tp="2"), TypeError, "tp = '2': expected an int"),
-    (dict(world_size=0), ValueError, "world_size = 0: expected an int >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, words",
+    [
+        (
+            dict(dp=2, tp=2, pp=2, world_size=6),
+            ValueError,
+            "world_size = 6: expected dp 2 × tp 2 × pp 2 = 8 ranks",
+        ),
+        (dict(dp=0), ValueError, "dp = 0: expected an int >= 1"),
+        (dict(tp=-2), ValueError, "tp = -2: expected an int >= 1"),
+        (dict(pp=1.5), TypeError, "pp = 1.5: expected an int"),
+        (dict(dp=True), TypeError, "dp = True: expected an int, not a bool"),
+        (dict(tp="2"), TypeError, "tp = '2': expected an int"),
+        (dict(world_size=0), ValueError, "world_size = 0: expected an int >= 1"),
+    ],
+)
 def test_bad_sizes_are_refused_naming_the_values(kwargs, exc, words):
     with pytest.raises(exc) as info:
         M.check_sizes(**kwargs)
@@ -99,17 +110,25 @@ def _inspect_meshes(rank, world_size, shapes):
     reports = {}
     for dp, tp, pp in shapes:
         mesh = M.Mesh(dp=dp, tp=tp, pp=pp, world_size=world_size)
-        seen = {"coords": tuple(mesh.coords), "repr": repr(mesh),
-                "props": (mesh.dp, mesh.tp, mesh.pp, mesh.dp_rank, mesh.tp_rank, mesh.pp_rank)}
+        seen = {
+            "coords": tuple(mesh.coords),
+            "repr": repr(mesh),
+            "props": (mesh.dp, mesh.tp, mesh.pp, mesh.dp_rank, mesh.tp_rank, mesh.pp_rank),
+        }
         for dim in M.DIMS:
             t = torch.tensor([float(rank)])
             dist.all_reduce(t, group=mesh.group(dim))  # the sum of the ranks of my group
             group = mesh.group(dim)
-            seen[dim] = dict(sum=t.item(), ranks=mesh.ranks(dim), coord=mesh.coord(dim),
-                             size=mesh.size(dim), group_size=dist.get_world_size(group),
-                             group_rank=dist.get_rank(group),
-                             pg_ranks=dist.get_process_group_ranks(group),
-                             sub_mesh=mesh[dim].mesh.tolist())
+            seen[dim] = dict(
+                sum=t.item(),
+                ranks=mesh.ranks(dim),
+                coord=mesh.coord(dim),
+                size=mesh.size(dim),
+                group_size=dist.get_world_size(group),
+                group_rank=dist.get_rank(group),
+                pg_ranks=dist.get_process_group_ranks(group),
+                sub_mesh=mesh[dim].mesh.tolist(),
+            )
         reports[(dp, tp, pp)] = seen
     errors = []
     for bad in [dict(dp=world_size + 1), dict(dp=world_size + 1, world_size=world_size + 1)]:
@@ -136,8 +155,9 @@ def test_each_rank_sits_where_the_pure_layout_says(launched):
             c = table[rank]
             assert seen["coords"] == tuple(c)
             assert seen["props"] == (dp, tp, pp, c.dp, c.tp, c.pp)
-            assert seen["repr"] == (f"Mesh(dp={dp}, tp={tp}, pp={pp}; rank {rank} at "
-                                    f"pp={c.pp}, dp={c.dp}, tp={c.tp})")
+            assert seen["repr"] == (
+                f"Mesh(dp={dp}, tp={tp}, pp={pp}; rank {rank} at pp={c.pp}, dp={c.dp}, tp={c.tp})"
+            )
 
 
 def test_each_group_holds_exactly_the_expected_ranks(launched):
@@ -162,4 +182,5 @@ def test_a_mesh_that_does_not_fit_the_world_is_refused_in_the_ranks(launched):
             f"world_size = {world_size}: expected dp {world_size + 1} × tp 1 × pp 1 = "
             f"{world_size + 1} ranks",
             f"world_size = {world_size + 1}: expected the {world_size} ranks of the default "
-            "process group"]
+            "process group",
+        ]

@@ -1,5 +1,6 @@
 """Rabenseifner's all-reduce (recursive halving + recursive doubling) against dist.all_reduce and
 against its byte and step counts, on 2 and 4 real gloo ranks (3 ranks: it refuses)."""
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,13 @@ def _worker(rank: int, world_size: int) -> dict:
         bound = 2 * (world_size - 1) * torch.finfo(torch.float64).eps * abs_sum
         same = [torch.empty_like(got) for _ in range(world_size)]
         dist.all_gather(same, got)
-        out["cases"].append({"numel": numel, "within_bound": bool(((got - ref).abs() <= bound).all()),
-                             "identical_on_every_rank": all(torch.equal(s, got) for s in same)})
+        out["cases"].append(
+            {
+                "numel": numel,
+                "within_bound": bool(((got - ref).abs() <= bound).all()),
+                "identical_on_every_rank": all(torch.equal(s, got) for s in same),
+            }
+        )
     x = torch.ones(world_size * 1024)  # float32, divisible by N
     with CommMeter(dispatch=False) as meter:
         C.rabenseifner_all_reduce(x)
@@ -37,7 +43,9 @@ def _worker(rank: int, world_size: int) -> dict:
     out["value"] = float(x[0])
     x2d = torch.arange(12.0).reshape(3, 4).t()  # non-contiguous
     C.rabenseifner_all_reduce(x2d)
-    out["non_contiguous_ok"] = bool(torch.equal(x2d, world_size * torch.arange(12.0).reshape(3, 4).t()))
+    out["non_contiguous_ok"] = bool(
+        torch.equal(x2d, world_size * torch.arange(12.0).reshape(3, 4).t())
+    )
     return out
 
 

@@ -1,5 +1,6 @@
 """parallel.tensor: Megatron's column/row split against one process, torch's DTensor
 parallelize_module, exact collective counts, and bad input refused before any rank starts."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,8 +45,10 @@ def _parity_worker(rank, world_size):
             loss.backward()
         out[f"calls {sp}"] = (dict(fwd.calls), dict(bwd.calls))
     if world_size == 4:  # an uneven split is refused inside the ranks too, by name
-        for make, name in ((lambda: T.ColumnParallelLinear(8, 6), "out_features = 6"),
-                           (lambda: T.RowParallelLinear(6, 8), "in_features = 6")):
+        for make, name in (
+            (lambda: T.ColumnParallelLinear(8, 6), "out_features = 6"),
+            (lambda: T.RowParallelLinear(6, 8), "in_features = 6"),
+        ):
             with pytest.raises(ValueError, match=f"{name} is not divisible by tp = 4"):
                 make()
     # the two layers alone: column (gather_output) and row (input not parallel) = nn.Linear
@@ -53,8 +56,10 @@ def _parity_worker(rank, world_size):
     full, x = torch.nn.Linear(8, 12), torch.randn(3, 8, requires_grad=True)
     ref = full(x)
     ref.pow(2).sum().backward()
-    for layer in (T.ColumnParallelLinear.from_linear(full, gather_output=True),
-                  T.RowParallelLinear.from_linear(full, input_is_parallel=False)):
+    for layer in (
+        T.ColumnParallelLinear.from_linear(full, gather_output=True),
+        T.RowParallelLinear.from_linear(full, input_is_parallel=False),
+    ):
         xl = x.detach().clone().requires_grad_(True)
         y = layer(xl)
         y.pow(2).sum().backward()
@@ -65,8 +70,9 @@ def _parity_worker(rank, world_size):
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_parity_with_one_process_and_exact_collective_counts(world_size):
     # tp = 1 runs in this process: parallelize_gpt outside a process group is the identity split
-    records = [_parity_worker(0, 1)] if world_size == 1 else \
-        course_lib.launch(_parity_worker, world_size)
+    records = (
+        [_parity_worker(0, 1)] if world_size == 1 else course_lib.launch(_parity_worker, world_size)
+    )
     reference = H.reference_run(model_fn, batch_fn, steps=2, loss_fn=H.cross_entropy_loss)
     for sp in (False, True):
         H.assert_parity(reference, [r[sp] for r in records])  # rtol 1e-5, atol 1e-6, float32
@@ -76,10 +82,14 @@ def test_parity_with_one_process_and_exact_collective_counts(world_size):
         assert records[0]["calls False"] == ({"all_reduce": 2 * L}, {"all_reduce": 2 * L})
         fwd, bwd = records[0]["calls True"]
         # sequence parallel: +1 gather before the replicated head, +1 after the embeddings
-        assert {k.replace("_single", ""): v for k, v in fwd.items()} == \
-            {"all_gather": 2 * L + 1, "reduce_scatter": 2 * L}
-        assert {k.replace("_single", ""): v for k, v in bwd.items()} == \
-            {"all_gather": 4 * L + 1, "reduce_scatter": 2 * L}
+        assert {k.replace("_single", ""): v for k, v in fwd.items()} == {
+            "all_gather": 2 * L + 1,
+            "reduce_scatter": 2 * L,
+        }
+        assert {k.replace("_single", ""): v for k, v in bwd.items()} == {
+            "all_gather": 4 * L + 1,
+            "reduce_scatter": 2 * L,
+        }
 
 
 def test_a_group_outside_a_process_group_is_refused():
@@ -88,8 +98,11 @@ def test_a_group_outside_a_process_group_is_refused():
 
 
 def test_bad_splits_are_refused_with_the_valid_choices():
-    with pytest.raises(ValueError, match=r"n_head = 12 is not divisible by tp = 8; "
-                                         r"valid tp: 1, 2, 3, 4, 6, 12"):
+    with pytest.raises(
+        ValueError,
+        match=r"n_head = 12 is not divisible by tp = 8; "
+        r"valid tp: 1, 2, 3, 4, 6, 12",
+    ):
         T.check_tp(GPTConfig.gpt2_small(), 8)
     with pytest.raises(ValueError, match=r"tp = 8: expected at most world_size = 4"):
         T.check_tp(CFG, 8, world_size=4)
@@ -97,6 +110,7 @@ def test_bad_splits_are_refused_with_the_valid_choices():
         T.check_tp(CFG, 4, sequence_parallel=True, seq=6)
     with pytest.raises(ValueError, match=r"n_kv_head = 8 is not divisible by tp = 16"):
         from course_lib.units.u11_tensor_parallelism.run import LLAMA_70B
+
         T.check_tp(LLAMA_70B, 16)
     with pytest.raises(ValueError, match="dropout = 0.1"):
         T.check_tp(GPTConfig.tiny(dropout=0.1), 2)
@@ -114,9 +128,12 @@ def test_dtensor_parallelize_module_gives_the_same_loss_and_counts():
     res = course_lib.launch(_dtensor_worker, 2)[0]
     reference = H.cross_entropy_loss(
         __import__("course_lib.units.u11_tensor_parallelism.run", fromlist=["x"]).model_fn(),
-        __import__("course_lib.units.u11_tensor_parallelism.run", fromlist=["x"]).batch_fn(0))
+        __import__("course_lib.units.u11_tensor_parallelism.run", fromlist=["x"]).batch_fn(0),
+    )
     for name in ("course", "dtensor"):
         assert res["losses"][name] == pytest.approx(reference.item(), rel=1e-6)
     L = 2
-    assert res["counts"]["dtensor"] == {"forward": {"all_reduce": 2 * L},
-                                        "backward": {"all_reduce": 2 * L}}
+    assert res["counts"]["dtensor"] == {
+        "forward": {"all_reduce": 2 * L},
+        "backward": {"all_reduce": 2 * L},
+    }

@@ -1,5 +1,6 @@
 """ZeroDataParallel (course_lib/parallel/zero.py): parity with one process at every stage on 3
 ranks (uneven shards: padding), exact model-state bytes, bytes on the wire, bad input."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,9 +27,15 @@ def batch_fn(step):
     return x.double(), y.double()
 
 
-CONFIGS = [(0, {}), (1, {}), (2, {}), (3, {}), (3, {"prefetch": True}),
-           (3, {"reshard_after_forward": False}), (3, {"prefetch": True,
-                                                       "reshard_after_forward": False})]
+CONFIGS = [
+    (0, {}),
+    (1, {}),
+    (2, {}),
+    (3, {}),
+    (3, {"prefetch": True}),
+    (3, {"reshard_after_forward": False}),
+    (3, {"prefetch": True, "reshard_after_forward": False}),
+]
 
 
 def _worker(rank, world_size):
@@ -38,8 +45,16 @@ def _worker(rank, world_size):
     records, state, wire = [], [], {}
     for stage, kw in CONFIGS:
         model = ZeroDataParallel(model_fn(seed=rank), stage=stage, lr=1e-2, **kw)
-        records.append(H.parallel_run(model, batch_fn, steps=2, optimizer_fn=lambda m: m,
-                                      gather_fn=full_tensors, shard=(rank, world_size)))
+        records.append(
+            H.parallel_run(
+                model,
+                batch_fn,
+                steps=2,
+                optimizer_fn=lambda m: m,
+                gather_fn=full_tensors,
+                shard=(rank, world_size),
+            )
+        )
         if kw:
             continue
         x, y = H.shard_batch(batch_fn(5), rank, world_size)
@@ -71,8 +86,12 @@ def three_ranks():
 
 def test_every_stage_matches_one_process(three_ranks):
     # float64 AdamW, 2 steps, every rank starting from a different model (broadcast fixes it)
-    ref = H.reference_run(model_fn, batch_fn, steps=2,
-                          optimizer_fn=lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2))
+    ref = H.reference_run(
+        model_fn,
+        batch_fn,
+        steps=2,
+        optimizer_fn=lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
+    )
     for i, config in enumerate(CONFIGS):
         table = H.assert_parity(ref, [r["records"][i] for r in three_ranks])
         assert (table.max_abs_diff / table.tolerance).max() < 1e-3, config
@@ -82,8 +101,9 @@ def test_model_state_bytes_are_exact(three_ranks):
     units = [[96, 12], [60, 5], [10, 2]]
     assert estimate.zero_padding(units, 3) == 1  # 108 and 12 split evenly; 65 -> 66
     for stage, bd in enumerate(three_ranks[0]["state"]):
-        want = estimate.zero_layout_bytes_per_rank(units, stage=stage, world_size=3,
-                                                   param_bytes=8, grad_bytes=8, state_bytes=16)
+        want = estimate.zero_layout_bytes_per_rank(
+            units, stage=stage, world_size=3, param_bytes=8, grad_bytes=8, state_bytes=16
+        )
         got = {k: bd[k] for k in ("params", "grads", "optimizer")}
         assert got == {k: want[k] for k in got}, (stage, got, want)
 
@@ -117,12 +137,21 @@ def test_bad_input_is_refused():
 
 
 def test_estimates():
-    grid = {s: [estimate.zero_bytes_per_rank(7e9, stage=s, world_size=n) / 1e9
-                for n in (1, 2, 4, 8, 16)] for s in (1, 2, 3)}
-    assert grid == {1: [112, 70, 49, 38.5, 33.25], 2: [112, 63, 38.5, 26.25, 20.125],
-                    3: [112, 56, 28, 14, 7]}
-    assert estimate.zero_bytes_per_rank(7e9, stage=2, world_size=8, k=8, param_bytes=4,
-                                        grad_bytes=4) == 28e9 + 3.5e9 + 7e9
+    grid = {
+        s: [
+            estimate.zero_bytes_per_rank(7e9, stage=s, world_size=n) / 1e9 for n in (1, 2, 4, 8, 16)
+        ]
+        for s in (1, 2, 3)
+    }
+    assert grid == {
+        1: [112, 70, 49, 38.5, 33.25],
+        2: [112, 63, 38.5, 26.25, 20.125],
+        3: [112, 56, 28, 14, 7],
+    }
+    assert (
+        estimate.zero_bytes_per_rank(7e9, stage=2, world_size=8, k=8, param_bytes=4, grad_bytes=4)
+        == 28e9 + 3.5e9 + 7e9
+    )
     assert estimate.zero_bytes_sent_per_step(800, 4, stage=3) == 1800
     assert estimate.zero_bytes_sent_per_step(800, 4, stage=3, reshard_after_forward=False) == 1200
     with pytest.raises(ValueError, match="stage = 5: expected one of 0, 1, 2, 3"):

@@ -11,6 +11,7 @@ Published layouts (all bf16 mixed precision with Adam):
 * Megatron-Turing NLG 530B: 2,240 A100 80 GB, TP 8, PP 35, DP 8, 1,920 sequences of 2,048
   tokens, 126 TFLOP/s per GPU = 40 % (Smith et al. 2022, arXiv:2201.11990, Sec. 2.4).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -20,12 +21,21 @@ from course_lib import plan as P
 H100 = "8xH100 + 400G IB"
 A100 = "8xA100-80GB + 200G IB"
 PUBLISHED = {
-    "Llama-3-405B": dict(cluster=H100, gpus=16384, batch=16 * 2**20, layout=(128, 8, 16), mfu=0.41,
-                         uneven=True),
-    "BLOOM-176B": dict(cluster=A100, gpus=384, batch=2048 * 2048, layout=(8, 4, 12), mfu=150 / 312,
-                       uneven=True, zero=1),
-    "MT-NLG-530B": dict(cluster=A100, gpus=2240, batch=1920 * 2048, layout=(8, 8, 35), mfu=126 / 312,
-                        uneven=False),
+    "Llama-3-405B": dict(
+        cluster=H100, gpus=16384, batch=16 * 2**20, layout=(128, 8, 16), mfu=0.41, uneven=True
+    ),
+    "BLOOM-176B": dict(
+        cluster=A100,
+        gpus=384,
+        batch=2048 * 2048,
+        layout=(8, 4, 12),
+        mfu=150 / 312,
+        uneven=True,
+        zero=1,
+    ),
+    "MT-NLG-530B": dict(
+        cluster=A100, gpus=2240, batch=1920 * 2048, layout=(8, 8, 35), mfu=126 / 312, uneven=False
+    ),
 }
 
 
@@ -33,8 +43,12 @@ PUBLISHED = {
 def plans():
     out = {}
     for name, run in PUBLISHED.items():
-        out[name] = P.plan(P.model(name), P.cluster(run["cluster"], gpus=run["gpus"]),
-                           global_batch_tokens=run["batch"], uneven_stages=run["uneven"])
+        out[name] = P.plan(
+            P.model(name),
+            P.cluster(run["cluster"], gpus=run["gpus"]),
+            global_batch_tokens=run["batch"],
+            uneven_stages=run["uneven"],
+        )
     return out
 
 
@@ -65,8 +79,13 @@ def test_llama3_layout_is_the_winner(plans):
 def test_bloom_memory_beside_the_published_60_gb():
     # BLOOM: micro-batch 2; the reported 60 GB per GPU lies between full recomputation and none
     m = P.model("BLOOM-176B")
-    mem = {r: P.predict_memory(m, P.Layout(8, 4, 12, 1, r, 2), global_batch_tokens=2048 * 2048,
-                               uneven_stages=True)["total"] / 1e9 for r in P.RECOMPUTE}
+    mem = {
+        r: P.predict_memory(
+            m, P.Layout(8, 4, 12, 1, r, 2), global_batch_tokens=2048 * 2048, uneven_stages=True
+        )["total"]
+        / 1e9
+        for r in P.RECOMPUTE
+    }
     assert mem["full"] < 60 < mem["none"]
     assert mem["selective"] == pytest.approx(60, abs=3)
 
@@ -78,7 +97,16 @@ def test_predict_memory_categories_by_hand():
     n = 6_738_415_616
     assert (mem["params"], mem["grads"], mem["optimizer"]) == (2 * n, 2 * n, 12 * n)
     s, h, a, f = 4096, 4096, 32, 11008
-    layer = 2 * s * h + 2 * s * h + 4 * s * h + 2 * s * h + 2 * s * h + 4 * s * h + 6 * s * f + 2 * a * s * s
+    layer = (
+        2 * s * h
+        + 2 * s * h
+        + 4 * s * h
+        + 2 * s * h
+        + 2 * s * h
+        + 4 * s * h
+        + 6 * s * f
+        + 2 * a * s * s
+    )
     assert mem["activations"] == 32 * layer
     assert mem["logits"] == 4 * s * 32000
     assert mem["total"] == sum(mem[k] for k in P.MEMORY_CATEGORIES)
@@ -89,8 +117,9 @@ def test_predict_memory_categories_by_hand():
 
 
 def test_plan_seven_b_on_one_node_explains_itself():
-    result = P.plan(P.model("Llama-2-7B"), P.cluster(H100), global_batch_tokens=4 * 2**20,
-                    total_tokens=2e12)
+    result = P.plan(
+        P.model("Llama-2-7B"), P.cluster(H100), global_batch_tokens=4 * 2**20, total_tokens=2e12
+    )
     top = result.iloc[0]
     assert top.memory_GB <= 76 and top.tp * top.pp * top.dp == 8
     assert list(result["rank"]) == list(range(1, len(result) + 1))
@@ -103,8 +132,9 @@ def test_plan_seven_b_on_one_node_explains_itself():
 
 
 def test_tp_across_nodes_is_named():
-    result = P.plan(P.model("MT-NLG-530B"), P.cluster(A100, gpus=2240),
-                    global_batch_tokens=1920 * 2048)
+    result = P.plan(
+        P.model("MT-NLG-530B"), P.cluster(A100, gpus=2240), global_batch_tokens=1920 * 2048
+    )
     assert "tensor parallelism across nodes" in P.explain(result, families=12)
 
 
@@ -113,22 +143,48 @@ def test_nothing_fits_says_so():
     assert result.empty and P.explain(result).startswith("Nothing fits")
 
 
-@pytest.mark.parametrize("layout, kwargs, message", [
-    (P.Layout(8, tp=3), {}, r"tp = 3: expected a divisor of heads = 32 and kv_heads = 32: one of 1, 2, 4, 8, 16, 32"),
-    (P.Layout(1, pp=5), {}, r"pp = 5: expected a divisor of layers = 32: one of 1, 2, 4, 8, 16, 32"),
-    (P.Layout(4, pp=4, virtual_stages=3), {}, r"virtual_stages = 3: expected a divisor of the 8 layers"),
-    (P.Layout(3, tp=8), {"global_batch_tokens": 1024 * 4096}, r"global batch = 1024 sequences: expected a multiple of dp x micro_batch = 3 x 1"),
-    (P.Layout(4, pp=8, virtual_stages=2), {"global_batch_tokens": 16 * 4096}, r"virtual_stages = 2: expected 1 with 4 micro-batches < pp = 8"),
-])
+@pytest.mark.parametrize(
+    "layout, kwargs, message",
+    [
+        (
+            P.Layout(8, tp=3),
+            {},
+            r"tp = 3: expected a divisor of heads = 32 and kv_heads = 32: one of 1, 2, 4, 8, 16, 32",
+        ),
+        (
+            P.Layout(1, pp=5),
+            {},
+            r"pp = 5: expected a divisor of layers = 32: one of 1, 2, 4, 8, 16, 32",
+        ),
+        (
+            P.Layout(4, pp=4, virtual_stages=3),
+            {},
+            r"virtual_stages = 3: expected a divisor of the 8 layers",
+        ),
+        (
+            P.Layout(3, tp=8),
+            {"global_batch_tokens": 1024 * 4096},
+            r"global batch = 1024 sequences: expected a multiple of dp x micro_batch = 3 x 1",
+        ),
+        (
+            P.Layout(4, pp=8, virtual_stages=2),
+            {"global_batch_tokens": 16 * 4096},
+            r"virtual_stages = 2: expected 1 with 4 micro-batches < pp = 8",
+        ),
+    ],
+)
 def test_bad_layouts_are_refused_with_the_valid_choices(layout, kwargs, message):
     with pytest.raises(ValueError, match=message):
         P.check_layout(P.model("Llama-2-7B"), layout, **kwargs)
 
 
 def test_more_gpus_than_the_cluster_is_refused():
-    with pytest.raises(ValueError, match=r"dp x tp x pp = 4 x 4 x 1 = 16 GPUs: expected at most the cluster's 8"):
-        P.step_time(P.model("Llama-2-7B"), P.cluster(H100), P.Layout(4, 4),
-                    global_batch_tokens=1024 * 4096)
+    with pytest.raises(
+        ValueError, match=r"dp x tp x pp = 4 x 4 x 1 = 16 GPUs: expected at most the cluster's 8"
+    ):
+        P.step_time(
+            P.model("Llama-2-7B"), P.cluster(H100), P.Layout(4, 4), global_batch_tokens=1024 * 4096
+        )
     with pytest.raises(ValueError, match="gpus = 16: expected an int in 1..8"):
         P.plan(P.model("Llama-2-7B"), P.cluster(H100), global_batch_tokens=1024 * 4096, gpus=16)
 
@@ -162,8 +218,11 @@ def test_the_plan_gives_the_torchrun_command_that_starts_its_layout():
     from course_lib import cluster
     from course_lib.cluster.runner import _parser
 
-    result = P.plan(P.model("Llama-2-70B"), P.cluster("8xH100 + 400G IB", gpus=512),
-                       global_batch_tokens=4096 * 1024)
+    result = P.plan(
+        P.model("Llama-2-70B"),
+        P.cluster("8xH100 + 400G IB", gpus=512),
+        global_batch_tokens=4096 * 1024,
+    )
     best = result.iloc[0]
     cmd = P.launch_command(result, script="train.py")
     nodes = int(best.dp * best.tp * best.pp) // 8

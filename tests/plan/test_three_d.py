@@ -1,5 +1,6 @@
 """The 3-D run (dp 2 × tp 2 × pp 2 on 8 gloo ranks) against one process on the full batch, and
 its measured memory and traffic against exact counts."""
+
 import copy
 
 import pytest
@@ -48,15 +49,26 @@ def test_the_shards_reassemble_the_whole_model(result):
     config = three_d.tiny_config()
     torch.manual_seed(0)
     full = dict(GPT(config).named_parameters())
-    assert {k: tuple(v.shape) for k, v in result["params"].items()} == \
-        {k: tuple(v.shape) for k, v in full.items()}
+    assert {k: tuple(v.shape) for k, v in result["params"].items()} == {
+        k: tuple(v.shape) for k, v in full.items()
+    }
     # what a rank holds: its stage, with the blocks' matrices halved by tp
     for r in result["ranks"]:
         stage = r["coords"][0]
-        names = [k for k in full if (k.startswith(("wte", "wpe", "blocks.0.")) if stage == 0
-                                     else k.startswith(("blocks.1.", "ln_f", "lm_head")))]
-        split = sum(full[k].numel() for k in names
-                    if any(s in k for s in ("c_attn", "c_fc")) or k.endswith("c_proj.weight"))
+        names = [
+            k
+            for k in full
+            if (
+                k.startswith(("wte", "wpe", "blocks.0."))
+                if stage == 0
+                else k.startswith(("blocks.1.", "ln_f", "lm_head"))
+            )
+        ]
+        split = sum(
+            full[k].numel()
+            for k in names
+            if any(s in k for s in ("c_attn", "c_fc")) or k.endswith("c_proj.weight")
+        )
         assert r["params_numel"] == sum(full[k].numel() for k in names) - split // 2
 
 
@@ -72,8 +84,9 @@ def test_measured_memory_is_the_rank_s_own_state(result):
 def test_memory_table_against_the_planner(result):
     table = three_d.memory_table(result)
     assert list(table["stage"]) == [0, 1]
-    assert list(table["measured_params_elems"]) == [r["params_numel"] for r in result["ranks"]
-                                                    if r["coords"][1:] == (0, 0)]
+    assert list(table["measured_params_elems"]) == [
+        r["params_numel"] for r in result["ranks"] if r["coords"][1:] == (0, 0)
+    ]
     # the planner divides every parameter by tp; the tiny GPT keeps its embeddings, LayerNorms,
     # head and row-layer biases whole on each tp rank, so a rank holds more than predicted
     assert (table["elems_ratio"] > 1).all() and (table["elems_ratio"] < 1.5).all()
@@ -93,11 +106,14 @@ def test_traffic_per_rank(result):
             assert r["wire_bytes_sent"] >= r["model_bytes_sent"] * 0.9
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(pp=3, dp=1, tp=1), "pp = 3"),
-    (dict(batch=6), "batch = 6"),
-    (dict(tp=3, dp=1, pp=1), "tp = 3"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(pp=3, dp=1, tp=1), "pp = 3"),
+        (dict(batch=6), "batch = 6"),
+        (dict(tp=3, dp=1, pp=1), "tp = 3"),
+    ],
+)
 def test_bad_layouts_are_refused_before_any_rank_starts(kwargs, message):
     with pytest.raises(ValueError, match=message):
         three_d.run_3d(**kwargs)

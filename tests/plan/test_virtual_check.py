@@ -1,5 +1,6 @@
 """The planner's per-rank model state against PyTorch's FSDP2 / DTensor on the virtual cluster
 (two cut models of 1 and 2 layers at the real width; about 3-6 s per layout)."""
+
 import pytest
 
 from course_lib import plan as P
@@ -12,7 +13,9 @@ def _rows(df):
 
 def test_7b_fsdp_per_layer_and_rest_agree():
     # the top plan of notebooks/14 for Llama-2-7B on 8 GPUs: dp 8, ZeRO-3
-    df = _rows(compare_with_virtual(P.model("Llama-2-7B"), P.Layout(dp=8, zero=3, recompute="none")))
+    df = _rows(
+        compare_with_virtual(P.model("Llama-2-7B"), P.Layout(dp=8, zero=3, recompute="none"))
+    )
     assert abs(df.at["per layer", "ratio"] - 1) <= TOLERANCE
     assert abs(df.at["rest", "ratio"] - 1) <= TOLERANCE
     # the per-layer residual is Adam's 4-byte step counter of each of the 9 tensors, nothing else

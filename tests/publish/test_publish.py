@@ -1,4 +1,5 @@
 """Slides and the static site: the slide rules, every lecture tagged by them, offline pages."""
+
 from __future__ import annotations
 
 import base64
@@ -20,22 +21,33 @@ FIGURE = new_output("display_data", data={"image/png": "iVBORw0KGgo=", "text/pla
 
 
 def _notebook():
-    return new_notebook(cells=[
-        new_markdown_cell("# Unit 99 — title"),
-        new_code_cell("import torch"),
-        new_markdown_cell("## 1. A section"),
-        new_code_cell("plot()", outputs=[FIGURE]),
-        new_code_cell("plot_again()", outputs=[FIGURE]),
-        new_markdown_cell("An idea in a paragraph."),
-        new_code_cell("x = 1"),
-        new_markdown_cell("Text before a heading.\n\n## 2. Next section"),
-        new_markdown_cell("Hidden aside.", metadata={"tags": ["slide:skip"]}),
-    ])
+    return new_notebook(
+        cells=[
+            new_markdown_cell("# Unit 99 — title"),
+            new_code_cell("import torch"),
+            new_markdown_cell("## 1. A section"),
+            new_code_cell("plot()", outputs=[FIGURE]),
+            new_code_cell("plot_again()", outputs=[FIGURE]),
+            new_markdown_cell("An idea in a paragraph."),
+            new_code_cell("x = 1"),
+            new_markdown_cell("Text before a heading.\n\n## 2. Next section"),
+            new_markdown_cell("Hidden aside.", metadata={"tags": ["slide:skip"]}),
+        ]
+    )
 
 
 def test_slide_rules():
     assert slides.slide_types(_notebook()) == [
-        "slide", "skip", "slide", "-", "subslide", "subslide", "-", "slide", "skip"]
+        "slide",
+        "skip",
+        "slide",
+        "-",
+        "subslide",
+        "subslide",
+        "-",
+        "slide",
+        "skip",
+    ]
 
 
 def test_bad_override_tag_names_the_valid_types():
@@ -59,15 +71,20 @@ def test_every_lecture_is_tagged_by_the_rules(path):
     stored = [c.metadata.get("slideshow", {}).get("slide_type") for c in nb.cells]
     assert stored == slides.slide_types(nb), (
         f"{path.name}: slide metadata differs from the rules; run "
-        f"`python -m course_lib.publish tag {path.relative_to(ROOT)}` (make notebooks does it)")
+        f"`python -m course_lib.publish tag {path.relative_to(ROOT)}` (make notebooks does it)"
+    )
     n = slides.count_slides(nb)
     assert 10 <= n <= 36, f"{path.name} has {n} slides; a lecture should have about 15-30"
 
 
 def test_slides_reference_only_local_files(tmp_path):
-    urls = {"reveal": "./vendor/reveal", "require": "./vendor/require.js",
-            "jquery": "./vendor/jquery.js", "mathjax": "./vendor/MathJax.js",
-            "widgets": "./vendor/embed-amd.js"}
+    urls = {
+        "reveal": "./vendor/reveal",
+        "require": "./vendor/require.js",
+        "jquery": "./vendor/jquery.js",
+        "mathjax": "./vendor/MathJax.js",
+        "widgets": "./vendor/embed-amd.js",
+    }
     lecture = ROOT / "notebooks" / "00_start_here.ipynb"
     tagged = tmp_path / lecture.name
     nbformat.write(nbformat.read(lecture, as_version=4), tagged)
@@ -125,8 +142,11 @@ def test_course_map_has_every_unit():
 
 
 def test_site_index_links_built_units(tmp_path, monkeypatch):
-    monkeypatch.setattr(assets, "install", lambda dest: {
-        k: f"{k}.js" for k in ("reveal", "require", "jquery", "mathjax", "widgets")})
+    monkeypatch.setattr(
+        assets,
+        "install",
+        lambda dest: {k: f"{k}.js" for k in ("reveal", "require", "jquery", "mathjax", "widgets")},
+    )
     index = site.build(tmp_path, units=["00"])
     page = index.read_text(encoding="utf-8")
     assert 'href="lectures/00_start_here.html"' in page

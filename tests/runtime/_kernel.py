@@ -5,6 +5,7 @@
 notebook's "interrupt kernel" button (SIGINT to the kernel process); ``restart`` its "restart
 kernel". Every wait has a timeout, and ``close`` kills the kernel and any process it left behind.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,9 @@ __all__ = ["CellResult", "Kernel", "wait_for"]
 
 class Kernel(_Driver):
     def __init__(self, cwd: str | os.PathLike, extra_env: dict[str, str] | None = None):
-        super().__init__(str(cwd), extra_env=extra_env, store_history=False,
-                         displays_in_stdout=False)
+        super().__init__(
+            str(cwd), extra_env=extra_env, store_history=False, displays_in_stdout=False
+        )
 
     def close(self) -> None:
         """Kill the kernel at once and every process it left (a test ends; no polite shutdown)."""
@@ -37,6 +39,7 @@ class Kernel(_Driver):
                     pass
             psutil.wait_procs(leftovers, timeout=5)
             import shutil
+
             shutil.rmtree(self._specs, ignore_errors=True)
 
 

@@ -1,4 +1,5 @@
 """Shared helpers for the runtime tests (imported by name; not a test module)."""
+
 from __future__ import annotations
 
 import psutil
@@ -14,5 +15,8 @@ def rank_processes() -> list[psutil.Process]:
     still listed here while it runs.
     """
     helpers = helper_pids()
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.pid not in helpers and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in helpers and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]

@@ -1,4 +1,5 @@
 """The launch benchmark's table (the benchmark itself is run by hand: python -m course_lib.bench launch)."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,8 +8,10 @@ from course_lib.bench import Timing, format_table, main, summary_line
 
 
 def test_table_reports_median_p99_max_and_speedup():
-    timings = [Timing("course_lib.launch (forkserver)", 2.0, [0.05, 0.07, 0.06]),
-               Timing("torch.multiprocessing.spawn", 2.4, [2.2, 2.0])]
+    timings = [
+        Timing("course_lib.launch (forkserver)", 2.0, [0.05, 0.07, 0.06]),
+        Timing("torch.multiprocessing.spawn", 2.4, [2.2, 2.0]),
+    ]
     lines = format_table(timings).splitlines()
     assert lines[0].split()[:7] == ["method", "cold", "s", "warm", "median", "s", "p99"]
     ours = lines[2].split()
@@ -18,8 +21,8 @@ def test_table_reports_median_p99_max_and_speedup():
 
 def test_p99_is_the_nearest_rank_so_one_stall_in_a_hundred_shows():
     fast = [0.06] * 98
-    assert Timing("m", 1.0, fast + [0.2, 5.1]).p99_s == 0.2    # 1 of 100 slow: p99 is the 99th
-    assert Timing("m", 1.0, fast + [5.1, 5.1]).p99_s == 5.1    # 2 of 100 slow: p99 sees it
+    assert Timing("m", 1.0, fast + [0.2, 5.1]).p99_s == 0.2  # 1 of 100 slow: p99 is the 99th
+    assert Timing("m", 1.0, fast + [5.1, 5.1]).p99_s == 5.1  # 2 of 100 slow: p99 sees it
     assert Timing("m", 1.0, fast + [0.2, 5.1]).max_s == 5.1
 
 

@@ -1,4 +1,5 @@
 """course_lib.launch: results, arguments, dynamic functions, rank output, speed, concurrency."""
+
 from __future__ import annotations
 
 import os
@@ -47,7 +48,9 @@ def _with_args(rank, world_size, tensor, offset, *, scale, tag="default"):
 def test_args_and_kwargs_pass_through():
     out = course_lib.launch(_with_args, 2, torch.arange(3.0), 10, scale=2.0, tag="t")
     assert out == [([10.0, 12.0, 14.0], "t"), ([11.0, 13.0, 15.0], "t")]
-    out = course_lib.launch(_with_args, 2, torch.zeros(1), 0, scale=1.0)  # default kwarg in the rank
+    out = course_lib.launch(
+        _with_args, 2, torch.zeros(1), 0, scale=1.0
+    )  # default kwarg in the rank
     assert [tag for _, tag in out] == ["default", "default"]
 
 
@@ -55,14 +58,17 @@ def test_function_from_a_dynamic_main_module():
     # what a script's __main__ or a notebook cell looks like from pickle's point of view:
     # the function's module cannot be imported by name in another process
     module = types.ModuleType("__main__")
-    exec(textwrap.dedent("""
+    exec(
+        textwrap.dedent("""
         import torch, torch.distributed as dist
         FACTOR = 3.0
         def fn(rank, world_size):
             t = torch.tensor([FACTOR * (rank + 1)])
             dist.all_reduce(t)
             return t.item()
-    """), module.__dict__)
+    """),
+        module.__dict__,
+    )
     assert course_lib.launch(module.fn, 2) == [9.0, 9.0]
 
 
@@ -78,10 +84,14 @@ def test_closure_defined_inside_the_test():
 
 
 def _rank_facts(rank, world_size):
-    return {"env": (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]),
-            "threads": torch.get_num_threads(), "device": str(course_lib.rank_device()),
-            "backend": dist.get_backend(), "caller_var": os.environ.get("COURSE_LIB_TEST_VAR"),
-            "cwd": os.getcwd()}
+    return {
+        "env": (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]),
+        "threads": torch.get_num_threads(),
+        "device": str(course_lib.rank_device()),
+        "backend": dist.get_backend(),
+        "caller_var": os.environ.get("COURSE_LIB_TEST_VAR"),
+        "cwd": os.getcwd(),
+    }
 
 
 def test_rank_environment(monkeypatch, tmp_path):
@@ -111,7 +121,9 @@ def test_rank_output_is_prefixed_and_in_rank_order(capsys):
     for _ in range(2):
         course_lib.launch(_chatty, 3)
         outputs.append(capsys.readouterr())
-    expected_out = "".join(f"[rank {r}] hello from {r}\n[rank {r}] second line {r}\n" for r in range(3))
+    expected_out = "".join(
+        f"[rank {r}] hello from {r}\n[rank {r}] second line {r}\n" for r in range(3)
+    )
     expected_err = "".join(f"[rank {r}] to stderr {r}\n" for r in range(3))
     assert outputs[0].out == expected_out and outputs[0].err == expected_err
     assert outputs[1] == outputs[0]  # identical from run to run
@@ -128,6 +140,7 @@ def test_ranks_without_collectives():
 
 def _warns(rank, world_size):
     import warnings
+
     warnings.warn(f"careful on {rank}", UserWarning, stacklevel=1)
 
 
@@ -154,8 +167,10 @@ def test_two_threads_launching_at_once_do_not_collide():
 
     def worker(name, offset):
         try:
-            results[name] = [course_lib.launch(_with_args, 2, torch.zeros(1), offset, scale=1.0)
-                             for _ in range(3)]
+            results[name] = [
+                course_lib.launch(_with_args, 2, torch.zeros(1), offset, scale=1.0)
+                for _ in range(3)
+            ]
         except Exception as exc:  # reported below, with the thread's name
             errors.append((name, exc))
 
@@ -187,8 +202,15 @@ def test_two_processes_launching_at_once_do_not_collide(tmp_path):
     # two notebooks = two kernels = two independent callers with their own forkservers
     script = tmp_path / "caller.py"
     script.write_text(_TWO_KERNELS_SCRIPT)
-    procs = [subprocess.Popen([sys.executable, str(script), base], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for base in ("10", "20")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), base],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for base in ("10", "20")
+    ]
     outs = [p.communicate(timeout=100) for p in procs]
     for (out, err), base in zip(outs, (10, 20)):
         assert f"OK {[[2.0 * base + 1] * 2] * 2}" in out, err
@@ -199,6 +221,7 @@ def test_spawn_start_method_where_there_is_no_forkserver(monkeypatch):
     # Windows has no forkserver: ranks are spawned and import torch themselves (slow, but the
     # same behaviour: results, captured output, cleanup)
     import course_lib.runtime.launch as launch_module
+
     monkeypatch.setattr(launch_module, "_start_method", lambda: "spawn")
     assert course_lib.launch(_sum_of_ranks, 2) == [(0, 2, 1.0), (1, 2, 1.0)]
     assert rank_processes() == []

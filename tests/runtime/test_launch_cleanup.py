@@ -1,5 +1,6 @@
 """What a launch leaves behind and what it tells the caller while cleaning up: the SIGTERM grace
 period, stale work directories, ranks killed by SIGKILL, large payloads."""
+
 from __future__ import annotations
 
 import os
@@ -36,11 +37,13 @@ def _ok(rank, world_size):
 
 def _slow_to_stop(rank, world_size, marker_dir):
     if rank == 2:  # its SIGTERM handler needs a moment, well inside the launcher's grace period
+
         def finish(signum, frame):
             time.sleep(0.3)
             with open(os.path.join(marker_dir, "rank2.finished"), "w") as f:
                 f.write("cleaned up")
             os._exit(0)
+
         signal.signal(signal.SIGTERM, finish)
     dist.barrier()  # every handler is in place before rank 0 fails
     if rank == 0:
@@ -55,7 +58,9 @@ def test_every_rank_gets_the_whole_sigterm_grace_period(tmp_path):
     assert (tmp_path / "rank2.finished").read_text() == "cleaned up"
 
 
-def test_a_work_directory_without_a_live_owner_is_reclaimed_by_the_next_launch(tmp_path, monkeypatch):
+def test_a_work_directory_without_a_live_owner_is_reclaimed_by_the_next_launch(
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=30)

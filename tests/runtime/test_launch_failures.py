@@ -1,4 +1,5 @@
 """course_lib.launch failure behaviour: every failure is named, bounded in time, and cleaned up."""
+
 from __future__ import annotations
 
 import os
@@ -178,6 +179,7 @@ def test_an_unpicklable_return_value_is_named():
 
 def test_launch_error_pickles_with_its_attributes():
     import pickle
+
     err = course_lib.LaunchError("msg", {1: "boom"}, {0: "returned normally", 1: "boom"})
     copy = pickle.loads(pickle.dumps(err))
     assert (str(copy), copy.failures, copy.summary) == (str(err), err.failures, err.summary)

@@ -4,6 +4,7 @@ One kernel serves the whole module (starting it and importing torch costs second
 leaves it as it found it. The kernel's temporary directory is a private one, so the tests can
 see every launch work directory (``course_lib_launch_*``) that is left behind.
 """
+
 from __future__ import annotations
 
 import os
@@ -58,8 +59,9 @@ class NotebookSession:
 
     def rank_pids(self, world_size: int) -> list[int]:
         files = [self.cwd / f"rank{r}.pid" for r in range(world_size)]
-        assert wait_for(lambda: all(f.exists() and f.read_text() for f in files), 30), \
+        assert wait_for(lambda: all(f.exists() and f.read_text() for f in files), 30), (
             "the ranks did not start"
+        )
         pids = [int(f.read_text()) for f in files]
         for f in files:
             f.unlink()
@@ -87,7 +89,8 @@ def nb(tmp_path_factory):
 
 
 def test_dataloader_workers_in_a_rank_with_a_notebook_defined_dataset(nb):
-    result = nb.kernel.run(textwrap.dedent("""\
+    result = nb.kernel.run(
+        textwrap.dedent("""\
         from torch.utils.data import Dataset, DataLoader
 
         class DS(Dataset):
@@ -101,7 +104,8 @@ def test_dataloader_workers_in_a_rank_with_a_notebook_defined_dataset(nb):
             return sum(batch.sum().item() for batch in loader)
 
         print("loaded", course_lib.launch(load, 2))
-    """))
+    """)
+    )
     assert "loaded [28.0, 28.0]" in result.stdout, result.text
     assert result.error is None
 
@@ -111,7 +115,8 @@ def test_variables_from_a_ddp_tutorial_do_not_switch_to_torchrun_mode(nb):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    result = nb.kernel.run(textwrap.dedent(f"""\
+    result = nb.kernel.run(
+        textwrap.dedent(f"""\
         os.environ.update(RANK="0", WORLD_SIZE="2", MASTER_ADDR="localhost", MASTER_PORT="{port}")
         try:
             t0 = time.monotonic()
@@ -123,7 +128,9 @@ def test_variables_from_a_ddp_tutorial_do_not_switch_to_torchrun_mode(nb):
         finally:
             for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
                 os.environ.pop(name, None)
-    """), timeout=60)
+    """),
+        timeout=60,
+    )
     assert result.error is None, result.text
     assert "two [3.0, 3.0] True" in result.stdout
     assert "four [10.0, 10.0, 10.0, 10.0]" in result.stdout
@@ -138,7 +145,8 @@ def test_ranks_import_from_the_directory_the_notebook_is_in_now(nb):
     sub = nb.cwd / "sub"
     sub.mkdir()
     (sub / "course_lib_cd_helper.py").write_text("VALUE = 40\n")
-    result = nb.kernel.run(textwrap.dedent("""\
+    result = nb.kernel.run(
+        textwrap.dedent("""\
         %cd sub
         try:
             import course_lib_cd_helper
@@ -149,7 +157,8 @@ def test_ranks_import_from_the_directory_the_notebook_is_in_now(nb):
             print("in ranks", course_lib.launch(uses_helper, 2))
         finally:
             %cd ..
-    """))
+    """)
+    )
     assert "in notebook 40" in result.stdout, result.text
     assert "in ranks [40, 41]" in result.stdout, result.text
 
@@ -173,8 +182,9 @@ def test_interrupting_the_first_launch_prints_no_forkserver_traceback(nb):
     nb.kernel.start("course_lib.launch(ok, 2)")  # cold: the forkserver now imports torch
 
     def forkserver_started():
-        return any("forkserver" in " ".join(p.cmdline()) for p in nb.kernel.descendants()
-                   if p.is_running())
+        return any(
+            "forkserver" in " ".join(p.cmdline()) for p in nb.kernel.descendants() if p.is_running()
+        )
 
     assert wait_for(forkserver_started, 30)
     time.sleep(0.5)

@@ -1,4 +1,5 @@
 """A function defined in a notebook cell runs on 4 ranks, with rank output in the cell."""
+
 from __future__ import annotations
 
 import nbformat
@@ -44,11 +45,14 @@ def _text(cell, name="stdout"):
 def test_notebook_defined_function(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(c) for c in (CELL_DEFINE, CELL_WARM, CELL_FAIL)]
-    NotebookClient(nb, timeout=120, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     first, warm, fail = nb.cells
-    assert _text(first) == "".join(f"[rank {r}] all_reduce 10.0\n" for r in range(4)) + \
-        "[10.0, 10.0, 10.0, 10.0]\n"
+    assert (
+        _text(first)
+        == "".join(f"[rank {r}] all_reduce 10.0\n" for r in range(4)) + "[10.0, 10.0, 10.0, 10.0]\n"
+    )
     assert _text(warm).endswith("warm launch fast: True [3.0, 3.0]\n"), _text(warm)
     assert "failed ranks [0, 1]" in _text(fail)
     assert _text(fail).endswith("[3.0, 3.0]\n")  # the kernel is still usable after a failure

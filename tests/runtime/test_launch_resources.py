@@ -1,4 +1,5 @@
 """No process outlives a launch, and repeated launches leave fds, threads and memory flat."""
+
 from __future__ import annotations
 
 import sys
@@ -63,4 +64,5 @@ def test_the_forkserver_is_the_only_long_lived_helper_and_can_be_stopped():
 
 def multiprocessing_forkserver_pid():
     import multiprocessing.forkserver
+
     return multiprocessing.forkserver._forkserver._forkserver_pid

@@ -7,6 +7,7 @@ DNS query (``/etc/hosts`` does not answer it). When a resolver drops one such UD
 waits its default 5 s before asking again. The ranks now meet through a file and talk gloo over
 the loopback interface named explicitly, so a launch asks no name service anything.
 """
+
 from __future__ import annotations
 
 import os
@@ -69,15 +70,34 @@ def test_ranks_make_no_name_service_query(tmp_path):
     script.write_text(_TRACED_SCRIPT)
     log = tmp_path / "strace.log"
     env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
-    proc = subprocess.run([strace, "-f", "-e", "trace=connect,sendto,sendmsg", "-o", str(log),
-                           sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=150, cwd=tmp_path, env=env)
+    proc = subprocess.run(
+        [
+            strace,
+            "-f",
+            "-e",
+            "trace=connect,sendto,sendmsg",
+            "-o",
+            str(log),
+            sys.executable,
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        cwd=tmp_path,
+        env=env,
+    )
     if proc.returncode != 0 and "ptrace" in proc.stderr:
         pytest.skip(f"strace cannot trace here: {proc.stderr.strip()[:200]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    caller = int(next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("WARM")))
-    ranks_lines = [line for line in log.read_text().splitlines()
-                   if line.split(" ", 1)[0].isdigit() and int(line.split(" ", 1)[0]) != caller]
+    caller = int(
+        next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("WARM"))
+    )
+    ranks_lines = [
+        line
+        for line in log.read_text().splitlines()
+        if line.split(" ", 1)[0].isdigit() and int(line.split(" ", 1)[0]) != caller
+    ]
     assert ranks_lines, "strace saw no rank process"
     lookups = [line for line in ranks_lines if any(mark in line for mark in _LOOKUP_MARKS)]
     assert lookups == [], "\n".join(lookups[:10])

@@ -1,4 +1,5 @@
 """Under torchrun, launch() runs fn on this rank and all-gathers the results."""
+
 from __future__ import annotations
 
 import subprocess
@@ -41,8 +42,15 @@ if __name__ == "__main__":
 def test_launch_under_torchrun(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(script)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(script),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # each of the two processes gets the full, rank-ordered result list

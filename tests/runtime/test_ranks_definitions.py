@@ -1,5 +1,6 @@
 """Which kernel definitions follow into persistent ranks (runtime/_definitions.py), and the
 benchmark table of ``python -m course_lib.bench ranks`` (pure: no process is started)."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,7 @@ from course_lib.bench import main
 from course_lib.bench_ranks import Result, format_table
 from course_lib.runtime._definitions import definitions
 
-CELL = '''\
+CELL = """\
 import torch
 from math import pi as PI
 N = 4
@@ -27,14 +28,19 @@ if True:
     def hidden():
         pass
 a, b = 1, 2
-'''
+"""
 
 
 def test_imports_functions_classes_and_literals_follow_and_nothing_else():
     found = definitions(CELL, "<kernel cell 1>")
     assert [label for label, _, _ in found] == [
-        "import torch", "from math import pi as PI", "N = 4", "SIZES: tuple = (1, 2)",
-        "def f", "class Model"]
+        "import torch",
+        "from math import pi as PI",
+        "N = 4",
+        "SIZES: tuple = (1, 2)",
+        "def f",
+        "class Model",
+    ]
     label, source, filename = found[4]
     assert filename == "<kernel cell 1>"
     assert source.lstrip("\n").startswith("@staticmethod\ndef f(x):")  # decorators come along
@@ -50,13 +56,24 @@ def test_a_cell_that_does_not_parse_carries_nothing():
 
 
 def test_ranks_table_says_why_a_peer_was_not_measured():
-    ours = Result("course_lib %%ranks", start_cell_s=1.5, start_s=1.5, restart_s=0.4, trivial_median_s=0.021,
-                  trivial_runs=20, interrupt_s=0.05, interrupt_after="cell stopped; ranks answer, "
-                  "state kept", raise_behaviour="cell fails; names rank 1", leftover_processes=0)
+    ours = Result(
+        "course_lib %%ranks",
+        start_cell_s=1.5,
+        start_s=1.5,
+        restart_s=0.4,
+        trivial_median_s=0.021,
+        trivial_runs=20,
+        interrupt_s=0.05,
+        interrupt_after="cell stopped; ranks answer, state kept",
+        raise_behaviour="cell fails; names rank 1",
+        leftover_processes=0,
+    )
     peer = Result("peer 0.1", note="kernel did not start: no module")
     lines = format_table([ours, peer]).splitlines()
-    assert lines[2] == ("| course_lib %%ranks | 1.50 s / 1.50 s / 0.40 s | 21 ms (20 runs) | 0.05 s | "
-                        "cell stopped; ranks answer, state kept | cell fails; names rank 1 | 0 |")
+    assert lines[2] == (
+        "| course_lib %%ranks | 1.50 s / 1.50 s / 0.40 s | 21 ms (20 runs) | 0.05 s | "
+        "cell stopped; ranks answer, state kept | cell fails; names rank 1 | 0 |"
+    )
     assert lines[3].startswith("| peer 0.1 | not measured: kernel did not start: no module")
 
 

@@ -1,4 +1,5 @@
 """Backend/device choice and the hardware report."""
+
 from __future__ import annotations
 
 import sys
@@ -21,12 +22,16 @@ def test_hardware_report_describes_this_machine():
     assert r["ram_gib"] > 0
     assert r["torch_version"] == torch.__version__
     assert r["cuda_version"] == torch.version.cuda
-    assert r["distributed_backends"] == {"gloo": dist.is_gloo_available(),
-                                         "nccl": dist.is_nccl_available(),
-                                         "mpi": dist.is_mpi_available()}
+    assert r["distributed_backends"] == {
+        "gloo": dist.is_gloo_available(),
+        "nccl": dist.is_nccl_available(),
+        "mpi": dist.is_mpi_available(),
+    }
     assert len(r["gpus"]) == N_GPUS
     try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith(("flags", "Features")))
+        flags = next(
+            line for line in open("/proc/cpuinfo") if line.startswith(("flags", "Features"))
+        )
         native = any(f in flags.split() for f in ("avx512_bf16", "amx_bf16", "bf16"))
         assert r["cpu_bf16_native"] is native
     except (OSError, StopIteration):
@@ -41,9 +46,21 @@ def test_format_hardware_report_has_one_line_per_fact():
 
 
 def test_format_hardware_report_on_a_made_up_gpu_node():
-    report = {**hardware_report(), "cpu_bf16_native": False, "cpu_bf16_flags": [],
-              "gpus": [{"index": i, "name": "H100", "memory_gib": 79.6, "compute_capability": "9.0",
-                        "bf16": True} for i in range(2)]}
+    report = {
+        **hardware_report(),
+        "cpu_bf16_native": False,
+        "cpu_bf16_flags": [],
+        "gpus": [
+            {
+                "index": i,
+                "name": "H100",
+                "memory_gib": 79.6,
+                "compute_capability": "9.0",
+                "bf16": True,
+            }
+            for i in range(2)
+        ],
+    }
     text = format_hardware_report(report)
     assert "0: H100, 79.6 GiB, sm 9.0, bf16 yes" in text and "1: H100" in text
     assert "emulated" in text

@@ -1,5 +1,6 @@
 """techniques.checkpointing: gradients equal the unchanged model's; bytes and FLOPs equal the
 exact formulas of estimate.checkpointing, measured with MemoryMeter and FlopCounterMode."""
+
 from __future__ import annotations
 
 import copy
@@ -15,9 +16,17 @@ from course_lib.techniques import checkpointing as ck
 
 CFG = GPTConfig.tiny(n_layer=3, n_embd=32, n_head=2, block_size=32)
 B, T = 2, 24
-CASES = [("none", 1, ck.MATMUL_OPS), ("full", 1, ck.MATMUL_OPS), ("every_k", 2, ck.MATMUL_OPS),
-         ("every_k", 3, ck.MATMUL_OPS), ("selective", 1, ck.MATMUL_OPS), ("selective", 1, ("mm", "addmm")),
-         ("selective", 1, ("bmm",)), ("segments", 2, ck.MATMUL_OPS), ("segments", 3, ck.MATMUL_OPS)]
+CASES = [
+    ("none", 1, ck.MATMUL_OPS),
+    ("full", 1, ck.MATMUL_OPS),
+    ("every_k", 2, ck.MATMUL_OPS),
+    ("every_k", 3, ck.MATMUL_OPS),
+    ("selective", 1, ck.MATMUL_OPS),
+    ("selective", 1, ("mm", "addmm")),
+    ("selective", 1, ("bmm",)),
+    ("segments", 2, ck.MATMUL_OPS),
+    ("segments", 3, ck.MATMUL_OPS),
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +50,15 @@ def test_bytes_flops_and_gradients(setup, policy, k, ops):
     del logits
     tl = meter.timeline
     kept = int(tl[tl["event"] == "post_forward"].iloc[-1]["activations"])
-    assert kept == estimate.checkpointed_activation_bytes_gpt(CFG, B, T, policy=policy, k=k, save_ops=ops)
+    assert kept == estimate.checkpointed_activation_bytes_gpt(
+        CFG, B, T, policy=policy, k=k, save_ops=ops
+    )
     with FlopCounterMode(display=False) as fc:
         model.loss(idx, tgt).backward()
-    assert fc.get_total_flops() == estimate.gpt_step_matmul_flops(CFG, B, T, policy=policy, k=k,
-                                                                  save_ops=ops)["total"]
+    assert (
+        fc.get_total_flops()
+        == estimate.gpt_step_matmul_flops(CFG, B, T, policy=policy, k=k, save_ops=ops)["total"]
+    )
     # same ops in the same order on the same inputs: recomputation reproduces every value, so the
     # gradients are bitwise equal on CPU (tolerance 0)
     for p, r in zip(model.parameters(), ref):
@@ -87,14 +100,23 @@ def test_layout_and_remove():
     assert [n for n, _ in model.named_parameters()] == names
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(policy="full", k=0), r"k = 0: expected an int in 1\.\.3"),
-    (dict(policy="every_k", k=-1), r"k = -1: expected an int in 1\.\.3"),
-    (dict(policy="segments", k=4), r"k = 4: expected an int in 1\.\.3"),
-    (dict(policy="full", k=2), r"k = 2: expected 1 with policy = 'full'"),
-    (dict(policy="sqrt"), r"policy = 'sqrt': expected one of none, full, every_k, selective, segments"),
-    (dict(policy="selective", save_ops=("matmul",)), r"save_ops = \['matmul'\]: expected each one of mm, addmm"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(policy="full", k=0), r"k = 0: expected an int in 1\.\.3"),
+        (dict(policy="every_k", k=-1), r"k = -1: expected an int in 1\.\.3"),
+        (dict(policy="segments", k=4), r"k = 4: expected an int in 1\.\.3"),
+        (dict(policy="full", k=2), r"k = 2: expected 1 with policy = 'full'"),
+        (
+            dict(policy="sqrt"),
+            r"policy = 'sqrt': expected one of none, full, every_k, selective, segments",
+        ),
+        (
+            dict(policy="selective", save_ops=("matmul",)),
+            r"save_ops = \['matmul'\]: expected each one of mm, addmm",
+        ),
+    ],
+)
 def test_bad_input_names_parameter_value_and_choices(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ck.apply_checkpointing(GPT(CFG), **kwargs)

@@ -1,4 +1,5 @@
 """LoRALinear / add_lora: frozen base, zero-initialised B, scaling, merge, parity with peft."""
+
 import copy
 
 import pytest
@@ -53,14 +54,20 @@ def test_forward_formula_and_merge():
 
 @pytest.mark.parametrize("r", [0, -1, 17, 2.0])
 def test_bad_rank_names_the_layer_and_its_dims(r):
-    with pytest.raises(ValueError, match=r"r = .*min\(d_in, d_out\) = 16 for layer 'blocks.0.x' \(d_in 32, d_out 16\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"r = .*min\(d_in, d_out\) = 16 for layer 'blocks.0.x' \(d_in 32, d_out 16\)",
+    ):
         LoRALinear(nn.Linear(32, 16), r=r, alpha=8, name="blocks.0.x")
     with pytest.raises(ValueError, match=r"layer 'blocks.0.attn.c_proj' \(d_in 64, d_out 64\)"):
         add_lora(_model(), r=65, alpha=8, targets=["c_proj"])
 
 
 def test_unknown_target_lists_the_layers():
-    with pytest.raises(ValueError, match="'wq' names no linear layer of GPT; expected one of c_attn, c_fc, c_proj, lm_head"):
+    with pytest.raises(
+        ValueError,
+        match="'wq' names no linear layer of GPT; expected one of c_attn, c_fc, c_proj, lm_head",
+    ):
         add_lora(_model(), r=4, alpha=8, targets=["wq"])
 
 
@@ -82,8 +89,12 @@ def test_parity_with_peft():
     add_lora(model, r=4, alpha=8, targets=TARGETS)
     gen = torch.Generator().manual_seed(3)
     for layer in lora_modules(model).values():
-        layer.lora_B.data = torch.randn(layer.lora_B.shape, generator=gen) * 0.1  # a trained adapter
-    pm = peft.get_peft_model(ref, peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0))
+        layer.lora_B.data = (
+            torch.randn(layer.lora_B.shape, generator=gen) * 0.1
+        )  # a trained adapter
+    pm = peft.get_peft_model(
+        ref, peft.LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0)
+    )
     ours = lora_modules(model)
     copied = 0
     for name, mod in pm.named_modules():
@@ -116,6 +127,8 @@ def test_memory_meter_measures_a_model_with_frozen_parameters():
         model.loss(idx, idx).backward()
         opt.step()
     k = trainable_params(model)
-    pred = estimate.model_state_bytes(k, precision="fp32", optimizer="adam", n_param_tensors=len(trainable))
+    pred = estimate.model_state_bytes(
+        k, precision="fp32", optimizer="adam", n_param_tensors=len(trainable)
+    )
     assert mem.end_breakdown["grads"] == pred["grads"] == 4 * k
     assert mem.end_breakdown["optimizer"] == pred["optimizer"]

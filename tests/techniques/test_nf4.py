@@ -1,4 +1,5 @@
 """NF4: our code table and quantizer against bitsandbytes; the bytes a Linear4bit stores."""
+
 import pytest
 import torch
 from torch import nn

@@ -1,5 +1,6 @@
 """OffloadAdamW: same parameters as the plain optimizer after K steps, exact bytes moved, the
 file tier really leaves memory, and bad input is named."""
+
 from __future__ import annotations
 
 import os
@@ -105,11 +106,15 @@ def test_drop_page_cache_empties_the_cache(tmp_path):
         fd = os.open(path, os.O_RDONLY)
         assert drop_page_cache(fd)
         os.close(fd)
-        mm = mmap.mmap(f.fileno(), 1 << 20, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        mm = mmap.mmap(
+            f.fileno(), 1 << 20, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+        )
         buf = ctypes.c_char.from_buffer(mm)
         vec = (ctypes.c_ubyte * 256)()
         libc = ctypes.CDLL(None)
-        assert libc.mincore(ctypes.c_void_p(ctypes.addressof(buf)), ctypes.c_size_t(1 << 20), vec) == 0
+        assert (
+            libc.mincore(ctypes.c_void_p(ctypes.addressof(buf)), ctypes.c_size_t(1 << 20), vec) == 0
+        )
         resident = sum(v & 1 for v in vec)
         del buf
         mm.close()
@@ -122,8 +127,12 @@ def test_bad_input():
     with pytest.raises(ValueError, match="params is empty"):
         OffloadAdamW([])
     with pytest.raises(ValueError, match="floating-point"):
-        OffloadAdamW([torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False),
-                      torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))])
+        OffloadAdamW(
+            [
+                torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False),
+                torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64)),
+            ]
+        )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

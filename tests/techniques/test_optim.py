@@ -1,5 +1,6 @@
 """course_lib.techniques.optim: the from-scratch Adam against torch.optim, the optimizers of the
 unit, and their state in bytes (exact)."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,8 +22,14 @@ def _run(opt_factory, steps=6, dtype=torch.float32):
     return [p.detach() for p in params], opt
 
 
-@pytest.mark.parametrize("wd, decoupled, ref", [
-    (0.0, False, torch.optim.Adam), (0.1, False, torch.optim.Adam), (0.1, True, torch.optim.AdamW)])
+@pytest.mark.parametrize(
+    "wd, decoupled, ref",
+    [
+        (0.0, False, torch.optim.Adam),
+        (0.1, False, torch.optim.Adam),
+        (0.1, True, torch.optim.AdamW),
+    ],
+)
 def test_adam_is_bit_identical_to_torch_single_tensor_path(wd, decoupled, ref):
     kw = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=wd)
     ours, _ = _run(lambda ps: O.Adam(ps, decoupled=decoupled, **kw))
@@ -54,14 +61,19 @@ def test_adam_with_fp32_state_on_bf16_params_is_the_rounded_fp32_step():
     # the 12-byte recipe: fp32 moments, the update computed in fp32 and rounded once into bf16
     torch.manual_seed(0)
     w = torch.randn(64, 32)
-    p16, p32 = torch.nn.Parameter(w.to(torch.bfloat16)), torch.nn.Parameter(w.to(torch.bfloat16).float())
+    p16, p32 = (
+        torch.nn.Parameter(w.to(torch.bfloat16)),
+        torch.nn.Parameter(w.to(torch.bfloat16).float()),
+    )
     opt16 = O.Adam([p16], lr=1e-2, state_dtype=torch.float32)
     opt32 = torch.optim.Adam([p32], lr=1e-2, foreach=False)
     g = torch.randn(64, 32)
     p16.grad, p32.grad = g.to(torch.bfloat16), g.to(torch.bfloat16).float()
     opt16.step()
     opt32.step()
-    assert p16.dtype == torch.bfloat16 and torch.equal(p16.detach(), p32.detach().to(torch.bfloat16))
+    assert p16.dtype == torch.bfloat16 and torch.equal(
+        p16.detach(), p32.detach().to(torch.bfloat16)
+    )
     assert O.state_bytes(opt16)["moments"] == 8 * 64 * 32  # fp32 m and v
     with pytest.raises(ValueError, match="state_dtype"):
         O.Adam([p16], state_dtype=torch.int8)
@@ -72,13 +84,17 @@ def test_adam_with_fp32_state_on_bf16_params_is_the_rounded_fp32_step():
 @pytest.mark.parametrize("name", O.OPTIMIZERS)
 def test_state_bytes_match_estimate_exactly(name):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(128, 64, bias=False), torch.nn.Linear(64, 64, bias=False))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(128, 64, bias=False), torch.nn.Linear(64, 64, bias=False)
+    )
     opt = O.make_optimizer(name, model.parameters(), lr=1e-3)
     model(torch.randn(2, 128)).sum().backward()
     opt.step()
     n, k = 128 * 64 + 64 * 64, 2
     sb = O.state_bytes(opt)
-    pred = estimate.model_state_bytes(n, precision="fp32", optimizer=name, n_param_tensors=k)["optimizer"]
+    pred = estimate.model_state_bytes(n, precision="fp32", optimizer=name, n_param_tensors=k)[
+        "optimizer"
+    ]
     if name == "adam8bit":
         assert sb["moments"] == pred == 2 * n
         # per-block absmax (fp32 per 256 values, per moment) + the two shared 256-entry code books
@@ -116,7 +132,9 @@ def test_adam8bit_tracks_adam():
 
 def test_make_optimizer_and_state_bytes_bad_input():
     p = [torch.nn.Parameter(torch.ones(2))]
-    with pytest.raises(ValueError, match="name = 'lion'.*sgd, momentum, rmsprop, adagrad, adam, adamw, adam8bit"):
+    with pytest.raises(
+        ValueError, match="name = 'lion'.*sgd, momentum, rmsprop, adagrad, adam, adamw, adam8bit"
+    ):
         O.make_optimizer("lion", p, lr=1e-3)
     with pytest.raises(ValueError, match="lr = 0"):
         O.make_optimizer("sgd", p, lr=0)
@@ -137,8 +155,12 @@ def test_master_weights_keep_16_bytes_per_param_at_rest():
     assert all(m.grad is None for m in mw.master)  # fp32 grads freed after the step
     for p, m in zip(mw.params, mw.master):  # the bf16 weights are the rounded master
         assert torch.equal(p.detach(), m.detach().to(torch.bfloat16))
-    at_rest = (sum(p.numel() * 2 for p in mw.params) + sum(p.grad.numel() * 2 for p in mw.params)
-               + sum(m.numel() * 4 for m in mw.master) + O.state_bytes(mw.optimizer)["moments"])
+    at_rest = (
+        sum(p.numel() * 2 for p in mw.params)
+        + sum(p.grad.numel() * 2 for p in mw.params)
+        + sum(m.numel() * 4 for m in mw.master)
+        + O.state_bytes(mw.optimizer)["moments"]
+    )
     assert at_rest == 16 * n
     with pytest.raises(ValueError, match="float16/bfloat16"):
         O.MasterWeights(torch.nn.Linear(2, 2), lr=1e-3)

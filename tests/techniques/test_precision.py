@@ -1,5 +1,6 @@
 """course_lib.techniques.precision: bit layouts, the hand-written loss scaler vs GradScaler,
 and one training step per recipe."""
+
 from __future__ import annotations
 
 import math
@@ -10,17 +11,20 @@ import torch
 from course_lib.techniques import precision as P
 
 
-@pytest.mark.parametrize("fmt, bits, exp, man, maxval", [
-    ("fp32", 32, 8, 23, 3.4028234663852886e38),
-    ("bf16", 16, 8, 7, 3.3895313892515355e38),
-    ("fp16", 16, 5, 10, 65504.0),
-    ("fp8_e4m3", 8, 4, 3, 448.0),
-    ("fp8_e5m2", 8, 5, 2, 57344.0),
-])
+@pytest.mark.parametrize(
+    "fmt, bits, exp, man, maxval",
+    [
+        ("fp32", 32, 8, 23, 3.4028234663852886e38),
+        ("bf16", 16, 8, 7, 3.3895313892515355e38),
+        ("fp16", 16, 5, 10, 65504.0),
+        ("fp8_e4m3", 8, 4, 3, 448.0),
+        ("fp8_e5m2", 8, 5, 2, 57344.0),
+    ],
+)
 def test_bit_layout_matches_the_standard_formats(fmt, bits, exp, man, maxval):
     lay = P.bit_layout(fmt)
     assert (lay.bits, lay.exponent_bits, lay.mantissa_bits, lay.max) == (bits, exp, man, maxval)
-    assert lay.eps == 2.0 ** -man
+    assert lay.eps == 2.0**-man
     # the smallest subnormal is representable and half of it rounds to 0
     assert P.round_trip(lay.smallest_subnormal, fmt) == lay.smallest_subnormal
     if fmt != "fp32":  # fp32's subnormal half is below what a Python float -> fp32 keeps exactly
@@ -32,10 +36,10 @@ def test_bit_string_and_round_trip():
     assert P.bit_string(-2.5, "fp16") == "1|10000|0100000000"
     assert P.bit_string(448.0, "fp8_e4m3") == "0|1111|110"
     assert P.bit_string(1.0, torch.float32) == "0|01111111|" + "0" * 23
-    assert P.round_trip(1e-8, "fp16") == 0.0           # underflow in fp16
-    assert P.round_trip(1e-8, "bf16") != 0.0           # bf16 has fp32's exponent range
-    assert math.isinf(P.round_trip(70000.0, "fp16"))   # overflow
-    assert P.round_trip(1.0 + 1e-3, "bf16") == 1.0     # a tiny update is rounded away
+    assert P.round_trip(1e-8, "fp16") == 0.0  # underflow in fp16
+    assert P.round_trip(1e-8, "bf16") != 0.0  # bf16 has fp32's exponent range
+    assert math.isinf(P.round_trip(70000.0, "fp16"))  # overflow
+    assert P.round_trip(1.0 + 1e-3, "bf16") == 1.0  # a tiny update is rounded away
     t = P.round_trip(torch.tensor([1e-8, 1.0]), "fp16")
     assert t.dtype == torch.float32 and t.tolist() == [0.0, 1.0]
 
@@ -77,13 +81,22 @@ def test_dynamic_loss_scaler_matches_gradscaler_in_fp16_training():
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 2))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        scaler = (torch.amp.GradScaler("cpu", init_scale=2.0**22, growth_interval=2) if kind == "torch"
-                  else P.DynamicLossScaler(init_scale=2.0**22, growth_interval=2))
+        scaler = (
+            torch.amp.GradScaler("cpu", init_scale=2.0**22, growth_interval=2)
+            if kind == "torch"
+            else P.DynamicLossScaler(init_scale=2.0**22, growth_interval=2)
+        )
         gen = torch.Generator().manual_seed(0)
         skipped = []
         for _ in range(6):
             x = torch.randn(4, 8, generator=gen)
-            r = P.train_step(model, opt, lambda m, x=x: m(x).float().pow(2).mean(), mode="fp16-mixed", scaler=scaler)
+            r = P.train_step(
+                model,
+                opt,
+                lambda m, x=x: m(x).float().pow(2).mean(),
+                mode="fp16-mixed",
+                scaler=scaler,
+            )
             skipped.append(r.skipped)
         return [p.detach() for p in model.parameters()], skipped, scaler.get_scale()
 

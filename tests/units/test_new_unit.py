@@ -1,4 +1,5 @@
 """``make new-unit`` gives a unit its four files, filled in, and refuses bad names."""
+
 from __future__ import annotations
 
 import shutil
@@ -9,12 +10,22 @@ from course_lib.units import new_unit as N
 
 
 def test_new_unit_copies_the_template(tmp_path):
-    shutil.copytree(N.ROOT / "course_lib" / "units" / "_template",
-                    tmp_path / "course_lib" / "units" / "_template")
+    shutil.copytree(
+        N.ROOT / "course_lib" / "units" / "_template",
+        tmp_path / "course_lib" / "units" / "_template",
+    )
     path = N.new_unit("05", "cpu_offload", "CPU offload", root=tmp_path)
     assert sorted(p.name for p in path.glob("*.py")) == [
-        "__init__.py", "checks.py", "plots.py", "run.py", "widgets.py"]
-    assert '"""Unit 05: CPU offload (notebooks/05_cpu_offload.ipynb)."""' in (path / "__init__.py").read_text()
+        "__init__.py",
+        "checks.py",
+        "plots.py",
+        "run.py",
+        "widgets.py",
+    ]
+    assert (
+        '"""Unit 05: CPU offload (notebooks/05_cpu_offload.ipynb)."""'
+        in (path / "__init__.py").read_text()
+    )
     assert "NN" not in (path / "checks.py").read_text()
     assert (tmp_path / "tests" / "units" / "u05_cpu_offload").is_dir()
     with pytest.raises(FileExistsError):

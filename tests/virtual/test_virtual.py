@@ -4,6 +4,7 @@ Each simulation runs in its own process (course_lib.launch, one rank); the runs 
 between tests through module-scoped fixtures. Expected byte counts are computed here from the
 parameter shapes (and FSDP2's documented padding rule), never from the tracker's output.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,9 @@ def row(df, category, column):
 
 @pytest.fixture(scope="module")
 def fsdp8():
-    return virtual.simulate_step(EVEN, world_size=8, strategy="fsdp", mixed_precision="bf16",
-                                 batch=2, seq_len=32)
+    return virtual.simulate_step(
+        EVEN, world_size=8, strategy="fsdp", mixed_precision="bf16", batch=2, seq_len=32
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +59,8 @@ def test_fsdp_params_are_total_over_n_and_adam_state_is_twice_that(fsdp8):
     n = EVEN.n_params
     assert n % 8 == 0
     params = row(fsdp8, "params", "after_backward")
-    assert params == 4 * n // 8                       # fp32 shard: exactly total / N
-    assert row(fsdp8, "grads", "after_backward") == 4 * n // 8    # reduced fp32 grad shard
+    assert params == 4 * n // 8  # fp32 shard: exactly total / N
+    assert row(fsdp8, "grads", "after_backward") == 4 * n // 8  # reduced fp32 grad shard
     n_tensors = len(shapes(EVEN))
     # AdamW: two fp32 moments per element + one fp32 step counter per parameter tensor
     assert row(fsdp8, "optimizer", "after_step") == 2 * params + 4 * n_tensors
@@ -74,28 +76,39 @@ def test_fsdp_params_are_total_over_n_and_adam_state_is_twice_that(fsdp8):
 
 
 def test_fsdp_padding_at_64_ranks_and_fast_chunks_change_nothing():
-    runs = [virtual.simulate_step(ODD, world_size=64, strategy="fsdp", batch=1, seq_len=16,
-                                  optimizer="sgd", fast_chunks=fast) for fast in (True, False)]
+    runs = [
+        virtual.simulate_step(
+            ODD,
+            world_size=64,
+            strategy="fsdp",
+            batch=1,
+            seq_len=16,
+            optimizer="sgd",
+            fast_chunks=fast,
+        )
+        for fast in (True, False)
+    ]
     params = row(runs[0], "params", "after_backward")
-    assert params == 4 * fsdp_shard_numel(ODD, 64)          # vocab 1000 -> 16 rows per rank
-    assert params > 4 * ODD.n_params / 64                   # padding: 24 rows x 256 x 2 tensors
+    assert params == 4 * fsdp_shard_numel(ODD, 64)  # vocab 1000 -> 16 rows per rank
+    assert params > 4 * ODD.n_params / 64  # padding: 24 rows x 256 x 2 tensors
     assert params - 4 * (ODD.n_params + 2 * 24 * 256) / 64 == 0
-    assert row(runs[0], "optimizer", "after_step") == 0     # plain SGD keeps nothing
+    assert row(runs[0], "optimizer", "after_step") == 0  # plain SGD keeps nothing
     cols = list(virtual.COLUMNS)
     assert runs[0][cols].equals(runs[1][cols])
 
 
 def test_no_reshard_holds_every_gathered_parameter_like_zero2():
-    df = virtual.simulate_step(EVEN, world_size=16, strategy="fsdp_no_reshard",
-                               mixed_precision="bf16", batch=1, seq_len=16)
-    assert row(df, "unsharded_params", "max") == 2 * EVEN.n_params   # bf16, all layers at once
+    df = virtual.simulate_step(
+        EVEN, world_size=16, strategy="fsdp_no_reshard", mixed_precision="bf16", batch=1, seq_len=16
+    )
+    assert row(df, "unsharded_params", "max") == 2 * EVEN.n_params  # bf16, all layers at once
     assert row(df, "params", "after_backward") == 4 * EVEN.n_params // 16
     assert df.attrs["comm"]["backward"] == {"_reduce_scatter_base_": 3}  # no re-gather
 
 
 def test_tp_splits_blocks_and_commdebugmode_counts_megatron_all_reduces(tp4):
     cfg, t = EVEN, 4
-    block = [s for s in shapes(cfg)[1:-2]]                      # wq..w2 and the two norms
+    block = [s for s in shapes(cfg)[1:-2]]  # wq..w2 and the two norms
     norms = [s for s in block if len(s) == 1]
     split = sum(math.prod(s) for s in block if len(s) == 2) // t
     replicated = cfg.n_params - sum(math.prod(s) for s in block) + sum(math.prod(s) for s in norms)
@@ -110,8 +123,9 @@ def test_tp_splits_blocks_and_commdebugmode_counts_megatron_all_reduces(tp4):
 
 
 def test_fsdp_plus_tp_runs_in_two_dimensions():
-    df = virtual.simulate_step(EVEN, world_size=8, strategy="fsdp+tp", tp=4,
-                               mixed_precision="bf16", batch=1, seq_len=16)
+    df = virtual.simulate_step(
+        EVEN, world_size=8, strategy="fsdp+tp", tp=4, mixed_precision="bf16", batch=1, seq_len=16
+    )
     block = [s for s in shapes(EVEN)[1:-2] if len(s) == 2]
     in_blocks = sum(math.prod(s) for s in block)
     # block matrices split 4-way by tp, then 2-way by FSDP; the rest only 2-way by FSDP
@@ -132,28 +146,37 @@ def test_result_is_labelled_virtual(fsdp8):
     assert row(fsdp8, "total", "at_peak") >= row(fsdp8, "total", "after_step") > 0
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(strategy="zero9"), "strategy = 'zero9': expected one of fsdp, fsdp_no_reshard, tp"),
-    (dict(strategy="fsdp+tp", tp=3), "tp = 3: expected a divisor of world_size = 8"),
-    (dict(strategy="fsdp+tp", tp=8, world_size=16), "tp = 8: expected a degree that divides"),
-    (dict(strategy="tp", tp=2), "tp = 2: expected 8 (= world_size)"),
-    (dict(strategy="fsdp", tp=2), "tp = 2: expected 1 for strategy 'fsdp'"),
-    (dict(world_size=0), "world_size = 0: expected an int >= 1"),
-    (dict(mixed_precision="int8"), "mixed_precision = 'int8': expected one of None, bf16, fp16"),
-    (dict(optimizer="lion"), "optimizer = 'lion': expected one of adamw, adam, sgd"),
-    (dict(batch=0), "batch = 0: expected an int >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(strategy="zero9"), "strategy = 'zero9': expected one of fsdp, fsdp_no_reshard, tp"),
+        (dict(strategy="fsdp+tp", tp=3), "tp = 3: expected a divisor of world_size = 8"),
+        (dict(strategy="fsdp+tp", tp=8, world_size=16), "tp = 8: expected a degree that divides"),
+        (dict(strategy="tp", tp=2), "tp = 2: expected 8 (= world_size)"),
+        (dict(strategy="fsdp", tp=2), "tp = 2: expected 1 for strategy 'fsdp'"),
+        (dict(world_size=0), "world_size = 0: expected an int >= 1"),
+        (
+            dict(mixed_precision="int8"),
+            "mixed_precision = 'int8': expected one of None, bf16, fp16",
+        ),
+        (dict(optimizer="lion"), "optimizer = 'lion': expected one of adamw, adam, sgd"),
+        (dict(batch=0), "batch = 0: expected an int >= 1"),
+    ],
+)
 def test_bad_configurations_are_refused_before_any_process(monkeypatch, kwargs, message):
     def no_launch(*a, **k):
         raise AssertionError("a process was started")
 
     monkeypatch.setattr(launch_module, "launch", no_launch)
     args = dict(world_size=8, strategy="fsdp", batch=1, seq_len=8) | kwargs
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")
-                       .replace("+", r"\+")):
+    with pytest.raises(
+        ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")
+    ):
         virtual.simulate_step(EVEN, **args)
     # kv_heads = 4: tp 8 cannot split 4 key/value heads, and the message says what can
-    with pytest.raises(ValueError, match=r"kv_heads = 4 is not divisible by tp = 8\); valid here: 1, 2, 4"):
+    with pytest.raises(
+        ValueError, match=r"kv_heads = 4 is not divisible by tp = 8\); valid here: 1, 2, 4"
+    ):
         virtual.simulate_step(EVEN, world_size=8, strategy="tp", batch=1, seq_len=8)
     with pytest.raises(TypeError, match="model_fn"):
         virtual.simulate_step(torch.nn.Linear, world_size=4, strategy="tp", batch=1, seq_len=8)
@@ -198,7 +221,7 @@ def test_zero_tables_estimate_columns_reproduce_the_sources():
     assert list(fig1["estimate_GB"].round(1)) == [120.0, 31.4, 16.6, 1.9]
     seven = virtual.zero_7b_table(run_virtual=False)
     assert list(seven["estimate_GB"]) == [112.0, 38.5, 26.25, 14.0]
-    assert virtual.PRESETS["zero-7.5b"].n_params == 7_500_754_944      # within 0.01 % of 7.5e9
+    assert virtual.PRESETS["zero-7.5b"].n_params == 7_500_754_944  # within 0.01 % of 7.5e9
     assert virtual.PRESETS["7b"].n_params == 7_000_002_560
     assert set(seven["label"]) == {"estimate only"}
     text = format_zero_table(fig1)
@@ -213,8 +236,9 @@ def test_a_failing_model_fn_is_reported_and_leaves_no_process():
     from course_lib import LaunchError
 
     with pytest.raises(LaunchError, match="model_fn broke on purpose"):
-        virtual.simulate_step(_broken_model, world_size=4, strategy="fsdp", batch=1, seq_len=8,
-                              vocab=16, timeout=60)
+        virtual.simulate_step(
+            _broken_model, world_size=4, strategy="fsdp", batch=1, seq_len=8, vocab=16, timeout=60
+        )
     children = {p.pid for p in psutil.Process().children(recursive=True)}
     assert children <= launch_module.helper_pids()
     assert not torch.distributed.is_initialized()
@@ -244,22 +268,27 @@ def llama_block_saved_bytes(cfg, b, s):
 @pytest.fixture(scope="module")
 def ck_runs():
     run = dict(world_size=8, strategy="fsdp", mixed_precision="bf16", batch=ACT_B, seq_len=ACT_S)
-    return {(layers, ck): virtual.simulate_step(act_cfg(layers), checkpoint=ck, **run)
-            for layers, ck in ((2, None), (2, "full"), (3, "full"), (2, "selective"))}
+    return {
+        (layers, ck): virtual.simulate_step(act_cfg(layers), checkpoint=ck, **run)
+        for layers, ck in ((2, None), (2, "full"), (3, "full"), (2, "selective"))
+    }
 
 
 def test_full_checkpointing_keeps_block_inputs_and_rebuilds_one_block(ck_runs):
     L, cfg = 2, act_cfg(2)
     none, full = ck_runs[(L, None)], ck_runs[(L, "full")]
-    inp = 2 * ACT_S * ACT_B * cfg.hidden                  # one bf16 block input: 2sbh bytes
-    W = llama_block_saved_bytes(cfg, ACT_B, ACT_S)        # what a plain block keeps
+    inp = 2 * ACT_S * ACT_B * cfg.hidden  # one bf16 block input: 2sbh bytes
+    W = llama_block_saved_bytes(cfg, ACT_B, ACT_S)  # what a plain block keeps
     assert W == 21 * inp + ACT_B * ACT_S * (4 * cfg.heads + 8)
     # after forward, each checkpointed block keeps its input instead of its W bytes: exact
     kept = row(none, "activations", "after_forward") - row(full, "activations", "after_forward")
     assert kept == L * (W - inp)
     # one more block adds one more kept input, to the kept bytes and to the peak alike: exact
     deeper = ck_runs[(3, "full")]
-    assert row(deeper, "activations", "after_forward") - row(full, "activations", "after_forward") == inp
+    assert (
+        row(deeper, "activations", "after_forward") - row(full, "activations", "after_forward")
+        == inp
+    )
     assert deeper.attrs["activation_peak_bytes"] - full.attrs["activation_peak_bytes"] == inp
     # the peak: L kept inputs + one block rebuilt (estimate) + backward's scratch, which the
     # estimate leaves out (activation gradients, partly fp32 through the RMSNorm upcast): here
@@ -278,13 +307,21 @@ def test_full_checkpointing_keeps_block_inputs_and_rebuilds_one_block(ck_runs):
 
 
 def test_selective_checkpointing_keeps_between_none_and_full(ck_runs):
-    kept = {ck: row(ck_runs[(2, ck)], "activations", "after_forward") for ck in (None, "full", "selective")}
+    kept = {
+        ck: row(ck_runs[(2, ck)], "activations", "after_forward")
+        for ck in (None, "full", "selective")
+    }
     assert kept["full"] < kept["selective"] < kept[None]
     assert "checkpoint selective" in ck_runs[(2, "selective")].attrs["title"]
 
 
 def test_bad_checkpoint_policy_names_the_choices(monkeypatch):
-    monkeypatch.setattr(launch_module, "launch", lambda *a, **k: pytest.fail("a process was started"))
-    with pytest.raises(ValueError, match="checkpoint = 'every_k': expected one of None, full, selective"):
-        virtual.simulate_step(EVEN, world_size=8, strategy="fsdp", batch=1, seq_len=8,
-                              checkpoint="every_k")
+    monkeypatch.setattr(
+        launch_module, "launch", lambda *a, **k: pytest.fail("a process was started")
+    )
+    with pytest.raises(
+        ValueError, match="checkpoint = 'every_k': expected one of None, full, selective"
+    ):
+        virtual.simulate_step(
+            EVEN, world_size=8, strategy="fsdp", batch=1, seq_len=8, checkpoint="every_k"
+        )

@@ -1,4 +1,5 @@
 """Shared plots: draw headless, show what they claim, reject bad input."""
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -36,9 +37,19 @@ def timeline():
 
 
 def test_measured_vs_predicted_bars_and_residual():
-    predicted = {"params": 4 * 2**20, "grads": 4 * 2**20, "optimizer": 8 * 2**20, "total": 16 * 2**20}
-    measured = {"params": 4 * 2**20, "grads": 4 * 2**20, "optimizer": 8 * 2**20 + 1024,
-                "activations": 2**20, "other": 0}
+    predicted = {
+        "params": 4 * 2**20,
+        "grads": 4 * 2**20,
+        "optimizer": 8 * 2**20,
+        "total": 16 * 2**20,
+    }
+    measured = {
+        "params": 4 * 2**20,
+        "grads": 4 * 2**20,
+        "optimizer": 8 * 2**20 + 1024,
+        "activations": 2**20,
+        "other": 0,
+    }
     fig = plot_measured_vs_predicted(measured, predicted, title="check")
     ax = fig.axes[0]
     assert ax.get_title() == "check"
@@ -48,11 +59,18 @@ def test_measured_vs_predicted_bars_and_residual():
     assert heights == pytest.approx(sorted([4, 4, 8, 4, 4, 8 + 1024 / 2**20, 1]), abs=1e-6)
     text = "\n".join(t.get_text() for t in ax.texts)
     assert "optimizer: +1.00 KiB" in text and "activations: +1.00 MiB" in text
-    assert {t.get_text() for t in ax.get_legend().get_texts()} == {"params", "grads", "optimizer",
-                                                                   "activations"}
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == {
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+    }
     colors = {p.get_facecolor() for p in ax.patches}
     assert matplotlib.colors.to_rgba(CATEGORY_COLORS["params"]) in colors
-    assert ax.xaxis.label.get_size() == STYLE["axes.labelsize"] or ax.yaxis.label.get_size() == STYLE["axes.labelsize"]
+    assert (
+        ax.xaxis.label.get_size() == STYLE["axes.labelsize"]
+        or ax.yaxis.label.get_size() == STYLE["axes.labelsize"]
+    )
 
 
 def test_measured_vs_predicted_bad_input():
@@ -91,14 +109,27 @@ def test_every_plot_cell_shows_its_figure_in_a_real_kernel(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     v4 = nbformat.v4
-    nb = v4.new_notebook(cells=[
-        v4.new_code_cell("from course_lib.viz.plots import plot_measured_vs_predicted as plot"),
-        v4.new_code_cell("plot({'params': 1, 'grads': 2}, {'params': 1, 'grads': 2});"),
-        v4.new_code_cell("plot({'params': 3, 'grads': 2}, {'params': 1, 'grads': 2});"),
-        v4.new_code_cell("import matplotlib.pyplot as plt\nplt.plot([1, 2]);"),
-    ])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbclient.NotebookClient(nb, timeout=120, resources={"metadata": {"path": str(tmp_path)}}).execute()
-    shown = [sum(o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
-                 for o in cell.outputs) for cell in nb.cells]
+    nb = v4.new_notebook(
+        cells=[
+            v4.new_code_cell("from course_lib.viz.plots import plot_measured_vs_predicted as plot"),
+            v4.new_code_cell("plot({'params': 1, 'grads': 2}, {'params': 1, 'grads': 2});"),
+            v4.new_code_cell("plot({'params': 3, 'grads': 2}, {'params': 1, 'grads': 2});"),
+            v4.new_code_cell("import matplotlib.pyplot as plt\nplt.plot([1, 2]);"),
+        ]
+    )
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbclient.NotebookClient(
+        nb, timeout=120, resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    shown = [
+        sum(
+            o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
+            for o in cell.outputs
+        )
+        for cell in nb.cells
+    ]
     assert shown == [0, 1, 1, 1], shown

@@ -1,5 +1,6 @@
 """The course's minimum text size (course_lib.viz.plots.MIN_TEXT_PX, px on screen in JupyterLab
 at a 1400 px page) on real course figures, the u03 log chart's limits and labels, and ``wrap``."""
+
 from __future__ import annotations
 
 import ast
@@ -72,7 +73,10 @@ def _styled_calls() -> list[str]:
             if any("style" in ast.unparse(i.context_expr) for i in w.items):
                 inside |= {ast.unparse(c.func) for c in ast.walk(w) if isinstance(c, ast.Call)}
         for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
-            if any(getattr(d, "id", None) == "styled" for d in fn.decorator_list) or fn.name in inside:
+            if (
+                any(getattr(d, "id", None) == "styled" for d in fn.decorator_list)
+                or fn.name in inside
+            ):
                 continue
             covered = set()
             for w in [n for n in ast.walk(fn) if isinstance(n, ast.With)]:
@@ -80,8 +84,11 @@ def _styled_calls() -> list[str]:
                     covered |= {id(n) for n in ast.walk(w)}
             for call in [n for n in ast.walk(fn) if isinstance(n, ast.Call)]:
                 name = ast.unparse(call.func)
-                if name in ("plt.subplots", "plt.figure") and id(call) not in covered \
-                        and fn.name != "style":
+                if (
+                    name in ("plt.subplots", "plt.figure")
+                    and id(call) not in covered
+                    and fn.name != "style"
+                ):
                     bad.append(f"{path.relative_to(ROOT)}:{call.lineno} {fn.name}")
     return bad
 
@@ -98,46 +105,91 @@ def _u08_figures():
     from course_lib.units.u08_collectives import plots as P
     from course_lib.units.u08_collectives import run as E
 
-    yield "u08 before/after", P.plot_before_after(_rows(4), E.expected_after("all_reduce", 4),
-                                                   "all_reduce", bytes_sent=[1168] * 4)
-    yield "u08 primitives", P.plot_primitives({n: {"before": _rows(4), "after": E.expected_after(n, 4)}
-                                               for n in E.PRIMITIVES})
+    yield (
+        "u08 before/after",
+        P.plot_before_after(
+            _rows(4), E.expected_after("all_reduce", 4), "all_reduce", bytes_sent=[1168] * 4
+        ),
+    )
+    yield (
+        "u08 primitives",
+        P.plot_primitives(
+            {n: {"before": _rows(4), "after": E.expected_after(n, 4)} for n in E.PRIMITIVES}
+        ),
+    )
     n, full = 4, float(2**4 - 1)
-    records = [[{"phase": "input" if s == 0 else ("reduce-scatter" if s < n else "all-gather"),
-                 "step": s, "sent_chunk": None if s == 0 else 0, "received_chunk": None,
-                 "state": torch.full((n,), float(2**r) if s == 0 else full)}
-                for s in range(2 * (n - 1) + 1)] for r in range(n)]
+    records = [
+        [
+            {
+                "phase": "input" if s == 0 else ("reduce-scatter" if s < n else "all-gather"),
+                "step": s,
+                "sent_chunk": None if s == 0 else 0,
+                "received_chunk": None,
+                "state": torch.full((n,), float(2**r) if s == 0 else full),
+            }
+            for s in range(2 * (n - 1) + 1)
+        ]
+        for r in range(n)
+    ]
     yield "u08 ring steps", P.plot_ring_steps(records)
 
 
 def _u13_figures():
     from course_lib.units.u13_interconnects_and_backends import plots as P
 
-    rows = [{"collective": c, "world_size": w, "size_bytes": s, "time_s": 1e-4 + s / 1e9 * w,
-             "busbw_GBps": s / (1e-4 + s / 1e9) / 1e9, "backend": "gloo"}
-            for c in ("all_reduce", "all_gather") for w in (2, 4) for s in 2 ** np.arange(10, 25, 2)]
+    rows = [
+        {
+            "collective": c,
+            "world_size": w,
+            "size_bytes": s,
+            "time_s": 1e-4 + s / 1e9 * w,
+            "busbw_GBps": s / (1e-4 + s / 1e9) / 1e9,
+            "backend": "gloo",
+        }
+        for c in ("all_reduce", "all_gather")
+        for w in (2, 4)
+        for s in 2 ** np.arange(10, 25, 2)
+    ]
     yield "u13 sweep", P.plot_sweep(pd.DataFrame(rows), ceiling_GBps=8.0)
-    table = pd.DataFrame([{"n_params": n, "link": link, "time_s": t * n / 1e9, "grad_bytes": 2 * n}
-                          for n in (7e9, 70e9) for link, t in (("PCIe 4", 0.5), ("NVLink", 0.02))])
+    table = pd.DataFrame(
+        [
+            {"n_params": n, "link": link, "time_s": t * n / 1e9, "grad_bytes": 2 * n}
+            for n in (7e9, 70e9)
+            for link, t in (("PCIe 4", 0.5), ("NVLink", 0.02))
+        ]
+    )
     yield "u13 link times", P.plot_link_times(table)
 
 
 def _u03_matmul():
     from course_lib.units.u03_mixed_precision import plots as P
 
-    df = pd.DataFrame([{"n": n, "dtype": d, "gflops": g * n / 256}
-                       for n in (256, 512, 1024) for d, g in (("fp32", 80.0), ("bf16", 9.0), ("fp16", 0.6))])
+    df = pd.DataFrame(
+        [
+            {"n": n, "dtype": d, "gflops": g * n / 256}
+            for n in (256, 512, 1024)
+            for d, g in (("fp32", 80.0), ("bf16", 9.0), ("fp16", 0.6))
+        ]
+    )
     return df, P.plot_matmul_speed(df)
 
 
 def _u01_timeline():
-    tl = pd.DataFrame({"event": ["start", "fwd", "peak", "bwd", "step"],
-                       "phase": ["forward", "forward", "backward", "backward", "step"],
-                       "params": [4e6] * 5, "grads": [0, 0, 2e6, 4e6, 4e6],
-                       "activations": [0, 6e6, 8e6, 2e6, 0], "optimizer": [0, 0, 0, 0, 8e6]})
+    tl = pd.DataFrame(
+        {
+            "event": ["start", "fwd", "peak", "bwd", "step"],
+            "phase": ["forward", "forward", "backward", "backward", "step"],
+            "params": [4e6] * 5,
+            "grads": [0, 0, 2e6, 4e6, 4e6],
+            "activations": [0, 6e6, 8e6, 2e6, 0],
+            "optimizer": [0, 0, 0, 0, 8e6],
+        }
+    )
     yield "u01 timeline", V.plot_memory_timeline(tl)
-    yield "measured vs predicted", V.plot_measured_vs_predicted({"params": 4e6, "grads": 4e6},
-                                                                {"params": 4e6, "grads": 3e6})
+    yield (
+        "measured vs predicted",
+        V.plot_measured_vs_predicted({"params": 4e6, "grads": 4e6}, {"params": 4e6, "grads": 3e6}),
+    )
 
 
 def _u12_gantt():
@@ -146,9 +198,24 @@ def _u12_gantt():
     rows, t = [], 0.0
     for mb in range(8):  # one long forward and backward, then many short ones: crowded labels
         for rank in range(2):
-            for kind, d in (("F", 0.004 if mb == 0 else 0.0004), ("B", 0.008 if mb == 0 else 0.0008)):
-                rows.append({"rank": rank, "lane": "compute", "start": t, "end": t + d, "stage": rank,
-                             "mb": mb, "kind": kind, "schedule": "gpipe", "virtual": 1, "repeat": 0})
+            for kind, d in (
+                ("F", 0.004 if mb == 0 else 0.0004),
+                ("B", 0.008 if mb == 0 else 0.0008),
+            ):
+                rows.append(
+                    {
+                        "rank": rank,
+                        "lane": "compute",
+                        "start": t,
+                        "end": t + d,
+                        "stage": rank,
+                        "mb": mb,
+                        "kind": kind,
+                        "schedule": "gpipe",
+                        "virtual": 1,
+                        "repeat": 0,
+                    }
+                )
                 t += d
     fig = P.plot_gantt(pd.DataFrame(rows))
     labels = [t.get_text() for t in fig.axes[0].texts]
@@ -199,6 +266,9 @@ def test_lecture_printed_lines_fit_the_output_area():
         for i, cell in enumerate(json.loads(path.read_text())["cells"]):
             for out in cell.get("outputs", []):
                 if out.get("output_type") == "stream":
-                    long += [f"{path.name} cell {i}: {line[:60]}..." for line in "".join(out["text"]).split("\n")
-                             if len(line) > limit and not line.startswith("[rank ")]
+                    long += [
+                        f"{path.name} cell {i}: {line[:60]}..."
+                        for line in "".join(out["text"]).split("\n")
+                        if len(line) > limit and not line.startswith("[rank ")
+                    ]
     assert long == []

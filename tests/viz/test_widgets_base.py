@@ -1,4 +1,5 @@
 """course_lib.viz.widgets.Explorer: the frame of every unit's widget, driven from Python."""
+
 from __future__ import annotations
 
 import matplotlib

@@ -6,6 +6,7 @@ backend to show again at the end of the next cell, and matplotlib's interactive 
 the inline backend left it. The first click is the case that matters: pyplot loads its backend
 inside the click's callback.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,9 @@ OUTPUTS = ("display_data", "stream", "error", "execute_result", "clear_output")
 @pytest.fixture(scope="module")
 def kernel():
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}  # the kernel's own: inline
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(course_lib.__file__).parents[1]),
-                                         env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(course_lib.__file__).parents[1]), env.get("PYTHONPATH", "")]
+    )
     km, kc = manager.start_new_kernel(kernel_name="python3", env=env)
     yield kc
     kc.stop_channels()
@@ -59,8 +61,11 @@ def _messages(kc, msg_id: str) -> list[dict]:
         except queue.Empty:
             pytest.fail("the kernel did not answer within 60 s")
         out.append(msg)
-        if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
-                and msg["content"]["execution_state"] == "idle"):
+        if (
+            msg["parent_header"].get("msg_id") == msg_id
+            and msg["msg_type"] == "status"
+            and msg["content"]["execution_state"] == "idle"
+        ):
             return out
 
 
@@ -81,6 +86,7 @@ def test_first_click_shows_everything_inside_the_output_widget(kernel):
     after = _cell(kernel, "print(plt.get_fignums(), plt.isinteractive(), ex.result)")
     assert [m["content"].get("text") for m in after] == ["[] True 3\n"]  # and no figure shown again
 
+
 UNIT01 = """%matplotlib inline
 from course_lib.units import u01_backprop_memory as unit
 ex = unit.widgets.StepMemoryExplorer()
@@ -95,8 +101,9 @@ def _click(kc, button: str, output: str) -> tuple[list[dict], list[dict]]:
     ``output`` and every output message the click caused: such a message reaches the widget only
     if JupyterLab has already seen the widget's capture switched on (often not on the first
     click after a kernel start: then it goes to the Log Console), so an Explorer sends none."""
-    click = kc.session.msg("comm_msg", {"comm_id": button, "data": {
-        "method": "custom", "content": {"event": "click"}}})
+    click = kc.session.msg(
+        "comm_msg", {"comm_id": button, "data": {"method": "custom", "content": {"event": "click"}}}
+    )
     kc.shell_channel.send(click)
     states, outside = [], []
     for msg in _messages(kc, click["header"]["msg_id"]):
@@ -106,13 +113,15 @@ def _click(kc, button: str, output: str) -> tuple[list[dict], list[dict]]:
             outside.append(msg["content"])
     return states, outside
 
+
 def test_unit01_explorer_clicked_twice_after_a_fresh_kernel_shows_nothing_outside():
     """Unit 01's StepMemoryExplorer, as a learner meets it: a fresh kernel, the unit imported
     lazily, Run clicked twice. Every figure lands in its Output; none is left for the inline
     backend to show at the end of the next cell."""
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(course_lib.__file__).parents[1]),
-                                         env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(course_lib.__file__).parents[1]), env.get("PYTHONPATH", "")]
+    )
     km, kc = manager.start_new_kernel(kernel_name="python3", env=env)
     try:
         [printed] = _cell(kc, UNIT01)

@@ -28,6 +28,7 @@ bytes, fine-tuning memory), ``training`` (parameter counts, 6ND, MFU, GPUs for a
 accelerator specs, memory tiers, learning rate against the batch) and ``tensor_parallel``
 (activations, parameters and communication per rank under tensor and sequence parallelism).
 """
+
 from __future__ import annotations
 
 from course_lib.measure.estimate import (  # noqa: E402
@@ -56,6 +57,16 @@ from course_lib.measure.estimate.training import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import exact  # noqa: F401
 
-__all__ = [*units.__all__, *memory.__all__, *communication.__all__, *links.__all__, *compute.__all__,
-           *offload.__all__, *checkpointing.__all__, *lora.__all__, *training.__all__,
-           *tensor_parallel.__all__, *planning.__all__]
+__all__ = [
+    *units.__all__,
+    *memory.__all__,
+    *communication.__all__,
+    *links.__all__,
+    *compute.__all__,
+    *offload.__all__,
+    *checkpointing.__all__,
+    *lora.__all__,
+    *training.__all__,
+    *tensor_parallel.__all__,
+    *planning.__all__,
+]

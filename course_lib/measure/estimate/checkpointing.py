@@ -16,6 +16,7 @@ Policies (the names of ``course_lib.techniques.checkpointing.POLICIES``): ``none
 block), ``every_k`` (blocks 0, k, 2k, ...), ``selective``, ``segments`` (k blocks per checkpoint,
 Chen et al. 2016, arXiv:1604.06174).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,9 +29,16 @@ from course_lib.measure.estimate.memory import (
     activation_bytes_transformer_layer,
 )
 
-__all__ = ["CHECKPOINT_POLICIES", "checkpointed_groups", "checkpointed_activation_bytes_gpt",
-           "gpt_step_matmul_flops", "checkpointed_activation_bytes", "checkpointed_peak_activation_bytes",
-           "best_segment_length", "checkpoint_flops_ratio"]
+__all__ = [
+    "CHECKPOINT_POLICIES",
+    "checkpointed_groups",
+    "checkpointed_activation_bytes_gpt",
+    "gpt_step_matmul_flops",
+    "checkpointed_activation_bytes",
+    "checkpointed_peak_activation_bytes",
+    "best_segment_length",
+    "checkpoint_flops_ratio",
+]
 
 #: the policies (same names and order as ``techniques.checkpointing.POLICIES``)
 CHECKPOINT_POLICIES = ("none", "full", "every_k", "selective", "segments")
@@ -47,8 +55,10 @@ def checkpointed_groups(layers: int, policy: str, *, k: int = 1) -> tuple[int, i
     policy = _v.choice("policy", policy, CHECKPOINT_POLICIES)
     k = _v.count("k", k, minimum=1, maximum=n)
     if policy in ("full", "selective") and k != 1:
-        raise ValueError(f"k = {k}: expected 1 with policy = {policy!r} (every block is "
-                         "checkpointed; use policy 'every_k' or 'segments' with k > 1)")
+        raise ValueError(
+            f"k = {k}: expected 1 with policy = {policy!r} (every block is "
+            "checkpointed; use policy 'every_k' or 'segments' with k > 1)"
+        )
     if policy == "none":
         return 0, 0
     if policy == "segments":
@@ -58,18 +68,28 @@ def checkpointed_groups(layers: int, policy: str, *, k: int = 1) -> tuple[int, i
 
 def _gpt_parts(config: Any, batch: int, seq: int | None) -> tuple[int, int, int, int, int, int]:
     """(values per plain block, values outside the blocks without logits, B, T, C, nh)."""
-    one = activation_bytes_gpt(dataclasses.replace(config, n_layer=1), batch, seq,
-                               dtype_bytes=1, include_logits=False)
-    two = activation_bytes_gpt(dataclasses.replace(config, n_layer=2), batch, seq,
-                               dtype_bytes=1, include_logits=False)
+    one = activation_bytes_gpt(
+        dataclasses.replace(config, n_layer=1), batch, seq, dtype_bytes=1, include_logits=False
+    )
+    two = activation_bytes_gpt(
+        dataclasses.replace(config, n_layer=2), batch, seq, dtype_bytes=1, include_logits=False
+    )
     B = _v.count("batch", batch, minimum=1)
     T = config.block_size if seq is None else _v.count("seq", seq, minimum=1)
     return two - one, one - (two - one), B, T, config.n_embd, config.n_head
 
 
-def checkpointed_activation_bytes_gpt(config: Any, batch: int, seq: int | None = None, *,
-                                      policy: str = "none", k: int = 1, save_ops=_MATMULS,
-                                      dtype_bytes: int = 4, include_logits: bool = True) -> int:
+def checkpointed_activation_bytes_gpt(
+    config: Any,
+    batch: int,
+    seq: int | None = None,
+    *,
+    policy: str = "none",
+    k: int = 1,
+    save_ops=_MATMULS,
+    dtype_bytes: int = 4,
+    include_logits: bool = True,
+) -> int:
     """Exact bytes kept for backward when the forward of our GPT ends, under ``policy``.
 
     Per block, in values (B batch, T seq, C n_embd, nh n_head):
@@ -111,9 +131,16 @@ def checkpointed_activation_bytes_gpt(config: Any, batch: int, seq: int | None =
     return p * values
 
 
-def gpt_step_matmul_flops(config: Any, batch: int, seq: int | None = None, *,
-                          policy: str = "none", k: int = 1, save_ops=_MATMULS,
-                          early_stop: bool = True) -> dict[str, int]:
+def gpt_step_matmul_flops(
+    config: Any,
+    batch: int,
+    seq: int | None = None,
+    *,
+    policy: str = "none",
+    k: int = 1,
+    save_ops=_MATMULS,
+    early_stop: bool = True,
+) -> dict[str, int]:
     """Matmul FLOPs of one training step (forward + backward) of our GPT, by phase.
 
     Returns ``{"forward", "backward", "recompute", "total"}`` (ints; a multiply-add counts 2,
@@ -133,7 +160,9 @@ def gpt_step_matmul_flops(config: Any, batch: int, seq: int | None = None, *,
     n_ck, size = checkpointed_groups(config.n_layer, policy, k=k)
     _, _, B, T, C, nh = _gpt_parts(config, batch, seq)
     linears, attention = 24 * B * T * C * C, 4 * B * T * T * C
-    last = 8 * B * T * C * C if early_stop else 0  # the MLP down-projection of a checkpoint's last block
+    last = (
+        8 * B * T * C * C if early_stop else 0
+    )  # the MLP down-projection of a checkpoint's last block
     block = linears + attention
     forward = config.n_layer * block + 2 * B * T * C * config.vocab_size
     if policy == "selective":
@@ -145,13 +174,26 @@ def gpt_step_matmul_flops(config: Any, batch: int, seq: int | None = None, *,
         recompute = config.n_layer * block - n_ck * last
     else:
         recompute = n_ck * (block - last)
-    return {"forward": forward, "backward": 2 * forward, "recompute": recompute,
-            "total": 3 * forward + recompute}
+    return {
+        "forward": forward,
+        "backward": 2 * forward,
+        "recompute": recompute,
+        "total": 3 * forward + recompute,
+    }
 
 
-def checkpointed_activation_bytes(seq: int, batch: int, hidden: int, heads: int, layers: int, *,
-                                  policy: str = "none", k: int = 1, bytes_per_value: int = 2,
-                                  dropout: bool = True) -> int:
+def checkpointed_activation_bytes(
+    seq: int,
+    batch: int,
+    hidden: int,
+    heads: int,
+    layers: int,
+    *,
+    policy: str = "none",
+    k: int = 1,
+    bytes_per_value: int = 2,
+    dropout: bool = True,
+) -> int:
     """Activation bytes kept for backward by ``layers`` transformer layers (Korthikanti et al.).
 
     ``none``: L (34 sbh + 5 a s^2 b) in 16-bit with dropout; ``selective``: their selective
@@ -161,9 +203,12 @@ def checkpointed_activation_bytes(seq: int, batch: int, hidden: int, heads: int,
     What a *peak* adds while a checkpoint is rebuilt: :func:`checkpointed_peak_activation_bytes`.
     """
     n_ck, _ = checkpointed_groups(layers, policy, k=k)
-    layer = {r: activation_bytes_transformer_layer(seq, batch, hidden, heads, bytes_per_value=bytes_per_value,
-                                                   dropout=dropout, recompute=r)
-             for r in ("none", "selective", "full")}
+    layer = {
+        r: activation_bytes_transformer_layer(
+            seq, batch, hidden, heads, bytes_per_value=bytes_per_value, dropout=dropout, recompute=r
+        )
+        for r in ("none", "selective", "full")
+    }
     L = layers
     if policy == "none":
         return L * layer["none"]
@@ -176,9 +221,18 @@ def checkpointed_activation_bytes(seq: int, batch: int, hidden: int, heads: int,
     return n_ck * layer["full"]  # segments
 
 
-def checkpointed_peak_activation_bytes(seq: int, batch: int, hidden: int, heads: int, layers: int, *,
-                                       policy: str = "none", k: int = 1, bytes_per_value: int = 2,
-                                       dropout: bool = True) -> int:
+def checkpointed_peak_activation_bytes(
+    seq: int,
+    batch: int,
+    hidden: int,
+    heads: int,
+    layers: int,
+    *,
+    policy: str = "none",
+    k: int = 1,
+    bytes_per_value: int = 2,
+    dropout: bool = True,
+) -> int:
     """Kept bytes plus what one rebuilt checkpoint holds while its backward runs.
 
     Backward rebuilds one checkpoint at a time: a block (``full``, ``every_k``), a segment of k
@@ -187,14 +241,31 @@ def checkpointed_peak_activation_bytes(seq: int, batch: int, hidden: int, heads:
     Chen et al. 2016: ceil(L/k) inputs + k layers, smallest near k = sqrt(L) when an input costs
     as much as a layer. Gradients of activations and scratch come on top (a few sbh).
     """
-    kept = checkpointed_activation_bytes(seq, batch, hidden, heads, layers, policy=policy, k=k,
-                                         bytes_per_value=bytes_per_value, dropout=dropout)
+    kept = checkpointed_activation_bytes(
+        seq,
+        batch,
+        hidden,
+        heads,
+        layers,
+        policy=policy,
+        k=k,
+        bytes_per_value=bytes_per_value,
+        dropout=dropout,
+    )
     _, size = checkpointed_groups(layers, policy, k=k)
-    full_layer = activation_bytes_transformer_layer(seq, batch, hidden, heads, bytes_per_value=bytes_per_value,
-                                                    dropout=dropout)
+    full_layer = activation_bytes_transformer_layer(
+        seq, batch, hidden, heads, bytes_per_value=bytes_per_value, dropout=dropout
+    )
     if policy == "selective":
-        sel = activation_bytes_transformer_layer(seq, batch, hidden, heads, bytes_per_value=bytes_per_value,
-                                                 dropout=dropout, recompute="selective")
+        sel = activation_bytes_transformer_layer(
+            seq,
+            batch,
+            hidden,
+            heads,
+            bytes_per_value=bytes_per_value,
+            dropout=dropout,
+            recompute="selective",
+        )
         return kept + full_layer - sel
     return kept + size * full_layer
 
@@ -212,8 +283,9 @@ def best_segment_length(layers: int, *, boundary_bytes: int = 1, layer_bytes: in
     return min(range(1, n + 1), key=lambda k: (-(-n // k) * bb + k * lb, k))
 
 
-def checkpoint_flops_ratio(seq: int, hidden: int, *, policy: str = "full", layers: int = 1,
-                           k: int = 1) -> float:
+def checkpoint_flops_ratio(
+    seq: int, hidden: int, *, policy: str = "full", layers: int = 1, k: int = 1
+) -> float:
     """Training FLOPs with recomputation / without, for a stack of transformer layers.
 
     Per layer forward matmul FLOPs (per sequence element and batch row): 24 h^2 + 4 s h
@@ -235,4 +307,3 @@ def checkpoint_flops_ratio(seq: int, hidden: int, *, policy: str = "full", layer
     else:
         extra = Fraction(1, 3)
     return float(1 + extra)
-

@@ -1,6 +1,7 @@
 """Communication volume: the bytes each rank sends in each collective and algorithm.
 
 Introduced in notebooks/08_collectives.ipynb."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -9,14 +10,37 @@ from typing import Any
 from course_lib import validate as _v
 from course_lib.measure.estimate.units import exact
 
-__all__ = ['COLLECTIVES', 'ring_allreduce_bytes_sent', 'naive_ring_allreduce_bytes_sent', 'reduce_broadcast_bytes_sent', 'allgather_bytes_sent', 'reduce_scatter_bytes_sent', 'scatter_bytes_sent', 'gather_bytes_sent', 'recursive_doubling_allreduce_bytes_sent', 'ALLREDUCE_BYTES_ALGORITHMS', 'allreduce_bytes_sent', 'collective_bytes_sent', 'zero_bytes_sent_per_step']
+__all__ = [
+    "COLLECTIVES",
+    "ring_allreduce_bytes_sent",
+    "naive_ring_allreduce_bytes_sent",
+    "reduce_broadcast_bytes_sent",
+    "allgather_bytes_sent",
+    "reduce_scatter_bytes_sent",
+    "scatter_bytes_sent",
+    "gather_bytes_sent",
+    "recursive_doubling_allreduce_bytes_sent",
+    "ALLREDUCE_BYTES_ALGORITHMS",
+    "allreduce_bytes_sent",
+    "collective_bytes_sent",
+    "zero_bytes_sent_per_step",
+]
 
 # --------------------------------------------------------------------------------------------
 # collectives: bytes each rank sends
 # --------------------------------------------------------------------------------------------
 #: collectives known to :func:`collective_bytes_sent` and :func:`busbw`
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
-               "all_to_all", "send_recv", "scatter", "gather")
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "send_recv",
+    "scatter",
+    "gather",
+)
 
 
 def ring_allreduce_bytes_sent(size_bytes: int, world_size: int) -> int | float:
@@ -65,8 +89,10 @@ def reduce_scatter_bytes_sent(size_bytes: int, world_size: int) -> int | float:
 
 def _root_flag(root: Any) -> bool:
     if not isinstance(root, bool):
-        raise ValueError(f"root = {root!r}: expected one of True (the root rank's "
-                         "bytes), False (a non-root rank's bytes)")
+        raise ValueError(
+            f"root = {root!r}: expected one of True (the root rank's "
+            "bytes), False (a non-root rank's bytes)"
+        )
     return root
 
 
@@ -109,8 +135,10 @@ def recursive_doubling_allreduce_bytes_sent(size_bytes: int, world_size: int) ->
     """
     s, n = _v.count("size_bytes", size_bytes), _v.count("world_size", world_size, minimum=1)
     if n & (n - 1):
-        raise ValueError(f"world_size = {n}: expected a power of two (recursive doubling "
-                         "needs one): 1, 2, 4, 8, 16, ...")
+        raise ValueError(
+            f"world_size = {n}: expected a power of two (recursive doubling "
+            "needs one): 1, 2, 4, 8, 16, ..."
+        )
     return (n.bit_length() - 1) * s
 
 
@@ -119,8 +147,9 @@ def recursive_doubling_allreduce_bytes_sent(size_bytes: int, world_size: int) ->
 ALLREDUCE_BYTES_ALGORITHMS = ("ring", "naive_ring", "reduce_broadcast", "recursive_doubling")
 
 
-def allreduce_bytes_sent(size_bytes: int, world_size: int, *, algorithm: str = "ring",
-                         root: bool = True) -> int | float:
+def allreduce_bytes_sent(
+    size_bytes: int, world_size: int, *, algorithm: str = "ring", root: bool = True
+) -> int | float:
     """Bytes one rank sends in an all-reduce of ``size_bytes`` with ``algorithm``:
 
     * ``ring``: 2(N-1)/N * S (:func:`ring_allreduce_bytes_sent`)
@@ -142,8 +171,9 @@ def allreduce_bytes_sent(size_bytes: int, world_size: int, *, algorithm: str = "
     return recursive_doubling_allreduce_bytes_sent(size_bytes, world_size)
 
 
-def collective_bytes_sent(collective: str, size_bytes: int, world_size: int, *,
-                          root: bool | None = None) -> int | float:
+def collective_bytes_sent(
+    collective: str, size_bytes: int, world_size: int, *, root: bool | None = None
+) -> int | float:
     """Bytes one rank sends for ``collective`` on a payload of ``size_bytes`` with the
     bandwidth-optimal ring/pipeline algorithms (the convention CommMeter reports): all_reduce
     2(N-1)/N S; all_gather (S = output) and reduce_scatter (S = input) (N-1)/N S; all_to_all
@@ -161,9 +191,11 @@ def collective_bytes_sent(collective: str, size_bytes: int, world_size: int, *,
     s, n = _v.count("size_bytes", size_bytes), _v.count("world_size", world_size, minimum=1)
     if c in ("scatter", "gather"):
         if root is None:
-            raise ValueError(f"root = None: expected True (the root rank's bytes) or False (a "
-                             f"non-root rank's bytes) for collective {c!r}, where the root and the "
-                             "other ranks send different amounts")
+            raise ValueError(
+                f"root = None: expected True (the root rank's bytes) or False (a "
+                f"non-root rank's bytes) for collective {c!r}, where the root and the "
+                "other ranks send different amounts"
+            )
         fn = scatter_bytes_sent if c == "scatter" else gather_bytes_sent
         return fn(s, n, root=root)
     if c == "all_reduce":
@@ -173,8 +205,9 @@ def collective_bytes_sent(collective: str, size_bytes: int, world_size: int, *,
     return exact(Fraction((n - 1) * s, n))
 
 
-def zero_bytes_sent_per_step(size_bytes: int, world_size: int, *, stage: int,
-                             reshard_after_forward: bool = True) -> int | float:
+def zero_bytes_sent_per_step(
+    size_bytes: int, world_size: int, *, stage: int, reshard_after_forward: bool = True
+) -> int | float:
     """Bytes each rank sends in one training step under ZeRO stage 0-3 with ring collectives,
     for a model whose parameters (and gradients) take ``size_bytes`` (S; under our padded
     layout, the padded size):
@@ -194,8 +227,8 @@ def zero_bytes_sent_per_step(size_bytes: int, world_size: int, *, stage: int,
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
         raise ValueError(f"stage = {stage!r}: expected one of 0, 1, 2, 3")
     if not isinstance(reshard_after_forward, bool):
-        raise ValueError(f"reshard_after_forward = {reshard_after_forward!r}: expected one of "
-                         "True, False")
+        raise ValueError(
+            f"reshard_after_forward = {reshard_after_forward!r}: expected one of True, False"
+        )
     passes = 3 if stage == 3 and reshard_after_forward else 2
     return exact(Fraction(passes * (n - 1) * s, n))
-

@@ -1,13 +1,32 @@
 """Compute: FLOPs, arithmetic intensity, the roofline, training FLOPs, the pipeline bubble.
 
 Introduced in notebooks/02_batch_size_and_accumulation.ipynb."""
+
 from __future__ import annotations
 
 from typing import NamedTuple
 
 from course_lib import validate as _v
 
-__all__ = ['pipeline_bubble_fraction', 'pipeline_bubble_ratio', 'microbatches_for_bubble', 'pipeline_boundary_bytes', 'pipeline_messages', 'matmul_flops', 'matmul_bytes', 'ELEMENTWISE_FLOPS', 'ElementwiseCost', 'elementwise_cost', 'transformer_training_flops', 'arithmetic_intensity', 'matmul_arithmetic_intensity', 'ridge_point', 'attainable_flops', 'roofline_time']
+__all__ = [
+    "pipeline_bubble_fraction",
+    "pipeline_bubble_ratio",
+    "microbatches_for_bubble",
+    "pipeline_boundary_bytes",
+    "pipeline_messages",
+    "matmul_flops",
+    "matmul_bytes",
+    "ELEMENTWISE_FLOPS",
+    "ElementwiseCost",
+    "elementwise_cost",
+    "transformer_training_flops",
+    "arithmetic_intensity",
+    "matmul_arithmetic_intensity",
+    "ridge_point",
+    "attainable_flops",
+    "roofline_time",
+]
+
 
 def pipeline_bubble_fraction(stages: int, microbatches: int, virtual_stages: int = 1) -> float:
     """Idle fraction of a GPipe / 1F1B pipeline step, idle time over the whole step:
@@ -30,8 +49,9 @@ def pipeline_bubble_ratio(stages: int, microbatches: int, virtual_stages: int = 
     return (p - 1) / (v * m)
 
 
-def microbatches_for_bubble(stages: int, target: float, *, definition: str = "fraction",
-                            virtual_stages: int = 1) -> int:
+def microbatches_for_bubble(
+    stages: int, target: float, *, definition: str = "fraction", virtual_stages: int = 1
+) -> int:
     """The smallest m whose bubble is below ``target`` (strictly), by ``definition``
     "fraction" ((p-1)/(v·m+p-1), :func:`pipeline_bubble_fraction`) or "ratio" ((p-1)/(v·m),
     :func:`pipeline_bubble_ratio`). At p = 4, target 0.1: 28 by fraction, 31 by ratio."""
@@ -49,8 +69,12 @@ def pipeline_boundary_bytes(batch: int, seq: int, hidden: int, *, dtype_bytes: i
     """Bytes of the activation that crosses one stage boundary for one micro-batch, each way
     (the activation forward, its gradient backward): b·s·h·dtype_bytes, 2bsh in bf16 (32 MiB
     at b 2, s 2048, h 4096). Introduced in notebooks/12_pipeline_parallelism.ipynb."""
-    return (_v.count("batch", batch, minimum=1) * _v.count("seq", seq, minimum=1)
-            * _v.count("hidden", hidden, minimum=1) * _v.count("dtype_bytes", dtype_bytes, minimum=1))
+    return (
+        _v.count("batch", batch, minimum=1)
+        * _v.count("seq", seq, minimum=1)
+        * _v.count("hidden", hidden, minimum=1)
+        * _v.count("dtype_bytes", dtype_bytes, minimum=1)
+    )
 
 
 def pipeline_messages(stages: int, microbatches: int, virtual_stages: int = 1) -> int:
@@ -60,7 +84,6 @@ def pipeline_messages(stages: int, microbatches: int, virtual_stages: int = 1) -
     p, m = _v.count("stages", stages, minimum=1), _v.count("microbatches", microbatches, minimum=1)
     v = _v.count("virtual_stages", virtual_stages, minimum=1)
     return 2 * m * (v * p - 1)
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -94,8 +117,9 @@ class ElementwiseCost(NamedTuple):
     bytes: int
 
 
-def elementwise_cost(numel: int, *, flops_per_element: float | str,
-                     dtype_bytes: int = 4) -> ElementwiseCost:
+def elementwise_cost(
+    numel: int, *, flops_per_element: float | str, dtype_bytes: int = 4
+) -> ElementwiseCost:
     """FLOPs and bytes of an elementwise op over ``numel`` elements that reads its input once and
     writes its output once: ``flops = flops_per_element * numel``, ``bytes = 2 * numel *
     dtype_bytes`` (small operands such as LayerNorm's weight and bias are not counted).
@@ -107,7 +131,11 @@ def elementwise_cost(numel: int, *, flops_per_element: float | str,
     """
     n = _v.count("numel", numel)
     if isinstance(flops_per_element, str):
-        per = ELEMENTWISE_FLOPS[_v.choice("flops_per_element", flops_per_element, ELEMENTWISE_FLOPS, case_insensitive=True)]
+        per = ELEMENTWISE_FLOPS[
+            _v.choice(
+                "flops_per_element", flops_per_element, ELEMENTWISE_FLOPS, case_insensitive=True
+            )
+        ]
     else:
         per = _v.number("flops_per_element", flops_per_element, minimum=0)
     flops = per * n
@@ -124,29 +152,43 @@ def transformer_training_flops(n_params: int, tokens: int) -> int:
 
 def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
     """FLOPs per byte moved to/from memory (Williams, Waterman & Patterson 2009, "Roofline")."""
-    return _v.number("flops", flops, minimum=0) / _v.number("bytes_moved", bytes_moved, positive=True)
+    return _v.number("flops", flops, minimum=0) / _v.number(
+        "bytes_moved", bytes_moved, positive=True
+    )
 
 
 def matmul_arithmetic_intensity(m: int, n: int, k: int, *, dtype_bytes: int = 4) -> float:
     """Arithmetic intensity of an (m x k) @ (k x n) matmul that reads A and B once and writes C
     once: 2mnk / (dtype_bytes (mk + kn + mn)) FLOPs/byte (:func:`matmul_flops` over
     :func:`matmul_bytes`)."""
-    return arithmetic_intensity(matmul_flops(m, n, k), matmul_bytes(m, n, k, dtype_bytes=dtype_bytes))
+    return arithmetic_intensity(
+        matmul_flops(m, n, k), matmul_bytes(m, n, k, dtype_bytes=dtype_bytes)
+    )
 
 
 def ridge_point(peak_flops: float, mem_bandwidth: float) -> float:
     """Intensity (FLOPs/byte) where a kernel turns from memory-bound to compute-bound:
     peak FLOP/s / memory bandwidth (bytes/s)."""
-    return _v.number("peak_flops", peak_flops, positive=True) / _v.number("mem_bandwidth", mem_bandwidth, positive=True)
+    return _v.number("peak_flops", peak_flops, positive=True) / _v.number(
+        "mem_bandwidth", mem_bandwidth, positive=True
+    )
 
 
 def attainable_flops(intensity: float, peak_flops: float, mem_bandwidth: float) -> float:
     """Roofline: attainable FLOP/s = min(peak, intensity x bandwidth)."""
-    return min(_v.number("peak_flops", peak_flops, positive=True),
-               _v.number("intensity", intensity, minimum=0) * _v.number("mem_bandwidth", mem_bandwidth, positive=True))
+    return min(
+        _v.number("peak_flops", peak_flops, positive=True),
+        _v.number("intensity", intensity, minimum=0)
+        * _v.number("mem_bandwidth", mem_bandwidth, positive=True),
+    )
 
 
-def roofline_time(flops: float, bytes_moved: float, peak_flops: float, mem_bandwidth: float) -> float:
+def roofline_time(
+    flops: float, bytes_moved: float, peak_flops: float, mem_bandwidth: float
+) -> float:
     """Lower bound on a kernel's time in s: max(flops / peak, bytes / bandwidth)."""
-    return max(_v.number("flops", flops, minimum=0) / _v.number("peak_flops", peak_flops, positive=True),
-               _v.number("bytes_moved", bytes_moved, minimum=0) / _v.number("mem_bandwidth", mem_bandwidth, positive=True))
+    return max(
+        _v.number("flops", flops, minimum=0) / _v.number("peak_flops", peak_flops, positive=True),
+        _v.number("bytes_moved", bytes_moved, minimum=0)
+        / _v.number("mem_bandwidth", mem_bandwidth, positive=True),
+    )

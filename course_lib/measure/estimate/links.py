@@ -2,6 +2,7 @@
 all-reduce, and the part of DDP's gradient all-reduce that backward does not hide.
 
 Introduced in notebooks/08_collectives.ipynb and notebooks/13_interconnects_and_backends.ipynb."""
+
 from __future__ import annotations
 
 import math
@@ -12,22 +13,44 @@ from typing import Sequence
 from course_lib import validate as _v
 from course_lib.measure.estimate.communication import COLLECTIVES
 
-__all__ = ['alpha_beta_time', 'ALLREDUCE_ALGORITHMS', 'allreduce_time', 'fit_alpha_beta', 'algbw', 'busbw', 'Link', 'LINK_SPEEDS', 'link_speed', 'allreduce_time_on_link', 'hierarchical_allreduce_breakdown', 'hierarchical_allreduce_time', 'ddp_exposed_comm_time']
+__all__ = [
+    "alpha_beta_time",
+    "ALLREDUCE_ALGORITHMS",
+    "allreduce_time",
+    "fit_alpha_beta",
+    "algbw",
+    "busbw",
+    "Link",
+    "LINK_SPEEDS",
+    "link_speed",
+    "allreduce_time_on_link",
+    "hierarchical_allreduce_breakdown",
+    "hierarchical_allreduce_time",
+    "ddp_exposed_comm_time",
+]
+
 
 # --------------------------------------------------------------------------------------------
 # alpha-beta time models
 # --------------------------------------------------------------------------------------------
 def _beta(beta_s_per_byte: float | None, bandwidth: float | None) -> float:
     if (beta_s_per_byte is None) == (bandwidth is None):
-        raise ValueError("give exactly one of beta_s_per_byte (s/byte) or bandwidth (bytes/s); "
-                         f"got beta_s_per_byte={beta_s_per_byte!r}, bandwidth={bandwidth!r}")
+        raise ValueError(
+            "give exactly one of beta_s_per_byte (s/byte) or bandwidth (bytes/s); "
+            f"got beta_s_per_byte={beta_s_per_byte!r}, bandwidth={bandwidth!r}"
+        )
     if bandwidth is not None:
         return 1.0 / _v.number("bandwidth", bandwidth, positive=True)
     return _v.number("beta_s_per_byte", beta_s_per_byte, minimum=0)
 
 
-def alpha_beta_time(size_bytes: float, *, alpha_s: float = 0.0, beta_s_per_byte: float | None = None,
-                    bandwidth: float | None = None) -> float:
+def alpha_beta_time(
+    size_bytes: float,
+    *,
+    alpha_s: float = 0.0,
+    beta_s_per_byte: float | None = None,
+    bandwidth: float | None = None,
+) -> float:
     """Hockney's model of one message: T = alpha + beta * S seconds (alpha: latency in s; beta:
     s/byte = 1/bandwidth in bytes/s; give beta_s_per_byte or bandwidth). Hockney 1994, "The
     communication challenge for MPP: Intel Paragon and Meiko CS-2", Parallel Computing 20(3)."""
@@ -38,9 +61,15 @@ def alpha_beta_time(size_bytes: float, *, alpha_s: float = 0.0, beta_s_per_byte:
 ALLREDUCE_ALGORITHMS = ("ring", "tree", "recursive_doubling")
 
 
-def allreduce_time(size_bytes: float, world_size: int, *, alpha: float = 0.0,
-                   bandwidth: float | None = None, beta: float | None = None,
-                   algorithm: str = "ring") -> float:
+def allreduce_time(
+    size_bytes: float,
+    world_size: int,
+    *,
+    alpha: float = 0.0,
+    bandwidth: float | None = None,
+    beta: float | None = None,
+    algorithm: str = "ring",
+) -> float:
     """All-reduce time in seconds under the alpha-beta model (Thakur, Rabenseifner & Gropp 2005,
     "Optimization of collective communication operations in MPICH", IJHPCA 19(1); reduction
     compute ignored). p = world_size, n = size_bytes, beta = 1/bandwidth:
@@ -64,8 +93,9 @@ def allreduce_time(size_bytes: float, world_size: int, *, alpha: float = 0.0,
     return steps * (a + n * b)
 
 
-def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], *,
-                   relative: bool = False) -> tuple[float, float]:
+def fit_alpha_beta(
+    sizes: Sequence[float], times: Sequence[float], *, relative: bool = False
+) -> tuple[float, float]:
     """Least-squares fit of T = alpha + beta * S to measured (size in bytes, time in s) pairs.
 
     Returns ``(alpha_s, beta_s_per_byte)``; 1/beta is the effective bandwidth in bytes/s. Needs at
@@ -97,7 +127,9 @@ def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], *,
 
 def algbw(size_bytes: float, time_s: float) -> float:
     """nccl-tests "algorithm bandwidth": size / time in bytes/s (S is the buffer size per rank)."""
-    return _v.number("size_bytes", size_bytes, minimum=0) / _v.number("time_s", time_s, positive=True)
+    return _v.number("size_bytes", size_bytes, minimum=0) / _v.number(
+        "time_s", time_s, positive=True
+    )
 
 
 _BUSBW_FACTOR = {
@@ -147,28 +179,67 @@ class Link:
     note: str = ""
 
 
-LINK_SPEEDS: dict[str, Link] = {link.name: link for link in [
-    Link("PCIe 4.0 x16", 32.0, 32.0, "intra-node",
-         "PCI-SIG PCIe 4.0 spec: 16 GT/s x 16 lanes, 128b/130b -> ~31.5 GB/s per direction",
-         "64 GB/s counting both directions"),
-    Link("PCIe 5.0 x16", 64.0, 64.0, "intra-node",
-         "PCI-SIG PCIe 5.0 spec: 32 GT/s x 16 lanes -> ~63 GB/s per direction",
-         "128 GB/s counting both directions"),
-    Link("NVLink A100", 600.0, 300.0, "intra-node",
-         "https://www.nvidia.com/en-us/data-center/a100/ (NVLink 3: 12 links, 600 GB/s total)",
-         "600 GB/s is bidirectional aggregate; 300 GB/s per direction"),
-    Link("NVLink H100", 900.0, 450.0, "intra-node",
-         "https://www.nvidia.com/en-us/data-center/h100/ (NVLink 4: 18 links, 900 GB/s total)",
-         "900 GB/s is bidirectional aggregate; 450 GB/s per direction"),
-    Link("InfiniBand NDR", 50.0, 50.0, "inter-node",
-         "https://www.nvidia.com/en-us/networking/infiniband-adapters/ (ConnectX-7, 400 Gb/s)",
-         "400 Gb/s = 50 GB/s per port per direction"),
-    Link("InfiniBand HDR", 25.0, 25.0, "inter-node",
-         "https://www.nvidia.com/en-us/networking/infiniband-adapters/ (ConnectX-6, 200 Gb/s)",
-         "200 Gb/s = 25 GB/s per port per direction"),
-    Link("100 GbE", 12.5, 12.5, "inter-node", "IEEE 802.3 100 Gb/s Ethernet",
-         "100 Gb/s = 12.5 GB/s per direction"),
-]}
+LINK_SPEEDS: dict[str, Link] = {
+    link.name: link
+    for link in [
+        Link(
+            "PCIe 4.0 x16",
+            32.0,
+            32.0,
+            "intra-node",
+            "PCI-SIG PCIe 4.0 spec: 16 GT/s x 16 lanes, 128b/130b -> ~31.5 GB/s per direction",
+            "64 GB/s counting both directions",
+        ),
+        Link(
+            "PCIe 5.0 x16",
+            64.0,
+            64.0,
+            "intra-node",
+            "PCI-SIG PCIe 5.0 spec: 32 GT/s x 16 lanes -> ~63 GB/s per direction",
+            "128 GB/s counting both directions",
+        ),
+        Link(
+            "NVLink A100",
+            600.0,
+            300.0,
+            "intra-node",
+            "https://www.nvidia.com/en-us/data-center/a100/ (NVLink 3: 12 links, 600 GB/s total)",
+            "600 GB/s is bidirectional aggregate; 300 GB/s per direction",
+        ),
+        Link(
+            "NVLink H100",
+            900.0,
+            450.0,
+            "intra-node",
+            "https://www.nvidia.com/en-us/data-center/h100/ (NVLink 4: 18 links, 900 GB/s total)",
+            "900 GB/s is bidirectional aggregate; 450 GB/s per direction",
+        ),
+        Link(
+            "InfiniBand NDR",
+            50.0,
+            50.0,
+            "inter-node",
+            "https://www.nvidia.com/en-us/networking/infiniband-adapters/ (ConnectX-7, 400 Gb/s)",
+            "400 Gb/s = 50 GB/s per port per direction",
+        ),
+        Link(
+            "InfiniBand HDR",
+            25.0,
+            25.0,
+            "inter-node",
+            "https://www.nvidia.com/en-us/networking/infiniband-adapters/ (ConnectX-6, 200 Gb/s)",
+            "200 Gb/s = 25 GB/s per port per direction",
+        ),
+        Link(
+            "100 GbE",
+            12.5,
+            12.5,
+            "inter-node",
+            "IEEE 802.3 100 Gb/s Ethernet",
+            "100 Gb/s = 12.5 GB/s per direction",
+        ),
+    ]
+}
 
 
 def link_speed(name: str) -> Link:
@@ -179,8 +250,9 @@ def link_speed(name: str) -> Link:
     raise ValueError(f"name = {name!r}: expected one of {', '.join(LINK_SPEEDS)}")
 
 
-def allreduce_time_on_link(size_bytes: float, world_size: int, link_GBps: float, *,
-                           alpha: float = 0.0) -> float:
+def allreduce_time_on_link(
+    size_bytes: float, world_size: int, link_GBps: float, *, alpha: float = 0.0
+) -> float:
     """Seconds for a ring all-reduce of ``size_bytes`` per rank over a link of ``link_GBps``
     (GB/s per direction, 1e9 bytes/s: ``Link.per_direction_GBps``): 2(N-1)/N * S / B
     (+ 2(N-1) alpha). Example: 2 GB of bf16 gradients (a 1B-parameter model) over 8 ranks:
@@ -194,10 +266,16 @@ def allreduce_time_on_link(size_bytes: float, world_size: int, link_GBps: float,
 # --------------------------------------------------------------------------------------------
 # two-level all-reduce, and DDP's overlap of buckets with backward
 # --------------------------------------------------------------------------------------------
-def hierarchical_allreduce_breakdown(size_bytes: float, *, nodes: int, gpus_per_node: int,
-                                     intra_GBps: float, inter_GBps: float,
-                                     alpha_intra: float = 0.0,
-                                     alpha_inter: float = 0.0) -> dict[str, float]:
+def hierarchical_allreduce_breakdown(
+    size_bytes: float,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    intra_GBps: float,
+    inter_GBps: float,
+    alpha_intra: float = 0.0,
+    alpha_inter: float = 0.0,
+) -> dict[str, float]:
     """Alpha-beta estimate of a two-level (hierarchical) all-reduce, phase by phase, beside flat
     rings over every GPU. Seconds.
 
@@ -236,25 +314,44 @@ def hierarchical_allreduce_breakdown(size_bytes: float, *, nodes: int, gpus_per_
     intra = (g - 1) * alpha_beta_time(s / g, alpha_s=alpha_intra, bandwidth=b_intra)
     inter = allreduce_time(s / g, n, alpha=alpha_inter, bandwidth=b_inter)
     flat = allreduce_time(s / g, n * g, alpha=alpha_inter, bandwidth=b_inter)
-    return {"reduce_scatter_intra_s": intra, "allreduce_inter_s": inter,
-            "all_gather_intra_s": intra, "hierarchical_s": 2 * intra + inter, "flat_rings_s": flat}
+    return {
+        "reduce_scatter_intra_s": intra,
+        "allreduce_inter_s": inter,
+        "all_gather_intra_s": intra,
+        "hierarchical_s": 2 * intra + inter,
+        "flat_rings_s": flat,
+    }
 
 
-def hierarchical_allreduce_time(size_bytes: float, *, nodes: int, gpus_per_node: int,
-                                intra_GBps: float, inter_GBps: float, alpha_intra: float = 0.0,
-                                alpha_inter: float = 0.0) -> float:
+def hierarchical_allreduce_time(
+    size_bytes: float,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    intra_GBps: float,
+    inter_GBps: float,
+    alpha_intra: float = 0.0,
+    alpha_inter: float = 0.0,
+) -> float:
     """Seconds of a hierarchical all-reduce (intra-node ring reduce-scatter, inter-node
     all-reduce of the S/G shards, intra-node ring all-gather): 2 (G-1) (alpha_intra +
     S/G / B_intra) + 2(N-1) alpha_inter + 2(N-1)/N (S/G) / B_inter. Arguments, units and sources
     as in :func:`hierarchical_allreduce_breakdown`; with one node it is the ring all-reduce over
     the node's G GPUs."""
     return hierarchical_allreduce_breakdown(
-        size_bytes, nodes=nodes, gpus_per_node=gpus_per_node, intra_GBps=intra_GBps,
-        inter_GBps=inter_GBps, alpha_intra=alpha_intra, alpha_inter=alpha_inter)["hierarchical_s"]
+        size_bytes,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        intra_GBps=intra_GBps,
+        inter_GBps=inter_GBps,
+        alpha_intra=alpha_intra,
+        alpha_inter=alpha_inter,
+    )["hierarchical_s"]
 
 
-def ddp_exposed_comm_time(bucket_bytes: int, *, grad_bytes: int, backward_s: float,
-                          alpha: float, beta: float) -> float:
+def ddp_exposed_comm_time(
+    bucket_bytes: int, *, grad_bytes: int, backward_s: float, alpha: float, beta: float
+) -> float:
     """Seconds of gradient communication left after the backward pass ends, for one bucket size.
 
     The model of DDP's gradient bucketing (Li et al. 2020, "PyTorch Distributed: Experiences on

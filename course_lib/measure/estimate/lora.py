@@ -4,6 +4,7 @@ Introduced in notebooks/07_lora_qlora.ipynb. Sources: Hu et al. 2021, LoRA (arXi
 Dettmers et al. 2023, QLoRA (arXiv:2305.14314); Touvron et al. 2023, Llama 2 (arXiv:2307.09288)
 for the shapes.
 """
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -13,9 +14,18 @@ from course_lib import validate as _v
 from course_lib.measure.estimate.memory import model_state_bytes
 from course_lib.measure.estimate.units import exact
 
-__all__ = ["lora_params", "LLAMA_LINEARS", "llama_linear_shapes", "transformer_lora_params",
-           "NF4_BLOCKSIZE", "NF4_BLOCKSIZE2", "nf4_scale_bits_per_param", "nf4_bytes",
-           "FINETUNE_METHODS", "finetune_state_bytes"]
+__all__ = [
+    "lora_params",
+    "LLAMA_LINEARS",
+    "llama_linear_shapes",
+    "transformer_lora_params",
+    "NF4_BLOCKSIZE",
+    "NF4_BLOCKSIZE2",
+    "nf4_scale_bits_per_param",
+    "nf4_bytes",
+    "FINETUNE_METHODS",
+    "finetune_state_bytes",
+]
 
 
 def lora_params(shapes: Iterable[Any], *, r: int) -> int:
@@ -32,22 +42,40 @@ def lora_params(shapes: Iterable[Any], *, r: int) -> int:
             d_in, d_out = shape
         except (TypeError, ValueError):
             raise ValueError(f"shapes[{i}] = {shape!r}: expected a pair (d_in, d_out)") from None
-        d_in, d_out = _v.count(f"shapes[{i}][0]", d_in, minimum=1), _v.count(f"shapes[{i}][1]", d_out, minimum=1)
+        d_in, d_out = (
+            _v.count(f"shapes[{i}][0]", d_in, minimum=1),
+            _v.count(f"shapes[{i}][1]", d_out, minimum=1),
+        )
         if r > min(d_in, d_out):
-            raise ValueError(f"r = {r}: expected r <= min(d_in, d_out) = {min(d_in, d_out)} "
-                             f"for shapes[{i}] = ({d_in}, {d_out})")
+            raise ValueError(
+                f"r = {r}: expected r <= min(d_in, d_out) = {min(d_in, d_out)} "
+                f"for shapes[{i}] = ({d_in}, {d_out})"
+            )
         total += r * (d_in + d_out)
     return total
 
 
 #: the seven linear layers of a Llama block, as (d_in, d_out) in terms of hidden h, SwiGLU width f
 #: and key/value width kv (= h without grouped-query attention)
-LLAMA_LINEARS = {"q": ("h", "h"), "k": ("h", "kv"), "v": ("h", "kv"), "o": ("h", "h"),
-                 "gate": ("h", "f"), "up": ("h", "f"), "down": ("f", "h")}
+LLAMA_LINEARS = {
+    "q": ("h", "h"),
+    "k": ("h", "kv"),
+    "v": ("h", "kv"),
+    "o": ("h", "h"),
+    "gate": ("h", "f"),
+    "up": ("h", "f"),
+    "down": ("f", "h"),
+}
 
 
-def llama_linear_shapes(*, hidden: int, ffn_hidden: int, n_layer: int, targets: Iterable[str] | str = ("q", "v"),
-                        kv_hidden: int | None = None) -> list[tuple[int, int]]:
+def llama_linear_shapes(
+    *,
+    hidden: int,
+    ffn_hidden: int,
+    n_layer: int,
+    targets: Iterable[str] | str = ("q", "v"),
+    kv_hidden: int | None = None,
+) -> list[tuple[int, int]]:
     """``(d_in, d_out)`` of every targeted linear layer of a Llama-shaped model, layer by layer.
 
     ``targets``: names from :data:`LLAMA_LINEARS` (q, k, v, o, gate, up, down) or ``"all"``;
@@ -57,20 +85,37 @@ def llama_linear_shapes(*, hidden: int, ffn_hidden: int, n_layer: int, targets: 
     h, f = _v.count("hidden", hidden, minimum=1), _v.count("ffn_hidden", ffn_hidden, minimum=1)
     n = _v.count("n_layer", n_layer, minimum=1)
     kv = h if kv_hidden is None else _v.count("kv_hidden", kv_hidden, minimum=1)
-    names = list(LLAMA_LINEARS) if targets == "all" else _v.choices("targets", targets, LLAMA_LINEARS)
+    names = (
+        list(LLAMA_LINEARS) if targets == "all" else _v.choices("targets", targets, LLAMA_LINEARS)
+    )
     width = {"h": h, "f": f, "kv": kv}
     one = [(width[LLAMA_LINEARS[t][0]], width[LLAMA_LINEARS[t][1]]) for t in names]
     return one * n
 
 
-def transformer_lora_params(*, hidden: int, ffn_hidden: int, n_layer: int, r: int,
-                            targets: Iterable[str] | str = ("q", "v"), kv_hidden: int | None = None) -> int:
+def transformer_lora_params(
+    *,
+    hidden: int,
+    ffn_hidden: int,
+    n_layer: int,
+    r: int,
+    targets: Iterable[str] | str = ("q", "v"),
+    kv_hidden: int | None = None,
+) -> int:
     """LoRA parameters of a Llama-shaped model: :func:`lora_params` of :func:`llama_linear_shapes`.
 
     Llama-2-7B at r = 8: q, v -> 4,194,304; all seven linears -> 19,988,480.
     """
-    return lora_params(llama_linear_shapes(hidden=hidden, ffn_hidden=ffn_hidden, n_layer=n_layer,
-                                           targets=targets, kv_hidden=kv_hidden), r=r)
+    return lora_params(
+        llama_linear_shapes(
+            hidden=hidden,
+            ffn_hidden=ffn_hidden,
+            n_layer=n_layer,
+            targets=targets,
+            kv_hidden=kv_hidden,
+        ),
+        r=r,
+    )
 
 
 #: bitsandbytes' / QLoRA's block of weights sharing one absmax scale
@@ -79,8 +124,9 @@ NF4_BLOCKSIZE = 64
 NF4_BLOCKSIZE2 = 256
 
 
-def nf4_scale_bits_per_param(*, blocksize: int = NF4_BLOCKSIZE, double_quant: bool = True,
-                             blocksize2: int = NF4_BLOCKSIZE2) -> int | float:
+def nf4_scale_bits_per_param(
+    *, blocksize: int = NF4_BLOCKSIZE, double_quant: bool = True, blocksize2: int = NF4_BLOCKSIZE2
+) -> int | float:
     """Bits of scale per weight: 32 / blocksize (fp32 absmax), or with double quantization
     8 / blocksize + 32 / (blocksize * blocksize2). QLoRA (Sec. 3): 0.5 -> 0.127 bit per parameter."""
     b = _v.count("blocksize", blocksize, minimum=1)
@@ -90,8 +136,13 @@ def nf4_scale_bits_per_param(*, blocksize: int = NF4_BLOCKSIZE, double_quant: bo
     return exact(Fraction(8, b) + Fraction(32, b * b2))
 
 
-def nf4_bytes(n_params: int, *, blocksize: int = NF4_BLOCKSIZE, double_quant: bool = True,
-              blocksize2: int = NF4_BLOCKSIZE2) -> dict[str, int]:
+def nf4_bytes(
+    n_params: int,
+    *,
+    blocksize: int = NF4_BLOCKSIZE,
+    double_quant: bool = True,
+    blocksize2: int = NF4_BLOCKSIZE2,
+) -> dict[str, int]:
     """Bytes of one weight tensor of ``n_params`` values stored in NF4 (bitsandbytes' layout):
     ``codes`` ceil(n / 2) (4 bits each), ``scales`` one absmax per block (fp32, or uint8 with
     double quantization), ``scales_of_scales`` (double quantization: an fp32 absmax per
@@ -117,8 +168,15 @@ def nf4_bytes(n_params: int, *, blocksize: int = NF4_BLOCKSIZE, double_quant: bo
 FINETUNE_METHODS = ("full", "lora", "qlora")
 
 
-def finetune_state_bytes(n_params: int, *, method: str, lora_params: int = 0, precision: str = "bf16-mixed",
-                         optimizer: str = "adam", double_quant: bool = True) -> dict[str, int]:
+def finetune_state_bytes(
+    n_params: int,
+    *,
+    method: str,
+    lora_params: int = 0,
+    precision: str = "bf16-mixed",
+    optimizer: str = "adam",
+    double_quant: bool = True,
+) -> dict[str, int]:
     """Model-state bytes (no activations) of fine-tuning a model of ``n_params`` parameters.
 
     * ``full``: every parameter trained: :func:`model_state_bytes` (16 B/param for bf16-mixed Adam);
@@ -137,10 +195,18 @@ def finetune_state_bytes(n_params: int, *, method: str, lora_params: int = 0, pr
         trained, base = model_state_bytes(n, precision=precision, optimizer=optimizer), 0
     else:
         if k == 0:
-            raise ValueError(f"lora_params = 0: expected the adapter's parameter count for method {m!r}")
+            raise ValueError(
+                f"lora_params = 0: expected the adapter's parameter count for method {m!r}"
+            )
         trained = model_state_bytes(k, precision=precision, optimizer=optimizer)
-        base = (4 if precision == "fp32" else 2) * n if m == "lora" else \
-            nf4_bytes(n, double_quant=double_quant)["total"]
-    out = {"base": base, **{key: trained[key] for key in ("params", "grads", "optimizer", "master")}}
+        base = (
+            (4 if precision == "fp32" else 2) * n
+            if m == "lora"
+            else nf4_bytes(n, double_quant=double_quant)["total"]
+        )
+    out = {
+        "base": base,
+        **{key: trained[key] for key in ("params", "grads", "optimizer", "master")},
+    }
     out["total"] = sum(out.values())
     return out

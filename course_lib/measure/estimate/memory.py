@@ -1,6 +1,7 @@
 """Memory formulas: dtypes, model state, optimizer state, ZeRO sharding, activations.
 
 Introduced in notebooks/01_backprop_memory.ipynb and notebooks/04_optimizer_memory.ipynb."""
+
 from __future__ import annotations
 
 import numbers
@@ -10,19 +11,54 @@ from typing import Any, Iterable, Sequence
 from course_lib import validate as _v
 from course_lib.measure.estimate.units import exact
 
-__all__ = ['dtype_bytes', 'PRECISIONS', 'OPTIMIZERS', 'STATE_TENSORS_PER_PARAM', 'optimizer_state_bytes_per_param', 'model_state_bytes', 'ADAM8BIT_MIN_8BIT_SIZE', 'ADAM8BIT_BLOCK_SIZE', 'adam8bit_state_bytes', 'zero_state_breakdown_per_rank', 'zero_bytes_per_rank', 'zero_padding', 'zero_layout_bytes_per_rank', 'MLP_ACTIVATION_SAVES', 'activation_bytes_mlp', 'activation_bytes_transformer_layer', 'activation_bytes_gpt']
+__all__ = [
+    "dtype_bytes",
+    "PRECISIONS",
+    "OPTIMIZERS",
+    "STATE_TENSORS_PER_PARAM",
+    "optimizer_state_bytes_per_param",
+    "model_state_bytes",
+    "ADAM8BIT_MIN_8BIT_SIZE",
+    "ADAM8BIT_BLOCK_SIZE",
+    "adam8bit_state_bytes",
+    "zero_state_breakdown_per_rank",
+    "zero_bytes_per_rank",
+    "zero_padding",
+    "zero_layout_bytes_per_rank",
+    "MLP_ACTIVATION_SAVES",
+    "activation_bytes_mlp",
+    "activation_bytes_transformer_layer",
+    "activation_bytes_gpt",
+]
 
 # --------------------------------------------------------------------------------------------
 # dtypes, model state, optimizer state
 # --------------------------------------------------------------------------------------------
 _DTYPE_BYTES = {
-    "float64": 8, "fp64": 8, "double": 8,
-    "float32": 4, "fp32": 4, "float": 4, "tf32": 4,
-    "float16": 2, "fp16": 2, "half": 2,
-    "bfloat16": 2, "bf16": 2,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1,
-    "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "short": 2,
-    "int8": 1, "uint8": 1, "bool": 1,
+    "float64": 8,
+    "fp64": 8,
+    "double": 8,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "tf32": 4,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "fp8": 1,
+    "int64": 8,
+    "long": 8,
+    "int32": 4,
+    "int": 4,
+    "int16": 2,
+    "short": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
 }
 
 
@@ -39,8 +75,9 @@ def dtype_bytes(dtype: Any) -> int:
         key = dtype.lower().removeprefix("torch.")
         if key in _DTYPE_BYTES:
             return _DTYPE_BYTES[key]
-    raise ValueError(f"dtype = {dtype!r}: expected a torch.dtype or one of "
-                     f"{', '.join(sorted(_DTYPE_BYTES))}")
+    raise ValueError(
+        f"dtype = {dtype!r}: expected a torch.dtype or one of {', '.join(sorted(_DTYPE_BYTES))}"
+    )
 
 
 #: precision recipes accepted by :func:`model_state_bytes`
@@ -49,13 +86,13 @@ PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
 
 # number of per-parameter state tensors each optimizer keeps (torch.optim, defaults)
 _OPT_STATE_TENSORS = {
-    "sgd": 0,        # plain SGD (momentum=0): no state
-    "momentum": 1,   # SGD with momentum: momentum_buffer
-    "rmsprop": 1,    # square_avg (momentum=0, centered=False)
-    "adagrad": 1,    # sum
-    "adam": 2,       # exp_avg, exp_avg_sq
-    "adamw": 2,      # exp_avg, exp_avg_sq
-    "adam8bit": 2,   # exp_avg, exp_avg_sq quantized to 8 bits (bitsandbytes)
+    "sgd": 0,  # plain SGD (momentum=0): no state
+    "momentum": 1,  # SGD with momentum: momentum_buffer
+    "rmsprop": 1,  # square_avg (momentum=0, centered=False)
+    "adagrad": 1,  # sum
+    "adam": 2,  # exp_avg, exp_avg_sq
+    "adamw": 2,  # exp_avg, exp_avg_sq
+    "adam8bit": 2,  # exp_avg, exp_avg_sq quantized to 8 bits (bitsandbytes)
 }
 #: the optimizers of the course (one table: ``techniques.optim.OPTIMIZERS`` is this)
 OPTIMIZERS = tuple(_OPT_STATE_TENSORS)
@@ -82,15 +119,27 @@ def optimizer_state_bytes_per_param(optimizer: str, *, state_dtype_bytes: int | 
     opt = _v.choice("optimizer", optimizer, OPTIMIZERS, case_insensitive=True)
     if opt == "adam8bit":
         if state_dtype_bytes not in (None, 1):
-            raise ValueError(f"state_dtype_bytes = {state_dtype_bytes!r}: expected None or 1 "
-                             "(8-bit state) for optimizer 'adam8bit'")
+            raise ValueError(
+                f"state_dtype_bytes = {state_dtype_bytes!r}: expected None or 1 "
+                "(8-bit state) for optimizer 'adam8bit'"
+            )
         return 2
-    width = 4 if state_dtype_bytes is None else _v.count("state_dtype_bytes", state_dtype_bytes, minimum=1)
+    width = (
+        4
+        if state_dtype_bytes is None
+        else _v.count("state_dtype_bytes", state_dtype_bytes, minimum=1)
+    )
     return _OPT_STATE_TENSORS[opt] * width
 
 
-def model_state_bytes(n_params: int, *, precision: str = "fp32", optimizer: str = "adam",
-                      n_param_tensors: int = 0, state_dtype_bytes: int | None = None) -> dict[str, int]:
+def model_state_bytes(
+    n_params: int,
+    *,
+    precision: str = "fp32",
+    optimizer: str = "adam",
+    n_param_tensors: int = 0,
+    state_dtype_bytes: int | None = None,
+) -> dict[str, int]:
     """Bytes of model state (everything but activations) for one training replica.
 
     Returns ``{"params", "grads", "optimizer", "master", "total"}`` in bytes (ints).
@@ -132,11 +181,14 @@ def model_state_bytes(n_params: int, *, precision: str = "fp32", optimizer: str 
     state_width = 2 if prec == "bf16-true" else 4
     if state_dtype_bytes is not None:
         if opt == "adam8bit":
-            raise ValueError(f"state_dtype_bytes = {state_dtype_bytes!r}: expected None for optimizer "
-                             "'adam8bit' (its state is 8-bit by definition)")
+            raise ValueError(
+                f"state_dtype_bytes = {state_dtype_bytes!r}: expected None for optimizer "
+                "'adam8bit' (its state is 8-bit by definition)"
+            )
         state_width = _v.count("state_dtype_bytes", state_dtype_bytes, minimum=1)
-    opt_b = optimizer_state_bytes_per_param(opt, state_dtype_bytes=None if opt == "adam8bit"
-                                            else state_width)
+    opt_b = optimizer_state_bytes_per_param(
+        opt, state_dtype_bytes=None if opt == "adam8bit" else state_width
+    )
     step_bytes = 4 * n_tensors if opt in _STEP_COUNTER else 0
     out = {
         "params": param_b * n,
@@ -155,9 +207,13 @@ ADAM8BIT_BLOCK_SIZE = 256
 _ADAM8BIT_CODE_BOOK_ENTRIES = 256  # an 8-bit code has 2**8 values
 
 
-def adam8bit_state_bytes(param_numels: Iterable[Any], *, min_8bit_size: int = ADAM8BIT_MIN_8BIT_SIZE,
-                         block_size: int = ADAM8BIT_BLOCK_SIZE,
-                         max_unorm: float = 0.0) -> dict[str, int]:
+def adam8bit_state_bytes(
+    param_numels: Iterable[Any],
+    *,
+    min_8bit_size: int = ADAM8BIT_MIN_8BIT_SIZE,
+    block_size: int = ADAM8BIT_BLOCK_SIZE,
+    max_unorm: float = 0.0,
+) -> dict[str, int]:
     """Exact bytes of ``bitsandbytes.optim.Adam8bit`` state after the first step, by kind.
 
     ``param_numels``: the number of elements of every parameter tensor that gets a gradient
@@ -196,10 +252,16 @@ def adam8bit_state_bytes(param_numels: Iterable[Any], *, min_8bit_size: int = AD
     min_size = _v.count("min_8bit_size", min_8bit_size)
     block = _v.count("block_size", block_size, minimum=1)
     if isinstance(max_unorm, bool) or not isinstance(max_unorm, numbers.Real) or max_unorm < 0:
-        raise ValueError(f"max_unorm = {max_unorm!r}: expected a number >= 0 (0 disables the update-norm clip)")
-    if isinstance(param_numels, (str, bytes, numbers.Number)) or not isinstance(param_numels, Iterable):
-        raise TypeError(f"param_numels must be an iterable of element counts (one per parameter tensor), "
-                        f"got {param_numels!r} ({type(param_numels).__name__})")
+        raise ValueError(
+            f"max_unorm = {max_unorm!r}: expected a number >= 0 (0 disables the update-norm clip)"
+        )
+    if isinstance(param_numels, (str, bytes, numbers.Number)) or not isinstance(
+        param_numels, Iterable
+    ):
+        raise TypeError(
+            f"param_numels must be an iterable of element counts (one per parameter tensor), "
+            f"got {param_numels!r} ({type(param_numels).__name__})"
+        )
     out = {"uint8_states": 0, "fp32_states": 0, "absmax": 0, "code_books": 0, "unorm": 0}
     n_tensors = 0
     for i, item in enumerate(param_numels):
@@ -221,9 +283,15 @@ def adam8bit_state_bytes(param_numels: Iterable[Any], *, min_8bit_size: int = AD
 # --------------------------------------------------------------------------------------------
 # ZeRO
 # --------------------------------------------------------------------------------------------
-def zero_state_breakdown_per_rank(n_params: int, *, stage: int, world_size: int,
-                                  k: int = 12, param_bytes: int = 2,
-                                  grad_bytes: int = 2) -> dict[str, int | float]:
+def zero_state_breakdown_per_rank(
+    n_params: int,
+    *,
+    stage: int,
+    world_size: int,
+    k: int = 12,
+    param_bytes: int = 2,
+    grad_bytes: int = 2,
+) -> dict[str, int | float]:
     """Model-state bytes per rank under ZeRO, split into params / grads / optimizer (+ total).
 
     Accounting of the ZeRO paper (Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 5 and
@@ -248,24 +316,43 @@ def zero_state_breakdown_per_rank(n_params: int, *, stage: int, world_size: int,
     params = Fraction(pb * n) * (shard if stage >= 3 else 1)
     grads = Fraction(gb * n) * (shard if stage >= 2 else 1)
     opt = Fraction(k * n) * (shard if stage >= 1 else 1)
-    return {"params": exact(params), "grads": exact(grads), "optimizer": exact(opt),
-            "total": exact(params + grads + opt)}
+    return {
+        "params": exact(params),
+        "grads": exact(grads),
+        "optimizer": exact(opt),
+        "total": exact(params + grads + opt),
+    }
 
 
-def zero_bytes_per_rank(n_params: int, *, stage: int, world_size: int, k: int = 12,
-                        param_bytes: int = 2, grad_bytes: int = 2) -> int | float:
+def zero_bytes_per_rank(
+    n_params: int,
+    *,
+    stage: int,
+    world_size: int,
+    k: int = 12,
+    param_bytes: int = 2,
+    grad_bytes: int = 2,
+) -> int | float:
     """Total model-state bytes per rank under ZeRO stage 0-3 (see
     :func:`zero_state_breakdown_per_rank`). Reproduces Figure 1 of arXiv:1910.02054:
     Ψ = 7.5e9, N_d = 64 gives 120, 31.4, 16.6 and 1.9 GB for stages 0-3.
     """
-    return zero_state_breakdown_per_rank(n_params, stage=stage, world_size=world_size, k=k,
-                                         param_bytes=param_bytes, grad_bytes=grad_bytes)["total"]
+    return zero_state_breakdown_per_rank(
+        n_params,
+        stage=stage,
+        world_size=world_size,
+        k=k,
+        param_bytes=param_bytes,
+        grad_bytes=grad_bytes,
+    )["total"]
 
 
 def _unit_numels(units: Any) -> list[list[int]]:
     if isinstance(units, (str, bytes, numbers.Number)) or not isinstance(units, Iterable):
-        raise TypeError(f"units = {units!r}: expected a list of units, each a list of the "
-                        "element counts of its parameter tensors, e.g. [[256, 32], [64, 2]]")
+        raise TypeError(
+            f"units = {units!r}: expected a list of units, each a list of the "
+            "element counts of its parameter tensors, e.g. [[256, 32], [64, 2]]"
+        )
     out = []
     for i, unit in enumerate(units):
         if isinstance(unit, (str, bytes)) or not isinstance(unit, Iterable):
@@ -290,9 +377,16 @@ def zero_padding(units: Any, world_size: int) -> int:
     return sum(-(-sum(u) // nd) * nd - sum(u) for u in _unit_numels(units))
 
 
-def zero_layout_bytes_per_rank(units: Any, *, stage: int, world_size: int,
-                               param_bytes: int = 4, grad_bytes: int = 4, state_bytes: int = 8,
-                               step_bytes: int = 4) -> dict[str, int]:
+def zero_layout_bytes_per_rank(
+    units: Any,
+    *,
+    stage: int,
+    world_size: int,
+    param_bytes: int = 4,
+    grad_bytes: int = 4,
+    state_bytes: int = 8,
+    step_bytes: int = 4,
+) -> dict[str, int]:
     """Exact model-state bytes per rank of ``course_lib.parallel.zero.ZeroDataParallel`` after
     ``step()`` (before ``zero_grad``), with every unit padded (:func:`zero_padding`).
 
@@ -317,21 +411,32 @@ def zero_layout_bytes_per_rank(units: Any, *, stage: int, world_size: int,
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
         raise ValueError(f"stage = {stage!r}: expected one of 0, 1, 2, 3")
     nd = _v.count("world_size", world_size, minimum=1)
-    pb, gb = _v.count("param_bytes", param_bytes, minimum=1), _v.count("grad_bytes", grad_bytes, minimum=1)
+    pb, gb = (
+        _v.count("param_bytes", param_bytes, minimum=1),
+        _v.count("grad_bytes", grad_bytes, minimum=1),
+    )
     sb, tb = _v.count("state_bytes", state_bytes), _v.count("step_bytes", step_bytes)
     units = _unit_numels(units)
     psi = sum(map(sum, units))
     shards = sum(-(-sum(u) // nd) for u in units)  # sum of s_u
+
     def table(per_rank, full):  # per_rank: a shard's elements; full: a full copy's elements
         if stage == 0:
             return pb * psi, gb * psi, sb * psi + tb * sum(map(len, units))
-        return (pb * (per_rank if stage == 3 else full), gb * (per_rank if stage >= 2 else psi),
-                sb * per_rank + tb * len(units))
+        return (
+            pb * (per_rank if stage == 3 else full),
+            gb * (per_rank if stage >= 2 else psi),
+            sb * per_rank + tb * len(units),
+        )
 
     params, grads, opt = table(shards, nd * shards)
     ideal = sum(table(Fraction(psi, nd), psi))  # the same without padding
-    out = {"params": params, "grads": grads, "optimizer": opt,
-           "padding": exact(params + grads + opt - ideal)}
+    out = {
+        "params": params,
+        "grads": grads,
+        "optimizer": opt,
+        "padding": exact(params + grads + opt - ideal),
+    }
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return {k: out[k] for k in ("params", "grads", "optimizer", "total", "padding")}
 
@@ -341,13 +446,25 @@ def zero_layout_bytes_per_rank(units: Any, *, stage: int, world_size: int,
 # --------------------------------------------------------------------------------------------
 #: activation functions of our MLP and what autograd saves for each ("input" = pre-activation z,
 #: "output" = activation u). From the derivative formulas in torch/csrc/autograd/derivatives.yaml.
-MLP_ACTIVATION_SAVES = {"relu": "output", "tanh": "output", "sigmoid": "output",
-                        "gelu": "input", "silu": "input", "identity": "none"}
+MLP_ACTIVATION_SAVES = {
+    "relu": "output",
+    "tanh": "output",
+    "sigmoid": "output",
+    "gelu": "input",
+    "silu": "input",
+    "identity": "none",
+}
 
 
-def activation_bytes_mlp(batch: int, widths: Sequence[int], *, dtype_bytes: int = 4,
-                         activation: str = "relu", include_input: bool = False,
-                         include_output: bool = True) -> int:
+def activation_bytes_mlp(
+    batch: int,
+    widths: Sequence[int],
+    *,
+    dtype_bytes: int = 4,
+    activation: str = "relu",
+    include_input: bool = False,
+    include_output: bool = True,
+) -> int:
     """Bytes autograd keeps alive after the forward of our MLP (``course_lib.models.MLP``).
 
     ``widths = [d_0, d_1, ..., d_L]``: L Linear layers d_{i-1} -> d_i, the activation after every
@@ -377,9 +494,16 @@ def activation_bytes_mlp(batch: int, widths: Sequence[int], *, dtype_bytes: int 
     return _v.count("dtype_bytes", dtype_bytes, minimum=1) * b * elements
 
 
-def activation_bytes_transformer_layer(seq: int, batch: int, hidden: int, heads: int, *,
-                                       bytes_per_value: int = 2, dropout: bool = True,
-                                       recompute: str = "none") -> int:
+def activation_bytes_transformer_layer(
+    seq: int,
+    batch: int,
+    hidden: int,
+    heads: int,
+    *,
+    bytes_per_value: int = 2,
+    dropout: bool = True,
+    recompute: str = "none",
+) -> int:
     """Activation bytes of one transformer layer, Korthikanti et al. 2022 (arXiv:2205.05198).
 
     With 16-bit values (``bytes_per_value=2``), 1-byte dropout masks and no recomputation this is
@@ -406,8 +530,14 @@ def activation_bytes_transformer_layer(seq: int, batch: int, hidden: int, heads:
     return p * values + masks
 
 
-def activation_bytes_gpt(config: Any, batch: int, seq: int | None = None, *,
-                         dtype_bytes: int = 4, include_logits: bool = True) -> int:
+def activation_bytes_gpt(
+    config: Any,
+    batch: int,
+    seq: int | None = None,
+    *,
+    dtype_bytes: int = 4,
+    include_logits: bool = True,
+) -> int:
     """Exact bytes autograd keeps alive after the forward of our tiny GPT (``models.GPT``).
 
     Derived from what autograd saves in ``course_lib.models`` (manual attention, GELU MLP,
@@ -433,18 +563,28 @@ def activation_bytes_gpt(config: Any, batch: int, seq: int | None = None, *,
     """
     names = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
     if not all(hasattr(config, k) for k in names) or hasattr(config, "ffn_hidden"):
-        raise TypeError(f"config must be a course_lib.models.GPTConfig, got {type(config).__name__} "
-                        "(for other shapes use activation_bytes_transformer_layer)")
+        raise TypeError(
+            f"config must be a course_lib.models.GPTConfig, got {type(config).__name__} "
+            "(for other shapes use activation_bytes_transformer_layer)"
+        )
     if getattr(config, "dropout", 0.0):
-        raise ValueError(f"config.dropout = {config.dropout!r}: expected 0.0, for which the count is exact "
-                         "(dropout adds masks; see activation_bytes_transformer_layer)")
+        raise ValueError(
+            f"config.dropout = {config.dropout!r}: expected 0.0, for which the count is exact "
+            "(dropout adds masks; see activation_bytes_transformer_layer)"
+        )
     from_config = {k: getattr(config, k) for k in names}
     B = _v.count("batch", batch, minimum=1)
     T = from_config["block_size"] if seq is None else _v.count("seq", seq, minimum=1)
-    C, nh, L, V = (from_config["n_embd"], from_config["n_head"], from_config["n_layer"],
-                   from_config["vocab_size"])
+    C, nh, L, V = (
+        from_config["n_embd"],
+        from_config["n_head"],
+        from_config["n_layer"],
+        from_config["vocab_size"],
+    )
     if T > from_config["block_size"]:
-        raise ValueError(f"seq = {T}: expected at most config.block_size = {from_config['block_size']}")
+        raise ValueError(
+            f"seq = {T}: expected at most config.block_size = {from_config['block_size']}"
+        )
     per_layer = 16 * B * T * C + 4 * B * T + nh * B * T * T
     values = L * per_layer + 2 * B * T * C + 2 * B * T
     if include_logits:

@@ -8,14 +8,24 @@ it over PCIe each step. The byte counts come from :func:`model_state_bytes` (par
 fp32 master M, optimizer state O); the levels of :data:`OFFLOAD_LEVELS` say which of them live
 where. Times are seconds, bandwidths GB/s (1e9 bytes/s).
 """
+
 from __future__ import annotations
 
 from course_lib import validate as _v
 from course_lib.measure.estimate.memory import OPTIMIZERS, model_state_bytes
 
-__all__ = ["OFFLOAD_LEVELS", "OFFLOAD_PRECISIONS", "offload_split", "transfer_time",
-           "offload_transfer_times", "HOST_ADAM_BYTES_PER_PARAM", "host_adam_time",
-           "nvme_traffic_bytes", "offload_step_time", "NVME_GBPS"]
+__all__ = [
+    "OFFLOAD_LEVELS",
+    "OFFLOAD_PRECISIONS",
+    "offload_split",
+    "transfer_time",
+    "offload_transfer_times",
+    "HOST_ADAM_BYTES_PER_PARAM",
+    "host_adam_time",
+    "nvme_traffic_bytes",
+    "offload_step_time",
+    "NVME_GBPS",
+]
 
 #: what each level keeps off the device, from least to most offloaded:
 #:
@@ -32,8 +42,13 @@ OFFLOAD_LEVELS = ("none", "optimizer", "optimizer+grads", "all")
 OFFLOAD_PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
 
 
-def offload_split(n_params: int, *, level: str = "optimizer", precision: str = "bf16-mixed",
-                  optimizer: str = "adam") -> dict[str, int]:
+def offload_split(
+    n_params: int,
+    *,
+    level: str = "optimizer",
+    precision: str = "bf16-mixed",
+    optimizer: str = "adam",
+) -> dict[str, int]:
     """Bytes on the device, bytes on the host and bytes moved each way per step, for one level
     of :data:`OFFLOAD_LEVELS`.
 
@@ -80,9 +95,14 @@ def transfer_time(nbytes: float, GBps: float) -> float:
     return _v.number("nbytes", nbytes, minimum=0) / (_v.number("GBps", GBps, positive=True) * 1e9)
 
 
-def offload_transfer_times(n_params: int, *, level: str = "optimizer",
-                           precision: str = "bf16-mixed", optimizer: str = "adam",
-                           link_GBps: float = 32.0) -> dict[str, float]:
+def offload_transfer_times(
+    n_params: int,
+    *,
+    level: str = "optimizer",
+    precision: str = "bf16-mixed",
+    optimizer: str = "adam",
+    link_GBps: float = 32.0,
+) -> dict[str, float]:
     """Seconds per step on a host link of ``link_GBps`` per direction (default 32: PCIe 4.0 x16,
     ``link_speed("PCIe 4.0 x16")``): ``to_host_s`` and ``to_device_s`` (each direction alone),
     ``duplex_s`` = the larger one (PCIe carries both directions at once) and ``serial_s`` = their
@@ -102,8 +122,9 @@ def offload_transfer_times(n_params: int, *, level: str = "optimizer",
 HOST_ADAM_BYTES_PER_PARAM = 28
 
 
-def host_adam_time(n_params: int, *, host_GBps: float,
-                   bytes_per_param: float = HOST_ADAM_BYTES_PER_PARAM) -> float:
+def host_adam_time(
+    n_params: int, *, host_GBps: float, bytes_per_param: float = HOST_ADAM_BYTES_PER_PARAM
+) -> float:
     """Seconds of one Adam update of ``n_params`` on the host, memory-bound:
     n * ``bytes_per_param`` / ``host_GBps``. ``host_GBps`` is the bandwidth the update reaches
     (measure it: a small update's bytes / its time); a server socket's DRAM peaks at a few hundred
@@ -118,18 +139,27 @@ def host_adam_time(n_params: int, *, host_GBps: float,
 NVME_GBPS = {"read": 7.45, "write": 6.9}
 
 
-def nvme_traffic_bytes(n_params: int, *, precision: str = "bf16-mixed",
-                       optimizer: str = "adam") -> dict[str, int]:
+def nvme_traffic_bytes(
+    n_params: int, *, precision: str = "bf16-mixed", optimizer: str = "adam"
+) -> dict[str, int]:
     """Bytes read from and written to NVMe per step when the optimizer state and the fp32 master
     live there (ZeRO-Infinity's NVMe tier, Rajbhandari et al. 2021, arXiv:2104.07857): every
     byte is read before the update and written after it, ``{"read": W + O, "write": W + O}``
     (the ``host`` bytes of level ``optimizer``). 7B bf16-mixed Adam: 84 GB each way."""
-    host = offload_split(n_params, level="optimizer", precision=precision, optimizer=optimizer)["host"]
+    host = offload_split(n_params, level="optimizer", precision=precision, optimizer=optimizer)[
+        "host"
+    ]
     return {"read": host, "write": host}
 
 
-def offload_step_time(*, compute_s: float, transfer_s: float, host_s: float,
-                      storage_s: float = 0.0, overlap: bool = True) -> float:
+def offload_step_time(
+    *,
+    compute_s: float,
+    transfer_s: float,
+    host_s: float,
+    storage_s: float = 0.0,
+    overlap: bool = True,
+) -> float:
     """Seconds per offloaded step from its parts: forward + backward on the device
     (``compute_s``), host link traffic (``transfer_s``), the host optimizer update (``host_s``)
     and, with an NVMe tier, its reads and writes (``storage_s``).
@@ -139,9 +169,15 @@ def offload_step_time(*, compute_s: float, transfer_s: float, host_s: float,
     one-step-delayed parameter update (Ren et al. 2021, Sec. 5.2). ``overlap=False``: one after
     the other, their sum -- what a synchronous step (``techniques.offload.OffloadAdamW``) takes.
     """
-    parts = [_v.number(name, value, minimum=0) for name, value in
-             (("compute_s", compute_s), ("transfer_s", transfer_s), ("host_s", host_s),
-              ("storage_s", storage_s))]
+    parts = [
+        _v.number(name, value, minimum=0)
+        for name, value in (
+            ("compute_s", compute_s),
+            ("transfer_s", transfer_s),
+            ("host_s", host_s),
+            ("storage_s", storage_s),
+        )
+    ]
     if not isinstance(overlap, bool):
         raise TypeError(f"overlap = {overlap!r}: expected True or False")
     return max(parts) if overlap else sum(parts)

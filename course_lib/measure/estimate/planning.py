@@ -5,6 +5,7 @@ model FLOPs and GPU-days.
 Introduced in notebooks/14_planning_a_run.ipynb. Everything is in bytes, FLOPs, seconds, as in
 the rest of ``estimate``; "GB" is 1e9 bytes.
 """
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -12,19 +13,39 @@ from fractions import Fraction
 from course_lib import validate as _v
 from course_lib.measure.estimate.units import exact
 
-__all__ = ["NORMS", "transformer_param_count", "activation_bytes_parallel_layer",
-           "pipeline_inflight_layers", "tp_payload_bytes_per_layer", "model_flops_per_token",
-           "layer_flops_per_token", "gpus_for_days", "gpu_hours", "mfu_from_gpu_hours"]
+__all__ = [
+    "NORMS",
+    "transformer_param_count",
+    "activation_bytes_parallel_layer",
+    "pipeline_inflight_layers",
+    "tp_payload_bytes_per_layer",
+    "model_flops_per_token",
+    "layer_flops_per_token",
+    "gpus_for_days",
+    "gpu_hours",
+    "mfu_from_gpu_hours",
+]
 
 NORMS = ("rmsnorm", "layernorm")
 _RECOMPUTE = ("none", "selective", "full")
 
 
-def transformer_param_count(*, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int,
-                            vocab: int, seq_len: int = 0, gated_mlp: bool = True,
-                            bias: bool = False, tied_embeddings: bool = False,
-                            learned_positions: bool = False, norm: str = "rmsnorm",
-                            embedding_norm: bool = False) -> dict[str, int]:
+def transformer_param_count(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    vocab: int,
+    seq_len: int = 0,
+    gated_mlp: bool = True,
+    bias: bool = False,
+    tied_embeddings: bool = False,
+    learned_positions: bool = False,
+    norm: str = "rmsnorm",
+    embedding_norm: bool = False,
+) -> dict[str, int]:
     """Exact parameter count of a decoder-only transformer, by part.
 
     Per layer (h = hidden, f = ffn, k = kv_heads * h / heads, the width of K and of V):
@@ -46,8 +67,10 @@ def transformer_param_count(*, layers: int, hidden: int, heads: int, kv_heads: i
     s = _v.count("seq_len", seq_len)
     norm = _v.choice("norm", norm, NORMS)
     if h % a or a % g:
-        raise ValueError(f"hidden = {h}, heads = {a}, kv_heads = {g}: expected heads to divide "
-                         "hidden and kv_heads to divide heads")
+        raise ValueError(
+            f"hidden = {h}, heads = {a}, kv_heads = {g}: expected heads to divide "
+            "hidden and kv_heads to divide heads"
+        )
     k = g * h // a
     norm_params = h if norm == "rmsnorm" else 2 * h
     attention = 2 * h * h + 2 * h * k + ((h + 2 * k + h) if bias else 0)
@@ -55,17 +78,34 @@ def transformer_param_count(*, layers: int, hidden: int, heads: int, kv_heads: i
     per_layer = attention + mlp + 2 * norm_params
     embedding = V * h
     output = 0 if tied_embeddings else V * h
-    other = norm_params + (s * h if learned_positions else 0) + (norm_params if embedding_norm else 0)
+    other = (
+        norm_params + (s * h if learned_positions else 0) + (norm_params if embedding_norm else 0)
+    )
     total = L * per_layer + embedding + output + other
-    return {"per_layer": per_layer, "layers": L * per_layer, "embedding": embedding,
-            "output": output, "other": other, "total": total}
+    return {
+        "per_layer": per_layer,
+        "layers": L * per_layer,
+        "embedding": embedding,
+        "output": output,
+        "other": other,
+        "total": total,
+    }
 
 
-def activation_bytes_parallel_layer(seq: int, batch: int, hidden: int, heads: int, *,
-                                    kv_heads: int | None = None, ffn: int | None = None,
-                                    gated_mlp: bool = False, dropout: bool = True, tp: int = 1,
-                                    sequence_parallel: bool = True,
-                                    recompute: str = "none") -> int | float:
+def activation_bytes_parallel_layer(
+    seq: int,
+    batch: int,
+    hidden: int,
+    heads: int,
+    *,
+    kv_heads: int | None = None,
+    ffn: int | None = None,
+    gated_mlp: bool = False,
+    dropout: bool = True,
+    tp: int = 1,
+    sequence_parallel: bool = True,
+    recompute: str = "none",
+) -> int | float:
     """Activation bytes one layer keeps per tensor-parallel rank, 16-bit values, 1-byte masks.
 
     Korthikanti et al. 2022 (arXiv:2205.05198), Sec. 4, generalised to grouped-query attention
@@ -107,8 +147,9 @@ def activation_bytes_parallel_layer(seq: int, batch: int, hidden: int, heads: in
     return exact(total)
 
 
-def pipeline_inflight_layers(layers_per_stage: int, stages: int, microbatches: int,
-                             virtual_stages: int = 1) -> int | float:
+def pipeline_inflight_layers(
+    layers_per_stage: int, stages: int, microbatches: int, virtual_stages: int = 1
+) -> int | float:
     """Layers' worth of activations (for one micro-batch) the first pipeline rank keeps at its
     peak, under 1F1B (PipeDream-Flush, Narayanan et al. 2021, arXiv:2006.09503) or its
     interleaved form (Narayanan et al. 2021, arXiv:2104.04473).
@@ -131,8 +172,9 @@ def pipeline_inflight_layers(layers_per_stage: int, stages: int, microbatches: i
     return chunks * n // v
 
 
-def tp_payload_bytes_per_layer(seq: int, batch: int, hidden: int, *, recompute: str = "none",
-                            dtype_bytes: int = 2) -> int:
+def tp_payload_bytes_per_layer(
+    seq: int, batch: int, hidden: int, *, recompute: str = "none", dtype_bytes: int = 2
+) -> int:
     """Bytes one layer's tensor-parallel collectives carry per micro-batch, as the payload S of
     the all-reduces (Shoeybi et al. 2019, arXiv:1909.08053: f and g, one all-reduce in the
     attention and one in the MLP each way -- 4 per layer per step; with sequence parallelism
@@ -153,11 +195,14 @@ def model_flops_per_token(n_params: int, *, layers: int = 0, hidden: int = 0, se
     2 s h each in the forward, times 3 for forward + backward). Leave layers/hidden/seq at 0
     for 6 N alone. Recomputation is not model FLOPs (it is hardware FLOPs)."""
     n = _v.count("n_params", n_params)
-    return 6 * n + 12 * _v.count("layers", layers) * _v.count("hidden", hidden) * _v.count("seq", seq)
+    return 6 * n + 12 * _v.count("layers", layers) * _v.count("hidden", hidden) * _v.count(
+        "seq", seq
+    )
 
 
-def layer_flops_per_token(layer_params: int, *, layers: int, hidden: int, seq: int,
-                             recompute: str = "none") -> dict[str, int]:
+def layer_flops_per_token(
+    layer_params: int, *, layers: int, hidden: int, seq: int, recompute: str = "none"
+) -> dict[str, int]:
     """FLOPs per token of ``layers`` transformer layers, split into the model's work and
     recomputation. Model: 6 P + 12 s h per layer (P = the layer's parameters). Recompute:
     ``full`` adds one forward, 2 P + 4 s h; ``selective`` adds the attention products' forward,
@@ -193,5 +238,8 @@ def mfu_from_gpu_hours(total_flops: float, hours: float, *, peak_flops: float) -
     6 x 6.74e9 x 2e12 over 184,320 A100-hours (Touvron et al. 2023, arXiv:2307.09288, Table 2)
     at 312 TFLOP/s: 39 %."""
     f = _v.number("total_flops", total_flops, positive=True)
-    return f / (_v.number("hours", hours, positive=True) * 3600
-                * _v.number("peak_flops", peak_flops, positive=True))
+    return f / (
+        _v.number("hours", hours, positive=True)
+        * 3600
+        * _v.number("peak_flops", peak_flops, positive=True)
+    )

@@ -4,19 +4,35 @@ Introduced in notebooks/11_tensor_parallelism.ipynb. Sources: Shoeybi et al. 201
 (arXiv:1909.08053), Sec. 3; Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
 Transformer Models" (arXiv:2205.05198), Sec. 4.2, Eqs. 1-4.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 from course_lib import validate as _v
 
-__all__ = ["tp_activation_bytes_layer", "tp_activation_bytes_gpt", "tp_params_per_rank",
-           "tp_collectives_per_layer", "tp_comm_bytes_per_layer", "tp_layer_state_bytes"]
+__all__ = [
+    "tp_activation_bytes_layer",
+    "tp_activation_bytes_gpt",
+    "tp_params_per_rank",
+    "tp_collectives_per_layer",
+    "tp_comm_bytes_per_layer",
+    "tp_layer_state_bytes",
+]
 
 
-def tp_activation_bytes_layer(seq: int, batch: int, hidden: int, heads: int, tp: int = 1, *,
-                              sequence_parallel: bool = False, bytes_per_value: int = 2,
-                              dropout: bool = True, layernorm_stats: bool = False) -> int:
+def tp_activation_bytes_layer(
+    seq: int,
+    batch: int,
+    hidden: int,
+    heads: int,
+    tp: int = 1,
+    *,
+    sequence_parallel: bool = False,
+    bytes_per_value: int = 2,
+    dropout: bool = True,
+    layernorm_stats: bool = False,
+) -> int:
     """Activation bytes one rank keeps for one transformer layer split over ``tp`` ranks.
 
     Korthikanti et al. 2022, with 16-bit values and 1-byte dropout masks (the defaults):
@@ -48,9 +64,16 @@ def tp_activation_bytes_layer(seq: int, batch: int, hidden: int, heads: int, tp:
     return total_x_t // t if total_x_t % t == 0 else total_x_t / t
 
 
-def tp_activation_bytes_gpt(config: Any, batch: int, seq: int | None = None, *, tp: int = 1,
-                            sequence_parallel: bool = False, dtype_bytes: int = 4,
-                            include_logits: bool = True) -> int:
+def tp_activation_bytes_gpt(
+    config: Any,
+    batch: int,
+    seq: int | None = None,
+    *,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    dtype_bytes: int = 4,
+    include_logits: bool = True,
+) -> int:
     """Bytes one rank's autograd keeps after the forward of the tiny GPT split by
     ``parallel.tensor.parallelize_gpt`` over ``tp`` ranks (fp32, no dropout): per layer
     :func:`tp_activation_bytes_layer` with ``dropout=False, layernorm_stats=True``, plus the
@@ -59,15 +82,24 @@ def tp_activation_bytes_gpt(config: Any, batch: int, seq: int | None = None, *, 
     equals ``estimate.activation_bytes_gpt``."""
     for k in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size"):
         if not hasattr(config, k):
-            raise TypeError(f"config = {type(config).__name__}: expected a "
-                            "course_lib.models.GPTConfig")
+            raise TypeError(
+                f"config = {type(config).__name__}: expected a course_lib.models.GPTConfig"
+            )
     B = _v.count("batch", batch, minimum=1)
     T = config.block_size if seq is None else _v.count("seq", seq, minimum=1)
     p = _v.count("dtype_bytes", dtype_bytes, minimum=1)
     C = config.n_embd
-    layer = tp_activation_bytes_layer(T, B, C, config.n_head, tp, bytes_per_value=p,
-                                      sequence_parallel=sequence_parallel, dropout=False,
-                                      layernorm_stats=False)
+    layer = tp_activation_bytes_layer(
+        T,
+        B,
+        C,
+        config.n_head,
+        tp,
+        bytes_per_value=p,
+        sequence_parallel=sequence_parallel,
+        dropout=False,
+        layernorm_stats=False,
+    )
     # mean and rstd of the two LayerNorms, in the model's dtype; split along T with SP
     stats = p * 4 * B * T // (tp if sequence_parallel else 1)
     head = p * (2 * B * T * C + 2 * B * T + (B * T * config.vocab_size if include_logits else 0))
@@ -99,8 +131,12 @@ def tp_params_per_rank(config: Any, tp: int = 1) -> dict[str, int]:
     else:
         ln = 2 * C if config.bias else C
         sharded = L * layer_sharded
-        replicated = (L * layer_replicated + ln + (V + config.block_size) * C
-                      + (0 if config.tie_weights else V * C))
+        replicated = (
+            L * layer_replicated
+            + ln
+            + (V + config.block_size) * C
+            + (0 if config.tie_weights else V * C)
+        )
     if sharded % t:
         raise ValueError(f"tp = {t}: the sharded parameters ({sharded}) do not divide evenly")
     return {"sharded": sharded, "replicated": replicated, "per_rank": sharded // t + replicated}
@@ -117,13 +153,22 @@ def tp_collectives_per_layer(*, sequence_parallel: bool = False) -> dict[str, di
     and 2 reduce-scatters. The gradient all-reduce of the LayerNorms is once per step, not per
     layer."""
     if sequence_parallel:
-        return {"forward": {"all_gather": 2, "reduce_scatter": 2},
-                "backward": {"all_gather": 4, "reduce_scatter": 2}}
+        return {
+            "forward": {"all_gather": 2, "reduce_scatter": 2},
+            "backward": {"all_gather": 4, "reduce_scatter": 2},
+        }
     return {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 2}}
 
 
-def tp_comm_bytes_per_layer(seq: int, batch: int, hidden: int, tp: int, *,
-                            bytes_per_value: int = 2, sequence_parallel: bool = False) -> dict:
+def tp_comm_bytes_per_layer(
+    seq: int,
+    batch: int,
+    hidden: int,
+    tp: int,
+    *,
+    bytes_per_value: int = 2,
+    sequence_parallel: bool = False,
+) -> dict:
     """Bytes per transformer layer and step: ``payload`` (one all-reduce's tensor, s b h p),
     and what one rank sends with the ring algorithms (``estimate.collective_bytes_sent``):
     ``sent_forward``, ``sent_backward``, ``sent`` (their sum). Tensor parallel: 4 all-reduces
@@ -135,8 +180,9 @@ def tp_comm_bytes_per_layer(seq: int, batch: int, hidden: int, tp: int, *,
     payload = s * b * h * _v.count("bytes_per_value", bytes_per_value, minimum=1)
     calls = tp_collectives_per_layer(sequence_parallel=sequence_parallel)
     unit = {"all_reduce": 2 * (t - 1), "all_gather": t - 1, "reduce_scatter": t - 1}  # x S/t
-    sent = {phase: sum(n * unit[op] * payload for op, n in ops.items())
-            for phase, ops in calls.items()}
+    sent = {
+        phase: sum(n * unit[op] * payload for op, n in ops.items()) for phase, ops in calls.items()
+    }
     out = {"payload": payload, "calls": calls}
     for phase in ("forward", "backward"):
         out[f"sent_{phase}"] = sent[phase] // t if sent[phase] % t == 0 else sent[phase] / t

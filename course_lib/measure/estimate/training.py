@@ -4,6 +4,7 @@ memory tiers, and the batch-size rules (linear learning-rate scaling, warm-up, n
 Introduced in notebooks/01_backprop_memory.ipynb (parameter count, model state at 7B-175B) and
 notebooks/02_batch_size_and_accumulation.ipynb (6ND, MFU, GPUs for a run, memory tiers, ridge
 points, the learning rate against the batch)."""
+
 from __future__ import annotations
 
 import math
@@ -11,9 +12,22 @@ from dataclasses import dataclass
 
 from course_lib import validate as _v
 
-__all__ = ['gpt_param_count', 'training_flops_per_token', 'mfu', 'gpus_for_training',
-           'training_days', 'GpuSpec', 'GPU_SPECS', 'gpu_spec', 'MemoryTier', 'MEMORY_TIERS_A100',
-           'compute_bound_batch', 'linear_scaled_lr', 'warmup_lr', 'simple_noise_scale']
+__all__ = [
+    "gpt_param_count",
+    "training_flops_per_token",
+    "mfu",
+    "gpus_for_training",
+    "training_days",
+    "GpuSpec",
+    "GPU_SPECS",
+    "gpu_spec",
+    "MemoryTier",
+    "MEMORY_TIERS_A100",
+    "compute_bound_batch",
+    "linear_scaled_lr",
+    "warmup_lr",
+    "simple_noise_scale",
+]
 
 SECONDS_PER_DAY = 86_400
 
@@ -21,8 +35,15 @@ SECONDS_PER_DAY = 86_400
 # --------------------------------------------------------------------------------------------
 # parameters and FLOPs
 # --------------------------------------------------------------------------------------------
-def gpt_param_count(*, n_layer: int, n_embd: int, vocab_size: int, block_size: int,
-                    bias: bool = True, tie_weights: bool = True) -> int:
+def gpt_param_count(
+    *,
+    n_layer: int,
+    n_embd: int,
+    vocab_size: int,
+    block_size: int,
+    bias: bool = True,
+    tie_weights: bool = True,
+) -> int:
     """Parameters of our GPT-2 shaped model (``course_lib.models.GPT``), term by term:
 
     * per block: attention q, k, v and output projections ``4 C^2`` and the MLP ``8 C^2`` (its
@@ -33,14 +54,19 @@ def gpt_param_count(*, n_layer: int, n_embd: int, vocab_size: int, block_size: i
       position embedding ``block_size x C``, final LayerNorm ``2C`` (``C`` without bias).
     """
     L, C = _v.count("n_layer", n_layer, minimum=1), _v.count("n_embd", n_embd, minimum=1)
-    V, T = _v.count("vocab_size", vocab_size, minimum=1), _v.count("block_size", block_size, minimum=1)
+    V, T = (
+        _v.count("vocab_size", vocab_size, minimum=1),
+        _v.count("block_size", block_size, minimum=1),
+    )
     norm = 2 * C if bias else C
     per_block = 12 * C * C + (9 * C if bias else 0) + 2 * norm
     embeddings = V * C * (1 if tie_weights else 2) + T * C
     return L * per_block + embeddings + norm
 
 
-def training_flops_per_token(n_params: int, *, n_layer: int = 0, seq: int = 0, n_embd: int = 0) -> int:
+def training_flops_per_token(
+    n_params: int, *, n_layer: int = 0, seq: int = 0, n_embd: int = 0
+) -> int:
     """Training FLOPs per token of a dense transformer: ``6 N`` (2 forward + 4 backward per
     parameter; Kaplan et al. 2020 Sec. 2.1) plus, when the shape is given, the attention
     scores and their use, ``12 L T C`` (Chowdhery et al. 2022, PaLM, arXiv:2204.02311 App. B,
@@ -55,29 +81,40 @@ def mfu(flops_per_step: float, step_s: float, peak_flops: float) -> float:
     """Model FLOPs utilization: achieved FLOP/s (the model's FLOPs per step over the step's
     time) as a fraction of the hardware peak (Chowdhery et al. 2022, App. B). Rematerialized
     FLOPs do not count: that is the difference with "hardware FLOPs utilization"."""
-    return (_v.number("flops_per_step", flops_per_step, minimum=0)
-            / _v.number("step_s", step_s, positive=True)
-            / _v.number("peak_flops", peak_flops, positive=True))
+    return (
+        _v.number("flops_per_step", flops_per_step, minimum=0)
+        / _v.number("step_s", step_s, positive=True)
+        / _v.number("peak_flops", peak_flops, positive=True)
+    )
 
 
 def training_days(total_flops: float, *, gpus: int, peak_flops: float, mfu: float) -> float:
     """Days a run of ``total_flops`` takes on ``gpus`` GPUs of ``peak_flops`` at utilization
     ``mfu``: ``total / (gpus x peak x mfu) / 86,400``."""
     g = _v.count("gpus", gpus, minimum=1)
-    rate = g * _v.number("peak_flops", peak_flops, positive=True) * _v.number("mfu", mfu, positive=True, maximum=1)
+    rate = (
+        g
+        * _v.number("peak_flops", peak_flops, positive=True)
+        * _v.number("mfu", mfu, positive=True, maximum=1)
+    )
     return _v.number("total_flops", total_flops, minimum=0) / rate / SECONDS_PER_DAY
 
 
-def gpus_for_training(n_params: int, tokens: int, *, days: float, peak_flops: float, mfu: float) -> int:
+def gpus_for_training(
+    n_params: int, tokens: int, *, days: float, peak_flops: float, mfu: float
+) -> int:
     """Fewest GPUs that train ``n_params`` on ``tokens`` in ``days`` at utilization ``mfu``:
     ``ceil(6 N D / (days x 86,400 x peak x mfu))``. The worked example of the sources (175B
     parameters, 300B tokens = 3.15e23 FLOPs, 30 days, 50 % MFU) needs 1,944.4 V100, 779.02 A100
     or 245.8 H100, so 1,945 / 780 / 246 whole GPUs (dense fp16/bf16 tensor-core peaks from
     :data:`GPU_SPECS`)."""
     total = 6 * _v.count("n_params", n_params) * _v.count("tokens", tokens)
-    per_gpu = (_v.number("days", days, positive=True) * SECONDS_PER_DAY
-               * _v.number("peak_flops", peak_flops, positive=True)
-               * _v.number("mfu", mfu, positive=True, maximum=1))
+    per_gpu = (
+        _v.number("days", days, positive=True)
+        * SECONDS_PER_DAY
+        * _v.number("peak_flops", peak_flops, positive=True)
+        * _v.number("mfu", mfu, positive=True, maximum=1)
+    )
     return math.ceil(total / per_gpu)
 
 
@@ -101,14 +138,32 @@ class GpuSpec:
         return self.peak_flops / self.hbm_bytes_per_s
 
 
-GPU_SPECS: dict[str, GpuSpec] = {g.name: g for g in [
-    GpuSpec("V100", 125e12, 900e9, 32 * 10**9,
-            "NVIDIA Tesla V100 SXM2 datasheet: 125 TFLOPS fp16 tensor, 900 GB/s HBM2"),
-    GpuSpec("A100", 312e12, 2.039e12, 80 * 10**9,
-            "NVIDIA A100 80GB SXM datasheet: 312 TFLOPS bf16 dense (624 with sparsity), 2,039 GB/s"),
-    GpuSpec("H100", 989e12, 3.35e12, 80 * 10**9,
-            "NVIDIA H100 SXM datasheet: 989 TFLOPS bf16 dense (1,979 with sparsity), 3.35 TB/s HBM3"),
-]}
+GPU_SPECS: dict[str, GpuSpec] = {
+    g.name: g
+    for g in [
+        GpuSpec(
+            "V100",
+            125e12,
+            900e9,
+            32 * 10**9,
+            "NVIDIA Tesla V100 SXM2 datasheet: 125 TFLOPS fp16 tensor, 900 GB/s HBM2",
+        ),
+        GpuSpec(
+            "A100",
+            312e12,
+            2.039e12,
+            80 * 10**9,
+            "NVIDIA A100 80GB SXM datasheet: 312 TFLOPS bf16 dense (624 with sparsity), 2,039 GB/s",
+        ),
+        GpuSpec(
+            "H100",
+            989e12,
+            3.35e12,
+            80 * 10**9,
+            "NVIDIA H100 SXM datasheet: 989 TFLOPS bf16 dense (1,979 with sparsity), 3.35 TB/s HBM3",
+        ),
+    ]
+}
 
 
 def gpu_spec(name: str) -> GpuSpec:
@@ -133,14 +188,27 @@ class MemoryTier:
 #: Dao et al. 2022 (FlashAttention, arXiv:2205.14135, Fig. 1); registers from the A100
 #: whitepaper (256 KB register file per SM x 108 SMs); the host link is PCIe 4.0 x16.
 MEMORY_TIERS_A100 = (
-    MemoryTier("registers", 256 * 1024 * 108, None,
-               "NVIDIA A100 whitepaper (2020): 64K 32-bit registers = 256 KB per SM, 108 SMs"),
-    MemoryTier("SRAM (shared memory / L1)", 20 * 10**6, 19e12,
-               "Dao et al. 2022, FlashAttention, Fig. 1: 19 TB/s, 20 MB (192 KB per SM x 108)"),
-    MemoryTier("HBM (GPU global memory)", 40 * 10**9, 1.5e12,
-               "Dao et al. 2022, Fig. 1: 1.5 TB/s, 40 GB"),
-    MemoryTier("host DRAM (over PCIe 4.0 x16)", 10**12, 12.8e9,
-               "Dao et al. 2022, Fig. 1: 12.8 GB/s, > 1 TB (the PCIe link itself: ~31.5 GB/s per direction)"),
+    MemoryTier(
+        "registers",
+        256 * 1024 * 108,
+        None,
+        "NVIDIA A100 whitepaper (2020): 64K 32-bit registers = 256 KB per SM, 108 SMs",
+    ),
+    MemoryTier(
+        "SRAM (shared memory / L1)",
+        20 * 10**6,
+        19e12,
+        "Dao et al. 2022, FlashAttention, Fig. 1: 19 TB/s, 20 MB (192 KB per SM x 108)",
+    ),
+    MemoryTier(
+        "HBM (GPU global memory)", 40 * 10**9, 1.5e12, "Dao et al. 2022, Fig. 1: 1.5 TB/s, 40 GB"
+    ),
+    MemoryTier(
+        "host DRAM (over PCIe 4.0 x16)",
+        10**12,
+        12.8e9,
+        "Dao et al. 2022, Fig. 1: 12.8 GB/s, > 1 TB (the PCIe link itself: ~31.5 GB/s per direction)",
+    ),
 )
 
 
@@ -155,8 +223,10 @@ def compute_bound_batch(width: int, ridge: float, *, dtype_bytes: int = 2) -> in
     b = _v.count("dtype_bytes", dtype_bytes, minimum=1)
     denom = 2 * d - 2 * r * b
     if denom <= 0:
-        raise ValueError(f"width = {d}: expected more than ridge x dtype_bytes = {r * b:g}; "
-                         "a narrower layer never becomes compute-bound")
+        raise ValueError(
+            f"width = {d}: expected more than ridge x dtype_bytes = {r * b:g}; "
+            "a narrower layer never becomes compute-bound"
+        )
     return math.ceil(r * b * d / denom - 1e-9)
 
 
@@ -167,8 +237,11 @@ def linear_scaled_lr(base_lr: float, base_batch: int, batch: int) -> float:
     """Linear scaling rule: multiply the learning rate by the factor the batch grew by
     (Goyal et al. 2017, arXiv:1706.02677 Sec. 2.1). Holds up to a problem-dependent batch
     (8k images for ResNet-50 ImageNet in that paper), beyond which it breaks down."""
-    return (_v.number("base_lr", base_lr, positive=True) * _v.count("batch", batch, minimum=1)
-            / _v.count("base_batch", base_batch, minimum=1))
+    return (
+        _v.number("base_lr", base_lr, positive=True)
+        * _v.count("batch", batch, minimum=1)
+        / _v.count("base_batch", base_batch, minimum=1)
+    )
 
 
 def warmup_lr(step: int, lr: float, *, warmup_steps: int) -> float:
@@ -188,5 +261,6 @@ def simple_noise_scale(trace_cov: float, grad_sq_norm: float) -> float:
     gradient, ``grad_sq_norm`` the squared norm of the true gradient. Batches well below it
     gain almost linearly from more samples per step; batches well above it waste compute. The
     critical batch of a run is of this order."""
-    return (_v.number("trace_cov", trace_cov, minimum=0)
-            / _v.number("grad_sq_norm", grad_sq_norm, positive=True))
+    return _v.number("trace_cov", trace_cov, minimum=0) / _v.number(
+        "grad_sq_norm", grad_sq_norm, positive=True
+    )

@@ -1,11 +1,12 @@
 """Units of bytes, formatting, and small helpers shared by the formula modules."""
+
 from __future__ import annotations
 
 import numbers
 from fractions import Fraction
 from typing import Mapping
 
-__all__ = ['KiB', 'MiB', 'GiB', 'GB', 'exact', 'fmt_bytes', 'breakdown_residual']
+__all__ = ["KiB", "MiB", "GiB", "GB", "exact", "fmt_bytes", "breakdown_residual"]
 
 KiB = 2**10
 MiB = 2**20
@@ -13,19 +14,25 @@ GiB = 2**30
 GB = 10**9
 
 
-
-
 def exact(x: Fraction) -> int | float:
     """An int when the fraction is whole, else a float."""
     return int(x) if x.denominator == 1 else float(x)
 
 
-
 # --------------------------------------------------------------------------------------------
 # formatting
 # --------------------------------------------------------------------------------------------
-_UNITS = {"B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "TiB": 2**40,
-          "KB": 10**3, "MB": 10**6, "GB": GB, "TB": 10**12}
+_UNITS = {
+    "B": 1,
+    "KiB": KiB,
+    "MiB": MiB,
+    "GiB": GiB,
+    "TiB": 2**40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": GB,
+    "TB": 10**12,
+}
 
 
 def fmt_bytes(n: float, unit: str = "auto", *, digits: int = 2) -> str:
@@ -53,7 +60,9 @@ def fmt_bytes(n: float, unit: str = "auto", *, digits: int = 2) -> str:
     return f"{n / _UNITS[unit]:.{digits}f} {unit}"
 
 
-def breakdown_residual(measured: Mapping[str, float], predicted: Mapping[str, float]) -> dict[str, float]:
+def breakdown_residual(
+    measured: Mapping[str, float], predicted: Mapping[str, float]
+) -> dict[str, float]:
     """measured - predicted for every key in either dict (missing keys count as 0), in bytes."""
     keys = list(dict.fromkeys([*predicted, *measured]))
     return {k: measured.get(k, 0) - predicted.get(k, 0) for k in keys}

@@ -9,6 +9,7 @@ out of the learner's reach during the check, so importing the answer scores noth
 At module level import only the standard library and ``course_lib.grading``: a check cell must
 import in milliseconds. Import torch and the course's mechanisms inside the check functions.
 """
+
 from __future__ import annotations
 
 __all__: list[str] = []

@@ -5,6 +5,7 @@ returning a matplotlib Figure, drawn inside ``course_lib.viz.plots.style()`` so 
 shares one readable style. Check the input frame with ``course_lib.viz.plots.require_columns``.
 Measured values are drawn beside predicted ones. No computation that belongs in ``run.py``.
 """
+
 from __future__ import annotations
 
 __all__: list[str] = []

@@ -8,6 +8,7 @@ residual. Multi-rank runs go through ``course_lib.launch``; the rank function li
 Check arguments with ``course_lib.validate`` before anything runs.
 No matplotlib, no ipywidgets, no import of another unit (tests/test_import_graph.py).
 """
+
 from __future__ import annotations
 
 __all__: list[str] = []

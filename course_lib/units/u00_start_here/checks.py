@@ -3,6 +3,7 @@
 Each check runs the learner's function on models the learner has not seen and compares it with
 what torch itself reports. It prints one deterministic line or raises AssertionError.
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,7 +37,10 @@ def _unseen_models():
 
 #: the course's own answers, out of reach while the learner's function runs
 _COUNT_REFERENCES = ("course_lib.models:count_params",)
-_STATE_REFERENCES = ("course_lib.measure.estimate.memory:model_state_bytes", "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param")
+_STATE_REFERENCES = (
+    "course_lib.measure.estimate.memory:model_state_bytes",
+    "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param",
+)
 
 
 def check_count_parameters(count_parameters, task: int = 1) -> None:
@@ -50,7 +54,9 @@ def check_count_parameters(count_parameters, task: int = 1) -> None:
             hint = ""
             if name == "tied_lm" and got > expected:
                 hint = " (a tied weight is one tensor: count it once)"
-            fail(task, f"model '{name}': expected {fmt_int(expected)} parameters, got {got!r}{hint}")
+            fail(
+                task, f"model '{name}': expected {fmt_int(expected)} parameters, got {got!r}{hint}"
+            )
         total += expected
     passed(task, f"parameter counts match on 4 unseen models ({fmt_int(total)} parameters in all)")
 
@@ -86,10 +92,16 @@ def check_adam_training_bytes(adam_training_bytes, task: int = 3) -> None:
             hint = ""
             if isinstance(got, int) and got in (4 * n_params, 8 * n_params, 12 * n_params):
                 hint = f" ({got // n_params} B/param: count the weight, its gradient and Adam's two averages)"
-            fail(task, f"n_params={fmt_int(n_params)}: expected {fmt_int(expected)} B, got {got!r}{hint}")
+            fail(
+                task,
+                f"n_params={fmt_int(n_params)}: expected {fmt_int(expected)} B, got {got!r}{hint}",
+            )
         results[n_params] = got
-    passed(task, f"Adam fp32 model state: 7B parameters -> {results[7 * 10**9] / 1e9:g} GB, "
-                 f"70B -> {results[70 * 10**9] / 1e12:g} TB")
+    passed(
+        task,
+        f"Adam fp32 model state: 7B parameters -> {results[7 * 10**9] / 1e9:g} GB, "
+        f"70B -> {results[70 * 10**9] / 1e12:g} TB",
+    )
 
 
 # ---------------------------------------------------------------------------------- task 4
@@ -97,9 +109,13 @@ def _unseen_gpts():
     """GPT shapes the lecture did not show (seeded: the verdict is deterministic)."""
     from course_lib.models import GPTConfig
 
-    return [GPTConfig.tiny(n_layer=3, n_embd=48, n_head=3, block_size=32, vocab_size=50),
-            GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, block_size=16, vocab_size=30, bias=False),
-            GPTConfig.tiny(n_layer=2, n_embd=40, n_head=4, block_size=24, vocab_size=41, tie_weights=False)]
+    return [
+        GPTConfig.tiny(n_layer=3, n_embd=48, n_head=3, block_size=32, vocab_size=50),
+        GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, block_size=16, vocab_size=30, bias=False),
+        GPTConfig.tiny(
+            n_layer=2, n_embd=40, n_head=4, block_size=24, vocab_size=41, tie_weights=False
+        ),
+    ]
 
 
 def _measure_gpt_state(config) -> dict:
@@ -121,8 +137,12 @@ def _measure_gpt_state(config) -> dict:
     return {k: int(mem.end_breakdown[k]) for k in ("params", "grads", "optimizer")}, model
 
 
-_MEASURE_REFERENCES = ("course_lib.models:count_params", "course_lib.measure.memory:MemoryMeter",
-                       *_STATE_REFERENCES, "course_lib.measure.estimate.training:gpt_param_count")
+_MEASURE_REFERENCES = (
+    "course_lib.models:count_params",
+    "course_lib.measure.memory:MemoryMeter",
+    *_STATE_REFERENCES,
+    "course_lib.measure.estimate.training:gpt_param_count",
+)
 
 
 def check_predict_measured_state(predict_state, task: int = 4) -> None:
@@ -142,10 +162,16 @@ def check_predict_measured_state(predict_state, task: int = 4) -> None:
                     hint = " (the meter files the model's buffers under params too)"
                 elif key == "optimizer" and got[key] == 8 * n:
                     hint = " (Adam also keeps a 'step' counter per parameter tensor)"
-                fail(task, f"GPT n_layer={config.n_layer} n_embd={config.n_embd} bias={config.bias} "
-                           f"tie_weights={config.tie_weights}: {key}: expected {fmt_int(value)} B "
-                           f"(measured), got {got[key]!r}{hint}")
-    passed(task, "params, grads and optimizer bytes match MemoryMeter exactly (0 B tolerance) on 3 unseen GPTs")
+                fail(
+                    task,
+                    f"GPT n_layer={config.n_layer} n_embd={config.n_embd} bias={config.bias} "
+                    f"tie_weights={config.tie_weights}: {key}: expected {fmt_int(value)} B "
+                    f"(measured), got {got[key]!r}{hint}",
+                )
+    passed(
+        task,
+        "params, grads and optimizer bytes match MemoryMeter exactly (0 B tolerance) on 3 unseen GPTs",
+    )
 
 
 # ---------------------------------------------------------------------------------- task 5
@@ -166,8 +192,11 @@ def check_weight_bytes_bug(bug: str, weight_bytes, task: int = 5) -> None:
     if not isinstance(bug, str) or bug.strip().lower() not in BUG_CHOICES:
         fail(task, f"bug must be one of {sorted(BUG_CHOICES)}, got {bug!r}")
     if bug.strip().lower() != "b":
-        fail(task, f"bug {bug!r} ({BUG_CHOICES[bug.strip().lower()]}): that is not what goes wrong; "
-                   "compare the buggy count with sum(p.numel() for p in model.parameters())")
+        fail(
+            task,
+            f"bug {bug!r} ({BUG_CHOICES[bug.strip().lower()]}): that is not what goes wrong; "
+            "compare the buggy count with sum(p.numel() for p in model.parameters())",
+        )
     models = _unseen_models()
 
     class TiedWithBuffer(nn.Module):

@@ -12,6 +12,7 @@ Task 4 (find the bug): an evaluation loop that keeps every batch's activations a
 Task 5 (scale it up): parameters, model state and activations of GPT-shaped 7B and 70B models at
         4,096 tokens, against estimate.
 """
+
 from __future__ import annotations
 
 from course_lib.grading.core import expect_int, fail, fmt_int, passed, run_learner
@@ -33,10 +34,13 @@ def _unseen_cases():
     cases = []
     for i in range(4):
         depth = rng.randint(1, 3)
-        cfg = MLPConfig(in_features=rng.randint(3, 40),
-                        hidden=tuple(rng.randint(4, 96) for _ in range(depth)),
-                        out_features=rng.randint(2, 12), activation=activations[i],
-                        bias=(i != 2))
+        cfg = MLPConfig(
+            in_features=rng.randint(3, 40),
+            hidden=tuple(rng.randint(4, 96) for _ in range(depth)),
+            out_features=rng.randint(2, 12),
+            activation=activations[i],
+            bias=(i != 2),
+        )
         torch.manual_seed(i)
         cases.append((MLP(cfg), (rng.randint(2, 48),), optimizers[i]))
     return cases
@@ -53,10 +57,11 @@ def _measure(model, batch_shape, optimizer) -> dict:
     from course_lib.measure.memory import MemoryMeter
 
     work = copy.deepcopy(model)
-    opt = {"sgd": lambda p: torch.optim.SGD(p, lr=1e-3, foreach=False),
-           "momentum": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, foreach=False),
-           "adam": lambda p: torch.optim.Adam(p, lr=1e-3, foreach=False)}[optimizer](
-        work.parameters())
+    opt = {
+        "sgd": lambda p: torch.optim.SGD(p, lr=1e-3, foreach=False),
+        "momentum": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, foreach=False),
+        "adam": lambda p: torch.optim.Adam(p, lr=1e-3, foreach=False),
+    }[optimizer](work.parameters())
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch_shape[0], work.config.in_features, generator=g)
     y = torch.randint(0, work.config.out_features, tuple(batch_shape), generator=g)
@@ -72,15 +77,22 @@ def _measure(model, batch_shape, optimizer) -> dict:
 
 #: the course's own answers (and the meter the check measures with), out of reach while the
 #: learner's function runs: the task is to predict, from the model, what the meter will say
-_REFERENCES = ("course_lib.measure.estimate.memory:model_state_bytes", "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param",
-               "course_lib.measure.estimate.memory:activation_bytes_mlp", "course_lib.measure.estimate.memory:activation_bytes_gpt",
-               "course_lib.techniques.optim:state_bytes", "course_lib.measure.memory:MemoryMeter")
+_REFERENCES = (
+    "course_lib.measure.estimate.memory:model_state_bytes",
+    "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param",
+    "course_lib.measure.estimate.memory:activation_bytes_mlp",
+    "course_lib.measure.estimate.memory:activation_bytes_gpt",
+    "course_lib.techniques.optim:state_bytes",
+    "course_lib.measure.memory:MemoryMeter",
+)
 
 
 def _describe(model, batch_shape, optimizer) -> str:
     c = model.config
-    return (f"MLP widths={c.widths} activation={c.activation} bias={c.bias}, "
-            f"batch_shape={tuple(batch_shape)}, optimizer={optimizer!r}")
+    return (
+        f"MLP widths={c.widths} activation={c.activation} bias={c.bias}, "
+        f"batch_shape={tuple(batch_shape)}, optimizer={optimizer!r}"
+    )
 
 
 def check_optimizer_state_bytes(optimizer_state_bytes, task: int = 1) -> None:
@@ -94,20 +106,26 @@ def check_optimizer_state_bytes(optimizer_state_bytes, task: int = 1) -> None:
             hint = ""
             n_tensors = len(list(model.parameters()))
             if isinstance(got, int) and expected - got == 4 * n_tensors and opt == "adam":
-                hint = (f" (Adam also keeps a 4-byte 'step' counter per parameter tensor: "
-                        f"{n_tensors} tensors)")
-            fail(task, f"{_describe(model, batch_shape, opt)}: expected {fmt_int(expected)} B "
-                       f"(measured), got {got!r}{hint}")
+                hint = (
+                    f" (Adam also keeps a 4-byte 'step' counter per parameter tensor: "
+                    f"{n_tensors} tensors)"
+                )
+            fail(
+                task,
+                f"{_describe(model, batch_shape, opt)}: expected {fmt_int(expected)} B "
+                f"(measured), got {got!r}{hint}",
+            )
         total += expected
-    passed(task, f"optimizer state matches MemoryMeter on 4 unseen MLPs ({fmt_int(total)} B in all)")
+    passed(
+        task, f"optimizer state matches MemoryMeter on 4 unseen MLPs ({fmt_int(total)} B in all)"
+    )
 
 
 def check_predict_step_memory(predict_step_memory, task: int = 2) -> None:
     """Task: predicted bytes per category = what MemoryMeter measures, on unseen MLPs (exact)."""
     for model, batch_shape, opt in _unseen_cases():
         measured = _measure(model, batch_shape, opt)
-        got = run_learner(task, predict_step_memory, model, batch_shape, opt,
-                          forbid=_REFERENCES)
+        got = run_learner(task, predict_step_memory, model, batch_shape, opt, forbid=_REFERENCES)
         if not isinstance(got, dict):
             fail(task, f"expected a dict with keys {list(_CATEGORIES)}, got {type(got).__name__}")
         missing = [c for c in _CATEGORIES if c not in got]
@@ -117,10 +135,14 @@ def check_predict_step_memory(predict_step_memory, task: int = 2) -> None:
             expect_int(task, f"{c} (bytes)", got[c])
             if got[c] != measured[c]:
                 hint = _hint(c, model, batch_shape, opt, got[c], measured[c])
-                fail(task, f"{_describe(model, batch_shape, opt)}: {c}: expected "
-                           f"{fmt_int(measured[c])} B (measured), got {got[c]!r}{hint}")
-    passed(task, "params, grads, optimizer and activations match MemoryMeter exactly on 4 unseen "
-                 "MLPs")
+                fail(
+                    task,
+                    f"{_describe(model, batch_shape, opt)}: {c}: expected "
+                    f"{fmt_int(measured[c])} B (measured), got {got[c]!r}{hint}",
+                )
+    passed(
+        task, "params, grads, optimizer and activations match MemoryMeter exactly on 4 unseen MLPs"
+    )
 
 
 def _hint(category, model, batch_shape, opt, got, expected) -> str:
@@ -130,8 +152,9 @@ def _hint(category, model, batch_shape, opt, got, expected) -> str:
         from course_lib.measure import estimate
 
         batch, widths = batch_shape[0], model.config.widths
-        other_rule = {estimate.activation_bytes_mlp(batch, widths, activation=a)
-                      for a in ("relu", "gelu")} - {expected}
+        other_rule = {
+            estimate.activation_bytes_mlp(batch, widths, activation=a) for a in ("relu", "gelu")
+        } - {expected}
         if got in other_rule:
             return " (check what the activation saves: relu/tanh keep u, gelu/silu keep z too)"
         if got - expected == 4 * batch * model.config.in_features:
@@ -143,19 +166,29 @@ def _hint(category, model, batch_shape, opt, got, expected) -> str:
 
 
 # ---------------------------------------------------------------------------------- task 3
-_GPT_REFERENCES = ("course_lib.measure.estimate.memory:activation_bytes_gpt",
-                   "course_lib.measure.estimate.memory:activation_bytes_transformer_layer",
-                   "course_lib.measure.estimate.checkpointing:checkpointed_activation_bytes_gpt",
-                   "course_lib.measure.memory:MemoryMeter")
+_GPT_REFERENCES = (
+    "course_lib.measure.estimate.memory:activation_bytes_gpt",
+    "course_lib.measure.estimate.memory:activation_bytes_transformer_layer",
+    "course_lib.measure.estimate.checkpointing:checkpointed_activation_bytes_gpt",
+    "course_lib.measure.memory:MemoryMeter",
+)
 
 
 def _unseen_gpt_cases():
     """(config, batch, seq): shapes the lecture did not show, seq below block_size in one."""
     from course_lib.models import GPTConfig
 
-    return [(GPTConfig.tiny(n_layer=3, n_embd=48, n_head=6, block_size=32, vocab_size=50), 3, 32),
-            (GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, block_size=40, vocab_size=97, bias=False), 2, 24),
-            (GPTConfig.tiny(n_layer=2, n_embd=16, n_head=1, block_size=16, vocab_size=23), 5, 16)]
+    return [
+        (GPTConfig.tiny(n_layer=3, n_embd=48, n_head=6, block_size=32, vocab_size=50), 3, 32),
+        (
+            GPTConfig.tiny(
+                n_layer=1, n_embd=32, n_head=2, block_size=40, vocab_size=97, bias=False
+            ),
+            2,
+            24,
+        ),
+        (GPTConfig.tiny(n_layer=2, n_embd=16, n_head=1, block_size=16, vocab_size=23), 5, 16),
+    ]
 
 
 def _measure_gpt_forward(config, batch: int, seq: int) -> int:
@@ -189,9 +222,14 @@ def check_gpt_activation_bytes(gpt_activation_bytes, task: int = 3) -> None:
                 hint = " (the final LayerNorm keeps its input, output, mean and rstd too)"
             elif (measured - got) % (4 * config.n_layer * B * T * T) == 0:
                 hint = " (each head keeps its T x T attention probabilities)"
-            fail(task, f"GPT n_layer={config.n_layer} n_embd={C} n_head={nh} vocab={config.vocab_size}, "
-                       f"batch {B} x seq {T}: expected {fmt_int(measured)} B (measured), got {got!r}{hint}")
-    passed(task, "GPT activation bytes match MemoryMeter exactly (0 B tolerance) on 3 unseen shapes")
+            fail(
+                task,
+                f"GPT n_layer={config.n_layer} n_embd={C} n_head={nh} vocab={config.vocab_size}, "
+                f"batch {B} x seq {T}: expected {fmt_int(measured)} B (measured), got {got!r}{hint}",
+            )
+    passed(
+        task, "GPT activation bytes match MemoryMeter exactly (0 B tolerance) on 3 unseen shapes"
+    )
 
 
 # ---------------------------------------------------------------------------------- task 4
@@ -223,8 +261,13 @@ def _peak_activations(fn, model, batches, *, task: int | None = None):
 
     with MemoryMeter(model) as mem:
         # the meter's hooks run inside the learner's forward; only a second meter is refused
-        out = fn(model, batches) if task is None else run_learner(
-            task, fn, model, batches, forbid=("course_lib.measure.memory:MemoryMeter.__init__",))
+        out = (
+            fn(model, batches)
+            if task is None
+            else run_learner(
+                task, fn, model, batches, forbid=("course_lib.measure.memory:MemoryMeter.__init__",)
+            )
+        )
     peak = int(mem.peak_breakdown.get("activations", 0) + mem.peak_breakdown.get("temporaries", 0))
     return peak, out
 
@@ -238,8 +281,11 @@ def check_eval_memory_bug(bug: str, predict_all, task: int = 4) -> None:
     if key not in EVAL_BUG_CHOICES:
         fail(task, f"bug must be one of {sorted(EVAL_BUG_CHOICES)}, got {bug!r}")
     if key != "b":
-        fail(task, f"bug {bug!r} ({EVAL_BUG_CHOICES[key]}): that is not what makes the memory grow "
-                   "with the number of batches; look at what each kept output still refers to")
+        fail(
+            task,
+            f"bug {bug!r} ({EVAL_BUG_CHOICES[key]}): that is not what makes the memory grow "
+            "with the number of batches; look at what each kept output still refers to",
+        )
     model, batches = _eval_case()
     # what one batch costs with autograd on (its saved activations and transients), plus the
     # outputs the loop must return: the most a fixed loop may hold at once
@@ -250,39 +296,58 @@ def check_eval_memory_bug(bug: str, predict_all, task: int = 4) -> None:
     allowed = one_batch + outputs
     peak, got = _peak_activations(predict_all, model, batches, task=task)
     if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
-        fail(task, f"expected a tensor of shape {tuple(expected.shape)} (every batch's outputs, "
-                   f"concatenated), got {got!r:.80}")
+        fail(
+            task,
+            f"expected a tensor of shape {tuple(expected.shape)} (every batch's outputs, "
+            f"concatenated), got {got!r:.80}",
+        )
     if not torch.allclose(got.detach(), expected, rtol=1e-5, atol=1e-6):
         fail(task, "the outputs differ from the model's outputs on the batches")
     if peak > allowed:
-        fail(task, f"measured peak of {fmt_int(peak)} B over {_N_EVAL_BATCHES} batches; one batch's "
-                   f"forward with autograd plus the outputs is {fmt_int(allowed)} B: autograd still "
-                   f"records a graph for the batches (evaluate with autograd off)")
-    passed(task, f"bug named and the fixed loop's measured peak stays within one batch's forward "
-                 f"plus the outputs over {_N_EVAL_BATCHES} batches")
+        fail(
+            task,
+            f"measured peak of {fmt_int(peak)} B over {_N_EVAL_BATCHES} batches; one batch's "
+            f"forward with autograd plus the outputs is {fmt_int(allowed)} B: autograd still "
+            f"records a graph for the batches (evaluate with autograd off)",
+        )
+    passed(
+        task,
+        f"bug named and the fixed loop's measured peak stays within one batch's forward "
+        f"plus the outputs over {_N_EVAL_BATCHES} batches",
+    )
 
 
 # ---------------------------------------------------------------------------------- task 5
-_SCALE_REFERENCES = ("course_lib.measure.estimate.memory:activation_bytes_gpt",
-                     "course_lib.measure.estimate.memory:activation_bytes_transformer_layer",
-                     "course_lib.measure.estimate.memory:model_state_bytes",
-                     "course_lib.measure.estimate.training:gpt_param_count",
-                     "course_lib.models:count_params")
+_SCALE_REFERENCES = (
+    "course_lib.measure.estimate.memory:activation_bytes_gpt",
+    "course_lib.measure.estimate.memory:activation_bytes_transformer_layer",
+    "course_lib.measure.estimate.memory:model_state_bytes",
+    "course_lib.measure.estimate.training:gpt_param_count",
+    "course_lib.models:count_params",
+)
 #: GPT-shaped models (our architecture, GPT-2 vocabulary) at the sizes people train
-SCALE_CASES = {"tiny": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=65, seq=64),
-               "7B": dict(n_layer=32, n_embd=4096, n_head=32, vocab_size=50257, seq=4096),
-               "70B": dict(n_layer=80, n_embd=8192, n_head=64, vocab_size=50257, seq=4096)}
+SCALE_CASES = {
+    "tiny": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=65, seq=64),
+    "7B": dict(n_layer=32, n_embd=4096, n_head=32, vocab_size=50257, seq=4096),
+    "70B": dict(n_layer=80, n_embd=8192, n_head=64, vocab_size=50257, seq=4096),
+}
 
 
 def _scale_expected(n_layer, n_embd, n_head, vocab_size, seq) -> dict:
     from course_lib.measure import estimate
     from course_lib.models import GPTConfig
 
-    n = estimate.gpt_param_count(n_layer=n_layer, n_embd=n_embd, vocab_size=vocab_size, block_size=seq)
-    config = GPTConfig(vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
-    return {"params": n,
-            "model_state": estimate.model_state_bytes(n, precision="fp32", optimizer="adam")["total"],
-            "activations": estimate.activation_bytes_gpt(config, 1, seq)}
+    n = estimate.gpt_param_count(
+        n_layer=n_layer, n_embd=n_embd, vocab_size=vocab_size, block_size=seq
+    )
+    config = GPTConfig(
+        vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head, n_embd=n_embd
+    )
+    return {
+        "params": n,
+        "model_state": estimate.model_state_bytes(n, precision="fp32", optimizer="adam")["total"],
+        "activations": estimate.activation_bytes_gpt(config, 1, seq),
+    }
 
 
 def check_scale_up(scale_up, task: int = 5) -> None:
@@ -291,8 +356,16 @@ def check_scale_up(scale_up, task: int = 5) -> None:
     shown = {}
     for name, shape in SCALE_CASES.items():
         expected = _scale_expected(**shape)
-        got = run_learner(task, scale_up, shape["n_layer"], shape["n_embd"], shape["n_head"],
-                          shape["vocab_size"], shape["seq"], forbid=_SCALE_REFERENCES)
+        got = run_learner(
+            task,
+            scale_up,
+            shape["n_layer"],
+            shape["n_embd"],
+            shape["n_head"],
+            shape["vocab_size"],
+            shape["seq"],
+            forbid=_SCALE_REFERENCES,
+        )
         if not isinstance(got, dict) or any(k not in got for k in expected):
             fail(task, f"expected a dict with keys {list(expected)}, got {got!r:.80}")
         for key, value in expected.items():
@@ -301,9 +374,15 @@ def check_scale_up(scale_up, task: int = 5) -> None:
                 hint = ""
                 if key == "params" and got[key] == 12 * shape["n_layer"] * shape["n_embd"] ** 2:
                     hint = " (12 L C^2 is the blocks' weight matrices only: add biases, norms, embeddings)"
-                fail(task, f"{name} ({shape}): {key}: expected {fmt_int(value)}, got {got[key]!r}{hint}")
+                fail(
+                    task,
+                    f"{name} ({shape}): {key}: expected {fmt_int(value)}, got {got[key]!r}{hint}",
+                )
         shown[name] = expected
     s7, s70 = shown["7B"], shown["70B"]
-    passed(task, f"7B-shaped: {s7['params'] / 1e9:.2f}B params, {s7['model_state'] / 1e9:.0f} GB state, "
-                 f"{s7['activations'] / 1e9:.0f} GB activations at 4k tokens; 70B-shaped: "
-                 f"{s70['model_state'] / 1e12:.2f} TB, {s70['activations'] / 1e9:.0f} GB")
+    passed(
+        task,
+        f"7B-shaped: {s7['params'] / 1e9:.2f}B params, {s7['model_state'] / 1e9:.0f} GB state, "
+        f"{s7['activations'] / 1e9:.0f} GB activations at 4k tokens; 70B-shaped: "
+        f"{s70['model_state'] / 1e12:.2f} TB, {s70['activations'] / 1e9:.0f} GB",
+    )

@@ -3,6 +3,7 @@
 Pure functions: they take the DataFrames of course_lib.units.u01_backprop_memory.run and return a
 Figure; nothing is measured here.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -36,16 +37,26 @@ def _scaling_sweep(sweep, title):
             ax.plot(rows[x], rows["predicted"] / MiB, "--", color=color, alpha=0.7)
             # a category that is 0 (SGD's optimizer state) cannot sit on a log axis
             shown = rows[rows["measured"] > 0]
-            ax.plot(shown[x], shown["measured"] / MiB, _MARKERS.get(cat, "o"), color=color,
-                    label=cat, ms=9 if cat == "params" else 6, mfc="none" if cat == "params" else color)
+            ax.plot(
+                shown[x],
+                shown["measured"] / MiB,
+                _MARKERS.get(cat, "o"),
+                color=color,
+                label=cat,
+                ms=9 if cat == "params" else 6,
+                mfc="none" if cat == "params" else color,
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel(f"{x} ({fixed} = {at})")
         ax.grid(True, which="both", alpha=0.3)
     ax_b.set_ylabel("MiB")
     ax_w.legend(loc="upper left", fontsize=11)
-    fig.suptitle(title or "Measured (markers) vs estimate (dashed lines): model state follows\n"
-                          "the width; activations follow batch x width")
+    fig.suptitle(
+        title
+        or "Measured (markers) vs estimate (dashed lines): model state follows\n"
+        "the width; activations follow batch x width"
+    )
     fig.tight_layout()
     return fig
 
@@ -61,10 +72,20 @@ def _optimizer_states(table, title):
     fig, ax = plt.subplots(figsize=(10, 5))
     xs = range(len(table))
     width = 0.38
-    ax.bar([x - width / 2 for x in xs], table["predicted"] / MiB, width, label="estimate",
-           color="tab:gray")
-    bars = ax.bar([x + width / 2 for x in xs], table["measured"] / MiB, width, label="measured",
-                  color=CATEGORY_COLORS["optimizer"])
+    ax.bar(
+        [x - width / 2 for x in xs],
+        table["predicted"] / MiB,
+        width,
+        label="estimate",
+        color="tab:gray",
+    )
+    bars = ax.bar(
+        [x + width / 2 for x in xs],
+        table["measured"] / MiB,
+        width,
+        label="measured",
+        color=CATEGORY_COLORS["optimizer"],
+    )
     # label every measured bar, so SGD's 0 B is visible too
     ax.bar_label(bars, labels=[fmt_bytes(int(b)) for b in table["measured"]], padding=3)
     ax.margins(y=0.15)

@@ -12,6 +12,7 @@ real steps under MemoryMeter and returns tidy pandas DataFrames next to the esti
 - optimizer_state_comparison: SGD (0 states), momentum (1), Adam (2), measured;
 - allocator_demo: on CUDA, allocated vs reserved bytes as the caching allocator keeps blocks.
 """
+
 from __future__ import annotations
 
 import copy
@@ -104,8 +105,9 @@ def _measure(model: nn.Module, batch_shape, optimizer: str, *, device="cpu", ste
     return meter
 
 
-def step_timeline(model: nn.Module, batch_shape: Sequence[int], *, optimizer: str = "adam",
-                  device="cpu") -> tuple[pd.DataFrame, object]:
+def step_timeline(
+    model: nn.Module, batch_shape: Sequence[int], *, optimizer: str = "adam", device="cpu"
+) -> tuple[pd.DataFrame, object]:
     """Bytes per category after each event of one training step: (timeline, meter).
 
     The timeline has one row per event with a column per category plus 'phase' and 'event'.
@@ -119,8 +121,11 @@ def _describe(model: nn.Module) -> dict:
     if not isinstance(model, (MLP, GPT)):
         raise TypeError(f"model must be a course_lib.models.MLP or GPT, got {type(model).__name__}")
     p = next(model.parameters())
-    return {"n_params": count_params(model), "n_tensors": len(list(model.parameters())),
-            "dtype_bytes": p.element_size()}
+    return {
+        "n_params": count_params(model),
+        "n_tensors": len(list(model.parameters())),
+        "dtype_bytes": p.element_size(),
+    }
 
 
 def predict_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer: str) -> dict:
@@ -133,23 +138,33 @@ def predict_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer:
     info = _describe(model)
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
-    state = estimate.model_state_bytes(info["n_params"], precision="fp32", optimizer=optimizer,
-                                       n_param_tensors=info["n_tensors"])
+    state = estimate.model_state_bytes(
+        info["n_params"], precision="fp32", optimizer=optimizer, n_param_tensors=info["n_tensors"]
+    )
     if isinstance(model, MLP):
         (batch,) = batch_shape
-        acts = estimate.activation_bytes_mlp(batch, model.config.widths,
-                                             activation=model.config.activation,
-                                             dtype_bytes=info["dtype_bytes"])
+        acts = estimate.activation_bytes_mlp(
+            batch,
+            model.config.widths,
+            activation=model.config.activation,
+            dtype_bytes=info["dtype_bytes"],
+        )
     else:
         batch, seq = batch_shape
-        acts = estimate.activation_bytes_gpt(model.config, batch, seq,
-                                             dtype_bytes=info["dtype_bytes"])
-    return {"params": state["params"], "grads": state["grads"], "optimizer": state["optimizer"],
-            "activations": int(acts)}
+        acts = estimate.activation_bytes_gpt(
+            model.config, batch, seq, dtype_bytes=info["dtype_bytes"]
+        )
+    return {
+        "params": state["params"],
+        "grads": state["grads"],
+        "optimizer": state["optimizer"],
+        "activations": int(acts),
+    }
 
 
-def measure_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer: str, *,
-                        device="cpu") -> dict:
+def measure_step_memory(
+    model: nn.Module, batch_shape: Sequence[int], optimizer: str, *, device="cpu"
+) -> dict:
     """Measured bytes per category over one training step, each where it matters:
 
     - activations: alive when the forward pass ends (the root module's post_forward event),
@@ -172,19 +187,33 @@ def measure_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer:
     return out
 
 
-def compare_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer: str = "adam",
-                        *, device="cpu") -> pd.DataFrame:
+def compare_step_memory(
+    model: nn.Module, batch_shape: Sequence[int], optimizer: str = "adam", *, device="cpu"
+) -> pd.DataFrame:
     """One row per category: predicted, measured, residual (measured - predicted), in bytes."""
     pred = predict_step_memory(model, batch_shape, optimizer)
     meas = measure_step_memory(model, batch_shape, optimizer, device=device)
-    rows = [{"category": c, "predicted": pred.get(c, 0), "measured": meas[c],
-             "residual": meas[c] - pred.get(c, 0)} for c in (*CATEGORIES, "temporaries")]
+    rows = [
+        {
+            "category": c,
+            "predicted": pred.get(c, 0),
+            "measured": meas[c],
+            "residual": meas[c] - pred.get(c, 0),
+        }
+        for c in (*CATEGORIES, "temporaries")
+    ]
     return pd.DataFrame(rows)
 
 
-def scaling_sweep(*, batches: Sequence[int] = (16, 64, 256), widths: Sequence[int] = (64, 256),
-                  in_features: int = 64, depth: int = 2, optimizer: str = "adam",
-                  device="cpu") -> pd.DataFrame:
+def scaling_sweep(
+    *,
+    batches: Sequence[int] = (16, 64, 256),
+    widths: Sequence[int] = (64, 256),
+    in_features: int = 64,
+    depth: int = 2,
+    optimizer: str = "adam",
+    device="cpu",
+) -> pd.DataFrame:
     """Measured and predicted bytes per category over a grid of batch size x hidden width.
 
     Model state (params, grads, optimizer) depends on the width only; activations on
@@ -197,27 +226,46 @@ def scaling_sweep(*, batches: Sequence[int] = (16, 64, 256), widths: Sequence[in
             pred = predict_step_memory(model, (batch,), optimizer)
             meas = measure_step_memory(model, (batch,), optimizer, device=device)
             for c in CATEGORIES:
-                rows.append({"batch": batch, "width": width, "n_params": count_params(model),
-                             "category": c, "predicted": pred[c], "measured": meas[c],
-                             "residual": meas[c] - pred[c]})
+                rows.append(
+                    {
+                        "batch": batch,
+                        "width": width,
+                        "n_params": count_params(model),
+                        "category": c,
+                        "predicted": pred[c],
+                        "measured": meas[c],
+                        "residual": meas[c] - pred[c],
+                    }
+                )
     return pd.DataFrame(rows)
 
 
-def optimizer_state_comparison(model: nn.Module, batch_shape: Sequence[int], *,
-                               optimizers: Sequence[str] = ("sgd", "momentum", "adam"),
-                               device="cpu") -> pd.DataFrame:
+def optimizer_state_comparison(
+    model: nn.Module,
+    batch_shape: Sequence[int],
+    *,
+    optimizers: Sequence[str] = ("sgd", "momentum", "adam"),
+    device="cpu",
+) -> pd.DataFrame:
     """Measured optimizer-state bytes after one step, per optimizer, beside the estimate."""
     n = count_params(model)
     n_tensors = len(list(model.parameters()))
     rows = []
     for name in optimizers:
         meas = measure_step_memory(model, batch_shape, name, device=device)
-        pred = estimate.model_state_bytes(n, precision="fp32", optimizer=name,
-                                          n_param_tensors=n_tensors)["optimizer"]
-        rows.append({"optimizer": name, "states_per_param": estimate.STATE_TENSORS_PER_PARAM[name],
-                     "predicted": pred, "measured": meas["optimizer"],
-                     "residual": meas["optimizer"] - pred,
-                     "bytes_per_param": meas["optimizer"] / n})
+        pred = estimate.model_state_bytes(
+            n, precision="fp32", optimizer=name, n_param_tensors=n_tensors
+        )["optimizer"]
+        rows.append(
+            {
+                "optimizer": name,
+                "states_per_param": estimate.STATE_TENSORS_PER_PARAM[name],
+                "predicted": pred,
+                "measured": meas["optimizer"],
+                "residual": meas["optimizer"] - pred,
+                "bytes_per_param": meas["optimizer"] / n,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -236,8 +284,13 @@ def allocator_demo(nbytes: int = 64 * 2**20, *, device=None) -> pd.DataFrame:
 
     def record(event: str) -> None:
         torch.cuda.synchronize(device)
-        rows.append({"event": event, "allocated": torch.cuda.memory_allocated(device),
-                     "reserved": torch.cuda.memory_reserved(device)})
+        rows.append(
+            {
+                "event": event,
+                "allocated": torch.cuda.memory_allocated(device),
+                "reserved": torch.cuda.memory_reserved(device),
+            }
+        )
 
     record("start")
     t = torch.empty(nbytes // 4, device=device)
@@ -255,5 +308,7 @@ def allocator_demo(nbytes: int = 64 * 2**20, *, device=None) -> pd.DataFrame:
 def example_models() -> dict[str, nn.Module]:
     """The two models the lecture measures: a 3-layer MLP and the tiny GPT (seeded)."""
     torch.manual_seed(0)
-    return {"mlp": MLP(MLPConfig(in_features=128, hidden=(512, 512), out_features=10)),
-            "gpt": GPT(GPTConfig.tiny())}
+    return {
+        "mlp": MLP(MLPConfig(in_features=128, hidden=(512, 512), out_features=10)),
+        "gpt": GPT(GPTConfig.tiny()),
+    }

@@ -7,6 +7,7 @@ measurement, per category, and the step's memory timeline. Sliders do nothing un
 Driven from Python (tests do this):
     ex = StepMemoryExplorer(); ex.batch.value = 64; ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -27,21 +28,32 @@ class StepMemoryExplorer(Explorer):
     def __init__(self, *, device="cpu", seq: int = 32):
         self.device = device
         self.seq = seq
-        self.model_kind = widgets.Dropdown(options=[("MLP (2 hidden layers)", "mlp"),
-                                                    ("tiny GPT", "gpt")],
-                                           value="mlp", description="model")
-        self.width = widgets.SelectionSlider(options=[32, 64, 128, 256, 512], value=128,
-                                             description="width")
-        self.batch = widgets.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256], value=32,
-                                             description="batch")
-        self.optimizer = widgets.Dropdown(options=["sgd", "momentum", "adam"], value="adam",
-                                          description="optimizer")
-        super().__init__(widgets.VBox([self.model_kind, self.optimizer]),
-                         widgets.VBox([self.width, self.batch]),
-                         tooltip="run one training step under MemoryMeter")
+        self.model_kind = widgets.Dropdown(
+            options=[("MLP (2 hidden layers)", "mlp"), ("tiny GPT", "gpt")],
+            value="mlp",
+            description="model",
+        )
+        self.width = widgets.SelectionSlider(
+            options=[32, 64, 128, 256, 512], value=128, description="width"
+        )
+        self.batch = widgets.SelectionSlider(
+            options=[1, 2, 4, 8, 16, 32, 64, 128, 256], value=32, description="batch"
+        )
+        self.optimizer = widgets.Dropdown(
+            options=["sgd", "momentum", "adam"], value="adam", description="optimizer"
+        )
+        super().__init__(
+            widgets.VBox([self.model_kind, self.optimizer]),
+            widgets.VBox([self.width, self.batch]),
+            tooltip="run one training step under MemoryMeter",
+        )
 
     def _shape(self) -> tuple[int, ...]:
-        return (int(self.batch.value),) if self.model_kind.value == "mlp" else (int(self.batch.value), self.seq)
+        return (
+            (int(self.batch.value),)
+            if self.model_kind.value == "mlp"
+            else (int(self.batch.value), self.seq)
+        )
 
     def _build(self):
         import torch
@@ -63,12 +75,19 @@ class StepMemoryExplorer(Explorer):
         return table
 
     def summary(self, table) -> str:
-        return (f"{self.model_kind.value}, width {self.width.value}, batch shape {self._shape()}, "
-                f"{self.optimizer.value}: measured peak <b>{fmt_bytes(self.meter.peak_bytes)}</b> "
-                f"during {self.meter.peak_phase}")
+        return (
+            f"{self.model_kind.value}, width {self.width.value}, batch shape {self._shape()}, "
+            f"{self.optimizer.value}: measured peak <b>{fmt_bytes(self.meter.peak_bytes)}</b> "
+            f"during {self.meter.peak_phase}"
+        )
 
     def show(self, table):
         from course_lib.viz.plots import plot_memory_timeline
 
-        shown = table.assign(**{c: table[c].map(fmt_bytes) for c in ("predicted", "measured", "residual")})
-        return [shown, plot_memory_timeline(self.timeline, title="memory during the step, by category")]
+        shown = table.assign(
+            **{c: table[c].map(fmt_bytes) for c in ("predicted", "measured", "residual")}
+        )
+        return [
+            shown,
+            plot_memory_timeline(self.timeline, title="memory during the step, by category"),
+        ]

@@ -2,6 +2,7 @@
 
 Pure functions over the DataFrames of course_lib.units.u02_batch_size_and_accumulation.run; nothing is measured here.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -11,8 +12,15 @@ import pandas as pd
 from course_lib.measure.estimate import GB, MiB
 from course_lib.viz.plots import require_columns, style
 
-__all__ = ["plot_roofline", "plot_throughput_vs_batch", "plot_accumulation", "plot_batch_search",
-           "plot_budget_check", "plot_throughput_prediction", "plot_lr_scaling"]
+__all__ = [
+    "plot_roofline",
+    "plot_throughput_vs_batch",
+    "plot_accumulation",
+    "plot_batch_search",
+    "plot_budget_check",
+    "plot_throughput_prediction",
+    "plot_lr_scaling",
+]
 
 
 def plot_throughput_prediction(df: pd.DataFrame, *, title: str | None = None):
@@ -20,7 +28,13 @@ def plot_throughput_prediction(df: pd.DataFrame, *, title: str | None = None):
     require_columns(df, ["batch", "predicted_samples_per_s", "measured_samples_per_s"], "df")
     with style():
         fig, ax = plt.subplots(figsize=(11, 5))
-        ax.plot(df["batch"], df["predicted_samples_per_s"], "k--", lw=2, label="roofline bound (predicted)")
+        ax.plot(
+            df["batch"],
+            df["predicted_samples_per_s"],
+            "k--",
+            lw=2,
+            label="roofline bound (predicted)",
+        )
         ax.plot(df["batch"], df["measured_samples_per_s"], "o-", ms=9, label="measured")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -54,8 +68,9 @@ def plot_roofline(ops: pd.DataFrame, machine: dict, *, title: str | None = None)
     for key in ("peak_flop_per_s", "bandwidth_bytes_per_s", "ridge_flop_per_byte"):
         if key not in machine:
             raise ValueError(f"machine is missing {key!r}; it has {sorted(machine)}")
-    peak, bw, ridge = (machine[k] for k in ("peak_flop_per_s", "bandwidth_bytes_per_s",
-                                            "ridge_flop_per_byte"))
+    peak, bw, ridge = (
+        machine[k] for k in ("peak_flop_per_s", "bandwidth_bytes_per_s", "ridge_flop_per_byte")
+    )
     lo = min(ops["intensity"].min(), ridge) / 4
     hi = max(ops["intensity"].max(), ridge) * 4
     xs = np.geomspace(lo, hi, 200)
@@ -65,8 +80,13 @@ def plot_roofline(ops: pd.DataFrame, machine: dict, *, title: str | None = None)
 
 def _roofline(ops, peak, bw, ridge, xs, machine, title):
     fig, ax = plt.subplots(figsize=(12, 5.5))
-    ax.plot(xs, np.minimum(peak, xs * bw) / GB, "k-", lw=2,
-            label=f"roof: {peak / GB:.0f} GFLOP/s, {bw / GB:.1f} GB/s")
+    ax.plot(
+        xs,
+        np.minimum(peak, xs * bw) / GB,
+        "k-",
+        lw=2,
+        label=f"roof: {peak / GB:.0f} GFLOP/s, {bw / GB:.1f} GB/s",
+    )
     ax.axvline(ridge, color="gray", ls=":", label=f"ridge point {ridge:.1f} FLOP/B")
     for _, row in ops.iterrows():
         marker = "s" if row["op"].startswith("matmul") else "o"
@@ -77,15 +97,19 @@ def _roofline(ops, peak, bw, ridge, xs, machine, title):
     ax.set_ylabel("GFLOP/s")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=11, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title(title or f"Roofline of this machine ({machine.get('device', '?')}): "
-                          f"roof and points measured")
+    ax.set_title(
+        title
+        or f"Roofline of this machine ({machine.get('device', '?')}): roof and points measured"
+    )
     fig.tight_layout()
     return fig
 
 
 def plot_throughput_vs_batch(df: pd.DataFrame, *, title: str | None = None):
     """Samples/s (left) and activation MiB measured vs estimate (right) against batch size."""
-    require_columns(df, ["batch", "samples_per_s", "activation_bytes", "predicted_activation_bytes"], "df")
+    require_columns(
+        df, ["batch", "samples_per_s", "activation_bytes", "predicted_activation_bytes"], "df"
+    )
     with style():
         return _throughput_vs_batch(df, title)
 
@@ -99,8 +123,9 @@ def _throughput_vs_batch(df, title):
     ax_t.set_ylabel("samples / s (median step time)")
     ax_t.set_title("Throughput (measured)")
     ax_t.grid(True, alpha=0.3)
-    ax_m.plot(df["batch"], df["predicted_activation_bytes"] / MiB, "--", color="gray",
-              label="estimate")
+    ax_m.plot(
+        df["batch"], df["predicted_activation_bytes"] / MiB, "--", color="gray", label="estimate"
+    )
     ax_m.plot(df["batch"], df["activation_bytes"] / MiB, "o", color="tab:red", label="measured")
     ax_m.set_xlabel("batch size")
     ax_m.set_ylabel("activations after forward (MiB)")
@@ -135,14 +160,17 @@ def _accumulation(df, title):
     ax_m.set_title("Peak memory (measured)")
     ax_t.set_ylabel("ms per effective batch (median)")
     ax_t.set_title("Time per effective batch (measured)")
-    fig.suptitle((title or "Gradient accumulation trades time for memory")
-                 + "\neffective batch = micro-batch x k")
+    fig.suptitle(
+        (title or "Gradient accumulation trades time for memory")
+        + "\neffective batch = micro-batch x k"
+    )
     fig.tight_layout()
     return fig
 
 
-def plot_batch_search(probes: pd.DataFrame, capacity_bytes: int, *, label: str = "budget",
-                      title: str | None = None):
+def plot_batch_search(
+    probes: pd.DataFrame, capacity_bytes: int, *, label: str = "budget", title: str | None = None
+):
     """Measured peak of every probed batch against the budget line (fits: green, not: red)."""
     require_columns(probes, ["batch", "peak_bytes", "fits"], "probes")
     rows = probes.sort_values("batch")
@@ -155,7 +183,9 @@ def _batch_search(rows, capacity_bytes, label, title):
     ax.plot(rows["batch"], rows["peak_bytes"] / MiB, "-", color="gray", alpha=0.5)
     ok, bad = rows[rows["fits"]], rows[~rows["fits"]]
     ax.plot(ok["batch"], ok["peak_bytes"] / MiB, "o", color="tab:green", label="fits")
-    ax.plot(bad["batch"], bad["peak_bytes"] / MiB, "x", color="tab:red", ms=9, label="out of memory")
+    ax.plot(
+        bad["batch"], bad["peak_bytes"] / MiB, "x", color="tab:red", ms=9, label="out of memory"
+    )
     ax.axhline(capacity_bytes / MiB, color="black", ls="--", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size (probes: doubling, then bisection)")
@@ -167,8 +197,9 @@ def _batch_search(rows, capacity_bytes, label, title):
     return fig
 
 
-def plot_budget_check(df: pd.DataFrame, capacity_bytes: int, *, label: str = "budget",
-                      title: str | None = None):
+def plot_budget_check(
+    df: pd.DataFrame, capacity_bytes: int, *, label: str = "budget", title: str | None = None
+):
     """One bar per mode: measured peak of one optimizer step beside the budget line (fits:
     green, out of memory: red). ``df``: the explorer's result (mode, peak_bytes, fits)."""
     require_columns(df, ["mode", "peak_bytes", "fits"], "df")

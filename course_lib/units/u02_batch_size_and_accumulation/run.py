@@ -10,6 +10,7 @@ Introduced in notebooks/02_batch_size_and_accumulation.ipynb. Four measured runs
 
 Every function returns plain data (dicts, pandas DataFrames); plots live in course_lib.viz.
 """
+
 from __future__ import annotations
 
 import copy
@@ -99,8 +100,9 @@ def elementwise_op_cost(op: str, numel: int, dtype: torch.dtype = torch.float32)
     from ``estimate.ELEMENTWISE_FLOPS`` (``estimate.elementwise_cost``)."""
     if op not in estimate.ELEMENTWISE_FLOPS:
         raise ValueError(f"op must be one of {sorted(estimate.ELEMENTWISE_FLOPS)}, got {op!r}")
-    cost = estimate.elementwise_cost(numel, flops_per_element=op,
-                                     dtype_bytes=estimate.dtype_bytes(dtype))
+    cost = estimate.elementwise_cost(
+        numel, flops_per_element=op, dtype_bytes=estimate.dtype_bytes(dtype)
+    )
     return OpCost(f"{op} {numel:,} el.", cost.flops, int(cost.bytes))
 
 
@@ -118,7 +120,12 @@ def measure_matmul_throughput(
         sync(device)
 
     t = time_fn(run, warmup=warmup, repeat=repeat)
-    return {"n": n, "flops": cost.flops, "median_s": t.median_s, "flop_per_s": cost.flops / t.median_s}
+    return {
+        "n": n,
+        "flops": cost.flops,
+        "median_s": t.median_s,
+        "flop_per_s": cost.flops / t.median_s,
+    }
 
 
 def measure_copy_bandwidth(
@@ -167,8 +174,12 @@ def roofline_ops(
         # a small matmul is fast: repeat it inside the timed function so timer overhead is small
         inner = max(1, int(2**24 // (2 * n**3)))
         cost = matmul_op_cost(n, n, n)
-        jobs.append((OpCost(cost.name, cost.flops * inner, cost.bytes * inner),
-                     _repeated(lambda a=a, b=b: torch.mm(a, b), inner)))
+        jobs.append(
+            (
+                OpCost(cost.name, cost.flops * inner, cost.bytes * inner),
+                _repeated(lambda a=a, b=b: torch.mm(a, b), inner),
+            )
+        )
     x = torch.randn(elementwise_numel, device=device)
     hidden = 1024
     x2 = x.view(-1, hidden)  # (rows, hidden)
@@ -179,14 +190,22 @@ def roofline_ops(
     rows = []
     with torch.no_grad():
         for cost, fn in jobs:
+
             def run(fn=fn):
                 fn()
                 sync(device)
 
             t = time_fn(run, warmup=warmup, repeat=repeat)
-            rows.append({"op": cost.name, "flops": cost.flops, "bytes": cost.bytes,
-                         "intensity": cost.intensity, "median_s": t.median_s,
-                         "flop_per_s": cost.flops / t.median_s})
+            rows.append(
+                {
+                    "op": cost.name,
+                    "flops": cost.flops,
+                    "bytes": cost.bytes,
+                    "intensity": cost.intensity,
+                    "median_s": t.median_s,
+                    "flop_per_s": cost.flops / t.median_s,
+                }
+            )
     ops = pd.DataFrame(rows)
     matmuls = ops[ops["op"].str.startswith("matmul")]
     peak = float(matmuls["flop_per_s"].max())
@@ -198,9 +217,11 @@ def roofline_ops(
         "device": str(device),
     }
     ops["attainable_flop_per_s"] = [
-        estimate.attainable_flops(i, peak, bw["bytes_per_s"]) for i in ops["intensity"]]
-    ops["bound"] = ["compute" if i >= machine["ridge_flop_per_byte"] else "memory"
-                    for i in ops["intensity"]]
+        estimate.attainable_flops(i, peak, bw["bytes_per_s"]) for i in ops["intensity"]
+    ]
+    ops["bound"] = [
+        "compute" if i >= machine["ridge_flop_per_byte"] else "memory" for i in ops["intensity"]
+    ]
     return ops, machine
 
 
@@ -281,15 +302,18 @@ def throughput_vs_batch(
 
         t = time_fn(step, warmup=warmup, repeat=repeat)
         mem = step_peak_bytes(model, batch, optimizer=optimizer, device=device)
-        rows.append({
-            "batch": batch,
-            "median_s": t.median_s,
-            "samples_per_s": batch / t.median_s,
-            "activation_bytes": mem["activations"],
-            "predicted_activation_bytes": int(estimate.activation_bytes_mlp(
-                batch, widths, activation=activation)),
-            "peak_bytes": mem["peak_bytes"],
-        })
+        rows.append(
+            {
+                "batch": batch,
+                "median_s": t.median_s,
+                "samples_per_s": batch / t.median_s,
+                "activation_bytes": mem["activations"],
+                "predicted_activation_bytes": int(
+                    estimate.activation_bytes_mlp(batch, widths, activation=activation)
+                ),
+                "peak_bytes": mem["peak_bytes"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -329,11 +353,19 @@ def largest_batch_that_fits(
         oom = None
         if bad_units is not None:
             bad = bad_units * multiple_of
-            oom = SimulatedOOM(_peak_of(probes, bad), budget.capacity_bytes,
-                               what=f"a training step at batch {bad}", simulated=budget.simulated)
+            oom = SimulatedOOM(
+                _peak_of(probes, bad),
+                budget.capacity_bytes,
+                what=f"a training step at batch {bad}",
+                simulated=budget.simulated,
+            )
         batch = units * multiple_of
-        return {"batch": batch, "peak_bytes": _peak_of(probes, batch) if units else None,
-                "oom": oom, "probes": pd.DataFrame(probes)}
+        return {
+            "batch": batch,
+            "peak_bytes": _peak_of(probes, batch) if units else None,
+            "oom": oom,
+            "probes": pd.DataFrame(probes),
+        }
 
     if not fits(1):
         return result(0, 1)
@@ -383,9 +415,16 @@ def accumulation_vs_full_batch(
         for k in micro_batch_counts:
             acc = _grads(base, nn.functional.cross_entropy, x, y, k)
             diff = max((a - f).abs().max().item() for a, f in zip(acc, full))
-            rows.append({"dtype": str(dtype).replace("torch.", ""), "micro_batches": k,
-                         "micro_batch": batch // k, "max_abs_diff": diff,
-                         "rel_diff": diff / scale, "eps": torch.finfo(dtype).eps})
+            rows.append(
+                {
+                    "dtype": str(dtype).replace("torch.", ""),
+                    "micro_batches": k,
+                    "micro_batch": batch // k,
+                    "max_abs_diff": diff,
+                    "rel_diff": diff / scale,
+                    "eps": torch.finfo(dtype).eps,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -434,11 +473,17 @@ def accumulation_memory_and_time(
 
             t = time_fn(run, warmup=warmup, repeat=repeat)
             data = int(meter.peak_breakdown["other"])
-            rows.append({
-                "accumulation_steps": k, "effective_batch": effective, "mode": mode,
-                "micro_batch": effective // count, "peak_bytes": int(meter.peak_bytes) - data,
-                "data_bytes": data,
-                "activation_bytes": int(meter.timeline["activations"].max()),
-                "median_s": t.median_s, "samples_per_s": effective / t.median_s,
-            })
+            rows.append(
+                {
+                    "accumulation_steps": k,
+                    "effective_batch": effective,
+                    "mode": mode,
+                    "micro_batch": effective // count,
+                    "peak_bytes": int(meter.peak_bytes) - data,
+                    "data_bytes": data,
+                    "activation_bytes": int(meter.timeline["activations"].max()),
+                    "median_s": t.median_s,
+                    "samples_per_s": effective / t.median_s,
+                }
+            )
     return pd.DataFrame(rows)

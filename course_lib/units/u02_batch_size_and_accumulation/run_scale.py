@@ -3,6 +3,7 @@ batch size as an optimization question (the learning rate against the batch).
 
 Introduced in notebooks/02_batch_size_and_accumulation.ipynb; re-exported by ``run.py``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -17,8 +18,14 @@ from course_lib.measure.timing import time_fn
 from course_lib.models import GPT, MLP, GPTConfig, MLPConfig, count_params
 from course_lib.runtime.device import default_device, sync
 
-__all__ = ["roofline_step_time", "throughput_prediction", "gpt_step_mfu", "teacher_task",
-           "lr_scaling_runs", "simple_noise_scale_of"]
+__all__ = [
+    "roofline_step_time",
+    "throughput_prediction",
+    "gpt_step_mfu",
+    "teacher_task",
+    "lr_scaling_runs",
+    "simple_noise_scale_of",
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -37,18 +44,31 @@ def roofline_step_time(model: MLP, batch: int, peak_flops: float, bandwidth: flo
     flops = moved = 0
     total = 0.0
     for i, (d_in, d_out) in enumerate(zip(widths, widths[1:])):
-        shapes = [(B, d_out, d_in), (d_in, d_out, B)]  # forward (B x d_in @ d_in x d_out), weight grad
+        shapes = [
+            (B, d_out, d_in),
+            (d_in, d_out, B),
+        ]  # forward (B x d_in @ d_in x d_out), weight grad
         if i > 0:
             shapes.append((B, d_in, d_out))  # gradient of the layer's input
         for m, n, k in shapes:
             f, b = estimate.matmul_flops(m, n, k), estimate.matmul_bytes(m, n, k)
-            flops, moved, total = flops + f, moved + b, total + estimate.roofline_time(f, b, peak_flops, bandwidth)
+            flops, moved, total = (
+                flops + f,
+                moved + b,
+                total + estimate.roofline_time(f, b, peak_flops, bandwidth),
+            )
         if i < len(widths) - 2:  # the activation: forward and backward, one read and one write each
             b = 2 * 2 * 4 * B * d_out
-            moved, total = moved + b, total + estimate.roofline_time(2 * B * d_out, b, peak_flops, bandwidth)
+            moved, total = (
+                moved + b,
+                total + estimate.roofline_time(2 * B * d_out, b, peak_flops, bandwidth),
+            )
     n_params = count_params(model)
     sgd = 12 * n_params
-    moved, total = moved + sgd, total + estimate.roofline_time(2 * n_params, sgd, peak_flops, bandwidth)
+    moved, total = (
+        moved + sgd,
+        total + estimate.roofline_time(2 * n_params, sgd, peak_flops, bandwidth),
+    )
     return {"batch": B, "flops": flops, "bytes": moved, "predicted_s": total}
 
 
@@ -58,11 +78,17 @@ def throughput_prediction(model: MLP, measured: pd.DataFrame, machine: dict) -> 
     measured (its peak FLOP/s and bandwidth)."""
     rows = []
     for _, r in measured.iterrows():
-        p = roofline_step_time(model, int(r["batch"]), machine["peak_flop_per_s"],
-                               machine["bandwidth_bytes_per_s"])
-        rows.append({"batch": int(r["batch"]), "intensity": p["flops"] / p["bytes"],
-                     "predicted_samples_per_s": r["batch"] / p["predicted_s"],
-                     "measured_samples_per_s": float(r["samples_per_s"])})
+        p = roofline_step_time(
+            model, int(r["batch"]), machine["peak_flop_per_s"], machine["bandwidth_bytes_per_s"]
+        )
+        rows.append(
+            {
+                "batch": int(r["batch"]),
+                "intensity": p["flops"] / p["bytes"],
+                "predicted_samples_per_s": r["batch"] / p["predicted_s"],
+                "measured_samples_per_s": float(r["samples_per_s"]),
+            }
+        )
     out = pd.DataFrame(rows)
     out["measured / predicted"] = out["measured_samples_per_s"] / out["predicted_samples_per_s"]
     return out
@@ -71,8 +97,15 @@ def throughput_prediction(model: MLP, measured: pd.DataFrame, machine: dict) -> 
 # --------------------------------------------------------------------------------------------
 # MFU of a GPT training step
 # --------------------------------------------------------------------------------------------
-def gpt_step_mfu(config: GPTConfig, batch: int, peak_flops: float, *, device=None,
-                 warmup: int = 2, repeat: int = 5) -> dict:
+def gpt_step_mfu(
+    config: GPTConfig,
+    batch: int,
+    peak_flops: float,
+    *,
+    device=None,
+    warmup: int = 2,
+    repeat: int = 5,
+) -> dict:
     """Time one AdamW training step of ``GPT(config)`` on ``batch`` sequences of
     ``config.block_size`` tokens; count its model FLOPs (6N + 12 L T C per token, PaLM's
     convention) and divide the achieved FLOP/s by ``peak_flops`` (measured by the caller)."""
@@ -91,12 +124,20 @@ def gpt_step_mfu(config: GPTConfig, batch: int, peak_flops: float, *, device=Non
 
     t = time_fn(step, warmup=warmup, repeat=repeat)
     n = count_params(model)
-    per_token = estimate.training_flops_per_token(n, n_layer=config.n_layer, seq=T, n_embd=config.n_embd)
+    per_token = estimate.training_flops_per_token(
+        n, n_layer=config.n_layer, seq=T, n_embd=config.n_embd
+    )
     flops = per_token * B * T
-    return {"params": n, "tokens": B * T, "flops_per_step": flops, "median_s": t.median_s,
-            "achieved_flop_per_s": flops / t.median_s, "peak_flop_per_s": peak_flops,
-            "mfu": estimate.mfu(flops, t.median_s, peak_flops),
-            "six_n_share": 6 * n / per_token}
+    return {
+        "params": n,
+        "tokens": B * T,
+        "flops_per_step": flops,
+        "median_s": t.median_s,
+        "achieved_flop_per_s": flops / t.median_s,
+        "peak_flop_per_s": peak_flops,
+        "mfu": estimate.mfu(flops, t.median_s, peak_flops),
+        "six_n_share": 6 * n / per_token,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -118,8 +159,9 @@ def _student(in_features: int, classes: int) -> MLP:
     return MLP(MLPConfig(in_features=in_features, hidden=(64,), out_features=classes))
 
 
-def lr_scaling_runs(runs: Sequence[dict], *, samples: int = 4096, eval_every: int = 256,
-                    seed: int = 0) -> pd.DataFrame:
+def lr_scaling_runs(
+    runs: Sequence[dict], *, samples: int = 4096, eval_every: int = 256, seed: int = 0
+) -> pd.DataFrame:
     """Train the same small MLP with plain SGD under several (batch, lr, warm-up) settings for
     the same number of samples; record the loss on a held-out set every ``eval_every`` samples.
 
@@ -137,20 +179,32 @@ def lr_scaling_runs(runs: Sequence[dict], *, samples: int = 4096, eval_every: in
         opt = torch.optim.SGD(model.parameters(), lr=lr)
         seen, step = 0, 0
         with torch.no_grad():
-            rows.append({"run": run["name"], "samples": 0, "step": 0,
-                         "eval_loss": float(F.cross_entropy(model(x_eval), y_eval))})
+            rows.append(
+                {
+                    "run": run["name"],
+                    "samples": 0,
+                    "step": 0,
+                    "eval_loss": float(F.cross_entropy(model(x_eval), y_eval)),
+                }
+            )
         while seen + B <= samples:
             for group in opt.param_groups:
                 group["lr"] = estimate.warmup_lr(step, lr, warmup_steps=warm)
-            loss = F.cross_entropy(model(x[seen:seen + B]), y[seen:seen + B])
+            loss = F.cross_entropy(model(x[seen : seen + B]), y[seen : seen + B])
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             seen, step = seen + B, step + 1
             if seen % eval_every == 0:
                 with torch.no_grad():
-                    rows.append({"run": run["name"], "samples": seen, "step": step,
-                                 "eval_loss": float(F.cross_entropy(model(x_eval), y_eval))})
+                    rows.append(
+                        {
+                            "run": run["name"],
+                            "samples": seen,
+                            "step": step,
+                            "eval_loss": float(F.cross_entropy(model(x_eval), y_eval)),
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -172,5 +226,9 @@ def simple_noise_scale_of(n_examples: int = 512, *, seed: int = 0) -> dict:
     mean = flat.mean(0)
     trace = float(flat.var(0, unbiased=True).sum())
     g2 = float(mean.pow(2).sum())
-    return {"examples": n_examples, "trace_cov": trace, "grad_sq_norm": g2,
-            "b_simple": estimate.simple_noise_scale(trace, g2)}
+    return {
+        "examples": n_examples,
+        "trace_cov": trace,
+        "grad_sq_norm": g2,
+        "b_simple": estimate.simple_noise_scale(trace, g2),
+    }

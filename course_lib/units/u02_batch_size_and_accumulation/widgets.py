@@ -9,6 +9,7 @@ runs until Run is pressed.
 
     ex = AccumulationExplorer(); ex.steps.value = 8; ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import html
@@ -32,14 +33,19 @@ class AccumulationExplorer(Explorer):
         self.device = device
         self.in_features = in_features
         self.hidden = hidden
-        self.micro_batch = widgets.SelectionSlider(options=[8, 16, 32, 64, 128, 256], value=64,
-                                                   description="micro-batch")
-        self.steps = widgets.SelectionSlider(options=[1, 2, 4, 8, 16], value=16,
-                                             description="accum. steps")
-        self.budget_mib = widgets.FloatLogSlider(value=6.0, base=2, min=-6, max=8, step=0.5,
-                                                 description="budget MiB")
-        super().__init__(widgets.VBox([self.micro_batch, self.steps, self.budget_mib]),
-                         tooltip="measure one optimizer step both ways")
+        self.micro_batch = widgets.SelectionSlider(
+            options=[8, 16, 32, 64, 128, 256], value=64, description="micro-batch"
+        )
+        self.steps = widgets.SelectionSlider(
+            options=[1, 2, 4, 8, 16], value=16, description="accum. steps"
+        )
+        self.budget_mib = widgets.FloatLogSlider(
+            value=6.0, base=2, min=-6, max=8, step=0.5, description="budget MiB"
+        )
+        super().__init__(
+            widgets.VBox([self.micro_batch, self.steps, self.budget_mib]),
+            tooltip="measure one optimizer step both ways",
+        )
 
     def compute(self):
         """Measure the accumulated and the full-batch step; check both against the budget."""
@@ -59,16 +65,26 @@ class AccumulationExplorer(Explorer):
         self.budget = budget = MemoryBudget(int(self.budget_mib.value * MiB), simulated=True)
         torch.manual_seed(0)
         model = MLP(MLPConfig(in_features=self.in_features, hidden=(self.hidden, self.hidden)))
-        df = accumulation_memory_and_time(model, int(self.micro_batch.value), [int(self.steps.value)],
-                                          device=device, warmup=1, repeat=3)
+        df = accumulation_memory_and_time(
+            model,
+            int(self.micro_batch.value),
+            [int(self.steps.value)],
+            device=device,
+            warmup=1,
+            repeat=3,
+        )
         self.messages = {}
         for _, row in df.iterrows():
-            what = (f"a step on {row['effective_batch']} samples as {row['mode']} "
-                    f"(micro-batch {row['micro_batch']})")
+            what = (
+                f"a step on {row['effective_batch']} samples as {row['mode']} "
+                f"(micro-batch {row['micro_batch']})"
+            )
             try:
                 budget.check(int(row["peak_bytes"]), what=what)
-                self.messages[row["mode"]] = (f"{row['mode']}: peak {fmt_bytes(int(row['peak_bytes']))}"
-                                              f" fits in {budget.label()}")
+                self.messages[row["mode"]] = (
+                    f"{row['mode']}: peak {fmt_bytes(int(row['peak_bytes']))}"
+                    f" fits in {budget.label()}"
+                )
             except SimulatedOOM as err:
                 self.messages[row["mode"]] = f"{row['mode']}: {err}"
         return df.assign(fits=[budget.fits(int(p)) for p in df["peak_bytes"]])

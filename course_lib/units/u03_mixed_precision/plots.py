@@ -3,6 +3,7 @@
 Pure: nothing is measured here. Inputs are the DataFrames of
 ``course_lib.units.u03_mixed_precision.run``. Memory in MiB (2**20 bytes) unless said otherwise.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,12 +13,22 @@ import pandas as pd
 
 from course_lib.viz.plots import CATEGORY_COLORS, style
 
-__all__ = ["MODE_COLORS", "plot_bit_layouts", "plot_gradient_histogram", "plot_memory_by_mode",
-           "plot_matmul_speed", "plot_loss_curves"]
+__all__ = [
+    "MODE_COLORS",
+    "plot_bit_layouts",
+    "plot_gradient_histogram",
+    "plot_memory_by_mode",
+    "plot_matmul_speed",
+    "plot_loss_curves",
+]
 
 #: one colour per training recipe
-MODE_COLORS = {"fp32": "tab:blue", "bf16-mixed": "tab:green", "fp16-mixed": "tab:orange",
-               "bf16-true": "tab:red"}
+MODE_COLORS = {
+    "fp32": "tab:blue",
+    "bf16-mixed": "tab:green",
+    "fp16-mixed": "tab:orange",
+    "bf16-true": "tab:red",
+}
 
 
 def _need(df, columns, name: str) -> None:
@@ -31,7 +42,11 @@ def _need(df, columns, name: str) -> None:
 def plot_bit_layouts(table: pd.DataFrame):
     """One bar per format split into sign / exponent / mantissa bits, annotated with the range
     (largest value, smallest subnormal) and eps. ``table``: ``format_table()``."""
-    _need(table, ["bits", "exponent_bits", "mantissa_bits", "max", "smallest_subnormal", "eps"], "table")
+    _need(
+        table,
+        ["bits", "exponent_bits", "mantissa_bits", "max", "smallest_subnormal", "eps"],
+        "table",
+    )
     names = list(table.index)
     with style():
         fig, ax = plt.subplots(figsize=(12, 0.9 * len(names) + 1.2))
@@ -40,11 +55,22 @@ def plot_bit_layouts(table: pd.DataFrame):
             e, m = int(row["exponent_bits"]), int(row["mantissa_bits"])
             ax.barh(y, 1, left=0, color="tab:gray", label="sign" if y == 0 else None)
             ax.barh(y, e, left=1, color="tab:blue", label="exponent (range)" if y == 0 else None)
-            ax.barh(y, m, left=1 + e, color="tab:orange", label="mantissa (precision)" if y == 0 else None)
+            ax.barh(
+                y,
+                m,
+                left=1 + e,
+                color="tab:orange",
+                label="mantissa (precision)" if y == 0 else None,
+            )
             ax.text(1 + e / 2, y, str(e), ha="center", va="center", color="white", fontsize=12)
             ax.text(1 + e + m / 2, y, str(m), ha="center", va="center", fontsize=12)
-            ax.text(33, y, f"max {row['max']:.3g}, smallest {row['smallest_subnormal']:.2g}, eps {row['eps']:.2g}",
-                    va="center", fontsize=11)
+            ax.text(
+                33,
+                y,
+                f"max {row['max']:.3g}, smallest {row['smallest_subnormal']:.2g}, eps {row['eps']:.2g}",
+                va="center",
+                fontsize=11,
+            )
         ax.set_yticks(range(len(names)), names)
         ax.invert_yaxis()
         ax.set_xlim(0, 56)
@@ -55,7 +81,9 @@ def plot_bit_layouts(table: pd.DataFrame):
     return fig
 
 
-def plot_gradient_histogram(abs_grads, *, scale: float = 1.0, fp16_table: pd.DataFrame | None = None):
+def plot_gradient_histogram(
+    abs_grads, *, scale: float = 1.0, fp16_table: pd.DataFrame | None = None
+):
     """Histogram of log2 |gradient| (a real backward), with fp16's smallest subnormal and smallest
     normal and bf16's smallest normal marked; with ``scale`` != 1 the scaled histogram too."""
     import torch
@@ -75,17 +103,38 @@ def plot_gradient_histogram(abs_grads, *, scale: float = 1.0, fp16_table: pd.Dat
         bins = list(range(lo, hi + 1))
         ax.hist(lg.numpy(), bins=bins, color="tab:blue", alpha=0.7, label="|grad| (fp32 backward)")
         if scale != 1.0:
-            ax.hist((lg + math.log2(scale)).numpy(), bins=bins, color="tab:green",
-                    alpha=0.5, label=f"|grad| x {scale:g} (loss scaling)")
-        for x, text, color in ((math.log2(fp16.smallest_subnormal), "fp16: 0 below", "tab:red"),
-                               (math.log2(fp16.smallest_normal), "fp16 normal", "tab:orange"),
-                               (math.log2(fp16.max), "fp16 max", "tab:red")):
+            ax.hist(
+                (lg + math.log2(scale)).numpy(),
+                bins=bins,
+                color="tab:green",
+                alpha=0.5,
+                label=f"|grad| x {scale:g} (loss scaling)",
+            )
+        for x, text, color in (
+            (math.log2(fp16.smallest_subnormal), "fp16: 0 below", "tab:red"),
+            (math.log2(fp16.smallest_normal), "fp16 normal", "tab:orange"),
+            (math.log2(fp16.max), "fp16 max", "tab:red"),
+        ):
             ax.axvline(x, color=color, ls="--")
             # labels above the axes, where no bar can hide them
-            ax.text(x, 1.01, text, color=color, transform=ax.get_xaxis_transform(), ha="center",
-                    va="bottom", fontsize=11)
-        ax.text(0.01, 0.95, f"bf16 smallest normal: 2^{math.log2(bf16.smallest_normal):.0f} (off the chart)",
-                transform=ax.transAxes, fontsize=11, va="top")
+            ax.text(
+                x,
+                1.01,
+                text,
+                color=color,
+                transform=ax.get_xaxis_transform(),
+                ha="center",
+                va="bottom",
+                fontsize=11,
+            )
+        ax.text(
+            0.01,
+            0.95,
+            f"bf16 smallest normal: 2^{math.log2(bf16.smallest_normal):.0f} (off the chart)",
+            transform=ax.transAxes,
+            fontsize=11,
+            va="top",
+        )
         ax.set_xlabel("log2 |activation gradient|")
         ax.set_ylabel("count (gradient values)")
         ax.set_title("Activation gradients of the tiny GPT (measured) vs the fp16 range", pad=26)
@@ -110,15 +159,28 @@ def plot_memory_by_mode(df: pd.DataFrame, *, unit: str = "MiB"):
                 bottom = 0.0
                 for c in cats:
                     h = sub.loc[c, col] / div
-                    ax.bar(x, h, bottom=bottom, color=CATEGORY_COLORS[c], width=0.85,
-                           hatch="//" if col == "predicted" else None, edgecolor="white",
-                           label=c if (i, j) == (0, 1) else None)
+                    ax.bar(
+                        x,
+                        h,
+                        bottom=bottom,
+                        color=CATEGORY_COLORS[c],
+                        width=0.85,
+                        hatch="//" if col == "predicted" else None,
+                        edgecolor="white",
+                        label=c if (i, j) == (0, 1) else None,
+                    )
                     bottom += h
                 if col == "measured":
-                    ax.plot([x - 0.42, x + 0.42], [sub.loc["peak", "measured"] / div] * 2, color="black",
-                            lw=2, label="measured peak" if i == 0 else None)
-        ax.set_xticks([i * 3 + 0.5 for i in range(len(modes))],
-                      [f"{m}\n(pred | meas)" for m in modes])
+                    ax.plot(
+                        [x - 0.42, x + 0.42],
+                        [sub.loc["peak", "measured"] / div] * 2,
+                        color="black",
+                        lw=2,
+                        label="measured peak" if i == 0 else None,
+                    )
+        ax.set_xticks(
+            [i * 3 + 0.5 for i in range(len(modes))], [f"{m}\n(pred | meas)" for m in modes]
+        )
         ax.set_ylabel(unit)
         ax.set_title("One Adam step of the tiny GPT: predicted (hatched) vs measured")
         ax.legend(loc="upper right", fontsize=10)
@@ -168,10 +230,13 @@ def plot_loss_curves(df: pd.DataFrame):
         ax.legend()
         fp16 = df[df["mode"] == "fp16-mixed"]
         if len(fp16):
-            ax2.plot(fp16["step"], fp16["scale"], color=MODE_COLORS["fp16-mixed"], drawstyle="steps-post")
+            ax2.plot(
+                fp16["step"], fp16["scale"], color=MODE_COLORS["fp16-mixed"], drawstyle="steps-post"
+            )
             skip = fp16[fp16["skipped"]]
-            ax2.scatter(skip["step"], skip["scale"], color="black", zorder=3,
-                        label=f"skipped ({len(skip)})")
+            ax2.scatter(
+                skip["step"], skip["scale"], color="black", zorder=3, label=f"skipped ({len(skip)})"
+            )
             ax2.set_yscale("log", base=2)
             ax2.legend(fontsize=10)
         ax2.set_xlabel("step")

@@ -14,6 +14,7 @@ Introduced in notebooks/03_mixed_precision.ipynb. Measured runs, each returning 
 
 Plain data out; plots in course_lib.units.u03_mixed_precision.plots.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,16 @@ from course_lib.runtime.device import default_device
 from course_lib.techniques import precision as P
 
 __all__ = [
-    "format_table", "rounding_table", "gradient_histogram", "underflow_fractions", "tiny_updates",
-    "training_memory", "matmul_speed", "loss_curves", "default_device", "permutation_batch",
+    "format_table",
+    "rounding_table",
+    "gradient_histogram",
+    "underflow_fractions",
+    "tiny_updates",
+    "training_memory",
+    "matmul_speed",
+    "loss_curves",
+    "default_device",
+    "permutation_batch",
 ]
 
 
@@ -52,19 +61,28 @@ def format_table(formats: Sequence[str] = tuple(P.FORMATS)) -> pd.DataFrame:
     return pd.DataFrame(rows).drop(columns=["dtype"]).set_index("name")
 
 
-def rounding_table(values: Sequence[float], formats: Sequence[str] = ("fp32", "bf16", "fp16")) -> pd.DataFrame:
+def rounding_table(
+    values: Sequence[float], formats: Sequence[str] = ("fp32", "bf16", "fp16")
+) -> pd.DataFrame:
     """Each value stored in each format: the stored value, its bits, the relative error, and
     whether it underflowed to 0 or overflowed to inf."""
     rows = []
     for v in values:
         for f in _formats(formats):
             stored = P.round_trip(float(v), f)
-            rows.append({
-                "value": float(v), "format": f, "stored": stored, "bits": P.bit_string(v, f),
-                "rel_error": abs(stored - v) / abs(v) if v != 0 and math.isfinite(stored) else float("nan"),
-                "underflow": v != 0 and stored == 0.0,
-                "overflow": math.isinf(stored) and math.isfinite(v),
-            })
+            rows.append(
+                {
+                    "value": float(v),
+                    "format": f,
+                    "stored": stored,
+                    "bits": P.bit_string(v, f),
+                    "rel_error": abs(stored - v) / abs(v)
+                    if v != 0 and math.isfinite(stored)
+                    else float("nan"),
+                    "underflow": v != 0 and stored == 0.0,
+                    "overflow": math.isinf(stored) and math.isfinite(v),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -79,8 +97,9 @@ def _model(config: GPTConfig, seed: int, device) -> GPT:
 # --------------------------------------------------------------------------------------------
 # gradients: what fp16 would flush to zero
 # --------------------------------------------------------------------------------------------
-def gradient_histogram(*, config: GPTConfig | None = None, batch: int = 8, seq: int = 64,
-                       seed: int = 0) -> torch.Tensor:
+def gradient_histogram(
+    *, config: GPTConfig | None = None, batch: int = 8, seq: int = 64, seed: int = 0
+) -> torch.Tensor:
     """All activation gradients (the ``grad_output`` of every Linear) of one fp32 backward of
     the tiny GPT, as one flat fp32 tensor of their absolute values (zeros removed)."""
     config = config or GPTConfig.tiny()
@@ -88,8 +107,13 @@ def gradient_histogram(*, config: GPTConfig | None = None, batch: int = 8, seq: 
     gen = torch.Generator().manual_seed(seed)
     idx, tgt = permutation_batch(config, batch, seq, generator=gen)
     grads: list[torch.Tensor] = []
-    hooks = [m.register_full_backward_hook(lambda mod, gin, gout: grads.append(gout[0].detach().abs().flatten()))
-             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    hooks = [
+        m.register_full_backward_hook(
+            lambda mod, gin, gout: grads.append(gout[0].detach().abs().flatten())
+        )
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
     try:
         model.loss(idx, tgt).backward()
     finally:
@@ -99,8 +123,11 @@ def gradient_histogram(*, config: GPTConfig | None = None, batch: int = 8, seq: 
     return g[g > 0]
 
 
-def underflow_fractions(abs_grads: torch.Tensor, scales: Sequence[float] = (1.0, 2.0**8, 2.0**16),
-                        formats: Sequence[str] = ("fp16", "bf16")) -> pd.DataFrame:
+def underflow_fractions(
+    abs_grads: torch.Tensor,
+    scales: Sequence[float] = (1.0, 2.0**8, 2.0**16),
+    formats: Sequence[str] = ("fp16", "bf16"),
+) -> pd.DataFrame:
     """Share of the gradient values that become 0 (underflow) or land below the smallest normal
     (subnormal: fewer mantissa bits) when ``value * scale`` is stored in each format, and the
     share that overflows to inf."""
@@ -113,12 +140,17 @@ def underflow_fractions(abs_grads: torch.Tensor, scales: Sequence[float] = (1.0,
             if not s > 0:
                 raise ValueError(f"scales must be positive, got {s!r}")
             stored = (abs_grads.double() * s).to(lay.dtype)
-            rows.append({
-                "format": f, "scale": float(s),
-                "zero": float((stored == 0).double().mean()),
-                "subnormal": float(((stored > 0) & (stored < lay.smallest_normal)).double().mean()),
-                "inf": float(torch.isinf(stored).double().mean()),
-            })
+            rows.append(
+                {
+                    "format": f,
+                    "scale": float(s),
+                    "zero": float((stored == 0).double().mean()),
+                    "subnormal": float(
+                        ((stored > 0) & (stored < lay.smallest_normal)).double().mean()
+                    ),
+                    "inf": float(torch.isinf(stored).double().mean()),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -133,8 +165,12 @@ def tiny_updates(*, weight: float = 1.0, update: float = 1e-3, steps: int = 100)
         raise ValueError(f"steps={steps!r} must be an int >= 1")
     exact = weight + steps * update
     rows = []
-    for name, store, master in (("fp32", torch.float32, False), ("bf16", torch.bfloat16, False),
-                                ("fp16", torch.float16, False), ("bf16 + fp32 master", torch.bfloat16, True)):
+    for name, store, master in (
+        ("fp32", torch.float32, False),
+        ("bf16", torch.bfloat16, False),
+        ("fp16", torch.float16, False),
+        ("bf16 + fp32 master", torch.bfloat16, True),
+    ):
         w = torch.tensor([weight], dtype=store)
         m = torch.tensor([weight], dtype=torch.float32)
         u = torch.tensor([update], dtype=torch.float32)
@@ -145,20 +181,34 @@ def tiny_updates(*, weight: float = 1.0, update: float = 1e-3, steps: int = 100)
             else:
                 w += u.to(store)
         final = float(w.float())
-        rows.append({"recipe": name, "final": final, "exact": exact,
-                     "rel_error": abs(final - exact) / abs(exact),
-                     "update/weight": update / weight,
-                     "eps/2 of storage": P.bit_layout({torch.float32: "fp32", torch.bfloat16: "bf16",
-                                                       torch.float16: "fp16"}[store]).eps / 2})
+        rows.append(
+            {
+                "recipe": name,
+                "final": final,
+                "exact": exact,
+                "rel_error": abs(final - exact) / abs(exact),
+                "update/weight": update / weight,
+                "eps/2 of storage": P.bit_layout(
+                    {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[store]
+                ).eps
+                / 2,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------------
 # memory of one training step, per recipe
 # --------------------------------------------------------------------------------------------
-def training_memory(modes: Sequence[str] = P.MODES, *, config: GPTConfig | None = None,
-                    batch: int = 8, seq: int = 64, seed: int = 0,
-                    device: torch.device | str | None = None) -> pd.DataFrame:
+def training_memory(
+    modes: Sequence[str] = P.MODES,
+    *,
+    config: GPTConfig | None = None,
+    batch: int = 8,
+    seq: int = 64,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+) -> pd.DataFrame:
     """One Adam training step of the tiny GPT per recipe, measured with MemoryMeter.
 
     A first step creates the optimizer state; the second is measured. One row per (mode,
@@ -191,30 +241,52 @@ def training_memory(modes: Sequence[str] = P.MODES, *, config: GPTConfig | None 
         with MemoryMeter(model, opt) as mem:
             P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)
         n = count_params(model)
-        pred = estimate.model_state_bytes(n, precision=mode, optimizer="adam",
-                                          n_param_tensors=len(list(model.parameters())))
-        act = estimate.activation_bytes_gpt(config, batch, seq, dtype_bytes=4 if mode == "fp32" else 2)
-        meas = {"params": mem.end_breakdown["params"], "grads": mem.end_breakdown["grads"],
-                "optimizer": mem.end_breakdown["optimizer"],
-                # the most activations alive at any recorded moment (end of forward, in general)
-                "activations": int(mem.timeline["activations"].max())}
-        predicted = {"params": pred["params"] + pred["master"], "grads": pred["grads"],
-                     "optimizer": pred["optimizer"], "activations": act}
+        pred = estimate.model_state_bytes(
+            n, precision=mode, optimizer="adam", n_param_tensors=len(list(model.parameters()))
+        )
+        act = estimate.activation_bytes_gpt(
+            config, batch, seq, dtype_bytes=4 if mode == "fp32" else 2
+        )
+        meas = {
+            "params": mem.end_breakdown["params"],
+            "grads": mem.end_breakdown["grads"],
+            "optimizer": mem.end_breakdown["optimizer"],
+            # the most activations alive at any recorded moment (end of forward, in general)
+            "activations": int(mem.timeline["activations"].max()),
+        }
+        predicted = {
+            "params": pred["params"] + pred["master"],
+            "grads": pred["grads"],
+            "optimizer": pred["optimizer"],
+            "activations": act,
+        }
         predicted["peak"] = sum(predicted.values())
         meas["peak"] = mem.peak_bytes
         for cat in ("params", "grads", "optimizer", "activations", "peak"):
-            rows.append({"mode": mode, "category": cat, "measured": int(meas[cat]),
-                         "predicted": int(predicted[cat]),
-                         "residual": int(meas[cat]) - int(predicted[cat])})
+            rows.append(
+                {
+                    "mode": mode,
+                    "category": cat,
+                    "measured": int(meas[cat]),
+                    "predicted": int(predicted[cat]),
+                    "residual": int(meas[cat]) - int(predicted[cat]),
+                }
+            )
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------------
 # matmul speed per dtype
 # --------------------------------------------------------------------------------------------
-def matmul_speed(sizes: Sequence[int] = (256, 512), dtypes: Sequence[str] = ("fp32", "bf16", "fp16"), *,
-                 warmup: int = 2, repeat: int = 5, device: torch.device | str | None = None,
-                 cpu_threads: int | None = 1) -> pd.DataFrame:
+def matmul_speed(
+    sizes: Sequence[int] = (256, 512),
+    dtypes: Sequence[str] = ("fp32", "bf16", "fp16"),
+    *,
+    warmup: int = 2,
+    repeat: int = 5,
+    device: torch.device | str | None = None,
+    cpu_threads: int | None = 1,
+) -> pd.DataFrame:
     """Median time and throughput of an (n x n) @ (n x n) matmul per dtype (timed here; noisy on a
     shared machine, never graded). FLOPs from ``estimate.matmul_flops``.
 
@@ -225,8 +297,9 @@ def matmul_speed(sizes: Sequence[int] = (256, 512), dtypes: Sequence[str] = ("fp
     from course_lib.measure.timing import time_fn
 
     device = torch.device(device) if device is not None else default_device()
-    if cpu_threads is not None and (isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int)
-                                    or cpu_threads < 1):
+    if cpu_threads is not None and (
+        isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1
+    ):
         raise ValueError(f"cpu_threads={cpu_threads!r} must be None or an int >= 1")
     saved_threads = torch.get_num_threads()
     if device.type == "cpu" and cpu_threads is not None:
@@ -245,24 +318,43 @@ def _matmul_rows(sizes, dtypes, warmup, repeat, device, time_fn) -> pd.DataFrame
         for f in _formats(dtypes):
             dt = P.FORMATS[f]
             if dt.itemsize == 1:
-                raise ValueError(f"dtypes={f!r}: fp8 matmul needs torch._scaled_mm on a GPU "
-                                 "with fp8 support; valid choices here: fp32, bf16, fp16")
+                raise ValueError(
+                    f"dtypes={f!r}: fp8 matmul needs torch._scaled_mm on a GPU "
+                    "with fp8 support; valid choices here: fp32, bf16, fp16"
+                )
             a = torch.randn(n, n, device=device).to(dt)
             b = torch.randn(n, n, device=device).to(dt)
             res = time_fn(lambda a=a, b=b: torch.mm(a, b), warmup=warmup, repeat=repeat)
             flops = estimate.matmul_flops(n, n, n)
-            rows.append({"n": n, "dtype": f, "median_s": res.median_s, "p10_s": res.p10_s, "p90_s": res.p90_s,
-                         "gflops": flops / res.median_s / 1e9})
+            rows.append(
+                {
+                    "n": n,
+                    "dtype": f,
+                    "median_s": res.median_s,
+                    "p10_s": res.p10_s,
+                    "p90_s": res.p90_s,
+                    "gflops": flops / res.median_s / 1e9,
+                }
+            )
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------------
 # loss curves per recipe
 # --------------------------------------------------------------------------------------------
-def loss_curves(modes: Sequence[str] = P.MODES, *, steps: int = 30, config: GPTConfig | None = None,
-                batch: int = 8, seq: int = 16, lr: float = 1e-2, seed: int = 0,
-                init_scale: float = 2.0**16, growth_interval: int = 2000,
-                device: torch.device | str | None = None) -> pd.DataFrame:
+def loss_curves(
+    modes: Sequence[str] = P.MODES,
+    *,
+    steps: int = 30,
+    config: GPTConfig | None = None,
+    batch: int = 8,
+    seq: int = 16,
+    lr: float = 1e-2,
+    seed: int = 0,
+    init_scale: float = 2.0**16,
+    growth_interval: int = 2000,
+    device: torch.device | str | None = None,
+) -> pd.DataFrame:
     """Train the tiny GPT on the permutation task (:func:`course_lib.data.permutation_batch`) for
     ``steps`` Adam steps in each recipe (same seed, same batches). Rows: mode, step, loss, skipped (fp16 loss scaling found inf/NaN), scale,
     seconds (wall time of that training step, synchronized on CUDA: timed here, noisy, never graded).
@@ -281,10 +373,19 @@ def loss_curves(modes: Sequence[str] = P.MODES, *, steps: int = 30, config: GPTC
         for step in range(steps):
             idx, tgt = permutation_batch(config, batch, seq, generator=gen, device=device)
             t0 = time.perf_counter()
-            r = P.train_step(model, opt, lambda m, idx=idx, tgt=tgt: m.loss(idx, tgt), mode=mode, scaler=scaler)
+            r = P.train_step(
+                model, opt, lambda m, idx=idx, tgt=tgt: m.loss(idx, tgt), mode=mode, scaler=scaler
+            )
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            rows.append({"mode": mode, "step": step, "loss": r.loss, "skipped": r.skipped,
-                         "scale": r.scale, "seconds": time.perf_counter() - t0})
+            rows.append(
+                {
+                    "mode": mode,
+                    "step": step,
+                    "loss": r.loss,
+                    "skipped": r.skipped,
+                    "scale": r.scale,
+                    "seconds": time.perf_counter() - t0,
+                }
+            )
     return pd.DataFrame(rows)
-

@@ -6,6 +6,7 @@ predicted vs measured memory. Nothing runs until Run is pressed.
 
     ex = PrecisionExplorer(); ex.modes.value = ("fp32", "bf16-true"); ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import html
@@ -28,13 +29,22 @@ class PrecisionExplorer(Explorer):
 
         self.device = device
         self.config = config
-        self.modes = widgets.SelectMultiple(options=list(MODES), value=("fp32", "bf16-mixed", "bf16-true"),
-                                            description="recipes", rows=4)
-        self.batch = widgets.SelectionSlider(options=[1, 2, 4, 8, 16, 32], value=8, description="batch")
+        self.modes = widgets.SelectMultiple(
+            options=list(MODES),
+            value=("fp32", "bf16-mixed", "bf16-true"),
+            description="recipes",
+            rows=4,
+        )
+        self.batch = widgets.SelectionSlider(
+            options=[1, 2, 4, 8, 16, 32], value=8, description="batch"
+        )
         self.seq = widgets.SelectionSlider(options=[8, 16, 32, 64], value=32, description="seq len")
-        super().__init__(self.modes, widgets.VBox([self.batch, self.seq]),
-                         tooltip="measure one training step per recipe",
-                         intro="Pick recipes and sizes, then press Run.")
+        super().__init__(
+            self.modes,
+            widgets.VBox([self.batch, self.seq]),
+            tooltip="measure one training step per recipe",
+            intro="Pick recipes and sizes, then press Run.",
+        )
 
     def compute(self):
         """Measure one training step per selected recipe."""
@@ -42,15 +52,27 @@ class PrecisionExplorer(Explorer):
 
         modes = list(self.modes.value)
         if not modes:
-            raise ValueError("modes is empty; select at least one of fp32, bf16-mixed, fp16-mixed, bf16-true")
-        return training_memory(modes, config=self.config, batch=int(self.batch.value),
-                               seq=int(self.seq.value), device=self.device)
+            raise ValueError(
+                "modes is empty; select at least one of fp32, bf16-mixed, fp16-mixed, bf16-true"
+            )
+        return training_memory(
+            modes,
+            config=self.config,
+            batch=int(self.batch.value),
+            seq=int(self.seq.value),
+            device=self.device,
+        )
 
     def summary(self, df) -> str:
         peaks = df[df["category"] == "peak"].set_index("mode")["measured"]
-        return "measured peak: " + ", ".join(f"{html.escape(m)} {fmt_bytes(int(v))}" for m, v in peaks.items())
+        return "measured peak: " + ", ".join(
+            f"{html.escape(m)} {fmt_bytes(int(v))}" for m, v in peaks.items()
+        )
 
     def show(self, df):
         from course_lib.units.u03_mixed_precision.plots import plot_memory_by_mode
 
-        return [plot_memory_by_mode(df), df.pivot(index="category", columns="mode", values="residual")]
+        return [
+            plot_memory_by_mode(df),
+            df.pivot(index="category", columns="mode", values="residual"),
+        ]

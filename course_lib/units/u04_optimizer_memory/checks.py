@@ -21,22 +21,40 @@ sqrt(v / c) or sqrt(v) / sqrt(c)) differ in the last bits, and 5 steps compound 
 1e-6 relative at worst. A wrong formula (missing bias correction, eps inside the sqrt, the wrong
 weight decay) is off by 1e-3 or more.
 """
+
 from __future__ import annotations
 
 from course_lib.grading.core import fail, passed, run_learner
 
 #: the course's own answer (and PyTorch's, which the check compares with), out of reach while
 #: the learner's code runs
-_REFERENCES = ("course_lib.techniques.optim:Adam", "course_lib.techniques.optim:make_optimizer",
-               "torch.optim.adam:Adam", "torch.optim.adamw:AdamW")
+_REFERENCES = (
+    "course_lib.techniques.optim:Adam",
+    "course_lib.techniques.optim:make_optimizer",
+    "torch.optim.adam:Adam",
+    "torch.optim.adamw:AdamW",
+)
 
 
 def _learner(task: int, fn, *args, **kwargs):
     """The learner's code, run with the course's own answer out of reach."""
     return run_learner(task, fn, *args, forbid=_REFERENCES, **kwargs)
 
-__all__ = ["check_adam", "check_adamw", "check_adam_state_bytes", "check_predict_step_peak", "check_master_bug",
-           "check_zero1_at_scale", "RTOL", "ATOL", "STEPS", "PEAK_WIDTHS", "PEAK_RTOL", "SCALE_MODELS"]
+
+__all__ = [
+    "check_adam",
+    "check_adamw",
+    "check_adam_state_bytes",
+    "check_predict_step_peak",
+    "check_master_bug",
+    "check_zero1_at_scale",
+    "RTOL",
+    "ATOL",
+    "STEPS",
+    "PEAK_WIDTHS",
+    "PEAK_RTOL",
+    "SCALE_MODELS",
+]
 
 RTOL, ATOL, STEPS = 1e-5, 1e-7, 5
 _SHAPES = ((16, 8), (16,), (4, 16), (4,))  # a small MLP's weights and biases: 212 parameters
@@ -80,11 +98,17 @@ def _compare(task: int, what: str, got, expected) -> None:
             start = _params()[i].detach()
             moved = float((r - start).abs().max())
             err = float((p - r).abs().max())
-            hint = " (the parameters did not move: does step() update p in place?)" \
-                if float((p - start).abs().max()) == 0 else ""
-            fail(task, f"{what}: parameter {i} (shape {tuple(p.shape)}) differs from torch.optim after "
-                       f"{STEPS} steps: max abs error {err:.3g}, while the update itself is {moved:.3g} "
-                       f"(rtol={RTOL:g}, atol={ATOL:g}){hint}")
+            hint = (
+                " (the parameters did not move: does step() update p in place?)"
+                if float((p - start).abs().max()) == 0
+                else ""
+            )
+            fail(
+                task,
+                f"{what}: parameter {i} (shape {tuple(p.shape)}) differs from torch.optim after "
+                f"{STEPS} steps: max abs error {err:.3g}, while the update itself is {moved:.3g} "
+                f"(rtol={RTOL:g}, atol={ATOL:g}){hint}",
+            )
 
 
 def check_adam(MyAdam, task: int = 1) -> None:
@@ -96,8 +120,11 @@ def check_adam(MyAdam, task: int = 1) -> None:
         expected = _run(lambda ps, kw=kw: torch.optim.Adam(ps, **kw), task=task, learner=False)
         got = _run(lambda ps, kw=kw: MyAdam(ps, decoupled=False, **kw), task=task, learner=True)
         _compare(task, f"Adam(lr=1e-2, weight_decay={wd:g})", got, expected)
-    passed(task, f"MyAdam matches torch.optim.Adam over {STEPS} steps, weight_decay 0 and 0.1 "
-                 f"(rtol={RTOL:g}, atol={ATOL:g})")
+    passed(
+        task,
+        f"MyAdam matches torch.optim.Adam over {STEPS} steps, weight_decay 0 and 0.1 "
+        f"(rtol={RTOL:g}, atol={ATOL:g})",
+    )
 
 
 def check_adamw(MyAdam, task: int = 2) -> None:
@@ -108,8 +135,11 @@ def check_adamw(MyAdam, task: int = 2) -> None:
     expected = _run(lambda ps: torch.optim.AdamW(ps, **kw), task=task, learner=False)
     got = _run(lambda ps: MyAdam(ps, decoupled=True, **kw), task=task, learner=True)
     _compare(task, "AdamW(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)", got, expected)
-    passed(task, f"MyAdam(decoupled=True) matches torch.optim.AdamW over {STEPS} steps "
-                 f"(rtol={RTOL:g}, atol={ATOL:g})")
+    passed(
+        task,
+        f"MyAdam(decoupled=True) matches torch.optim.AdamW over {STEPS} steps "
+        f"(rtol={RTOL:g}, atol={ATOL:g})",
+    )
 
 
 def check_adam_state_bytes(MyAdam, task: int = 3) -> None:
@@ -131,14 +161,26 @@ def check_adam_state_bytes(MyAdam, task: int = 3) -> None:
         got = sb["moments"] + sb["quant_meta"]
         expected = estimate.optimizer_state_bytes_per_param("adam", state_dtype_bytes=width) * n
         if got != expected:
-            dtypes = sorted({str(t.dtype) for st in opt.state.values() for t in st.values()
-                             if isinstance(t, torch.Tensor) and t.dim() > 0})
-            fail(task, f"{dtype} parameters ({n} elements): expected {expected} bytes of state "
-                       f"(m and v, {width} bytes each per element), got {got} bytes in tensors of "
-                       f"dtype {dtypes or 'none'} (keep m and v in the parameter's dtype: torch.zeros_like(p))")
-    passed(task, f"state = {estimate.optimizer_state_bytes_per_param('adam')} bytes per fp32 parameter "
-                 f"and {estimate.optimizer_state_bytes_per_param('adam', state_dtype_bytes=2)} per bf16 "
-                 f"parameter ({n} parameters)")
+            dtypes = sorted(
+                {
+                    str(t.dtype)
+                    for st in opt.state.values()
+                    for t in st.values()
+                    if isinstance(t, torch.Tensor) and t.dim() > 0
+                }
+            )
+            fail(
+                task,
+                f"{dtype} parameters ({n} elements): expected {expected} bytes of state "
+                f"(m and v, {width} bytes each per element), got {got} bytes in tensors of "
+                f"dtype {dtypes or 'none'} (keep m and v in the parameter's dtype: torch.zeros_like(p))",
+            )
+    passed(
+        task,
+        f"state = {estimate.optimizer_state_bytes_per_param('adam')} bytes per fp32 parameter "
+        f"and {estimate.optimizer_state_bytes_per_param('adam', state_dtype_bytes=2)} per bf16 "
+        f"parameter ({n} parameters)",
+    )
 
 
 # ---------------------------------------------------------------------------------- task 4
@@ -149,9 +191,12 @@ PEAK_WIDTHS = ((300, 1000, 700, 50), (96, 2048, 128))
 #: one small tensor torch.optim's loop still holds from the previous parameter stay far below it;
 #: forgetting the fp32 gradients, or one of the two scratch tensors, does not.
 PEAK_RTOL = 0.01
-_FORBID_4 = ("course_lib.measure.memory:MemoryMeter", "course_lib.measure.estimate.memory:model_state_bytes",
-             "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param",
-             "course_lib.units.u04_optimizer_memory.run:mixed_precision_accounting")
+_FORBID_4 = (
+    "course_lib.measure.memory:MemoryMeter",
+    "course_lib.measure.estimate.memory:model_state_bytes",
+    "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param",
+    "course_lib.units.u04_optimizer_memory.run:mixed_precision_accounting",
+)
 
 
 def _measured_master_step_peak(widths) -> int:
@@ -183,17 +228,26 @@ def check_predict_step_peak(predict_step_peak, task: int = 4) -> None:
     from course_lib.grading.core import expect_int
 
     for widths in PEAK_WIDTHS:
-        got = expect_int(task, f"predict_step_peak({list(widths)})",
-                         run_learner(task, predict_step_peak, list(widths), forbid=_FORBID_4))
+        got = expect_int(
+            task,
+            f"predict_step_peak({list(widths)})",
+            run_learner(task, predict_step_peak, list(widths), forbid=_FORBID_4),
+        )
         measured = _measured_master_step_peak(widths)
         if not abs(got - measured) <= PEAK_RTOL * measured:
             n = sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
-            fail(task, f"widths {list(widths)} ({n:,} parameters): MemoryMeter measured a peak of "
-                       f"{measured:,} B ({measured / n:.2f} B/param) during the step, you predicted {got:,} B "
-                       f"({got / n:.2f} B/param); tolerance {PEAK_RTOL:.0%}. At rest the recipe holds 16 B/param: "
-                       "what does the step add, and how large is the largest single piece of scratch?")
-    passed(task, f"the step's peak predicted within {PEAK_RTOL:.0%} of MemoryMeter's for "
-                 f"{len(PEAK_WIDTHS)} MLPs the lecture did not show")
+            fail(
+                task,
+                f"widths {list(widths)} ({n:,} parameters): MemoryMeter measured a peak of "
+                f"{measured:,} B ({measured / n:.2f} B/param) during the step, you predicted {got:,} B "
+                f"({got / n:.2f} B/param); tolerance {PEAK_RTOL:.0%}. At rest the recipe holds 16 B/param: "
+                "what does the step add, and how large is the largest single piece of scratch?",
+            )
+    passed(
+        task,
+        f"the step's peak predicted within {PEAK_RTOL:.0%} of MemoryMeter's for "
+        f"{len(PEAK_WIDTHS)} MLPs the lecture did not show",
+    )
 
 
 # ---------------------------------------------------------------------------------- task 5
@@ -211,8 +265,10 @@ def _master_task():
     torch.manual_seed(3)
     model = MLP(MLPConfig(32, (64,), 8)).to(torch.bfloat16)
     gen = torch.Generator().manual_seed(4)
-    batches = [(torch.randn(16, 32, generator=gen).to(torch.bfloat16), torch.randn(16, 8, generator=gen))
-               for _ in range(MASTER_STEPS)]
+    batches = [
+        (torch.randn(16, 32, generator=gen).to(torch.bfloat16), torch.randn(16, 8, generator=gen))
+        for _ in range(MASTER_STEPS)
+    ]
     return model, batches
 
 
@@ -252,36 +308,56 @@ def check_master_bug(MyMaster, task: int = 5) -> None:
         run_learner(task, mw.step, forbid=forbid)
     master = list(getattr(mw, "master", None) or [])
     if len(master) != len(ref_m) or any(m.dtype != torch.float32 for m in master):
-        fail(task, f"expected .master to be the {len(ref_m)} fp32 master tensors, got "
-                   f"{[str(getattr(m, 'dtype', type(m).__name__)) for m in master]}")
+        fail(
+            task,
+            f"expected .master to be the {len(ref_m)} fp32 master tensors, got "
+            f"{[str(getattr(m, 'dtype', type(m).__name__)) for m in master]}",
+        )
     weights = [p.detach() for p in model.parameters()]
     if all(torch.equal(w, s) for w, s in zip(weights, start)):
-        fail(task, f"after {MASTER_STEPS} steps at lr={MASTER_LR:g} the bf16 weights never changed: "
-                   "does the updated master reach the model?")
+        fail(
+            task,
+            f"after {MASTER_STEPS} steps at lr={MASTER_LR:g} the bf16 weights never changed: "
+            "does the updated master reach the model?",
+        )
     if all(torch.equal(m, m.to(torch.bfloat16).float()) for m in master):
-        fail(task, "every master value is a bf16 number: the master copy keeps nothing finer than the "
-                   "16-bit weights. Something overwrites it with the rounded weights")
+        fail(
+            task,
+            "every master value is a bf16 number: the master copy keeps nothing finer than the "
+            "16-bit weights. Something overwrites it with the rounded weights",
+        )
     for i, (m, r) in enumerate(zip(master, ref_m)):
         if not torch.allclose(m, r, rtol=MASTER_RTOL, atol=MASTER_ATOL):
-            fail(task, f"master tensor {i}: differs from the recipe done right after {MASTER_STEPS} steps, "
-                       f"max abs error {float((m - r).abs().max()):.3g} (rtol={MASTER_RTOL:g}, atol={MASTER_ATOL:g})")
+            fail(
+                task,
+                f"master tensor {i}: differs from the recipe done right after {MASTER_STEPS} steps, "
+                f"max abs error {float((m - r).abs().max()):.3g} (rtol={MASTER_RTOL:g}, atol={MASTER_ATOL:g})",
+            )
     for i, (w, m) in enumerate(zip(weights, master)):
         if not torch.equal(w, m.to(torch.bfloat16)):
-            fail(task, f"parameter {i}: the bf16 weights are not the master rounded to bf16 after the last step")
+            fail(
+                task,
+                f"parameter {i}: the bf16 weights are not the master rounded to bf16 after the last step",
+            )
     moved = sum(int((w != s).sum()) for w, s in zip(ref_w, start))
     total = sum(s.numel() for s in start)
-    passed(task, f"the master copy accumulates what bf16 cannot hold: {MASTER_STEPS} steps at lr={MASTER_LR:g} "
-                 f"match the recipe done right ({moved:,} of {total:,} bf16 weights moved)")
+    passed(
+        task,
+        f"the master copy accumulates what bf16 cannot hold: {MASTER_STEPS} steps at lr={MASTER_LR:g} "
+        f"match the recipe done right ({moved:,} of {total:,} bf16 weights moved)",
+    )
 
 
 # ---------------------------------------------------------------------------------- task 6
 #: task 6's models: Llama-2-7B's and Llama-2-70B's parameter counts (Touvron et al. 2023)
 SCALE_MODELS = {"7B": 6_738_415_616, "70B": 68_976_648_192}
 SCALE_WORLDS = (1, 8, 64)
-_FORBID_6 = ("course_lib.measure.estimate.memory:zero_bytes_per_rank",
-             "course_lib.measure.estimate.memory:zero_state_breakdown_per_rank",
-             "course_lib.measure.estimate.memory:model_state_bytes",
-             "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param")
+_FORBID_6 = (
+    "course_lib.measure.estimate.memory:zero_bytes_per_rank",
+    "course_lib.measure.estimate.memory:zero_state_breakdown_per_rank",
+    "course_lib.measure.estimate.memory:model_state_bytes",
+    "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param",
+)
 
 
 def check_zero1_at_scale(zero1_bytes, task: int = 6) -> None:
@@ -293,16 +369,27 @@ def check_zero1_at_scale(zero1_bytes, task: int = 6) -> None:
     for name, n in SCALE_MODELS.items():
         for master in (True, False):
             for world in SCALE_WORLDS:
-                got = expect_int(task, f"zero1_bytes({n:,}, {world}, master={master})",
-                                 run_learner(task, zero1_bytes, n, world, master, forbid=_FORBID_6))
-                expected = estimate.zero_bytes_per_rank(n, stage=1, world_size=world, k=12 if master else 8)
+                got = expect_int(
+                    task,
+                    f"zero1_bytes({n:,}, {world}, master={master})",
+                    run_learner(task, zero1_bytes, n, world, master, forbid=_FORBID_6),
+                )
+                expected = estimate.zero_bytes_per_rank(
+                    n, stage=1, world_size=world, k=12 if master else 8
+                )
                 if got != expected:
                     what = "16-byte (fp32 master)" if master else "12-byte (no master)"
-                    fail(task, f"{name} ({n:,} parameters), {what} accounting, ZeRO-1 over {world} GPU(s): "
-                               f"expected {expected:,} B per GPU, got {got:,} B. Which parts are sharded, and "
-                               "which stay whole on every GPU?")
+                    fail(
+                        task,
+                        f"{name} ({n:,} parameters), {what} accounting, ZeRO-1 over {world} GPU(s): "
+                        f"expected {expected:,} B per GPU, got {got:,} B. Which parts are sharded, and "
+                        "which stay whole on every GPU?",
+                    )
     seven = estimate.zero_bytes_per_rank(SCALE_MODELS["7B"], stage=1, world_size=1, k=12)
     seventy = estimate.zero_bytes_per_rank(SCALE_MODELS["70B"], stage=1, world_size=64, k=8)
-    passed(task, f"{2 * 2 * len(SCALE_WORLDS)} configurations equal estimate's ZeRO-1 bytes "
-                 f"(7B unsharded, 16 B/param: {seven / 1e9:.1f} GB; 70B over 64 GPUs, 12 B/param: "
-                 f"{seventy / 1e9:.1f} GB per GPU)")
+    passed(
+        task,
+        f"{2 * 2 * len(SCALE_WORLDS)} configurations equal estimate's ZeRO-1 bytes "
+        f"(7B unsharded, 16 B/param: {seven / 1e9:.1f} GB; 70B over 64 GPUs, 12 B/param: "
+        f"{seventy / 1e9:.1f} GB per GPU)",
+    )

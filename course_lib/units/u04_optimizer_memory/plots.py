@@ -3,6 +3,7 @@
 Pure: nothing is measured here. Inputs are the DataFrames of
 ``course_lib.units.u04_optimizer_memory.run``.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -10,16 +11,33 @@ import pandas as pd
 
 from course_lib.viz.plots import style
 
-__all__ = ["OPTIMIZER_COLORS", "plot_state_bytes", "plot_accounting", "plot_mixed_precision_accounting",
-           "plot_convergence"]
+__all__ = [
+    "OPTIMIZER_COLORS",
+    "plot_state_bytes",
+    "plot_accounting",
+    "plot_mixed_precision_accounting",
+    "plot_convergence",
+]
 
 #: one colour per optimizer
-OPTIMIZER_COLORS = {"sgd": "tab:gray", "momentum": "tab:brown", "rmsprop": "tab:purple",
-                    "adagrad": "tab:pink", "adam": "tab:blue", "adamw": "tab:cyan",
-                    "adam8bit": "tab:green"}
+OPTIMIZER_COLORS = {
+    "sgd": "tab:gray",
+    "momentum": "tab:brown",
+    "rmsprop": "tab:purple",
+    "adagrad": "tab:pink",
+    "adam": "tab:blue",
+    "adamw": "tab:cyan",
+    "adam8bit": "tab:green",
+}
 # first matching key wins (checked in this order, case-insensitive)
-_PART_COLORS = {"scratch": "tab:purple", "master": "tab:olive", "adam": "tab:green",
-                "params": "tab:blue", "weights": "tab:blue", "grads": "tab:orange"}
+_PART_COLORS = {
+    "scratch": "tab:purple",
+    "master": "tab:olive",
+    "adam": "tab:green",
+    "params": "tab:blue",
+    "weights": "tab:blue",
+    "grads": "tab:orange",
+}
 
 
 def _need(df, columns, name: str) -> None:
@@ -39,14 +57,33 @@ def plot_state_bytes(df: pd.DataFrame):
         xs = range(len(df))
         pred = df["predicted"] / df["n_params"]
         meas = df["measured"] / df["n_params"]
-        ax.bar([x - 0.2 for x in xs], pred, width=0.4, color="lightgray", edgecolor="black",
-               hatch="//", label="predicted (estimate)")
-        ax.bar([x + 0.2 for x in xs], meas, width=0.4,
-               color=[OPTIMIZER_COLORS.get(o, "black") for o in df["optimizer"]], label="measured")
+        ax.bar(
+            [x - 0.2 for x in xs],
+            pred,
+            width=0.4,
+            color="lightgray",
+            edgecolor="black",
+            hatch="//",
+            label="predicted (estimate)",
+        )
+        ax.bar(
+            [x + 0.2 for x in xs],
+            meas,
+            width=0.4,
+            color=[OPTIMIZER_COLORS.get(o, "black") for o in df["optimizer"]],
+            label="measured",
+        )
         for x, (_, row) in zip(xs, df.iterrows()):
             res = row["measured"] - row["predicted"]
-            ax.text(x + 0.2, row["measured"] / row["n_params"] + 0.1, f"{res:+,} B", ha="center",
-                    fontsize=10, rotation=90, va="bottom")
+            ax.text(
+                x + 0.2,
+                row["measured"] / row["n_params"] + 0.1,
+                f"{res:+,} B",
+                ha="center",
+                fontsize=10,
+                rotation=90,
+                va="bottom",
+            )
         ax.set_xticks(list(xs), df["optimizer"])
         ax.set_ylabel("state bytes per parameter")
         ax.set_ylim(0, max(meas.max(), pred.max()) * 1.5 + 0.5)
@@ -78,7 +115,14 @@ def plot_accounting(df: pd.DataFrame):
                 label = name.replace(" ", "\n", 1) if int(nbytes) >= 2 else name.rsplit(" ", 1)[-1]
                 ax.text(left + int(nbytes) / 2, y, label, ha="center", va="center", fontsize=10)
                 left += int(nbytes)
-            ax.text(left + 0.2, y, f"{row['bytes_per_param']} B", va="center", fontsize=12, weight="bold")
+            ax.text(
+                left + 0.2,
+                y,
+                f"{row['bytes_per_param']} B",
+                va="center",
+                fontsize=12,
+                weight="bold",
+            )
         ax.set_yticks(range(len(df)), df["source"])
         ax.invert_yaxis()
         ax.set_xlabel("bytes per parameter")
@@ -98,8 +142,16 @@ def plot_mixed_precision_accounting(df: pd.DataFrame):
         for y, (_label, row) in enumerate(df.iterrows()):
             left = 0.0
             for p in parts:
-                ax.barh(y, row[p], left=left, color=_part_color(p), edgecolor="white",
-                        label=p if y == 0 or (p.startswith("fp32 grads") and y == len(df) - 1) else None)
+                ax.barh(
+                    y,
+                    row[p],
+                    left=left,
+                    color=_part_color(p),
+                    edgecolor="white",
+                    label=p
+                    if y == 0 or (p.startswith("fp32 grads") and y == len(df) - 1)
+                    else None,
+                )
                 left += row[p]
             ax.text(left + 0.2, y, f"{row['total']:.2f}", va="center", fontsize=12)
         ax.set_yticks(range(len(df)), list(df.index))
@@ -109,8 +161,14 @@ def plot_mixed_precision_accounting(df: pd.DataFrame):
         ax.set_title("Mixed-precision Adam (bf16 model + fp32 master): predicted vs measured")
         handles, labels = ax.get_legend_handles_labels()
         uniq = dict(zip(labels, handles))
-        ax.legend(uniq.values(), uniq.keys(), loc="upper center", bbox_to_anchor=(0.45, -0.2), ncol=3,
-                  fontsize=10)
+        ax.legend(
+            uniq.values(),
+            uniq.keys(),
+            loc="upper center",
+            bbox_to_anchor=(0.45, -0.2),
+            ncol=3,
+            fontsize=10,
+        )
         fig.tight_layout()
     return fig
 
@@ -122,8 +180,14 @@ def plot_convergence(df: pd.DataFrame, *, loss_floor: float | None = None):
         fig, ax = plt.subplots(figsize=(11, 4.5))
         for name, sub in df.groupby("optimizer", sort=False):
             lr = f" (lr {sub['lr'].iloc[0]:g})" if "lr" in sub else ""
-            ax.plot(sub["step"], sub["loss"], lw=2, color=OPTIMIZER_COLORS.get(name), label=f"{name}{lr}",
-                    ls="--" if name == "adam8bit" else "-")
+            ax.plot(
+                sub["step"],
+                sub["loss"],
+                lw=2,
+                color=OPTIMIZER_COLORS.get(name),
+                label=f"{name}{lr}",
+                ls="--" if name == "adam8bit" else "-",
+            )
         if loss_floor is not None:
             ax.axhline(loss_floor, color="black", ls=":", label="best possible")
         ax.set_xlabel("step")

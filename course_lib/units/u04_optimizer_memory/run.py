@@ -16,6 +16,7 @@ Introduced in notebooks/04_optimizer_memory.ipynb. Measured runs, each returning
 
 Plain data out; plots in course_lib.units.u04_optimizer_memory.plots.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -29,13 +30,29 @@ from course_lib.measure import estimate
 from course_lib.models import GPT, GPTConfig, count_params
 from course_lib.techniques import optim as O
 
-__all__ = ["DEFAULT_LR", "state_bytes_table", "mixed_precision_accounting", "RECIPES", "recipe_table", "ACCOUNTINGS",
-           "accounting_table", "convergence", "task_batch"]
+__all__ = [
+    "DEFAULT_LR",
+    "state_bytes_table",
+    "mixed_precision_accounting",
+    "RECIPES",
+    "recipe_table",
+    "ACCOUNTINGS",
+    "accounting_table",
+    "convergence",
+    "task_batch",
+]
 
 #: learning rates for the tiny GPT on the task: the best of a small grid (3-4 values each, 30 steps,
 #: batch 8, seq 16) -- SGD needs a far larger one than the adaptive methods
-DEFAULT_LR: dict[str, float] = {"sgd": 0.2, "momentum": 0.1, "rmsprop": 1e-3, "adagrad": 1e-2,
-                                "adam": 1e-2, "adamw": 1e-2, "adam8bit": 1e-2}
+DEFAULT_LR: dict[str, float] = {
+    "sgd": 0.2,
+    "momentum": 0.1,
+    "rmsprop": 1e-3,
+    "adagrad": 1e-2,
+    "adam": 1e-2,
+    "adamw": 1e-2,
+    "adam8bit": 1e-2,
+}
 
 
 def task_batch(config: GPTConfig, batch: int, seq: int, *, generator: torch.Generator):
@@ -52,8 +69,14 @@ def _model(config: GPTConfig, seed: int) -> GPT:
 # --------------------------------------------------------------------------------------------
 # state bytes per optimizer
 # --------------------------------------------------------------------------------------------
-def state_bytes_table(names: Sequence[str] = O.OPTIMIZERS, *, config: GPTConfig | None = None,
-                      batch: int = 4, seq: int | None = None, seed: int = 0) -> pd.DataFrame:
+def state_bytes_table(
+    names: Sequence[str] = O.OPTIMIZERS,
+    *,
+    config: GPTConfig | None = None,
+    batch: int = 4,
+    seq: int | None = None,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Optimizer state of the tiny GPT after one step, per optimizer (``seq`` defaults to
     min(32, block_size): the state does not depend on it).
 
@@ -71,7 +94,7 @@ def state_bytes_table(names: Sequence[str] = O.OPTIMIZERS, *, config: GPTConfig 
     config = config or GPTConfig.tiny()
     seq = min(32, config.block_size) if seq is None else seq
     rows = []
-    for name in validate.choices('names', names, O.OPTIMIZERS):
+    for name in validate.choices("names", names, O.OPTIMIZERS):
         model = _model(config, seed)
         opt = O.make_optimizer(name, model.parameters(), lr=DEFAULT_LR[name])
         idx, tgt = task_batch(config, batch, seq, generator=torch.Generator().manual_seed(seed))
@@ -81,25 +104,46 @@ def state_bytes_table(names: Sequence[str] = O.OPTIMIZERS, *, config: GPTConfig 
             opt.step()
         n = count_params(model)
         with_grad = [p for p in model.parameters() if p.grad is not None]  # the ones with state
-        naive = int(estimate.model_state_bytes(n, precision="fp32", optimizer=name,
-                                               n_param_tensors=len(with_grad))["optimizer"])
-        pred = (estimate.adam8bit_state_bytes(p.numel() for p in with_grad)["total"]
-                if name == "adam8bit" else naive)
+        naive = int(
+            estimate.model_state_bytes(
+                n, precision="fp32", optimizer=name, n_param_tensors=len(with_grad)
+            )["optimizer"]
+        )
+        pred = (
+            estimate.adam8bit_state_bytes(p.numel() for p in with_grad)["total"]
+            if name == "adam8bit"
+            else naive
+        )
         sb = O.state_bytes(opt)
         measured = int(mem.end_breakdown["optimizer"])
-        rows.append({"optimizer": name, "n_params": n, "naive": naive, "predicted": int(pred),
-                     "measured": measured, "residual": measured - int(pred), **{k: sb[k] for k in ("moments", "step", "quant_meta")},
-                     "state_total": sb["total"],
-                     "bytes_per_param": measured / n,
-                     "predicted_per_param": estimate.optimizer_state_bytes_per_param(name)})
+        rows.append(
+            {
+                "optimizer": name,
+                "n_params": n,
+                "naive": naive,
+                "predicted": int(pred),
+                "measured": measured,
+                "residual": measured - int(pred),
+                **{k: sb[k] for k in ("moments", "step", "quant_meta")},
+                "state_total": sb["total"],
+                "bytes_per_param": measured / n,
+                "predicted_per_param": estimate.optimizer_state_bytes_per_param(name),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------------
 # mixed-precision Adam, measured per parameter
 # --------------------------------------------------------------------------------------------
-def mixed_precision_accounting(*, config: GPTConfig | None = None, batch: int = 4, seq: int = 32,
-                               seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> pd.DataFrame:
+def mixed_precision_accounting(
+    *,
+    config: GPTConfig | None = None,
+    batch: int = 4,
+    seq: int = 32,
+    seed: int = 0,
+    dtype: torch.dtype = torch.bfloat16,
+) -> pd.DataFrame:
     """The classic recipe (16-bit model, fp32 master weights, Adam on the master) measured with
     MemoryMeter around one optimizer step: rows ``at rest`` (after the step) and ``during step``
     (MemoryMeter's peak inside ``step()``), bytes per parameter by component, beside the
@@ -121,24 +165,37 @@ def mixed_precision_accounting(*, config: GPTConfig | None = None, batch: int = 
             mw.step()
     n = count_params(model)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    pred = estimate.model_state_bytes(n, precision="bf16-mixed", optimizer="adam",
-                                      n_param_tensors=len(mw.master))
+    pred = estimate.model_state_bytes(
+        n, precision="bf16-mixed", optimizer="adam", n_param_tensors=len(mw.master)
+    )
 
     def row(label: str, bd: Mapping[str, int]) -> dict:
-        return {"when": label,
-                "params (16-bit)": (bd["params"] - buffers) / n,
-                "grads (16-bit)": bd["grads"] / n,
-                "master (fp32)": bd["other"] / n,
-                "adam m, v (fp32)": bd["optimizer"] / n,
-                "fp32 grads + scratch": (bd["activations"] + bd["temporaries"]) / n,
-                "total": (sum(bd.values()) - buffers) / n}
+        return {
+            "when": label,
+            "params (16-bit)": (bd["params"] - buffers) / n,
+            "grads (16-bit)": bd["grads"] / n,
+            "master (fp32)": bd["other"] / n,
+            "adam m, v (fp32)": bd["optimizer"] / n,
+            "fp32 grads + scratch": (bd["activations"] + bd["temporaries"]) / n,
+            "total": (sum(bd.values()) - buffers) / n,
+        }
 
-    predicted = {"when": "predicted (ZeRO accounting)", "params (16-bit)": pred["params"] / n,
-                 "grads (16-bit)": pred["grads"] / n, "master (fp32)": pred["master"] / n,
-                 "adam m, v (fp32)": pred["optimizer"] / n, "fp32 grads + scratch": 0.0,
-                 "total": pred["total"] / n}
-    return pd.DataFrame([predicted, row("measured at rest", mem.end_breakdown),
-                         row("measured peak during step", mem.peak_breakdown)]).set_index("when")
+    predicted = {
+        "when": "predicted (ZeRO accounting)",
+        "params (16-bit)": pred["params"] / n,
+        "grads (16-bit)": pred["grads"] / n,
+        "master (fp32)": pred["master"] / n,
+        "adam m, v (fp32)": pred["optimizer"] / n,
+        "fp32 grads + scratch": 0.0,
+        "total": pred["total"] / n,
+    }
+    return pd.DataFrame(
+        [
+            predicted,
+            row("measured at rest", mem.end_breakdown),
+            row("measured peak during step", mem.peak_breakdown),
+        ]
+    ).set_index("when")
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,10 +204,14 @@ def mixed_precision_accounting(*, config: GPTConfig | None = None, batch: int = 
 #: recipe -> (what it stores, estimate.model_state_bytes arguments)
 RECIPES: dict[str, tuple[str, dict]] = {
     "fp32": ("fp32 params, grads, Adam m and v", dict(precision="fp32")),
-    "16 B: bf16 + fp32 master": ("bf16 params and grads, fp32 master, fp32 Adam m and v",
-                                 dict(precision="bf16-mixed")),
-    "12 B: bf16, fp32 moments": ("bf16 params and grads, fp32 Adam m and v, no master",
-                                 dict(precision="bf16-true", state_dtype_bytes=4)),
+    "16 B: bf16 + fp32 master": (
+        "bf16 params and grads, fp32 master, fp32 Adam m and v",
+        dict(precision="bf16-mixed"),
+    ),
+    "12 B: bf16, fp32 moments": (
+        "bf16 params and grads, fp32 Adam m and v, no master",
+        dict(precision="bf16-true", state_dtype_bytes=4),
+    ),
     "8 B: bf16-true": ("bf16 params, grads, Adam m and v", dict(precision="bf16-true")),
 }
 
@@ -177,8 +238,15 @@ class _Stepper:
         (self._mw or self.optimizer).step()
 
 
-def recipe_table(*, config: GPTConfig | None = None, batch: int = 4, seq: int = 32, steps: int = 20,
-                 lr: float = 1e-4, seed: int = 0) -> pd.DataFrame:
+def recipe_table(
+    *,
+    config: GPTConfig | None = None,
+    batch: int = 4,
+    seq: int = 32,
+    steps: int = 20,
+    lr: float = 1e-4,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Each recipe of :data:`RECIPES` on the tiny GPT, from the same initial weights (the fp32
     ones, rounded to bf16 for the 16-bit recipes) on the same batches.
 
@@ -217,20 +285,36 @@ def recipe_table(*, config: GPTConfig | None = None, batch: int = 4, seq: int = 
                 with MemoryMeter(model, stepper.optimizer, track=stepper.master) as mem:
                     stepper.step()
                 end = mem.end_breakdown
-                measured = (end["params"] - buffers + end["grads"] + end["optimizer"] + end["other"]) / n
+                measured = (
+                    end["params"] - buffers + end["grads"] + end["optimizer"] + end["other"]
+                ) / n
             else:
                 stepper.step()
-        unchanged = sum(int((p.detach() == b).sum()) for p, b in zip(model.parameters(), before)) / n
+        unchanged = (
+            sum(int((p.detach() == b).sum()) for p, b in zip(model.parameters(), before)) / n
+        )
         final = [p.detach().float() for p in model.parameters()]
         if recipe == "fp32":
             fp32_final = final
         num = sum(float((f - r).pow(2).sum()) for f, r in zip(final, fp32_final)) ** 0.5
         den = sum(float((r - s).pow(2).sum()) for r, s in zip(fp32_final, start)) ** 0.5
-        n_counters = len(w0) if isinstance(stepper.optimizer, torch.optim.Adam) else 0  # O.Adam: Python int
-        pred = estimate.model_state_bytes(n, optimizer="adam", n_param_tensors=n_counters, **kwargs)["total"]
-        rows.append({"recipe": recipe, "stores": stores, "predicted B/param": pred / n,
-                     "measured B/param": measured, "loss": float(loss.detach()),
-                     "unchanged by last step": unchanged, "update error": num / den})
+        n_counters = (
+            len(w0) if isinstance(stepper.optimizer, torch.optim.Adam) else 0
+        )  # O.Adam: Python int
+        pred = estimate.model_state_bytes(
+            n, optimizer="adam", n_param_tensors=n_counters, **kwargs
+        )["total"]
+        rows.append(
+            {
+                "recipe": recipe,
+                "stores": stores,
+                "predicted B/param": pred / n,
+                "measured B/param": measured,
+                "loss": float(loss.detach()),
+                "unchanged by last step": unchanged,
+                "update error": num / den,
+            }
+        )
     return pd.DataFrame(rows).set_index("recipe")
 
 
@@ -239,35 +323,91 @@ def recipe_table(*, config: GPTConfig | None = None, batch: int = 4, seq: int = 
 # --------------------------------------------------------------------------------------------
 #: (source, what it counts, components as (component, dtype) pairs, where in the source)
 ACCOUNTINGS: tuple[tuple[str, str, tuple[tuple[str, str], ...], str], ...] = (
-    ("ZeRO, K only", "optimizer states of mixed-precision Adam (K = 12)",
-     (("fp32 master", "fp32"), ("Adam m", "fp32"), ("Adam v", "fp32")),
-     "Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 3.1; EleutherAI 'Transformer Math 101' (2023), optimizer states"),
-    ("fp32 Adam, no grads", "fp32 weights + Adam moments, gradients left out",
-     (("fp32 weights", "fp32"), ("Adam m", "fp32"), ("Adam v", "fp32")),
-     "a common shortcut: 'Adam needs 3x the weights'"),
-    ("Ultra-Scale Playbook, params+grads", "bf16 params and grads plus fp32 copies of both, before optimizer states",
-     (("bf16 params", "bf16"), ("bf16 grads", "bf16"), ("fp32 master", "fp32"), ("fp32 grads", "fp32")),
-     "Tazi et al. 2025, The Ultra-Scale Playbook (Hugging Face), 'Memory usage in Transformers'"),
-    ("12 B, no master copy", "bf16 params and grads, fp32 Adam moments, no fp32 master",
-     (("bf16 params", "bf16"), ("bf16 grads", "bf16"), ("Adam m", "fp32"), ("Adam v", "fp32")),
-     "S2's memory cheat sheet (labelled 'fp16 mixed precision'); an optimizer with fp32 moments on bf16 "
-     "weights, e.g. torchdistx AnyPrecisionAdamW with momentum_dtype = variance_dtype = float32"),
-    ("ZeRO, mixed-precision Adam", "2 + 2 + K with K = 12",
-     (("fp16 params", "fp16"), ("fp16 grads", "fp16"), ("fp32 master", "fp32"), ("Adam m", "fp32"), ("Adam v", "fp32")),
-     "Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 3.1; Micikevicius et al. 2017, arXiv:1710.03740"),
-    ("fp32 Adam", "fp32 weights, fp32 grads, Adam moments",
-     (("fp32 weights", "fp32"), ("fp32 grads", "fp32"), ("Adam m", "fp32"), ("Adam v", "fp32")),
-     "Kingma & Ba 2014, arXiv:1412.6980 (state), torch.optim.Adam"),
-    ("HF Transformers docs", "mixed precision: fp16 + fp32 weights (6), fp32 grads (4), AdamW (8)",
-     (("fp16 weights", "fp16"), ("fp32 weights", "fp32"), ("fp32 grads", "fp32"), ("Adam m", "fp32"), ("Adam v", "fp32")),
-     "Hugging Face Transformers docs, 'Model training anatomy' / 'GPU memory usage': 18 bytes/param"),
-    ("Ultra-Scale Playbook, fp32 grad accumulation", "16 plus fp32 gradients kept for accumulation",
-     (("bf16 params", "bf16"), ("bf16 grads", "bf16"), ("fp32 master", "fp32"), ("Adam m", "fp32"),
-      ("Adam v", "fp32"), ("fp32 grads", "fp32")),
-     "Tazi et al. 2025, The Ultra-Scale Playbook: 'some libraries store grads in fp32' (+4N)"),
-    ("8-bit Adam, mixed precision", "bf16 params and grads, fp32 master, 8-bit m and v",
-     (("bf16 params", "bf16"), ("bf16 grads", "bf16"), ("fp32 master", "fp32"), ("Adam m", "uint8"), ("Adam v", "uint8")),
-     "Dettmers et al. 2021, arXiv:2110.02861; EleutherAI 'Transformer Math 101' (8-bit optimizers: 6 bytes of state)"),
+    (
+        "ZeRO, K only",
+        "optimizer states of mixed-precision Adam (K = 12)",
+        (("fp32 master", "fp32"), ("Adam m", "fp32"), ("Adam v", "fp32")),
+        "Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 3.1; EleutherAI 'Transformer Math 101' (2023), optimizer states",
+    ),
+    (
+        "fp32 Adam, no grads",
+        "fp32 weights + Adam moments, gradients left out",
+        (("fp32 weights", "fp32"), ("Adam m", "fp32"), ("Adam v", "fp32")),
+        "a common shortcut: 'Adam needs 3x the weights'",
+    ),
+    (
+        "Ultra-Scale Playbook, params+grads",
+        "bf16 params and grads plus fp32 copies of both, before optimizer states",
+        (
+            ("bf16 params", "bf16"),
+            ("bf16 grads", "bf16"),
+            ("fp32 master", "fp32"),
+            ("fp32 grads", "fp32"),
+        ),
+        "Tazi et al. 2025, The Ultra-Scale Playbook (Hugging Face), 'Memory usage in Transformers'",
+    ),
+    (
+        "12 B, no master copy",
+        "bf16 params and grads, fp32 Adam moments, no fp32 master",
+        (("bf16 params", "bf16"), ("bf16 grads", "bf16"), ("Adam m", "fp32"), ("Adam v", "fp32")),
+        "S2's memory cheat sheet (labelled 'fp16 mixed precision'); an optimizer with fp32 moments on bf16 "
+        "weights, e.g. torchdistx AnyPrecisionAdamW with momentum_dtype = variance_dtype = float32",
+    ),
+    (
+        "ZeRO, mixed-precision Adam",
+        "2 + 2 + K with K = 12",
+        (
+            ("fp16 params", "fp16"),
+            ("fp16 grads", "fp16"),
+            ("fp32 master", "fp32"),
+            ("Adam m", "fp32"),
+            ("Adam v", "fp32"),
+        ),
+        "Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 3.1; Micikevicius et al. 2017, arXiv:1710.03740",
+    ),
+    (
+        "fp32 Adam",
+        "fp32 weights, fp32 grads, Adam moments",
+        (("fp32 weights", "fp32"), ("fp32 grads", "fp32"), ("Adam m", "fp32"), ("Adam v", "fp32")),
+        "Kingma & Ba 2014, arXiv:1412.6980 (state), torch.optim.Adam",
+    ),
+    (
+        "HF Transformers docs",
+        "mixed precision: fp16 + fp32 weights (6), fp32 grads (4), AdamW (8)",
+        (
+            ("fp16 weights", "fp16"),
+            ("fp32 weights", "fp32"),
+            ("fp32 grads", "fp32"),
+            ("Adam m", "fp32"),
+            ("Adam v", "fp32"),
+        ),
+        "Hugging Face Transformers docs, 'Model training anatomy' / 'GPU memory usage': 18 bytes/param",
+    ),
+    (
+        "Ultra-Scale Playbook, fp32 grad accumulation",
+        "16 plus fp32 gradients kept for accumulation",
+        (
+            ("bf16 params", "bf16"),
+            ("bf16 grads", "bf16"),
+            ("fp32 master", "fp32"),
+            ("Adam m", "fp32"),
+            ("Adam v", "fp32"),
+            ("fp32 grads", "fp32"),
+        ),
+        "Tazi et al. 2025, The Ultra-Scale Playbook: 'some libraries store grads in fp32' (+4N)",
+    ),
+    (
+        "8-bit Adam, mixed precision",
+        "bf16 params and grads, fp32 master, 8-bit m and v",
+        (
+            ("bf16 params", "bf16"),
+            ("bf16 grads", "bf16"),
+            ("fp32 master", "fp32"),
+            ("Adam m", "uint8"),
+            ("Adam v", "uint8"),
+        ),
+        "Dettmers et al. 2021, arXiv:2110.02861; EleutherAI 'Transformer Math 101' (8-bit optimizers: 6 bytes of state)",
+    ),
 )
 
 
@@ -277,19 +417,33 @@ def accounting_table() -> pd.DataFrame:
     bytes per parameter, and the reference."""
     rows = []
     for source, counts, parts, ref in ACCOUNTINGS:
-        rows.append({"source": source, "counts": counts,
-                     "components": " + ".join(f"{name} {estimate.dtype_bytes(dt)}" for name, dt in parts),
-                     "bytes_per_param": sum(estimate.dtype_bytes(dt) for _, dt in parts),
-                     "reference": ref})
+        rows.append(
+            {
+                "source": source,
+                "counts": counts,
+                "components": " + ".join(
+                    f"{name} {estimate.dtype_bytes(dt)}" for name, dt in parts
+                ),
+                "bytes_per_param": sum(estimate.dtype_bytes(dt) for _, dt in parts),
+                "reference": ref,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------------
 # convergence
 # --------------------------------------------------------------------------------------------
-def convergence(names: Sequence[str] = O.OPTIMIZERS, *, steps: int = 40, config: GPTConfig | None = None,
-                batch: int = 8, seq: int = 16, seed: int = 0,
-                lr: Mapping[str, float] | None = None) -> pd.DataFrame:
+def convergence(
+    names: Sequence[str] = O.OPTIMIZERS,
+    *,
+    steps: int = 40,
+    config: GPTConfig | None = None,
+    batch: int = 8,
+    seq: int = 16,
+    seed: int = 0,
+    lr: Mapping[str, float] | None = None,
+) -> pd.DataFrame:
     """Train the tiny GPT on the task with each optimizer: same initial weights (seed), same
     batches. Rows: optimizer, lr, step, loss. ``lr`` overrides :data:`DEFAULT_LR` per name."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -297,7 +451,7 @@ def convergence(names: Sequence[str] = O.OPTIMIZERS, *, steps: int = 40, config:
     config = config or GPTConfig.tiny()
     lrs = {**DEFAULT_LR, **(lr or {})}
     rows = []
-    for name in validate.choices('names', names, O.OPTIMIZERS):
+    for name in validate.choices("names", names, O.OPTIMIZERS):
         model = _model(config, seed)
         opt = O.make_optimizer(name, model.parameters(), lr=lrs[name])
         gen = torch.Generator().manual_seed(seed + 1)
@@ -307,5 +461,7 @@ def convergence(names: Sequence[str] = O.OPTIMIZERS, *, steps: int = 40, config:
             loss = model.loss(idx, tgt)
             loss.backward()
             opt.step()
-            rows.append({"optimizer": name, "lr": lrs[name], "step": step, "loss": float(loss.detach())})
+            rows.append(
+                {"optimizer": name, "lr": lrs[name], "step": step, "loss": float(loss.detach())}
+            )
     return pd.DataFrame(rows)

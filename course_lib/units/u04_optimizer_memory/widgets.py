@@ -7,6 +7,7 @@ Run is pressed.
 
     ex = OptimizerExplorer(); ex.optimizers.value = ("sgd", "adam"); ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import html
@@ -29,14 +30,22 @@ class OptimizerExplorer(Explorer):
         from course_lib.techniques.optim import OPTIMIZERS
 
         self.config = config
-        self.optimizers = widgets.SelectMultiple(options=list(OPTIMIZERS), value=("sgd", "adam", "adam8bit"),
-                                                 description="optimizers", rows=7)
+        self.optimizers = widgets.SelectMultiple(
+            options=list(OPTIMIZERS),
+            value=("sgd", "adam", "adam8bit"),
+            description="optimizers",
+            rows=7,
+        )
         self.steps = widgets.IntSlider(value=20, min=5, max=100, step=5, description="steps")
-        self.lr_scale = widgets.FloatLogSlider(value=1.0, base=10, min=-1, max=1, step=0.25,
-                                               description="lr x")
-        super().__init__(self.optimizers, widgets.VBox([self.steps, self.lr_scale]),
-                         tooltip="train and measure each optimizer",
-                         intro="Pick optimizers, then press Run.")
+        self.lr_scale = widgets.FloatLogSlider(
+            value=1.0, base=10, min=-1, max=1, step=0.25, description="lr x"
+        )
+        super().__init__(
+            self.optimizers,
+            widgets.VBox([self.steps, self.lr_scale]),
+            tooltip="train and measure each optimizer",
+            intro="Pick optimizers, then press Run.",
+        )
 
     def compute(self):
         """Train with each selected optimizer and measure its state."""

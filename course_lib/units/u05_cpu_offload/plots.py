@@ -3,6 +3,7 @@
 Pure: nothing is measured here. Inputs are the DataFrames of
 ``course_lib.units.u05_cpu_offload.run``.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -13,28 +14,55 @@ from course_lib.viz.plots import CATEGORY_COLORS, require_columns, style
 __all__ = ["PART_COLORS", "plot_memory_fit", "plot_tiers", "plot_step_breakdown"]
 
 #: one colour per part of an offloaded step
-PART_COLORS = {"compute": "tab:blue", "to_host": "tab:orange", "store_read": "tab:brown",
-               "host_adam": "tab:green", "store_write": "tab:pink", "to_device": "tab:red"}
+PART_COLORS = {
+    "compute": "tab:blue",
+    "to_host": "tab:orange",
+    "store_read": "tab:brown",
+    "host_adam": "tab:green",
+    "store_write": "tab:pink",
+    "to_device": "tab:red",
+}
 
 
 def plot_memory_fit(df: pd.DataFrame, budget_bytes: int, *, simulated: bool = True):
     """Device memory at the peak of a step, plain and offloaded: model state and activations
     stacked (measured), the predicted model state as a hatched outline, the budget as a line.
     ``df``: ``memory_fit()``; bytes shown in MiB."""
-    require_columns(df, ["model_state_measured", "activations", "model_state_predicted"], "df",
-                    nonempty=True)
+    require_columns(
+        df, ["model_state_measured", "activations", "model_state_predicted"], "df", nonempty=True
+    )
     mib = 2**20
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.5))
         ys = range(len(df))
-        ax.barh(list(ys), df["model_state_measured"] / mib, color=CATEGORY_COLORS["optimizer"],
-                label="model state (measured)")
-        ax.barh(list(ys), df["activations"] / mib, left=df["model_state_measured"] / mib,
-                color=CATEGORY_COLORS["activations"], label="activations + temporaries (measured)")
-        ax.barh(list(ys), df["model_state_predicted"] / mib, fill=False, hatch="//",
-                edgecolor="black", label="model state (estimate)")
-        ax.axvline(budget_bytes / mib, color="black", ls="--", lw=2,
-                   label=f"{'simulated ' if simulated else ''}device budget")
+        ax.barh(
+            list(ys),
+            df["model_state_measured"] / mib,
+            color=CATEGORY_COLORS["optimizer"],
+            label="model state (measured)",
+        )
+        ax.barh(
+            list(ys),
+            df["activations"] / mib,
+            left=df["model_state_measured"] / mib,
+            color=CATEGORY_COLORS["activations"],
+            label="activations + temporaries (measured)",
+        )
+        ax.barh(
+            list(ys),
+            df["model_state_predicted"] / mib,
+            fill=False,
+            hatch="//",
+            edgecolor="black",
+            label="model state (estimate)",
+        )
+        ax.axvline(
+            budget_bytes / mib,
+            color="black",
+            ls="--",
+            lw=2,
+            label=f"{'simulated ' if simulated else ''}device budget",
+        )
         ax.set_yticks(list(ys), list(df.index))
         ax.invert_yaxis()
         ax.set_xlabel("device memory at the step's peak (MiB)")
@@ -81,15 +109,36 @@ def plot_step_breakdown(df: pd.DataFrame, *, predicted: dict[str, float] | None 
             vals = list(df[p] * 1e3)
             ax.bar(xs, vals, bottom=bottom, color=PART_COLORS[p], width=0.6, label=p)
             bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.scatter(xs, df["total"] * 1e3, marker="_", s=900, color="black", lw=3, zorder=3,
-                   label="total (measured, own clock)")
+        ax.scatter(
+            xs,
+            df["total"] * 1e3,
+            marker="_",
+            s=900,
+            color="black",
+            lw=3,
+            zorder=3,
+            label="total (measured, own clock)",
+        )
         if "plain" in df.columns:
-            ax.scatter(xs, df["plain"] * 1e3, marker="_", s=900, color="gray", lw=3, zorder=3,
-                       label="plain step, no offload")
+            ax.scatter(
+                xs,
+                df["plain"] * 1e3,
+                marker="_",
+                s=900,
+                color="gray",
+                lw=3,
+                zorder=3,
+                label="plain step, no offload",
+            )
         for key, ls in (("serial_s", "--"), ("overlapped_s", ":")):
             if predicted and key in predicted:
-                ax.axhline(predicted[key] * 1e3, color="black", ls=ls, lw=1.5,
-                           label=f"estimate, {key[:-2]} (median parts)")
+                ax.axhline(
+                    predicted[key] * 1e3,
+                    color="black",
+                    ls=ls,
+                    lw=1.5,
+                    label=f"estimate, {key[:-2]} (median parts)",
+                )
         ax.set_xticks(xs, [f"step {i}" for i in xs])
         ax.set_ylabel("ms")
         ax.set_title("An offloaded step, part by part")

@@ -16,6 +16,7 @@ Measured runs, each returning a pandas DataFrame or plain data:
 
 Plain data out; plots in course_lib.units.u05_cpu_offload.plots.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,18 @@ from course_lib.models import GPT, GPTConfig, count_params
 from course_lib.techniques.offload import PHASES, OffloadAdamW, drop_page_cache
 from course_lib.techniques.optim import MasterWeights
 
-__all__ = ["CONFIG", "LR", "parity", "memory_fit", "tier_bandwidth", "h2d_bandwidth",
-           "step_breakdown", "fsdp_offload_parity", "scale_up", "PARTS"]
+__all__ = [
+    "CONFIG",
+    "LR",
+    "parity",
+    "memory_fit",
+    "tier_bandwidth",
+    "h2d_bandwidth",
+    "step_breakdown",
+    "fsdp_offload_parity",
+    "scale_up",
+    "PARTS",
+]
 
 #: the model of the unit: a tiny GPT wide enough that its optimizer state outweighs activations
 CONFIG = GPTConfig.tiny(n_layer=2, n_embd=128, block_size=32)
@@ -61,9 +72,15 @@ def _plain_optimizer(model, dtype):
 # --------------------------------------------------------------------------------------------
 # parity
 # --------------------------------------------------------------------------------------------
-def parity(*, steps: int = 5, dtypes: Sequence[torch.dtype] = (torch.float32, torch.bfloat16),
-           tiers: Sequence[str] = ("memory", "file"), config: GPTConfig | None = None,
-           batch: int = 4, device: str = "cpu") -> pd.DataFrame:
+def parity(
+    *,
+    steps: int = 5,
+    dtypes: Sequence[torch.dtype] = (torch.float32, torch.bfloat16),
+    tiers: Sequence[str] = ("memory", "file"),
+    config: GPTConfig | None = None,
+    batch: int = 4,
+    device: str = "cpu",
+) -> pd.DataFrame:
     """Train two copies of the model ``steps`` steps on the same batches, one with the plain
     optimizer (AdamW; for bf16 the master-weights recipe of unit 04), one with ``OffloadAdamW``.
     One row per (dtype, tier): the largest |difference| of any parameter, the largest distance
@@ -87,15 +104,26 @@ def parity(*, steps: int = 5, dtypes: Sequence[torch.dtype] = (torch.float32, to
                     model.loss(idx, tgt).backward()
                     o.step()
             with torch.no_grad():
-                diff = max(float((a.float() - b.float()).abs().max())
-                           for a, b in zip(plain.parameters(), off.parameters()))
-                moved = min(float((a.float() - s.float()).abs().max())
-                            for a, s in zip(plain.parameters(), start))
-            rows.append({"dtype": str(dtype).removeprefix("torch."), "tier": tier, "steps": steps,
-                         "max_abs_diff": diff, "min_param_moved": moved,
-                         "to_host_bytes": opt.bytes_moved["to_host"],
-                         "to_device_bytes": opt.bytes_moved["to_device"],
-                         "n_params": count_params(off)})
+                diff = max(
+                    float((a.float() - b.float()).abs().max())
+                    for a, b in zip(plain.parameters(), off.parameters())
+                )
+                moved = min(
+                    float((a.float() - s.float()).abs().max())
+                    for a, s in zip(plain.parameters(), start)
+                )
+            rows.append(
+                {
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "tier": tier,
+                    "steps": steps,
+                    "max_abs_diff": diff,
+                    "min_param_moved": moved,
+                    "to_host_bytes": opt.bytes_moved["to_host"],
+                    "to_device_bytes": opt.bytes_moved["to_device"],
+                    "n_params": count_params(off),
+                }
+            )
             opt.close()
     return pd.DataFrame(rows)
 
@@ -103,8 +131,13 @@ def parity(*, steps: int = 5, dtypes: Sequence[torch.dtype] = (torch.float32, to
 # --------------------------------------------------------------------------------------------
 # device memory, with and without offload
 # --------------------------------------------------------------------------------------------
-def memory_fit(*, config: GPTConfig | None = None, batch: int = 4, dtype: torch.dtype = torch.bfloat16,
-               device: str = "cpu") -> pd.DataFrame:
+def memory_fit(
+    *,
+    config: GPTConfig | None = None,
+    batch: int = 4,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+) -> pd.DataFrame:
     """Device memory of one training step, plain and offloaded, measured with MemoryMeter.
 
     Plain: the master-weights recipe (bf16 model, fp32 master, AdamW; unit 04) -- everything on
@@ -126,7 +159,9 @@ def memory_fit(*, config: GPTConfig | None = None, batch: int = 4, dtype: torch.
     n = count_params(plain)
     precision = "fp32" if dtype == torch.float32 else "bf16-mixed"
     gen = torch.Generator().manual_seed(1)
-    idx, tgt = (t.to(device) for t in permutation_batch(config, batch, config.block_size, generator=gen))
+    idx, tgt = (
+        t.to(device) for t in permutation_batch(config, batch, config.block_size, generator=gen)
+    )
 
     ref = _plain_optimizer(plain, dtype)
     inner = ref if isinstance(ref, torch.optim.Optimizer) else ref.optimizer
@@ -155,19 +190,27 @@ def memory_fit(*, config: GPTConfig | None = None, batch: int = 4, dtype: torch.
         opt.load_params()
 
     rows = []
-    for label, level, mem, host in (("plain (all on device)", "none", mem_plain, 0),
-                                    ("offloaded optimizer", "optimizer", mem_off, opt.host_bytes())):
+    for label, level, mem, host in (
+        ("plain (all on device)", "none", mem_plain, 0),
+        ("offloaded optimizer", "optimizer", mem_off, opt.host_bytes()),
+    ):
         bd = mem.peak_breakdown
         split = estimate.offload_split(n, level=level, precision=precision, optimizer="adamw")
-        rows.append({"run": label, "level": level,
-                     "model_state_predicted": split["device"],
-                     "model_state_measured": bd["params"] + bd["grads"] + bd["optimizer"] + bd["other"],
-                     "activations": bd["activations"] + bd["temporaries"],
-                     "peak": mem.peak_bytes, "peak_phase": mem.peak_phase,
-                     "host_predicted": split["host"],
-                     "host_measured": 0 if not host else host["master"] + host["optimizer"],
-                     "host_buffers": 0 if not host else host["grads"] + host["staging"],
-                     "n_params": n})
+        rows.append(
+            {
+                "run": label,
+                "level": level,
+                "model_state_predicted": split["device"],
+                "model_state_measured": bd["params"] + bd["grads"] + bd["optimizer"] + bd["other"],
+                "activations": bd["activations"] + bd["temporaries"],
+                "peak": mem.peak_bytes,
+                "peak_phase": mem.peak_phase,
+                "host_predicted": split["host"],
+                "host_measured": 0 if not host else host["master"] + host["optimizer"],
+                "host_buffers": 0 if not host else host["grads"] + host["staging"],
+                "n_params": n,
+            }
+        )
     return pd.DataFrame(rows).set_index("run")
 
 
@@ -179,7 +222,9 @@ def _median(xs):
     return xs[len(xs) // 2]
 
 
-def tier_bandwidth(nbytes: int = 64 << 20, *, repeat: int = 3, directory: str | None = None) -> pd.DataFrame:
+def tier_bandwidth(
+    nbytes: int = 64 << 20, *, repeat: int = 3, directory: str | None = None
+) -> pd.DataFrame:
     """GB/s (1e9 B/s, median of ``repeat``) of the places state can live on this machine:
 
     * ``RAM copy``: ``torch`` copy between two preallocated host buffers (what a "transfer" is
@@ -195,8 +240,12 @@ def tier_bandwidth(nbytes: int = 64 << 20, *, repeat: int = 3, directory: str | 
     dst = torch.empty_like(src)
     dst.copy_(src)  # touch every page first: the timed copy must not count page faults
     buf = memoryview(dst.numpy())
-    times = {"RAM copy": [], "file write + fsync": [], "file read, cache dropped": [],
-             "file read, cached": []}
+    times = {
+        "RAM copy": [],
+        "file write + fsync": [],
+        "file read, cache dropped": [],
+        "file read, cached": [],
+    }
     fd, path = tempfile.mkstemp(prefix="tier-", suffix=".bin", dir=directory)
     try:
         with os.fdopen(fd, "r+b", buffering=0) as f:
@@ -217,10 +266,17 @@ def tier_bandwidth(nbytes: int = 64 << 20, *, repeat: int = 3, directory: str | 
                     times[key].append(time.perf_counter() - t0)
     finally:
         os.remove(path)
-    note = {"file read, cache dropped": "" if dropped else
-            "posix_fadvise is not available here: this read may come from the page cache"}
-    return pd.DataFrame([{"tier": k, "GBps": nbytes / _median(v) / 1e9, "bytes": nbytes,
-                          "note": note.get(k, "")} for k, v in times.items()]).set_index("tier")
+    note = {
+        "file read, cache dropped": ""
+        if dropped
+        else "posix_fadvise is not available here: this read may come from the page cache"
+    }
+    return pd.DataFrame(
+        [
+            {"tier": k, "GBps": nbytes / _median(v) / 1e9, "bytes": nbytes, "note": note.get(k, "")}
+            for k, v in times.items()
+        ]
+    ).set_index("tier")
 
 
 def h2d_bandwidth(nbytes: int = 256 << 20, *, repeat: int = 5) -> pd.DataFrame:
@@ -229,7 +285,9 @@ def h2d_bandwidth(nbytes: int = 256 << 20, *, repeat: int = 5) -> pd.DataFrame:
     Pageable copies go through a pinned bounce buffer of the driver; pinned ones are one DMA.
     Raises RuntimeError without CUDA."""
     if not torch.cuda.is_available():
-        raise RuntimeError("h2d_bandwidth needs a CUDA device; on this machine use tier_bandwidth()")
+        raise RuntimeError(
+            "h2d_bandwidth needs a CUDA device; on this machine use tier_bandwidth()"
+        )
     from course_lib.measure.timing import time_fn
 
     nbytes = validate.count("nbytes", nbytes, minimum=1)
@@ -238,20 +296,35 @@ def h2d_bandwidth(nbytes: int = 256 << 20, *, repeat: int = 5) -> pd.DataFrame:
     for pinned in (True, False):
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         host.fill_(1)
-        for direction, fn in (("host -> device", lambda h=host, pin=pinned: dev.copy_(h, non_blocking=pin)),
-                              ("device -> host", lambda h=host, pin=pinned: h.copy_(dev, non_blocking=pin))):
+        for direction, fn in (
+            ("host -> device", lambda h=host, pin=pinned: dev.copy_(h, non_blocking=pin)),
+            ("device -> host", lambda h=host, pin=pinned: h.copy_(dev, non_blocking=pin)),
+        ):
             r = time_fn(fn, warmup=2, repeat=repeat, sync=True)
-            rows.append({"memory": "pinned" if pinned else "pageable", "direction": direction,
-                         "GBps": nbytes / r.median_s / 1e9, "bytes": nbytes})
+            rows.append(
+                {
+                    "memory": "pinned" if pinned else "pageable",
+                    "direction": direction,
+                    "GBps": nbytes / r.median_s / 1e9,
+                    "bytes": nbytes,
+                }
+            )
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------------
 # the parts of an offloaded step
 # --------------------------------------------------------------------------------------------
-def step_breakdown(*, tier: str = "file", steps: int = 6, config: GPTConfig | None = None,
-                   batch: int = 8, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                   warmup: int = 1) -> pd.DataFrame:
+def step_breakdown(
+    *,
+    tier: str = "file",
+    steps: int = 6,
+    config: GPTConfig | None = None,
+    batch: int = 8,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    warmup: int = 1,
+) -> pd.DataFrame:
     """Time every part of ``steps`` offloaded steps (after ``warmup`` untimed ones).
 
     One row per step: ``compute`` (forward + backward), the phases of ``OffloadAdamW``
@@ -266,12 +339,18 @@ def step_breakdown(*, tier: str = "file", steps: int = 6, config: GPTConfig | No
     ref = _plain_optimizer(plain, dtype)
     opt = OffloadAdamW(off.parameters(), lr=LR, tier=tier)
     gen = torch.Generator().manual_seed(1)
-    sync = (lambda: torch.cuda.synchronize()) if torch.device(device).type == "cuda" else (lambda: None)
+    sync = (
+        (lambda: torch.cuda.synchronize())
+        if torch.device(device).type == "cuda"
+        else (lambda: None)
+    )
     rows = []
     try:
         for k in range(warmup + steps):
-            idx, tgt = (t.to(device) for t in permutation_batch(config, batch, config.block_size,
-                                                                 generator=gen))
+            idx, tgt = (
+                t.to(device)
+                for t in permutation_batch(config, batch, config.block_size, generator=gen)
+            )
             sync()
             t0 = time.perf_counter()
             ref.zero_grad(set_to_none=True)
@@ -288,9 +367,16 @@ def step_breakdown(*, tier: str = "file", steps: int = 6, config: GPTConfig | No
             opt.step()
             t_end = time.perf_counter()
             if k >= warmup:
-                rows.append({"step": k - warmup, "compute": t1 - t0, **opt.last_times,
-                             "total": t_end - t0, "plain": t_plain,
-                             **{f"{p}_bytes": b for p, b in opt.bytes_moved.items() if b}})
+                rows.append(
+                    {
+                        "step": k - warmup,
+                        "compute": t1 - t0,
+                        **opt.last_times,
+                        "total": t_end - t0,
+                        "plain": t_plain,
+                        **{f"{p}_bytes": b for p, b in opt.bytes_moved.items() if b},
+                    }
+                )
     finally:
         opt.close()
     return pd.DataFrame(rows)
@@ -300,12 +386,16 @@ def predicted_step_times(parts: pd.DataFrame | dict) -> dict[str, float]:
     """``estimate.offload_step_time`` from measured parts (a :func:`step_breakdown` row or the
     medians of its columns): ``serial_s`` (one after the other) and ``overlapped_s`` (max)."""
     get = parts.get
-    kw = dict(compute_s=float(get("compute")),
-              transfer_s=float(get("to_host")) + float(get("to_device")),
-              host_s=float(get("host_adam")),
-              storage_s=float(get("store_read", 0.0)) + float(get("store_write", 0.0)))
-    return {"serial_s": estimate.offload_step_time(**kw, overlap=False),
-            "overlapped_s": estimate.offload_step_time(**kw, overlap=True)}
+    kw = dict(
+        compute_s=float(get("compute")),
+        transfer_s=float(get("to_host")) + float(get("to_device")),
+        host_s=float(get("host_adam")),
+        storage_s=float(get("store_read", 0.0)) + float(get("store_write", 0.0)),
+    )
+    return {
+        "serial_s": estimate.offload_step_time(**kw, overlap=False),
+        "overlapped_s": estimate.offload_step_time(**kw, overlap=True),
+    }
 
 
 __all__.append("predicted_step_times")
@@ -342,15 +432,28 @@ def _fsdp_rank(rank: int, world_size: int, steps: int):
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, offload_policy=policy)
     fully_shard(model, offload_policy=policy)
-    where = {name: {"type": type(p).__name__, "device": str(p.to_local().device),
-                    "local_shape": tuple(p.to_local().shape), "full_shape": tuple(p.shape)}
-             for name, p in model.named_parameters()}
-    record = parallel_run(model, _fsdp_batch, steps=steps, shard=(rank, world_size),
-                          optimizer_fn=make_optimizer_fn("adamw", lr=LR))
+    where = {
+        name: {
+            "type": type(p).__name__,
+            "device": str(p.to_local().device),
+            "local_shape": tuple(p.to_local().shape),
+            "full_shape": tuple(p.shape),
+        }
+        for name, p in model.named_parameters()
+    }
+    record = parallel_run(
+        model,
+        _fsdp_batch,
+        steps=steps,
+        shard=(rank, world_size),
+        optimizer_fn=make_optimizer_fn("adamw", lr=LR),
+    )
     return record, where
 
 
-def fsdp_offload_parity(*, steps: int = 3, world_size: int = 2) -> tuple[pd.DataFrame, pd.DataFrame]:
+def fsdp_offload_parity(
+    *, steps: int = 3, world_size: int = 2
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """FSDP2 with ``CPUOffloadPolicy`` on ``world_size`` gloo ranks against one process on the
     full batch (AdamW, ``steps`` steps, float64 MLP). Returns ``(table, where)``: the harness's
     comparison table (one row per step, rank and tensor) and where rank 0 keeps each parameter
@@ -360,8 +463,9 @@ def fsdp_offload_parity(*, steps: int = 3, world_size: int = 2) -> tuple[pd.Data
 
     steps = validate.count("steps", steps, minimum=1)
     out = course_lib.launch(_fsdp_rank, world_size, steps, timeout=120.0)
-    ref = reference_run(_fsdp_model, _fsdp_batch, steps=steps,
-                        optimizer_fn=make_optimizer_fn("adamw", lr=LR))
+    ref = reference_run(
+        _fsdp_model, _fsdp_batch, steps=steps, optimizer_fn=make_optimizer_fn("adamw", lr=LR)
+    )
     table = compare(ref, [r for r, _ in out])
     where = pd.DataFrame(out[0][1]).T
     return table, where
@@ -370,9 +474,15 @@ def fsdp_offload_parity(*, steps: int = 3, world_size: int = 2) -> tuple[pd.Data
 # --------------------------------------------------------------------------------------------
 # 7B and 70B, estimated
 # --------------------------------------------------------------------------------------------
-def scale_up(n_params: Sequence[float] = (7e9, 70e9), *, tokens_per_step: int = 16 * 4096,
-             link: str = "PCIe 4.0 x16", host_GBps: float = 100.0, gpu_TFLOPs: float = 989.0,
-             mfu: float = 0.5) -> pd.DataFrame:
+def scale_up(
+    n_params: Sequence[float] = (7e9, 70e9),
+    *,
+    tokens_per_step: int = 16 * 4096,
+    link: str = "PCIe 4.0 x16",
+    host_GBps: float = 100.0,
+    gpu_TFLOPs: float = 989.0,
+    mfu: float = 0.5,
+) -> pd.DataFrame:
     """Estimated offloaded step at scale, one row per model size, level ``optimizer``,
     bf16-mixed AdamW, one GPU: device and host GB, the step's parts in seconds -- compute =
     6 N tokens / (peak x MFU) (``estimate.transformer_training_flops``), transfer each way on
@@ -384,16 +494,27 @@ def scale_up(n_params: Sequence[float] = (7e9, 70e9), *, tokens_per_step: int = 
     for n in n_params:
         n = validate.count("n_params", n, minimum=1)
         split = estimate.offload_split(n, level="optimizer")
-        compute = estimate.transformer_training_flops(n, tokens_per_step) / (gpu_TFLOPs * 1e12 * mfu)
+        compute = estimate.transformer_training_flops(n, tokens_per_step) / (
+            gpu_TFLOPs * 1e12 * mfu
+        )
         tr = estimate.offload_transfer_times(n, link_GBps=link_GBps)
         host = estimate.host_adam_time(n, host_GBps=host_GBps)
-        rows.append({"params": f"{n / 1e9:g}B", "device GB": split["device"] / 1e9,
-                     "host GB": split["host"] / 1e9, "each way GB": split["to_host"] / 1e9,
-                     "compute s": compute, "transfer s (each way)": tr["duplex_s"],
-                     "host Adam s": host,
-                     "overlapped s": estimate.offload_step_time(compute_s=compute, transfer_s=tr["duplex_s"],
-                                                                host_s=host),
-                     "serial s": estimate.offload_step_time(compute_s=compute, transfer_s=tr["serial_s"],
-                                                            host_s=host, overlap=False),
-                     "no offload s": compute})
+        rows.append(
+            {
+                "params": f"{n / 1e9:g}B",
+                "device GB": split["device"] / 1e9,
+                "host GB": split["host"] / 1e9,
+                "each way GB": split["to_host"] / 1e9,
+                "compute s": compute,
+                "transfer s (each way)": tr["duplex_s"],
+                "host Adam s": host,
+                "overlapped s": estimate.offload_step_time(
+                    compute_s=compute, transfer_s=tr["duplex_s"], host_s=host
+                ),
+                "serial s": estimate.offload_step_time(
+                    compute_s=compute, transfer_s=tr["serial_s"], host_s=host, overlap=False
+                ),
+                "no offload s": compute,
+            }
+        )
     return pd.DataFrame(rows).set_index("params")

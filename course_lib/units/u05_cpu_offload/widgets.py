@@ -6,6 +6,7 @@ the step-time model. Nothing runs until Run is pressed.
 
     ex = OffloadExplorer(); ex.tier.value = "memory"; ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -24,11 +25,21 @@ class OffloadExplorer(Explorer):
 
     def __init__(self, *, steps: int = 3):
         self.steps = steps
-        self.tier = widgets.ToggleButtons(options=["file", "memory"], value="file", description="state in")
-        self.width = widgets.SelectionSlider(options=[32, 64, 128, 256], value=128, description="n_embd")
-        self.batch = widgets.SelectionSlider(options=[1, 2, 4, 8, 16, 32], value=8, description="batch")
-        super().__init__(self.tier, widgets.VBox([self.width, self.batch]),
-                         tooltip="time offloaded steps", intro="Pick a tier, a width and a batch, then press Run.")
+        self.tier = widgets.ToggleButtons(
+            options=["file", "memory"], value="file", description="state in"
+        )
+        self.width = widgets.SelectionSlider(
+            options=[32, 64, 128, 256], value=128, description="n_embd"
+        )
+        self.batch = widgets.SelectionSlider(
+            options=[1, 2, 4, 8, 16, 32], value=8, description="batch"
+        )
+        super().__init__(
+            self.tier,
+            widgets.VBox([self.width, self.batch]),
+            tooltip="time offloaded steps",
+            intro="Pick a tier, a width and a batch, then press Run.",
+        )
 
     def compute(self):
         import dataclasses
@@ -40,17 +51,20 @@ class OffloadExplorer(Explorer):
         )
 
         config = dataclasses.replace(CONFIG, n_embd=int(self.width.value))
-        df = step_breakdown(tier=self.tier.value, steps=self.steps, config=config,
-                            batch=int(self.batch.value))
+        df = step_breakdown(
+            tier=self.tier.value, steps=self.steps, config=config, batch=int(self.batch.value)
+        )
         self.predicted = predicted_step_times(df.median(numeric_only=True))
         return df
 
     def summary(self, df) -> str:
         med = df.median(numeric_only=True)
         compute = med["compute"] / med["total"]
-        return (f"median step {med['total'] * 1e3:.1f} ms, compute {compute:.0%} of it; "
-                f"serial estimate {self.predicted['serial_s'] * 1e3:.1f} ms, "
-                f"overlapped {self.predicted['overlapped_s'] * 1e3:.1f} ms")
+        return (
+            f"median step {med['total'] * 1e3:.1f} ms, compute {compute:.0%} of it; "
+            f"serial estimate {self.predicted['serial_s'] * 1e3:.1f} ms, "
+            f"overlapped {self.predicted['overlapped_s'] * 1e3:.1f} ms"
+        )
 
     def show(self, df):
         from course_lib.units.u05_cpu_offload.plots import plot_step_breakdown

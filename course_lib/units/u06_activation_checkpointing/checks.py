@@ -13,11 +13,19 @@ the forward ends, for configurations not shown in the lecture; compared with Mem
 
 The course's own answers are out of reach during each check (``run_learner(..., forbid=...)``).
 """
+
 from __future__ import annotations
 
 from course_lib.grading.core import fail, fmt_int, passed, run_learner
 
-__all__ = ["check_pick_policy", "check_rng_fix", "check_predict_kept_bytes", "MENU", "GRAD_RTOL", "GRAD_ATOL"]
+__all__ = [
+    "check_pick_policy",
+    "check_rng_fix",
+    "check_predict_kept_bytes",
+    "MENU",
+    "GRAD_RTOL",
+    "GRAD_ATOL",
+]
 
 _RUN = "course_lib.units.u06_activation_checkpointing.run"
 _CK = "course_lib.techniques.checkpointing"
@@ -44,8 +52,10 @@ def _batch(config, batch: int, seq: int, seed: int = 1):
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    return (torch.randint(0, config.vocab_size, (batch, seq), generator=g),
-            torch.randint(0, config.vocab_size, (batch, seq), generator=g))
+    return (
+        torch.randint(0, config.vocab_size, (batch, seq), generator=g),
+        torch.randint(0, config.vocab_size, (batch, seq), generator=g),
+    )
 
 
 def _measure(base, idx, tgt, policy: str, k: int, save_ops) -> tuple[int, int]:
@@ -88,18 +98,27 @@ def check_pick_policy(pick, task: int = 1) -> None:
     base = _gpt(config)
     idx, tgt = _batch(config, batch, seq)
     if not _MENU_CACHE:  # deterministic: measured once per process
-        _MENU_CACHE.update({(p, k, tuple(ops)): _measure(base, idx, tgt, p, k, ops)
-                            for p, k, ops in _menu(config.n_layer)})
+        _MENU_CACHE.update(
+            {
+                (p, k, tuple(ops)): _measure(base, idx, tgt, p, k, ops)
+                for p, k, ops in _menu(config.n_layer)
+            }
+        )
     measured = dict(_MENU_CACHE)
     base_flops = measured[("none", 1, tuple(MATMUL_OPS))][1]
     kept = sorted({v[0] for v in measured.values()})
     # budgets: everything fits; only some selective and block policies fit; only the smallest fits
     budgets = (kept[-1], kept[len(kept) // 2], kept[0])
     for budget in budgets:
-        choice = run_learner(task, pick, config, batch, seq, budget, forbid=[f"{_RUN}:cheapest_fitting_policy"])
+        choice = run_learner(
+            task, pick, config, batch, seq, budget, forbid=[f"{_RUN}:cheapest_fitting_policy"]
+        )
         if not isinstance(choice, dict) or "policy" not in choice:
-            fail(task, f"pick(...) must return a dict with 'policy', 'k' (and optionally 'save_ops'), "
-                       f"got {type(choice).__name__} {choice!r}")
+            fail(
+                task,
+                f"pick(...) must return a dict with 'policy', 'k' (and optionally 'save_ops'), "
+                f"got {type(choice).__name__} {choice!r}",
+            )
         policy, k = choice["policy"], choice.get("k", 1)
         ops = tuple(choice.get("save_ops", MATMUL_OPS))
         key = (policy, k, ops)
@@ -107,16 +126,28 @@ def check_pick_policy(pick, task: int = 1) -> None:
             try:
                 measured[key] = _measure(base, idx, tgt, policy, k, ops)
             except (TypeError, ValueError) as exc:
-                fail(task, f"budget {fmt_int(budget)} B: apply_checkpointing refused {choice!r}: {exc}")
+                fail(
+                    task,
+                    f"budget {fmt_int(budget)} B: apply_checkpointing refused {choice!r}: {exc}",
+                )
         got_kept, got_flops = measured[key]
         if got_kept > budget:
-            fail(task, f"budget {fmt_int(budget)} B: {choice!r} keeps {fmt_int(got_kept)} B (measured), "
-                       "more than the budget")
+            fail(
+                task,
+                f"budget {fmt_int(budget)} B: {choice!r} keeps {fmt_int(got_kept)} B (measured), "
+                "more than the budget",
+            )
         best = min(f - base_flops for b, f in measured.values() if b <= budget)
         if got_flops - base_flops != best:
-            fail(task, f"budget {fmt_int(budget)} B: {choice!r} fits but recomputes {fmt_int(got_flops - base_flops)} "
-                       f"matmul FLOPs; another option fits with {fmt_int(best)}")
-    passed(task, f"all {len(budgets)} budgets met with the least recomputation (measured on an unseen GPT)")
+            fail(
+                task,
+                f"budget {fmt_int(budget)} B: {choice!r} fits but recomputes {fmt_int(got_flops - base_flops)} "
+                f"matmul FLOPs; another option fits with {fmt_int(best)}",
+            )
+    passed(
+        task,
+        f"all {len(budgets)} budgets met with the least recomputation (measured on an unseen GPT)",
+    )
 
 
 def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
@@ -128,7 +159,9 @@ def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
 
     from course_lib.models import GPTConfig
 
-    config = GPTConfig.tiny(n_layer=2, n_embd=32, n_head=2, block_size=24, vocab_size=40, dropout=0.2)
+    config = GPTConfig.tiny(
+        n_layer=2, n_embd=32, n_head=2, block_size=24, vocab_size=40, dropout=0.2
+    )
     base = _gpt(config)
     idx, tgt = _batch(config, 2, 24)
 
@@ -143,7 +176,13 @@ def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
     def grads(model, learner: bool):
         torch.manual_seed(1234)
         if learner:
-            loss = run_learner(task, model.loss, idx, tgt, forbid=[f"{_CK}:Checkpointed", f"{_CK}:apply_checkpointing"])
+            loss = run_learner(
+                task,
+                model.loss,
+                idx,
+                tgt,
+                forbid=[f"{_CK}:Checkpointed", f"{_CK}:apply_checkpointing"],
+            )
             run_learner(task, loss.backward)
         else:
             model.loss(idx, tgt).backward()
@@ -153,27 +192,41 @@ def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
     model = copy.deepcopy(base)
     # one call on its own first, so that a missing answer is reported under its own name
     probe = torch.randn(2, 24, config.n_embd, requires_grad=True)
-    run_learner(task, checkpointed_forward, model.blocks[0], probe,
-                forbid=[f"{_CK}:Checkpointed", f"{_CK}:apply_checkpointing"])
+    run_learner(
+        task,
+        checkpointed_forward,
+        model.blocks[0],
+        probe,
+        forbid=[f"{_CK}:Checkpointed", f"{_CK}:apply_checkpointing"],
+    )
     calls = [0] * config.n_layer
     for i, block in enumerate(model.blocks):
         block.register_forward_pre_hook(lambda m, a, i=i: calls.__setitem__(i, calls[i] + 1))
     model.blocks = nn.ModuleList(Wrapped(b) for b in model.blocks)
     got = grads(model, learner=True)
     if calls != [2] * config.n_layer:
-        fail(task, f"each block should run twice per step (forward, then recomputation in backward); "
-                   f"the blocks ran {calls} times: is the block checkpointed?")
+        fail(
+            task,
+            f"each block should run twice per step (forward, then recomputation in backward); "
+            f"the blocks ran {calls} times: is the block checkpointed?",
+        )
     names = [n for n, _ in base.named_parameters()]
     for name, g, r in zip(names, got, ref):
         if g is None:
             fail(task, f"{name} has no gradient")
         if not torch.allclose(g, r, rtol=GRAD_RTOL, atol=GRAD_ATOL):
             err = float((g - r).abs().max())
-            fail(task, f"gradient of {name} differs from the unchanged model by up to {err:.3g} "
-                       f"(rtol={GRAD_RTOL:g}, atol={GRAD_ATOL:g}): does the recomputation draw the same "
-                       "dropout masks as the forward?")
-    passed(task, f"with dropout {config.dropout}, gradients equal the unchanged model's "
-                 f"(rtol={GRAD_RTOL:g}, atol={GRAD_ATOL:g}) and each block is recomputed once")
+            fail(
+                task,
+                f"gradient of {name} differs from the unchanged model by up to {err:.3g} "
+                f"(rtol={GRAD_RTOL:g}, atol={GRAD_ATOL:g}): does the recomputation draw the same "
+                "dropout masks as the forward?",
+            )
+    passed(
+        task,
+        f"with dropout {config.dropout}, gradients equal the unchanged model's "
+        f"(rtol={GRAD_RTOL:g}, atol={GRAD_ATOL:g}) and each block is recomputed once",
+    )
 
 
 def check_predict_kept_bytes(predict_kept_bytes, task: int = 3) -> None:
@@ -185,21 +238,36 @@ def check_predict_kept_bytes(predict_kept_bytes, task: int = 3) -> None:
         (GPTConfig.tiny(n_layer=5, n_embd=24, n_head=3, block_size=40, vocab_size=50), 3, 40),
         (GPTConfig.tiny(n_layer=4, n_embd=40, n_head=5, block_size=48, vocab_size=30), 2, 20),
     )
-    forbid = [f"{_EST}.checkpointing:checkpointed_activation_bytes_gpt", f"{_EST}.memory:activation_bytes_gpt",
-              f"{_RUN}:plain_block_bytes", f"{_RUN}:kept_bytes"]
+    forbid = [
+        f"{_EST}.checkpointing:checkpointed_activation_bytes_gpt",
+        f"{_EST}.memory:activation_bytes_gpt",
+        f"{_RUN}:plain_block_bytes",
+        f"{_RUN}:kept_bytes",
+    ]
     n = 0
     for config, batch, seq in cases:
         base = _gpt(config)
         idx, tgt = _batch(config, batch, seq)
         for policy, k in (("none", 1), ("full", 1), ("every_k", 2), ("segments", 3)):
-            got = run_learner(task, predict_kept_bytes, config, batch, seq, policy, k, forbid=forbid)
+            got = run_learner(
+                task, predict_kept_bytes, config, batch, seq, policy, k, forbid=forbid
+            )
             if isinstance(got, bool) or not isinstance(got, int):
-                fail(task, f"predict_kept_bytes must return an int (bytes), got {type(got).__name__} {got!r}")
+                fail(
+                    task,
+                    f"predict_kept_bytes must return an int (bytes), got {type(got).__name__} {got!r}",
+                )
             expected, _ = _measure(base, idx, tgt, policy, k, MATMUL_OPS)
             if got != expected:
-                fail(task, f"n_layer={config.n_layer}, n_embd={config.n_embd}, n_head={config.n_head}, "
-                           f"vocab={config.vocab_size}, batch={batch}, seq={seq}, policy={policy!r}, k={k}: "
-                           f"measured {fmt_int(expected)} B, predicted {fmt_int(got)} B "
-                           f"(off by {fmt_int(got - expected)})")
+                fail(
+                    task,
+                    f"n_layer={config.n_layer}, n_embd={config.n_embd}, n_head={config.n_head}, "
+                    f"vocab={config.vocab_size}, batch={batch}, seq={seq}, policy={policy!r}, k={k}: "
+                    f"measured {fmt_int(expected)} B, predicted {fmt_int(got)} B "
+                    f"(off by {fmt_int(got - expected)})",
+                )
             n += 1
-    passed(task, f"{n} predictions equal MemoryMeter's measurement to the byte (2 unseen configurations)")
+    passed(
+        task,
+        f"{n} predictions equal MemoryMeter's measurement to the byte (2 unseen configurations)",
+    )

@@ -3,6 +3,7 @@
 Pure: nothing is measured here. Inputs are the DataFrames of
 ``course_lib.units.u06_activation_checkpointing.run``.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -16,24 +17,45 @@ __all__ = ["plot_policies", "plot_segment_sweep", "plot_scale"]
 def plot_policies(df: pd.DataFrame, times: pd.DataFrame | None = None):
     """Left: bytes kept for backward per policy, predicted beside measured (KiB). Right: the
     step's matmul FLOPs relative to no checkpointing (measured), and the time ratio if given."""
-    require_columns(df, ["case", "kept_predicted", "kept_measured", "flops_ratio"], "df", nonempty=True)
+    require_columns(
+        df, ["case", "kept_predicted", "kept_measured", "flops_ratio"], "df", nonempty=True
+    )
     with style():
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8))
         xs = list(range(len(df)))
-        ax.bar([x - 0.2 for x in xs], df["kept_predicted"] / 1024, width=0.4, color="lightgray",
-               edgecolor="black", hatch="//", label="predicted (estimate)")
-        ax.bar([x + 0.2 for x in xs], df["kept_measured"] / 1024, width=0.4, color="tab:blue",
-               label="measured (MemoryMeter)")
+        ax.bar(
+            [x - 0.2 for x in xs],
+            df["kept_predicted"] / 1024,
+            width=0.4,
+            color="lightgray",
+            edgecolor="black",
+            hatch="//",
+            label="predicted (estimate)",
+        )
+        ax.bar(
+            [x + 0.2 for x in xs],
+            df["kept_measured"] / 1024,
+            width=0.4,
+            color="tab:blue",
+            label="measured (MemoryMeter)",
+        )
         ax.set_xticks(xs, df["case"], rotation=30, ha="right")
         ax.set_ylabel("activation KiB kept when forward ends")
         ax.set_title("Memory kept for backward")
         ax.legend()
-        bx.bar([x - 0.2 for x in xs], df["flops_ratio"], width=0.4, color="tab:orange",
-               label="matmul FLOPs (FlopCounterMode)")
+        bx.bar(
+            [x - 0.2 for x in xs],
+            df["flops_ratio"],
+            width=0.4,
+            color="tab:orange",
+            label="matmul FLOPs (FlopCounterMode)",
+        )
         if times is not None:
             require_columns(times, ["case", "time_ratio"], "times")
             t = times.set_index("case")["time_ratio"].reindex(df["case"])
-            bx.bar([x + 0.2 for x in xs], t, width=0.4, color="tab:gray", label="time (noisy on CPU)")
+            bx.bar(
+                [x + 0.2 for x in xs], t, width=0.4, color="tab:gray", label="time (noisy on CPU)"
+            )
         bx.axhline(4 / 3, color="black", ls="--", lw=1, label="4/3: one more forward")
         bx.axhline(1.0, color="black", lw=0.8)
         bx.set_xticks(xs, df["case"], rotation=30, ha="right")
@@ -46,14 +68,25 @@ def plot_policies(df: pd.DataFrame, times: pd.DataFrame | None = None):
 
 def plot_segment_sweep(df: pd.DataFrame):
     """Kept bytes and backward peak against the segment length k, predicted and measured (KiB)."""
-    require_columns(df, ["k", "kept_predicted", "kept_measured", "peak_predicted", "peak_measured"], "df",
-                    nonempty=True)
+    require_columns(
+        df,
+        ["k", "kept_predicted", "kept_measured", "peak_predicted", "peak_measured"],
+        "df",
+        nonempty=True,
+    )
     with style():
         fig, ax = plt.subplots(figsize=(8, 4.5))
-        ax.plot(df["k"], df["kept_predicted"] / 1024, "--", color="tab:blue", label="kept, predicted")
+        ax.plot(
+            df["k"], df["kept_predicted"] / 1024, "--", color="tab:blue", label="kept, predicted"
+        )
         ax.plot(df["k"], df["kept_measured"] / 1024, "o", color="tab:blue", label="kept, measured")
-        ax.plot(df["k"], df["peak_predicted"] / 1024, "--", color="tab:red",
-                label="peak, predicted (kept + k blocks)")
+        ax.plot(
+            df["k"],
+            df["peak_predicted"] / 1024,
+            "--",
+            color="tab:red",
+            label="peak, predicted (kept + k blocks)",
+        )
         ax.plot(df["k"], df["peak_measured"] / 1024, "s", color="tab:red", label="peak, measured")
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(df["k"]), [str(k) for k in df["k"]])

@@ -5,6 +5,7 @@ to the tiny GPT and measures it beside no checkpointing (kept bytes, FLOPs, grad
 
     ex = PolicyExplorer(); ex.policy.value = "segments"; ex.k.value = 2; ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -26,28 +27,48 @@ class PolicyExplorer(Explorer):
 
         self.config = config or CONFIG
         self.batch = widgets.IntSlider(value=4, min=1, max=16, description="batch")
-        self.seq = widgets.IntSlider(value=self.config.block_size, min=8, max=self.config.block_size,
-                                     step=8, description="seq")
-        self.policy = widgets.Dropdown(options=[p for p in POLICIES if p != "none"], value="full",
-                                       description="policy")
+        self.seq = widgets.IntSlider(
+            value=self.config.block_size,
+            min=8,
+            max=self.config.block_size,
+            step=8,
+            description="seq",
+        )
+        self.policy = widgets.Dropdown(
+            options=[p for p in POLICIES if p != "none"], value="full", description="policy"
+        )
         self.k = widgets.IntSlider(value=1, min=1, max=self.config.n_layer, description="k")
-        super().__init__(widgets.VBox([self.batch, self.seq]), widgets.VBox([self.policy, self.k]),
-                         tooltip="measure the policy beside no checkpointing",
-                         intro="Pick a policy (k: spacing for every_k, segment length for segments), then press Run.")
+        super().__init__(
+            widgets.VBox([self.batch, self.seq]),
+            widgets.VBox([self.policy, self.k]),
+            tooltip="measure the policy beside no checkpointing",
+            intro="Pick a policy (k: spacing for every_k, segment length for segments), then press Run.",
+        )
 
     def compute(self):
         from course_lib.techniques.checkpointing import MATMUL_OPS
         from course_lib.units.u06_activation_checkpointing.run import policy_table
 
-        cases = (("none", "none", 1, MATMUL_OPS),
-                 (f"{self.policy.value} k={self.k.value}", self.policy.value, int(self.k.value), MATMUL_OPS))
-        return policy_table(self.config, batch=int(self.batch.value), seq=int(self.seq.value), cases=cases)
+        cases = (
+            ("none", "none", 1, MATMUL_OPS),
+            (
+                f"{self.policy.value} k={self.k.value}",
+                self.policy.value,
+                int(self.k.value),
+                MATMUL_OPS,
+            ),
+        )
+        return policy_table(
+            self.config, batch=int(self.batch.value), seq=int(self.seq.value), cases=cases
+        )
 
     def summary(self, df) -> str:
         row = df.iloc[-1]
-        return (f"{row['case']}: keeps {row['kept_vs_none']:.0%} of the bytes, {row['flops_ratio']:.3f}x "
-                f"the FLOPs; residual {int(row['kept_residual'])} B; max gradient difference "
-                f"{row['max_grad_error']:.1g}")
+        return (
+            f"{row['case']}: keeps {row['kept_vs_none']:.0%} of the bytes, {row['flops_ratio']:.3f}x "
+            f"the FLOPs; residual {int(row['kept_residual'])} B; max gradient difference "
+            f"{row['max_grad_error']:.1g}"
+        )
 
     def show(self, df):
         from course_lib.units.u06_activation_checkpointing.plots import plot_policies

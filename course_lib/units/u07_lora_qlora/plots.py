@@ -2,6 +2,7 @@
 
 Pure: nothing is measured here.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -21,8 +22,13 @@ def plot_finetune(df: pd.DataFrame):
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.5))
         for method, sub in df.groupby("method", sort=False):
-            ax.plot(sub["step"], sub["loss"], lw=2, color=METHOD_COLORS.get(method),
-                    label=f"{method} ({sub['trainable'].iloc[0]:,} trained)")
+            ax.plot(
+                sub["step"],
+                sub["loss"],
+                lw=2,
+                color=METHOD_COLORS.get(method),
+                label=f"{method} ({sub['trainable'].iloc[0]:,} trained)",
+            )
         ax.set_yscale("log")
         ax.set_xlabel("fine-tuning step")
         ax.set_ylabel("training loss (nats, log scale)")
@@ -32,23 +38,40 @@ def plot_finetune(df: pd.DataFrame):
     return fig
 
 
-_PARTS = (("target_weights", "frozen target weights"), ("grads", "gradients"), ("optimizer", "Adam state"))
+_PARTS = (
+    ("target_weights", "frozen target weights"),
+    ("grads", "gradients"),
+    ("optimizer", "Adam state"),
+)
 
 
 def plot_memory(df: pd.DataFrame):
     """Bytes of the targeted weights, gradients and Adam state per method: measured bars, the
     prediction as a black tick on each. ``df``: ``run.memory_table()``."""
-    require_columns(df, ["method", *[p for p, _ in _PARTS], *[f"{p}_pred" for p, _ in _PARTS]], "df",
-                    nonempty=True)
+    require_columns(
+        df,
+        ["method", *[p for p, _ in _PARTS], *[f"{p}_pred" for p, _ in _PARTS]],
+        "df",
+        nonempty=True,
+    )
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.5))
         width = 0.8 / len(df)
         for i, (_, row) in enumerate(df.iterrows()):
             xs = [j + (i - (len(df) - 1) / 2) * width for j in range(len(_PARTS))]
             kib = [row[p] / 1024 for p, _ in _PARTS]
-            ax.bar(xs, kib, width=width, color=METHOD_COLORS.get(row["method"]), label=row["method"])
-            ax.scatter(xs, [row[f"{p}_pred"] / 1024 for p, _ in _PARTS], marker="_", s=400, color="black",
-                       zorder=3, label="predicted (estimate)" if i == 0 else None)
+            ax.bar(
+                xs, kib, width=width, color=METHOD_COLORS.get(row["method"]), label=row["method"]
+            )
+            ax.scatter(
+                xs,
+                [row[f"{p}_pred"] / 1024 for p, _ in _PARTS],
+                marker="_",
+                s=400,
+                color="black",
+                zorder=3,
+                label="predicted (estimate)" if i == 0 else None,
+            )
             for x, v in zip(xs, kib):
                 ax.text(x, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=9)
         ax.set_xticks(range(len(_PARTS)), [label for _, label in _PARTS])
@@ -62,16 +85,27 @@ def plot_memory(df: pd.DataFrame):
 def plot_scale(df: pd.DataFrame, *, gpus_GB: tuple[float, ...] = (48, 80)):
     """Model-state GB (frozen base + trained state) per model and method, log scale, with lines at
     the memory of common GPUs. ``df``: ``run.scale_table()``."""
-    require_columns(df, ["model", "method", "adapter", "frozen_base_GB", "trained_state_GB", "total_GB"],
-                    "df", nonempty=True)
+    require_columns(
+        df,
+        ["model", "method", "adapter", "frozen_base_GB", "trained_state_GB", "total_GB"],
+        "df",
+        nonempty=True,
+    )
     with style():
         fig, ax = plt.subplots(figsize=(11, 0.45 * len(df) + 1.5))
-        labels = [f"{m}, {meth}" + (f" ({a})" if a else "") for m, meth, a in
-                  zip(df["model"], df["method"], df["adapter"])]
+        labels = [
+            f"{m}, {meth}" + (f" ({a})" if a else "")
+            for m, meth, a in zip(df["model"], df["method"], df["adapter"])
+        ]
         ys = range(len(df))
         ax.barh(ys, df["frozen_base_GB"], color="lightgray", edgecolor="black", label="frozen base")
-        ax.barh(ys, df["trained_state_GB"], left=df["frozen_base_GB"],
-                color=[METHOD_COLORS.get(m) for m in df["method"]], label="trained: params + grads + Adam")
+        ax.barh(
+            ys,
+            df["trained_state_GB"],
+            left=df["frozen_base_GB"],
+            color=[METHOD_COLORS.get(m) for m in df["method"]],
+            label="trained: params + grads + Adam",
+        )
         for y, total in zip(ys, df["total_GB"]):
             ax.text(total * 1.08, y, f"{total:,.1f} GB", va="center", fontsize=9)
         for gb in gpus_GB:

@@ -6,6 +6,7 @@ draws the loss curves. Nothing runs until Run is pressed.
 
     ex = LoRAExplorer(); ex.rank.value = 2; ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import html
@@ -27,14 +28,20 @@ class LoRAExplorer(Explorer):
 
         self.config = config
         self.rank = widgets.IntSlider(value=8, min=1, max=64, description="rank r")
-        self.targets = widgets.SelectMultiple(options=list(GPT_TARGETS), value=tuple(GPT_TARGETS),
-                                              description="targets", rows=3)
-        self.methods = widgets.SelectMultiple(options=list(METHODS), value=("full", "lora"),
-                                              description="methods", rows=3)
+        self.targets = widgets.SelectMultiple(
+            options=list(GPT_TARGETS), value=tuple(GPT_TARGETS), description="targets", rows=3
+        )
+        self.methods = widgets.SelectMultiple(
+            options=list(METHODS), value=("full", "lora"), description="methods", rows=3
+        )
         self.steps = widgets.IntSlider(value=60, min=10, max=200, step=10, description="steps")
-        super().__init__(widgets.VBox([self.rank, self.steps]), self.targets, self.methods,
-                         tooltip="fine-tune with each method",
-                         intro="Pick a rank and the layers that get adapters, then press Run.")
+        super().__init__(
+            widgets.VBox([self.rank, self.steps]),
+            self.targets,
+            self.methods,
+            tooltip="fine-tune with each method",
+            intro="Pick a rank and the layers that get adapters, then press Run.",
+        )
 
     def compute(self):
         """Fine-tune with each selected method."""
@@ -44,8 +51,13 @@ class LoRAExplorer(Explorer):
             raise ValueError("methods is empty; select at least one")
         if not self.targets.value:
             raise ValueError("targets is empty; select at least one layer for the adapters")
-        return finetune(list(self.methods.value), r=int(self.rank.value), steps=int(self.steps.value),
-                        targets=list(self.targets.value), config=self.config)
+        return finetune(
+            list(self.methods.value),
+            r=int(self.rank.value),
+            steps=int(self.steps.value),
+            targets=list(self.targets.value),
+            config=self.config,
+        )
 
     def summary(self, df) -> str:
         final = df.groupby("method", sort=False)["loss"].apply(lambda s: s.tail(10).mean())

@@ -3,6 +3,7 @@
 Shared by :mod:`run` (before/after pictures, bytes), :mod:`run_wire` (wire bytes of every
 collective) and :mod:`run_timing` (all-reduce timings). Introduced in notebooks/08_collectives.ipynb.
 """
+
 from __future__ import annotations
 
 import torch
@@ -13,8 +14,16 @@ from course_lib.measure import estimate
 from course_lib.parallel import collectives as C
 
 #: the eight primitives of torch.distributed shown in the notebook, in teaching order
-PRIMITIVES = ("broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather",
-              "reduce_scatter", "all_to_all")
+PRIMITIVES = (
+    "broadcast",
+    "scatter",
+    "gather",
+    "reduce",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+)
 #: the from-scratch all-reduce algorithms of course_lib.parallel.collectives, by name
 ALGORITHMS = tuple(C.ALL_REDUCE_ALGORITHMS)
 #: what the byte experiments can run: the from-scratch all-reduces plus the composite
@@ -62,7 +71,7 @@ def _row(rank: int, world_size: int, k: int = 1) -> torch.Tensor:
 def _only(slot: int, value: torch.Tensor, world_size: int, k: int = 1) -> torch.Tensor:
     """An N-slot row (k elements per slot) that is empty (NaN) except at ``slot``."""
     row = _empty(world_size, k)
-    row[slot * k:(slot + 1) * k] = value.reshape(-1)
+    row[slot * k : (slot + 1) * k] = value.reshape(-1)
     return row
 
 
@@ -70,8 +79,9 @@ def _empty(world_size: int, k: int = 1) -> torch.Tensor:
     return torch.full((world_size * k,), float("nan"))
 
 
-def _run_primitive(name: str, rank: int, world_size: int, root: int,
-                   k: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def _run_primitive(
+    name: str, rank: int, world_size: int, root: int, k: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Run one torch.distributed primitive; return (input buffer, output buffer) as N-slot rows.
 
     An N-slot row shows what the rank holds in the buffer it passes in (before) and the buffer the
@@ -138,8 +148,9 @@ def payload_bytes(name: str, world_size: int, k: int = 1) -> int:
     return 4 * world_size * k
 
 
-def estimated_bytes_sent(name: str, world_size: int, rank: int, *, root: int = 0,
-                         k: int = 1) -> int | float | None:
+def estimated_bytes_sent(
+    name: str, world_size: int, rank: int, *, root: int = 0, k: int = 1
+) -> int | float | None:
     """What estimate predicts ``rank`` sends in a run_primitives run of ``name`` with root
     ``root`` and ``k`` elements per slot (None when estimate has no formula for it). scatter and
     gather send different amounts at the root and elsewhere
@@ -153,12 +164,16 @@ def estimated_bytes_sent(name: str, world_size: int, rank: int, *, root: int = 0
     return None
 
 
-def predicted_bytes_sent(algorithm: str, size_bytes: int, world_size: int, rank: int = 0) -> int | float:
+def predicted_bytes_sent(
+    algorithm: str, size_bytes: int, world_size: int, rank: int = 0
+) -> int | float:
     """Bytes ``rank`` sends in ``algorithm`` on a tensor of ``size_bytes`` (from estimate)."""
     validate.choice("algorithm", algorithm, BYTE_EXPERIMENTS)
     if algorithm in estimate.ALLREDUCE_BYTES_ALGORITHMS:
         # reduce_broadcast_all_reduce's root is rank 0 (its default)
-        return estimate.allreduce_bytes_sent(size_bytes, world_size, algorithm=algorithm,
-                                             root=rank == 0)
-    return (estimate.reduce_scatter_bytes_sent(size_bytes, world_size)
-            + estimate.allgather_bytes_sent(size_bytes, world_size))
+        return estimate.allreduce_bytes_sent(
+            size_bytes, world_size, algorithm=algorithm, root=rank == 0
+        )
+    return estimate.reduce_scatter_bytes_sent(
+        size_bytes, world_size
+    ) + estimate.allgather_bytes_sent(size_bytes, world_size)

@@ -5,6 +5,7 @@ compared with torch.distributed (values) and with course_lib.measure.estimate (b
 the learner's code hands to send/isend, counted by CommMeter from the calls it makes; for
 point-to-point calls that is what the model counts too, the wire adds only gloo's headers). Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
 """
+
 from __future__ import annotations
 
 import traceback
@@ -26,13 +27,22 @@ def _p2p_only(calls: dict) -> dict:
 
 
 #: the course's own answers, out of reach while the learner's code runs (inside each rank)
-_RING_REFERENCES = ("course_lib.parallel.collectives:ring_all_reduce",
-                    "course_lib.parallel.collectives:ring_reduce_scatter",
-                    "course_lib.parallel.collectives:ring_all_gather",
-                    "course_lib.parallel.collectives:naive_ring_all_reduce")
-_BYTES_REFERENCES = tuple(f"course_lib.measure.estimate.communication:{name}" for name in (
-    "ring_allreduce_bytes_sent", "reduce_scatter_bytes_sent", "allgather_bytes_sent",
-    "allreduce_bytes_sent", "collective_bytes_sent"))
+_RING_REFERENCES = (
+    "course_lib.parallel.collectives:ring_all_reduce",
+    "course_lib.parallel.collectives:ring_reduce_scatter",
+    "course_lib.parallel.collectives:ring_all_gather",
+    "course_lib.parallel.collectives:naive_ring_all_reduce",
+)
+_BYTES_REFERENCES = tuple(
+    f"course_lib.measure.estimate.communication:{name}"
+    for name in (
+        "ring_allreduce_bytes_sent",
+        "reduce_scatter_bytes_sent",
+        "allgather_bytes_sent",
+        "allreduce_bytes_sent",
+        "collective_bytes_sent",
+    )
+)
 USES_REFERENCE = "uses the course's own"
 
 
@@ -82,18 +92,28 @@ def _all_reduce_worker(rank: int, world_size: int, fn) -> dict:
             # any summation order is within (N-1) eps sum|x| of the exact sum (Higham 2002, 4.2)
             bound = 2 * (world_size - 1) * torch.finfo(dtype).eps * abs_sum
             bad = (got - ref).abs() > bound
-            cases.append({"dtype": str(dtype).removeprefix("torch."), "numel": numel,
-                          "ok": not bool(bad.any()) and got.dtype == dtype,
-                          "max_err": float((got.double() - ref.double()).abs().max()),
-                          "got_first": float(got.reshape(-1)[0]), "ref_first": float(ref.reshape(-1)[0])})
+            cases.append(
+                {
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "numel": numel,
+                    "ok": not bool(bad.any()) and got.dtype == dtype,
+                    "max_err": float((got.double() - ref.double()).abs().max()),
+                    "got_first": float(got.reshape(-1)[0]),
+                    "ref_first": float(ref.reshape(-1)[0]),
+                }
+            )
     numel = world_size * 512  # divisible: the byte formula is exact
     x = torch.randn(numel)
     with CommMeter(dispatch=False) as meter:
         ok, err = _guarded(fn, x)
     if not ok:
         return {"error": err}
-    return {"cases": cases, "size_bytes": numel * 4, "bytes_sent": int(meter.model_bytes_sent),
-            "other_calls": _p2p_only(dict(meter.calls))}
+    return {
+        "cases": cases,
+        "size_bytes": numel * 4,
+        "bytes_sent": int(meter.model_bytes_sent),
+        "other_calls": _p2p_only(dict(meter.calls)),
+    }
 
 
 def _all_gather_worker(rank: int, world_size: int, fn) -> dict:
@@ -101,6 +121,7 @@ def _all_gather_worker(rank: int, world_size: int, fn) -> dict:
 
     from course_lib.measure.comm import CommMeter
     from course_lib.runtime.compat import all_gather_single as all_gather
+
     cases = []
     for dtype in (torch.float32, torch.float64):
         for k in NUMELS:
@@ -112,16 +133,25 @@ def _all_gather_worker(rank: int, world_size: int, fn) -> dict:
             ok, err = _guarded(fn, got, mine.clone())
             if not ok:
                 return {"error": err}
-            cases.append({"dtype": str(dtype).removeprefix("torch."), "numel": k,
-                          "ok": bool(torch.equal(got, ref))})
+            cases.append(
+                {
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "numel": k,
+                    "ok": bool(torch.equal(got, ref)),
+                }
+            )
     k = 512
     out, mine = torch.empty(world_size * k), torch.randn(k)
     with CommMeter(dispatch=False) as meter:
         ok, err = _guarded(fn, out, mine)
     if not ok:
         return {"error": err}
-    return {"cases": cases, "size_bytes": out.numel() * 4, "bytes_sent": int(meter.model_bytes_sent),
-            "other_calls": _p2p_only(dict(meter.calls))}
+    return {
+        "cases": cases,
+        "size_bytes": out.numel() * 4,
+        "bytes_sent": int(meter.model_bytes_sent),
+        "other_calls": _p2p_only(dict(meter.calls)),
+    }
 
 
 def _composite_worker(rank: int, world_size: int, numel: int) -> int:
@@ -150,8 +180,11 @@ def _launch_learner(task: int, worker, world_size: int, fn) -> list[dict]:
     except LaunchError as exc:
         first = next(iter(exc.failures.values()), str(exc))
         hint = " (a deadlock? post isend/irecv before waiting)" if "deadline" in str(exc) else ""
-        fail(task, f"{_name(fn)} on {world_size} ranks did not finish{hint}: "
-                   f"{(str(first).strip().splitlines() or [''])[0]}")
+        fail(
+            task,
+            f"{_name(fn)} on {world_size} ranks did not finish{hint}: "
+            f"{(str(first).strip().splitlines() or [''])[0]}",
+        )
     for rank, res in enumerate(results):
         if "error" in res:
             kind, message, _ = res["error"]
@@ -159,8 +192,12 @@ def _launch_learner(task: int, worker, world_size: int, fn) -> list[dict]:
                 refuse(task, [message])
             if kind == "NotImplementedError":
                 fail(task, f"not implemented yet: {_name(fn)} raised NotImplementedError")
-            hint = (" -- a deadlock? a blocking send waits for a receiver that is itself sending: "
-                    "post isend and irecv before waiting" if "timed out" in message.lower() else "")
+            hint = (
+                " -- a deadlock? a blocking send waits for a receiver that is itself sending: "
+                "post isend and irecv before waiting"
+                if "timed out" in message.lower()
+                else ""
+            )
             fail(task, f"{_name(fn)} raised {kind} on rank {rank} of {world_size}: {message}{hint}")
     return results
 
@@ -169,24 +206,41 @@ def _check_cases(task: int, fn, world_size: int, results: list[dict], what: str)
     for rank, res in enumerate(results):
         for case in res["cases"]:
             if not case["ok"]:
-                detail = (f" (max abs error {case['max_err']:.3g}; element 0: got "
-                          f"{case['got_first']:.6g}, expected {case['ref_first']:.6g})"
-                          if "max_err" in case else "")
-                fail(task, f"{what} differs from torch.distributed on rank {rank} of {world_size} "
-                           f"for {case['numel']} elements of {case['dtype']}{detail}")
+                detail = (
+                    f" (max abs error {case['max_err']:.3g}; element 0: got "
+                    f"{case['got_first']:.6g}, expected {case['ref_first']:.6g})"
+                    if "max_err" in case
+                    else ""
+                )
+                fail(
+                    task,
+                    f"{what} differs from torch.distributed on rank {rank} of {world_size} "
+                    f"for {case['numel']} elements of {case['dtype']}{detail}",
+                )
 
 
-def _check_bytes(task: int, fn, world_size: int, results: list[dict], expected, formula: str) -> None:
+def _check_bytes(
+    task: int, fn, world_size: int, results: list[dict], expected, formula: str
+) -> None:
     for rank, res in enumerate(results):
         if res["other_calls"]:
-            fail(task, f"{_name(fn)} must use only point-to-point send/recv, but rank {rank} "
-                       f"called {sorted(res['other_calls'])}")
+            fail(
+                task,
+                f"{_name(fn)} must use only point-to-point send/recv, but rank {rank} "
+                f"called {sorted(res['other_calls'])}",
+            )
         if res["bytes_sent"] != expected:
-            hint = " (no send/isend was counted: build it from dist.isend and dist.irecv)" \
-                if res["bytes_sent"] == 0 else ""
-            fail(task, f"rank {rank} of {world_size} sent {fmt_int(res['bytes_sent'])} B for a "
-                       f"{fmt_int(res['size_bytes'])} B tensor; expected {formula} = "
-                       f"{fmt_int(int(expected))} B{hint}")
+            hint = (
+                " (no send/isend was counted: build it from dist.isend and dist.irecv)"
+                if res["bytes_sent"] == 0
+                else ""
+            )
+            fail(
+                task,
+                f"rank {rank} of {world_size} sent {fmt_int(res['bytes_sent'])} B for a "
+                f"{fmt_int(res['size_bytes'])} B tensor; expected {formula} = "
+                f"{fmt_int(int(expected))} B{hint}",
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,10 +262,19 @@ def check_ring_all_reduce(fn, task: int = 1) -> None:
         results = _launch_learner(task, _all_reduce_worker, world_size, fn)
         _check_cases(task, fn, world_size, results, "the all-reduced tensor")
         size = results[0]["size_bytes"]
-        _check_bytes(task, fn, world_size, results,
-                     estimate.ring_allreduce_bytes_sent(size, world_size), "2(N-1)/N * S")
-    passed(task, "ring all-reduce matches dist.all_reduce on 2, 3 and 4 ranks (1, 7 and 1001 "
-                 "elements, float32 and float64) and each rank sends 2(N-1)/N * S bytes")
+        _check_bytes(
+            task,
+            fn,
+            world_size,
+            results,
+            estimate.ring_allreduce_bytes_sent(size, world_size),
+            "2(N-1)/N * S",
+        )
+    passed(
+        task,
+        "ring all-reduce matches dist.all_reduce on 2, 3 and 4 ranks (1, 7 and 1001 "
+        "elements, float32 and float64) and each rank sends 2(N-1)/N * S bytes",
+    )
 
 
 def check_ring_all_gather(fn, task: int = 2) -> None:
@@ -230,10 +293,19 @@ def check_ring_all_gather(fn, task: int = 2) -> None:
         results = _launch_learner(task, _all_gather_worker, world_size, fn)
         _check_cases(task, fn, world_size, results, "the gathered tensor")
         size = results[0]["size_bytes"]
-        _check_bytes(task, fn, world_size, results,
-                     estimate.allgather_bytes_sent(size, world_size), "(N-1)/N * S_out")
-    passed(task, "ring all-gather equals dist.all_gather_single bit for bit on 2, 3 and 4 ranks "
-                 "and each rank sends (N-1)/N * S_out bytes")
+        _check_bytes(
+            task,
+            fn,
+            world_size,
+            results,
+            estimate.allgather_bytes_sent(size, world_size),
+            "(N-1)/N * S_out",
+        )
+    passed(
+        task,
+        "ring all-gather equals dist.all_gather_single bit for bit on 2, 3 and 4 ranks "
+        "and each rank sends (N-1)/N * S_out bytes",
+    )
 
 
 def check_composite_bytes(predict, task: int = 3) -> None:
@@ -250,25 +322,39 @@ def check_composite_bytes(predict, task: int = 3) -> None:
 
     cases = [(4096, 2), (4096, 4), (3 * 4096, 3), (8 * 2**20, 8), (2**30, 64), (1000, 1)]
     for size, n in cases:
-        expected = estimate.reduce_scatter_bytes_sent(size, n) + estimate.allgather_bytes_sent(size, n)
+        expected = estimate.reduce_scatter_bytes_sent(size, n) + estimate.allgather_bytes_sent(
+            size, n
+        )
         got = run_learner(task, predict, size, n, forbid=_BYTES_REFERENCES)
         if not isinstance(got, (int, float)) or isinstance(got, bool):
             fail(task, f"{_name(predict)}({size}, {n}) must return a number of bytes, got {got!r}")
         if abs(got - expected) > 1e-9 * max(1.0, expected):
-            fail(task, f"for S = {fmt_int(size)} B on N = {n} ranks: expected {fmt_int(round(expected))} B "
-                       f"per rank, got {got!r}")
+            fail(
+                task,
+                f"for S = {fmt_int(size)} B on N = {n} ranks: expected {fmt_int(round(expected))} B "
+                f"per rank, got {got!r}",
+            )
     for n, numel in ((2, 2 * 1024), (4, 4 * 1024)):
         try:
             measured = launch(_composite_worker, n, numel, timeout=GRADE_TIMEOUT_S)
         except LaunchError as exc:  # not the learner's fault, but say so clearly
-            fail(task, f"could not measure the reference run on {n} ranks: {str(exc).splitlines()[0]}")
+            fail(
+                task,
+                f"could not measure the reference run on {n} ranks: {str(exc).splitlines()[0]}",
+            )
         predicted = run_learner(task, predict, numel * 4, n, forbid=_BYTES_REFERENCES)
         for rank, got in enumerate(measured):
             if got != predicted:
-                fail(task, f"CommMeter counted {fmt_int(got)} B handed to send calls by rank {rank} of {n} for "
-                           f"S = {fmt_int(numel * 4)} B, your prediction is {predicted!r}")
-    passed(task, f"predictions match estimate on {len(cases)} cases and CommMeter on 2 and 4 ranks: "
-                 "reduce-scatter + all-gather sends 2(N-1)/N * S per rank, the ring all-reduce's bytes")
+                fail(
+                    task,
+                    f"CommMeter counted {fmt_int(got)} B handed to send calls by rank {rank} of {n} for "
+                    f"S = {fmt_int(numel * 4)} B, your prediction is {predicted!r}",
+                )
+    passed(
+        task,
+        f"predictions match estimate on {len(cases)} cases and CommMeter on 2 and 4 ranks: "
+        "reduce-scatter + all-gather sends 2(N-1)/N * S per rank, the ring all-reduce's bytes",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,20 +379,34 @@ def check_straggler_prediction(predict_wait_s, task: int = 4) -> None:
     runs it on 4 real ranks with STRAGGLER_SLEEPS and compares every rank within 0.1 s. A shared
     machine can delay one run: a miss is measured again (up to 3 runs)."""
     got = run_learner(task, predict_wait_s, list(STRAGGLER_SLEEPS), forbid=_STRAGGLER_REFERENCES)
-    if not isinstance(got, (list, tuple)) or len(got) != len(STRAGGLER_SLEEPS) or any(
-            isinstance(v, bool) or not isinstance(v, (int, float)) for v in got):
-        fail(task, f"expected a list of {len(STRAGGLER_SLEEPS)} numbers of seconds (one per rank), got {got!r}")
+    if (
+        not isinstance(got, (list, tuple))
+        or len(got) != len(STRAGGLER_SLEEPS)
+        or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in got)
+    ):
+        fail(
+            task,
+            f"expected a list of {len(STRAGGLER_SLEEPS)} numbers of seconds (one per rank), got {got!r}",
+        )
     misses = []
     for _ in range(3):
         measured = _measure_straggler(STRAGGLER_SLEEPS)
         worst = max(range(len(got)), key=lambda r: abs(got[r] - measured[r]))
         if abs(got[worst] - measured[worst]) <= STRAGGLER_TOL_S:
-            passed(task, f"every rank's time inside the all-reduce is within {STRAGGLER_TOL_S:g} s of "
-                         f"the prediction, on 4 ranks with delays {list(STRAGGLER_SLEEPS)} s")
+            passed(
+                task,
+                f"every rank's time inside the all-reduce is within {STRAGGLER_TOL_S:g} s of "
+                f"the prediction, on 4 ranks with delays {list(STRAGGLER_SLEEPS)} s",
+            )
             return
-        misses.append(f"rank {worst}: predicted {got[worst]:.3f} s, measured {measured[worst]:.3f} s")
-    fail(task, f"sleeps {list(STRAGGLER_SLEEPS)}, in 3 runs: {'; '.join(misses)} (within "
-               f"{STRAGGLER_TOL_S:g} s passes)")
+        misses.append(
+            f"rank {worst}: predicted {got[worst]:.3f} s, measured {measured[worst]:.3f} s"
+        )
+    fail(
+        task,
+        f"sleeps {list(STRAGGLER_SLEEPS)}, in 3 runs: {'; '.join(misses)} (within "
+        f"{STRAGGLER_TOL_S:g} s passes)",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -331,21 +431,47 @@ def _average_worker(rank: int, world_size: int, fn) -> dict:
         gen = torch.Generator().manual_seed(11 * rank + len(shape))
         grad = torch.randn(shape, generator=gen, dtype=torch.float64)
         # every rank's gradient, made again here: the mean this rank must end with
-        others = [torch.randn(shape, generator=torch.Generator().manual_seed(11 * r + len(shape)),
-                              dtype=torch.float64) for r in range(world_size)]
+        others = [
+            torch.randn(
+                shape,
+                generator=torch.Generator().manual_seed(11 * r + len(shape)),
+                dtype=torch.float64,
+            )
+            for r in range(world_size)
+        ]
         want = torch.stack(others).mean(0)
         ok, err = _guarded(lambda g: cases.append(fn(g)), grad.clone())
         if not ok:
             return {"error": err}
         out = cases.pop()
         if not isinstance(out, torch.Tensor):
-            return {"cases": [{"shape": list(shape), "ok": False, "why": f"returned {type(out).__name__}, not a tensor"}]}
+            return {
+                "cases": [
+                    {
+                        "shape": list(shape),
+                        "ok": False,
+                        "why": f"returned {type(out).__name__}, not a tensor",
+                    }
+                ]
+            }
         if tuple(out.shape) != shape:
-            return {"cases": [{"shape": list(shape), "ok": False,
-                               "why": f"returned shape {tuple(out.shape)}, expected the gradient's {shape}"}]}
+            return {
+                "cases": [
+                    {
+                        "shape": list(shape),
+                        "ok": False,
+                        "why": f"returned shape {tuple(out.shape)}, expected the gradient's {shape}",
+                    }
+                ]
+            }
         err_max = float((out.double() - want).abs().max())
-        cases.append({"shape": list(shape), "ok": err_max <= 1e-12,
-                      "why": f"max abs difference from the mean {err_max:.3g}"})
+        cases.append(
+            {
+                "shape": list(shape),
+                "ok": err_max <= 1e-12,
+                "why": f"max abs difference from the mean {err_max:.3g}",
+            }
+        )
     return {"cases": cases}
 
 
@@ -360,8 +486,11 @@ def check_fixed_average(fn, task: int = 5) -> None:
         for rank, res in enumerate(results):
             for case in res["cases"]:
                 if not case["ok"]:
-                    fail(task, f"rank {rank} of {world_size}, gradient of shape {tuple(case['shape'])}: "
-                               f"{case['why']}")
+                    fail(
+                        task,
+                        f"rank {rank} of {world_size}, gradient of shape {tuple(case['shape'])}: "
+                        f"{case['why']}",
+                    )
     passed(task, "every rank holds the mean gradient, in the gradient's shape, on 2 and 3 ranks")
 
 
@@ -370,7 +499,9 @@ def check_fixed_average(fn, task: int = 5) -> None:
 # --------------------------------------------------------------------------------------------
 SCALE_SCHEMES = ("all_reduce", "zero3", "parameter_server")
 SCALE_CASES = tuple((n, w) for n in (7_000_000_000, 70_000_000_000) for w in (8, 64))
-_SCALE_REFERENCES = _BYTES_REFERENCES + ("course_lib.measure.estimate.communication:reduce_broadcast_bytes_sent",)
+_SCALE_REFERENCES = _BYTES_REFERENCES + (
+    "course_lib.measure.estimate.communication:reduce_broadcast_bytes_sent",
+)
 
 
 def _scale_expected(n_params: int, world_size: int, scheme: str) -> float:
@@ -380,7 +511,9 @@ def _scale_expected(n_params: int, world_size: int, scheme: str) -> float:
     if scheme == "all_reduce":
         return estimate.ring_allreduce_bytes_sent(s, world_size)
     if scheme == "zero3":  # reduce-scatter the gradients, all-gather the parameters twice
-        return estimate.reduce_scatter_bytes_sent(s, world_size) + 2 * estimate.allgather_bytes_sent(s, world_size)
+        return estimate.reduce_scatter_bytes_sent(
+            s, world_size
+        ) + 2 * estimate.allgather_bytes_sent(s, world_size)
     return estimate.reduce_broadcast_bytes_sent(s, world_size, root=True)
 
 
@@ -395,12 +528,21 @@ def check_scale_bytes(bytes_per_step, task: int = 6) -> None:
             expected = _scale_expected(n_params, ws, scheme)
             got = run_learner(task, bytes_per_step, n_params, ws, scheme, forbid=_SCALE_REFERENCES)
             if isinstance(got, bool) or not isinstance(got, (int, float)):
-                fail(task, f"{n_params:.0e} params, {ws} GPUs, {scheme}: expected a number of bytes, got {got!r}")
+                fail(
+                    task,
+                    f"{n_params:.0e} params, {ws} GPUs, {scheme}: expected a number of bytes, got {got!r}",
+                )
             if abs(got - expected) > 1e-9 * expected:
-                fail(task, f"{n_params:.0e} params, {ws} GPUs, {scheme}: expected {expected / 1e9:,.2f} GB "
-                           f"per step, got {got / 1e9:,.4g} GB")
+                fail(
+                    task,
+                    f"{n_params:.0e} params, {ws} GPUs, {scheme}: expected {expected / 1e9:,.2f} GB "
+                    f"per step, got {got / 1e9:,.4g} GB",
+                )
     a = _scale_expected(70_000_000_000, 64, "all_reduce") / 1e9
     z = _scale_expected(70_000_000_000, 64, "zero3") / 1e9
     p = _scale_expected(70_000_000_000, 64, "parameter_server") / 1e9
-    passed(task, f"bytes per step match estimate for 7B and 70B on 8 and 64 GPUs (70B on 64: "
-                 f"all-reduce {a:,.0f} GB, ZeRO-3 {z:,.0f} GB, parameter server {p:,.0f} GB)")
+    passed(
+        task,
+        f"bytes per step match estimate for 7B and 70B on 8 and 64 GPUs (70B on 64: "
+        f"all-reduce {a:,.0f} GB, ZeRO-3 {z:,.0f} GB, parameter server {p:,.0f} GB)",
+    )

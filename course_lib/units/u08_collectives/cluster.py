@@ -1,43 +1,75 @@
 """Unit 08's experiments that run under torchrun (``python -m course_lib.cluster list``)."""
+
 from __future__ import annotations
 
 from course_lib.cluster import Experiment
 
 
-def timing(world_size: int, *, sizes_bytes: tuple = (4 * 2**10, 256 * 2**10, 4 * 2**20),
-           algorithms: tuple = ("ring", "recursive_doubling", "gloo"), repeats: int = 5,
-           warmup: int = 1):
+def timing(
+    world_size: int,
+    *,
+    sizes_bytes: tuple = (4 * 2**10, 256 * 2**10, 4 * 2**20),
+    algorithms: tuple = ("ring", "recursive_doubling", "gloo"),
+    repeats: int = 5,
+    warmup: int = 1,
+):
     """The lecture's all-reduce timing sweep (``unit.run.time_all_reduce``)."""
     from course_lib.units.u08_collectives import run
-    return run.time_all_reduce(list(sizes_bytes), world_size=world_size, algorithms=algorithms,
-                               repeats=repeats, warmup=warmup, progress=False)
+
+    return run.time_all_reduce(
+        list(sizes_bytes),
+        world_size=world_size,
+        algorithms=algorithms,
+        repeats=repeats,
+        warmup=warmup,
+        progress=False,
+    )
 
 
 def bytes_sent(world_size: int, *, numel: int = 4096):
     """Bytes each rank hands to send/recv per algorithm (``unit.run.measure_bytes``)."""
     from course_lib.units.u08_collectives import run
+
     return run.measure_bytes(world_size, numel=numel)
 
 
 def wire(world_size: int, *, size_bytes: int = 4 * 2**20):
     """Bytes each rank wrote to its sockets per collective (``unit.run.measure_wire_bytes``)."""
     from course_lib.units.u08_collectives import run
+
     return run.measure_wire_bytes(world_size, size_bytes)
 
 
 def _power_of_two(world_size: int, settings: dict) -> None:
     if "recursive_doubling" in settings.get("algorithms", ()) and world_size & (world_size - 1):
-        raise ValueError(f"world_size = {world_size}: recursive_doubling needs a power of two "
-                         "(2, 4, 8, 16); drop it from algorithms for other sizes")
+        raise ValueError(
+            f"world_size = {world_size}: recursive_doubling needs a power of two "
+            "(2, 4, 8, 16); drop it from algorithms for other sizes"
+        )
 
 
 EXPERIMENTS = [
-    Experiment("u08.timing", "all-reduce time per algorithm and message size", timing,
-               "notebooks/08_collectives.ipynb",
-               plot="unit.plots.plot_times(res.value)",
-               varying=("median_s", "p25_s", "p75_s"), check=_power_of_two),
-    Experiment("u08.bytes", "bytes each rank sends per all-reduce algorithm", bytes_sent,
-               "notebooks/08_collectives.ipynb", plot="unit.plots.plot_bytes(res.value)"),
-    Experiment("u08.wire", "bytes on the wire per collective, beside estimate", wire,
-               "notebooks/08_collectives.ipynb", plot="unit.run.ratio_table(res.value)"),
+    Experiment(
+        "u08.timing",
+        "all-reduce time per algorithm and message size",
+        timing,
+        "notebooks/08_collectives.ipynb",
+        plot="unit.plots.plot_times(res.value)",
+        varying=("median_s", "p25_s", "p75_s"),
+        check=_power_of_two,
+    ),
+    Experiment(
+        "u08.bytes",
+        "bytes each rank sends per all-reduce algorithm",
+        bytes_sent,
+        "notebooks/08_collectives.ipynb",
+        plot="unit.plots.plot_bytes(res.value)",
+    ),
+    Experiment(
+        "u08.wire",
+        "bytes on the wire per collective, beside estimate",
+        wire,
+        "notebooks/08_collectives.ipynb",
+        plot="unit.run.ratio_table(res.value)",
+    ),
 ]

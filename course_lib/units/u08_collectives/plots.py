@@ -3,6 +3,7 @@
 Used by notebooks/08_collectives.ipynb and course_lib/units/u08_collectives/widgets.py. Every picture is drawn
 from tensors the ranks returned (see course_lib/units/u08_collectives/run.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,8 +57,15 @@ def _draw_grid(ax, rows: Sequence, title: str, *, summed: bool = False) -> None:
             ax.add_patch(Rectangle((c, r), 1, 1, facecolor=colour, edgecolor="white", linewidth=2))
             if not math.isnan(v):
                 dark = colour == _SUM_COLOUR or sum(to_rgba(colour)[:3]) < 1.5
-                ax.text(c + 0.5, r + 0.5, f"{v:g}", ha="center", va="center", fontsize=11,
-                        color="white" if dark else "black")
+                ax.text(
+                    c + 0.5,
+                    r + 0.5,
+                    f"{v:g}",
+                    ha="center",
+                    va="center",
+                    fontsize=11,
+                    color="white" if dark else "black",
+                )
     ax.set_xlim(0, n_slots)
     ax.set_ylim(n_ranks, 0)
     ax.set_xticks(np.arange(n_slots) + 0.5, [str(c) for c in range(n_slots)])
@@ -71,8 +79,9 @@ def _draw_grid(ax, rows: Sequence, title: str, *, summed: bool = False) -> None:
 
 
 @styled
-def plot_before_after(before: Sequence, after: Sequence, name: str, *,
-                      bytes_sent: Sequence[int | None] | None = None) -> Figure:
+def plot_before_after(
+    before: Sequence, after: Sequence, name: str, *, bytes_sent: Sequence[int | None] | None = None
+) -> Figure:
     """Two panels, what every rank holds before and after one collective.
 
     ``before``/``after``: one N-slot row per rank (NaN = nothing there), as returned by
@@ -82,14 +91,22 @@ def plot_before_after(before: Sequence, after: Sequence, name: str, *,
     """
     n = len(before)
     slots = len(_as_array(before[0]))
-    fig, axes = plt.subplots(1, 2, figsize=(min(16.0, 3.0 + 2.6 * slots), min(9.0, 0.7 * n + 1.6)),
-                             constrained_layout=True)
+    fig, axes = plt.subplots(
+        1,
+        2,
+        figsize=(min(16.0, 3.0 + 2.6 * slots), min(9.0, 0.7 * n + 1.6)),
+        constrained_layout=True,
+    )
     _draw_grid(axes[0], before, f"{name}: before")
     _draw_grid(axes[1], after, f"{name}: after", summed=_reduces(name))
     if bytes_sent is not None:
-        axes[1].set_yticks(np.arange(n) + 0.5,
-                           [f"rank {r}  ({'?' if b is None else f'{b:,}'} B on the wire)"
-                            for r, b in enumerate(bytes_sent)])
+        axes[1].set_yticks(
+            np.arange(n) + 0.5,
+            [
+                f"rank {r}  ({'?' if b is None else f'{b:,}'} B on the wire)"
+                for r, b in enumerate(bytes_sent)
+            ],
+        )
     return fig
 
 
@@ -100,8 +117,9 @@ def plot_primitives(results: Mapping[str, Mapping[str, Sequence]]) -> Figure:
     names = list(results)
     n_rows = math.ceil(len(names) / 2)
     n = len(results[names[0]]["before"])
-    fig, axes = plt.subplots(n_rows, 4, figsize=(16, n_rows * (0.55 * n + 1.3)),
-                             constrained_layout=True, squeeze=False)
+    fig, axes = plt.subplots(
+        n_rows, 4, figsize=(16, n_rows * (0.55 * n + 1.3)), constrained_layout=True, squeeze=False
+    )
     for i, name in enumerate(names):
         ax_before, ax_after = axes[i // 2, 2 * (i % 2)], axes[i // 2, 2 * (i % 2) + 1]
         _draw_grid(ax_before, results[name]["before"], f"{name}: before")
@@ -125,8 +143,9 @@ def plot_ring_steps(records: Sequence[Sequence[Mapping]]) -> Figure:
     n = len(records)
     steps = len(records[0])
     cmap = plt.get_cmap("Blues")
-    fig, axes = plt.subplots(1, steps, figsize=(2.25 * steps, 0.55 * n + 1.7), constrained_layout=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, steps, figsize=(2.25 * steps, 0.55 * n + 1.7), constrained_layout=True, squeeze=False
+    )
     for s in range(steps):
         ax = axes[0, s]
         for r in range(n):
@@ -139,13 +158,30 @@ def plot_ring_steps(records: Sequence[Sequence[Mapping]]) -> Figure:
                 mask = int(round(v))
                 members = [k for k in range(n) if mask >> k & 1]
                 shade = cmap(0.15 + 0.8 * len(members) / n)
-                ax.add_patch(Rectangle((c, r), 1, 1, facecolor=shade, edgecolor="white", linewidth=2))
+                ax.add_patch(
+                    Rectangle((c, r), 1, 1, facecolor=shade, edgecolor="white", linewidth=2)
+                )
                 label = "all" if len(members) == n else "+".join(str(k) for k in members)
-                ax.text(c + 0.5, r + 0.5, label, ha="center", va="center", fontsize=9,
-                        color="white" if len(members) > n / 2 else "black")
+                ax.text(
+                    c + 0.5,
+                    r + 0.5,
+                    label,
+                    ha="center",
+                    va="center",
+                    fontsize=9,
+                    color="white" if len(members) > n / 2 else "black",
+                )
                 if c == nxt:
-                    ax.add_patch(Rectangle((c + 0.06, r + 0.06), 0.88, 0.88, fill=False,
-                                           edgecolor="black", linewidth=2))
+                    ax.add_patch(
+                        Rectangle(
+                            (c + 0.06, r + 0.06),
+                            0.88,
+                            0.88,
+                            fill=False,
+                            edgecolor="black",
+                            linewidth=2,
+                        )
+                    )
         phase = records[0][s]["phase"]
         ax.set_title("input" if s == 0 else f"step {s}\n{phase}", fontsize=10)
         ax.set_xlim(0, n)
@@ -156,7 +192,9 @@ def plot_ring_steps(records: Sequence[Sequence[Mapping]]) -> Figure:
         ax.grid(False)
         for side in ax.spines.values():
             side.set_visible(False)
-    fig.suptitle("ring all-reduce: which ranks' data each chunk holds (framed: sent next)", fontsize=12)
+    fig.suptitle(
+        "ring all-reduce: which ranks' data each chunk holds (framed: sent next)", fontsize=12
+    )
     return fig
 
 
@@ -173,8 +211,13 @@ def _chunk_first_values(state, n: int) -> list[float | None]:
 
 
 @styled
-def plot_bytes(df, *, group: str = "algorithm", per_size: bool = False,
-               title: str = "bytes sent per rank: measured on the wire (bars) vs estimate (black ticks)") -> Figure:
+def plot_bytes(
+    df,
+    *,
+    group: str = "algorithm",
+    per_size: bool = False,
+    title: str = "bytes sent per rank: measured on the wire (bars) vs estimate (black ticks)",
+) -> Figure:
     """Grouped bars of the bytes each rank sent on the wire, with estimate's prediction marked.
 
     ``df``: rows with ``group`` (e.g. algorithm or collective), rank, wire_bytes_sent,
@@ -186,19 +229,34 @@ def plot_bytes(df, *, group: str = "algorithm", per_size: bool = False,
     ranks = sorted(set(df["rank"]))
     width = 0.8 / len(ranks)
     scale = df["size_bytes"].astype(float) if per_size else 1024.0
-    values = df.assign(_wire=df["wire_bytes_sent"].astype(float) / scale,
-                       _predicted=df["predicted_bytes_sent"].astype(float) / scale)
-    fig, ax = plt.subplots(figsize=(2.0 + (1.3 if per_size else 2.2) * len(groups), 4.2),
-                           constrained_layout=True)
+    values = df.assign(
+        _wire=df["wire_bytes_sent"].astype(float) / scale,
+        _predicted=df["predicted_bytes_sent"].astype(float) / scale,
+    )
+    fig, ax = plt.subplots(
+        figsize=(2.0 + (1.3 if per_size else 2.2) * len(groups), 4.2), constrained_layout=True
+    )
     for j, r in enumerate(ranks):
         sub = values[values["rank"] == r].set_index(group).loc[groups]
         x = np.arange(len(groups)) - 0.4 + width * (j + 0.5)
         ax.bar(x, sub["_wire"].fillna(0.0), width, color=_RANK_COLOURS[j % 10], label=f"rank {r}")
-        ax.scatter(x, sub["_predicted"], marker="_", s=400 * width / 0.2, color="black", zorder=3,
-                   label="estimate" if j == 0 else None)
+        ax.scatter(
+            x,
+            sub["_predicted"],
+            marker="_",
+            s=400 * width / 0.2,
+            color="black",
+            zorder=3,
+            label="estimate" if j == 0 else None,
+        )
     labels = [g.replace("+", "+\n").replace(" (from scratch)", "\n(from scratch)") for g in groups]
-    ax.set_xticks(np.arange(len(groups)), labels, rotation=30 if per_size else 0,
-                  ha="right" if per_size else "center", fontsize=9)
+    ax.set_xticks(
+        np.arange(len(groups)),
+        labels,
+        rotation=30 if per_size else 0,
+        ha="right" if per_size else "center",
+        fontsize=9,
+    )
     ax.set_ylabel("bytes sent / S" if per_size else "KiB sent (1 KiB = 1024 B)")
     ax.set_title(title, fontsize=11)
     ax.grid(True, axis="y", alpha=0.3)
@@ -207,8 +265,13 @@ def plot_bytes(df, *, group: str = "algorithm", per_size: bool = False,
 
 
 @styled
-def plot_times(times, model=None, *, title: str = "all-reduce time vs message size",
-               markers: Mapping[str, float | None] | None = None) -> Figure:
+def plot_times(
+    times,
+    model=None,
+    *,
+    title: str = "all-reduce time vs message size",
+    markers: Mapping[str, float | None] | None = None,
+) -> Figure:
     """Measured medians (points, quartile bars) per algorithm on log-log axes, with the model's
     curves (lines) when ``model`` (algorithm, size_bytes, predicted_s) is given.
 
@@ -223,16 +286,34 @@ def plot_times(times, model=None, *, title: str = "all-reduce time vs message si
         sub = times[times["algorithm"] == algorithm].sort_values("size_bytes")
         colour = _RANK_COLOURS[i % 10]
         err = np.vstack([sub["median_s"] - sub["p25_s"], sub["p75_s"] - sub["median_s"]]) * 1e3
-        ax.errorbar(sub["size_bytes"], sub["median_s"] * 1e3, yerr=np.clip(err, 0, None), fmt="o",
-                    color=colour, capsize=3, label=f"{algorithm} (measured)")
+        ax.errorbar(
+            sub["size_bytes"],
+            sub["median_s"] * 1e3,
+            yerr=np.clip(err, 0, None),
+            fmt="o",
+            color=colour,
+            capsize=3,
+            label=f"{algorithm} (measured)",
+        )
         if model is not None and algorithm in set(model["algorithm"]):
             curve = model[model["algorithm"] == algorithm].sort_values("size_bytes")
-            ax.plot(curve["size_bytes"], curve["predicted_s"] * 1e3, "-", color=colour, alpha=0.8,
-                    label=f"{algorithm} (alpha-beta model)")
+            ax.plot(
+                curve["size_bytes"],
+                curve["predicted_s"] * 1e3,
+                "-",
+                color=colour,
+                alpha=0.8,
+                label=f"{algorithm} (alpha-beta model)",
+            )
     for j, (label, size) in enumerate((markers or {}).items()):
         if size is not None:
-            ax.axvline(size, color=("tab:purple", "black")[j % 2], ls=("--", ":")[j % 2], lw=1.5,
-                       label=label)
+            ax.axvline(
+                size,
+                color=("tab:purple", "black")[j % 2],
+                ls=("--", ":")[j % 2],
+                lw=1.5,
+                label=label,
+            )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     sizes = sorted(set(int(v) for v in times["size_bytes"]))

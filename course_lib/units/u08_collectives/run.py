@@ -8,6 +8,7 @@ counts the payload handed to every call and measures what the process wrote to i
 wire). The wire bytes of every collective at a size where headers do not matter are measured in
 :mod:`course_lib.units.u08_collectives.run_wire`.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,19 +67,44 @@ from course_lib.units.u08_collectives.run_wire import (
 )
 
 __all__ = [
-    "ALGORITHMS", "BYTE_EXPERIMENTS", "COLLECTIVE_CHOICES", "PRIMITIVES", "TIMED", "WIRE_SIZE_BYTES",
-    "WORKED_EXAMPLE_GRADS", "all_reduce_decompositions", "bytes_table", "compare_with_model",
-    "estimated_bytes_sent", "expected_after", "fit_per_message_alpha_beta", "measure_bytes",
-    "measure_wire_bytes", "measured_crossover_bytes", "model_crossover_bytes", "model_curves",
-    "payload_bytes", "piece_value", "predicted_bytes_sent", "ratio_table", "run_primitives",
-    "time_all_reduce", "worked_example",
-    "COMPARED", "CONFUSION_GRADS", "algorithm_comparison", "confusion_example", "heldout_crossover",
-    "lost_rank", "straggler",
+    "ALGORITHMS",
+    "BYTE_EXPERIMENTS",
+    "COLLECTIVE_CHOICES",
+    "PRIMITIVES",
+    "TIMED",
+    "WIRE_SIZE_BYTES",
+    "WORKED_EXAMPLE_GRADS",
+    "all_reduce_decompositions",
+    "bytes_table",
+    "compare_with_model",
+    "estimated_bytes_sent",
+    "expected_after",
+    "fit_per_message_alpha_beta",
+    "measure_bytes",
+    "measure_wire_bytes",
+    "measured_crossover_bytes",
+    "model_crossover_bytes",
+    "model_curves",
+    "payload_bytes",
+    "piece_value",
+    "predicted_bytes_sent",
+    "ratio_table",
+    "run_primitives",
+    "time_all_reduce",
+    "worked_example",
+    "COMPARED",
+    "CONFUSION_GRADS",
+    "algorithm_comparison",
+    "confusion_example",
+    "heldout_crossover",
+    "lost_rank",
+    "straggler",
 ]
 
 # --------------------------------------------------------------------------------------------
 # 1. the eight primitives: before / after on every rank
 # --------------------------------------------------------------------------------------------
+
 
 def _primitives_worker(rank: int, world_size: int, names: Sequence[str], root: int) -> dict:
     results = {}
@@ -86,14 +112,20 @@ def _primitives_worker(rank: int, world_size: int, names: Sequence[str], root: i
         dist.barrier()  # no rank starts the next primitive while another is still in the last one
         with _meter() as meter:
             before, after = _run_primitive(name, rank, world_size, root)
-        results[name] = {"before": before, "after": after, "calls": dict(meter.calls),
-                         "wire_bytes_sent": meter.wire_bytes_sent,
-                         "model_bytes_sent": meter.model_bytes_sent, "wire_source": meter.wire_source}
+        results[name] = {
+            "before": before,
+            "after": after,
+            "calls": dict(meter.calls),
+            "wire_bytes_sent": meter.wire_bytes_sent,
+            "model_bytes_sent": meter.model_bytes_sent,
+            "wire_source": meter.wire_source,
+        }
     return results
 
 
-def run_primitives(names: Sequence[str] = PRIMITIVES, world_size: int = 4, *, root: int = 0,
-                   timeout: float = 60.0) -> dict[str, dict]:
+def run_primitives(
+    names: Sequence[str] = PRIMITIVES, world_size: int = 4, *, root: int = 0, timeout: float = 60.0
+) -> dict[str, dict]:
     """Run each named collective once on ``world_size`` real ranks (one launch for all).
 
     Returns ``{name: {"before": [row per rank], "after": [row per rank], "calls": [dict per
@@ -109,15 +141,27 @@ def run_primitives(names: Sequence[str] = PRIMITIVES, world_size: int = 4, *, ro
         validate.choice("names[i]", name, COLLECTIVE_CHOICES)
     world_size = validate.count("world_size", world_size, minimum=1, maximum=10)
     if "recursive_doubling (from scratch)" in names and world_size & (world_size - 1):
-        raise ValueError(f"recursive doubling needs a power-of-two world size, got "
-                         f"world_size={world_size}; valid choices: 1, 2, 4, 8")
+        raise ValueError(
+            f"recursive doubling needs a power-of-two world size, got "
+            f"world_size={world_size}; valid choices: 1, 2, 4, 8"
+        )
     if not 0 <= root < world_size:
         raise ValueError(f"root must be a rank in 0..{world_size - 1}, got root={root}")
     per_rank = _launch(_primitives_worker, world_size, names, root, timeout=timeout)
-    return {name: {key: [per_rank[r][name][key] for r in range(world_size)]
-                   for key in ("before", "after", "calls", "wire_bytes_sent", "model_bytes_sent",
-                               "wire_source")}
-            for name in names}
+    return {
+        name: {
+            key: [per_rank[r][name][key] for r in range(world_size)]
+            for key in (
+                "before",
+                "after",
+                "calls",
+                "wire_bytes_sent",
+                "model_bytes_sent",
+                "wire_source",
+            )
+        }
+        for name in names
+    }
 
 
 def bytes_table(name: str, result: dict, world_size: int, *, root: int = 0) -> pd.DataFrame:
@@ -127,12 +171,17 @@ def bytes_table(name: str, result: dict, world_size: int, *, root: int = 0) -> p
     for rank in range(world_size):
         predicted = estimated_bytes_sent(name, world_size, rank, root=root)
         wire = result["wire_bytes_sent"][rank]
-        rows.append({"rank": rank, "calls": ", ".join(f"{op} x{k}" for op, k in
-                                                    sorted(result["calls"][rank].items())),
-                     "sent, predicted (estimate)": predicted,
-                     "sent, measured (wire)": wire,
-                     "residual (wire - predicted)": None if wire is None or predicted is None
-                     else wire - predicted})
+        rows.append(
+            {
+                "rank": rank,
+                "calls": ", ".join(f"{op} x{k}" for op, k in sorted(result["calls"][rank].items())),
+                "sent, predicted (estimate)": predicted,
+                "sent, measured (wire)": wire,
+                "residual (wire - predicted)": None
+                if wire is None or predicted is None
+                else wire - predicted,
+            }
+        )
     return pd.DataFrame(rows).set_index("rank")
 
 
@@ -165,8 +214,9 @@ def expected_after(name: str, world_size: int, *, root: int = 0) -> list[torch.T
 # --------------------------------------------------------------------------------------------
 # 2. the worked example and the two decompositions of all-reduce
 # --------------------------------------------------------------------------------------------
-def _worked_example_worker(rank: int, world_size: int, grads: Sequence[float], lr: float,
-                           weight: float) -> dict:
+def _worked_example_worker(
+    rank: int, world_size: int, grads: Sequence[float], lr: float, weight: float
+) -> dict:
     n = world_size
     g = torch.tensor([grads[rank]], dtype=torch.float64)  # (1,) this worker's gradient
 
@@ -187,16 +237,32 @@ def _worked_example_worker(rank: int, world_size: int, grads: Sequence[float], l
     via_rs_ag = full[:1]
 
     via_ring = C.ring_all_reduce(g.clone())
-    means = {k: float(v.item()) / n for k, v in {
-        "all_reduce": via_all_reduce, "reduce+broadcast": via_reduce_broadcast,
-        "reduce_scatter+all_gather": via_rs_ag, "ring (from scratch)": via_ring}.items()}
+    means = {
+        k: float(v.item()) / n
+        for k, v in {
+            "all_reduce": via_all_reduce,
+            "reduce+broadcast": via_reduce_broadcast,
+            "reduce_scatter+all_gather": via_rs_ag,
+            "ring (from scratch)": via_ring,
+        }.items()
+    }
     mean = means["all_reduce"]
-    return {"rank": rank, "grad": float(g.item()), **{f"mean via {k}": v for k, v in means.items()},
-            "sgd step": -lr * mean, "new weight": weight - lr * mean}
+    return {
+        "rank": rank,
+        "grad": float(g.item()),
+        **{f"mean via {k}": v for k, v in means.items()},
+        "sgd step": -lr * mean,
+        "new weight": weight - lr * mean,
+    }
 
 
-def worked_example(grads: Sequence[float] = WORKED_EXAMPLE_GRADS, *, lr: float = 1e-3,
-                   weight: float = 1.0, timeout: float = 60.0) -> pd.DataFrame:
+def worked_example(
+    grads: Sequence[float] = WORKED_EXAMPLE_GRADS,
+    *,
+    lr: float = 1e-3,
+    weight: float = 1.0,
+    timeout: float = 60.0,
+) -> pd.DataFrame:
     """Data-parallel SGD on one weight: each rank has one gradient; average them four ways.
 
     One row per rank: its gradient, the mean computed by all_reduce, by reduce + broadcast, by
@@ -240,17 +306,33 @@ def _decomposition_worker(rank: int, world_size: int, numel: int, seed: int) -> 
     dist.all_reduce(abs_sum)
     bound = float(((n - 1) * torch.finfo(x.dtype).eps * abs_sum).max())
     # (method, its result, torch.distributed's result for the same input, the reference's name)
-    checks = [("reduce+broadcast", rb, reference, "all_reduce"),
-              ("reduce_scatter+all_gather", rs_ag, reference, "all_reduce"),
-              ("ring reduce_scatter+all_gather (from scratch)", ring_rs_ag, reference, "all_reduce"),
-              ("ring all_reduce (from scratch)", ring, reference, "all_reduce"),
-              ("naive ring all_reduce (from scratch)", C.naive_ring_all_reduce(x.clone()), reference,
-               "all_reduce"),
-              ("reduce+broadcast (from scratch)", C.reduce_broadcast_all_reduce(x.clone()), reference,
-               "all_reduce")]
+    checks = [
+        ("reduce+broadcast", rb, reference, "all_reduce"),
+        ("reduce_scatter+all_gather", rs_ag, reference, "all_reduce"),
+        ("ring reduce_scatter+all_gather (from scratch)", ring_rs_ag, reference, "all_reduce"),
+        ("ring all_reduce (from scratch)", ring, reference, "all_reduce"),
+        (
+            "naive ring all_reduce (from scratch)",
+            C.naive_ring_all_reduce(x.clone()),
+            reference,
+            "all_reduce",
+        ),
+        (
+            "reduce+broadcast (from scratch)",
+            C.reduce_broadcast_all_reduce(x.clone()),
+            reference,
+            "all_reduce",
+        ),
+    ]
     if n & (n - 1) == 0:  # recursive doubling needs a power-of-two world size
-        checks.append(("recursive doubling (from scratch)", C.recursive_doubling_all_reduce(x.clone()),
-                       reference, "all_reduce"))
+        checks.append(
+            (
+                "recursive doubling (from scratch)",
+                C.recursive_doubling_all_reduce(x.clone()),
+                reference,
+                "all_reduce",
+            )
+        )
     shard3 = torch.empty(padded_numel // n)
     C.ring_reduce_scatter(shard3, padded)
     checks.append(("ring reduce_scatter (from scratch)", shard3, shard, "reduce_scatter_tensor"))
@@ -259,15 +341,22 @@ def _decomposition_worker(rank: int, world_size: int, numel: int, seed: int) -> 
     checks.append(("ring all_gather (from scratch)", full3, full, "all_gather_into_tensor"))
     out = []
     for method, got, want, ref_name in checks:
-        out.append({"rank": rank, "method": method, "compared with": f"dist.{ref_name}",
-                    "max abs difference": float((got - want).abs().max()),
-                    "bitwise equal": bool(torch.equal(got, want)),
-                    "summation bound": bound})
+        out.append(
+            {
+                "rank": rank,
+                "method": method,
+                "compared with": f"dist.{ref_name}",
+                "max abs difference": float((got - want).abs().max()),
+                "bitwise equal": bool(torch.equal(got, want)),
+                "summation bound": bound,
+            }
+        )
     return out
 
 
-def all_reduce_decompositions(world_size: int = 4, numel: int = 1001, *, seed: int = 0,
-                              timeout: float = 60.0) -> pd.DataFrame:
+def all_reduce_decompositions(
+    world_size: int = 4, numel: int = 1001, *, seed: int = 0, timeout: float = 60.0
+) -> pd.DataFrame:
     """all_reduce = reduce + broadcast = reduce_scatter + all_gather, checked on random data, and
     every from-scratch collective of course_lib.parallel.collectives against torch.distributed.
 
@@ -275,7 +364,7 @@ def all_reduce_decompositions(world_size: int = 4, numel: int = 1001, *, seed: i
     in ``compared with`` (``dist.all_reduce`` for every all-reduce) and whether it is bitwise equal. ``summation bound`` is (N-1) eps max_i sum_r |x_r,i|, how far two valid
     summation orders may drift apart in float32 (Higham 2002, section 4.2).
     """
-    world_size = validate.count('world_size', world_size, minimum=1, maximum=16)
+    world_size = validate.count("world_size", world_size, minimum=1, maximum=16)
     per_rank = _launch(_decomposition_worker, world_size, int(numel), int(seed), timeout=timeout)
     return pd.DataFrame([row for rows in per_rank for row in rows])
 
@@ -283,8 +372,9 @@ def all_reduce_decompositions(world_size: int = 4, numel: int = 1001, *, seed: i
 # --------------------------------------------------------------------------------------------
 # 3. bytes of the from-scratch algorithms: predicted by estimate, counted and measured by CommMeter
 # --------------------------------------------------------------------------------------------
-def _bytes_worker(rank: int, world_size: int, algorithms: Sequence[str], numel: int,
-                  dtype: torch.dtype) -> list[dict]:
+def _bytes_worker(
+    rank: int, world_size: int, algorithms: Sequence[str], numel: int, dtype: torch.dtype
+) -> list[dict]:
     rows = []
     for algorithm in algorithms:
         x = torch.randn(numel, dtype=dtype)  # (S,)
@@ -296,15 +386,28 @@ def _bytes_worker(rank: int, world_size: int, algorithms: Sequence[str], numel: 
                 C.ring_all_gather(x, shard)
             else:
                 C.ALL_REDUCE_ALGORITHMS[algorithm](x)
-        rows.append({"algorithm": algorithm, "rank": rank, "size_bytes": x.numel() * x.element_size(),
-                     "payload_sent": int(meter.model_bytes_sent),
-                     "payload_received": int(meter.model_bytes_received),
-                     "wire_bytes_sent": meter.wire_bytes_sent, "p2p_calls": sum(meter.calls.values())})
+        rows.append(
+            {
+                "algorithm": algorithm,
+                "rank": rank,
+                "size_bytes": x.numel() * x.element_size(),
+                "payload_sent": int(meter.model_bytes_sent),
+                "payload_received": int(meter.model_bytes_received),
+                "wire_bytes_sent": meter.wire_bytes_sent,
+                "p2p_calls": sum(meter.calls.values()),
+            }
+        )
     return rows
 
 
-def measure_bytes(world_size: int = 4, numel: int = 4 * 1024, *, algorithms: Sequence[str] = BYTE_EXPERIMENTS,
-                  dtype: torch.dtype = torch.float32, timeout: float = 60.0) -> pd.DataFrame:
+def measure_bytes(
+    world_size: int = 4,
+    numel: int = 4 * 1024,
+    *,
+    algorithms: Sequence[str] = BYTE_EXPERIMENTS,
+    dtype: torch.dtype = torch.float32,
+    timeout: float = 60.0,
+) -> pd.DataFrame:
     """Bytes each rank sends in each from-scratch algorithm: predicted, counted and measured.
 
     One row per (algorithm, rank): ``size_bytes`` (S); ``payload_sent`` / ``payload_received``,
@@ -315,21 +418,43 @@ def measure_bytes(world_size: int = 4, numel: int = 4 * 1024, *, algorithms: Seq
     ``world_size`` so that the ring's chunks are even and the formulas are exact (uneven sizes
     are covered by ``collectives.ring_all_reduce_elements_sent``).
     """
-    world_size = validate.count('world_size', world_size, minimum=1, maximum=16)
+    world_size = validate.count("world_size", world_size, minimum=1, maximum=16)
     algorithms = [validate.choice("algorithms[i]", a, BYTE_EXPERIMENTS) for a in algorithms]
     if numel % world_size:
-        raise ValueError(f"numel must be a multiple of world_size so the formulas are exact: "
-                         f"got numel={numel}, world_size={world_size}")
+        raise ValueError(
+            f"numel must be a multiple of world_size so the formulas are exact: "
+            f"got numel={numel}, world_size={world_size}"
+        )
     if "recursive_doubling" in algorithms and world_size & (world_size - 1):
-        raise ValueError(f"recursive_doubling needs a power-of-two world size, got "
-                         f"world_size={world_size}; valid choices: 1, 2, 4, 8, 16")
+        raise ValueError(
+            f"recursive_doubling needs a power-of-two world size, got "
+            f"world_size={world_size}; valid choices: 1, 2, 4, 8, 16"
+        )
     per_rank = _launch(_bytes_worker, world_size, algorithms, int(numel), dtype, timeout=timeout)
     df = pd.DataFrame([row for rows in per_rank for row in rows])
-    df["predicted_bytes_sent"] = [predicted_bytes_sent(a, s, world_size, r)
-                                  for a, s, r in zip(df.algorithm, df.size_bytes, df["rank"])]
-    df["residual"] = [None if w is None else w - p
-                      for w, p in zip(df.wire_bytes_sent, df.predicted_bytes_sent)]
-    df = df[["algorithm", "rank", "size_bytes", "predicted_bytes_sent", "payload_sent", "wire_bytes_sent",
-             "residual", "payload_received", "p2p_calls"]]
-    return df.sort_values(["algorithm", "rank"], key=lambda c: c.map(
-        {a: i for i, a in enumerate(algorithms)}) if c.name == "algorithm" else c).reset_index(drop=True)
+    df["predicted_bytes_sent"] = [
+        predicted_bytes_sent(a, s, world_size, r)
+        for a, s, r in zip(df.algorithm, df.size_bytes, df["rank"])
+    ]
+    df["residual"] = [
+        None if w is None else w - p for w, p in zip(df.wire_bytes_sent, df.predicted_bytes_sent)
+    ]
+    df = df[
+        [
+            "algorithm",
+            "rank",
+            "size_bytes",
+            "predicted_bytes_sent",
+            "payload_sent",
+            "wire_bytes_sent",
+            "residual",
+            "payload_received",
+            "p2p_calls",
+        ]
+    ]
+    return df.sort_values(
+        ["algorithm", "rank"],
+        key=lambda c: (
+            c.map({a: i for i, a in enumerate(algorithms)}) if c.name == "algorithm" else c
+        ),
+    ).reset_index(drop=True)

@@ -11,6 +11,7 @@
 
 Every function launches real gloo ranks (``course_lib.launch``) and returns plain data.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -27,14 +28,24 @@ from course_lib.measure.timing import time_collective
 from course_lib.parallel import collectives as C
 from course_lib.units.u08_collectives._primitives import _launch, _meter
 
-__all__ = ["CONFUSION_GRADS", "COMPARED", "confusion_example", "straggler", "lost_rank",
-           "algorithm_comparison", "heldout_crossover"]
+__all__ = [
+    "CONFUSION_GRADS",
+    "COMPARED",
+    "confusion_example",
+    "straggler",
+    "lost_rank",
+    "algorithm_comparison",
+    "heldout_crossover",
+]
 
 #: the two workers' gradients of the "all-reduce is not all-gather" example (S1)
 CONFUSION_GRADS = ((1.0, 2.0), (3.0, 4.0))
 #: the all-reduce algorithms section 11 compares
-COMPARED = {"ring": C.ring_all_reduce, "recursive_doubling": C.recursive_doubling_all_reduce,
-            "rabenseifner": C.rabenseifner_all_reduce}
+COMPARED = {
+    "ring": C.ring_all_reduce,
+    "recursive_doubling": C.recursive_doubling_all_reduce,
+    "rabenseifner": C.rabenseifner_all_reduce,
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -51,8 +62,12 @@ def _confusion_worker(rank: int, world_size: int, grads) -> dict:
     dist.gather(mine, at_root, dst=0)
     flat = torch.cat(at_root) if rank == 0 else torch.empty(world_size * mine.numel())
     dist.broadcast(flat, src=0)
-    return {"grad": mine.tolist(), "all_reduce": summed.tolist(),
-            "all_gather": torch.cat(gathered).tolist(), "gather+broadcast": flat.tolist()}
+    return {
+        "grad": mine.tolist(),
+        "all_reduce": summed.tolist(),
+        "all_gather": torch.cat(gathered).tolist(),
+        "gather+broadcast": flat.tolist(),
+    }
 
 
 def confusion_example(grads: Sequence[Sequence[float]] = CONFUSION_GRADS) -> pd.DataFrame:
@@ -78,8 +93,12 @@ def _straggler_worker(rank: int, world_size: int, sleeps: Sequence[float], numel
     t_enter = time.perf_counter()
     dist.all_reduce(x)
     t_leave = time.perf_counter()
-    return {"rank": rank, "compute_s": t_enter - t_start, "in_all_reduce_s": t_leave - t_enter,
-            "step_s": t_leave - t_start}
+    return {
+        "rank": rank,
+        "compute_s": t_enter - t_start,
+        "in_all_reduce_s": t_leave - t_enter,
+        "step_s": t_leave - t_start,
+    }
 
 
 def straggler(sleeps: Sequence[float], *, numel: int = 1024) -> pd.DataFrame:
@@ -88,7 +107,9 @@ def straggler(sleeps: Sequence[float], *, numel: int = 1024) -> pd.DataFrame:
     entering the all-reduce to leaving it) and step_s. An all-reduce cannot finish before its
     last rank has contributed, so every rank leaves at about max(sleeps): the fast ranks wait
     inside the collective. World size = len(sleeps)."""
-    sleeps = [validate.number(f"sleeps[{i}]", s, minimum=0, maximum=30) for i, s in enumerate(sleeps)]
+    sleeps = [
+        validate.number(f"sleeps[{i}]", s, minimum=0, maximum=30) for i, s in enumerate(sleeps)
+    ]
     if len(sleeps) < 2:
         raise ValueError(f"sleeps = {sleeps!r}: expected one delay per rank, at least 2 ranks")
     numel = validate.count("numel", numel, minimum=1)
@@ -116,7 +137,12 @@ def lost_rank(world_size: int = 4, *, lost: int = 3, timeout: float = 3.0) -> li
     world_size = validate.count("world_size", world_size, minimum=2, maximum=16)
     lost = validate.count("lost", lost, minimum=0, maximum=world_size - 1)
     try:
-        _launch(_lost_worker, world_size, lost, timeout=validate.number("timeout", timeout, positive=True))
+        _launch(
+            _lost_worker,
+            world_size,
+            lost,
+            timeout=validate.number("timeout", timeout, positive=True),
+        )
     except LaunchError as err:
         lines = str(err).strip().splitlines()[: world_size + 1]
         return [re.sub(r"\[[^\]]*\.cc:\d+\] ", "", line) for line in lines]
@@ -134,16 +160,25 @@ def _compare_worker(rank: int, world_size: int, sizes: Sequence[int], repeats: i
             with _meter() as meter:
                 fn(x)
             sends = sum(n for op, n in meter.calls.items() if "send" in op)
-            t = time_collective(lambda fn=fn, x=x: fn(x), warmup=1, repeat=repeats,
-                                setup=lambda x=x: x.fill_(1.0))
-            rows.append({"algorithm": name, "size_bytes": size, "rank": rank,
-                         "payload_sent": int(meter.model_bytes_sent), "messages": sends,
-                         "median_s": statistics.median(t)})
+            t = time_collective(
+                lambda fn=fn, x=x: fn(x), warmup=1, repeat=repeats, setup=lambda x=x: x.fill_(1.0)
+            )
+            rows.append(
+                {
+                    "algorithm": name,
+                    "size_bytes": size,
+                    "rank": rank,
+                    "payload_sent": int(meter.model_bytes_sent),
+                    "messages": sends,
+                    "median_s": statistics.median(t),
+                }
+            )
     return rows
 
 
-def algorithm_comparison(world_size: int = 4, sizes: Sequence[int] = (1024, 4 * 2**20), *,
-                         repeats: int = 3) -> pd.DataFrame:
+def algorithm_comparison(
+    world_size: int = 4, sizes: Sequence[int] = (1024, 4 * 2**20), *, repeats: int = 3
+) -> pd.DataFrame:
     """Ring, recursive doubling and Rabenseifner all-reduce of float32 tensors on ``world_size``
     ranks. One row per (algorithm, size): payload_sent (bytes rank 0 hands to isend, counted by
     CommMeter), messages (its isend calls), predicted_messages and predicted_bytes (the
@@ -151,21 +186,27 @@ def algorithm_comparison(world_size: int = 4, sizes: Sequence[int] = (1024, 4 * 
     messages carrying the ring's 2(N-1)/N S), median_s (slowest rank, median of ``repeats``)."""
     world_size = validate.count("world_size", world_size, minimum=2, maximum=16)
     if world_size & (world_size - 1):
-        raise ValueError(f"world_size = {world_size}: expected a power of two (2, 4, 8, 16): "
-                         "recursive doubling and Rabenseifner pair ranks by bits")
+        raise ValueError(
+            f"world_size = {world_size}: expected a power of two (2, 4, 8, 16): "
+            "recursive doubling and Rabenseifner pair ranks by bits"
+        )
     sizes = [validate.count("sizes[i]", s, minimum=4 * world_size) for s in sizes]
     for s in sizes:
         if s % (4 * world_size):
             raise ValueError(f"sizes contains {s}: expected a multiple of 4 * world_size bytes")
-    per_rank = _launch(_compare_worker, world_size, sizes, validate.count("repeats", repeats, minimum=1))
+    per_rank = _launch(
+        _compare_worker, world_size, sizes, validate.count("repeats", repeats, minimum=1)
+    )
     df = pd.DataFrame(per_rank[0])
     log2n = world_size.bit_length() - 1
     steps = {"ring": 2 * (world_size - 1), "recursive_doubling": log2n, "rabenseifner": 2 * log2n}
     df["predicted_messages"] = df["algorithm"].map(steps)
     df["predicted_bytes"] = [
-        estimate.recursive_doubling_allreduce_bytes_sent(s, world_size) if a == "recursive_doubling"
+        estimate.recursive_doubling_allreduce_bytes_sent(s, world_size)
+        if a == "recursive_doubling"
         else estimate.ring_allreduce_bytes_sent(s, world_size)
-        for a, s in zip(df["algorithm"], df["size_bytes"])]
+        for a, s in zip(df["algorithm"], df["size_bytes"])
+    ]
     return df.drop(columns=["rank"])
 
 
@@ -186,14 +227,21 @@ def heldout_crossover(times: pd.DataFrame, world_size: int, held_out: Sequence[i
     held = set(int(s) for s in held_out)
     missing = held - set(times["size_bytes"])
     if missing:
-        raise ValueError(f"held_out = {sorted(held)}: sizes {sorted(missing)} were not measured; "
-                         f"valid choices: {sorted(set(times['size_bytes']))}")
+        raise ValueError(
+            f"held_out = {sorted(held)}: sizes {sorted(missing)} were not measured; "
+            f"valid choices: {sorted(set(times['size_bytes']))}"
+        )
     train = times[~times["size_bytes"].isin(held)]
     if train["size_bytes"].nunique() < 2:
         raise ValueError("held_out leaves fewer than 2 sizes to fit alpha and beta on")
     alpha, beta = fit_per_message_alpha_beta(train, world_size)
     test = compare_with_model(times[times["size_bytes"].isin(held)], world_size, alpha, beta)
     errors = test.assign(error_pct=100 * (test.predicted_s - test.measured_s) / test.measured_s)[
-        ["algorithm", "size_bytes", "measured_s", "predicted_s", "error_pct"]]
-    return {"alpha": alpha, "beta": beta, "errors": errors.reset_index(drop=True),
-            "model_crossover_bytes": model_crossover_bytes(world_size, alpha, beta)}
+        ["algorithm", "size_bytes", "measured_s", "predicted_s", "error_pct"]
+    ]
+    return {
+        "alpha": alpha,
+        "beta": beta,
+        "errors": errors.reset_index(drop=True),
+        "model_crossover_bytes": model_crossover_bytes(world_size, alpha, beta),
+    }

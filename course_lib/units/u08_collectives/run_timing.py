@@ -2,6 +2,7 @@
 
 Used by notebooks/08_collectives.ipynb through :mod:`run` (which re-exports these names).
 """
+
 from __future__ import annotations
 
 import math
@@ -22,22 +23,34 @@ from course_lib.units.u08_collectives._primitives import TIMED, _launch
 # --------------------------------------------------------------------------------------------
 # 4. time: ring vs recursive doubling vs gloo, and the alpha-beta fit
 # --------------------------------------------------------------------------------------------
-def _timing_worker(rank: int, world_size: int, numel: int, algorithms: Sequence[str],
-                   repeats: int, warmup: int) -> dict:
+def _timing_worker(
+    rank: int, world_size: int, numel: int, algorithms: Sequence[str], repeats: int, warmup: int
+) -> dict:
     x = torch.randn(numel)  # (S,) float32
     times: dict[str, list[float]] = {}
     for algorithm in algorithms:
         fn = dist.all_reduce if algorithm == "gloo" else C.ALL_REDUCE_ALGORITHMS[algorithm]
         # x.fill_ keeps values finite however many times we sum them; per-rank samples
-        times[algorithm] = time_collective(lambda fn=fn: fn(x), warmup=warmup, repeat=repeats,
-                                           setup=lambda: x.fill_(1.0), max_over_ranks=False)
+        times[algorithm] = time_collective(
+            lambda fn=fn: fn(x),
+            warmup=warmup,
+            repeat=repeats,
+            setup=lambda: x.fill_(1.0),
+            max_over_ranks=False,
+        )
     return times
 
 
-def time_all_reduce(sizes_bytes: Sequence[int], *, world_size: int = 4,
-                    algorithms: Sequence[str] = ("ring", "recursive_doubling", "gloo"),
-                    repeats: int = 5, warmup: int = 1, progress: bool = True,
-                    timeout: float = 300.0) -> pd.DataFrame:
+def time_all_reduce(
+    sizes_bytes: Sequence[int],
+    *,
+    world_size: int = 4,
+    algorithms: Sequence[str] = ("ring", "recursive_doubling", "gloo"),
+    repeats: int = 5,
+    warmup: int = 1,
+    progress: bool = True,
+    timeout: float = 300.0,
+) -> pd.DataFrame:
     """Time all-reduce of float32 tensors of each size on ``world_size`` ranks (one launch per size).
 
     A sample is the slowest rank's time for one call (the collective is done when its last rank
@@ -45,13 +58,17 @@ def time_all_reduce(sizes_bytes: Sequence[int], *, world_size: int = 4,
     seconds. On a shared CPU machine absolute times are noisy: compare algorithms within a run.
     Columns: algorithm, size_bytes, median_s, p25_s, p75_s, repeats.
     """
-    world_size = validate.count('world_size', world_size, minimum=2, maximum=16)
+    world_size = validate.count("world_size", world_size, minimum=2, maximum=16)
     algorithms = [validate.choice("algorithms[i]", a, TIMED) for a in algorithms]
     if "recursive_doubling" in algorithms and world_size & (world_size - 1):
-        raise ValueError(f"recursive_doubling needs a power-of-two world size, got "
-                         f"world_size={world_size}; valid choices: 2, 4, 8, 16")
+        raise ValueError(
+            f"recursive_doubling needs a power-of-two world size, got "
+            f"world_size={world_size}; valid choices: 2, 4, 8, 16"
+        )
     if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+        raise ValueError(
+            f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}"
+        )
     sizes = list(sizes_bytes)
     for s in sizes:
         if s < 4 or s % 4:
@@ -64,13 +81,24 @@ def time_all_reduce(sizes_bytes: Sequence[int], *, world_size: int = 4,
         sizes_iter = sizes
     rows = []
     for size in sizes_iter:
-        per_rank = _launch(_timing_worker, world_size, size // 4, algorithms, repeats, warmup,
-                           timeout=timeout)
+        per_rank = _launch(
+            _timing_worker, world_size, size // 4, algorithms, repeats, warmup, timeout=timeout
+        )
         for algorithm in algorithms:
-            slowest = [max(per_rank[r][algorithm][i] for r in range(world_size)) for i in range(repeats)]
+            slowest = [
+                max(per_rank[r][algorithm][i] for r in range(world_size)) for i in range(repeats)
+            ]
             q = statistics.quantiles(slowest, n=4) if repeats > 1 else [slowest[0]] * 3
-            rows.append({"algorithm": algorithm, "size_bytes": size, "median_s": statistics.median(slowest),
-                         "p25_s": q[0], "p75_s": q[2], "repeats": repeats})
+            rows.append(
+                {
+                    "algorithm": algorithm,
+                    "size_bytes": size,
+                    "median_s": statistics.median(slowest),
+                    "p25_s": q[0],
+                    "p75_s": q[2],
+                    "repeats": repeats,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -80,12 +108,15 @@ def _steps_and_message(algorithm: str, size_bytes: float, world_size: int) -> tu
         return 2 * (world_size - 1), size_bytes / world_size
     if algorithm == "recursive_doubling":
         return math.ceil(math.log2(world_size)), size_bytes
-    raise ValueError(f"algorithm={algorithm!r} has no alpha-beta fit here; valid choices: ring, "
-                     "recursive_doubling")
+    raise ValueError(
+        f"algorithm={algorithm!r} has no alpha-beta fit here; valid choices: ring, "
+        "recursive_doubling"
+    )
 
 
-def fit_per_message_alpha_beta(times: pd.DataFrame, world_size: int,
-                   algorithms: Sequence[str] = ("ring", "recursive_doubling")) -> tuple[float, float]:
+def fit_per_message_alpha_beta(
+    times: pd.DataFrame, world_size: int, algorithms: Sequence[str] = ("ring", "recursive_doubling")
+) -> tuple[float, float]:
     """Fit one (alpha, beta) to the all-reduce timings of the given from-scratch algorithms.
 
     Both algorithms are sequences of message steps (ring: 2(N-1) steps of S/N bytes; recursive
@@ -105,22 +136,32 @@ def fit_per_message_alpha_beta(times: pd.DataFrame, world_size: int,
     return estimate.fit_alpha_beta(xs, ys, relative=True)
 
 
-def compare_with_model(times: pd.DataFrame, world_size: int, alpha: float, beta: float,
-                       algorithms: Sequence[str] = ("ring", "recursive_doubling")) -> pd.DataFrame:
+def compare_with_model(
+    times: pd.DataFrame,
+    world_size: int,
+    alpha: float,
+    beta: float,
+    algorithms: Sequence[str] = ("ring", "recursive_doubling"),
+) -> pd.DataFrame:
     """Measured median beside ``estimate.allreduce_time`` with the fitted alpha and beta.
 
     Columns: algorithm, size_bytes, measured_s, predicted_s, residual_s (measured - predicted),
     ratio (measured / predicted).
     """
     sub = times[times.algorithm.isin(list(algorithms))]
-    out = pd.DataFrame({
-        "algorithm": sub.algorithm.values,
-        "size_bytes": sub.size_bytes.values,
-        "measured_s": sub.median_s.values,
-        "predicted_s": [estimate.allreduce_time(s, world_size, alpha=max(alpha, 0.0),
-                                                beta=max(beta, 1e-15), algorithm=a)
-                        for a, s in zip(sub.algorithm, sub.size_bytes)],
-    })
+    out = pd.DataFrame(
+        {
+            "algorithm": sub.algorithm.values,
+            "size_bytes": sub.size_bytes.values,
+            "measured_s": sub.median_s.values,
+            "predicted_s": [
+                estimate.allreduce_time(
+                    s, world_size, alpha=max(alpha, 0.0), beta=max(beta, 1e-15), algorithm=a
+                )
+                for a, s in zip(sub.algorithm, sub.size_bytes)
+            ],
+        }
+    )
     out["residual_s"] = out.measured_s - out.predicted_s
     out["ratio"] = out.measured_s / out.predicted_s
     return out
@@ -136,8 +177,9 @@ def model_crossover_bytes(world_size: int, alpha: float, beta: float) -> float:
     a, b = max(alpha, 0.0), max(beta, 1e-15)
 
     def gap(s: float) -> float:  # > 0 while recursive doubling is faster
-        return (estimate.allreduce_time(s, world_size, alpha=a, beta=b, algorithm="ring")
-                - estimate.allreduce_time(s, world_size, alpha=a, beta=b, algorithm="recursive_doubling"))
+        return estimate.allreduce_time(
+            s, world_size, alpha=a, beta=b, algorithm="ring"
+        ) - estimate.allreduce_time(s, world_size, alpha=a, beta=b, algorithm="recursive_doubling")
 
     lo, hi = 0.0, 1.0
     while gap(hi) > 0:
@@ -165,12 +207,25 @@ def measured_crossover_bytes(times: pd.DataFrame) -> float | None:
     return crossover
 
 
-def model_curves(sizes_bytes: Sequence[float], world_size: int, alpha: float, beta: float,
-                 algorithms: Sequence[str] = ("ring", "recursive_doubling")) -> pd.DataFrame:
+def model_curves(
+    sizes_bytes: Sequence[float],
+    world_size: int,
+    alpha: float,
+    beta: float,
+    algorithms: Sequence[str] = ("ring", "recursive_doubling"),
+) -> pd.DataFrame:
     """``estimate.allreduce_time`` on a grid of sizes, for drawing the model's lines.
     Columns: algorithm, size_bytes, predicted_s."""
-    return pd.DataFrame([
-        {"algorithm": a, "size_bytes": s,
-         "predicted_s": estimate.allreduce_time(s, world_size, alpha=max(alpha, 0.0),
-                                                beta=max(beta, 1e-15), algorithm=a)}
-        for a in algorithms for s in sizes_bytes])
+    return pd.DataFrame(
+        [
+            {
+                "algorithm": a,
+                "size_bytes": s,
+                "predicted_s": estimate.allreduce_time(
+                    s, world_size, alpha=max(alpha, 0.0), beta=max(beta, 1e-15), algorithm=a
+                ),
+            }
+            for a in algorithms
+            for s in sizes_bytes
+        ]
+    )

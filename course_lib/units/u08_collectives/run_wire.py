@@ -8,6 +8,7 @@ CommMeter around each call reads what the rank wrote to its sockets (``/proc/sel
 the residual (wire - predicted) is the difference between the algorithm the library really ran
 and the one the course's formula assumes, plus headers.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -36,14 +37,25 @@ def _wire_worker(rank: int, world_size: int, names: Sequence[str], root: int, k:
         dist.barrier()  # nobody is still writing the previous collective's bytes
         with _meter() as meter:
             _run_primitive(name, rank, world_size, root, k)
-        rows.append({"collective": name, "rank": rank, "wire_bytes_sent": meter.wire_bytes_sent,
-                     "wire_source": meter.wire_source})
+        rows.append(
+            {
+                "collective": name,
+                "rank": rank,
+                "wire_bytes_sent": meter.wire_bytes_sent,
+                "wire_source": meter.wire_source,
+            }
+        )
     return rows
 
 
-def measure_wire_bytes(world_size: int = 4, size_bytes: int = WIRE_SIZE_BYTES, *,
-                       names: Sequence[str] | None = None, root: int = 0,
-                       timeout: float = 120.0) -> pd.DataFrame:
+def measure_wire_bytes(
+    world_size: int = 4,
+    size_bytes: int = WIRE_SIZE_BYTES,
+    *,
+    names: Sequence[str] | None = None,
+    root: int = 0,
+    timeout: float = 120.0,
+) -> pd.DataFrame:
     """Run each collective once on ``world_size`` gloo ranks with S = ``size_bytes`` and return
     what each rank sent on the wire beside estimate's prediction.
 
@@ -67,29 +79,56 @@ def measure_wire_bytes(world_size: int = 4, size_bytes: int = WIRE_SIZE_BYTES, *
     for name in names:
         validate.choice("names[i]", name, COLLECTIVE_CHOICES)
     if "recursive_doubling (from scratch)" in names and not power_of_two:
-        raise ValueError(f"recursive doubling needs a power-of-two world size, got "
-                         f"world_size={world_size}; valid choices: 2, 4, 8")
-    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes <= 0 \
-            or size_bytes % (4 * world_size):
-        raise ValueError(f"size_bytes must be a positive multiple of 4 * world_size = "
-                         f"{4 * world_size} (float32 slots, one per rank), got size_bytes={size_bytes!r}")
+        raise ValueError(
+            f"recursive doubling needs a power-of-two world size, got "
+            f"world_size={world_size}; valid choices: 2, 4, 8"
+        )
+    if (
+        isinstance(size_bytes, bool)
+        or not isinstance(size_bytes, int)
+        or size_bytes <= 0
+        or size_bytes % (4 * world_size)
+    ):
+        raise ValueError(
+            f"size_bytes must be a positive multiple of 4 * world_size = "
+            f"{4 * world_size} (float32 slots, one per rank), got size_bytes={size_bytes!r}"
+        )
     if not 0 <= root < world_size:
         raise ValueError(f"root must be a rank in 0..{world_size - 1}, got root={root}")
     k = size_bytes // (4 * world_size)
     per_rank = _launch(_wire_worker, world_size, names, root, k, timeout=timeout)
     df = pd.DataFrame([row for rows in per_rank for row in rows])
     df["size_bytes"] = size_bytes
-    df["predicted_bytes_sent"] = [estimated_bytes_sent(c, world_size, r, root=root, k=k)
-                                  for c, r in zip(df.collective, df["rank"])]
+    df["predicted_bytes_sent"] = [
+        estimated_bytes_sent(c, world_size, r, root=root, k=k)
+        for c, r in zip(df.collective, df["rank"])
+    ]
     measured = df.wire_bytes_sent.notna()
     df["residual"] = (df.wire_bytes_sent - df.predicted_bytes_sent).where(measured)
-    for col, new in (("predicted_bytes_sent", "predicted_S"), ("wire_bytes_sent", "wire_S"),
-                     ("residual", "residual_S")):
+    for col, new in (
+        ("predicted_bytes_sent", "predicted_S"),
+        ("wire_bytes_sent", "wire_S"),
+        ("residual", "residual_S"),
+    ):
         df[new] = df[col].astype(float) / size_bytes
     order = {name: i for i, name in enumerate(names)}
-    df = df.sort_values(["collective", "rank"], key=lambda c: c.map(order) if c.name == "collective" else c)
-    return df[["collective", "rank", "size_bytes", "predicted_bytes_sent", "wire_bytes_sent", "residual",
-               "predicted_S", "wire_S", "residual_S", "wire_source"]].reset_index(drop=True)
+    df = df.sort_values(
+        ["collective", "rank"], key=lambda c: c.map(order) if c.name == "collective" else c
+    )
+    return df[
+        [
+            "collective",
+            "rank",
+            "size_bytes",
+            "predicted_bytes_sent",
+            "wire_bytes_sent",
+            "residual",
+            "predicted_S",
+            "wire_S",
+            "residual_S",
+            "wire_source",
+        ]
+    ].reset_index(drop=True)
 
 
 def ratio_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -7,6 +7,7 @@ sent on the wire (measured by CommMeter through the OS) beside the estimate. Not
 
     ex = CollectiveExplorer(); ex.collective.value = "all_to_all"; ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import html
@@ -26,19 +27,34 @@ class CollectiveExplorer(Explorer):
     expected_errors = (ValueError,)  # e.g. recursive doubling on 3 ranks: say why, keep going
     extras = ("table", "figure")
 
-    def __init__(self, *, collective: str = "all_reduce", world_size: int = 4, max_world_size: int = 8):
+    def __init__(
+        self, *, collective: str = "all_reduce", world_size: int = 4, max_world_size: int = 8
+    ):
         from course_lib.units.u08_collectives.run import COLLECTIVE_CHOICES
 
         longest = max(len(c) for c in COLLECTIVE_CHOICES)
         # wide enough for the longest choice, "recursive_doubling (from scratch)", and its label
-        self.collective = widgets.Dropdown(options=list(COLLECTIVE_CHOICES), value=collective,
-                                           description="collective", style={"description_width": "initial"},
-                                           layout=widgets.Layout(width=f"calc({longest + 12}ch + 3em)"))
-        self.world_size = widgets.IntSlider(value=world_size, min=2, max=max_world_size, step=1,
-                                            description="ranks", continuous_update=False)
-        super().__init__(self.collective, self.world_size,
-                         tooltip="launch the ranks and run the collective once",
-                         intro="Pick a collective and a number of ranks, then press Run.")
+        self.collective = widgets.Dropdown(
+            options=list(COLLECTIVE_CHOICES),
+            value=collective,
+            description="collective",
+            style={"description_width": "initial"},
+            layout=widgets.Layout(width=f"calc({longest + 12}ch + 3em)"),
+        )
+        self.world_size = widgets.IntSlider(
+            value=world_size,
+            min=2,
+            max=max_world_size,
+            step=1,
+            description="ranks",
+            continuous_update=False,
+        )
+        super().__init__(
+            self.collective,
+            self.world_size,
+            tooltip="launch the ranks and run the collective once",
+            intro="Pick a collective and a number of ranks, then press Run.",
+        )
 
     def compute(self):
         """Launch the ranks and run the chosen collective once."""
@@ -46,23 +62,36 @@ class CollectiveExplorer(Explorer):
 
         name, n = self.collective.value, int(self.world_size.value)
         if name == "recursive_doubling (from scratch)" and n & (n - 1):
-            valid = [w for w in range(self.world_size.min, self.world_size.max + 1) if not w & (w - 1)]
-            raise ValueError(f"recursive doubling needs a power-of-two number of ranks, got "
-                             f"world_size={n}; valid choices here: {', '.join(map(str, valid))}")
+            valid = [
+                w for w in range(self.world_size.min, self.world_size.max + 1) if not w & (w - 1)
+            ]
+            raise ValueError(
+                f"recursive doubling needs a power-of-two number of ranks, got "
+                f"world_size={n}; valid choices here: {', '.join(map(str, valid))}"
+            )
         result = run_primitives([name], n)[name]
         self.table = bytes_table(name, result, n)
         return result
 
     def summary(self, result) -> str:
         wire = self.table["sent, measured (wire)"]
-        total = (html.escape(result["wire_source"][0]) if wire.isna().any() else
-                 f"{int(wire.sum()):,} B on the wire in all, headers included")
-        return (f"{html.escape(self.collective.value)} on {int(self.world_size.value)} ranks: "
-                f"{total} (one float32 per slot, 4 B each)")
+        total = (
+            html.escape(result["wire_source"][0])
+            if wire.isna().any()
+            else f"{int(wire.sum()):,} B on the wire in all, headers included"
+        )
+        return (
+            f"{html.escape(self.collective.value)} on {int(self.world_size.value)} ranks: "
+            f"{total} (one float32 per slot, 4 B each)"
+        )
 
     def show(self, result):
         from course_lib.units.u08_collectives.plots import plot_before_after
 
-        self.figure = plot_before_after(result["before"], result["after"], self.collective.value,
-                                        bytes_sent=result["wire_bytes_sent"])
+        self.figure = plot_before_after(
+            result["before"],
+            result["after"],
+            self.collective.value,
+            bytes_sent=result["wire_bytes_sent"],
+        )
         return [self.figure, self.table]

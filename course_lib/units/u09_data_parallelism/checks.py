@@ -11,16 +11,24 @@
    on the wire by the OS in real runs (gloo's headers allowed for).
 Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
 """
+
 from __future__ import annotations
 
 from course_lib.grading.core import error_pair, fail, fmt_int, launch_learner, passed, run_learner
 
-__all__ = ["check_bucketed_hook", "check_no_sync_loop", "check_accumulation_steps",
-           "check_bytes_prediction", "HOOK_REFERENCES"]
+__all__ = [
+    "check_bucketed_hook",
+    "check_no_sync_loop",
+    "check_accumulation_steps",
+    "check_bytes_prediction",
+    "HOOK_REFERENCES",
+]
 
 #: the course's answers to task 1, out of reach while the learner's hook runs
-HOOK_REFERENCES = ("course_lib.parallel.ddp:DataParallel",
-                   "course_lib.parallel.ddp:allreduce_gradients")
+HOOK_REFERENCES = (
+    "course_lib.parallel.ddp:DataParallel",
+    "course_lib.parallel.ddp:allreduce_gradients",
+)
 # (not torch's DistributedDataParallel: torch itself calls its class methods during any
 # backward; and a DDP wrapper the harness never calls would average nothing)
 HOOK_CAP_MB = 0.0002  # 209 B: 4 buckets for the 6,800 B check model
@@ -65,12 +73,18 @@ def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
                     finish()
                 steps.append({"during": during, "calls": meter.calls})
                 return loss
-            record = H.parallel_run(model, batch_fn, steps=2, step_fn=step_fn,
-                                    shard=(rank, world_size))
+
+            record = H.parallel_run(
+                model, batch_fn, steps=2, step_fn=step_fn, shard=(rank, world_size)
+            )
     except Exception as exc:  # noqa: BLE001 - reported in the verdict
         return {"used": list(used), "error": error_pair(exc)}
-    return {"used": list(used), "record": record, "steps": steps,
-            "bucket_bytes": [sum(sizes[n] for n in b) for b in buckets]}
+    return {
+        "used": list(used),
+        "record": record,
+        "steps": steps,
+        "bucket_bytes": [sum(sizes[n] for n in b) for b in buckets],
+    }
 
 
 def check_bucketed_hook(fn, task: int = 1) -> None:
@@ -93,33 +107,53 @@ def check_bucketed_hook(fn, task: int = 1) -> None:
             expected = res["bucket_bytes"]
             for k, step in enumerate(res["steps"]):
                 during = step["during"]
-                if [op for op, _, _ in during] != ["all_reduce"] * len(during) or \
-                        len(during) != len(expected):
-                    fail(task, f"rank {rank} of {world_size}, step {k + 1}: expected "
-                               f"{len(expected)} all_reduce calls during backward (one per "
-                               f"bucket, launched from the hook), got {[op for op, _, _ in during]}")
+                if [op for op, _, _ in during] != ["all_reduce"] * len(during) or len(
+                    during
+                ) != len(expected):
+                    fail(
+                        task,
+                        f"rank {rank} of {world_size}, step {k + 1}: expected "
+                        f"{len(expected)} all_reduce calls during backward (one per "
+                        f"bucket, launched from the hook), got {[op for op, _, _ in during]}",
+                    )
                 if not all(a for _, _, a in during):
-                    fail(task, f"rank {rank} of {world_size}: an all-reduce launched from the "
-                               "hook blocked backward; launch it with async_op=True and wait in "
-                               "finish()")
+                    fail(
+                        task,
+                        f"rank {rank} of {world_size}: an all-reduce launched from the "
+                        "hook blocked backward; launch it with async_op=True and wait in "
+                        "finish()",
+                    )
                 if [b for _, b, _ in during] != expected:
-                    fail(task, f"rank {rank} of {world_size}: buckets went out as "
-                               f"{[b for _, b, _ in during]} B, expected {expected} B in bucket "
-                               "order (each bucket flattened into one tensor)")
-                extra = {op: n for op, n in step["calls"].items() if op != "all_reduce"} or \
-                    step["calls"].get("all_reduce", 0) - len(expected)
+                    fail(
+                        task,
+                        f"rank {rank} of {world_size}: buckets went out as "
+                        f"{[b for _, b, _ in during]} B, expected {expected} B in bucket "
+                        "order (each bucket flattened into one tensor)",
+                    )
+                extra = {op: n for op, n in step["calls"].items() if op != "all_reduce"} or step[
+                    "calls"
+                ].get("all_reduce", 0) - len(expected)
                 if extra:
-                    fail(task, f"rank {rank} of {world_size}: finish() made more collective "
-                               f"calls than one all-reduce per bucket: {step['calls']}")
+                    fail(
+                        task,
+                        f"rank {rank} of {world_size}: finish() made more collective "
+                        f"calls than one all-reduce per bucket: {step['calls']}",
+                    )
         table = H.compare(reference, [r["record"] for r in results])
         bad = table[~table.ok]
         if len(bad):
             row = bad.iloc[0]
-            fail(task, f"on {world_size} ranks, step {row.step}, rank {row['rank']}: "
-                       f"{row.quantity} {row['name']!r} differs from one process on the full "
-                       f"batch ({row.problem})")
-    passed(task, "the bucketed hook matches one process on 2 and 3 ranks, with one "
-                 "asynchronous all-reduce per bucket launched during backward, in order")
+            fail(
+                task,
+                f"on {world_size} ranks, step {row.step}, rank {row['rank']}: "
+                f"{row.quantity} {row['name']!r} differs from one process on the full "
+                f"batch ({row.problem})",
+            )
+    passed(
+        task,
+        "the bucketed hook matches one process on 2 and 3 ranks, with one "
+        "asynchronous all-reduce per bucket launched during backward, in order",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,8 +179,14 @@ def _loop_worker(rank: int, world_size: int, fn) -> dict:
         return {"error": error_pair(exc)}
     reference = H.reference_run(model_fn, lambda s: batch_fn(0, rows=rows)).grads[0]
     grads = H.full_tensors(model, "grad")
-    worst = max((float((grads[n] - g).abs().max()) / (1e-6 + 1e-5 * float(g.abs().max()))
-                 if n in grads else float("inf")) for n, g in reference.items())
+    worst = max(
+        (
+            float((grads[n] - g).abs().max()) / (1e-6 + 1e-5 * float(g.abs().max()))
+            if n in grads
+            else float("inf")
+        )
+        for n, g in reference.items()
+    )
     return {"calls": meter.calls, "buckets": len(model.buckets), "worst": worst}
 
 
@@ -159,23 +199,38 @@ def check_no_sync_loop(fn, task: int = 2) -> None:
     for rank, res in enumerate(_launch(task, _loop_worker, 2, fn)):
         calls, n = res["calls"].get("all_reduce", 0), res["buckets"]
         if calls != n:
-            fail(task, f"rank {rank}: {calls} all-reduce calls for {MICRO_STEPS} micro-steps of "
-                       f"a {n}-bucket model; expected {n} (communicate on the last micro-step "
-                       "only)")
+            fail(
+                task,
+                f"rank {rank}: {calls} all-reduce calls for {MICRO_STEPS} micro-steps of "
+                f"a {n}-bucket model; expected {n} (communicate on the last micro-step "
+                "only)",
+            )
         if not res["worst"] <= 1.0:
-            fail(task, f"rank {rank}: the accumulated gradients differ from one process on the "
-                       f"whole batch ({res['worst']:.3g} x the tolerance); divide each "
-                       "micro-batch loss by the number of micro-steps, and sync the last one")
-    passed(task, f"{MICRO_STEPS} micro-steps, one all-reduce per bucket, gradients of the whole "
-                 "batch on 2 ranks")
+            fail(
+                task,
+                f"rank {rank}: the accumulated gradients differ from one process on the "
+                f"whole batch ({res['worst']:.3g} x the tolerance); divide each "
+                "micro-batch loss by the number of micro-steps, and sync the last one",
+            )
+    passed(
+        task,
+        f"{MICRO_STEPS} micro-steps, one all-reduce per bucket, gradients of the whole "
+        "batch on 2 ranks",
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # task 3: the batch arithmetic
 # --------------------------------------------------------------------------------------------
 #: (train_batch_size, micro_batch_per_gpu, world_size, accumulation steps or None if impossible)
-BATCH_CASES = ((32, 4, 4, 2), (32, 4, 2, 4), (32, 8, 1, 4), (1024, 2, 64, 8), (30, 4, 4, None),
-               (32, 4, 16, None))
+BATCH_CASES = (
+    (32, 4, 4, 2),
+    (32, 4, 2, 4),
+    (32, 8, 1, 4),
+    (1024, 2, 64, 8),
+    (30, 4, 4, None),
+    (32, 4, 16, None),
+)
 
 
 def check_accumulation_steps(fn, task: int = 3) -> None:
@@ -191,16 +246,26 @@ def check_accumulation_steps(fn, task: int = 3) -> None:
                 if "ValueError" in str(exc):
                     continue
                 raise
-            fail(task, f"train {b}, micro {m}, {n} GPUs: no whole number of steps fits; expected "
-                       f"a ValueError, got {got!r}")
+            fail(
+                task,
+                f"train {b}, micro {m}, {n} GPUs: no whole number of steps fits; expected "
+                f"a ValueError, got {got!r}",
+            )
         got = run_learner(task, fn, b, m, n, forbid=forbid)
         if isinstance(got, bool) or not isinstance(got, int):
-            fail(task, f"train {b}, micro {m}, {n} GPUs: expected an int, got "
-                       f"{type(got).__name__} {got!r}")
+            fail(
+                task,
+                f"train {b}, micro {m}, {n} GPUs: expected an int, got "
+                f"{type(got).__name__} {got!r}",
+            )
         if got != steps:
-            fail(task, f"train {b}, micro {m}, {n} GPUs: expected {steps} accumulation steps, "
-                       f"got {got}")
-    passed(task, f"accumulation steps right in {len(BATCH_CASES)} configs, including 32 = 4 x 2 x 4")
+            fail(
+                task,
+                f"train {b}, micro {m}, {n} GPUs: expected {steps} accumulation steps, got {got}",
+            )
+    passed(
+        task, f"accumulation steps right in {len(BATCH_CASES)} configs, including 32 = 4 x 2 x 4"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,15 +288,19 @@ def _bytes_worker(rank: int, world_size: int, micro_list: list[int]) -> dict:
     out = {}
     for k in micro_list:
         model = DataParallel(model_fn(width=64, dtype=torch.float32), bucket_cap_mb=25.0)
-        x, y = H.shard_batch(batch_fn(0, rows=8 * k * world_size, dtype=torch.float32), rank,
-                             world_size)
+        x, y = H.shard_batch(
+            batch_fn(0, rows=8 * k * world_size, dtype=torch.float32), rank, world_size
+        )
         with CommMeter(dispatch=False) as meter:
             for i, batch in enumerate(zip(x.chunk(k), y.chunk(k))):
                 with model.no_sync() if i < k - 1 else contextlib.nullcontext():
                     (H.mse_loss(model, batch) / k).backward()
-        out[k] = {"wire": meter.wire_bytes_sent, "model": meter.model_bytes_sent,
-                  "calls": meter.calls.get("all_reduce", 0),
-                  "n_params": sum(p.numel() for p in model.parameters())}
+        out[k] = {
+            "wire": meter.wire_bytes_sent,
+            "model": meter.model_bytes_sent,
+            "calls": meter.calls.get("all_reduce", 0),
+            "n_params": sum(p.numel() for p in model.parameters()),
+        }
     return out
 
 
@@ -240,8 +309,10 @@ def check_bytes_prediction(fn, task: int = 4) -> None:
     rank sends per optimizer step (a ring all-reduce of the gradients; ``no_sync`` on all
     micro-steps but the last), checked against the bytes each rank wrote to its sockets in
     real runs (gloo's message headers, up to 1 KiB per call and peer, allowed)."""
-    forbid = [f"course_lib.measure.estimate.communication:{f}" for f in
-              ("ring_allreduce_bytes_sent", "allreduce_bytes_sent", "collective_bytes_sent")]
+    forbid = [
+        f"course_lib.measure.estimate.communication:{f}"
+        for f in ("ring_allreduce_bytes_sent", "allreduce_bytes_sent", "collective_bytes_sent")
+    ]
     measured = {}
     for n in sorted({n for n, _ in BYTE_CASES}):
         ks = [k for m, k in BYTE_CASES if m == n]
@@ -257,8 +328,14 @@ def check_bytes_prediction(fn, task: int = 4) -> None:
             seen = r["wire"] if r["wire"] is not None else r["model"]
             slack = r["calls"] * HEADER_ALLOWANCE * (n - 1) if r["wire"] is not None else 0
             if not 0 <= seen - got <= slack:
-                fail(task, f"{fmt_int(n_params)} float32 parameters, {n} ranks, {k} micro-steps: "
-                           f"you predicted {fmt_int(got)} B, rank {rank} sent "
-                           f"{fmt_int(int(seen))} B ({r['calls']} all-reduce call(s))")
-    passed(task, f"bytes per optimizer step predicted for {len(measured)} measured runs "
-                 "(2 and 4 ranks, 1 and 4 micro-steps)")
+                fail(
+                    task,
+                    f"{fmt_int(n_params)} float32 parameters, {n} ranks, {k} micro-steps: "
+                    f"you predicted {fmt_int(got)} B, rank {rank} sent "
+                    f"{fmt_int(int(seen))} B ({r['calls']} all-reduce call(s))",
+                )
+    passed(
+        task,
+        f"bytes per optimizer step predicted for {len(measured)} measured runs "
+        "(2 and 4 ranks, 1 and 4 micro-steps)",
+    )

@@ -1,6 +1,7 @@
 """Unit 09's figures (notebooks/09_data_parallelism.ipynb). Data in (what run.py returned),
 matplotlib Figure out, drawn in the course style; nothing is measured here.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -35,11 +36,26 @@ def _gantt(ax, events: pd.DataFrame, title: str) -> None:
             spans = [(s * 1e3, e * 1e3) for s, e in zip(ev["start"], ev["end"])]
             rows = _sub_lanes(spans) if lane == "comm" else [0] * len(spans)
             for (s, e), r, name in zip(spans, rows, ev["name"]):
-                ax.barh(y + r, max(e - s, 1e-3), left=s, height=0.8, color=_LANE_COLOUR[lane],
-                        alpha=0.85, edgecolor="white")
+                ax.barh(
+                    y + r,
+                    max(e - s, 1e-3),
+                    left=s,
+                    height=0.8,
+                    color=_LANE_COLOUR[lane],
+                    alpha=0.85,
+                    edgecolor="white",
+                )
                 if lane == "comm":
-                    ax.text((s + e) / 2, y + r, name.replace("bucket ", "b"), ha="center",
-                            va="center", fontsize=8, color="white", clip_on=True)
+                    ax.text(
+                        (s + e) / 2,
+                        y + r,
+                        name.replace("bucket ", "b"),
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white",
+                        clip_on=True,
+                    )
             n = max(rows, default=0) + 1
             ticks.append(y + (n - 1) / 2)
             labels.append(f"rank {rank} {'backward' if lane == 'compute' else 'all-reduce'}")
@@ -52,22 +68,31 @@ def _gantt(ax, events: pd.DataFrame, title: str) -> None:
     ax.grid(True, axis="x", alpha=0.3)
 
 
-def plot_overlap(events: pd.DataFrame, *, implementation: str = "course",
-                 bucket_caps_mb=None) -> Figure:
+def plot_overlap(
+    events: pd.DataFrame, *, implementation: str = "course", bucket_caps_mb=None
+) -> Figure:
     """Per-rank Gantt charts of one step, one panel per bucket cap: each layer's backward (blue)
     and each bucket's all-reduce (red, from launch to completion; buckets in flight together get
     their own row), from ``ddp_bucket_sweep(...).events``."""
-    require_columns(events, ["rank", "lane", "name", "start", "end", "bucket_cap_mb",
-                             "implementation"], "events", nonempty=True)
+    require_columns(
+        events,
+        ["rank", "lane", "name", "start", "end", "bucket_cap_mb", "implementation"],
+        "events",
+        nonempty=True,
+    )
     ev = events[events["implementation"] == implementation]
     if ev.empty:
-        raise ValueError(f"implementation = {implementation!r}: expected one of "
-                         f"{sorted(events['implementation'].unique())}")
+        raise ValueError(
+            f"implementation = {implementation!r}: expected one of "
+            f"{sorted(events['implementation'].unique())}"
+        )
     caps = sorted(ev["bucket_cap_mb"].unique()) if bucket_caps_mb is None else list(bucket_caps_mb)
     for cap in caps:
         if cap not in set(ev["bucket_cap_mb"]):
-            raise ValueError(f"bucket_caps_mb: {cap!r} is not in events; valid choices: "
-                             f"{sorted(ev['bucket_cap_mb'].unique())}")
+            raise ValueError(
+                f"bucket_caps_mb: {cap!r} is not in events; valid choices: "
+                f"{sorted(ev['bucket_cap_mb'].unique())}"
+            )
     with style():
         fig, axes = plt.subplots(1, len(caps), figsize=(6.5 * len(caps), 4.2), squeeze=False)
         for ax, cap in zip(axes[0], caps):
@@ -82,19 +107,35 @@ def plot_overlap(events: pd.DataFrame, *, implementation: str = "course",
 def plot_bytes(df: pd.DataFrame) -> Figure:
     """Bytes each rank put on the wire per step (measured, median over ranks) beside the ring's
     2(N-1)/N x gradient bytes, per world size and version (``bytes_per_step``)."""
-    require_columns(df, ["world_size", "version", "wire_bytes", "predicted", "all_reduce_calls"],
-                    "df", nonempty=True)
+    require_columns(
+        df,
+        ["world_size", "version", "wire_bytes", "predicted", "all_reduce_calls"],
+        "df",
+        nonempty=True,
+    )
     g = df.groupby(["world_size", "version"], as_index=False).agg(
-        wire=("wire_bytes", "median"), predicted=("predicted", "first"),
-        calls=("all_reduce_calls", "first"))
+        wire=("wire_bytes", "median"),
+        predicted=("predicted", "first"),
+        calls=("all_reduce_calls", "first"),
+    )
     labels = [f"N={n}\n{v} ({c} calls)" for n, v, c in zip(g.world_size, g.version, g.calls)]
     with style():
         fig, ax = plt.subplots(figsize=(8, 4))
         x = range(len(g))
-        ax.bar([i - 0.2 for i in x], g.predicted / 1024, 0.4, color="tab:grey",
-               label="predicted: 2(N-1)/N x gradient bytes")
-        ax.bar([i + 0.2 for i in x], g.wire / 1024, 0.4, color="tab:red",
-               label="measured: written to the sockets")
+        ax.bar(
+            [i - 0.2 for i in x],
+            g.predicted / 1024,
+            0.4,
+            color="tab:grey",
+            label="predicted: 2(N-1)/N x gradient bytes",
+        )
+        ax.bar(
+            [i + 0.2 for i in x],
+            g.wire / 1024,
+            0.4,
+            color="tab:red",
+            label="measured: written to the sockets",
+        )
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels)
         ax.set_ylabel("KiB per rank per step")
@@ -112,8 +153,13 @@ def plot_straggler(df: pd.DataFrame) -> Figure:
     with style():
         fig, ax = plt.subplots(figsize=(7, 3.5))
         ax.bar(g["rank"], g.compute_s * 1e3, color="tab:blue", label="own forward (+ sleep)")
-        ax.bar(g["rank"], (g.step_s - g.compute_s) * 1e3, bottom=g.compute_s * 1e3,
-               color="tab:orange", label="backward + all-reduce (waits for the slowest)")
+        ax.bar(
+            g["rank"],
+            (g.step_s - g.compute_s) * 1e3,
+            bottom=g.compute_s * 1e3,
+            color="tab:orange",
+            label="backward + all-reduce (waits for the slowest)",
+        )
         ax.set_xticks(g["rank"])
         ax.set_xlabel("rank")
         ax.set_ylabel("ms per step (median)")
@@ -125,8 +171,12 @@ def plot_straggler(df: pd.DataFrame) -> Figure:
 
 def plot_sweep(summary: pd.DataFrame) -> Figure:
     """Buckets per step and step time against bucket_cap_mb, ours beside torch's DDP."""
-    require_columns(summary, ["implementation", "bucket_cap_mb", "n_buckets", "step_ms"],
-                    "summary", nonempty=True)
+    require_columns(
+        summary,
+        ["implementation", "bucket_cap_mb", "n_buckets", "step_ms"],
+        "summary",
+        nonempty=True,
+    )
     with style():
         fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
         for impl, g in summary.groupby("implementation"):

@@ -16,6 +16,7 @@ torch's ``DistributedDataParallel``. Each function returns plain data or a tidy 
 - :func:`accumulation_steps_for` / :func:`effective_batch`: the batch arithmetic of a DDP config;
 - :func:`scale_table`, :func:`source_check`: 7B / 70B through ``measure.estimate``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,9 +38,22 @@ from course_lib.runtime.launch import launch
 from course_lib.techniques.accumulation import effective_batch
 
 __all__ = [
-    "SOURCE_GRADS", "model_fn", "batch_fn", "worked_example", "parity", "bucket_assignment",
-    "bytes_per_step", "BucketSweep", "ddp_bucket_sweep", "accumulation_traffic", "straggler",
-    "effective_batch", "accumulation_steps_for", "scale_table", "source_check", "summarize_sweep",
+    "SOURCE_GRADS",
+    "model_fn",
+    "batch_fn",
+    "worked_example",
+    "parity",
+    "bucket_assignment",
+    "bytes_per_step",
+    "BucketSweep",
+    "ddp_bucket_sweep",
+    "accumulation_traffic",
+    "straggler",
+    "effective_batch",
+    "accumulation_steps_for",
+    "scale_table",
+    "source_check",
+    "summarize_sweep",
     "median_step",
 ]
 
@@ -82,12 +96,17 @@ def _example_worker(rank: int, world_size: int, grads, lr: float, w0: float) -> 
     (grads[rank] * model.module.weight.sum()).backward()
     averaged = model.module.weight.grad.item()
     opt.step()
-    return {"rank": rank, "local_grad": grads[rank], "averaged_grad": averaged,
-            "update": model.module.weight.item() - w0}
+    return {
+        "rank": rank,
+        "local_grad": grads[rank],
+        "averaged_grad": averaged,
+        "update": model.module.weight.item() - w0,
+    }
 
 
-def worked_example(grads: Sequence[float] = SOURCE_GRADS, *, lr: float = 1e-3,
-                   w0: float = 1.0) -> pd.DataFrame:
+def worked_example(
+    grads: Sequence[float] = SOURCE_GRADS, *, lr: float = 1e-3, w0: float = 1.0
+) -> pd.DataFrame:
     """One rank per gradient: each computes its own gradient (loss g_r * w), DataParallel
     all-reduces the mean, SGD steps with ``lr``. One row per rank: local_grad, averaged_grad,
     update (parameter after - before: -lr x mean)."""
@@ -115,16 +134,29 @@ def _parity_worker(rank: int, world_size: int, cap: float, steps: int, naive: bo
             loss.backward()
             allreduce_gradients(m)
             return loss
-        return H.parallel_run(model, batch_fn, steps=steps, optimizer_fn=opt_fn,
-                              step_fn=step_fn, shard=(rank, world_size))
+
+        return H.parallel_run(
+            model,
+            batch_fn,
+            steps=steps,
+            optimizer_fn=opt_fn,
+            step_fn=step_fn,
+            shard=(rank, world_size),
+        )
     # each rank builds a different model on purpose: the broadcast must make them one
     model = DataParallel(model_fn(seed=rank), bucket_cap_mb=cap)
-    return H.parallel_run(model, batch_fn, steps=steps, optimizer_fn=opt_fn,
-                          shard=(rank, world_size))
+    return H.parallel_run(
+        model, batch_fn, steps=steps, optimizer_fn=opt_fn, shard=(rank, world_size)
+    )
 
 
-def parity(world_sizes: Sequence[int] = (1, 2, 3, 4), *, steps: int = 3,
-           bucket_cap_mb: float = 0.001, naive: bool = False) -> pd.DataFrame:
+def parity(
+    world_sizes: Sequence[int] = (1, 2, 3, 4),
+    *,
+    steps: int = 3,
+    bucket_cap_mb: float = 0.001,
+    naive: bool = False,
+) -> pd.DataFrame:
     """``steps`` AdamW steps (lr 1e-2, float64) of :func:`model_fn` under DataParallel (or the
     naive version, ``naive=True``) on each world size, against one process on the full batch.
     One row per world size: comparisons (losses, gradients, parameters, every rank and step),
@@ -133,14 +165,21 @@ def parity(world_sizes: Sequence[int] = (1, 2, 3, 4), *, steps: int = 3,
     sizes = validate.counts("world_sizes", world_sizes, minimum=1)
     steps = validate.count("steps", steps, minimum=1)
     cap = validate.number("bucket_cap_mb", bucket_cap_mb, positive=True)
-    reference = H.reference_run(model_fn, batch_fn, steps=steps,
-                                optimizer_fn=H.make_optimizer_fn("adamw", lr=1e-2))
+    reference = H.reference_run(
+        model_fn, batch_fn, steps=steps, optimizer_fn=H.make_optimizer_fn("adamw", lr=1e-2)
+    )
     rows = []
     for n in sizes:
         table = H.compare(reference, launch(_parity_worker, n, cap, steps, bool(naive)))
-        rows.append({"world_size": n, "comparisons": len(table), "failed": int((~table.ok).sum()),
-                     "worst": float((table.max_abs_diff / table.tolerance).max()),
-                     "ok": bool(table.ok.all())})
+        rows.append(
+            {
+                "world_size": n,
+                "comparisons": len(table),
+                "failed": int((~table.ok).sum()),
+                "worst": float((table.max_abs_diff / table.tolerance).max()),
+                "ok": bool(table.ok.all()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -148,22 +187,37 @@ def _bucket_worker(rank: int, world_size: int, caps: list[float]) -> dict:
     from course_lib.parallel.ddp import DataParallel
 
     example = torch.randn(2, 8, dtype=torch.float64)
-    return {cap: {"course": DataParallel(model_fn(), bucket_cap_mb=cap).buckets,
-                  "torch": torch_ddp_buckets(model_fn(), cap, example)} for cap in caps}
+    return {
+        cap: {
+            "course": DataParallel(model_fn(), bucket_cap_mb=cap).buckets,
+            "torch": torch_ddp_buckets(model_fn(), cap, example),
+        }
+        for cap in caps
+    }
 
 
-def bucket_assignment(bucket_caps_mb: Sequence[float] = (0.0002, 0.001, 0.005, 25), *,
-                      world_size: int = 2) -> pd.DataFrame:
+def bucket_assignment(
+    bucket_caps_mb: Sequence[float] = (0.0002, 0.001, 0.005, 25), *, world_size: int = 2
+) -> pd.DataFrame:
     """Buckets of :func:`model_fn` under our DataParallel and torch's DDP (read from its logging
     data after it rebuilt them), per cap. One row per cap: bucket_cap_mb, cap_bytes, n_buckets,
     course (names per bucket), torch (same), equal."""
     caps = [validate.number("bucket_caps_mb[i]", c, positive=True) for c in bucket_caps_mb]
     n = validate.count("world_size", world_size, minimum=1)
     res = launch(_bucket_worker, n, caps)[0]
-    return pd.DataFrame([{"bucket_cap_mb": c, "cap_bytes": int(c * 2**20),
-                          "n_buckets": len(res[c]["course"]), "course": res[c]["course"],
-                          "torch": res[c]["torch"], "equal": res[c]["course"] == res[c]["torch"]}
-                         for c in caps])
+    return pd.DataFrame(
+        [
+            {
+                "bucket_cap_mb": c,
+                "cap_bytes": int(c * 2**20),
+                "n_buckets": len(res[c]["course"]),
+                "course": res[c]["course"],
+                "torch": res[c]["torch"],
+                "equal": res[c]["course"] == res[c]["torch"],
+            }
+            for c in caps
+        ]
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,15 +237,24 @@ def _bytes_worker(rank: int, world_size: int, width: int, cap: float) -> list[di
             loss.backward()  # the bucketed version all-reduces in here
             if version == "naive":
                 allreduce_gradients(plain)
-        rows.append({"world_size": world_size, "rank": rank, "version": version,
-                     "all_reduce_calls": meter.calls.get("all_reduce", 0),
-                     "grad_bytes": _n_bytes(plain), "model_bytes": meter.model_bytes_sent,
-                     "wire_bytes": meter.wire_bytes_sent, "wire_source": meter.wire_source})
+        rows.append(
+            {
+                "world_size": world_size,
+                "rank": rank,
+                "version": version,
+                "all_reduce_calls": meter.calls.get("all_reduce", 0),
+                "grad_bytes": _n_bytes(plain),
+                "model_bytes": meter.model_bytes_sent,
+                "wire_bytes": meter.wire_bytes_sent,
+                "wire_source": meter.wire_source,
+            }
+        )
     return rows
 
 
-def bytes_per_step(world_sizes: Sequence[int] = (2, 4), *, width: int = 256,
-                   bucket_cap_mb: float = 0.25) -> pd.DataFrame:
+def bytes_per_step(
+    world_sizes: Sequence[int] = (2, 4), *, width: int = 256, bucket_cap_mb: float = 0.25
+) -> pd.DataFrame:
     """One backward + gradient all-reduce of :func:`model_fn` (float32, ``width``) per world
     size, naive and bucketed, measured by CommMeter in every rank. One row per world size,
     rank and version: all_reduce_calls, grad_bytes (Psi x 4 B), predicted (2(N-1)/N x
@@ -203,8 +266,9 @@ def bytes_per_step(world_sizes: Sequence[int] = (2, 4), *, width: int = 256,
     cap = validate.number("bucket_cap_mb", bucket_cap_mb, positive=True)
     rows = [row for n in sizes for res in launch(_bytes_worker, n, width, cap) for row in res]
     df = pd.DataFrame(rows)
-    df["predicted"] = [estimate.ring_allreduce_bytes_sent(g, n)
-                       for g, n in zip(df.grad_bytes, df.world_size)]
+    df["predicted"] = [
+        estimate.ring_allreduce_bytes_sent(g, n) for g, n in zip(df.grad_bytes, df.world_size)
+    ]
     df["residual"] = [None if w is None else w - p for w, p in zip(df.wire_bytes, df.predicted)]
     return df
 
@@ -229,16 +293,24 @@ def _accumulation_worker(rank: int, world_size: int, micro_steps: int, cap: floa
                     (H.mse_loss(model, (xm, ym)) / micro_steps).backward()
         grads = H.full_tensors(model, "grad")
         err = max(float((grads[n] - g).abs().max()) for n, g in reference.grads[0].items())
-        rows.append({"rank": rank, "no_sync": use_no_sync, "micro_steps": micro_steps,
-                     "buckets": len(model.buckets),
-                     "all_reduce_calls": meter.calls.get("all_reduce", 0),
-                     "model_bytes": meter.model_bytes_sent, "wire_bytes": meter.wire_bytes_sent,
-                     "grad_max_abs_err": err})
+        rows.append(
+            {
+                "rank": rank,
+                "no_sync": use_no_sync,
+                "micro_steps": micro_steps,
+                "buckets": len(model.buckets),
+                "all_reduce_calls": meter.calls.get("all_reduce", 0),
+                "model_bytes": meter.model_bytes_sent,
+                "wire_bytes": meter.wire_bytes_sent,
+                "grad_max_abs_err": err,
+            }
+        )
     return rows
 
 
-def accumulation_traffic(*, world_size: int = 2, micro_steps: int = 4,
-                         bucket_cap_mb: float = 0.001) -> pd.DataFrame:
+def accumulation_traffic(
+    *, world_size: int = 2, micro_steps: int = 4, bucket_cap_mb: float = 0.001
+) -> pd.DataFrame:
     """One optimizer step made of ``micro_steps`` micro-batches of 8 rows per rank, with every
     micro-step all-reduced (no_sync False) and with ``no_sync`` on all but the last. One row
     per rank and mode: all_reduce_calls, model_bytes, wire_bytes (measured), grad_max_abs_err
@@ -252,8 +324,9 @@ def accumulation_traffic(*, world_size: int = 2, micro_steps: int = 4,
 # --------------------------------------------------------------------------------------------
 # a straggler
 # --------------------------------------------------------------------------------------------
-def _straggler_worker(rank: int, world_size: int, slow_rank: int, delay_s: float,
-                      steps: int) -> list[dict]:
+def _straggler_worker(
+    rank: int, world_size: int, slow_rank: int, delay_s: float, steps: int
+) -> list[dict]:
     from course_lib.parallel.ddp import DataParallel
 
     model = DataParallel(model_fn(width=64, dtype=torch.float32), bucket_cap_mb=25.0)
@@ -269,13 +342,21 @@ def _straggler_worker(rank: int, world_size: int, slow_rank: int, delay_s: float
         loss.backward()  # the all-reduce inside waits for the slowest rank
         t1 = time.perf_counter()
         if step:
-            rows.append({"rank": rank, "step": step, "slow": rank == slow_rank,
-                         "compute_s": t_compute - t0, "step_s": t1 - t0})
+            rows.append(
+                {
+                    "rank": rank,
+                    "step": step,
+                    "slow": rank == slow_rank,
+                    "compute_s": t_compute - t0,
+                    "step_s": t1 - t0,
+                }
+            )
     return rows
 
 
-def straggler(*, world_size: int = 4, slow_rank: int = 3, delay_s: float = 0.2,
-              steps: int = 3) -> pd.DataFrame:
+def straggler(
+    *, world_size: int = 4, slow_rank: int = 3, delay_s: float = 0.2, steps: int = 3
+) -> pd.DataFrame:
     """DataParallel steps on ``world_size`` ranks where rank ``slow_rank`` sleeps ``delay_s``
     seconds before backward. One row per rank and step: compute_s (forward, plus the sleep on
     the slow rank), step_s (until backward, with its all-reduce, returned). Seconds; absolute
@@ -284,32 +365,39 @@ def straggler(*, world_size: int = 4, slow_rank: int = 3, delay_s: float = 0.2,
     slow = validate.count("slow_rank", slow_rank, minimum=0, maximum=n - 1)
     delay = validate.number("delay_s", delay_s, minimum=0, maximum=5)
     steps = validate.count("steps", steps, minimum=1)
-    return pd.DataFrame([r for res in launch(_straggler_worker, n, slow, delay, steps)
-                         for r in res])
+    return pd.DataFrame(
+        [r for res in launch(_straggler_worker, n, slow, delay, steps) for r in res]
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # the batch arithmetic of a config
 # --------------------------------------------------------------------------------------------
-def accumulation_steps_for(train_batch_size: int, micro_batch_per_gpu: int,
-                           world_size: int) -> int:
+def accumulation_steps_for(train_batch_size: int, micro_batch_per_gpu: int, world_size: int) -> int:
     """Accumulation steps that make ``train_batch_size = micro x steps x world_size`` hold (the
     equation DeepSpeed asserts at start-up); ValueError when no whole number of steps does."""
     b = validate.count("train_batch_size", train_batch_size, minimum=1)
     m = validate.count("micro_batch_per_gpu", micro_batch_per_gpu, minimum=1)
     n = validate.count("world_size", world_size, minimum=1)
     if b % (m * n):
-        raise ValueError(f"train_batch_size = {b}: expected a multiple of micro_batch_per_gpu x "
-                         f"world_size = {m} x {n} = {m * n}")
+        raise ValueError(
+            f"train_batch_size = {b}: expected a multiple of micro_batch_per_gpu x "
+            f"world_size = {m} x {n} = {m * n}"
+        )
     return b // (m * n)
 
 
 # --------------------------------------------------------------------------------------------
 # at scale, through estimate
 # --------------------------------------------------------------------------------------------
-def scale_table(n_params: Sequence[float] = (7e9, 70e9), *, world_size: int = 8,
-                links: Sequence[str] = ("NVLink H100", "InfiniBand NDR"),
-                grad_dtype_bytes: int = 2, gpu_memory_GB: float = 80.0) -> pd.DataFrame:
+def scale_table(
+    n_params: Sequence[float] = (7e9, 70e9),
+    *,
+    world_size: int = 8,
+    links: Sequence[str] = ("NVLink H100", "InfiniBand NDR"),
+    grad_dtype_bytes: int = 2,
+    gpu_memory_GB: float = 80.0,
+) -> pd.DataFrame:
     """DDP at 7B / 70B: per model and link, the gradient bytes (Psi x ``grad_dtype_bytes``),
     what each rank sends per step (2(N-1)/N of it), the ring all-reduce time at the link's
     per-direction bandwidth (``estimate.allreduce_time_on_link``), and the model state every
@@ -325,36 +413,56 @@ def scale_table(n_params: Sequence[float] = (7e9, 70e9), *, world_size: int = 8,
         for name in links:
             link = estimate.link_speed(name)
             grad = psi * b
-            rows.append({"params": psi, "link": link.name, "grad_bytes": grad,
-                         "sent_per_rank": estimate.ring_allreduce_bytes_sent(grad, n),
-                         "allreduce_s": estimate.allreduce_time_on_link(grad, n,
-                                                                        link.per_direction_GBps),
-                         "model_state_per_rank": state, "fits": state <= mem * 1e9})
+            rows.append(
+                {
+                    "params": psi,
+                    "link": link.name,
+                    "grad_bytes": grad,
+                    "sent_per_rank": estimate.ring_allreduce_bytes_sent(grad, n),
+                    "allreduce_s": estimate.allreduce_time_on_link(
+                        grad, n, link.per_direction_GBps
+                    ),
+                    "model_state_per_rank": state,
+                    "fits": state <= mem * 1e9,
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def source_check(*, size_bytes: float = 14e9, world_size: int = 8,
-                 link_GBps: float = 600.0, per_direction_GBps: float = 300.0) -> dict:
+def source_check(
+    *,
+    size_bytes: float = 14e9,
+    world_size: int = 8,
+    link_GBps: float = 600.0,
+    per_direction_GBps: float = 300.0,
+) -> dict:
     """S4's "14 GB of gradients at 600 GB/s take about 23 ms", recomputed: the quote divides
     size by bandwidth; a ring all-reduce sends 2(N-1)/N of it from every rank. Seconds."""
-    return {"quoted_s": size_bytes / (link_GBps * 1e9),
-            "ring_s": estimate.allreduce_time_on_link(size_bytes, world_size, link_GBps),
-            "ring_per_direction_s": estimate.allreduce_time_on_link(size_bytes, world_size,
-                                                                    per_direction_GBps),
-            "ring_factor": 2 * (world_size - 1) / world_size}
+    return {
+        "quoted_s": size_bytes / (link_GBps * 1e9),
+        "ring_s": estimate.allreduce_time_on_link(size_bytes, world_size, link_GBps),
+        "ring_per_direction_s": estimate.allreduce_time_on_link(
+            size_bytes, world_size, per_direction_GBps
+        ),
+        "ring_factor": 2 * (world_size - 1) / world_size,
+    }
 
 
 def summarize_sweep(sweep: BucketSweep) -> pd.DataFrame:
     """Per implementation and cap: n_buckets, step and no-DDP times (ms), and the ratio of our
     step time to torch's at the same cap (printed, never graded)."""
-    s = sweep.summary.assign(step_ms=sweep.summary.step_time_s * 1e3,
-                             no_ddp_ms=sweep.summary.local_step_time_s * 1e3)
+    s = sweep.summary.assign(
+        step_ms=sweep.summary.step_time_s * 1e3, no_ddp_ms=sweep.summary.local_step_time_s * 1e3
+    )
     torch_ms = s[s.implementation == "torch"].set_index("bucket_cap_mb").step_ms
-    s["vs_torch"] = [ms / torch_ms.get(cap, math.nan) for cap, ms in zip(s.bucket_cap_mb, s.step_ms)]
+    s["vs_torch"] = [
+        ms / torch_ms.get(cap, math.nan) for cap, ms in zip(s.bucket_cap_mb, s.step_ms)
+    ]
     return s[["implementation", "bucket_cap_mb", "n_buckets", "step_ms", "no_ddp_ms", "vs_torch"]]
 
 
 def median_step(df: pd.DataFrame) -> pd.DataFrame:
     """Median over steps of :func:`straggler`'s times, per rank (seconds)."""
     return df.groupby(["rank", "slow"], as_index=False)[["compute_s", "step_s"]].agg(
-        statistics.median)
+        statistics.median
+    )

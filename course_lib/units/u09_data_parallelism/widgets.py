@@ -6,6 +6,7 @@ few steps of an 8-layer MLP under the course's DataParallel and shows the last s
 
     ex = OverlapExplorer(); ex.small_cap.value = 0.5; ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -24,25 +25,40 @@ class OverlapExplorer(Explorer):
     expected_errors = (ValueError,)
 
     def __init__(self, *, world_size: int = 2, small_cap: float = 1.0, large_cap: float = 25.0):
-        self.world_size = widgets.IntSlider(value=world_size, min=2, max=4, description="ranks",
-                                            continuous_update=False)
+        self.world_size = widgets.IntSlider(
+            value=world_size, min=2, max=4, description="ranks", continuous_update=False
+        )
         self.small_cap = widgets.Dropdown(options=_CAPS, value=small_cap, description="cap A (MiB)")
         self.large_cap = widgets.Dropdown(options=_CAPS, value=large_cap, description="cap B (MiB)")
-        super().__init__(self.world_size, self.small_cap, self.large_cap,
-                         tooltip="launch the ranks and time a few DataParallel steps",
-                         intro="Pick ranks and two bucket caps (MiB), then press Run.")
+        super().__init__(
+            self.world_size,
+            self.small_cap,
+            self.large_cap,
+            tooltip="launch the ranks and time a few DataParallel steps",
+            intro="Pick ranks and two bucket caps (MiB), then press Run.",
+        )
 
     def compute(self):
         from course_lib.units.u09_data_parallelism.run import ddp_bucket_sweep
 
         caps = sorted({float(self.small_cap.value), float(self.large_cap.value)})
-        return ddp_bucket_sweep(caps, world_size=int(self.world_size.value), width=512, depth=8,
-                                batch=64, warmup=1, steps=2, implementations=("course",))
+        return ddp_bucket_sweep(
+            caps,
+            world_size=int(self.world_size.value),
+            width=512,
+            depth=8,
+            batch=64,
+            warmup=1,
+            steps=2,
+            implementations=("course",),
+        )
 
     def summary(self, result) -> str:
         s = result.summary
-        parts = [f"cap {c:g} MiB: {n} bucket(s), step {t * 1e3:.1f} ms"
-                 for c, n, t in zip(s.bucket_cap_mb, s.n_buckets, s.step_time_s)]
+        parts = [
+            f"cap {c:g} MiB: {n} bucket(s), step {t * 1e3:.1f} ms"
+            for c, n, t in zip(s.bucket_cap_mb, s.n_buckets, s.step_time_s)
+        ]
         return "; ".join(parts) + " (times: this machine, noisy)"
 
     def show(self, result):

@@ -10,6 +10,7 @@
 4. ``check_smallest_stage``: the lowest ZeRO stage that fits a model on a cluster (7B-70B).
 Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
 """
+
 from __future__ import annotations
 
 from course_lib.grading.core import (
@@ -22,15 +23,27 @@ from course_lib.grading.core import (
     run_learner,
 )
 
-__all__ = ["check_zero1_step", "check_memory_prediction", "check_stage2_hook",
-           "check_smallest_stage", "ZERO_REFERENCES", "ESTIMATE_REFERENCES"]
+__all__ = [
+    "check_zero1_step",
+    "check_memory_prediction",
+    "check_stage2_hook",
+    "check_smallest_stage",
+    "ZERO_REFERENCES",
+    "ESTIMATE_REFERENCES",
+]
 
 #: the course's ZeRO, out of reach while the learner's code runs
 ZERO_REFERENCES = ("course_lib.parallel.zero:ZeroDataParallel",)
 #: the course's formulas for per-rank ZeRO memory
-ESTIMATE_REFERENCES = tuple(f"course_lib.measure.estimate.memory:{f}" for f in (
-    "zero_layout_bytes_per_rank", "zero_padding", "zero_state_breakdown_per_rank",
-    "zero_bytes_per_rank"))
+ESTIMATE_REFERENCES = tuple(
+    f"course_lib.measure.estimate.memory:{f}"
+    for f in (
+        "zero_layout_bytes_per_rank",
+        "zero_padding",
+        "zero_state_breakdown_per_rank",
+        "zero_bytes_per_rank",
+    )
+)
 GRADE_TIMEOUT_S = 90.0
 LR = 1e-2
 
@@ -43,9 +56,12 @@ def _first_mismatch(task: int, table, world_size: int, hint: str) -> None:
     bad = table[~table.ok]
     if len(bad):
         row = bad.iloc[0]
-        fail(task, f"on {world_size} ranks, step {row.step}, rank {row['rank']}: {row.quantity} "
-                   f"{row['name']!r} differs from one process on the full batch "
-                   f"({row.problem}){hint}")
+        fail(
+            task,
+            f"on {world_size} ranks, step {row.step}, rank {row['rank']}: {row.quantity} "
+            f"{row['name']!r} differs from one process on the full batch "
+            f"({row.problem}){hint}",
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -66,14 +82,14 @@ class _FlatModel:
         self.slices = []
         offset = 0
         for name, p in named:
-            view = self.flat[offset:offset + p.numel()].view_as(p)
+            view = self.flat[offset : offset + p.numel()].view_as(p)
             view.copy_(p.detach())
             module_name, _, attr = name.rpartition(".")
             setattr(model.get_submodule(module_name), attr, nn.Parameter(view))
             self.slices.append((name, offset, p.numel()))
             offset += p.numel()
         self.model = model
-        self.shard = nn.Parameter(self.flat[rank * s:(rank + 1) * s])  # (s,) a view
+        self.shard = nn.Parameter(self.flat[rank * s : (rank + 1) * s])  # (s,) a view
         self.optimizer = torch.optim.AdamW([self.shard], lr=LR)
 
     def flat_grad(self):
@@ -83,7 +99,7 @@ class _FlatModel:
         params = dict(self.model.named_parameters())
         for name, offset, numel in self.slices:
             if params[name].grad is not None:
-                g[offset:offset + numel] = params[name].grad.reshape(-1)
+                g[offset : offset + numel] = params[name].grad.reshape(-1)
         return g
 
 
@@ -116,12 +132,22 @@ def _zero1_worker(rank: int, world_size: int, fn, forbid) -> dict:
         return out
 
     try:
-        record = H.parallel_run(layout.model, batch_fn, steps=3, optimizer_fn=lambda m: Step(),
-                                gather_fn=gather, shard=(rank, world_size))
+        record = H.parallel_run(
+            layout.model,
+            batch_fn,
+            steps=3,
+            optimizer_fn=lambda m: Step(),
+            gather_fn=gather,
+            shard=(rank, world_size),
+        )
     except Exception as exc:  # noqa: BLE001 - reported in the verdict
         return {"used": used, "error": error_pair(exc)}
-    state = sum(t.numel() for st in layout.optimizer.state.values() for t in st.values()
-                if isinstance(t, torch.Tensor) and t.dim())
+    state = sum(
+        t.numel()
+        for st in layout.optimizer.state.values()
+        for t in st.values()
+        if isinstance(t, torch.Tensor) and t.dim()
+    )
     return {"used": used, "record": record, "state": state, "shard": layout.shard.numel()}
 
 
@@ -147,13 +173,22 @@ def check_zero1_step(fn, task: int = 1) -> None:
         results = _launch(task, _zero1_worker, world_size, fn, list(ZERO_REFERENCES))
         for rank, res in enumerate(results):
             if res["state"] != 2 * res["shard"]:
-                fail(task, f"rank {rank} of {world_size}: the optimizer holds {res['state']} "
-                           f"elements of state, expected 2 x the shard's {res['shard']}: keep "
-                           "the optimizer on the shard")
-        _first_mismatch(task, H.compare(reference, [r["record"] for r in results]), world_size,
-                        "; after the update every rank needs every shard: all-gather them")
-    passed(task, "ZeRO-1 step matches one process on 3 ranks (AdamW, 3 steps, padded shards), "
-                 "on every rank")
+                fail(
+                    task,
+                    f"rank {rank} of {world_size}: the optimizer holds {res['state']} "
+                    f"elements of state, expected 2 x the shard's {res['shard']}: keep "
+                    "the optimizer on the shard",
+                )
+        _first_mismatch(
+            task,
+            H.compare(reference, [r["record"] for r in results]),
+            world_size,
+            "; after the update every rank needs every shard: all-gather them",
+        )
+    passed(
+        task,
+        "ZeRO-1 step matches one process on 3 ranks (AdamW, 3 steps, padded shards), on every rank",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,20 +222,26 @@ def check_memory_prediction(fn, task: int = 2) -> None:
         fail(task, f"the measured run did not finish: {error_pair(exc)[1]}")
     forbid = [*ESTIMATE_REFERENCES, *ZERO_REFERENCES]
     for stage in (0, 1, 2, 3):
-        got = run_learner(task, fn, [list(u) for u in units], stage, MEMORY_WORLD_SIZE,
-                          forbid=forbid)
+        got = run_learner(
+            task, fn, [list(u) for u in units], stage, MEMORY_WORLD_SIZE, forbid=forbid
+        )
         if not isinstance(got, dict) or not {"params", "grads", "optimizer"} <= set(got):
-            fail(task, f"stage {stage}: expected a dict with params, grads, optimizer; got "
-                       f"{got!r}")
+            fail(task, f"stage {stage}: expected a dict with params, grads, optimizer; got {got!r}")
         for row in measured[measured.stage == stage].itertuples():
             for cat in ("params", "grads", "optimizer"):
                 value = expect_int(task, f"stage {stage} {cat}", got[cat])
                 if value != getattr(row, cat):
-                    fail(task, f"stage {stage}, {MEMORY_WORLD_SIZE} ranks: you predicted "
-                               f"{fmt_int(value)} B of {cat}, rank {row.rank} holds "
-                               f"{fmt_int(int(getattr(row, cat)))} B (MemoryMeter)")
-    passed(task, f"params, grads and optimizer state of stages 0-3 on {MEMORY_WORLD_SIZE} ranks "
-                 "predicted to the byte (MemoryMeter, every rank)")
+                    fail(
+                        task,
+                        f"stage {stage}, {MEMORY_WORLD_SIZE} ranks: you predicted "
+                        f"{fmt_int(value)} B of {cat}, rank {row.rank} holds "
+                        f"{fmt_int(int(getattr(row, cat)))} B (MemoryMeter)",
+                    )
+    passed(
+        task,
+        f"params, grads and optimizer state of stages 0-3 on {MEMORY_WORLD_SIZE} ranks "
+        "predicted to the byte (MemoryMeter, every rank)",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,16 +268,21 @@ def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
 
     model._grad_ready = ready
     try:
-        record = H.parallel_run(model, batch_fn, steps=2, optimizer_fn=lambda m: m,
-                                gather_fn=full_tensors, shard=(rank, world_size))
+        record = H.parallel_run(
+            model,
+            batch_fn,
+            steps=2,
+            optimizer_fn=lambda m: m,
+            gather_fn=full_tensors,
+            shard=(rank, world_size),
+        )
         H.mse_loss(model, H.shard_batch(batch_fn(0), rank, world_size)).backward()
         with MemoryMeter(model, model.optimizer) as mem:
             pass
     except Exception as exc:  # noqa: BLE001
         return {"used": used, "error": error_pair(exc)}
     shards = sum(u.shard.numel() * u.shard.element_size() for u in model.units)
-    return {"used": used, "record": record, "grads": mem.start_breakdown["grads"],
-            "shards": shards}
+    return {"used": used, "record": record, "grads": mem.start_breakdown["grads"], "shards": shards}
 
 
 def check_stage2_hook(fn, task: int = 3) -> None:
@@ -255,20 +301,34 @@ def check_stage2_hook(fn, task: int = 3) -> None:
     _first_mismatch(task, H.compare(reference, [r["record"] for r in results]), 2, "")
     for rank, res in enumerate(results):
         if res["grads"] != res["shards"]:
-            fail(task, f"rank {rank}: after backward MemoryMeter finds {fmt_int(res['grads'])} B "
-                       f"of gradients; stage 2 keeps only the shards, {fmt_int(res['shards'])} B: "
-                       "free the full gradients once they are reduce-scattered")
-    passed(task, "the stage-2 hook matches one process on 2 ranks and keeps only the gradient "
-                 "shards (MemoryMeter)")
+            fail(
+                task,
+                f"rank {rank}: after backward MemoryMeter finds {fmt_int(res['grads'])} B "
+                f"of gradients; stage 2 keeps only the shards, {fmt_int(res['shards'])} B: "
+                "free the full gradients once they are reduce-scattered",
+            )
+    passed(
+        task,
+        "the stage-2 hook matches one process on 2 ranks and keeps only the gradient "
+        "shards (MemoryMeter)",
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # task 4: scale up
 # --------------------------------------------------------------------------------------------
 #: (n_params, world_size, gpu_GB, smallest stage or None), 16 B/param
-SCALE_CASES = ((7e9, 8, 80, 1), (7e9, 64, 80, 1), (7e9, 8, 24, 3), (7e9, 64, 24, 2),
-               (70e9, 8, 80, None), (70e9, 64, 80, 3), (13e9, 8, 40, 3), (7e9, 1, 80, None),
-               (1.5e9, 1, 24, 0))
+SCALE_CASES = (
+    (7e9, 8, 80, 1),
+    (7e9, 64, 80, 1),
+    (7e9, 8, 24, 3),
+    (7e9, 64, 24, 2),
+    (70e9, 8, 80, None),
+    (70e9, 64, 80, 3),
+    (13e9, 8, 40, 3),
+    (7e9, 1, 80, None),
+    (1.5e9, 1, 24, 0),
+)
 
 
 def check_smallest_stage(fn, task: int = 4) -> None:
@@ -281,7 +341,11 @@ def check_smallest_stage(fn, task: int = 4) -> None:
         if got is not None:
             got = expect_int(task, f"the stage for {n / 1e9:g}B on {w} x {cap} GB", got)
         if got != want:
-            fail(task, f"{n / 1e9:g}B parameters on {w} GPUs of {cap} GB: expected "
-                       f"{want!r}, got {got!r}")
-    passed(task, f"smallest stage right in {len(SCALE_CASES)} plans, 7B and 70B on 8 and 64 GPUs "
-                 "included")
+            fail(
+                task,
+                f"{n / 1e9:g}B parameters on {w} GPUs of {cap} GB: expected {want!r}, got {got!r}",
+            )
+    passed(
+        task,
+        f"smallest stage right in {len(SCALE_CASES)} plans, 7B and 70B on 8 and 64 GPUs included",
+    )

@@ -1,6 +1,7 @@
 """Unit 10's figures (notebooks/10_zero_fsdp.ipynb). Data in (what run.py returned), matplotlib
 Figure out, drawn in the course style; nothing is measured here.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -12,16 +13,25 @@ from course_lib.viz.plots import require_columns, style
 __all__ = ["plot_memory", "plot_comm", "plot_timeline", "plot_tradeoff", "plot_scale"]
 
 _CATEGORY_COLOUR = {"params": "tab:blue", "grads": "tab:orange", "optimizer": "tab:green"}
-_SPAN_COLOUR = {"all-gather": "tab:purple", "reduce-scatter": "tab:red", "all-reduce": "tab:red",
-                "forward": "tab:blue", "backward": "tab:cyan"}
+_SPAN_COLOUR = {
+    "all-gather": "tab:purple",
+    "reduce-scatter": "tab:red",
+    "all-reduce": "tab:red",
+    "forward": "tab:blue",
+    "backward": "tab:cyan",
+}
 
 
 def plot_memory(df: pd.DataFrame) -> Figure:
     """Model state per rank (rank 0, KiB) by stage and world size, measured (stacked bars:
     params, grads, optimizer), the padded-layout prediction (black tick) and the paper's
     formula without padding (grey dot); from ``memory_table``."""
-    require_columns(df, ["world_size", "rank", "stage", "params", "grads", "optimizer",
-                         "predicted", "paper"], "df", nonempty=True)
+    require_columns(
+        df,
+        ["world_size", "rank", "stage", "params", "grads", "optimizer", "predicted", "paper"],
+        "df",
+        nonempty=True,
+    )
     d = df[df["rank"] == 0].sort_values(["world_size", "stage"]).reset_index(drop=True)
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.2))
@@ -30,10 +40,24 @@ def plot_memory(df: pd.DataFrame) -> Figure:
         for cat, colour in _CATEGORY_COLOUR.items():
             ax.bar(x, d[cat] / 1024, bottom=bottom / 1024, color=colour, label=f"{cat} (measured)")
             bottom += d[cat]
-        ax.scatter(x, d.predicted / 1024, marker="_", s=400, color="black",
-                   label="predicted (padded layout)", zorder=3)
-        ax.scatter(x, d.paper / 1024, marker="o", s=18, color="grey",
-                   label="paper formula (no padding)", zorder=4)
+        ax.scatter(
+            x,
+            d.predicted / 1024,
+            marker="_",
+            s=400,
+            color="black",
+            label="predicted (padded layout)",
+            zorder=3,
+        )
+        ax.scatter(
+            x,
+            d.paper / 1024,
+            marker="o",
+            s=18,
+            color="grey",
+            label="paper formula (no padding)",
+            zorder=4,
+        )
         ax.set_xticks(list(x))
         ax.set_xticklabels([f"N={n}\nstage {s}" for n, s in zip(d.world_size, d.stage)], fontsize=8)
         ax.set_ylabel("KiB per rank")
@@ -46,24 +70,44 @@ def plot_memory(df: pd.DataFrame) -> Figure:
 def plot_comm(df: pd.DataFrame) -> Figure:
     """Bytes each rank wrote to its sockets per step (median over ranks) beside the prediction,
     as multiples of DDP's all-reduce; from ``comm_table``."""
-    require_columns(df, ["world_size", "config", "wire_bytes", "predicted", "vs_ddp"], "df",
-                    nonempty=True)
-    g = df.dropna(subset=["wire_bytes"]).groupby(["world_size", "config"], as_index=False,
-                                                 sort=False).agg(
-        wire=("wire_bytes", "median"), predicted=("predicted", "first"),
-        vs_ddp=("vs_ddp", "median"))
+    require_columns(
+        df, ["world_size", "config", "wire_bytes", "predicted", "vs_ddp"], "df", nonempty=True
+    )
+    g = (
+        df.dropna(subset=["wire_bytes"])
+        .groupby(["world_size", "config"], as_index=False, sort=False)
+        .agg(
+            wire=("wire_bytes", "median"),
+            predicted=("predicted", "first"),
+            vs_ddp=("vs_ddp", "median"),
+        )
+    )
     g["ddp"] = g.wire / g.vs_ddp
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.2))
         x = range(len(g))
-        ax.bar([i - 0.2 for i in x], g.predicted / g.ddp, 0.4, color="tab:grey",
-               label="predicted (ring collectives)")
-        ax.bar([i + 0.2 for i in x], g.vs_ddp, 0.4, color="tab:red",
-               label="measured: written to the sockets")
+        ax.bar(
+            [i - 0.2 for i in x],
+            g.predicted / g.ddp,
+            0.4,
+            color="tab:grey",
+            label="predicted (ring collectives)",
+        )
+        ax.bar(
+            [i + 0.2 for i in x],
+            g.vs_ddp,
+            0.4,
+            color="tab:red",
+            label="measured: written to the sockets",
+        )
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_xticks(list(x))
-        ax.set_xticklabels([f"N={n}\n{c}" for n, c in zip(g.world_size, g.config)], fontsize=7,
-                           rotation=30, ha="right")
+        ax.set_xticklabels(
+            [f"N={n}\n{c}" for n, c in zip(g.world_size, g.config)],
+            fontsize=7,
+            rotation=30,
+            ha="right",
+        )
         ax.set_ylabel("bytes sent / DDP's all-reduce")
         ax.set_title("Traffic per step: stages 1-2 = DDP, stage 3 = 1.5 x DDP")
         ax.legend(loc="upper left", fontsize=8)
@@ -79,13 +123,15 @@ def plot_timeline(events: pd.DataFrame, configs=None) -> Figure:
     """Per-rank Gantt charts of one stage-3 step, one panel per configuration: forward and
     backward of each unit (compute lane), all-gathers and reduce-scatters (comm lane, from
     launch to completion); from ``fsdp_timeline``."""
-    require_columns(events, ["rank", "name", "start", "end", "lane", "config"], "events",
-                    nonempty=True)
+    require_columns(
+        events, ["rank", "name", "start", "end", "lane", "config"], "events", nonempty=True
+    )
     configs = list(events["config"].unique()) if configs is None else list(configs)
     for c in configs:
         if c not in set(events["config"]):
-            raise ValueError(f"configs: {c!r} is not in events; valid choices: "
-                             f"{list(events['config'].unique())}")
+            raise ValueError(
+                f"configs: {c!r} is not in events; valid choices: {list(events['config'].unique())}"
+            )
     with style():
         fig, axes = plt.subplots(len(configs), 1, figsize=(11, 2.3 * len(configs)), squeeze=False)
         for ax, c in zip(axes[:, 0], configs):
@@ -96,8 +142,15 @@ def plot_timeline(events: pd.DataFrame, configs=None) -> Figure:
                 for lane in ("compute", "comm"):
                     one = ev[(ev["rank"] == rank) & (ev["lane"] == lane)]
                     for s, e, name in zip(one.start, one.end, one.name):
-                        ax.barh(y, max((e - s) * 1e3, 0.02), left=(s - t0) * 1e3, height=0.8,
-                                color=_SPAN_COLOUR[_kind(name)], edgecolor="white", lw=0.3)
+                        ax.barh(
+                            y,
+                            max((e - s) * 1e3, 0.02),
+                            left=(s - t0) * 1e3,
+                            height=0.8,
+                            color=_SPAN_COLOUR[_kind(name)],
+                            edgecolor="white",
+                            lw=0.3,
+                        )
                     ticks.append(y)
                     labels.append(f"rank {rank} {lane}")
                     y += 1
@@ -109,25 +162,36 @@ def plot_timeline(events: pd.DataFrame, configs=None) -> Figure:
         axes[-1, 0].set_xlabel("ms since the step's first event (shared host clock)")
         kinds = [k for k in _SPAN_COLOUR if any(_kind(n) == k for n in events["name"])]
         handles = [plt.Rectangle((0, 0), 1, 1, color=_SPAN_COLOUR[k]) for k in kinds]
-        fig.suptitle("Stage 3 (FSDP): gather before use, free after (each panel: its own time scale)")
+        fig.suptitle(
+            "Stage 3 (FSDP): gather before use, free after (each panel: its own time scale)"
+        )
         fig.tight_layout(rect=(0, 0, 1, 0.92))
-        fig.legend(handles, kinds, loc="lower center", ncol=len(kinds), fontsize=12,
-                   bbox_to_anchor=(0.5, 0.915), frameon=False)
+        fig.legend(
+            handles,
+            kinds,
+            loc="lower center",
+            ncol=len(kinds),
+            fontsize=12,
+            bbox_to_anchor=(0.5, 0.915),
+            frameon=False,
+        )
     return fig
 
 
 def plot_tradeoff(summary: pd.DataFrame) -> Figure:
     """Peak memory against bytes sent per step (rank 0), one point per configuration; from
     ``fsdp_timeline``'s summary."""
-    require_columns(summary, ["rank", "config", "peak_bytes", "wire_bytes"], "summary",
-                    nonempty=True)
+    require_columns(
+        summary, ["rank", "config", "peak_bytes", "wire_bytes"], "summary", nonempty=True
+    )
     d = summary[summary["rank"] == 0]
     with style():
         fig, ax = plt.subplots(figsize=(6.5, 4))
         ax.scatter(d.wire_bytes / 1024, d.peak_bytes / 1024, s=60, color="tab:purple")
         for w, p, c in zip(d.wire_bytes, d.peak_bytes, d.config):
-            ax.annotate(c, (w / 1024, p / 1024), textcoords="offset points", xytext=(6, 4),
-                        fontsize=8)
+            ax.annotate(
+                c, (w / 1024, p / 1024), textcoords="offset points", xytext=(6, 4), fontsize=8
+            )
         ax.set_xlabel("KiB sent per step (measured)")
         ax.set_ylabel("peak tensor memory, KiB (MemoryMeter)")
         ax.set_title("reshard_after_forward: memory for communication")

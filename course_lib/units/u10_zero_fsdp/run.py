@@ -15,6 +15,7 @@ and uses the course's from-scratch ``parallel.zero.ZeroDataParallel`` beside PyT
   reshard-after-forward on and off (peak memory and bytes measured);
 - :func:`scale_grid`, :func:`source_checks`, :func:`smallest_stage`: 7B-70B through estimate.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,16 +29,34 @@ from course_lib.measure import estimate
 from course_lib.parallel import harness as H
 from course_lib.runtime.launch import launch
 
-__all__ = ["model_fn", "batch_fn", "units_of", "parity", "torch_parity", "memory_table",
-           "comm_table", "fsdp_timeline", "scale_grid", "source_checks", "smallest_stage",
-           "MEMORY_WIDTH"]
+__all__ = [
+    "model_fn",
+    "batch_fn",
+    "units_of",
+    "parity",
+    "torch_parity",
+    "memory_table",
+    "comm_table",
+    "fsdp_timeline",
+    "scale_grid",
+    "source_checks",
+    "smallest_stage",
+    "MEMORY_WIDTH",
+]
 
 LR = 1e-2  #: AdamW learning rate of every run
 MEMORY_WIDTH = 250  #: hidden width of the memory and traffic model (units of 2,250 / 31,375 / 378)
 
 
-def model_fn(seed: int = 0, *, width: int = 32, depth: int = 2, out: int = 2,
-             dtype: torch.dtype = torch.float64, taper: bool = True) -> nn.Module:
+def model_fn(
+    seed: int = 0,
+    *,
+    width: int = 32,
+    depth: int = 2,
+    out: int = 2,
+    dtype: torch.dtype = torch.float64,
+    taper: bool = True,
+) -> nn.Module:
     """An MLP 8 -> width -> width/2 (-> width/2 ...) -> out with ``depth`` hidden layers (float64
     by default: Adam magnifies rounding noise, see parallel/harness.py); ``taper=False``: every
     hidden layer ``width`` wide."""
@@ -67,8 +86,11 @@ def _memory_batch(step: int):
 def units_of(model: nn.Module) -> list[list[int]]:
     """The element counts of the parameter tensors of each unit (module owning parameters), the
     ``units`` argument of ``estimate.zero_layout_bytes_per_rank``."""
-    return [[p.numel() for p in m.parameters(recurse=False)] for m in model.modules()
-            if any(True for _ in m.parameters(recurse=False))]
+    return [
+        [p.numel() for p in m.parameters(recurse=False)]
+        for m in model.modules()
+        if any(True for _ in m.parameters(recurse=False))
+    ]
 
 
 def _adamw(model):
@@ -80,15 +102,22 @@ def _self(model):  # ZeroDataParallel is its own optimizer
 
 
 def _summary(table: pd.DataFrame) -> dict:
-    return {"comparisons": len(table), "failed": int((~table.ok).sum()),
-            "worst": float((table.max_abs_diff / table.tolerance).max()), "ok": bool(table.ok.all())}
+    return {
+        "comparisons": len(table),
+        "failed": int((~table.ok).sum()),
+        "worst": float((table.max_abs_diff / table.tolerance).max()),
+        "ok": bool(table.ok.all()),
+    }
 
 
 # --------------------------------------------------------------------------------------------
 # parity: our stages against one process, and against PyTorch's own
 # --------------------------------------------------------------------------------------------
-_VARIANTS = {"": {}, "prefetch": {"prefetch": True},
-             "keep after forward": {"reshard_after_forward": False}}
+_VARIANTS = {
+    "": {},
+    "prefetch": {"prefetch": True},
+    "keep after forward": {"reshard_after_forward": False},
+}
 
 
 def _parity_worker(rank: int, world_size: int, stages, variants, steps: int) -> dict:
@@ -96,16 +125,27 @@ def _parity_worker(rank: int, world_size: int, stages, variants, steps: int) -> 
 
     out = {}
     for stage in stages:
-        for variant in (variants if stage == 3 else [""]):
+        for variant in variants if stage == 3 else [""]:
             # each rank builds a different model: the broadcast must make them one
             model = ZeroDataParallel(model_fn(seed=rank), stage=stage, lr=LR, **_VARIANTS[variant])
-            out[(stage, variant)] = H.parallel_run(model, batch_fn, steps=steps, optimizer_fn=_self,
-                                                   gather_fn=full_tensors, shard=(rank, world_size))
+            out[(stage, variant)] = H.parallel_run(
+                model,
+                batch_fn,
+                steps=steps,
+                optimizer_fn=_self,
+                gather_fn=full_tensors,
+                shard=(rank, world_size),
+            )
     return out
 
 
-def parity(world_sizes: Sequence[int] = (2, 3, 4), stages: Sequence[int] = (1, 2, 3), *,
-           steps: int = 3, variants: Sequence[str] = ("",)) -> pd.DataFrame:
+def parity(
+    world_sizes: Sequence[int] = (2, 3, 4),
+    stages: Sequence[int] = (1, 2, 3),
+    *,
+    steps: int = 3,
+    variants: Sequence[str] = ("",),
+) -> pd.DataFrame:
     """``steps`` AdamW steps (lr 1e-2, float64) under ZeroDataParallel, each stage and world
     size, against one process on the full batch (``parallel.harness``). ``variants`` of stage 3:
     "" (reshard after forward), "prefetch", "keep after forward". One row per world size, stage
@@ -134,16 +174,24 @@ def _torch_worker(rank: int, world_size: int, steps: int) -> dict:
     from course_lib.parallel.zero import ZeroDataParallel, full_tensors
 
     def run(model, optimizer_fn, gather_fn=H.full_tensors):
-        return H.parallel_run(model, batch_fn, steps=steps, optimizer_fn=optimizer_fn,
-                              gather_fn=gather_fn, shard=(rank, world_size))
+        return H.parallel_run(
+            model,
+            batch_fn,
+            steps=steps,
+            optimizer_fn=optimizer_fn,
+            gather_fn=gather_fn,
+            shard=(rank, world_size),
+        )
 
     out = {}
     for stage in (1, 2, 3):
-        out[f"ours, stage {stage}"] = run(ZeroDataParallel(model_fn(), stage=stage, lr=LR), _self,
-                                          full_tensors)
+        out[f"ours, stage {stage}"] = run(
+            ZeroDataParallel(model_fn(), stage=stage, lr=LR), _self, full_tensors
+        )
     out["ZeroRedundancyOptimizer"] = run(
-        DDP(model_fn()), lambda m: ZeroRedundancyOptimizer(
-            m.parameters(), optimizer_class=torch.optim.AdamW, lr=LR))
+        DDP(model_fn()),
+        lambda m: ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.AdamW, lr=LR),
+    )
     for reshard in (False, True):
         model = model_fn()
         for layer in model.layers:
@@ -155,9 +203,11 @@ def _torch_worker(rank: int, world_size: int, steps: int) -> dict:
 
 
 #: which of torch's wrappers each of our stages is compared with
-TORCH_TWIN = {"ours, stage 1": "ZeroRedundancyOptimizer",
-              "ours, stage 2": "fully_shard(reshard_after_forward=False)",
-              "ours, stage 3": "fully_shard(reshard_after_forward=True)"}
+TORCH_TWIN = {
+    "ours, stage 1": "ZeroRedundancyOptimizer",
+    "ours, stage 2": "fully_shard(reshard_after_forward=False)",
+    "ours, stage 3": "fully_shard(reshard_after_forward=True)",
+}
 
 
 def torch_parity(*, world_size: int = 2, steps: int = 3) -> pd.DataFrame:
@@ -172,12 +222,17 @@ def torch_parity(*, world_size: int = 2, steps: int = 3) -> pd.DataFrame:
     rows = []
     for name in results[0]:
         rec = [r[name] for r in results]
-        row = {"implementation": name, "losses": rec[0].losses,
-               **_summary(H.compare(reference, rec))}
+        row = {
+            "implementation": name,
+            "losses": rec[0].losses,
+            **_summary(H.compare(reference, rec)),
+        }
         twin = TORCH_TWIN.get(name)
         if twin:
             row["twin"] = twin
-            row["loss_diff"] = max(abs(a - b) for a, b in zip(rec[0].losses, results[0][twin].losses))
+            row["loss_diff"] = max(
+                abs(a - b) for a, b in zip(rec[0].losses, results[0][twin].losses)
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -198,13 +253,22 @@ def _memory_worker(rank: int, world_size: int, stages) -> list[dict]:
         with MemoryMeter(model, model.optimizer) as after:  # what stays between steps
             pass
         bd = after.start_breakdown
-        rows.append({"world_size": world_size, "rank": rank, "stage": stage,
-                     "params": bd["params"], "grads": bd["grads"], "optimizer": bd["optimizer"]})
+        rows.append(
+            {
+                "world_size": world_size,
+                "rank": rank,
+                "stage": stage,
+                "params": bd["params"],
+                "grads": bd["grads"],
+                "optimizer": bd["optimizer"],
+            }
+        )
     return rows
 
 
-def memory_table(world_sizes: Sequence[int] = (1, 2, 4), stages: Sequence[int] = (0, 1, 2, 3)
-                 ) -> pd.DataFrame:
+def memory_table(
+    world_sizes: Sequence[int] = (1, 2, 4), stages: Sequence[int] = (0, 1, 2, 3)
+) -> pd.DataFrame:
     """One AdamW step (float32) of the memory model under each stage, per world size; model
     state MEASURED inside every rank by MemoryMeter after the step (before zero_grad): params,
     grads, optimizer, total. Beside them: predicted (``estimate.
@@ -218,12 +282,16 @@ def memory_table(world_sizes: Sequence[int] = (1, 2, 4), stages: Sequence[int] =
     units = units_of(_memory_model())
     psi = sum(map(sum, units))
     df["total"] = df.params + df.grads + df.optimizer
-    pred = [estimate.zero_layout_bytes_per_rank(units, stage=s, world_size=n)
-            for s, n in zip(df.stage, df.world_size)]
+    pred = [
+        estimate.zero_layout_bytes_per_rank(units, stage=s, world_size=n)
+        for s, n in zip(df.stage, df.world_size)
+    ]
     df["predicted"] = [p["total"] for p in pred]
     df["padding"] = [p["padding"] for p in pred]
-    df["paper"] = [estimate.zero_bytes_per_rank(psi, stage=s, world_size=n, k=8, param_bytes=4,
-                                                grad_bytes=4) for s, n in zip(df.stage, df.world_size)]
+    df["paper"] = [
+        estimate.zero_bytes_per_rank(psi, stage=s, world_size=n, k=8, param_bytes=4, grad_bytes=4)
+        for s, n in zip(df.stage, df.world_size)
+    ]
     df["residual"] = df.total - df.predicted
     return df
 
@@ -249,10 +317,19 @@ def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[d
                 H.mse_loss(model, batch).backward()
                 model.step()
             model.zero_grad()
-        rows.append({"world_size": world_size, "rank": rank, "config": name, "stage": stage,
-                     "reshard_after_forward": kw.get("reshard_after_forward", True),
-                     "calls": dict(meter.calls), "wire_bytes": meter.wire_bytes_sent,
-                     "model_bytes": meter.model_bytes_sent, "wire_source": meter.wire_source})
+        rows.append(
+            {
+                "world_size": world_size,
+                "rank": rank,
+                "config": name,
+                "stage": stage,
+                "reshard_after_forward": kw.get("reshard_after_forward", True),
+                "calls": dict(meter.calls),
+                "wire_bytes": meter.wire_bytes_sent,
+                "model_bytes": meter.model_bytes_sent,
+                "wire_source": meter.wire_source,
+            }
+        )
     if with_torch:
         model = _memory_model()
         for layer in model.layers:
@@ -264,15 +341,28 @@ def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[d
                 H.mse_loss(model, batch).backward()
                 opt.step()
             opt.zero_grad()
-        rows.append({"world_size": world_size, "rank": rank, "config": "torch fully_shard",
-                     "stage": 3, "reshard_after_forward": True, "calls": dict(meter.calls),
-                     "wire_bytes": meter.wire_bytes_sent, "model_bytes": meter.model_bytes_sent,
-                     "wire_source": meter.wire_source})
+        rows.append(
+            {
+                "world_size": world_size,
+                "rank": rank,
+                "config": "torch fully_shard",
+                "stage": 3,
+                "reshard_after_forward": True,
+                "calls": dict(meter.calls),
+                "wire_bytes": meter.wire_bytes_sent,
+                "model_bytes": meter.model_bytes_sent,
+                "wire_source": meter.wire_source,
+            }
+        )
     return rows
 
 
-def comm_table(world_sizes: Sequence[int] = (2, 4), stages: Sequence[int] = (0, 1, 2, 3), *,
-               with_torch: bool = True) -> pd.DataFrame:
+def comm_table(
+    world_sizes: Sequence[int] = (2, 4),
+    stages: Sequence[int] = (0, 1, 2, 3),
+    *,
+    with_torch: bool = True,
+) -> pd.DataFrame:
     """Bytes each rank wrote to its sockets during one training step (forward, backward,
     ``step()``; MEASURED by CommMeter from /proc/self/io, gloo), per world size and
     configuration; stage 3 also with ``reshard_after_forward=False``, and torch's
@@ -281,15 +371,19 @@ def comm_table(world_sizes: Sequence[int] = (2, 4), stages: Sequence[int] = (0, 
     all-reduce of the unpadded gradients), residual (measured - predicted: gloo's headers)."""
     sizes = validate.counts("world_sizes", world_sizes, minimum=2)
     stages = [validate.choice("stages[i]", s, (0, 1, 2, 3)) for s in stages]
-    rows = [r for n in sizes for res in launch(_comm_worker, n, stages, bool(with_torch))
-            for r in res]
+    rows = [
+        r for n in sizes for res in launch(_comm_worker, n, stages, bool(with_torch)) for r in res
+    ]
     df = pd.DataFrame(rows)
     units = units_of(_memory_model())
     psi = sum(map(sum, units))
-    padded = [psi + (estimate.zero_padding(units, n) if s else 0)
-              for s, n in zip(df.stage, df.world_size)]
-    df["predicted"] = [estimate.zero_bytes_sent_per_step(4 * p, n, stage=s, reshard_after_forward=r)
-                       for p, n, s, r in zip(padded, df.world_size, df.stage, df.reshard_after_forward)]
+    padded = [
+        psi + (estimate.zero_padding(units, n) if s else 0) for s, n in zip(df.stage, df.world_size)
+    ]
+    df["predicted"] = [
+        estimate.zero_bytes_sent_per_step(4 * p, n, stage=s, reshard_after_forward=r)
+        for p, n, s, r in zip(padded, df.world_size, df.stage, df.reshard_after_forward)
+    ]
     ddp = [estimate.ring_allreduce_bytes_sent(4 * psi, n) for n in df.world_size]
     df["vs_ddp"] = [None if w is None else w / d for w, d in zip(df.wire_bytes, ddp)]
     df["residual"] = [None if w is None else w - p for w, p in zip(df.wire_bytes, df.predicted)]
@@ -299,14 +393,17 @@ def comm_table(world_sizes: Sequence[int] = (2, 4), stages: Sequence[int] = (0, 
 # --------------------------------------------------------------------------------------------
 # the FSDP timeline
 # --------------------------------------------------------------------------------------------
-TIMELINE_CONFIGS = {"reshard, no prefetch": {"prefetch": False, "reshard_after_forward": True},
-                    "reshard, prefetch": {"prefetch": True, "reshard_after_forward": True},
-                    "keep, no prefetch": {"prefetch": False, "reshard_after_forward": False},
-                    "keep, prefetch": {"prefetch": True, "reshard_after_forward": False}}
+TIMELINE_CONFIGS = {
+    "reshard, no prefetch": {"prefetch": False, "reshard_after_forward": True},
+    "reshard, prefetch": {"prefetch": True, "reshard_after_forward": True},
+    "keep, no prefetch": {"prefetch": False, "reshard_after_forward": False},
+    "keep, prefetch": {"prefetch": True, "reshard_after_forward": False},
+}
 
 
-def _timeline_worker(rank: int, world_size: int, configs, width: int, depth: int,
-                     batch: int) -> dict:
+def _timeline_worker(
+    rank: int, world_size: int, configs, width: int, depth: int, batch: int
+) -> dict:
     import torch.distributed as dist
 
     from course_lib.measure.comm import CommMeter
@@ -318,8 +415,12 @@ def _timeline_worker(rank: int, world_size: int, configs, width: int, depth: int
     y = torch.randn(batch, 2)
     events, rows = [], []
     for name in configs:
-        model = ZeroDataParallel(model_fn(width=width, depth=depth, dtype=torch.float32, taper=False),
-                                 stage=3, lr=LR, **TIMELINE_CONFIGS[name])
+        model = ZeroDataParallel(
+            model_fn(width=width, depth=depth, dtype=torch.float32, taper=False),
+            stage=3,
+            lr=LR,
+            **TIMELINE_CONFIGS[name],
+        )
         for step in range(3):  # 0: warm-up, 1: peak memory, 2: timeline and bytes
             model.log = EventLog(rank) if step == 2 else None
             meter = MemoryMeter(model, model.optimizer) if step == 1 else CommMeter(dispatch=False)
@@ -331,14 +432,28 @@ def _timeline_worker(rank: int, world_size: int, configs, width: int, depth: int
             if step == 1:
                 peak = meter.peak_bytes
         events += [{**e, "meta": {**e["meta"], "config": name}} for e in model.log.to_records()]
-        rows.append({"rank": rank, "config": name, **TIMELINE_CONFIGS[name], "peak_bytes": peak,
-                     "wire_bytes": meter.wire_bytes_sent, "all_gathers": meter.calls.get(
-                         "all_gather_single", 0) + meter.calls.get("all_gather_into_tensor", 0)})
+        rows.append(
+            {
+                "rank": rank,
+                "config": name,
+                **TIMELINE_CONFIGS[name],
+                "peak_bytes": peak,
+                "wire_bytes": meter.wire_bytes_sent,
+                "all_gathers": meter.calls.get("all_gather_single", 0)
+                + meter.calls.get("all_gather_into_tensor", 0),
+            }
+        )
     return {"events": events, "rows": rows}
 
 
-def fsdp_timeline(configs: Sequence[str] = tuple(TIMELINE_CONFIGS), *, world_size: int = 2,
-                  width: int = 256, depth: int = 6, batch: int = 64):
+def fsdp_timeline(
+    configs: Sequence[str] = tuple(TIMELINE_CONFIGS),
+    *,
+    world_size: int = 2,
+    width: int = 256,
+    depth: int = 6,
+    batch: int = 64,
+):
     """Stage 3 on an MLP of ``depth`` + 1 Linear units (float32; hidden layers ``width`` x
     ``width``) for each configuration of
     :data:`TIMELINE_CONFIGS`. Returns ``(events, summary)``: events (``merge_event_logs`` of
@@ -362,15 +477,23 @@ def fsdp_timeline(configs: Sequence[str] = tuple(TIMELINE_CONFIGS), *, world_siz
 # --------------------------------------------------------------------------------------------
 # at scale, through estimate
 # --------------------------------------------------------------------------------------------
-def scale_grid(n_params: float = 7e9, world_sizes: Sequence[int] = (1, 2, 4, 8, 16), *,
-               k: int = 12) -> pd.DataFrame:
+def scale_grid(
+    n_params: float = 7e9, world_sizes: Sequence[int] = (1, 2, 4, 8, 16), *, k: int = 12
+) -> pd.DataFrame:
     """GB (1e9 B) of model state per GPU, stage (rows) x data-parallel ranks (columns), 16 B per
     parameter by default (bf16 params and grads, fp32 master + Adam moments; k = 12)."""
     n = validate.count("n_params", n_params, minimum=1)
     sizes = validate.counts("world_sizes", world_sizes, minimum=1)
-    return pd.DataFrame({f"N={w}": [estimate.zero_bytes_per_rank(n, stage=s, world_size=w, k=k) / 1e9
-                                    for s in (0, 1, 2, 3)] for w in sizes},
-                        index=[f"stage {s}" for s in (0, 1, 2, 3)])
+    return pd.DataFrame(
+        {
+            f"N={w}": [
+                estimate.zero_bytes_per_rank(n, stage=s, world_size=w, k=k) / 1e9
+                for s in (0, 1, 2, 3)
+            ]
+            for w in sizes
+        },
+        index=[f"stage {s}" for s in (0, 1, 2, 3)],
+    )
 
 
 def smallest_stage(n_params: float, world_size: int, gpu_GB: float, *, k: int = 12) -> int | None:
@@ -391,23 +514,59 @@ def source_checks() -> pd.DataFrame:
     z = estimate.zero_bytes_per_rank
     gb = lambda b: round(b / 1e9, 3)  # noqa: E731
     rows = [
-        ("S0 / ZeRO Fig. 1", "7.5B on 64 GPUs, stages 0-3 (GB)", "120 / 31.4 / 16.6 / 1.9",
-         " / ".join(f"{gb(z(7.5e9, stage=s, world_size=64)):g}" for s in range(4))),
-        ("S1", "10B on 8 GPUs (GB)", "160 / 55 / 37.5 / 20",
-         " / ".join(f"{gb(z(10e9, stage=s, world_size=8)):g}" for s in range(4))),
-        ("S4", "7B on 8 GPUs (GB)", "112 / 38.5 / 26.25 / 14",
-         " / ".join(f"{gb(z(7e9, stage=s, world_size=8)):g}" for s in range(4))),
-        ("S1 exercise 3", "12B: DP vs ZeRO-3 on 8 (GB)", "192 / 24",
-         f"{gb(z(12e9, stage=0, world_size=8)):g} / {gb(z(12e9, stage=3, world_size=8)):g}"),
-        ("S3", "ZeRO-1 = 2Ψ + 14Ψ/N; 7B, N = 8 (GB)", f"{gb(2 * 7e9 + 14 * 7e9 / 8):g}",
-         f"4Ψ + 12Ψ/N = {gb(z(7e9, stage=1, world_size=8)):g}"),
-        ("S2", "table 95 / 52 / 38 / 16 GB (7B, 8 GPUs)", "95 / 52 / 38 / 16",
-         "16 B: " + " / ".join(f"{gb(z(7e9, stage=s, world_size=8)):g}" for s in range(4))
-         + "; 12 B: " + " / ".join(f"{gb(estimate.zero_bytes_per_rank(7e9, stage=s, world_size=8, k=8)):g}"
-                                   for s in range(4))),
-        ("S2", "stage 1 saves ~60 % of optimizer state (N = 8)", "60 %",
-         f"{100 * (1 - 1 / 8):g} %"),
-        ("S4", "ZeRO-3 traffic vs DDP", "3x",
-         f"{estimate.zero_bytes_sent_per_step(10**9, 8, stage=3) / estimate.ring_allreduce_bytes_sent(10**9, 8):g}x"),
+        (
+            "S0 / ZeRO Fig. 1",
+            "7.5B on 64 GPUs, stages 0-3 (GB)",
+            "120 / 31.4 / 16.6 / 1.9",
+            " / ".join(f"{gb(z(7.5e9, stage=s, world_size=64)):g}" for s in range(4)),
+        ),
+        (
+            "S1",
+            "10B on 8 GPUs (GB)",
+            "160 / 55 / 37.5 / 20",
+            " / ".join(f"{gb(z(10e9, stage=s, world_size=8)):g}" for s in range(4)),
+        ),
+        (
+            "S4",
+            "7B on 8 GPUs (GB)",
+            "112 / 38.5 / 26.25 / 14",
+            " / ".join(f"{gb(z(7e9, stage=s, world_size=8)):g}" for s in range(4)),
+        ),
+        (
+            "S1 exercise 3",
+            "12B: DP vs ZeRO-3 on 8 (GB)",
+            "192 / 24",
+            f"{gb(z(12e9, stage=0, world_size=8)):g} / {gb(z(12e9, stage=3, world_size=8)):g}",
+        ),
+        (
+            "S3",
+            "ZeRO-1 = 2Ψ + 14Ψ/N; 7B, N = 8 (GB)",
+            f"{gb(2 * 7e9 + 14 * 7e9 / 8):g}",
+            f"4Ψ + 12Ψ/N = {gb(z(7e9, stage=1, world_size=8)):g}",
+        ),
+        (
+            "S2",
+            "table 95 / 52 / 38 / 16 GB (7B, 8 GPUs)",
+            "95 / 52 / 38 / 16",
+            "16 B: "
+            + " / ".join(f"{gb(z(7e9, stage=s, world_size=8)):g}" for s in range(4))
+            + "; 12 B: "
+            + " / ".join(
+                f"{gb(estimate.zero_bytes_per_rank(7e9, stage=s, world_size=8, k=8)):g}"
+                for s in range(4)
+            ),
+        ),
+        (
+            "S2",
+            "stage 1 saves ~60 % of optimizer state (N = 8)",
+            "60 %",
+            f"{100 * (1 - 1 / 8):g} %",
+        ),
+        (
+            "S4",
+            "ZeRO-3 traffic vs DDP",
+            "3x",
+            f"{estimate.zero_bytes_sent_per_step(10**9, 8, stage=3) / estimate.ring_allreduce_bytes_sent(10**9, 8):g}x",
+        ),
     ]
     return pd.DataFrame(rows, columns=["source", "claim", "quoted", "recomputed"])

@@ -6,6 +6,7 @@ MemoryMeter beside the prediction. Nothing runs until Run is pressed.
 
     ex = StageExplorer(); ex.world_size.value = 3; ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -22,11 +23,14 @@ class StageExplorer(Explorer):
     expected_errors = (ValueError,)
 
     def __init__(self, *, world_size: int = 3):
-        self.world_size = widgets.IntSlider(value=world_size, min=1, max=4, description="ranks",
-                                            continuous_update=False)
-        super().__init__(self.world_size,
-                         tooltip="launch the ranks and measure one step under stages 0-3",
-                         intro="Pick the number of ranks, then press Run.")
+        self.world_size = widgets.IntSlider(
+            value=world_size, min=1, max=4, description="ranks", continuous_update=False
+        )
+        super().__init__(
+            self.world_size,
+            tooltip="launch the ranks and measure one step under stages 0-3",
+            intro="Pick the number of ranks, then press Run.",
+        )
 
     def compute(self):
         from course_lib.units.u10_zero_fsdp.run import memory_table

@@ -10,6 +10,7 @@
    output and gradients equal one process's MLP on 2 and 4 ranks.
 Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
 """
+
 from __future__ import annotations
 
 from course_lib.grading.core import error_pair, expect_int, fail, launch_learner, passed
@@ -17,11 +18,13 @@ from course_lib.grading.core import error_pair, expect_int, fail, launch_learner
 __all__ = ["check_row_parallel", "check_allreduce_count", "check_fixed_mlp", "REFERENCES"]
 
 #: the course's answers, out of reach while the learner's code runs in the ranks
-REFERENCES = ("course_lib.parallel.tensor:RowParallelLinear",
-              "course_lib.parallel.tensor:ColumnParallelLinear",
-              "course_lib.parallel.tensor:ReduceFromTensorParallelRegion",
-              "course_lib.parallel.tensor:CopyToTensorParallelRegion",
-              "course_lib.parallel.tensor:ReduceScatterToSequenceRegion")
+REFERENCES = (
+    "course_lib.parallel.tensor:RowParallelLinear",
+    "course_lib.parallel.tensor:ColumnParallelLinear",
+    "course_lib.parallel.tensor:ReduceFromTensorParallelRegion",
+    "course_lib.parallel.tensor:CopyToTensorParallelRegion",
+    "course_lib.parallel.tensor:ReduceScatterToSequenceRegion",
+)
 GRADE_TIMEOUT_S = 60.0
 RTOL, ATOL = 1e-5, 1e-6  # float32, per tensor: ATOL + RTOL x max|reference| (parallel.harness)
 
@@ -35,21 +38,28 @@ def _worst(got, ref) -> float:
     if got is None or tuple(got.shape) != tuple(ref.shape):
         return float("inf")
     return float((got.double() - ref.double()).abs().max()) / (
-        ATOL + RTOL * float(ref.double().abs().max()))
+        ATOL + RTOL * float(ref.double().abs().max())
+    )
 
 
 def _compare(task: int, results: list[dict], world_size: int, hints: dict[str, str]) -> None:
     for rank, res in enumerate(results):
         for name, (got, ref) in res["pairs"].items():
             if got is not None and tuple(got.shape) != tuple(ref.shape):
-                fail(task, f"rank {rank} of {world_size}: {name} has shape {tuple(got.shape)}, "
-                           f"expected {tuple(ref.shape)}")
+                fail(
+                    task,
+                    f"rank {rank} of {world_size}: {name} has shape {tuple(got.shape)}, "
+                    f"expected {tuple(ref.shape)}",
+                )
             if got is None:
                 fail(task, f"rank {rank} of {world_size}: {name} is None; {hints[name]}")
             worst = _worst(got, ref)
             if not worst <= 1.0:
-                fail(task, f"rank {rank} of {world_size}: {name} differs from one process "
-                           f"({worst:.3g} x the tolerance); {hints[name]}")
+                fail(
+                    task,
+                    f"rank {rank} of {world_size}: {name} differs from one process "
+                    f"({worst:.3g} x the tolerance); {hints[name]}",
+                )
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,11 +101,15 @@ def _row_worker(rank: int, world_size: int, fn, forbid) -> dict:
         return {"used": list(used), "error": error_pair(exc)}
     ref_w = full.weight.grad.chunk(world_size, dim=1)[rank]
     ref_x = xr.grad.chunk(world_size, dim=1)[rank]
-    return {"used": list(used), "pairs": {
-        "the output": (y.detach(), y_ref.detach()),
-        "the input slice's gradient": (x_shard.grad, ref_x),
-        "the weight slice's gradient": (w_shard.grad, ref_w),
-        "the bias's gradient": (bias.grad, full.bias.grad)}}
+    return {
+        "used": list(used),
+        "pairs": {
+            "the output": (y.detach(), y_ref.detach()),
+            "the input slice's gradient": (x_shard.grad, ref_x),
+            "the weight slice's gradient": (w_shard.grad, ref_w),
+            "the bias's gradient": (bias.grad, full.bias.grad),
+        },
+    }
 
 
 def check_row_parallel(fn, task: int = 1) -> None:
@@ -108,18 +122,24 @@ def check_row_parallel(fn, task: int = 1) -> None:
     gradients within 1e-6 + 1e-5 x max|reference| (float32)."""
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
-    hints = {"the output": "the partial products must be summed over the ranks (an all-reduce "
-                           "in forward), and the bias added once",
-             "the input slice's gradient": "in backward every rank already holds the whole "
-                                           "dL/dy: nothing to communicate",
-             "the weight slice's gradient": "in backward every rank already holds the whole "
-                                            "dL/dy: nothing to communicate",
-             "the bias's gradient": "the bias is added once, after the sum"}
+    hints = {
+        "the output": "the partial products must be summed over the ranks (an all-reduce "
+        "in forward), and the bias added once",
+        "the input slice's gradient": "in backward every rank already holds the whole "
+        "dL/dy: nothing to communicate",
+        "the weight slice's gradient": "in backward every rank already holds the whole "
+        "dL/dy: nothing to communicate",
+        "the bias's gradient": "the bias is added once, after the sum",
+    }
     for world_size in (2, 4):
-        _compare(task, _launch(task, _row_worker, world_size, fn, list(REFERENCES)), world_size,
-                 hints)
-    passed(task, "your row-parallel Linear equals nn.Linear on 2 and 4 ranks: output and the "
-                 "gradients of input, weight and bias")
+        _compare(
+            task, _launch(task, _row_worker, world_size, fn, list(REFERENCES)), world_size, hints
+        )
+    passed(
+        task,
+        "your row-parallel Linear equals nn.Linear on 2 and 4 ranks: output and the "
+        "gradients of input, weight and bias",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,10 +173,13 @@ def check_allreduce_count(answer, task: int = 2) -> None:
     measured = _launch(task, _count_worker, 2)[0]["calls"].get("all_reduce", 0)
     if got != measured:
         per_layer = got / COUNT_LAYERS
-        fail(task, f"you said {got} all-reduces ({per_layer:g} per layer); a 32-layer GPT split "
-                   "over 2 ranks made a different number in one step. Count g and f in each "
-                   "layer: after (and before) the attention, after (and before) the MLP, and "
-                   "both passes")
+        fail(
+            task,
+            f"you said {got} all-reduces ({per_layer:g} per layer); a 32-layer GPT split "
+            "over 2 ranks made a different number in one step. Count g and f in each "
+            "layer: after (and before) the attention, after (and before) the MLP, and "
+            "both passes",
+        )
     passed(task, f"{got} all-reduces per step for {COUNT_LAYERS} layers, as counted on 2 ranks")
 
 
@@ -196,12 +219,21 @@ def _mlp_worker(rank: int, world_size: int, fn, forbid) -> dict:
             (y * target).sum().backward()
     except Exception as exc:  # noqa: BLE001
         return {"used": list(used), "error": error_pair(exc)}
-    return {"used": list(used), "pairs": {
-        "the output": (y.detach(), y_ref.detach()),
-        "the input's gradient": (xl.grad, xr.grad),
-        "c_fc's weight gradient": (my_fc.weight.grad, fc.weight.grad.chunk(world_size, 0)[rank]),
-        "c_proj's weight gradient": (my_proj.weight.grad,
-                                     proj.weight.grad.chunk(world_size, 1)[rank])}}
+    return {
+        "used": list(used),
+        "pairs": {
+            "the output": (y.detach(), y_ref.detach()),
+            "the input's gradient": (xl.grad, xr.grad),
+            "c_fc's weight gradient": (
+                my_fc.weight.grad,
+                fc.weight.grad.chunk(world_size, 0)[rank],
+            ),
+            "c_proj's weight gradient": (
+                my_proj.weight.grad,
+                proj.weight.grad.chunk(world_size, 1)[rank],
+            ),
+        },
+    }
 
 
 def check_fixed_mlp(fn, task: int = 3) -> None:
@@ -211,12 +243,25 @@ def check_fixed_mlp(fn, task: int = 3) -> None:
     ranks."""
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
-    hint = ("the MLP's input is the same on every rank (copy in, sum the gradient in "
-            "backward); its output is a partial sum (sum it in forward, copy the gradient)")
-    hints = {k: hint for k in ("the output", "the input's gradient", "c_fc's weight gradient",
-                               "c_proj's weight gradient")}
+    hint = (
+        "the MLP's input is the same on every rank (copy in, sum the gradient in "
+        "backward); its output is a partial sum (sum it in forward, copy the gradient)"
+    )
+    hints = {
+        k: hint
+        for k in (
+            "the output",
+            "the input's gradient",
+            "c_fc's weight gradient",
+            "c_proj's weight gradient",
+        )
+    }
     for world_size in (2, 4):
-        _compare(task, _launch(task, _mlp_worker, world_size, fn, list(REFERENCES)), world_size,
-                 hints)
-    passed(task, "the fixed MLP equals one process on 2 and 4 ranks: output, input gradient "
-                 "and both weight gradients")
+        _compare(
+            task, _launch(task, _mlp_worker, world_size, fn, list(REFERENCES)), world_size, hints
+        )
+    passed(
+        task,
+        "the fixed MLP equals one process on 2 and 4 ranks: output, input gradient "
+        "and both weight gradients",
+    )

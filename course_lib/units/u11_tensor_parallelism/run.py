@@ -21,6 +21,7 @@ checked before any rank starts. Each function returns plain data or a tidy DataF
   (in ``run_scale.py``, re-exported): Korthikanti et al.'s formulas, a Llama-7B / 70B layer at
   tp = 8 through ``measure.estimate``, and the sources' numbers recomputed.
 """
+
 from __future__ import annotations
 
 import time
@@ -37,18 +38,35 @@ from course_lib.parallel import harness as H
 from course_lib.parallel.tensor import check_tp
 from course_lib.runtime.launch import launch
 
-__all__ = ["CONFIG", "model_fn", "batch_fn", "worked_example", "shard_shapes", "parity",
-           "dtensor_loss", "collective_counts", "wire_summary", "wire_bytes", "memory_per_rank",
-           "activation_formulas", "LayerShape", "LLAMA_7B", "LLAMA_70B", "scale_table",
-           "source_check", "source_bytes"]
+__all__ = [
+    "CONFIG",
+    "model_fn",
+    "batch_fn",
+    "worked_example",
+    "shard_shapes",
+    "parity",
+    "dtensor_loss",
+    "collective_counts",
+    "wire_summary",
+    "wire_bytes",
+    "memory_per_rank",
+    "activation_formulas",
+    "LayerShape",
+    "LLAMA_7B",
+    "LLAMA_70B",
+    "scale_table",
+    "source_check",
+    "source_bytes",
+]
 
 #: the tiny GPT of this unit: 2 layers, 4 heads, width 64, sequence 16 (splits over 1, 2, 4)
 CONFIG = GPTConfig.tiny(n_layer=2, block_size=16)
 BATCH = 4
 
 
-def model_fn(seed: int = 0, *, config: GPTConfig = CONFIG,
-             dtype: torch.dtype = torch.float32) -> GPT:
+def model_fn(
+    seed: int = 0, *, config: GPTConfig = CONFIG, dtype: torch.dtype = torch.float32
+) -> GPT:
     """The tiny GPT, built the same in every process from ``seed``."""
     torch.manual_seed(seed)
     return GPT(config).to(dtype)
@@ -87,16 +105,25 @@ def _example_worker(rank: int, world_size: int) -> list[dict]:
         full.weight.copy_(torch.arange(128.0).view(16, 8) / 64)  # W^T: (out 16, in 8)
     expected = full(x)
     rows = []
-    for split, layer in [("column", ColumnParallelLinear.from_linear(full, gather_output=True)),
-                         ("row", RowParallelLinear.from_linear(full, input_is_parallel=False))]:
+    for split, layer in [
+        ("column", ColumnParallelLinear.from_linear(full, gather_output=True)),
+        ("row", RowParallelLinear.from_linear(full, input_is_parallel=False)),
+    ]:
         with CommMeter(dispatch=False) as meter:
             y = layer(x)
         local_x = x if split == "column" else x.chunk(world_size, dim=1)[rank]
-        rows.append({"split": split, "rank": rank, "x_on_rank": tuple(local_x.shape),
-                     "W_on_rank (in x out)": tuple(layer.weight.t().shape),
-                     "local_product": tuple((local_x @ layer.weight.t()).shape),
-                     "collective": ", ".join(op.replace("_single", "") for op in meter.calls) or "none",
-                     "y": tuple(y.shape), "equals_X_W": bool(torch.allclose(y, expected))})
+        rows.append(
+            {
+                "split": split,
+                "rank": rank,
+                "x_on_rank": tuple(local_x.shape),
+                "W_on_rank (in x out)": tuple(layer.weight.t().shape),
+                "local_product": tuple((local_x @ layer.weight.t()).shape),
+                "collective": ", ".join(op.replace("_single", "") for op in meter.calls) or "none",
+                "y": tuple(y.shape),
+                "equals_X_W": bool(torch.allclose(y, expected)),
+            }
+        )
     return rows
 
 
@@ -120,23 +147,32 @@ def _shapes_worker(rank: int, world_size: int, config: GPTConfig, tp: int) -> li
     model = parallelize_gpt(model_fn(config=config), mesh.group("tp"))
     full = dict(model_fn(config=config).named_parameters())
     block = "blocks.0."
-    return [{"rank": rank, "tp_rank": mesh.tp_rank, "parameter": name[len(block):],
-             "full": tuple(full[name].shape), "on_rank": tuple(p.shape),
-             "split": {0: "rows (column parallel)", 1: "columns (row parallel)"}.get(
-                 getattr(p, "tp_split", (None,))[0], "replicated")}
-            for name, p in model.named_parameters() if name.startswith(block)]
+    return [
+        {
+            "rank": rank,
+            "tp_rank": mesh.tp_rank,
+            "parameter": name[len(block) :],
+            "full": tuple(full[name].shape),
+            "on_rank": tuple(p.shape),
+            "split": {0: "rows (column parallel)", 1: "columns (row parallel)"}.get(
+                getattr(p, "tp_split", (None,))[0], "replicated"
+            ),
+        }
+        for name, p in model.named_parameters()
+        if name.startswith(block)
+    ]
 
 
-def shard_shapes(tp: int = 2, *, config: GPTConfig = CONFIG,
-                 world_size: int | None = None) -> pd.DataFrame:
+def shard_shapes(
+    tp: int = 2, *, config: GPTConfig = CONFIG, world_size: int | None = None
+) -> pd.DataFrame:
     """The first block's parameters on every rank after ``parallelize_gpt`` over ``tp`` ranks
     (``world_size`` ranks in all, default ``tp``; the others are data-parallel copies). One row
     per rank and parameter: full shape, shape on the rank, how it is split. Refuses a ``tp``
     that does not divide the heads or the width, or exceeds ``world_size``, before launching."""
     world_size = tp if world_size is None else world_size
     tp = _check(tp, config, world_size=world_size)
-    return pd.DataFrame([r for res in launch(_shapes_worker, world_size, config, tp)
-                         for r in res])
+    return pd.DataFrame([r for res in launch(_shapes_worker, world_size, config, tp) for r in res])
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,8 +185,13 @@ def _parity_worker(rank: int, world_size: int, steps: int, sp: bool, dtype) -> H
     return H.parallel_run(model, batch_fn, steps=steps, step_fn=_step_fn, gather_fn=gather_full)
 
 
-def parity(tps: Sequence[int] = (1, 2, 4), *, sequence_parallel: Sequence[bool] = (False, True),
-           steps: int = 2, dtype: torch.dtype = torch.float32) -> pd.DataFrame:
+def parity(
+    tps: Sequence[int] = (1, 2, 4),
+    *,
+    sequence_parallel: Sequence[bool] = (False, True),
+    steps: int = 2,
+    dtype: torch.dtype = torch.float32,
+) -> pd.DataFrame:
     """``steps`` SGD steps (lr 0.1) of the tiny GPT split over each tp, with and without
     sequence parallelism, against one process (``parallel.harness``; tolerance per tensor:
     1e-6 + 1e-5 x max|reference|, float32). One row per (tp, sequence_parallel): comparisons
@@ -160,16 +201,23 @@ def parity(tps: Sequence[int] = (1, 2, 4), *, sequence_parallel: Sequence[bool] 
     steps = validate.count("steps", steps, minimum=1)
     for t in sizes:
         _check(t, sequence_parallel=any(sequence_parallel))
-    reference = H.reference_run(lambda s: model_fn(s, dtype=dtype), batch_fn, steps=steps,
-                                loss_fn=H.cross_entropy_loss)
+    reference = H.reference_run(
+        lambda s: model_fn(s, dtype=dtype), batch_fn, steps=steps, loss_fn=H.cross_entropy_loss
+    )
     rows = []
     for t in sizes:
         for sp in dict.fromkeys(bool(sp) and t > 1 for sp in sequence_parallel):  # tp 1: no SP
             table = H.compare(reference, launch(_parity_worker, t, steps, bool(sp), dtype))
-            rows.append({"tp": t, "sequence_parallel": bool(sp), "comparisons": len(table),
-                         "failed": int((~table.ok).sum()),
-                         "worst": float((table.max_abs_diff / table.tolerance).max()),
-                         "ok": bool(table.ok.all())})
+            rows.append(
+                {
+                    "tp": t,
+                    "sequence_parallel": bool(sp),
+                    "comparisons": len(table),
+                    "failed": int((~table.ok).sum()),
+                    "worst": float((table.max_abs_diff / table.tolerance).max()),
+                    "ok": bool(table.ok.all()),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -192,17 +240,35 @@ def _dtensor_gpt(model: GPT, tp_mesh):
         att = block.attn
         qkv = att.c_attn
         with torch.no_grad():
-            w = torch.cat([b for r in range(t) for b in
-                           [part.chunk(t, dim=0)[r] for part in qkv.weight.chunk(3, dim=0)]])
+            w = torch.cat(
+                [
+                    b
+                    for r in range(t)
+                    for b in [part.chunk(t, dim=0)[r] for part in qkv.weight.chunk(3, dim=0)]
+                ]
+            )
             qkv.weight.copy_(w)
             if qkv.bias is not None:
-                qkv.bias.copy_(torch.cat([b for r in range(t) for b in
-                                          [part.chunk(t)[r] for part in qkv.bias.chunk(3)]]))
+                qkv.bias.copy_(
+                    torch.cat(
+                        [
+                            b
+                            for r in range(t)
+                            for b in [part.chunk(t)[r] for part in qkv.bias.chunk(3)]
+                        ]
+                    )
+                )
         block.attn = ParallelSelfAttention(qkv, att.c_proj, hs, att.causal_mask)
-        parallelize_module(block, tp_mesh, {"attn.c_attn": ColwiseParallel(),
-                                            "attn.c_proj": RowwiseParallel(),
-                                            "mlp.c_fc": ColwiseParallel(),
-                                            "mlp.c_proj": RowwiseParallel()})
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attn.c_attn": ColwiseParallel(),
+                "attn.c_proj": RowwiseParallel(),
+                "mlp.c_fc": ColwiseParallel(),
+                "mlp.c_proj": RowwiseParallel(),
+            },
+        )
     return model
 
 
@@ -230,8 +296,10 @@ def _dtensor_worker(rank: int, world_size: int) -> dict:
         with CommDebugMode() as bwd:
             loss.backward()
         losses[name] = loss.item()
-        counts[name] = {"forward": {str(k).split(".")[-1]: v for k, v in fwd.get_comm_counts().items()},
-                        "backward": {str(k).split(".")[-1]: v for k, v in bwd.get_comm_counts().items()}}
+        counts[name] = {
+            "forward": {str(k).split(".")[-1]: v for k, v in fwd.get_comm_counts().items()},
+            "backward": {str(k).split(".")[-1]: v for k, v in bwd.get_comm_counts().items()},
+        }
     return {"losses": losses, "counts": counts}
 
 
@@ -251,11 +319,19 @@ def dtensor_loss(tps: Sequence[int] = (2, 4)) -> pd.DataFrame:
     for t in sizes:
         res = launch(_dtensor_worker, t)[0]
         c = res["counts"]["dtensor"]
-        rows.append({"tp": t, "one_process": reference, "course": res["losses"]["course"],
-                     "dtensor": res["losses"]["dtensor"],
-                     "max_abs_diff": max(abs(res["losses"][k] - reference)
-                                         for k in ("course", "dtensor")),
-                     "dtensor_forward": c["forward"], "dtensor_backward": c["backward"]})
+        rows.append(
+            {
+                "tp": t,
+                "one_process": reference,
+                "course": res["losses"]["course"],
+                "dtensor": res["losses"]["dtensor"],
+                "max_abs_diff": max(
+                    abs(res["losses"][k] - reference) for k in ("course", "dtensor")
+                ),
+                "dtensor_forward": c["forward"],
+                "dtensor_backward": c["backward"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -282,16 +358,29 @@ def _comm_worker(rank: int, world_size: int, config: GPTConfig, batch: int, sp: 
         for op, n in meter.calls.items():
             recs = [r for r in meter.records if r["op"] == op]
             wire = [r["wire_sent"] for r in recs]
-            rows.append({"rank": rank, "tp": world_size, "sequence_parallel": sp,
-                         "phase": phase, "op": op.replace("_single", ""), "calls": n,
-                         "payload_bytes": sum(r["bytes"] for r in recs),
-                         "model_sent": float(sum(r["model_sent"] for r in recs)),
-                         "wire_sent": None if None in wire else int(sum(wire))})
+            rows.append(
+                {
+                    "rank": rank,
+                    "tp": world_size,
+                    "sequence_parallel": sp,
+                    "phase": phase,
+                    "op": op.replace("_single", ""),
+                    "calls": n,
+                    "payload_bytes": sum(r["bytes"] for r in recs),
+                    "model_sent": float(sum(r["model_sent"] for r in recs)),
+                    "wire_sent": None if None in wire else int(sum(wire)),
+                }
+            )
     return rows
 
 
-def collective_counts(tp: int = 2, *, config: GPTConfig = CONFIG, batch: int = BATCH,
-                      sequence_parallel: Sequence[bool] = (False, True)) -> pd.DataFrame:
+def collective_counts(
+    tp: int = 2,
+    *,
+    config: GPTConfig = CONFIG,
+    batch: int = BATCH,
+    sequence_parallel: Sequence[bool] = (False, True),
+) -> pd.DataFrame:
     """One training step of the split tiny GPT; CommMeter in every rank counts each
     collective in forward, in backward, and in the gradient sync of sequence parallelism. One
     row per rank, mode, phase and op: calls, payload_bytes (the tensors handed to the calls),
@@ -299,13 +388,18 @@ def collective_counts(tp: int = 2, *, config: GPTConfig = CONFIG, batch: int = B
     bytes the rank wrote to its sockets during the calls, /proc/self/io)."""
     tp = _check(tp, config, sequence_parallel=any(sequence_parallel))
     b = validate.count("batch", batch, minimum=1)
-    rows = [r for sp in sequence_parallel
-            for res in launch(_comm_worker, tp, config, b, bool(sp)) for r in res]
+    rows = [
+        r
+        for sp in sequence_parallel
+        for res in launch(_comm_worker, tp, config, b, bool(sp))
+        for r in res
+    ]
     return pd.DataFrame(rows)
 
 
-def wire_summary(counts: pd.DataFrame, *, config: GPTConfig = CONFIG,
-                 batch: int = BATCH) -> pd.DataFrame:
+def wire_summary(
+    counts: pd.DataFrame, *, config: GPTConfig = CONFIG, batch: int = BATCH
+) -> pd.DataFrame:
     """Bytes one rank sends per training step (forward + backward of every layer; rank 0, the
     ranks of a ring send alike) from :func:`collective_counts` frames: calls, predicted
     (``estimate.tp_comm_bytes_per_layer`` x n_layer: the ring algorithms), model_of_calls (the
@@ -314,32 +408,45 @@ def wire_summary(counts: pd.DataFrame, *, config: GPTConfig = CONFIG,
     rows = []
     df = counts[(counts["rank"] == 0) & (counts.phase != "grad sync")]
     for (t, sp), part in df.groupby(["tp", "sequence_parallel"]):
-        pred = estimate.tp_comm_bytes_per_layer(config.block_size, batch, config.n_embd, t,
-                                                bytes_per_value=4, sequence_parallel=sp)
+        pred = estimate.tp_comm_bytes_per_layer(
+            config.block_size, batch, config.n_embd, t, bytes_per_value=4, sequence_parallel=sp
+        )
         wire = None if part.wire_sent.isna().any() else int(part.wire_sent.sum())
-        rows.append({"tp": t, "sequence_parallel": bool(sp), "calls": int(part.calls.sum()),
-                     "predicted": pred["sent"] * config.n_layer,
-                     "model_of_calls": part.model_sent.sum(), "wire": wire})
+        rows.append(
+            {
+                "tp": t,
+                "sequence_parallel": bool(sp),
+                "calls": int(part.calls.sum()),
+                "predicted": pred["sent"] * config.n_layer,
+                "model_of_calls": part.model_sent.sum(),
+                "wire": wire,
+            }
+        )
     out = pd.DataFrame(rows)
-    out["wire/predicted"] = [None if w is None else w / p
-                             for w, p in zip(out.wire, out.predicted)]
+    out["wire/predicted"] = [None if w is None else w / p for w, p in zip(out.wire, out.predicted)]
     return out
 
 
-def wire_bytes(tps: Sequence[int] = (2, 4), *, config: GPTConfig = CONFIG, batch: int = BATCH,
-               sequence_parallel: Sequence[bool] = (False, True)) -> pd.DataFrame:
+def wire_bytes(
+    tps: Sequence[int] = (2, 4),
+    *,
+    config: GPTConfig = CONFIG,
+    batch: int = BATCH,
+    sequence_parallel: Sequence[bool] = (False, True),
+) -> pd.DataFrame:
     """:func:`collective_counts` for each tp, summarised by :func:`wire_summary`."""
     sizes = validate.counts("tps", tps, minimum=2)
-    frames = [collective_counts(t, config=config, batch=batch,
-                                sequence_parallel=sequence_parallel) for t in sizes]
+    frames = [
+        collective_counts(t, config=config, batch=batch, sequence_parallel=sequence_parallel)
+        for t in sizes
+    ]
     return wire_summary(pd.concat(frames, ignore_index=True), config=config, batch=batch)
 
 
 # --------------------------------------------------------------------------------------------
 # memory per rank
 # --------------------------------------------------------------------------------------------
-def _memory_worker(rank: int, world_size: int, config: GPTConfig, batch: int,
-                   sp: bool) -> dict:
+def _memory_worker(rank: int, world_size: int, config: GPTConfig, batch: int, sp: bool) -> dict:
     from course_lib.measure.memory import MemoryMeter
     from course_lib.parallel.tensor import parallelize_gpt, sync_sequence_parallel_grads
 
@@ -373,9 +480,13 @@ def _memory_worker(rank: int, world_size: int, config: GPTConfig, batch: int,
 _SNAPSHOT = torch.nn.Identity()
 
 
-def memory_per_rank(tps: Sequence[int] = (1, 2, 4), *, config: GPTConfig = CONFIG,
-                    batch: int = BATCH,
-                    sequence_parallel: Sequence[bool] = (False, True)) -> pd.DataFrame:
+def memory_per_rank(
+    tps: Sequence[int] = (1, 2, 4),
+    *,
+    config: GPTConfig = CONFIG,
+    batch: int = BATCH,
+    sequence_parallel: Sequence[bool] = (False, True),
+) -> pd.DataFrame:
     """One Adam step of the split tiny GPT (float32) under MemoryMeter in every rank. One row
     per tp, mode, rank and category (params, grads, optimizer, activations): measured (params,
     grads, optimizer: the largest value over the step; activations: alive at the end of the
@@ -393,14 +504,26 @@ def memory_per_rank(tps: Sequence[int] = (1, 2, 4), *, config: GPTConfig = CONFI
             _check(t, config, sequence_parallel=sp)
             n = estimate.tp_params_per_rank(config, t)["per_rank"]
             for rank, m in enumerate(launch(_memory_worker, t, config, b, sp)):
-                pred = {"params": 4 * n + m["buffers"], "grads": 4 * n,
-                        "optimizer": 8 * n + 4 * m["param_tensors"],
-                        "activations": estimate.tp_activation_bytes_gpt(
-                            config, b, tp=t, sequence_parallel=sp)}
+                pred = {
+                    "params": 4 * n + m["buffers"],
+                    "grads": 4 * n,
+                    "optimizer": 8 * n + 4 * m["param_tensors"],
+                    "activations": estimate.tp_activation_bytes_gpt(
+                        config, b, tp=t, sequence_parallel=sp
+                    ),
+                }
                 for cat, p in pred.items():
-                    rows.append({"tp": t, "sequence_parallel": sp, "rank": rank,
-                                 "category": cat, "measured": m[cat], "predicted": p,
-                                 "residual": m[cat] - p})
+                    rows.append(
+                        {
+                            "tp": t,
+                            "sequence_parallel": sp,
+                            "rank": rank,
+                            "category": cat,
+                            "measured": m[cat],
+                            "predicted": p,
+                            "residual": m[cat] - p,
+                        }
+                    )
     return pd.DataFrame(rows)
 
 

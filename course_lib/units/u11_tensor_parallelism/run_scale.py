@@ -3,6 +3,7 @@ Korthikanti et al.'s activation formulas, a Llama-7B / 70B layer split over tp r
 sources' numbers recomputed. Everything here goes through ``measure.estimate``; nothing runs
 on ranks. Re-exported by ``run.py``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -15,15 +16,29 @@ from course_lib import validate
 from course_lib.measure import estimate
 from course_lib.parallel.tensor import check_tp
 
-__all__ = ["activation_formulas", "LayerShape", "LLAMA_7B", "LLAMA_70B", "H100_BF16_FLOPS",
-           "UTILIZATION", "scale_table", "source_check", "source_bytes"]
+__all__ = [
+    "activation_formulas",
+    "LayerShape",
+    "LLAMA_7B",
+    "LLAMA_70B",
+    "H100_BF16_FLOPS",
+    "UTILIZATION",
+    "scale_table",
+    "source_check",
+    "source_bytes",
+]
 
 
 # --------------------------------------------------------------------------------------------
 # formulas and scale
 # --------------------------------------------------------------------------------------------
-def activation_formulas(seq: int = 2048, batch: int = 1, hidden: int = 4096, heads: int = 32,
-                        tps: Sequence[int] = (1, 2, 4, 8)) -> pd.DataFrame:
+def activation_formulas(
+    seq: int = 2048,
+    batch: int = 1,
+    hidden: int = 4096,
+    heads: int = 32,
+    tps: Sequence[int] = (1, 2, 4, 8),
+) -> pd.DataFrame:
     """Korthikanti et al.'s per-layer activation bytes (16-bit, dropout masks) without tensor
     parallelism, with it, and with sequence parallelism, beside the closed forms of the paper
     (34sbh + 5as^2b; sbh(10 + 24/t + 5as/(ht)); sbh(34/t + 5as/(ht))). Bytes."""
@@ -31,14 +46,22 @@ def activation_formulas(seq: int = 2048, batch: int = 1, hidden: int = 4096, hea
     s, b, h, a = seq, batch, hidden, heads
     rows = []
     for t in sizes:
-        paper_tp = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) if t > 1 else \
-            s * b * h * (34 + 5 * a * s / h)
-        rows.append({"tp": t,
-                     "tensor_parallel": estimate.tp_activation_bytes_layer(s, b, h, a, t),
-                     "paper_tp": paper_tp,
-                     "sequence_parallel": estimate.tp_activation_bytes_layer(
-                         s, b, h, a, t, sequence_parallel=True),
-                     "paper_sp": s * b * h * (34 / t + 5 * a * s / (h * t))})
+        paper_tp = (
+            s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+            if t > 1
+            else s * b * h * (34 + 5 * a * s / h)
+        )
+        rows.append(
+            {
+                "tp": t,
+                "tensor_parallel": estimate.tp_activation_bytes_layer(s, b, h, a, t),
+                "paper_tp": paper_tp,
+                "sequence_parallel": estimate.tp_activation_bytes_layer(
+                    s, b, h, a, t, sequence_parallel=True
+                ),
+                "paper_sp": s * b * h * (34 / t + 5 * a * s / (h * t)),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -71,10 +94,14 @@ H100_BF16_FLOPS = 989e12  #: H100 SXM dense bf16 peak (NVIDIA's datasheet), FLOP
 UTILIZATION = 0.5  #: the fraction of peak a well-tuned layer reaches (an assumption)
 
 
-def scale_table(shapes: Sequence[tuple[str, LayerShape]] = (("Llama-7B", LLAMA_7B),
-                                                            ("Llama-2-70B", LLAMA_70B)),
-                tps: Sequence[int] = (1, 2, 4, 8), *, seq: int = 4096, batch: int = 1,
-                links: Sequence[str] = ("NVLink H100", "InfiniBand NDR")) -> pd.DataFrame:
+def scale_table(
+    shapes: Sequence[tuple[str, LayerShape]] = (("Llama-7B", LLAMA_7B), ("Llama-2-70B", LLAMA_70B)),
+    tps: Sequence[int] = (1, 2, 4, 8),
+    *,
+    seq: int = 4096,
+    batch: int = 1,
+    links: Sequence[str] = ("NVLink H100", "InfiniBand NDR"),
+) -> pd.DataFrame:
     """One Llama layer per tp, through ``estimate``: its parameters on one rank, model state
     (16 B/param: bf16 mixed precision with Adam), activations (Korthikanti et al., 16-bit,
     dropout masks; with and without sequence parallelism), the bytes of one all-reduce
@@ -90,21 +117,31 @@ def scale_table(shapes: Sequence[tuple[str, LayerShape]] = (("Llama-7B", LLAMA_7
             check_tp(shape, t)
             state = estimate.tp_layer_state_bytes(shape, t)
             comm = estimate.tp_comm_bytes_per_layer(seq, batch, shape.n_embd, t)
-            row = {"model": name, "tp": t, "layer_params_per_rank": state["params"],
-                   "state_bytes": state["bytes"],
-                   "activations_tp": estimate.tp_activation_bytes_layer(
-                       seq, batch, shape.n_embd, shape.n_head, t),
-                   "activations_sp": estimate.tp_activation_bytes_layer(
-                       seq, batch, shape.n_embd, shape.n_head, t, sequence_parallel=True),
-                   "allreduce_bytes": comm["payload"], "sent_per_layer": comm["sent"],
-                   "allreduces_per_step": 4 * shape.n_layer,
-                   "compute_s_per_layer": estimate.transformer_training_flops(
-                       estimate.tp_layer_state_bytes(shape, 1)["params"], seq * batch)
-                   / t / (H100_BF16_FLOPS * UTILIZATION)}
+            row = {
+                "model": name,
+                "tp": t,
+                "layer_params_per_rank": state["params"],
+                "state_bytes": state["bytes"],
+                "activations_tp": estimate.tp_activation_bytes_layer(
+                    seq, batch, shape.n_embd, shape.n_head, t
+                ),
+                "activations_sp": estimate.tp_activation_bytes_layer(
+                    seq, batch, shape.n_embd, shape.n_head, t, sequence_parallel=True
+                ),
+                "allreduce_bytes": comm["payload"],
+                "sent_per_layer": comm["sent"],
+                "allreduces_per_step": 4 * shape.n_layer,
+                "compute_s_per_layer": estimate.transformer_training_flops(
+                    estimate.tp_layer_state_bytes(shape, 1)["params"], seq * batch
+                )
+                / t
+                / (H100_BF16_FLOPS * UTILIZATION),
+            }
             for link in links:
                 bw = estimate.link_speed(link).per_direction_GBps
                 row[f"comm_s_per_layer {link}"] = (
-                    4 * estimate.allreduce_time_on_link(comm["payload"], t, bw) if t > 1 else 0.0)
+                    4 * estimate.allreduce_time_on_link(comm["payload"], t, bw) if t > 1 else 0.0
+                )
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -116,9 +153,12 @@ def source_check(n_layer: int = 32) -> dict:
     n = validate.count("n_layer", n_layer, minimum=1)
     per_layer = estimate.tp_collectives_per_layer()
     calls = sum(per_layer["forward"].values()) + sum(per_layer["backward"].values())
-    return {"quoted_per_mlp": {"all_gather": 1, "all_reduce": 1},
-            "megatron_per_mlp": {"forward": {"all_reduce": 1}, "backward": {"all_reduce": 1}},
-            "quoted_allreduces": 2 * n, "allreduces_per_step": calls * n}
+    return {
+        "quoted_per_mlp": {"all_gather": 1, "all_reduce": 1},
+        "megatron_per_mlp": {"forward": {"all_reduce": 1}, "backward": {"all_reduce": 1}},
+        "quoted_allreduces": 2 * n,
+        "allreduces_per_step": calls * n,
+    }
 
 
 def source_bytes() -> pd.DataFrame:
@@ -127,6 +167,12 @@ def source_bytes() -> pd.DataFrame:
     rows = []
     for worker, values in ((0, [1.0, 2.0, 3.0, 4.0]), (1, [5.0, 6.0, 7.0, 8.0])):
         raw = torch.tensor(values, dtype=torch.bfloat16).view(torch.uint8).tolist()
-        rows.append({"worker": worker, "values": values,
-                     "bytes": " ".join(f"{v:02x}" for v in raw), "nbytes": len(raw)})
+        rows.append(
+            {
+                "worker": worker,
+                "values": values,
+                "bytes": " ".join(f"{v:02x}" for v in raw),
+                "nbytes": len(raw),
+            }
+        )
     return pd.DataFrame(rows)

@@ -6,6 +6,7 @@ beside the prediction. Nothing runs until Run is pressed.
 
     ex = SplitExplorer(); ex.tp.value = 4; ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -23,25 +24,36 @@ class SplitExplorer(Explorer):
 
     def __init__(self, *, tp: int = 2, sequence_parallel: bool = False, batch: int = 4):
         self.tp = widgets.Dropdown(options=(1, 2, 4), value=tp, description="tp")
-        self.sequence_parallel = widgets.Checkbox(value=sequence_parallel,
-                                                  description="sequence parallel")
-        self.batch = widgets.IntSlider(value=batch, min=1, max=16, description="batch",
-                                       continuous_update=False)
-        super().__init__(self.tp, self.sequence_parallel, self.batch,
-                         tooltip="launch tp ranks and measure one Adam step in each",
-                         intro="Pick tp, sequence parallelism and the batch, then press Run.")
+        self.sequence_parallel = widgets.Checkbox(
+            value=sequence_parallel, description="sequence parallel"
+        )
+        self.batch = widgets.IntSlider(
+            value=batch, min=1, max=16, description="batch", continuous_update=False
+        )
+        super().__init__(
+            self.tp,
+            self.sequence_parallel,
+            self.batch,
+            tooltip="launch tp ranks and measure one Adam step in each",
+            intro="Pick tp, sequence parallelism and the batch, then press Run.",
+        )
 
     def compute(self):
         from course_lib.units.u11_tensor_parallelism.run import memory_per_rank
 
-        return memory_per_rank((int(self.tp.value),), batch=int(self.batch.value),
-                               sequence_parallel=(bool(self.sequence_parallel.value),))
+        return memory_per_rank(
+            (int(self.tp.value),),
+            batch=int(self.batch.value),
+            sequence_parallel=(bool(self.sequence_parallel.value),),
+        )
 
     def summary(self, result) -> str:
         act = result[(result.category == "activations") & (result["rank"] == 0)]
-        parts = [f"tp {t}{' + SP' if sp else ''}: activations {m / 1024:,.1f} KiB "
-                 f"(predicted {p / 1024:,.1f})"
-                 for t, sp, m, p in zip(act.tp, act.sequence_parallel, act.measured, act.predicted)]
+        parts = [
+            f"tp {t}{' + SP' if sp else ''}: activations {m / 1024:,.1f} KiB "
+            f"(predicted {p / 1024:,.1f})"
+            for t, sp, m, p in zip(act.tp, act.sequence_parallel, act.measured, act.predicted)
+        ]
         return "; ".join(parts) + " on rank 0"
 
     def show(self, result):

@@ -10,6 +10,7 @@
    must equal one process on the full batch.
 Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
 """
+
 from __future__ import annotations
 
 import math
@@ -17,16 +18,26 @@ import numbers
 
 from course_lib.grading.core import fail, passed, run_learner
 
-__all__ = ["check_bubble_prediction", "check_one_f_one_b", "check_holder",
-           "BUBBLE_REFERENCES", "ORDER_REFERENCES", "HOLDER_REFERENCES"]
+__all__ = [
+    "check_bubble_prediction",
+    "check_one_f_one_b",
+    "check_holder",
+    "BUBBLE_REFERENCES",
+    "ORDER_REFERENCES",
+    "HOLDER_REFERENCES",
+]
 
-BUBBLE_REFERENCES = ("course_lib.measure.estimate.compute:pipeline_bubble_fraction",
-                     "course_lib.measure.estimate.compute:pipeline_bubble_ratio",
-                     "course_lib.parallel.pipeline:replay",
-                     "course_lib.units.u12_pipeline_parallelism.run:replayed_bubble")
-ORDER_REFERENCES = ("course_lib.parallel.pipeline:one_f_one_b_order",
-                    "course_lib.parallel.pipeline:schedule_order",
-                    "course_lib.parallel.pipeline:interleaved_order")
+BUBBLE_REFERENCES = (
+    "course_lib.measure.estimate.compute:pipeline_bubble_fraction",
+    "course_lib.measure.estimate.compute:pipeline_bubble_ratio",
+    "course_lib.parallel.pipeline:replay",
+    "course_lib.units.u12_pipeline_parallelism.run:replayed_bubble",
+)
+ORDER_REFERENCES = (
+    "course_lib.parallel.pipeline:one_f_one_b_order",
+    "course_lib.parallel.pipeline:schedule_order",
+    "course_lib.parallel.pipeline:interleaved_order",
+)
 HOLDER_REFERENCES = ("course_lib.parallel.pipeline:stage_owner",)
 BUBBLE_CASES = ((3, 3, 2), (3, 6, 3))  # (ranks p, micro-batches m, stages per rank v); one p
 ORDER_CASES = ((4, 8), (3, 5), (2, 2), (4, 4), (5, 7))  # (p, m), every stage
@@ -41,8 +52,11 @@ def _launch(task: int, worker, world_size: int, *args):
         return launch(worker, world_size, *args, timeout=GRADE_TIMEOUT_S)
     except LaunchError as exc:
         first = next(iter(exc.failures.values()), str(exc))
-        fail(task, f"the run on {world_size} ranks did not finish: "
-                   f"{(str(first).strip().splitlines() or [''])[0]}")
+        fail(
+            task,
+            f"the run on {world_size} ranks did not finish: "
+            f"{(str(first).strip().splitlines() or [''])[0]}",
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -60,14 +74,22 @@ def _bubble_case(rank, world_size, microbatches, virtual):
     from course_lib.parallel import pipeline as P
 
     p, v, m = world_size, virtual, microbatches
-    split = P.check_pipeline("interleaved", n_layers=p * v, ranks=p, microbatches=m,
-                             batch_rows=m, virtual=v)
+    split = P.check_pipeline(
+        "interleaved", n_layers=p * v, ranks=p, microbatches=m, batch_rows=m, virtual=v
+    )
     model = P.PipelineRank(P.make_stack(p * v, width=8, seq=4, heads=2), split, rank, p)
     log = EventLog(rank)
     torch.manual_seed(0)
     x, y = torch.randn(m, 4, 8), torch.randn(m, 4, 8)  # (rows, seq, width), on every rank
-    P.run_schedule(model, P.schedule_order("interleaved", rank, p, m, v), x, y,
-                   microbatches=m, loss_fn=F.mse_loss, log=log)
+    P.run_schedule(
+        model,
+        P.schedule_order("interleaved", rank, p, m, v),
+        x,
+        y,
+        microbatches=m,
+        loss_fn=F.mse_loss,
+        log=log,
+    )
     return log.to_records()
 
 
@@ -83,20 +105,29 @@ def check_bubble_prediction(fn, task: int = 1) -> None:
     for p, m, v in BUBBLE_CASES:
         got = run_learner(task, fn, p, m, v, forbid=BUBBLE_REFERENCES)
         if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
-            fail(task, f"fn({p}, {m}, {v}) must return a finite float, got "
-                       f"{type(got).__name__} {got!r}")
+            fail(
+                task,
+                f"fn({p}, {m}, {v}) must return a finite float, got {type(got).__name__} {got!r}",
+            )
         predictions[(p, m, v)] = float(got)
     p = BUBBLE_CASES[0][0]
     runs = _launch(task, _bubble_worker, p, list(BUBBLE_CASES))
     for (p, m, v), got in predictions.items():
         events = merge_event_logs([r[(m, v)] for r in runs])
-        replayed = replayed_bubble("interleaved", ranks=p, microbatches=m, virtual=v,
-                                   orders=_recorded_orders(events, p))
+        replayed = replayed_bubble(
+            "interleaved", ranks=p, microbatches=m, virtual=v, orders=_recorded_orders(events, p)
+        )
         if abs(got - replayed) > 1e-9:
-            fail(task, f"p = {p}, m = {m}, v = {v}: the run's order replayed on ideal hardware "
-                       f"idles {replayed:.6f} of the step, you predicted {got:.6f}")
-    passed(task, "interleaved 1F1B idle fraction matches real runs replayed on ideal hardware "
-                 f"at (p, m, v) = {', '.join(map(str, BUBBLE_CASES))}")
+            fail(
+                task,
+                f"p = {p}, m = {m}, v = {v}: the run's order replayed on ideal hardware "
+                f"idles {replayed:.6f} of the step, you predicted {got:.6f}",
+            )
+    passed(
+        task,
+        "interleaved 1F1B idle fraction matches real runs replayed on ideal hardware "
+        f"at (p, m, v) = {', '.join(map(str, BUBBLE_CASES))}",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,14 +147,22 @@ def check_one_f_one_b(fn, task: int = 2) -> None:
             got = [tuple(a) if isinstance(a, (list, tuple)) else a for a in got]
             expected = [(a.kind, a.microbatch) for a in one_f_one_b_order(s, p, m)]
             if got != expected:
-                i = next((i for i, (g, e) in enumerate(zip(got, expected)) if g != e),
-                         min(len(got), len(expected)))
-                fail(task, f"stage {s} of p = {p}, m = {m}: action {i} should be "
-                           f"{expected[i] if i < len(expected) else 'nothing'}, got "
-                           f"{got[i] if i < len(got) else 'nothing'} (expected {len(expected)} "
-                           f"actions, got {len(got)})")
-    passed(task, "1F1B orders match PipeDream-Flush for every stage at (p, m) = "
-                 f"{', '.join(map(str, ORDER_CASES))}")
+                i = next(
+                    (i for i, (g, e) in enumerate(zip(got, expected)) if g != e),
+                    min(len(got), len(expected)),
+                )
+                fail(
+                    task,
+                    f"stage {s} of p = {p}, m = {m}: action {i} should be "
+                    f"{expected[i] if i < len(expected) else 'nothing'}, got "
+                    f"{got[i] if i < len(got) else 'nothing'} (expected {len(expected)} "
+                    f"actions, got {len(got)})",
+                )
+    passed(
+        task,
+        "1F1B orders match PipeDream-Flush for every stage at (p, m) = "
+        f"{', '.join(map(str, ORDER_CASES))}",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,15 +176,22 @@ def _holder_worker(rank, world_size, holder):
     from course_lib.units.u12_pipeline_parallelism.run import Setup, batch_fn
 
     setup = Setup(n_layers=4, width=8, seq=4, rows=4)
-    split = P.check_pipeline("interleaved", n_layers=4, ranks=world_size, microbatches=2,
-                             batch_rows=4, virtual=2)
+    split = P.check_pipeline(
+        "interleaved", n_layers=4, ranks=world_size, microbatches=2, batch_rows=4, virtual=2
+    )
     model = P.PipelineRank(setup.model(), split, rank, world_size, owner=holder)
     order = P.schedule_order("interleaved", rank, world_size, 2, 2)
 
     def step_fn(mod, batch):
         return P.run_schedule(mod, order, *batch, microbatches=2, loss_fn=F.mse_loss)
-    return H.parallel_run(model, lambda s: batch_fn(s, setup), steps=1, step_fn=step_fn,
-                          gather_fn=lambda mod, which: H.merge_across(mod.tensors(which)))
+
+    return H.parallel_run(
+        model,
+        lambda s: batch_fn(s, setup),
+        steps=1,
+        step_fn=step_fn,
+        gather_fn=lambda mod, which: H.merge_across(mod.tensors(which)),
+    )
 
 
 def check_holder(fn, task: int = 3) -> None:
@@ -160,17 +206,28 @@ def check_holder(fn, task: int = 3) -> None:
         for k in range(3 * p):
             got = run_learner(task, fn, k, p, forbid=HOLDER_REFERENCES)
             if isinstance(got, bool) or not isinstance(got, numbers.Integral):
-                fail(task, f"fn({k}, {p}) must return an int rank, got {type(got).__name__} "
-                           f"{got!r}")
+                fail(
+                    task, f"fn({k}, {p}) must return an int rank, got {type(got).__name__} {got!r}"
+                )
             if got != k % p:
-                fail(task, f"stage {k} with {p} ranks: the stages go round robin, so stage {k} "
-                           f"lives on rank {k % p}, but your function sends its activation to "
-                           f"rank {got}")
-    table = H.compare(reference(Setup(n_layers=4, width=8, seq=4, rows=4)),
-                      _launch(task, _holder_worker, 2, fn))
+                fail(
+                    task,
+                    f"stage {k} with {p} ranks: the stages go round robin, so stage {k} "
+                    f"lives on rank {k % p}, but your function sends its activation to "
+                    f"rank {got}",
+                )
+    table = H.compare(
+        reference(Setup(n_layers=4, width=8, seq=4, rows=4)), _launch(task, _holder_worker, 2, fn)
+    )
     if not table.ok.all():
         bad = table[~table.ok].iloc[0]
-        fail(task, f"interleaved step on 2 ranks: {bad['quantity']} {bad['name']} differs from "
-                   f"one process ({bad['problem']})")
-    passed(task, "stages placed round robin; the interleaved step on 2 ranks equals one process "
-                 "(loss, gradients, parameters)")
+        fail(
+            task,
+            f"interleaved step on 2 ranks: {bad['quantity']} {bad['name']} differs from "
+            f"one process ({bad['problem']})",
+        )
+    passed(
+        task,
+        "stages placed round robin; the interleaved step on 2 ranks equals one process "
+        "(loss, gradients, parameters)",
+    )

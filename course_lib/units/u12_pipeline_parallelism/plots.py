@@ -1,6 +1,7 @@
 """Unit 12's figures (notebooks/12_pipeline_parallelism.ipynb). Data in (what run.py returned),
 matplotlib Figure out, drawn in the course style; nothing is measured here.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -21,12 +22,26 @@ def _gantt(ax, ev: pd.DataFrame, title: str, n_chunks: int) -> None:
         y = ranks.index(e["rank"])
         chunk = int(e["stage"]) // len(ranks)
         colour = cmap(2 * (int(e["mb"]) % 10) + (e["kind"] == "B"))
-        ax.barh(y, (e["end"] - e["start"]) * 1e3, left=e["start"] * 1e3, height=0.8,
-                color=colour, edgecolor="black" if chunk else "white",
-                hatch="//" if chunk else None, linewidth=0.5)
+        ax.barh(
+            y,
+            (e["end"] - e["start"]) * 1e3,
+            left=e["start"] * 1e3,
+            height=0.8,
+            color=colour,
+            edgecolor="black" if chunk else "white",
+            hatch="//" if chunk else None,
+            linewidth=0.5,
+        )
         if e["end"] - e["start"] >= 0.035 * span:  # a label only where it fits at a readable size
-            ax.text((e["start"] + e["end"]) / 2 * 1e3, y, f"{e['kind']}{int(e['mb'])}", ha="center",
-                    va="center", fontsize=10, clip_on=True)
+            ax.text(
+                (e["start"] + e["end"]) / 2 * 1e3,
+                y,
+                f"{e['kind']}{int(e['mb'])}",
+                ha="center",
+                va="center",
+                fontsize=10,
+                clip_on=True,
+            )
     ax.set_yticks(range(len(ranks)))
     ax.set_yticklabels([f"rank {r}" for r in ranks])
     ax.invert_yaxis()
@@ -38,20 +53,25 @@ def plot_gantt(events: pd.DataFrame, bubbles: pd.DataFrame | None = None) -> Fig
     """Every rank's forwards (light) and backwards (dark) of one step, one panel per schedule,
     on the shared host clock (``run.timelines``); gaps are the bubble. Interleaved: the second
     chunk of stages is hatched. ``bubbles`` (``run.bubble_table``) adds the idle fractions."""
-    require_columns(events, ["rank", "lane", "start", "end", "stage", "mb", "kind", "schedule",
-                             "virtual"], "events", nonempty=True)
+    require_columns(
+        events,
+        ["rank", "lane", "start", "end", "stage", "mb", "kind", "schedule", "virtual"],
+        "events",
+        nonempty=True,
+    )
     keys = list(dict.fromkeys(zip(events["schedule"], events["virtual"])))
     with style():
-        fig, axes = plt.subplots(len(keys), 1, figsize=(11, 2.1 * len(keys) + 0.6),
-                                 squeeze=False)
+        fig, axes = plt.subplots(len(keys), 1, figsize=(11, 2.1 * len(keys) + 0.6), squeeze=False)
         for ax, (s, v) in zip(axes[:, 0], keys):
             ev = events[(events["schedule"] == s) & (events["virtual"] == v)]
             ev = ev[ev["repeat"] == ev["repeat"].min()]
             title = s + (f" (v = {v})" if v > 1 else "")
             if bubbles is not None:
                 b = bubbles[(bubbles["schedule"] == s) & (bubbles["virtual"] == v)].iloc[0]
-                title += (f": idle {b['measured']:.0%} measured, {b['predicted']:.0%} predicted, "
-                          f"{b['replayed']:.0%} replayed on ideal hardware")
+                title += (
+                    f": idle {b['measured']:.0%} measured, {b['predicted']:.0%} predicted, "
+                    f"{b['replayed']:.0%} replayed on ideal hardware"
+                )
             _gantt(ax, ev, title, v)
         axes[-1, 0].set_xlabel("ms since the step's first event (shared host clock)")
         fig.tight_layout()
@@ -61,19 +81,39 @@ def plot_gantt(events: pd.DataFrame, bubbles: pd.DataFrame | None = None) -> Fig
 def plot_bubble(table: pd.DataFrame) -> Figure:
     """Idle fraction per schedule: measured on the ranks' timelines (bar: mean, whiskers: min
     and max over ranks), replayed on ideal hardware, and predicted by estimate."""
-    require_columns(table, ["schedule", "virtual", "measured", "min_rank", "max_rank",
-                            "replayed", "predicted"], "table", nonempty=True)
+    require_columns(
+        table,
+        ["schedule", "virtual", "measured", "min_rank", "max_rank", "replayed", "predicted"],
+        "table",
+        nonempty=True,
+    )
     labels = [s + (f" v={v}" if v > 1 else "") for s, v in zip(table.schedule, table.virtual)]
     x = range(len(table))
     with style():
         fig, ax = plt.subplots(figsize=(8, 3.8))
-        ax.bar([i - 0.27 for i in x], table.measured, 0.27, color="tab:red",
-               yerr=[table.measured - table.min_rank, table.max_rank - table.measured],
-               capsize=3, label="measured (idle on each rank's timeline)")
-        ax.bar(list(x), table.replayed, 0.27, color="tab:blue",
-               label="recorded order, replayed on ideal hardware")
-        ax.bar([i + 0.27 for i in x], table.predicted, 0.27, color="tab:grey",
-               label="predicted (p-1)/(v·m+p-1); naive (p-1)/p")
+        ax.bar(
+            [i - 0.27 for i in x],
+            table.measured,
+            0.27,
+            color="tab:red",
+            yerr=[table.measured - table.min_rank, table.max_rank - table.measured],
+            capsize=3,
+            label="measured (idle on each rank's timeline)",
+        )
+        ax.bar(
+            list(x),
+            table.replayed,
+            0.27,
+            color="tab:blue",
+            label="recorded order, replayed on ideal hardware",
+        )
+        ax.bar(
+            [i + 0.27 for i in x],
+            table.predicted,
+            0.27,
+            color="tab:grey",
+            label="predicted (p-1)/(v·m+p-1); naive (p-1)/p",
+        )
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels)
         ax.set_ylabel("fraction of the step idle")

@@ -17,6 +17,7 @@ DataFrame or plain data:
 - :func:`wire_bytes`: sends, receives and bytes each rank wrote to its sockets in one bf16 step;
 - :func:`scale_table`, :func:`source_check`: 7B-70B and the sources' numbers through estimate.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -33,28 +34,54 @@ from course_lib.parallel import harness as H
 from course_lib.parallel import pipeline as P
 from course_lib.runtime.launch import launch
 
-__all__ = ["Setup", "batch_fn", "reference", "parity", "timelines", "bubble_table",
-           "replayed_bubble", "activation_memory", "wire_bytes", "message_table", "scale_table", "source_check",
-           "TORCH_SCHEDULES"]
+__all__ = [
+    "Setup",
+    "batch_fn",
+    "reference",
+    "parity",
+    "timelines",
+    "bubble_table",
+    "replayed_bubble",
+    "activation_memory",
+    "wire_bytes",
+    "message_table",
+    "scale_table",
+    "source_check",
+    "TORCH_SCHEDULES",
+]
 
 #: our schedule -> torch.distributed.pipelining's class of the same name
-TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-                   "interleaved": "ScheduleInterleaved1F1B"}
+TORCH_SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved": "ScheduleInterleaved1F1B",
+}
 
 
 class Setup(dict):
     """The model and batch of a run: n_layers, width, seq, rows (batch rows), dtype."""
 
-    def __init__(self, *, n_layers: int = 8, width: int = 32, seq: int = 16, rows: int = 8,
-                 dtype: torch.dtype = torch.float64):
-        super().__init__(n_layers=validate.count("n_layers", n_layers, minimum=1),
-                         width=validate.count("width", width, minimum=4),
-                         seq=validate.count("seq", seq, minimum=1),
-                         rows=validate.count("rows", rows, minimum=1), dtype=dtype)
+    def __init__(
+        self,
+        *,
+        n_layers: int = 8,
+        width: int = 32,
+        seq: int = 16,
+        rows: int = 8,
+        dtype: torch.dtype = torch.float64,
+    ):
+        super().__init__(
+            n_layers=validate.count("n_layers", n_layers, minimum=1),
+            width=validate.count("width", width, minimum=4),
+            seq=validate.count("seq", seq, minimum=1),
+            rows=validate.count("rows", rows, minimum=1),
+            dtype=dtype,
+        )
 
     def model(self, seed: int = 0):
-        return P.make_stack(self["n_layers"], width=self["width"], seq=self["seq"], seed=seed,
-                            dtype=self["dtype"])
+        return P.make_stack(
+            self["n_layers"], width=self["width"], seq=self["seq"], seed=seed, dtype=self["dtype"]
+        )
 
 
 def batch_fn(step: int, setup: Setup):
@@ -62,8 +89,10 @@ def batch_fn(step: int, setup: Setup):
     of the stack's output onto random targets (the loss is an MSE, a mean over the batch)."""
     g = torch.Generator().manual_seed(1000 + step)
     shape = (setup["rows"], setup["seq"], setup["width"])
-    return (torch.randn(shape, generator=g, dtype=setup["dtype"]),
-            torch.randn(shape, generator=g, dtype=setup["dtype"]))
+    return (
+        torch.randn(shape, generator=g, dtype=setup["dtype"]),
+        torch.randn(shape, generator=g, dtype=setup["dtype"]),
+    )
 
 
 def _loss(model, batch):
@@ -76,15 +105,22 @@ def reference(setup: Setup, steps: int = 1) -> H.Record:
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return H.reference_run(setup.model, lambda s: batch_fn(s, setup), steps=steps,
-                               loss_fn=_loss)
+        return H.reference_run(
+            setup.model, lambda s: batch_fn(s, setup), steps=steps, loss_fn=_loss
+        )
     finally:
         torch.set_num_threads(saved)
 
 
 def _config(schedule: str, ranks: int, microbatches: int, virtual: int, setup: Setup):
-    return P.check_pipeline(schedule, n_layers=setup["n_layers"], ranks=ranks,
-                            microbatches=microbatches, batch_rows=setup["rows"], virtual=virtual)
+    return P.check_pipeline(
+        schedule,
+        n_layers=setup["n_layers"],
+        ranks=ranks,
+        microbatches=microbatches,
+        batch_rows=setup["rows"],
+        virtual=virtual,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -95,11 +131,15 @@ def _torch_step(model: P.PipelineRank, name: str, microbatches: int):
     import torch.distributed.pipelining as pp
 
     n = len(model.split)
-    stages = [pp.PipelineStage(model.stages[str(k)], k, n, torch.device("cpu"))
-              for k in model.stage_ids]
+    stages = [
+        pp.PipelineStage(model.stages[str(k)], k, n, torch.device("cpu")) for k in model.stage_ids
+    ]
     cls = getattr(pp, TORCH_SCHEDULES[name])
-    sched = cls(stages if name == "interleaved" else stages[0], n_microbatches=microbatches,
-                loss_fn=F.mse_loss)  # scale_grads=True: gradients of the mean over micro-batches
+    sched = cls(
+        stages if name == "interleaved" else stages[0],
+        n_microbatches=microbatches,
+        loss_fn=F.mse_loss,
+    )  # scale_grads=True: gradients of the mean over micro-batches
     first, last = 0 in model.stage_ids, n - 1 in model.stage_ids
 
     def step_fn(mod, batch):
@@ -108,6 +148,7 @@ def _torch_step(model: P.PipelineRank, name: str, microbatches: int):
         kwargs = {"target": y, "losses": losses} if last else {}
         sched.step(*([x] if first else []), **kwargs)
         return torch.stack(losses).mean() if last else None
+
     return step_fn
 
 
@@ -121,18 +162,27 @@ def _parity_worker(rank, world_size, items, microbatches, setup, steps):
             order = P.schedule_order(name, rank, world_size, microbatches, v)
 
             def step_fn(mod, batch, order=order):
-                return P.run_schedule(mod, order, *batch, microbatches=microbatches,
-                                      loss_fn=F.mse_loss)
+                return P.run_schedule(
+                    mod, order, *batch, microbatches=microbatches, loss_fn=F.mse_loss
+                )
         else:
             step_fn = _torch_step(model, name, microbatches)
-        out[(impl, name, v)] = H.parallel_run(model, lambda s: batch_fn(s, setup), steps=steps,
-                                              step_fn=step_fn, gather_fn=gather)
+        out[(impl, name, v)] = H.parallel_run(
+            model, lambda s: batch_fn(s, setup), steps=steps, step_fn=step_fn, gather_fn=gather
+        )
     return out
 
 
-def parity(schedules: Sequence[str] = ("naive", "gpipe", "1f1b", "interleaved"), *,
-           ranks: int = 4, microbatches: int = 4, virtual: int = 2, steps: int = 2,
-           torch_schedules: bool = True, setup: Setup | None = None) -> pd.DataFrame:
+def parity(
+    schedules: Sequence[str] = ("naive", "gpipe", "1f1b", "interleaved"),
+    *,
+    ranks: int = 4,
+    microbatches: int = 4,
+    virtual: int = 2,
+    steps: int = 2,
+    torch_schedules: bool = True,
+    setup: Setup | None = None,
+) -> pd.DataFrame:
     """``steps`` SGD steps (float64) of an 8-block stack on ``ranks`` ranks under each schedule,
     ours and (where torch has one) torch.distributed.pipelining's, each against one process on
     the full batch. One row per implementation and schedule: comparisons (loss, gradients,
@@ -151,10 +201,17 @@ def parity(schedules: Sequence[str] = ("naive", "gpipe", "1f1b", "interleaved"),
     rows = []
     for key in items:
         table = H.compare(ref, [r[key] for r in records])
-        rows.append({"implementation": key[0], "schedule": key[1], "virtual": key[2],
-                     "comparisons": len(table), "failed": int((~table.ok).sum()),
-                     "worst": float((table.max_abs_diff / table.tolerance).max()),
-                     "ok": bool(table.ok.all())})
+        rows.append(
+            {
+                "implementation": key[0],
+                "schedule": key[1],
+                "virtual": key[2],
+                "comparisons": len(table),
+                "failed": int((~table.ok).sum()),
+                "worst": float((table.max_abs_diff / table.tolerance).max()),
+                "ok": bool(table.ok.all()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -175,21 +232,40 @@ def _timeline_worker(rank, world_size, items, microbatches, setup, repeats):
         for it in range(repeats + 1):  # the first step warms up (allocations, connections)
             log = EventLog(rank)
             dist.barrier()
-            P.run_schedule(model, order, x, y, microbatches=microbatches, loss_fn=F.mse_loss,
-                           log=log)
+            P.run_schedule(
+                model, order, x, y, microbatches=microbatches, loss_fn=F.mse_loss, log=log
+            )
             if it:
-                out += [{**r, "meta": {**r["meta"], "schedule": name, "virtual": v,
-                                       "repeat": it}} for r in log.to_records()]
+                out += [
+                    {**r, "meta": {**r["meta"], "schedule": name, "virtual": v, "repeat": it}}
+                    for r in log.to_records()
+                ]
         in_flight = model.max_in_flight
-        out += [{"rank": rank, "name": "in_flight", "start_ns": 0, "end_ns": 0,
-                 "meta": {"lane": "memory", "schedule": name, "virtual": v, "stage": k,
-                          "held": n}} for k, n in in_flight.items()]
+        out += [
+            {
+                "rank": rank,
+                "name": "in_flight",
+                "start_ns": 0,
+                "end_ns": 0,
+                "meta": {"lane": "memory", "schedule": name, "virtual": v, "stage": k, "held": n},
+            }
+            for k, n in in_flight.items()
+        ]
     return out
 
 
-def timelines(schedules: Sequence[str] = ("naive", "gpipe", "1f1b", "interleaved"), *,
-              ranks: int = 4, microbatches: int = 8, virtual: int = 2, n_layers: int = 8,
-              width: int = 128, seq: int = 64, rows: int = 16, repeats: int = 1) -> pd.DataFrame:
+def timelines(
+    schedules: Sequence[str] = ("naive", "gpipe", "1f1b", "interleaved"),
+    *,
+    ranks: int = 4,
+    microbatches: int = 8,
+    virtual: int = 2,
+    n_layers: int = 8,
+    width: int = 128,
+    seq: int = 64,
+    rows: int = 16,
+    repeats: int = 1,
+) -> pd.DataFrame:
     """One step (after a warm-up step) of each schedule on ``ranks`` ranks, float32, every
     rank recording its F/B spans (lane "compute": stage, mb, kind), its waits for a message
     (lane "wait") and the most micro-batches each stage held (lane "memory": stage, held).
@@ -202,14 +278,22 @@ def timelines(schedules: Sequence[str] = ("naive", "gpipe", "1f1b", "interleaved
     items = [(s, virtual if s == "interleaved" else 1) for s in schedules]
     for s, v in items:
         _config(s, ranks, microbatches, v, setup)
-    records = [r for res in launch(_timeline_worker, ranks, items, microbatches, setup, repeats)
-               for r in res]
+    records = [
+        r
+        for res in launch(_timeline_worker, ranks, items, microbatches, setup, repeats)
+        for r in res
+    ]
     memory = [r for r in records if r["meta"]["lane"] == "memory"]
     frames = []
     for s, _v in items:
         for it in range(1, repeats + 1):
-            mine = [r for r in records if r["meta"]["lane"] != "memory"
-                    and r["meta"]["schedule"] == s and r["meta"]["repeat"] == it]
+            mine = [
+                r
+                for r in records
+                if r["meta"]["lane"] != "memory"
+                and r["meta"]["schedule"] == s
+                and r["meta"]["repeat"] == it
+            ]
             frames.append(merge_event_logs([mine]))
     df = pd.concat(frames, ignore_index=True)
     held = pd.DataFrame([{"rank": r["rank"], **r["meta"]} for r in memory])
@@ -218,8 +302,15 @@ def timelines(schedules: Sequence[str] = ("naive", "gpipe", "1f1b", "interleaved
     return df
 
 
-def replayed_bubble(schedule: str, *, ranks: int, microbatches: int, virtual: int = 1,
-                    n_layers: int | None = None, orders=None) -> float:
+def replayed_bubble(
+    schedule: str,
+    *,
+    ranks: int,
+    microbatches: int,
+    virtual: int = 1,
+    n_layers: int | None = None,
+    orders=None,
+) -> float:
     """The idle fraction of ``schedule`` replayed on ideal hardware (``pipeline.replay``: F
     costs a stage's layers, B twice that, messages free), mean over ranks. ``orders``: each
     rank's recorded actions (default: the schedule's own)."""
@@ -233,9 +324,10 @@ def replayed_bubble(schedule: str, *, ranks: int, microbatches: int, virtual: in
 
 def _recorded_orders(events: pd.DataFrame, ranks: int) -> list[list[P.Action]]:
     ev = events[events["lane"] == "compute"].sort_values("start", kind="stable")
-    return [[P.Action(k, int(mb), int(s)) for k, mb, s in
-             zip(e["kind"], e["mb"], e["stage"])] for _, e in
-            sorted(ev.groupby("rank"), key=lambda kv: kv[0])][:ranks]
+    return [
+        [P.Action(k, int(mb), int(s)) for k, mb, s in zip(e["kind"], e["mb"], e["stage"])]
+        for _, e in sorted(ev.groupby("rank"), key=lambda kv: kv[0])
+    ][:ranks]
 
 
 def bubble_table(events: pd.DataFrame) -> pd.DataFrame:
@@ -250,13 +342,25 @@ def bubble_table(events: pd.DataFrame) -> pd.DataFrame:
         ev = ev[ev["repeat"] == ev["repeat"].min()]
         idle = P.bubble_from_events(ev)
         predicted = (p - 1) / p if s == "naive" else estimate.pipeline_bubble_fraction(p, m, v)
-        rows.append({"schedule": s, "virtual": v, "measured": statistics.fmean(idle.values()),
-                     "min_rank": min(idle.values()), "max_rank": max(idle.values()),
-                     "replayed": replayed_bubble(s, ranks=p, microbatches=m, virtual=v,
-                                                 n_layers=events.attrs["n_layers"],
-                                                 orders=_recorded_orders(ev, p)),
-                     "predicted": predicted,
-                     "narayanan": None if s == "naive" else estimate.pipeline_bubble_ratio(p, m, v)})
+        rows.append(
+            {
+                "schedule": s,
+                "virtual": v,
+                "measured": statistics.fmean(idle.values()),
+                "min_rank": min(idle.values()),
+                "max_rank": max(idle.values()),
+                "replayed": replayed_bubble(
+                    s,
+                    ranks=p,
+                    microbatches=m,
+                    virtual=v,
+                    n_layers=events.attrs["n_layers"],
+                    orders=_recorded_orders(ev, p),
+                ),
+                "predicted": predicted,
+                "narayanan": None if s == "naive" else estimate.pipeline_bubble_ratio(p, m, v),
+            }
+        )
     df = pd.DataFrame(rows)
     df["residual"] = df["measured"] - df["predicted"]
     return df
@@ -282,14 +386,25 @@ def _memory_worker(rank, world_size, schedules, microbatches, setup):
         order = P.schedule_order(name, rank, world_size, microbatches)
         with MemoryMeter(model) as mem:
             P.run_schedule(model, order, x, y, microbatches=microbatches, loss_fn=F.mse_loss)
-        rows.append({"schedule": name, "stage": rank, "peak_activations":
-                     int(mem.timeline["activations"].max()), "per_microbatch": per_mb,
-                     "held": model.max_in_flight[rank]})
+        rows.append(
+            {
+                "schedule": name,
+                "stage": rank,
+                "peak_activations": int(mem.timeline["activations"].max()),
+                "per_microbatch": per_mb,
+                "held": model.max_in_flight[rank],
+            }
+        )
     return rows
 
 
-def activation_memory(schedules: Sequence[str] = ("gpipe", "1f1b"), *, ranks: int = 4,
-                      microbatches: int = 8, setup: Setup | None = None) -> pd.DataFrame:
+def activation_memory(
+    schedules: Sequence[str] = ("gpipe", "1f1b"),
+    *,
+    ranks: int = 4,
+    microbatches: int = 8,
+    setup: Setup | None = None,
+) -> pd.DataFrame:
     """Peak activation bytes of each stage in one step (MemoryMeter's activations category,
     max over its timeline: what autograd saved plus the received inputs), beside one
     micro-batch's activations measured alone on that stage. One row per schedule and stage:
@@ -297,14 +412,22 @@ def activation_memory(schedules: Sequence[str] = ("gpipe", "1f1b"), *, ranks: in
     executor held at once), predicted (GPipe m; 1F1B p - stage; naive 1)."""
     schedules = validate.choices("schedules", schedules, ("naive", "gpipe", "1f1b"))
     ranks = validate.count("ranks", ranks, minimum=1)
-    setup = setup or Setup(n_layers=ranks, width=32, seq=16, rows=2 * microbatches,
-                           dtype=torch.float32)
+    setup = setup or Setup(
+        n_layers=ranks, width=32, seq=16, rows=2 * microbatches, dtype=torch.float32
+    )
     _config("1f1b" if "1f1b" in schedules else "gpipe", ranks, microbatches, 1, setup)
-    df = pd.DataFrame([r for res in launch(_memory_worker, ranks, list(schedules), microbatches,
-                                           setup) for r in res])
+    df = pd.DataFrame(
+        [
+            r
+            for res in launch(_memory_worker, ranks, list(schedules), microbatches, setup)
+            for r in res
+        ]
+    )
     df["measured_mb"] = df["peak_activations"] / df["per_microbatch"]
-    df["predicted"] = [{"gpipe": microbatches, "naive": 1}.get(s, min(ranks - st, microbatches))
-                       for s, st in zip(df["schedule"], df["stage"])]
+    df["predicted"] = [
+        {"gpipe": microbatches, "naive": 1}.get(s, min(ranks - st, microbatches))
+        for s, st in zip(df["schedule"], df["stage"])
+    ]
     return df.sort_values(["schedule", "stage"], ignore_index=True)
 
 
@@ -326,17 +449,32 @@ def _wire_worker(rank, world_size, items, microbatches, setup):
         dist.barrier()  # a warm step first: gloo opens its connections
         with CommMeter(dispatch=False) as comm:
             P.run_schedule(model, order, x, y, microbatches=microbatches, loss_fn=F.mse_loss)
-        rows.append({"schedule": name, "virtual": v, "rank": rank,
-                     "sends": comm.calls.get("isend", 0), "recvs": comm.calls.get("recv", 0),
-                     "model_bytes": int(comm.model_bytes_sent),
-                     "wire_bytes": comm.wire_bytes_sent, "wire_source": comm.wire_source})
+        rows.append(
+            {
+                "schedule": name,
+                "virtual": v,
+                "rank": rank,
+                "sends": comm.calls.get("isend", 0),
+                "recvs": comm.calls.get("recv", 0),
+                "model_bytes": int(comm.model_bytes_sent),
+                "wire_bytes": comm.wire_bytes_sent,
+                "wire_source": comm.wire_source,
+            }
+        )
         dist.barrier()
     return rows
 
 
-def wire_bytes(schedules: Sequence[str] = ("gpipe", "1f1b", "interleaved"), *, ranks: int = 4,
-               microbatches: int = 8, virtual: int = 2, batch: int = 2, seq: int = 64,
-               width: int = 64) -> pd.DataFrame:
+def wire_bytes(
+    schedules: Sequence[str] = ("gpipe", "1f1b", "interleaved"),
+    *,
+    ranks: int = 4,
+    microbatches: int = 8,
+    virtual: int = 2,
+    batch: int = 2,
+    seq: int = 64,
+    width: int = 64,
+) -> pd.DataFrame:
     """One step in bfloat16 with micro-batches of ``batch`` rows, measured by CommMeter in each
     rank. One row per schedule and rank: sends (isend calls), recvs, boundary (bytes of one
     activation, ``estimate.pipeline_boundary_bytes``: 2bsh), predicted (sends x boundary),
@@ -345,13 +483,15 @@ def wire_bytes(schedules: Sequence[str] = ("gpipe", "1f1b", "interleaved"), *, r
     per receive)."""
     schedules = validate.choices("schedules", schedules, P.SCHEDULES)
     ranks = validate.count("ranks", ranks, minimum=2)
-    setup = Setup(n_layers=2 * ranks, width=width, seq=seq, rows=batch * microbatches,
-                  dtype=torch.bfloat16)
+    setup = Setup(
+        n_layers=2 * ranks, width=width, seq=seq, rows=batch * microbatches, dtype=torch.bfloat16
+    )
     items = [(s, virtual if s == "interleaved" else 1) for s in schedules]
     for s, v in items:
         _config(s, ranks, microbatches, v, setup)
-    df = pd.DataFrame([r for res in launch(_wire_worker, ranks, items, microbatches, setup)
-                       for r in res])
+    df = pd.DataFrame(
+        [r for res in launch(_wire_worker, ranks, items, microbatches, setup) for r in res]
+    )
     df["boundary"] = estimate.pipeline_boundary_bytes(batch, seq, width, dtype_bytes=2)
     df["predicted"] = df["sends"] * df["boundary"]
     df["residual"] = [None if w is None else w - p for w, p in zip(df.wire_bytes, df.predicted)]
@@ -361,19 +501,29 @@ def wire_bytes(schedules: Sequence[str] = ("gpipe", "1f1b", "interleaved"), *, r
 def message_table(df: pd.DataFrame, *, ranks: int, microbatches: int) -> pd.DataFrame:
     """Per schedule: messages counted over all ranks beside ``estimate.pipeline_messages``."""
     g = df.groupby(["schedule", "virtual"], sort=False, as_index=False).agg(
-        sends=("sends", "sum"), recvs=("recvs", "sum"), wire_bytes=("wire_bytes", "sum"),
-        predicted_bytes=("predicted", "sum"))
-    g["predicted_messages"] = [estimate.pipeline_messages(ranks, microbatches, v)
-                               for v in g["virtual"]]
+        sends=("sends", "sum"),
+        recvs=("recvs", "sum"),
+        wire_bytes=("wire_bytes", "sum"),
+        predicted_bytes=("predicted", "sum"),
+    )
+    g["predicted_messages"] = [
+        estimate.pipeline_messages(ranks, microbatches, v) for v in g["virtual"]
+    ]
     return g
 
 
 # --------------------------------------------------------------------------------------------
 # at scale, through estimate
 # --------------------------------------------------------------------------------------------
-def scale_table(models: Sequence[tuple[str, int, int]] = (("7B", 32, 4096), ("70B", 80, 8192)),
-                *, stages: int = 8, microbatches: int = 32, micro_batch: int = 1,
-                seq: int = 4096, link: str = "InfiniBand NDR") -> pd.DataFrame:
+def scale_table(
+    models: Sequence[tuple[str, int, int]] = (("7B", 32, 4096), ("70B", 80, 8192)),
+    *,
+    stages: int = 8,
+    microbatches: int = 32,
+    micro_batch: int = 1,
+    seq: int = 4096,
+    link: str = "InfiniBand NDR",
+) -> pd.DataFrame:
     """Pipeline facts at 7B / 70B (name, layers, hidden h): the boundary activation of one
     micro-batch (2bsh B in bf16), what one rank sends per step (2 m boundaries: forward and
     backward), its time on ``link`` at the per-direction bandwidth, and the bubble with 1F1B and
@@ -385,13 +535,20 @@ def scale_table(models: Sequence[tuple[str, int, int]] = (("7B", 32, 4096), ("70
     for name, layers, h in models:
         boundary = estimate.pipeline_boundary_bytes(micro_batch, seq, h, dtype_bytes=2)
         per_step = 2 * m * boundary
-        rows.append({"model": name, "layers": layers, "hidden": h,
-                     "layers_per_stage": layers / p, "boundary_bytes": boundary,
-                     "sent_per_rank_step": per_step,
-                     "send_s": per_step / (speed.per_direction_GBps * 1e9),
-                     "bubble_1f1b": estimate.pipeline_bubble_fraction(p, m),
-                     "bubble_v2": estimate.pipeline_bubble_fraction(p, m, 2),
-                     "bubble_v4": estimate.pipeline_bubble_fraction(p, m, 4)})
+        rows.append(
+            {
+                "model": name,
+                "layers": layers,
+                "hidden": h,
+                "layers_per_stage": layers / p,
+                "boundary_bytes": boundary,
+                "sent_per_rank_step": per_step,
+                "send_s": per_step / (speed.per_direction_GBps * 1e9),
+                "bubble_1f1b": estimate.pipeline_bubble_fraction(p, m),
+                "bubble_v2": estimate.pipeline_bubble_fraction(p, m, 2),
+                "bubble_v4": estimate.pipeline_bubble_fraction(p, m, 4),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -404,11 +561,26 @@ def source_check() -> pd.DataFrame:
         ("S2: utilization at m = 4p, p = 4", 1 - E.pipeline_bubble_fraction(4, 16), "fraction"),
         ("S2: utilization at m = 4p, p = 8", 1 - E.pipeline_bubble_fraction(8, 32), "fraction"),
         ("S4: naive pipeline idle at 8 stages", 7 / 8, "(p-1)/p"),
-        ("S4 ex. 3: smallest m, bubble < 10 %, p = 4", E.microbatches_for_bubble(4, 0.1), "fraction"),
-        ("S4 ex. 3: same, Narayanan's (p-1)/m", E.microbatches_for_bubble(4, 0.1, definition="ratio"), "ratio"),
+        (
+            "S4 ex. 3: smallest m, bubble < 10 %, p = 4",
+            E.microbatches_for_bubble(4, 0.1),
+            "fraction",
+        ),
+        (
+            "S4 ex. 3: same, Narayanan's (p-1)/m",
+            E.microbatches_for_bubble(4, 0.1, definition="ratio"),
+            "ratio",
+        ),
         ("S4 ex. 3: smallest m, p = 8", E.microbatches_for_bubble(8, 0.1), "fraction"),
-        ("S4 ex. 3: same, Narayanan's (p-1)/m", E.microbatches_for_bubble(8, 0.1, definition="ratio"), "ratio"),
-        ("S1: boundary activation, b 2, s 2048, h 4096, bf16 (MiB)",
-         E.pipeline_boundary_bytes(2, 2048, 4096) / 2**20, "2bsh"),
+        (
+            "S4 ex. 3: same, Narayanan's (p-1)/m",
+            E.microbatches_for_bubble(8, 0.1, definition="ratio"),
+            "ratio",
+        ),
+        (
+            "S1: boundary activation, b 2, s 2048, h 4096, bf16 (MiB)",
+            E.pipeline_boundary_bytes(2, 2048, 4096) / 2**20,
+            "2bsh",
+        ),
     ]
     return pd.DataFrame(rows, columns=["claim", "value", "definition"])

@@ -6,6 +6,7 @@ measured, replayed and predicted. Nothing runs until Run is pressed.
 
     ex = ScheduleExplorer(); ex.schedule.value = "gpipe"; ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -21,35 +22,56 @@ class ScheduleExplorer(Explorer):
     busy = "launching the ranks..."
     expected_errors = (ValueError,)
 
-    def __init__(self, *, schedule: str = "1f1b", ranks: int = 4, microbatches: int = 8,
-                 virtual: int = 2):
+    def __init__(
+        self, *, schedule: str = "1f1b", ranks: int = 4, microbatches: int = 8, virtual: int = 2
+    ):
         from course_lib.parallel.pipeline import SCHEDULES
 
         self.schedule = widgets.Dropdown(options=SCHEDULES, value=schedule, description="schedule")
-        self.ranks = widgets.IntSlider(value=ranks, min=2, max=4, description="ranks p",
-                                       continuous_update=False)
-        self.microbatches = widgets.IntSlider(value=microbatches, min=1, max=16,
-                                              description="micro-batches m",
-                                              continuous_update=False)
-        self.virtual = widgets.IntSlider(value=virtual, min=1, max=3, description="v (interl.)",
-                                         continuous_update=False)
-        super().__init__(self.schedule, self.ranks, self.microbatches, self.virtual,
-                         tooltip="launch the ranks and record one pipeline step",
-                         intro="Pick a schedule, p, m (and v for interleaved), then press Run.")
+        self.ranks = widgets.IntSlider(
+            value=ranks, min=2, max=4, description="ranks p", continuous_update=False
+        )
+        self.microbatches = widgets.IntSlider(
+            value=microbatches,
+            min=1,
+            max=16,
+            description="micro-batches m",
+            continuous_update=False,
+        )
+        self.virtual = widgets.IntSlider(
+            value=virtual, min=1, max=3, description="v (interl.)", continuous_update=False
+        )
+        super().__init__(
+            self.schedule,
+            self.ranks,
+            self.microbatches,
+            self.virtual,
+            tooltip="launch the ranks and record one pipeline step",
+            intro="Pick a schedule, p, m (and v for interleaved), then press Run.",
+        )
 
     def compute(self):
         from course_lib.units.u12_pipeline_parallelism.run import bubble_table, timelines
 
         p, m, v = int(self.ranks.value), int(self.microbatches.value), int(self.virtual.value)
-        events = timelines([self.schedule.value], ranks=p, microbatches=m, virtual=v,
-                           n_layers=p * v if self.schedule.value == "interleaved" else 2 * p,
-                           width=64, seq=32, rows=2 * m)
+        events = timelines(
+            [self.schedule.value],
+            ranks=p,
+            microbatches=m,
+            virtual=v,
+            n_layers=p * v if self.schedule.value == "interleaved" else 2 * p,
+            width=64,
+            seq=32,
+            rows=2 * m,
+        )
         return events, bubble_table(events)
 
     def summary(self, result) -> str:
         b = result[1].iloc[0]
-        return (f"{b['schedule']}: idle {b['measured']:.0%} measured (this machine), "
-                f"{b['replayed']:.0%} replayed on ideal hardware, {b['predicted']:.0%} predicted")
+        return (
+            f"{b['schedule']}: idle {b['measured']:.0%} measured (this machine), "
+            f"{b['replayed']:.0%} replayed on ideal hardware, {b['predicted']:.0%} predicted"
+        )
 
     def show(self, result):
         from course_lib.units.u12_pipeline_parallelism.plots import plot_gantt

@@ -18,6 +18,7 @@ Five tasks; the verdict line is the same on every machine:
 
 Each check prints one deterministic line or raises AssertionError.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,8 +80,9 @@ def exposed_comm_time(*args, **kwargs):
     return estimate.ddp_exposed_comm_time(*args, **kwargs)
 
 
-def reference_bucket_bytes(alpha: float, beta: float, backward_s: float, grad_bytes: int,
-                           candidates: Sequence[int]) -> int:
+def reference_bucket_bytes(
+    alpha: float, beta: float, backward_s: float, grad_bytes: int, candidates: Sequence[int]
+) -> int:
     """The candidate bucket size with the least exposed communication
     (``estimate.ddp_exposed_comm_time``); on a tie (within a relative 1e-9) the larger bucket,
     which makes fewer calls."""
@@ -90,8 +92,9 @@ def reference_bucket_bytes(alpha: float, beta: float, backward_s: float, grad_by
 
     best, best_t = None, math.inf
     for b in sorted(int(c) for c in candidates):
-        t = estimate.ddp_exposed_comm_time(b, grad_bytes=grad_bytes, backward_s=backward_s,
-                                           alpha=alpha, beta=beta)
+        t = estimate.ddp_exposed_comm_time(
+            b, grad_bytes=grad_bytes, backward_s=backward_s, alpha=alpha, beta=beta
+        )
         if best is None or t < best_t or math.isclose(t, best_t, rel_tol=1e-9, abs_tol=1e-15):
             best, best_t = b, min(t, best_t)
     return best
@@ -115,10 +118,15 @@ BUCKET_SCENARIOS = (
 # --------------------------------------------------------------------------------------------
 #: the course's own answers, out of reach while the learner's function runs
 _FIT_REFERENCES = ("course_lib.measure.estimate.links:fit_alpha_beta",)
-_BUCKET_REFERENCES = ("course_lib.measure.estimate.links:ddp_exposed_comm_time",
-                      "course_lib.units.u13_interconnects_and_backends.checks:reference_bucket_bytes")
-_LINK_REFERENCES = ("course_lib.measure.estimate.links:allreduce_time_on_link", "course_lib.measure.estimate.links:allreduce_time",
-                    "course_lib.measure.estimate.links:alpha_beta_time")
+_BUCKET_REFERENCES = (
+    "course_lib.measure.estimate.links:ddp_exposed_comm_time",
+    "course_lib.units.u13_interconnects_and_backends.checks:reference_bucket_bytes",
+)
+_LINK_REFERENCES = (
+    "course_lib.measure.estimate.links:allreduce_time_on_link",
+    "course_lib.measure.estimate.links:allreduce_time",
+    "course_lib.measure.estimate.links:alpha_beta_time",
+)
 
 
 def _groups():
@@ -141,13 +149,20 @@ def check_alpha_beta_fit(fit_alpha_beta, task: int = 1) -> None:
         try:
             alpha, beta = (float(v) for v in got)
         except (TypeError, ValueError):
-            fail(task, f"{coll}, {ws} ranks: expected a pair (alpha_s, beta_s_per_byte), got {got!r}")
-        for name, g, e, p, atol in (("alpha", alpha, expected[0], plain[0], 1e-9),
-                                    ("beta", beta, expected[1], plain[1], 0.0)):
+            fail(
+                task, f"{coll}, {ws} ranks: expected a pair (alpha_s, beta_s_per_byte), got {got!r}"
+            )
+        for name, g, e, p, atol in (
+            ("alpha", alpha, expected[0], plain[0], 1e-9),
+            ("beta", beta, expected[1], plain[1], 0.0),
+        ):
             if not math.isclose(g, e, rel_tol=1e-6, abs_tol=atol):
-                hint = (" -- that is the plain least-squares fit, which the largest messages "
-                        "dominate: weight each point by 1/T^2" if math.isclose(g, p, rel_tol=1e-6, abs_tol=atol)
-                        else " (relative-error fit of time_s on size_bytes, both in base units)")
+                hint = (
+                    " -- that is the plain least-squares fit, which the largest messages "
+                    "dominate: weight each point by 1/T^2"
+                    if math.isclose(g, p, rel_tol=1e-6, abs_tol=atol)
+                    else " (relative-error fit of time_s on size_bytes, both in base units)"
+                )
                 fail(task, f"{coll}, {ws} ranks: expected {name} = {e:.6g}, got {g:.6g}{hint}")
         n += 1
     passed(task, f"alpha and beta match the relative-error fit on all {n} recorded sweeps")
@@ -161,21 +176,33 @@ def check_bucket_choice(choose_bucket_bytes, task: int = 2) -> None:
     chosen = []
     for name, alpha, beta, bwd, grad, cands in BUCKET_SCENARIOS:
         expected = reference_bucket_bytes(alpha, beta, bwd, grad, cands)
-        got = run_learner(task, choose_bucket_bytes, alpha, beta, bwd, grad, list(cands),
-                          forbid=_BUCKET_REFERENCES)
+        got = run_learner(
+            task,
+            choose_bucket_bytes,
+            alpha,
+            beta,
+            bwd,
+            grad,
+            list(cands),
+            forbid=_BUCKET_REFERENCES,
+        )
         expect_int(task, f"the bucket size (bytes) in scenario '{name}'", got)
         if got != expected:
-            t_exp = estimate.ddp_exposed_comm_time(expected, grad_bytes=grad, backward_s=bwd,
-                                                   alpha=alpha, beta=beta)
+            t_exp = estimate.ddp_exposed_comm_time(
+                expected, grad_bytes=grad, backward_s=bwd, alpha=alpha, beta=beta
+            )
             detail = ""
             if isinstance(got, int) and not isinstance(got, bool) and got > 0:
-                t_got = estimate.ddp_exposed_comm_time(got, grad_bytes=grad, backward_s=bwd,
-                                                       alpha=alpha, beta=beta)
+                t_got = estimate.ddp_exposed_comm_time(
+                    got, grad_bytes=grad, backward_s=bwd, alpha=alpha, beta=beta
+                )
                 detail = f" (exposed {t_got * 1e3:.3f} ms vs {t_exp * 1e3:.3f} ms)"
             fail(task, f"scenario '{name}': expected {expected // 1024} KiB, got {got!r}{detail}")
         chosen.append(f"{expected // MiB if expected >= MiB else expected / MiB:g} MiB")
-    passed(task, f"bucket sizes match the reference rule in {len(chosen)} scenarios "
-                 f"({', '.join(chosen)})")
+    passed(
+        task,
+        f"bucket sizes match the reference rule in {len(chosen)} scenarios ({', '.join(chosen)})",
+    )
 
 
 _LINK_CASES = (  # (n_params, dtype, world_size, link name)
@@ -211,21 +238,37 @@ def check_allreduce_prediction(predict_allreduce_s, task: int = 3) -> None:
 
     for n_params, dtype, ws, link in _LINK_CASES:
         expected = _time_on_link(n_params, dtype, ws, link)
-        got = run_learner(task, predict_allreduce_s, n_params, dtype, ws, link,
-                          forbid=_LINK_REFERENCES)
+        got = run_learner(
+            task, predict_allreduce_s, n_params, dtype, ws, link, forbid=_LINK_REFERENCES
+        )
         if isinstance(got, bool) or not isinstance(got, (int, float)):
-            fail(task, f"{n_params:.0e} params ({dtype}), {ws} ranks, {link}: expected seconds "
-                       f"(a float), got {got!r}")
+            fail(
+                task,
+                f"{n_params:.0e} params ({dtype}), {ws} ranks, {link}: expected seconds "
+                f"(a float), got {got!r}",
+            )
         if not math.isclose(float(got), expected, rel_tol=1e-6):
             headline = buggy_predict_allreduce_s(n_params, dtype, ws, link)
-            hint = (" -- still the bidirectional headline: a ring step sends one way while it "
-                    "receives the other" if math.isclose(float(got), headline, rel_tol=1e-6) else "")
-            fail(task, f"{n_params:.0e} params ({dtype}), {ws} ranks, {link}: expected "
-                       f"{expected * 1e3:.4g} ms, got {float(got) * 1e3:.4g} ms{hint}")
+            hint = (
+                " -- still the bidirectional headline: a ring step sends one way while it "
+                "receives the other"
+                if math.isclose(float(got), headline, rel_tol=1e-6)
+                else ""
+            )
+            fail(
+                task,
+                f"{n_params:.0e} params ({dtype}), {ws} ranks, {link}: expected "
+                f"{expected * 1e3:.4g} ms, got {float(got) * 1e3:.4g} ms{hint}",
+            )
     first = _time_on_link(10**9, "bf16", 8, "NVLink H100")
-    head = estimate.allreduce_time_on_link(2 * 10**9, 8, estimate.link_speed("NVLink H100").headline_GBps)
-    passed(task, f"all-reduce times match estimate on {len(_LINK_CASES)} links and models "
-                 f"(1B bf16 over 8 H100s: {first * 1e3:.1f} ms, not {head * 1e3:.1f} ms)")
+    head = estimate.allreduce_time_on_link(
+        2 * 10**9, 8, estimate.link_speed("NVLink H100").headline_GBps
+    )
+    passed(
+        task,
+        f"all-reduce times match estimate on {len(_LINK_CASES)} links and models "
+        f"(1B bf16 over 8 H100s: {first * 1e3:.1f} ms, not {head * 1e3:.1f} ms)",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,10 +289,16 @@ def _scale_expected(n_params: int) -> dict:
 
     size = n_params * estimate.dtype_bytes("bf16")
     nv, ib = estimate.link_speed("NVLink H100"), estimate.link_speed("InfiniBand NDR")
-    return {"node": estimate.allreduce_time_on_link(size, SCALE_GPUS, nv.per_direction_GBps),
-            "cluster": estimate.hierarchical_allreduce_time(
-                size, nodes=SCALE_NODES, gpus_per_node=SCALE_GPUS,
-                intra_GBps=nv.per_direction_GBps, inter_GBps=ib.per_direction_GBps)}
+    return {
+        "node": estimate.allreduce_time_on_link(size, SCALE_GPUS, nv.per_direction_GBps),
+        "cluster": estimate.hierarchical_allreduce_time(
+            size,
+            nodes=SCALE_NODES,
+            gpus_per_node=SCALE_GPUS,
+            intra_GBps=nv.per_direction_GBps,
+            inter_GBps=ib.per_direction_GBps,
+        ),
+    }
 
 
 def check_scale_up(allreduce_7b_70b, task: int = 4) -> None:
@@ -262,16 +311,26 @@ def check_scale_up(allreduce_7b_70b, task: int = 4) -> None:
         expected = _scale_expected(n_params)
         got = run_learner(task, allreduce_7b_70b, n_params, forbid=_SCALE_REFERENCES)
         if not isinstance(got, dict) or set(got) != {"node", "cluster"}:
-            fail(task, f"{n_params:.0e} params: expected a dict with keys 'node' and 'cluster' "
-                       f"(seconds), got {got!r}")
+            fail(
+                task,
+                f"{n_params:.0e} params: expected a dict with keys 'node' and 'cluster' "
+                f"(seconds), got {got!r}",
+            )
         for key, e in expected.items():
             g = got[key]
-            if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isclose(g, e, rel_tol=1e-6):
+            if (
+                isinstance(g, bool)
+                or not isinstance(g, (int, float))
+                or not math.isclose(g, e, rel_tol=1e-6)
+            ):
                 fail(task, f"{n_params:.0e} params, {key}: expected {e * 1e3:.4g} ms, got {g!r} s")
     e7, e70 = _scale_expected(SCALE_MODELS[0]), _scale_expected(SCALE_MODELS[1])
-    passed(task, f"7B: {e7['node'] * 1e3:.0f} ms in one node, {e7['cluster'] * 1e3:.0f} ms over "
-                 f"{SCALE_NODES} nodes; 70B: {e70['node'] * 1e3:.0f} ms and "
-                 f"{e70['cluster'] * 1e3:.0f} ms (match estimate)")
+    passed(
+        task,
+        f"7B: {e7['node'] * 1e3:.0f} ms in one node, {e7['cluster'] * 1e3:.0f} ms over "
+        f"{SCALE_NODES} nodes; 70B: {e70['node'] * 1e3:.0f} ms and "
+        f"{e70['cluster'] * 1e3:.0f} ms (match estimate)",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -290,8 +349,16 @@ _PREDICT_REFERENCES = _FIT_REFERENCES + (
 def _measure_all_reduce(sizes) -> dict[int, float]:
     from course_lib.units.u13_interconnects_and_backends import run
 
-    config = run.SweepConfig(collectives=("all_reduce",), world_sizes=(2,), min_bytes=sizes[0],
-                             max_bytes=sizes[-1], factor=4, warmup=2, repeat=7, backend="gloo")
+    config = run.SweepConfig(
+        collectives=("all_reduce",),
+        world_sizes=(2,),
+        min_bytes=sizes[0],
+        max_bytes=sizes[-1],
+        factor=4,
+        warmup=2,
+        repeat=7,
+        backend="gloo",
+    )
     df = run.collective_sweep(config, progress=False)
     # the fastest of 7 calls: other work on a shared machine only ever adds time
     return dict(zip(df["size_bytes"].astype(int), df["time_min_s"].astype(float)))
@@ -310,15 +377,27 @@ def check_predict_heldout(predict_time_s, task: int = 5) -> None:
     for _ in range(3):
         measured = _measure_all_reduce(PREDICT_SIZES)
         shown = [s for s in sorted(measured) if s != HELD_OUT]
-        got = run_learner(task, predict_time_s, list(shown), [measured[s] for s in shown], HELD_OUT,
-                          forbid=_PREDICT_REFERENCES)
+        got = run_learner(
+            task,
+            predict_time_s,
+            list(shown),
+            [measured[s] for s in shown],
+            HELD_OUT,
+            forbid=_PREDICT_REFERENCES,
+        )
         if isinstance(got, bool) or not isinstance(got, (int, float)) or not got > 0:
             fail(task, f"expected a positive number of seconds, got {got!r}")
         truth = measured[HELD_OUT]
         if 1 / PREDICT_FACTOR <= truth / float(got) <= PREDICT_FACTOR:
-            passed(task, f"the prediction for {HELD_OUT // MiB} MiB is within a factor of "
-                         f"{PREDICT_FACTOR:g} of the all-reduce measured now on 2 gloo ranks")
+            passed(
+                task,
+                f"the prediction for {HELD_OUT // MiB} MiB is within a factor of "
+                f"{PREDICT_FACTOR:g} of the all-reduce measured now on 2 gloo ranks",
+            )
             return
         misses.append(f"predicted {float(got) * 1e3:.3g} ms, measured {truth * 1e3:.3g} ms")
-    fail(task, f"for {HELD_OUT // MiB} MiB, in 3 runs: {'; '.join(misses)} (within a factor of "
-               f"{PREDICT_FACTOR:g} passes)")
+    fail(
+        task,
+        f"for {HELD_OUT // MiB} MiB, in 3 runs: {'; '.join(misses)} (within a factor of "
+        f"{PREDICT_FACTOR:g} passes)",
+    )

@@ -3,6 +3,7 @@
 Pure functions over the DataFrames of course_lib.units.u13_interconnects_and_backends.run; nothing is
 measured here. Bandwidths in GB/s (1e9 bytes/s), sizes labelled in KiB/MiB (1024-based).
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -29,14 +30,23 @@ def _size_axis(ax, sizes) -> None:
 
 
 @styled
-def plot_sweep(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
-               ceiling_GBps: float | None = None, title: str | None = None):
+def plot_sweep(
+    df: pd.DataFrame,
+    fits: pd.DataFrame | None = None,
+    *,
+    ceiling_GBps: float | None = None,
+    title: str | None = None,
+):
     """Left: time per call against size, measured (points) beside the fitted alpha-beta line.
     Right: bus bandwidth (nccl-tests busbw) against size, with the single-thread memcpy ceiling.
     One colour per collective, one line style per world size."""
-    require_columns(df, ["collective", "world_size", "size_bytes", "time_s", "busbw_GBps"], "df", nonempty=True)
+    require_columns(
+        df, ["collective", "world_size", "size_bytes", "time_s", "busbw_GBps"], "df", nonempty=True
+    )
     if fits is not None:
-        require_columns(fits, ["collective", "world_size", "alpha_s", "beta_s_per_byte"], "fits", nonempty=True)
+        require_columns(
+            fits, ["collective", "world_size", "alpha_s", "beta_s_per_byte"], "fits", nonempty=True
+        )
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 6.2))
     world_sizes = sorted(df["world_size"].unique())
     collectives = list(dict.fromkeys(df["collective"]))
@@ -45,20 +55,46 @@ def plot_sweep(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
         color = _COLORS.get(coll, "tab:gray")
         ls = _STYLES[world_sizes.index(ws) % len(_STYLES)]
         label = f"{coll}, {ws} ranks"
-        ax_t.plot(g["size_bytes"], g["time_s"] * 1e3, "o", color=color, ms=5,
-                  mfc="none" if world_sizes.index(ws) else color, label=f"{label} measured")
+        ax_t.plot(
+            g["size_bytes"],
+            g["time_s"] * 1e3,
+            "o",
+            color=color,
+            ms=5,
+            mfc="none" if world_sizes.index(ws) else color,
+            label=f"{label} measured",
+        )
         if fits is not None:
             f = fits[(fits["collective"] == coll) & (fits["world_size"] == ws)]
             if len(f):
                 xs = np.geomspace(g["size_bytes"].min(), g["size_bytes"].max(), 100)
                 pred = f["alpha_s"].iloc[0] + f["beta_s_per_byte"].iloc[0] * xs
-                ax_t.plot(xs, np.clip(pred, 1e-9, None) * 1e3, ls, color=color, lw=1.4,
-                          label=f"{label} alpha-beta fit")
-        ax_b.plot(g["size_bytes"], g["busbw_GBps"], ls, marker="o", ms=4, color=color,
-                  mfc="none" if world_sizes.index(ws) else color, label=label)
+                ax_t.plot(
+                    xs,
+                    np.clip(pred, 1e-9, None) * 1e3,
+                    ls,
+                    color=color,
+                    lw=1.4,
+                    label=f"{label} alpha-beta fit",
+                )
+        ax_b.plot(
+            g["size_bytes"],
+            g["busbw_GBps"],
+            ls,
+            marker="o",
+            ms=4,
+            color=color,
+            mfc="none" if world_sizes.index(ws) else color,
+            label=label,
+        )
     if ceiling_GBps is not None:
-        ax_b.axhline(ceiling_GBps, color="black", ls="--", lw=1,
-                     label=f"single-thread memcpy {ceiling_GBps:.1f} GB/s")
+        ax_b.axhline(
+            ceiling_GBps,
+            color="black",
+            ls="--",
+            lw=1,
+            label=f"single-thread memcpy {ceiling_GBps:.1f} GB/s",
+        )
     ax_t.set_yscale("log")
     ax_t.set_ylabel("time per call (ms, median)")
     ax_t.set_title("time per call")
@@ -71,20 +107,41 @@ def plot_sweep(df: pd.DataFrame, fits: pd.DataFrame | None = None, *,
     # one legend for both panels, below them (no entry hides a point): colour = collective,
     # line style and filled/hollow marker = world size
     handles = [Line2D([], [], color=_COLORS.get(c, "tab:gray"), lw=4, label=c) for c in collectives]
-    handles += [Line2D([], [], color="black", ls=_STYLES[i % len(_STYLES)], marker="o",
-                       mfc="black" if i == 0 else "none", label=f"{ws} ranks")
-                for i, ws in enumerate(world_sizes)]
+    handles += [
+        Line2D(
+            [],
+            [],
+            color="black",
+            ls=_STYLES[i % len(_STYLES)],
+            marker="o",
+            mfc="black" if i == 0 else "none",
+            label=f"{ws} ranks",
+        )
+        for i, ws in enumerate(world_sizes)
+    ]
     if fits is not None:
-        handles += [Line2D([], [], color="gray", marker="o", ls="none", label="left: measured"),
-                    Line2D([], [], color="gray", label="left: alpha-beta fit")]
+        handles += [
+            Line2D([], [], color="gray", marker="o", ls="none", label="left: measured"),
+            Line2D([], [], color="gray", label="left: alpha-beta fit"),
+        ]
     if ceiling_GBps is not None:
-        handles.append(Line2D([], [], color="black", ls="--", lw=1,
-                              label=f"single-thread memcpy {ceiling_GBps:.1f} GB/s"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="black",
+                ls="--",
+                lw=1,
+                label=f"single-thread memcpy {ceiling_GBps:.1f} GB/s",
+            )
+        )
     backend = ", ".join(sorted(df["backend"].unique())) if "backend" in df else ""
     fig.suptitle(title or f"collective sweep ({backend})" if backend else "collective sweep")
     rows = -(-len(handles) // 4)
     fig.tight_layout(rect=(0, 0.065 * rows, 1, 1))
-    fig.legend(handles=handles, loc="lower center", ncol=4, bbox_to_anchor=(0.5, 0.0), frameon=False)
+    fig.legend(
+        handles=handles, loc="lower center", ncol=4, bbox_to_anchor=(0.5, 0.0), frameon=False
+    )
     return fig
 
 
@@ -100,13 +157,22 @@ def plot_link_times(table: pd.DataFrame, *, title: str | None = None):
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(links) + 2.2))
     for i, n in enumerate(models):
         g = table[table["n_params"] == n].set_index("link").loc[links]
-        bars = ax.barh(y + i * height, g["time_s"] * 1e3, height=height,
-                       label=f"{n / 1e9:g}B params ({fmt_bytes(int(g['grad_bytes'].iloc[0]), 'GB', digits=0)} of gradients)"
-                       if "grad_bytes" in g else f"{n / 1e9:g}B params")
+        bars = ax.barh(
+            y + i * height,
+            g["time_s"] * 1e3,
+            height=height,
+            label=f"{n / 1e9:g}B params ({fmt_bytes(int(g['grad_bytes'].iloc[0]), 'GB', digits=0)} of gradients)"
+            if "grad_bytes" in g
+            else f"{n / 1e9:g}B params",
+        )
         for bar, t in zip(bars, g["time_s"]):
             ms = t * 1e3
-            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
-                    f" {ms:,.0f} ms" if ms >= 100 else f" {ms:.3g} ms", va="center")
+            ax.text(
+                bar.get_width(),
+                bar.get_y() + bar.get_height() / 2,
+                f" {ms:,.0f} ms" if ms >= 100 else f" {ms:.3g} ms",
+                va="center",
+            )
     ax.set_yticks(y + height * (len(models) - 1) / 2)
     ax.set_yticklabels(links)
     ax.set_xscale("log")

@@ -25,6 +25,7 @@ Conventions (nccl-tests, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PE
 reduce-scatter *input*. ``algbw = size / time`` and ``busbw = algbw x 2(n-1)/n`` for all-reduce,
 ``x (n-1)/n`` for all-gather and reduce-scatter; GB/s means 1e9 bytes per second.
 """
+
 from __future__ import annotations
 
 import math
@@ -89,8 +90,9 @@ def backend_report() -> dict:
     }
 
 
-def memcpy_bandwidth(size_bytes: int = 64 * estimate.MiB, *, warmup: int = 1,
-                     repeat: int = 5) -> dict:
+def memcpy_bandwidth(
+    size_bytes: int = 64 * estimate.MiB, *, warmup: int = 1, repeat: int = 5
+) -> dict:
     """Single-thread memory-copy bandwidth of this host: the ceiling for ranks on one host.
 
     Two processes on one machine exchange data through memory (gloo: TCP over loopback, i.e. the
@@ -113,8 +115,13 @@ def memcpy_bandwidth(size_bytes: int = 64 * estimate.MiB, *, warmup: int = 1,
         r = time_fn(lambda: dst.copy_(src), warmup=warmup, repeat=repeat, sync=False)
     finally:
         torch.set_num_threads(threads)
-    return {"size_bytes": 4 * n, "time_s": r.median_s, "time_min_s": r.min_s,
-            "time_max_s": r.max_s, "GBps": 4 * n / r.median_s / 1e9}
+    return {
+        "size_bytes": 4 * n,
+        "time_s": r.median_s,
+        "time_min_s": r.min_s,
+        "time_max_s": r.max_s,
+        "GBps": 4 * n / r.median_s / 1e9,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,7 +182,9 @@ class SweepConfig:
             if isinstance(w, bool) or not isinstance(w, int) or w < 2:
                 raise ValueError(f"world_sizes contains {w!r}; each must be an int >= 2")
         if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is not supported; valid choices: {tuple(_DTYPES)}")
+            raise ValueError(
+                f"dtype={self.dtype!r} is not supported; valid choices: {tuple(_DTYPES)}"
+            )
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"backend={self.backend!r}; valid choices: 'auto', 'gloo', 'nccl'")
         validate.count("warmup", self.warmup, minimum=0)
@@ -190,8 +199,14 @@ class SweepConfig:
     @classmethod
     def full(cls, **overrides) -> SweepConfig:
         """1 KiB to 256 MiB in factors of 2, 20 timed iterations: for a real multi-GPU node."""
-        kw = dict(min_bytes=estimate.KiB, max_bytes=256 * estimate.MiB, factor=2, warmup=5,
-                  repeat=20, timeout=600.0)
+        kw = dict(
+            min_bytes=estimate.KiB,
+            max_bytes=256 * estimate.MiB,
+            factor=2,
+            warmup=5,
+            repeat=20,
+            timeout=600.0,
+        )
         kw.update(overrides)
         return cls(**kw)
 
@@ -207,8 +222,9 @@ def _collective_op(collective: str, full: torch.Tensor, shard: torch.Tensor):
     return lambda: scatter(shard, full)
 
 
-def _check_collective(collective: str, full: torch.Tensor, shard: torch.Tensor,
-                      rank: int, world_size: int) -> None:
+def _check_collective(
+    collective: str, full: torch.Tensor, shard: torch.Tensor, rank: int, world_size: int
+) -> None:
     """Run the collective once on known values and check the answer: a sweep that times a
     collective computing the wrong thing would be worse than no sweep."""
     full.fill_(rank + 1)
@@ -223,12 +239,21 @@ def _check_collective(collective: str, full: torch.Tensor, shard: torch.Tensor,
     else:
         ok = bool((shard == world_size * (world_size + 1) / 2).all())
     if not ok:
-        raise RuntimeError(f"rank {rank}: {collective} returned wrong values on "
-                           f"{dist.get_backend()}; the sweep would time a broken collective")
+        raise RuntimeError(
+            f"rank {rank}: {collective} returned wrong values on "
+            f"{dist.get_backend()}; the sweep would time a broken collective"
+        )
 
 
-def _sweep_worker(rank: int, world_size: int, collective: str, sizes: list[int], warmup: int,
-                  repeat: int, dtype: str) -> list[dict] | None:
+def _sweep_worker(
+    rank: int,
+    world_size: int,
+    collective: str,
+    sizes: list[int],
+    warmup: int,
+    repeat: int,
+    dtype: str,
+) -> list[dict] | None:
     """Time one collective at every size on this rank; rank 0 returns the records.
 
     Each iteration starts after a barrier, so all ranks enter together; its time is the slowest
@@ -249,8 +274,14 @@ def _sweep_worker(rank: int, world_size: int, collective: str, sizes: list[int],
             _check_collective(collective, full, shard, rank, world_size)
         op = _collective_op(collective, full, shard)
         t = sorted(time_collective(op, warmup=warmup, repeat=repeat, device=device))
-        records.append({"size_bytes": numel * itemsize, "time_s": statistics.median(t),
-                        "time_min_s": t[0], "time_max_s": t[-1]})
+        records.append(
+            {
+                "size_bytes": numel * itemsize,
+                "time_s": statistics.median(t),
+                "time_min_s": t[0],
+                "time_max_s": t[-1],
+            }
+        )
     return records if rank == 0 else None
 
 
@@ -277,13 +308,30 @@ def collective_sweep(config: SweepConfig | None = None, *, progress: bool = True
     for world_size, collective in bar:
         backend = resolve_backend(config.backend, world_size)
         bar.set_postfix_str(f"{collective}, {world_size} ranks, {backend}")
-        results = launch(_sweep_worker, world_size, collective, sizes, config.warmup,
-                         config.repeat, config.dtype, backend=backend, timeout=config.timeout)
+        results = launch(
+            _sweep_worker,
+            world_size,
+            collective,
+            sizes,
+            config.warmup,
+            config.repeat,
+            config.dtype,
+            backend=backend,
+            timeout=config.timeout,
+        )
         for rec in results[0]:
             alg = estimate.algbw(rec["size_bytes"], rec["time_s"]) / 1e9
-            rows.append({"backend": backend, "collective": collective, "world_size": world_size,
-                         **rec, "repeat": config.repeat, "algbw_GBps": alg,
-                         "busbw_GBps": estimate.busbw(alg, collective, world_size)})
+            rows.append(
+                {
+                    "backend": backend,
+                    "collective": collective,
+                    "world_size": world_size,
+                    **rec,
+                    "repeat": config.repeat,
+                    "algbw_GBps": alg,
+                    "busbw_GBps": estimate.busbw(alg, collective, world_size),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -292,8 +340,9 @@ _SWEEP_COLUMNS = ("collective", "world_size", "size_bytes", "time_s")
 
 def _check_sweep_frame(df: pd.DataFrame, name: str = "df") -> None:
     if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"{name} must be a pandas DataFrame from collective_sweep, got "
-                        f"{type(df).__name__}")
+        raise TypeError(
+            f"{name} must be a pandas DataFrame from collective_sweep, got {type(df).__name__}"
+        )
     missing = [c for c in _SWEEP_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{name} lacks columns {missing}; expected at least {_SWEEP_COLUMNS}")
@@ -314,13 +363,22 @@ def fit_sweep(df: pd.DataFrame) -> pd.DataFrame:
     keys = [k for k in ("backend", "collective", "world_size") if k in df.columns]
     for key, g in df.groupby(keys, sort=False):
         key = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        alpha, beta = estimate.fit_alpha_beta(g["size_bytes"].tolist(), g["time_s"].tolist(),
-                                              relative=True)
+        alpha, beta = estimate.fit_alpha_beta(
+            g["size_bytes"].tolist(), g["time_s"].tolist(), relative=True
+        )
         # beta <= 0: the times do not grow with size (sizes too small for the noise): no bandwidth
         alg = (1.0 / beta / 1e9) if beta > 0 else math.nan
-        rows.append({**key, "alpha_s": alpha, "beta_s_per_byte": beta, "algbw_fit_GBps": alg,
-                     "busbw_fit_GBps": estimate.busbw(alg, key["collective"], key["world_size"])
-                     if beta > 0 else math.nan})
+        rows.append(
+            {
+                **key,
+                "alpha_s": alpha,
+                "beta_s_per_byte": beta,
+                "algbw_fit_GBps": alg,
+                "busbw_fit_GBps": estimate.busbw(alg, key["collective"], key["world_size"])
+                if beta > 0
+                else math.nan,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -336,8 +394,9 @@ def sweep_residuals(df: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:
     return out.drop(columns=["alpha_s", "beta_s_per_byte"])
 
 
-def heldout_fit(df: pd.DataFrame, *, collective: str = "all_reduce", world_size: int = 2,
-                every: int = 2) -> pd.DataFrame:
+def heldout_fit(
+    df: pd.DataFrame, *, collective: str = "all_reduce", world_size: int = 2, every: int = 2
+) -> pd.DataFrame:
     """Fit alpha and beta on some sizes of a sweep and predict the others.
 
     Of the sizes of ``collective`` on ``world_size`` ranks (ascending), every ``every``-th one
@@ -349,22 +408,34 @@ def heldout_fit(df: pd.DataFrame, *, collective: str = "all_reduce", world_size:
     """
     _check_sweep_frame(df)
     validate.count("every", every, minimum=2)
-    g = df[(df["collective"] == collective) & (df["world_size"] == world_size)].sort_values("size_bytes")
+    g = df[(df["collective"] == collective) & (df["world_size"] == world_size)].sort_values(
+        "size_bytes"
+    )
     if len(g) < 3:
-        raise ValueError(f"collective={collective!r}, world_size={world_size}: need at least 3 sizes "
-                         f"in df to hold some out, found {len(g)}")
+        raise ValueError(
+            f"collective={collective!r}, world_size={world_size}: need at least 3 sizes "
+            f"in df to hold some out, found {len(g)}"
+        )
     held = [i for i in range(1, len(g)) if i % every == 1 and i != len(g) - 1]
     fit = [i for i in range(len(g)) if i not in held]
-    alpha, beta = estimate.fit_alpha_beta(g["size_bytes"].iloc[fit].tolist(),
-                                          g["time_s"].iloc[fit].tolist(), relative=True)
+    alpha, beta = estimate.fit_alpha_beta(
+        g["size_bytes"].iloc[fit].tolist(), g["time_s"].iloc[fit].tolist(), relative=True
+    )
     out = g.iloc[held][["size_bytes", "time_s"]].rename(columns={"time_s": "measured_s"})
     out["predicted_s"] = alpha + beta * out["size_bytes"]
     out["error_pct"] = 100.0 * (out["predicted_s"] - out["measured_s"]) / out["measured_s"]
     return out.reset_index(drop=True)
 
 
-def placement_table(n_params: float = 7e9, *, hidden: int = 4096, layers: int = 32,
-                    tokens: int = 4096, group: int = 8, dtype: str = "bf16") -> pd.DataFrame:
+def placement_table(
+    n_params: float = 7e9,
+    *,
+    hidden: int = 4096,
+    layers: int = 32,
+    tokens: int = 4096,
+    group: int = 8,
+    dtype: str = "bf16",
+) -> pd.DataFrame:
     """The communication of one training step of each parallelism, on NVLink H100 and on one
     400 Gb/s InfiniBand NDR port (per-direction figures; bandwidth terms only).
 
@@ -382,7 +453,11 @@ def placement_table(n_params: float = 7e9, *, hidden: int = 4096, layers: int = 
     Introduced in notebooks/13_interconnects_and_backends.ipynb (the placement rule).
     """
     width = estimate.dtype_bytes(dtype)
-    activ = validate.count("tokens", tokens, minimum=1) * validate.count("hidden", hidden, minimum=1) * width
+    activ = (
+        validate.count("tokens", tokens, minimum=1)
+        * validate.count("hidden", hidden, minimum=1)
+        * width
+    )
     layers = validate.count("layers", layers, minimum=1)
     group = validate.count("group", group, minimum=2)
     grads = validate.count("n_params", int(n_params), minimum=1) * width
@@ -390,7 +465,11 @@ def placement_table(n_params: float = 7e9, *, hidden: int = 4096, layers: int = 
     ib = estimate.link_speed("InfiniBand NDR").per_direction_GBps
 
     def per_step(calls: int, size: int, collective: bool, gbps: float) -> float:
-        one = estimate.allreduce_time_on_link(size, group, gbps) if collective else size / (gbps * 1e9)
+        one = (
+            estimate.allreduce_time_on_link(size, group, gbps)
+            if collective
+            else size / (gbps * 1e9)
+        )
         return calls * one
 
     rows = [
@@ -400,9 +479,16 @@ def placement_table(n_params: float = 7e9, *, hidden: int = 4096, layers: int = 
     ]
     out = []
     for name, calls, size, collective, overlaps in rows:
-        out.append({"parallelism": name, "calls_per_step": calls, "bytes_per_call": size,
-                    "nvlink_s": per_step(calls, size, collective, nv),
-                    "infiniband_s": per_step(calls, size, collective, ib), "overlaps_compute": overlaps})
+        out.append(
+            {
+                "parallelism": name,
+                "calls_per_step": calls,
+                "bytes_per_call": size,
+                "nvlink_s": per_step(calls, size, collective, nv),
+                "infiniband_s": per_step(calls, size, collective, ib),
+                "overlaps_compute": overlaps,
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -412,13 +498,24 @@ def placement_table(n_params: float = 7e9, *, hidden: int = 4096, layers: int = 
 def link_table() -> pd.DataFrame:
     """estimate.LINK_SPEEDS as one table: name, kind, per_direction_GBps (what the course uses),
     headline_GBps (as the vendor quotes it), note, source."""
-    return pd.DataFrame([{"link": k.name, "kind": k.kind, "per_direction_GBps": k.per_direction_GBps,
-                          "headline_GBps": k.headline_GBps, "note": k.note,
-                          "source": k.source} for k in estimate.LINK_SPEEDS.values()])
+    return pd.DataFrame(
+        [
+            {
+                "link": k.name,
+                "kind": k.kind,
+                "per_direction_GBps": k.per_direction_GBps,
+                "headline_GBps": k.headline_GBps,
+                "note": k.note,
+                "source": k.source,
+            }
+            for k in estimate.LINK_SPEEDS.values()
+        ]
+    )
 
 
-def gradient_allreduce_table(n_params: Sequence[float] = (1e9, 7e9), *, dtype: str = "bf16",
-                             world_size: int = 8) -> pd.DataFrame:
+def gradient_allreduce_table(
+    n_params: Sequence[float] = (1e9, 7e9), *, dtype: str = "bf16", world_size: int = 8
+) -> pd.DataFrame:
     """Predicted ring all-reduce time of one step's gradients on every link of LINK_SPEEDS.
 
     One row per (model, link): n_params, grad_bytes (n_params x dtype bytes), link,
@@ -434,14 +531,20 @@ def gradient_allreduce_table(n_params: Sequence[float] = (1e9, 7e9), *, dtype: s
             n = int(n)  # papers write 7e9
         grad_bytes = validate.count("n_params", n, minimum=1) * width
         for link in estimate.LINK_SPEEDS.values():
-            rows.append({
-                "n_params": int(n), "grad_bytes": grad_bytes, "link": link.name,
-                "per_direction_GBps": link.per_direction_GBps,
-                "time_s": estimate.allreduce_time_on_link(grad_bytes, world_size,
-                                                          link.per_direction_GBps),
-                "time_headline_s": estimate.allreduce_time_on_link(
-                    grad_bytes, world_size, link.headline_GBps),
-            })
+            rows.append(
+                {
+                    "n_params": int(n),
+                    "grad_bytes": grad_bytes,
+                    "link": link.name,
+                    "per_direction_GBps": link.per_direction_GBps,
+                    "time_s": estimate.allreduce_time_on_link(
+                        grad_bytes, world_size, link.per_direction_GBps
+                    ),
+                    "time_headline_s": estimate.allreduce_time_on_link(
+                        grad_bytes, world_size, link.headline_GBps
+                    ),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -481,8 +584,13 @@ def topology_report(*, timeout: float = 10.0) -> dict:
     exe = shutil.which("nvidia-smi")
     if exe is not None:
         try:
-            out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True,
-                                 timeout=validate.number("timeout", timeout, positive=True), check=False)
+            out = subprocess.run(
+                [exe, "topo", "-m"],
+                capture_output=True,
+                text=True,
+                timeout=validate.number("timeout", timeout, positive=True),
+                check=False,
+            )
             if out.returncode == 0 and out.stdout.strip():
                 return {"measured": True, "source": f"{exe} topo -m", "text": out.stdout}
             reason = (out.stderr or out.stdout).strip().splitlines()[:1] or ["no output"]
@@ -491,5 +599,8 @@ def topology_report(*, timeout: float = 10.0) -> dict:
             reason = f"nvidia-smi topo -m did not answer within {timeout} s"
     else:
         reason = "no nvidia-smi on this machine"
-    return {"measured": False, "text": TOPO_EXAMPLE,
-            "source": f"{reason}; EXAMPLE of the format for an 8-GPU NVSwitch node, not this machine"}
+    return {
+        "measured": False,
+        "text": TOPO_EXAMPLE,
+        "source": f"{reason}; EXAMPLE of the format for an 8-GPU NVSwitch node, not this machine",
+    }

@@ -7,6 +7,7 @@ Nothing runs until Run is pressed (moving a slider only changes what the next Ru
 
     ex = SweepExplorer(); ex.collective.value = "all_gather"; ex.run_button.click(); ex.result
 """
+
 from __future__ import annotations
 
 import html
@@ -35,29 +36,41 @@ class SweepExplorer(Explorer):
         if len(sizes) < 2:
             raise ValueError(f"max_bytes={max_bytes} leaves fewer than 2 sizes; use >= {2 * KiB}")
         self.timeout = timeout
-        self.collective = widgets.Dropdown(options=list(SWEEP_COLLECTIVES), value="all_reduce",
-                                           description="collective")
-        self.world_size = widgets.Dropdown(options=list(world_sizes), value=world_sizes[0],
-                                           description="ranks")
+        self.collective = widgets.Dropdown(
+            options=list(SWEEP_COLLECTIVES), value="all_reduce", description="collective"
+        )
+        self.world_size = widgets.Dropdown(
+            options=list(world_sizes), value=world_sizes[0], description="ranks"
+        )
         self.sizes = widgets.SelectionRangeSlider(
             options=[(fmt_bytes(s, digits=0), s) for s in sizes],
-            index=(0, min(len(sizes) - 1, 10)), description="sizes",
-            layout=widgets.Layout(width="420px"))
+            index=(0, min(len(sizes) - 1, 10)),
+            description="sizes",
+            layout=widgets.Layout(width="420px"),
+        )
         self.repeat = widgets.IntSlider(value=3, min=1, max=20, description="repeat")
-        super().__init__(widgets.VBox([self.collective, self.world_size]),
-                         widgets.VBox([self.sizes, self.repeat]),
-                         tooltip="launch the ranks and time the collective",
-                         intro="Choose, then press Run (nothing runs before).")
+        super().__init__(
+            widgets.VBox([self.collective, self.world_size]),
+            widgets.VBox([self.sizes, self.repeat]),
+            tooltip="launch the ranks and time the collective",
+            intro="Choose, then press Run (nothing runs before).",
+        )
 
     def config(self):
         """The SweepConfig the next Run will measure (sizes in factors of 2)."""
         from course_lib.units.u13_interconnects_and_backends.run import SweepConfig
 
         lo, hi = self.sizes.value
-        return SweepConfig(collectives=(self.collective.value,),
-                           world_sizes=(int(self.world_size.value),), min_bytes=int(lo),
-                           max_bytes=int(hi), factor=2, warmup=1, repeat=int(self.repeat.value),
-                           timeout=self.timeout)
+        return SweepConfig(
+            collectives=(self.collective.value,),
+            world_sizes=(int(self.world_size.value),),
+            min_bytes=int(lo),
+            max_bytes=int(hi),
+            factor=2,
+            warmup=1,
+            repeat=int(self.repeat.value),
+            timeout=self.timeout,
+        )
 
     def compute(self):
         """Measure the sweep and fit alpha and beta to it."""
@@ -74,14 +87,20 @@ class SweepExplorer(Explorer):
 
     def summary(self, df) -> str:
         f = self.fits.iloc[0]
-        what = (f"{df['collective'].iloc[0]} on {df['world_size'].iloc[0]} {df['backend'].iloc[0]} "
-                f"ranks, {len(df)} sizes")
+        what = (
+            f"{df['collective'].iloc[0]} on {df['world_size'].iloc[0]} {df['backend'].iloc[0]} "
+            f"ranks, {len(df)} sizes"
+        )
         if f["beta_s_per_byte"] > 0:
-            fit = (f"alpha = {f['alpha_s'] * 1e6:.0f} us, 1/beta = {f['algbw_fit_GBps']:.3g} GB/s "
-                   f"(busbw {f['busbw_fit_GBps']:.3g} GB/s)")
+            fit = (
+                f"alpha = {f['alpha_s'] * 1e6:.0f} us, 1/beta = {f['algbw_fit_GBps']:.3g} GB/s "
+                f"(busbw {f['busbw_fit_GBps']:.3g} GB/s)"
+            )
         else:
-            fit = (f"alpha = {f['alpha_s'] * 1e6:.0f} us, beta <= 0: the time did not grow with "
-                   "size in this range; widen it to larger messages to see a bandwidth")
+            fit = (
+                f"alpha = {f['alpha_s'] * 1e6:.0f} us, beta <= 0: the time did not grow with "
+                "size in this range; widen it to larger messages to see a bandwidth"
+            )
         return html.escape(f"{what}: {fit}")
 
     def show(self, df):

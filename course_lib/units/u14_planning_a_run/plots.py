@@ -1,6 +1,7 @@
 """Unit 14's figures (notebooks/14_planning_a_run.ipynb): the planner's predictions, drawn in the
 course style. Data in (what ``course_lib.plan.plan`` or run.py returned), Figure out.
 """
+
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -16,18 +17,32 @@ _EXTRA = {"activations": "tab:red", "logits": "tab:purple", "buffers": "tab:gray
 
 
 def _label(row) -> str:
-    return (f"#{int(row['rank'])} TP{row['tp']} PP{row['pp']} DP{row['dp']}\n"
-            f"ZeRO-{row['zero']} {row['recompute']} mb{row['micro_batch']}")
+    return (
+        f"#{int(row['rank'])} TP{row['tp']} PP{row['pp']} DP{row['dp']}\n"
+        f"ZeRO-{row['zero']} {row['recompute']} mb{row['micro_batch']}"
+    )
 
 
-def plot_top_memory(result: pd.DataFrame, *, n: int = 3, capacity_GB: float | None = None) -> Figure:
+def plot_top_memory(
+    result: pd.DataFrame, *, n: int = 3, capacity_GB: float | None = None
+) -> Figure:
     """Memory per GPU (GB) of the first ``n`` plans, stacked by category, with the usable memory
     as a line (``capacity_GB``, default the plan's own)."""
-    cols = ["rank", "tp", "pp", "dp", "zero", "recompute", "micro_batch",
-            *[f"{k}_GB" for k in MEMORY_CATEGORIES]]
+    cols = [
+        "rank",
+        "tp",
+        "pp",
+        "dp",
+        "zero",
+        "recompute",
+        "micro_batch",
+        *[f"{k}_GB" for k in MEMORY_CATEGORIES],
+    ]
     require_columns(result, cols, "result", nonempty=True)
     top = result.head(n)
-    cap = capacity_GB if capacity_GB is not None else result.attrs.get("inputs", {}).get("usable_GB")
+    cap = (
+        capacity_GB if capacity_GB is not None else result.attrs.get("inputs", {}).get("usable_GB")
+    )
     with style():
         fig, ax = plt.subplots(figsize=(2.4 + 2.2 * len(top), 4.2))
         bottom = [0.0] * len(top)
@@ -35,8 +50,13 @@ def plot_top_memory(result: pd.DataFrame, *, n: int = 3, capacity_GB: float | No
             vals = list(top[f"{k}_GB"])
             if not any(vals):
                 continue
-            ax.bar(range(len(top)), vals, bottom=bottom, label=k,
-                   color={**_EXTRA, **CATEGORY_COLORS}.get(k))
+            ax.bar(
+                range(len(top)),
+                vals,
+                bottom=bottom,
+                label=k,
+                color={**_EXTRA, **CATEGORY_COLORS}.get(k),
+            )
             bottom = [b + v for b, v in zip(bottom, vals)]
         if cap:
             ax.axhline(cap, color="black", ls="--", lw=1, label=f"usable {cap:.0f} GB")
@@ -52,8 +72,12 @@ def plot_top_memory(result: pd.DataFrame, *, n: int = 3, capacity_GB: float | No
 def plot_step_parts(result: pd.DataFrame, *, n: int = 6) -> Figure:
     """Where the step time of the first ``n`` plans goes (s): compute, recompute, TP, P2P,
     bubble, exposed DP traffic."""
-    require_columns(result, ["rank", "tp", "pp", "dp", "zero", "recompute", "micro_batch",
-                             *TIME_PARTS], "result", nonempty=True)
+    require_columns(
+        result,
+        ["rank", "tp", "pp", "dp", "zero", "recompute", "micro_batch", *TIME_PARTS],
+        "result",
+        nonempty=True,
+    )
     top = result.head(n)
     colors = ["tab:blue", "tab:cyan", "tab:orange", "tab:olive", "tab:red", "tab:purple"]
     with style():

@@ -4,6 +4,7 @@ Everything here is a *prediction* composed from ``course_lib.measure.estimate`` 
 (``course_lib.plan``); the checks against reality are the published runs (:func:`published_runs`)
 and, in the lecture, the measured runs of units 09-12. No matplotlib, no ipywidgets.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,28 +13,73 @@ from course_lib import plan as P
 from course_lib import validate as _v
 from course_lib.measure import estimate
 
-__all__ = ["PUBLISHED", "SHOW_COLUMNS", "sources_budget", "plan_run", "top_plans",
-           "published_runs", "decision_numbers", "failures_at_scale", "checkpoint_cost",
-           "straggler_table", "plan_problems", "PROBLEMS"]
+__all__ = [
+    "PUBLISHED",
+    "SHOW_COLUMNS",
+    "sources_budget",
+    "plan_run",
+    "top_plans",
+    "published_runs",
+    "decision_numbers",
+    "failures_at_scale",
+    "checkpoint_cost",
+    "straggler_table",
+    "plan_problems",
+    "PROBLEMS",
+]
 
 #: columns of a plan worth showing, in order
-SHOW_COLUMNS = ["rank", "dp", "tp", "pp", "zero", "recompute", "micro_batch", "v", "memory_GB",
-                "step_s", "bubble_fraction", "mfu", "days"]
+SHOW_COLUMNS = [
+    "rank",
+    "dp",
+    "tp",
+    "pp",
+    "zero",
+    "recompute",
+    "micro_batch",
+    "v",
+    "memory_GB",
+    "step_s",
+    "bubble_fraction",
+    "mfu",
+    "days",
+]
 
 #: published layouts: model, cluster, GPUs, global batch (tokens), (dp, tp, pp), reported MFU
 PUBLISHED = {
-    "Llama-3-405B": dict(cluster="8xH100 + 400G IB", gpus=16384, batch=16 * 2**20,
-                         layout=(128, 8, 16), zero=None, uneven=True, reported_mfu=0.41,
-                         source="Llama Team 2024, arXiv:2407.21783, Table 4: 400 TFLOP/s per "
-                                "GPU at 16K GPUs (38-43 % over their runs)"),
-    "BLOOM-176B": dict(cluster="8xA100-80GB + 200G IB", gpus=384, batch=2048 * 2048,
-                       layout=(8, 4, 12), zero=1, uneven=True, reported_mfu=150 / 312,
-                       source="BigScience 2022, arXiv:2211.05100 Sec. 3.4: ZeRO-1, about 150 "
-                              "TFLOP/s per GPU; 60 GB per GPU"),
-    "MT-NLG-530B": dict(cluster="8xA100-80GB + 200G IB", gpus=2240, batch=1920 * 2048,
-                        layout=(8, 8, 35), zero=None, uneven=False, reported_mfu=126 / 312,
-                        source="Smith et al. 2022, arXiv:2201.11990 Sec. 2.4: 126 TFLOP/s per "
-                               "GPU, 60.1 s per step at 2,240 GPUs"),
+    "Llama-3-405B": dict(
+        cluster="8xH100 + 400G IB",
+        gpus=16384,
+        batch=16 * 2**20,
+        layout=(128, 8, 16),
+        zero=None,
+        uneven=True,
+        reported_mfu=0.41,
+        source="Llama Team 2024, arXiv:2407.21783, Table 4: 400 TFLOP/s per "
+        "GPU at 16K GPUs (38-43 % over their runs)",
+    ),
+    "BLOOM-176B": dict(
+        cluster="8xA100-80GB + 200G IB",
+        gpus=384,
+        batch=2048 * 2048,
+        layout=(8, 4, 12),
+        zero=1,
+        uneven=True,
+        reported_mfu=150 / 312,
+        source="BigScience 2022, arXiv:2211.05100 Sec. 3.4: ZeRO-1, about 150 "
+        "TFLOP/s per GPU; 60 GB per GPU",
+    ),
+    "MT-NLG-530B": dict(
+        cluster="8xA100-80GB + 200G IB",
+        gpus=2240,
+        batch=1920 * 2048,
+        layout=(8, 8, 35),
+        zero=None,
+        uneven=False,
+        reported_mfu=126 / 312,
+        source="Smith et al. 2022, arXiv:2201.11990 Sec. 2.4: 126 TFLOP/s per "
+        "GPU, 60.1 s per step at 2,240 GPUs",
+    ),
 }
 
 _PEAKS = {"V100": 125e12, "A100": 312e12, "H100": 989e12}  # dense fp16/bf16 tensor FLOP/s
@@ -47,31 +93,66 @@ def sources_budget():
 
     f175 = estimate.transformer_training_flops(175 * 10**9, 300 * 10**9)
     rows = [("FLOPs, 175B x 300B tokens", f175, "FLOP", "6 N D")]
-    rows += [(f"{g} for 30 days at 50 % MFU", estimate.gpus_for_days(f175, days=30, peak_flops=p, mfu=0.5),
-              "GPUs", f"{p / 1e12:.0f} TFLOP/s peak") for g, p in _PEAKS.items()]
+    rows += [
+        (
+            f"{g} for 30 days at 50 % MFU",
+            estimate.gpus_for_days(f175, days=30, peak_flops=p, mfu=0.5),
+            "GPUs",
+            f"{p / 1e12:.0f} TFLOP/s peak",
+        )
+        for g, p in _PEAKS.items()
+    ]
     f7 = estimate.transformer_training_flops(7 * 10**9, 2 * 10**12)
     rows.append(("FLOPs, 7B x 2T tokens", f7, "FLOP", "6 N D"))
-    rows.append(("H100-hours at 50 % MFU", estimate.gpu_hours(f7, peak_flops=_PEAKS["H100"], mfu=0.5),
-                 "hours", "F / (0.5 x 989 TFLOP/s)"))
+    rows.append(
+        (
+            "H100-hours at 50 % MFU",
+            estimate.gpu_hours(f7, peak_flops=_PEAKS["H100"], mfu=0.5),
+            "hours",
+            "F / (0.5 x 989 TFLOP/s)",
+        )
+    )
     n7 = P.model("Llama-2-7B").n_params
-    rows.append(("Llama-2-7B: MFU implied by 184,320 A100-hours",
-                 estimate.mfu_from_gpu_hours(estimate.transformer_training_flops(n7, 2 * 10**12),
-                                             184_320, peak_flops=_PEAKS["A100"]),
-                 "fraction", "6 x 6.74e9 x 2e12 / (hours x 312 TFLOP/s)"))
-    rows.append(("175B model state at 16 B/param", estimate.model_state_bytes(
-        175 * 10**9, precision="bf16-mixed")["total"], "bytes", "2 + 2 + 4 + 4 + 4"))
+    rows.append(
+        (
+            "Llama-2-7B: MFU implied by 184,320 A100-hours",
+            estimate.mfu_from_gpu_hours(
+                estimate.transformer_training_flops(n7, 2 * 10**12),
+                184_320,
+                peak_flops=_PEAKS["A100"],
+            ),
+            "fraction",
+            "6 x 6.74e9 x 2e12 / (hours x 312 TFLOP/s)",
+        )
+    )
+    rows.append(
+        (
+            "175B model state at 16 B/param",
+            estimate.model_state_bytes(175 * 10**9, precision="bf16-mixed")["total"],
+            "bytes",
+            "2 + 2 + 4 + 4 + 4",
+        )
+    )
     rows.append(("80 GB GPUs to hold it", math.ceil(16 * 175e9 / 80e9), "GPUs", "2.8 TB / 80 GB"))
     return pd.DataFrame(rows, columns=["quantity", "value", "unit", "how"])
 
 
-def plan_run(model, cluster: str = "8xH100 + 400G IB", *, gpus: int | None = None,
-             global_batch_tokens: int = 4 * 2**20, total_tokens: float | None = 2e12, **kwargs):
+def plan_run(
+    model,
+    cluster: str = "8xH100 + 400G IB",
+    *,
+    gpus: int | None = None,
+    global_batch_tokens: int = 4 * 2**20,
+    total_tokens: float | None = 2e12,
+    **kwargs,
+):
     """``course_lib.plan.plan`` for a model (a preset name or a ModelSpec) on ``gpus`` GPUs of a
     cluster preset (or "this machine")."""
     spec = P.model(model) if isinstance(model, str) else model
     cl = P.cluster(cluster, gpus=gpus)
-    return P.plan(spec, cl, global_batch_tokens=global_batch_tokens, total_tokens=total_tokens,
-                  **kwargs)
+    return P.plan(
+        spec, cl, global_batch_tokens=global_batch_tokens, total_tokens=total_tokens, **kwargs
+    )
 
 
 def top_plans(result, n: int = 8):
@@ -92,22 +173,40 @@ def published_runs():
 
     rows = []
     for name, run in PUBLISHED.items():
-        result = plan_run(name, run["cluster"], gpus=run["gpus"], global_batch_tokens=run["batch"],
-                          total_tokens=None, uneven_stages=run["uneven"])
+        result = plan_run(
+            name,
+            run["cluster"],
+            gpus=run["gpus"],
+            global_batch_tokens=run["batch"],
+            total_tokens=None,
+            uneven_stages=run["uneven"],
+        )
         dp, tp, pp = run["layout"]
         mine = result[(result.dp == dp) & (result.tp == tp) & (result.pp == pp)]
         if run["zero"] is not None:
             mine = mine[mine.zero == run["zero"]]
         best = mine.iloc[0] if not mine.empty else None
-        rows.append({"run": name, "GPUs": run["gpus"], "layout (DP x TP x PP)": f"{dp} x {tp} x {pp}",
-                     "fits": best is not None, "plans that fit": len(result),
-                     "rank": None if best is None else int(best["rank"]),
-                     "vs best step": None if best is None else best["step_s"] / result.iloc[0]["step_s"] - 1,
-                     "memory_GB": None if best is None else best["memory_GB"],
-                     "chosen": None if best is None else f"ZeRO-{best['zero']}, {best['recompute']}, "
-                                                         f"mb {best['micro_batch']}, v {best['v']}",
-                     "predicted MFU": None if best is None else best["mfu"],
-                     "reported MFU": run["reported_mfu"], "source": run["source"]})
+        rows.append(
+            {
+                "run": name,
+                "GPUs": run["gpus"],
+                "layout (DP x TP x PP)": f"{dp} x {tp} x {pp}",
+                "fits": best is not None,
+                "plans that fit": len(result),
+                "rank": None if best is None else int(best["rank"]),
+                "vs best step": None
+                if best is None
+                else best["step_s"] / result.iloc[0]["step_s"] - 1,
+                "memory_GB": None if best is None else best["memory_GB"],
+                "chosen": None
+                if best is None
+                else f"ZeRO-{best['zero']}, {best['recompute']}, "
+                f"mb {best['micro_batch']}, v {best['v']}",
+                "predicted MFU": None if best is None else best["mfu"],
+                "reported MFU": run["reported_mfu"],
+                "source": run["source"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -120,15 +219,20 @@ def decision_numbers() -> dict[str, float]:
     out["dp_alone_max_params_B"] = h100.memory_bytes / 16 / 1e9
     # ZeRO: 7B on 8 GPUs (S4's 112 / 38.5 / 26.25 / 14 GB)
     for stage in range(4):
-        out[f"zero{stage}_7b_on_8_GB"] = estimate.zero_bytes_per_rank(7 * 10**9, stage=stage,
-                                                                     world_size=8) / 1e9
+        out[f"zero{stage}_7b_on_8_GB"] = (
+            estimate.zero_bytes_per_rank(7 * 10**9, stage=stage, world_size=8) / 1e9
+        )
     # TP: the share of a GPT-3 175B step spent in TP all-reduces, TP 8 in a node vs TP 16
     # across two (GPT-3's batch: 1,536 sequences of 2,048 tokens)
     m70 = P.model("Llama-2-70B")
     c64 = P.cluster("8xH100 + 400G IB", gpus=64)
     for tp in (8, 16):
-        t = P.step_time(P.model("GPT-3-175B"), c64, P.Layout(64 // tp, tp, 1, 1, "selective", 1),
-                        global_batch_tokens=1536 * 2048)
+        t = P.step_time(
+            P.model("GPT-3-175B"),
+            c64,
+            P.Layout(64 // tp, tp, 1, 1, "selective", 1),
+            global_batch_tokens=1536 * 2048,
+        )
         out[f"tp{tp}_comm_share"] = t["tp_comm_s"] / t["step_s"]
     # PP: bubble with m = 4 p at p = 8 (S2's rule of thumb), and the bytes a stage boundary
     # carries per micro-batch beside the gradients a DP replica all-reduces (70B, bf16)
@@ -139,9 +243,12 @@ def decision_numbers() -> dict[str, float]:
     out["offload_7b_s"] = 2 * 7e9 / (estimate.link_speed("PCIe 4.0 x16").per_direction_GBps * 1e9)
     # LoRA: 70B full training state vs a frozen bf16 base + rank-16 adapters on q, v
     lora = estimate.transformer_lora_params(hidden=8192, ffn_hidden=28672, n_layer=80, r=16)
-    out["full_70b_state_GB"] = estimate.model_state_bytes(m70.n_params, precision="bf16-mixed")["total"] / 1e9
-    out["lora_70b_state_GB"] = estimate.finetune_state_bytes(m70.n_params, method="lora",
-                                                             lora_params=lora)["total"] / 1e9
+    out["full_70b_state_GB"] = (
+        estimate.model_state_bytes(m70.n_params, precision="bf16-mixed")["total"] / 1e9
+    )
+    out["lora_70b_state_GB"] = (
+        estimate.finetune_state_bytes(m70.n_params, method="lora", lora_params=lora)["total"] / 1e9
+    )
     out["node_memory_GB"] = 8 * h100.memory_bytes / 1e9
     return out
 
@@ -162,13 +269,20 @@ def failures_at_scale(gpus=(8, 64, 512, 2048, 16384), *, days: float = 54):
     rows = []
     for n in gpus:
         per_day = per_gpu_day * _v.count("gpus", n, minimum=1)
-        rows.append({"GPUs": n, "failures per day": per_day, "hours between failures": 24 / per_day,
-                     f"failures in {days:g} days": per_day * days})
+        rows.append(
+            {
+                "GPUs": n,
+                "failures per day": per_day,
+                "hours between failures": 24 / per_day,
+                f"failures in {days:g} days": per_day * days,
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def checkpoint_cost(model: str = "Llama-3-405B", *, write_GBps: float = 2000.0,
-                    mtbf_hours: float | None = None) -> dict[str, float]:
+def checkpoint_cost(
+    model: str = "Llama-3-405B", *, write_GBps: float = 2000.0, mtbf_hours: float | None = None
+) -> dict[str, float]:
     """A full checkpoint's size (bf16 weights + fp32 master + Adam: 2 + 12 B/param), its write
     time at ``write_GBps`` (Llama 3's storage sustains 2 TB/s), Young's optimal interval
     sqrt(2 delta M) between checkpoints (Young 1974, CACM 17(9)) for the mean time between
@@ -179,9 +293,14 @@ def checkpoint_cost(model: str = "Llama-3-405B", *, write_GBps: float = 2000.0,
     write_s = size / (_v.number("write_GBps", write_GBps, positive=True) * 1e9)
     mtbf = (LLAMA3_DAYS * 24 / LLAMA3_UNEXPECTED if mtbf_hours is None else mtbf_hours) * 3600
     interval = math.sqrt(2 * write_s * mtbf)
-    return {"size_TB": size / 1e12, "weights_TB": 2 * spec.n_params / 1e12, "write_s": write_s,
-            "mtbf_h": mtbf / 3600, "interval_min": interval / 60,
-            "lost_fraction": write_s / interval + interval / (2 * mtbf)}
+    return {
+        "size_TB": size / 1e12,
+        "weights_TB": 2 * spec.n_params / 1e12,
+        "write_s": write_s,
+        "mtbf_h": mtbf / 3600,
+        "interval_min": interval / 60,
+        "lost_fraction": write_s / interval + interval / (2 * mtbf),
+    }
 
 
 def straggler_table(gpus=(8, 512, 16384), *, p_slow: float = 1e-5, slowdown: float = 2.0):
@@ -195,7 +314,9 @@ def straggler_table(gpus=(8, 512, 16384), *, p_slow: float = 1e-5, slowdown: flo
     rows = []
     for n in gpus:
         slow = 1 - (1 - p) ** _v.count("gpus", n, minimum=1)
-        rows.append({"GPUs": n, "P(step is slow)": slow, "mean step / ideal": 1 + (slowdown - 1) * slow})
+        rows.append(
+            {"GPUs": n, "P(step is slow)": slow, "mean step / ideal": 1 + (slowdown - 1) * slow}
+        )
     return pd.DataFrame(rows)
 
 

@@ -6,6 +6,7 @@ the memory of the top three. Nothing runs until Run is pressed.
 
     ex = PlanExplorer(); ex.model.value = "Llama-2-70B"; ex.gpus.value = 64; ex.run_button.click()
 """
+
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -23,25 +24,44 @@ class PlanExplorer(Explorer):
     busy = "planning..."
     expected_errors = (ValueError,)
 
-    def __init__(self, *, model: str = "Llama-2-7B", cluster: str = "8xH100 + 400G IB",
-                 gpus: int = 8, batch_M_tokens: int = 4):
+    def __init__(
+        self,
+        *,
+        model: str = "Llama-2-7B",
+        cluster: str = "8xH100 + 400G IB",
+        gpus: int = 8,
+        batch_M_tokens: int = 4,
+    ):
         from course_lib.plan import CLUSTERS, MODELS
 
         self.model = widgets.Dropdown(options=[*MODELS, CUSTOM], value=model, description="model")
-        self.layers = widgets.IntSlider(value=32, min=4, max=128, step=4, description="layers",
-                                        continuous_update=False)
-        self.hidden = widgets.IntSlider(value=4096, min=1024, max=16384, step=1024,
-                                        description="hidden", continuous_update=False)
+        self.layers = widgets.IntSlider(
+            value=32, min=4, max=128, step=4, description="layers", continuous_update=False
+        )
+        self.hidden = widgets.IntSlider(
+            value=4096,
+            min=1024,
+            max=16384,
+            step=1024,
+            description="hidden",
+            continuous_update=False,
+        )
         self.seq_len = widgets.Dropdown(options=[2048, 4096, 8192], value=4096, description="seq")
-        self.cluster = widgets.Dropdown(options=list(CLUSTERS), value=cluster, description="cluster")
-        self.gpus = widgets.Dropdown(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
-                                     value=gpus, description="GPUs")
-        self.batch = widgets.Dropdown(options=[1, 2, 4, 8, 16], value=batch_M_tokens,
-                                      description="batch (Mi tok)")
-        super().__init__(widgets.VBox([self.model, self.layers, self.hidden, self.seq_len]),
-                         widgets.VBox([self.cluster, self.gpus, self.batch]),
-                         tooltip="plan the run",
-                         intro="Pick a model (or custom + sliders), a cluster and a batch, then Run.")
+        self.cluster = widgets.Dropdown(
+            options=list(CLUSTERS), value=cluster, description="cluster"
+        )
+        self.gpus = widgets.Dropdown(
+            options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=gpus, description="GPUs"
+        )
+        self.batch = widgets.Dropdown(
+            options=[1, 2, 4, 8, 16], value=batch_M_tokens, description="batch (Mi tok)"
+        )
+        super().__init__(
+            widgets.VBox([self.model, self.layers, self.hidden, self.seq_len]),
+            widgets.VBox([self.cluster, self.gpus, self.batch]),
+            tooltip="plan the run",
+            intro="Pick a model (or custom + sliders), a cluster and a batch, then Run.",
+        )
 
     def spec(self):
         """The ModelSpec the controls describe (a custom one: Llama-shaped, 128-wide heads)."""
@@ -50,8 +70,16 @@ class PlanExplorer(Explorer):
         if self.model.value != CUSTOM:
             return model(self.model.value)
         h = int(self.hidden.value)
-        return ModelSpec("custom", int(self.layers.value), h, h // 128, max(1, h // 1024),
-                         (8 * h // 3 + 255) // 256 * 256, 32000, int(self.seq_len.value))
+        return ModelSpec(
+            "custom",
+            int(self.layers.value),
+            h,
+            h // 128,
+            max(1, h // 1024),
+            (8 * h // 3 + 255) // 256 * 256,
+            32000,
+            int(self.seq_len.value),
+        )
 
     def compute(self):
         from course_lib.units.u14_planning_a_run.run import plan_run
@@ -59,8 +87,13 @@ class PlanExplorer(Explorer):
         spec = self.spec()
         tokens = int(self.batch.value) * 2**20
         tokens -= tokens % spec.seq_len
-        return plan_run(spec, self.cluster.value, gpus=int(self.gpus.value),
-                        global_batch_tokens=tokens, total_tokens=None)
+        return plan_run(
+            spec,
+            self.cluster.value,
+            gpus=int(self.gpus.value),
+            global_batch_tokens=tokens,
+            total_tokens=None,
+        )
 
     def summary(self, result) -> str:
         from course_lib.plan import explain

@@ -1,5 +1,6 @@
 """Unit 00's graded checks, each three ways: a hand-written answer passes, a wrong one fails with a
 ✗ verdict, one that calls the course's own answer is refused."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,7 +18,8 @@ def stub(*args):
 def test_scale_it_up_adam_bytes(capsys):
     grading.check_adam_training_bytes(lambda n: 16 * n, task=3)
     assert capsys.readouterr().out.strip() == (
-        "✓ task 3: Adam fp32 model state: 7B parameters -> 112 GB, 70B -> 1.12 TB")
+        "✓ task 3: Adam fp32 model state: 7B parameters -> 112 GB, 70B -> 1.12 TB"
+    )
     with pytest.raises(AssertionError, match=r"✗ task 3: .*12 B/param: count the weight"):
         grading.check_adam_training_bytes(lambda n: 12 * n, task=3)
     with pytest.raises(AssertionError, match="✗ task 3: uses the course's own model_state_bytes"):
@@ -35,13 +37,19 @@ def predict_state(model):
 
 def test_predict_measured_state(capsys):
     grading.check_predict_measured_state(predict_state, task=4)
-    assert capsys.readouterr().out.strip().startswith("✓ task 4: params, grads and optimizer bytes match")
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .startswith("✓ task 4: params, grads and optimizer bytes match")
+    )
 
     def formula_only(model):  # the lecture's prediction, without the residuals it explained
         n = sum(p.numel() for p in model.parameters())
         return {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n}
 
-    with pytest.raises(AssertionError, match=r"✗ task 4: .*params: expected .*buffers under params"):
+    with pytest.raises(
+        AssertionError, match=r"✗ task 4: .*params: expected .*buffers under params"
+    ):
         grading.check_predict_measured_state(formula_only, task=4)
 
     def no_counters(model):
@@ -68,13 +76,17 @@ def weight_bytes(model, dtype):
 
 
 def buggy_weight_bytes(model, dtype):
-    return sum(t.numel() for t in model.state_dict().values()) * torch.empty((), dtype=dtype).element_size()
+    return (
+        sum(t.numel() for t in model.state_dict().values())
+        * torch.empty((), dtype=dtype).element_size()
+    )
 
 
 def test_find_the_bug(capsys):
     grading.check_weight_bytes_bug("b", weight_bytes, task=5)
     assert capsys.readouterr().out.strip() == (
-        "✓ task 5: bug named (state_dict overcounts) and the fixed count matches on 5 models")
+        "✓ task 5: bug named (state_dict overcounts) and the fixed count matches on 5 models"
+    )
     with pytest.raises(AssertionError, match=r"✗ task 5: bug 'a' .*not what goes wrong"):
         grading.check_weight_bytes_bug("a", weight_bytes, task=5)
     with pytest.raises(AssertionError, match=r"✗ task 5: bug must be one of"):
@@ -83,6 +95,7 @@ def test_find_the_bug(capsys):
         grading.check_weight_bytes_bug("b", buggy_weight_bytes, task=5)
     with pytest.raises(AssertionError, match="✗ task 5: uses the course's own count_params"):
         grading.check_weight_bytes_bug(
-            "b", lambda m, dt: count_params(m) * torch.empty((), dtype=dt).element_size(), task=5)
+            "b", lambda m, dt: count_params(m) * torch.empty((), dtype=dt).element_size(), task=5
+        )
     with pytest.raises(AssertionError, match="✗ task 5: not implemented yet"):
         grading.check_weight_bytes_bug("b", stub, task=5)

@@ -1,4 +1,5 @@
 """Unit 01's graded checks."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,9 +21,12 @@ def solution_predict_step_memory(model, batch_shape, optimizer):
     params = 4 * count_params(model)
     widths = model.config.widths
     per_hidden = 2 if model.config.activation in ("gelu", "silu") else 1
-    return {"params": params, "grads": params,
-            "optimizer": solution_optimizer_state_bytes(model, optimizer),
-            "activations": 4 * batch * (per_hidden * sum(widths[1:-1]) + widths[-1])}
+    return {
+        "params": params,
+        "grads": params,
+        "optimizer": solution_optimizer_state_bytes(model, optimizer),
+        "activations": 4 * batch * (per_hidden * sum(widths[1:-1]) + widths[-1]),
+    }
 
 
 def stub(*args):
@@ -47,7 +51,8 @@ def test_predict_step_memory_check(capsys):
     grading.check_predict_step_memory(solution_predict_step_memory, task=2)
     assert capsys.readouterr().out.strip() == (
         "✓ task 2: params, grads, optimizer and activations match MemoryMeter exactly on 4 "
-        "unseen MLPs")
+        "unseen MLPs"
+    )
 
     def relu_everywhere(model, batch_shape, optimizer):
         out = solution_predict_step_memory(model, batch_shape, optimizer)
@@ -64,7 +69,9 @@ def test_predict_step_memory_check(capsys):
         del out["grads"]
         return out
 
-    with pytest.raises(AssertionError, match=r"✗ task 2: .*activation=gelu.*activations.*gelu/silu keep z"):
+    with pytest.raises(
+        AssertionError, match=r"✗ task 2: .*activation=gelu.*activations.*gelu/silu keep z"
+    ):
         grading.check_predict_step_memory(relu_everywhere, task=2)
     with pytest.raises(AssertionError, match=r"✗ task 2: .*the input x is created before the step"):
         grading.check_predict_step_memory(counts_input, task=2)
@@ -86,20 +93,28 @@ def test_gpt_activation_check(capsys):
 
     grading.check_gpt_activation_bytes(gpt_activation_bytes, task=3)
     assert capsys.readouterr().out.strip() == (
-        "✓ task 3: GPT activation bytes match MemoryMeter exactly (0 B tolerance) on 3 unseen shapes")
+        "✓ task 3: GPT activation bytes match MemoryMeter exactly (0 B tolerance) on 3 unseen shapes"
+    )
 
     def no_logits(config, batch, seq):
         return gpt_activation_bytes(config, batch, seq) - 4 * batch * seq * config.vocab_size
 
     def thirteen(config, batch, seq):  # the old 13BTC prose
-        return gpt_activation_bytes(config, batch, seq) - 4 * 3 * config.n_layer * batch * seq * config.n_embd
+        return (
+            gpt_activation_bytes(config, batch, seq)
+            - 4 * 3 * config.n_layer * batch * seq * config.n_embd
+        )
 
     with pytest.raises(AssertionError, match=r"✗ task 3: .*the logits, B x T x vocab"):
         grading.check_gpt_activation_bytes(no_logits, task=3)
     with pytest.raises(AssertionError, match=r"✗ task 3: .*expected .* \(measured\), got"):
         grading.check_gpt_activation_bytes(thirteen, task=3)
-    with pytest.raises(AssertionError, match="✗ task 3: uses the course's own activation_bytes_gpt"):
-        grading.check_gpt_activation_bytes(lambda c, b, t: estimate.activation_bytes_gpt(c, b, t), task=3)
+    with pytest.raises(
+        AssertionError, match="✗ task 3: uses the course's own activation_bytes_gpt"
+    ):
+        grading.check_gpt_activation_bytes(
+            lambda c, b, t: estimate.activation_bytes_gpt(c, b, t), task=3
+        )
     with pytest.raises(AssertionError, match="✗ task 3: not implemented yet"):
         grading.check_gpt_activation_bytes(stub, task=3)
 
@@ -136,9 +151,14 @@ def scale_up(n_layer, n_embd, n_head, vocab_size, seq):
 
     C = n_embd
     params = n_layer * (12 * C * C + 13 * C) + vocab_size * C + seq * C + 2 * C
-    config = GPTConfig(vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head, n_embd=C)
-    return {"params": params, "model_state": 16 * params,
-            "activations": gpt_activation_bytes(config, 1, seq)}
+    config = GPTConfig(
+        vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head, n_embd=C
+    )
+    return {
+        "params": params,
+        "model_state": 16 * params,
+        "activations": gpt_activation_bytes(config, 1, seq),
+    }
 
 
 def test_scale_up_check(capsys):
@@ -147,11 +167,12 @@ def test_scale_up_check(capsys):
     grading.check_scale_up(scale_up, task=5)
     assert capsys.readouterr().out.strip() == (
         "✓ task 5: 7B-shaped: 6.67B params, 107 GB state, 104 GB activations at 4k tokens; "
-        "70B-shaped: 1.04 TB, 516 GB")
+        "70B-shaped: 1.04 TB, 516 GB"
+    )
 
     def blocks_only(n_layer, n_embd, n_head, vocab_size, seq):
         out = scale_up(n_layer, n_embd, n_head, vocab_size, seq)
-        out["params"] = 12 * n_layer * n_embd ** 2
+        out["params"] = 12 * n_layer * n_embd**2
         return out
 
     with pytest.raises(AssertionError, match=r"✗ task 5: tiny .*12 L C\^2 is the blocks' weight"):
@@ -177,5 +198,7 @@ def test_eval_memory_bug_check_refuses_the_course_meter():
         with torch.no_grad(), MemoryMeter(model):
             return torch.cat([model(x) for x in batches])
 
-    with pytest.raises(AssertionError, match="✗ task 4: uses the course's own MemoryMeter.__init__"):
+    with pytest.raises(
+        AssertionError, match="✗ task 4: uses the course's own MemoryMeter.__init__"
+    ):
         grading.check_eval_memory_bug("b", measured_by_the_course, task=4)

@@ -1,4 +1,5 @@
 """Unit 01: predicted vs measured memory of a training step, and the graded checks."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,9 @@ from course_lib.units.u01_backprop_memory import run as u1
 
 def mlp(activation="relu", hidden=(24, 40), bias=True, seed=0):
     torch.manual_seed(seed)
-    return MLP(MLPConfig(in_features=12, hidden=hidden, out_features=7, activation=activation,
-                         bias=bias))
+    return MLP(
+        MLPConfig(in_features=12, hidden=hidden, out_features=7, activation=activation, bias=bias)
+    )
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "tanh"])
@@ -41,7 +43,9 @@ def test_gpt_residual_is_exactly_the_buffers():
     assert table.loc["grads", "residual"] == 0
     assert table.loc["optimizer", "residual"] == 0
     assert table.loc["activations", "residual"] == 0
-    assert table.loc["activations", "predicted"] == estimate.activation_bytes_gpt(model.config, 2, 16)
+    assert table.loc["activations", "predicted"] == estimate.activation_bytes_gpt(
+        model.config, 2, 16
+    )
 
 
 def test_timeline_has_every_phase_and_category():

@@ -1,4 +1,5 @@
 """Unit 01 explorer widget (driven from Python) and the unit's plots."""
+
 from __future__ import annotations
 
 import pandas as pd

@@ -1,4 +1,5 @@
 """Unit 02's graded checks: correct loops pass, each bug is named."""
+
 from __future__ import annotations
 
 import re
@@ -63,8 +64,10 @@ def bug_step_every_micro_batch(model, optimizer, loss_fn, inputs, targets, micro
 
 def bug_one_backward_at_end(model, optimizer, loss_fn, inputs, targets, micro_batches):
     optimizer.zero_grad()
-    total = sum(loss_fn(model(x), y) / micro_batches
-                for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))
+    total = sum(
+        loss_fn(model(x), y) / micro_batches
+        for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches))
+    )
     total.backward()
     optimizer.step()
 
@@ -85,20 +88,25 @@ def stub(*args):
 def test_accumulation_check_passes_correct_loops(fn, capsys):
     grading.check_accumulation_step(fn, task=3)
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["✓ task 3: 2 accumulated steps in a row equal 2 full-batch steps on 2 unseen "
-                   "MLPs (float64, rtol=1e-09)"]
+    assert out == [
+        "✓ task 3: 2 accumulated steps in a row equal 2 full-batch steps on 2 unseen "
+        "MLPs (float64, rtol=1e-09)"
+    ]
 
 
-@pytest.mark.parametrize("fn, pattern", [
-    (bug_not_divided, r"loss not divided by the number of micro-batches.*3x"),
-    (bug_zero_grad_inside, r"zero_grad inside the loop"),
-    (bug_grads_set_to_none_by_hand, r"zero_grad inside the loop: only the last micro-batch"),
-    (bug_step_every_micro_batch, r"optimizer.step\(\) ran 3 times: stepping every micro-batch"),
-    (bug_never_zero_grad, r"second call .*gradients never cleared"),
-    (bug_one_backward_at_end, r"backward must follow each micro-batch's forward"),
-    (bug_drops_last_micro_batch, r"parameter update differs from one full-batch step"),
-    (stub, r"not implemented yet"),
-])
+@pytest.mark.parametrize(
+    "fn, pattern",
+    [
+        (bug_not_divided, r"loss not divided by the number of micro-batches.*3x"),
+        (bug_zero_grad_inside, r"zero_grad inside the loop"),
+        (bug_grads_set_to_none_by_hand, r"zero_grad inside the loop: only the last micro-batch"),
+        (bug_step_every_micro_batch, r"optimizer.step\(\) ran 3 times: stepping every micro-batch"),
+        (bug_never_zero_grad, r"second call .*gradients never cleared"),
+        (bug_one_backward_at_end, r"backward must follow each micro-batch's forward"),
+        (bug_drops_last_micro_batch, r"parameter update differs from one full-batch step"),
+        (stub, r"not implemented yet"),
+    ],
+)
 def test_accumulation_check_names_each_bug(fn, pattern):
     with pytest.raises(AssertionError) as info:
         grading.check_accumulation_step(fn, task=3)
@@ -133,7 +141,9 @@ def test_matmul_intensity_check():
     with pytest.raises(AssertionError, match="not implemented yet"):
         grading.check_matmul_intensity(stub)
     # the reference really is estimate's formula
-    assert right(8, 16, 32, 2) == pytest.approx(estimate.matmul_arithmetic_intensity(8, 16, 32, dtype_bytes=2))
+    assert right(8, 16, 32, 2) == pytest.approx(
+        estimate.matmul_arithmetic_intensity(8, 16, 32, dtype_bytes=2)
+    )
 
 
 def test_plan_accumulation_check(capsys):
@@ -161,8 +171,6 @@ def test_plan_accumulation_check(capsys):
         grading.check_plan_accumulation(stub)
 
 
-
-
 # ------------------------------------------------------------ tasks 4-6 (predict, bug, scale)
 def largest_batch(model, budget):
     w = model.config.widths
@@ -188,9 +196,15 @@ def test_largest_batch_check(capsys):
         grading.check_largest_batch(lambda m, b: largest_batch(m, b) // 2, task=4)
     with pytest.raises(AssertionError, match="✗ task 4: .*must be an int"):
         grading.check_largest_batch(lambda m, b: float(largest_batch(m, b)), task=4)
-    with pytest.raises(AssertionError, match="✗ task 4: uses the course's own activation_bytes_mlp"):
+    with pytest.raises(
+        AssertionError, match="✗ task 4: uses the course's own activation_bytes_mlp"
+    ):
         grading.check_largest_batch(
-            lambda m, b: largest_batch(m, b) + 0 * estimate.activation_bytes_mlp(1, m.config.widths), task=4)
+            lambda m, b: (
+                largest_batch(m, b) + 0 * estimate.activation_bytes_mlp(1, m.config.widths)
+            ),
+            task=4,
+        )
     with pytest.raises(AssertionError, match="✗ task 4: not implemented yet"):
         grading.check_largest_batch(stub, task=4)
 
@@ -211,8 +225,14 @@ def uneven_buggy(model, optimizer, loss_fn, inputs, targets, micro_batches):
 
 def test_uneven_accumulation_check(capsys):
     grading.check_uneven_accumulation("b", uneven_step, task=5)
-    assert capsys.readouterr().out.strip().startswith("✓ task 5: bug named; with micro-batches of 4+4+2")
-    with pytest.raises(AssertionError, match=r"✗ task 5: .*\[4, 4, 2\] samples, yet each micro-batch's mean"):
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .startswith("✓ task 5: bug named; with micro-batches of 4+4+2")
+    )
+    with pytest.raises(
+        AssertionError, match=r"✗ task 5: .*\[4, 4, 2\] samples, yet each micro-batch's mean"
+    ):
         grading.check_uneven_accumulation("b", uneven_buggy, task=5)
     with pytest.raises(AssertionError, match=r"✗ task 5: bug 'c' .*the loop is right about that"):
         grading.check_uneven_accumulation("c", uneven_step, task=5)
@@ -234,13 +254,18 @@ def test_gpus_needed_check(capsys):
     grading.check_gpus_needed(gpus_needed, task=6)
     assert capsys.readouterr().out.strip() == (
         "✓ task 6: 175B on 300B tokens in 30 days at 50 % MFU: 1,945 V100, 780 A100, 246 H100; "
-        "7B and 70B on 2T tokens match too")
+        "7B and 70B on 2T tokens match too"
+    )
     with pytest.raises(AssertionError, match=r"✗ task 6: .*round up"):
-        grading.check_gpus_needed(lambda n, t, d, p, u: round(6 * n * t / (d * 86_400 * p * u)), task=6)
+        grading.check_gpus_needed(
+            lambda n, t, d, p, u: round(6 * n * t / (d * 86_400 * p * u)), task=6
+        )
     with pytest.raises(AssertionError, match=r"✗ task 6: .*6 FLOPs per parameter per token"):
         grading.check_gpus_needed(lambda n, t, d, p, u: gpus_needed(n, t, d, p, u * 3), task=6)
     with pytest.raises(AssertionError, match="✗ task 6: uses the course's own gpus_for_training"):
         grading.check_gpus_needed(
-            lambda n, t, d, p, u: estimate.gpus_for_training(n, t, days=d, peak_flops=p, mfu=u), task=6)
+            lambda n, t, d, p, u: estimate.gpus_for_training(n, t, days=d, peak_flops=p, mfu=u),
+            task=6,
+        )
     with pytest.raises(AssertionError, match="✗ task 6: not implemented yet"):
         grading.check_gpus_needed(stub, task=6)

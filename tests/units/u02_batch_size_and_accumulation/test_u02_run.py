@@ -1,4 +1,5 @@
 """Unit 02: roofline, memory budget, gradient accumulation, and the accumulation-bug checker."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,9 @@ def test_simulated_oom_names_requested_and_available():
     assert "3,145,728 B" in msg and "1,048,576 B" in msg and "3.00 MiB" in msg
 
 
-@pytest.mark.parametrize("bad, exc", [(0, ValueError), (-5, ValueError), (1.5, TypeError),
-                                      (True, TypeError)])
+@pytest.mark.parametrize(
+    "bad, exc", [(0, ValueError), (-5, ValueError), (1.5, TypeError), (True, TypeError)]
+)
 def test_memory_budget_rejects_bad_capacity(bad, exc):
     with pytest.raises(exc, match="capacity_bytes"):
         u2.MemoryBudget(bad)
@@ -46,7 +48,9 @@ def test_op_costs_match_estimate():
     c = u2.matmul_op_cost(8, 16, 32, torch.float16)
     assert c.flops == estimate.matmul_flops(8, 16, 32) == 2 * 8 * 16 * 32
     assert c.bytes == 2 * (8 * 32 + 32 * 16 + 8 * 16)
-    assert c.intensity == pytest.approx(estimate.matmul_arithmetic_intensity(8, 16, 32, dtype_bytes=2))
+    assert c.intensity == pytest.approx(
+        estimate.matmul_arithmetic_intensity(8, 16, 32, dtype_bytes=2)
+    )
     g = u2.elementwise_op_cost("gelu", 1000)
     assert g.bytes == 8000 and g.intensity == pytest.approx(1.0)
     with pytest.raises(ValueError, match=r"op must be one of \['gelu', 'layernorm'\], got 'relu'"):
@@ -54,11 +58,13 @@ def test_op_costs_match_estimate():
 
 
 def test_roofline_runs_and_classifies_by_ridge_point():
-    ops, machine = u2.roofline_ops(matmul_sizes=(8, 128), elementwise_numel=2**16, warmup=1,
-                                   repeat=2)
+    ops, machine = u2.roofline_ops(
+        matmul_sizes=(8, 128), elementwise_numel=2**16, warmup=1, repeat=2
+    )
     assert list(ops["op"].str.split().str[0]) == ["matmul", "matmul", "gelu", "layernorm"]
     assert machine["ridge_flop_per_byte"] == pytest.approx(
-        machine["peak_flop_per_s"] / machine["bandwidth_bytes_per_s"])
+        machine["peak_flop_per_s"] / machine["bandwidth_bytes_per_s"]
+    )
     for _, row in ops.iterrows():
         expected = "compute" if row["intensity"] >= machine["ridge_flop_per_byte"] else "memory"
         assert row["bound"] == expected
@@ -70,7 +76,10 @@ def test_roofline_runs_and_classifies_by_ridge_point():
 def test_split_batch_rejects_uneven_split():
     x, y = torch.zeros(12, 3), torch.zeros(12)
     assert [a.shape[0] for a, _ in u2.split_batch(x, y, 4)] == [3, 3, 3, 3]
-    with pytest.raises(ValueError, match="micro_batches = 5: expected a divisor of the batch of 12.*1, 2, 3, 4, 6, 12"):
+    with pytest.raises(
+        ValueError,
+        match="micro_batches = 5: expected a divisor of the batch of 12.*1, 2, 3, 4, 6, 12",
+    ):
         u2.split_batch(x, y, 5)
     with pytest.raises(ValueError, match="micro_batches = 0: expected an int >= 1"):
         u2.split_batch(x, y, 0)
@@ -98,7 +107,10 @@ def test_accumulation_memory_flat_and_full_batch_grows():
     full = df[df["mode"] == "full batch"]
     assert acc["peak_bytes"].nunique() == 1  # flat in the number of micro-batches (exact bytes)
     assert list(acc["micro_batch"]) == [16, 16, 16]
-    assert full["peak_bytes"].is_monotonic_increasing and full["peak_bytes"].iloc[-1] > acc["peak_bytes"].iloc[-1]
+    assert (
+        full["peak_bytes"].is_monotonic_increasing
+        and full["peak_bytes"].iloc[-1] > acc["peak_bytes"].iloc[-1]
+    )
     # the data is the same effective batch in both modes: 16*k*16 floats + 16*k int64 targets
     assert list(acc["data_bytes"]) == [16 * k * (16 * 4 + 8) for k in (2, 4, 8)]
     assert (df["median_s"] > 0).all()
@@ -108,7 +120,8 @@ def test_throughput_vs_batch_activation_bytes_match_estimate():
     df = u2.throughput_vs_batch(small_mlp(), [4, 16], warmup=0, repeat=1)
     assert list(df["activation_bytes"]) == list(df["predicted_activation_bytes"])
     assert list(df["predicted_activation_bytes"]) == [
-        estimate.activation_bytes_mlp(b, [16, 32, 32, 5]) for b in (4, 16)]
+        estimate.activation_bytes_mlp(b, [16, 32, 32, 5]) for b in (4, 16)
+    ]
     with pytest.raises(TypeError, match="course_lib.models.MLP"):
         u2.throughput_vs_batch(nn.Linear(3, 3), [4])
 
@@ -131,7 +144,9 @@ def test_largest_batch_that_fits_is_the_boundary():
 
 def test_peak_and_bandwidth_probes_report_their_units():
     mm = u2.measure_matmul_throughput(64, warmup=1, repeat=2)
-    assert mm["flops"] == 2 * 64**3 and mm["flop_per_s"] == pytest.approx(mm["flops"] / mm["median_s"])
+    assert mm["flops"] == 2 * 64**3 and mm["flop_per_s"] == pytest.approx(
+        mm["flops"] / mm["median_s"]
+    )
     bw = u2.measure_copy_bandwidth(2**20, warmup=1, repeat=2)
     assert bw["nbytes"] == 2 * 2**20  # read + write
     with pytest.raises(ValueError, match="nbytes must be >= 4"):
@@ -147,12 +162,21 @@ def test_roofline_step_time_counts_by_hand():
     B = 4
     # layer 0: forward 2*4*5*3 = 120, weight grad 2*3*5*4 = 120; layer 1: forward 2*4*2*5 = 80,
     # weight grad 2*5*2*4 = 80, input grad 2*4*5*2 = 80; ReLU 2*4*5 = 40; SGD 2 x 32 params = 64
-    out = run.roofline_step_time(model, B, peak_flops=1.0, bandwidth=1e30)  # compute-bound: time = FLOPs
+    out = run.roofline_step_time(
+        model, B, peak_flops=1.0, bandwidth=1e30
+    )  # compute-bound: time = FLOPs
     assert out["flops"] == 120 + 120 + 80 + 80 + 80
     assert out["predicted_s"] == pytest.approx(480 + 40 + 64)
-    mem = run.roofline_step_time(model, B, peak_flops=1e30, bandwidth=1.0)  # memory-bound: time = bytes
-    mm = 4 * ((4 * 3 + 3 * 5 + 4 * 5) + (3 * 4 + 4 * 5 + 3 * 5)
-              + (4 * 5 + 5 * 2 + 4 * 2) + (5 * 4 + 4 * 2 + 5 * 2) + (4 * 2 + 2 * 5 + 4 * 5))
+    mem = run.roofline_step_time(
+        model, B, peak_flops=1e30, bandwidth=1.0
+    )  # memory-bound: time = bytes
+    mm = 4 * (
+        (4 * 3 + 3 * 5 + 4 * 5)
+        + (3 * 4 + 4 * 5 + 3 * 5)
+        + (4 * 5 + 5 * 2 + 4 * 2)
+        + (5 * 4 + 4 * 2 + 5 * 2)
+        + (4 * 2 + 2 * 5 + 4 * 5)
+    )
     assert mem["bytes"] == mm + 2 * 2 * 4 * 4 * 5 + 12 * 32
     assert mem["predicted_s"] == pytest.approx(mem["bytes"])
 
@@ -160,8 +184,11 @@ def test_roofline_step_time_counts_by_hand():
 def test_lr_scaling_runs_follow_the_rule():
     from course_lib.units.u02_batch_size_and_accumulation import run
 
-    runs = [dict(name="small", batch=16, lr=0.05), dict(name="big", batch=128, lr=0.05),
-            dict(name="big scaled", batch=128, lr=0.4, warmup_steps=8)]
+    runs = [
+        dict(name="small", batch=16, lr=0.05),
+        dict(name="big", batch=128, lr=0.05),
+        dict(name="big scaled", batch=128, lr=0.4, warmup_steps=8),
+    ]
     df = run.lr_scaling_runs(runs, samples=2048, eval_every=256)
     last = df.groupby("run", sort=False).last()
     assert list(last["step"]) == [128, 16, 16]
@@ -184,7 +211,7 @@ def test_noise_scale_matches_a_loop_over_examples():
     grads = []
     for i in range(64):  # per-example gradients the slow way
         model.zero_grad()
-        F.cross_entropy(model(x[i:i + 1]), y[i:i + 1]).backward()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
     g = torch.stack(grads)
     assert got["trace_cov"] == pytest.approx(float(g.var(0).sum()), rel=1e-4)

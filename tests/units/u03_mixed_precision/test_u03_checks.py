@@ -1,4 +1,5 @@
 """Unit 03's graded checks accept the reference and name each bug."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,7 +45,9 @@ def test_unit03_checks_pass_on_the_reference(capsys):
 def test_unit03_checks_catch_bugs():
     from course_lib.units.u03_mixed_precision import checks as unit03
 
-    with pytest.raises(AssertionError, match=r"✗ task 1: grad of 0.weight: .*divide by the scale exactly once"):
+    with pytest.raises(
+        AssertionError, match=r"✗ task 1: grad of 0.weight: .*divide by the scale exactly once"
+    ):
         unit03.check_underflow_recovery(_kw(_DividesTwice))
     with pytest.raises(AssertionError, match=r"✗ task 2: step 4 \(an overflow"):
         unit03.check_scale_schedule(_kw(_NoBackoff))
@@ -87,6 +90,7 @@ def _loop(clip_first):
                 if not clip_first:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
                 opt.step()
+
     return train
 
 
@@ -107,11 +111,17 @@ def test_unit03_new_tasks_fail_wrong_answers():
     from course_lib.units.u03_mixed_precision import checks as unit03
 
     # exact arithmetic (no rounding); an update that vanishes whenever it is below the spacing (S4's rule)
-    with pytest.raises(AssertionError, match=r"✗ task 4: weight 1, update 0.003, 50 steps: the bf16 run ends at 1 "):
+    with pytest.raises(
+        AssertionError, match=r"✗ task 4: weight 1, update 0.003, 50 steps: the bf16 run ends at 1 "
+    ):
         unit03.check_predict_bf16_weight(lambda w, u, s: w + s * u)
     with pytest.raises(AssertionError, match=r"✗ task 4: weight 0.75, update 0.003"):
-        unit03.check_predict_bf16_weight(lambda w, u, s: w if abs(u) < 2.0 ** (math.floor(math.log2(w)) - 7) else w + s * u)
-    with pytest.raises(AssertionError, match=r"✗ task 5: parameter 0: .*moved .* less than they should"):
+        unit03.check_predict_bf16_weight(
+            lambda w, u, s: w if abs(u) < 2.0 ** (math.floor(math.log2(w)) - 7) else w + s * u
+        )
+    with pytest.raises(
+        AssertionError, match=r"✗ task 5: parameter 0: .*moved .* less than they should"
+    ):
         unit03.check_clip_bug(_loop(clip_first=True))
     # autocast counted as the all-16-bit recipe; an int task answered with a float
     with pytest.raises(AssertionError, match=r"✗ task 6: 7B .* 'autocast bf16-mixed'"):
@@ -127,7 +137,11 @@ def test_unit03_new_tasks_refuse_the_course_answers():
     from course_lib.units.u03_mixed_precision import run as unit03_run
 
     def from_lecture(w, u, s):
-        return float(unit03_run.tiny_updates(weight=w, update=u, steps=s).set_index("recipe").loc["bf16", "final"])
+        return float(
+            unit03_run.tiny_updates(weight=w, update=u, steps=s)
+            .set_index("recipe")
+            .loc["bf16", "final"]
+        )
 
     with pytest.raises(AssertionError, match=r"✗ task 4: uses the course's own tiny_updates"):
         unit03.check_predict_bf16_weight(from_lecture)
@@ -145,6 +159,13 @@ def test_unit03_new_tasks_refuse_the_course_answers():
 
     with pytest.raises(AssertionError, match=r"✗ task 5: uses the course's own DynamicLossScaler"):
         unit03.check_clip_bug(with_course_scaler)
-    rows = {"fp32": "fp32", "paper bf16-mixed": "bf16-mixed", "autocast bf16-mixed": "fp32", "bf16-true": "bf16-true"}
+    rows = {
+        "fp32": "fp32",
+        "paper bf16-mixed": "bf16-mixed",
+        "autocast bf16-mixed": "fp32",
+        "bf16-true": "bf16-true",
+    }
     with pytest.raises(AssertionError, match=r"✗ task 6: uses the course's own model_state_bytes"):
-        unit03.check_state_at_scale(lambda n, r: estimate.model_state_bytes(n, precision=rows[r])["total"])
+        unit03.check_state_at_scale(
+            lambda n, r: estimate.model_state_bytes(n, precision=rows[r])["total"]
+        )

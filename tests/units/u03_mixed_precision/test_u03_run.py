@@ -1,4 +1,5 @@
 """course_lib.units.u03_mixed_precision.run: measured runs on a small GPT, exact where bytes are."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -46,7 +47,7 @@ def test_underflow_fractions_shift_with_the_scale():
 
 def test_tiny_updates_vanish_in_bf16_but_not_with_a_master_copy():
     df = E.tiny_updates(weight=1.0, update=1e-3, steps=50).set_index("recipe")
-    assert df.loc["bf16", "final"] == 1.0               # every update rounded away
+    assert df.loc["bf16", "final"] == 1.0  # every update rounded away
     assert df.loc["fp32", "rel_error"] < 1e-5
     assert df.loc["bf16 + fp32 master", "rel_error"] < 4e-3  # only the final bf16 rounding
     with pytest.raises(ValueError, match="steps=0"):
@@ -54,17 +55,22 @@ def test_tiny_updates_vanish_in_bf16_but_not_with_a_master_copy():
 
 
 def test_training_memory_state_is_exact_and_residuals_are_the_buffers():
-    df = E.training_memory(["fp32", "bf16-true", "bf16-mixed"], config=SMALL, batch=2, seq=8, device="cpu")
+    df = E.training_memory(
+        ["fp32", "bf16-true", "bf16-mixed"], config=SMALL, batch=2, seq=8, device="cpu"
+    )
     m = df.set_index(["mode", "category"])
     model = GPT(SMALL)
     n, buffers = count_params(model), sum(b.numel() * b.element_size() for b in model.buffers())
     for mode in ("fp32", "bf16-true"):
-        pred = estimate.model_state_bytes(n, precision=mode, optimizer="adam",
-                                          n_param_tensors=len(list(model.parameters())))
+        pred = estimate.model_state_bytes(
+            n, precision=mode, optimizer="adam", n_param_tensors=len(list(model.parameters()))
+        )
         assert m.loc[(mode, "grads"), "measured"] == pred["grads"]
         assert m.loc[(mode, "optimizer"), "measured"] == pred["optimizer"]
         assert m.loc[(mode, "params"), "residual"] == buffers  # causal masks + positions
-        assert m.loc[(mode, "activations"), "residual"] == 0  # estimate.activation_bytes_gpt is exact
+        assert (
+            m.loc[(mode, "activations"), "residual"] == 0
+        )  # estimate.activation_bytes_gpt is exact
     # autocast keeps fp32 parameters and fp32 gradients: the 16-bit copies are transient
     assert m.loc[("bf16-mixed", "params"), "measured"] == 4 * n + buffers
     assert m.loc[("bf16-mixed", "grads"), "measured"] == 4 * n
@@ -77,7 +83,9 @@ def test_training_memory_state_is_exact_and_residuals_are_the_buffers():
 def test_matmul_speed_columns_and_bad_input():
     df = E.matmul_speed([32], ["fp32", "bf16"], warmup=0, repeat=1, device="cpu")
     assert list(df["dtype"]) == ["fp32", "bf16"] and (df["gflops"] > 0).all()
-    assert df.loc[0, "gflops"] == pytest.approx(estimate.matmul_flops(32, 32, 32) / df.loc[0, "median_s"] / 1e9)
+    assert df.loc[0, "gflops"] == pytest.approx(
+        estimate.matmul_flops(32, 32, 32) / df.loc[0, "median_s"] / 1e9
+    )
     with pytest.raises(ValueError, match="fp8"):
         E.matmul_speed([32], ["fp8_e4m3"], device="cpu")
     with pytest.raises(ValueError, match="sizes"):
@@ -90,8 +98,15 @@ def test_matmul_speed_columns_and_bad_input():
 
 
 def test_loss_curves_same_start_and_fp16_skips_with_a_huge_scale():
-    df = E.loss_curves(["fp32", "fp16-mixed"], steps=4, config=SMALL, batch=2, seq=8,
-                       init_scale=2.0**40, device="cpu")
+    df = E.loss_curves(
+        ["fp32", "fp16-mixed"],
+        steps=4,
+        config=SMALL,
+        batch=2,
+        seq=8,
+        init_scale=2.0**40,
+        device="cpu",
+    )
     assert isinstance(df, pd.DataFrame) and len(df) == 8
     first = df[df["step"] == 0].set_index("mode")["loss"]
     assert first["fp32"] == pytest.approx(first["fp16-mixed"], rel=1e-2)

@@ -1,4 +1,5 @@
 """Unit 04's graded checks accept the reference and name each bug."""
+
 from __future__ import annotations
 
 import pytest
@@ -58,11 +59,15 @@ def test_unit04_checks_pass_on_the_reference(capsys):
 def test_unit04_checks_catch_bugs():
     from course_lib.units.u04_optimizer_memory import checks as unit04
 
-    with pytest.raises(AssertionError, match=r"✗ task 1: Adam\(lr=1e-2, weight_decay=0\): parameter 0"):
+    with pytest.raises(
+        AssertionError, match=r"✗ task 1: Adam\(lr=1e-2, weight_decay=0\): parameter 0"
+    ):
         unit04.check_adam(_NoBiasCorrection)
     with pytest.raises(AssertionError, match=r"✗ task 2: AdamW"):
         unit04.check_adamw(_CoupledOnly)
-    with pytest.raises(AssertionError, match=r"✗ task 3: torch.bfloat16 parameters .* expected 848 bytes"):
+    with pytest.raises(
+        AssertionError, match=r"✗ task 3: torch.bfloat16 parameters .* expected 848 bytes"
+    ):
         unit04.check_adam_state_bytes(_Fp32State)
 
 
@@ -133,7 +138,9 @@ def test_unit04_new_tasks_fail_wrong_answers():
     from course_lib.units.u04_optimizer_memory import checks as unit04
 
     # at rest only (no fp32 gradients, no scratch); one scratch tensor instead of two; a float
-    with pytest.raises(AssertionError, match=r"✗ task 4: widths \[300, 1000, 700, 50\].*16.00 B/param"):
+    with pytest.raises(
+        AssertionError, match=r"✗ task 4: widths \[300, 1000, 700, 50\].*16.00 B/param"
+    ):
         unit04.check_predict_step_peak(lambda w: 16 * sum(_sizes(w)))
     with pytest.raises(AssertionError, match=r"✗ task 4: widths"):
         unit04.check_predict_step_peak(lambda w: 20 * sum(_sizes(w)) + 4 * max(_sizes(w)))
@@ -156,12 +163,19 @@ def test_unit04_new_tasks_refuse_the_course_answers():
 
     def peak_from_estimate(widths):
         n = sum(_sizes(widths))
-        return estimate.model_state_bytes(n, precision="bf16-mixed")["total"] + 4 * n + 8 * max(_sizes(widths))
+        return (
+            estimate.model_state_bytes(n, precision="bf16-mixed")["total"]
+            + 4 * n
+            + 8 * max(_sizes(widths))
+        )
 
     with pytest.raises(AssertionError, match=r"✗ task 4: uses the course's own model_state_bytes"):
         unit04.check_predict_step_peak(peak_from_estimate)
     with pytest.raises(AssertionError, match=r"✗ task 5: uses the course's own MasterWeights"):
         unit04.check_master_bug(lambda model, lr: optim.MasterWeights(model, "adam", lr=lr))
-    with pytest.raises(AssertionError, match=r"✗ task 6: uses the course's own zero_bytes_per_rank"):
-        unit04.check_zero1_at_scale(lambda n, w, m: estimate.zero_bytes_per_rank(n, stage=1, world_size=w,
-                                                                                k=12 if m else 8))
+    with pytest.raises(
+        AssertionError, match=r"✗ task 6: uses the course's own zero_bytes_per_rank"
+    ):
+        unit04.check_zero1_at_scale(
+            lambda n, w, m: estimate.zero_bytes_per_rank(n, stage=1, world_size=w, k=12 if m else 8)
+        )

@@ -1,5 +1,6 @@
 """course_lib.units.u04_optimizer_memory.run: measured optimizer state (exact bytes), the
 mixed-precision accounting and the convergence runs."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,9 @@ def test_state_bytes_table_matches_estimate_exactly_including_8bit():
     assert list(df.index) == list(E.O.OPTIMIZERS)
     for name in E.O.OPTIMIZERS:
         assert df.loc[name, "residual"] == 0, name
-        assert df.loc[name, "measured"] == df.loc[name, "state_total"]  # MemoryMeter == optimizer.state
+        assert (
+            df.loc[name, "measured"] == df.loc[name, "state_total"]
+        )  # MemoryMeter == optimizer.state
     for name in ("sgd", "momentum", "rmsprop", "adagrad", "adam", "adamw"):
         assert df.loc[name, "predicted"] == df.loc[name, "naive"], name
     n = df.loc["adam", "n_params"]
@@ -45,7 +48,10 @@ def test_accounting_table_reconciles_12_16_18_20():
     df = E.accounting_table()
     assert sorted(set(df["bytes_per_param"])) == [10, 12, 16, 18, 20]
     zero = df.set_index("source").loc["ZeRO, mixed-precision Adam"]
-    assert zero["bytes_per_param"] == estimate.model_state_bytes(1, precision="fp16-mixed", optimizer="adam")["total"]
+    assert (
+        zero["bytes_per_param"]
+        == estimate.model_state_bytes(1, precision="fp16-mixed", optimizer="adam")["total"]
+    )
     assert df["reference"].str.len().min() > 10
 
 
@@ -71,6 +77,9 @@ def test_recipe_table_measures_16_12_and_8_bytes_and_the_lost_updates():
     assert err["fp32"] == 0
     # without a master copy the small updates are rounded away: far from the fp32 run
     assert err["12 B: bf16, fp32 moments"] > 2 * err["16 B: bf16 + fp32 master"]
-    assert df.loc["12 B: bf16, fp32 moments", "unchanged by last step"] > df.loc["fp32", "unchanged by last step"]
+    assert (
+        df.loc["12 B: bf16, fp32 moments", "unchanged by last step"]
+        > df.loc["fp32", "unchanged by last step"]
+    )
     with pytest.raises(ValueError, match="steps"):
         E.recipe_table(config=SMALL, steps=1)

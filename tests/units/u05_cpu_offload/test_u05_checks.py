@@ -1,5 +1,6 @@
 """Unit 05's graded checks: a correct answer passes, a wrong one fails with a ✗ line, one that
 calls the course's own answer is refused."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,12 @@ from course_lib.units.u05_cpu_offload import checks
 # ---- task 1 ----------------------------------------------------------------------------------
 def _predict(parts, overlap):
     if overlap:
-        return max(parts["compute"], parts["to_host"] + parts["to_device"], parts["host_adam"],
-                   parts["store_read"] + parts["store_write"])
+        return max(
+            parts["compute"],
+            parts["to_host"] + parts["to_device"],
+            parts["host_adam"],
+            parts["store_read"] + parts["store_write"],
+        )
     return sum(parts.values())
 
 
@@ -25,9 +30,15 @@ def test_task1_correct_wrong_refused(capsys):
     with pytest.raises(AssertionError, match="✗ task 1: overlap=True"):
         checks.check_step_time(lambda p, o: sum(p.values()))
     with pytest.raises(AssertionError, match="✗ task 1: uses the course's own offload_step_time"):
-        checks.check_step_time(lambda p, o: estimate.offload_step_time(
-            compute_s=p["compute"], transfer_s=p["to_host"] + p["to_device"], host_s=p["host_adam"],
-            storage_s=p["store_read"] + p["store_write"], overlap=o))
+        checks.check_step_time(
+            lambda p, o: estimate.offload_step_time(
+                compute_s=p["compute"],
+                transfer_s=p["to_host"] + p["to_device"],
+                host_s=p["host_adam"],
+                storage_s=p["store_read"] + p["store_write"],
+                overlap=o,
+            )
+        )
     with pytest.raises(AssertionError, match="✗ task 1: .*expected a float"):
         checks.check_step_time(lambda p, o: "1 s")
 
@@ -46,12 +57,22 @@ def _choose(n, budget, act):
 def test_task2_correct_wrong_refused(capsys):
     checks.check_choose_offload(_choose)
     assert capsys.readouterr().out.startswith("✓ task 2")
-    with pytest.raises(AssertionError, match=r"✗ task 2: choose_offload\(7e9 params, budget 40 GB.*'optimizer\+grads'"):
+    with pytest.raises(
+        AssertionError,
+        match=r"✗ task 2: choose_offload\(7e9 params, budget 40 GB.*'optimizer\+grads'",
+    ):
         checks.check_choose_offload(lambda n, b, a: _choose(n, b - 1, a))  # strict < instead of <=
     with pytest.raises(AssertionError, match="✗ task 2: uses the course's own offload_split"):
-        checks.check_choose_offload(lambda n, b, a: next(
-            (lv for lv in estimate.OFFLOAD_LEVELS
-             if estimate.offload_split(n, level=lv)["device"] + a <= b), None))
+        checks.check_choose_offload(
+            lambda n, b, a: next(
+                (
+                    lv
+                    for lv in estimate.OFFLOAD_LEVELS
+                    if estimate.offload_split(n, level=lv)["device"] + a <= b
+                ),
+                None,
+            )
+        )
     with pytest.raises(AssertionError, match="✗ task 2: expected a level name"):
         checks.check_choose_offload(lambda n, b, a: 1)
 
@@ -60,7 +81,9 @@ def test_task2_correct_wrong_refused(capsys):
 class _Offload:
     def __init__(self, params, lr=1e-3, weight_decay=1e-2):
         self.params = list(params)
-        self.master = [torch.nn.Parameter(p.detach().to("cpu", torch.float32, copy=True)) for p in self.params]
+        self.master = [
+            torch.nn.Parameter(p.detach().to("cpu", torch.float32, copy=True)) for p in self.params
+        ]
         self.host_opt = torch.optim.AdamW(self.master, lr=lr, weight_decay=weight_decay)
 
     @torch.no_grad()

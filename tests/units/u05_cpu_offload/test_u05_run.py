@@ -1,5 +1,6 @@
 """Unit 05's measured runs: parity, device memory against the budget, tiers, the step's parts,
 FSDP2's CPU offload in ranks, and the scale-up table."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +30,9 @@ def test_memory_fit_offload_fits_a_budget_the_plain_step_does_not():
     # buffers (the causal mask): bf16 params + grads only, once offloaded
     assert off["model_state_predicted"] == 4 * n and plain["model_state_predicted"] == 16 * n
     assert 0 <= off["model_state_measured"] - off["model_state_predicted"] < 0.01 * n
-    assert off["host_measured"] - off["host_predicted"] == 4 * len(list(run.GPT(SMALL).parameters()))
+    assert off["host_measured"] - off["host_predicted"] == 4 * len(
+        list(run.GPT(SMALL).parameters())
+    )
     budget = MemoryBudget((int(off["peak"]) + int(plain["peak"])) // 2)
     budget.check(int(off["peak"]))
     with pytest.raises(SimulatedOOM, match="simulated"):
@@ -38,8 +41,12 @@ def test_memory_fit_offload_fits_a_budget_the_plain_step_does_not():
 
 def test_tier_bandwidth_rows_and_positive():
     df = run.tier_bandwidth(1 << 20, repeat=1)
-    assert list(df.index) == ["RAM copy", "file write + fsync", "file read, cache dropped",
-                              "file read, cached"]
+    assert list(df.index) == [
+        "RAM copy",
+        "file write + fsync",
+        "file read, cache dropped",
+        "file read, cached",
+    ]
     assert (df["GBps"] > 0).all()
 
 
@@ -47,7 +54,9 @@ def test_step_breakdown_parts_add_up_to_their_own_total():
     df = run.step_breakdown(tier="file", steps=3, config=SMALL, batch=2)
     parts = df[list(run.PARTS)].sum(axis=1)
     ratio = (parts / df["total"]).median()
-    assert 0.8 < ratio <= 1.0 + 1e-9  # timed independently: the total also holds the gaps between timers
+    assert (
+        0.8 < ratio <= 1.0 + 1e-9
+    )  # timed independently: the total also holds the gaps between timers
     n = sum(p.numel() for p in run.GPT(SMALL).parameters())
     assert (df["store_read_bytes"] == 12 * n).all() and (df["to_host_bytes"] == 4 * n).all()
     pred = run.predicted_step_times(df.median(numeric_only=True))
@@ -80,7 +89,10 @@ def test_bad_arguments():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_h2d_pinned_faster_than_pageable():
     df = run.h2d_bandwidth(64 << 20, repeat=3).set_index(["memory", "direction"])
-    assert df.loc[("pinned", "host -> device"), "GBps"] > df.loc[("pageable", "host -> device"), "GBps"]
+    assert (
+        df.loc[("pinned", "host -> device"), "GBps"]
+        > df.loc[("pageable", "host -> device"), "GBps"]
+    )
     assert df["GBps"].max() < 2 * estimate.link_speed("PCIe 5.0 x16").per_direction_GBps
 
 

@@ -1,4 +1,5 @@
 """Unit 05 explorer widget (driven from Python) and the unit's plots."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -19,14 +20,30 @@ def test_explorer_times_steps_on_click():
 
 
 def test_plots_draw_and_check_input():
-    mem = pd.DataFrame({"model_state_measured": [100, 30], "activations": [50, 50],
-                        "model_state_predicted": [100, 25]}, index=["plain", "offloaded"])
+    mem = pd.DataFrame(
+        {
+            "model_state_measured": [100, 30],
+            "activations": [50, 50],
+            "model_state_predicted": [100, 25],
+        },
+        index=["plain", "offloaded"],
+    )
     assert plots.plot_memory_fit(mem, 120).axes
     tiers = pd.DataFrame({"GBps": [5.0, 0.5]}, index=["RAM copy", "file"])
     assert plots.plot_tiers(tiers, {"PCIe 4.0 x16": 32.0}).axes
-    steps = pd.DataFrame({"compute": [0.01], "to_host": [0.001], "host_adam": [0.002],
-                          "to_device": [0.001], "total": [0.0141], "plain": [0.012]})
-    assert plots.plot_step_breakdown(steps, predicted={"serial_s": 0.014, "overlapped_s": 0.01}).axes
+    steps = pd.DataFrame(
+        {
+            "compute": [0.01],
+            "to_host": [0.001],
+            "host_adam": [0.002],
+            "to_device": [0.001],
+            "total": [0.0141],
+            "plain": [0.012],
+        }
+    )
+    assert plots.plot_step_breakdown(
+        steps, predicted={"serial_s": 0.014, "overlapped_s": 0.01}
+    ).axes
     with pytest.raises(ValueError, match="missing"):
         plots.plot_step_breakdown(pd.DataFrame({"compute": [1.0]}))
     with pytest.raises(TypeError):

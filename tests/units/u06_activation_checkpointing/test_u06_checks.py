@@ -1,4 +1,5 @@
 """Unit 06's graded checks: a correct answer passes, a wrong one fails with ✗, the course's own is refused."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,18 +9,25 @@ from course_lib.measure import estimate
 from course_lib.techniques import checkpointing as ck
 from course_lib.units.u06_activation_checkpointing import checks, run
 
-OPTIONS = ([("none", 1, ck.MATMUL_OPS)]
-           + [("selective", 1, ops) for ops in (ck.MATMUL_OPS, ("mm", "addmm"), ("bmm",))])
+OPTIONS = [("none", 1, ck.MATMUL_OPS)] + [
+    ("selective", 1, ops) for ops in (ck.MATMUL_OPS, ("mm", "addmm"), ("bmm",))
+]
 
 
 def pick(config, batch, seq, budget):
     """A learner's answer: enumerate the options with the exact formulas, keep the cheapest that fits."""
-    opts = OPTIONS + [(p, k, ck.MATMUL_OPS) for p in ("every_k", "segments") for k in range(1, config.n_layer + 1)]
+    opts = OPTIONS + [
+        (p, k, ck.MATMUL_OPS) for p in ("every_k", "segments") for k in range(1, config.n_layer + 1)
+    ]
     best = None
     for policy, k, ops in opts:
-        kept = estimate.checkpointed_activation_bytes_gpt(config, batch, seq, policy=policy, k=k, save_ops=ops)
+        kept = estimate.checkpointed_activation_bytes_gpt(
+            config, batch, seq, policy=policy, k=k, save_ops=ops
+        )
         if kept <= budget:
-            rec = estimate.gpt_step_matmul_flops(config, batch, seq, policy=policy, k=k, save_ops=ops)["recompute"]
+            rec = estimate.gpt_step_matmul_flops(
+                config, batch, seq, policy=policy, k=k, save_ops=ops
+            )["recompute"]
             if best is None or (rec, kept) < best[0]:
                 best = ((rec, kept), {"policy": policy, "k": k, "save_ops": ops})
     return best[1]
@@ -29,8 +37,10 @@ def predict(config, batch, seq, policy, k):
     """A learner's answer, from the per-block count (no course function)."""
     B, T, C = batch, seq, config.n_embd
     plain = 16 * B * T * C + 4 * B * T + config.n_head * B * T * T
-    kept = [B * T * C if policy != "none" and i % k == 0 else (0 if policy == "segments" else plain)
-            for i in range(config.n_layer)]
+    kept = [
+        B * T * C if policy != "none" and i % k == 0 else (0 if policy == "segments" else plain)
+        for i in range(config.n_layer)
+    ]
     return 4 * (sum(kept) + 2 * B * T * C + 2 * B * T + B * T * config.vocab_size)
 
 
@@ -38,7 +48,11 @@ def test_correct_answers_pass(capsys):
     checks.check_pick_policy(pick)
     checks.check_rng_fix(lambda block, x: checkpoint(block, x, use_reentrant=False))
     checks.check_predict_kept_bytes(predict)
-    assert [ln[:8] for ln in capsys.readouterr().out.splitlines()] == ["✓ task 1", "✓ task 2", "✓ task 3"]
+    assert [ln[:8] for ln in capsys.readouterr().out.splitlines()] == [
+        "✓ task 1",
+        "✓ task 2",
+        "✓ task 3",
+    ]
 
 
 def test_wrong_answers_fail():
@@ -49,12 +63,17 @@ def test_wrong_answers_fail():
     with pytest.raises(AssertionError, match=r"✗ task 1: pick\(...\) must return a dict"):
         checks.check_pick_policy(lambda c, b, s, budget: "full")
     with pytest.raises(AssertionError, match=r"✗ task 2: gradient of .* same dropout masks"):
-        checks.check_rng_fix(lambda block, x: checkpoint(block, x, use_reentrant=False, preserve_rng_state=False))
+        checks.check_rng_fix(
+            lambda block, x: checkpoint(block, x, use_reentrant=False, preserve_rng_state=False)
+        )
     with pytest.raises(AssertionError, match=r"✗ task 2: each block should run twice"):
         checks.check_rng_fix(lambda block, x: block(x))
     with pytest.raises(AssertionError, match=r"✗ task 3: .*policy='full'.*off by"):
-        checks.check_predict_kept_bytes(lambda c, b, s, p, k: predict(c, b, s, "none", 1)
-                                        if p != "none" else predict(c, b, s, p, k))
+        checks.check_predict_kept_bytes(
+            lambda c, b, s, p, k: (
+                predict(c, b, s, "none", 1) if p != "none" else predict(c, b, s, p, k)
+            )
+        )
     with pytest.raises(AssertionError, match=r"✗ task 3: predict_kept_bytes must return an int"):
         checks.check_predict_kept_bytes(lambda *a: float(predict(*a)))
     with pytest.raises(AssertionError, match=r"✗ task 2: not implemented yet: <lambda> raised"):
@@ -62,10 +81,15 @@ def test_wrong_answers_fail():
 
 
 def test_the_course_answers_are_refused():
-    with pytest.raises(AssertionError, match=r"✗ task 1: uses the course's own cheapest_fitting_policy"):
+    with pytest.raises(
+        AssertionError, match=r"✗ task 1: uses the course's own cheapest_fitting_policy"
+    ):
         checks.check_pick_policy(run.cheapest_fitting_policy)
     with pytest.raises(AssertionError, match=r"✗ task 2: uses the course's own Checkpointed"):
         checks.check_rng_fix(lambda block, x: ck.Checkpointed([block])(x))
-    with pytest.raises(AssertionError, match=r"✗ task 3: uses the course's own checkpointed_activation_bytes_gpt"):
-        checks.check_predict_kept_bytes(lambda c, b, s, p, k: estimate.checkpointed_activation_bytes_gpt(
-            c, b, s, policy=p, k=k))
+    with pytest.raises(
+        AssertionError, match=r"✗ task 3: uses the course's own checkpointed_activation_bytes_gpt"
+    ):
+        checks.check_predict_kept_bytes(
+            lambda c, b, s, p, k: estimate.checkpointed_activation_bytes_gpt(c, b, s, policy=p, k=k)
+        )

@@ -1,4 +1,5 @@
 """Unit 06's runs: every policy measured equals its prediction to the byte and the FLOP."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,13 +17,17 @@ def test_policy_table_is_exact_and_gradients_match():
     assert (df["flops_measured"] == df["flops_predicted"]).all()
     assert (df["max_grad_error"] == 0).all()
     full = df.set_index("case").loc["full"]
-    assert 1 < full["flops_ratio"] < 4 / 3  # one more forward of the blocks, minus early stop and the head
+    assert (
+        1 < full["flops_ratio"] < 4 / 3
+    )  # one more forward of the blocks, minus early stop and the head
 
 
 def test_segment_sweep_and_tables():
     sw = run.segment_sweep(SMALL, batch=2, seq=16, ks=[1, 3])
     assert (sw["kept_measured"] == sw["kept_predicted"]).all()
-    assert sw["peak_measured"].iloc[1] > sw["peak_measured"].iloc[0]  # a longer segment rebuilds more
+    assert (
+        sw["peak_measured"].iloc[1] > sw["peak_measured"].iloc[0]
+    )  # a longer segment rebuilds more
     scale = run.scale_table().set_index(["model", "policy"])["kept_GB"]
     assert round(scale[("GPT-3 175B, b 1, s 2048", "none")]) == 275
     assert run.source_corrections()["formula_GB"].round(0).tolist() == [9, 490, 146, 9]
@@ -32,7 +37,9 @@ def test_segment_sweep_and_tables():
 
 def test_cheapest_fitting_policy_and_bad_input():
     huge = run.cheapest_fitting_policy(SMALL, 2, 16, 10**9)
-    assert huge["recompute"] == 0  # keeping every matmul output recomputes no matmul: it beats "none" on bytes
+    assert (
+        huge["recompute"] == 0
+    )  # keeping every matmul output recomputes no matmul: it beats "none" on bytes
     assert run.cheapest_fitting_policy(SMALL, 2, 16, 0) is None
     with pytest.raises(ValueError, match=r"budget = -1: expected an int >= 0"):
         run.cheapest_fitting_policy(SMALL, 2, 16, -1)
@@ -52,7 +59,8 @@ def test_virtual_7b_table_scales_the_virtual_cluster_per_block():
     assert vt.loc["full", "virtual_kept_GB"] < vt.loc["none", "virtual_kept_GB"]
     assert vt.loc["full", "virtual_peak_GB"] < vt.loc["none", "virtual_peak_GB"]
     assert vt.loc["full", "estimate_kept_GB"] * 1e9 == estimate.checkpointed_activation_bytes(
-        64, 1, 4096, 32, 4, policy="full")
+        64, 1, 4096, 32, 4, policy="full"
+    )
     assert all(t.startswith("virtual cluster") for t in vt.attrs["titles"])
     with pytest.raises(ValueError, match="probe"):
         run.virtual_7b_table(probe=(2, 1))

@@ -1,4 +1,5 @@
 """Unit 06's explorer, driven from Python, and its plots."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -9,7 +10,6 @@ from course_lib.units.u06_activation_checkpointing import plots, run
 from course_lib.units.u06_activation_checkpointing.widgets import PolicyExplorer
 
 SMALL = GPTConfig.tiny(n_layer=2, n_embd=32, n_head=2, block_size=16, vocab_size=32)
-
 
 
 def test_explorer_measures_on_click():

@@ -1,4 +1,5 @@
 """Unit 07's graded checks: a right answer passes, a wrong one fails, the course's own is refused."""
+
 from __future__ import annotations
 
 import math
@@ -22,14 +23,17 @@ def count_no_gqa(r):
 def count_course(r):
     from course_lib.measure import estimate
 
-    return estimate.transformer_lora_params(hidden=4096, ffn_hidden=14336, n_layer=32, r=r, targets="all",
-                                            kv_hidden=1024)
+    return estimate.transformer_lora_params(
+        hidden=4096, ffn_hidden=14336, n_layer=32, r=r, targets="all", kv_hidden=1024
+    )
 
 
 def test_count(capsys):
     C.check_count_lora(count_right)
     assert capsys.readouterr().out.startswith("✓ task 1: Mistral-7B")
-    with pytest.raises(AssertionError, match="✗ task 1: .*expected 2,621,440, got 2,818,048 .*key/value heads"):
+    with pytest.raises(
+        AssertionError, match="✗ task 1: .*expected 2,621,440, got 2,818,048 .*key/value heads"
+    ):
         C.check_count_lora(count_no_gqa)
     with pytest.raises(AssertionError, match="✗ task 1: .*expected an int"):
         C.check_count_lora(lambda r: float(count_right(r)))
@@ -96,16 +100,22 @@ def test_forward(capsys):
 def test_merge(capsys):
     C.check_lora_merge(GoodLoRA)
     assert capsys.readouterr().out.startswith("✓ task 3:")
-    with pytest.raises(AssertionError, match="✗ task 3: after merge\\(\\) the update is added twice"):
+    with pytest.raises(
+        AssertionError, match="✗ task 3: after merge\\(\\) the update is added twice"
+    ):
         C.check_lora_merge(MergeTwice)
     with pytest.raises(AssertionError, match="✗ task 3: uses the course's own LoRALinear"):
         C.check_lora_merge(CourseLoRA)
 
 
 def test_init_adapter(capsys):
-    C.check_init_adapter(lambda d_in, d_out, r: (torch.randn(r, d_in) / d_in**0.5, torch.zeros(d_out, r)))
+    C.check_init_adapter(
+        lambda d_in, d_out, r: (torch.randn(r, d_in) / d_in**0.5, torch.zeros(d_out, r))
+    )
     assert capsys.readouterr().out.startswith("✓ task 4:")
-    with pytest.raises(AssertionError, match="✗ task 4: the adapted layer changes the pre-trained output"):
+    with pytest.raises(
+        AssertionError, match="✗ task 4: the adapted layer changes the pre-trained output"
+    ):
         C.check_init_adapter(lambda d_in, d_out, r: (torch.randn(r, d_in), torch.randn(d_out, r)))
     with pytest.raises(AssertionError, match="✗ task 4: after one SGD step"):
         C.check_init_adapter(lambda d_in, d_out, r: (torch.zeros(r, d_in), torch.zeros(d_out, r)))

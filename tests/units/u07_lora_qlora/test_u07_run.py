@@ -1,4 +1,5 @@
 """Unit 07's measured runs: counts, memory of one step, fine-tuning, NF4 bytes, scale, peft."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,7 +35,9 @@ def test_lora_reaches_most_of_full_finetunings_drop():
     df = R.finetune(("full", "lora"), steps=60, config=SMALL)
     summary = R.finetune_summary(df)
     assert summary.loc["lora", "trainable"] < summary.loc["full", "trainable"]
-    assert summary.loc["full", "first_loss"] == summary.loc["lora", "first_loss"]  # B = 0: same start
+    assert (
+        summary.loc["full", "first_loss"] == summary.loc["lora", "first_loss"]
+    )  # B = 0: same start
     assert summary.loc["lora", "percent_of_full_drop"] > 80
 
 
@@ -50,7 +53,11 @@ def test_nf4_table_bytes_and_error():
 
 def test_scale_table_65b_qlora_fits_48gb_and_lora_paper_figures():
     df = R.scale_table()
-    q65 = df[(df["model"] == "Llama 65B") & (df["method"] == "qlora") & (df["adapter"] == "r 64, all seven")]
+    q65 = df[
+        (df["model"] == "Llama 65B")
+        & (df["method"] == "qlora")
+        & (df["adapter"] == "r 64, all seven")
+    ]
     assert q65["total_GB"].item() < 48
     gpt3 = df[(df["model"] == "GPT-3 175B") & (df["method"] == "lora")]
     assert gpt3["frozen_base_GB"].item() == 350.0
@@ -61,8 +68,11 @@ def test_peft_parity_exact():
     pytest.importorskip("peft")
     got = R.peft_parity()
     assert got["max_abs_diff"] == 0.0 and got["max_abs_diff_merged"] == 0.0
-    assert got["trainable_ours"] == got["trainable_peft"] == estimate.lora_params(
-        [(64, 192), (64, 64), (64, 256), (256, 64)] * 2, r=8)
+    assert (
+        got["trainable_ours"]
+        == got["trainable_peft"]
+        == estimate.lora_params([(64, 192), (64, 64), (64, 256), (256, 64)] * 2, r=8)
+    )
 
 
 def test_bad_arguments():

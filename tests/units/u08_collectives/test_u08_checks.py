@@ -1,4 +1,5 @@
 """Unit 08's graded checks accept the reference and reject wrong answers."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,6 @@ C = rewritten("course_lib.parallel.collectives")
 
 NUMELS = (1, 7, 1001)
 DTYPES = (torch.float32, torch.float64)
-
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -92,8 +91,10 @@ def test_straggler_prediction_passes_measured_and_fails_wrong(capsys, monkeypatc
         unit08.check_straggler_prediction(lambda sleeps: 0.3)
     with pytest.raises(AssertionError, match="✗ task 4: uses the course's own straggler"):
         from course_lib.units.u08_collectives import run_patterns  # measuring, not predicting
+
         unit08.check_straggler_prediction(
-            lambda sleeps: run_patterns.straggler(sleeps)["in_all_reduce_s"].tolist())
+            lambda sleeps: run_patterns.straggler(sleeps)["in_all_reduce_s"].tolist()
+        )
 
 
 def _fixed_average(grad):
@@ -107,18 +108,25 @@ def test_fixed_average_passes_the_fix_and_fails_the_bug(capsys):
 
     unit08.check_fixed_average(_fixed_average)
     assert capsys.readouterr().out.startswith("✓ task 5: every rank holds the mean gradient")
-    with pytest.raises(AssertionError, match=r"✗ task 5: .*returned shape \(4,\), expected the gradient's \(2,\)"):
+    with pytest.raises(
+        AssertionError, match=r"✗ task 5: .*returned shape \(4,\), expected the gradient's \(2,\)"
+    ):
         unit08.check_fixed_average(unit08.buggy_average_gradients)
     with pytest.raises(AssertionError, match=r"✗ task 5: .*max abs difference"):
         unit08.check_fixed_average(lambda g: (dist.all_reduce(g), g)[1])  # a sum, not a mean
     with pytest.raises(AssertionError, match="✗ task 5: uses the course's own ring_all_reduce"):
-        unit08.check_fixed_average(lambda g: course_C.ring_all_reduce(g.clone()) / dist.get_world_size())
+        unit08.check_fixed_average(
+            lambda g: course_C.ring_all_reduce(g.clone()) / dist.get_world_size()
+        )
 
 
 def _bytes(n_params, world_size, scheme):
     s, n = 2 * n_params, world_size
-    return {"all_reduce": 2 * (n - 1) * s / n, "zero3": 3 * (n - 1) * s / n,
-            "parameter_server": (n - 1) * s}[scheme]
+    return {
+        "all_reduce": 2 * (n - 1) * s / n,
+        "zero3": 3 * (n - 1) * s / n,
+        "parameter_server": (n - 1) * s,
+    }[scheme]
 
 
 def test_scale_bytes(capsys):
@@ -127,10 +135,13 @@ def test_scale_bytes(capsys):
     unit08.check_scale_bytes(_bytes)
     assert capsys.readouterr().out == (
         "✓ task 6: bytes per step match estimate for 7B and 70B on 8 and 64 GPUs (70B on 64: "
-        "all-reduce 276 GB, ZeRO-3 413 GB, parameter server 8,820 GB)\n")
+        "all-reduce 276 GB, ZeRO-3 413 GB, parameter server 8,820 GB)\n"
+    )
     with pytest.raises(AssertionError, match="✗ task 6: .*zero3"):  # "sharding is free": 2(N-1)/N S
         unit08.check_scale_bytes(lambda p, w, s: _bytes(p, w, "all_reduce" if s == "zero3" else s))
     with pytest.raises(AssertionError, match="✗ task 6: .*all_reduce"):  # fp32 gradients
         unit08.check_scale_bytes(lambda p, w, s: 2 * _bytes(p, w, s))
-    with pytest.raises(AssertionError, match="✗ task 6: uses the course's own ring_allreduce_bytes_sent"):
+    with pytest.raises(
+        AssertionError, match="✗ task 6: uses the course's own ring_allreduce_bytes_sent"
+    ):
         unit08.check_scale_bytes(lambda p, w, s: estimate.ring_allreduce_bytes_sent(2 * p, w))

@@ -1,4 +1,5 @@
 """Unit 08 plots (pure, headless) and the CollectiveExplorer widget, driven from Python."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -35,7 +36,9 @@ def test_before_after_draws_every_value_and_blank_for_empty():
 
 
 def test_primitives_grid_has_a_before_and_after_panel_per_collective():
-    results = {name: {"before": _rows(4), "after": E.expected_after(name, 4)} for name in E.PRIMITIVES}
+    results = {
+        name: {"before": _rows(4), "after": E.expected_after(name, 4)} for name in E.PRIMITIVES
+    }
     fig = P.plot_primitives(results)
     titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
     assert titles.count("all_to_all: after") == 1 and len(titles) == 16
@@ -52,9 +55,18 @@ def test_ring_steps_from_records_label_contributors():
         states = [torch.full((n,), float(2**r))]
         for _ in range(2 * (n - 1)):
             states.append(torch.full((n,), full))
-        records.append([{"phase": "input" if s == 0 else ("reduce-scatter" if s < n else "all-gather"),
-                         "step": s, "sent_chunk": None if s == 0 else 0, "received_chunk": None,
-                         "state": st} for s, st in enumerate(states)])
+        records.append(
+            [
+                {
+                    "phase": "input" if s == 0 else ("reduce-scatter" if s < n else "all-gather"),
+                    "step": s,
+                    "sent_chunk": None if s == 0 else 0,
+                    "received_chunk": None,
+                    "state": st,
+                }
+                for s, st in enumerate(states)
+            ]
+        )
     fig = P.plot_ring_steps(records)
     assert len(fig.axes) == 2 * (n - 1) + 1
     labels = _texts(fig)
@@ -64,26 +76,44 @@ def test_ring_steps_from_records_label_contributors():
 
 
 def test_bytes_and_times_plots():
-    df = pd.DataFrame({"algorithm": ["ring", "ring", "naive_ring", "naive_ring"], "rank": [0, 1, 0, 1],
-                       "size_bytes": [2048] * 4, "wire_bytes_sent": [1168, 1168, 2192, None],
-                       "predicted_bytes_sent": [1024, 1024, 2048, 2048]})
+    df = pd.DataFrame(
+        {
+            "algorithm": ["ring", "ring", "naive_ring", "naive_ring"],
+            "rank": [0, 1, 0, 1],
+            "size_bytes": [2048] * 4,
+            "wire_bytes_sent": [1168, 1168, 2192, None],
+            "predicted_bytes_sent": [1024, 1024, 2048, 2048],
+        }
+    )
     fig = P.plot_bytes(df)
     assert "KiB" in fig.axes[0].get_ylabel()
     heights = sorted(p.get_height() for p in fig.axes[0].patches)
     assert heights == [0.0, 1168 / 1024, 1168 / 1024, 2192 / 1024]  # unmeasured: no bar
     plt.close(fig)
-    fig = P.plot_bytes(df.rename(columns={"algorithm": "collective"}), group="collective", per_size=True)
+    fig = P.plot_bytes(
+        df.rename(columns={"algorithm": "collective"}), group="collective", per_size=True
+    )
     assert fig.axes[0].get_ylabel() == "bytes sent / S"
     assert max(p.get_height() for p in fig.axes[0].patches) == pytest.approx(2192 / 2048)
     plt.close(fig)
-    times = pd.DataFrame({"algorithm": ["ring", "ring"], "size_bytes": [1024, 4096],
-                          "median_s": [1e-3, 2e-3], "p25_s": [0.9e-3, 1.9e-3], "p75_s": [1.1e-3, 2.2e-3]})
-    model = pd.DataFrame({"algorithm": ["ring", "ring"], "size_bytes": [1024, 4096],
-                          "predicted_s": [1.1e-3, 1.8e-3]})
+    times = pd.DataFrame(
+        {
+            "algorithm": ["ring", "ring"],
+            "size_bytes": [1024, 4096],
+            "median_s": [1e-3, 2e-3],
+            "p25_s": [0.9e-3, 1.9e-3],
+            "p75_s": [1.1e-3, 2.2e-3],
+        }
+    )
+    model = pd.DataFrame(
+        {"algorithm": ["ring", "ring"], "size_bytes": [1024, 4096], "predicted_s": [1.1e-3, 1.8e-3]}
+    )
     fig = P.plot_times(times, model)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["ring (alpha-beta model)", "ring (measured)"] or set(labels) == {
-        "ring (measured)", "ring (alpha-beta model)"}
+        "ring (measured)",
+        "ring (alpha-beta model)",
+    }
     plt.close(fig)
 
 
@@ -124,7 +154,9 @@ def test_widget_explains_an_impossible_choice_and_stays_usable():
     assert [o["data"].keys() >= {"image/png"} for o in ex.output.outputs] == [True, False]
     ex.world_size.value = 3
     ex.run_button.click()
-    assert ex.result is None and "cannot run" in ex.status.value and "world_size=3" in ex.status.value
+    assert (
+        ex.result is None and "cannot run" in ex.status.value and "world_size=3" in ex.status.value
+    )
     assert ex.output.outputs == ()  # the 2-rank picture and table are gone, not left under it
     assert not ex.run_button.disabled
     ex.world_size.value = 2
@@ -136,8 +168,9 @@ def test_widget_names_the_world_sizes_its_own_slider_offers():
     from course_lib.units.u08_collectives.widgets import CollectiveExplorer
 
     for top, listed in ((8, "2, 4, 8"), (6, "2, 4")):
-        ex = CollectiveExplorer(collective="recursive_doubling (from scratch)", world_size=3,
-                                max_world_size=top)
+        ex = CollectiveExplorer(
+            collective="recursive_doubling (from scratch)", world_size=3, max_world_size=top
+        )
         ex.run_button.click()
         assert ex.status.value.endswith(f"valid choices here: {listed}")
         offered = range(ex.world_size.min, ex.world_size.max + 1, ex.world_size.step)

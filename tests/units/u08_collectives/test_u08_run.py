@@ -1,4 +1,5 @@
 """Unit 08 experiments: real ranks, results checked against the definitions and estimate."""
+
 from __future__ import annotations
 
 import math
@@ -38,16 +39,23 @@ def test_every_primitive_on_four_ranks_matches_its_definition(primitives4):
 
 def test_explorer_table_puts_the_wire_beside_estimate(primitives4):
     # scatter/gather: the root's buffer is S = 16 B; the root scatters 3/4 S, non-roots gather S/4
-    assert E.estimated_bytes_sent("scatter", 4, 0) == 12 and E.estimated_bytes_sent("scatter", 4, 1) == 0
+    assert (
+        E.estimated_bytes_sent("scatter", 4, 0) == 12
+        and E.estimated_bytes_sent("scatter", 4, 1) == 0
+    )
     ring = E.bytes_table("ring (from scratch)", primitives4["ring (from scratch)"], 4)
     assert ring["sent, predicted (estimate)"].tolist() == [24] * 4  # 2 * 3/4 * 16 B
     for name in E.COLLECTIVE_CHOICES:
         res = primitives4[name]
         table = E.bytes_table(name, res, 4)
         assert table["sent, predicted (estimate)"].tolist() == [
-            E.estimated_bytes_sent(name, 4, r) for r in range(4)]
+            E.estimated_bytes_sent(name, 4, r) for r in range(4)
+        ]
         assert table["sent, measured (wire)"].tolist() == res["wire_bytes_sent"]
-        assert all(isinstance(w, int) for w in res["wire_bytes_sent"]), (name, res["wire_bytes_sent"])
+        assert all(isinstance(w, int) for w in res["wire_bytes_sent"]), (
+            name,
+            res["wire_bytes_sent"],
+        )
         if name in FROM_SCRATCH:
             # 16 B payloads: the wire is the payload plus gloo's headers (96 B per isend, 48 B per
             # irecv as measured in tests/measure/test_comm.py), so the residual is a few headers
@@ -96,8 +104,9 @@ def test_decompositions_agree_with_all_reduce_within_the_summation_bound():
     assert (gather["compared with"] == "dist.all_gather_into_tensor").all()
     assert gather["bitwise equal"].all()  # a gather only copies: identical bits
     # 3 ranks: no recursive doubling (power of two only), every other method still checked
-    assert set(E.all_reduce_decompositions(world_size=3, numel=7)["method"]) == set(df["method"]) - {
-        "recursive doubling (from scratch)"}
+    assert set(E.all_reduce_decompositions(world_size=3, numel=7)["method"]) == set(
+        df["method"]
+    ) - {"recursive doubling (from scratch)"}
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -125,9 +134,14 @@ MIB = 2**20
 # gloo's wire bytes per rank, in multiples of S, where they differ from estimate's ring figures
 # (measured; see the notebook's section 5): a binomial-tree broadcast, a reduce that ends with
 # the non-roots sending their piece to the root, a reduce_scatter that moves an all-reduce's bytes
-GLOO_DIFFERS = {2: {"broadcast": [1.0, 0.0], "reduce": [0.5, 1.0], "reduce_scatter": [1.0, 1.0]},
-                4: {"broadcast": [2.0, 1.0, 0.0, 0.0], "reduce": [0.75, 1.0, 1.0, 1.0],
-                    "reduce_scatter": [1.5] * 4}}
+GLOO_DIFFERS = {
+    2: {"broadcast": [1.0, 0.0], "reduce": [0.5, 1.0], "reduce_scatter": [1.0, 1.0]},
+    4: {
+        "broadcast": [2.0, 1.0, 0.0, 0.0],
+        "reduce": [0.75, 1.0, 1.0, 1.0],
+        "reduce_scatter": [1.5] * 4,
+    },
+}
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -157,8 +171,14 @@ def test_wire_bytes_of_every_collective_beside_estimate(world_size):
 
 
 def test_time_all_reduce_shape_and_positive_times():
-    df = E.time_all_reduce([1024, 4096], world_size=2, algorithms=["ring", "recursive_doubling", "gloo"],
-                           repeats=2, warmup=1, progress=False)
+    df = E.time_all_reduce(
+        [1024, 4096],
+        world_size=2,
+        algorithms=["ring", "recursive_doubling", "gloo"],
+        repeats=2,
+        warmup=1,
+        progress=False,
+    )
     assert list(df.columns) == ["algorithm", "size_bytes", "median_s", "p25_s", "p75_s", "repeats"]
     assert len(df) == 6 and (df.median_s > 0).all() and (df.p25_s <= df.p75_s).all()
 
@@ -168,8 +188,16 @@ def _synthetic_times(alpha: float, beta: float, world_size: int, sizes) -> pd.Da
     for algorithm in ("ring", "recursive_doubling"):
         for s in sizes:
             t = estimate.allreduce_time(s, world_size, alpha=alpha, beta=beta, algorithm=algorithm)
-            rows.append({"algorithm": algorithm, "size_bytes": s, "median_s": t, "p25_s": t,
-                         "p75_s": t, "repeats": 1})
+            rows.append(
+                {
+                    "algorithm": algorithm,
+                    "size_bytes": s,
+                    "median_s": t,
+                    "p25_s": t,
+                    "p75_s": t,
+                    "repeats": 1,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -209,7 +237,9 @@ def test_a_late_rank_makes_every_other_rank_wait_inside_the_all_reduce():
 def test_a_lost_rank_is_a_timeout_not_a_slow_step():
     lines = E.lost_rank(2, lost=1, timeout=2)
     assert lines[0].startswith("1 of 2 ranks failed") or lines[0].startswith("2 of 2 ranks failed")
-    assert any("Timed out" in line or "deadline" in line for line in lines[1:])  # gloo or the launcher
+    assert any(
+        "Timed out" in line or "deadline" in line for line in lines[1:]
+    )  # gloo or the launcher
     assert not any(".cc:" in line for line in lines)
 
 
@@ -226,10 +256,20 @@ def test_rabenseifner_has_the_rings_bytes_in_fewer_messages():
 def test_heldout_crossover_predicts_held_out_sizes_from_the_rest():
     alpha, beta, n = 1e-3, 1e-9, 4
     sizes = [2**k for k in (8, 12, 16, 20, 24)]
-    rows = [{"algorithm": a, "size_bytes": s, "median_s": estimate.allreduce_time(s, n, alpha=alpha, beta=beta, algorithm=a)
-             * (1.1 if s == 2**16 else 1.0)} for a in ("ring", "recursive_doubling") for s in sizes]
+    rows = [
+        {
+            "algorithm": a,
+            "size_bytes": s,
+            "median_s": estimate.allreduce_time(s, n, alpha=alpha, beta=beta, algorithm=a)
+            * (1.1 if s == 2**16 else 1.0),
+        }
+        for a in ("ring", "recursive_doubling")
+        for s in sizes
+    ]
     out = E.heldout_crossover(pd.DataFrame(rows), n, held_out=[2**16])
-    assert out["alpha"] == pytest.approx(alpha, rel=1e-9) and out["beta"] == pytest.approx(beta, rel=1e-9)
+    assert out["alpha"] == pytest.approx(alpha, rel=1e-9) and out["beta"] == pytest.approx(
+        beta, rel=1e-9
+    )
     assert out["errors"]["error_pct"].tolist() == pytest.approx([100 * (1 / 1.1 - 1)] * 2, rel=1e-9)
     assert out["model_crossover_bytes"] == pytest.approx(8 * alpha / beta, rel=1e-6)
     with pytest.raises(ValueError, match="were not measured"):

@@ -1,5 +1,6 @@
 """Unit 09's graded checks: a correct answer passes, a wrong one fails with a ✗ line, one that
 calls the course's own answer is refused."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,9 @@ def good_hook(model, buckets):
     state = {"arrived": [0] * len(buckets), "next": 0, "pending": []}
 
     def launch_ready():
-        while state["next"] < len(buckets) and \
-                state["arrived"][state["next"]] == len(buckets[state["next"]]):
+        while state["next"] < len(buckets) and state["arrived"][state["next"]] == len(
+            buckets[state["next"]]
+        ):
             names = buckets[state["next"]]
             flat = torch.cat([params[n].grad.reshape(-1) for n in names]) / world
             state["pending"].append((names, flat, dist.all_reduce(flat, async_op=True)))
@@ -28,9 +30,11 @@ def good_hook(model, buckets):
 
     for i, names in enumerate(buckets):
         for n in names:
+
             def hook(p, i=i):
                 state["arrived"][i] += 1
                 launch_ready()
+
             params[n].register_post_accumulate_grad_hook(hook)
 
     def finish():
@@ -39,6 +43,7 @@ def good_hook(model, buckets):
             for n, g in zip(names, flat.split([params[n].numel() for n in names])):
                 params[n].grad.copy_(g.view_as(params[n]))
         state.update(arrived=[0] * len(buckets), next=0, pending=[])
+
     return finish
 
 
@@ -50,6 +55,7 @@ def blocking_hook(model, buckets):
         for p in model.parameters():
             p.grad /= dist.get_world_size()
             dist.all_reduce(p.grad)
+
     return finish
 
 
@@ -104,6 +110,7 @@ def test_check_accumulation_steps(capsys):
     with pytest.raises(AssertionError, match="expected 2 accumulation steps, got 4"):
         C.check_accumulation_steps(lambda b, m, n: good(b, m, 2))  # the sources' 2 GPUs
     from course_lib.units.u09_data_parallelism.run import accumulation_steps_for
+
     with pytest.raises(AssertionError, match="uses the course's own accumulation_steps_for"):
         C.check_accumulation_steps(lambda b, m, n: accumulation_steps_for(b, m, n))
 
@@ -116,5 +123,8 @@ def test_check_bytes_prediction(capsys):
     with pytest.raises(AssertionError, match="expected an int"):
         C.check_bytes_prediction(lambda p, b, n, k: 2 * (n - 1) * p * b / n)
     from course_lib.measure import estimate
+
     with pytest.raises(AssertionError, match="uses the course's own ring_allreduce_bytes_sent"):
-        C.check_bytes_prediction(lambda p, b, n, k: int(estimate.ring_allreduce_bytes_sent(p * b, n)))
+        C.check_bytes_prediction(
+            lambda p, b, n, k: int(estimate.ring_allreduce_bytes_sent(p * b, n))
+        )

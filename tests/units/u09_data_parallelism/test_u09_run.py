@@ -1,4 +1,5 @@
 """Unit 09's measured runs: real ranks, few launches, several assertions each."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,9 @@ def test_bytes_accumulation_and_straggler():
 
 
 def test_course_sweep_overlaps_and_averages():
-    sweep = R.ddp_bucket_sweep((0.25, 25), width=256, depth=4, batch=16, warmup=1, steps=1,
-                               implementations="course")
+    sweep = R.ddp_bucket_sweep(
+        (0.25, 25), width=256, depth=4, batch=16, warmup=1, steps=1, implementations="course"
+    )
     s = sweep.summary.set_index("bucket_cap_mb")
     assert s.loc[0.25, "n_buckets"] == 4 and s.loc[25, "n_buckets"] == 1
     assert (s.grad_max_abs_err <= 1e-6).all()

@@ -1,4 +1,5 @@
 """Unit 09's plots and widget, driven from Python."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -14,12 +15,19 @@ from course_lib.units.u09_data_parallelism.widgets import OverlapExplorer  # noq
 
 
 def test_plots_draw_and_refuse_bad_frames():
-    strag = pd.DataFrame({"rank": [0, 1], "slow": [False, True], "compute_s": [0.001, 0.2],
-                          "step_s": [0.21, 0.21]})
+    strag = pd.DataFrame(
+        {"rank": [0, 1], "slow": [False, True], "compute_s": [0.001, 0.2], "step_s": [0.21, 0.21]}
+    )
     assert P.plot_straggler(strag).axes
-    wire = pd.DataFrame({"world_size": [2, 2], "version": ["naive", "bucketed"],
-                         "wire_bytes": [1100, 1050], "predicted": [1000, 1000],
-                         "all_reduce_calls": [6, 1]})
+    wire = pd.DataFrame(
+        {
+            "world_size": [2, 2],
+            "version": ["naive", "bucketed"],
+            "wire_bytes": [1100, 1050],
+            "predicted": [1000, 1000],
+            "all_reduce_calls": [6, 1],
+        }
+    )
     assert P.plot_bytes(wire).axes
     with pytest.raises(ValueError, match="missing columns"):
         P.plot_bytes(wire.drop(columns=["predicted"]))

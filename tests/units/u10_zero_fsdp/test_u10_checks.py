@@ -1,5 +1,6 @@
 """Unit 10's graded checks: a correct answer passes, a wrong one fails with a ✗ line, one that
 calls the course's own answer is refused."""
+
 from __future__ import annotations
 
 import pytest
@@ -40,7 +41,9 @@ def course_step(flat_param, flat_grad, shard, optimizer):
 
 def test_check_zero1_step():
     C.check_zero1_step(good_step)
-    with pytest.raises(AssertionError, match="✗ task 1: on 3 ranks, step 1, rank 0: param .*all-gather"):
+    with pytest.raises(
+        AssertionError, match="✗ task 1: on 3 ranks, step 1, rank 0: param .*all-gather"
+    ):
         C.check_zero1_step(no_gather_step)
     with pytest.raises(AssertionError, match="✗ task 1: uses the course's own ZeroDataParallel"):
         C.check_zero1_step(course_step)
@@ -51,11 +54,16 @@ def good_prediction(units, stage, world_size):
     psi = sum(map(sum, units))
     shards = sum(-(-sum(u) // world_size) for u in units)
     if stage == 0:
-        return {"params": 4 * psi, "grads": 4 * psi,
-                "optimizer": 8 * psi + 4 * sum(len(u) for u in units)}
-    return {"params": 4 * (shards if stage == 3 else world_size * shards),
-            "grads": 4 * (shards if stage >= 2 else psi),
-            "optimizer": 8 * shards + 4 * len(units)}
+        return {
+            "params": 4 * psi,
+            "grads": 4 * psi,
+            "optimizer": 8 * psi + 4 * sum(len(u) for u in units),
+        }
+    return {
+        "params": 4 * (shards if stage == 3 else world_size * shards),
+        "grads": 4 * (shards if stage >= 2 else psi),
+        "optimizer": 8 * shards + 4 * len(units),
+    }
 
 
 def unpadded_prediction(units, stage, world_size):  # the paper's Psi / N: misses the padding
@@ -75,13 +83,18 @@ def course_prediction(units, stage, world_size):
 
 def test_check_memory_prediction():
     C.check_memory_prediction(good_prediction)
-    with pytest.raises(AssertionError, match="✗ task 2: stage 1, 3 ranks: you predicted .* of optimizer"):
+    with pytest.raises(
+        AssertionError, match="✗ task 2: stage 1, 3 ranks: you predicted .* of optimizer"
+    ):
         C.check_memory_prediction(unpadded_prediction)
-    with pytest.raises(AssertionError, match="✗ task 2: uses the course's own zero_layout_bytes_per_rank"):
+    with pytest.raises(
+        AssertionError, match="✗ task 2: uses the course's own zero_layout_bytes_per_rank"
+    ):
         C.check_memory_prediction(course_prediction)
     with pytest.raises(AssertionError, match="✗ task 2: stage 0 params must be an int"):
-        C.check_memory_prediction(lambda u, s, n: {k: float(v) for k, v in
-                                                   good_prediction(u, s, n).items()})
+        C.check_memory_prediction(
+            lambda u, s, n: {k: float(v) for k, v in good_prediction(u, s, n).items()}
+        )
 
 
 # ---- task 3 --------------------------------------------------------------------------------
@@ -92,7 +105,7 @@ def _hook(params, shard, *, free):
     flat = torch.zeros(world * shard.numel(), dtype=shard.dtype)
     offset = 0
     for p in params:
-        flat[offset:offset + p.numel()] = p.grad.reshape(-1)
+        flat[offset : offset + p.numel()] = p.grad.reshape(-1)
         offset += p.numel()
         if free:
             p.grad = None
@@ -153,7 +166,9 @@ def course_stage(n_params, world_size, gpu_GB):
 
 def test_check_smallest_stage():
     C.check_smallest_stage(good_stage)
-    with pytest.raises(AssertionError, match="✗ task 4: 7B parameters on 8 GPUs of 24 GB: expected 3, got 1"):
+    with pytest.raises(
+        AssertionError, match="✗ task 4: 7B parameters on 8 GPUs of 24 GB: expected 3, got 1"
+    ):
         C.check_smallest_stage(naive_stage)
     with pytest.raises(AssertionError, match="✗ task 4: uses the course's own smallest_stage"):
         C.check_smallest_stage(course_stage)

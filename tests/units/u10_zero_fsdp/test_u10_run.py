@@ -1,5 +1,6 @@
 """Unit 10's measured runs: parity with PyTorch's ZeRO and FSDP2, exact memory, wire bytes, the
 stage-3 timeline, and the sources' figures through estimate."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,11 @@ def test_ours_and_torchs_train_the_same_model():
     df = R.torch_parity(world_size=2, steps=2).set_index("implementation")
     assert df.ok.all()
     ours = df.dropna(subset=["twin"])
-    assert list(ours.twin) == ["ZeroRedundancyOptimizer", "fully_shard(reshard_after_forward=False)",
-                               "fully_shard(reshard_after_forward=True)"]
+    assert list(ours.twin) == [
+        "ZeroRedundancyOptimizer",
+        "fully_shard(reshard_after_forward=False)",
+        "fully_shard(reshard_after_forward=True)",
+    ]
     assert (ours.loss_diff < 1e-12).all()  # float64: same losses to the last bits
 
 
@@ -20,7 +24,12 @@ def test_memory_measured_equals_the_padded_layout():
     df = R.memory_table((2,))
     assert (df.residual == 0).all()
     r0 = df[df["rank"] == 0].set_index("stage")
-    assert list(r0.padding) == [0, 8, 10, 8]  # one padded element: 4 B of params + 4 B of state (2 x half)
+    assert list(r0.padding) == [
+        0,
+        8,
+        10,
+        8,
+    ]  # one padded element: 4 B of params + 4 B of state (2 x half)
     assert r0.total[3] < r0.total[2] < r0.total[1] < r0.total[0]
 
 
@@ -35,15 +44,18 @@ def test_traffic_stage3_is_one_and_a_half_ddp():
 
 
 def test_fsdp_timeline_prefetch_and_reshard():
-    events, summary = R.fsdp_timeline(("reshard, prefetch", "keep, no prefetch"), width=96,
-                                      depth=6, batch=8)
+    events, summary = R.fsdp_timeline(
+        ("reshard, prefetch", "keep, no prefetch"), width=96, depth=6, batch=8
+    )
     s = summary[summary["rank"] == 0].set_index("config")
     assert s.all_gathers["reshard, prefetch"] == 14 and s.all_gathers["keep, no prefetch"] == 7
     assert s.peak_bytes["keep, no prefetch"] > s.peak_bytes["reshard, prefetch"]
     ev = events[(events.config == "reshard, prefetch") & (events["rank"] == 0)]
     start = dict(zip(ev.name, ev.start))  # the last span of each name
     # prefetch: layer 1's gather is launched before layer 0's forward starts
-    first = ev[ev.name.isin(["all-gather layers.1", "forward layers.0"])].groupby("name").start.min()
+    first = (
+        ev[ev.name.isin(["all-gather layers.1", "forward layers.0"])].groupby("name").start.min()
+    )
     assert first["all-gather layers.1"] <= first["forward layers.0"]
     assert "reduce-scatter layers.0" in start
 

@@ -1,4 +1,5 @@
 """Unit 10's plots and widget, driven from Python."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -14,15 +15,28 @@ from course_lib.units.u10_zero_fsdp.widgets import StageExplorer  # noqa: E402
 
 
 def test_plots_draw_and_refuse_bad_frames():
-    comm = pd.DataFrame({"world_size": [2, 2], "config": ["stage 1", "stage 3"],
-                         "wire_bytes": [1010, 1510], "predicted": [1000, 1500],
-                         "vs_ddp": [1.01, 1.51]})
+    comm = pd.DataFrame(
+        {
+            "world_size": [2, 2],
+            "config": ["stage 1", "stage 3"],
+            "wire_bytes": [1010, 1510],
+            "predicted": [1000, 1500],
+            "vs_ddp": [1.01, 1.51],
+        }
+    )
     assert P.plot_comm(comm).axes
     with pytest.raises(ValueError, match="missing columns"):
         P.plot_comm(comm.drop(columns=["predicted"]))
-    events = pd.DataFrame({"rank": [0, 0], "name": ["all-gather layers.0", "forward layers.0"],
-                           "start": [0.0, 0.001], "end": [0.001, 0.002],
-                           "lane": ["comm", "compute"], "config": ["a", "a"]})
+    events = pd.DataFrame(
+        {
+            "rank": [0, 0],
+            "name": ["all-gather layers.0", "forward layers.0"],
+            "start": [0.0, 0.001],
+            "end": [0.001, 0.002],
+            "lane": ["comm", "compute"],
+            "config": ["a", "a"],
+        }
+    )
     assert P.plot_timeline(events).axes
     with pytest.raises(ValueError, match="configs: 'b' is not in events"):
         P.plot_timeline(events, ["b"])

@@ -1,5 +1,6 @@
 """Unit 11's graded checks: a correct answer passes, a wrong one fails with a ✗ line, one that
 calls the course's own answer is refused."""
+
 from __future__ import annotations
 
 import pytest
@@ -53,8 +54,9 @@ def test_check_row_parallel():
     C.check_row_parallel(good_row)
     with pytest.raises(AssertionError, match=r"✗ task 1: rank \d of 2: the output differs"):
         C.check_row_parallel(bias_inside_row)
-    with pytest.raises(AssertionError,
-                       match="✗ task 1: uses the course's own ReduceFromTensorParallelRegion"):
+    with pytest.raises(
+        AssertionError, match="✗ task 1: uses the course's own ReduceFromTensorParallelRegion"
+    ):
         C.check_row_parallel(course_row)
 
 

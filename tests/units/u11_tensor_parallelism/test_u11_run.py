@@ -1,5 +1,6 @@
 """Unit 11's measured runs: shapes, parity, counts, bytes and memory on real ranks, each beside
 an independent prediction; bad input refused before any rank starts."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,8 +25,9 @@ def test_shard_shapes_on_a_dp_tp_mesh_and_refusals():
     assert set(df[df.parameter == "attn.c_proj.weight"].on_rank) == {(64, 32)}
     with pytest.raises(ValueError, match="tp = 8: expected at most world_size = 4"):
         run.shard_shapes(8, world_size=4)
-    with pytest.raises(ValueError, match="n_head = 12 is not divisible by tp = 8; "
-                                         "valid tp: 1, 2, 3, 4, 6, 12"):
+    with pytest.raises(
+        ValueError, match="n_head = 12 is not divisible by tp = 8; valid tp: 1, 2, 3, 4, 6, 12"
+    ):
         run.shard_shapes(8, config=GPTConfig.tiny(n_head=12, n_embd=96))
 
 

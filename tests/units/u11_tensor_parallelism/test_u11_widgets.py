@@ -1,4 +1,5 @@
 """Unit 11's plots and widget, driven from Python."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -15,12 +16,18 @@ from course_lib.units.u11_tensor_parallelism.widgets import SplitExplorer  # noq
 
 
 def test_plots_draw_and_refuse_bad_frames():
-    shapes = pd.DataFrame([{"tp_rank": r, "parameter": n, "full": full, "on_rank": on}
-                           for r in range(2) for n, full, on in [
-                               ("attn.c_attn.weight", (192, 64), (96, 64)),
-                               ("attn.c_proj.weight", (64, 64), (64, 32)),
-                               ("mlp.c_fc.weight", (256, 64), (128, 64)),
-                               ("mlp.c_proj.weight", (64, 256), (64, 128))]])
+    shapes = pd.DataFrame(
+        [
+            {"tp_rank": r, "parameter": n, "full": full, "on_rank": on}
+            for r in range(2)
+            for n, full, on in [
+                ("attn.c_attn.weight", (192, 64), (96, 64)),
+                ("attn.c_proj.weight", (64, 64), (64, 32)),
+                ("mlp.c_fc.weight", (256, 64), (128, 64)),
+                ("mlp.c_proj.weight", (64, 256), (64, 128)),
+            ]
+        ]
+    )
     assert len(P.plot_split(shapes).axes) == 4
     assert P.plot_scale(run.scale_table()).axes
     with pytest.raises(ValueError, match="missing columns"):

@@ -1,5 +1,6 @@
 """Unit 12's graded checks: a correct answer passes, a wrong one fails with a ✗ line, one that
 calls the course's own answer is refused."""
+
 from __future__ import annotations
 
 import pytest
@@ -58,7 +59,9 @@ def test_bubble_check(capsys):
     assert capsys.readouterr().out.startswith("✓ task 1: interleaved 1F1B idle fraction")
     with pytest.raises(AssertionError, match=r"✗ task 1: p = 3, m = 3, v = 2: .* you predicted"):
         C.check_bubble_prediction(narayanan_bubble)
-    with pytest.raises(AssertionError, match="✗ task 1: uses the course's own pipeline_bubble_fraction"):
+    with pytest.raises(
+        AssertionError, match="✗ task 1: uses the course's own pipeline_bubble_fraction"
+    ):
         C.check_bubble_prediction(course_bubble)
     with pytest.raises(AssertionError, match="must return a finite float, got str"):
         C.check_bubble_prediction(lambda p, m, v: "0.2")
@@ -67,7 +70,9 @@ def test_bubble_check(capsys):
 def test_order_check(capsys):
     C.check_one_f_one_b(good_order)
     assert capsys.readouterr().out.startswith("✓ task 2: 1F1B orders match")
-    with pytest.raises(AssertionError, match=r"✗ task 2: stage 0 of p = 4, m = 8: action 4 should be \('B', 0\)"):
+    with pytest.raises(
+        AssertionError, match=r"✗ task 2: stage 0 of p = 4, m = 8: action 4 should be \('B', 0\)"
+    ):
         C.check_one_f_one_b(gpipe_order)
     with pytest.raises(AssertionError, match="✗ task 2: uses the course's own one_f_one_b_order"):
         C.check_one_f_one_b(course_order)

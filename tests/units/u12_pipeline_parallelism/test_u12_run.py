@@ -1,4 +1,5 @@
 """Unit 12's runs: bytes on the wire, activation memory per stage, timelines (real gloo ranks)."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,8 +8,7 @@ from course_lib.units.u12_pipeline_parallelism import run
 
 
 def test_wire_bytes_exact_payload_and_gloo_headers():
-    df = run.wire_bytes(("1f1b", "interleaved"), ranks=2, microbatches=2, batch=1, seq=8,
-                        width=16)
+    df = run.wire_bytes(("1f1b", "interleaved"), ranks=2, microbatches=2, batch=1, seq=8, width=16)
     boundary = 1 * 8 * 16 * 2  # b s h x 2 B (bf16)
     assert (df.boundary == boundary).all()
     sends = df.groupby("schedule").sends.sum()
@@ -29,8 +29,16 @@ def test_activation_memory_gpipe_holds_m_1f1b_holds_p_minus_s():
 
 
 def test_timelines_record_every_action():
-    ev = run.timelines(("gpipe", "interleaved"), ranks=2, microbatches=2, virtual=2,
-                       n_layers=4, width=16, seq=8, rows=4)
+    ev = run.timelines(
+        ("gpipe", "interleaved"),
+        ranks=2,
+        microbatches=2,
+        virtual=2,
+        n_layers=4,
+        width=16,
+        seq=8,
+        rows=4,
+    )
     compute = ev[ev.lane == "compute"]
     assert len(compute[compute.schedule == "gpipe"]) == 2 * 2 * 2
     assert len(compute[compute.schedule == "interleaved"]) == 2 * 2 * 2 * 2

@@ -1,4 +1,5 @@
 """Unit 12's ScheduleExplorer, driven from Python."""
+
 from __future__ import annotations
 
 from course_lib.units.u12_pipeline_parallelism.widgets import ScheduleExplorer

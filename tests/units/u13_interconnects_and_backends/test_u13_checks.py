@@ -1,4 +1,5 @@
 """Unit 13's graded checks and the recorded sweep they grade on."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,6 @@ from course_lib.units.u13_interconnects_and_backends import checks as G
 from course_lib.units.u13_interconnects_and_backends import run as E
 
 KiB, MiB = estimate.KiB, estimate.MiB
-
-
 
 
 # ----------------------------------------------------------------------------- grading
@@ -45,11 +44,14 @@ def _relative_polyfit(sizes, times):
 def test_task1_accepts_the_relative_fit_and_rejects_plain_least_squares(capsys):
     G.check_alpha_beta_fit(_relative_polyfit)
     assert capsys.readouterr().out == (
-        "✓ task 1: alpha and beta match the relative-error fit on all 6 recorded sweeps\n")
+        "✓ task 1: alpha and beta match the relative-error fit on all 6 recorded sweeps\n"
+    )
     with pytest.raises(AssertionError, match="✗ task 1: .*plain least-squares fit"):
         G.check_alpha_beta_fit(_polyfit)
     with pytest.raises(AssertionError, match="✗ task 1: .*expected alpha"):
-        G.check_alpha_beta_fit(lambda s, t: (min(t), _relative_polyfit(s, t)[1]))  # smallest time as alpha
+        G.check_alpha_beta_fit(
+            lambda s, t: (min(t), _relative_polyfit(s, t)[1])
+        )  # smallest time as alpha
     with pytest.raises(AssertionError, match="✗ task 1: .*expected beta"):
         G.check_alpha_beta_fit(lambda s, t: (_relative_polyfit(s, t)[0], 1 / 1e9))
     with pytest.raises(AssertionError, match="✗ task 1: not implemented yet"):
@@ -66,11 +68,13 @@ def test_exposed_comm_time_follows_the_documented_pipeline():
     t = G.exposed_comm_time(100, grad_bytes=300, backward_s=3.0, alpha=0.5, beta=0.02)
     assert t == pytest.approx(5.5)
     # one bucket: everything after backward
-    assert G.exposed_comm_time(10**6, grad_bytes=300, backward_s=3.0, alpha=0.5,
-                               beta=0.01) == pytest.approx(3.5)
+    assert G.exposed_comm_time(
+        10**6, grad_bytes=300, backward_s=3.0, alpha=0.5, beta=0.01
+    ) == pytest.approx(3.5)
     # remainder bucket: 250 B in 100 B buckets -> 100, 100, 50
-    assert G.exposed_comm_time(100, grad_bytes=250, backward_s=0.0, alpha=1.0,
-                               beta=0.0) == pytest.approx(3.0)
+    assert G.exposed_comm_time(
+        100, grad_bytes=250, backward_s=0.0, alpha=1.0, beta=0.0
+    ) == pytest.approx(3.0)
     with pytest.raises(ValueError, match="bucket_bytes"):
         G.exposed_comm_time(0, grad_bytes=1, backward_s=1, alpha=0, beta=0)
 
@@ -81,10 +85,16 @@ def test_task2_reference_rule_and_its_check(capsys):
     L = rewritten("course_lib.measure.estimate.links")  # the exposure model, as a learner wrote it
 
     def own_choice(alpha, beta, backward_s, grad_bytes, candidates):
-        times = {c: L.ddp_exposed_comm_time(c, grad_bytes=grad_bytes, backward_s=backward_s,
-                                            alpha=alpha, beta=beta) for c in candidates}
+        times = {
+            c: L.ddp_exposed_comm_time(
+                c, grad_bytes=grad_bytes, backward_s=backward_s, alpha=alpha, beta=beta
+            )
+            for c in candidates
+        }
         best = min(times.values())
-        return max(c for c, t in times.items() if math.isclose(t, best, rel_tol=1e-9, abs_tol=1e-15))
+        return max(
+            c for c, t in times.items() if math.isclose(t, best, rel_tol=1e-9, abs_tol=1e-15)
+        )
 
     G.check_bucket_choice(own_choice)
     out = capsys.readouterr().out
@@ -99,22 +109,37 @@ def test_task2_reference_rule_and_its_check(capsys):
 
 def _ring(n_params, dtype, world_size, link):
     size = n_params * estimate.dtype_bytes(dtype)
-    return 2 * (world_size - 1) / world_size * size / (estimate.link_speed(link).per_direction_GBps * 1e9)
+    return (
+        2
+        * (world_size - 1)
+        / world_size
+        * size
+        / (estimate.link_speed(link).per_direction_GBps * 1e9)
+    )
 
 
 def test_task3_find_the_bug_per_direction(capsys):
     G.check_allreduce_prediction(_ring)
     assert capsys.readouterr().out == (
         "✓ task 3: all-reduce times match estimate on 5 links and models "
-        "(1B bf16 over 8 H100s: 7.8 ms, not 3.9 ms)\n")
+        "(1B bf16 over 8 H100s: 7.8 ms, not 3.9 ms)\n"
+    )
     with pytest.raises(AssertionError, match="✗ task 3: .*bidirectional headline"):
         G.check_allreduce_prediction(G.buggy_predict_allreduce_s)  # the bug left in
     with pytest.raises(AssertionError, match="✗ task 3: .*expected"):  # forgot the 2(n-1)/n
         G.check_allreduce_prediction(
-            lambda n, d, w, link: n * estimate.dtype_bytes(d) / (estimate.link_speed(link).per_direction_GBps * 1e9))
-    with pytest.raises(AssertionError, match="✗ task 3: uses the course's own allreduce_time_on_link"):
-        G.check_allreduce_prediction(lambda n, d, w, link: estimate.allreduce_time_on_link(
-            n * estimate.dtype_bytes(d), w, estimate.link_speed(link).per_direction_GBps))
+            lambda n, d, w, link: (
+                n * estimate.dtype_bytes(d) / (estimate.link_speed(link).per_direction_GBps * 1e9)
+            )
+        )
+    with pytest.raises(
+        AssertionError, match="✗ task 3: uses the course's own allreduce_time_on_link"
+    ):
+        G.check_allreduce_prediction(
+            lambda n, d, w, link: estimate.allreduce_time_on_link(
+                n * estimate.dtype_bytes(d), w, estimate.link_speed(link).per_direction_GBps
+            )
+        )
 
 
 def _scale(n_params):
@@ -130,14 +155,23 @@ def test_task4_scale_it_up(capsys):
     G.check_scale_up(_scale)
     assert capsys.readouterr().out == (
         "✓ task 4: 7B: 54 ms in one node, 107 ms over 4 nodes; 70B: 544 ms and 1069 ms "
-        "(match estimate)\n")
+        "(match estimate)\n"
+    )
     with pytest.raises(AssertionError, match="✗ task 4: .*node"):  # headline NVLink figure
         G.check_scale_up(lambda n: {**_scale(n), "node": _scale(n)["node"] / 2})
     with pytest.raises(AssertionError, match="✗ task 4: .*cluster"):  # a flat ring on the NIC
         G.check_scale_up(lambda n: {**_scale(n), "cluster": 2 * 31 / 32 * 2 * n / 50e9})
-    with pytest.raises(AssertionError, match="✗ task 4: uses the course's own hierarchical_allreduce_time"):
-        G.check_scale_up(lambda n: {"node": _scale(n)["node"], "cluster": estimate.hierarchical_allreduce_time(
-            2 * n, nodes=4, gpus_per_node=8, intra_GBps=450, inter_GBps=50)})
+    with pytest.raises(
+        AssertionError, match="✗ task 4: uses the course's own hierarchical_allreduce_time"
+    ):
+        G.check_scale_up(
+            lambda n: {
+                "node": _scale(n)["node"],
+                "cluster": estimate.hierarchical_allreduce_time(
+                    2 * n, nodes=4, gpus_per_node=8, intra_GBps=450, inter_GBps=50
+                ),
+            }
+        )
     with pytest.raises(AssertionError, match="expected a dict"):
         G.check_scale_up(lambda n: 1.0)
 
@@ -152,7 +186,8 @@ def test_task5_predict_then_measure(capsys):
     G.check_predict_heldout(_interpolate)  # a real measurement on 2 ranks
     assert capsys.readouterr().out == (
         "✓ task 5: the prediction for 4 MiB is within a factor of 3 of the all-reduce measured "
-        "now on 2 gloo ranks\n")
+        "now on 2 gloo ranks\n"
+    )
 
 
 def test_task5_rejects_wrong_and_borrowed_predictions(monkeypatch):
@@ -160,13 +195,18 @@ def test_task5_rejects_wrong_and_borrowed_predictions(monkeypatch):
     fake = {s: 3e-4 + s / 1e9 * (1.2 if s == G.HELD_OUT else 1.0) for s in G.PREDICT_SIZES}
     monkeypatch.setattr(G, "_measure_all_reduce", lambda sizes: dict(fake))
     G.check_predict_heldout(_interpolate)
-    with pytest.raises(AssertionError, match="✗ task 5: for 4 MiB, in 3 runs: predicted .*within a factor of 3"):
+    with pytest.raises(
+        AssertionError, match="✗ task 5: for 4 MiB, in 3 runs: predicted .*within a factor of 3"
+    ):
         G.check_predict_heldout(lambda s, t, size: _interpolate(s, t, size) * 1e3)  # in ms, not s
     with pytest.raises(AssertionError, match="✗ task 5: for 4 MiB"):
         G.check_predict_heldout(lambda s, t, size: t[0])  # alpha only: 0.3 ms for 4.5 ms
     with pytest.raises(AssertionError, match="✗ task 5: uses the course's own fit_alpha_beta"):
-        G.check_predict_heldout(lambda s, t, size: sum(
-            c * x for c, x in zip(estimate.fit_alpha_beta(s, t, relative=True), (1, size))))
+        G.check_predict_heldout(
+            lambda s, t, size: sum(
+                c * x for c, x in zip(estimate.fit_alpha_beta(s, t, relative=True), (1, size))
+            )
+        )
     with pytest.raises(AssertionError, match="✗ task 5: expected a positive number"):
         G.check_predict_heldout(lambda s, t, size: "soon")
 

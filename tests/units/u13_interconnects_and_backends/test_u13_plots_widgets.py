@@ -1,4 +1,5 @@
 """Unit 13 plots (pure, headless) and the sweep explorer widget, driven from Python."""
+
 from __future__ import annotations
 
 import matplotlib

@@ -1,5 +1,6 @@
 """Unit 13 experiments and grading: real gloo ranks, results checked against definitions,
 estimate, DDP's own logging data and a single-process reference."""
+
 from __future__ import annotations
 
 import math
@@ -22,39 +23,67 @@ def _no_leftover_ranks():
 
     children = {p.pid for p in psutil.Process().children(recursive=True)}
     helpers = helper_pids()
-    leaked = [pid for pid in children - helpers
-              if psutil.pid_exists(pid) and psutil.Process(pid).ppid() not in helpers]
+    leaked = [
+        pid
+        for pid in children - helpers
+        if psutil.pid_exists(pid) and psutil.Process(pid).ppid() not in helpers
+    ]
     assert not leaked, f"processes left behind: {leaked}"
 
 
 # ----------------------------------------------------------------------------- the sweep
 @pytest.fixture(scope="module")
 def sweep2():
-    cfg = E.SweepConfig(world_sizes=(2,), min_bytes=KiB, max_bytes=64 * KiB, factor=4,
-                        warmup=1, repeat=3, backend="gloo")
+    cfg = E.SweepConfig(
+        world_sizes=(2,),
+        min_bytes=KiB,
+        max_bytes=64 * KiB,
+        factor=4,
+        warmup=1,
+        repeat=3,
+        backend="gloo",
+    )
     return E.collective_sweep(cfg, progress=False)
 
 
 def test_sweep_is_tidy_and_follows_the_nccl_tests_convention(sweep2):
-    assert list(sweep2.columns) == ["backend", "collective", "world_size", "size_bytes", "time_s",
-                                    "time_min_s", "time_max_s", "repeat", "algbw_GBps",
-                                    "busbw_GBps"]
+    assert list(sweep2.columns) == [
+        "backend",
+        "collective",
+        "world_size",
+        "size_bytes",
+        "time_s",
+        "time_min_s",
+        "time_max_s",
+        "repeat",
+        "algbw_GBps",
+        "busbw_GBps",
+    ]
     assert len(sweep2) == 3 * 4  # 3 collectives x sizes 1, 4, 16, 64 KiB
     assert set(sweep2["backend"]) == {"gloo"}
     assert sorted(sweep2["size_bytes"].unique()) == [KiB, 4 * KiB, 16 * KiB, 64 * KiB]
     assert (sweep2["time_min_s"] <= sweep2["time_s"]).all()
     assert (sweep2["time_s"] <= sweep2["time_max_s"]).all()
     # algbw = S / t (GB/s); busbw = algbw * 2(n-1)/n for all-reduce, (n-1)/n otherwise
-    np.testing.assert_allclose(sweep2["algbw_GBps"],
-                               sweep2["size_bytes"] / sweep2["time_s"] / 1e9, rtol=1e-12)
+    np.testing.assert_allclose(
+        sweep2["algbw_GBps"], sweep2["size_bytes"] / sweep2["time_s"] / 1e9, rtol=1e-12
+    )
     factor = sweep2["collective"].map({"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5})
     np.testing.assert_allclose(sweep2["busbw_GBps"], sweep2["algbw_GBps"] * factor, rtol=1e-12)
     _no_leftover_ranks()
 
 
 def test_four_ranks_round_sizes_to_whole_shards():
-    cfg = E.SweepConfig(collectives=("reduce_scatter",), world_sizes=(4,), min_bytes=KiB,
-                        max_bytes=2 * KiB, factor=2, warmup=0, repeat=1, dtype="bfloat16")
+    cfg = E.SweepConfig(
+        collectives=("reduce_scatter",),
+        world_sizes=(4,),
+        min_bytes=KiB,
+        max_bytes=2 * KiB,
+        factor=2,
+        warmup=0,
+        repeat=1,
+        dtype="bfloat16",
+    )
     df = E.collective_sweep(cfg, progress=False)
     assert df["size_bytes"].tolist() == [KiB, 2 * KiB]  # 512 bf16 elements: 4 shards of 128
     np.testing.assert_allclose(df["busbw_GBps"], df["algbw_GBps"] * 3 / 4)
@@ -63,7 +92,7 @@ def test_four_ranks_round_sizes_to_whole_shards():
 
 def _check_with_a_broken_collective(rank, world_size, collective):
     """In a rank: replace the collective by one that does nothing; the check must notice."""
-    E._collective_op = lambda *args: (lambda: None)
+    E._collective_op = lambda *args: lambda: None
     full, shard = torch.empty(8), torch.empty(8 // world_size)
     E._check_collective(collective, full, shard, rank, world_size)
 
@@ -109,8 +138,14 @@ def _synthetic(alpha=50e-6, beta=1e-9, world_sizes=(2, 4)):
     rows = []
     for ws in world_sizes:
         for s in E.sweep_sizes(KiB, MiB, 4):
-            rows.append({"collective": "all_reduce", "world_size": ws, "size_bytes": s,
-                         "time_s": ws * alpha + beta * s})
+            rows.append(
+                {
+                    "collective": "all_reduce",
+                    "world_size": ws,
+                    "size_bytes": s,
+                    "time_s": ws * alpha + beta * s,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -144,9 +179,13 @@ def test_link_table_and_gradient_times_reproduce_the_published_example():
     t = E.gradient_allreduce_table((1e9, 7e9), dtype="bf16", world_size=8)
     one_b = t[t["n_params"] == 10**9].set_index("link")
     assert one_b.loc["NVLink H100", "grad_bytes"] == 2 * 10**9
-    assert one_b.loc["NVLink H100", "time_s"] == pytest.approx(7.78e-3, rel=1e-3)  # 450 GB/s each way
+    assert one_b.loc["NVLink H100", "time_s"] == pytest.approx(
+        7.78e-3, rel=1e-3
+    )  # 450 GB/s each way
     assert one_b.loc["InfiniBand NDR", "time_s"] == pytest.approx(70e-3, rel=1e-9)  # 70 ms
-    assert one_b.loc["NVLink H100", "time_headline_s"] == pytest.approx(3.89e-3, rel=1e-3)  # the source's 3.9 ms
+    assert one_b.loc["NVLink H100", "time_headline_s"] == pytest.approx(
+        3.89e-3, rel=1e-3
+    )  # the source's 3.9 ms
     assert one_b.loc["InfiniBand NDR", "time_headline_s"] == one_b.loc["InfiniBand NDR", "time_s"]
     seven = t[t["n_params"] == 7 * 10**9].set_index("link")
     np.testing.assert_allclose(seven["time_s"], 7 * one_b["time_s"], rtol=1e-12)
@@ -154,25 +193,32 @@ def test_link_table_and_gradient_times_reproduce_the_published_example():
 
 def test_hierarchical_allreduce_matches_the_ring_on_one_node_and_wins_on_latency():
     s, g = 2 * 10**9, 8
-    one_node = estimate.hierarchical_allreduce_breakdown(s, nodes=1, gpus_per_node=g, intra_GBps=450,
-                                             inter_GBps=50, alpha_intra=5e-6)
+    one_node = estimate.hierarchical_allreduce_breakdown(
+        s, nodes=1, gpus_per_node=g, intra_GBps=450, inter_GBps=50, alpha_intra=5e-6
+    )
     ring = estimate.allreduce_time(s, g, alpha=5e-6, bandwidth=450e9)
     assert one_node["allreduce_inter_s"] == 0.0
     assert one_node["hierarchical_s"] == pytest.approx(ring, rel=1e-12)
-    kw = dict(nodes=4, gpus_per_node=g, intra_GBps=450, inter_GBps=50, alpha_intra=5e-6,
-              alpha_inter=20e-6)
+    kw = dict(
+        nodes=4, gpus_per_node=g, intra_GBps=450, inter_GBps=50, alpha_intra=5e-6, alpha_inter=20e-6
+    )
     big = estimate.hierarchical_allreduce_breakdown(s, **kw)
     assert big["allreduce_inter_s"] == pytest.approx(
-        estimate.allreduce_time(s / g, 4, alpha=20e-6, bandwidth=50e9), rel=1e-12)
+        estimate.allreduce_time(s / g, 4, alpha=20e-6, bandwidth=50e9), rel=1e-12
+    )
     assert big["flat_rings_s"] == pytest.approx(
-        2 * 31 * 20e-6 + 2 * 31 / 32 * (s / g) / 50e9, rel=1e-12)  # 8 rings of S/8 bytes
+        2 * 31 * 20e-6 + 2 * 31 / 32 * (s / g) / 50e9, rel=1e-12
+    )  # 8 rings of S/8 bytes
     assert big["hierarchical_s"] == pytest.approx(
-        2 * big["reduce_scatter_intra_s"] + big["allreduce_inter_s"], rel=1e-12)
+        2 * big["reduce_scatter_intra_s"] + big["allreduce_inter_s"], rel=1e-12
+    )
     small = estimate.hierarchical_allreduce_breakdown(MiB, **kw)
     assert small["hierarchical_s"] < small["flat_rings_s"]  # latency-bound: fewer slow steps
     assert big["flat_rings_s"] < big["hierarchical_s"]  # bandwidth-bound: intra phases cost
     with pytest.raises(ValueError, match="nodes"):
-        estimate.hierarchical_allreduce_breakdown(s, nodes=0, gpus_per_node=8, intra_GBps=1, inter_GBps=1)
+        estimate.hierarchical_allreduce_breakdown(
+            s, nodes=0, gpus_per_node=8, intra_GBps=1, inter_GBps=1
+        )
 
 
 def test_topology_report_runs_nvidia_smi_or_labels_the_example(tmp_path, monkeypatch):
@@ -181,7 +227,7 @@ def test_topology_report_runs_nvidia_smi_or_labels_the_example(tmp_path, monkeyp
     assert rep["measured"] is False and "EXAMPLE" in rep["source"]
     assert "NV#  = Connection traversing a bonded set of # NVLinks" in rep["text"]
     fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\necho \"GPU0 X PHB\"\n")
+    fake.write_text('#!/bin/sh\necho "GPU0 X PHB"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     rep = E.topology_report()
     assert rep == {"measured": True, "source": f"{fake} topo -m", "text": "GPU0 X PHB\n"}
@@ -213,8 +259,15 @@ def test_heldout_fit_predicts_sizes_it_did_not_fit():
     # times on an exact line except the held-out sizes, which are off by +50 %: a fit that used
     # them would not predict the line; a held-out fit recovers it and reports the 50 %
     times = [1e-4 + s * 1e-9 for s in sizes]
-    rows = [{"collective": "all_reduce", "world_size": 2, "size_bytes": s,
-             "time_s": t * (1.5 if i in (1, 3) else 1.0)} for i, (s, t) in enumerate(zip(sizes, times))]
+    rows = [
+        {
+            "collective": "all_reduce",
+            "world_size": 2,
+            "size_bytes": s,
+            "time_s": t * (1.5 if i in (1, 3) else 1.0),
+        }
+        for i, (s, t) in enumerate(zip(sizes, times))
+    ]
     out = E.heldout_fit(pd.DataFrame(rows), every=2)
     assert out["size_bytes"].tolist() == [sizes[1], sizes[3]]  # first and last are always fitted
     np.testing.assert_allclose(out["predicted_s"], [times[1], times[3]], rtol=1e-9)
@@ -224,10 +277,14 @@ def test_heldout_fit_predicts_sizes_it_did_not_fit():
 
 
 def test_placement_table_tp_traffic_is_per_layer_and_dp_is_the_gradient():
-    t = E.placement_table(7e9, hidden=4096, layers=32, tokens=4096, group=8).set_index("parallelism")
+    t = E.placement_table(7e9, hidden=4096, layers=32, tokens=4096, group=8).set_index(
+        "parallelism"
+    )
     tp, pp, dp = t.iloc[0], t.iloc[1], t.iloc[2]
     assert tp["calls_per_step"] == 4 * 32 and tp["bytes_per_call"] == 4096 * 4096 * 2
-    assert dp["bytes_per_call"] == 14 * 10**9 and dp["overlaps_compute"] and not tp["overlaps_compute"]
+    assert (
+        dp["bytes_per_call"] == 14 * 10**9 and dp["overlaps_compute"] and not tp["overlaps_compute"]
+    )
     # ring all-reduce over 8 at 450 GB/s and at 50 GB/s per direction
     assert tp["nvlink_s"] == pytest.approx(128 * 2 * 7 / 8 * 2**25 / 450e9, rel=1e-12)
     assert dp["infiniband_s"] == pytest.approx(0.49, rel=1e-12)

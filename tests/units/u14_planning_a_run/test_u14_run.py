@@ -1,4 +1,5 @@
 """Unit 14's tables: the sources' numbers recomputed, the published runs, the scale tables."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,11 @@ from course_lib.units.u14_planning_a_run import run as R
 def test_sources_budget():
     t = R.sources_budget().set_index("quantity")["value"]
     assert t["FLOPs, 175B x 300B tokens"] == 315 * 10**21
-    assert [round(t[f"{g} for 30 days at 50 % MFU"]) for g in ("V100", "A100", "H100")] == [1944, 779, 246]
+    assert [round(t[f"{g} for 30 days at 50 % MFU"]) for g in ("V100", "A100", "H100")] == [
+        1944,
+        779,
+        246,
+    ]
     assert t["FLOPs, 7B x 2T tokens"] == 84 * 10**21
     assert t["H100-hours at 50 % MFU"] == pytest.approx(47_186, rel=1e-3)
     assert 0.38 < t["Llama-2-7B: MFU implied by 184,320 A100-hours"] < 0.40

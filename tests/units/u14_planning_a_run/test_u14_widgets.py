@@ -1,4 +1,5 @@
 """Unit 14's explorer, driven from Python."""
+
 from __future__ import annotations
 
 import matplotlib
