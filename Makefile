@@ -12,46 +12,103 @@ BROWSER_FLAG := $(shell [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && [ "$$(uname)" != 
 # Extra pip arguments, e.g. PyTorch's CPU-only index on a Linux laptop without a GPU:
 #   make PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu" lab
 PIP_ARGS ?=
-NBVAL_FLAGS := --nbval-lax --nbval-current-env --nbval-cell-timeout=300 -p no:cacheprovider
+NBVAL_FLAGS := --nbval-lax --nbval-current-env --nbval-cell-timeout=300
+# The fast lane: every library test that needs no notebook or kernel, browser, torchrun or long run.
+FAST := -m "not slow and not notebook and not browser and not cluster"
+# Two installs for two users: a learner's (`make lab`: lectures and exercises, grading included)
+# and a maintainer's (`make test`: the same plus pytest, nbval, playwright, ruff and mypy).
+LAB_STAMP := $(VENV)/.installed-lab
+# The oldest torch the course supports (pyproject.toml's floor), tested by `make test-torch-floor`
+# in a virtual environment of its own. Its CPU wheel comes from PyTorch's CPU index.
+TORCH_FLOOR ?= 2.11.0
+FLOOR_VENV ?= .venv-floor
+FLOOR_TORCH_ARGS ?= --index-url https://download.pytorch.org/whl/cpu
 
-.PHONY: help install lab test unit-tests notebook-tests exercises check-exercises notebooks slides site lint clean new-unit
+.PHONY: help install install-lab lab test test-fast test-torch-floor check lint format typecheck gpu-check exercises check-exercises notebooks slides site clean new-unit
 
 help:
 	@echo "make lab        install on first use, then start JupyterLab on notebooks/00_start_here.ipynb"
 	@echo "make test       install on first use, then run the whole test suite"
+	@echo "make test-fast  the fast lane: library tests with no notebook, kernel, browser or torchrun (~3 min)"
+	@echo "make check      ruff check, ruff format --check and mypy (what CI runs before the tests)"
+	@echo "make format     apply ruff format"
+	@echo "make gpu-check  run the course's CUDA paths on this machine's GPU and write a report in docs/"
+	@echo "make test-torch-floor   the fast lane against the oldest supported torch ($(TORCH_FLOOR)) in $(FLOOR_VENV)"
 	@echo "make exercises  regenerate exercises/ from solutions/"
 	@echo "make notebooks  re-execute notebooks/ and solutions/ in place, then regenerate exercises/"
 	@echo "make slides     static reveal.js slides of every lecture in build/slides/ (open offline)"
 	@echo "make site       the course as static HTML in build/site/ (lectures, slides, exercises, index)"
-	@echo "make lint       ruff over course_lib/ and tests/"
+	@echo "make lint       ruff check over course_lib/ and tests/"
 	@echo "make new-unit NN=05 TOPIC=cpu_offload TITLE=\"CPU offload\"   start a unit from course_lib/units/_template/"
 
 install: $(STAMP)
+install-lab: $(LAB_STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+define PYTHON_CHECK
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is needed; found " + sys.version.split()[0] + ". Run: make PYTHON=python3.11 ...")'
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	@# torch comes from the pin in constraints.txt, never from an unpinned resolve.
-	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -c constraints.txt -e ".[lab,dev,units]"
-	@touch $(STAMP)
+endef
 
-lab: $(STAMP)
+# A learner's install: the package, JupyterLab and what the lectures and exercises use.
+$(LAB_STAMP): pyproject.toml constraints.txt
+	$(PYTHON_CHECK)
+	@# torch comes from the pin in constraints.txt, never from an unpinned resolve.
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -c constraints.txt -e ".[lab,units]"
+	@touch $(LAB_STAMP)
+
+# A maintainer's install adds the test, browser, lint and type-checking tools.
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON_CHECK)
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -c constraints.txt -e ".[lab,units,dev]"
+	@touch $(STAMP) $(LAB_STAMP)
+
+lab: $(LAB_STAMP)
 	@# Trust the course's notebooks (a signature in your Jupyter data folder) so their stored
 	@# widgets draw before anything is run; an untrusted notebook shows a one-line note instead.
 	@$(BIN)/jupyter trust notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb >/dev/null 2>&1 || true
 	@# Serve the whole course (notebooks/, exercises/, solutions/) and open unit 00 first.
 	$(BIN)/jupyter lab $(BROWSER_FLAG) $(ROOT_FLAG) --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb
 
+# The whole suite. Solutions run once, in tests/test_course.py, through the grader (a fresh kernel,
+# every check cell compared with the solution's stored output); nbval runs the lectures.
 test: $(STAMP)
 	$(BIN)/python -m course_lib.grading.exercises check
 	$(BIN)/pytest tests -q
-	$(BIN)/pytest $(NBVAL_FLAGS) -q notebooks solutions
+	$(BIN)/pytest $(NBVAL_FLAGS) -q notebooks
 
-exercises: $(STAMP)
+test-fast: $(STAMP)
+	$(BIN)/pytest tests -q $(FAST)
+
+# What CI runs before the tests: lint, formatting and types.
+check: $(STAMP)
+	$(BIN)/ruff check course_lib tests conftest.py
+	$(BIN)/ruff format --check course_lib tests conftest.py
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format course_lib tests conftest.py
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+gpu-check: $(LAB_STAMP)
+	$(BIN)/python -m course_lib.gpu_check --out docs
+
+# The fast lane against the oldest supported torch, in a virtual environment of its own.
+test-torch-floor:
+	@[ -x $(FLOOR_VENV)/bin/python ] || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --upgrade pip
+	@echo "torch==$(TORCH_FLOOR)" > $(FLOOR_VENV)/constraints.txt
+	$(FLOOR_VENV)/bin/python -m pip install --quiet $(FLOOR_TORCH_ARGS) -c $(FLOOR_VENV)/constraints.txt "torch==$(TORCH_FLOOR)"
+	$(FLOOR_VENV)/bin/python -m pip install --quiet $(PIP_ARGS) -c $(FLOOR_VENV)/constraints.txt -e ".[lab,units,dev]"
+	$(FLOOR_VENV)/bin/python -c 'import torch; v = torch.__version__; print("torch", v); assert v.split("+")[0] == "$(TORCH_FLOOR)", v'
+	$(FLOOR_VENV)/bin/pytest tests -q $(FAST)
+
+exercises: $(LAB_STAMP)
 	$(BIN)/python -m course_lib.grading.exercises build
 
-check-exercises: $(STAMP)
+check-exercises: $(LAB_STAMP)
 	$(BIN)/python -m course_lib.grading.exercises check
 
 notebooks: $(STAMP)
@@ -68,11 +125,11 @@ site: $(STAMP)
 	$(BIN)/python -m course_lib.publish site
 
 lint: $(STAMP)
-	$(BIN)/ruff check course_lib tests
+	$(BIN)/ruff check course_lib tests conftest.py
 
 new-unit: $(STAMP)
 	$(BIN)/python -m course_lib.units.new_unit "$(NN)" "$(TOPIC)" $(if $(TITLE),"$(TITLE)")
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache .mypy_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

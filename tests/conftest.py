@@ -6,6 +6,7 @@ training steps an order of magnitude slower under load.
 """
 
 import sys
+from pathlib import Path
 
 import matplotlib
 import pytest
@@ -21,3 +22,36 @@ def close_figures():
     yield
     if "matplotlib.pyplot" in sys.modules:
         sys.modules["matplotlib.pyplot"].close("all")
+
+
+# Lanes (pyproject.toml lists the markers). A file's kind decides its marker here, in one place, so a
+# new test in one of these files is in the right lane without a decorator. `make test-fast` runs
+# what no marker selects; tests that are slow for another reason carry `pytest.mark.slow` themselves.
+_LANES = {
+    "browser": ("browser/",),
+    "cluster": ("cluster/", "runtime/test_launch_torchrun.py"),
+    # Files whose tests execute a notebook (nbclient, the grader) or drive a Jupyter kernel.
+    "notebook": (
+        "test_course.py",
+        "grading/test_grader.py",
+        "grading/test_execute.py",
+        "grading/test_course_references_refused.py",
+        "runtime/test_launch_kernel_faults.py",
+        "runtime/test_launch_notebook.py",
+        "runtime/test_ranks_magic.py",
+        "viz/test_widgets_kernel.py",
+        "viz/test_plots.py::test_every_plot_cell_shows_its_figure_in_a_real_kernel",
+    ),
+}
+_TESTS = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(item.fspath).resolve()
+        if not path.is_relative_to(_TESTS):
+            continue  # a notebook collected by nbval
+        rel = path.relative_to(_TESTS).as_posix() + "::" + item.nodeid.split("::", 1)[-1]
+        for marker, prefixes in _LANES.items():
+            if rel.startswith(prefixes):
+                item.add_marker(getattr(pytest.mark, marker))

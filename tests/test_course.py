@@ -36,8 +36,11 @@ def test_pyproject_is_the_single_source_of_dependencies():
         k: {re.split(r"[<>=\[; ]", d)[0].lower() for d in v}
         for k, v in project["optional-dependencies"].items()
     }
-    assert "jupyterlab" in extras["lab"]
-    assert {"pytest", "nbval", "nbclient", "nbformat", "ruff", "pytest-timeout"} <= extras["dev"]
+    # A learner's install (`make lab`) grades exercises, so it has nbformat and nbclient; the test,
+    # lint and type tools come only with a maintainer's (`make test`).
+    assert {"jupyterlab", "nbformat", "nbclient"} <= extras["lab"]
+    assert {"pytest", "nbval", "ruff", "mypy", "pytest-timeout", "playwright"} <= extras["dev"]
+    assert not {"pytest", "nbval", "ruff", "mypy", "playwright"} & (extras["lab"] | extras["units"])
     env = (ROOT / "environment.yml").read_text()
     assert "python=3.11" in env and "-c constraints.txt" in env and "-e .[lab,dev,units]" in env
     # environment.yml must not list packages of its own: they would drift from pyproject.toml.
@@ -51,10 +54,16 @@ def test_torch_is_pinned_by_the_constraints_file():
     pins = [ln.split("#")[0].strip() for ln in (ROOT / "constraints.txt").read_text().splitlines()]
     assert "torch==2.13.0" in pins
     makefile = (ROOT / "Makefile").read_text()
-    # Every pip install in the Makefile goes through the constraints file.
+    # Every pip install in the Makefile goes through a constraints file that pins torch: the
+    # course's, or the floor's (`make test-torch-floor` writes torch==$(TORCH_FLOOR) into its own).
     for line in makefile.splitlines():
         if "pip install" in line and "--upgrade pip" not in line:
-            assert "-c constraints.txt" in line, line
+            assert re.search(r"-c (constraints\.txt|\$\(FLOOR_VENV\)/constraints\.txt)", line), line
+    assert 'echo "torch==$(TORCH_FLOOR)" > $(FLOOR_VENV)/constraints.txt' in makefile
+    # The floor the Makefile tests is the one pyproject.toml declares.
+    floor = re.search(r"^TORCH_FLOOR \?= (\S+)", makefile, re.M).group(1)
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"torch>={floor.rsplit('.', 1)[0]}" in deps, (floor, deps)
 
 
 def test_every_unit_has_lecture_solution_and_exercise():
@@ -133,8 +142,12 @@ def test_exercise_check_cells_show_targets_not_passes():
 def test_solution_scores_full_marks_and_exercise_scores_zero(solution):
     from course_lib.grading.grader import grade_notebook
 
+    # The only run of each solution in `make test` (nbval runs the lectures): the grader executes it
+    # in a fresh kernel and compares every check cell with the solution's stored output, as nbval
+    # would, and no other cell may raise.
     report = grade_notebook(solution, timeout=300)
     assert report.tasks, f"{solution.name} has no graded task"
+    assert report.status == "completed" and not report.cell_errors, report
     assert report.score == report.total, report
     assert all(t.passed for t in report.tasks), report
     # An untouched exercise fails every check: proof that each check can fail.
