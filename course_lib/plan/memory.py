@@ -3,7 +3,7 @@
 Every number comes from ``course_lib.measure.estimate``: model state from
 ``zero_state_breakdown_per_rank`` (2 + 2 + 12 bytes per parameter: bf16 weights and gradients,
 fp32 master and Adam moments, as the ZeRO paper counts), activations from
-``activation_bytes_parallel_layer`` (Korthikanti et al. 2022) times the layers a pipeline keeps
+``activation_bytes_transformer_layer`` (Korthikanti et al. 2022) times the layers a pipeline keeps
 in flight (``pipeline_inflight_layers``). Introduced in notebooks/14_planning_a_run.ipynb.
 """
 
@@ -145,7 +145,7 @@ def predict_memory(
 
     * params / grads / optimizer: the stage's parameters over tp, under ZeRO ``zero`` over dp
       (``estimate.zero_state_breakdown_per_rank``, K = 12: fp32 master + Adam moments);
-    * activations: one layer's bytes (``estimate.activation_bytes_parallel_layer`` at the
+    * activations: one layer's bytes (``estimate.activation_bytes_transformer_layer`` at the
       micro-batch) times the layers in flight on that stage
       (``estimate.pipeline_inflight_layers``; the last stage keeps one micro-batch); with
       ``full`` recomputation, plus one layer rebuilt during its backward;
@@ -200,7 +200,7 @@ def predict_memory(
         tp=t,
         sequence_parallel=layout.sequence_parallel,
     )
-    per_layer = estimate.activation_bytes_parallel_layer(
+    per_layer = estimate.activation_bytes_transformer_layer(
         model.seq_len, b, model.hidden, model.heads, recompute=layout.recompute, **layer
     )
     if which == "first" or p == 1:
@@ -209,7 +209,7 @@ def predict_memory(
         inflight = n  # the last stage runs each micro-batch's backward right after its forward
     activations = inflight * per_layer
     if layout.recompute == "full":  # the layer being rebuilt for its backward
-        activations += estimate.activation_bytes_parallel_layer(
+        activations += estimate.activation_bytes_transformer_layer(
             model.seq_len, b, model.hidden, model.heads, recompute="selective", **layer
         )
     logits = 4 * model.seq_len * b * model.vocab / t if is_last else 0

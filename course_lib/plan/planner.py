@@ -4,7 +4,7 @@ of a model on a cluster, its memory per GPU and its step time, ranked; and why t
 Step time of one layout, per micro-batch on the slowest pipeline stage (the one with the most
 layers, plus the output layer on the last stage):
 
-* compute: its model FLOPs (``estimate.layer_flops_per_token``: 6 P + 12 s h per layer per
+* compute: its model FLOPs (``estimate.training_flops_per_token``: 6 P + 12 s h per layer per
   token, 6 V h for the output layer) / tp, at ``efficiency`` x the GPU's peak -- the fraction
   of peak large bf16 matrix products sustain (an assumption, stated in every result);
 * recompute: the FLOPs recomputation adds, at the same rate;
@@ -109,10 +109,14 @@ def step_time(
     tokens = b * s
 
     def stage_flops(layers, output):
-        f = estimate.layer_flops_per_token(
-            parts["per_layer"], layers=layers, hidden=h, seq=s, recompute=layout.recompute
+        per_layer = parts["per_layer"]
+        flops = estimate.training_flops_per_token(
+            layers * per_layer, layers=layers, hidden=h, seq=s
         )
-        return f["model"] + (6 * model.vocab * h if output else 0), f["recompute"]
+        extra = estimate.recompute_flops_per_token(
+            per_layer, layers=layers, hidden=h, seq=s, recompute=layout.recompute
+        )
+        return flops + (6 * model.vocab * h if output else 0), extra
 
     # the slowest stage sets the pace: a middle one, or the last with the output layer
     slow = max(stage_flops(n, p == 1), stage_flops(n_last, True), key=sum)
@@ -172,7 +176,7 @@ def step_time(
         dp_comm = m * max(0.0, 1.5 * allreduce - (compute + recompute))
     step = pipeline + dp_comm
     model_flops = (
-        estimate.model_flops_per_token(model.n_params, layers=model.layers, hidden=h, seq=s)
+        estimate.training_flops_per_token(model.n_params, layers=model.layers, hidden=h, seq=s)
         * global_batch_tokens
     )
     out = {
