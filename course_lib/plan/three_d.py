@@ -24,7 +24,7 @@ rank's measurements, the full parameters after training reassembled from the sha
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,7 @@ from torch import nn
 
 from course_lib import validate
 from course_lib.models import GPT, GPTConfig
-from course_lib.plan.specs import Layout, ModelSpec
+from course_lib.plan.specs import ModelSpec
 
 __all__ = [
     "tiny_config",
@@ -167,9 +167,28 @@ def _ce(logits, targets):
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed, config):
+def _mean_loss(loss: torch.Tensor | None, dp_group: Any, dp: int) -> float | None:
+    """The step's loss: the last stage's (mean over its replica's rows), then over dp; None on
+    the other stages (which still join the all-reduce)."""
     import torch.distributed as dist
 
+    value = torch.zeros(1) if loss is None else loss.detach().reshape(1)
+    dist.all_reduce(value, group=dp_group)
+    return value.item() / dp if loss is not None else None
+
+
+def _full_params(
+    shards: dict[str, torch.Tensor], split: list[range], n_layer: int
+) -> dict[str, torch.Tensor]:
+    """This rank's gathered stage parameters under their names in the unsplit GPT."""
+    full = {}
+    for name, t in shards.items():
+        _, stage, j, rest = name.split(".", 3)  # stages.<k>.<j>.<rest>
+        full[_full_name(split[int(stage)].start + int(j), rest, n_layer)] = t
+    return full
+
+
+def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed, config):
     from course_lib.measure.comm import CommMeter
     from course_lib.measure.memory import MemoryMeter
     from course_lib.parallel.ddp import allreduce_gradients
@@ -201,14 +220,8 @@ def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed,
             loss = run_schedule_3d(pipe, order, x, y, microbatches, shape, mesh.pp_rank, pp)
             allreduce_gradients(pipe, group=dp_group)  # mean over the dp replicas
             opt.step()
-            # the step's loss: the last stage's (mean over its replica's rows), then over dp
-            value = torch.zeros(1) if loss is None else loss.detach().reshape(1)
-            dist.all_reduce(value, group=dp_group)
-            losses.append(value.item() / dp if loss is not None else None)
-    full = {}
-    for name, t in gather_full(pipe, "param", group=tp_group).items():
-        _, stage, j, rest = name.split(".", 3)  # stages.<k>.<j>.<rest>
-        full[_full_name(split[int(stage)].start + int(j), rest, n_layer)] = t
+            losses.append(_mean_loss(loss, dp_group, dp))
+    full = _full_params(gather_full(pipe, "param", group=tp_group), split, n_layer)
     return {
         "rank": rank,
         "coords": tuple(mesh.coords),
@@ -305,6 +318,25 @@ def run_3d(
     }
 
 
+def _replica_diff(ranks: list[dict[str, Any]]) -> float:
+    """Largest difference between the parameters of two dp replicas of the same stage (0.0
+    when the gradient all-reduce keeps them bit-identical)."""
+    replicas: dict[int, dict[str, torch.Tensor]] = {}  # stage -> the first replica's parameters
+    diff = 0.0
+    for r in ranks:
+        if r["params"] is None:
+            continue
+        stage = r["coords"][0]
+        if stage in replicas:
+            diff = max(
+                diff,
+                max((r["params"][k] - replicas[stage][k]).abs().max().item() for k in r["params"]),
+            )
+        else:
+            replicas[stage] = r["params"]
+    return diff
+
+
 def parity_3d(
     result: dict,
     reference: dict | None = None,
@@ -334,19 +366,7 @@ def parity_3d(
         diff = (got - want).abs().max().item()
         if diff >= worst:
             worst, worst_name = diff, name
-    replicas: dict[int, dict] = {}  # stage -> parameters of the first dp replica seen
-    replica_diff = 0.0
-    for r in result["ranks"]:
-        if r["params"] is None:
-            continue
-        stage = r["coords"][0]
-        if stage in replicas:
-            replica_diff = max(
-                replica_diff,
-                max((r["params"][k] - replicas[stage][k]).abs().max().item() for k in r["params"]),
-            )
-        else:
-            replicas[stage] = r["params"]
+    replica_diff = _replica_diff(result["ranks"])
     ok = loss_ok and not missing and worst <= param_atol and replica_diff == 0.0
     return {
         "ok": ok,
@@ -363,69 +383,5 @@ def parity_3d(
     }
 
 
-#: bytes per element the planner assumes (bf16 weights and grads, fp32 master + Adam moments)
-#: and what the fp32 run on CPU holds (fp32 weights and grads, Adam's two moments)
-_PLANNER_BYTES = {"params": 2, "grads": 2, "optimizer": 12}
-_RUN_BYTES = {"params": 4, "grads": 4, "optimizer": 8}
-
-
-def memory_table(result: dict):
-    """Measured vs predicted model state per rank (one row per pipeline stage, tp rank 0 of dp
-    replica 0; the other ranks of a stage measure the same). ``predict_memory`` counts
-    mixed-precision bytes (2 + 2 + 12 per parameter); the run is fp32 with Adam (4 + 4 + 8), so
-    both are also shown in elements: bytes / bytes per element. ``measured_optimizer`` includes
-    Adam's scalar ``step`` counters (4 bytes per tensor)."""
-    import pandas as pd
-
-    from course_lib.plan.memory import predict_memory
-
-    lay = result["layout"]
-    spec = tiny_spec(result["config"])
-    layout = Layout(
-        dp=lay["dp"], tp=lay["tp"], pp=lay["pp"], zero=0, recompute="none", sequence_parallel=False
-    )
-    rows = []
-    for r in result["ranks"]:
-        pp_rank, dp_rank, tp_rank = r["coords"]
-        if dp_rank or tp_rank:
-            continue
-        which = "first" if pp_rank == 0 else "last"
-        pred = predict_memory(spec, layout, stage=which if lay["pp"] > 1 else "worst")
-        row = {"rank": r["rank"], "stage": pp_rank}
-        for cat in ("params", "grads", "optimizer"):
-            row[f"measured_{cat}"] = r["memory"][cat]
-            row[f"predicted_{cat}"] = pred[cat]
-        # MemoryMeter counts module buffers (causal masks, positions) as params: taken out
-        row["measured_params_elems"] = (r["memory"]["params"] - r["buffer_bytes"]) // _RUN_BYTES[
-            "params"
-        ]
-        row["predicted_params_elems"] = math.ceil(pred["params"] / _PLANNER_BYTES["params"])
-        row["elems_ratio"] = row["measured_params_elems"] / row["predicted_params_elems"]
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def comm_table(result: dict):
-    """What each rank sent during training (CommMeter): calls, the pipeline's point-to-point
-    payload, the modelled bytes of all calls and the bytes the OS saw it write (gloo over TCP;
-    None where unavailable)."""
-    import pandas as pd
-
-    rows = []
-    for r in result["ranks"]:
-        c = r["comm"]
-        rows.append(
-            {
-                "rank": r["rank"],
-                "pp": r["coords"][0],
-                "dp": r["coords"][1],
-                "tp": r["coords"][2],
-                "all_reduce": r["calls"].get("all_reduce", 0),
-                "send": r["calls"].get("isend", 0),
-                "recv": r["calls"].get("recv", 0),
-                "p2p_bytes_sent": c["p2p_bytes_sent"],
-                "model_bytes_sent": c["model_bytes_sent"],
-                "wire_bytes_sent": c["wire_bytes_sent"],
-            }
-        )
-    return pd.DataFrame(rows)
+# the tables read a result of run_3d; they live in three_d_tables and are re-exported here
+from course_lib.plan.three_d_tables import comm_table, memory_table  # noqa: E402

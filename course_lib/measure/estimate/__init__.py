@@ -32,6 +32,7 @@ accelerator specs, memory tiers, learning rate against the batch) and ``tensor_p
 from __future__ import annotations
 
 from course_lib.measure.estimate import (  # noqa: E402
+    activations,
     checkpointing,
     communication,
     compute,
@@ -43,7 +44,9 @@ from course_lib.measure.estimate import (  # noqa: E402
     tensor_parallel,
     training,
     units,
+    zero,
 )
+from course_lib.measure.estimate.activations import *  # noqa: F401,F403
 from course_lib.measure.estimate.checkpointing import *  # noqa: F401,F403
 from course_lib.measure.estimate.communication import *  # noqa: F401,F403
 from course_lib.measure.estimate.compute import *  # noqa: F401,F403
@@ -56,10 +59,13 @@ from course_lib.measure.estimate.tensor_parallel import *  # noqa: F401,F403
 from course_lib.measure.estimate.training import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import exact  # noqa: F401
+from course_lib.measure.estimate.zero import *  # noqa: F401,F403
 
 __all__ = [
     *units.__all__,
     *memory.__all__,
+    *zero.__all__,
+    *activations.__all__,
     *communication.__all__,
     *links.__all__,
     *compute.__all__,

@@ -8,7 +8,7 @@ Introduced in notebooks/06_activation_checkpointing.ipynb. Two scales:
   against ``torch.utils.flop_counter.FlopCounterMode`` (tests/techniques/test_checkpointing.py);
 * papers' models: :func:`checkpointed_activation_bytes` and :func:`checkpoint_flops_ratio` build on
   Korthikanti et al. 2022 (arXiv:2205.05198) per-layer counts
-  (:func:`~course_lib.measure.estimate.memory.activation_bytes_transformer_layer`): 34sbh + 5as^2b
+  (:func:`~course_lib.measure.estimate.activations.activation_bytes_transformer_layer`): 34sbh + 5as^2b
   bytes per layer in 16-bit, 34sbh with their selective recomputation, 2sbh (the block input) with
   full recomputation.
 
@@ -24,7 +24,9 @@ from fractions import Fraction
 from typing import Any
 
 from course_lib import validate as _v
-from course_lib.measure.estimate.memory import (
+from course_lib.measure.estimate.activations import (
+    RECOMPUTE,
+    Recompute,
     activation_bytes_gpt,
     activation_bytes_transformer_layer,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "checkpointed_peak_activation_bytes",
     "best_segment_length",
     "checkpoint_flops_ratio",
+    "recompute_flops_per_token",
 ]
 
 #: the policies (same names and order as ``techniques.checkpointing.POLICIES``)
@@ -191,7 +194,7 @@ def checkpointed_activation_bytes(
     *,
     policy: str = "none",
     k: int = 1,
-    bytes_per_value: int = 2,
+    dtype_bytes: int = 2,
     dropout: bool = True,
 ) -> int:
     """Activation bytes kept for backward by ``layers`` transformer layers (Korthikanti et al.).
@@ -205,7 +208,7 @@ def checkpointed_activation_bytes(
     n_ck, _ = checkpointed_groups(layers, policy, k=k)
     layer = {
         r: activation_bytes_transformer_layer(
-            seq, batch, hidden, heads, bytes_per_value=bytes_per_value, dropout=dropout, recompute=r
+            seq, batch, hidden, heads, dtype_bytes=dtype_bytes, dropout=dropout, recompute=r
         )
         for r in ("none", "selective", "full")
     }
@@ -230,7 +233,7 @@ def checkpointed_peak_activation_bytes(
     *,
     policy: str = "none",
     k: int = 1,
-    bytes_per_value: int = 2,
+    dtype_bytes: int = 2,
     dropout: bool = True,
 ) -> int:
     """Kept bytes plus what one rebuilt checkpoint holds while its backward runs.
@@ -249,12 +252,12 @@ def checkpointed_peak_activation_bytes(
         layers,
         policy=policy,
         k=k,
-        bytes_per_value=bytes_per_value,
+        dtype_bytes=dtype_bytes,
         dropout=dropout,
     )
     _, size = checkpointed_groups(layers, policy, k=k)
     full_layer = activation_bytes_transformer_layer(
-        seq, batch, hidden, heads, bytes_per_value=bytes_per_value, dropout=dropout
+        seq, batch, hidden, heads, dtype_bytes=dtype_bytes, dropout=dropout
     )
     if policy == "selective":
         sel = activation_bytes_transformer_layer(
@@ -262,7 +265,7 @@ def checkpointed_peak_activation_bytes(
             batch,
             hidden,
             heads,
-            bytes_per_value=bytes_per_value,
+            dtype_bytes=dtype_bytes,
             dropout=dropout,
             recompute="selective",
         )
@@ -307,3 +310,16 @@ def checkpoint_flops_ratio(
     else:
         extra = Fraction(1, 3)
     return float(1 + extra)
+
+
+def recompute_flops_per_token(
+    layer_params: int, *, layers: int, hidden: int, seq: int, recompute: Recompute = "none"
+) -> int:
+    """FLOPs per token that recomputation adds to ``layers`` transformer layers of
+    ``layer_params`` parameters each (the model's own FLOPs: ``training_flops_per_token``):
+    ``full`` runs each layer's forward again, 2 P + 4 s h; ``selective`` the attention products'
+    forward, 4 s h (Korthikanti et al. 2022, Sec. 5); ``none`` 0."""
+    P = _v.count("layer_params", layer_params)
+    L, h, s = (_v.count("layers", layers), _v.count("hidden", hidden), _v.count("seq", seq))
+    rec = _v.choice("recompute", recompute, RECOMPUTE, case_insensitive=True)
+    return {"none": 0, "selective": L * 4 * s * h, "full": L * (2 * P + 4 * s * h)}[rec]

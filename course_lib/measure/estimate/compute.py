@@ -19,7 +19,6 @@ __all__ = [
     "ELEMENTWISE_FLOPS",
     "ElementwiseCost",
     "elementwise_cost",
-    "transformer_training_flops",
     "arithmetic_intensity",
     "matmul_arithmetic_intensity",
     "ridge_point",
@@ -142,12 +141,6 @@ def elementwise_cost(
     if isinstance(flops, float) and flops.is_integer():
         flops = int(flops)
     return ElementwiseCost(flops, 2 * n * _v.count("dtype_bytes", dtype_bytes, minimum=1))
-
-
-def transformer_training_flops(n_params: int, tokens: int) -> int:
-    """Training FLOPs of a dense transformer: 6 N D (2 forward + 4 backward per parameter per
-    token; Kaplan et al. 2020, arXiv:2001.08361 Sec. 2.1; attention FLOPs ignored)."""
-    return 6 * _v.count("n_params", n_params) * _v.count("tokens", tokens)
 
 
 def arithmetic_intensity(flops: float, bytes_moved: float) -> float:

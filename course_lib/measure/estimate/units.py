@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numbers
 from fractions import Fraction
-from typing import Mapping
 
-__all__ = ["KiB", "MiB", "GiB", "GB", "exact", "fmt_bytes", "breakdown_residual"]
+__all__ = ["KiB", "MiB", "GiB", "GB", "exact", "fmt_bytes"]
 
 KiB = 2**10
 MiB = 2**20
@@ -58,11 +57,3 @@ def fmt_bytes(n: float, unit: str = "auto", *, digits: int = 2) -> str:
     if unit == "B" and float(n).is_integer():
         return f"{int(n)} B"
     return f"{n / _UNITS[unit]:.{digits}f} {unit}"
-
-
-def breakdown_residual(
-    measured: Mapping[str, float], predicted: Mapping[str, float]
-) -> dict[str, float]:
-    """measured - predicted for every key in either dict (missing keys count as 0), in bytes."""
-    keys = list(dict.fromkeys([*predicted, *measured]))
-    return {k: measured.get(k, 0) - predicted.get(k, 0) for k in keys}

@@ -40,7 +40,7 @@ ZERO_REFERENCES = (
 )
 #: the course's formulas for per-rank ZeRO memory
 ESTIMATE_REFERENCES = tuple(
-    f"course_lib.measure.estimate.memory:{f}"
+    f"course_lib.measure.estimate.zero:{f}"
     for f in (
         "zero_layout_bytes_per_rank",
         "zero_padding",
