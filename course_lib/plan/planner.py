@@ -25,8 +25,10 @@ Introduced in notebooks/14_planning_a_run.ipynb.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from course_lib import validate as _v
 from course_lib.measure import estimate
@@ -129,8 +131,9 @@ def _p2p_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> float:
         return 0.0
     across = layout.tp * layout.dp >= cluster.gpus_per_node
     bw = (cluster.inter_GBps if across else cluster.intra_GBps) * 1e9
-    boundary = estimate.pipeline_boundary_bytes(layout.micro_batch, model.seq_len, model.hidden)
-    boundary /= layout.tp if layout.sequence_parallel else 1
+    boundary = estimate.pipeline_boundary_bytes(layout.micro_batch, model.seq_len, model.hidden) / (
+        layout.tp if layout.sequence_parallel else 1
+    )
     return 2 * layout.virtual_stages * boundary / bw
 
 
@@ -220,14 +223,14 @@ def evaluate(
     efficiency: float = DEFAULT_EFFICIENCY,
     reserve: float = DEFAULT_RESERVE,
     uneven_stages: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """One row of :func:`plan` for one layout: the layout, memory by category (GB), whether it
     fits in (1 - reserve) of the GPU's memory, and the step time by part."""
     mem = predict_memory(
         model, layout, global_batch_tokens=global_batch_tokens, uneven_stages=uneven_stages
     )
     usable = (1 - _v.number("reserve", reserve, minimum=0, maximum=0.9)) * cluster.memory_bytes
-    row = {
+    row: dict[str, Any] = {
         "dp": layout.dp,
         "tp": layout.tp,
         "pp": layout.pp,
@@ -256,7 +259,15 @@ def evaluate(
     return row
 
 
-def _candidates(model, cluster, gpus, seqs, uneven_stages, max_micro_batch):
+def _candidates(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    gpus: int,
+    seqs: int,
+    uneven_stages: bool,
+    max_micro_batch: int,
+) -> Iterator[Layout]:
+    """Every layout :func:`plan` weighs (see its docstring)."""
     g = math.gcd(model.heads, model.kv_heads)
     pps = range(1, model.layers + 1) if uneven_stages else divisors(model.layers)
     for tp in divisors(g):
@@ -321,7 +332,7 @@ def plan(
     reserve: float = DEFAULT_RESERVE,
     uneven_stages: bool = False,
     max_micro_batch: int = 8,
-):
+) -> pd.DataFrame:
     """Every layout of ``model`` on ``gpus`` GPUs of ``cluster`` (all of them by default) that
     fits, ranked by step time: a pandas DataFrame, one row per layout (``rank`` 1 = fastest),
     with memory per GPU by category (GB), the step time by part (s), MFU, tokens/s and, with
@@ -338,14 +349,18 @@ def plan(
 
     n_gpus, tokens = _plan_inputs(model, cluster, gpus, global_batch_tokens)
     seqs = tokens // model.seq_len
-    settings = dict(total_tokens=total_tokens, efficiency=efficiency, reserve=reserve)
+    one = functools.partial(
+        evaluate,
+        model,
+        cluster,
+        global_batch_tokens=tokens,
+        total_tokens=total_tokens,
+        efficiency=efficiency,
+        reserve=reserve,
+        uneven_stages=uneven_stages,
+    )
     most = _v.count("max_micro_batch", max_micro_batch, minimum=1)
-    rows = [
-        evaluate(
-            model, cluster, lay, global_batch_tokens=tokens, uneven_stages=uneven_stages, **settings
-        )
-        for lay in _candidates(model, cluster, n_gpus, seqs, uneven_stages, most)
-    ]
+    rows = [one(lay) for lay in _candidates(model, cluster, n_gpus, seqs, uneven_stages, most)]
     if not rows:
         raise ValueError(
             f"gpus = {n_gpus}: no dp x tp x pp layout divides it with tp dividing "
@@ -355,7 +370,7 @@ def plan(
     fits = _ranked(pd.DataFrame(rows))
     fits.attrs["inputs"] = {
         **dict(model=model, cluster=cluster, gpus=n_gpus, global_batch_tokens=tokens),
-        **settings,
+        **dict(total_tokens=total_tokens, efficiency=efficiency, reserve=reserve),
         "uneven_stages": uneven_stages,
         "usable_GB": (1 - reserve) * cluster.memory_bytes / 1e9,
     }

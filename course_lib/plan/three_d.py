@@ -24,7 +24,9 @@ rank's measurements, the full parameters after training reassembled from the sha
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +35,9 @@ from torch import nn
 from course_lib import validate
 from course_lib.models import GPT, GPTConfig
 from course_lib.plan.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from course_lib.parallel.pipeline import Action, PipelineRank
 
 __all__ = [
     "tiny_config",
@@ -46,13 +51,6 @@ __all__ = [
     "LOSS_RTOL",
     "PARAM_TOL",
 ]
-
-#: parity tolerances. Loss: |diff| <= LOSS_RTOL × |reference loss| (fp32 sums in another
-#: order). Parameters after Adam: |diff| <= PARAM_TOL × lr × steps. Adam moves a parameter by
-#: about lr per step whatever the size of its gradient (g / sqrt(v)), so a last-bit difference
-#: in a tiny gradient shows up at the scale of lr; we allow 1% of the largest possible movement.
-LOSS_RTOL = 1e-5
-PARAM_TOL = 1e-2
 
 
 def tiny_config(
@@ -89,7 +87,9 @@ def tiny_spec(config: GPTConfig) -> ModelSpec:
     )
 
 
-def make_batch(step: int, rows: int, config: GPTConfig, seed: int = 0):
+def make_batch(
+    step: int, rows: int, config: GPTConfig, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Step ``step``'s full batch: (rows, seq) token ids and next-token targets, the same in
     every process."""
     gen = torch.Generator().manual_seed(1000 * seed + step)
@@ -102,7 +102,7 @@ def _build(config: GPTConfig, seed: int) -> GPT:
     return GPT(config)
 
 
-def _optimizer(params, lr: float):
+def _optimizer(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr)
 
 
@@ -113,7 +113,7 @@ def reference_3d(
     lr: float = 1e-3,
     seed: int = 0,
     config: GPTConfig | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """One process, the full batch: losses per step and the parameters after ``steps``."""
     config = config or tiny_config()
     model = _build(config, seed)
@@ -123,7 +123,7 @@ def reference_3d(
         x, y = make_batch(step, batch, config, seed)
         loss = model.loss(x, y)
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward has no annotations
         opt.step()
         losses.append(loss.item())
     return {
@@ -133,13 +133,18 @@ def reference_3d(
 
 
 class _Embed(nn.Module):
+    pos: torch.Tensor
+
     def __init__(self, model: GPT):
         super().__init__()
         self.wte, self.wpe = model.wte, model.wpe
-        self.register_buffer("pos", model.pos, persistent=False)
+        pos = model.pos
+        assert isinstance(pos, torch.Tensor)
+        self.register_buffer("pos", pos, persistent=False)
 
-    def forward(self, idx):  # (b, s) int64 -> (b, s, h)
-        return self.wte(idx) + self.wpe(self.pos[: idx.shape[1]])
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (b, s) int64 -> (b, s, h)
+        out: torch.Tensor = self.wte(idx) + self.wpe(self.pos[: idx.shape[1]])
+        return out
 
 
 class _Head(nn.Module):
@@ -147,8 +152,9 @@ class _Head(nn.Module):
         super().__init__()
         self.ln_f, self.lm_head = model.ln_f, model.lm_head
 
-    def forward(self, x):  # (b, s, h) -> (b, s, vocab)
-        return self.lm_head(self.ln_f(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, s, h) -> (b, s, vocab)
+        out: torch.Tensor = self.lm_head(self.ln_f(x))
+        return out
 
 
 def _layers(model: GPT) -> nn.Sequential:
@@ -163,7 +169,7 @@ def _full_name(index: int, rest: str, n_layer: int) -> str:
     return f"blocks.{index - 1}.{rest}"
 
 
-def _ce(logits, targets):
+def _ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
@@ -188,7 +194,22 @@ def _full_params(
     return full
 
 
-def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed, config):
+@dataclass(frozen=True)
+class _Run3D:
+    """What every rank of :func:`run_3d` is told: the layout and the training settings."""
+
+    dp: int
+    tp: int
+    pp: int
+    steps: int
+    batch: int
+    microbatches: int
+    lr: float
+    seed: int
+    config: GPTConfig
+
+
+def _rank_fn(rank: int, world_size: int, run: _Run3D) -> dict[str, Any]:
     from course_lib.measure.comm import CommMeter
     from course_lib.measure.memory import MemoryMeter
     from course_lib.parallel.ddp import allreduce_gradients
@@ -196,25 +217,26 @@ def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed,
     from course_lib.parallel.pipeline import PipelineRank, gpipe_order, split_layers
     from course_lib.parallel.tensor import gather_full, parallelize_gpt
 
-    mesh = Mesh(dp=dp, tp=tp, pp=pp)
+    dp, pp, microbatches, config = run.dp, run.pp, run.microbatches, run.config
+    mesh = Mesh(dp=dp, tp=run.tp, pp=pp)
     tp_group, dp_group = mesh.group("tp"), mesh.group("dp")
     pp_ranks = mesh.ranks("pp")  # global ranks of this rank's pipeline, by stage
 
-    model = parallelize_gpt(_build(config, seed), group=tp_group)  # same seed everywhere
+    model = parallelize_gpt(_build(config, run.seed), group=tp_group)  # same seed everywhere
     n_layer = config.n_layer
     split = split_layers(n_layer + 2, pp, sizes=_stage_sizes(n_layer, pp))
     pipe = PipelineRank(
         _layers(model), split, mesh.rank, pp, owner=lambda stage, ranks: pp_ranks[stage % ranks]
     )
     del model
-    opt = _optimizer(pipe.parameters(), lr)
+    opt = _optimizer(pipe.parameters(), run.lr)
     order = gpipe_order(mesh.pp_rank, pp, microbatches)
-    rows = batch // dp
+    rows = run.batch // dp
     shape = (rows // microbatches, config.block_size, config.n_embd)
     losses = []
     with CommMeter(dispatch=False) as comm, MemoryMeter(pipe, opt) as mem:
-        for step in range(steps):
-            x, y = make_batch(step, batch, config, seed)
+        for step in range(run.steps):
+            x, y = make_batch(step, run.batch, config, run.seed)
             x, y = (t[mesh.dp_rank * rows : (mesh.dp_rank + 1) * rows] for t in (x, y))
             opt.zero_grad()
             loss = run_schedule_3d(pipe, order, x, y, microbatches, shape, mesh.pp_rank, pp)
@@ -226,7 +248,7 @@ def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed,
         "rank": rank,
         "coords": tuple(mesh.coords),
         "losses": losses,
-        "memory": {k: mem.end_breakdown[k] for k in ("params", "grads", "optimizer")},
+        "memory": {k: (mem.end_breakdown or {})[k] for k in ("params", "grads", "optimizer")},
         "peak_bytes": mem.peak_bytes,
         "params_numel": sum(p.numel() for p in pipe.parameters()),
         "buffer_bytes": sum(b.numel() * b.element_size() for b in pipe.buffers()),
@@ -236,7 +258,16 @@ def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed,
     }
 
 
-def run_schedule_3d(pipe, order, x, y, microbatches, shape, pp_rank, pp):
+def run_schedule_3d(
+    pipe: PipelineRank,
+    order: Sequence[Action],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    microbatches: int,
+    shape: Sequence[int],
+    pp_rank: int,
+    pp: int,
+) -> torch.Tensor | None:
     """One GPipe step of this rank's stage: the first stage reads the token ids, the last the
     targets; every message is one (b/m, s, h) activation or its gradient."""
     from course_lib.parallel.pipeline import run_schedule
@@ -273,7 +304,7 @@ def run_3d(
     seed: int = 0,
     config: GPTConfig | None = None,
     timeout: float = 120.0,
-) -> dict:
+) -> dict[str, Any]:
     """Train the tiny GPT ``steps`` steps on dp × tp × pp ranks (``course_lib.launch``, gloo).
 
     Returns ``{"ranks": [per-rank dict], "losses": [loss per step], "params": full parameters
@@ -300,9 +331,8 @@ def run_3d(
     from course_lib.parallel.tensor import check_tp
 
     check_tp(config, tp)
-    ranks = course_lib.launch(
-        _rank_fn, dp * tp * pp, dp, tp, pp, steps, batch, m, lr, seed, config, timeout=timeout
-    )
+    run = _Run3D(dp, tp, pp, steps, batch, m, lr, seed, config)
+    ranks = course_lib.launch(_rank_fn, dp * tp * pp, run, timeout=timeout)
     last = [r for r in ranks if r["coords"][0] == pp - 1]
     params = {}
     for r in ranks:
@@ -318,70 +348,11 @@ def run_3d(
     }
 
 
-def _replica_diff(ranks: list[dict[str, Any]]) -> float:
-    """Largest difference between the parameters of two dp replicas of the same stage (0.0
-    when the gradient all-reduce keeps them bit-identical)."""
-    replicas: dict[int, dict[str, torch.Tensor]] = {}  # stage -> the first replica's parameters
-    diff = 0.0
-    for r in ranks:
-        if r["params"] is None:
-            continue
-        stage = r["coords"][0]
-        if stage in replicas:
-            diff = max(
-                diff,
-                max((r["params"][k] - replicas[stage][k]).abs().max().item() for k in r["params"]),
-            )
-        else:
-            replicas[stage] = r["params"]
-    return diff
-
-
-def parity_3d(
-    result: dict,
-    reference: dict | None = None,
-    *,
-    loss_rtol: float = LOSS_RTOL,
-    param_tol: float = PARAM_TOL,
-) -> dict:
-    """Compare a :func:`run_3d` result with one process on the full batch (:func:`reference_3d`
-    with the same settings): the loss of every step (|diff| <= loss_rtol × |loss|) and every
-    parameter after training (|diff| <= param_tol × lr × steps, see :data:`PARAM_TOL`). Also
-    checks that the dp replicas hold bit-identical parameters. Returns the largest differences
-    and ``ok``."""
-    s = result["setup"]
-    ref = reference or reference_3d(
-        steps=s["steps"], batch=s["batch"], lr=s["lr"], seed=s["seed"], config=result["config"]
-    )
-    loss_diff = max(abs(a - b) for a, b in zip(ref["losses"], result["losses"]))
-    loss_ok = all(abs(a - b) <= loss_rtol * abs(a) for a, b in zip(ref["losses"], result["losses"]))
-    missing = sorted(set(ref["params"]) ^ set(result["params"]))
-    param_atol = param_tol * s["lr"] * s["steps"]
-    worst, worst_name = 0.0, None
-    for name, want in ref["params"].items():
-        got = result["params"].get(name)
-        if got is None or got.shape != want.shape:
-            missing.append(name)
-            continue
-        diff = (got - want).abs().max().item()
-        if diff >= worst:
-            worst, worst_name = diff, name
-    replica_diff = _replica_diff(result["ranks"])
-    ok = loss_ok and not missing and worst <= param_atol and replica_diff == 0.0
-    return {
-        "ok": ok,
-        "reference_losses": ref["losses"],
-        "losses": result["losses"],
-        "max_loss_diff": loss_diff,
-        "max_param_diff": worst,
-        "worst_param": worst_name,
-        "param_tolerance": param_atol,
-        "replica_param_diff": replica_diff,
-        "missing": missing,
-        "loss_rtol": loss_rtol,
-        "param_tol": param_tol,
-    }
-
-
-# the tables read a result of run_3d; they live in three_d_tables and are re-exported here
-from course_lib.plan.three_d_tables import comm_table, memory_table  # noqa: E402
+# what a run_3d result is read with lives in three_d_report; re-exported here
+from course_lib.plan.three_d_report import (  # noqa: E402
+    LOSS_RTOL,
+    PARAM_TOL,
+    comm_table,
+    memory_table,
+    parity_3d,
+)

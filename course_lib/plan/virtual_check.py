@@ -68,7 +68,7 @@ def _check(model: ModelSpec, layout: Layout) -> None:
         )
 
 
-def _predicted_state(model: ModelSpec, layout: Layout) -> int:
+def _predicted_state(model: ModelSpec, layout: Layout) -> int | float:
     m = predict_memory(model, layout)
     return m["params"] + m["grads"] + m["optimizer"]
 
@@ -137,7 +137,9 @@ def _simulate(
     )
 
 
-def _rows(pred: dict[int, int], virt: dict[int, int], layout: Layout) -> list[dict[str, Any]]:
+def _rows(
+    pred: dict[int, int | float], virt: dict[int, int], layout: Layout
+) -> list[dict[str, Any]]:
     """The comparison's rows from the 1- and 2-layer model states, predicted and virtual."""
     rows = [
         (

@@ -17,6 +17,7 @@ from course_lib.measure.estimate.units import exact
 
 __all__ = [
     "MLP_ACTIVATION_SAVES",
+    "MlpActivation",
     "RECOMPUTE",
     "Recompute",
     "activation_bytes_mlp",
@@ -30,7 +31,8 @@ RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "full")
 
 #: activation functions of our MLP and what autograd saves for each ("input" = pre-activation z,
 #: "output" = activation u). From the derivative formulas in torch/csrc/autograd/derivatives.yaml.
-MLP_ACTIVATION_SAVES = {
+MlpActivation = Literal["relu", "tanh", "sigmoid", "gelu", "silu", "identity"]
+MLP_ACTIVATION_SAVES: dict[MlpActivation, str] = {
     "relu": "output",
     "tanh": "output",
     "sigmoid": "output",
@@ -45,7 +47,7 @@ def activation_bytes_mlp(
     widths: Sequence[int],
     *,
     dtype_bytes: int = 4,
-    activation: str = "relu",
+    activation: MlpActivation = "relu",
     include_input: bool = False,
     include_output: bool = True,
 ) -> int:
@@ -67,9 +69,9 @@ def activation_bytes_mlp(
     Introduced in notebooks/01_backprop_memory.ipynb.
     """
     b = _v.count("batch", batch, minimum=1)
-    widths = [_v.count("widths[i]", w, minimum=1) for w in widths]
+    widths = _v.counts("widths", widths, minimum=1)
     if len(widths) < 2:
-        raise ValueError(f"widths={widths!r} needs at least 2 entries (in and out features)")
+        raise ValueError(f"widths = {widths!r}: expected at least 2 entries (in and out features)")
     act = _v.choice("activation", activation, MLP_ACTIVATION_SAVES, case_insensitive=True)
     per_hidden = 2 if MLP_ACTIVATION_SAVES[act] == "input" else 1
     elements = per_hidden * sum(widths[1:-1])

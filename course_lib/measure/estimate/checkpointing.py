@@ -20,8 +20,9 @@ Chen et al. 2016, arXiv:1604.06174).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 from course_lib import validate as _v
 from course_lib.measure.estimate.activations import (
@@ -33,6 +34,7 @@ from course_lib.measure.estimate.activations import (
 
 __all__ = [
     "CHECKPOINT_POLICIES",
+    "CheckpointPolicy",
     "checkpointed_groups",
     "checkpointed_activation_bytes_gpt",
     "gpt_step_matmul_flops",
@@ -43,12 +45,20 @@ __all__ = [
     "recompute_flops_per_token",
 ]
 
+#: what gets checkpointed (the names of ``techniques.checkpointing.POLICIES``)
+CheckpointPolicy = Literal["none", "full", "every_k", "selective", "segments"]
 #: the policies (same names and order as ``techniques.checkpointing.POLICIES``)
-CHECKPOINT_POLICIES = ("none", "full", "every_k", "selective", "segments")
+CHECKPOINT_POLICIES: tuple[CheckpointPolicy, ...] = (
+    "none",
+    "full",
+    "every_k",
+    "selective",
+    "segments",
+)
 _MATMULS = ("mm", "addmm", "bmm")
 
 
-def checkpointed_groups(layers: int, policy: str, *, k: int = 1) -> tuple[int, int]:
+def checkpointed_groups(layers: int, policy: CheckpointPolicy, *, k: int = 1) -> tuple[int, int]:
     """(number of checkpoints, blocks in the largest one) for ``layers`` blocks under ``policy``.
 
     ``full``/``selective``: (L, 1); ``every_k``: (ceil(L/k), 1); ``segments``: (ceil(L/k), k);
@@ -71,15 +81,22 @@ def checkpointed_groups(layers: int, policy: str, *, k: int = 1) -> tuple[int, i
 
 def _gpt_parts(config: Any, batch: int, seq: int | None) -> tuple[int, int, int, int, int, int]:
     """(values per plain block, values outside the blocks without logits, B, T, C, nh)."""
-    one = activation_bytes_gpt(
-        dataclasses.replace(config, n_layer=1), batch, seq, dtype_bytes=1, include_logits=False
-    )
-    two = activation_bytes_gpt(
-        dataclasses.replace(config, n_layer=2), batch, seq, dtype_bytes=1, include_logits=False
+    one, two = (  # exact ints: tp = 1
+        int(
+            activation_bytes_gpt(
+                dataclasses.replace(config, n_layer=n),
+                batch,
+                seq,
+                dtype_bytes=1,
+                include_logits=False,
+            )
+        )
+        for n in (1, 2)
     )
     B = _v.count("batch", batch, minimum=1)
     T = config.block_size if seq is None else _v.count("seq", seq, minimum=1)
-    return two - one, one - (two - one), B, T, config.n_embd, config.n_head
+    C, nh = int(config.n_embd), int(config.n_head)
+    return two - one, one - (two - one), B, int(T), C, nh
 
 
 def checkpointed_activation_bytes_gpt(
@@ -87,9 +104,9 @@ def checkpointed_activation_bytes_gpt(
     batch: int,
     seq: int | None = None,
     *,
-    policy: str = "none",
+    policy: CheckpointPolicy = "none",
     k: int = 1,
-    save_ops=_MATMULS,
+    save_ops: str | Sequence[str] = _MATMULS,
     dtype_bytes: int = 4,
     include_logits: bool = True,
 ) -> int:
@@ -139,9 +156,9 @@ def gpt_step_matmul_flops(
     batch: int,
     seq: int | None = None,
     *,
-    policy: str = "none",
+    policy: CheckpointPolicy = "none",
     k: int = 1,
-    save_ops=_MATMULS,
+    save_ops: str | Sequence[str] = _MATMULS,
     early_stop: bool = True,
 ) -> dict[str, int]:
     """Matmul FLOPs of one training step (forward + backward) of our GPT, by phase.
@@ -192,11 +209,11 @@ def checkpointed_activation_bytes(
     heads: int,
     layers: int,
     *,
-    policy: str = "none",
+    policy: CheckpointPolicy = "none",
     k: int = 1,
     dtype_bytes: int = 2,
     dropout: bool = True,
-) -> int:
+) -> int | float:
     """Activation bytes kept for backward by ``layers`` transformer layers (Korthikanti et al.).
 
     ``none``: L (34 sbh + 5 a s^2 b) in 16-bit with dropout; ``selective``: their selective
@@ -231,11 +248,11 @@ def checkpointed_peak_activation_bytes(
     heads: int,
     layers: int,
     *,
-    policy: str = "none",
+    policy: CheckpointPolicy = "none",
     k: int = 1,
     dtype_bytes: int = 2,
     dropout: bool = True,
-) -> int:
+) -> int | float:
     """Kept bytes plus what one rebuilt checkpoint holds while its backward runs.
 
     Backward rebuilds one checkpoint at a time: a block (``full``, ``every_k``), a segment of k
@@ -287,7 +304,7 @@ def best_segment_length(layers: int, *, boundary_bytes: int = 1, layer_bytes: in
 
 
 def checkpoint_flops_ratio(
-    seq: int, hidden: int, *, policy: str = "full", layers: int = 1, k: int = 1
+    seq: int, hidden: int, *, policy: CheckpointPolicy = "full", layers: int = 1, k: int = 1
 ) -> float:
     """Training FLOPs with recomputation / without, for a stack of transformer layers.
 

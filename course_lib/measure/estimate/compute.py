@@ -4,7 +4,7 @@ Introduced in notebooks/02_batch_size_and_accumulation.ipynb."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from course_lib import validate as _v
 
@@ -49,7 +49,11 @@ def pipeline_bubble_ratio(stages: int, microbatches: int, virtual_stages: int = 
 
 
 def microbatches_for_bubble(
-    stages: int, target: float, *, definition: str = "fraction", virtual_stages: int = 1
+    stages: int,
+    target: float,
+    *,
+    definition: Literal["fraction", "ratio"] = "fraction",
+    virtual_stages: int = 1,
 ) -> int:
     """The smallest m whose bubble is below ``target`` (strictly), by ``definition``
     "fraction" ((p-1)/(v·m+p-1), :func:`pipeline_bubble_fraction`) or "ratio" ((p-1)/(v·m),
@@ -129,6 +133,7 @@ def elementwise_cost(
     Introduced in notebooks/02_batch_size_and_accumulation.ipynb.
     """
     n = _v.count("numel", numel)
+    per: float
     if isinstance(flops_per_element, str):
         per = ELEMENTWISE_FLOPS[
             _v.choice(
@@ -137,7 +142,7 @@ def elementwise_cost(
         ]
     else:
         per = _v.number("flops_per_element", flops_per_element, minimum=0)
-    flops = per * n
+    flops: int | float = per * n
     if isinstance(flops, float) and flops.is_integer():
         flops = int(flops)
     return ElementwiseCost(flops, 2 * n * _v.count("dtype_bytes", dtype_bytes, minimum=1))

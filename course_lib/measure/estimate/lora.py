@@ -7,14 +7,16 @@ for the shapes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from fractions import Fraction
-from typing import Any, Iterable
+from typing import Any, Literal
 
 from course_lib import validate as _v
-from course_lib.measure.estimate.memory import model_state_bytes
+from course_lib.measure.estimate.memory import Optimizer, Precision, model_state_bytes
 from course_lib.measure.estimate.units import exact
 
 __all__ = [
+    "FinetuneMethod",
     "lora_params",
     "LLAMA_LINEARS",
     "llama_linear_shapes",
@@ -165,16 +167,17 @@ def nf4_bytes(
 
 
 #: what is trained and how the frozen base is stored
-FINETUNE_METHODS = ("full", "lora", "qlora")
+FinetuneMethod = Literal["full", "lora", "qlora"]
+FINETUNE_METHODS: tuple[FinetuneMethod, ...] = ("full", "lora", "qlora")
 
 
 def finetune_state_bytes(
     n_params: int,
     *,
-    method: str,
+    method: FinetuneMethod,
     lora_params: int = 0,
-    precision: str = "bf16-mixed",
-    optimizer: str = "adam",
+    precision: Precision = "bf16-mixed",
+    optimizer: Optimizer = "adam",
     double_quant: bool = True,
 ) -> dict[str, int]:
     """Model-state bytes (no activations) of fine-tuning a model of ``n_params`` parameters.

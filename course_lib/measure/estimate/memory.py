@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 from course_lib import validate as _v
 
 __all__ = [
     "dtype_bytes",
+    "Precision",
     "PRECISIONS",
+    "Optimizer",
     "OPTIMIZERS",
     "STATE_TENSORS_PER_PARAM",
     "optimizer_state_bytes_per_param",
@@ -68,13 +70,15 @@ def dtype_bytes(dtype: Any) -> int:
         if key in _DTYPE_BYTES:
             return _DTYPE_BYTES[key]
     raise ValueError(
-        f"dtype = {dtype!r}: expected a torch.dtype or one of {', '.join(sorted(_DTYPE_BYTES))}"
+        f"dtype = {_v.describe(dtype)}: expected a torch.dtype or one of "
+        + ", ".join(sorted(_DTYPE_BYTES))
     )
 
 
 #: precision recipes accepted by :func:`model_state_bytes`
 #: the training precisions of the course (one table: ``techniques.precision.MODES`` is this)
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
+Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true"]
+PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
 
 # number of per-parameter state tensors each optimizer keeps (torch.optim, defaults)
 _OPT_STATE_TENSORS = {
@@ -87,14 +91,26 @@ _OPT_STATE_TENSORS = {
     "adam8bit": 2,  # exp_avg, exp_avg_sq quantized to 8 bits (bitsandbytes)
 }
 #: the optimizers of the course (one table: ``techniques.optim.OPTIMIZERS`` is this)
-OPTIMIZERS = tuple(_OPT_STATE_TENSORS)
+Optimizer = Literal["sgd", "momentum", "rmsprop", "adagrad", "adam", "adamw", "adam8bit"]
+OPTIMIZERS: tuple[Optimizer, ...] = (
+    "sgd",
+    "momentum",
+    "rmsprop",
+    "adagrad",
+    "adam",
+    "adamw",
+    "adam8bit",
+)
+assert OPTIMIZERS == tuple(_OPT_STATE_TENSORS)
 #: state tensors each optimizer keeps per parameter
 STATE_TENSORS_PER_PARAM = dict(_OPT_STATE_TENSORS)
 # optimizers whose torch.optim implementation keeps a scalar ``step`` tensor per parameter tensor
 _STEP_COUNTER = {"adam", "adamw", "adagrad", "rmsprop"}
 
 
-def optimizer_state_bytes_per_param(optimizer: str, *, state_dtype_bytes: int | None = None) -> int:
+def optimizer_state_bytes_per_param(
+    optimizer: Optimizer, *, state_dtype_bytes: int | None = None
+) -> int:
     """Optimizer state in bytes per parameter element (the ``K`` of the ZeRO paper, without master).
 
     ``sgd`` 0, ``momentum`` 1 buffer, ``rmsprop``/``adagrad`` 1, ``adam``/``adamw`` 2 buffers
@@ -127,8 +143,8 @@ def optimizer_state_bytes_per_param(optimizer: str, *, state_dtype_bytes: int | 
 def model_state_bytes(
     n_params: int,
     *,
-    precision: str = "fp32",
-    optimizer: str = "adam",
+    precision: Precision = "fp32",
+    optimizer: Optimizer = "adam",
     n_param_tensors: int = 0,
     state_dtype_bytes: int | None = None,
 ) -> dict[str, int]:
@@ -243,16 +259,13 @@ def adam8bit_state_bytes(
     """
     min_size = _v.count("min_8bit_size", min_8bit_size)
     block = _v.count("block_size", block_size, minimum=1)
-    if isinstance(max_unorm, bool) or not isinstance(max_unorm, numbers.Real) or max_unorm < 0:
-        raise ValueError(
-            f"max_unorm = {max_unorm!r}: expected a number >= 0 (0 disables the update-norm clip)"
-        )
+    unorm = _v.number("max_unorm", max_unorm, minimum=0)  # 0 disables the update-norm clip
     if isinstance(param_numels, (str, bytes, numbers.Number)) or not isinstance(
         param_numels, Iterable
     ):
         raise TypeError(
-            f"param_numels must be an iterable of element counts (one per parameter tensor), "
-            f"got {param_numels!r} ({type(param_numels).__name__})"
+            f"param_numels = {_v.describe(param_numels)}: expected an iterable of element "
+            "counts (one per parameter tensor)"
         )
     out = {"uint8_states": 0, "fp32_states": 0, "absmax": 0, "code_books": 0, "unorm": 0}
     n_tensors = 0
@@ -266,7 +279,7 @@ def adam8bit_state_bytes(
             out["uint8_states"] += 2 * n
             out["absmax"] += 2 * 4 * -(-n // block)  # ceil(n / block) fp32 scales per moment
             out["code_books"] = 2 * _ADAM8BIT_CODE_BOOK_ENTRIES * 4
-    if max_unorm > 0:
+    if unorm > 0:
         out["unorm"] = 4 * n_tensors
     out["total"] = sum(out.values())
     return out

@@ -9,11 +9,14 @@ the rest of ``estimate``; "GB" is 1e9 bytes.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from course_lib import validate as _v
 from course_lib.measure.estimate.activations import RECOMPUTE, Recompute
 
 __all__ = [
     "NORMS",
+    "Norm",
     "transformer_param_count",
     "pipeline_inflight_layers",
     "tp_payload_bytes_per_layer",
@@ -22,7 +25,8 @@ __all__ = [
     "mfu_from_gpu_hours",
 ]
 
-NORMS = ("rmsnorm", "layernorm")
+Norm = Literal["rmsnorm", "layernorm"]
+NORMS: tuple[Norm, ...] = ("rmsnorm", "layernorm")
 
 
 def transformer_param_count(
@@ -38,7 +42,7 @@ def transformer_param_count(
     bias: bool = False,
     tied_embeddings: bool = False,
     learned_positions: bool = False,
-    norm: str = "rmsnorm",
+    norm: Norm = "rmsnorm",
     embedding_norm: bool = False,
 ) -> dict[str, int]:
     """Exact parameter count of a decoder-only transformer, by part.

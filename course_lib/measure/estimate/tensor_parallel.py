@@ -82,7 +82,7 @@ def tp_comm_bytes_per_layer(
     *,
     dtype_bytes: int = 2,
     sequence_parallel: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """Bytes per transformer layer and step: ``payload`` (one all-reduce's tensor, s b h p),
     and what one rank sends with the ring algorithms (``estimate.collective_bytes_sent``):
     ``sent_forward``, ``sent_backward``, ``sent`` (their sum). Tensor parallel: 4 all-reduces
@@ -97,14 +97,14 @@ def tp_comm_bytes_per_layer(
     sent = {
         phase: sum(n * unit[op] * payload for op, n in ops.items()) for phase, ops in calls.items()
     }
-    out = {"payload": payload, "calls": calls}
+    out: dict[str, Any] = {"payload": payload, "calls": calls}
     for phase in ("forward", "backward"):
         out[f"sent_{phase}"] = sent[phase] // t if sent[phase] % t == 0 else sent[phase] / t
     out["sent"] = out["sent_forward"] + out["sent_backward"]
     return out
 
 
-def tp_layer_state_bytes(config: Any, tp: int = 1, *, bytes_per_param: int = 16) -> dict:
+def tp_layer_state_bytes(config: Any, tp: int = 1, *, bytes_per_param: int = 16) -> dict[str, int]:
     """Model state of ONE transformer layer on one rank: its split weights / ``tp`` plus its
     replicated norms (and biases), times ``bytes_per_param`` (16: bf16 weights and gradients,
     fp32 master weights and two Adam moments, Rajbhandari et al. 2020). Returns

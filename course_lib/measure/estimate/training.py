@@ -171,10 +171,8 @@ GPU_SPECS: dict[str, GpuSpec] = {
 
 def gpu_spec(name: str) -> GpuSpec:
     """Look up a :data:`GPU_SPECS` entry by name (case-insensitive)."""
-    for key, spec in GPU_SPECS.items():
-        if isinstance(name, str) and key.lower() == name.lower():
-            return spec
-    raise ValueError(f"name = {name!r}: expected one of {', '.join(GPU_SPECS)}")
+    by_name = {key.lower(): spec for key, spec in GPU_SPECS.items()}
+    return by_name[_v.choice("name", name, by_name, case_insensitive=True)]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numbers
 from fractions import Fraction
 
+from course_lib import validate as _v
+
 __all__ = ["KiB", "MiB", "GiB", "GB", "exact", "fmt_bytes"]
 
 KiB = 2**10
@@ -44,15 +46,14 @@ def fmt_bytes(n: float, unit: str = "auto", *, digits: int = 2) -> str:
     >>> fmt_bytes(120e9, "GB", digits=1)
     '120.0 GB'
     """
-    if isinstance(n, bool) or not isinstance(n, numbers.Real):
-        raise TypeError(f"n must be a number of bytes, got {n!r} ({type(n).__name__})")
+    if isinstance(n, bool) or not isinstance(n, numbers.Real):  # NaN and inf are formatted
+        raise TypeError(f"n = {_v.describe(n)}: expected a number of bytes")
+    _v.choice("unit", unit, ("auto", *_UNITS))
     if unit == "auto":
         unit = "B"
         for name in ("KiB", "MiB", "GiB", "TiB"):
             if abs(n) >= _UNITS[name]:
                 unit = name
-    if unit not in _UNITS:
-        raise ValueError(f"unit = {unit!r}: expected one of auto, {', '.join(_UNITS)}")
     n = float(n) if not isinstance(n, int) else n
     if unit == "B" and float(n).is_integer():
         return f"{int(n)} B"

@@ -18,7 +18,16 @@ __all__ = [
     "zero_bytes_per_rank",
     "zero_padding",
     "zero_layout_bytes_per_rank",
+    "ZERO_STAGES",
 ]
+
+
+#: the ZeRO stages: 0 (plain data parallelism), 1 (P_os), 2 (P_os+g), 3 (P_os+g+p)
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def _zero_stage(stage: Any) -> int:
+    return int(_v.choice("stage", _v.count("stage", stage), ZERO_STAGES))
 
 
 def zero_state_breakdown_per_rank(
@@ -44,8 +53,7 @@ def zero_state_breakdown_per_rank(
     Values are bytes: int when the shard divides evenly, else float.
     """
     n = _v.count("n_params", n_params)
-    if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
-        raise ValueError(f"stage = {stage!r}: expected one of 0, 1, 2, 3")
+    stage = _zero_stage(stage)
     nd = _v.count("world_size", world_size, minimum=1)
     k = _v.count("k", k)
     pb = _v.count("param_bytes", param_bytes, minimum=1)
@@ -88,7 +96,7 @@ def zero_bytes_per_rank(
 def _unit_numels(units: Any) -> list[list[int]]:
     if isinstance(units, (str, bytes, numbers.Number)) or not isinstance(units, Iterable):
         raise TypeError(
-            f"units = {units!r}: expected a list of units, each a list of the "
+            f"units = {_v.describe(units)}: expected a list of units, each a list of the "
             "element counts of its parameter tensors, e.g. [[256, 32], [64, 2]]"
         )
     out = []
@@ -124,7 +132,7 @@ def zero_layout_bytes_per_rank(
     grad_bytes: int = 4,
     state_bytes: int = 8,
     step_bytes: int = 4,
-) -> dict[str, int]:
+) -> dict[str, int | float]:
     """Exact model-state bytes per rank of ``course_lib.parallel.zero.ZeroDataParallel`` after
     ``step()`` (before ``zero_grad``), with every unit padded (:func:`zero_padding`).
 
@@ -146,8 +154,7 @@ def zero_layout_bytes_per_rank(
     "optimizer", "total", "padding"}``; ``padding`` is the part of the total that is padding.
     Introduced in notebooks/10_zero_fsdp.ipynb.
     """
-    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-        raise ValueError(f"stage = {stage!r}: expected one of 0, 1, 2, 3")
+    stage = _zero_stage(stage)
     nd = _v.count("world_size", world_size, minimum=1)
     pb, gb = (
         _v.count("param_bytes", param_bytes, minimum=1),
@@ -158,7 +165,10 @@ def zero_layout_bytes_per_rank(
     psi = sum(map(sum, units))
     shards = sum(-(-sum(u) // nd) for u in units)  # sum of s_u
 
-    def table(per_rank, full):  # per_rank: a shard's elements; full: a full copy's elements
+    def table(
+        per_rank: int | Fraction, full: int
+    ) -> tuple[int | Fraction, int | Fraction, int | Fraction]:
+        # per_rank: a shard's elements; full: a full copy's elements
         if stage == 0:
             return pb * psi, gb * psi, sb * psi + tb * sum(map(len, units))
         return (
@@ -167,13 +177,13 @@ def zero_layout_bytes_per_rank(
             sb * per_rank + tb * len(units),
         )
 
-    params, grads, opt = table(shards, nd * shards)
-    ideal = sum(table(Fraction(psi, nd), psi))  # the same without padding
-    out = {
+    params, grads, opt = (int(x) for x in table(shards, nd * shards))  # whole elements
+    ideal = sum(table(Fraction(psi, nd), psi), Fraction(0))  # the same without padding
+    out: dict[str, int | float] = {
         "params": params,
         "grads": grads,
         "optimizer": opt,
-        "padding": exact(params + grads + opt - ideal),
+        "padding": exact(Fraction(params + grads + opt - ideal)),
     }
-    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    out["total"] = params + grads + opt
     return {k: out[k] for k in ("params", "grads", "optimizer", "total", "padding")}
