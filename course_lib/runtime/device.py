@@ -2,7 +2,7 @@
 
 Introduced in notebooks/00_start_here.ipynb, which prints :func:`hardware_report`.
 
-The rule (DESIGN.md, principle 3): NCCL with one GPU per rank when there are at least as many
+The rule (README.md, "On a GPU or a cluster"): NCCL with one GPU per rank when there are at least as many
 GPUs as ranks, otherwise gloo on CPU. A single GPU never hosts two NCCL ranks: NCCL refuses two
 ranks on one device, and sharing one GPU between processes would measure contention, not the
 technique being taught.
