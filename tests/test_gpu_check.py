@@ -84,10 +84,9 @@ def test_each_check_is_isolated_and_bounded_in_time():
         Check("cuda only", "c", _passes, needs_cuda=True),
         Check("passes", "a", _passes),
     )
-    start = time.perf_counter()
     results = run_checks(checks, Settings(device="cpu", timeout_s=2.0))
-    assert time.perf_counter() - start < 40
     by_name = {r.name: r for r in results}
+    assert by_name["hangs"].seconds < 30  # stopped after its 2 s, not after its 60 s sleep
     assert [r.status for r in results] == ["failed", "failed", "failed", "skipped", "passed"]
     assert by_name["raises"].outcome.note == "RuntimeError: broken on purpose"
     assert "Traceback" in by_name["raises"].outcome.error
