@@ -43,7 +43,7 @@ from course_lib.parallel.tp_comms import (
     g,
     gather_full,
     sync_sequence_parallel_grads,
-    tp_info,
+    tp_group,
 )
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class _ParallelLinear(nn.Module):
         device: torch.device | str | None,
     ) -> None:
         super().__init__()
-        self.tp = t = tp_info(group)[0]
+        self.tp = t = tp_group(group).world_size
         self.in_features = validate.count("in_features", in_features, minimum=1)
         self.out_features = validate.count("out_features", out_features, minimum=1)
         check_split(split, in_features if split == "in_features" else out_features, t)
@@ -151,7 +151,7 @@ class ColumnParallelLinear(_ParallelLinear):
         """This rank's part of an existing ``linear``. ``chunks``: the output holds that many
         blocks side by side (3 for a fused q, k, v), each split over the ranks."""
         layer = cls(linear.in_features, linear.out_features, **_like(linear, group), **kwargs)
-        _, r = tp_info(group)
+        r = tp_group(group).rank
         with torch.no_grad():
             for mine, full in ((layer.weight, linear.weight), (layer.bias, linear.bias)):
                 if mine is not None and full is not None:
@@ -206,7 +206,7 @@ class RowParallelLinear(_ParallelLinear):
     ) -> RowParallelLinear:
         """This rank's part of an existing ``linear``."""
         layer = cls(linear.in_features, linear.out_features, **_like(linear, group), **kwargs)
-        _, r = tp_info(group)
+        r = tp_group(group).rank
         with torch.no_grad():
             layer.weight.copy_(linear.weight.chunk(layer.tp, dim=1)[r])
             if layer.bias is not None and linear.bias is not None:
@@ -266,7 +266,7 @@ def parallelize_gpt(model: GPT, group: Group = None, *, sequence_parallel: bool 
     and the (tied) head stay replicated. ``sequence_parallel``: the residual stream between the
     blocks' parallel regions is split along the sequence (call
     :func:`sync_sequence_parallel_grads` after backward). Every rank must pass the same model."""
-    t, _ = tp_info(group)
+    t = tp_group(group).world_size
     check_tp(model.config, t, sequence_parallel=sequence_parallel)
     sp = bool(sequence_parallel) and t > 1
     hs = model.config.n_embd // model.config.n_head

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_lib import validate
-from course_lib.parallel.groups import Group, group_info
+from course_lib.parallel.groups import Group, GroupInfo, group_info
 from course_lib.runtime.compat import all_gather_single, reduce_scatter_single
 
 __all__ = [
@@ -41,23 +41,23 @@ __all__ = [
     "GatherFromSequenceRegion",
     "ReduceScatterToSequenceRegion",
     "AllGatherLinear",
-    "tp_info",
+    "tp_group",
     "apply",
     "gather_full",
     "sync_sequence_parallel_grads",
 ]
 
 
-def tp_info(group: Group) -> tuple[int, int]:
-    """(tp, this rank's index in the group); (1, 0) outside a process group."""
-    info = group_info(group, needs="a tensor-parallel group", single=True)
-    return info.world_size, info.rank
+def tp_group(group: Group) -> GroupInfo:
+    """This rank's place in the tensor-parallel ``group`` (tp = its world_size); one rank
+    alone outside a process group."""
+    return group_info(group, needs="a tensor-parallel group", single=True)
 
 
 # ---- the three tensor moves the Functions are made of ---------------------------------------
 def _all_gather(x: torch.Tensor, dim: int, group: Group) -> torch.Tensor:
     """Every rank's ``x`` concatenated along ``dim``, in rank order."""
-    t, _ = tp_info(group)
+    t = tp_group(group).world_size
     front = x.movedim(dim, 0).contiguous()  # (n, ...): all_gather_single stacks along dim 0
     out = front.new_empty((t * front.shape[0], *front.shape[1:]))
     all_gather_single(out, front, group=group)
@@ -66,7 +66,7 @@ def _all_gather(x: torch.Tensor, dim: int, group: Group) -> torch.Tensor:
 
 def _reduce_scatter(x: torch.Tensor, dim: int, group: Group) -> torch.Tensor:
     """The sum over ranks of ``x``, this rank's chunk along ``dim``."""
-    t, _ = tp_info(group)
+    t = tp_group(group).world_size
     front = x.movedim(dim, 0).contiguous()  # (t n, ...)
     out = front.new_empty((front.shape[0] // t, *front.shape[1:]))
     reduce_scatter_single(out, front, group=group)
@@ -75,7 +75,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group: Group) -> torch.Tensor:
 
 def _chunk(x: torch.Tensor, dim: int, group: Group) -> torch.Tensor:
     """This rank's chunk of ``x`` along ``dim``."""
-    t, r = tp_info(group)
+    r, t, _, _ = tp_group(group)
     return x.chunk(t, dim=dim)[r].contiguous()
 
 
@@ -227,7 +227,7 @@ def gather_full(
     (``"grad"``), in the names and shapes of the unsplit model (a collective: call it on every
     rank). The harness's ``gather_fn`` for tensor parallelism."""
     which = validate.choice("which", which, ("param", "grad"))
-    t, _ = tp_info(group)
+    t = tp_group(group).world_size
     out = {}
     for name, p in model.named_parameters():
         x = p if which == "param" else p.grad
@@ -258,7 +258,7 @@ def sync_sequence_parallel_grads(model: torch.nn.Module, group: Group = None) ->
         for p in model.parameters()
         if getattr(p, "sequence_parallel_partial", False) and p.grad is not None
     ]
-    if not grads or tp_info(group)[0] == 1:
+    if not grads or tp_group(group).world_size == 1:
         return 0
     flat = torch.cat([gr.reshape(-1) for gr in grads])
     dist.all_reduce(flat, group=group)
