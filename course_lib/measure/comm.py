@@ -66,6 +66,7 @@ Introduced in notebooks/08_collectives.ipynb.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from fractions import Fraction
 from types import ModuleType
@@ -75,7 +76,13 @@ import torch.distributed as dist
 
 from course_lib.measure import wire
 from course_lib.measure._comm_dispatch import describe_dispatch, make_dispatch_mode
-from course_lib.measure._comm_records import CommRecord, model_bytes, record, records_of_call
+from course_lib.measure._comm_records import (
+    Api,
+    CommRecord,
+    model_bytes,
+    record,
+    records_of_call,
+)
 from course_lib.measure._comm_records import number as _num
 
 __all__ = ["CommMeter", "CommRecord", "PATCHED_FUNCTIONS"]
@@ -136,7 +143,7 @@ class CommMeter:
         self.wire_block_bytes: int | None = None
         self._wire: wire.WireWindows | None = None
         self._saved: list[tuple[Any, str, Any]] = []
-        self._mode = None
+        self._mode: Any = None  # the CommDebugMode while the block runs
         self._depth = 0
         self._active = False
 
@@ -254,6 +261,7 @@ class CommMeter:
         finally:
             self._mode = None
             try:
+                assert self._wire is not None  # made by __enter__
                 self._wire.stop()
                 self.wire_block_bytes = self._wire.block_bytes
             finally:
@@ -296,16 +304,16 @@ class CommMeter:
             meter._wire.end(first, result, now)
             return result
 
-        wrapper.__wrapped__ = original
+        functools.update_wrapper(wrapper, original, assigned=("__doc__",), updated=())
         wrapper.__name__ = name
-        wrapper.__doc__ = original.__doc__
         return wrapper
 
-    def _record_dispatch(self, func, args, kwargs, api: str) -> None:
+    def _record_dispatch(self, func: Any, args: Any, kwargs: Any, api: Api) -> None:
         base, payload, n = describe_dispatch(func, args, api)
         if base in ("scatter", "gather"):
             moved = Fraction(0)  # rooted: not attributed without the root (rare outside c10d)
         else:
             moved = model_bytes(base, payload, n)
         self.records.append(record(base, api, payload, moved, moved, None, n))
+        assert self._wire is not None  # the dispatcher records only inside the block
         self._wire.join(len(self.records) - 1)

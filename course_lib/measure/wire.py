@@ -143,7 +143,7 @@ class WireWindows:
                     tracker._close(_read())
 
         wait.__doc__ = getattr(original, "__doc__", None)
-        work.wait = wait
+        setattr(work, "wait", wait)  # noqa: B010 - patched for the block (mypy: a method)
 
     def stop(self) -> None:
         """Close an open window (a Work never waited on), restore Work.wait, total the block."""
@@ -152,6 +152,7 @@ class WireWindows:
         end = _read()
         if self._open is not None:
             self._close(end)
+        assert self._block_start is not None  # set by start()
         self.block_bytes = end - self._block_start
         self.restore()
 
@@ -160,7 +161,7 @@ class WireWindows:
             had, value = self._saved_wait
             work = dist.distributed_c10d.Work
             if had:
-                work.wait = value
+                setattr(work, "wait", value)  # noqa: B010 - restored (mypy: a method)
             else:
                 delattr(work, "wait")
             self._saved_wait = None
@@ -195,6 +196,7 @@ class WireWindows:
 
     def _close(self, end: int) -> None:
         window, self._open = self._open, None
+        assert window is not None  # only called with a window open
         indices = window["records"]
         if not indices:  # the call raised before it was recorded: nothing to attribute
             return

@@ -42,7 +42,7 @@ def build(spec: SimSpec, mesh: Any) -> tuple[nn.Module, torch.dtype | None]:
     model = spec.model_fn()
     if not isinstance(model, nn.Module):
         raise TypeError(f"model_fn() returned {type(model).__name__}: expected a torch.nn.Module")
-    param_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mp)
+    param_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mp or "")
     policy = MixedPrecisionPolicy(
         param_dtype=param_dtype, reduce_dtype=torch.float32 if mp else None
     )
