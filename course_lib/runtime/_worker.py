@@ -15,23 +15,10 @@ killed by a signal is still there to show. The ranks meet through ``store`` ther
 
 from __future__ import annotations
 
-import faulthandler
-import importlib
-import multiprocessing
-import multiprocessing.process
-import multiprocessing.spawn
 import os
 import signal
-import sys
-import time
-import traceback
-from datetime import timedelta
 from types import FrameType
 
-# Set in every rank so a nested launch() can refuse clearly instead of forking a second world.
-RANK_MARKER_ENV = "COURSE_LIB_LAUNCH_RANK"
-# Set (briefly) by the caller while it starts the forkserver: "path:<file>" or "name:<module>".
-FORKSERVER_MAIN_ENV = "COURSE_LIB_FORKSERVER_MAIN"
 # Set (briefly) by the caller while it starts the forkserver, which preloads this module first.
 FORKSERVER_PRELOAD_ENV = "COURSE_LIB_FORKSERVER_PRELOAD"
 
@@ -41,13 +28,29 @@ def _exit_quietly(signum: int, frame: FrameType | None) -> None:
 
     "Interrupt kernel" signals the kernel's whole process group, the forkserver included;
     without this it died printing ~30 lines of its own KeyboardInterrupt traceback into the
-    cell. It exits as before, only quietly; the next launch starts a new one.
+    cell. It exits as before, only quietly; the next launch starts a new one. Installed before
+    any other import, so that even a loaded machine leaves no window without it.
     """
     os._exit(128 + signum)
 
 
 if os.environ.pop(FORKSERVER_PRELOAD_ENV, None):  # in the forkserver, before the slow imports
     signal.signal(signal.SIGINT, _exit_quietly)
+
+import faulthandler  # noqa: E402
+import importlib  # noqa: E402
+import multiprocessing  # noqa: E402
+import multiprocessing.process  # noqa: E402
+import multiprocessing.spawn  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+# Set in every rank so a nested launch() can refuse clearly instead of forking a second world.
+RANK_MARKER_ENV = "COURSE_LIB_LAUNCH_RANK"
+# Set (briefly) by the caller while it starts the forkserver: "path:<file>" or "name:<module>".
+FORKSERVER_MAIN_ENV = "COURSE_LIB_FORKSERVER_MAIN"
 
 import cloudpickle  # noqa: E402
 import torch  # noqa: E402
