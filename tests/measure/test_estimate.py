@@ -330,6 +330,7 @@ def test_scatter_gather_bytes_equal_what_commmeter_counts():
     import torch
 
     from course_lib.measure import comm
+    from course_lib.measure._comm_records import rooted_record
 
     n, chunk = 4, torch.empty(3)  # each rank's chunk: 12 B; the root's buffer S = 48 B
     S = n * chunk.numel() * chunk.element_size()
@@ -341,7 +342,7 @@ def test_scatter_gather_bytes_equal_what_commmeter_counts():
             # group_src/group_dst is a rank in the default group, which is rank 0 outside a
             # process group: root 0 is "this rank", root 1 another one
             args = {"tensor": chunk, key: None, f"group_{key}": 0 if is_root else 1, "group": None}
-            meter._record_rooted(name, args, n, False)
+            meter.records = [rooted_record(name, args, n, False)]
             assert meter.model_bytes_sent == E.collective_bytes_sent(name, S, n, root=is_root), (
                 name,
                 is_root,
