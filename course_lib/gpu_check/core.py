@@ -84,6 +84,8 @@ class CheckResult:
     group: Group
     outcome: Outcome
     seconds: float
+    about: str = ""
+    """what the check does (its function's docstring)"""
 
     @property
     def status(self) -> Status:
@@ -103,6 +105,10 @@ def failed(note: str, figures: Mapping[str, Figure] | None = None) -> Outcome:
 def _short(text: str) -> str:
     text = text.strip()
     return text if len(text) <= _MAX_ERROR_CHARS else "...\n" + text[-_MAX_ERROR_CHARS:]
+
+
+def _about(check: Check) -> str:
+    return " ".join((check.run.__doc__ or "").split())
 
 
 def call_check(check: Check, settings: Settings) -> tuple[Outcome, float]:
@@ -132,10 +138,10 @@ def run_check(check: Check, settings: Settings) -> CheckResult:
     """Run one check in isolation, bounded by ``settings.timeout_s``; never raises."""
     if check.needs_cuda and settings.device != "cuda":
         outcome = skipped("needs CUDA (this run uses --device cpu)")
-        return CheckResult(check.name, check.group, outcome, 0.0)
+        return CheckResult(check.name, check.group, outcome, 0.0, _about(check))
     if check.in_caller:
         outcome, seconds = call_check(check, settings)
-        return CheckResult(check.name, check.group, outcome, seconds)
+        return CheckResult(check.name, check.group, outcome, seconds, _about(check))
     start = time.perf_counter()
     try:
         [(outcome, seconds)] = course_lib.launch(
@@ -149,7 +155,7 @@ def run_check(check: Check, settings: Settings) -> CheckResult:
             note=f"{type(exc).__name__}: {first}",
             error=_short(f"{type(exc).__name__}: {exc}"),
         )
-    return CheckResult(check.name, check.group, outcome, seconds)
+    return CheckResult(check.name, check.group, outcome, seconds, _about(check))
 
 
 def run_checks(

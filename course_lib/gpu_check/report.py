@@ -144,6 +144,8 @@ def _details(results: list[CheckResult]) -> list[str]:
         lines += [f"## {group}. {title}", ""]
         for r in (r for r in results if r.group == group):
             lines += [f"### {r.name}: {r.status}", ""]
+            if r.about:
+                lines += [f"*{r.about}*", ""]
             if r.outcome.note:
                 lines += [r.outcome.note, ""]
             if r.outcome.figures:
