@@ -78,7 +78,7 @@ class ModelSpec:
             kv_heads=self.kv_heads,
             ffn=self.ffn,
             vocab=self.vocab,
-            seq_len=self.seq_len,
+            seq=self.seq_len,
             gated_mlp=self.gated_mlp,
             bias=self.bias,
             tied_embeddings=self.tied_embeddings,

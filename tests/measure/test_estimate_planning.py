@@ -49,7 +49,7 @@ def test_gpt3_is_175b_to_half_a_percent_and_12_l_h2_dominates():
         kv_heads=96,
         ffn=4 * 12288,
         vocab=50257,
-        seq_len=2048,
+        seq=2048,
         learned_positions=True,
         **GPT,
     )

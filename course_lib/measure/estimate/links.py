@@ -38,8 +38,8 @@ __all__ = [
 def _beta(beta_s_per_byte: float | None, bandwidth: float | None) -> float:
     if (beta_s_per_byte is None) == (bandwidth is None):
         raise ValueError(
-            "give exactly one of beta_s_per_byte (s/byte) or bandwidth (bytes/s); "
-            f"got beta_s_per_byte={beta_s_per_byte!r}, bandwidth={bandwidth!r}"
+            f"beta_s_per_byte = {beta_s_per_byte!r}, bandwidth = {bandwidth!r}: expected exactly "
+            "one of beta_s_per_byte (s/byte) or bandwidth (bytes/s)"
         )
     if bandwidth is not None:
         return 1.0 / _v.number("bandwidth", bandwidth, positive=True)

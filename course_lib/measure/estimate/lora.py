@@ -73,8 +73,8 @@ LLAMA_LINEARS = {
 def llama_linear_shapes(
     *,
     hidden: int,
-    ffn_hidden: int,
-    n_layer: int,
+    ffn: int,
+    layers: int,
     targets: Iterable[str] | str = ("q", "v"),
     kv_hidden: int | None = None,
 ) -> list[tuple[int, int]]:
@@ -82,10 +82,10 @@ def llama_linear_shapes(
 
     ``targets``: names from :data:`LLAMA_LINEARS` (q, k, v, o, gate, up, down) or ``"all"``;
     ``kv_hidden``: width of k and v (grouped-query attention), default ``hidden``.
-    Llama-2-7B: hidden 4096, ffn_hidden 11008, n_layer 32.
+    Llama-2-7B: hidden 4096, ffn 11008, layers 32.
     """
-    h, f = _v.count("hidden", hidden, minimum=1), _v.count("ffn_hidden", ffn_hidden, minimum=1)
-    n = _v.count("n_layer", n_layer, minimum=1)
+    h, f = _v.count("hidden", hidden, minimum=1), _v.count("ffn", ffn, minimum=1)
+    n = _v.count("layers", layers, minimum=1)
     kv = h if kv_hidden is None else _v.count("kv_hidden", kv_hidden, minimum=1)
     names = (
         list(LLAMA_LINEARS) if targets == "all" else _v.choices("targets", targets, LLAMA_LINEARS)
@@ -98,8 +98,8 @@ def llama_linear_shapes(
 def transformer_lora_params(
     *,
     hidden: int,
-    ffn_hidden: int,
-    n_layer: int,
+    ffn: int,
+    layers: int,
     r: int,
     targets: Iterable[str] | str = ("q", "v"),
     kv_hidden: int | None = None,
@@ -111,8 +111,8 @@ def transformer_lora_params(
     return lora_params(
         llama_linear_shapes(
             hidden=hidden,
-            ffn_hidden=ffn_hidden,
-            n_layer=n_layer,
+            ffn=ffn,
+            layers=layers,
             targets=targets,
             kv_hidden=kv_hidden,
         ),

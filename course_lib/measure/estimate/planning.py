@@ -37,7 +37,7 @@ def transformer_param_count(
     kv_heads: int,
     ffn: int,
     vocab: int,
-    seq_len: int = 0,
+    seq: int = 0,
     gated_mlp: bool = True,
     bias: bool = False,
     tied_embeddings: bool = False,
@@ -53,7 +53,7 @@ def transformer_param_count(
     (SwiGLU: gate, up, down; Shazeer 2020, arXiv:2002.05202) else 2 h f; biases (``bias``)
     h + 2k + h + (2f or f) + h; two norms, h each (RMSNorm) or 2h (LayerNorm, with bias).
     Outside the layers: token embedding V h, an output matrix V h unless ``tied_embeddings``,
-    learned positions seq_len * h, a final norm, and an embedding norm (BLOOM) when asked.
+    learned positions seq * h, a final norm, and an embedding norm (BLOOM) when asked.
 
     With h = 4096, f = 11008, 32 layers, V = 32000, gated, untied, RMSNorm this is
     6,738,415,616 (Llama-2-7B); GPT-3's shape gives 12 L h^2 + ... = 174.6e9 ("175B").
@@ -63,7 +63,7 @@ def transformer_param_count(
     h, a = _v.count("hidden", hidden, minimum=1), _v.count("heads", heads, minimum=1)
     g = _v.count("kv_heads", kv_heads, minimum=1, maximum=a)
     f, V = _v.count("ffn", ffn, minimum=1), _v.count("vocab", vocab, minimum=1)
-    s = _v.count("seq_len", seq_len)
+    s = _v.count("seq", seq)
     norm = _v.choice("norm", norm, NORMS)
     if h % a or a % g:
         raise ValueError(

@@ -52,7 +52,7 @@ def tp_params_per_rank(config: Any, tp: int = 1) -> dict[str, int]:
             + (0 if config.tie_weights else V * C)
         )
     if sharded % t:
-        raise ValueError(f"tp = {t}: the sharded parameters ({sharded}) do not divide evenly")
+        raise ValueError(f"tp = {t}: expected a divisor of the sharded parameters ({sharded})")
     return {"sharded": sharded, "replicated": replicated, "per_rank": sharded // t + replicated}
 
 
@@ -113,6 +113,8 @@ def tp_layer_state_bytes(config: Any, tp: int = 1, *, bytes_per_param: int = 16)
     k = _v.count("bytes_per_param", bytes_per_param, minimum=1)
     sharded, replicated = _layer_params(config)
     if sharded % t:
-        raise ValueError(f"tp = {t}: the layer's sharded parameters ({sharded}) do not divide")
+        raise ValueError(
+            f"tp = {t}: expected a divisor of the layer's sharded parameters ({sharded})"
+        )
     params = sharded // t + replicated
     return {"params": params, "bytes": params * k}

@@ -242,7 +242,7 @@ def decision_numbers() -> dict[str, float]:
     # offload: 7B moves 14 GB each way per step over PCIe 4.0 (about 32 GB/s)
     out["offload_7b_s"] = 2 * 7e9 / (estimate.link_speed("PCIe 4.0 x16").per_direction_GBps * 1e9)
     # LoRA: 70B full training state vs a frozen bf16 base + rank-16 adapters on q, v
-    lora = estimate.transformer_lora_params(hidden=8192, ffn_hidden=28672, n_layer=80, r=16)
+    lora = estimate.transformer_lora_params(hidden=8192, ffn=28672, layers=80, r=16)
     out["full_70b_state_GB"] = (
         estimate.model_state_bytes(m70.n_params, precision="bf16-mixed")["total"] / 1e9
     )
