@@ -108,7 +108,8 @@ def _short(text: str) -> str:
 
 
 def _about(check: Check) -> str:
-    return " ".join((check.run.__doc__ or "").split())
+    """The first paragraph of the check function's docstring, on one line."""
+    return " ".join((check.run.__doc__ or "").strip().split("\n\n")[0].split())
 
 
 def call_check(check: Check, settings: Settings) -> tuple[Outcome, float]:

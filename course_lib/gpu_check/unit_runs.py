@@ -123,9 +123,11 @@ def u02_step_and_throughput(settings: Settings) -> Outcome:
 
 
 def u02_largest_batch(settings: Settings) -> Outcome:
-    """The largest batch under a simulated budget, each probe a real step on the device. On
-    CUDA the probes compare the allocator's reserved peak too, which starts at what the caching
-    allocator already holds (cuBLAS's workspace among it), hence the larger budget there."""
+    """The largest batch under a simulated budget, each probe a real step on the device.
+
+    On CUDA the probes compare the allocator's reserved peak too, which starts at what the
+    caching allocator already holds (cuBLAS's workspace among it): hence a larger budget there.
+    """
     run = unit_run("u02")
     budget_bytes, multiple = (256 * MiB, 256) if _big(settings) else (4 * MiB, 32)
     found = run.largest_batch_that_fits(
@@ -147,7 +149,7 @@ def u02_largest_batch(settings: Settings) -> Outcome:
 
 
 def u02_accumulation(settings: Settings) -> Outcome:
-    """Accumulated vs full-batch step: peak memory and time at 1 and 4 micro-batches."""
+    """Accumulated vs full-batch step: the peak at 1 and 4 micro-batches (timed too)."""
     df = unit_run("u02").accumulation_memory_and_time(
         _mlp(), 32, (1, 4), device=settings.device, warmup=1, repeat=2
     )
