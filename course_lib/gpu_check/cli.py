@@ -30,16 +30,20 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Run the course's CUDA paths and write docs/gpu-check-YYYY-MM-DD.md.",
     )
-    parser.add_argument("--out", default="docs", help="folder of the report (default: docs)")
+    parser.add_argument(
+        "--out", default="docs", metavar="DIR", help="folder of the report (default: docs)"
+    )
     parser.add_argument(
         "--device",
         default=None,
+        metavar="{cuda,cpu}",
         help="cuda (default when a GPU is present) or cpu: every path that can run without "
         "CUDA, the CUDA-only parts reported as skipped (writes gpu-check-DATE-cpu.md)",
     )
     parser.add_argument(
         "--timeout",
         default=str(DEFAULT_TIMEOUT_S),
+        metavar="SECONDS",
         help=f"seconds each check may take (default: {DEFAULT_TIMEOUT_S:g})",
     )
     return parser
