@@ -33,7 +33,6 @@ __all__ = [
     "LlamaConfig",
     "Llama",
     "count_params",
-    "tiny_gpt",
     "gpt2_small",
     "llama_7b_like",
 ]
@@ -429,11 +428,6 @@ def count_params(model: nn.Module, *, trainable_only: bool = False) -> int:
     """Number of parameter elements, each shared tensor counted once (tied embeddings)."""
     params = model.parameters()  # nn.Module.parameters() already de-duplicates shared tensors
     return sum(p.numel() for p in params if p.requires_grad or not trainable_only)
-
-
-def tiny_gpt(**overrides) -> GPTConfig:
-    """Same as ``GPTConfig.tiny()``."""
-    return GPTConfig.tiny(**overrides)
 
 
 def gpt2_small(**overrides) -> GPTConfig:

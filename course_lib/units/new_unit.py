@@ -1,7 +1,9 @@
 """Start a unit: ``python -m course_lib.units.new_unit NN TOPIC "Title"`` (``make new-unit``).
 
-Copies ``course_lib/units/_template/`` to ``course_lib/units/uNN_TOPIC/`` and an empty test
-folder ``tests/units/uNN_TOPIC/``, filling in the number, topic and title. Refuses to overwrite.
+Copies the required modules of ``course_lib/units/_template/`` (``REQUIRED_MODULES`` and
+``__init__.py``; the optional ``cluster.py`` is copied by hand when a unit needs it) to
+``course_lib/units/uNN_TOPIC/`` and an empty test folder ``tests/units/uNN_TOPIC/``, filling in
+the number, topic and title. Refuses to overwrite.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import argparse
 import pathlib
 import re
 import sys
+
+from course_lib.units import REQUIRED_MODULES
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -25,7 +29,9 @@ def new_unit(number: str, topic: str, title: str, *, root: pathlib.Path = ROOT) 
     if target.exists():
         raise FileExistsError(f"{target.relative_to(root)} exists already")
     target.mkdir(parents=True)
-    for src in sorted((root / "course_lib" / "units" / "_template").glob("*.py")):
+    template = root / "course_lib" / "units" / "_template"
+    for name in ("__init__", *REQUIRED_MODULES):
+        src = template / f"{name}.py"
         text = src.read_text().replace("NN_TOPIC", f"{number}_{topic}")
         text = text.replace("Unit NN", f"Unit {number}").replace("TITLE", title)
         (target / src.name).write_text(text)

@@ -25,7 +25,7 @@ from torch import nn
 from course_lib import validate
 from course_lib.measure import estimate
 from course_lib.measure.memory import MemoryMeter
-from course_lib.models import GPT, MLP, GPTConfig, MLPConfig, count_params
+from course_lib.models import GPT, MLP, MLPConfig, count_params
 from course_lib.techniques import optim
 
 __all__ = [
@@ -303,12 +303,3 @@ def allocator_demo(nbytes: int = 64 * 2**20, *, device=None) -> pd.DataFrame:
     torch.cuda.empty_cache()
     record("free + empty_cache()")
     return pd.DataFrame(rows)
-
-
-def example_models() -> dict[str, nn.Module]:
-    """The two models the lecture measures: a 3-layer MLP and the tiny GPT (seeded)."""
-    torch.manual_seed(0)
-    return {
-        "mlp": MLP(MLPConfig(in_features=128, hidden=(512, 512), out_features=10)),
-        "gpt": GPT(GPTConfig.tiny()),
-    }

@@ -104,7 +104,7 @@ def count_table(r: int = 8) -> pd.DataFrame:
     cfg = LlamaConfig.llama_7b_like()
     for targets in (("q", "v"), tuple(LLAMA_TARGETS)):
         pred = estimate.transformer_lora_params(
-            hidden=cfg.n_embd, ffn_hidden=cfg.ffn_hidden, n_layer=cfg.n_layer, r=r, targets=targets
+            hidden=cfg.n_embd, ffn=cfg.ffn_hidden, layers=cfg.n_layer, r=r, targets=targets
         )
         row(
             f"Llama-2-7B, {'q, v' if len(targets) == 2 else 'all seven linears'}",
@@ -421,8 +421,8 @@ def scale_table() -> pd.DataFrame:
         for r, targets in ((8, ("q", "v")), (64, "all")):
             k = estimate.transformer_lora_params(
                 hidden=cfg.n_embd,
-                ffn_hidden=cfg.ffn_hidden,
-                n_layer=cfg.n_layer,
+                ffn=cfg.ffn_hidden,
+                layers=cfg.n_layer,
                 r=r,
                 targets=targets,
             )
@@ -433,7 +433,7 @@ def scale_table() -> pd.DataFrame:
             175_000_000_000,
             4,
             "q, v",
-            estimate.transformer_lora_params(hidden=12288, ffn_hidden=4 * 12288, n_layer=96, r=4),
+            estimate.transformer_lora_params(hidden=12288, ffn=4 * 12288, layers=96, r=4),
         )
     )
     for model, n, r, targets, k in cases:

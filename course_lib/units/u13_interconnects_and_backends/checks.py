@@ -32,7 +32,6 @@ from course_lib.grading.core import expect_int, fail, passed, run_learner
 __all__ = [
     "load_sweep",
     "sweep_provenance",
-    "exposed_comm_time",
     "reference_bucket_bytes",
     "BUCKET_SCENARIOS",
     "check_alpha_beta_fit",
@@ -72,14 +71,6 @@ def sweep_provenance() -> dict:
 # --------------------------------------------------------------------------------------------
 # the reference rule for task 2
 # --------------------------------------------------------------------------------------------
-#: Seconds of communication left after backward for one bucket size: the model is
-def exposed_comm_time(*args, **kwargs):
-    """``estimate.ddp_exposed_comm_time`` (documented there), under its old name."""
-    from course_lib.measure import estimate
-
-    return estimate.ddp_exposed_comm_time(*args, **kwargs)
-
-
 def reference_bucket_bytes(
     alpha: float, beta: float, backward_s: float, grad_bytes: int, candidates: Sequence[int]
 ) -> int:

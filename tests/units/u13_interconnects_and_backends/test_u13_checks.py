@@ -62,21 +62,21 @@ def test_task1_accepts_the_relative_fit_and_rejects_plain_least_squares(capsys):
 
 def test_exposed_comm_time_follows_the_documented_pipeline():
     # 3 buckets of 100 B, backward 3 s (ready at 1, 2, 3 s), each all-reduce 0.5 + 100 * 0.005 s
-    t = G.exposed_comm_time(100, grad_bytes=300, backward_s=3.0, alpha=0.5, beta=0.005)
+    t = estimate.ddp_exposed_comm_time(100, grad_bytes=300, backward_s=3.0, alpha=0.5, beta=0.005)
     assert t == pytest.approx(1.0)  # no queue: the last one starts at 3 s, ends at 4 s
     # slower links queue up: each takes 2.5 s -> ends at 1+2.5*3 = 8.5 s
-    t = G.exposed_comm_time(100, grad_bytes=300, backward_s=3.0, alpha=0.5, beta=0.02)
+    t = estimate.ddp_exposed_comm_time(100, grad_bytes=300, backward_s=3.0, alpha=0.5, beta=0.02)
     assert t == pytest.approx(5.5)
     # one bucket: everything after backward
-    assert G.exposed_comm_time(
+    assert estimate.ddp_exposed_comm_time(
         10**6, grad_bytes=300, backward_s=3.0, alpha=0.5, beta=0.01
     ) == pytest.approx(3.5)
     # remainder bucket: 250 B in 100 B buckets -> 100, 100, 50
-    assert G.exposed_comm_time(
+    assert estimate.ddp_exposed_comm_time(
         100, grad_bytes=250, backward_s=0.0, alpha=1.0, beta=0.0
     ) == pytest.approx(3.0)
     with pytest.raises(ValueError, match="bucket_bytes"):
-        G.exposed_comm_time(0, grad_bytes=1, backward_s=1, alpha=0, beta=0)
+        estimate.ddp_exposed_comm_time(0, grad_bytes=1, backward_s=1, alpha=0, beta=0)
 
 
 def test_task2_reference_rule_and_its_check(capsys):
