@@ -237,7 +237,7 @@ def check_accumulation_steps(fn, task: int = 3) -> None:
     """Task: ``fn(train_batch_size, micro_batch_per_gpu, world_size)`` returns the int number of
     accumulation steps that makes train = micro x steps x world hold, and raises ValueError
     when none does."""
-    forbid = ["course_lib.units.u09_data_parallelism.run:accumulation_steps_for"]
+    forbid = ["course_lib.units.u09_data_parallelism.run_scale:accumulation_steps_for"]
     for b, m, n, steps in BATCH_CASES:
         if steps is None:
             try:
