@@ -44,6 +44,7 @@ from course_lib.grading.exercises import (
     CHECK_TAG,
     SOLUTION_NAME,
     ExerciseError,
+    SolutionTask,
     cell_task,
     load_notebook_json,
     read_notebook,
@@ -238,6 +239,27 @@ def grade_notebook(
         raise GradingInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
     seconds = int(math.ceil(timeout))
     path = Path(path)
+    nb, solution, expected = _load(path, solutions_dir)
+    check_cells = _place_checks(nb, path, expected)
+    stopped_at, status = _execute(nb, path, seconds, kernel_name)
+    results = [
+        _score(nb, task, spec, check_cells.get(task), stopped_at, status)
+        for task, spec in expected.items()
+    ]
+    cell_errors = [
+        f"cell index {index}: {error[0]}: {_first_line(error[1])}".rstrip(": ")
+        for index, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        and index not in check_cells.values()
+        and (error := _error_of(cell))
+    ]
+    return GradeReport(path, solution, results, status, cell_errors)
+
+
+def _load(
+    path: Path, solutions_dir: Path | str | None
+) -> tuple[Any, Path, dict[int, SolutionTask]]:
+    """(learner notebook, its solution's path, the solution's graded tasks); bad input raises."""
     try:
         # bad input is reported before nbformat (slow to import) is needed
         _, data = load_notebook_json(path)
@@ -250,8 +272,11 @@ def grade_notebook(
         raise GradingInputError(
             f"{path}: its solution {solution} has no graded check cells (tags task-N + {CHECK_TAG})"
         )
+    return nb, solution, expected
 
-    # the learner's check cells, by task; they run the solution's check code
+
+def _place_checks(nb: Any, path: Path, expected: dict[int, SolutionTask]) -> dict[int, int]:
+    """The learner's check cells, by task, given the solution's check code; outputs cleared."""
     check_cells: dict[int, int] = {}
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
@@ -266,56 +291,42 @@ def grade_notebook(
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+    return check_cells
 
-    stopped_at, status = _execute(nb, path, seconds, kernel_name)
 
-    results = []
-    for task, spec in expected.items():
-        index = check_cells.get(task)
-        if index is None:
-            results.append(
-                TaskResult(
-                    task,
-                    spec.points,
-                    False,
-                    f"no check cell for task {task} in the notebook (a code cell tagged task-{task} and {CHECK_TAG})",
-                )
-            )
-            continue
-        if stopped_at is not None and index >= stopped_at:
-            results.append(TaskResult(task, spec.points, False, status))
-            continue
-        cell = nb.cells[index]
-        error = _error_of(cell)
-        if error is not None:
-            results.append(TaskResult(task, spec.points, False, _error_message(*error)))
-            continue
-        reason = compare_outputs(cell.outputs, spec.outputs)
-        if reason is not None:
-            results.append(TaskResult(task, spec.points, False, reason))
-            continue
-        stdout = "".join(
-            o.get("text", "")
-            for o in cell.outputs
-            if o.get("output_type") == "stream" and o.get("name") == "stdout"
+def _score(
+    nb: Any,
+    task: int,
+    spec: SolutionTask,
+    index: int | None,
+    stopped_at: int | None,
+    status: str,
+) -> TaskResult:
+    """One task's result: its check cell ran and printed what the solution's printed."""
+    if index is None:
+        return TaskResult(
+            task,
+            spec.points,
+            False,
+            f"no check cell for task {task} in the notebook (a code cell tagged task-{task} and {CHECK_TAG})",
         )
-        results.append(
-            TaskResult(
-                task, spec.points, True, _first_line(stdout) or "output matches the expected output"
-            )
-        )
-
-    cell_errors = []
-    for index, cell in enumerate(nb.cells):
-        if (
-            cell.cell_type == "code"
-            and index not in check_cells.values()
-            and (error := _error_of(cell))
-        ):
-            cell_errors.append(
-                f"cell index {index}: {error[0]}: {_first_line(error[1])}".rstrip(": ")
-            )
-    return GradeReport(path, solution, results, status, cell_errors)
+    if stopped_at is not None and index >= stopped_at:
+        return TaskResult(task, spec.points, False, status)
+    cell = nb.cells[index]
+    error = _error_of(cell)
+    if error is not None:
+        return TaskResult(task, spec.points, False, _error_message(*error))
+    reason = compare_outputs(cell.outputs, spec.outputs)
+    if reason is not None:
+        return TaskResult(task, spec.points, False, reason)
+    stdout = "".join(
+        o.get("text", "")
+        for o in cell.outputs
+        if o.get("output_type") == "stream" and o.get("name") == "stdout"
+    )
+    return TaskResult(
+        task, spec.points, True, _first_line(stdout) or "output matches the expected output"
+    )
 
 
 def _execute(nb, path: Path, seconds: int, kernel_name: str) -> tuple[int | None, str]:
