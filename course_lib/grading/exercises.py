@@ -36,6 +36,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from course_lib.grading.notebooks import (  # noqa: F401 (re-exported: the grader and tests)
     _CELL_ID,
@@ -198,6 +199,36 @@ def _header_cell(solution_rel: str, unit: str):
     return cell
 
 
+def _exercise_code_cell(cell: Any, new: Any, where: str, index: int) -> None:
+    """``new`` (a copy of the solution's code ``cell``) with its answer stripped and its outputs
+    replaced: a check cell shows a target and keeps the solution's outputs in its metadata."""
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error":
+            raise ExerciseError(
+                f"{where}: cell index {index} has a stored error output ({output.get('ename')}); "
+                f"fix the solution and execute it again: python -m course_lib.grading.execute {where}"
+            )
+    new.source = strip_solution(cell.source, where=where, index=index)
+    if CHECK_TAG in cell_tags(cell) and cell.get("outputs"):
+        course = dict(new.metadata.get("course", {}))
+        course["expected_outputs"] = copy.deepcopy(list(cell.outputs))
+        new.metadata["course"] = course
+        new.outputs = [target_output(cell.outputs)]
+    else:
+        new.outputs = []
+    new.execution_count = None
+
+
+def _no_markers(cell: Any, where: str, index: int) -> None:
+    """Solution markers belong in code cells only."""
+    for number, line in enumerate(cell.source.split("\n"), start=1):
+        if _BEGIN_LINE.match(line) or _END_LINE.match(line):
+            raise ExerciseError(
+                f"{where}: cell index {index}, line {number}: solution marker in a {cell.cell_type} "
+                "cell; markers are only allowed in code cells"
+            )
+
+
 def make_exercise(solution_nb, solution_path: Path | str, *, solution_rel: str | None = None):
     """The exercise notebook (a new NotebookNode) generated from one solution notebook."""
     import nbformat
@@ -223,28 +254,9 @@ def make_exercise(solution_nb, solution_path: Path | str, *, solution_rel: str |
         used_ids.add(cid)
         new.id = cid
         if cell.cell_type == "code":
-            for output in cell.get("outputs", []):
-                if output.get("output_type") == "error":
-                    raise ExerciseError(
-                        f"{where}: cell index {index} has a stored error output ({output.get('ename')}); "
-                        f"fix the solution and execute it again: python -m course_lib.grading.execute {where}"
-                    )
-            new.source = strip_solution(cell.source, where=where, index=index)
-            if CHECK_TAG in cell_tags(cell) and cell.get("outputs"):
-                course = dict(new.metadata.get("course", {}))
-                course["expected_outputs"] = copy.deepcopy(list(cell.outputs))
-                new.metadata["course"] = course
-                new.outputs = [target_output(cell.outputs)]
-            else:
-                new.outputs = []
-            new.execution_count = None
+            _exercise_code_cell(cell, new, where, index)
         else:
-            for number, line in enumerate(cell.source.split("\n"), start=1):
-                if _BEGIN_LINE.match(line) or _END_LINE.match(line):
-                    raise ExerciseError(
-                        f"{where}: cell index {index}, line {number}: solution marker in a {cell.cell_type} "
-                        "cell; markers are only allowed in code cells"
-                    )
+            _no_markers(cell, where, index)
         cells.append(new)
 
     nb = nbformat.v4.new_notebook()

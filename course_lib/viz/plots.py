@@ -11,9 +11,10 @@ here, so ``course_lib.viz.plots.style()`` keeps working); this file holds the sh
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Iterable, Mapping
 
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 
 from course_lib.measure.estimate import fmt_bytes
 from course_lib.viz.style import (
@@ -58,6 +59,45 @@ __all__ = [
 # ============================================================================================
 # memory
 # ============================================================================================
+def _stacked_bar(
+    ax: Axes,
+    x: float,
+    values: Mapping[str, float],
+    cats: list[str],
+    div: float,
+    *,
+    labelled: list[str],
+) -> None:
+    """One bar of category segments stacked bottom-up, its total written on top."""
+    bottom = 0.0
+    for cat in cats:
+        height = values.get(cat, 0) / div
+        if height:
+            ax.bar(
+                x,
+                height,
+                bottom=bottom,
+                width=0.6,
+                color=CATEGORY_COLORS.get(cat, "black"),
+                label=cat if cat in labelled else None,
+            )
+            bottom += height
+    ax.text(x, bottom, f"{bottom:,.2f}", ha="center", va="bottom")
+
+
+def _residual_text(
+    measured: Mapping[str, float], predicted: Mapping[str, float], cats: list[str]
+) -> str:
+    """measured - predicted per category and in total, one line each."""
+    lines = ["measured - predicted"]
+    for cat in cats:
+        diff = measured.get(cat, 0) - predicted.get(cat, 0)
+        lines.append(f"{cat}: {'+' if diff >= 0 else '-'}{fmt_bytes(abs(diff))}")
+    total = sum(measured.get(c, 0) for c in cats) - sum(predicted.get(c, 0) for c in cats)
+    lines.append(f"total: {'+' if total >= 0 else '-'}{fmt_bytes(abs(total))}")
+    return "\n".join(lines)
+
+
 def plot_measured_vs_predicted(
     measured: Mapping[str, float],
     predicted: Mapping[str, float],
@@ -86,35 +126,18 @@ def plot_measured_vs_predicted(
     with style():
         fig, ax = plt.subplots(figsize=(9, 5.5))
         for x, values in ((0, predicted), (1, measured)):
-            bottom = 0.0
-            for cat in cats:
-                height = values.get(cat, 0) / div
-                if height:
-                    ax.bar(
-                        x,
-                        height,
-                        bottom=bottom,
-                        width=0.6,
-                        color=CATEGORY_COLORS.get(cat, "black"),
-                        label=cat if x == 0 or not predicted.get(cat, 0) else None,
-                    )
-                    bottom += height
-            ax.text(x, bottom, f"{bottom:,.2f}", ha="center", va="bottom")
+            # the legend names each category once: from the predicted bar, or measured-only ones
+            labelled = cats if x == 0 else [c for c in cats if not predicted.get(c, 0)]
+            _stacked_bar(ax, x, values, cats, div, labelled=labelled)
         ax.margins(y=0.12)
         ax.set_xticks([0, 1], ["predicted", "measured"])
         ax.set_xlim(-0.6, 2.4)
         ax.set_ylabel(unit)
         ax.set_title(title)
-        lines = ["measured - predicted"]
-        for cat in cats:
-            diff = measured.get(cat, 0) - predicted.get(cat, 0)
-            lines.append(f"{cat}: {'+' if diff >= 0 else '-'}{fmt_bytes(abs(diff))}")
-        total = sum(measured.get(c, 0) for c in cats) - sum(predicted.get(c, 0) for c in cats)
-        lines.append(f"total: {'+' if total >= 0 else '-'}{fmt_bytes(abs(total))}")
         ax.text(
             1.42,
             0.02,
-            "\n".join(lines),
+            _residual_text(measured, predicted, cats),
             transform=ax.get_xaxis_transform(),
             va="bottom",
             fontsize=11,
@@ -127,15 +150,8 @@ def plot_measured_vs_predicted(
     return fig
 
 
-def plot_memory_timeline(
-    timeline, *, title: str = "Memory during a training step", unit: str = "MiB", categories=None
-):
-    """Stacked areas of memory by category over the events of ``MemoryMeter.timeline``, with the
-    phases shaded (forward accumulates activations; backward frees them and creates gradients;
-    the first optimizer step creates the optimizer state) and the peak marked.
-
-    ``timeline``: a DataFrame with columns ``event``, ``phase`` and one per category.
-    """
+def _timeline_categories(timeline: Any, categories: Iterable[str] | None) -> list[str]:
+    """The categories to stack, once ``timeline`` is checked to be a non-empty MemoryMeter timeline."""
     import pandas as pd
 
     if not isinstance(timeline, pd.DataFrame):
@@ -154,27 +170,62 @@ def plot_memory_timeline(
         )
     if timeline.empty:
         raise ValueError("timeline is empty: run the block inside MemoryMeter first")
+    return cats
+
+
+def _shade_phases(ax: Axes, phases: list[str]) -> None:
+    """Shade contiguous runs of the same phase (forward, backward, step), each labelled once."""
+    start = 0
+    seen = set()
+    for i in range(1, len(phases) + 1):
+        if i == len(phases) or phases[i] != phases[start]:
+            phase = phases[start]
+            if phase in PHASE_COLORS:
+                ax.axvspan(
+                    start - 0.5,
+                    i - 0.5,
+                    color=PHASE_COLORS[phase],
+                    zorder=0,
+                    label=phase if phase not in seen else None,
+                )
+                seen.add(phase)
+            start = i
+
+
+def _mark_peak(ax: Axes, tl: Any, cats: list[str], div: float) -> None:
+    """Annotate the timeline's ``peak`` row with its total."""
+    peak = tl.index[tl.event == "peak"]
+    if len(peak):
+        i = int(peak[0])
+        total = sum(tl.loc[i, c] for c in cats)
+        ax.annotate(
+            f"peak {fmt_bytes(total)}",
+            (i, total / div),
+            xytext=(0, 12),
+            textcoords="offset points",
+            ha="center",
+            fontsize=12,
+            zorder=3,
+            arrowprops=dict(arrowstyle="-"),
+        )
+
+
+def plot_memory_timeline(
+    timeline, *, title: str = "Memory during a training step", unit: str = "MiB", categories=None
+):
+    """Stacked areas of memory by category over the events of ``MemoryMeter.timeline``, with the
+    phases shaded (forward accumulates activations; backward frees them and creates gradients;
+    the first optimizer step creates the optimizer state) and the peak marked.
+
+    ``timeline``: a DataFrame with columns ``event``, ``phase`` and one per category.
+    """
+    cats = _timeline_categories(timeline, categories)
     div = _unit(unit)
     tl = timeline.reset_index(drop=True)
     xs = list(range(len(tl)))
     with style():
         fig, ax = plt.subplots(figsize=(11, 5))
-        # phase shading: contiguous runs of the same phase
-        start = 0
-        seen = set()
-        for i in range(1, len(tl) + 1):
-            if i == len(tl) or tl.phase[i] != tl.phase[start]:
-                phase = tl.phase[start]
-                if phase in PHASE_COLORS:
-                    ax.axvspan(
-                        start - 0.5,
-                        i - 0.5,
-                        color=PHASE_COLORS[phase],
-                        zorder=0,
-                        label=phase if phase not in seen else None,
-                    )
-                    seen.add(phase)
-                start = i
+        _shade_phases(ax, list(tl.phase))
         ax.stackplot(
             xs,
             *[tl[c] / div for c in cats],
@@ -183,20 +234,7 @@ def plot_memory_timeline(
             alpha=0.9,
             colors=[CATEGORY_COLORS.get(c, "black") for c in cats],
         )
-        peak = tl.index[tl.event == "peak"]
-        if len(peak):
-            i = int(peak[0])
-            total = sum(tl.loc[i, c] for c in cats)
-            ax.annotate(
-                f"peak {fmt_bytes(total)}",
-                (i, total / div),
-                xytext=(0, 12),
-                textcoords="offset points",
-                ha="center",
-                fontsize=12,
-                zorder=3,
-                arrowprops=dict(arrowstyle="-"),
-            )
+        _mark_peak(ax, tl, cats, div)
         ax.set_xlim(-0.5, len(tl) - 0.5)
         ax.set_ylim(0, max(1e-12, (tl[cats].sum(axis=1).max() / div) * 1.15))
         ax.set_xlabel("event (module hooks, optimizer step)")

@@ -14,7 +14,7 @@ Every function returns plain data (dicts, pandas DataFrames); plots live in cour
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 import torch
@@ -176,8 +176,7 @@ def largest_batch_that_fits(
     SimulatedOOM of the first batch that did not fit, and every probe (a DataFrame).
     """
     device = torch.device(device) if device is not None else default_device()
-    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
-        raise ValueError(f"multiple_of must be a positive int, got {multiple_of!r}")
+    multiple_of = validate.count("multiple_of", multiple_of, minimum=1)
     probes: list[dict] = []
 
     def fits(units: int) -> bool:
@@ -191,38 +190,43 @@ def largest_batch_that_fits(
         probes.append({"batch": batch, "peak_bytes": p, "fits": budget.fits(p)})
         return budget.fits(p)
 
-    def result(units: int, bad_units: int | None) -> dict:
-        oom = None
-        if bad_units is not None:
-            bad = bad_units * multiple_of
-            oom = SimulatedOOM(
-                _peak_of(probes, bad),
-                budget.capacity_bytes,
-                what=f"a training step at batch {bad}",
-                simulated=budget.simulated,
-            )
-        batch = units * multiple_of
-        return {
-            "batch": batch,
-            "peak_bytes": _peak_of(probes, batch) if units else None,
-            "oom": oom,
-            "probes": pd.DataFrame(probes),
-        }
+    max_units = max_batch // multiple_of
+    units, bad_units = _largest_true(fits, max_units)
+    oom = None
+    if bad_units is not None:
+        bad = bad_units * multiple_of
+        oom = SimulatedOOM(
+            _peak_of(probes, bad),
+            budget.capacity_bytes,
+            what=f"a training step at batch {bad}",
+            simulated=budget.simulated,
+        )
+    batch = units * multiple_of
+    return {
+        "batch": batch,
+        "peak_bytes": _peak_of(probes, batch) if units else None,
+        "oom": oom,
+        "probes": pd.DataFrame(probes),
+    }
 
+
+def _largest_true(fits: Callable[[int], bool], max_units: int) -> tuple[int, int | None]:
+    """(largest n in 1..max_units with fits(n), the smallest n that did not fit or None), for a
+    monotone ``fits``: doubling, then bisection; (0, 1) when even 1 does not fit."""
     if not fits(1):
-        return result(0, 1)
+        return 0, 1
     lo, hi = 1, 2
-    while hi * multiple_of <= max_batch and fits(hi):
+    while hi <= max_units and fits(hi):
         lo, hi = hi, hi * 2
-    if hi * multiple_of > max_batch:
-        return result(lo, None)
+    if hi > max_units:
+        return lo, None
     while hi - lo > 1:  # invariant: lo fits, hi does not
         mid = (lo + hi) // 2
         if fits(mid):
             lo = mid
         else:
             hi = mid
-    return result(lo, hi)
+    return lo, hi
 
 
 def _peak_of(probes: list[dict], batch: int) -> int:

@@ -106,6 +106,52 @@ def measure_copy_bandwidth(
     return {"nbytes": moved, "median_s": t.median_s, "bytes_per_s": moved / t.median_s}
 
 
+def _roofline_jobs(
+    matmul_sizes: Sequence[int], elementwise_numel: int, device: torch.device
+) -> list[tuple[OpCost, Callable[[], object]]]:
+    """(cost, function to time) for each matmul size, a GELU and a LayerNorm."""
+    jobs: list[tuple[OpCost, Callable[[], object]]] = []
+    for n in matmul_sizes:
+        a = torch.randn(n, n, device=device)
+        b = torch.randn(n, n, device=device)
+        # a small matmul is fast: repeat it inside the timed function so timer overhead is small
+        inner = max(1, int(2**24 // (2 * n**3)))
+        cost = matmul_op_cost(n, n, n)
+        jobs.append(
+            (
+                OpCost(cost.name, cost.flops * inner, cost.bytes * inner),
+                _repeated(lambda a=a, b=b: torch.mm(a, b), inner),
+            )
+        )
+    x = torch.randn(elementwise_numel, device=device)
+    hidden = 1024
+    x2 = x.view(-1, hidden)  # (rows, hidden)
+    ln = nn.LayerNorm(hidden).to(device)
+    jobs.append((elementwise_op_cost("gelu", x.numel()), lambda: nn.functional.gelu(x)))
+    jobs.append((elementwise_op_cost("layernorm", x.numel()), lambda: ln(x2)))
+    return jobs
+
+
+def _time_op(
+    cost: OpCost, fn: Callable[[], object], device: torch.device, warmup: int, repeat: int
+) -> dict:
+    """One row of the roofline table: the op's cost and its measured FLOP/s."""
+
+    def run() -> None:
+        fn()
+        sync(device)
+
+    t = time_fn(run, warmup=warmup, repeat=repeat)
+    return {
+        "op": cost.name,
+        "flops": cost.flops,
+        "bytes": cost.bytes,
+        "intensity": cost.intensity,
+        "median_s": t.median_s,
+        "flop_per_s": cost.flops / t.median_s,
+    }
+
+
 def roofline_ops(
     *,
     matmul_sizes: Sequence[int] = (16, 64, 256, 1024),
@@ -126,45 +172,9 @@ def roofline_ops(
     validate.counts("matmul_sizes", matmul_sizes)
     bw = measure_copy_bandwidth(device=device, warmup=warmup, repeat=repeat)
 
-    jobs: list[tuple[OpCost, Callable[[], object]]] = []
-    for n in matmul_sizes:
-        a = torch.randn(n, n, device=device)
-        b = torch.randn(n, n, device=device)
-        # a small matmul is fast: repeat it inside the timed function so timer overhead is small
-        inner = max(1, int(2**24 // (2 * n**3)))
-        cost = matmul_op_cost(n, n, n)
-        jobs.append(
-            (
-                OpCost(cost.name, cost.flops * inner, cost.bytes * inner),
-                _repeated(lambda a=a, b=b: torch.mm(a, b), inner),
-            )
-        )
-    x = torch.randn(elementwise_numel, device=device)
-    hidden = 1024
-    x2 = x.view(-1, hidden)  # (rows, hidden)
-    ln = nn.LayerNorm(hidden).to(device)
-    jobs.append((elementwise_op_cost("gelu", x.numel()), lambda: nn.functional.gelu(x)))
-    jobs.append((elementwise_op_cost("layernorm", x.numel()), lambda: ln(x2)))
-
-    rows = []
+    jobs = _roofline_jobs(matmul_sizes, elementwise_numel, device)
     with torch.no_grad():
-        for cost, fn in jobs:
-
-            def run(fn=fn):
-                fn()
-                sync(device)
-
-            t = time_fn(run, warmup=warmup, repeat=repeat)
-            rows.append(
-                {
-                    "op": cost.name,
-                    "flops": cost.flops,
-                    "bytes": cost.bytes,
-                    "intensity": cost.intensity,
-                    "median_s": t.median_s,
-                    "flop_per_s": cost.flops / t.median_s,
-                }
-            )
+        rows = [_time_op(cost, fn, device, warmup, repeat) for cost, fn in jobs]
     ops = pd.DataFrame(rows)
     matmuls = ops[ops["op"].str.startswith("matmul")]
     peak = float(matmuls["flop_per_s"].max())

@@ -19,6 +19,7 @@ Plain data out; plots in course_lib.units.u04_optimizer_memory.plots.
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import pandas as pd
@@ -242,6 +243,42 @@ class _Stepper:
         (self._mw or self.optimizer).step()
 
 
+def _train_recipe(
+    model: torch.nn.Module,
+    stepper: _Stepper,
+    config: GPTConfig,
+    batch: int,
+    seq: int,
+    steps: int,
+    seed: int,
+) -> tuple[float, float, float]:
+    """``steps`` steps of one recipe: (last loss, model-state B/param measured over the second
+    step's optimizer step, share of weights the last step left unchanged)."""
+    from course_lib.measure.memory import MemoryMeter
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    n = count_params(model)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    measured = math.nan
+    for step in range(steps):
+        idx, tgt = task_batch(config, batch, seq, generator=gen)
+        stepper.zero_grad()
+        loss = model.loss(idx, tgt)
+        loss.backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        if step == 1:
+            with MemoryMeter(model, stepper.optimizer, track=stepper.master) as mem:
+                stepper.step()
+            end = mem.end_breakdown
+            measured = (
+                end["params"] - buffers + end["grads"] + end["optimizer"] + end["other"]
+            ) / n
+        else:
+            stepper.step()
+    unchanged = sum(int((p.detach() == b).sum()) for p, b in zip(model.parameters(), before)) / n
+    return float(loss.detach()), measured, unchanged
+
+
 def recipe_table(
     *,
     config: GPTConfig | None = None,
@@ -261,8 +298,6 @@ def recipe_table(
     as they were) and ``update error`` = ||w - w_fp32|| / ||w_fp32 - w_0||, the error of the total
     update against the fp32 run (0 = the same update, 1 = as far off as the update itself).
     """
-    from course_lib.measure.memory import MemoryMeter
-
     config = config or GPTConfig.tiny()
     validate.number("lr", lr, positive=True)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
@@ -273,38 +308,17 @@ def recipe_table(
         if recipe != "fp32":
             model = model.to(torch.bfloat16)
         w0 = [p.detach().float().clone() for p in model.parameters()]
-        if start is None:
-            start = w0
+        start = start if start is not None else w0
         stepper = _Stepper(recipe, model, lr)
-        gen = torch.Generator().manual_seed(seed + 1)
         n = count_params(model)
-        buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-        for step in range(steps):
-            idx, tgt = task_batch(config, batch, seq, generator=gen)
-            stepper.zero_grad()
-            loss = model.loss(idx, tgt)
-            loss.backward()
-            before = [p.detach().clone() for p in model.parameters()]
-            if step == 1:
-                with MemoryMeter(model, stepper.optimizer, track=stepper.master) as mem:
-                    stepper.step()
-                end = mem.end_breakdown
-                measured = (
-                    end["params"] - buffers + end["grads"] + end["optimizer"] + end["other"]
-                ) / n
-            else:
-                stepper.step()
-        unchanged = (
-            sum(int((p.detach() == b).sum()) for p, b in zip(model.parameters(), before)) / n
-        )
+        loss, measured, unchanged = _train_recipe(model, stepper, config, batch, seq, steps, seed)
         final = [p.detach().float() for p in model.parameters()]
         if recipe == "fp32":
             fp32_final = final
         num = sum(float((f - r).pow(2).sum()) for f, r in zip(final, fp32_final)) ** 0.5
         den = sum(float((r - s).pow(2).sum()) for r, s in zip(fp32_final, start)) ** 0.5
-        n_counters = (
-            len(w0) if isinstance(stepper.optimizer, torch.optim.Adam) else 0
-        )  # O.Adam: Python int
+        # torch.optim.Adam keeps one step counter tensor per parameter; O.Adam a Python int
+        n_counters = len(w0) if isinstance(stepper.optimizer, torch.optim.Adam) else 0
         pred = estimate.model_state_bytes(
             n, optimizer="adam", n_param_tensors=n_counters, **kwargs
         )["total"]
@@ -314,7 +328,7 @@ def recipe_table(
                 "stores": stores,
                 "predicted B/param": pred / n,
                 "measured B/param": measured,
-                "loss": float(loss.detach()),
+                "loss": loss,
                 "unchanged by last step": unchanged,
                 "update error": num / den,
             }

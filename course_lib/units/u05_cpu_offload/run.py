@@ -119,6 +119,43 @@ def parity(
 # --------------------------------------------------------------------------------------------
 # device memory, with and without offload
 # --------------------------------------------------------------------------------------------
+def _measure_plain_step(plain, ref, idx, tgt, device: str):
+    """MemoryMeter over the second plain step (the first creates the Adam state)."""
+    from course_lib.measure.memory import MemoryMeter
+
+    inner = ref if isinstance(ref, torch.optim.Optimizer) else ref.optimizer
+    master = [] if isinstance(ref, torch.optim.Optimizer) else ref.master
+    for measured in (False, True):
+        ref.zero_grad(set_to_none=True)
+        if measured:
+            with MemoryMeter(plain, inner, track=master, device=device) as mem:
+                plain.loss(idx, tgt).backward()
+                ref.step()
+        else:
+            plain.loss(idx, tgt).backward()
+            ref.step()
+    return mem
+
+
+def _measure_offloaded_step(off, idx, tgt, device: str):
+    """(MemoryMeter over the device's part of the second offloaded step, the optimizer)."""
+    from course_lib.measure.memory import MemoryMeter
+
+    opt = OffloadAdamW(off.parameters(), lr=LR)
+    for measured in (False, True):
+        opt.zero_grad(set_to_none=True)
+        if measured:
+            with MemoryMeter(off, device=device) as mem:
+                off.loss(idx, tgt).backward()
+                opt.offload_grads()
+        else:
+            off.loss(idx, tgt).backward()
+            opt.offload_grads()
+        opt.host_step()
+        opt.load_params()
+    return mem, opt
+
+
 def memory_fit(
     *,
     config: GPTConfig | None = None,
@@ -140,8 +177,6 @@ def memory_fit(
     peak), ``activations`` (activations + temporaries at the peak), ``peak`` (bytes),
     ``host_predicted`` / ``host_measured`` (bytes the host keeps).
     """
-    from course_lib.measure.memory import MemoryMeter
-
     config = config or CONFIG
     plain, off = _models(config, dtype, device)
     n = count_params(plain)
@@ -151,32 +186,8 @@ def memory_fit(
         t.to(device) for t in permutation_batch(config, batch, config.block_size, generator=gen)
     )
 
-    ref = _plain_optimizer(plain, dtype)
-    inner = ref if isinstance(ref, torch.optim.Optimizer) else ref.optimizer
-    master = [] if isinstance(ref, torch.optim.Optimizer) else ref.master
-    for measured in (False, True):
-        ref.zero_grad(set_to_none=True)
-        if measured:
-            with MemoryMeter(plain, inner, track=master, device=device) as mem_plain:
-                plain.loss(idx, tgt).backward()
-                ref.step()
-        else:
-            plain.loss(idx, tgt).backward()
-            ref.step()
-
-    opt = OffloadAdamW(off.parameters(), lr=LR)
-    for measured in (False, True):
-        opt.zero_grad(set_to_none=True)
-        if measured:
-            with MemoryMeter(off, device=device) as mem_off:
-                off.loss(idx, tgt).backward()
-                opt.offload_grads()
-        else:
-            off.loss(idx, tgt).backward()
-            opt.offload_grads()
-        opt.host_step()
-        opt.load_params()
-
+    mem_plain = _measure_plain_step(plain, _plain_optimizer(plain, dtype), idx, tgt, device)
+    mem_off, opt = _measure_offloaded_step(off, idx, tgt, device)
     rows = []
     for label, level, mem, host in (
         ("plain (all on device)", "none", mem_plain, 0),

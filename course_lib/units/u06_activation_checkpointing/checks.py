@@ -150,6 +150,39 @@ def check_pick_policy(pick, task: int = 1) -> None:
     )
 
 
+_RNG_FORBID = [f"{_CK}:Checkpointed", f"{_CK}:apply_checkpointing"]
+
+
+def _seeded_grads(model, idx, tgt, *, task: int | None = None) -> list:
+    """Gradients of one step from a fixed seed; the learner's code runs when ``task`` is given."""
+    import torch
+
+    torch.manual_seed(1234)
+    if task is None:
+        model.loss(idx, tgt).backward()
+    else:
+        loss = run_learner(task, model.loss, idx, tgt, forbid=_RNG_FORBID)
+        run_learner(task, loss.backward)
+    return [p.grad for p in model.parameters()]
+
+
+def _same_grads(task: int, names: list[str], got: list, ref: list) -> None:
+    """✗ on the first gradient missing or not close to the unchanged model's."""
+    import torch
+
+    for name, g, r in zip(names, got, ref):
+        if g is None:
+            fail(task, f"{name} has no gradient")
+        if not torch.allclose(g, r, rtol=GRAD_RTOL, atol=GRAD_ATOL):
+            err = float((g - r).abs().max())
+            fail(
+                task,
+                f"gradient of {name} differs from the unchanged model by up to {err:.3g} "
+                f"(rtol={GRAD_RTOL:g}, atol={GRAD_ATOL:g}): does the recomputation draw the same "
+                "dropout masks as the forward?",
+            )
+
+
 def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
     """Gradients with dropout equal the unchanged model's; every block is recomputed."""
     import copy
@@ -173,55 +206,23 @@ def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
         def forward(self, x):
             return checkpointed_forward(self.block, x)
 
-    def grads(model, learner: bool):
-        torch.manual_seed(1234)
-        if learner:
-            loss = run_learner(
-                task,
-                model.loss,
-                idx,
-                tgt,
-                forbid=[f"{_CK}:Checkpointed", f"{_CK}:apply_checkpointing"],
-            )
-            run_learner(task, loss.backward)
-        else:
-            model.loss(idx, tgt).backward()
-        return [p.grad for p in model.parameters()]
-
-    ref = grads(copy.deepcopy(base), learner=False)
+    ref = _seeded_grads(copy.deepcopy(base), idx, tgt)
     model = copy.deepcopy(base)
     # one call on its own first, so that a missing answer is reported under its own name
     probe = torch.randn(2, 24, config.n_embd, requires_grad=True)
-    run_learner(
-        task,
-        checkpointed_forward,
-        model.blocks[0],
-        probe,
-        forbid=[f"{_CK}:Checkpointed", f"{_CK}:apply_checkpointing"],
-    )
+    run_learner(task, checkpointed_forward, model.blocks[0], probe, forbid=_RNG_FORBID)
     calls = [0] * config.n_layer
     for i, block in enumerate(model.blocks):
         block.register_forward_pre_hook(lambda m, a, i=i: calls.__setitem__(i, calls[i] + 1))
     model.blocks = nn.ModuleList(Wrapped(b) for b in model.blocks)
-    got = grads(model, learner=True)
+    got = _seeded_grads(model, idx, tgt, task=task)
     if calls != [2] * config.n_layer:
         fail(
             task,
             f"each block should run twice per step (forward, then recomputation in backward); "
             f"the blocks ran {calls} times: is the block checkpointed?",
         )
-    names = [n for n, _ in base.named_parameters()]
-    for name, g, r in zip(names, got, ref):
-        if g is None:
-            fail(task, f"{name} has no gradient")
-        if not torch.allclose(g, r, rtol=GRAD_RTOL, atol=GRAD_ATOL):
-            err = float((g - r).abs().max())
-            fail(
-                task,
-                f"gradient of {name} differs from the unchanged model by up to {err:.3g} "
-                f"(rtol={GRAD_RTOL:g}, atol={GRAD_ATOL:g}): does the recomputation draw the same "
-                "dropout masks as the forward?",
-            )
+    _same_grads(task, [n for n, _ in base.named_parameters()], got, ref)
     passed(
         task,
         f"with dropout {config.dropout}, gradients equal the unchanged model's "

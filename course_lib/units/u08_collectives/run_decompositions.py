@@ -88,83 +88,75 @@ def worked_example(
     return pd.DataFrame(rows).set_index("rank")
 
 
+def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` with zeros after it, to a multiple of ``n`` elements: (N*k,)."""
+    padded = torch.zeros(math.ceil(x.numel() / n) * n)
+    padded[: x.numel()] = x
+    return padded
+
+
+def _all_reduce_methods(
+    x: torch.Tensor, padded: torch.Tensor, shard: torch.Tensor, n: int
+) -> list[tuple[str, torch.Tensor]]:
+    """Every way of the lecture to all-reduce ``x``: (method, this rank's result)."""
+    numel = x.numel()
+    rb = x.clone()
+    dist.reduce(rb, dst=0)
+    dist.broadcast(rb, src=0)
+    full = torch.empty(padded.numel())
+    compat.all_gather_single(full, shard)
+    shard2, full2 = torch.empty(shard.numel()), torch.empty(padded.numel())
+    C.ring_reduce_scatter(shard2, padded)
+    C.ring_all_gather(full2, shard2)
+    methods = [
+        ("reduce+broadcast", rb),
+        ("reduce_scatter+all_gather", full[:numel]),
+        ("ring reduce_scatter+all_gather (from scratch)", full2[:numel]),
+        ("ring all_reduce (from scratch)", C.ring_all_reduce(x.clone())),
+        ("naive ring all_reduce (from scratch)", C.naive_ring_all_reduce(x.clone())),
+        ("reduce+broadcast (from scratch)", C.reduce_broadcast_all_reduce(x.clone())),
+    ]
+    if n & (n - 1) == 0:  # recursive doubling needs a power-of-two world size
+        methods.append(
+            ("recursive doubling (from scratch)", C.recursive_doubling_all_reduce(x.clone()))
+        )
+    return methods
+
+
 def _decomposition_worker(rank: int, world_size: int, numel: int, seed: int) -> dict:
     n = world_size
     gen = torch.Generator().manual_seed(seed + rank)
     x = torch.randn(numel, generator=gen)  # (S,) this rank's "gradient"
     reference = x.clone()
     dist.all_reduce(reference)
-
-    rb = x.clone()
-    dist.reduce(rb, dst=0)
-    dist.broadcast(rb, src=0)
-
-    padded_numel = math.ceil(numel / n) * n
-    padded = torch.zeros(padded_numel)  # (N*k,) zero padding to a multiple of N
-    padded[:numel] = x
-    shard = torch.empty(padded_numel // n)  # (k,)
-    full = torch.empty(padded_numel)
+    padded = _padded(x, n)  # (N*k,)
+    shard = torch.empty(padded.numel() // n)  # (k,)
     compat.reduce_scatter_single(shard, padded)
-    compat.all_gather_single(full, shard)
-    rs_ag = full[:numel]
-
-    shard2 = torch.empty(padded_numel // n)
-    full2 = torch.empty(padded_numel)
-    C.ring_reduce_scatter(shard2, padded)
-    C.ring_all_gather(full2, shard2)
-    ring_rs_ag = full2[:numel]
-
-    ring = C.ring_all_reduce(x.clone())
+    # (method, its result, torch.distributed's result for the same input, the reference's name)
+    checks = [
+        (m, got, reference, "all_reduce") for m, got in _all_reduce_methods(x, padded, shard, n)
+    ]
     abs_sum = x.abs()
     dist.all_reduce(abs_sum)
     bound = float(((n - 1) * torch.finfo(x.dtype).eps * abs_sum).max())
-    # (method, its result, torch.distributed's result for the same input, the reference's name)
-    checks = [
-        ("reduce+broadcast", rb, reference, "all_reduce"),
-        ("reduce_scatter+all_gather", rs_ag, reference, "all_reduce"),
-        ("ring reduce_scatter+all_gather (from scratch)", ring_rs_ag, reference, "all_reduce"),
-        ("ring all_reduce (from scratch)", ring, reference, "all_reduce"),
-        (
-            "naive ring all_reduce (from scratch)",
-            C.naive_ring_all_reduce(x.clone()),
-            reference,
-            "all_reduce",
-        ),
-        (
-            "reduce+broadcast (from scratch)",
-            C.reduce_broadcast_all_reduce(x.clone()),
-            reference,
-            "all_reduce",
-        ),
-    ]
-    if n & (n - 1) == 0:  # recursive doubling needs a power-of-two world size
-        checks.append(
-            (
-                "recursive doubling (from scratch)",
-                C.recursive_doubling_all_reduce(x.clone()),
-                reference,
-                "all_reduce",
-            )
-        )
-    shard3 = torch.empty(padded_numel // n)
+    shard3 = torch.empty(padded.numel() // n)
     C.ring_reduce_scatter(shard3, padded)
     checks.append(("ring reduce_scatter (from scratch)", shard3, shard, "reduce_scatter_tensor"))
-    full3 = torch.empty(padded_numel)
-    C.ring_all_gather(full3, shard)  # the same input as torch's all-gather above
+    full, full3 = torch.empty(padded.numel()), torch.empty(padded.numel())
+    compat.all_gather_single(full, shard)
+    C.ring_all_gather(full3, shard)  # the same input as torch's all-gather
     checks.append(("ring all_gather (from scratch)", full3, full, "all_gather_into_tensor"))
-    out = []
-    for method, got, want, ref_name in checks:
-        out.append(
-            {
-                "rank": rank,
-                "method": method,
-                "compared with": f"dist.{ref_name}",
-                "max abs difference": float((got - want).abs().max()),
-                "bitwise equal": bool(torch.equal(got, want)),
-                "summation bound": bound,
-            }
-        )
-    return out
+    return [
+        {
+            "rank": rank,
+            "method": method,
+            "compared with": f"dist.{ref_name}",
+            "max abs difference": float((got - want).abs().max()),
+            "bitwise equal": bool(torch.equal(got, want)),
+            "summation bound": bound,
+        }
+        for method, got, want, ref_name in checks
+    ]
 
 
 def all_reduce_decompositions(
