@@ -42,7 +42,7 @@ def coalesce_streams(outputs: list) -> list[dict]:
     the text with itself before substituting), so backspaces are left alone here too.
     """
     merged: list[dict] = []
-    streams: dict[str, dict] = {}
+    streams: dict[str | None, dict] = {}
     for output in outputs:
         output = dict(output)
         if output.get("output_type") == "stream":

@@ -143,7 +143,9 @@ def _explain_stored_widgets(nb) -> None:
 _WIDGET_REPR = re.compile(r"^[A-Z][A-Za-z]*\(")
 
 
-def make_client(nb, path: Path, *, timeout: int, kernel_name: str, allow_errors: bool, log=None):
+def make_client(
+    nb: Any, path: Path, *, timeout: float, kernel_name: str, allow_errors: bool, log: Any = None
+) -> Any:
     """The nbclient set-up shared by ``execute`` and the grader: a fresh kernel whose working
     directory is the notebook's folder, no timing metadata, and immediate shutdown."""
     from nbclient import NotebookClient
@@ -176,7 +178,9 @@ def _run_cell(client: Any, cell: Any, index: int, path: Path, timeout: float) ->
     except DeadKernelError:
         raise ExecuteError(f"{path}: the kernel died while running cell index {index}") from None
     except CellExecutionError as exc:
-        error = next((o for o in cell.outputs if o.get("output_type") == "error"), {})
+        error: dict[str, Any] = next(
+            (o for o in cell.outputs if o.get("output_type") == "error"), {}
+        )
         detail = f"{error.get('ename', 'error')}: {error.get('evalue', '')}".strip()
         raise ExecuteError(f"{path}: cell index {index} raised {detail}") from exc
 

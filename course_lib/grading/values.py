@@ -80,14 +80,14 @@ def check_close(
         "cpu", torch.float64
     )  # compare in float64: the rule, not the dtype, decides
     e64 = e.detach().to("cpu", torch.float64)
-    tol = f"rtol={rtol:g}, atol={atol:g}"
+    tolerance = f"rtol={rtol:g}, atol={atol:g}"
     both_nan = torch.isnan(g64) & torch.isnan(e64)
     err = (g64 - e64).abs().masked_fill(both_nan, 0.0)
     bad = ~(err <= atol + rtol * e64.abs()) & ~both_nan  # NaN error counts as bad
     if bool(bad.any()):
-        _fail_not_close(task, name, g64, e64, err, bad, tol)
+        _fail_not_close(task, name, g64, e64, err, bad, tolerance)
     shape = f" (shape {tuple(e.shape)})" if e.dim() else ""
-    passed(task, f"{name}{shape} matches the reference within {tol}")
+    passed(task, f"{name}{shape} matches the reference within {tolerance}")
 
 
 def _as_tensors(

@@ -25,7 +25,7 @@ def _fmt_value(value: Any) -> str:
     if isinstance(value, bool):
         return repr(value)
     if isinstance(value, numbers.Integral):
-        return fmt_int(value)
+        return fmt_int(int(value))
     if isinstance(value, float):
         return f"{value:.6g}"
     return repr(value)
@@ -92,5 +92,6 @@ def verdict(line: str, cause: BaseException | None = None) -> AssertionError:
                 f"{type(cause).__name__}: {cause}",
                 "",
             ]
-    exc._render_traceback_ = lambda: [*lines, line]
+    # IPython shows what this hook returns in place of the traceback
+    exc.__dict__["_render_traceback_"] = lambda: [*lines, line]
     return exc

@@ -56,14 +56,19 @@ Introduced in notebooks/01_backprop_memory.ipynb.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, TypeVar
 
 import torch
 from torch import nn
 
 from course_lib.measure._mem_tracker import CATEGORIES, _Tracker
 
+if TYPE_CHECKING:
+    import pandas as pd  # imported when a block ends: ranks that never meter skip it
+
 __all__ = ["MemoryMeter", "CATEGORIES"]
+
+T = TypeVar("T")
 
 
 class MemoryMeter:
@@ -103,17 +108,54 @@ class MemoryMeter:
                 raise TypeError(f"track[{i}] must be a torch.Tensor, got {type(t).__name__}")
         self.device = _device_name(device) if device is not None else self._default_device()
         self._tracker: _Tracker | None = None
-        self._warnings = None
-        self.peak_bytes: int | None = None
-        self.peak_breakdown: dict[str, int] | None = None
-        self.peak_phase: str | None = None
-        self.start_breakdown: dict[str, int] | None = None
-        self.end_breakdown: dict[str, int] | None = None
+        self._warnings: warnings.catch_warnings[None] | None = None
+        # results, known once the block has run (read through the properties below)
+        self._peak_bytes: int | None = None
+        self._peak_breakdown: dict[str, int] | None = None
+        self._peak_phase: str | None = None
+        self._start_breakdown: dict[str, int] | None = None
+        self._end_breakdown: dict[str, int] | None = None
+        self._timeline: pd.DataFrame | None = None
         self.peak_bytes_by_device: dict[str, int] = {}
-        self.timeline = None
         self.cuda_peak_allocated: int | None = None
         self.cuda_peak_reserved: int | None = None
         self.simulated = False
+
+    @staticmethod
+    def _known(value: T | None, name: str) -> T:
+        if value is None:
+            raise RuntimeError(f"MemoryMeter.{name} is known once the measured block has run")
+        return value
+
+    @property
+    def peak_bytes(self) -> int:
+        """Bytes alive at the peak on ``device``."""
+        return self._known(self._peak_bytes, "peak_bytes")
+
+    @property
+    def peak_breakdown(self) -> dict[str, int]:
+        """Category -> bytes at the peak (sums to ``peak_bytes``)."""
+        return self._known(self._peak_breakdown, "peak_breakdown")
+
+    @property
+    def peak_phase(self) -> str:
+        """ "forward", "backward", "step" (or "start" when nothing grew)."""
+        return self._known(self._peak_phase, "peak_phase")
+
+    @property
+    def start_breakdown(self) -> dict[str, int]:
+        """Category -> bytes alive when the block starts."""
+        return self._known(self._start_breakdown, "start_breakdown")
+
+    @property
+    def end_breakdown(self) -> dict[str, int]:
+        """Category -> bytes alive when the block ends."""
+        return self._known(self._end_breakdown, "end_breakdown")
+
+    @property
+    def timeline(self) -> pd.DataFrame:
+        """One row per recorded event (module hooks, optimizer step) and a ``peak`` row."""
+        return self._known(self._timeline, "timeline")
 
     def _default_device(self) -> str:
         for m in self._model:
@@ -129,7 +171,7 @@ class MemoryMeter:
         return self.device.startswith("cuda") and torch.cuda.is_available() and not self.simulated
 
     def __enter__(self) -> "MemoryMeter":
-        if self._tracker is not None or self.peak_bytes is not None:
+        if self._tracker is not None or self._peak_bytes is not None:
             raise RuntimeError("a MemoryMeter measures one block; create a new one for the next")
         from torch._guards import active_fake_mode
 
@@ -150,27 +192,28 @@ class MemoryMeter:
         )
         tracker.__enter__()
         tracker.record("start", phase="start")
-        self.start_breakdown = tracker.breakdown(self.device)
+        self._start_breakdown = tracker.breakdown(self.device)
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        tracker = self._tracker
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        tracker = self._known(self._tracker, "tracker")
         try:
             tracker.record("end", phase="end")
         finally:
             try:
                 tracker.__exit__(exc_type, exc, tb)
             finally:
-                self._warnings.__exit__(None, None, None)
+                if self._warnings is not None:
+                    self._warnings.__exit__(None, None, None)
                 self._warnings = None
-        self.end_breakdown = tracker.breakdown(self.device)
+        self._end_breakdown = tracker.breakdown(self.device)
         start_total = sum(self.start_breakdown.values())
         total, bd, op, phase = tracker.peaks.get(
             self.device, (start_total, dict(self.start_breakdown), 0, "start")
         )
-        self.peak_bytes, self.peak_breakdown, self.peak_phase = int(total), dict(bd), phase
+        self._peak_bytes, self._peak_breakdown, self._peak_phase = int(total), dict(bd), phase
         self.peak_bytes_by_device = {dev: int(p[0]) for dev, p in tracker.peaks.items()}
-        self.peak_bytes_by_device.setdefault(self.device, self.peak_bytes)
+        self.peak_bytes_by_device.setdefault(self.device, int(total))
         rows = list(tracker.rows)
         peak_row = {
             "op": op,
@@ -187,7 +230,7 @@ class MemoryMeter:
         rows.insert(index, peak_row)
         import pandas as pd
 
-        self.timeline = pd.DataFrame(
+        self._timeline = pd.DataFrame(
             rows, columns=["op", "event", "module", "phase", *CATEGORIES, "total"]
         )
         if self._on_cuda():
@@ -202,10 +245,10 @@ class MemoryMeter:
         return {
             "device": self.device,
             "simulated": self.simulated,
-            "peak_bytes": self.peak_bytes,
-            "peak_phase": self.peak_phase,
-            "peak_breakdown": self.peak_breakdown,
-            "end_breakdown": self.end_breakdown,
+            "peak_bytes": self._peak_bytes,
+            "peak_phase": self._peak_phase,
+            "peak_breakdown": self._peak_breakdown,
+            "end_breakdown": self._end_breakdown,
             "cuda_peak_allocated": self.cuda_peak_allocated,
             "cuda_peak_reserved": self.cuda_peak_reserved,
         }
@@ -216,7 +259,7 @@ class MemoryMeter:
         return dict(self.__dict__)
 
     def __repr__(self) -> str:
-        if self.peak_bytes is None:
+        if self._peak_bytes is None:
             return f"MemoryMeter(device={self.device!r}, not run yet)"
         from course_lib.measure.estimate import fmt_bytes
 

@@ -174,6 +174,8 @@ class GPTConfig:
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention, written out (softmax(q k^T / sqrt(hs)) v)."""
 
+    causal_mask: torch.Tensor  # (block_size, block_size) bool, a buffer
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         C = config.n_embd
@@ -244,6 +246,8 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     """A GPT-2 shaped language model. ``forward(idx) -> logits``; ``loss(idx, targets)``."""
+
+    pos: torch.Tensor  # (block_size,) int64, a buffer
 
     def __init__(self, config: GPTConfig):
         super().__init__()

@@ -110,6 +110,9 @@ class LlamaBlock(nn.Module):
 class Llama(nn.Module):
     """A Llama-shaped decoder: ``forward(idx) -> logits``; ``loss(idx, targets)``."""
 
+    rope_cos: torch.Tensor  # (block_size, hs/2), a buffer
+    rope_sin: torch.Tensor
+
     def __init__(self, config: LlamaConfig):
         super().__init__()
         if not isinstance(config, LlamaConfig):
