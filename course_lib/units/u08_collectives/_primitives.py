@@ -94,9 +94,9 @@ def _run_rooted(name: str, me: int, n: int, root: int, k: int) -> tuple[torch.Te
         return full, _only(me, out, n, k)
     if name == "gather":
         mine = torch.full((k,), piece_value(me, me))
-        out = [torch.empty(k) for _ in range(n)] if is_root else None
-        dist.gather(mine, gather_list=out, dst=root)
-        return _only(me, mine, n, k), (torch.cat(out) if is_root else _empty(n, k))
+        pieces = [torch.empty(k) for _ in range(n)]
+        dist.gather(mine, gather_list=pieces if is_root else None, dst=root)
+        return _only(me, mine, n, k), (torch.cat(pieces) if is_root else _empty(n, k))
     if name == "reduce":
         buf = _row(me, n, k)
         before = buf.clone()
@@ -115,9 +115,9 @@ def _run_symmetric(name: str, me: int, n: int, k: int) -> tuple[torch.Tensor, to
         return before, buf
     if name == "all_gather":
         mine = torch.full((k,), piece_value(me, me))
-        out = [torch.empty(k) for _ in range(n)]
-        dist.all_gather(out, mine)  # the list form: CommMeter counts it
-        return _only(me, mine, n, k), torch.cat(out)
+        pieces = [torch.empty(k) for _ in range(n)]
+        dist.all_gather(pieces, mine)  # the list form: CommMeter counts it
+        return _only(me, mine, n, k), torch.cat(pieces)
     if name == "reduce_scatter":
         buf = _row(me, n, k)
         out = torch.empty(k)

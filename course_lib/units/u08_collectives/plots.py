@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.colors import to_rgba
+from matplotlib.colors import TABLEAU_COLORS, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -19,7 +19,7 @@ from course_lib.viz.plots import styled
 
 __all__ = ["plot_before_after", "plot_bytes", "plot_primitives", "plot_ring_steps", "plot_times"]
 
-_RANK_COLOURS = plt.get_cmap("tab10").colors
+_RANK_COLOURS = list(TABLEAU_COLORS.values())  # tab10
 _SUM_COLOUR = "#4d4d4d"  # a value that mixes several ranks' data
 _EMPTY_COLOUR = "#f2f2f2"
 

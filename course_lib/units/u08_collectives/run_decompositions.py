@@ -123,7 +123,7 @@ def _all_reduce_methods(
     return methods
 
 
-def _decomposition_worker(rank: int, world_size: int, numel: int, seed: int) -> dict:
+def _decomposition_worker(rank: int, world_size: int, numel: int, seed: int) -> list[dict]:
     n = world_size
     gen = torch.Generator().manual_seed(seed + rank)
     x = torch.randn(numel, generator=gen)  # (S,) this rank's "gradient"

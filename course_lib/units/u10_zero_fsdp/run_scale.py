@@ -47,65 +47,38 @@ def smallest_stage(n_params: float, world_size: int, gpu_GB: float, *, k: int = 
     return None
 
 
+def _gb(n_bytes: float) -> float:
+    return round(n_bytes / 1e9, 3)
+
+
+def _stages_gb(n_params: int, world_size: int, *, k: int = 12) -> str:
+    """Bytes per rank of stages 0-3 in GB, "a / b / c / d"."""
+    return " / ".join(
+        f"{_gb(estimate.zero_bytes_per_rank(n_params, stage=s, world_size=world_size, k=k)):g}"
+        for s in range(4)
+    )
+
+
 def source_checks() -> pd.DataFrame:
     """The sources' ZeRO figures, recomputed with estimate (GB = 1e9 B). One row per claim:
     source, claim, quoted, recomputed."""
     z = estimate.zero_bytes_per_rank
-    gb = lambda b: round(b / 1e9, 3)  # noqa: E731
+    b7, b12 = 7_000_000_000, 12_000_000_000
+    traffic = estimate.zero_bytes_sent_per_step(
+        10**9, 8, stage=3
+    ) / estimate.ring_allreduce_bytes_sent(10**9, 8)
     rows = [
-        (
-            "S0 / ZeRO Fig. 1",
-            "7.5B on 64 GPUs, stages 0-3 (GB)",
-            "120 / 31.4 / 16.6 / 1.9",
-            " / ".join(f"{gb(z(7.5e9, stage=s, world_size=64)):g}" for s in range(4)),
-        ),
-        (
-            "S1",
-            "10B on 8 GPUs (GB)",
-            "160 / 55 / 37.5 / 20",
-            " / ".join(f"{gb(z(10e9, stage=s, world_size=8)):g}" for s in range(4)),
-        ),
-        (
-            "S4",
-            "7B on 8 GPUs (GB)",
-            "112 / 38.5 / 26.25 / 14",
-            " / ".join(f"{gb(z(7e9, stage=s, world_size=8)):g}" for s in range(4)),
-        ),
-        (
-            "S1 exercise 3",
-            "12B: DP vs ZeRO-3 on 8 (GB)",
-            "192 / 24",
-            f"{gb(z(12e9, stage=0, world_size=8)):g} / {gb(z(12e9, stage=3, world_size=8)):g}",
-        ),
-        (
-            "S3",
-            "ZeRO-1 = 2Ψ + 14Ψ/N; 7B, N = 8 (GB)",
-            f"{gb(2 * 7e9 + 14 * 7e9 / 8):g}",
-            f"4Ψ + 12Ψ/N = {gb(z(7e9, stage=1, world_size=8)):g}",
-        ),
-        (
-            "S2",
-            "table 95 / 52 / 38 / 16 GB (7B, 8 GPUs)",
-            "95 / 52 / 38 / 16",
-            "16 B: "
-            + " / ".join(f"{gb(z(7e9, stage=s, world_size=8)):g}" for s in range(4))
-            + "; 12 B: "
-            + " / ".join(
-                f"{gb(estimate.zero_bytes_per_rank(7e9, stage=s, world_size=8, k=8)):g}"
-                for s in range(4)
-            ),
-        ),
-        (
-            "S2",
-            "stage 1 saves ~60 % of optimizer state (N = 8)",
-            "60 %",
-            f"{100 * (1 - 1 / 8):g} %",
-        ),
-        (
-            "S4",
-            "ZeRO-3 traffic vs DDP",
-            "3x",
-            f"{estimate.zero_bytes_sent_per_step(10**9, 8, stage=3) / estimate.ring_allreduce_bytes_sent(10**9, 8):g}x",
-        ),
-    ]
+        ("S0 / ZeRO Fig. 1", "7.5B on 64 GPUs, stages 0-3 (GB)", "120 / 31.4 / 16.6 / 1.9",
+         _stages_gb(7_500_000_000, 64)),
+        ("S1", "10B on 8 GPUs (GB)", "160 / 55 / 37.5 / 20", _stages_gb(10_000_000_000, 8)),
+        ("S4", "7B on 8 GPUs (GB)", "112 / 38.5 / 26.25 / 14", _stages_gb(b7, 8)),
+        ("S1 exercise 3", "12B: DP vs ZeRO-3 on 8 (GB)", "192 / 24",
+         f"{_gb(z(b12, stage=0, world_size=8)):g} / {_gb(z(b12, stage=3, world_size=8)):g}"),
+        ("S3", "ZeRO-1 = 2Ψ + 14Ψ/N; 7B, N = 8 (GB)", f"{_gb(2 * b7 + 14 * b7 / 8):g}",
+         f"4Ψ + 12Ψ/N = {_gb(z(b7, stage=1, world_size=8)):g}"),
+        ("S2", "table 95 / 52 / 38 / 16 GB (7B, 8 GPUs)", "95 / 52 / 38 / 16",
+         f"16 B: {_stages_gb(b7, 8)}; 12 B: {_stages_gb(b7, 8, k=8)}"),
+        ("S2", "stage 1 saves ~60 % of optimizer state (N = 8)", "60 %", f"{100 * (1 - 1 / 8):g} %"),
+        ("S4", "ZeRO-3 traffic vs DDP", "3x", f"{traffic:g}x"),
+    ]  # fmt: skip
     return pd.DataFrame(rows, columns=["source", "claim", "quoted", "recomputed"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.colors import TABLEAU_COLORS
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -28,7 +29,7 @@ def plot_split(shapes: pd.DataFrame) -> Figure:
     require_columns(shapes, ["tp_rank", "parameter", "full", "on_rank"], "shapes", nonempty=True)
     ranks = shapes.drop_duplicates(["tp_rank", "parameter"])
     tp = int(ranks.tp_rank.max()) + 1
-    colours = plt.get_cmap("tab10").colors
+    colours = list(TABLEAU_COLORS.values())  # tab10
     with style():
         fig, axes = plt.subplots(1, 4, figsize=(16, 5.5))
         for ax, (name, title, chunks) in zip(axes, _PANELS):
