@@ -226,9 +226,11 @@ class _Stepper:
 
     def __init__(self, recipe: str, model: torch.nn.Module, lr: float) -> None:
         self.master: list[torch.Tensor] = []
+        self._mw: O.MasterWeights | None
+        self.optimizer: torch.optim.Optimizer
         if recipe == "16 B: bf16 + fp32 master":
             self._mw = O.MasterWeights(model, "adam", lr=lr)
-            self.optimizer, self.master = self._mw.optimizer, self._mw.master
+            self.optimizer, self.master = self._mw.optimizer, list(self._mw.master)
         elif recipe == "12 B: bf16, fp32 moments":
             self._mw = None
             self.optimizer = O.Adam(model.parameters(), lr=lr, state_dtype=torch.float32)
@@ -244,7 +246,7 @@ class _Stepper:
 
 
 def _train_recipe(
-    model: torch.nn.Module,
+    model: GPT,
     stepper: _Stepper,
     config: GPTConfig,
     batch: int,
@@ -302,13 +304,15 @@ def recipe_table(
     validate.number("lr", lr, positive=True)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise ValueError(f"steps = {steps!r}: expected an int >= 2 (the second step is measured)")
-    rows, fp32_final, start = [], None, None
+    rows = []
+    fp32_final: list[torch.Tensor] = []  # RECIPES starts with fp32: set on the first recipe
+    start: list[torch.Tensor] = []
     for recipe, (stores, kwargs) in RECIPES.items():
         model = _model(config, seed)
         if recipe != "fp32":
             model = model.to(torch.bfloat16)
         w0 = [p.detach().float().clone() for p in model.parameters()]
-        start = start if start is not None else w0
+        start = start or w0
         stepper = _Stepper(recipe, model, lr)
         n = count_params(model)
         loss, measured, unchanged = _train_recipe(model, stepper, config, batch, seq, steps, seed)

@@ -190,7 +190,7 @@ def memory_fit(
     mem_off, opt = _measure_offloaded_step(off, idx, tgt, device)
     rows = []
     for label, level, mem, host in (
-        ("plain (all on device)", "none", mem_plain, 0),
+        ("plain (all on device)", "none", mem_plain, None),
         ("offloaded optimizer", "optimizer", mem_off, opt.host_bytes()),
     ):
         bd = mem.peak_breakdown
@@ -205,8 +205,8 @@ def memory_fit(
                 "peak": mem.peak_bytes,
                 "peak_phase": mem.peak_phase,
                 "host_predicted": split["host"],
-                "host_measured": 0 if not host else host["master"] + host["optimizer"],
-                "host_buffers": 0 if not host else host["grads"] + host["staging"],
+                "host_measured": 0 if host is None else host["master"] + host["optimizer"],
+                "host_buffers": 0 if host is None else host["grads"] + host["staging"],
                 "n_params": n,
             }
         )

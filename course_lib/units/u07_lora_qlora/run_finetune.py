@@ -11,7 +11,6 @@ from typing import Iterator, Sequence
 
 import pandas as pd
 import torch
-from torch import nn
 
 from course_lib import validate
 from course_lib.data import permutation_batch
@@ -58,7 +57,7 @@ def _one_thread() -> Iterator[None]:
 
 
 def _train(
-    model: nn.Module,
+    model: GPT,
     *,
     steps: int,
     lr: float,
