@@ -32,12 +32,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def sweep_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
     """Message sizes min_bytes, min_bytes*factor, ... up to max_bytes (inclusive), in bytes."""
     lo = validate.count("min_bytes", min_bytes, minimum=1)
-    hi = validate.count("max_bytes", max_bytes, minimum=1)
-    f = validate.count("factor", factor, minimum=1)
-    if hi < lo:
-        raise ValueError(f"max_bytes={hi} must be >= min_bytes={lo}")
-    if f < 2:
-        raise ValueError(f"factor={f} must be >= 2")
+    hi = validate.count("max_bytes", max_bytes, minimum=lo)  # at least min_bytes
+    f = validate.count("factor", factor, minimum=2)
     sizes = [lo]
     while sizes[-1] * f <= hi:
         sizes.append(sizes[-1] * f)
@@ -71,24 +67,12 @@ class SweepConfig:
     """seconds before a launch is declared hung"""
 
     def __post_init__(self):
-        object.__setattr__(self, "collectives", tuple(self.collectives))
-        object.__setattr__(self, "world_sizes", tuple(self.world_sizes))
-        if not self.collectives:
-            raise ValueError(f"collectives must not be empty; valid choices: {SWEEP_COLLECTIVES}")
-        for c in self.collectives:
-            if c not in SWEEP_COLLECTIVES:
-                raise ValueError(f"collectives contains {c!r}; valid choices: {SWEEP_COLLECTIVES}")
-        if not self.world_sizes:
-            raise ValueError("world_sizes must not be empty, e.g. (2, 4)")
-        for w in self.world_sizes:
-            if isinstance(w, bool) or not isinstance(w, int) or w < 2:
-                raise ValueError(f"world_sizes contains {w!r}; each must be an int >= 2")
-        if self.dtype not in _DTYPES:
-            raise ValueError(
-                f"dtype={self.dtype!r} is not supported; valid choices: {tuple(_DTYPES)}"
-            )
-        if self.backend not in ("auto", "gloo", "nccl"):
-            raise ValueError(f"backend={self.backend!r}; valid choices: 'auto', 'gloo', 'nccl'")
+        collectives = validate.choices("collectives", tuple(self.collectives), SWEEP_COLLECTIVES)
+        object.__setattr__(self, "collectives", tuple(collectives))
+        world_sizes = validate.counts("world_sizes", self.world_sizes, minimum=2)
+        object.__setattr__(self, "world_sizes", tuple(world_sizes))
+        validate.choice("dtype", self.dtype, tuple(_DTYPES))
+        validate.choice("backend", self.backend, ("auto", "gloo", "nccl"))
         validate.count("warmup", self.warmup, minimum=0)
         validate.count("repeat", self.repeat, minimum=1)
         validate.number("timeout", self.timeout, positive=True)
