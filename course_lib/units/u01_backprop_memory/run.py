@@ -94,8 +94,7 @@ def training_step(model: nn.Module, optimizer, x, y) -> None:
 
 def _measure(model: nn.Module, batch_shape, optimizer: str, *, device="cpu", steps: int = 1):
     """Run `steps` training steps of a copy of `model` under MemoryMeter; return the meter."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+    steps = validate.count("steps", steps, minimum=1)
     work = copy.deepcopy(model).to(device)
     opt = make_optimizer(optimizer, work)
     x, y = make_batch(work, batch_shape, device=device)
@@ -136,8 +135,7 @@ def predict_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer:
     autograd has cached at the end of the forward pass, the activation peak.
     """
     info = _describe(model)
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+    validate.choice("optimizer", optimizer, sorted(OPTIMIZERS))
     state = estimate.model_state_bytes(
         info["n_params"], precision="fp32", optimizer=optimizer, n_param_tensors=info["n_tensors"]
     )

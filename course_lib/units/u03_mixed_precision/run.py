@@ -24,6 +24,7 @@ from typing import Sequence
 import pandas as pd
 import torch
 
+from course_lib import validate
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
 from course_lib.models import GPT, GPTConfig, count_params
@@ -161,8 +162,7 @@ def tiny_updates(*, weight: float = 1.0, update: float = 1e-3, steps: int = 100)
     """Add ``update`` to ``weight`` ``steps`` times, with the weight stored in fp32, bf16, fp16,
     and in bf16 with an fp32 master copy (the master is updated, the bf16 weight re-cast from it).
     Returns one row per recipe with the final weight, the exact answer and the relative error."""
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r} must be an int >= 1")
+    steps = validate.count("steps", steps, minimum=1)
     exact = weight + steps * update
     rows = []
     for name, store, master in (
@@ -297,10 +297,8 @@ def matmul_speed(
     from course_lib.measure.timing import time_fn
 
     device = torch.device(device) if device is not None else default_device()
-    if cpu_threads is not None and (
-        isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1
-    ):
-        raise ValueError(f"cpu_threads={cpu_threads!r} must be None or an int >= 1")
+    if cpu_threads is not None:
+        cpu_threads = validate.count("cpu_threads", cpu_threads, minimum=1)
     saved_threads = torch.get_num_threads()
     if device.type == "cpu" and cpu_threads is not None:
         torch.set_num_threads(cpu_threads)
@@ -313,8 +311,7 @@ def matmul_speed(
 def _matmul_rows(sizes, dtypes, warmup, repeat, device, time_fn) -> pd.DataFrame:
     rows = []
     for n in sizes:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"sizes must hold positive ints, got {n!r}")
+        n = validate.count("sizes", n, minimum=1)  # each size
         for f in _formats(dtypes):
             dt = P.FORMATS[f]
             if dt.itemsize == 1:
@@ -359,8 +356,7 @@ def loss_curves(
     ``steps`` Adam steps in each recipe (same seed, same batches). Rows: mode, step, loss, skipped (fp16 loss scaling found inf/NaN), scale,
     seconds (wall time of that training step, synchronized on CUDA: timed here, noisy, never graded).
     ``init_scale`` and ``growth_interval`` go to ``torch.amp.GradScaler`` for fp16-mixed."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r} must be an int >= 1")
+    steps = validate.count("steps", steps, minimum=1)
     config = config or GPTConfig.tiny()
     device = torch.device(device) if device is not None else default_device()
     rows = []
