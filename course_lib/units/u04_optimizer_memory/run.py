@@ -225,12 +225,12 @@ class _Stepper:
     """One recipe's optimizer behind one interface: zero_grad(), step(), the tensors it holds."""
 
     def __init__(self, recipe: str, model: torch.nn.Module, lr: float) -> None:
-        self.master: list[torch.Tensor] = []
+        self.master: Sequence[torch.Tensor] = ()
         self._mw: O.MasterWeights | None
         self.optimizer: torch.optim.Optimizer
         if recipe == "16 B: bf16 + fp32 master":
             self._mw = O.MasterWeights(model, "adam", lr=lr)
-            self.optimizer, self.master = self._mw.optimizer, list(self._mw.master)
+            self.optimizer, self.master = self._mw.optimizer, self._mw.master
         elif recipe == "12 B: bf16, fp32 moments":
             self._mw = None
             self.optimizer = O.Adam(model.parameters(), lr=lr, state_dtype=torch.float32)

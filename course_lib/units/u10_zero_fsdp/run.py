@@ -223,14 +223,16 @@ def _timeline_worker(
         )
         for step in range(3):  # 0: warm-up, 1: peak memory, 2: timeline and bytes
             model.log = EventLog(rank) if step == 2 else None
-            meter = MemoryMeter(model, model.optimizer) if step == 1 else CommMeter(dispatch=False)
+            mem = MemoryMeter(model, model.optimizer)
+            comm = CommMeter(dispatch=False)
+            meter: MemoryMeter | CommMeter = mem if step == 1 else comm
             dist.barrier()
             with meter:  # forward and backward: where stage 3 gathers (its step() sends nothing)
                 H.mse_loss(model, (x, y)).backward()
             model.step()
             model.zero_grad()
             if step == 1:
-                peak = meter.peak_bytes
+                peak = mem.peak_bytes
         events += [{**e, "meta": {**e["meta"], "config": name}} for e in model.log.to_records()]
         rows.append(
             {
@@ -238,9 +240,9 @@ def _timeline_worker(
                 "config": name,
                 **TIMELINE_CONFIGS[name],
                 "peak_bytes": peak,
-                "wire_bytes": meter.wire_bytes_sent,
-                "all_gathers": meter.calls.get("all_gather_single", 0)
-                + meter.calls.get("all_gather_into_tensor", 0),
+                "wire_bytes": comm.wire_bytes_sent,  # of the last step
+                "all_gathers": comm.calls.get("all_gather_single", 0)
+                + comm.calls.get("all_gather_into_tensor", 0),
             }
         )
     return {"events": events, "rows": rows}

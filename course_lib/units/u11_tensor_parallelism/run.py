@@ -24,13 +24,14 @@ checked before any rank starts. Each function returns plain data or a tidy DataF
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import cast
 
 import pandas as pd
 import torch
 
 from course_lib import validate
-from course_lib.models import GPT, GPTConfig
+from course_lib.models import GPT, Block, GPTConfig
 from course_lib.parallel import harness as H
 from course_lib.runtime.launch import launch
 from course_lib.units.u11_tensor_parallelism._setup import (
@@ -213,7 +214,7 @@ def _dtensor_gpt(model: GPT, tp_mesh):
 
     t = tp_mesh.size()
     hs = model.config.n_embd // model.config.n_head
-    for block in model.blocks:
+    for block in cast("Iterable[Block]", model.blocks):  # nn.ModuleList yields nn.Module
         att = block.attn
         qkv = att.c_attn
         with torch.no_grad():
