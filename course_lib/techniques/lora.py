@@ -84,8 +84,8 @@ class LoRALinear(nn.Module):
         )  # (d_out, r)
         # the init of nn.Linear (and peft): uniform(-1/sqrt(d_in), 1/sqrt(d_in))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        p = validate.number("dropout", dropout, minimum=0.0, maximum=1.0)
-        self.dropout = nn.Dropout(p) if p > 0 else nn.Identity()
+        drop = validate.number("dropout", dropout, minimum=0.0, maximum=1.0)
+        self.dropout = nn.Dropout(drop) if drop > 0 else nn.Identity()
         self.merged = False
 
     def delta_weight(self) -> torch.Tensor:
