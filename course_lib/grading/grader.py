@@ -159,7 +159,7 @@ def find_solution(path: Path | str, nb, solutions_dir: Path | str | None = None)
     """The solution notebook matching learner notebook ``nb`` (a NotebookNode or its JSON dict, read from ``path``)."""
     path = Path(path)
     explicit = solutions_dir is not None
-    solutions_dir = Path(solutions_dir) if explicit else default_solutions_dir()
+    solutions_dir = Path(solutions_dir) if solutions_dir is not None else default_solutions_dir()
     if not solutions_dir.is_dir():
         hint = "" if explicit else "; pass --solutions DIR"
         raise GradingInputError(f"{path}: no solutions directory at {solutions_dir}{hint}")

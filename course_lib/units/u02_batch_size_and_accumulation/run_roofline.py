@@ -6,6 +6,7 @@ names).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -120,7 +121,7 @@ def _roofline_jobs(
         jobs.append(
             (
                 OpCost(cost.name, cost.flops * inner, cost.bytes * inner),
-                _repeated(lambda a=a, b=b: torch.mm(a, b), inner),
+                _repeated(functools.partial(torch.mm, a, b), inner),
             )
         )
     x = torch.randn(elementwise_numel, device=device)

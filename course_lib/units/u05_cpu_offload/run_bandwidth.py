@@ -46,7 +46,7 @@ def tier_bandwidth(
     dst = torch.empty_like(src)
     dst.copy_(src)  # touch every page first: the timed copy must not count page faults
     buf = memoryview(dst.numpy())
-    times = {
+    times: dict[str, list[float]] = {
         "RAM copy": [],
         "file write + fsync": [],
         "file read, cache dropped": [],
@@ -191,11 +191,11 @@ def step_breakdown(
 def predicted_step_times(parts: pd.DataFrame | dict) -> dict[str, float]:
     """``estimate.offload_step_time`` from measured parts (a :func:`step_breakdown` row or the
     medians of its columns): ``serial_s`` (one after the other) and ``overlapped_s`` (max)."""
-    get = parts.get
+    get = parts.get  # a dict or a DataFrame row: both answer [name] and get(name, default)
     kw = dict(
-        compute_s=float(get("compute")),
-        transfer_s=float(get("to_host")) + float(get("to_device")),
-        host_s=float(get("host_adam")),
+        compute_s=float(parts["compute"]),
+        transfer_s=float(parts["to_host"]) + float(parts["to_device"]),
+        host_s=float(parts["host_adam"]),
         storage_s=float(get("store_read", 0.0)) + float(get("store_write", 0.0)),
     )
     return {

@@ -5,6 +5,7 @@ Used by notebooks/08_collectives.ipynb through :mod:`run` (which re-exports thes
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ def _timing_worker(
         fn = dist.all_reduce if algorithm == "gloo" else C.ALL_REDUCE_ALGORITHMS[algorithm]
         # x.fill_ keeps values finite however many times we sum them; per-rank samples
         times[algorithm] = time_collective(
-            lambda fn=fn: fn(x),
+            functools.partial(fn, x),
             warmup=warmup,
             repeat=repeats,
             setup=lambda: x.fill_(1.0),

@@ -313,7 +313,7 @@ def check_bytes_prediction(fn, task: int = 4) -> None:
         f"course_lib.measure.estimate.communication:{f}"
         for f in ("ring_allreduce_bytes_sent", "allreduce_bytes_sent", "collective_bytes_sent")
     ]
-    measured = {}
+    measured: dict[tuple[int, int], list[int]] = {}
     for n in sorted({n for n, _ in BYTE_CASES}):
         ks = [k for m, k in BYTE_CASES if m == n]
         for res in _launch(task, _bytes_worker, n, ks):

@@ -186,7 +186,7 @@ def memory_per_rank(
     ``estimate.tp_activation_bytes_gpt``), residual (measured - predicted). Bytes."""
     sizes = validate.counts("tps", tps, minimum=1)
     b = validate.count("batch", batch, minimum=1)
-    rows = []
+    rows: list[dict] = []
     for t in sizes:
         for sp in sequence_parallel:
             sp = bool(sp) and t > 1

@@ -88,6 +88,7 @@ def reference_bucket_bytes(
         )
         if best is None or t < best_t or math.isclose(t, best_t, rel_tol=1e-9, abs_tol=1e-15):
             best, best_t = b, min(t, best_t)
+    assert best is not None  # candidates is not empty
     return best
 
 

@@ -290,8 +290,8 @@ def topology_report(*, timeout: float = 10.0) -> dict:
             )
             if out.returncode == 0 and out.stdout.strip():
                 return {"measured": True, "source": f"{exe} topo -m", "text": out.stdout}
-            reason = (out.stderr or out.stdout).strip().splitlines()[:1] or ["no output"]
-            reason = f"nvidia-smi topo -m failed ({reason[0]})"
+            first = (out.stderr or out.stdout).strip().splitlines()[:1] or ["no output"]
+            reason = f"nvidia-smi topo -m failed ({first[0]})"
         except subprocess.TimeoutExpired:
             reason = f"nvidia-smi topo -m did not answer within {timeout} s"
     else:
