@@ -24,6 +24,8 @@ weight decay) is off by 1e-3 or more.
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.grading.core import fail, passed, run_learner
 
 #: the course's own answer (and PyTorch's, which the check compares with), out of reach while
@@ -131,7 +133,7 @@ def check_adamw(MyAdam, task: int = 2) -> None:
     """Parity with torch.optim.AdamW (decoupled weight decay 0.1)."""
     import torch
 
-    kw = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    kw: dict[str, Any] = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     expected = _run(lambda ps: torch.optim.AdamW(ps, **kw), task=task, learner=False)
     got = _run(lambda ps: MyAdam(ps, decoupled=True, **kw), task=task, learner=True)
     _compare(task, "AdamW(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)", got, expected)

@@ -81,7 +81,7 @@ def _measure(base, idx, tgt, policy: str, k: int, save_ops) -> tuple[int, int]:
 def _menu(n_layer: int):
     from course_lib.techniques.checkpointing import MATMUL_OPS
 
-    out = [("none", 1, MATMUL_OPS)]
+    out: list[tuple[str, int, tuple[str, ...]]] = [("none", 1, MATMUL_OPS)]
     out += [("selective", 1, ops) for ops in (MATMUL_OPS, ("mm", "addmm"), ("bmm",))]
     out += [("every_k", k, MATMUL_OPS) for k in range(1, n_layer + 1)]
     out += [("segments", k, MATMUL_OPS) for k in range(2, n_layer + 1)]

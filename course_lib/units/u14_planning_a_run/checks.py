@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
 
@@ -41,7 +42,7 @@ PLANNER_REFERENCES = (
     "course_lib.units.u14_planning_a_run.run:plan_problems",
 )
 #: task 1: Llama-2-70B on 64 H100s (8 nodes), 4 Mi tokens per step, 200B tokens
-SIZE_CASE = dict(
+SIZE_CASE: dict[str, Any] = dict(
     model="Llama-2-70B",
     cluster="8xH100 + 400G IB",
     gpus=64,
@@ -197,6 +198,7 @@ def check_mfu_prediction(fn, task: int = 3) -> None:
         got = run_learner(task, fn, dict(parts), model, layout, new, forbid=PLANNER_REFERENCES)
         if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
             fail(task, f"fn must return the MFU as a float, got {type(got).__name__} {got!r}")
+        got = float(got)
         expected = P.step_time(
             model.replace(seq_len=new), cluster, layout, global_batch_tokens=tokens
         )["mfu"]
