@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, overload
 
 import torch
 
@@ -135,6 +135,10 @@ def bit_string(x: float, fmt: str | torch.dtype) -> str:
     return f"{s[0]}|{s[1 : 1 + e]}|{s[1 + e :]}"
 
 
+@overload
+def round_trip(x: float, fmt: str | torch.dtype) -> float: ...
+@overload
+def round_trip(x: torch.Tensor, fmt: str | torch.dtype) -> torch.Tensor: ...
 def round_trip(x: float | torch.Tensor, fmt: str | torch.dtype) -> float | torch.Tensor:
     """``x`` rounded to ``fmt`` (round to nearest even) and read back as fp32/float."""
     dtype = _dtype(fmt)
