@@ -195,9 +195,9 @@ def bench_launch(
     return timings
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.bench", description=__doc__.split("\n")[0]
+        prog="python -m course_lib.bench", description=(__doc__ or "").split("\n")[0]
     )
     sub = parser.add_subparsers(dest="what", required=True)
     p = sub.add_parser(
@@ -234,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         help="python of a virtual environment with jupyter-distributed installed",
     )
     r.add_argument("--verbose", action="store_true", help="also print what each cell showed")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.what == "ranks":
         return _main_ranks(parser, args)

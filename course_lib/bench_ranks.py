@@ -136,114 +136,140 @@ def _shown(cell) -> str:
     return (cell.stdout + cell.stderr + cell.traceback).strip()
 
 
+def _open_kernel(tool: Tool, cwd: str) -> _kernel_driver.Kernel:
+    # nbdistributed starts its workers as `python` from PATH: put the environment's bin
+    # first, as activating it would (without, its workers fail: ModuleNotFoundError zmq)
+    path = os.pathsep.join([os.path.dirname(tool.python), os.environ.get("PATH", "")])
+    env = dict(tool.env, **({"PATH": path} if tool.python else {}))
+    return _kernel_driver.Kernel(
+        cwd, python=tool.python or None, extra_env=env, module=tool.kernel_module
+    )
+
+
+def _start(kernel: _kernel_driver.Kernel, tool: Tool, result: Result) -> bool:
+    """Set up and start the ranks; whether every rank answers a cell (within 180 s)."""
+    setup = kernel.run(tool.setup + "\nimport torch", timeout=120) if tool.setup else None
+    if setup is not None and setup.error:
+        result.note = f"setup failed: {_shown(setup)[-300:]}"
+        return False
+    t0 = time.perf_counter()
+    started = kernel.run(tool.start, timeout=180)
+    result.start_cell_s = time.perf_counter() - t0
+    result.details["start output"] = _shown(started)[-400:]
+    if started.error or not started.finished:
+        result.note = f"start failed: {_shown(started)[-300:]}"
+        return False
+    # started = every rank answers a cell (a tool may return before its workers are ready)
+    while not _all_alive(first := kernel.run(tool.trivial, timeout=60)):
+        result.details.setdefault("cells before the ranks answered", []).append(
+            _shown(first)[-200:]
+        )
+        if time.perf_counter() - t0 > 180:
+            result.note = "the ranks did not answer within 180 s of the start cell"
+            return False
+    result.start_s = time.perf_counter() - t0
+    result.details["trivial output"] = _shown(first)[-400:]
+    return True
+
+
+def _trivial_cells(kernel: _kernel_driver.Kernel, tool: Tool, result: Result, runs: int) -> None:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        cell = kernel.run(tool.trivial, timeout=60)
+        times.append(time.perf_counter() - t0)
+        if cell.error or not _all_alive(cell):
+            result.note = f"trivial cell failed: {_shown(cell)[-300:]}"
+            break
+    if times:
+        result.trivial_median_s, result.trivial_runs = statistics.median(times), len(times)
+
+
+def _raise_on_one(kernel: _kernel_driver.Kernel, tool: Tool, result: Result) -> None:
+    kernel.run(tool.set_state, timeout=60)
+    raised = kernel.run(tool.raise_on_1, timeout=60)
+    shown = _shown(raised)
+    again = kernel.run(tool.read_state, timeout=30)
+    usable = all(f"x={10 * r}" in again.stdout for r in range(4))
+    if "boom-1" in shown and "Traceback" in shown or "line 2" in shown:
+        text = "traceback shown"
+    else:
+        text = "message only" if "boom-1" in shown else "error text not shown"
+    result.raise_behaviour = "; ".join(
+        [
+            "cell fails" if raised.error else "cell does NOT fail (no error in the notebook)",
+            "names rank 1" if _NAMES_RANK_1.search(shown) else "rank not named",
+            text,
+            "others usable" if usable else "ranks not usable afterwards",
+        ]
+    )
+    result.details["raise output"] = shown[-600:]
+
+
+def _interrupt(kernel: _kernel_driver.Kernel, tool: Tool, result: Result) -> None:
+    kernel.start(tool.sleep)
+    time.sleep(1.0)
+    t0 = time.perf_counter()
+    kernel.interrupt()
+    interrupted = kernel.collect(timeout=60)
+    result.interrupt_s = time.perf_counter() - t0 if interrupted.finished else None
+    result.details["interrupt output"] = _shown(interrupted)[-600:]
+    after = kernel.run(tool.read_state, timeout=30)
+    kept = all(f"x={10 * r}" in after.stdout for r in range(4))
+    result.interrupt_after = (
+        "cell stopped; ranks answer, state kept"
+        if kept
+        else "ranks do not answer afterwards"
+        if after.error or not after.finished
+        else "ranks answer, state lost"
+    )
+    if not interrupted.finished:
+        result.interrupt_after = "the kernel stayed busy for 60 s (not stopped)"
+    result.details["after interrupt output"] = _shown(after)[-400:]
+
+
+def _close_and_count(kernel: _kernel_driver.Kernel, result: Result) -> None:
+    """Shut the kernel down with the ranks running; count (then end) what it left behind."""
+    procs = kernel.descendants()
+    kernel.close()
+    alive = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.Error:
+            pass
+    result.leftover_processes = len(alive)
+    for p in alive:  # counted: now end them
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
 def measure(tool: Tool, trivial_runs: int = 20, cwd: str | None = None) -> Result:
     """Drive ``tool`` through a fresh kernel; every step has a timeout."""
     result = Result(tool.name)
-    cwd = cwd or tempfile.mkdtemp(prefix="course_lib_bench_ranks_")
     try:
-        # nbdistributed starts its workers as `python` from PATH: put the environment's bin
-        # first, as activating it would (without, its workers fail: ModuleNotFoundError zmq)
-        path = os.pathsep.join([os.path.dirname(tool.python), os.environ.get("PATH", "")])
-        env = dict(tool.env, **({"PATH": path} if tool.python else {}))
-        kernel = _kernel_driver.Kernel(
-            cwd, python=tool.python or None, extra_env=env, module=tool.kernel_module
-        )
+        kernel = _open_kernel(tool, cwd or tempfile.mkdtemp(prefix="course_lib_bench_ranks_"))
     except Exception as exc:  # the kernel itself does not start in that environment
         result.note = f"kernel did not start: {exc}"
         return result
     try:
-        setup = kernel.run(tool.setup + "\nimport torch", timeout=120) if tool.setup else None
-        if setup is not None and setup.error:
-            result.note = f"setup failed: {_shown(setup)[-300:]}"
+        if not _start(kernel, tool, result):
             return result
-        t0 = time.perf_counter()
-        started = kernel.run(tool.start, timeout=180)
-        result.start_cell_s = time.perf_counter() - t0
-        result.details["start output"] = _shown(started)[-400:]
-        if started.error or not started.finished:
-            result.note = f"start failed: {_shown(started)[-300:]}"
-            return result
-        # started = every rank answers a cell (a tool may return before its workers are ready)
-        while not _all_alive(first := kernel.run(tool.trivial, timeout=60)):
-            result.details.setdefault("cells before the ranks answered", []).append(
-                _shown(first)[-200:]
-            )
-            if time.perf_counter() - t0 > 180:
-                result.note = "the ranks did not answer within 180 s of the start cell"
-                return result
-        result.start_s = time.perf_counter() - t0
-        result.details["trivial output"] = _shown(first)[-400:]
-        times = []
-        for _ in range(trivial_runs):
-            t0 = time.perf_counter()
-            cell = kernel.run(tool.trivial, timeout=60)
-            times.append(time.perf_counter() - t0)
-            if cell.error or not _all_alive(cell):
-                result.note = f"trivial cell failed: {_shown(cell)[-300:]}"
-                break
-        if times:
-            result.trivial_median_s, result.trivial_runs = statistics.median(times), len(times)
-        kernel.run(tool.set_state, timeout=60)
-        raised = kernel.run(tool.raise_on_1, timeout=60)
-        shown = _shown(raised)
-        again = kernel.run(tool.read_state, timeout=30)
-        usable = all(f"x={10 * r}" in again.stdout for r in range(4))
-        result.raise_behaviour = "; ".join(
-            [
-                "cell fails" if raised.error else "cell does NOT fail (no error in the notebook)",
-                "names rank 1" if _NAMES_RANK_1.search(shown) else "rank not named",
-                "traceback shown"
-                if "boom-1" in shown and "Traceback" in shown or "line 2" in shown
-                else "message only"
-                if "boom-1" in shown
-                else "error text not shown",
-                "others usable" if usable else "ranks not usable afterwards",
-            ]
-        )
-        result.details["raise output"] = shown[-600:]
-        kernel.start(tool.sleep)
-        time.sleep(1.0)
-        t0 = time.perf_counter()
-        kernel.interrupt()
-        interrupted = kernel.collect(timeout=60)
-        result.interrupt_s = time.perf_counter() - t0 if interrupted.finished else None
-        result.details["interrupt output"] = _shown(interrupted)[-600:]
-        after = kernel.run(tool.read_state, timeout=30)
-        kept = all(f"x={10 * r}" in after.stdout for r in range(4))
-        result.interrupt_after = (
-            "cell stopped; ranks answer, state kept"
-            if kept
-            else "ranks do not answer afterwards"
-            if after.error or not after.finished
-            else "ranks answer, state lost"
-        )
-        if not interrupted.finished:
-            result.interrupt_after = "the kernel stayed busy for 60 s (not stopped)"
-        result.details["after interrupt output"] = _shown(after)[-400:]
+        _trivial_cells(kernel, tool, result, trivial_runs)
+        _raise_on_one(kernel, tool, result)
+        _interrupt(kernel, tool, result)
         if tool.start_again:
             kernel.run(tool.stop, timeout=60)
             t0 = time.perf_counter()
             again = kernel.run(tool.start, timeout=180)
             result.restart_s = time.perf_counter() - t0 if not again.error else None
-        # then the kernel is shut down with the ranks running: what is left behind?
     except queue.Empty as exc:
         result.note = f"no answer from the kernel: {exc!r}"
     finally:
-        procs = kernel.descendants()
-        kernel.close()
-        alive = []
-        for p in procs:
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except psutil.Error:
-                pass
-        result.leftover_processes = len(alive)
-        for p in alive:  # counted: now end them
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        _close_and_count(kernel, result)
     return result
 
 

@@ -34,10 +34,18 @@ from __future__ import annotations
 
 import atexit
 import shlex
-import sys
+from typing import TYPE_CHECKING, Any
 
+from course_lib.runtime import cells
 from course_lib.runtime._definitions import definitions
+from course_lib.runtime.cells import RanksError, RanksUsageError
 from course_lib.runtime.errors import LaunchError
+
+if TYPE_CHECKING:
+    from course_lib.runtime.rankset import RankSet
+    from course_lib.runtime.replies import RankReply
+
+__all__ = ["RanksError", "RanksUsageError", "current", "gather", "push"]
 
 _HELP = (
     "%ranks start N [--backend B] [--timeout S] [--threads T] | %ranks stop | "
@@ -48,9 +56,9 @@ _HELP = (
 class _Session:
     """The kernel's one set of ranks and what has been sent to it."""
 
-    def __init__(self):
-        self.rankset = None
-        self.options: dict = {}
+    def __init__(self) -> None:
+        self.rankset: RankSet | None = None
+        self.options: dict[str, Any] = {}
         self.defined: list[tuple[str, str, str]] = []  # (label, source, filename), in run order
         self.sent: dict[int, int] = {}  # rank -> how many of ``defined`` it has received
         self.cells = 0  # %%ranks cells run (names their tracebacks' file)
@@ -60,33 +68,6 @@ class _Session:
 
 
 _session = _Session()
-
-
-class RanksError(LaunchError):
-    """A ``%%ranks`` cell failed on some rank (or a rank died); shown without the kernel's frames.
-    A :class:`~course_lib.LaunchError`: ``.failures`` maps each failed rank to what happened."""
-
-    def _render_traceback_(self):  # IPython shows these lines instead of the magic's own stack
-        return [f"RanksError: {self.args[0]}"]
-
-
-class RanksUsageError(ValueError):
-    """Bad input to %ranks / %%ranks: the message says what to type instead."""
-
-    def _render_traceback_(self):
-        return [f"RanksUsageError: {self.args[0]}"]
-
-
-class _Interrupted(KeyboardInterrupt):
-    """The interrupt a %%ranks cell re-raises once every rank has stopped (shown in one line)."""
-
-    def _render_traceback_(self):
-        return [
-            f"KeyboardInterrupt: {self.args[0] if self.args else 'the cell was interrupted on every rank'}"
-        ]
-
-
-_Interrupted.__name__ = _Interrupted.__qualname__ = "KeyboardInterrupt"  # what the notebook names
 
 
 def _usage(message: str) -> RanksUsageError:
@@ -142,9 +123,9 @@ def _pending(ranks) -> dict[int, list]:
     return {r: _session.defined[_session.sent.get(r, 0) :] for r in ranks}
 
 
-def _mark_sent(replies: dict) -> None:
+def _mark_sent(replies: dict[int, RankReply]) -> None:
     for rank, reply in replies.items():
-        if reply["status"] in ("ok", "error"):  # the definitions ran (an interrupted cell resends)
+        if reply.status in ("ok", "error"):  # the definitions ran (an interrupted cell resends)
             _session.sent[rank] = len(_session.defined)
 
 
@@ -233,6 +214,36 @@ def _stop() -> None:
         rs.stop()
 
 
+def _restart() -> None:
+    if not _session.options:
+        raise _usage("%ranks restart: no set was started in this kernel; use %ranks start 4")
+    _stop()
+    o = _session.options
+    _start(
+        [
+            str(o["n"]),
+            "--backend",
+            o["backend"],
+            "--timeout",
+            str(o["timeout"]),
+            "--threads",
+            str(o["threads_per_rank"]),
+        ]
+    )
+
+
+def _set_timeout(args: list[str]) -> None:
+    rs = current()
+    try:
+        from course_lib import validate
+
+        rs.timeout = validate.number("timeout", float(args[0]), positive=True, maximum=86400.0)
+    except (IndexError, ValueError) as exc:
+        raise _usage(f"%ranks timeout needs seconds > 0, e.g. %ranks timeout 30 ({exc})") from None
+    _session.options["timeout"] = rs.timeout
+    print(f"cell timeout: {rs.timeout:g} s")
+
+
 def ranks_line(line: str) -> None:
     """%ranks start N | stop | restart | timeout S | status (see the module docstring)."""
     try:
@@ -249,33 +260,9 @@ def ranks_line(line: str) -> None:
         _stop()
         print("ranks stopped" if was else "no ranks were running")
     elif command == "restart":
-        if not _session.options:
-            raise _usage("%ranks restart: no set was started in this kernel; use %ranks start 4")
-        _stop()
-        o = _session.options
-        _start(
-            [
-                str(o["n"]),
-                "--backend",
-                o["backend"],
-                "--timeout",
-                str(o["timeout"]),
-                "--threads",
-                str(o["threads_per_rank"]),
-            ]
-        )
+        _restart()
     elif command == "timeout":
-        rs = current()
-        try:
-            from course_lib import validate
-
-            rs.timeout = validate.number("timeout", float(args[0]), positive=True, maximum=86400.0)
-        except (IndexError, ValueError) as exc:
-            raise _usage(
-                f"%ranks timeout needs seconds > 0, e.g. %ranks timeout 30 ({exc})"
-            ) from None
-        _session.options["timeout"] = rs.timeout
-        print(f"cell timeout: {rs.timeout:g} s")
+        _set_timeout(args)
     elif command == "status":
         rs = _session.rankset
         print(
@@ -312,95 +299,8 @@ def ranks_cell(line: str, cell: str) -> None:
     except RuntimeError as exc:  # a rank died between cells: the set was stopped
         raise RanksError(str(exc), {}) from None
     _mark_sent(replies)
-    _show(replies)
-    _raise_for(replies, rs)
-
-
-def _grace_s() -> float:
-    from course_lib.runtime.rankset import _GRACE_S
-
-    return _GRACE_S
-
-
-def _prefixed(rank: int, text: str) -> str:
-    return "".join(f"[rank {rank}] {line}\n" for line in text.splitlines())
-
-
-def _show(replies: dict) -> None:
-    out = "".join(
-        _prefixed(r, rep.get("stdout", ""))
-        + (
-            _prefixed(r, f"Out: {rep['value']}")
-            if rep["status"] == "ok" and rep.get("value") is not None
-            else ""
-        )
-        for r, rep in sorted(replies.items())
-    )
-    err = "".join(_prefixed(r, rep.get("stderr", "")) for r, rep in sorted(replies.items()))
-    notes = [
-        n for rep in replies.values() for n in rep.get("notes") or () if n not in _session.noted
-    ]
-    for note in dict.fromkeys(notes):
-        _session.noted.add(note)
-        err += f"[ranks] not defined in the ranks: {note}\n"
-    if out:
-        sys.stdout.write(out)
-        sys.stdout.flush()
-    if err:
-        sys.stderr.write(err)
-        sys.stderr.flush()
-
-
-def _raise_for(replies: dict, rs) -> None:
-    from course_lib.runtime.rankset import RankSet
-
-    bad = {r: rep for r, rep in replies.items() if rep["status"] != "ok"}
-    if not bad:
-        return
-    statuses = {rep["status"] for rep in bad.values()}
-    if statuses <= {"interrupted"} and rs.alive:
-        sys.stderr.write(
-            f"[ranks] interrupted: ranks {sorted(bad)} stopped their cell; every rank "
-            "keeps its state\n"
-        )
-        raise _Interrupted
-    if (
-        statuses <= {"interrupted", "killed"}
-        and not rs.alive
-        and all(rep.get("stop_reason") == "interrupted" for rep in bad.values())
-    ):
-        # the stop button while some ranks wait in C++ (a collective a stopped rank never joins)
-        stopped = sorted(r for r, rep in bad.items() if rep["status"] == "interrupted")
-        killed = sorted(r for r, rep in bad.items() if rep["status"] == "killed")
-        sys.stderr.write(
-            "[ranks] interrupted: "
-            + (f"ranks {stopped} stopped their cell; " if stopped else "")
-            + f"ranks {killed} did not stop within {_grace_s():g} s (stuck in C++, e.g. "
-            "waiting in a collective for a rank that is not in it) and were killed\n"
-        )
-        raise _Interrupted(
-            "the ranks were stopped (a process group cannot go on without one of "
-            "its ranks): %ranks restart starts a fresh set (state is lost)"
-        )
-    failed = {r: RankSet._failure_text(r, rep) for r, rep in bad.items()}
-    lines = [f"rank {r}: {failed[r].splitlines()[0]}" for r in sorted(failed)]
-    if rs.alive:
-        fine = sorted(set(replies) - set(bad))
-        tail = (
-            f"ranks {fine} finished the cell; " if fine else ""
-        ) + "every rank is still running, with its state"
-    else:
-        tail = (
-            f"the ranks were stopped ({rs.ended}): a process group cannot go on without one "
-            "of its ranks. %ranks restart starts a fresh set (state is lost)"
-        )
-    message = (
-        f"{len(bad)} of {len(replies)} ranks failed: "
-        + "; ".join(lines)
-        + f"\n{tail}\n"
-        + "".join(f"\n--- rank {r} {failed[r]}\n" for r in sorted(failed))
-    )
-    raise RanksError(message, failed)
+    cells.show(replies, _session.noted)
+    cells.raise_for(replies, rs)
 
 
 # ----------------------------------------------------------------------------- the extension

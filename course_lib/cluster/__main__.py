@@ -41,7 +41,7 @@ def _redirected_name() -> str:
     return os.path.basename(target) if target.endswith(".py") else "experiment.py"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m course_lib.cluster",
         description="Run the course's multi-rank experiments under "
@@ -70,26 +70,37 @@ def main(argv: list[str] | None = None) -> int:
     sl.add_argument("--gpus-per-node", type=int, required=True)
     sl.add_argument("--time", default="00:30:00")
     sl.add_argument("--partition", default=None)
+    return parser
+
+
+def _list() -> None:
+    for name, exp in experiments().items():
+        settings = ", ".join(f"{k}={v!r}" for k, v in exp.defaults.items())
+        print(f"{name:18s} {exp.title}  [{exp.lecture}]\n{'':18s} settings: {settings or '-'}")
+
+
+def _export(args: argparse.Namespace, extra: list[str]) -> None:
+    exp = get(args.experiment)
+    sys.stdout.write(
+        render(
+            exp,
+            script=args.script_name or _redirected_name(),
+            out=args.out,
+            world_size=args.world_size,
+            **_settings(exp, extra),
+        )
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args, extra = parser.parse_known_args(argv)
     try:
         if args.command == "list":
-            for name, exp in experiments().items():
-                settings = ", ".join(f"{k}={v!r}" for k, v in exp.defaults.items())
-                print(
-                    f"{name:18s} {exp.title}  [{exp.lecture}]\n{'':18s} settings: {settings or '-'}"
-                )
+            _list()
             return 0
         if args.command == "export":
-            exp = get(args.experiment)
-            sys.stdout.write(
-                render(
-                    exp,
-                    script=args.script_name or _redirected_name(),
-                    out=args.out,
-                    world_size=args.world_size,
-                    **_settings(exp, extra),
-                )
-            )
+            _export(args, extra)
             return 0
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from course_lib import validate
 
@@ -103,6 +104,36 @@ def run_agents(
     return done
 
 
+def _run_nodes(
+    script: pathlib.Path, nodes: int, nproc: int, args: Sequence[str], timeout: float
+) -> list[subprocess.CompletedProcess]:
+    """``nodes`` torchrun agents meeting through a c10d rendezvous on a free local port."""
+    port = free_port()
+    common = [
+        "--nnodes",
+        str(nodes),
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        f"local{port}",
+        "--max-restarts",
+        "0",
+    ]
+    return run_agents(
+        [
+            torchrun_command(*common, "--node-rank", str(n), script.name, *args)
+            for n in range(nodes)
+        ],
+        script.parent,
+        timeout=timeout,
+        first_listens_on=port,
+    )
+
+
 def torchrun_here(
     script: str | os.PathLike,
     *,
@@ -128,30 +159,7 @@ def torchrun_here(
             timeout=timeout,
         )
     else:
-        port = free_port()
-        common = [
-            "--nnodes",
-            str(nodes),
-            "--nproc-per-node",
-            str(nproc),
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            f"127.0.0.1:{port}",
-            "--rdzv-id",
-            f"local{port}",
-            "--max-restarts",
-            "0",
-        ]
-        results = run_agents(
-            [
-                torchrun_command(*common, "--node-rank", str(n), script.name, *args)
-                for n in range(nodes)
-            ],
-            script.parent,
-            timeout=timeout,
-            first_listens_on=port,
-        )
+        results = _run_nodes(script, nodes, nproc, args, timeout)
     if check:
         for node, res in enumerate(results):
             if res.returncode != 0:

@@ -46,18 +46,7 @@ def _encode(obj: Any) -> Any:
             }
         }
     if isinstance(obj, pd.DataFrame):
-        return {
-            "__dataframe__": {
-                "columns": [_encode(c) for c in obj.columns],
-                "dtypes": [str(d) for d in obj.dtypes],
-                "index": [_encode(i) for i in obj.index],
-                "index_name": _encode(obj.index.name),
-                "data": [
-                    [_encode(v) for v in row] for row in obj.itertuples(index=False, name=None)
-                ],
-                "attrs": _encode(dict(obj.attrs)),
-            }
-        }
+        return {"__dataframe__": _encode_frame(obj)}
     if isinstance(obj, tuple):
         return {"__tuple__": [_encode(v) for v in obj]}
     if isinstance(obj, list):
@@ -82,6 +71,17 @@ def _encode(obj: Any) -> Any:
         f"cannot store a {type(obj).__module__}.{type(obj).__qualname__} in a results "
         "file: return numbers, strings, lists, dicts, tensors or DataFrames"
     )
+
+
+def _encode_frame(df: Any) -> dict[str, Any]:
+    return {
+        "columns": [_encode(c) for c in df.columns],
+        "dtypes": [str(d) for d in df.dtypes],
+        "index": [_encode(i) for i in df.index],
+        "index_name": _encode(df.index.name),
+        "data": [[_encode(v) for v in row] for row in df.itertuples(index=False, name=None)],
+        "attrs": _encode(dict(df.attrs)),
+    }
 
 
 def _decode(obj: Any) -> Any:
@@ -195,36 +195,9 @@ def differences(a: Any, b: Any, *, ignore: tuple[str, ...] = (), where: str = "v
 
     out: list[str] = []
     if isinstance(a, pd.DataFrame) and isinstance(b, pd.DataFrame):
-        ca = [c for c in a.columns if c not in ignore]
-        cb = [c for c in b.columns if c not in ignore]
-        if ca != cb:
-            return [f"{where}: columns {ca} != {cb}"]
-        if list(a.index) != list(b.index):
-            return [f"{where}: index {list(a.index)[:8]}... != {list(b.index)[:8]}..."]
-        for c in ca:
-            if str(a[c].dtype) != str(b[c].dtype):
-                out.append(f"{where}[{c!r}]: dtype {a[c].dtype} != {b[c].dtype}")
-                continue
-            for i, (x, y) in enumerate(zip(a[c].tolist(), b[c].tolist())):
-                out += differences(x, y, ignore=ignore, where=f"{where}[{c!r}][row {i}]")
-        out += differences(dict(a.attrs), dict(b.attrs), ignore=ignore, where=f"{where}.attrs")
-        return out
+        return _frame_differences(a, b, ignore, where)
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if a.dtype != b.dtype or a.shape != b.shape:
-            return [f"{where}: tensor {a.dtype} {tuple(a.shape)} != {b.dtype} {tuple(b.shape)}"]
-        same = (
-            torch.equal(a, b) or bool(((a == b) | (a.isnan() & b.isnan())).all())
-            if a.is_floating_point()
-            else torch.equal(a, b)
-        )
-        return (
-            []
-            if same
-            else [
-                f"{where}: tensors differ (max |diff| "
-                f"{(a.double() - b.double()).abs().max().item():.3g})"
-            ]
-        )
+        return _tensor_differences(a, b, where)
     if isinstance(a, dict) and isinstance(b, dict):
         ka = [k for k in a if k not in ignore]
         kb = [k for k in b if k not in ignore]
@@ -239,7 +212,7 @@ def differences(a: Any, b: Any, *, ignore: tuple[str, ...] = (), where: str = "v
         for i, (x, y) in enumerate(zip(a, b)):
             out += differences(x, y, ignore=ignore, where=f"{where}[{i}]")
         return out
-    if dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b):
+    if _is_instance_of_dataclass(a) and _is_instance_of_dataclass(b):
         if type(a) is not type(b):
             return [f"{where}: {type(a).__name__} != {type(b).__name__}"]
         return differences(dataclasses.asdict(a), dataclasses.asdict(b), ignore=ignore, where=where)
@@ -254,3 +227,42 @@ def differences(a: Any, b: Any, *, ignore: tuple[str, ...] = (), where: str = "v
     ):
         return [f"{where}: {type(a).__name__} {a!r} != {type(b).__name__} {b!r}"]
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
+def _is_instance_of_dataclass(obj: Any) -> bool:
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+
+
+def _frame_differences(a: Any, b: Any, ignore: tuple[str, ...], where: str) -> list[str]:
+    ca = [c for c in a.columns if c not in ignore]
+    cb = [c for c in b.columns if c not in ignore]
+    if ca != cb:
+        return [f"{where}: columns {ca} != {cb}"]
+    if list(a.index) != list(b.index):
+        return [f"{where}: index {list(a.index)[:8]}... != {list(b.index)[:8]}..."]
+    out: list[str] = []
+    for c in ca:
+        if str(a[c].dtype) != str(b[c].dtype):
+            out.append(f"{where}[{c!r}]: dtype {a[c].dtype} != {b[c].dtype}")
+            continue
+        for i, (x, y) in enumerate(zip(a[c].tolist(), b[c].tolist())):
+            out += differences(x, y, ignore=ignore, where=f"{where}[{c!r}][row {i}]")
+    out += differences(dict(a.attrs), dict(b.attrs), ignore=ignore, where=f"{where}.attrs")
+    return out
+
+
+def _tensor_differences(a: Any, b: Any, where: str) -> list[str]:
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return [f"{where}: tensor {a.dtype} {tuple(a.shape)} != {b.dtype} {tuple(b.shape)}"]
+    same = (
+        torch.equal(a, b) or bool(((a == b) | (a.isnan() & b.isnan())).all())
+        if a.is_floating_point()
+        else torch.equal(a, b)
+    )
+    if same:
+        return []
+    return [
+        f"{where}: tensors differ (max |diff| {(a.double() - b.double()).abs().max().item():.3g})"
+    ]

@@ -12,6 +12,7 @@ import os
 import pathlib
 import shlex
 import textwrap
+from typing import Any
 
 from course_lib import validate
 from course_lib.cluster.experiment import Experiment, get
@@ -135,6 +136,28 @@ if __name__ == "__main__":
 '''
 
 
+def _shown_world_size(exp: Experiment, world_size: int | None, chosen: dict[str, Any]) -> int:
+    """The world size the instructions show: the given one, or a valid one."""
+    shown = world_size
+    for candidate in (4, 2, exp.minimum):
+        if shown is not None:
+            break
+        try:
+            shown = exp.resolve_world_size(candidate, chosen)
+        except ValueError:
+            continue
+    return shown or exp.minimum
+
+
+def _setting_example(script: str, chosen: dict[str, Any]) -> str:
+    example_key = next(iter(chosen), None)
+    if example_key is None:
+        return "(this experiment has no settings)"
+    v = chosen[example_key]
+    v = ",".join(map(str, v)) if isinstance(v, tuple) else v
+    return f"python {script} --{example_key.replace('_', '-')} {v}"
+
+
 def render(
     experiment: str | Experiment,
     *,
@@ -149,24 +172,10 @@ def render(
     fixed = exp.world_size(chosen) if exp.world_size else None
     if world_size is not None or fixed is not None:
         world_size = exp.resolve_world_size(world_size, chosen)  # refused here, before any rank
-    shown = world_size  # the world size the instructions show: the given one, or a valid one
-    for candidate in (4, 2, exp.minimum):
-        if shown is not None:
-            break
-        try:
-            shown = exp.resolve_world_size(candidate, chosen)
-        except ValueError:
-            continue
-    shown = shown or exp.minimum
+    shown = _shown_world_size(exp, world_size, chosen)
     out = out or f"{pathlib.Path(script).stem}_results.json"
     per_node = max(1, shown // 2)
-    example_key = next(iter(chosen), None)
-    if example_key is None:
-        setting_example = "(this experiment has no settings)"
-    else:
-        v = chosen[example_key]
-        v = ",".join(map(str, v)) if isinstance(v, tuple) else v
-        setting_example = f"python {script} --{example_key.replace('_', '-')} {v}"
+    setting_example = _setting_example(script, chosen)
     function = f"{exp.run.__module__}.{exp.run.__qualname__}"
     doc = " ".join((exp.run.__doc__ or "").split())
     summary = textwrap.fill(

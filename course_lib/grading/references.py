@@ -82,9 +82,11 @@ def reference_codes(references: Iterable[str]) -> dict[types.CodeType, str]:
     for spec in references:
         obj = _resolve(spec)
         short = spec.split(":")[1]
-        # only code written in the reference's own module: a decorator's wrapper (functools,
-        # dataclasses' __repr__, torch.optim's no-grad wrapper) is shared with everyone else
-        home = os.path.realpath(importlib.import_module(spec.split(":")[0]).__file__ or "")
+        # only code written in the reference's own module (where it is defined, which may not
+        # be the module that re-exports it): a decorator's wrapper (functools, dataclasses'
+        # __repr__, torch.optim's no-grad wrapper) is shared with everyone else
+        module = getattr(obj, "__module__", None) or spec.split(":")[0]
+        home = os.path.realpath(importlib.import_module(module).__file__ or "")
         found = [code for code in _codes_of(obj) if os.path.realpath(code.co_filename) == home]
         if not found:
             raise ValueError(

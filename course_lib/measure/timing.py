@@ -38,19 +38,10 @@ __all__ = [
     "TimingResult",
     "time_fn",
     "time_collective",
-    "cuda_sync",
     "EventLog",
     "merge_event_logs",
     "CLOCKS",
 ]
-
-
-def cuda_sync() -> None:
-    """Wait for queued CUDA work if CUDA is in use in this process (no-op otherwise)."""
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
 
 
 def _quantile(sorted_times: list[float], q: float) -> float:
@@ -118,8 +109,11 @@ def time_fn(
     for name, value, low in (("warmup", warmup, 0), ("repeat", repeat, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    sync_fn: Callable[[], None] | None
     if sync is None or sync is True:
-        sync_fn = cuda_sync
+        from course_lib.runtime.device import sync as device_sync
+
+        sync_fn = device_sync
     elif sync is False:
         sync_fn = None
     elif callable(sync):
@@ -216,14 +210,16 @@ class EventLog:
     def span(self, name: str, **meta: Any) -> Iterator[None]:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
+        from course_lib.runtime.device import sync as device_sync
+
         if self.sync:
-            cuda_sync()
+            device_sync()
         start = self.now_ns()
         try:
             yield
         finally:
             if self.sync:
-                cuda_sync()
+                device_sync()
             self.add(name, start, self.now_ns(), **meta)
 
     def add(self, name: str, start_ns: int, end_ns: int, **meta: Any) -> None:

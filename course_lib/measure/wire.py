@@ -37,10 +37,14 @@ ends. Introduced in notebooks/08_collectives.ipynb.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from course_lib.measure._comm_records import CommRecord
 
 __all__ = ["GLOO_SOURCE", "read_wchar", "wire_source", "WireWindows"]
 
@@ -102,12 +106,13 @@ def _number(x) -> int | float:
 class WireWindows:
     """The measurement windows of one CommMeter block (module docstring, "Windows").
 
-    ``records`` is the meter's list of record dicts: closing a window fills ``wire_sent``,
-    ``residual`` and ``wire_window`` of the records in it. ``windows``: closed windows, plain
+    ``records`` is the meter's list of :class:`~course_lib.measure.comm.CommRecord`: closing a
+    window replaces the records in it by copies with ``wire_sent``, ``residual`` and
+    ``wire_window`` filled in. ``windows``: closed windows, plain
     dicts ``{"records", "ops", "wire_sent", "model_sent", "residual"}``.
     """
 
-    def __init__(self, records: list[dict], source: str):
+    def __init__(self, records: list[CommRecord], source: str):
         self.records = records
         self.source = source
         self.available = source == GLOO_SOURCE
@@ -138,7 +143,7 @@ class WireWindows:
                     tracker._close(_read())
 
         wait.__doc__ = getattr(original, "__doc__", None)
-        work.wait = wait
+        setattr(work, "wait", wait)  # noqa: B010 - patched for the block (mypy: a method)
 
     def stop(self) -> None:
         """Close an open window (a Work never waited on), restore Work.wait, total the block."""
@@ -147,6 +152,7 @@ class WireWindows:
         end = _read()
         if self._open is not None:
             self._close(end)
+        assert self._block_start is not None  # set by start()
         self.block_bytes = end - self._block_start
         self.restore()
 
@@ -155,7 +161,7 @@ class WireWindows:
             had, value = self._saved_wait
             work = dist.distributed_c10d.Work
             if had:
-                work.wait = value
+                setattr(work, "wait", value)  # noqa: B010 - restored (mypy: a method)
             else:
                 delattr(work, "wait")
             self._saved_wait = None
@@ -190,26 +196,28 @@ class WireWindows:
 
     def _close(self, end: int) -> None:
         window, self._open = self._open, None
+        assert window is not None  # only called with a window open
         indices = window["records"]
         if not indices:  # the call raised before it was recorded: nothing to attribute
             return
         wire = end - window["start"]
-        model = _number(sum(Fraction(self.records[i]["model_sent"]) for i in indices))
+        model = _number(sum(Fraction(self.records[i].model_sent) for i in indices))
         number = len(self.windows)
         self.windows.append(
             {
                 "records": list(indices),
-                "ops": [self.records[i]["op"] for i in indices],
+                "ops": [self.records[i].op for i in indices],
                 "wire_sent": wire,
                 "model_sent": model,
                 "residual": _number(wire - Fraction(model)),
             }
         )
         for i in indices:
-            self.records[i]["wire_window"] = number
+            self.records[i] = replace(self.records[i], wire_window=number)
         if len(indices) == 1:
-            self.records[indices[0]]["wire_sent"] = wire
-            self.records[indices[0]]["residual"] = self.windows[-1]["residual"]
+            only = self.records[indices[0]]
+            residual = self.windows[-1]["residual"]
+            self.records[indices[0]] = replace(only, wire_sent=wire, residual=residual)
 
 
 def _read() -> int:

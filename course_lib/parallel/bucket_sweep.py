@@ -12,12 +12,14 @@ import contextlib
 import statistics
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import pandas as pd
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from course_lib import validate
 from course_lib.measure.timeline import StepRecorder
@@ -59,7 +61,7 @@ class BucketSweep:
 
 
 def torch_ddp_buckets(
-    model: torch.nn.Module, bucket_cap_mb: float, example_input, *, steps: int = 4
+    model: nn.Module, bucket_cap_mb: float, example_input: torch.Tensor, *, steps: int = 4
 ) -> list[list[str]]:
     """Parameter names per bucket of torch's DistributedDataParallel for ``model`` (inside a
     rank), in the order DDP launches them. DDP starts with one bucket and rebuilds its buckets
@@ -73,7 +75,8 @@ def torch_ddp_buckets(
     for _ in range(steps):
         ddp(example_input).sum().backward()
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    text = ddp._get_ddp_logging_data()["rebuilt_per_bucket_param_indices"]  # e.g. "5 4 3, 2 1 0"
+    data = ddp._get_ddp_logging_data()  # type: ignore[no-untyped-call]  # private, untyped
+    text = data["rebuilt_per_bucket_param_indices"]  # e.g. "5 4 3, 2 1 0"
     return [[names[int(i)] for i in part.split()] for part in text.split(",")]
 
 
@@ -84,7 +87,23 @@ def _mlp(width: int, depth: int) -> torch.nn.Module:
     return MLP(MLPConfig(in_features=width, hidden=(width,) * (depth - 1), out_features=width))
 
 
-def _wrap(implementation: str, model, cap: float, rec: StepRecorder):
+Implementation = Literal["torch", "course"]
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every rank of a sweep runs: the model's size, the batch, the steps timed."""
+
+    width: int
+    depth: int
+    batch: int
+    warmup: int
+    steps: int
+
+
+def _wrap(
+    implementation: Implementation, model: nn.Module, cap: float, rec: StepRecorder
+) -> tuple[Any, Callable[[], tuple[int, ...]]]:
     """(wrapped model, function returning the bucket sizes the wrapper reports)."""
     if implementation == "course":
         from course_lib.parallel.ddp import DataParallel
@@ -94,106 +113,136 @@ def _wrap(implementation: str, model, cap: float, rec: StepRecorder):
         return ddp, lambda: tuple(sum(sizes[n] for n in names) for names in ddp.buckets)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    ddp = DDP(model, bucket_cap_mb=cap)
-    ddp.register_comm_hook(None, rec.comm_hook)
+    torch_ddp = DDP(model, bucket_cap_mb=cap)
+    torch_ddp.register_comm_hook(None, rec.comm_hook)
 
-    def logged():
-        data = ddp._get_ddp_logging_data()  # private but stable since 1.9 (DDP's logger)
+    def logged() -> tuple[int, ...]:
+        data = torch_ddp._get_ddp_logging_data()  # type: ignore[no-untyped-call]  # private, stable since 1.9
         sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
         return tuple(int(s) for s in str(sizes).split(",") if s.strip())
 
-    return ddp, logged
+    return torch_ddp, logged
+
+
+def _timed(device: torch.device, fn: Callable[[], object]) -> float:
+    """Seconds ``fn()`` takes on every rank, started together (barrier) and synchronized."""
+    dist.barrier()
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def _local_times(
+    model: nn.Module, ddp: Any, x: torch.Tensor, impl: Implementation, setup: _Setup
+) -> list[float]:
+    """The same step without DDP (no communication), for the overhead DDP adds; our
+    DataParallel hooks the parameters themselves, so it is told to stay quiet."""
+
+    def step() -> None:
+        with ddp.no_sync() if impl == "course" else contextlib.nullcontext():
+            model(x).square().mean().backward()
+
+    times = []
+    for i in range(setup.warmup + setup.steps):
+        model.zero_grad(set_to_none=True)
+        t = _timed(x.device, step)
+        if i >= setup.warmup:
+            times.append(t)
+    return times
+
+
+def _ddp_times(
+    model: nn.Module, ddp: Any, rec: StepRecorder, x: torch.Tensor, setup: _Setup
+) -> tuple[list[float], list[float]]:
+    """(step times, backward times) of the DDP step; the recorder keeps the last timeline."""
+    step_times, bwd_times = [], []
+    marks: list[float] = []  # when each step's backward started
+
+    def step() -> None:
+        loss = ddp(x).square().mean()
+        marks.append(time.perf_counter())
+        loss.backward()  # returns after DDP waited for every bucket's future
+
+    for i in range(setup.warmup + setup.steps):
+        model.zero_grad(set_to_none=True)
+        rec.new_step()  # keeps only the last step's timeline
+        t = _timed(x.device, step)
+        if i >= setup.warmup:
+            step_times.append(t)
+            bwd_times.append(time.perf_counter() - marks[-1])
+    return step_times, bwd_times
+
+
+def _grad_error(model: nn.Module, world_size: int, setup: _Setup) -> float:
+    """Parity: our timed hook must leave the gradient DDP's default hook leaves, the mean over
+    ranks of each rank's gradient; recomputed here on one process from every rank's x."""
+    device = next(model.parameters()).device
+    ref = _mlp(setup.width, setup.depth).to(device)
+    ref.load_state_dict(model.state_dict())
+    for r in range(world_size):
+        torch.manual_seed(1 + r)
+        x_r = torch.randn(setup.batch, setup.width, device=device)  # (B, width): rank r's batch
+        (ref(x_r).square().mean() / world_size).backward()
+    return max(
+        float((p.grad - q.grad).abs().max())
+        for p, q in zip(model.parameters(), ref.parameters())
+        if p.grad is not None and q.grad is not None
+    )
+
+
+def _measure_cap(
+    rank: int, world_size: int, impl: Implementation, cap: float, setup: _Setup
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One cap on a fresh model: (the summary row, this rank's timeline of the last step)."""
+    from course_lib.runtime.device import rank_device
+
+    device = rank_device()
+    torch.manual_seed(0)
+    model = _mlp(setup.width, setup.depth).to(device)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    rec = StepRecorder(rank, world_size, model.layers)
+    ddp, logged_sizes = _wrap(impl, model, cap, rec)
+    torch.manual_seed(1 + rank)  # each rank its own data, as in data parallelism
+    x = torch.randn(setup.batch, setup.width, device=device)  # (B, width)
+    local = _local_times(model, ddp, x, impl, setup)
+    step_times, bwd_times = _ddp_times(model, ddp, rec, x, setup)
+    t = torch.tensor([step_times, local], dtype=torch.float64, device=device)  # (2, steps)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's
+    t_ddp, t_local = t.cpu().tolist()
+    row = {
+        "implementation": impl,
+        "bucket_cap_mb": cap,
+        "n_buckets": len(rec.calls),
+        "bucket_bytes": tuple(rec.calls),
+        "logged_bucket_bytes": logged_sizes(),
+        "grad_bytes": grad_bytes,
+        "step_time_s": statistics.median(t_ddp),
+        "local_step_time_s": statistics.median(t_local),
+        "backward_time_s": statistics.median(bwd_times),
+        "grad_max_abs_err": _grad_error(model, world_size, setup),
+    }
+    return row, rec.log.to_records()
 
 
 def _bucket_worker(
     rank: int,
     world_size: int,
     caps_mb: list[float],
-    width: int,
-    depth: int,
-    batch: int,
-    warmup: int,
-    steps: int,
-    implementations: tuple[str, ...] = ("torch",),
-) -> dict:
+    setup: _Setup,
+    implementations: tuple[Implementation, ...] = ("torch",),
+) -> dict[str, Any]:
     """Build a fresh DDP model per cap; count buckets with a comm hook; log a timeline."""
-    from course_lib.runtime.device import rank_device
-
-    device = rank_device()
     # The module pre-hook of layer 0 fires although its input x needs no gradient, which is what
     # we want (its output gradient has arrived); torch warns about that case, harmlessly here.
     warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
-    out = {"summary": [], "events": {}}
-    for implementation, cap in [(i, c) for i in implementations for c in caps_mb]:
-        torch.manual_seed(0)
-        model = _mlp(width, depth).to(device)
-        grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        rec = StepRecorder(rank, world_size, model.layers)
-        ddp, logged_sizes = _wrap(implementation, model, cap, rec)
-
-        torch.manual_seed(1 + rank)  # each rank its own data, as in data parallelism
-        x = torch.randn(batch, width, device=device)  # (B, width)
-        # the same step without DDP (no communication), for the overhead DDP adds; our
-        # DataParallel hooks the parameters themselves, so it is told to stay quiet
-        local = []
-        for step in range(warmup + steps):
-            model.zero_grad(set_to_none=True)
-            dist.barrier()
-            sync(device)
-            t0 = time.perf_counter()
-            with ddp.no_sync() if implementation == "course" else contextlib.nullcontext():
-                model(x).square().mean().backward()
-            sync(device)
-            if step >= warmup:
-                local.append(time.perf_counter() - t0)
-        step_times, bwd_times = [], []
-        for step in range(warmup + steps):
-            model.zero_grad(set_to_none=True)
-            rec.new_step()  # keeps only the last step's timeline
-            dist.barrier()
-            sync(device)
-            t0 = time.perf_counter()
-            loss = ddp(x).square().mean()
-            t_bwd = time.perf_counter()
-            loss.backward()  # returns after DDP waited for every bucket's future
-            sync(device)
-            t1 = time.perf_counter()
-            if step >= warmup:
-                step_times.append(t1 - t0)
-                bwd_times.append(t1 - t_bwd)
-        t = torch.tensor([step_times, local], dtype=torch.float64, device=device)  # (2, steps)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        t_ddp, t_local = t.cpu().tolist()
-        # parity: our timed hook must leave the gradient DDP's default hook leaves, the mean
-        # over ranks of each rank's gradient; recomputed here on one process from every x
-        ref = _mlp(width, depth).to(device)
-        ref.load_state_dict(model.state_dict())
-        for r in range(world_size):
-            torch.manual_seed(1 + r)
-            x_r = torch.randn(batch, width, device=device)  # (B, width): rank r's batch
-            (ref(x_r).square().mean() / world_size).backward()
-        grad_err = max(
-            float((p.grad - q.grad).abs().max())
-            for p, q in zip(model.parameters(), ref.parameters())
-        )
-        out["summary"].append(
-            {
-                "implementation": implementation,
-                "bucket_cap_mb": cap,
-                "n_buckets": len(rec.calls),
-                "bucket_bytes": tuple(rec.calls),
-                "logged_bucket_bytes": logged_sizes(),
-                "grad_bytes": grad_bytes,
-                "step_time_s": statistics.median(t_ddp),
-                "local_step_time_s": statistics.median(t_local),
-                "backward_time_s": statistics.median(bwd_times),
-                "grad_max_abs_err": grad_err,
-            }
-        )
-        out["events"][implementation, cap] = rec.log.to_records()
+    summary, events = [], {}
+    for impl, cap in [(i, c) for i in implementations for c in caps_mb]:
+        row, events[impl, cap] = _measure_cap(rank, world_size, impl, cap, setup)
+        summary.append(row)
         dist.barrier()
-        del ddp
-    return out
+    return {"summary": summary, "events": events}
 
 
 def ddp_bucket_sweep(
@@ -205,8 +254,8 @@ def ddp_bucket_sweep(
     batch: int = 64,
     warmup: int = 2,
     steps: int = 4,
-    implementations: Sequence[str] = ("torch",),
-    backend: str = "auto",
+    implementations: Sequence[Implementation] | Implementation = ("torch",),
+    backend: Literal["auto", "gloo", "nccl"] = "auto",
     timeout: float = 120.0,
 ) -> BucketSweep:
     """DDP over ``world_size`` ranks with ``bucket_cap_mb`` swept, for each of
@@ -224,36 +273,18 @@ def ddp_bucket_sweep(
 
     caps = [validate.number("bucket_caps_mb[i]", c, positive=True) for c in bucket_caps_mb]
     if not caps:
-        raise ValueError("bucket_caps_mb must not be empty, e.g. (1, 2, 4, 25)")
-    for name, v in (
-        ("world_size", world_size),
-        ("width", width),
-        ("depth", depth),
-        ("batch", batch),
-        ("steps", steps),
-    ):
+        raise ValueError("bucket_caps_mb = (): expected at least one cap, e.g. (1, 2, 4, 25)")
+    validate.count("world_size", world_size, minimum=2)  # DDP needs peers to reduce with
+    for name, v in (("width", width), ("depth", depth), ("batch", batch), ("steps", steps)):
         validate.count(name, v, minimum=1)
-    if world_size < 2:
-        raise ValueError(f"world_size={world_size} must be >= 2 (DDP needs peers to reduce with)")
     validate.count("warmup", warmup, minimum=0)
     if isinstance(implementations, str):
         implementations = (implementations,)
     impls = tuple(validate.choices("implementations", implementations, IMPLEMENTATIONS))
     # One launch for every cap: constructing the first DDP in a process imports torch._dynamo
     # (seconds on a small machine), a cost a launch per cap would pay again and again.
-    res = launch(
-        _bucket_worker,
-        world_size,
-        caps,
-        width,
-        depth,
-        batch,
-        warmup,
-        steps,
-        impls,
-        backend=backend,
-        timeout=timeout,
-    )
+    setup = _Setup(width, depth, batch, warmup, steps)
+    res = launch(_bucket_worker, world_size, caps, setup, impls, backend=backend, timeout=timeout)
     frames = []
     for impl, cap in [(i, c) for i in impls for c in caps]:  # one clock origin per run: the
         ev = merge_event_logs([r["events"][impl, cap] for r in res])  # step's first event

@@ -34,43 +34,46 @@ the bucket (``gradient_as_bucket_view``), several dtypes or devices in one model
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from course_lib import validate
+from course_lib.parallel.groups import Group, GroupInfo, group_info
 
 __all__ = ["DataParallel", "allreduce_gradients", "broadcast_parameters", "assign_buckets"]
 
 MiB = 1024 * 1024  # bucket_cap_mb is in MiB, as in torch's DDP (its _MB_TO_BYTES)
 
 
-def _group_facts(group) -> tuple[int, int]:
-    """(world size, global rank of the group's rank 0); refuses to run outside a process group."""
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(
-            "data parallelism needs a process group: run this inside "
-            "course_lib.launch(fn, world_size) (or torchrun)"
-        )
-    return dist.get_world_size(group), dist.get_global_rank(group or dist.group.WORLD, 0)
+class BucketTracker(Protocol):
+    """What ``DataParallel(recorder=...)`` is told of each bucket's all-reduce at its launch
+    (``measure.timeline.StepRecorder`` is one)."""
+
+    def track(self, index: int, nbytes: int, future: torch.futures.Future[Any]) -> None: ...
+
+
+def _dp_group(group: Group) -> GroupInfo:
+    return group_info(group, needs="data parallelism")
 
 
 @torch.no_grad()
-def broadcast_parameters(module: nn.Module, group=None) -> None:
+def broadcast_parameters(module: nn.Module, group: Group = None) -> None:
     """Copy rank 0's parameters and buffers to every rank of ``group`` (one broadcast each),
     so all replicas start from the same model."""
-    _, src = _group_facts(group)
+    root = _dp_group(group).root  # broadcast names its source by global rank
     for t in [*module.parameters(), *module.buffers()]:
-        dist.broadcast(t.data, src=src, group=group)
+        dist.broadcast(t.data, src=root, group=group)
 
 
-def allreduce_gradients(module: nn.Module, group=None) -> int:
+def allreduce_gradients(module: nn.Module, group: Group = None) -> int:
     """The naive version: after backward, average every gradient over ``group``, one blocking
     all-reduce per parameter. Returns the number of all-reduce calls it made."""
-    world_size, _ = _group_facts(group)
+    world_size = _dp_group(group).world_size
     calls = 0
     for p in module.parameters():
         if p.grad is not None:
@@ -80,14 +83,18 @@ def allreduce_gradients(module: nn.Module, group=None) -> int:
     return calls
 
 
-def assign_buckets(named_params: list[tuple[str, torch.Tensor]], cap_bytes: int) -> list[list[str]]:
+def assign_buckets(
+    named_params: Sequence[tuple[str, torch.Tensor]], cap_bytes: int
+) -> list[list[str]]:
     """Parameter names per bucket. Parameters are taken in reverse registration order (the
     order backward produces their gradients); a parameter joins the open bucket, and the bucket
     closes once it holds ``cap_bytes`` or more (torch's ``_compute_bucket_assignment_by_size``
     rule: a bucket may exceed the cap by its last parameter, and a parameter larger than the
     cap gets a bucket of its own)."""
     cap_bytes = validate.count("cap_bytes", cap_bytes, minimum=1)
-    buckets, current, size = [], [], 0
+    buckets: list[list[str]] = []
+    current: list[str] = []
+    size = 0
     for name, p in reversed(named_params):
         current.append(name)
         size += p.numel() * p.element_size()
@@ -105,7 +112,7 @@ class _Bucket:
     params: list[nn.Parameter]
     arrived: int = 0  # gradients accumulated this backward
     flat: torch.Tensor | None = None  # (sum of numels,) the averaged gradients, once launched
-    work: object = None  # the async all-reduce's handle
+    work: dist.Work | None = None  # the async all-reduce's handle
     numels: list[int] = field(default_factory=list)
 
 
@@ -125,7 +132,12 @@ class DataParallel(nn.Module):
     """
 
     def __init__(
-        self, module: nn.Module, *, group=None, bucket_cap_mb: float = 25.0, recorder=None
+        self,
+        module: nn.Module,
+        *,
+        group: Group = None,
+        bucket_cap_mb: float = 25.0,
+        recorder: BucketTracker | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(module, nn.Module):
@@ -147,7 +159,7 @@ class DataParallel(nn.Module):
                 "object with a track(index, nbytes, future) method"
             )
         self.module, self.group, self.recorder = module, group, recorder
-        self.world_size, _ = _group_facts(group)
+        self.world_size = _dp_group(group).world_size
         broadcast_parameters(module, group)  # every replica starts from rank 0's model
 
         self.buckets: list[list[str]] = assign_buckets(named, cap_bytes)
@@ -157,13 +169,13 @@ class DataParallel(nn.Module):
         ]
         for b in self._buckets:
             b.numels = [p.numel() for p in b.params]
-            for p in b.params:
-                p.register_post_accumulate_grad_hook(self._make_hook(b))
+            for p in b.params:  # torch's stub leaves this method untyped
+                p.register_post_accumulate_grad_hook(self._make_hook(b))  # type: ignore[no-untyped-call]
         self.require_sync = True  # False inside no_sync()
         self._next = 0  # the next bucket to launch: buckets go out in order on every rank
         self._in_backward = False
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
 
     @contextlib.contextmanager
@@ -176,7 +188,7 @@ class DataParallel(nn.Module):
             self.require_sync = previous
 
     # ---- during backward --------------------------------------------------------------------
-    def _make_hook(self, bucket: _Bucket):
+    def _make_hook(self, bucket: _Bucket) -> Callable[[torch.Tensor], None]:
         def hook(param: torch.Tensor) -> None:  # runs once p.grad holds this backward's sum
             if not self.require_sync:
                 return
@@ -193,13 +205,12 @@ class DataParallel(nn.Module):
             self._buckets[self._next].params
         ):
             b = self._buckets[self._next]
-            b.flat = torch.cat([p.grad.reshape(-1) for p in b.params])  # (sum of numels,)
-            b.flat.div_(self.world_size)  # all-reduce sums; sum of g / N is the mean
-            b.work = dist.all_reduce(b.flat, group=self.group, async_op=True)  # backward goes on
-            if self.recorder is not None:
-                self.recorder.track(
-                    b.index, b.flat.numel() * b.flat.element_size(), b.work.get_future()
-                )
+            flat = torch.cat([_grad(p).reshape(-1) for p in b.params])  # (sum of numels,)
+            b.flat = flat.div_(self.world_size)  # all-reduce sums; sum of g / N is the mean
+            b.work = dist.all_reduce(flat, group=self.group, async_op=True)  # backward goes on
+            if self.recorder is not None and b.work is not None:
+                nbytes = flat.numel() * flat.element_size()
+                self.recorder.track(b.index, nbytes, b.work.get_future())
             self._next += 1
 
     def _finish(self) -> None:
@@ -219,10 +230,17 @@ class DataParallel(nn.Module):
                     "find_unused_parameters=True for models that skip some)"
                 )
             for b in self._buckets:
+                assert b.work is not None and b.flat is not None  # every bucket was launched
                 b.work.wait()
-                for p, g in zip(b.params, b.flat.split(b.numels)):
-                    p.grad.copy_(g.view_as(p))
+                for p, g in zip(b.params, torch.split(b.flat, b.numels)):
+                    _grad(p).copy_(g.view_as(p))
         finally:
             for b in self._buckets:
                 b.arrived, b.flat, b.work = 0, None, None
             self._next, self._in_backward = 0, False
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """``p.grad``, which a bucket's hooks only read once backward has produced it."""
+    assert p.grad is not None
+    return p.grad

@@ -47,16 +47,21 @@ every rank must build the same Mesh, in the same order). ``mesh["tp"]`` is the 1
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch.distributed as dist
 
 from course_lib import validate
+from course_lib.parallel.groups import group_info
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 __all__ = ["DIMS", "Coord", "Mesh", "check_sizes", "layout", "rank_groups", "format_layout"]
 
 #: mesh dimensions, outermost first (the order of the grid and of :class:`Coord`)
 DIMS = ("pp", "dp", "tp")
+Dim = Literal["pp", "dp", "tp"]
 
 
 class Coord(NamedTuple):
@@ -67,7 +72,9 @@ class Coord(NamedTuple):
     tp: int
 
 
-def check_sizes(*, dp=1, tp=1, pp=1, world_size=None) -> dict[str, int]:
+def check_sizes(
+    *, dp: int = 1, tp: int = 1, pp: int = 1, world_size: int | None = None
+) -> dict[str, int]:
     """The sizes as ``{"pp": .., "dp": .., "tp": ..}`` (outermost first), checked.
 
     Each size must be an int >= 1; when ``world_size`` is given it must equal their product.
@@ -92,7 +99,7 @@ def check_sizes(*, dp=1, tp=1, pp=1, world_size=None) -> dict[str, int]:
     return sizes
 
 
-def layout(*, dp=1, tp=1, pp=1) -> list[Coord]:
+def layout(*, dp: int = 1, tp: int = 1, pp: int = 1) -> list[Coord]:
     """The coordinates of every rank: ``layout(...)[rank]`` is the :class:`Coord` of ``rank``."""
     s = check_sizes(dp=dp, tp=tp, pp=pp)
     return [
@@ -101,7 +108,7 @@ def layout(*, dp=1, tp=1, pp=1) -> list[Coord]:
     ]
 
 
-def rank_groups(dim: str, *, dp=1, tp=1, pp=1) -> list[list[int]]:
+def rank_groups(dim: Dim, *, dp: int = 1, tp: int = 1, pp: int = 1) -> list[list[int]]:
     """Every group along ``dim``: the lists of global ranks that differ only in their ``dim``
     coordinate, each ordered by that coordinate; groups ordered by their lowest rank.
 
@@ -109,14 +116,14 @@ def rank_groups(dim: str, *, dp=1, tp=1, pp=1) -> list[list[int]]:
     ``rank_groups("dp", dp=2, tp=2) == [[0, 2], [1, 3]]``.
     """
     dim = validate.choice("dim", dim, DIMS)
-    groups: dict[tuple, list[int]] = {}
+    groups: dict[tuple[int, ...], list[int]] = {}
     for rank, coord in enumerate(layout(dp=dp, tp=tp, pp=pp)):
         others = tuple(v for d, v in coord._asdict().items() if d != dim)
         groups.setdefault(others, []).append(rank)  # ranks ascend, so each list is by `dim`
     return sorted(groups.values())
 
 
-def format_layout(*, dp=1, tp=1, pp=1) -> str:
+def format_layout(*, dp: int = 1, tp: int = 1, pp: int = 1) -> str:
     """The grid as text: one line per (pp, dp) pair, one column per tp index (see the module
     docstring)."""
     table = layout(dp=dp, tp=tp, pp=pp)
@@ -157,7 +164,15 @@ class Mesh:
         RuntimeError: no default process group (build the Mesh inside a rank).
     """
 
-    def __init__(self, *, dp=1, tp=1, pp=1, world_size=None, device_type: str | None = None):
+    def __init__(
+        self,
+        *,
+        dp: int = 1,
+        tp: int = 1,
+        pp: int = 1,
+        world_size: int | None = None,
+        device_type: str | None = None,
+    ) -> None:
         self.sizes = check_sizes(dp=dp, tp=tp, pp=pp, world_size=world_size)
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
@@ -165,7 +180,7 @@ class Mesh:
                 "started by course_lib.launch (or torchrun); layout() and "
                 "format_layout() give the grid without ranks"
             )
-        actual = dist.get_world_size()
+        actual = group_info(needs="Mesh").world_size
         if world_size is not None and world_size != actual:
             raise ValueError(
                 f"world_size = {world_size}: expected the {actual} ranks of the "
@@ -180,12 +195,14 @@ class Mesh:
         self.device_mesh = init_device_mesh(
             device_type, tuple(self.sizes.values()), mesh_dim_names=DIMS
         )
-        self.rank = dist.get_rank()
+        self.rank = group_info().rank
         self.world_size = actual
-        self.coords = Coord(*self.device_mesh.get_coordinate())
+        coordinate = self.device_mesh.get_coordinate()
+        assert coordinate is not None  # every rank of the default group is in the mesh
+        self.coords = Coord(*coordinate)
 
     # ---- sizes ---------------------------------------------------------------------------
-    def size(self, dim: str) -> int:
+    def size(self, dim: Dim) -> int:
         """Number of ranks along ``dim`` ("pp", "dp" or "tp")."""
         return self.sizes[validate.choice("dim", dim, DIMS)]
 
@@ -202,9 +219,9 @@ class Mesh:
         return self.sizes["pp"]
 
     # ---- where am I ----------------------------------------------------------------------
-    def coord(self, dim: str) -> int:
+    def coord(self, dim: Dim) -> int:
         """This rank's index along ``dim``: its rank inside ``group(dim)``."""
-        return getattr(self.coords, validate.choice("dim", dim, DIMS))
+        return int(getattr(self.coords, validate.choice("dim", dim, DIMS)))
 
     @property
     def dp_rank(self) -> int:
@@ -219,16 +236,16 @@ class Mesh:
         return self.coords.pp
 
     # ---- groups --------------------------------------------------------------------------
-    def group(self, dim: str) -> dist.ProcessGroup:
+    def group(self, dim: Dim) -> dist.ProcessGroup:
         """The process group of the ranks that share this rank's coordinates except along
         ``dim`` (pass it as ``group=`` to any collective)."""
         return self.device_mesh.get_group(validate.choice("dim", dim, DIMS))
 
-    def ranks(self, dim: str) -> list[int]:
+    def ranks(self, dim: Dim) -> list[int]:
         """The global ranks of ``group(dim)``, ordered by their coordinate along ``dim``."""
         return self.device_mesh[validate.choice("dim", dim, DIMS)].mesh.tolist()
 
-    def __getitem__(self, dim: str):
+    def __getitem__(self, dim: Dim) -> DeviceMesh:
         """The 1-D ``DeviceMesh`` along ``dim``, for torch APIs that take one."""
         return self.device_mesh[validate.choice("dim", dim, DIMS)]
 

@@ -23,11 +23,8 @@ activations a stage holds at once (its memory).
   shorter, so the fill and drain shrink to (p-1)/(v·m) of the ideal time, at the price of v times
   more messages.
 
-Sends are ``isend`` (waited at the end of the step): a blocking send in both directions between
-two 1F1B stages could deadlock. Every message has its own tag (kind, stage, micro-batch), so a
-receive can never take a message meant for another. The loss of micro-batch i is divided by m
-before backward, so the accumulated gradients are those of the full-batch mean (equal
-micro-batches). What we leave out (torch.distributed.pipelining has it): splitting a model
+Running a step: ``pipeline_run.py`` (:func:`run_schedule`); recording and reading its timeline:
+``pipeline_trace.py`` (:func:`bubble_from_events`, :func:`replay`). What we leave out (torch.distributed.pipelining has it): splitting a model
 by tracing it, stages whose input and output shapes differ, zero-bubble schedules.
 """
 
@@ -37,11 +34,11 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from course_lib import validate
-from course_lib.measure.timing import EventLog
+from course_lib.parallel.pipeline_run import run_schedule
+from course_lib.parallel.pipeline_trace import bubble_from_events, replay
 
 __all__ = [
     "SCHEDULES",
@@ -237,6 +234,7 @@ class PipelineRank(nn.Module):
         super().__init__()
         self.split, self.rank, self.ranks, self.owner = list(split), rank, ranks, owner
         self.stage_ids = [k for k in range(len(split)) if owner(k, ranks) == rank]
+        self.max_in_flight: dict[int, int] = {}  # stage -> most micro-batches held (run_schedule)
         self.stages = nn.ModuleDict(
             {str(k): nn.Sequential(*[layers[i] for i in split[k]]) for k in self.stage_ids}
         )
@@ -252,164 +250,3 @@ class PipelineRank(nn.Module):
                     j, rest = name.split(".", 1)
                     out[f"{self.split[k].start + int(j)}.{rest}"] = t.detach().to("cpu", copy=True)
         return out
-
-
-# ---- running one step ----------------------------------------------------------------------
-def _tag(kind: str, stage: int, microbatch: int, microbatches: int) -> int:
-    # one tag per message: activations into stage k ("F") or gradients out of stage k ("B")
-    return (2 * stage + (kind == "B")) * microbatches + microbatch
-
-
-def run_schedule(
-    model: PipelineRank,
-    actions: Sequence[Action],
-    x: torch.Tensor | None,
-    y: torch.Tensor | None,
-    *,
-    microbatches: int,
-    loss_fn: Callable,
-    log: EventLog | None = None,
-    message_shape: Sequence[int] | None = None,
-) -> torch.Tensor | None:
-    """Run this rank's ``actions`` for one batch and leave the gradients in ``.grad``.
-
-    ``x`` (b, ...) is the batch, read by the rank of stage 0; ``y`` the targets, read by the
-    rank of the last stage; both are cut into ``microbatches`` equal micro-batches. Every
-    stage maps (b/m, ...) to the same shape; a rank that holds neither end passes one of them
-    anyway (it gives the shape of the messages it receives). Returns the batch loss (the mean of the
-    micro-batch losses) on the rank of the last stage, None elsewhere. ``log``: each F/B is
-    recorded as a span (lane "compute"; meta stage, microbatch, kind) and each wait for a
-    message as a span (lane "wait"), on the EventLog's shared clock. ``message_shape``: the
-    shape of one received message (activation or its gradient) when it is not that of a
-    micro-batch of ``x``, e.g. a first stage that embeds (b, s) token ids into (b, s, h).
-    """
-    m, p = microbatches, model.ranks
-    last = len(model.split) - 1
-    if x is None and y is None:
-        raise ValueError(
-            "x = None and y = None: expected the batch or the targets (they give "
-            "the shape of the micro-batches this rank receives)"
-        )
-    xs = x.chunk(m) if x is not None else None  # m x (b/m, ...)
-    ys = y.chunk(m) if y is not None else None
-    ref = xs[0] if xs is not None else ys[0]
-    shape, dtype = ref.shape, next(model.parameters()).dtype
-    if message_shape is not None:
-        shape = torch.Size(message_shape)
-    saved: dict[tuple[int, int], tuple] = {}  # (stage, mb) -> (input, output or loss)
-    mailbox: dict[int, torch.Tensor] = {}  # messages to a stage on this same rank
-    sends, total, in_flight = [], None, {}
-    model.max_in_flight = {k: 0 for k in model.stage_ids}
-
-    def receive(kind, stage, mb, src):
-        tag = _tag(kind, stage, mb, m)
-        if src == model.rank:
-            return mailbox.pop(tag)
-        buf = torch.empty(shape, dtype=dtype)  # (b/m, ...)
-        t0 = log.now_ns() if log is not None else 0
-        dist.recv(buf, src=src, tag=tag)
-        if log is not None:
-            log.add(f"wait {kind}{mb}", t0, log.now_ns(), lane="wait", stage=stage, mb=mb)
-        return buf
-
-    def send(t, kind, stage, mb, dst):
-        tag = _tag(kind, stage, mb, m)
-        if dst == model.rank:
-            mailbox[tag] = t
-        else:
-            sends.append((dist.isend(t, dst=dst, tag=tag), t))  # keep t alive until waited
-
-    for kind, mb, k in actions:
-        if str(k) not in model.stages:
-            raise ValueError(
-                f"rank {model.rank} was given {kind}{mb} of stage {k}, which it does "
-                f"not hold (it holds stages {model.stage_ids})"
-            )
-        module = model.stages[str(k)]
-        pending = []
-        for work, t in sends:  # release the tensors already sent
-            if work.is_completed():
-                work.wait()
-            else:
-                pending.append((work, t))
-        sends = pending
-        if kind == "F":
-            inp = xs[mb] if k == 0 else receive("F", k, mb, model.owner(k - 1, p))
-            t0 = log.now_ns() if log is not None else 0
-            inp = inp.detach().requires_grad_(k > 0)
-            out = module(inp)  # (b/m, ...)
-            if k == last:
-                out = loss_fn(out, ys[mb]) / m  # the batch mean, one micro-batch at a time
-                total = out.detach() if total is None else total + out.detach()
-            saved[(k, mb)] = (inp, out)
-            in_flight[k] = in_flight.get(k, 0) + 1
-            model.max_in_flight[k] = max(model.max_in_flight[k], in_flight[k])
-            if log is not None:
-                log.add(f"F{mb}", t0, log.now_ns(), lane="compute", stage=k, mb=mb, kind="F")
-            if k < last:
-                send(out.detach(), "F", k + 1, mb, model.owner(k + 1, p))
-        else:
-            inp, out = saved.pop((k, mb))
-            grad = None if k == last else receive("B", k, mb, model.owner(k + 1, p))
-            t0 = log.now_ns() if log is not None else 0
-            out.backward(grad)  # accumulates into the stage's .grad
-            in_flight[k] -= 1
-            if log is not None:
-                log.add(f"B{mb}", t0, log.now_ns(), lane="compute", stage=k, mb=mb, kind="B")
-            if k > 0:
-                send(inp.grad, "B", k - 1, mb, model.owner(k - 1, p))
-    for work, _ in sends:
-        work.wait()
-    if saved:
-        raise RuntimeError(
-            f"schedule left micro-batches {sorted(saved)} without a backward "
-            "(stage, micro-batch): every F needs its B"
-        )
-    return total  # the batch loss (last stage only)
-
-
-# ---- reading a timeline --------------------------------------------------------------------
-def bubble_from_events(events) -> dict[int, float]:
-    """Idle fraction of each rank over the step: 1 - (its F/B time) / (first start to last
-    end, over all ranks). ``events``: a DataFrame with rank, lane, start, end (``merge_event_logs``)."""
-    compute = events[events["lane"] == "compute"]
-    span = compute["end"].max() - compute["start"].min()
-    busy = (compute["end"] - compute["start"]).groupby(compute["rank"]).sum()
-    return {int(r): float(1 - b / span) for r, b in busy.items()}
-
-
-def replay(
-    orders: Sequence[Sequence[Action]], split: Sequence[range], *, backward_cost: float = 2.0
-) -> list[dict]:
-    """The same actions on ideal hardware: each F costs its stage's layer count, each B
-    ``backward_cost`` times that, messages are free, and an action starts when its rank is free
-    and its input has arrived. ``orders[r]`` is rank r's list of actions (e.g. the order a run
-    recorded). Returns spans {rank, stage, mb, kind, start, end} in cost units; raises if the
-    orders deadlock."""
-    n, p = len(split), len(orders)
-    done: dict[tuple[str, int, int], float] = {}
-    pos, free, spans = [0] * p, [0.0] * p, []
-    while any(pos[r] < len(orders[r]) for r in range(p)):
-        moved = False
-        for r in range(p):
-            while pos[r] < len(orders[r]):
-                kind, mb, k = orders[r][pos[r]]
-                dep = (
-                    (("F", k - 1, mb) if k > 0 else None)
-                    if kind == "F"
-                    else (("B", k + 1, mb) if k < n - 1 else ("F", k, mb))
-                )
-                if dep is not None and dep not in done:
-                    break
-                start = max(free[r], done[dep] if dep else 0.0)
-                cost = len(split[k]) * (1.0 if kind == "F" else backward_cost)
-                free[r] = done[(kind, k, mb)] = start + cost
-                spans.append(dict(rank=r, stage=k, mb=mb, kind=kind, start=start, end=start + cost))
-                pos[r] += 1
-                moved = True
-        if not moved:
-            raise RuntimeError(
-                "these orders deadlock: every rank waits for a message that no "
-                f"rank will send (positions {pos})"
-            )
-    return spans

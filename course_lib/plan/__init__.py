@@ -9,6 +9,7 @@ measured or virtual run of that layout is compared with. Every formula is in
 ``course_lib.measure.estimate``. Introduced in notebooks/14_planning_a_run.ipynb.
 """
 
+from course_lib.plan.explain import explain
 from course_lib.plan.launch import launch_command
 from course_lib.plan.memory import (
     MEMORY_CATEGORIES,
@@ -23,7 +24,6 @@ from course_lib.plan.planner import (
     DEFAULT_RESERVE,
     TIME_PARTS,
     evaluate,
-    explain,
     plan,
     step_time,
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib import validate as _v
 
 #: the layout columns of a plan row passed to the training script, as --name value
@@ -9,7 +11,7 @@ LAYOUT_ARGS = ("dp", "tp", "pp", "zero", "recompute", "micro_batch", "v")
 
 
 def launch_command(
-    result,
+    result: Any,
     rank: int = 1,
     *,
     script: str = "train.py",

@@ -3,7 +3,7 @@
 Every number comes from ``course_lib.measure.estimate``: model state from
 ``zero_state_breakdown_per_rank`` (2 + 2 + 12 bytes per parameter: bf16 weights and gradients,
 fp32 master and Adam moments, as the ZeRO paper counts), activations from
-``activation_bytes_parallel_layer`` (Korthikanti et al. 2022) times the layers a pipeline keeps
+``activation_bytes_transformer_layer`` (Korthikanti et al. 2022) times the layers a pipeline keeps
 in flight (``pipeline_inflight_layers``). Introduced in notebooks/14_planning_a_run.ipynb.
 """
 
@@ -13,6 +13,7 @@ import math
 
 from course_lib import validate as _v
 from course_lib.measure import estimate
+from course_lib.measure.estimate.activations import Recompute
 from course_lib.plan.specs import ClusterSpec, Layout, ModelSpec, divisors
 
 __all__ = [
@@ -145,7 +146,7 @@ def predict_memory(
 
     * params / grads / optimizer: the stage's parameters over tp, under ZeRO ``zero`` over dp
       (``estimate.zero_state_breakdown_per_rank``, K = 12: fp32 master + Adam moments);
-    * activations: one layer's bytes (``estimate.activation_bytes_parallel_layer`` at the
+    * activations: one layer's bytes (``estimate.activation_bytes_transformer_layer`` at the
       micro-batch) times the layers in flight on that stage
       (``estimate.pipeline_inflight_layers``; the last stage keeps one micro-batch); with
       ``full`` recomputation, plus one layer rebuilt during its backward;
@@ -161,22 +162,18 @@ def predict_memory(
     )
     which = _v.choice("stage", stage, ("worst", "first", "last"))
     if which == "worst":
-        first = predict_memory(
-            model,
-            layout,
-            global_batch_tokens=global_batch_tokens,
-            uneven_stages=uneven_stages,
-            stage="first",
-        )
-        last = predict_memory(
-            model,
-            layout,
-            global_batch_tokens=global_batch_tokens,
-            uneven_stages=uneven_stages,
-            stage="last",
+        first, last = (
+            predict_memory(
+                model,
+                layout,
+                global_batch_tokens=global_batch_tokens,
+                uneven_stages=uneven_stages,
+                stage=one,
+            )
+            for one in ("first", "last")
         )
         return first if first["total"] >= last["total"] else last
-    t, p, v, b = layout.tp, layout.pp, layout.virtual_stages, layout.micro_batch
+    t, p, b = layout.tp, layout.pp, layout.micro_batch
     m = (
         microbatches(model, layout, global_batch_tokens)
         if global_batch_tokens is not None
@@ -192,35 +189,48 @@ def predict_memory(
     state = estimate.zero_state_breakdown_per_rank(
         -(-stage_params // t), stage=layout.zero, world_size=layout.dp
     )
-    layer = dict(
-        kv_heads=model.kv_heads,
-        ffn=model.ffn,
-        gated_mlp=model.gated_mlp,
-        dropout=model.dropout,
-        tp=t,
-        sequence_parallel=layout.sequence_parallel,
-    )
-    per_layer = estimate.activation_bytes_parallel_layer(
-        model.seq_len, b, model.hidden, model.heads, recompute=layout.recompute, **layer
-    )
-    if which == "first" or p == 1:
-        inflight = estimate.pipeline_inflight_layers(n, p, m, v)
-    else:
-        inflight = n  # the last stage runs each micro-batch's backward right after its forward
-    activations = inflight * per_layer
-    if layout.recompute == "full":  # the layer being rebuilt for its backward
-        activations += estimate.activation_bytes_parallel_layer(
-            model.seq_len, b, model.hidden, model.heads, recompute="selective", **layer
-        )
-    logits = 4 * model.seq_len * b * model.vocab / t if is_last else 0
-    buffers = 2 * 2 * parts["per_layer"] / t if layout.zero == 3 else 0
     out = {
         "params": state["params"],
         "grads": state["grads"],
         "optimizer": state["optimizer"],
-        "activations": activations,
-        "logits": logits,
-        "buffers": buffers,
+        "activations": _activation_bytes(model, layout, n, m, first=which == "first" or p == 1),
+        "logits": 4 * model.seq_len * b * model.vocab / t if is_last else 0,
+        "buffers": 2 * 2 * parts["per_layer"] / t if layout.zero == 3 else 0,
     }
     out["total"] = sum(out.values())
     return out
+
+
+def _activation_bytes(
+    model: ModelSpec, layout: Layout, layers: int, microbatches: int, *, first: bool
+) -> int | float:
+    """Activation bytes a stage of ``layers`` keeps at its peak: one layer's bytes times the
+    layers in flight (the first stage: ``pipeline_inflight_layers``; a later one runs each
+    micro-batch's backward right after its forward), plus the layer rebuilt for its backward
+    under full recomputation."""
+
+    def layer(recompute: Recompute) -> int | float:
+        return estimate.activation_bytes_transformer_layer(
+            model.seq_len,
+            layout.micro_batch,
+            model.hidden,
+            model.heads,
+            kv_heads=model.kv_heads,
+            ffn=model.ffn,
+            gated_mlp=model.gated_mlp,
+            dropout=model.dropout,
+            tp=layout.tp,
+            sequence_parallel=layout.sequence_parallel,
+            recompute=recompute,
+        )
+
+    if first:
+        inflight = estimate.pipeline_inflight_layers(
+            layers, layout.pp, microbatches, layout.virtual_stages
+        )
+    else:
+        inflight = layers
+    activations = inflight * layer(layout.recompute)
+    if layout.recompute == "full":  # the layer being rebuilt for its backward
+        activations += layer("selective")
+    return activations

@@ -4,7 +4,7 @@ of a model on a cluster, its memory per GPU and its step time, ranked; and why t
 Step time of one layout, per micro-batch on the slowest pipeline stage (the one with the most
 layers, plus the output layer on the last stage):
 
-* compute: its model FLOPs (``estimate.layer_flops_per_token``: 6 P + 12 s h per layer per
+* compute: its model FLOPs (``estimate.training_flops_per_token``: 6 P + 12 s h per layer per
   token, 6 V h for the output layer) / tp, at ``efficiency`` x the GPU's peak -- the fraction
   of peak large bf16 matrix products sustain (an assumption, stated in every result);
 * recompute: the FLOPs recomputation adds, at the same rate;
@@ -25,7 +25,10 @@ Introduced in notebooks/14_planning_a_run.ipynb.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from course_lib import validate as _v
 from course_lib.measure import estimate
@@ -38,12 +41,14 @@ from course_lib.plan.memory import (
 )
 from course_lib.plan.specs import RECOMPUTE, ClusterSpec, Layout, ModelSpec, divisors
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = [
     "DEFAULT_EFFICIENCY",
     "DEFAULT_RESERVE",
     "step_time",
     "plan",
-    "explain",
     "evaluate",
     "TIME_PARTS",
 ]
@@ -78,6 +83,86 @@ def _allreduce_s(
     )
 
 
+def _stage_flops(model: ModelSpec, layout: Layout, layers: int, *, output: bool) -> tuple[int, int]:
+    """(model FLOPs, recomputed FLOPs) per token of a stage of ``layers`` layers, with the output
+    layer's 6 V h when ``output``."""
+    h, s, per_layer = model.hidden, model.seq_len, model.params()["per_layer"]
+    flops = estimate.training_flops_per_token(layers * per_layer, layers=layers, hidden=h, seq=s)
+    extra = estimate.recompute_flops_per_token(
+        per_layer, layers=layers, hidden=h, seq=s, recompute=layout.recompute
+    )
+    return flops + (6 * model.vocab * h if output else 0), extra
+
+
+def _compute_s(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, stages: tuple[int, int], eff: float
+) -> tuple[float, float]:
+    """(compute, recompute) seconds of one micro-batch on the slowest stage: a middle one (the
+    first of ``stages``' layer counts) or the last with the output layer (the second)."""
+    n, n_last = stages
+    rate = eff * cluster.peak_flops
+    tokens = layout.micro_batch * model.seq_len
+    slow = max(
+        _stage_flops(model, layout, n, output=layout.pp == 1),
+        _stage_flops(model, layout, n_last, output=True),
+        key=sum,
+    )
+    return slow[0] * tokens / layout.tp / rate, slow[1] * tokens / layout.tp / rate
+
+
+def _tp_comm_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, layers: int) -> float:
+    """Seconds of one micro-batch's tensor-parallel all-reduces on a stage of ``layers``."""
+    t, b, s, h = layout.tp, layout.micro_batch, model.seq_len, model.hidden
+    if t == 1:
+        return 0.0
+    payload = 2 * s * b * h
+    calls = estimate.tp_payload_bytes_per_layer(s, b, h, recompute=layout.recompute) // payload
+    if t <= cluster.gpus_per_node:
+        one = estimate.allreduce_time(payload, t, bandwidth=cluster.intra_GBps * 1e9)
+    else:
+        g = cluster.gpus_per_node
+        one = _allreduce_s(payload, t, cluster, nodes=t // g, per_node=g)
+    return layers * calls * one
+
+
+def _p2p_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout) -> float:
+    """Seconds of one micro-batch's stage-boundary sends, each way, v times when interleaved."""
+    if layout.pp == 1:
+        return 0.0
+    across = layout.tp * layout.dp >= cluster.gpus_per_node
+    bw = (cluster.inter_GBps if across else cluster.intra_GBps) * 1e9
+    boundary = estimate.pipeline_boundary_bytes(layout.micro_batch, model.seq_len, model.hidden) / (
+        layout.tp if layout.sequence_parallel else 1
+    )
+    return 2 * layout.virtual_stages * boundary / bw
+
+
+def _dp_comm_s(
+    cluster: ClusterSpec, layout: Layout, stage_params: int, work_s: float, microbatches: int
+) -> float:
+    """Seconds of data-parallel traffic backward does not hide, per step: the bf16 gradients of
+    the fullest stage's ``stage_params`` on one rank; ``work_s``: one micro-batch's compute and
+    recomputation."""
+    if layout.dp == 1:
+        return 0.0
+    grad_bytes = 2 * -(-stage_params // layout.tp)
+    nodes, per_node = _dp_group(cluster, layout)
+    allreduce = _allreduce_s(grad_bytes, layout.dp, cluster, nodes=nodes, per_node=per_node)
+    backward = 2 / 3 * work_s  # backward of one micro-batch
+    if layout.zero <= 1:
+        return estimate.ddp_exposed_comm_time(
+            -(-grad_bytes // 32),
+            grad_bytes=grad_bytes,
+            backward_s=backward,
+            alpha=0.0,
+            beta=allreduce / grad_bytes,
+        )
+    if layout.zero == 2:
+        return microbatches * max(0.0, allreduce / 2 - backward)
+    # gather weights for forward and backward, reduce-scatter gradients, every micro-batch
+    return microbatches * max(0.0, 1.5 * allreduce - work_s)
+
+
 def step_time(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -94,93 +179,31 @@ def step_time(
         model, layout, cluster, global_batch_tokens=global_batch_tokens, uneven_stages=uneven_stages
     )
     eff = _v.number("efficiency", efficiency, positive=True, maximum=1)
-    t, p, v, b, s, h = (
-        layout.tp,
-        layout.pp,
-        layout.virtual_stages,
-        layout.micro_batch,
-        model.seq_len,
-        model.hidden,
-    )
+    p, v = layout.pp, layout.virtual_stages
     m = microbatches(model, layout, global_batch_tokens)
     n, n_last = stage_layers(model, p, uneven_stages=uneven_stages)
     parts = model.params()
-    rate = eff * cluster.peak_flops
-    tokens = b * s
-
-    def stage_flops(layers, output):
-        f = estimate.layer_flops_per_token(
-            parts["per_layer"], layers=layers, hidden=h, seq=s, recompute=layout.recompute
-        )
-        return f["model"] + (6 * model.vocab * h if output else 0), f["recompute"]
-
-    # the slowest stage sets the pace: a middle one, or the last with the output layer
-    slow = max(stage_flops(n, p == 1), stage_flops(n_last, True), key=sum)
-    compute = slow[0] * tokens / t / rate
-    recompute = slow[1] * tokens / t / rate
-    tp_comm = 0.0
-    if t > 1:
-        calls = estimate.tp_payload_bytes_per_layer(s, b, h, recompute=layout.recompute) // (
-            2 * s * b * h
-        )
-        payload = 2 * s * b * h
-        if t <= cluster.gpus_per_node:
-            one = estimate.allreduce_time(payload, t, bandwidth=cluster.intra_GBps * 1e9)
-        else:
-            one = _allreduce_s(
-                payload,
-                t,
-                cluster,
-                nodes=t // cluster.gpus_per_node,
-                per_node=cluster.gpus_per_node,
-            )
-        tp_comm = n * calls * one
-    p2p = 0.0
-    if p > 1:
-        across = layout.tp * layout.dp >= cluster.gpus_per_node
-        bw = (cluster.inter_GBps if across else cluster.intra_GBps) * 1e9
-        boundary = estimate.pipeline_boundary_bytes(b, s, h) / (
-            t if layout.sequence_parallel else 1
-        )
-        p2p = 2 * v * boundary / bw
+    compute, recompute = _compute_s(model, cluster, layout, (n, n_last), eff)
+    tp_comm = _tp_comm_s(model, cluster, layout, n)
+    p2p = _p2p_s(model, cluster, layout)
     per_mb = compute + recompute + tp_comm + p2p
     bubble_fraction = estimate.pipeline_bubble_fraction(p, m, v)
     pipeline = m * per_mb / (1 - bubble_fraction)
-    bubble = pipeline - m * per_mb
-    # data-parallel gradients of the fullest stage's parameters on this rank (bf16)
     stage_params = max(
         n * parts["per_layer"] + parts["embedding"],
         n_last * parts["per_layer"] + (parts["output"] or parts["embedding"]),
     )
-    grad_bytes = 2 * -(-stage_params // t)
-    nodes, per_node = _dp_group(cluster, layout)
-    allreduce = _allreduce_s(grad_bytes, layout.dp, cluster, nodes=nodes, per_node=per_node)
-    backward = 2 / 3 * (compute + recompute)  # backward of one micro-batch
-    if layout.dp == 1:
-        dp_comm = 0.0
-    elif layout.zero <= 1:
-        dp_comm = estimate.ddp_exposed_comm_time(
-            -(-grad_bytes // 32),
-            grad_bytes=grad_bytes,
-            backward_s=backward,
-            alpha=0.0,
-            beta=allreduce / grad_bytes,
-        )
-    elif layout.zero == 2:
-        dp_comm = m * max(0.0, allreduce / 2 - backward)
-    else:  # gather weights for forward and backward, reduce-scatter gradients, every micro-batch
-        dp_comm = m * max(0.0, 1.5 * allreduce - (compute + recompute))
+    dp_comm = _dp_comm_s(cluster, layout, stage_params, compute + recompute, m)
     step = pipeline + dp_comm
-    model_flops = (
-        estimate.model_flops_per_token(model.n_params, layers=model.layers, hidden=h, seq=s)
-        * global_batch_tokens
+    model_flops = global_batch_tokens * estimate.training_flops_per_token(
+        model.n_params, layers=model.layers, hidden=model.hidden, seq=model.seq_len
     )
-    out = {
+    return {
         "compute_s": m * compute,
         "recompute_s": m * recompute,
         "tp_comm_s": m * tp_comm,
         "p2p_s": m * p2p,
-        "bubble_s": bubble,
+        "bubble_s": pipeline - m * per_mb,
         "dp_comm_s": dp_comm,
         "step_s": step,
         "microbatches": m,
@@ -188,7 +211,6 @@ def step_time(
         "mfu": model_flops / (step * layout.gpus * cluster.peak_flops),
         "tokens_per_s": global_batch_tokens / step,
     }
-    return out
 
 
 def evaluate(
@@ -201,14 +223,14 @@ def evaluate(
     efficiency: float = DEFAULT_EFFICIENCY,
     reserve: float = DEFAULT_RESERVE,
     uneven_stages: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """One row of :func:`plan` for one layout: the layout, memory by category (GB), whether it
     fits in (1 - reserve) of the GPU's memory, and the step time by part."""
     mem = predict_memory(
         model, layout, global_batch_tokens=global_batch_tokens, uneven_stages=uneven_stages
     )
     usable = (1 - _v.number("reserve", reserve, minimum=0, maximum=0.9)) * cluster.memory_bytes
-    row = {
+    row: dict[str, Any] = {
         "dp": layout.dp,
         "tp": layout.tp,
         "pp": layout.pp,
@@ -237,7 +259,15 @@ def evaluate(
     return row
 
 
-def _candidates(model, cluster, gpus, seqs, uneven_stages, max_micro_batch):
+def _candidates(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    gpus: int,
+    seqs: int,
+    uneven_stages: bool,
+    max_micro_batch: int,
+) -> Iterator[Layout]:
+    """Every layout :func:`plan` weighs (see its docstring)."""
     g = math.gcd(model.heads, model.kv_heads)
     pps = range(1, model.layers + 1) if uneven_stages else divisors(model.layers)
     for tp in divisors(g):
@@ -261,6 +291,36 @@ def _candidates(model, cluster, gpus, seqs, uneven_stages, max_micro_batch):
                             yield Layout(dp, tp, pp, zero, rec, mb, v)
 
 
+def _plan_inputs(
+    model: ModelSpec, cluster: ClusterSpec, gpus: int | None, global_batch_tokens: int
+) -> tuple[int, int]:
+    """(GPUs, global batch in tokens) after checking :func:`plan`'s arguments."""
+    if not isinstance(model, ModelSpec):
+        raise TypeError(f"model = {model!r}: expected a ModelSpec (e.g. plan.model('Llama-2-7B'))")
+    if not isinstance(cluster, ClusterSpec):
+        raise TypeError(f"cluster = {cluster!r}: expected a ClusterSpec (e.g. plan.cluster(...))")
+    n_gpus = (
+        cluster.gpus if gpus is None else _v.count("gpus", gpus, minimum=1, maximum=cluster.gpus)
+    )
+    tokens = _v.count("global_batch_tokens", global_batch_tokens, minimum=1)
+    if tokens % model.seq_len:
+        raise ValueError(
+            f"global_batch_tokens = {tokens}: expected a multiple of seq_len = "
+            f"{model.seq_len} (whole sequences)"
+        )
+    return n_gpus, tokens
+
+
+def _ranked(df: pd.DataFrame) -> pd.DataFrame:
+    """The layouts that fit, fastest first (``rank`` 1), the others in ``attrs["rejected"]``,
+    smallest first."""
+    fits = df[df["fits"]].sort_values(["step_s", "memory_GB"], kind="stable").reset_index(drop=True)
+    fits.insert(0, "rank", range(1, len(fits) + 1))
+    rejected = df[~df["fits"]].sort_values("memory_GB", kind="stable").reset_index(drop=True)
+    fits.attrs["rejected"] = rejected
+    return fits
+
+
 def plan(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -272,7 +332,7 @@ def plan(
     reserve: float = DEFAULT_RESERVE,
     uneven_stages: bool = False,
     max_micro_batch: int = 8,
-):
+) -> pd.DataFrame:
     """Every layout of ``model`` on ``gpus`` GPUs of ``cluster`` (all of them by default) that
     fits, ranked by step time: a pandas DataFrame, one row per layout (``rank`` 1 = fastest),
     with memory per GPU by category (GB), the step time by part (s), MFU, tokens/s and, with
@@ -287,150 +347,31 @@ def plan(
     """
     import pandas as pd
 
-    if not isinstance(model, ModelSpec):
-        raise TypeError(f"model = {model!r}: expected a ModelSpec (e.g. plan.model('Llama-2-7B'))")
-    if not isinstance(cluster, ClusterSpec):
-        raise TypeError(f"cluster = {cluster!r}: expected a ClusterSpec (e.g. plan.cluster(...))")
-    n_gpus = (
-        cluster.gpus if gpus is None else _v.count("gpus", gpus, minimum=1, maximum=cluster.gpus)
-    )
-    tokens = _v.count("global_batch_tokens", global_batch_tokens, minimum=1)
-    if tokens % model.seq_len:
-        raise ValueError(
-            f"global_batch_tokens = {tokens}: expected a multiple of seq_len = "
-            f"{model.seq_len} (whole sequences)"
-        )
+    n_gpus, tokens = _plan_inputs(model, cluster, gpus, global_batch_tokens)
     seqs = tokens // model.seq_len
-    rows = [
-        evaluate(
-            model,
-            cluster,
-            lay,
-            global_batch_tokens=tokens,
-            total_tokens=total_tokens,
-            efficiency=efficiency,
-            reserve=reserve,
-            uneven_stages=uneven_stages,
-        )
-        for lay in _candidates(
-            model,
-            cluster,
-            n_gpus,
-            seqs,
-            uneven_stages,
-            _v.count("max_micro_batch", max_micro_batch, minimum=1),
-        )
-    ]
+    one = functools.partial(
+        evaluate,
+        model,
+        cluster,
+        global_batch_tokens=tokens,
+        total_tokens=total_tokens,
+        efficiency=efficiency,
+        reserve=reserve,
+        uneven_stages=uneven_stages,
+    )
+    most = _v.count("max_micro_batch", max_micro_batch, minimum=1)
+    rows = [one(lay) for lay in _candidates(model, cluster, n_gpus, seqs, uneven_stages, most)]
     if not rows:
         raise ValueError(
             f"gpus = {n_gpus}: no dp x tp x pp layout divides it with tp dividing "
             f"the heads ({model.heads}, KV {model.kv_heads}) and dp dividing the "
             f"global batch of {seqs} sequences"
         )
-    df = pd.DataFrame(rows)
-    fits = df[df["fits"]].sort_values(["step_s", "memory_GB"], kind="stable").reset_index(drop=True)
-    fits.insert(0, "rank", range(1, len(fits) + 1))
-    rejected = df[~df["fits"]].sort_values("memory_GB", kind="stable").reset_index(drop=True)
-    fits.attrs["rejected"] = rejected
+    fits = _ranked(pd.DataFrame(rows))
     fits.attrs["inputs"] = {
-        "model": model,
-        "cluster": cluster,
-        "gpus": n_gpus,
-        "global_batch_tokens": tokens,
-        "total_tokens": total_tokens,
-        "efficiency": efficiency,
-        "reserve": reserve,
+        **dict(model=model, cluster=cluster, gpus=n_gpus, global_batch_tokens=tokens),
+        **dict(total_tokens=total_tokens, efficiency=efficiency, reserve=reserve),
         "uneven_stages": uneven_stages,
         "usable_GB": (1 - reserve) * cluster.memory_bytes / 1e9,
     }
     return fits
-
-
-def _family(row) -> str:
-    return f"TP {row['tp']} x PP {row['pp']} x DP {row['dp']}"
-
-
-def explain(result, *, families: int = 8) -> str:
-    """Why the top plan of :func:`plan` wins, and why each other (tp, pp) family loses: it does
-    not fit (its smallest plan and the biggest part of it), or its best plan is slower -- by the
-    part of the step that grew most (pipeline bubble, TP over the network or NVLink, DP traffic,
-    recomputation, uneven stages)."""
-    inputs = result.attrs.get("inputs")
-    if inputs is None:
-        raise ValueError(
-            "result: expected the DataFrame plan() returns (its attrs hold the inputs)"
-        )
-    cl, usable = inputs["cluster"], inputs["usable_GB"]
-    rejected = result.attrs["rejected"]
-    if result.empty:
-        best = rejected.iloc[0]
-        big = max(MEMORY_CATEGORIES, key=lambda k: best[f"{k}_GB"])
-        return (
-            f"Nothing fits: the smallest layout, {_family(best)} with ZeRO-{best['zero']} and "
-            f"{best['recompute']} recomputation, needs {best['memory_GB']:.1f} GB per GPU "
-            f"(largest part: {big}, {best[big + '_GB']:.1f} GB) of {usable:.1f} usable. "
-            "More GPUs, a smaller batch per GPU, offload, or LoRA instead of full training."
-        )
-    top = result.iloc[0]
-    lines = [
-        f"Winner: {_family(top)}, ZeRO-{top['zero']}, {top['recompute']} recomputation, "
-        f"micro-batch {top['micro_batch']}"
-        + (f", v = {top['v']}" if top["v"] > 1 else "")
-        + f": {top['memory_GB']:.1f} GB per GPU of {usable:.1f} usable, step "
-        f"{top['step_s']:.2f} s, MFU {top['mfu']:.0%}.",
-        "  Its step: "
-        + ", ".join(
-            f"{k[:-2].replace('_', ' ')} {top[k] / top['step_s']:.0%}"
-            for k in TIME_PARTS
-            if top[k] > 0
-        )
-        + ".",
-    ]
-    seen = {(top["tp"], top["pp"])}
-    keys = result.groupby(["tp", "pp"], sort=False).head(1)
-    shown = 0
-    for _, row in keys.iterrows():
-        if (row["tp"], row["pp"]) in seen or shown >= families:
-            continue
-        seen.add((row["tp"], row["pp"]))
-        shown += 1
-        grew = {k: row[k] - top[k] for k in TIME_PARTS}
-        cause = max(grew, key=grew.get)
-        why = {
-            "bubble_s": f"pipeline bubble {row['bubble_fraction']:.0%} of the step "
-            f"({row['microbatches']} micro-batches on {row['pp']} stages)",
-            "tp_comm_s": (
-                "tensor parallelism across nodes, over the network"
-                if row["tp"] > cl.gpus_per_node
-                else "tensor-parallel all-reduces"
-            ),
-            "dp_comm_s": f"data-parallel traffic not hidden by backward (ZeRO-{row['zero']})",
-            "recompute_s": f"{row['recompute']} recomputation to fit",
-            "compute_s": "a slowest stage (the output layer or more layers on it) setting the pace",
-            "p2p_s": "stage-to-stage sends",
-        }[cause]
-        lines.append(
-            f"- {_family(row)}: fits, but {row['step_s'] / top['step_s'] - 1:+.0%} "
-            f"step time; the main cost: {why} (+{grew[cause]:.2f} s)."
-        )
-
-    def no_fit(best, label):
-        big = max(MEMORY_CATEGORIES, key=lambda k: best[f"{k}_GB"])
-        return (
-            f"- {label}: doesn't fit; its smallest plan needs {best['memory_GB']:.1f} GB > "
-            f"{usable:.1f} (largest part: {big}, {best[big + '_GB']:.1f} GB)."
-        )
-
-    if not rejected.empty:
-        fitting_zero = set(zip(result["tp"], result["pp"], result["zero"]))
-        same = rejected[(rejected.tp == top["tp"]) & (rejected.pp == top["pp"])]
-        for zero, grp in same.groupby("zero"):  # the winner's layout with less sharding
-            if (top["tp"], top["pp"], zero) not in fitting_zero:
-                lines.append(no_fit(grp.iloc[0], f"{_family(top)} with ZeRO-{zero}"))
-        for (tp, pp), grp in rejected.groupby(["tp", "pp"], sort=False):
-            if (tp, pp) in seen or shown >= families:
-                continue
-            seen.add((tp, pp))
-            shown += 1
-            lines.append(no_fit(grp.iloc[0], _family(grp.iloc[0])))
-    return "\n".join(lines)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 from course_lib import validate as _v
 from course_lib.measure import estimate
+from course_lib.measure.estimate.activations import RECOMPUTE, Recompute
+from course_lib.measure.estimate.planning import Norm
 
 __all__ = [
     "ModelSpec",
@@ -24,8 +27,7 @@ __all__ = [
     "divisors",
 ]
 
-#: activation recomputation policies the planner weighs (Korthikanti et al. 2022)
-RECOMPUTE = ("none", "selective", "full")
+# RECOMPUTE (from estimate): the recomputation policies the planner weighs (Korthikanti et al.)
 
 
 def divisors(n: int) -> list[int]:
@@ -49,13 +51,13 @@ class ModelSpec:
     bias: bool = False  # linear layers carry biases
     tied_embeddings: bool = False  # output matrix shares the token embedding
     learned_positions: bool = False  # a learned position table of seq_len x h
-    norm: str = "rmsnorm"  # "rmsnorm" or "layernorm"
+    norm: Norm = "rmsnorm"  # "rmsnorm" or "layernorm"
     embedding_norm: bool = False  # a norm after the embedding (BLOOM)
     dropout: bool = False  # dropout in training (adds 1-byte masks to activations)
     published_params: float | None = None  # the count the authors report
     source: str = ""  # where the shape and the count come from
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
             _v.count(f, getattr(self, f), minimum=1)
         _v.choice("norm", self.norm, estimate.NORMS)
@@ -76,7 +78,7 @@ class ModelSpec:
             kv_heads=self.kv_heads,
             ffn=self.ffn,
             vocab=self.vocab,
-            seq_len=self.seq_len,
+            seq=self.seq_len,
             gated_mlp=self.gated_mlp,
             bias=self.bias,
             tied_embeddings=self.tied_embeddings,
@@ -89,11 +91,18 @@ class ModelSpec:
     def n_params(self) -> int:
         return self.params()["total"]
 
-    def replace(self, **changes) -> "ModelSpec":
+    def replace(self, **changes: Any) -> ModelSpec:
         return dataclasses.replace(self, **changes)
 
 
-_GPT = dict(gated_mlp=False, bias=True, norm="layernorm", tied_embeddings=True)
+class _Shape(TypedDict):
+    gated_mlp: bool
+    bias: bool
+    norm: Norm
+    tied_embeddings: bool
+
+
+_GPT: _Shape = {"gated_mlp": False, "bias": True, "norm": "layernorm", "tied_embeddings": True}
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
@@ -201,7 +210,7 @@ class ClusterSpec:
     inter_GBps: float  # each GPU's share of the network, per direction, GB/s
     source: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _v.count("gpus_per_node", self.gpus_per_node, minimum=1)
         _v.count("nodes", self.nodes, minimum=1)
         _v.count("memory_bytes", self.memory_bytes, minimum=1)
@@ -331,12 +340,12 @@ class Layout:
     tp: int = 1  # tensor-parallel ranks (Megatron column/row split)
     pp: int = 1  # pipeline stages
     zero: int = 1  # ZeRO stage over the dp ranks: 0 (DDP), 1, 2, 3 (FSDP)
-    recompute: str = "selective"  # none, selective (attention core; FlashAttention), full
+    recompute: Recompute = "selective"  # none, selective (attention core; FlashAttention), full
     micro_batch: int = 1  # sequences per micro-batch
     virtual_stages: int = 1  # interleaved pipeline: chunks per rank (v)
     sequence_parallel: bool = True  # split LayerNorm/dropout activations over tp too
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for f in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
             _v.count(f, getattr(self, f), minimum=1)
         _v.choice("zero", self.zero, (0, 1, 2, 3))

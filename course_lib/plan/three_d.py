@@ -24,7 +24,9 @@ rank's measurements, the full parameters after training reassembled from the sha
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +34,10 @@ from torch import nn
 
 from course_lib import validate
 from course_lib.models import GPT, GPTConfig
-from course_lib.plan.specs import Layout, ModelSpec
+from course_lib.plan.specs import ModelSpec
+
+if TYPE_CHECKING:
+    from course_lib.parallel.pipeline import Action, PipelineRank
 
 __all__ = [
     "tiny_config",
@@ -46,13 +51,6 @@ __all__ = [
     "LOSS_RTOL",
     "PARAM_TOL",
 ]
-
-#: parity tolerances. Loss: |diff| <= LOSS_RTOL × |reference loss| (fp32 sums in another
-#: order). Parameters after Adam: |diff| <= PARAM_TOL × lr × steps. Adam moves a parameter by
-#: about lr per step whatever the size of its gradient (g / sqrt(v)), so a last-bit difference
-#: in a tiny gradient shows up at the scale of lr; we allow 1% of the largest possible movement.
-LOSS_RTOL = 1e-5
-PARAM_TOL = 1e-2
 
 
 def tiny_config(
@@ -89,7 +87,9 @@ def tiny_spec(config: GPTConfig) -> ModelSpec:
     )
 
 
-def make_batch(step: int, rows: int, config: GPTConfig, seed: int = 0):
+def make_batch(
+    step: int, rows: int, config: GPTConfig, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Step ``step``'s full batch: (rows, seq) token ids and next-token targets, the same in
     every process."""
     gen = torch.Generator().manual_seed(1000 * seed + step)
@@ -102,7 +102,7 @@ def _build(config: GPTConfig, seed: int) -> GPT:
     return GPT(config)
 
 
-def _optimizer(params, lr: float):
+def _optimizer(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr)
 
 
@@ -113,7 +113,7 @@ def reference_3d(
     lr: float = 1e-3,
     seed: int = 0,
     config: GPTConfig | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """One process, the full batch: losses per step and the parameters after ``steps``."""
     config = config or tiny_config()
     model = _build(config, seed)
@@ -123,7 +123,7 @@ def reference_3d(
         x, y = make_batch(step, batch, config, seed)
         loss = model.loss(x, y)
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward has no annotations
         opt.step()
         losses.append(loss.item())
     return {
@@ -133,13 +133,18 @@ def reference_3d(
 
 
 class _Embed(nn.Module):
+    pos: torch.Tensor
+
     def __init__(self, model: GPT):
         super().__init__()
         self.wte, self.wpe = model.wte, model.wpe
-        self.register_buffer("pos", model.pos, persistent=False)
+        pos = model.pos
+        assert isinstance(pos, torch.Tensor)
+        self.register_buffer("pos", pos, persistent=False)
 
-    def forward(self, idx):  # (b, s) int64 -> (b, s, h)
-        return self.wte(idx) + self.wpe(self.pos[: idx.shape[1]])
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (b, s) int64 -> (b, s, h)
+        out: torch.Tensor = self.wte(idx) + self.wpe(self.pos[: idx.shape[1]])
+        return out
 
 
 class _Head(nn.Module):
@@ -147,8 +152,9 @@ class _Head(nn.Module):
         super().__init__()
         self.ln_f, self.lm_head = model.ln_f, model.lm_head
 
-    def forward(self, x):  # (b, s, h) -> (b, s, vocab)
-        return self.lm_head(self.ln_f(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, s, h) -> (b, s, vocab)
+        out: torch.Tensor = self.lm_head(self.ln_f(x))
+        return out
 
 
 def _layers(model: GPT) -> nn.Sequential:
@@ -163,13 +169,47 @@ def _full_name(index: int, rest: str, n_layer: int) -> str:
     return f"blocks.{index - 1}.{rest}"
 
 
-def _ce(logits, targets):
+def _ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed, config):
+def _mean_loss(loss: torch.Tensor | None, dp_group: Any, dp: int) -> float | None:
+    """The step's loss: the last stage's (mean over its replica's rows), then over dp; None on
+    the other stages (which still join the all-reduce)."""
     import torch.distributed as dist
 
+    value = torch.zeros(1) if loss is None else loss.detach().reshape(1)
+    dist.all_reduce(value, group=dp_group)
+    return value.item() / dp if loss is not None else None
+
+
+def _full_params(
+    shards: dict[str, torch.Tensor], split: list[range], n_layer: int
+) -> dict[str, torch.Tensor]:
+    """This rank's gathered stage parameters under their names in the unsplit GPT."""
+    full = {}
+    for name, t in shards.items():
+        _, stage, j, rest = name.split(".", 3)  # stages.<k>.<j>.<rest>
+        full[_full_name(split[int(stage)].start + int(j), rest, n_layer)] = t
+    return full
+
+
+@dataclass(frozen=True)
+class _Run3D:
+    """What every rank of :func:`run_3d` is told: the layout and the training settings."""
+
+    dp: int
+    tp: int
+    pp: int
+    steps: int
+    batch: int
+    microbatches: int
+    lr: float
+    seed: int
+    config: GPTConfig
+
+
+def _rank_fn(rank: int, world_size: int, run: _Run3D) -> dict[str, Any]:
     from course_lib.measure.comm import CommMeter
     from course_lib.measure.memory import MemoryMeter
     from course_lib.parallel.ddp import allreduce_gradients
@@ -177,43 +217,38 @@ def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed,
     from course_lib.parallel.pipeline import PipelineRank, gpipe_order, split_layers
     from course_lib.parallel.tensor import gather_full, parallelize_gpt
 
-    mesh = Mesh(dp=dp, tp=tp, pp=pp)
+    dp, pp, microbatches, config = run.dp, run.pp, run.microbatches, run.config
+    mesh = Mesh(dp=dp, tp=run.tp, pp=pp)
     tp_group, dp_group = mesh.group("tp"), mesh.group("dp")
     pp_ranks = mesh.ranks("pp")  # global ranks of this rank's pipeline, by stage
 
-    model = parallelize_gpt(_build(config, seed), group=tp_group)  # same seed everywhere
+    model = parallelize_gpt(_build(config, run.seed), group=tp_group)  # same seed everywhere
     n_layer = config.n_layer
     split = split_layers(n_layer + 2, pp, sizes=_stage_sizes(n_layer, pp))
     pipe = PipelineRank(
         _layers(model), split, mesh.rank, pp, owner=lambda stage, ranks: pp_ranks[stage % ranks]
     )
     del model
-    opt = _optimizer(pipe.parameters(), lr)
+    opt = _optimizer(pipe.parameters(), run.lr)
     order = gpipe_order(mesh.pp_rank, pp, microbatches)
-    rows = batch // dp
+    rows = run.batch // dp
     shape = (rows // microbatches, config.block_size, config.n_embd)
     losses = []
     with CommMeter(dispatch=False) as comm, MemoryMeter(pipe, opt) as mem:
-        for step in range(steps):
-            x, y = make_batch(step, batch, config, seed)
+        for step in range(run.steps):
+            x, y = make_batch(step, run.batch, config, run.seed)
             x, y = (t[mesh.dp_rank * rows : (mesh.dp_rank + 1) * rows] for t in (x, y))
             opt.zero_grad()
             loss = run_schedule_3d(pipe, order, x, y, microbatches, shape, mesh.pp_rank, pp)
             allreduce_gradients(pipe, group=dp_group)  # mean over the dp replicas
             opt.step()
-            # the step's loss: the last stage's (mean over its replica's rows), then over dp
-            value = torch.zeros(1) if loss is None else loss.detach().reshape(1)
-            dist.all_reduce(value, group=dp_group)
-            losses.append(value.item() / dp if loss is not None else None)
-    full = {}
-    for name, t in gather_full(pipe, "param", group=tp_group).items():
-        _, stage, j, rest = name.split(".", 3)  # stages.<k>.<j>.<rest>
-        full[_full_name(split[int(stage)].start + int(j), rest, n_layer)] = t
+            losses.append(_mean_loss(loss, dp_group, dp))
+    full = _full_params(gather_full(pipe, "param", group=tp_group), split, n_layer)
     return {
         "rank": rank,
         "coords": tuple(mesh.coords),
         "losses": losses,
-        "memory": {k: mem.end_breakdown[k] for k in ("params", "grads", "optimizer")},
+        "memory": {k: (mem.end_breakdown or {})[k] for k in ("params", "grads", "optimizer")},
         "peak_bytes": mem.peak_bytes,
         "params_numel": sum(p.numel() for p in pipe.parameters()),
         "buffer_bytes": sum(b.numel() * b.element_size() for b in pipe.buffers()),
@@ -223,7 +258,16 @@ def _rank_fn(rank, world_size, dp, tp, pp, steps, batch, microbatches, lr, seed,
     }
 
 
-def run_schedule_3d(pipe, order, x, y, microbatches, shape, pp_rank, pp):
+def run_schedule_3d(
+    pipe: PipelineRank,
+    order: Sequence[Action],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    microbatches: int,
+    shape: Sequence[int],
+    pp_rank: int,
+    pp: int,
+) -> torch.Tensor | None:
     """One GPipe step of this rank's stage: the first stage reads the token ids, the last the
     targets; every message is one (b/m, s, h) activation or its gradient."""
     from course_lib.parallel.pipeline import run_schedule
@@ -260,7 +304,7 @@ def run_3d(
     seed: int = 0,
     config: GPTConfig | None = None,
     timeout: float = 120.0,
-) -> dict:
+) -> dict[str, Any]:
     """Train the tiny GPT ``steps`` steps on dp × tp × pp ranks (``course_lib.launch``, gloo).
 
     Returns ``{"ranks": [per-rank dict], "losses": [loss per step], "params": full parameters
@@ -287,9 +331,8 @@ def run_3d(
     from course_lib.parallel.tensor import check_tp
 
     check_tp(config, tp)
-    ranks = course_lib.launch(
-        _rank_fn, dp * tp * pp, dp, tp, pp, steps, batch, m, lr, seed, config, timeout=timeout
-    )
+    run = _Run3D(dp, tp, pp, steps, batch, m, lr, seed, config)
+    ranks = course_lib.launch(_rank_fn, dp * tp * pp, run, timeout=timeout)
     last = [r for r in ranks if r["coords"][0] == pp - 1]
     params = {}
     for r in ranks:
@@ -305,127 +348,11 @@ def run_3d(
     }
 
 
-def parity_3d(
-    result: dict,
-    reference: dict | None = None,
-    *,
-    loss_rtol: float = LOSS_RTOL,
-    param_tol: float = PARAM_TOL,
-) -> dict:
-    """Compare a :func:`run_3d` result with one process on the full batch (:func:`reference_3d`
-    with the same settings): the loss of every step (|diff| <= loss_rtol × |loss|) and every
-    parameter after training (|diff| <= param_tol × lr × steps, see :data:`PARAM_TOL`). Also
-    checks that the dp replicas hold bit-identical parameters. Returns the largest differences
-    and ``ok``."""
-    s = result["setup"]
-    ref = reference or reference_3d(
-        steps=s["steps"], batch=s["batch"], lr=s["lr"], seed=s["seed"], config=result["config"]
-    )
-    loss_diff = max(abs(a - b) for a, b in zip(ref["losses"], result["losses"]))
-    loss_ok = all(abs(a - b) <= loss_rtol * abs(a) for a, b in zip(ref["losses"], result["losses"]))
-    missing = sorted(set(ref["params"]) ^ set(result["params"]))
-    param_atol = param_tol * s["lr"] * s["steps"]
-    worst, worst_name = 0.0, None
-    for name, want in ref["params"].items():
-        got = result["params"].get(name)
-        if got is None or got.shape != want.shape:
-            missing.append(name)
-            continue
-        diff = (got - want).abs().max().item()
-        if diff >= worst:
-            worst, worst_name = diff, name
-    replicas: dict[int, dict] = {}  # stage -> parameters of the first dp replica seen
-    replica_diff = 0.0
-    for r in result["ranks"]:
-        if r["params"] is None:
-            continue
-        stage = r["coords"][0]
-        if stage in replicas:
-            replica_diff = max(
-                replica_diff,
-                max((r["params"][k] - replicas[stage][k]).abs().max().item() for k in r["params"]),
-            )
-        else:
-            replicas[stage] = r["params"]
-    ok = loss_ok and not missing and worst <= param_atol and replica_diff == 0.0
-    return {
-        "ok": ok,
-        "reference_losses": ref["losses"],
-        "losses": result["losses"],
-        "max_loss_diff": loss_diff,
-        "max_param_diff": worst,
-        "worst_param": worst_name,
-        "param_tolerance": param_atol,
-        "replica_param_diff": replica_diff,
-        "missing": missing,
-        "loss_rtol": loss_rtol,
-        "param_tol": param_tol,
-    }
-
-
-#: bytes per element the planner assumes (bf16 weights and grads, fp32 master + Adam moments)
-#: and what the fp32 run on CPU holds (fp32 weights and grads, Adam's two moments)
-_PLANNER_BYTES = {"params": 2, "grads": 2, "optimizer": 12}
-_RUN_BYTES = {"params": 4, "grads": 4, "optimizer": 8}
-
-
-def memory_table(result: dict):
-    """Measured vs predicted model state per rank (one row per pipeline stage, tp rank 0 of dp
-    replica 0; the other ranks of a stage measure the same). ``predict_memory`` counts
-    mixed-precision bytes (2 + 2 + 12 per parameter); the run is fp32 with Adam (4 + 4 + 8), so
-    both are also shown in elements: bytes / bytes per element. ``measured_optimizer`` includes
-    Adam's scalar ``step`` counters (4 bytes per tensor)."""
-    import pandas as pd
-
-    from course_lib.plan.memory import predict_memory
-
-    lay = result["layout"]
-    spec = tiny_spec(result["config"])
-    layout = Layout(
-        dp=lay["dp"], tp=lay["tp"], pp=lay["pp"], zero=0, recompute="none", sequence_parallel=False
-    )
-    rows = []
-    for r in result["ranks"]:
-        pp_rank, dp_rank, tp_rank = r["coords"]
-        if dp_rank or tp_rank:
-            continue
-        which = "first" if pp_rank == 0 else "last"
-        pred = predict_memory(spec, layout, stage=which if lay["pp"] > 1 else "worst")
-        row = {"rank": r["rank"], "stage": pp_rank}
-        for cat in ("params", "grads", "optimizer"):
-            row[f"measured_{cat}"] = r["memory"][cat]
-            row[f"predicted_{cat}"] = pred[cat]
-        # MemoryMeter counts module buffers (causal masks, positions) as params: taken out
-        row["measured_params_elems"] = (r["memory"]["params"] - r["buffer_bytes"]) // _RUN_BYTES[
-            "params"
-        ]
-        row["predicted_params_elems"] = math.ceil(pred["params"] / _PLANNER_BYTES["params"])
-        row["elems_ratio"] = row["measured_params_elems"] / row["predicted_params_elems"]
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def comm_table(result: dict):
-    """What each rank sent during training (CommMeter): calls, the pipeline's point-to-point
-    payload, the modelled bytes of all calls and the bytes the OS saw it write (gloo over TCP;
-    None where unavailable)."""
-    import pandas as pd
-
-    rows = []
-    for r in result["ranks"]:
-        c = r["comm"]
-        rows.append(
-            {
-                "rank": r["rank"],
-                "pp": r["coords"][0],
-                "dp": r["coords"][1],
-                "tp": r["coords"][2],
-                "all_reduce": r["calls"].get("all_reduce", 0),
-                "send": r["calls"].get("isend", 0),
-                "recv": r["calls"].get("recv", 0),
-                "p2p_bytes_sent": c["p2p_bytes_sent"],
-                "model_bytes_sent": c["model_bytes_sent"],
-                "wire_bytes_sent": c["wire_bytes_sent"],
-            }
-        )
-    return pd.DataFrame(rows)
+# what a run_3d result is read with lives in three_d_report; re-exported here
+from course_lib.plan.three_d_report import (  # noqa: E402
+    LOSS_RTOL,
+    PARAM_TOL,
+    comm_table,
+    memory_table,
+    parity_3d,
+)

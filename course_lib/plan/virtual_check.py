@@ -24,6 +24,8 @@ Introduced in notebooks/14_planning_a_run.ipynb.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from course_lib.plan.memory import predict_memory
@@ -66,7 +68,7 @@ def _check(model: ModelSpec, layout: Layout) -> None:
         )
 
 
-def _predicted_state(model: ModelSpec, layout: Layout) -> int:
+def _predicted_state(model: ModelSpec, layout: Layout) -> int | float:
     m = predict_memory(model, layout)
     return m["params"] + m["grads"] + m["optimizer"]
 
@@ -87,35 +89,58 @@ def compare_with_virtual(
     from course_lib import virtual
 
     _check(model, layout)
-    strategy = "fsdp" if layout.tp == 1 else "fsdp+tp"
-    world = layout.dp * layout.tp
     pred, virt, runs = {}, {}, {}
     for k in (1, 2):
-        cut = model.replace(layers=k)
-        pred[k] = _predicted_state(cut, layout)
-        shape = virtual.llama_like(
-            k,
-            model.hidden,
-            model.heads,
-            model.kv_heads,
-            model.ffn,
-            model.vocab,
-            name=f"{model.name}, {k} layer{'s' * (k > 1)}",
-        )
-        df = virtual.simulate_step(
-            shape,
-            world_size=world,
-            strategy=strategy,
-            tp=layout.tp if layout.tp > 1 else None,
-            mixed_precision="bf16",
-            batch=1,
-            seq_len=seq_len,
-            timeout=timeout,
-            count_comm=False,
-        )
-        st = virtual.model_states(df)
+        pred[k] = _predicted_state(model.replace(layers=k), layout)
+        runs[k] = _simulate(model, layout, k, seq_len=seq_len, timeout=timeout)
+        st = virtual.model_states(runs[k])
         virt[k] = st["total"] - st["gathered"]
-        runs[k] = df
+    out = pd.DataFrame(_rows(pred, virt, layout))
+    out.attrs.update(
+        label="virtual",
+        tolerance=TOLERANCE,
+        gathered=virtual.model_states(runs[2])["gathered"],
+        sim_cpu_s=sum(df.attrs["simulate_s"] for df in runs.values()),
+        predicted_buffers=predict_memory(model.replace(layers=2), layout)["buffers"],
+        title=f"virtual cluster (simulated) vs planner: {model.name} at dp {layout.dp}"
+        f" x tp {layout.tp}, ZeRO-3; model state per rank, B",
+    )
+    return out
+
+
+def _simulate(
+    model: ModelSpec, layout: Layout, layers: int, *, seq_len: int, timeout: float
+) -> pd.DataFrame:
+    """One bf16 FSDP (or FSDP + TP) training step of ``model`` cut to ``layers`` layers, traced
+    on the virtual cluster at ``layout``'s dp x tp ranks."""
+    from course_lib import virtual
+
+    shape = virtual.llama_like(
+        layers,
+        model.hidden,
+        model.heads,
+        model.kv_heads,
+        model.ffn,
+        model.vocab,
+        name=f"{model.name}, {layers} layer{'s' * (layers > 1)}",
+    )
+    return virtual.simulate_step(
+        shape,
+        world_size=layout.dp * layout.tp,
+        strategy="fsdp" if layout.tp == 1 else "fsdp+tp",
+        tp=layout.tp if layout.tp > 1 else None,
+        mixed_precision="bf16",
+        batch=1,
+        seq_len=seq_len,
+        timeout=timeout,
+        count_comm=False,
+    )
+
+
+def _rows(
+    pred: dict[int, int | float], virt: dict[int, int], layout: Layout
+) -> list[dict[str, Any]]:
+    """The comparison's rows from the 1- and 2-layer model states, predicted and virtual."""
     rows = [
         (
             "per layer",
@@ -134,27 +159,14 @@ def compare_with_virtual(
         ("1 layer + rest", pred[1], virt[1], ""),
         ("2 layers + rest", pred[2], virt[2], ""),
     ]
-    out = pd.DataFrame(
-        [
-            {
-                "part": p,
-                "predicted_B": int(a),
-                "virtual_B": int(b),
-                "ratio": b / a,
-                "residual_B": int(b - a),
-                "note": n,
-            }
-            for p, a, b, n in rows
-        ]
-    )
-    gathered = virtual.model_states(runs[2])["gathered"]
-    out.attrs.update(
-        label="virtual",
-        tolerance=TOLERANCE,
-        gathered=gathered,
-        sim_cpu_s=sum(df.attrs["simulate_s"] for df in runs.values()),
-        predicted_buffers=predict_memory(model.replace(layers=2), layout)["buffers"],
-        title=f"virtual cluster (simulated) vs planner: {model.name} at dp {layout.dp}"
-        f" x tp {layout.tp}, ZeRO-3; model state per rank, B",
-    )
-    return out
+    return [
+        {
+            "part": p,
+            "predicted_B": int(a),
+            "virtual_B": int(b),
+            "ratio": b / a,
+            "residual_B": int(b - a),
+            "note": n,
+        }
+        for p, a, b, n in rows
+    ]

@@ -44,7 +44,7 @@ class Kernel:
         self,
         cwd: str,
         python: str | None = None,
-        extra_env: dict | None = None,
+        extra_env: dict[str, str] | None = None,
         module: str = "ipykernel_launcher",
         *,
         store_history: bool = True,
@@ -81,11 +81,13 @@ class Kernel:
 
     @property
     def pid(self) -> int:
-        return self.km.provisioner.process.pid
+        provisioner = self.km.provisioner  # a LocalProvisioner once the kernel has started
+        return int(getattr(provisioner, "process").pid)  # noqa: B009 - not in the base class
 
     def descendants(self) -> list[psutil.Process]:
         try:
-            return psutil.Process(self.pid).children(recursive=True)
+            children: list[psutil.Process] = psutil.Process(self.pid).children(recursive=True)
+            return children
         except psutil.Error:
             return []
 

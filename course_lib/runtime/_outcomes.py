@@ -5,43 +5,76 @@ order. Part of :func:`course_lib.launch` (runtime/launch.py).
 
 from __future__ import annotations
 
+import math
 import pickle
 import signal
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from course_lib.runtime import _worker
 from course_lib.runtime.errors import LaunchError
+from course_lib.runtime.protocol import RankResult
 
 _STDERR_TAIL_LINES = 15  # lines of a dead rank's stderr quoted in the error
 
 
-def _read_result(workdir: str, rank: int) -> tuple | None:
-    """The record a rank's trampoline wrote: ("ok", value, t) or ("error", type, msg, tb, t)."""
+@dataclass(frozen=True)
+class Outcome:
+    """How one rank of a launch ended, as the caller sees it.
+
+    ``ok``: it returned ``value`` (``text``: a note, e.g. it was stopped while waiting for its
+    peers); ``error``: it raised, died or hung (``text`` says which, ``when`` is when, for
+    ordering failures); ``stopped``: the launcher stopped it after a peer failed (``text``)."""
+
+    kind: Literal["ok", "error", "stopped"]
+    value: Any = None
+    text: str = ""
+    when: float = math.inf
+
+    @classmethod
+    def from_result(cls, record: RankResult, note: str = "") -> Outcome:
+        if record.kind == "ok":
+            return cls("ok", record.value, note)
+        return cls("error", text=record.error_text, when=record.when)
+
+
+def read_result(workdir: str, rank: int) -> RankResult | None:
+    """The record a rank's trampoline wrote, or None if it wrote none."""
     try:
         with open(_worker.rank_file(workdir, rank, "result"), "rb") as f:
-            return pickle.load(f)
+            record: RankResult = pickle.load(f)
+            return record
     except FileNotFoundError:
         return None
-
-
-def _error_outcome(record: tuple) -> tuple:
-    _, exc_type, message, tb, when = record
-    return ("error", when, f"raised {exc_type}: {message}\n{tb.rstrip()}")
 
 
 def _size(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def _read_outcome(
+def read_outcome(
     workdir: str, rank: int, exitcode: int, memory: tuple[int, int, int] | None = None
-) -> tuple:
+) -> Outcome:
     """Outcome of a rank whose process has exited with ``exitcode``; ``memory`` is its last
     noted (resident bytes, system available bytes, system total bytes)."""
-    record = _read_result(workdir, rank)
+    record = read_result(workdir, rank)
     if record is not None:
-        return ("ok", record[1]) if record[0] == "ok" else _error_outcome(record)
+        return Outcome.from_result(record)
+    text = _exit_text(exitcode, memory)
+    tail = (
+        read_text(_worker.rank_file(workdir, rank, "err"))
+        .rstrip()
+        .splitlines()[-_STDERR_TAIL_LINES:]
+    )
+    if tail:
+        text += "\nlast lines of its stderr:\n" + "\n".join(tail)
+    return Outcome("error", text=text, when=time.time())
+
+
+def _exit_text(exitcode: int, memory: tuple[int, int, int] | None) -> str:
+    """Why a rank that wrote no result ended: a signal (the OOM killer's, likely) or an exit."""
     if exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
@@ -67,14 +100,7 @@ def _read_outcome(
             "script, keep the launch under `if __name__ == '__main__':`, as multiprocessing "
             "re-imports the main module in every rank)"
         )
-    tail = (
-        _read_text(_worker.rank_file(workdir, rank, "err"))
-        .rstrip()
-        .splitlines()[-_STDERR_TAIL_LINES:]
-    )
-    if tail:
-        text += "\nlast lines of its stderr:\n" + "\n".join(tail)
-    return ("error", time.time(), text)
+    return text
 
 
 # What a rank's collective reports when a *peer* died or failed first.
@@ -86,28 +112,29 @@ _PEER_FAILURE_MARKERS = (
 )
 
 
-def _launch_error(outcomes: dict[int, tuple], timeout: float) -> LaunchError:
-    failures = {r: o[2] for r, o in outcomes.items() if o[0] == "error"}
+def launch_error(outcomes: dict[int, Outcome]) -> LaunchError:
+    """The error naming every rank of a failed launch, the root cause first."""
+    failures = {r: o.text for r, o in outcomes.items() if o.kind == "error"}
 
     def consequence(rank: int) -> bool:  # failed only because a peer went away
         return any(m in failures[rank].split("\n", 1)[0] for m in _PEER_FAILURE_MARKERS)
 
     # the root cause: a failure that is not a peer's consequence, earliest first
-    first = min(failures, key=lambda r: (consequence(r), outcomes[r][1], r))
+    first = min(failures, key=lambda r: (consequence(r), outcomes[r].when, r))
     summary = {}
     for rank, outcome in sorted(outcomes.items()):
-        if outcome[0] == "ok":
-            summary[rank] = outcome[2] if len(outcome) > 2 else "returned normally"
-        elif outcome[0] == "stopped":
-            summary[rank] = outcome[1]
+        if outcome.kind == "ok":
+            summary[rank] = outcome.text or "returned normally"
+        elif outcome.kind == "stopped":
+            summary[rank] = outcome.text
         else:
-            line = outcome[2].split("\n", 1)[0]
+            line = outcome.text.split("\n", 1)[0]
             line = line if len(line) <= 160 else line[:157] + "..."
             if consequence(rank) and rank != first:
                 line += f" (a consequence: a peer left the collective, see rank {first})"
             summary[rank] = line
-    returned = sorted(r for r, o in outcomes.items() if o[0] == "ok")
-    waited = any(o[0] == "stopped" for o in outcomes.values()) or any(
+    returned = sorted(r for r, o in outcomes.items() if o.kind == "ok")
+    waited = any(o.kind == "stopped" for o in outcomes.values()) or any(
         "timed out" in f.lower() or "timeout" in f.lower() for f in failures.values()
     )
     lines = [f"{len(failures)} of {len(outcomes)} ranks failed (first: rank {first})."]
@@ -122,7 +149,7 @@ def _launch_error(outcomes: dict[int, tuple], timeout: float) -> LaunchError:
     return LaunchError("\n".join(lines), failures, summary)
 
 
-def _read_text(path: str) -> str:
+def read_text(path: str) -> str:
     try:
         with open(path, "rb") as f:
             return f.read().decode("utf-8", errors="replace")
@@ -130,13 +157,13 @@ def _read_text(path: str) -> str:
         return ""
 
 
-def _emit_output(workdir: str, world_size: int) -> None:
+def emit_output(workdir: str, world_size: int) -> None:
     """Print each rank's captured stdout/stderr into the caller's, prefixed, in rank order."""
     for kind, stream in (("out", sys.stdout), ("err", sys.stderr)):
         text = "".join(
             f"[rank {rank}] {line}\n"
             for rank in range(world_size)
-            for line in _read_text(_worker.rank_file(workdir, rank, kind)).splitlines()
+            for line in read_text(_worker.rank_file(workdir, rank, kind)).splitlines()
         )
         if text and stream is not None:  # sys.stdout is None under pythonw
             stream.write(text)

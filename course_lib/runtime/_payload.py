@@ -14,10 +14,10 @@ _LARGE_PAYLOAD_BYTES = 50 * 2**20  # a pickled fn + arguments above 50 MiB get a
 _warned_large_payloads: set[str] = set()
 
 
-def _pickle_payload(fn, args: tuple, kwargs: dict) -> bytes:
+def _pickle_payload(fn: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
     """cloudpickle ``(fn, args, kwargs)``; on failure name the culprit and its type."""
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
+        return bytes(cloudpickle.dumps((fn, args, kwargs)))
     except Exception as whole_error:
         candidates = [("fn", fn)] + [
             (f"positional argument args[{i}]", a) for i, a in enumerate(args)
@@ -40,7 +40,9 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
-def _captured_sizes(fn, args: tuple, kwargs: dict) -> list[tuple[str, int]]:
+def _captured_sizes(
+    fn: object, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[tuple[str, int]]:
     """(label, pickled size) of what fn carries along: globals it names, closure variables,
     arguments; largest first. Only called for a payload already known to be large."""
     parts: list[tuple[str, Any]] = []
@@ -69,7 +71,9 @@ def _captured_sizes(fn, args: tuple, kwargs: dict) -> list[tuple[str, int]]:
     return sorted((p for p in sizes if p[1] >= 2**20), key=lambda p: -p[1])
 
 
-def _warn_large_payload(fn, args: tuple, kwargs: dict, size: int) -> None:
+def _warn_large_payload(
+    fn: object, args: tuple[Any, ...], kwargs: dict[str, Any], size: int
+) -> None:
     """Once per function name: the payload travels to every rank on every launch."""
     name = getattr(fn, "__qualname__", type(fn).__qualname__)
     if name in _warned_large_payloads:

@@ -7,10 +7,10 @@ directory, gloo or NCCL as ``device.resolve_backend`` chose), but instead of cal
 function and exiting it loops: receive a request on its pipe, run it in its own namespace
 (which persists from cell to cell), reply. Requests and replies are cloudpickled bytes:
 
-    ("exec", definitions, source, filename)  -> ("ok", last value's repr or None, notes)
-    ("eval", definitions, expression)         -> ("ok", cloudpickled value, notes)
-    ("push", cloudpickled {name: value})      -> ("ok", None, notes)
-    any of them                               -> ("error", type, message, traceback, notes)
+    Request("exec", source, filename, definitions) -> CellReply("ok", last value's repr or None)
+    Request("eval", expression, definitions=...)   -> CellReply("ok", cloudpickled value)
+    Request("push", values=cloudpickled {name: value}) -> CellReply("ok")
+    any of them                                    -> CellReply("error", exc_type=..., ...)
 
 ``definitions`` are (label, source) pairs of the kernel's own imports, functions and classes
 (see ``_definitions.py``), run first; ``notes`` lists those that failed here, so that the
@@ -35,26 +35,30 @@ import sys
 import threading
 import time
 import traceback
-from datetime import timedelta
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from types import FrameType
+from typing import Any
 
 import cloudpickle
 import torch
 import torch.distributed as dist
 
 from course_lib.runtime import _worker
+from course_lib.runtime.protocol import CellReply, Definition, RankSpec, Request
 
 
 class _State:
     busy = False  # a request is running: SIGINT may interrupt it
 
 
-def _on_sigint(signum, frame) -> None:
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
     if _State.busy:
         _State.busy = False  # one KeyboardInterrupt per request, however many SIGINTs arrive
         raise KeyboardInterrupt
 
 
-def _watch_lifeline(lifeline) -> None:
+def _watch_lifeline(lifeline: Connection) -> None:
     """Block until the kernel's end of the lifeline closes (the kernel exited); then die."""
     if hasattr(signal, "pthread_sigmask"):  # signals for the rank go to its main thread, not here
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
@@ -72,13 +76,14 @@ def _register_source(source: str, filename: str) -> None:
     linecache.cache[filename] = (len(source), None, lines, filename)
 
 
-def _run_cell(source: str, filename: str, namespace: dict) -> str | None:
+def _run_cell(source: str, filename: str, namespace: dict[str, Any]) -> str | None:
     """Execute ``source`` like a notebook cell; return the repr of its last expression's value."""
     _register_source(source, filename)
     tree = ast.parse(source, filename=filename)
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
+        last = ast.Expression(tree.body[-1].value)
+        tree.body.pop()
     exec(compile(tree, filename, "exec"), namespace)
     if last is None:
         return None
@@ -89,7 +94,9 @@ def _run_cell(source: str, filename: str, namespace: dict) -> str | None:
     return repr(value)
 
 
-def _define(definitions: list, namespace: dict, failed: dict) -> list[str]:
+def _define(
+    definitions: tuple[Definition, ...], namespace: dict[str, Any], failed: dict[str, str]
+) -> list[str]:
     """Run the kernel's definitions here; return notes for those that fail (each once)."""
     notes = []
     for label, source, filename in definitions:
@@ -114,95 +121,64 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(te.format())
 
 
-def _handle(request: tuple, namespace: dict, failed: dict) -> tuple:
-    kind = request[0]
+def _evaluate(request: Request, namespace: dict[str, Any]) -> bytes:
+    value = eval(compile(request.source, "<gather>", "eval"), namespace)
+    _State.busy = False
+    try:
+        return bytes(cloudpickle.dumps(value))
+    except Exception as exc:
+        raise TypeError(
+            f"the value of {request.source!r} (type {type(value).__name__}) "
+            f"cannot be pickled, so it cannot be sent back: {exc}"
+        ) from exc
+
+
+def _handle(request: Request, namespace: dict[str, Any], failed: dict[str, str]) -> CellReply:
     notes: list[str] = []
     try:
         _State.busy = True
-        if kind == "exec":
-            _, definitions, source, filename = request
-            notes = _define(definitions, namespace, failed)
-            return ("ok", _run_cell(source, filename, namespace), notes)
-        if kind == "eval":
-            notes = _define(request[1], namespace, failed)
-            value = eval(compile(request[2], "<gather>", "eval"), namespace)
-            _State.busy = False
-            try:
-                data = cloudpickle.dumps(value)
-            except Exception as exc:
-                raise TypeError(
-                    f"the value of {request[2]!r} (type {type(value).__name__}) "
-                    f"cannot be pickled, so it cannot be sent back: {exc}"
-                ) from exc
-            return ("ok", data, notes)
-        if kind == "push":
-            namespace.update(cloudpickle.loads(request[1]))
-            return ("ok", None, notes)
-        raise ValueError(f"unknown request {kind!r}")
+        if request.kind == "exec":
+            notes = _define(request.definitions, namespace, failed)
+            value = _run_cell(request.source, request.filename, namespace)
+            return CellReply("ok", value, notes)
+        if request.kind == "eval":
+            notes = _define(request.definitions, namespace, failed)
+            return CellReply("ok", _evaluate(request, namespace), notes)
+        if request.kind == "push":
+            namespace.update(cloudpickle.loads(request.values))
+            return CellReply("ok", None, notes)
+        raise ValueError(f"unknown request {request.kind!r}")
     except BaseException as exc:  # noqa: B036 - KeyboardInterrupt/SystemExit fail the cell only
         _State.busy = False
-        return ("error", type(exc).__name__, str(exc), _user_traceback(exc), notes)
+        return CellReply(
+            "error",
+            notes=notes,
+            exc_type=type(exc).__name__,
+            message=str(exc),
+            traceback=_user_traceback(exc),
+        )
     finally:
         _State.busy = False
         sys.stdout.flush()
         sys.stderr.flush()
 
 
-def serve(rank: int, spec: dict, conn, lifeline) -> None:
-    """Entry point of one persistent rank (the target of a forkserver Process)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the handler below is in place
-    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
-    workdir, world_size = spec["workdir"], spec["world_size"]
-    _worker._redirect_std_streams(workdir, rank)
-    os.environ.clear()
-    os.environ.update(spec["env"])
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size),
-        **{_worker.RANK_MARKER_ENV: "1"},
-    )
-    if spec.get("loopback_interface") and not os.environ.get("GLOO_SOCKET_IFNAME"):
-        os.environ["GLOO_SOCKET_IFNAME"] = spec["loopback_interface"]
-    sys.path[:] = spec["sys_path"]
-    if spec.get("child_start_method"):
-        import multiprocessing
-
-        multiprocessing.set_start_method(spec["child_start_method"], force=True)
-    torch.set_num_threads(spec["threads"])
-    stack_file = open(_worker.rank_file(workdir, rank, "stack"), "w")
-    if hasattr(signal, "SIGUSR1"):  # the kernel asks for this rank's stack at a cell's deadline
-        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
-    signal.signal(signal.SIGINT, _on_sigint)
+def _start(rank: int, spec: RankSpec) -> CellReply:
+    """Join the process group; the reply to request number 0 (the start)."""
     try:
-        if spec["backend"] == "nccl":
-            torch.cuda.set_device(rank)
-        timeout = timedelta(seconds=spec["pg_timeout"])
-        store = dist.FileStore(_worker.store_file(workdir), world_size)
-        store.set_timeout(timeout)
-        dist.init_process_group(
-            spec["backend"], store=store, rank=rank, world_size=world_size, timeout=timeout
-        )
-        if world_size > 1:
-            _worker._all_joined(store, world_size, spec["pg_timeout"])
-        from course_lib.runtime.device import rank_device
-
-        reply = ("ok", None, [], 0.0)
+        _worker.join_group(rank, spec, _worker.open_store(spec))
+        return CellReply("ok")
     except BaseException as exc:  # noqa: B036 - reported to the kernel as a failed start
-        reply = ("error", type(exc).__name__, str(exc), traceback.format_exc(), [], 0.0)
-    conn.send_bytes(bytes(8) + cloudpickle.dumps(reply))  # request number 0: the start
-    if reply[0] != "ok":
-        return
-    namespace = {
-        "__name__": "__main__",
-        "__builtins__": __builtins__,
-        "rank": rank,
-        "world_size": world_size,
-        "torch": torch,
-        "dist": dist,
-        "device": rank_device(),
-    }
+        return CellReply(
+            "error",
+            exc_type=type(exc).__name__,
+            message=str(exc),
+            traceback=traceback.format_exc(),
+        )
+
+
+def _loop(conn: Connection, namespace: dict[str, Any]) -> None:
+    """Answer requests until the kernel says stop or closes the pipe."""
     failed: dict[str, str] = {}
     while True:
         try:
@@ -212,14 +188,42 @@ def serve(rank: int, spec: dict, conn, lifeline) -> None:
         except KeyboardInterrupt:  # cannot happen while idle, but never leave the loop for it
             continue
         seq, request = data[:8], cloudpickle.loads(data[8:])
-        if request[0] == "stop":
+        if request.kind == "stop":
             break
         started = time.perf_counter()
-        reply = _handle(request, namespace, failed)
+        reply = replace(_handle(request, namespace, failed), seconds=time.perf_counter() - started)
         try:
-            conn.send_bytes(seq + cloudpickle.dumps(reply + (time.perf_counter() - started,)))
+            conn.send_bytes(seq + cloudpickle.dumps(reply))
         except (BrokenPipeError, OSError):
             break
+
+
+def serve(rank: int, spec: RankSpec, conn: Connection, lifeline: Connection) -> None:
+    """Entry point of one persistent rank (the target of a forkserver Process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the handler below is in place
+    threading.Thread(target=_watch_lifeline, args=(lifeline,), daemon=True).start()
+    _worker._redirect_std_streams(spec.workdir, rank)
+    _worker.prepare_rank(rank, spec)
+    stack_file = open(_worker.rank_file(spec.workdir, rank, "stack"), "w")
+    if hasattr(signal, "SIGUSR1"):  # the kernel asks for this rank's stack at a cell's deadline
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
+    signal.signal(signal.SIGINT, _on_sigint)
+    reply = _start(rank, spec)
+    conn.send_bytes(bytes(8) + cloudpickle.dumps(reply))  # request number 0: the start
+    if reply.kind != "ok":
+        return
+    from course_lib.runtime.device import rank_device
+
+    namespace = {
+        "__name__": "__main__",
+        "__builtins__": __builtins__,
+        "rank": rank,
+        "world_size": spec.world_size,
+        "torch": torch,
+        "dist": dist,
+        "device": rank_device(),
+    }
+    _loop(conn, namespace)
     if dist.is_initialized():
         try:
             dist.destroy_process_group()

@@ -8,10 +8,13 @@ import atexit
 import os
 import traceback
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch.distributed as dist
 
+from course_lib.runtime._outcomes import Outcome
 from course_lib.runtime.device import resolve_backend
 from course_lib.runtime.errors import LaunchError
 
@@ -56,8 +59,13 @@ def _destroy_default_group() -> None:
 
 
 def _launch_in_torchrun(
-    fn, world_size: int, args: tuple, kwargs: dict, backend: str, timeout: float
-) -> list:
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    backend: str,
+    timeout: float,
+) -> list[Any]:
     """This process is one rank of a torchrun job: run fn here, all-gather the results."""
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
@@ -80,19 +88,20 @@ def _launch_in_torchrun(
         # and can race. It is destroyed when the script exits.
         atexit.register(_destroy_default_group)
     try:
-        record = ("ok", fn(rank, world_size, *args, **kwargs))
+        record = Outcome("ok", fn(rank, world_size, *args, **kwargs))
     except Exception as exc:
-        record = ("error", f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc().rstrip()}")
-    gathered: list = [None] * world_size
+        text = f"raised {type(exc).__name__}: {exc}\n{traceback.format_exc().rstrip()}"
+        record = Outcome("error", text=text)
+    gathered: list[Outcome] = [record] * world_size
     dist.all_gather_object(gathered, record)  # every rank learns every outcome
-    failures = {r: rec[1] for r, rec in enumerate(gathered) if rec[0] == "error"}
+    failures = {r: rec.text for r, rec in enumerate(gathered) if rec.kind == "error"}
     if failures:
         summary = {
-            r: ("returned normally" if rec[0] == "ok" else rec[1].splitlines()[0])
+            r: ("returned normally" if rec.kind == "ok" else rec.text.splitlines()[0])
             for r, rec in enumerate(gathered)
         }
         lines = [f"{len(failures)} of {world_size} ranks failed (under torchrun)."]
         lines += [f"rank {r}: {s}" for r, s in summary.items()]
         lines += [f"\n--- rank {r} {text}" for r, text in failures.items()]
         raise LaunchError("\n".join(lines), failures, summary)
-    return [rec[1] for rec in gathered]
+    return [rec.value for rec in gathered]

@@ -31,7 +31,7 @@ def _owner_alive(pid: int, path: str) -> bool:
         if owner.status() == psutil.STATUS_ZOMBIE:
             return False
         # a process started after the directory last changed only reuses the dead owner's pid
-        return owner.create_time() <= os.stat(path).st_mtime + 1.0
+        return bool(owner.create_time() <= os.stat(path).st_mtime + 1.0)
     except psutil.NoSuchProcess:
         return False
     except (psutil.Error, OSError):

@@ -15,32 +15,21 @@ killed by a signal is still there to show. The ranks meet through ``store`` ther
 
 from __future__ import annotations
 
-import faulthandler
-import importlib
-import multiprocessing
-import multiprocessing.process
-import multiprocessing.spawn
 import os
 import signal
-import sys
-import time
-import traceback
-from datetime import timedelta
+from types import FrameType
 
-# Set in every rank so a nested launch() can refuse clearly instead of forking a second world.
-RANK_MARKER_ENV = "COURSE_LIB_LAUNCH_RANK"
-# Set (briefly) by the caller while it starts the forkserver: "path:<file>" or "name:<module>".
-FORKSERVER_MAIN_ENV = "COURSE_LIB_FORKSERVER_MAIN"
 # Set (briefly) by the caller while it starts the forkserver, which preloads this module first.
 FORKSERVER_PRELOAD_ENV = "COURSE_LIB_FORKSERVER_PRELOAD"
 
 
-def _exit_quietly(signum, frame) -> None:
+def _exit_quietly(signum: int, frame: FrameType | None) -> None:
     """The forkserver's SIGINT handler while it imports torch (seconds, on the first launch).
 
     "Interrupt kernel" signals the kernel's whole process group, the forkserver included;
     without this it died printing ~30 lines of its own KeyboardInterrupt traceback into the
-    cell. It exits as before, only quietly; the next launch starts a new one.
+    cell. It exits as before, only quietly; the next launch starts a new one. Installed before
+    any other import, so that even a loaded machine leaves no window without it.
     """
     os._exit(128 + signum)
 
@@ -48,9 +37,26 @@ def _exit_quietly(signum, frame) -> None:
 if os.environ.pop(FORKSERVER_PRELOAD_ENV, None):  # in the forkserver, before the slow imports
     signal.signal(signal.SIGINT, _exit_quietly)
 
+import faulthandler  # noqa: E402
+import importlib  # noqa: E402
+import multiprocessing  # noqa: E402
+import multiprocessing.process  # noqa: E402
+import multiprocessing.spawn  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+# Set in every rank so a nested launch() can refuse clearly instead of forking a second world.
+RANK_MARKER_ENV = "COURSE_LIB_LAUNCH_RANK"
+# Set (briefly) by the caller while it starts the forkserver: "path:<file>" or "name:<module>".
+FORKSERVER_MAIN_ENV = "COURSE_LIB_FORKSERVER_MAIN"
+
 import cloudpickle  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+from course_lib.runtime.protocol import RankResult, RankSpec  # noqa: E402
 
 
 def _import_caller_main(main: str) -> None:
@@ -64,16 +70,17 @@ def _import_caller_main(main: str) -> None:
     """
     kind, _, target = main.partition(":")
     current = multiprocessing.process.current_process()
-    current._inheriting = True  # what forkserver.main sets around the same import
+    # what forkserver.main sets around the same import (private: not in typeshed)
+    setattr(current, "_inheriting", True)  # noqa: B010
     try:
         if kind == "path":
             multiprocessing.spawn.import_main_path(target)
         elif kind == "name":
-            multiprocessing.spawn._fixup_main_from_name(target)
+            getattr(multiprocessing.spawn, "_fixup_main_from_name")(target)  # noqa: B009 - private
     except BaseException:  # noqa: B036 - a main that cannot be imported here: ranks do it themselves
         pass
     finally:
-        del current._inheriting
+        delattr(current, "_inheriting")
 
 
 if FORKSERVER_MAIN_ENV in os.environ:  # only true while being preloaded into the forkserver
@@ -104,18 +111,18 @@ def _redirect_std_streams(workdir: str, rank: int) -> None:
     )
 
 
-def _write_result(workdir: str, rank: int, record: tuple) -> None:
+def _write_result(workdir: str, rank: int, record: RankResult) -> None:
     path = rank_file(workdir, rank, "result")
     try:
         data = cloudpickle.dumps(record)
     except Exception as exc:  # the return value itself cannot travel back
-        value_type = type(record[1]).__name__ if record[0] == "ok" else "exception"
-        record = (
+        value_type = type(record.value).__name__ if record.kind == "ok" else "exception"
+        record = RankResult(
             "error",
-            "TypeError",
-            f"the return value of type {value_type} cannot be pickled: {exc!r}",
-            traceback.format_exc(),
             time.time(),
+            exc_type="TypeError",
+            message=f"the return value of type {value_type} cannot be pickled: {exc!r}",
+            traceback=traceback.format_exc(),
         )
         data = cloudpickle.dumps(record)
     tmp = path + ".tmp"
@@ -124,7 +131,7 @@ def _write_result(workdir: str, rank: int, record: tuple) -> None:
     os.replace(tmp, path)  # atomic: the caller never reads half a result
 
 
-def _all_joined(store, world_size: int, timeout: float) -> None:
+def _all_joined(store: dist.Store, world_size: int, timeout: float) -> None:
     """Wait until every rank has finished ``init_process_group``.
 
     gloo connects the ranks pairwise; one rank can be through while a peer is still shaking
@@ -137,7 +144,7 @@ def _all_joined(store, world_size: int, timeout: float) -> None:
     store.wait(["course_lib/all_joined"], timedelta(seconds=timeout))
 
 
-def _finish(store, world_size: int, timeout: float, wait: bool) -> None:
+def _finish(store: dist.Store, world_size: int, timeout: float, wait: bool) -> None:
     """Count this rank as finished; if ``wait``, stay alive until every rank has finished.
 
     A rank that returns early and exits closes its gloo/NCCL connections, which breaks a peer
@@ -152,78 +159,94 @@ def _finish(store, world_size: int, timeout: float, wait: bool) -> None:
         store.wait(["course_lib/all_finished"], timedelta(seconds=timeout))
 
 
-def run_rank(rank: int, spec: dict) -> None:
-    """Entry point of one rank (called by torch.multiprocessing as ``run_rank(rank, spec)``).
-
-    ``spec`` holds: payload (cloudpickled ``(fn, args, kwargs)``), world_size, backend,
-    timeout (seconds), threads (intra-op threads), workdir, env (the caller's environment),
-    sys_path (the caller's, ``''`` resolved), child_start_method (for the rank's own
-    multiprocessing children, or None), loopback_interface (for gloo, or None).
-    """
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # not the forkserver's quiet exit
-    workdir, world_size = spec["workdir"], spec["world_size"]
-    try:
-        _redirect_std_streams(workdir, rank)
-    except OSError:  # the directory is gone: the caller gave up on this launch while starting it
-        return
-    # The forkserver froze its environment when it started; use the caller's current one.
+def prepare_rank(rank: int, spec: RankSpec) -> None:
+    """Make this process rank ``rank`` of ``spec``: the caller's environment (the forkserver
+    froze its own when it started) with the variables torchrun sets, the caller's import path,
+    the start method of its own children, and its intra-op threads."""
     os.environ.clear()
-    os.environ.update(spec["env"])
+    os.environ.update(spec.env)
     # the same variables torchrun sets, so env-reading code runs unchanged under both
     os.environ.update(
         RANK=str(rank),
-        WORLD_SIZE=str(world_size),
+        WORLD_SIZE=str(spec.world_size),
         LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(spec.world_size),
         **{RANK_MARKER_ENV: "1"},
     )
-    if spec.get("loopback_interface") and not os.environ.get("GLOO_SOCKET_IFNAME"):
+    if spec.loopback_interface and not os.environ.get("GLOO_SOCKET_IFNAME"):
         # all ranks are on this machine: gloo need not resolve the host name to find an address
-        os.environ["GLOO_SOCKET_IFNAME"] = spec["loopback_interface"]
+        os.environ["GLOO_SOCKET_IFNAME"] = spec.loopback_interface
     # The caller's import path as it is now (multiprocessing maps '' to where it started).
-    sys.path[:] = spec.get("sys_path", sys.path)
+    sys.path[:] = spec.sys_path
     importlib.invalidate_caches()
-    if spec.get("child_start_method"):
+    if spec.child_start_method:
         # DataLoader workers and other children: fork, so notebook-defined classes need no pickle
-        multiprocessing.set_start_method(spec["child_start_method"], force=True)
-    torch.set_num_threads(spec["threads"])  # N ranks x 1 thread: no oversubscribed cores
+        multiprocessing.set_start_method(spec.child_start_method, force=True)
+    torch.set_num_threads(spec.threads)  # N ranks x 1 thread: no oversubscribed cores
 
-    stack_file = open(rank_file(workdir, rank, "stack"), "w")
-    # if this rank hangs, the caller gets its Python stack instead of just "timed out"
-    faulthandler.dump_traceback_later(spec["timeout"], exit=False, file=stack_file)
-    ok, store = False, None
+
+def open_store(spec: RankSpec) -> dist.FileStore:
+    """The FileStore through which the ranks of ``spec`` meet (see :func:`join_group`)."""
+    store = dist.FileStore(store_file(spec.workdir), spec.world_size)
+    store.set_timeout(timedelta(seconds=spec.timeout))
+    return store
+
+
+def join_group(rank: int, spec: RankSpec, store: dist.FileStore) -> None:
+    """Join the process group of ``spec`` through ``store``; wait until every rank has.
+
+    The ranks meet through a file in the private directory, so two launches (two notebooks)
+    never collide, and no name service is asked anything: a TCPStore reverse-resolves
+    ::ffff:127.0.0.1 on every connection, and a lost DNS query stalled the launch for glibc's
+    5 s retry time-out. gloo/NCCL pick free ports themselves.
+    """
+    if spec.backend == "nccl":
+        torch.cuda.set_device(rank)  # one GPU per rank, never two ranks on one GPU
+    timeout = timedelta(seconds=spec.timeout)
+    dist.init_process_group(
+        spec.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout
+    )
+    if spec.world_size > 1:
+        _all_joined(store, spec.world_size, spec.timeout)
+
+
+def _call(rank: int, spec: RankSpec) -> tuple[bool, dist.FileStore | None]:
+    """Join the group, call fn, write the result record; (whether fn returned, the store)."""
+    store = None
     try:
-        backend = spec["backend"]
-        if backend == "nccl":
-            torch.cuda.set_device(rank)  # one GPU per rank, never two ranks on one GPU
-        # The ranks meet through a file in the launch's private directory, so two launches
-        # (two notebooks) never collide, and no name service is asked anything: a TCPStore
-        # reverse-resolves ::ffff:127.0.0.1 on every connection, and a lost DNS query stalled
-        # the launch for glibc's 5 s retry time-out. gloo/NCCL pick free ports themselves.
-        store = dist.FileStore(store_file(workdir), world_size)
-        store.set_timeout(timedelta(seconds=spec["timeout"]))
-        dist.init_process_group(
-            backend,
-            store=store,
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=spec["timeout"]),
-        )
-        if world_size > 1:
-            _all_joined(store, world_size, spec["timeout"])
-        fn, args, kwargs = cloudpickle.loads(spec["payload"])
-        value = fn(rank, world_size, *args, **kwargs)
-        _write_result(workdir, rank, ("ok", value, time.time()))
-        ok = True
+        store = open_store(spec)
+        join_group(rank, spec, store)
+        fn, args, kwargs = cloudpickle.loads(spec.payload)
+        value = fn(rank, spec.world_size, *args, **kwargs)
+        _write_result(spec.workdir, rank, RankResult("ok", time.time(), value=value))
+        return True, store
     except BaseException as exc:  # noqa: B036 - SystemExit/KeyboardInterrupt are failures too
-        _write_result(
-            workdir,
-            rank,
-            ("error", type(exc).__name__, str(exc), traceback.format_exc(), time.time()),
+        record = RankResult(
+            "error",
+            time.time(),
+            exc_type=type(exc).__name__,
+            message=str(exc),
+            traceback=traceback.format_exc(),
         )
+        _write_result(spec.workdir, rank, record)
+        return False, store
+
+
+def run_rank(rank: int, spec: RankSpec) -> None:
+    """Entry point of one rank (called by torch.multiprocessing as ``run_rank(rank, spec)``)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # not the forkserver's quiet exit
     try:
-        if store is not None and world_size > 1:
-            _finish(store, world_size, spec["timeout"], wait=ok)
+        _redirect_std_streams(spec.workdir, rank)
+    except OSError:  # the directory is gone: the caller gave up on this launch while starting it
+        return
+    prepare_rank(rank, spec)
+    stack_file = open(rank_file(spec.workdir, rank, "stack"), "w")
+    # if this rank hangs, the caller gets its Python stack instead of just "timed out"
+    faulthandler.dump_traceback_later(spec.timeout, exit=False, file=stack_file)
+    ok, store = _call(rank, spec)
+    try:
+        if store is not None and spec.world_size > 1:
+            _finish(store, spec.world_size, spec.timeout, wait=ok)
     except BaseException:  # noqa: B036 - the result is written; the caller decides what happened
         pass
     finally:

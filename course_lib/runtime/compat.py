@@ -8,18 +8,32 @@ builds (a lent GPU machine may have 2.11), so code calls these two names from he
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 import torch.distributed as dist
 
 __all__ = ["all_gather_single", "reduce_scatter_single"]
 
 
-def all_gather_single(output, input, group=None, async_op: bool = False):
+def all_gather_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+) -> Any:
     """``output`` (world_size * input.numel()) <- every rank's ``input``, in rank order."""
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return fn(output, input, group=group, async_op=async_op)
 
 
-def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async_op: bool = False):
+def reduce_scatter_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any = dist.ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+) -> Any:
     """``output`` <- this rank's chunk of the element-wise reduction of every rank's ``input``."""
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return fn(output, input, op=op, group=group, async_op=async_op)

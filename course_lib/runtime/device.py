@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import os
 import platform
+from typing import Any
 
 import psutil
 import torch
 import torch.distributed as dist
+
+from course_lib import validate
+from course_lib.runtime.protocol import Backend
 
 BACKENDS = ("auto", "gloo", "nccl")
 BACKEND_VARIABLE = "COURSE_LIB_BACKEND"
@@ -28,18 +32,16 @@ BACKEND_VARIABLE = "COURSE_LIB_BACKEND"
 _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # bf16: the aarch64 "Features" name
 
 
-def check_backend_name(backend) -> None:
+def check_backend_name(backend: object) -> None:
     """Raise TypeError/ValueError unless ``backend`` is one of :data:`BACKENDS`."""
     if not isinstance(backend, str):
         raise TypeError(
-            f"backend must be a str, one of {BACKENDS}; got {backend!r} "
-            f"of type {type(backend).__name__}"
+            f"backend = {validate.describe(backend)}: expected a str, one of {', '.join(BACKENDS)}"
         )
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+    validate.choice("backend", backend, BACKENDS)
 
 
-def resolve_backend(backend: str, world_size: int) -> str:
+def resolve_backend(backend: str, world_size: int) -> Backend:
     """Turn ``backend`` ('auto', 'gloo' or 'nccl') into the backend a run of ``world_size``
     ranks will use; raise ValueError, before any process starts, if it cannot work here."""
     check_backend_name(backend)
@@ -70,7 +72,7 @@ def resolve_backend(backend: str, world_size: int) -> str:
         raise ValueError(
             "backend='gloo' is not available in this PyTorch build; use backend='nccl' or 'auto'"
         )
-    return backend
+    return "nccl" if backend == "nccl" else "gloo"
 
 
 def default_device() -> torch.device:
@@ -80,9 +82,15 @@ def default_device() -> torch.device:
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def sync(device: torch.device | str) -> None:
+def sync(device: torch.device | str | None = None) -> None:
     """Wait for the device's queued work (CUDA kernels run asynchronously); no-op on CPU.
+    ``None``: the current CUDA device, if this process has initialised CUDA (no-op otherwise).
     Every timer in the course calls it before reading the clock."""
+    if device is None:
+        # torch's stubs leave is_initialized unannotated
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            torch.cuda.synchronize()
+        return
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -102,7 +110,7 @@ def rank_device() -> torch.device:
 
 def _cpu_info() -> tuple[str, set[str]]:
     """CPU model name and feature flags from /proc/cpuinfo (Linux); platform fallback."""
-    model, flags = "", set()
+    model, flags = "", set[str]()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -117,7 +125,7 @@ def _cpu_info() -> tuple[str, set[str]]:
     return model or platform.processor() or platform.machine() or "unknown", flags
 
 
-def hardware_report() -> dict:
+def hardware_report() -> dict[str, Any]:
     """What this machine offers for training, as a plain dict (see :func:`format_hardware_report`).
 
     Keys: cpu_model, cpu_physical_cores, cpu_logical_cores, ram_gib (GiB = 1024**3 B),
@@ -160,7 +168,7 @@ def hardware_report() -> dict:
     }
 
 
-def format_hardware_report(report: dict) -> str:
+def format_hardware_report(report: dict[str, Any]) -> str:
     """Render :func:`hardware_report` as aligned lines for printing in a notebook."""
     native = report["cpu_bf16_native"]
     cpu_bf16 = (

@@ -24,6 +24,6 @@ class LaunchError(RuntimeError):
         self.failures = dict(sorted(failures.items()))
         self.summary = dict(sorted((summary or {}).items()))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[LaunchError], tuple[str, dict[int, str], dict[int, str]]]:
         # keep the attributes when the error crosses a process boundary (pickle)
         return type(self), (self.args[0], self.failures, self.summary)

@@ -4,27 +4,22 @@ Introduced in notebooks/08_collectives.ipynb ("step through a ring all-reduce");
 front end is the ``%%ranks`` magic of :mod:`course_lib.ranks`. ``launch`` runs one function and
 the ranks exit; a :class:`RankSet` keeps its ranks (and their process group, tensors, models)
 alive between requests, so a notebook can advance a distributed algorithm one cell at a time.
-
-It reuses launch's machinery: ranks are forks of the warm forkserver (torch preloaded), get the
-caller's environment and import path, meet through a FileStore in a private temporary
-directory, use gloo on CPU or NCCL with one GPU per rank (``device.resolve_backend``), and
-write stdout/stderr (fds 1 and 2) to per-rank files that are read back in rank order.
+Ranks start as launch's do (``processes.py``: forks of the warm forkserver, the caller's
+environment and import path, a FileStore rendezvous, output captured per rank).
 
 Guarantees, per request (a cell):
 
-* it has a deadline (``timeout`` s): ranks still running then are asked for their Python stack
-  (SIGUSR1, faulthandler), interrupted (SIGINT), and killed if they do not stop within
-  ``_GRACE_S``;
+* a deadline (``timeout`` s): ranks still running then are asked for their Python stack
+  (SIGUSR1, faulthandler), interrupted (SIGINT), and killed if they do not stop within ``GRACE_S``;
 * a rank that raises fails the request naming it, with its traceback; ranks still running
-  ``_GRACE_S`` later (usually waiting in a collective for the failed rank) are interrupted; a
-  rank that stops is still usable, with its state;
-* Ctrl-C / "interrupt kernel" interrupts every running rank (SIGINT; within ``_GRACE_S``);
+  ``GRACE_S`` later (usually waiting in a collective for it) are interrupted and keep their state;
+* Ctrl-C / "interrupt kernel" interrupts every running rank (SIGINT; within ``GRACE_S``);
   a rank that does not stop (stuck in C++, e.g. a gloo wait) is killed;
 * a rank that dies (a signal, an ``os._exit``) is reported with its signal; the set is then
   stopped, since a process group cannot go on without one of its ranks: ``start`` a new one;
 * nothing outlives the kernel: every rank watches a lifeline pipe whose only write end the
-  kernel holds (parent-death watch), and ranks stay in the kernel's process group, which
-  Jupyter signals on interrupt and kills on restart. ``stop`` (also run at exit) ends them.
+  kernel holds, and ranks stay in the kernel's process group, which Jupyter signals on
+  interrupt and kills on restart. ``stop`` (also run at exit) ends them.
 """
 
 from __future__ import annotations
@@ -35,46 +30,33 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Iterable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
 
 import cloudpickle
 
 from course_lib import validate
-from course_lib.runtime import _rank_server, _worker
-from course_lib.runtime._outcomes import _read_text
+from course_lib.runtime import _rank_server, _worker, processes
+from course_lib.runtime._outcomes import read_text
 from course_lib.runtime._workdir import _new_workdir, _reclaim_stale_workdirs
 from course_lib.runtime.device import check_backend_name, resolve_backend
-from course_lib.runtime.launch import (
-    _START_ALLOWANCE_S,
-    _caller_sys_path,
-    _child_start_method,
-    _forkserver_running,
-    _InterruptGuard,
-    _loopback_interface,
-    _start_method,
-    _stop,
+from course_lib.runtime.errors import LaunchError
+from course_lib.runtime.protocol import CellReply, RankSpec, Request
+from course_lib.runtime.replies import (
+    Definitions,
+    OutputTail,
+    RankReply,
+    ReplyWait,
+    definitions_for,
+    describe_exit,
+    failures,
 )
 
-_GRACE_S = 1.0  # after an interrupt, a failure or the deadline: time a rank gets to stop
+__all__ = ["RankSet", "RankReply", "describe_exit", "GRACE_S"]
 
-
-def _signal_name(exitcode: int) -> str:
-    try:
-        return signal.Signals(-exitcode).name
-    except ValueError:
-        return f"signal {-exitcode}"
-
-
-def describe_exit(exitcode: int) -> str:
-    """How a rank process ended, in words (a signal by name)."""
-    if exitcode < 0:
-        return f"was killed by signal {_signal_name(exitcode)} (exit code {exitcode})"
-    return f"exited with code {exitcode}"
-
-
-class RankReply(dict):
-    """What one rank did with one request: ``status`` ("ok", "error", "interrupted", "timeout",
-    "died", "killed"), ``value`` (repr of the last expression, or the gathered value),
-    ``stdout``, ``stderr``, ``error`` (text, with the traceback), ``notes``, ``seconds``."""
+GRACE_S = 1.0  # after an interrupt, a failure or the deadline: time a rank gets to stop
 
 
 class RankSet:
@@ -87,16 +69,16 @@ class RankSet:
         backend: str = "auto",
         timeout: float = 60.0,
         threads_per_rank: int = 1,
-    ):
+    ) -> None:
         self.world_size = validate.count("world_size", world_size, minimum=1)
         self.timeout = validate.number("timeout", timeout, positive=True, maximum=86400.0)
         self.threads_per_rank = validate.count("threads_per_rank", threads_per_rank, minimum=1)
         check_backend_name(backend)
         self.backend = resolve_backend(backend, self.world_size)
-        self.procs: list = []
-        self._conns: list = []
-        self._lifelines: list = []
-        self._offsets: dict[tuple[int, str], int] = {}
+        self.procs: list[BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._lifelines: list[Connection] = []
+        self._output = OutputTail()
         self._seq = 0  # number of the request in flight (the start counts as 0)
         self.workdir: str | None = None
         self.start_seconds: float | None = None
@@ -109,44 +91,19 @@ class RankSet:
 
     def start(self) -> RankSet:
         """Start the ranks and wait until each has joined the process group."""
-        from course_lib.runtime.errors import LaunchError
-
         t0 = time.perf_counter()
         _reclaim_stale_workdirs()
-        warm = _forkserver_running()
-        method = _start_method()
-        context = multiprocessing.get_context(method)
+        warm = processes.forkserver_running()
+        method = processes.start_method()
         self.workdir = _new_workdir()
-        spec = {
-            "world_size": self.world_size,
-            "backend": self.backend,
-            "pg_timeout": self.timeout,
-            "threads": self.threads_per_rank,
-            "workdir": self.workdir,
-            "env": dict(os.environ),
-            "sys_path": _caller_sys_path(),
-            "child_start_method": _child_start_method(),
-            "loopback_interface": _loopback_interface(),
-        }
-        with _InterruptGuard() as guard:
+        spec = processes.rank_spec(
+            self.world_size, self.backend, self.timeout, self.threads_per_rank, self.workdir
+        )
+        with processes.InterruptGuard() as guard:
             guard.hold()  # an interrupt while starting is acted on once every rank is accounted for
             try:
-                for rank in range(self.world_size):
-                    ours, theirs = context.Pipe()
-                    life_r, life_w = context.Pipe(duplex=False)
-                    proc = context.Process(
-                        target=_rank_server.serve,
-                        daemon=False,
-                        args=(rank, spec, theirs, life_r),
-                        name=f"course_lib-rank{rank}",
-                    )
-                    proc.start()
-                    theirs.close()
-                    life_r.close()
-                    self.procs.append(proc)
-                    self._conns.append(ours)
-                    self._lifelines.append(life_w)
-                allowance = _START_ALLOWANCE_S[0 if warm and method == "forkserver" else 1]
+                self._spawn(multiprocessing.get_context(method), spec)
+                allowance = processes.START_ALLOWANCE_S[0 if warm and method == "forkserver" else 1]
                 replies = self._collect(
                     set(range(self.world_size)), allowance + self.timeout, guard
                 )
@@ -157,32 +114,44 @@ class RankSet:
                 guard.held = False
                 self.stop()
                 raise KeyboardInterrupt
-        failed = {
-            r: self._failure_text(r, rep) for r, rep in replies.items() if rep["status"] != "ok"
-        }
+        failed = failures(replies)
         if failed:
             self.stop()
-            raise LaunchError(
-                f"{len(failed)} of {self.world_size} ranks failed to start (first: "
-                f"rank {min(failed)}).\n"
-                + "\n".join(f"--- rank {r} {t}" for r, t in sorted(failed.items())),
-                failed,
-            )
+            head = f"{len(failed)} of {self.world_size} ranks failed to start (first: rank {min(failed)})."
+            raise _error(head, failed)
         self.ended = None
         self.start_seconds = time.perf_counter() - t0
         return self
+
+    def _spawn(self, context: Any, spec: RankSpec) -> None:
+        """Start one server process per rank, each with its request pipe and lifeline."""
+        for rank in range(self.world_size):
+            ours, theirs = context.Pipe()
+            life_r, life_w = context.Pipe(duplex=False)
+            proc = context.Process(
+                target=_rank_server.serve,
+                daemon=False,
+                args=(rank, spec, theirs, life_r),
+                name=f"course_lib-rank{rank}",
+            )
+            proc.start()
+            theirs.close()
+            life_r.close()
+            self.procs.append(proc)
+            self._conns.append(ours)
+            self._lifelines.append(life_w)
 
     def stop(self, reason: str = "stopped") -> None:
         """End every rank (politely, then SIGTERM/SIGKILL) and remove the set's directory."""
         for conn in self._conns:
             try:
-                conn.send_bytes(bytes(8) + cloudpickle.dumps(("stop",)))
+                conn.send_bytes(bytes(8) + cloudpickle.dumps(Request("stop")))
             except (OSError, ValueError):
                 pass
-        deadline = time.monotonic() + _GRACE_S
+        deadline = time.monotonic() + GRACE_S
         for proc in self.procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
-        _stop(self.procs)
+        processes.stop_processes(self.procs)
         for handle in self._conns + self._lifelines:
             handle.close()
         for proc in self.procs:
@@ -196,7 +165,7 @@ class RankSet:
             shutil.rmtree(self.workdir, ignore_errors=True)
         self.ended = reason
 
-    def check_ranks(self, ranks) -> list[int]:
+    def check_ranks(self, ranks: Iterable[int] | None) -> list[int]:
         """The requested ranks as a sorted list (None: all); ValueError naming any that do not exist."""
         if ranks is None:
             return list(range(self.world_size))
@@ -214,9 +183,9 @@ class RankSet:
     def run(
         self,
         source: str,
-        ranks=None,
+        ranks: Iterable[int] | None = None,
         *,
-        definitions=(),
+        definitions: Definitions = (),
         timeout: float | None = None,
         filename: str = "<ranks cell>",
     ) -> dict[int, RankReply]:
@@ -225,61 +194,53 @@ class RankSet:
         ``definitions``: (label, source, filename) triples run first (a failure becomes a note,
         not an error), the same for every rank or a dict rank -> triples.
         Never raises for what a rank did: read each reply's ``status``."""
-        ranks = self.check_ranks(ranks)
-        per_rank = definitions if isinstance(definitions, dict) else {r: definitions for r in ranks}
+        selected = self.check_ranks(ranks)
         requests = {
-            r: cloudpickle.dumps(("exec", list(per_rank.get(r, ())), source, filename))
-            for r in ranks
+            r: Request("exec", source, filename, definitions_for(definitions, r)) for r in selected
         }
         return self._request(requests, timeout)
 
     def gather(
-        self, expression: str, ranks=None, *, definitions=(), timeout: float | None = None
-    ) -> list:
+        self,
+        expression: str,
+        ranks: Iterable[int] | None = None,
+        *,
+        definitions: Definitions = (),
+        timeout: float | None = None,
+    ) -> list[Any]:
         """Evaluate ``expression`` on each rank and return the values, in rank order
         (``definitions`` as for :meth:`run`, executed first)."""
-        from course_lib.runtime.errors import LaunchError
-
-        ranks = self.check_ranks(ranks)
-        per_rank = definitions if isinstance(definitions, dict) else {r: definitions for r in ranks}
-        replies = self._request(
-            {r: cloudpickle.dumps(("eval", list(per_rank.get(r, ())), expression)) for r in ranks},
-            timeout,
-        )
-        failed = {
-            r: self._failure_text(r, rep) for r, rep in replies.items() if rep["status"] != "ok"
+        selected = self.check_ranks(ranks)
+        requests = {
+            r: Request("eval", expression, definitions=definitions_for(definitions, r))
+            for r in selected
         }
+        replies = self._request(requests, timeout)
+        failed = failures(replies)
         if failed:
-            raise LaunchError(
-                f"gather({expression!r}) failed on ranks {sorted(failed)}.\n"
-                + "\n".join(f"--- rank {r} {t}" for r, t in sorted(failed.items())),
-                failed,
-            )
-        return [cloudpickle.loads(replies[r]["value"]) for r in sorted(replies)]
+            raise _error(f"gather({expression!r}) failed on ranks {sorted(failed)}.", failed)
+        return [cloudpickle.loads(replies[r].value) for r in sorted(replies)]
 
-    def push(self, values: dict, ranks=None, *, timeout: float | None = None) -> None:
+    def push(
+        self,
+        values: dict[str, Any],
+        ranks: Iterable[int] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> None:
         """Define ``name = value`` in each rank for every item of ``values`` (sent by cloudpickle)."""
-        from course_lib.runtime.errors import LaunchError
-
-        request = cloudpickle.dumps(("push", cloudpickle.dumps(values)))
+        request = Request("push", values=cloudpickle.dumps(values))
         replies = self._request({r: request for r in self.check_ranks(ranks)}, timeout)
-        failed = {
-            r: self._failure_text(r, rep) for r, rep in replies.items() if rep["status"] != "ok"
-        }
+        failed = failures(replies)
         if failed:
             raise LaunchError(f"push failed on ranks {sorted(failed)}", failed)
 
-    def _request(self, requests: dict[int, bytes], timeout: float | None) -> dict[int, RankReply]:
+    def _check_alive(self) -> None:
         if not self.alive:
             raise RuntimeError(
                 f"the ranks are {self.ended or 'not started'}: start them first "
                 "(%ranks start N, or RankSet(N).start())"
             )
-        timeout = (
-            self.timeout
-            if timeout is None
-            else validate.number("timeout", timeout, positive=True, maximum=86400.0)
-        )
         for rank, proc in enumerate(self.procs):  # a rank that died since the last request
             if proc.exitcode is not None:
                 reason = f"rank {rank} {describe_exit(proc.exitcode)} since the last cell"
@@ -288,61 +249,57 @@ class RankSet:
                     f"{reason}; the set was stopped (a process group cannot go on "
                     "without one of its ranks): %ranks restart starts a new one"
                 )
+
+    def _request(self, requests: dict[int, Request], timeout: float | None) -> dict[int, RankReply]:
+        self._check_alive()
+        timeout = (
+            self.timeout
+            if timeout is None
+            else validate.number("timeout", timeout, positive=True, maximum=86400.0)
+        )
         ranks = sorted(requests)
         self._seq += 1  # replies carry it: one left over from an abandoned request is ignored
-        with _InterruptGuard() as guard:
+        with processes.InterruptGuard() as guard:
             guard.hold()  # an interrupt is acted on only inside the wait (never half-way through
             for rank in ranks:  # sending, which would leave ranks out of step with the kernel)
                 for kind in ("out", "err"):
-                    path = _worker.rank_file(self.workdir, rank, kind)
-                    self._offsets[rank, kind] = os.path.getsize(path) if os.path.exists(path) else 0
-                self._conns[rank].send_bytes(self._seq.to_bytes(8, "little") + requests[rank])
+                    self._output.mark(rank, kind, self._rank_file(rank, kind))
+                data = cloudpickle.dumps(requests[rank])
+                self._conns[rank].send_bytes(self._seq.to_bytes(8, "little") + data)
             replies = self._collect(set(ranks), timeout, guard)
             guard.held = False  # the caller re-raises the interrupt after showing the output
         for rank in ranks:
-            replies[rank]["stdout"] = self._new_output(rank, "out")
-            replies[rank]["stderr"] = self._new_output(rank, "err")
+            replies[rank].stdout = self._output.read(rank, "out", self._rank_file(rank, "out"))
+            replies[rank].stderr = self._output.read(rank, "err", self._rank_file(rank, "err"))
         return replies
 
-    def _collect(self, pending: set[int], timeout: float, guard) -> dict[int, RankReply]:
+    def _rank_file(self, rank: int, kind: str) -> str:
+        assert self.workdir is not None  # started
+        return _worker.rank_file(self.workdir, rank, kind)
+
+    def _collect(
+        self, pending: set[int], timeout: float, guard: processes.InterruptGuard
+    ) -> dict[int, RankReply]:
         """Wait for the replies of ``pending`` ranks under the deadline / failure / interrupt rules."""
-        replies: dict[int, RankReply] = {r: RankReply(status="running") for r in pending}
-        deadline = time.monotonic() + timeout
-        stopping_since = None  # when the remaining ranks were interrupted
-        first_failure = None
-        dead: set[int] = set()
-        while pending:
+        replies = {r: RankReply() for r in pending}
+        wait = ReplyWait(pending, time.monotonic() + timeout, replies, GRACE_S)
+        while wait.pending:
             now = time.monotonic()
-            if stopping_since is None:
-                reason = (
-                    "interrupted"
-                    if guard.held
-                    else "timeout"
-                    if now >= deadline
-                    else "interrupted"
-                    if first_failure and now >= first_failure + _GRACE_S
-                    else None
-                )
+            if wait.stopping_since is None:
+                reason = wait.reason_to_stop(now, guard.held)
                 if reason:
-                    self._interrupt(pending, replies, reason, timeout)
-                    stopping_since = now
-            elif now >= stopping_since + _GRACE_S:
+                    self._interrupt(wait.pending, wait.replies, reason, timeout)
+                    wait.stopping_since = now
+            elif now >= wait.stopping_since + GRACE_S:
                 break
-            limit = (
-                stopping_since + _GRACE_S
-                if stopping_since
-                else min(deadline, first_failure + _GRACE_S)
-                if first_failure
-                else deadline
-            )
-            waitables = {self._conns[r]: r for r in pending}
+            waitables: dict[Any, int] = {self._conns[r]: r for r in wait.pending}
             waitables.update(
-                {p.sentinel: -1 - r for r, p in enumerate(self.procs) if r not in dead}
+                {p.sentinel: -1 - r for r, p in enumerate(self.procs) if r not in wait.dead}
             )
             try:
                 guard.holding = guard.held  # the first interrupt raises here; later ones are held
                 ready = multiprocessing.connection.wait(
-                    list(waitables), max(0.0, min(limit - now, 0.2))
+                    list(waitables), max(0.0, min(wait.limit() - now, 0.2))
                 )
             except KeyboardInterrupt:
                 guard.held = guard.holding = True
@@ -350,117 +307,88 @@ class RankSet:
             finally:
                 guard.holding = True
             for handle in ready:
-                rank = waitables[handle]
-                if rank < 0:  # a process ended: the others get the grace period to report, no more
-                    if self._rank_died(-1 - rank, pending, replies):
-                        dead.add(-1 - rank)
-                        stopping_since = stopping_since or time.monotonic()
-                    continue
-                try:
-                    data = self._conns[rank].recv_bytes()
-                except (EOFError, OSError):
-                    continue  # its sentinel reports the death
-                if int.from_bytes(data[:8], "little") != self._seq:
-                    continue  # the late reply of an earlier request
-                reply = cloudpickle.loads(data[8:])
-                pending.discard(rank)
-                replies[rank].update(self._reply_fields(reply, replies[rank]))
-                if replies[rank]["status"] not in ("ok", "interrupted") and first_failure is None:
-                    first_failure = time.monotonic()
-        if pending or dead:
-            for rank in sorted(pending):
-                why = replies[rank].get("stop_reason", "interrupted")
-                why = (
-                    f"still running at the deadline (timeout={timeout:g} s), then "
-                    if why == "timeout"
-                    else ""
-                )
-                replies[rank].update(
-                    status="killed",
-                    error=(
-                        f"{why}did not stop within {_GRACE_S:g} s of being interrupted (stuck in C++, "
-                        "e.g. waiting in a collective for a rank that is not in it): killed"
-                    ),
-                )
-            self.stop("a rank died or did not stop")
-        return replies
+                self._receive(waitables[handle], wait)
+        if wait.pending or wait.dead:
+            self._kill_stuck(wait, timeout)
+        return wait.replies
 
-    def _interrupt(self, pending: set[int], replies: dict, reason: str, timeout: float) -> None:
+    def _receive(self, rank: int, wait: ReplyWait) -> None:
+        """A rank's pipe (rank >= 0) or its process sentinel (-1 - rank) is ready."""
+        if rank < 0:  # a process ended: the others get the grace period to report, no more
+            if self._rank_died(-1 - rank, wait.pending, wait.replies):
+                wait.dead.add(-1 - rank)
+                wait.stopping_since = wait.stopping_since or time.monotonic()
+            return
+        try:
+            data = self._conns[rank].recv_bytes()
+        except (EOFError, OSError):
+            return  # its sentinel reports the death
+        if int.from_bytes(data[:8], "little") != self._seq:
+            return  # the late reply of an earlier request
+        reply: CellReply = cloudpickle.loads(data[8:])
+        wait.pending.discard(rank)
+        wait.replies[rank].record(reply)
+        if wait.replies[rank].status not in ("ok", "interrupted") and wait.first_failure is None:
+            wait.first_failure = time.monotonic()
+
+    def _kill_stuck(self, wait: ReplyWait, timeout: float) -> None:
+        """Ranks that did not stop within the grace period are killed, and the set stopped."""
+        for rank in sorted(wait.pending):
+            wait.replies[rank].killed(timeout, GRACE_S)
+        self.stop("a rank died or did not stop")
+
+    def _interrupt(
+        self, pending: set[int], replies: dict[int, RankReply], reason: str, timeout: float
+    ) -> None:
         if reason == "timeout" and hasattr(signal, "SIGUSR1"):
-            files = {r: _worker.rank_file(self.workdir, r, "stack") for r in pending}
-            before = {r: os.path.getsize(f) if os.path.exists(f) else 0 for r, f in files.items()}
-            self._signal(pending, signal.SIGUSR1)  # each rank's Python stack, into its stack file
-            # a signal that arrives while another is pending may go to a thread that is not the
-            # main one (a sleeping main thread would then never see it): one at a time
-            time.sleep(0.1)
-            for rank in pending:  # only what this dump added (earlier deadlines wrote there too)
-                stack = _read_text(files[rank])[before[rank] :].strip().splitlines()
-                cut = next(
-                    (i for i, line in enumerate(stack) if _rank_server.__file__ in line), len(stack)
-                )  # the cell's frames come first; the server's are noise
-                replies[rank]["stack"] = "\n".join(stack[:cut])
-                replies[rank]["deadline"] = timeout
+            self._dump_stacks(pending, replies, timeout)
         for rank in pending:
-            replies[rank]["stop_reason"] = reason
+            replies[rank].stop_reason = "timeout" if reason == "timeout" else "interrupted"
         self._signal(pending, signal.SIGINT)
 
-    def _signal(self, ranks, signum: int) -> None:
+    def _dump_stacks(
+        self, pending: set[int], replies: dict[int, RankReply], timeout: float
+    ) -> None:
+        """Ask each of ``pending`` for its Python stack (SIGUSR1) and file it in its reply."""
+        files = {r: self._rank_file(r, "stack") for r in pending}
+        before = {r: os.path.getsize(f) if os.path.exists(f) else 0 for r, f in files.items()}
+        self._signal(pending, signal.SIGUSR1)  # each rank's Python stack, into its stack file
+        # a signal that arrives while another is pending may go to a thread that is not the
+        # main one (a sleeping main thread would then never see it): one at a time
+        time.sleep(0.1)
+        for rank in pending:  # only what this dump added (earlier deadlines wrote there too)
+            stack = read_text(files[rank])[before[rank] :].strip().splitlines()
+            cut = next(
+                (i for i, line in enumerate(stack) if _rank_server.__file__ in line), len(stack)
+            )  # the cell's frames come first; the server's are noise
+            replies[rank].stack = "\n".join(stack[:cut])
+            replies[rank].deadline = timeout
+
+    def _signal(self, ranks: Iterable[int], signum: int) -> None:
         for rank in sorted(ranks):
+            pid = self.procs[rank].pid
             try:
-                os.kill(self.procs[rank].pid, signum)
+                if pid is not None:
+                    os.kill(pid, signum)
             except ProcessLookupError:
                 pass
 
-    @staticmethod
-    def _reply_fields(reply: tuple, current: RankReply) -> dict:
-        if reply[0] == "ok":
-            return {"status": "ok", "value": reply[1], "notes": reply[2], "seconds": reply[-1]}
-        _, exc_type, message, tb, notes = reply[:5]
-        status = "error"
-        if exc_type == "KeyboardInterrupt" and current.get("stop_reason") == "timeout":
-            status = "timeout"
-        elif exc_type == "KeyboardInterrupt":
-            status = "interrupted"
-        return {
-            "status": status,
-            "error": f"raised {exc_type}: {message}\n{tb.rstrip()}",
-            "exc_type": exc_type,
-            "notes": notes,
-        }
-
-    def _rank_died(self, rank: int, pending: set[int], replies: dict) -> bool:
+    def _rank_died(self, rank: int, pending: set[int], replies: dict[int, RankReply]) -> bool:
         proc = self.procs[rank]
         proc.join(timeout=1.0)
         if proc.exitcode is None:
             return False
         pending.discard(rank)
-        tail = _read_text(_worker.rank_file(self.workdir, rank, "err")).rstrip().splitlines()[-10:]
+        tail = read_text(self._rank_file(rank, "err")).rstrip().splitlines()[-10:]
         text = describe_exit(proc.exitcode)
         if tail:
             text += "\nlast lines of its stderr:\n" + "\n".join(tail)
-        replies.setdefault(rank, RankReply())
-        replies[rank].update(status="died", error=text)
+        reply = replies.setdefault(rank, RankReply())
+        reply.status, reply.error = "died", text
         return True
 
-    def _new_output(self, rank: int, kind: str) -> str:
-        path = _worker.rank_file(self.workdir, rank, kind) if self.workdir else ""
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._offsets.get((rank, kind), 0))
-                data = f.read()
-        except OSError:
-            return ""
-        self._offsets[rank, kind] = self._offsets.get((rank, kind), 0) + len(data)
-        return data.decode("utf-8", errors="replace")
 
-    @staticmethod
-    def _failure_text(rank: int, reply: RankReply) -> str:
-        text = reply.get("error") or f"ended with status {reply['status']}"
-        if reply["status"] == "timeout":
-            text = (
-                f"still running at the deadline (timeout={reply.get('deadline', 0):g} s): "
-                f"interrupted\n{text}"
-            )
-        if reply.get("stack"):
-            text += f"\nits Python stack at the deadline:\n{reply['stack']}"
-        return text
+def _error(headline: str, failed: dict[int, str]) -> LaunchError:
+    """``headline``, then each failed rank's full text."""
+    lines = [headline] + [f"--- rank {r} {t}" for r, t in sorted(failed.items())]
+    return LaunchError("\n".join(lines), failed)

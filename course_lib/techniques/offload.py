@@ -39,6 +39,7 @@ from typing import Any, Iterable
 import torch
 
 from course_lib import validate
+from course_lib.runtime.device import sync
 
 __all__ = ["OffloadAdamW", "TIERS", "PHASES", "drop_page_cache", "page_cache_control"]
 
@@ -70,11 +71,6 @@ def _remove_file(f, path: str) -> None:
         os.remove(path)
     except OSError:
         pass
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class OffloadAdamW:
@@ -159,7 +155,7 @@ class OffloadAdamW:
                 m.grad.copy_(p.grad)
             else:
                 s.copy_(p.grad, non_blocking=self.pin_memory)  # (shape of p) in p.dtype
-                _sync(self.device)  # the copy must land before the host reads it
+                sync(self.device)  # the copy must land before the host reads it
                 m.grad.copy_(s)  # widen to fp32 on the host
             moved += p.grad.numel() * p.grad.element_size()
         self._stop("to_host", t0, moved)
@@ -300,11 +296,11 @@ class OffloadAdamW:
 
     # ---- timing ----------------------------------------------------------------------------
     def _start(self) -> float:
-        _sync(self.device)
+        sync(self.device)
         return time.perf_counter()
 
     def _stop(self, phase: str, t0: float, nbytes: int) -> None:
-        _sync(self.device)
+        sync(self.device)
         self.last_times[phase] = time.perf_counter() - t0
         self.bytes_moved[phase] = nbytes
 

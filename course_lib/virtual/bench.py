@@ -122,6 +122,32 @@ def bench_70b(world_size: int = 512, seq_len: int = 4096) -> dict:
     }
 
 
+def _print_70b() -> None:
+    """Part 3: Llama-2-70B on 512 virtual ranks, against the time and memory targets."""
+    r = bench_70b()
+    df = r["frame"].set_index("category")
+    n = PRESETS["llama2-70b"].n_params
+    ok_t = "met" if r["wall_s"] <= TARGET_S else "NOT met"
+    ok_m = "met" if r["rss"] <= TARGET_RSS else "NOT met"
+    print(
+        f"\n3. Llama-2-70B ({n:,} params), FSDP2 over 512 virtual ranks, bf16 + fp32 "
+        "AdamW, batch 1 x 4096 tokens per rank: the same run would need 512 GPUs."
+    )
+    print(
+        f"   here: {r['wall_s']:.1f} s wall (target <= {TARGET_S:.0f} s {ok_t}), "
+        f"{r['cpu_s']:.1f} CPU s in the simulating process, peak RSS "
+        f"{r['rss'] / 2**30:.2f} GiB (target <= 1 GiB {ok_m})"
+    )
+    print(
+        f"   per rank (virtual): params {df.at['params', 'after_backward'] / 1e9:.3f} GB, "
+        f"grads {df.at['grads', 'after_backward'] / 1e9:.3f} GB, optimizer "
+        f"{df.at['optimizer', 'after_step'] / 1e9:.3f} GB, peak "
+        f"{df.at['total', 'at_peak'] / 1e9:.2f} GB (activations at the peak "
+        f"{df.at['activations', 'at_peak'] / 1e9:.2f} GB); 16 B x {n:,} / 512 = "
+        f"{16 * n / 512 / 1e9:.3f} GB of model states"
+    )
+
+
 def run(*, figure1: bool = True, seven_b: bool = True, seventy_b: bool = True) -> int:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(
@@ -150,26 +176,5 @@ def run(*, figure1: bool = True, seven_b: bool = True, seventy_b: bool = True) -
         print(format_zero_table(df))
         print(_legend(df))
     if seventy_b:
-        r = bench_70b()
-        df = r["frame"].set_index("category")
-        n = PRESETS["llama2-70b"].n_params
-        ok_t = "met" if r["wall_s"] <= TARGET_S else "NOT met"
-        ok_m = "met" if r["rss"] <= TARGET_RSS else "NOT met"
-        print(
-            f"\n3. Llama-2-70B ({n:,} params), FSDP2 over 512 virtual ranks, bf16 + fp32 "
-            "AdamW, batch 1 x 4096 tokens per rank: the same run would need 512 GPUs."
-        )
-        print(
-            f"   here: {r['wall_s']:.1f} s wall (target <= {TARGET_S:.0f} s {ok_t}), "
-            f"{r['cpu_s']:.1f} CPU s in the simulating process, peak RSS "
-            f"{r['rss'] / 2**30:.2f} GiB (target <= 1 GiB {ok_m})"
-        )
-        print(
-            f"   per rank (virtual): params {df.at['params', 'after_backward'] / 1e9:.3f} GB, "
-            f"grads {df.at['grads', 'after_backward'] / 1e9:.3f} GB, optimizer "
-            f"{df.at['optimizer', 'after_step'] / 1e9:.3f} GB, peak "
-            f"{df.at['total', 'at_peak'] / 1e9:.2f} GB (activations at the peak "
-            f"{df.at['activations', 'at_peak'] / 1e9:.2f} GB); 16 B x {n:,} / 512 = "
-            f"{16 * n / 512 / 1e9:.3f} GB of model states"
-        )
+        _print_70b()
     return 0

@@ -39,6 +39,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from course_lib import validate as _v
+from course_lib.virtual._types import SimSpec, StepResult
 
 __all__ = ["simulate_step", "VirtualFrame", "STRATEGIES", "ROWS", "COLUMNS", "LABEL"]
 
@@ -56,7 +57,7 @@ STRATEGIES = {
 }
 OPTIMIZERS = ("adamw", "adam", "sgd")
 MIXED_PRECISION = (None, "bf16", "fp16")
-#: activation checkpointing of every block (None: none); see ``_rank._apply_checkpointing``
+#: activation checkpointing of every block (None: none); see ``_build._apply_checkpointing``
 CHECKPOINT = (None, "full", "selective")
 LABEL = "virtual"
 
@@ -144,7 +145,9 @@ def check_arguments(
     vocab,
     timeout,
     checkpoint=None,
-) -> dict:
+    fast_chunks: bool = True,
+    count_comm: bool = True,
+) -> SimSpec:
     """Every check, before any process starts; returns the normalised spec."""
     if not callable(model_fn):
         raise TypeError(
@@ -162,8 +165,25 @@ def check_arguments(
         raise TypeError(
             f"reshard_after_forward = {_v.describe(reshard_after_forward)}: expected True or False"
         )
-    timeout = _v.number("timeout", timeout, positive=True)
-    tp = _check_tp(model_fn, strategy, world_size, tp)
+    return SimSpec(
+        model_fn=model_fn,
+        world_size=world_size,
+        strategy=strategy,
+        tp=_check_tp(model_fn, strategy, world_size, tp),
+        mixed_precision=mixed_precision,
+        batch=batch,
+        seq_len=seq_len,
+        vocab=_check_vocab(model_fn, vocab),
+        reshard_after_forward=reshard_after_forward,
+        optimizer=optimizer,
+        checkpoint=checkpoint,
+        timeout=float(_v.number("timeout", timeout, positive=True)),
+        fast_chunks=bool(fast_chunks),
+        count_comm=bool(count_comm),
+    )
+
+
+def _check_vocab(model_fn: Any, vocab: Any) -> int:
     if vocab is None:
         vocab = getattr(model_fn, "vocab", None)
         if vocab is None:
@@ -171,21 +191,7 @@ def check_arguments(
                 "vocab = None: expected the model's vocabulary size (token ids are "
                 "drawn from range(vocab)); model_fn has no .vocab to read it from"
             )
-    vocab = _v.count("vocab", vocab, minimum=1)
-    return dict(
-        model_fn=model_fn,
-        world_size=world_size,
-        strategy=strategy,
-        tp=tp,
-        mixed_precision=mixed_precision,
-        batch=batch,
-        seq_len=seq_len,
-        vocab=vocab,
-        reshard_after_forward=reshard_after_forward,
-        optimizer=optimizer,
-        checkpoint=checkpoint,
-        timeout=float(timeout),
-    )
+    return _v.count("vocab", vocab, minimum=1)
 
 
 def _check_tp(model_fn, strategy: str, world_size: int, tp) -> int:
@@ -273,12 +279,12 @@ def simulate_step(
             torchtitan does (``checkpoint_wrapper``, non-reentrant, after tensor parallelism and
             before ``fully_shard``): None (off), "full" (a block keeps its inputs and recomputes
             the rest in backward) or "selective" (also keeps the outputs of the matmuls and of
-            the fused attention: ``_rank.SELECTIVE_SAVE``). Introduced in
+            the fused attention: ``_build.SELECTIVE_SAVE``). Introduced in
             notebooks/06_activation_checkpointing.ipynb.
         vocab: size of the token-id range; read from ``model_fn.vocab`` when None.
         timeout: seconds for the whole simulation (its own process is stopped after that).
         fast_chunks: skip building the world_size - 1 shards FSDP2 makes and throws away at
-            set-up (same result, ~2x faster at 512 ranks; see ``_rank._LazyChunks``).
+            set-up (same result, ~2x faster at 512 ranks; see ``_patches._LazyChunks``).
         count_comm: count collectives with ``CommDebugMode`` (attrs["comm"]; None when False,
             which saves ~10 % of the time).
 
@@ -320,66 +326,73 @@ def simulate_step(
         vocab=vocab,
         timeout=timeout,
         checkpoint=checkpoint,
+        fast_chunks=fast_chunks,
+        count_comm=count_comm,
     )
-    spec["fast_chunks"], spec["count_comm"] = bool(fast_chunks), bool(count_comm)
     from course_lib.runtime.launch import launch
     from course_lib.virtual._rank import rank_entry
 
     t0 = time.perf_counter()
-    (raw,) = launch(rank_entry, 1, spec, backend="gloo", timeout=spec["timeout"])
+    (raw,) = launch(rank_entry, 1, spec, backend="gloo", timeout=spec.timeout)
     return to_frame(raw, spec, launch_s=time.perf_counter() - t0)
 
 
-def to_frame(raw: dict, spec: dict, *, launch_s: float | None = None) -> VirtualFrame:
-    """The plain result of one simulation as a :class:`VirtualFrame`."""
-    state = raw["after_step"].get("optimizer", 0)  # what the optimizer keeps between steps
+def _title(spec: SimSpec) -> str:
+    model, tp, world = spec.model_fn, spec.tp, spec.world_size
+    n_params = getattr(model, "n_params", None)
+    return (
+        f"virtual cluster (simulated, not measured on GPUs): {spec.strategy}, "
+        f"{world} ranks"
+        + (f" (dp {world // tp} x tp {tp})" if tp > 1 else "")
+        + f", {getattr(model, 'name', type(model).__name__)}"
+        + (f" {_count_text(n_params)} params" if n_params else "")
+        + f", {spec.mixed_precision or 'fp32'}, {spec.optimizer}, "
+        + f"checkpoint {spec.checkpoint or 'none'}, "
+        + f"batch {spec.batch} x seq {spec.seq_len}; "
+        "bytes on rank 0"
+    )
+
+
+def _columns(raw: StepResult) -> dict[str, list[int]]:
+    state = raw.after_step.get("optimizer", 0)  # what the optimizer keeps between steps
     columns: dict[str, list[int]] = {}
     for col in COLUMNS:
-        snap = dict(raw[col])
+        snap = dict(getattr(raw, col))
         extra = snap.get("optimizer", 0) - state
         if extra > 0:  # the step's own transients (foreach scratch): temporaries, not state
             snap["optimizer"] = state
             snap["temporaries"] = snap.get("temporaries", 0) + extra
         snap.setdefault("total", sum(v for k, v in snap.items() if k != "total"))
         columns[col] = [int(snap.get(row, 0)) for row in ROWS]
-    model = spec["model_fn"]
-    n_params = getattr(model, "n_params", None)
-    tp, world = spec["tp"], spec["world_size"]
-    mp = spec["mixed_precision"] or "fp32"
-    title = (
-        f"virtual cluster (simulated, not measured on GPUs): {spec['strategy']}, "
-        f"{world} ranks"
-        + (f" (dp {world // tp} x tp {tp})" if tp > 1 else "")
-        + f", {getattr(model, 'name', type(model).__name__)}"
-        + (f" {_count_text(n_params)} params" if n_params else "")
-        + f", {mp}, {spec['optimizer']}, "
-        + f"checkpoint {spec.get('checkpoint') or 'none'}, "
-        + f"batch {spec['batch']} x seq {spec['seq_len']}; "
-        "bytes on rank 0"
-    )
-    act = raw.get("activation_peak", {})
-    df = VirtualFrame({"category": list(ROWS), **columns, "label": [LABEL] * len(ROWS)})
+    return columns
+
+
+def to_frame(raw: StepResult, spec: SimSpec, *, launch_s: float | None = None) -> VirtualFrame:
+    """The plain result of one simulation as a :class:`VirtualFrame`."""
+    model, tp, world = spec.model_fn, spec.tp, spec.world_size
+    act = raw.activation_peak
+    df = VirtualFrame({"category": list(ROWS), **_columns(raw), "label": [LABEL] * len(ROWS)})
     df.attrs.update(
         label=LABEL,
-        title=title,
-        strategy=spec["strategy"],
+        title=_title(spec),
+        strategy=spec.strategy,
         world_size=world,
         tp=tp,
         dp=world // tp,
-        mixed_precision=spec["mixed_precision"],
-        optimizer=spec["optimizer"],
-        checkpoint=spec.get("checkpoint"),
-        batch=spec["batch"],
-        seq_len=spec["seq_len"],
+        mixed_precision=spec.mixed_precision,
+        optimizer=spec.optimizer,
+        checkpoint=spec.checkpoint,
+        batch=spec.batch,
+        seq_len=spec.seq_len,
         model=getattr(model, "name", type(model).__name__),
-        n_params=n_params,
-        n_params_local=raw["n_params_local"],
-        comm=raw["comm"],
-        simulate_s=raw["wall_s"],
+        n_params=getattr(model, "n_params", None),
+        n_params_local=raw.n_params_local,
+        comm=raw.comm,
+        simulate_s=raw.wall_s,
         launch_s=launch_s,
-        rss_peak_bytes=raw["rss_peak_bytes"],
-        torch=raw["torch"],
-        step_peak_bytes_traced=raw["step_peak_total"],
+        rss_peak_bytes=raw.rss_peak_bytes,
+        torch=raw.torch,
+        step_peak_bytes_traced=raw.step_peak_total,
         activation_peak_bytes=int(act.get("activations", 0) + act.get("temporaries", 0)),
         activation_peak={k: int(act.get(k, 0)) for k in ROWS},
         rows=dict(_ROW_HELP),

@@ -45,6 +45,8 @@ Introduced in notebooks/10_zero_fsdp.ipynb.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from course_lib.measure import estimate
@@ -103,6 +105,42 @@ _NOTE = {
 }
 
 
+def _estimate_row(
+    stage: int, model: LlamaLike, world_size: int, target_gb: float, paper_n_params: float
+) -> dict[str, Any]:
+    """One stage's row before the virtual cluster runs: the source's target and estimate's."""
+    return {
+        "stage": stage,
+        "name": STAGE_NAMES[stage],
+        "target_GB": target_gb,
+        "estimate_GB": estimate.zero_bytes_per_rank(
+            paper_n_params,  # type: ignore[arg-type]  # counts accept integral floats (7.5e9)
+            stage=stage,
+            world_size=world_size,
+        )
+        / 1e9,
+        "estimate_model_GB": estimate.zero_bytes_per_rank(
+            model.n_params, stage=stage, world_size=world_size
+        )
+        / 1e9,
+        "strategy": STAGE_STRATEGY[stage],
+    }
+
+
+def _virtual_columns(df: pd.DataFrame, row: dict[str, Any]) -> dict[str, Any]:
+    """The virtual cluster's columns of one stage's row (``row`` holds its targets)."""
+    states = model_states(df)
+    out: dict[str, Any] = {f"{k}_GB": v / 1e9 for k, v in states.items() if k != "total"}
+    out["states_GB"] = (states["total"] - states["gathered"]) / 1e9
+    out["virtual_GB"] = states["total"] / 1e9
+    out["ratio"] = out["virtual_GB"] / row["target_GB"]
+    out["residual_GB"] = out["virtual_GB"] - row["estimate_model_GB"]
+    out["sim_cpu_s"] = df.attrs["simulate_s"]
+    out["peak_GB"] = int(df.set_index("category").at["total", "at_peak"]) / 1e9
+    out["label"] = LABEL
+    return out
+
+
 def zero_table(
     model: LlamaLike,
     world_size: int,
@@ -130,22 +168,9 @@ def zero_table(
     runs = {}
     for stage in range(4):
         strategy = STAGE_STRATEGY[stage]
-        row = {
-            "stage": stage,
-            "name": STAGE_NAMES[stage],
-            "target_GB": float(targets_gb[stage]),
-            "estimate_GB": estimate.zero_bytes_per_rank(
-                paper_n_params, stage=stage, world_size=world_size
-            )
-            / 1e9,
-            "estimate_model_GB": estimate.zero_bytes_per_rank(
-                model.n_params, stage=stage, world_size=world_size
-            )
-            / 1e9,
-            "strategy": strategy,
-        }
+        row = _estimate_row(stage, model, world_size, float(targets_gb[stage]), paper_n_params)
         if run_virtual and strategy is not None:
-            df = simulate_step(
+            runs[stage] = simulate_step(
                 model,
                 world_size=world_size,
                 strategy=strategy,
@@ -155,16 +180,7 @@ def zero_table(
                 timeout=timeout,
                 count_comm=count_comm,
             )
-            runs[stage] = df
-            states = model_states(df)
-            row.update({f"{k}_GB": v / 1e9 for k, v in states.items() if k != "total"})
-            row["states_GB"] = (states["total"] - states["gathered"]) / 1e9
-            row["virtual_GB"] = states["total"] / 1e9
-            row["ratio"] = row["virtual_GB"] / row["target_GB"]
-            row["residual_GB"] = row["virtual_GB"] - row["estimate_model_GB"]
-            row["sim_cpu_s"] = df.attrs["simulate_s"]
-            row["peak_GB"] = int(df.set_index("category").at["total", "at_peak"]) / 1e9
-            row["label"] = LABEL
+            row.update(_virtual_columns(runs[stage], row))
         else:
             row["label"] = "estimate only"
         row["note"] = _NOTE[stage]

@@ -66,8 +66,6 @@ def test_counts_calls_and_payloads_on_one_rank(single_rank_group):
         w["wire_sent"] for w in comm.wire_windows if w["ops"] != ["all_gather_into_tensor"]
     ] == [0] * 4
     assert [r["wire_window"] for r in comm.records] == [0, 1, 2, 3, 4]
-    with pytest.raises(AttributeError, match="model_bytes_sent.*wire_bytes_sent"):
-        comm.bytes_sent  # noqa: B018 - the old ambiguous name says where to go
     assert all(r["api"] == "c10d" and r["group_size"] == 1 for r in comm.records)
     assert comm.summary()["collective_bytes_in"] == 160
     assert comm.rank == 0

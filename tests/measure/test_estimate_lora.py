@@ -7,11 +7,11 @@ from course_lib.measure import estimate
 
 def test_lora_counts():
     assert estimate.lora_params([(4096, 4096)], r=8) == 65_536
-    llama2_7b = dict(hidden=4096, ffn_hidden=11008, n_layer=32, r=8)
+    llama2_7b = dict(hidden=4096, ffn=11008, layers=32, r=8)
     assert estimate.transformer_lora_params(**llama2_7b) == 4_194_304
     assert estimate.transformer_lora_params(**llama2_7b, targets="all") == 19_988_480
     # GPT-3 175B, r 4 on Wq, Wv (LoRA paper, Sec. 4.2): about 10,000x fewer than 175e9
-    gpt3 = estimate.transformer_lora_params(hidden=12288, ffn_hidden=4 * 12288, n_layer=96, r=4)
+    gpt3 = estimate.transformer_lora_params(hidden=12288, ffn=4 * 12288, layers=96, r=4)
     assert gpt3 == 18_874_368 and 9000 < 175e9 / gpt3 < 10000
 
 
@@ -21,7 +21,7 @@ def test_bad_arguments():
     ):
         estimate.lora_params([(8, 16)], r=9)
     with pytest.raises(ValueError, match="targets"):
-        estimate.llama_linear_shapes(hidden=8, ffn_hidden=16, n_layer=1, targets=["qkv"])
+        estimate.llama_linear_shapes(hidden=8, ffn=16, layers=1, targets=["qkv"])
     with pytest.raises(ValueError, match="lora_params = 0"):
         estimate.finetune_state_bytes(10, method="lora")
 

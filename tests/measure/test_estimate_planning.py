@@ -49,7 +49,7 @@ def test_gpt3_is_175b_to_half_a_percent_and_12_l_h2_dominates():
         kv_heads=96,
         ffn=4 * 12288,
         vocab=50257,
-        seq_len=2048,
+        seq=2048,
         learned_positions=True,
         **GPT,
     )
@@ -71,15 +71,13 @@ SBH = S * B * H  # 25,165,824
 
 def test_korthikanti_eq1_no_parallelism():
     # 34 sbh + 5 a s^2 b = 855,638,016 + 2,013,265,920
-    assert E.activation_bytes_parallel_layer(S, B, H, A) == 2_868_903_936
-    assert E.activation_bytes_parallel_layer(S, B, H, A) == E.activation_bytes_transformer_layer(
-        S, B, H, A
-    )
+    assert E.activation_bytes_transformer_layer(S, B, H, A) == 2_868_903_936
+    assert E.activation_bytes_transformer_layer(S, B, H, A, sequence_parallel=True) == 2_868_903_936
 
 
 def test_korthikanti_eq2_tensor_parallel_without_sequence_parallel():
     # sbh (10 + 24/8 + 5 a s / (8 h)) = sbh (10 + 3 + 10)
-    got = E.activation_bytes_parallel_layer(S, B, H, A, tp=8, sequence_parallel=False)
+    got = E.activation_bytes_transformer_layer(S, B, H, A, tp=8, sequence_parallel=False)
     assert got == 23 * SBH == 578_813_952
 
 
@@ -92,7 +90,12 @@ def test_korthikanti_eq2_tensor_parallel_without_sequence_parallel():
     ],
 )
 def test_korthikanti_with_sequence_parallel(recompute, expected):
-    assert E.activation_bytes_parallel_layer(S, B, H, A, tp=8, recompute=recompute) == expected
+    assert (
+        E.activation_bytes_transformer_layer(
+            S, B, H, A, tp=8, sequence_parallel=True, recompute=recompute
+        )
+        == expected
+    )
 
 
 def test_grouped_query_attention_and_swiglu_by_hand():
@@ -101,7 +104,7 @@ def test_grouped_query_attention_and_swiglu_by_hand():
     s, h, f = 4096, 8192, 28672
     expected = int(12.5 * s * h) + 6 * s * f
     assert expected == 1_124_073_472
-    got = E.activation_bytes_parallel_layer(
+    got = E.activation_bytes_transformer_layer(
         s, 1, h, 64, kv_heads=8, ffn=f, gated_mlp=True, dropout=False, recompute="selective"
     )
     assert got == expected
@@ -119,32 +122,31 @@ def test_pipeline_inflight_layers():
 
 
 def test_model_flops_and_recompute_flops():
-    assert E.model_flops_per_token(7_000_000_000) == 42_000_000_000
-    assert E.model_flops_per_token(10, layers=2, hidden=3, seq=5) == 60 + 12 * 30
-    f = E.layer_flops_per_token(100, layers=2, hidden=3, seq=5, recompute="full")
-    assert f == {"model": 2 * (600 + 180), "recompute": 2 * (200 + 60), "total": 1560 + 520}
-    assert (
-        E.layer_flops_per_token(100, layers=2, hidden=3, seq=5, recompute="selective")["recompute"]
-        == 120
-    )
+    assert E.training_flops_per_token(7_000_000_000) == 42_000_000_000
+    assert E.training_flops_per_token(10, layers=2, hidden=3, seq=5) == 60 + 12 * 30
+    assert E.training_flops_per_token(2 * 100, layers=2, hidden=3, seq=5) == 2 * (600 + 180)
+    full = E.recompute_flops_per_token(100, layers=2, hidden=3, seq=5, recompute="full")
+    assert full == 2 * (200 + 60)
+    assert E.recompute_flops_per_token(100, layers=2, hidden=3, seq=5, recompute="selective") == 120
+    assert E.recompute_flops_per_token(100, layers=2, hidden=3, seq=5) == 0
     assert E.tp_payload_bytes_per_layer(2048, 1, 12288) == 4 * 2 * SBH
     assert E.tp_payload_bytes_per_layer(2048, 1, 12288, recompute="full") == 6 * 2 * SBH
 
 
 def test_the_sources_budget_numbers():
-    flops = E.transformer_training_flops(175 * 10**9, 300 * 10**9)
+    flops = E.training_flops_per_token(175 * 10**9) * 300 * 10**9
     assert flops == 315 * 10**21
     gpus = {
         name: round(E.gpus_for_days(flops, days=30, peak_flops=peak, mfu=0.5))
         for name, peak in {"V100": 125e12, "A100": 312e12, "H100": 989e12}.items()
     }
     assert gpus == {"V100": 1944, "A100": 779, "H100": 246}
-    seven = E.transformer_training_flops(7 * 10**9, 2 * 10**12)
+    seven = E.training_flops_per_token(7 * 10**9) * 2 * 10**12
     assert seven == 84 * 10**21
     assert E.gpu_hours(seven, peak_flops=989e12, mfu=0.5) == pytest.approx(47_194, rel=1e-3)
     # Llama-2-7B: 184,320 A100-hours for 2T tokens (Touvron et al. 2023, Table 2) -> 39 % MFU
     mfu = E.mfu_from_gpu_hours(
-        E.transformer_training_flops(6_738_415_616, 2 * 10**12), 184_320, peak_flops=312e12
+        E.training_flops_per_token(6_738_415_616) * 2 * 10**12, 184_320, peak_flops=312e12
     )
     assert 0.38 < mfu < 0.40
 
@@ -153,7 +155,7 @@ def test_bad_input_is_refused():
     with pytest.raises(
         ValueError, match="recompute = 'some': expected one of none, selective, full"
     ):
-        E.activation_bytes_parallel_layer(S, B, H, A, recompute="some")
+        E.activation_bytes_transformer_layer(S, B, H, A, recompute="some")
     with pytest.raises(ValueError, match="kv_heads = 5"):
         E.transformer_param_count(**{**LLAMA2_7B, "kv_heads": 5})
     with pytest.raises(ValueError, match="mfu = 1.5: expected a number <= 1"):

@@ -16,21 +16,21 @@ def test_activation_bytes_reproduce_the_papers_equations(t):
     eq1 = s * b * h * (34 + 5 * a * s / h)
     eq2 = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
     eq3 = s * b * h * (34 / t + 5 * a * s / (h * t))
-    assert E.tp_activation_bytes_layer(s, b, h, a, t) == (eq1 if t == 1 else eq2)
-    assert E.tp_activation_bytes_layer(s, b, h, a, t, sequence_parallel=True) == eq3
-    # without dropout, 16-bit: the existing single-device formula at t = 1
-    assert E.tp_activation_bytes_layer(
-        s, b, h, a, dropout=False
-    ) == E.activation_bytes_transformer_layer(s, b, h, a, dropout=False)
+    assert E.activation_bytes_transformer_layer(s, b, h, a, tp=t) == (eq1 if t == 1 else eq2)
+    assert E.activation_bytes_transformer_layer(s, b, h, a, tp=t, sequence_parallel=True) == eq3
+    # without dropout, 16-bit: the softmax output alone in the core
+    assert E.activation_bytes_transformer_layer(s, b, h, a, dropout=False) == 2 * (
+        16 * s * b * h + a * s * s * b
+    )
 
 
 def test_toy_formula_at_tp_1_is_the_single_process_count():
     cfg = GPTConfig.tiny()
-    assert E.tp_activation_bytes_gpt(cfg, 2, 16) == E.activation_bytes_gpt(cfg, 2, 16)
+    assert E.activation_bytes_gpt(cfg, 2, 16, tp=1) == E.activation_bytes_gpt(cfg, 2, 16)
     assert (
-        E.tp_activation_bytes_gpt(cfg, 2, 16, tp=4, sequence_parallel=True)
-        < E.tp_activation_bytes_gpt(cfg, 2, 16, tp=4)
-        < E.tp_activation_bytes_gpt(cfg, 2, 16)
+        E.activation_bytes_gpt(cfg, 2, 16, tp=4, sequence_parallel=True)
+        < E.activation_bytes_gpt(cfg, 2, 16, tp=4)
+        < E.activation_bytes_gpt(cfg, 2, 16)
     )
 
 
@@ -59,8 +59,8 @@ def test_comm_bytes_per_layer():
 
 def test_bad_input():
     with pytest.raises(ValueError, match="tp = 0"):
-        E.tp_activation_bytes_layer(8, 1, 64, 4, 0)
+        E.activation_bytes_transformer_layer(8, 1, 64, 4, tp=0)
     with pytest.raises(TypeError, match="GPTConfig"):
-        E.tp_activation_bytes_gpt(object(), 1)
+        E.activation_bytes_gpt(object(), 1)
     with pytest.raises(ValueError, match="tp = 7"):
         E.tp_params_per_rank(GPTConfig.tiny(), 7)

@@ -40,7 +40,7 @@ def test_gpt2_small_is_124m():
 
 def test_six_nd_worked_example_and_gpus():
     # 6 x 175e9 x 300e9 = 3.15e23 (the sources print 3.14e23)
-    assert estimate.transformer_training_flops(175 * 10**9, 300 * 10**9) == 315 * 10**21
+    assert estimate.training_flops_per_token(175 * 10**9) * 300 * 10**9 == 315 * 10**21
     # 3.15e23 / (30 x 86400 s x peak x 0.5), by hand: V100 1944.4, A100 779.02, H100 245.8 -> whole GPUs (ceil)
     got = {
         name: estimate.gpus_for_training(
@@ -60,7 +60,7 @@ def test_six_nd_worked_example_and_gpus():
 def test_flops_per_token_and_mfu():
     assert estimate.training_flops_per_token(1000) == 6000
     assert (
-        estimate.training_flops_per_token(1000, n_layer=2, seq=64, n_embd=64)
+        estimate.training_flops_per_token(1000, layers=2, seq=64, hidden=64)
         == 6000 + 12 * 2 * 64 * 64
     )
     assert estimate.mfu(1e12, 2.0, 1e12) == 0.5

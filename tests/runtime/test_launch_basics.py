@@ -220,8 +220,8 @@ def test_two_processes_launching_at_once_do_not_collide(tmp_path):
 def test_spawn_start_method_where_there_is_no_forkserver(monkeypatch):
     # Windows has no forkserver: ranks are spawned and import torch themselves (slow, but the
     # same behaviour: results, captured output, cleanup)
-    import course_lib.runtime.launch as launch_module
+    from course_lib.runtime import processes
 
-    monkeypatch.setattr(launch_module, "_start_method", lambda: "spawn")
+    monkeypatch.setattr(processes, "start_method", lambda: "spawn")
     assert course_lib.launch(_sum_of_ranks, 2) == [(0, 2, 1.0), (1, 2, 1.0)]
     assert rank_processes() == []

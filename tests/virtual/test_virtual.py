@@ -15,7 +15,7 @@ import torch
 
 import course_lib.runtime.launch as launch_module
 from course_lib import virtual
-from course_lib.virtual._rank import lazy_chunk_with_empty
+from course_lib.virtual._patches import lazy_chunk_with_empty
 
 # every dim 0 divisible by 64: hidden 256, kv 4 x 32 = 128, ffn 512, vocab 1024
 EVEN = virtual.llama_like(2, 256, 8, 4, 512, 1024, name="even")

@@ -1,7 +1,9 @@
 """Every analytic formula the course uses, in one place, each with its source.
 
 Notebooks predict with these functions and then measure; because every chapter calls the same
-function, two chapters can never disagree about a number.
+function, two chapters can never disagree about a number. One quantity, one function: per-layer
+activations are :func:`activation_bytes_transformer_layer` (tensor and sequence parallelism,
+recomputation included), training FLOPs per token :func:`training_flops_per_token`.
 
 Units
 -----
@@ -12,6 +14,34 @@ Units
 * Bandwidths are bytes per second unless a name ends in ``GBps`` (10**9 bytes per second).
 * Times are seconds; FLOPs are floating-point operations (a multiply-add counts as 2).
 
+Keywords
+--------
+Every function names the same thing the same way:
+
+* shape: ``batch`` (sequences per batch or micro-batch, b), ``seq`` (tokens per sequence, s),
+  ``hidden`` (model width, h), ``heads`` (attention heads, a), ``kv_heads`` (key/value heads
+  under grouped-query attention; default ``heads``), ``ffn`` (MLP inner width, f; default 4h),
+  ``gated_mlp`` (SwiGLU), ``layers`` (transformer layers, L), ``vocab`` (V), ``n_params`` (N),
+  ``tokens`` (D); ``kv_hidden`` is the width of K and V, h x kv_heads / heads;
+* parallelism: ``tp`` (tensor-parallel ranks, t), ``sequence_parallel`` (default ``False``
+  everywhere: a caller says when it wants it), ``world_size`` (ranks of a collective or a
+  data-parallel group, N), ``stages`` (pipeline stages, p), ``microbatches`` (m),
+  ``virtual_stages`` (interleaved chunks per rank, v), ``stage`` (a ZeRO stage, 0-3);
+* widths: ``dtype_bytes`` (bytes of one value of the tensors counted: 4 fp32, 2 bf16/fp16;
+  :func:`dtype_bytes` turns a dtype into it); ``param_bytes``, ``grad_bytes``, ``state_bytes``
+  and ``state_dtype_bytes`` where one count has several widths;
+* variants, each a ``Literal`` with its tuple: ``recompute`` (:data:`Recompute`: "none",
+  "selective", "full"), ``policy`` (:data:`CheckpointPolicy`), ``precision``
+  (:data:`Precision`), ``optimizer`` (:data:`Optimizer`), ``activation``, ``norm``, ``level``,
+  ``method``, ``collective``, ``algorithm``;
+* hardware: ``peak_flops`` (FLOP/s), ``mfu`` (0-1), ``size_bytes`` (a message),
+  ``*_GBps`` (link speeds).
+
+Formulas of the course's own tiny GPT take its ``config`` (a ``models.GPTConfig``);
+:func:`gpt_param_count` takes the config's field names (``n_layer``, ``n_embd``,
+``vocab_size``, ``block_size``) so a config's fields can be passed as they are. Every argument
+is checked with ``course_lib.validate`` (``name = value: expected ...``).
+
 This module imports nothing heavy (no torch), so it can be used anywhere, including in
 planning cells that never touch a tensor. Introduced across the units; the memory formulas in
 notebooks/01_backprop_memory.ipynb and notebooks/04_optimizer_memory.ipynb, the communication
@@ -19,19 +49,22 @@ formulas in notebooks/08_collectives.ipynb and notebooks/13_interconnects_and_ba
 the roofline in notebooks/02_batch_size_and_accumulation.ipynb.
 
 The formulas live in one module per topic, all importable as ``estimate.<name>``:
-``units`` (byte units, formatting), ``memory`` (dtypes, model and optimizer state, ZeRO,
-activations), ``communication`` (bytes each rank sends), ``links`` (alpha-beta time models,
-link speeds, hierarchical all-reduce, DDP overlap), ``compute`` (FLOPs, roofline, bubble),
-``offload`` (what offload keeps where, moves and costs per step), ``checkpointing`` (activation
-bytes and recomputed FLOPs per checkpointing policy), ``lora`` (LoRA parameter counts, NF4
-bytes, fine-tuning memory), ``training`` (parameter counts, 6ND, MFU, GPUs for a run,
-accelerator specs, memory tiers, learning rate against the batch) and ``tensor_parallel``
-(activations, parameters and communication per rank under tensor and sequence parallelism).
+``units`` (byte units, formatting), ``memory`` (dtypes, model and optimizer state), ``zero``
+(ZeRO sharding per rank), ``activations`` (activation bytes of the MLP, a transformer layer
+under tensor / sequence parallelism and recomputation, our GPT), ``communication`` (bytes each
+rank sends), ``links`` (alpha-beta time models, link speeds, hierarchical all-reduce, DDP
+overlap), ``compute`` (FLOPs, roofline, bubble), ``offload`` (what offload keeps where, moves
+and costs per step), ``checkpointing`` (bytes kept and FLOPs recomputed per checkpointing
+policy), ``lora`` (LoRA parameter counts, NF4 bytes, fine-tuning memory), ``training``
+(parameter counts, FLOPs per token, MFU, GPUs for a run, accelerator specs, memory tiers,
+learning rate against the batch), ``tensor_parallel`` (parameters and communication per rank)
+and ``planning`` (real architectures' parameter counts, pipeline in-flight layers, GPU-days).
 """
 
 from __future__ import annotations
 
 from course_lib.measure.estimate import (  # noqa: E402
+    activations,
     checkpointing,
     communication,
     compute,
@@ -43,7 +76,9 @@ from course_lib.measure.estimate import (  # noqa: E402
     tensor_parallel,
     training,
     units,
+    zero,
 )
+from course_lib.measure.estimate.activations import *  # noqa: F401,F403
 from course_lib.measure.estimate.checkpointing import *  # noqa: F401,F403
 from course_lib.measure.estimate.communication import *  # noqa: F401,F403
 from course_lib.measure.estimate.compute import *  # noqa: F401,F403
@@ -56,10 +91,13 @@ from course_lib.measure.estimate.tensor_parallel import *  # noqa: F401,F403
 from course_lib.measure.estimate.training import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import *  # noqa: F401,F403
 from course_lib.measure.estimate.units import exact  # noqa: F401
+from course_lib.measure.estimate.zero import *  # noqa: F401,F403
 
 __all__ = [
     *units.__all__,
     *memory.__all__,
+    *zero.__all__,
+    *activations.__all__,
     *communication.__all__,
     *links.__all__,
     *compute.__all__,

@@ -8,7 +8,7 @@ Introduced in notebooks/06_activation_checkpointing.ipynb. Two scales:
   against ``torch.utils.flop_counter.FlopCounterMode`` (tests/techniques/test_checkpointing.py);
 * papers' models: :func:`checkpointed_activation_bytes` and :func:`checkpoint_flops_ratio` build on
   Korthikanti et al. 2022 (arXiv:2205.05198) per-layer counts
-  (:func:`~course_lib.measure.estimate.memory.activation_bytes_transformer_layer`): 34sbh + 5as^2b
+  (:func:`~course_lib.measure.estimate.activations.activation_bytes_transformer_layer`): 34sbh + 5as^2b
   bytes per layer in 16-bit, 34sbh with their selective recomputation, 2sbh (the block input) with
   full recomputation.
 
@@ -20,17 +20,21 @@ Chen et al. 2016, arXiv:1604.06174).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 from course_lib import validate as _v
-from course_lib.measure.estimate.memory import (
+from course_lib.measure.estimate.activations import (
+    RECOMPUTE,
+    Recompute,
     activation_bytes_gpt,
     activation_bytes_transformer_layer,
 )
 
 __all__ = [
     "CHECKPOINT_POLICIES",
+    "CheckpointPolicy",
     "checkpointed_groups",
     "checkpointed_activation_bytes_gpt",
     "gpt_step_matmul_flops",
@@ -38,14 +42,23 @@ __all__ = [
     "checkpointed_peak_activation_bytes",
     "best_segment_length",
     "checkpoint_flops_ratio",
+    "recompute_flops_per_token",
 ]
 
+#: what gets checkpointed (the names of ``techniques.checkpointing.POLICIES``)
+CheckpointPolicy = Literal["none", "full", "every_k", "selective", "segments"]
 #: the policies (same names and order as ``techniques.checkpointing.POLICIES``)
-CHECKPOINT_POLICIES = ("none", "full", "every_k", "selective", "segments")
+CHECKPOINT_POLICIES: tuple[CheckpointPolicy, ...] = (
+    "none",
+    "full",
+    "every_k",
+    "selective",
+    "segments",
+)
 _MATMULS = ("mm", "addmm", "bmm")
 
 
-def checkpointed_groups(layers: int, policy: str, *, k: int = 1) -> tuple[int, int]:
+def checkpointed_groups(layers: int, policy: CheckpointPolicy, *, k: int = 1) -> tuple[int, int]:
     """(number of checkpoints, blocks in the largest one) for ``layers`` blocks under ``policy``.
 
     ``full``/``selective``: (L, 1); ``every_k``: (ceil(L/k), 1); ``segments``: (ceil(L/k), k);
@@ -68,15 +81,22 @@ def checkpointed_groups(layers: int, policy: str, *, k: int = 1) -> tuple[int, i
 
 def _gpt_parts(config: Any, batch: int, seq: int | None) -> tuple[int, int, int, int, int, int]:
     """(values per plain block, values outside the blocks without logits, B, T, C, nh)."""
-    one = activation_bytes_gpt(
-        dataclasses.replace(config, n_layer=1), batch, seq, dtype_bytes=1, include_logits=False
-    )
-    two = activation_bytes_gpt(
-        dataclasses.replace(config, n_layer=2), batch, seq, dtype_bytes=1, include_logits=False
+    one, two = (  # exact ints: tp = 1
+        int(
+            activation_bytes_gpt(
+                dataclasses.replace(config, n_layer=n),
+                batch,
+                seq,
+                dtype_bytes=1,
+                include_logits=False,
+            )
+        )
+        for n in (1, 2)
     )
     B = _v.count("batch", batch, minimum=1)
     T = config.block_size if seq is None else _v.count("seq", seq, minimum=1)
-    return two - one, one - (two - one), B, T, config.n_embd, config.n_head
+    C, nh = int(config.n_embd), int(config.n_head)
+    return two - one, one - (two - one), B, int(T), C, nh
 
 
 def checkpointed_activation_bytes_gpt(
@@ -84,9 +104,9 @@ def checkpointed_activation_bytes_gpt(
     batch: int,
     seq: int | None = None,
     *,
-    policy: str = "none",
+    policy: CheckpointPolicy = "none",
     k: int = 1,
-    save_ops=_MATMULS,
+    save_ops: str | Sequence[str] = _MATMULS,
     dtype_bytes: int = 4,
     include_logits: bool = True,
 ) -> int:
@@ -136,9 +156,9 @@ def gpt_step_matmul_flops(
     batch: int,
     seq: int | None = None,
     *,
-    policy: str = "none",
+    policy: CheckpointPolicy = "none",
     k: int = 1,
-    save_ops=_MATMULS,
+    save_ops: str | Sequence[str] = _MATMULS,
     early_stop: bool = True,
 ) -> dict[str, int]:
     """Matmul FLOPs of one training step (forward + backward) of our GPT, by phase.
@@ -189,11 +209,11 @@ def checkpointed_activation_bytes(
     heads: int,
     layers: int,
     *,
-    policy: str = "none",
+    policy: CheckpointPolicy = "none",
     k: int = 1,
-    bytes_per_value: int = 2,
+    dtype_bytes: int = 2,
     dropout: bool = True,
-) -> int:
+) -> int | float:
     """Activation bytes kept for backward by ``layers`` transformer layers (Korthikanti et al.).
 
     ``none``: L (34 sbh + 5 a s^2 b) in 16-bit with dropout; ``selective``: their selective
@@ -205,7 +225,7 @@ def checkpointed_activation_bytes(
     n_ck, _ = checkpointed_groups(layers, policy, k=k)
     layer = {
         r: activation_bytes_transformer_layer(
-            seq, batch, hidden, heads, bytes_per_value=bytes_per_value, dropout=dropout, recompute=r
+            seq, batch, hidden, heads, dtype_bytes=dtype_bytes, dropout=dropout, recompute=r
         )
         for r in ("none", "selective", "full")
     }
@@ -228,11 +248,11 @@ def checkpointed_peak_activation_bytes(
     heads: int,
     layers: int,
     *,
-    policy: str = "none",
+    policy: CheckpointPolicy = "none",
     k: int = 1,
-    bytes_per_value: int = 2,
+    dtype_bytes: int = 2,
     dropout: bool = True,
-) -> int:
+) -> int | float:
     """Kept bytes plus what one rebuilt checkpoint holds while its backward runs.
 
     Backward rebuilds one checkpoint at a time: a block (``full``, ``every_k``), a segment of k
@@ -249,12 +269,12 @@ def checkpointed_peak_activation_bytes(
         layers,
         policy=policy,
         k=k,
-        bytes_per_value=bytes_per_value,
+        dtype_bytes=dtype_bytes,
         dropout=dropout,
     )
     _, size = checkpointed_groups(layers, policy, k=k)
     full_layer = activation_bytes_transformer_layer(
-        seq, batch, hidden, heads, bytes_per_value=bytes_per_value, dropout=dropout
+        seq, batch, hidden, heads, dtype_bytes=dtype_bytes, dropout=dropout
     )
     if policy == "selective":
         sel = activation_bytes_transformer_layer(
@@ -262,7 +282,7 @@ def checkpointed_peak_activation_bytes(
             batch,
             hidden,
             heads,
-            bytes_per_value=bytes_per_value,
+            dtype_bytes=dtype_bytes,
             dropout=dropout,
             recompute="selective",
         )
@@ -284,7 +304,7 @@ def best_segment_length(layers: int, *, boundary_bytes: int = 1, layer_bytes: in
 
 
 def checkpoint_flops_ratio(
-    seq: int, hidden: int, *, policy: str = "full", layers: int = 1, k: int = 1
+    seq: int, hidden: int, *, policy: CheckpointPolicy = "full", layers: int = 1, k: int = 1
 ) -> float:
     """Training FLOPs with recomputation / without, for a stack of transformer layers.
 
@@ -307,3 +327,16 @@ def checkpoint_flops_ratio(
     else:
         extra = Fraction(1, 3)
     return float(1 + extra)
+
+
+def recompute_flops_per_token(
+    layer_params: int, *, layers: int, hidden: int, seq: int, recompute: Recompute = "none"
+) -> int:
+    """FLOPs per token that recomputation adds to ``layers`` transformer layers of
+    ``layer_params`` parameters each (the model's own FLOPs: ``training_flops_per_token``):
+    ``full`` runs each layer's forward again, 2 P + 4 s h; ``selective`` the attention products'
+    forward, 4 s h (Korthikanti et al. 2022, Sec. 5); ``none`` 0."""
+    P = _v.count("layer_params", layer_params)
+    L, h, s = (_v.count("layers", layers), _v.count("hidden", hidden), _v.count("seq", seq))
+    rec = _v.choice("recompute", recompute, RECOMPUTE, case_insensitive=True)
+    return {"none": 0, "selective": L * 4 * s * h, "full": L * (2 * P + 4 * s * h)}[rec]

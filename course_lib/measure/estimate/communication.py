@@ -5,13 +5,15 @@ Introduced in notebooks/08_collectives.ipynb."""
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 from course_lib import validate as _v
 from course_lib.measure.estimate.units import exact
 
 __all__ = [
+    "Collective",
     "COLLECTIVES",
+    "AllreduceBytesAlgorithm",
     "ring_allreduce_bytes_sent",
     "naive_ring_allreduce_bytes_sent",
     "reduce_broadcast_bytes_sent",
@@ -30,7 +32,18 @@ __all__ = [
 # collectives: bytes each rank sends
 # --------------------------------------------------------------------------------------------
 #: collectives known to :func:`collective_bytes_sent` and :func:`busbw`
-COLLECTIVES = (
+Collective = Literal[
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "send_recv",
+    "scatter",
+    "gather",
+]
+COLLECTIVES: tuple[Collective, ...] = (
     "all_reduce",
     "all_gather",
     "reduce_scatter",
@@ -144,11 +157,21 @@ def recursive_doubling_allreduce_bytes_sent(size_bytes: int, world_size: int) ->
 
 #: all-reduce algorithms known to :func:`allreduce_bytes_sent` (the from-scratch ones of
 #: ``course_lib.parallel.collectives``)
-ALLREDUCE_BYTES_ALGORITHMS = ("ring", "naive_ring", "reduce_broadcast", "recursive_doubling")
+AllreduceBytesAlgorithm = Literal["ring", "naive_ring", "reduce_broadcast", "recursive_doubling"]
+ALLREDUCE_BYTES_ALGORITHMS: tuple[AllreduceBytesAlgorithm, ...] = (
+    "ring",
+    "naive_ring",
+    "reduce_broadcast",
+    "recursive_doubling",
+)
 
 
 def allreduce_bytes_sent(
-    size_bytes: int, world_size: int, *, algorithm: str = "ring", root: bool = True
+    size_bytes: int,
+    world_size: int,
+    *,
+    algorithm: AllreduceBytesAlgorithm = "ring",
+    root: bool = True,
 ) -> int | float:
     """Bytes one rank sends in an all-reduce of ``size_bytes`` with ``algorithm``:
 
@@ -172,7 +195,7 @@ def allreduce_bytes_sent(
 
 
 def collective_bytes_sent(
-    collective: str, size_bytes: int, world_size: int, *, root: bool | None = None
+    collective: Collective, size_bytes: int, world_size: int, *, root: bool | None = None
 ) -> int | float:
     """Bytes one rank sends for ``collective`` on a payload of ``size_bytes`` with the
     bandwidth-optimal ring/pipeline algorithms (the convention CommMeter reports): all_reduce
@@ -224,8 +247,7 @@ def zero_bytes_sent_per_step(
     int when exact, else float. Introduced in notebooks/10_zero_fsdp.ipynb.
     """
     s, n = _v.count("size_bytes", size_bytes), _v.count("world_size", world_size, minimum=1)
-    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-        raise ValueError(f"stage = {stage!r}: expected one of 0, 1, 2, 3")
+    stage = _v.choice("stage", _v.count("stage", stage), (0, 1, 2, 3))
     if not isinstance(reshard_after_forward, bool):
         raise ValueError(
             f"reshard_after_forward = {reshard_after_forward!r}: expected one of True, False"

@@ -4,7 +4,7 @@ Introduced in notebooks/02_batch_size_and_accumulation.ipynb."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from course_lib import validate as _v
 
@@ -19,7 +19,6 @@ __all__ = [
     "ELEMENTWISE_FLOPS",
     "ElementwiseCost",
     "elementwise_cost",
-    "transformer_training_flops",
     "arithmetic_intensity",
     "matmul_arithmetic_intensity",
     "ridge_point",
@@ -50,7 +49,11 @@ def pipeline_bubble_ratio(stages: int, microbatches: int, virtual_stages: int = 
 
 
 def microbatches_for_bubble(
-    stages: int, target: float, *, definition: str = "fraction", virtual_stages: int = 1
+    stages: int,
+    target: float,
+    *,
+    definition: Literal["fraction", "ratio"] = "fraction",
+    virtual_stages: int = 1,
 ) -> int:
     """The smallest m whose bubble is below ``target`` (strictly), by ``definition``
     "fraction" ((p-1)/(v·m+p-1), :func:`pipeline_bubble_fraction`) or "ratio" ((p-1)/(v·m),
@@ -130,6 +133,7 @@ def elementwise_cost(
     Introduced in notebooks/02_batch_size_and_accumulation.ipynb.
     """
     n = _v.count("numel", numel)
+    per: float
     if isinstance(flops_per_element, str):
         per = ELEMENTWISE_FLOPS[
             _v.choice(
@@ -138,16 +142,10 @@ def elementwise_cost(
         ]
     else:
         per = _v.number("flops_per_element", flops_per_element, minimum=0)
-    flops = per * n
+    flops: int | float = per * n
     if isinstance(flops, float) and flops.is_integer():
         flops = int(flops)
     return ElementwiseCost(flops, 2 * n * _v.count("dtype_bytes", dtype_bytes, minimum=1))
-
-
-def transformer_training_flops(n_params: int, tokens: int) -> int:
-    """Training FLOPs of a dense transformer: 6 N D (2 forward + 4 backward per parameter per
-    token; Kaplan et al. 2020, arXiv:2001.08361 Sec. 2.1; attention FLOPs ignored)."""
-    return 6 * _v.count("n_params", n_params) * _v.count("tokens", tokens)
 
 
 def arithmetic_intensity(flops: float, bytes_moved: float) -> float:

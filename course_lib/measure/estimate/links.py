@@ -6,15 +6,17 @@ Introduced in notebooks/08_collectives.ipynb and notebooks/13_interconnects_and_
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Sequence
+from typing import Literal
 
 from course_lib import validate as _v
-from course_lib.measure.estimate.communication import COLLECTIVES
+from course_lib.measure.estimate.communication import COLLECTIVES, Collective
 
 __all__ = [
     "alpha_beta_time",
+    "AllreduceAlgorithm",
     "ALLREDUCE_ALGORITHMS",
     "allreduce_time",
     "fit_alpha_beta",
@@ -36,8 +38,8 @@ __all__ = [
 def _beta(beta_s_per_byte: float | None, bandwidth: float | None) -> float:
     if (beta_s_per_byte is None) == (bandwidth is None):
         raise ValueError(
-            "give exactly one of beta_s_per_byte (s/byte) or bandwidth (bytes/s); "
-            f"got beta_s_per_byte={beta_s_per_byte!r}, bandwidth={bandwidth!r}"
+            f"beta_s_per_byte = {beta_s_per_byte!r}, bandwidth = {bandwidth!r}: expected exactly "
+            "one of beta_s_per_byte (s/byte) or bandwidth (bytes/s)"
         )
     if bandwidth is not None:
         return 1.0 / _v.number("bandwidth", bandwidth, positive=True)
@@ -58,7 +60,8 @@ def alpha_beta_time(
     return _v.number("alpha_s", alpha_s, minimum=0) + _beta(beta_s_per_byte, bandwidth) * s
 
 
-ALLREDUCE_ALGORITHMS = ("ring", "tree", "recursive_doubling")
+AllreduceAlgorithm = Literal["ring", "tree", "recursive_doubling"]
+ALLREDUCE_ALGORITHMS: tuple[AllreduceAlgorithm, ...] = ("ring", "tree", "recursive_doubling")
 
 
 def allreduce_time(
@@ -68,7 +71,7 @@ def allreduce_time(
     alpha: float = 0.0,
     bandwidth: float | None = None,
     beta: float | None = None,
-    algorithm: str = "ring",
+    algorithm: AllreduceAlgorithm = "ring",
 ) -> float:
     """All-reduce time in seconds under the alpha-beta model (Thakur, Rabenseifner & Gropp 2005,
     "Optimization of collective communication operations in MPICH", IJHPCA 19(1); reduction
@@ -110,11 +113,13 @@ def fit_alpha_beta(
     """
     xs, ys = [float(s) for s in sizes], [float(t) for t in times]
     if len(xs) != len(ys):
-        raise ValueError(f"sizes and times must have the same length, got {len(xs)} and {len(ys)}")
+        raise ValueError(f"times = {_v.describe(ys)}: expected one time per size ({len(xs)})")
     if len(set(xs)) < 2:
-        raise ValueError(f"need at least 2 distinct sizes to fit alpha and beta, got sizes={xs!r}")
+        raise ValueError(
+            f"sizes = {_v.describe(xs)}: expected at least 2 distinct sizes to fit alpha and beta"
+        )
     if relative and any(not y > 0 for y in ys):
-        raise ValueError(f"relative=True needs every time > 0, got times={ys!r}")
+        raise ValueError(f"times = {_v.describe(ys)}: expected every time > 0 with relative=True")
     ws = [1.0 / (y * y) for y in ys] if relative else [1.0] * len(ys)
     w = sum(ws)
     mx = sum(wi * x for wi, x in zip(ws, xs)) / w
@@ -145,7 +150,7 @@ _BUSBW_FACTOR = {
 }
 
 
-def busbw(algbw: float, collective: str, world_size: int) -> float:
+def busbw(algbw: float, collective: Collective, world_size: int) -> float:
     """nccl-tests "bus bandwidth" = algbw x factor, comparable to the link's peak bandwidth:
     all_reduce 2(n-1)/n, all_gather / reduce_scatter / all_to_all / scatter / gather (n-1)/n,
     broadcast / reduce / send_recv 1. https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md
@@ -244,10 +249,8 @@ LINK_SPEEDS: dict[str, Link] = {
 
 def link_speed(name: str) -> Link:
     """Look up a :data:`LINK_SPEEDS` entry by name (case-insensitive)."""
-    for key, link in LINK_SPEEDS.items():
-        if isinstance(name, str) and key.lower() == name.lower():
-            return link
-    raise ValueError(f"name = {name!r}: expected one of {', '.join(LINK_SPEEDS)}")
+    by_name = {key.lower(): link for key, link in LINK_SPEEDS.items()}
+    return by_name[_v.choice("name", name, by_name, case_insensitive=True)]
 
 
 def allreduce_time_on_link(

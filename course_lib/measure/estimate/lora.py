@@ -7,14 +7,16 @@ for the shapes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from fractions import Fraction
-from typing import Any, Iterable
+from typing import Any, Literal
 
 from course_lib import validate as _v
-from course_lib.measure.estimate.memory import model_state_bytes
+from course_lib.measure.estimate.memory import Optimizer, Precision, model_state_bytes
 from course_lib.measure.estimate.units import exact
 
 __all__ = [
+    "FinetuneMethod",
     "lora_params",
     "LLAMA_LINEARS",
     "llama_linear_shapes",
@@ -71,8 +73,8 @@ LLAMA_LINEARS = {
 def llama_linear_shapes(
     *,
     hidden: int,
-    ffn_hidden: int,
-    n_layer: int,
+    ffn: int,
+    layers: int,
     targets: Iterable[str] | str = ("q", "v"),
     kv_hidden: int | None = None,
 ) -> list[tuple[int, int]]:
@@ -80,10 +82,10 @@ def llama_linear_shapes(
 
     ``targets``: names from :data:`LLAMA_LINEARS` (q, k, v, o, gate, up, down) or ``"all"``;
     ``kv_hidden``: width of k and v (grouped-query attention), default ``hidden``.
-    Llama-2-7B: hidden 4096, ffn_hidden 11008, n_layer 32.
+    Llama-2-7B: hidden 4096, ffn 11008, layers 32.
     """
-    h, f = _v.count("hidden", hidden, minimum=1), _v.count("ffn_hidden", ffn_hidden, minimum=1)
-    n = _v.count("n_layer", n_layer, minimum=1)
+    h, f = _v.count("hidden", hidden, minimum=1), _v.count("ffn", ffn, minimum=1)
+    n = _v.count("layers", layers, minimum=1)
     kv = h if kv_hidden is None else _v.count("kv_hidden", kv_hidden, minimum=1)
     names = (
         list(LLAMA_LINEARS) if targets == "all" else _v.choices("targets", targets, LLAMA_LINEARS)
@@ -96,8 +98,8 @@ def llama_linear_shapes(
 def transformer_lora_params(
     *,
     hidden: int,
-    ffn_hidden: int,
-    n_layer: int,
+    ffn: int,
+    layers: int,
     r: int,
     targets: Iterable[str] | str = ("q", "v"),
     kv_hidden: int | None = None,
@@ -109,8 +111,8 @@ def transformer_lora_params(
     return lora_params(
         llama_linear_shapes(
             hidden=hidden,
-            ffn_hidden=ffn_hidden,
-            n_layer=n_layer,
+            ffn=ffn,
+            layers=layers,
             targets=targets,
             kv_hidden=kv_hidden,
         ),
@@ -165,16 +167,17 @@ def nf4_bytes(
 
 
 #: what is trained and how the frozen base is stored
-FINETUNE_METHODS = ("full", "lora", "qlora")
+FinetuneMethod = Literal["full", "lora", "qlora"]
+FINETUNE_METHODS: tuple[FinetuneMethod, ...] = ("full", "lora", "qlora")
 
 
 def finetune_state_bytes(
     n_params: int,
     *,
-    method: str,
+    method: FinetuneMethod,
     lora_params: int = 0,
-    precision: str = "bf16-mixed",
-    optimizer: str = "adam",
+    precision: Precision = "bf16-mixed",
+    optimizer: Optimizer = "adam",
     double_quant: bool = True,
 ) -> dict[str, int]:
     """Model-state bytes (no activations) of fine-tuning a model of ``n_params`` parameters.

@@ -1,19 +1,21 @@
-"""Memory formulas: dtypes, model state, optimizer state, ZeRO sharding, activations.
+"""Memory formulas: dtypes, model state, optimizer state (8-bit Adam included).
 
-Introduced in notebooks/01_backprop_memory.ipynb and notebooks/04_optimizer_memory.ipynb."""
+ZeRO sharding is in ``zero``, activations in ``activations``. Introduced in
+notebooks/01_backprop_memory.ipynb and notebooks/04_optimizer_memory.ipynb."""
 
 from __future__ import annotations
 
 import numbers
-from fractions import Fraction
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable
+from typing import Any, Literal
 
 from course_lib import validate as _v
-from course_lib.measure.estimate.units import exact
 
 __all__ = [
     "dtype_bytes",
+    "Precision",
     "PRECISIONS",
+    "Optimizer",
     "OPTIMIZERS",
     "STATE_TENSORS_PER_PARAM",
     "optimizer_state_bytes_per_param",
@@ -21,14 +23,6 @@ __all__ = [
     "ADAM8BIT_MIN_8BIT_SIZE",
     "ADAM8BIT_BLOCK_SIZE",
     "adam8bit_state_bytes",
-    "zero_state_breakdown_per_rank",
-    "zero_bytes_per_rank",
-    "zero_padding",
-    "zero_layout_bytes_per_rank",
-    "MLP_ACTIVATION_SAVES",
-    "activation_bytes_mlp",
-    "activation_bytes_transformer_layer",
-    "activation_bytes_gpt",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -76,13 +70,15 @@ def dtype_bytes(dtype: Any) -> int:
         if key in _DTYPE_BYTES:
             return _DTYPE_BYTES[key]
     raise ValueError(
-        f"dtype = {dtype!r}: expected a torch.dtype or one of {', '.join(sorted(_DTYPE_BYTES))}"
+        f"dtype = {_v.describe(dtype)}: expected a torch.dtype or one of "
+        + ", ".join(sorted(_DTYPE_BYTES))
     )
 
 
 #: precision recipes accepted by :func:`model_state_bytes`
 #: the training precisions of the course (one table: ``techniques.precision.MODES`` is this)
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
+Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true"]
+PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16-mixed", "fp16-mixed", "bf16-true")
 
 # number of per-parameter state tensors each optimizer keeps (torch.optim, defaults)
 _OPT_STATE_TENSORS = {
@@ -95,14 +91,26 @@ _OPT_STATE_TENSORS = {
     "adam8bit": 2,  # exp_avg, exp_avg_sq quantized to 8 bits (bitsandbytes)
 }
 #: the optimizers of the course (one table: ``techniques.optim.OPTIMIZERS`` is this)
-OPTIMIZERS = tuple(_OPT_STATE_TENSORS)
+Optimizer = Literal["sgd", "momentum", "rmsprop", "adagrad", "adam", "adamw", "adam8bit"]
+OPTIMIZERS: tuple[Optimizer, ...] = (
+    "sgd",
+    "momentum",
+    "rmsprop",
+    "adagrad",
+    "adam",
+    "adamw",
+    "adam8bit",
+)
+assert OPTIMIZERS == tuple(_OPT_STATE_TENSORS)
 #: state tensors each optimizer keeps per parameter
 STATE_TENSORS_PER_PARAM = dict(_OPT_STATE_TENSORS)
 # optimizers whose torch.optim implementation keeps a scalar ``step`` tensor per parameter tensor
 _STEP_COUNTER = {"adam", "adamw", "adagrad", "rmsprop"}
 
 
-def optimizer_state_bytes_per_param(optimizer: str, *, state_dtype_bytes: int | None = None) -> int:
+def optimizer_state_bytes_per_param(
+    optimizer: Optimizer, *, state_dtype_bytes: int | None = None
+) -> int:
     """Optimizer state in bytes per parameter element (the ``K`` of the ZeRO paper, without master).
 
     ``sgd`` 0, ``momentum`` 1 buffer, ``rmsprop``/``adagrad`` 1, ``adam``/``adamw`` 2 buffers
@@ -135,8 +143,8 @@ def optimizer_state_bytes_per_param(optimizer: str, *, state_dtype_bytes: int | 
 def model_state_bytes(
     n_params: int,
     *,
-    precision: str = "fp32",
-    optimizer: str = "adam",
+    precision: Precision = "fp32",
+    optimizer: Optimizer = "adam",
     n_param_tensors: int = 0,
     state_dtype_bytes: int | None = None,
 ) -> dict[str, int]:
@@ -251,16 +259,13 @@ def adam8bit_state_bytes(
     """
     min_size = _v.count("min_8bit_size", min_8bit_size)
     block = _v.count("block_size", block_size, minimum=1)
-    if isinstance(max_unorm, bool) or not isinstance(max_unorm, numbers.Real) or max_unorm < 0:
-        raise ValueError(
-            f"max_unorm = {max_unorm!r}: expected a number >= 0 (0 disables the update-norm clip)"
-        )
+    unorm = _v.number("max_unorm", max_unorm, minimum=0)  # 0 disables the update-norm clip
     if isinstance(param_numels, (str, bytes, numbers.Number)) or not isinstance(
         param_numels, Iterable
     ):
         raise TypeError(
-            f"param_numels must be an iterable of element counts (one per parameter tensor), "
-            f"got {param_numels!r} ({type(param_numels).__name__})"
+            f"param_numels = {_v.describe(param_numels)}: expected an iterable of element "
+            "counts (one per parameter tensor)"
         )
     out = {"uint8_states": 0, "fp32_states": 0, "absmax": 0, "code_books": 0, "unorm": 0}
     n_tensors = 0
@@ -274,319 +279,7 @@ def adam8bit_state_bytes(
             out["uint8_states"] += 2 * n
             out["absmax"] += 2 * 4 * -(-n // block)  # ceil(n / block) fp32 scales per moment
             out["code_books"] = 2 * _ADAM8BIT_CODE_BOOK_ENTRIES * 4
-    if max_unorm > 0:
+    if unorm > 0:
         out["unorm"] = 4 * n_tensors
     out["total"] = sum(out.values())
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# ZeRO
-# --------------------------------------------------------------------------------------------
-def zero_state_breakdown_per_rank(
-    n_params: int,
-    *,
-    stage: int,
-    world_size: int,
-    k: int = 12,
-    param_bytes: int = 2,
-    grad_bytes: int = 2,
-) -> dict[str, int | float]:
-    """Model-state bytes per rank under ZeRO, split into params / grads / optimizer (+ total).
-
-    Accounting of the ZeRO paper (Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 5 and
-    Figure 1): fp16 params 2Ψ, fp16 grads 2Ψ, optimizer states KΨ (K = 12 for mixed-precision
-    Adam: fp32 master, momentum, variance). Stage 0 is plain data parallelism (DDP, everything
-    replicated); stage 1 (P_os) shards the optimizer states, stage 2 (P_os+g) also the gradients,
-    stage 3 (P_os+g+p) also the parameters, over ``world_size`` = N_d ranks.
-    ``param_bytes`` / ``grad_bytes`` (default 2, fp16/bf16) change the widths of the replicated
-    parameters and gradients: plain fp32 training with AdamW is ``param_bytes=4, grad_bytes=4,
-    k=8`` (no master copy), which is what notebooks/10_zero_fsdp.ipynb measures on CPU.
-
-    Values are bytes: int when the shard divides evenly, else float.
-    """
-    n = _v.count("n_params", n_params)
-    if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
-        raise ValueError(f"stage = {stage!r}: expected one of 0, 1, 2, 3")
-    nd = _v.count("world_size", world_size, minimum=1)
-    k = _v.count("k", k)
-    pb = _v.count("param_bytes", param_bytes, minimum=1)
-    gb = _v.count("grad_bytes", grad_bytes, minimum=1)
-    shard = Fraction(1, nd)
-    params = Fraction(pb * n) * (shard if stage >= 3 else 1)
-    grads = Fraction(gb * n) * (shard if stage >= 2 else 1)
-    opt = Fraction(k * n) * (shard if stage >= 1 else 1)
-    return {
-        "params": exact(params),
-        "grads": exact(grads),
-        "optimizer": exact(opt),
-        "total": exact(params + grads + opt),
-    }
-
-
-def zero_bytes_per_rank(
-    n_params: int,
-    *,
-    stage: int,
-    world_size: int,
-    k: int = 12,
-    param_bytes: int = 2,
-    grad_bytes: int = 2,
-) -> int | float:
-    """Total model-state bytes per rank under ZeRO stage 0-3 (see
-    :func:`zero_state_breakdown_per_rank`). Reproduces Figure 1 of arXiv:1910.02054:
-    Ψ = 7.5e9, N_d = 64 gives 120, 31.4, 16.6 and 1.9 GB for stages 0-3.
-    """
-    return zero_state_breakdown_per_rank(
-        n_params,
-        stage=stage,
-        world_size=world_size,
-        k=k,
-        param_bytes=param_bytes,
-        grad_bytes=grad_bytes,
-    )["total"]
-
-
-def _unit_numels(units: Any) -> list[list[int]]:
-    if isinstance(units, (str, bytes, numbers.Number)) or not isinstance(units, Iterable):
-        raise TypeError(
-            f"units = {units!r}: expected a list of units, each a list of the "
-            "element counts of its parameter tensors, e.g. [[256, 32], [64, 2]]"
-        )
-    out = []
-    for i, unit in enumerate(units):
-        if isinstance(unit, (str, bytes)) or not isinstance(unit, Iterable):
-            unit = [unit]
-        numels = [_v.count(f"units[{i}][{j}]", n) for j, n in enumerate(unit)]
-        if not numels:
-            raise ValueError(f"units[{i}] = []: expected at least one parameter tensor per unit")
-        out.append(numels)
-    return out
-
-
-def zero_padding(units: Any, world_size: int) -> int:
-    """Elements of zero padding when each unit (a list of parameter-tensor sizes, flattened end
-    to end) is padded to a multiple of ``world_size`` so it cuts into equal shards:
-    sum over units of ceil(Psi_u / N) * N - Psi_u (at most N-1 per unit). torch's FSDP2 pads
-    each parameter tensor's dim 0 instead; DeepSpeed pads its flat buffers the same way.
-
-    >>> zero_padding([[7], [10, 2]], 4)  # 7 -> 8, 12 -> 12
-    1
-    """
-    nd = _v.count("world_size", world_size, minimum=1)
-    return sum(-(-sum(u) // nd) * nd - sum(u) for u in _unit_numels(units))
-
-
-def zero_layout_bytes_per_rank(
-    units: Any,
-    *,
-    stage: int,
-    world_size: int,
-    param_bytes: int = 4,
-    grad_bytes: int = 4,
-    state_bytes: int = 8,
-    step_bytes: int = 4,
-) -> dict[str, int]:
-    """Exact model-state bytes per rank of ``course_lib.parallel.zero.ZeroDataParallel`` after
-    ``step()`` (before ``zero_grad``), with every unit padded (:func:`zero_padding`).
-
-    ``units``: per unit (a module that owns parameters), the element counts of its parameter
-    tensors. With s_u = ceil(Psi_u / N) the shard of unit u, P = sum_u N s_u the padded size:
-
-    ========  ==================  ==============  ================  ===============
-    stage     params              grads           optimizer         (per unit)
-    ========  ==================  ==============  ================  ===============
-    0         pb Psi              gb Psi          sb Psi + 4 T      T = tensors
-    1         pb P                gb Psi          sb sum s_u + 4 U  U = units
-    2         pb P                gb sum s_u      sb sum s_u + 4 U
-    3         pb sum s_u          gb sum s_u      sb sum s_u + 4 U
-    ========  ==================  ==============  ================  ===============
-
-    pb/gb/sb: bytes per parameter, per gradient, of optimizer state per element (AdamW: m and v
-    in fp32, 8); ``step_bytes``: torch.optim's scalar ``step`` tensor per optimized tensor (one per
-    parameter tensor at stage 0, one per shard otherwise). Returns ``{"params", "grads",
-    "optimizer", "total", "padding"}``; ``padding`` is the part of the total that is padding.
-    Introduced in notebooks/10_zero_fsdp.ipynb.
-    """
-    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-        raise ValueError(f"stage = {stage!r}: expected one of 0, 1, 2, 3")
-    nd = _v.count("world_size", world_size, minimum=1)
-    pb, gb = (
-        _v.count("param_bytes", param_bytes, minimum=1),
-        _v.count("grad_bytes", grad_bytes, minimum=1),
-    )
-    sb, tb = _v.count("state_bytes", state_bytes), _v.count("step_bytes", step_bytes)
-    units = _unit_numels(units)
-    psi = sum(map(sum, units))
-    shards = sum(-(-sum(u) // nd) for u in units)  # sum of s_u
-
-    def table(per_rank, full):  # per_rank: a shard's elements; full: a full copy's elements
-        if stage == 0:
-            return pb * psi, gb * psi, sb * psi + tb * sum(map(len, units))
-        return (
-            pb * (per_rank if stage == 3 else full),
-            gb * (per_rank if stage >= 2 else psi),
-            sb * per_rank + tb * len(units),
-        )
-
-    params, grads, opt = table(shards, nd * shards)
-    ideal = sum(table(Fraction(psi, nd), psi))  # the same without padding
-    out = {
-        "params": params,
-        "grads": grads,
-        "optimizer": opt,
-        "padding": exact(params + grads + opt - ideal),
-    }
-    out["total"] = out["params"] + out["grads"] + out["optimizer"]
-    return {k: out[k] for k in ("params", "grads", "optimizer", "total", "padding")}
-
-
-# --------------------------------------------------------------------------------------------
-# activations
-# --------------------------------------------------------------------------------------------
-#: activation functions of our MLP and what autograd saves for each ("input" = pre-activation z,
-#: "output" = activation u). From the derivative formulas in torch/csrc/autograd/derivatives.yaml.
-MLP_ACTIVATION_SAVES = {
-    "relu": "output",
-    "tanh": "output",
-    "sigmoid": "output",
-    "gelu": "input",
-    "silu": "input",
-    "identity": "none",
-}
-
-
-def activation_bytes_mlp(
-    batch: int,
-    widths: Sequence[int],
-    *,
-    dtype_bytes: int = 4,
-    activation: str = "relu",
-    include_input: bool = False,
-    include_output: bool = True,
-) -> int:
-    """Bytes autograd keeps alive after the forward of our MLP (``course_lib.models.MLP``).
-
-    ``widths = [d_0, d_1, ..., d_L]``: L Linear layers d_{i-1} -> d_i, the activation after every
-    layer but the last. What autograd saves (torch/csrc/autograd/derivatives.yaml):
-
-    * ``Linear`` (addmm) saves its input ``u_{i-1}`` (needed for dW = dz^T u); the weight is a
-      parameter, not an activation.
-    * ``relu``/``tanh``/``sigmoid`` save their output ``u_i`` -- the same storage the next Linear
-      saves, so it is counted once; ``gelu``/``silu`` save their input ``z_i`` as well.
-    * the model output ``z_L`` is alive as long as the caller holds it (``include_output``);
-      the input ``x = u_0`` is counted only with ``include_input`` (MemoryMeter does not count
-      tensors created before the block unless asked to).
-
-    Exact bytes = dtype_bytes * batch * (sum_{i=1}^{L-1} d_i * (1 + [act saves input])
-    + d_L * include_output + d_0 * include_input).
-    Introduced in notebooks/01_backprop_memory.ipynb.
-    """
-    b = _v.count("batch", batch, minimum=1)
-    widths = [_v.count("widths[i]", w, minimum=1) for w in widths]
-    if len(widths) < 2:
-        raise ValueError(f"widths={widths!r} needs at least 2 entries (in and out features)")
-    act = _v.choice("activation", activation, MLP_ACTIVATION_SAVES, case_insensitive=True)
-    per_hidden = 2 if MLP_ACTIVATION_SAVES[act] == "input" else 1
-    elements = per_hidden * sum(widths[1:-1])
-    elements += widths[-1] if include_output else 0
-    elements += widths[0] if include_input else 0
-    return _v.count("dtype_bytes", dtype_bytes, minimum=1) * b * elements
-
-
-def activation_bytes_transformer_layer(
-    seq: int,
-    batch: int,
-    hidden: int,
-    heads: int,
-    *,
-    bytes_per_value: int = 2,
-    dropout: bool = True,
-    recompute: str = "none",
-) -> int:
-    """Activation bytes of one transformer layer, Korthikanti et al. 2022 (arXiv:2205.05198).
-
-    With 16-bit values (``bytes_per_value=2``), 1-byte dropout masks and no recomputation this is
-    Eq. 1: ``s*b*h*(34 + 5*a*s/h)``. Derivation (Sec. 4.1), in values: attention keeps its input,
-    Q, K, V, the output-projection input (5 sbh), the softmax output (a s^2 b) and the attention
-    dropout output (a s^2 b); the MLP keeps its input, the GeLU input and output (9 sbh); the two
-    LayerNorms their inputs (2 sbh); plus 1-byte masks of the two residual dropouts (2 sbh) and
-    the attention dropout (a s^2 b). ``dropout=False`` drops the masks and the attention-dropout
-    output. ``recompute="selective"`` recomputes the attention core (drops every a s^2 b term,
-    Eq. 6: 34 sbh); ``"full"`` keeps only the layer input (2 sbh with 16-bit values, Sec. 4.3).
-    """
-    s, b = _v.count("seq", seq, minimum=1), _v.count("batch", batch, minimum=1)
-    h, a = _v.count("hidden", hidden, minimum=1), _v.count("heads", heads, minimum=1)
-    p = _v.count("bytes_per_value", bytes_per_value, minimum=1)
-    rec = _v.choice("recompute", recompute, ("none", "selective", "full"), case_insensitive=True)
-    if rec == "full":
-        return p * s * b * h
-    sbh, as2b = s * b * h, a * s * s * b
-    values = 16 * sbh + (2 if dropout else 1) * as2b
-    masks = (2 * sbh + as2b) if dropout else 0
-    if rec == "selective":
-        values -= (2 if dropout else 1) * as2b
-        masks -= as2b if dropout else 0
-    return p * values + masks
-
-
-def activation_bytes_gpt(
-    config: Any,
-    batch: int,
-    seq: int | None = None,
-    *,
-    dtype_bytes: int = 4,
-    include_logits: bool = True,
-) -> int:
-    """Exact bytes autograd keeps alive after the forward of our tiny GPT (``models.GPT``).
-
-    Derived from what autograd saves in ``course_lib.models`` (manual attention, GELU MLP,
-    LayerNorm, dropout=0, fp32) and checked exactly against MemoryMeter in tests/measure.
-    Per layer, in values (B = batch, T = seq, C = n_embd, nh = n_head):
-
-    * ln_1: its input, the residual stream (1 BTC), and its mean and rstd (2 BT); its output,
-      saved by the qkv Linear (1 BTC)
-    * attention: contiguous copies of q, k and v made by the batched matmuls and saved by them
-      (3 BTC); the softmax output, saved by softmax and by att @ v (nh B T^2); the heads merged
-      back into a contiguous (B, T, C) tensor, saved by c_proj (1 BTC). The qkv output itself
-      and the pre-softmax scores are freed; the causal mask is a buffer slice (no new memory)
-    * ln_2: input (the stream after the attention residual) 1 BTC + output 1 BTC + 2 BT
-    * MLP: c_fc output = GELU input (4 BTC), GELU output, saved by c_proj (4 BTC)
-    * residual adds save nothing
-
-    = 16 BTC + 4 BT + nh B T^2 values per layer: Korthikanti et al.'s count (arXiv:2205.05198,
-    Sec. 4.1) without dropout, in our dtype. Plus ln_f: input 1 BTC, output 1 BTC, stats 2 BT;
-    plus the logits B T V when ``include_logits`` (the caller holds them; a loss computed in the
-    block adds its own saved tensors, e.g. log-softmax output B T V for cross-entropy). The
-    embedding lookups save the integer indices, which are created before the block.
-    Introduced in notebooks/01_backprop_memory.ipynb.
-    """
-    names = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
-    if not all(hasattr(config, k) for k in names) or hasattr(config, "ffn_hidden"):
-        raise TypeError(
-            f"config must be a course_lib.models.GPTConfig, got {type(config).__name__} "
-            "(for other shapes use activation_bytes_transformer_layer)"
-        )
-    if getattr(config, "dropout", 0.0):
-        raise ValueError(
-            f"config.dropout = {config.dropout!r}: expected 0.0, for which the count is exact "
-            "(dropout adds masks; see activation_bytes_transformer_layer)"
-        )
-    from_config = {k: getattr(config, k) for k in names}
-    B = _v.count("batch", batch, minimum=1)
-    T = from_config["block_size"] if seq is None else _v.count("seq", seq, minimum=1)
-    C, nh, L, V = (
-        from_config["n_embd"],
-        from_config["n_head"],
-        from_config["n_layer"],
-        from_config["vocab_size"],
-    )
-    if T > from_config["block_size"]:
-        raise ValueError(
-            f"seq = {T}: expected at most config.block_size = {from_config['block_size']}"
-        )
-    per_layer = 16 * B * T * C + 4 * B * T + nh * B * T * T
-    values = L * per_layer + 2 * B * T * C + 2 * B * T
-    if include_logits:
-        values += B * T * V
-    return _v.count("dtype_bytes", dtype_bytes, minimum=1) * values

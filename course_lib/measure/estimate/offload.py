@@ -11,11 +11,15 @@ where. Times are seconds, bandwidths GB/s (1e9 bytes/s).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from course_lib import validate as _v
-from course_lib.measure.estimate.memory import OPTIMIZERS, model_state_bytes
+from course_lib.measure.estimate.memory import OPTIMIZERS, Optimizer, model_state_bytes
 
 __all__ = [
+    "OffloadLevel",
     "OFFLOAD_LEVELS",
+    "OffloadPrecision",
     "OFFLOAD_PRECISIONS",
     "offload_split",
     "transfer_time",
@@ -37,17 +41,19 @@ __all__ = [
 #: * ``all``: the 16-bit parameters too, fetched layer by layer for forward and again for
 #:   backward (DeepSpeed ``"offload_param"`` with ZeRO-3, FSDP2 ``CPUOffloadPolicy``); the
 #:   layer being computed is not counted.
-OFFLOAD_LEVELS = ("none", "optimizer", "optimizer+grads", "all")
+OffloadLevel = Literal["none", "optimizer", "optimizer+grads", "all"]
+OFFLOAD_LEVELS: tuple[OffloadLevel, ...] = ("none", "optimizer", "optimizer+grads", "all")
 #: precisions the offload formulas accept (a host update needs an fp32 copy of the weights)
-OFFLOAD_PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+OffloadPrecision = Literal["fp32", "bf16-mixed", "fp16-mixed"]
+OFFLOAD_PRECISIONS: tuple[OffloadPrecision, ...] = ("fp32", "bf16-mixed", "fp16-mixed")
 
 
 def offload_split(
     n_params: int,
     *,
-    level: str = "optimizer",
-    precision: str = "bf16-mixed",
-    optimizer: str = "adam",
+    level: OffloadLevel = "optimizer",
+    precision: OffloadPrecision = "bf16-mixed",
+    optimizer: Optimizer = "adam",
 ) -> dict[str, int]:
     """Bytes on the device, bytes on the host and bytes moved each way per step, for one level
     of :data:`OFFLOAD_LEVELS`.
@@ -98,9 +104,9 @@ def transfer_time(nbytes: float, GBps: float) -> float:
 def offload_transfer_times(
     n_params: int,
     *,
-    level: str = "optimizer",
-    precision: str = "bf16-mixed",
-    optimizer: str = "adam",
+    level: OffloadLevel = "optimizer",
+    precision: OffloadPrecision = "bf16-mixed",
+    optimizer: Optimizer = "adam",
     link_GBps: float = 32.0,
 ) -> dict[str, float]:
     """Seconds per step on a host link of ``link_GBps`` per direction (default 32: PCIe 4.0 x16,
@@ -140,7 +146,7 @@ NVME_GBPS = {"read": 7.45, "write": 6.9}
 
 
 def nvme_traffic_bytes(
-    n_params: int, *, precision: str = "bf16-mixed", optimizer: str = "adam"
+    n_params: int, *, precision: OffloadPrecision = "bf16-mixed", optimizer: Optimizer = "adam"
 ) -> dict[str, int]:
     """Bytes read from and written to NVMe per step when the optimizer state and the fp32 master
     live there (ZeRO-Infinity's NVMe tier, Rajbhandari et al. 2021, arXiv:2104.07857): every

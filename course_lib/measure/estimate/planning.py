@@ -1,6 +1,7 @@
-"""Formulas for planning a run at scale: parameter counts of real architectures, activations
-under tensor and sequence parallelism, what a pipeline keeps in flight, tensor-parallel traffic,
-model FLOPs and GPU-days.
+"""Formulas for planning a run at scale: parameter counts of real architectures, what a pipeline
+keeps in flight, tensor-parallel traffic and GPU-days (activations per layer:
+``activations.activation_bytes_transformer_layer``; FLOPs: ``training.training_flops_per_token``
+and ``checkpointing.recompute_flops_per_token``).
 
 Introduced in notebooks/14_planning_a_run.ipynb. Everything is in bytes, FLOPs, seconds, as in
 the rest of ``estimate``; "GB" is 1e9 bytes.
@@ -8,26 +9,24 @@ the rest of ``estimate``; "GB" is 1e9 bytes.
 
 from __future__ import annotations
 
-from fractions import Fraction
+from typing import Literal
 
 from course_lib import validate as _v
-from course_lib.measure.estimate.units import exact
+from course_lib.measure.estimate.activations import RECOMPUTE, Recompute
 
 __all__ = [
     "NORMS",
+    "Norm",
     "transformer_param_count",
-    "activation_bytes_parallel_layer",
     "pipeline_inflight_layers",
     "tp_payload_bytes_per_layer",
-    "model_flops_per_token",
-    "layer_flops_per_token",
     "gpus_for_days",
     "gpu_hours",
     "mfu_from_gpu_hours",
 ]
 
-NORMS = ("rmsnorm", "layernorm")
-_RECOMPUTE = ("none", "selective", "full")
+Norm = Literal["rmsnorm", "layernorm"]
+NORMS: tuple[Norm, ...] = ("rmsnorm", "layernorm")
 
 
 def transformer_param_count(
@@ -38,12 +37,12 @@ def transformer_param_count(
     kv_heads: int,
     ffn: int,
     vocab: int,
-    seq_len: int = 0,
+    seq: int = 0,
     gated_mlp: bool = True,
     bias: bool = False,
     tied_embeddings: bool = False,
     learned_positions: bool = False,
-    norm: str = "rmsnorm",
+    norm: Norm = "rmsnorm",
     embedding_norm: bool = False,
 ) -> dict[str, int]:
     """Exact parameter count of a decoder-only transformer, by part.
@@ -54,7 +53,7 @@ def transformer_param_count(
     (SwiGLU: gate, up, down; Shazeer 2020, arXiv:2002.05202) else 2 h f; biases (``bias``)
     h + 2k + h + (2f or f) + h; two norms, h each (RMSNorm) or 2h (LayerNorm, with bias).
     Outside the layers: token embedding V h, an output matrix V h unless ``tied_embeddings``,
-    learned positions seq_len * h, a final norm, and an embedding norm (BLOOM) when asked.
+    learned positions seq * h, a final norm, and an embedding norm (BLOOM) when asked.
 
     With h = 4096, f = 11008, 32 layers, V = 32000, gated, untied, RMSNorm this is
     6,738,415,616 (Llama-2-7B); GPT-3's shape gives 12 L h^2 + ... = 174.6e9 ("175B").
@@ -64,7 +63,7 @@ def transformer_param_count(
     h, a = _v.count("hidden", hidden, minimum=1), _v.count("heads", heads, minimum=1)
     g = _v.count("kv_heads", kv_heads, minimum=1, maximum=a)
     f, V = _v.count("ffn", ffn, minimum=1), _v.count("vocab", vocab, minimum=1)
-    s = _v.count("seq_len", seq_len)
+    s = _v.count("seq", seq)
     norm = _v.choice("norm", norm, NORMS)
     if h % a or a % g:
         raise ValueError(
@@ -90,61 +89,6 @@ def transformer_param_count(
         "other": other,
         "total": total,
     }
-
-
-def activation_bytes_parallel_layer(
-    seq: int,
-    batch: int,
-    hidden: int,
-    heads: int,
-    *,
-    kv_heads: int | None = None,
-    ffn: int | None = None,
-    gated_mlp: bool = False,
-    dropout: bool = True,
-    tp: int = 1,
-    sequence_parallel: bool = True,
-    recompute: str = "none",
-) -> int | float:
-    """Activation bytes one layer keeps per tensor-parallel rank, 16-bit values, 1-byte masks.
-
-    Korthikanti et al. 2022 (arXiv:2205.05198), Sec. 4, generalised to grouped-query attention
-    and a gated MLP. In units of s b h bytes (r = kv_heads / heads, f = ffn):
-
-    * attention: the QKV input 2, Q 2, K and V 4r, the projection's input 2, a residual dropout
-      mask 1 (with ``dropout``): 7 + 4r (11 for multi-head attention); plus the core,
-      5 a s / h: softmax output 2, its dropout mask 1 and output 2 (2 a s / h without dropout:
-      only the softmax output);
-    * MLP: its input 2, a residual dropout mask 1, and 4 f / h (the GeLU input and output) or
-      6 f / h for SwiGLU (the gate and up outputs, 4 f / h, and their product, 2 f / h);
-    * two LayerNorm inputs: 4.
-
-    With f = 4h, r = 1, dropout: 34 + 5 a s / h, the paper's Eq. 1. Tensor parallelism over
-    ``tp`` ranks splits everything but the LayerNorm and dropout parts (Eq. 2: 10 + 24 / t +
-    5as/(ht)); with ``sequence_parallel`` those are split too (Eq. 4: (34 + 5as/h) / t).
-    ``selective`` recomputes the attention core (drops the a s / h terms; FlashAttention keeps
-    the same, as it recomputes the scores in backward); ``full`` keeps the layer's input,
-    2 s b h (divided by t with sequence parallelism).
-    Bytes: int when exact, else float.
-    """
-    s, b = _v.count("seq", seq, minimum=1), _v.count("batch", batch, minimum=1)
-    h, a = _v.count("hidden", hidden, minimum=1), _v.count("heads", heads, minimum=1)
-    g = a if kv_heads is None else _v.count("kv_heads", kv_heads, minimum=1, maximum=a)
-    f = 4 * h if ffn is None else _v.count("ffn", ffn, minimum=1)
-    t = _v.count("tp", tp, minimum=1)
-    rec = _v.choice("recompute", recompute, _RECOMPUTE, case_insensitive=True)
-    sbh = Fraction(s * b * h)
-    if rec == "full":
-        return exact(2 * sbh / (t if sequence_parallel else 1))
-    r = Fraction(g, a)
-    mask = 1 if dropout else 0
-    # parts every TP rank splits: Q, K, V, projection input, MLP inner activations
-    split = (2 + 4 * r + 2) * sbh + Fraction(2 * s * b * f) * (3 if gated_mlp else 2)
-    # parts outside the TP regions: QKV input, MLP input, two LayerNorm inputs, dropout masks
-    outside = (2 + 2 + 4 + 2 * mask) * sbh
-    core = Fraction(a * s * s * b) * (5 if dropout else 2) if rec == "none" else 0
-    total = (split + core) / t + outside / (t if sequence_parallel else 1)
-    return exact(total)
 
 
 def pipeline_inflight_layers(
@@ -173,7 +117,7 @@ def pipeline_inflight_layers(
 
 
 def tp_payload_bytes_per_layer(
-    seq: int, batch: int, hidden: int, *, recompute: str = "none", dtype_bytes: int = 2
+    seq: int, batch: int, hidden: int, *, recompute: Recompute = "none", dtype_bytes: int = 2
 ) -> int:
     """Bytes one layer's tensor-parallel collectives carry per micro-batch, as the payload S of
     the all-reduces (Shoeybi et al. 2019, arXiv:1909.08053: f and g, one all-reduce in the
@@ -184,35 +128,9 @@ def tp_payload_bytes_per_layer(
     """
     s, b = _v.count("seq", seq, minimum=1), _v.count("batch", batch, minimum=1)
     h = _v.count("hidden", hidden, minimum=1)
-    rec = _v.choice("recompute", recompute, _RECOMPUTE, case_insensitive=True)
+    rec = _v.choice("recompute", recompute, RECOMPUTE, case_insensitive=True)
     calls = 6 if rec == "full" else 4
     return calls * s * b * h * _v.count("dtype_bytes", dtype_bytes, minimum=1)
-
-
-def model_flops_per_token(n_params: int, *, layers: int = 0, hidden: int = 0, seq: int = 0) -> int:
-    """Training FLOPs per token that MFU counts: 6 N + 12 L h s (Chowdhery et al. 2022, PaLM,
-    arXiv:2204.02311, App. B: the 6N of Kaplan et al. plus the attention products, QK^T and AV,
-    2 s h each in the forward, times 3 for forward + backward). Leave layers/hidden/seq at 0
-    for 6 N alone. Recomputation is not model FLOPs (it is hardware FLOPs)."""
-    n = _v.count("n_params", n_params)
-    return 6 * n + 12 * _v.count("layers", layers) * _v.count("hidden", hidden) * _v.count(
-        "seq", seq
-    )
-
-
-def layer_flops_per_token(
-    layer_params: int, *, layers: int, hidden: int, seq: int, recompute: str = "none"
-) -> dict[str, int]:
-    """FLOPs per token of ``layers`` transformer layers, split into the model's work and
-    recomputation. Model: 6 P + 12 s h per layer (P = the layer's parameters). Recompute:
-    ``full`` adds one forward, 2 P + 4 s h; ``selective`` adds the attention products' forward,
-    4 s h (Korthikanti et al. 2022, Sec. 5). Returns ``{"model", "recompute", "total"}``."""
-    P = _v.count("layer_params", layer_params)
-    L, h, s = (_v.count("layers", layers), _v.count("hidden", hidden), _v.count("seq", seq))
-    rec = _v.choice("recompute", recompute, _RECOMPUTE, case_insensitive=True)
-    model = L * (6 * P + 12 * s * h)
-    extra = {"none": 0, "selective": L * 4 * s * h, "full": L * (2 * P + 4 * s * h)}[rec]
-    return {"model": model, "recompute": extra, "total": model + extra}
 
 
 def gpus_for_days(total_flops: float, *, days: float, peak_flops: float, mfu: float) -> float:

@@ -1,4 +1,5 @@
-"""Tensor (and sequence) parallelism: activation memory, parameters and communication per rank.
+"""Tensor (and sequence) parallelism: parameters and communication per rank (activations:
+``activation_bytes_transformer_layer`` and ``activation_bytes_gpt`` take ``tp``).
 
 Introduced in notebooks/11_tensor_parallelism.ipynb. Sources: Shoeybi et al. 2019, "Megatron-LM"
 (arXiv:1909.08053), Sec. 3; Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
@@ -12,98 +13,11 @@ from typing import Any
 from course_lib import validate as _v
 
 __all__ = [
-    "tp_activation_bytes_layer",
-    "tp_activation_bytes_gpt",
     "tp_params_per_rank",
     "tp_collectives_per_layer",
     "tp_comm_bytes_per_layer",
     "tp_layer_state_bytes",
 ]
-
-
-def tp_activation_bytes_layer(
-    seq: int,
-    batch: int,
-    hidden: int,
-    heads: int,
-    tp: int = 1,
-    *,
-    sequence_parallel: bool = False,
-    bytes_per_value: int = 2,
-    dropout: bool = True,
-    layernorm_stats: bool = False,
-) -> int:
-    """Activation bytes one rank keeps for one transformer layer split over ``tp`` ranks.
-
-    Korthikanti et al. 2022, with 16-bit values and 1-byte dropout masks (the defaults):
-    ``tp = 1``: ``sbh (34 + 5as/h)`` (Eq. 1); tensor parallel: ``sbh (10 + 24/t + 5as/(ht))``
-    (Eq. 2); with sequence parallelism: ``sbh (34/t + 5as/(ht))`` (Eq. 3). By part, in values
-    (``p = bytes_per_value``):
-
-    * outside the parallel regions, on every rank unless ``sequence_parallel`` divides them by
-      t: the two LayerNorm inputs and the two LayerNorm outputs (the attention and MLP inputs),
-      4 sbh values, plus the two residual-dropout masks (2 sbh bytes);
-    * inside (split by t): Q, K, V, the output projection's input, the MLP's first output and
-      the GeLU output: 12 sbh values;
-    * the attention core (split by t): the softmax output (a s^2 b values), its dropout mask
-      (a s^2 b bytes) and the dropout output (a s^2 b values).
-
-    ``dropout=False`` (the course's tiny GPT) drops the masks and the dropout output.
-    ``layernorm_stats``: also count the mean and rstd of the two LayerNorms (4 sb values in
-    float32, which the paper leaves out; the tiny GPT stores them). Exact int bytes; ``seq`` and
-    ``heads`` need not divide by ``tp`` here (the model check does that)."""
-    s, b = _v.count("seq", seq, minimum=1), _v.count("batch", batch, minimum=1)
-    h, a = _v.count("hidden", hidden, minimum=1), _v.count("heads", heads, minimum=1)
-    t = _v.count("tp", tp, minimum=1)
-    p = _v.count("bytes_per_value", bytes_per_value, minimum=1)
-    sbh, as2b = s * b * h, a * s * s * b
-    outside = 4 * p * sbh + (2 * sbh if dropout else 0) + (4 * 4 * s * b if layernorm_stats else 0)
-    inside = 12 * p * sbh
-    core = (2 * p + 1) * as2b if dropout else p * as2b
-    total_x_t = (outside if sequence_parallel else t * outside) + inside + core
-    return total_x_t // t if total_x_t % t == 0 else total_x_t / t
-
-
-def tp_activation_bytes_gpt(
-    config: Any,
-    batch: int,
-    seq: int | None = None,
-    *,
-    tp: int = 1,
-    sequence_parallel: bool = False,
-    dtype_bytes: int = 4,
-    include_logits: bool = True,
-) -> int:
-    """Bytes one rank's autograd keeps after the forward of the tiny GPT split by
-    ``parallel.tensor.parallelize_gpt`` over ``tp`` ranks (fp32, no dropout): per layer
-    :func:`tp_activation_bytes_layer` with ``dropout=False, layernorm_stats=True``, plus the
-    replicated ln_f (input, output, stats: 2 BTC + 2 BT values; with sequence parallelism the
-    stream is gathered before it) and the logits B T V (the replicated head). At ``tp = 1`` it
-    equals ``estimate.activation_bytes_gpt``."""
-    for k in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size"):
-        if not hasattr(config, k):
-            raise TypeError(
-                f"config = {type(config).__name__}: expected a course_lib.models.GPTConfig"
-            )
-    B = _v.count("batch", batch, minimum=1)
-    T = config.block_size if seq is None else _v.count("seq", seq, minimum=1)
-    p = _v.count("dtype_bytes", dtype_bytes, minimum=1)
-    C = config.n_embd
-    layer = tp_activation_bytes_layer(
-        T,
-        B,
-        C,
-        config.n_head,
-        tp,
-        bytes_per_value=p,
-        sequence_parallel=sequence_parallel,
-        dropout=False,
-        layernorm_stats=False,
-    )
-    # mean and rstd of the two LayerNorms, in the model's dtype; split along T with SP
-    stats = p * 4 * B * T // (tp if sequence_parallel else 1)
-    head = p * (2 * B * T * C + 2 * B * T + (B * T * config.vocab_size if include_logits else 0))
-    return config.n_layer * (layer + stats) + head
 
 
 def _layer_params(config: Any) -> tuple[int, int]:
@@ -138,7 +52,7 @@ def tp_params_per_rank(config: Any, tp: int = 1) -> dict[str, int]:
             + (0 if config.tie_weights else V * C)
         )
     if sharded % t:
-        raise ValueError(f"tp = {t}: the sharded parameters ({sharded}) do not divide evenly")
+        raise ValueError(f"tp = {t}: expected a divisor of the sharded parameters ({sharded})")
     return {"sharded": sharded, "replicated": replicated, "per_rank": sharded // t + replicated}
 
 
@@ -166,9 +80,9 @@ def tp_comm_bytes_per_layer(
     hidden: int,
     tp: int,
     *,
-    bytes_per_value: int = 2,
+    dtype_bytes: int = 2,
     sequence_parallel: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """Bytes per transformer layer and step: ``payload`` (one all-reduce's tensor, s b h p),
     and what one rank sends with the ring algorithms (``estimate.collective_bytes_sent``):
     ``sent_forward``, ``sent_backward``, ``sent`` (their sum). Tensor parallel: 4 all-reduces
@@ -177,20 +91,20 @@ def tp_comm_bytes_per_layer(
     backward sends 1.5 times as much, for the gathers done again)."""
     s, b = _v.count("seq", seq, minimum=1), _v.count("batch", batch, minimum=1)
     h, t = _v.count("hidden", hidden, minimum=1), _v.count("tp", tp, minimum=1)
-    payload = s * b * h * _v.count("bytes_per_value", bytes_per_value, minimum=1)
+    payload = s * b * h * _v.count("dtype_bytes", dtype_bytes, minimum=1)
     calls = tp_collectives_per_layer(sequence_parallel=sequence_parallel)
     unit = {"all_reduce": 2 * (t - 1), "all_gather": t - 1, "reduce_scatter": t - 1}  # x S/t
     sent = {
         phase: sum(n * unit[op] * payload for op, n in ops.items()) for phase, ops in calls.items()
     }
-    out = {"payload": payload, "calls": calls}
+    out: dict[str, Any] = {"payload": payload, "calls": calls}
     for phase in ("forward", "backward"):
         out[f"sent_{phase}"] = sent[phase] // t if sent[phase] % t == 0 else sent[phase] / t
     out["sent"] = out["sent_forward"] + out["sent_backward"]
     return out
 
 
-def tp_layer_state_bytes(config: Any, tp: int = 1, *, bytes_per_param: int = 16) -> dict:
+def tp_layer_state_bytes(config: Any, tp: int = 1, *, bytes_per_param: int = 16) -> dict[str, int]:
     """Model state of ONE transformer layer on one rank: its split weights / ``tp`` plus its
     replicated norms (and biases), times ``bytes_per_param`` (16: bf16 weights and gradients,
     fp32 master weights and two Adam moments, Rajbhandari et al. 2020). Returns
@@ -199,6 +113,8 @@ def tp_layer_state_bytes(config: Any, tp: int = 1, *, bytes_per_param: int = 16)
     k = _v.count("bytes_per_param", bytes_per_param, minimum=1)
     sharded, replicated = _layer_params(config)
     if sharded % t:
-        raise ValueError(f"tp = {t}: the layer's sharded parameters ({sharded}) do not divide")
+        raise ValueError(
+            f"tp = {t}: expected a divisor of the layer's sharded parameters ({sharded})"
+        )
     params = sharded // t + replicated
     return {"params": params, "bytes": params * k}

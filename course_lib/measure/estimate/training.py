@@ -65,16 +65,19 @@ def gpt_param_count(
 
 
 def training_flops_per_token(
-    n_params: int, *, n_layer: int = 0, seq: int = 0, n_embd: int = 0
+    n_params: int, *, layers: int = 0, hidden: int = 0, seq: int = 0
 ) -> int:
-    """Training FLOPs per token of a dense transformer: ``6 N`` (2 forward + 4 backward per
-    parameter; Kaplan et al. 2020 Sec. 2.1) plus, when the shape is given, the attention
-    scores and their use, ``12 L T C`` (Chowdhery et al. 2022, PaLM, arXiv:2204.02311 App. B,
-    which counts it in MFU). A causal model computes only half of the T x T scores; the
-    convention counts all of them."""
+    """Training FLOPs per token of a dense transformer, the model FLOPs that MFU counts:
+    ``6 N`` (2 forward + 4 backward per parameter; Kaplan et al. 2020, arXiv:2001.08361 Sec. 2.1)
+    plus, when the shape is given, the attention products QK^T and AV, 2 s h each in the
+    forward, times 3 for forward + backward: ``12 L s h`` (Chowdhery et al. 2022, PaLM,
+    arXiv:2204.02311 App. B). Leave ``layers``/``hidden``/``seq`` at 0 for ``6 N`` alone; a run
+    of D tokens costs D times this (6ND). A causal model computes only half of the s x s scores;
+    the convention counts all of them. Recomputation is not model FLOPs (it is hardware FLOPs:
+    ``recompute_flops_per_token``)."""
     N = _v.count("n_params", n_params)
-    L, T, C = (_v.count("n_layer", n_layer), _v.count("seq", seq), _v.count("n_embd", n_embd))
-    return 6 * N + 12 * L * T * C
+    L, h, s = (_v.count("layers", layers), _v.count("hidden", hidden), _v.count("seq", seq))
+    return 6 * N + 12 * L * s * h
 
 
 def mfu(flops_per_step: float, step_s: float, peak_flops: float) -> float:
@@ -108,7 +111,7 @@ def gpus_for_training(
     parameters, 300B tokens = 3.15e23 FLOPs, 30 days, 50 % MFU) needs 1,944.4 V100, 779.02 A100
     or 245.8 H100, so 1,945 / 780 / 246 whole GPUs (dense fp16/bf16 tensor-core peaks from
     :data:`GPU_SPECS`)."""
-    total = 6 * _v.count("n_params", n_params) * _v.count("tokens", tokens)
+    total = training_flops_per_token(n_params) * _v.count("tokens", tokens)
     per_gpu = (
         _v.number("days", days, positive=True)
         * SECONDS_PER_DAY
@@ -168,10 +171,8 @@ GPU_SPECS: dict[str, GpuSpec] = {
 
 def gpu_spec(name: str) -> GpuSpec:
     """Look up a :data:`GPU_SPECS` entry by name (case-insensitive)."""
-    for key, spec in GPU_SPECS.items():
-        if isinstance(name, str) and key.lower() == name.lower():
-            return spec
-    raise ValueError(f"name = {name!r}: expected one of {', '.join(GPU_SPECS)}")
+    by_name = {key.lower(): spec for key, spec in GPU_SPECS.items()}
+    return by_name[_v.choice("name", name, by_name, case_insensitive=True)]
 
 
 @dataclass(frozen=True)

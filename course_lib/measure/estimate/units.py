@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numbers
 from fractions import Fraction
-from typing import Mapping
 
-__all__ = ["KiB", "MiB", "GiB", "GB", "exact", "fmt_bytes", "breakdown_residual"]
+from course_lib import validate as _v
+
+__all__ = ["KiB", "MiB", "GiB", "GB", "exact", "fmt_bytes"]
 
 KiB = 2**10
 MiB = 2**20
@@ -45,24 +46,15 @@ def fmt_bytes(n: float, unit: str = "auto", *, digits: int = 2) -> str:
     >>> fmt_bytes(120e9, "GB", digits=1)
     '120.0 GB'
     """
-    if isinstance(n, bool) or not isinstance(n, numbers.Real):
-        raise TypeError(f"n must be a number of bytes, got {n!r} ({type(n).__name__})")
+    if isinstance(n, bool) or not isinstance(n, numbers.Real):  # NaN and inf are formatted
+        raise TypeError(f"n = {_v.describe(n)}: expected a number of bytes")
+    _v.choice("unit", unit, ("auto", *_UNITS))
     if unit == "auto":
         unit = "B"
         for name in ("KiB", "MiB", "GiB", "TiB"):
             if abs(n) >= _UNITS[name]:
                 unit = name
-    if unit not in _UNITS:
-        raise ValueError(f"unit = {unit!r}: expected one of auto, {', '.join(_UNITS)}")
     n = float(n) if not isinstance(n, int) else n
     if unit == "B" and float(n).is_integer():
         return f"{int(n)} B"
     return f"{n / _UNITS[unit]:.{digits}f} {unit}"
-
-
-def breakdown_residual(
-    measured: Mapping[str, float], predicted: Mapping[str, float]
-) -> dict[str, float]:
-    """measured - predicted for every key in either dict (missing keys count as 0), in bytes."""
-    keys = list(dict.fromkeys([*predicted, *measured]))
-    return {k: measured.get(k, 0) - predicted.get(k, 0) for k in keys}

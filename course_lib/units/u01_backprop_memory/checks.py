@@ -80,8 +80,8 @@ def _measure(model, batch_shape, optimizer) -> dict:
 _REFERENCES = (
     "course_lib.measure.estimate.memory:model_state_bytes",
     "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param",
-    "course_lib.measure.estimate.memory:activation_bytes_mlp",
-    "course_lib.measure.estimate.memory:activation_bytes_gpt",
+    "course_lib.measure.estimate.activations:activation_bytes_mlp",
+    "course_lib.measure.estimate.activations:activation_bytes_gpt",
     "course_lib.techniques.optim:state_bytes",
     "course_lib.measure.memory:MemoryMeter",
 )
@@ -167,8 +167,8 @@ def _hint(category, model, batch_shape, opt, got, expected) -> str:
 
 # ---------------------------------------------------------------------------------- task 3
 _GPT_REFERENCES = (
-    "course_lib.measure.estimate.memory:activation_bytes_gpt",
-    "course_lib.measure.estimate.memory:activation_bytes_transformer_layer",
+    "course_lib.measure.estimate.activations:activation_bytes_gpt",
+    "course_lib.measure.estimate.activations:activation_bytes_transformer_layer",
     "course_lib.measure.estimate.checkpointing:checkpointed_activation_bytes_gpt",
     "course_lib.measure.memory:MemoryMeter",
 )
@@ -319,8 +319,8 @@ def check_eval_memory_bug(bug: str, predict_all, task: int = 4) -> None:
 
 # ---------------------------------------------------------------------------------- task 5
 _SCALE_REFERENCES = (
-    "course_lib.measure.estimate.memory:activation_bytes_gpt",
-    "course_lib.measure.estimate.memory:activation_bytes_transformer_layer",
+    "course_lib.measure.estimate.activations:activation_bytes_gpt",
+    "course_lib.measure.estimate.activations:activation_bytes_transformer_layer",
     "course_lib.measure.estimate.memory:model_state_bytes",
     "course_lib.measure.estimate.training:gpt_param_count",
     "course_lib.models:count_params",

@@ -130,7 +130,7 @@ _FIT_REFERENCES = (
     "course_lib.units.u02_batch_size_and_accumulation.run:largest_batch_that_fits",
     "course_lib.units.u02_batch_size_and_accumulation.run:step_peak_bytes",
     "course_lib.measure.memory:MemoryMeter",
-    "course_lib.measure.estimate.memory:activation_bytes_mlp",
+    "course_lib.measure.estimate.activations:activation_bytes_mlp",
     "course_lib.measure.estimate.memory:model_state_bytes",
 )
 #: a batch this much larger than the learner's must NOT fit (the tolerance of the prediction)
@@ -198,7 +198,6 @@ _GPU_REFERENCES = (
     "course_lib.measure.estimate.training:gpus_for_training",
     "course_lib.measure.estimate.training:training_days",
     "course_lib.measure.estimate.training:training_flops_per_token",
-    "course_lib.measure.estimate.compute:transformer_training_flops",
 )
 
 

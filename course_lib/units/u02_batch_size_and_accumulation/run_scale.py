@@ -125,7 +125,7 @@ def gpt_step_mfu(
     t = time_fn(step, warmup=warmup, repeat=repeat)
     n = count_params(model)
     per_token = estimate.training_flops_per_token(
-        n, n_layer=config.n_layer, seq=T, n_embd=config.n_embd
+        n, layers=config.n_layer, hidden=config.n_embd, seq=T
     )
     flops = per_token * B * T
     return {

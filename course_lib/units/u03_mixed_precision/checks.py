@@ -189,8 +189,8 @@ SCALE_RECIPES = {
 _FORBID_6 = (
     "course_lib.measure.estimate.memory:model_state_bytes",
     "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param",
-    "course_lib.measure.estimate.memory:zero_bytes_per_rank",
-    "course_lib.measure.estimate.memory:zero_state_breakdown_per_rank",
+    "course_lib.measure.estimate.zero:zero_bytes_per_rank",
+    "course_lib.measure.estimate.zero:zero_state_breakdown_per_rank",
 )
 
 

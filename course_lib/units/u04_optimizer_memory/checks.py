@@ -355,8 +355,8 @@ def check_master_bug(MyMaster, task: int = 5) -> None:
 SCALE_MODELS = {"7B": 6_738_415_616, "70B": 68_976_648_192}
 SCALE_WORLDS = (1, 8, 64)
 _FORBID_6 = (
-    "course_lib.measure.estimate.memory:zero_bytes_per_rank",
-    "course_lib.measure.estimate.memory:zero_state_breakdown_per_rank",
+    "course_lib.measure.estimate.zero:zero_bytes_per_rank",
+    "course_lib.measure.estimate.zero:zero_state_breakdown_per_rank",
     "course_lib.measure.estimate.memory:model_state_bytes",
     "course_lib.measure.estimate.memory:optimizer_state_bytes_per_param",
 )

@@ -300,7 +300,7 @@ def scale_up(
 ) -> pd.DataFrame:
     """Estimated offloaded step at scale, one row per model size, level ``optimizer``,
     bf16-mixed AdamW, one GPU: device and host GB, the step's parts in seconds -- compute =
-    6 N tokens / (peak x MFU) (``estimate.transformer_training_flops``), transfer each way on
+    6 N tokens / (peak x MFU) (``estimate.training_flops_per_token``), transfer each way on
     ``link`` (``estimate.offload_transfer_times``), host Adam at ``host_GBps``
     (``estimate.host_adam_time``) -- and the step time overlapped and serial, beside the step
     without offload (compute only, if it fitted)."""
@@ -309,9 +309,7 @@ def scale_up(
     for n in n_params:
         n = validate.count("n_params", n, minimum=1)
         split = estimate.offload_split(n, level="optimizer")
-        compute = estimate.transformer_training_flops(n, tokens_per_step) / (
-            gpu_TFLOPs * 1e12 * mfu
-        )
+        compute = estimate.training_flops_per_token(n) * tokens_per_step / (gpu_TFLOPs * 1e12 * mfu)
         tr = estimate.offload_transfer_times(n, link_GBps=link_GBps)
         host = estimate.host_adam_time(n, host_GBps=host_GBps)
         rows.append(

@@ -102,7 +102,7 @@ def count_table(r: int = 8) -> pd.DataFrame:
     cfg = LlamaConfig.llama_7b_like()
     for targets in (("q", "v"), tuple(LLAMA_TARGETS)):
         pred = estimate.transformer_lora_params(
-            hidden=cfg.n_embd, ffn_hidden=cfg.ffn_hidden, n_layer=cfg.n_layer, r=r, targets=targets
+            hidden=cfg.n_embd, ffn=cfg.ffn_hidden, layers=cfg.n_layer, r=r, targets=targets
         )
         row(
             f"Llama-2-7B, {'q, v' if len(targets) == 2 else 'all seven linears'}",

@@ -195,8 +195,8 @@ def scale_table() -> pd.DataFrame:
         for r, targets in ((8, ("q", "v")), (64, "all")):
             k = estimate.transformer_lora_params(
                 hidden=cfg.n_embd,
-                ffn_hidden=cfg.ffn_hidden,
-                n_layer=cfg.n_layer,
+                ffn=cfg.ffn_hidden,
+                layers=cfg.n_layer,
                 r=r,
                 targets=targets,
             )
@@ -207,7 +207,7 @@ def scale_table() -> pd.DataFrame:
             175_000_000_000,
             4,
             "q, v",
-            estimate.transformer_lora_params(hidden=12288, ffn_hidden=4 * 12288, n_layer=96, r=4),
+            estimate.transformer_lora_params(hidden=12288, ffn=4 * 12288, layers=96, r=4),
         )
     )
     for model, n, r, targets, k in cases:

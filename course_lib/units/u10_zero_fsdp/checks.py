@@ -33,10 +33,14 @@ __all__ = [
 ]
 
 #: the course's ZeRO, out of reach while the learner's code runs
-ZERO_REFERENCES = ("course_lib.parallel.zero:ZeroDataParallel",)
+ZERO_REFERENCES = (
+    "course_lib.parallel.zero:ZeroDataParallel",
+    "course_lib.parallel.zero:ShardedOptimizer",
+    "course_lib.parallel.zero:FullySharded",
+)
 #: the course's formulas for per-rank ZeRO memory
 ESTIMATE_REFERENCES = tuple(
-    f"course_lib.measure.estimate.memory:{f}"
+    f"course_lib.measure.estimate.zero:{f}"
     for f in (
         "zero_layout_bytes_per_rank",
         "zero_padding",

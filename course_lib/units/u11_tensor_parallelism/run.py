@@ -16,7 +16,7 @@ checked before any rank starts. Each function returns plain data or a tidy DataF
 - :func:`collective_counts`: collectives per phase counted by CommMeter in our version;
 - :func:`wire_bytes`: bytes each rank wrote to its sockets per step, beside the ring model;
 - :func:`memory_per_rank`: MemoryMeter in every rank: params, grads, Adam state, activations,
-  beside ``estimate.tp_params_per_rank`` and ``estimate.tp_activation_bytes_gpt``;
+  beside ``estimate.tp_params_per_rank`` and ``estimate.activation_bytes_gpt``;
 - :func:`activation_formulas`, :func:`scale_table`, :func:`source_check`, :func:`source_bytes`
   (in ``run_scale.py``, re-exported): Korthikanti et al.'s formulas, a Llama-7B / 70B layer at
   tp = 8 through ``measure.estimate``, and the sources' numbers recomputed.

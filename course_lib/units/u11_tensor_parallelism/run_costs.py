@@ -100,7 +100,7 @@ def wire_summary(
     df = counts[(counts["rank"] == 0) & (counts.phase != "grad sync")]
     for (t, sp), part in df.groupby(["tp", "sequence_parallel"]):
         pred = estimate.tp_comm_bytes_per_layer(
-            config.block_size, batch, config.n_embd, t, bytes_per_value=4, sequence_parallel=sp
+            config.block_size, batch, config.n_embd, t, dtype_bytes=4, sequence_parallel=sp
         )
         wire = None if part.wire_sent.isna().any() else int(part.wire_sent.sum())
         rows.append(
@@ -145,7 +145,7 @@ def _memory_worker(rank: int, world_size: int, config: GPTConfig, batch: int, sp
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x, y = batch_fn(0, config=config, batch=batch)
     with MemoryMeter(model, opt) as mem:
-        logits = model(x)  # (B, T, V): held, as estimate.tp_activation_bytes_gpt counts it
+        logits = model(x)  # (B, T, V): held, as estimate.activation_bytes_gpt counts it
         # gloo's worker thread lets go of the last all-reduce's buffer a moment after the call
         # returns (measured: one BTC tensor too many, now and then, on one rank); wait for every
         # rank's calls to finish and give the thread a moment, then take the snapshot (the
@@ -183,7 +183,7 @@ def memory_per_rank(
     grads, optimizer: the largest value over the step; activations: alive at the end of the
     forward, logits held), predicted (``estimate.tp_params_per_rank`` x 4 B, plus the buffers
     for params; Adam's two moments x 4 B plus a 4-byte step counter per tensor;
-    ``estimate.tp_activation_bytes_gpt``), residual (measured - predicted). Bytes."""
+    ``estimate.activation_bytes_gpt``), residual (measured - predicted). Bytes."""
     sizes = validate.counts("tps", tps, minimum=1)
     b = validate.count("batch", batch, minimum=1)
     rows: list[dict] = []
@@ -199,7 +199,7 @@ def memory_per_rank(
                     "params": 4 * n + m["buffers"],
                     "grads": 4 * n,
                     "optimizer": 8 * n + 4 * m["param_tensors"],
-                    "activations": estimate.tp_activation_bytes_gpt(
+                    "activations": estimate.activation_bytes_gpt(
                         config, b, tp=t, sequence_parallel=sp
                     ),
                 }

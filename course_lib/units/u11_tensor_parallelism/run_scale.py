@@ -54,10 +54,10 @@ def activation_formulas(
         rows.append(
             {
                 "tp": t,
-                "tensor_parallel": estimate.tp_activation_bytes_layer(s, b, h, a, t),
+                "tensor_parallel": estimate.activation_bytes_transformer_layer(s, b, h, a, tp=t),
                 "paper_tp": paper_tp,
-                "sequence_parallel": estimate.tp_activation_bytes_layer(
-                    s, b, h, a, t, sequence_parallel=True
+                "sequence_parallel": estimate.activation_bytes_transformer_layer(
+                    s, b, h, a, tp=t, sequence_parallel=True
                 ),
                 "paper_sp": s * b * h * (34 / t + 5 * a * s / (h * t)),
             }
@@ -108,7 +108,7 @@ def scale_table(
     (s b h x 2 B), what a rank sends per layer per step (4 ring all-reduces), and the time of
     those 4 all-reduces on each link (``estimate.allreduce_time_on_link`` at the link's
     per-direction bandwidth), and the layer's matmul time per rank (6 x params x tokens FLOPs,
-    ``estimate.transformer_training_flops``, over tp ranks at ``UTILIZATION`` of an H100's
+    ``estimate.training_flops_per_token``, over tp ranks at ``UTILIZATION`` of an H100's
     bf16 peak; attention's s^2 FLOPs left out). Bytes in B; seconds."""
     sizes = validate.counts("tps", tps, minimum=1)
     rows = []
@@ -122,18 +122,19 @@ def scale_table(
                 "tp": t,
                 "layer_params_per_rank": state["params"],
                 "state_bytes": state["bytes"],
-                "activations_tp": estimate.tp_activation_bytes_layer(
-                    seq, batch, shape.n_embd, shape.n_head, t
+                "activations_tp": estimate.activation_bytes_transformer_layer(
+                    seq, batch, shape.n_embd, shape.n_head, tp=t
                 ),
-                "activations_sp": estimate.tp_activation_bytes_layer(
-                    seq, batch, shape.n_embd, shape.n_head, t, sequence_parallel=True
+                "activations_sp": estimate.activation_bytes_transformer_layer(
+                    seq, batch, shape.n_embd, shape.n_head, tp=t, sequence_parallel=True
                 ),
                 "allreduce_bytes": comm["payload"],
                 "sent_per_layer": comm["sent"],
                 "allreduces_per_step": 4 * shape.n_layer,
-                "compute_s_per_layer": estimate.transformer_training_flops(
-                    estimate.tp_layer_state_bytes(shape, 1)["params"], seq * batch
+                "compute_s_per_layer": estimate.training_flops_per_token(
+                    estimate.tp_layer_state_bytes(shape, 1)["params"]
                 )
+                * (seq * batch)
                 / t
                 / (H100_BF16_FLOPS * UTILIZATION),
             }

@@ -91,7 +91,7 @@ def sources_budget():
     184,320 A100-hours imply. A DataFrame (quantity, value, unit, how)."""
     import pandas as pd
 
-    f175 = estimate.transformer_training_flops(175 * 10**9, 300 * 10**9)
+    f175 = estimate.training_flops_per_token(175 * 10**9) * 300 * 10**9
     rows = [("FLOPs, 175B x 300B tokens", f175, "FLOP", "6 N D")]
     rows += [
         (
@@ -102,7 +102,7 @@ def sources_budget():
         )
         for g, p in _PEAKS.items()
     ]
-    f7 = estimate.transformer_training_flops(7 * 10**9, 2 * 10**12)
+    f7 = estimate.training_flops_per_token(7 * 10**9) * 2 * 10**12
     rows.append(("FLOPs, 7B x 2T tokens", f7, "FLOP", "6 N D"))
     rows.append(
         (
@@ -117,7 +117,7 @@ def sources_budget():
         (
             "Llama-2-7B: MFU implied by 184,320 A100-hours",
             estimate.mfu_from_gpu_hours(
-                estimate.transformer_training_flops(n7, 2 * 10**12),
+                estimate.training_flops_per_token(n7) * 2 * 10**12,
                 184_320,
                 peak_flops=_PEAKS["A100"],
             ),
@@ -242,7 +242,7 @@ def decision_numbers() -> dict[str, float]:
     # offload: 7B moves 14 GB each way per step over PCIe 4.0 (about 32 GB/s)
     out["offload_7b_s"] = 2 * 7e9 / (estimate.link_speed("PCIe 4.0 x16").per_direction_GBps * 1e9)
     # LoRA: 70B full training state vs a frozen bf16 base + rank-16 adapters on q, v
-    lora = estimate.transformer_lora_params(hidden=8192, ffn_hidden=28672, n_layer=80, r=16)
+    lora = estimate.transformer_lora_params(hidden=8192, ffn=28672, layers=80, r=16)
     out["full_70b_state_GB"] = (
         estimate.model_state_bytes(m70.n_params, precision="bf16-mixed")["total"] / 1e9
     )

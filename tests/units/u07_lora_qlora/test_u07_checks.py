@@ -24,7 +24,7 @@ def count_course(r):
     from course_lib.measure import estimate
 
     return estimate.transformer_lora_params(
-        hidden=4096, ffn_hidden=14336, n_layer=32, r=r, targets="all", kv_hidden=1024
+        hidden=4096, ffn=14336, layers=32, r=r, targets="all", kv_hidden=1024
     )
 
 

@@ -9,8 +9,18 @@ def sized_run():
     layout = dict(dp=16, tp=4, pp=1, zero=2, recompute="selective", micro_batch=1)
     n, s, h, a, kv, f, V, L = 68_976_648_192, 4096, 8192, 64, 8, 28672, 32000, 80
     state = estimate.zero_state_breakdown_per_rank(n // 4, stage=2, world_size=16)["total"]
-    act = L * estimate.activation_bytes_parallel_layer(
-        s, 1, h, a, kv_heads=kv, ffn=f, gated_mlp=True, dropout=False, tp=4, recompute="selective"
+    act = L * estimate.activation_bytes_transformer_layer(
+        s,
+        1,
+        h,
+        a,
+        kv_heads=kv,
+        ffn=f,
+        gated_mlp=True,
+        dropout=False,
+        tp=4,
+        sequence_parallel=True,
+        recompute="selective",
     )
     logits = 4 * s * V / 4
     return layout, state + act + logits

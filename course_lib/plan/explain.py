@@ -1,0 +1,117 @@
+"""Why the planner's winner wins: :func:`explain` reads the DataFrame :func:`plan.plan` returns
+and names, for each other (tp, pp) family, the part of the step that grew most or the memory
+category that does not fit. Introduced in notebooks/14_planning_a_run.ipynb."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from course_lib.plan.memory import MEMORY_CATEGORIES
+from course_lib.plan.planner import TIME_PARTS
+from course_lib.plan.specs import ClusterSpec
+
+__all__ = ["explain"]
+
+
+def _family(row: Any) -> str:
+    return f"TP {row['tp']} x PP {row['pp']} x DP {row['dp']}"
+
+
+def _largest_part(row: Any) -> str:
+    big = max(MEMORY_CATEGORIES, key=lambda k: row[f"{k}_GB"])
+    return f"largest part: {big}, {row[big + '_GB']:.1f} GB"
+
+
+def _nothing_fits(best: Any, usable: float) -> str:
+    return (
+        f"Nothing fits: the smallest layout, {_family(best)} with ZeRO-{best['zero']} and "
+        f"{best['recompute']} recomputation, needs {best['memory_GB']:.1f} GB per GPU "
+        f"({_largest_part(best)}) of {usable:.1f} usable. "
+        "More GPUs, a smaller batch per GPU, offload, or LoRA instead of full training."
+    )
+
+
+def _winner(top: Any, usable: float) -> list[str]:
+    return [
+        f"Winner: {_family(top)}, ZeRO-{top['zero']}, {top['recompute']} recomputation, "
+        f"micro-batch {top['micro_batch']}"
+        + (f", v = {top['v']}" if top["v"] > 1 else "")
+        + f": {top['memory_GB']:.1f} GB per GPU of {usable:.1f} usable, step "
+        f"{top['step_s']:.2f} s, MFU {top['mfu']:.0%}.",
+        "  Its step: "
+        + ", ".join(
+            f"{k[:-2].replace('_', ' ')} {top[k] / top['step_s']:.0%}"
+            for k in TIME_PARTS
+            if top[k] > 0
+        )
+        + ".",
+    ]
+
+
+def _slower(row: Any, top: Any, cluster: ClusterSpec) -> str:
+    """Why a family that fits loses: the part of its step that grew most over the winner's."""
+    grew = {k: row[k] - top[k] for k in TIME_PARTS}
+    cause = max(grew, key=lambda k: grew[k])
+    why = {
+        "bubble_s": f"pipeline bubble {row['bubble_fraction']:.0%} of the step "
+        f"({row['microbatches']} micro-batches on {row['pp']} stages)",
+        "tp_comm_s": (
+            "tensor parallelism across nodes, over the network"
+            if row["tp"] > cluster.gpus_per_node
+            else "tensor-parallel all-reduces"
+        ),
+        "dp_comm_s": f"data-parallel traffic not hidden by backward (ZeRO-{row['zero']})",
+        "recompute_s": f"{row['recompute']} recomputation to fit",
+        "compute_s": "a slowest stage (the output layer or more layers on it) setting the pace",
+        "p2p_s": "stage-to-stage sends",
+    }[cause]
+    return (
+        f"- {_family(row)}: fits, but {row['step_s'] / top['step_s'] - 1:+.0%} "
+        f"step time; the main cost: {why} (+{grew[cause]:.2f} s)."
+    )
+
+
+def _no_fit(best: Any, label: str, usable: float) -> str:
+    return (
+        f"- {label}: doesn't fit; its smallest plan needs {best['memory_GB']:.1f} GB > "
+        f"{usable:.1f} ({_largest_part(best)})."
+    )
+
+
+def explain(result: Any, *, families: int = 8) -> str:
+    """Why the top plan of :func:`plan` wins, and why each other (tp, pp) family loses: it does
+    not fit (its smallest plan and the biggest part of it), or its best plan is slower -- by the
+    part of the step that grew most (pipeline bubble, TP over the network or NVLink, DP traffic,
+    recomputation, uneven stages)."""
+    inputs = result.attrs.get("inputs")
+    if inputs is None:
+        raise ValueError(
+            "result: expected the DataFrame plan() returns (its attrs hold the inputs)"
+        )
+    cl, usable = inputs["cluster"], inputs["usable_GB"]
+    rejected = result.attrs["rejected"]
+    if result.empty:
+        return _nothing_fits(rejected.iloc[0], usable)
+    top = result.iloc[0]
+    lines = _winner(top, usable)
+    seen = {(top["tp"], top["pp"])}
+    shown = 0
+    for _, row in result.groupby(["tp", "pp"], sort=False).head(1).iterrows():
+        if (row["tp"], row["pp"]) in seen or shown >= families:
+            continue
+        seen.add((row["tp"], row["pp"]))
+        shown += 1
+        lines.append(_slower(row, top, cl))
+    if not rejected.empty:
+        fitting_zero = set(zip(result["tp"], result["pp"], result["zero"]))
+        same = rejected[(rejected.tp == top["tp"]) & (rejected.pp == top["pp"])]
+        for zero, grp in same.groupby("zero"):  # the winner's layout with less sharding
+            if (top["tp"], top["pp"], zero) not in fitting_zero:
+                lines.append(_no_fit(grp.iloc[0], f"{_family(top)} with ZeRO-{zero}", usable))
+        for (tp, pp), grp in rejected.groupby(["tp", "pp"], sort=False):
+            if (tp, pp) in seen or shown >= families:
+                continue
+            seen.add((tp, pp))
+            shown += 1
+            lines.append(_no_fit(grp.iloc[0], _family(grp.iloc[0]), usable))
+    return "\n".join(lines)
