@@ -87,6 +87,42 @@ def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
     }
 
 
+def _check_hook_calls(task: int, where: str, k: int, step: dict, expected: list[int]) -> None:
+    """One rank's step: one asynchronous all_reduce per bucket during backward, in bucket
+    order, and no other collective call (``where``: "rank r of N")."""
+    during = step["during"]
+    if [op for op, _, _ in during] != ["all_reduce"] * len(during) or len(during) != len(expected):
+        fail(
+            task,
+            f"{where}, step {k + 1}: expected "
+            f"{len(expected)} all_reduce calls during backward (one per "
+            f"bucket, launched from the hook), got {[op for op, _, _ in during]}",
+        )
+    if not all(a for _, _, a in during):
+        fail(
+            task,
+            f"{where}: an all-reduce launched from the "
+            "hook blocked backward; launch it with async_op=True and wait in "
+            "finish()",
+        )
+    if [b for _, b, _ in during] != expected:
+        fail(
+            task,
+            f"{where}: buckets went out as "
+            f"{[b for _, b, _ in during]} B, expected {expected} B in bucket "
+            "order (each bucket flattened into one tensor)",
+        )
+    calls = step["calls"]
+    extra = {op: n for op, n in calls.items() if op != "all_reduce"} or calls.get(
+        "all_reduce", 0
+    ) - len(expected)
+    if extra:
+        fail(
+            task,
+            f"{where}: finish() made more collective calls than one all-reduce per bucket: {calls}",
+        )
+
+
 def check_bucketed_hook(fn, task: int = 1) -> None:
     """Task: ``fn(model, buckets)`` registers hooks that all-reduce each bucket asynchronously
     as soon as its gradients have all arrived, and returns ``finish()``, to be called after
@@ -104,41 +140,10 @@ def check_bucketed_hook(fn, task: int = 1) -> None:
     for world_size in (2, 3):
         results = _launch(task, _hook_worker, world_size, fn, list(HOOK_REFERENCES))
         for rank, res in enumerate(results):
-            expected = res["bucket_bytes"]
             for k, step in enumerate(res["steps"]):
-                during = step["during"]
-                if [op for op, _, _ in during] != ["all_reduce"] * len(during) or len(
-                    during
-                ) != len(expected):
-                    fail(
-                        task,
-                        f"rank {rank} of {world_size}, step {k + 1}: expected "
-                        f"{len(expected)} all_reduce calls during backward (one per "
-                        f"bucket, launched from the hook), got {[op for op, _, _ in during]}",
-                    )
-                if not all(a for _, _, a in during):
-                    fail(
-                        task,
-                        f"rank {rank} of {world_size}: an all-reduce launched from the "
-                        "hook blocked backward; launch it with async_op=True and wait in "
-                        "finish()",
-                    )
-                if [b for _, b, _ in during] != expected:
-                    fail(
-                        task,
-                        f"rank {rank} of {world_size}: buckets went out as "
-                        f"{[b for _, b, _ in during]} B, expected {expected} B in bucket "
-                        "order (each bucket flattened into one tensor)",
-                    )
-                extra = {op: n for op, n in step["calls"].items() if op != "all_reduce"} or step[
-                    "calls"
-                ].get("all_reduce", 0) - len(expected)
-                if extra:
-                    fail(
-                        task,
-                        f"rank {rank} of {world_size}: finish() made more collective "
-                        f"calls than one all-reduce per bucket: {step['calls']}",
-                    )
+                _check_hook_calls(
+                    task, f"rank {rank} of {world_size}", k, step, res["bucket_bytes"]
+                )
         table = H.compare(reference, [r["record"] for r in results])
         bad = table[~table.ok]
         if len(bad):
