@@ -5,7 +5,7 @@ Used by notebooks/07_lora_qlora.ipynb through :mod:`run` (which re-exports these
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 import torch
@@ -35,6 +35,31 @@ def _llama_on_meta(config: LlamaConfig) -> Llama:
 # --------------------------------------------------------------------------------------------
 # memory of one step
 # --------------------------------------------------------------------------------------------
+def _target_weight_bytes(model: nn.Module, method: str) -> tuple[int, int, int]:
+    """(bytes of the targeted layers' frozen weights read from the tensors, their estimate, the
+    number of target parameters): fp32, or NF4 codes + scales for qlora."""
+    from course_lib.techniques.nf4 import quantized_bytes
+
+    bases: list[Any]
+    if method == "full":
+        bases = [
+            m
+            for n, m in model.named_modules()
+            if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in GPT_TARGETS
+        ]
+    else:
+        bases = [m.base for m in lora_modules(model).values()]
+    n_target = sum(b.in_features * b.out_features for b in bases)
+    if method == "qlora":
+        weights = quantized_bytes(bases)
+        measured_w = weights["codes"] + weights["scales"] + weights["scales_of_scales"]
+        pred_w = sum(estimate.nf4_bytes(b.in_features * b.out_features)["total"] for b in bases)
+    else:
+        measured_w = sum(b.weight.untyped_storage().nbytes() for b in bases)
+        pred_w = 4 * n_target
+    return measured_w, pred_w, n_target
+
+
 def memory_table(
     *, r: int = 8, config: GPTConfig | None = None, batch: int = 8, seq: int = 16, seed: int = 0
 ) -> pd.DataFrame:
@@ -47,7 +72,6 @@ def memory_table(
     ``techniques.nf4.quantized_bytes``) beside ``target_weights_pred`` (4 B/param, or
     ``estimate.nf4_bytes`` per layer)."""
     from course_lib.measure.memory import MemoryMeter
-    from course_lib.techniques.nf4 import quantized_bytes
 
     config = config or GPTConfig.tiny()
     rows = []
@@ -65,22 +89,7 @@ def memory_table(
         pred = estimate.model_state_bytes(
             k, precision="fp32", optimizer="adam", n_param_tensors=len(params)
         )
-        if method == "full":
-            bases = [
-                m
-                for n, m in model.named_modules()
-                if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in GPT_TARGETS
-            ]
-        else:
-            bases = [m.base for m in lora_modules(model).values()]
-        n_target = sum(b.in_features * b.out_features for b in bases)
-        if method == "qlora":
-            weights = quantized_bytes(bases)
-            measured_w = weights["codes"] + weights["scales"] + weights["scales_of_scales"]
-            pred_w = sum(estimate.nf4_bytes(b.in_features * b.out_features)["total"] for b in bases)
-        else:
-            measured_w = sum(b.weight.untyped_storage().nbytes() for b in bases)
-            pred_w = 4 * n_target
+        measured_w, pred_w, n_target = _target_weight_bytes(model, method)
         rows.append(
             {
                 "method": method,
