@@ -200,6 +200,26 @@ def tiny_updates(*, weight: float = 1.0, update: float = 1e-3, steps: int = 100)
 # --------------------------------------------------------------------------------------------
 # memory of one training step, per recipe
 # --------------------------------------------------------------------------------------------
+def _measured_step(mode: str, config: GPTConfig, batch: int, seq: int, seed: int, device):
+    """(MemoryMeter over the second Adam step of ``mode``, parameter count, parameter tensors);
+    the first step creates the Adam state."""
+    from course_lib.measure.memory import MemoryMeter
+
+    model = P.prepare(_model(config, seed, device), mode)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = P.make_scaler(mode, device)
+    gen = torch.Generator().manual_seed(seed)
+    idx, tgt = permutation_batch(config, batch, seq, generator=gen, device=device)
+
+    def loss_fn(m):
+        return m.loss(idx, tgt)
+
+    P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)  # creates the Adam state
+    with MemoryMeter(model, opt) as mem:
+        P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)
+    return mem, count_params(model), len(list(model.parameters()))
+
+
 def training_memory(
     modes: Sequence[str] = P.MODES,
     *,
@@ -221,28 +241,14 @@ def training_memory(
       4-byte (fp32) or 2-byte (the other recipes) values;
     * peak: the measured peak of the whole step (predicted: the sum of the rows above).
     """
-    from course_lib.measure.memory import MemoryMeter
-
     config = config or GPTConfig.tiny()
     device = torch.device(device) if device is not None else default_device()
     rows = []
     for mode in modes:
         P._mode(mode)
-        model = P.prepare(_model(config, seed, device), mode)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        scaler = P.make_scaler(mode, device)
-        gen = torch.Generator().manual_seed(seed)
-        idx, tgt = permutation_batch(config, batch, seq, generator=gen, device=device)
-
-        def loss_fn(m, idx=idx, tgt=tgt):
-            return m.loss(idx, tgt)
-
-        P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)  # creates the Adam state
-        with MemoryMeter(model, opt) as mem:
-            P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)
-        n = count_params(model)
+        mem, n_params, n_tensors = _measured_step(mode, config, batch, seq, seed, device)
         pred = estimate.model_state_bytes(
-            n, precision=mode, optimizer="adam", n_param_tensors=len(list(model.parameters()))
+            n_params, precision=mode, optimizer="adam", n_param_tensors=n_tensors
         )
         act = estimate.activation_bytes_gpt(
             config, batch, seq, dtype_bytes=4 if mode == "fp32" else 2
