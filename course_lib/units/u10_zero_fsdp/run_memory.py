@@ -5,7 +5,8 @@ Used by notebooks/10_zero_fsdp.ipynb through :mod:`run` (which re-exports these 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -84,10 +85,35 @@ def memory_table(
 # --------------------------------------------------------------------------------------------
 # bytes on the wire per step
 # --------------------------------------------------------------------------------------------
+def _metered_steps(step: Callable[[], None], zero_grad: Callable[[], None]) -> Any:
+    """CommMeter over the second of two training steps (the first warms up: gloo connects,
+    first-call warnings); ``step()`` runs forward, backward and the optimizer step."""
+    from course_lib.measure.comm import CommMeter
+
+    for _step in range(2):
+        with CommMeter(dispatch=False) as meter:
+            step()
+        zero_grad()
+    return meter
+
+
+def _comm_row(rank: int, world_size: int, name: str, stage: int, reshard: bool, meter) -> dict:
+    return {
+        "world_size": world_size,
+        "rank": rank,
+        "config": name,
+        "stage": stage,
+        "reshard_after_forward": reshard,
+        "calls": dict(meter.calls),
+        "wire_bytes": meter.wire_bytes_sent,
+        "model_bytes": meter.model_bytes_sent,
+        "wire_source": meter.wire_source,
+    }
+
+
 def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[dict]:
     from torch.distributed.fsdp import fully_shard
 
-    from course_lib.measure.comm import CommMeter
     from course_lib.parallel.zero import ZeroDataParallel
 
     batch = H.shard_batch(_memory_batch(0), rank, world_size)
@@ -97,48 +123,27 @@ def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[d
     rows = []
     for name, stage, kw in configs:
         model = ZeroDataParallel(_memory_model(), stage=stage, lr=LR, **kw)
-        for _step in range(2):  # step 0 warms up (gloo connects, first-call warnings)
-            with CommMeter(dispatch=False) as meter:
-                H.mse_loss(model, batch).backward()
-                model.step()
-            model.zero_grad()
-        rows.append(
-            {
-                "world_size": world_size,
-                "rank": rank,
-                "config": name,
-                "stage": stage,
-                "reshard_after_forward": kw.get("reshard_after_forward", True),
-                "calls": dict(meter.calls),
-                "wire_bytes": meter.wire_bytes_sent,
-                "model_bytes": meter.model_bytes_sent,
-                "wire_source": meter.wire_source,
-            }
-        )
+
+        def zero_step(model: ZeroDataParallel = model) -> None:
+            H.mse_loss(model, batch).backward()
+            model.step()
+
+        meter = _metered_steps(zero_step, model.zero_grad)
+        reshard = kw.get("reshard_after_forward", True)
+        rows.append(_comm_row(rank, world_size, name, stage, reshard, meter))
     if with_torch:
-        model = _memory_model()
-        for layer in model.layers:
+        fsdp = _memory_model()
+        for layer in fsdp.layers:
             fully_shard(layer)
-        fully_shard(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=LR)
-        for _step in range(2):
-            with CommMeter(dispatch=False) as meter:
-                H.mse_loss(model, batch).backward()
-                opt.step()
-            opt.zero_grad()
-        rows.append(
-            {
-                "world_size": world_size,
-                "rank": rank,
-                "config": "torch fully_shard",
-                "stage": 3,
-                "reshard_after_forward": True,
-                "calls": dict(meter.calls),
-                "wire_bytes": meter.wire_bytes_sent,
-                "model_bytes": meter.model_bytes_sent,
-                "wire_source": meter.wire_source,
-            }
-        )
+        fully_shard(fsdp)
+        opt = torch.optim.AdamW(fsdp.parameters(), lr=LR)
+
+        def fsdp_step() -> None:
+            H.mse_loss(fsdp, batch).backward()
+            opt.step()
+
+        meter = _metered_steps(fsdp_step, opt.zero_grad)
+        rows.append(_comm_row(rank, world_size, "torch fully_shard", 3, True, meter))
     return rows
 
 
