@@ -16,6 +16,8 @@ The course's own answers are out of reach during each check (``run_learner(..., 
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.grading.core import fail, fmt_int, passed, run_learner
 
 __all__ = [
@@ -88,6 +90,30 @@ def _menu(n_layer: int):
     return out
 
 
+def _choice_key(task: int, choice: Any, budget: int, measured: dict, case: tuple) -> tuple:
+    """The learner's choice as a (policy, k, save_ops) key of ``measured``, measured on ``case``
+    (model, idx, targets) when it is new; ✗ when it is not a policy apply_checkpointing takes."""
+    from course_lib.techniques.checkpointing import MATMUL_OPS
+
+    if not isinstance(choice, dict) or "policy" not in choice:
+        fail(
+            task,
+            f"pick(...) must return a dict with 'policy', 'k' (and optionally 'save_ops'), "
+            f"got {type(choice).__name__} {choice!r}",
+        )
+    policy, k = choice["policy"], choice.get("k", 1)
+    key = (policy, k, tuple(choice.get("save_ops", MATMUL_OPS)))
+    if key not in measured:
+        try:
+            measured[key] = _measure(*case, *key)
+        except (TypeError, ValueError) as exc:
+            fail(
+                task,
+                f"budget {fmt_int(budget)} B: apply_checkpointing refused {choice!r}: {exc}",
+            )
+    return key
+
+
 def check_pick_policy(pick, task: int = 1) -> None:
     """Three budgets on an unseen GPT: the choice fits (measured) with the least recompute (measured)."""
     from course_lib.models import GPTConfig
@@ -113,23 +139,7 @@ def check_pick_policy(pick, task: int = 1) -> None:
         choice = run_learner(
             task, pick, config, batch, seq, budget, forbid=[f"{_RUN}:cheapest_fitting_policy"]
         )
-        if not isinstance(choice, dict) or "policy" not in choice:
-            fail(
-                task,
-                f"pick(...) must return a dict with 'policy', 'k' (and optionally 'save_ops'), "
-                f"got {type(choice).__name__} {choice!r}",
-            )
-        policy, k = choice["policy"], choice.get("k", 1)
-        ops = tuple(choice.get("save_ops", MATMUL_OPS))
-        key = (policy, k, ops)
-        if key not in measured:
-            try:
-                measured[key] = _measure(base, idx, tgt, policy, k, ops)
-            except (TypeError, ValueError) as exc:
-                fail(
-                    task,
-                    f"budget {fmt_int(budget)} B: apply_checkpointing refused {choice!r}: {exc}",
-                )
+        key = _choice_key(task, choice, budget, measured, (base, idx, tgt))
         got_kept, got_flops = measured[key]
         if got_kept > budget:
             fail(
