@@ -39,6 +39,32 @@ def scale_table(models=MODELS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: Llama-7B's shapes: hidden, heads, ffn hidden, vocabulary
+_LLAMA_7B = (4096, 32, 11008, 32000)
+
+
+def _virtual_7b_blocks(
+    n: int, of: int, checkpoint: str | None, world_size: int, batch: int, seq: int
+) -> tuple[tuple[int, int], str]:
+    """((activations kept after forward, activation peak) of ``n`` Llama-7B blocks on the
+    virtual cluster, the run's title)."""
+    from course_lib import virtual
+
+    h, a, f, v = _LLAMA_7B
+    df = virtual.simulate_step(
+        virtual.llama_like(n, h, a, a, f, v, name=f"llama-7b shape, {n} of {of} blocks"),
+        world_size=world_size,
+        strategy="fsdp",
+        mixed_precision="bf16",
+        batch=batch,
+        seq_len=seq,
+        checkpoint=checkpoint,
+        count_comm=False,
+    )
+    act = df.set_index("category")["after_forward"]["activations"]
+    return (int(act), df.attrs["activation_peak_bytes"]), df.attrs["title"]
+
+
 def virtual_7b_table(
     *,
     layers: int = 32,
@@ -58,30 +84,17 @@ def virtual_7b_table(
     the virtual bytes per block, and the estimate's kept and peak. ``attrs["titles"]``: the
     VirtualFrame titles of the runs (they say "virtual cluster", not measured).
     """
-    from course_lib import virtual
-
     l1, l2 = (validate.count("probe", p, minimum=1) for p in probe)
     if l2 <= l1:
         raise ValueError(f"probe = {probe!r}: expected two block counts, the second larger")
     L = validate.count("layers", layers, minimum=l2)
-    h, a, f, v = 4096, 32, 11008, 32000  # Llama-7B's shapes
+    h, a = _LLAMA_7B[:2]
     rows, titles = [], []
     for policy, ck_arg in (("none", None), ("full", "full")):
         got = {}
         for n in (l1, l2):
-            df = virtual.simulate_step(
-                virtual.llama_like(n, h, a, a, f, v, name=f"llama-7b shape, {n} of {L} blocks"),
-                world_size=world_size,
-                strategy="fsdp",
-                mixed_precision="bf16",
-                batch=batch,
-                seq_len=seq,
-                checkpoint=ck_arg,
-                count_comm=False,
-            )
-            act = df.set_index("category")["after_forward"]["activations"]
-            got[n] = (int(act), df.attrs["activation_peak_bytes"])
-            titles.append(df.attrs["title"])
+            got[n], title = _virtual_7b_blocks(n, L, ck_arg, world_size, batch, seq)
+            titles.append(title)
         per_block = [(got[l2][i] - got[l1][i]) // (l2 - l1) for i in (0, 1)]
         kept, peak = (got[l2][i] + (L - l2) * per_block[i] for i in (0, 1))
         rows.append(
