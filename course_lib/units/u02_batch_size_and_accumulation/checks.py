@@ -71,6 +71,26 @@ def _plan_reference(target_batch: int, max_micro_batch: int, world_size: int) ->
     return micro, per_rank // micro
 
 
+def _check_indivisible_refused(plan_accumulation, task: int) -> None:
+    """100 samples do not split over 3 ranks: the learner's plan must raise ValueError."""
+    try:
+        plan_accumulation(100, 8, 3)
+    except ValueError:
+        pass
+    except NotImplementedError:
+        fail(task, "not implemented yet: plan_accumulation raised NotImplementedError")
+    except Exception as exc:  # noqa: BLE001 - learner error becomes a verdict
+        fail(
+            task, f"target=100, world_size=3: expected ValueError, got {type(exc).__name__}: {exc}"
+        )
+    else:
+        fail(
+            task,
+            "target=100, world_size=3: 100 samples do not split over 3 ranks; expected a "
+            "ValueError, got no error",
+        )
+
+
 def check_plan_accumulation(plan_accumulation, task: int = 2) -> None:
     """Task: (micro_batch, accumulation_steps) with micro x steps x ranks = target, fewest steps."""
     cases = [(512, 64, 1), (512, 64, 4), (1024, 48, 8), (96, 7, 2), (256, 512, 1), (60, 60, 3)]
@@ -106,22 +126,7 @@ def check_plan_accumulation(plan_accumulation, task: int = 2) -> None:
             f"{where}: expected {expected} (the largest micro-batch that fits, so the "
             f"fewest accumulation steps), got {got!r}",
         )
-    try:
-        plan_accumulation(100, 8, 3)
-    except ValueError:
-        pass
-    except NotImplementedError:
-        fail(task, "not implemented yet: plan_accumulation raised NotImplementedError")
-    except Exception as exc:  # noqa: BLE001 - learner error becomes a verdict
-        fail(
-            task, f"target=100, world_size=3: expected ValueError, got {type(exc).__name__}: {exc}"
-        )
-    else:
-        fail(
-            task,
-            "target=100, world_size=3: 100 samples do not split over 3 ranks; expected a "
-            "ValueError, got no error",
-        )
+    _check_indivisible_refused(plan_accumulation, task)
     passed(task, f"plans match on {len(cases)} cases and an indivisible target raises ValueError")
 
 

@@ -113,27 +113,53 @@ def _full_batch_update(model, x, y):
     return _LR * _flat(p.grad for p in ref.parameters())
 
 
-def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int) -> None:
+def _next_batch(x, y, seed: int):
+    """A new batch shaped like (x, y), as the next iteration of a training loop would see."""
     import torch
 
-    model, x, y = _case(seed, batch)
     g = torch.Generator().manual_seed(100 + seed)
-    x2 = torch.randn(x.shape, dtype=x.dtype, generator=g)  # the second call's batch
+    x2 = torch.randn(x.shape, dtype=x.dtype, generator=g)
     y2 = torch.randint(0, int(y.max()) + 1, y.shape, generator=g)
-    before = _flat(model.parameters())
-    # reference: one step on the mean loss over the full batch
-    expected_update = _full_batch_update(model, x, y)
+    return x2, y2
 
-    events: list[str] = []
+
+def _spied_copy(model, events: list[str]):
+    """A copy of ``model`` whose ``zero_grad()`` is logged in ``events`` (it counts as
+    zero_grad too)."""
     work = copy.deepcopy(model)
-    opt = _spy_optimizer(work.parameters(), events, _LR)
     model_zero_grad = work.zero_grad
 
     def logged_model_zero_grad(set_to_none: bool = True):
         events.append("zero_grad")
         return model_zero_grad(set_to_none=set_to_none)
 
-    work.zero_grad = logged_model_zero_grad  # model.zero_grad() counts as zero_grad too
+    work.zero_grad = logged_model_zero_grad
+    return work
+
+
+def _moved_copy(model, work):
+    """The untouched ``model`` copied and moved to ``work``'s current parameters."""
+    import torch
+
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        for p, q in zip(reference.parameters(), work.parameters()):
+            p.copy_(q)
+    return reference
+
+
+def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int) -> None:
+    import torch
+
+    model, x, y = _case(seed, batch)
+    x2, y2 = _next_batch(x, y, seed)  # the second call's batch
+    before = _flat(model.parameters())
+    # reference: one step on the mean loss over the full batch
+    expected_update = _full_batch_update(model, x, y)
+
+    events: list[str] = []
+    work = _spied_copy(model, events)
+    opt = _spy_optimizer(work.parameters(), events, _LR)
     loss_fn = _spy_loss(events)
     run_learner(
         task, accumulation_step, work, opt, loss_fn, x, y, k, forbid=_ACCUMULATION_REFERENCES
@@ -147,10 +173,7 @@ def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int)
         _diagnose_update(update, expected_update, scale, model, x, y, task, where, k)
 
     # second call, as the next iteration of a training loop: a new batch, same model and optimizer
-    reference = copy.deepcopy(model)  # the untouched original, moved to the learner's parameters
-    with torch.no_grad():
-        for p, q in zip(reference.parameters(), work.parameters()):
-            p.copy_(q)
+    reference = _moved_copy(model, work)
     expected_update2 = _full_batch_update(reference, x2, y2)
     left_over = _flat(
         p.grad if p.grad is not None else torch.zeros_like(p) for p in work.parameters()
