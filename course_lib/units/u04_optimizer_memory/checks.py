@@ -295,6 +295,25 @@ def _master_reference():
     return [p.detach().clone() for p in params], [m.detach().clone() for m in master]
 
 
+def _same_as_reference(task: int, master: list, ref_m: list, weights: list) -> None:
+    """✗ unless the master equals the recipe done right and the weights are it rounded to bf16."""
+    import torch
+
+    for i, (m, r) in enumerate(zip(master, ref_m)):
+        if not torch.allclose(m, r, rtol=MASTER_RTOL, atol=MASTER_ATOL):
+            fail(
+                task,
+                f"master tensor {i}: differs from the recipe done right after {MASTER_STEPS} steps, "
+                f"max abs error {float((m - r).abs().max()):.3g} (rtol={MASTER_RTOL:g}, atol={MASTER_ATOL:g})",
+            )
+    for i, (w, m) in enumerate(zip(weights, master)):
+        if not torch.equal(w, m.to(torch.bfloat16)):
+            fail(
+                task,
+                f"parameter {i}: the bf16 weights are not the master rounded to bf16 after the last step",
+            )
+
+
 def check_master_bug(MyMaster, task: int = 5) -> None:
     """The fixed master-weights class: same fp32 master and bf16 weights as the recipe done right."""
     import torch
@@ -328,19 +347,7 @@ def check_master_bug(MyMaster, task: int = 5) -> None:
             "every master value is a bf16 number: the master copy keeps nothing finer than the "
             "16-bit weights. Something overwrites it with the rounded weights",
         )
-    for i, (m, r) in enumerate(zip(master, ref_m)):
-        if not torch.allclose(m, r, rtol=MASTER_RTOL, atol=MASTER_ATOL):
-            fail(
-                task,
-                f"master tensor {i}: differs from the recipe done right after {MASTER_STEPS} steps, "
-                f"max abs error {float((m - r).abs().max()):.3g} (rtol={MASTER_RTOL:g}, atol={MASTER_ATOL:g})",
-            )
-    for i, (w, m) in enumerate(zip(weights, master)):
-        if not torch.equal(w, m.to(torch.bfloat16)):
-            fail(
-                task,
-                f"parameter {i}: the bf16 weights are not the master rounded to bf16 after the last step",
-            )
+    _same_as_reference(task, master, ref_m, weights)
     moved = sum(int((w != s).sum()) for w, s in zip(ref_w, start))
     total = sum(s.numel() for s in start)
     passed(

@@ -141,6 +141,19 @@ def state_bytes_table(
 # --------------------------------------------------------------------------------------------
 # mixed-precision Adam, measured per parameter
 # --------------------------------------------------------------------------------------------
+def _per_param_row(label: str, bd: Mapping[str, int], buffers: int, n: int) -> dict:
+    """A MemoryMeter breakdown as bytes per parameter, by component of the master recipe."""
+    return {
+        "when": label,
+        "params (16-bit)": (bd["params"] - buffers) / n,
+        "grads (16-bit)": bd["grads"] / n,
+        "master (fp32)": bd["other"] / n,
+        "adam m, v (fp32)": bd["optimizer"] / n,
+        "fp32 grads + scratch": (bd["activations"] + bd["temporaries"]) / n,
+        "total": (sum(bd.values()) - buffers) / n,
+    }
+
+
 def mixed_precision_accounting(
     *,
     config: GPTConfig | None = None,
@@ -173,18 +186,6 @@ def mixed_precision_accounting(
     pred = estimate.model_state_bytes(
         n, precision="bf16-mixed", optimizer="adam", n_param_tensors=len(mw.master)
     )
-
-    def row(label: str, bd: Mapping[str, int]) -> dict:
-        return {
-            "when": label,
-            "params (16-bit)": (bd["params"] - buffers) / n,
-            "grads (16-bit)": bd["grads"] / n,
-            "master (fp32)": bd["other"] / n,
-            "adam m, v (fp32)": bd["optimizer"] / n,
-            "fp32 grads + scratch": (bd["activations"] + bd["temporaries"]) / n,
-            "total": (sum(bd.values()) - buffers) / n,
-        }
-
     predicted = {
         "when": "predicted (ZeRO accounting)",
         "params (16-bit)": pred["params"] / n,
@@ -197,8 +198,8 @@ def mixed_precision_accounting(
     return pd.DataFrame(
         [
             predicted,
-            row("measured at rest", mem.end_breakdown),
-            row("measured peak during step", mem.peak_breakdown),
+            _per_param_row("measured at rest", mem.end_breakdown, buffers, n),
+            _per_param_row("measured peak during step", mem.peak_breakdown, buffers, n),
         ]
     ).set_index("when")
 
