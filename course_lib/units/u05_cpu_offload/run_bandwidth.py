@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 
 import pandas as pd
 import torch
@@ -121,6 +122,17 @@ def h2d_bandwidth(nbytes: int = 256 << 20, *, repeat: int = 5) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 # the parts of an offloaded step
 # --------------------------------------------------------------------------------------------
+def _timed_step(model, optimizer, idx, tgt, sync: Callable[[], None]) -> float:
+    """Seconds of one plain training step (zero_grad, forward, backward, step), synchronized."""
+    sync()
+    t0 = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    model.loss(idx, tgt).backward()
+    optimizer.step()
+    sync()
+    return time.perf_counter() - t0
+
+
 def step_breakdown(
     *,
     tier: str = "file",
@@ -157,14 +169,7 @@ def step_breakdown(
                 t.to(device)
                 for t in permutation_batch(config, batch, config.block_size, generator=gen)
             )
-            sync()
-            t0 = time.perf_counter()
-            ref.zero_grad(set_to_none=True)
-            plain.loss(idx, tgt).backward()
-            ref.step()
-            sync()
-            t_plain = time.perf_counter() - t0
-
+            t_plain = _timed_step(plain, ref, idx, tgt, sync)
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             off.loss(idx, tgt).backward()
