@@ -66,14 +66,14 @@ def time_all_reduce(
             f"recursive_doubling needs a power-of-two world size, got "
             f"world_size={world_size}; valid choices: 2, 4, 8, 16"
         )
-    if repeats < 1 or warmup < 0:
-        raise ValueError(
-            f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}"
-        )
-    sizes = list(sizes_bytes)
+    repeats = validate.count("repeats", repeats, minimum=1)
+    warmup = validate.count("warmup", warmup, minimum=0)
+    sizes = validate.counts("sizes_bytes", sizes_bytes, minimum=4)
     for s in sizes:
-        if s < 4 or s % 4:
-            raise ValueError(f"sizes_bytes must be positive multiples of 4 (float32), got {s}")
+        if s % 4:
+            raise ValueError(
+                f"sizes_bytes = {sizes}: expected multiples of 4 (float32); {s} is not"
+            )
     if progress:
         from tqdm.auto import tqdm
 
@@ -85,22 +85,22 @@ def time_all_reduce(
         per_rank = _launch(
             _timing_worker, world_size, size // 4, algorithms, repeats, warmup, timeout=timeout
         )
-        for algorithm in algorithms:
-            slowest = [
-                max(per_rank[r][algorithm][i] for r in range(world_size)) for i in range(repeats)
-            ]
-            q = statistics.quantiles(slowest, n=4) if repeats > 1 else [slowest[0]] * 3
-            rows.append(
-                {
-                    "algorithm": algorithm,
-                    "size_bytes": size,
-                    "median_s": statistics.median(slowest),
-                    "p25_s": q[0],
-                    "p75_s": q[2],
-                    "repeats": repeats,
-                }
-            )
+        rows += [_timing_row(per_rank, a, size, repeats) for a in algorithms]
     return pd.DataFrame(rows)
+
+
+def _timing_row(per_rank: list[dict], algorithm: str, size: int, repeats: int) -> dict:
+    """Median and quartiles of the slowest rank's time per call (a call ends with its last rank)."""
+    slowest = [max(rank[algorithm][i] for rank in per_rank) for i in range(repeats)]
+    q = statistics.quantiles(slowest, n=4) if repeats > 1 else [slowest[0]] * 3
+    return {
+        "algorithm": algorithm,
+        "size_bytes": size,
+        "median_s": statistics.median(slowest),
+        "p25_s": q[0],
+        "p75_s": q[2],
+        "repeats": repeats,
+    }
 
 
 def _steps_and_message(algorithm: str, size_bytes: float, world_size: int) -> tuple[int, float]:

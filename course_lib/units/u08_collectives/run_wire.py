@@ -61,6 +61,14 @@ def _wire_names(names: Sequence[str] | str | None, world_size: int) -> list[str]
     return names
 
 
+#: columns in bytes and their twins in units of S
+_IN_UNITS_OF_S = (
+    ("predicted_bytes_sent", "predicted_S"),
+    ("wire_bytes_sent", "wire_S"),
+    ("residual", "residual_S"),
+)
+
+
 def measure_wire_bytes(
     world_size: int = 4,
     size_bytes: int = WIRE_SIZE_BYTES,
@@ -103,11 +111,7 @@ def measure_wire_bytes(
     ]
     measured = df.wire_bytes_sent.notna()
     df["residual"] = (df.wire_bytes_sent - df.predicted_bytes_sent).where(measured)
-    for col, new in (
-        ("predicted_bytes_sent", "predicted_S"),
-        ("wire_bytes_sent", "wire_S"),
-        ("residual", "residual_S"),
-    ):
+    for col, new in _IN_UNITS_OF_S:
         df[new] = df[col].astype(float) / size_bytes
     order = {name: i for i, name in enumerate(names)}
     df = df.sort_values(
