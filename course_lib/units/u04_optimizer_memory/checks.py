@@ -3,17 +3,10 @@
 The learner writes Adam from its update equations as a ``torch.optim.Optimizer`` subclass built as
 ``MyAdam(params, lr=..., betas=..., eps=..., weight_decay=..., decoupled=...)``.
 
-Task 1: parity with ``torch.optim.Adam`` over 5 steps, with and without (L2) weight decay.
-Task 2: parity with ``torch.optim.AdamW`` (decoupled weight decay) over 5 steps.
-Task 3: the state's size in bytes, exactly: ``estimate.optimizer_state_bytes_per_param("adam")``
-per fp32 parameter, half that for bf16 parameters (state in the parameter's dtype, as torch.optim).
-
-Task 4 (predict before you measure): the peak of one step of the 16-byte recipe (bf16 MLP, fp32
-master, Adam) for MLPs the lecture did not show, against MemoryMeter, within 1 %.
-Task 5 (find the bug): a master-weights class that overwrites its master with the rounded bf16
-weights; the fixed class must give the master and weights of the recipe done right.
-Task 6 (scale it up): model state per GPU under ZeRO stage 1, 16- and 12-byte accountings, at 7B
-and 70B, against ``estimate.zero_bytes_per_rank``.
+Tasks: 1-2 parity with ``torch.optim.Adam`` / ``AdamW`` over 5 steps; 3 the state's exact bytes
+(``estimate.optimizer_state_bytes_per_param``; state in the parameter's dtype); 4 the peak of a
+16-byte-recipe step on unseen MLPs within 1 % of MemoryMeter; 5 the fixed master-weights class
+(the bug: the master overwritten by the rounded weights); 6 ZeRO-1 state per GPU at 7B and 70B.
 
 Tolerance of tasks 1 and 2: rtol=1e-5, atol=1e-7. fp32 carries 24 significant bits (relative
 spacing 6e-8); equivalent orders of operations (bias-correcting m before or after the division,
