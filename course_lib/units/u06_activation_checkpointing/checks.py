@@ -90,9 +90,11 @@ def _menu(n_layer: int):
     return out
 
 
-def _choice_key(task: int, choice: Any, budget: int, measured: dict, case: tuple) -> tuple:
-    """The learner's choice as a (policy, k, save_ops) key of ``measured``, measured on ``case``
-    (model, idx, targets) when it is new; ✗ when it is not a policy apply_checkpointing takes."""
+def _choice_key(
+    task: int, choice: Any, budget: int, measured: dict, base: Any, idx: Any, tgt: Any
+) -> tuple[str, int, tuple[str, ...]]:
+    """The learner's choice as a (policy, k, save_ops) key of ``measured``, measured on ``base``
+    when it is new; ✗ when it is not a policy apply_checkpointing takes."""
     from course_lib.techniques.checkpointing import MATMUL_OPS
 
     if not isinstance(choice, dict) or "policy" not in choice:
@@ -105,7 +107,7 @@ def _choice_key(task: int, choice: Any, budget: int, measured: dict, case: tuple
     key = (policy, k, tuple(choice.get("save_ops", MATMUL_OPS)))
     if key not in measured:
         try:
-            measured[key] = _measure(*case, *key)
+            measured[key] = _measure(base, idx, tgt, *key)
         except (TypeError, ValueError) as exc:
             fail(
                 task,
@@ -139,7 +141,7 @@ def check_pick_policy(pick, task: int = 1) -> None:
         choice = run_learner(
             task, pick, config, batch, seq, budget, forbid=[f"{_RUN}:cheapest_fitting_policy"]
         )
-        key = _choice_key(task, choice, budget, measured, (base, idx, tgt))
+        key = _choice_key(task, choice, budget, measured, base, idx, tgt)
         got_kept, got_flops = measured[key]
         if got_kept > budget:
             fail(
