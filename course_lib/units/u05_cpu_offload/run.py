@@ -19,7 +19,7 @@ Plain data out; plots in course_lib.units.u05_cpu_offload.plots.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
 import torch
@@ -27,6 +27,7 @@ import torch
 from course_lib import validate
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
+from course_lib.measure.estimate.offload import OffloadLevel, OffloadPrecision
 from course_lib.models import GPTConfig, count_params
 from course_lib.techniques.offload import OffloadAdamW
 from course_lib.units.u05_cpu_offload._setup import (
@@ -42,6 +43,9 @@ from course_lib.units.u05_cpu_offload.run_bandwidth import (  # noqa: F401 (re-e
     step_breakdown,
     tier_bandwidth,
 )
+
+if TYPE_CHECKING:
+    from course_lib.measure.memory import MemoryMeter
 
 __all__ = [
     "CONFIG",
@@ -180,7 +184,7 @@ def memory_fit(
     config = config or CONFIG
     plain, off = _models(config, dtype, device)
     n = count_params(plain)
-    precision = "fp32" if dtype == torch.float32 else "bf16-mixed"
+    precision: OffloadPrecision = "fp32" if dtype == torch.float32 else "bf16-mixed"
     gen = torch.Generator().manual_seed(1)
     idx, tgt = (
         t.to(device) for t in permutation_batch(config, batch, config.block_size, generator=gen)
@@ -189,10 +193,11 @@ def memory_fit(
     mem_plain = _measure_plain_step(plain, _plain_optimizer(plain, dtype), idx, tgt, device)
     mem_off, opt = _measure_offloaded_step(off, idx, tgt, device)
     rows = []
-    for label, level, mem, host in (
+    runs: tuple[tuple[str, OffloadLevel, MemoryMeter, dict[str, int] | None], ...] = (
         ("plain (all on device)", "none", mem_plain, None),
         ("offloaded optimizer", "optimizer", mem_off, opt.host_bytes()),
-    ):
+    )
+    for label, level, mem, host in runs:
         bd = mem.peak_breakdown
         split = estimate.offload_split(n, level=level, precision=precision, optimizer="adamw")
         rows.append(

@@ -14,6 +14,7 @@ import torch
 
 from course_lib import validate
 from course_lib.data import permutation_batch
+from course_lib.measure.estimate.lora import FinetuneMethod
 from course_lib.models import GPT, GPTConfig
 from course_lib.techniques.lora import add_lora, trainable_params
 
@@ -25,7 +26,7 @@ GPT_TARGETS = ("c_attn", "c_proj", "c_fc")
 LLAMA_TARGETS = {"q": "wq", "k": "wk", "v": "wv", "o": "wo", "gate": "w1", "up": "w3", "down": "w2"}
 
 
-METHODS = ("full", "lora", "qlora")
+METHODS: tuple[FinetuneMethod, ...] = ("full", "lora", "qlora")
 
 
 #: the fine-tuning task: the pre-training task with every target moved by SHIFT token ids

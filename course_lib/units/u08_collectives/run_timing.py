@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from course_lib import validate
 from course_lib.measure import estimate
+from course_lib.measure.estimate.links import AllreduceAlgorithm
 from course_lib.measure.timing import time_collective
 from course_lib.parallel import collectives as C
 from course_lib.units.u08_collectives._primitives import TIMED, _launch
@@ -213,7 +214,7 @@ def model_curves(
     world_size: int,
     alpha: float,
     beta: float,
-    algorithms: Sequence[str] = ("ring", "recursive_doubling"),
+    algorithms: Sequence[AllreduceAlgorithm] = ("ring", "recursive_doubling"),
 ) -> pd.DataFrame:
     """``estimate.allreduce_time`` on a grid of sizes, for drawing the model's lines.
     Columns: algorithm, size_bytes, predicted_s."""
