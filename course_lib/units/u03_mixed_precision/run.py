@@ -27,6 +27,7 @@ import torch
 from course_lib import validate
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
+from course_lib.measure.estimate.memory import Precision
 from course_lib.models import GPT, GPTConfig, count_params
 from course_lib.runtime.device import default_device
 from course_lib.techniques import precision as P
@@ -200,7 +201,7 @@ def tiny_updates(*, weight: float = 1.0, update: float = 1e-3, steps: int = 100)
 # --------------------------------------------------------------------------------------------
 # memory of one training step, per recipe
 # --------------------------------------------------------------------------------------------
-def _measured_step(mode: str, config: GPTConfig, batch: int, seq: int, seed: int, device):
+def _measured_step(mode: Precision, config: GPTConfig, batch: int, seq: int, seed: int, device):
     """(MemoryMeter over the second Adam step of ``mode``, parameter count, parameter tensors);
     the first step creates the Adam state."""
     from course_lib.measure.memory import MemoryMeter
@@ -221,7 +222,7 @@ def _measured_step(mode: str, config: GPTConfig, batch: int, seq: int, seed: int
 
 
 def training_memory(
-    modes: Sequence[str] = P.MODES,
+    modes: Sequence[Precision] = P.MODES,
     *,
     config: GPTConfig | None = None,
     batch: int = 8,
@@ -346,7 +347,7 @@ def _matmul_rows(sizes, dtypes, warmup, repeat, device, time_fn) -> pd.DataFrame
 # loss curves per recipe
 # --------------------------------------------------------------------------------------------
 def loss_curves(
-    modes: Sequence[str] = P.MODES,
+    modes: Sequence[Precision] = P.MODES,
     *,
     steps: int = 30,
     config: GPTConfig | None = None,
