@@ -25,6 +25,7 @@ import torch
 
 from course_lib import validate
 from course_lib.measure import estimate
+from course_lib.measure.estimate.checkpointing import CheckpointPolicy
 from course_lib.measure.memory import MemoryMeter
 from course_lib.measure.timing import time_fn
 from course_lib.models import GPT, GPTConfig
@@ -262,7 +263,7 @@ def cheapest_fitting_policy(
     """The policy whose kept bytes fit ``budget`` with the fewest recomputed matmul FLOPs
     (ties: fewer bytes), from the exact formulas; None if nothing fits."""
     budget = validate.count("budget", budget, minimum=0)
-    options: list[tuple[str, int, tuple[str, ...]]] = [("none", 1, ck.MATMUL_OPS)]
+    options: list[tuple[CheckpointPolicy, int, tuple[str, ...]]] = [("none", 1, ck.MATMUL_OPS)]
     options += [("selective", 1, ops) for ops in (ck.MATMUL_OPS, ("mm", "addmm"), ("bmm",))]
     options += [("every_k", k, ck.MATMUL_OPS) for k in range(1, config.n_layer + 1)]
     options += [("segments", k, ck.MATMUL_OPS) for k in range(2, config.n_layer + 1)]

@@ -10,6 +10,7 @@ import pandas as pd
 
 from course_lib import validate
 from course_lib.measure import estimate
+from course_lib.measure.estimate.checkpointing import CheckpointPolicy
 
 #: (name, seq, batch, hidden, heads, layers) of the sources' examples
 MODELS = (
@@ -90,7 +91,8 @@ def virtual_7b_table(
     L = validate.count("layers", layers, minimum=l2)
     h, a = _LLAMA_7B[:2]
     rows, titles = [], []
-    for policy, ck_arg in (("none", None), ("full", "full")):
+    runs: tuple[tuple[CheckpointPolicy, str | None], ...] = (("none", None), ("full", "full"))
+    for policy, ck_arg in runs:
         got = {}
         for n in (l1, l2):
             got[n], title = _virtual_7b_blocks(n, L, ck_arg, world_size, batch, seq)
