@@ -93,19 +93,20 @@ def _n_bytes(model: nn.Module) -> int:
 def _example_worker(rank: int, world_size: int, grads, lr: float, w0: float) -> dict:
     from course_lib.parallel.ddp import DataParallel
 
-    model = DataParallel(nn.Linear(1, 1, bias=False).double(), bucket_cap_mb=25.0)  # exact
+    linear = nn.Linear(1, 1, bias=False).double()
+    model = DataParallel(linear, bucket_cap_mb=25.0)  # exact
     with torch.no_grad():
-        model.module.weight.fill_(w0)
+        linear.weight.fill_(w0)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     # loss = g_r * w: its gradient on rank r is exactly the source's g_r
-    (grads[rank] * model.module.weight.sum()).backward()
-    averaged = model.module.weight.grad.item()
+    (grads[rank] * linear.weight.sum()).backward()
+    averaged = linear.weight.grad.item()
     opt.step()
     return {
         "rank": rank,
         "local_grad": grads[rank],
         "averaged_grad": averaged,
-        "update": model.module.weight.item() - w0,
+        "update": linear.weight.item() - w0,
     }
 
 
