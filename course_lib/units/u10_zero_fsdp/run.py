@@ -19,6 +19,7 @@ and uses the course's from-scratch ``parallel.zero.ZeroDataParallel`` beside PyT
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -66,7 +67,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # parity: our stages against one process, and against PyTorch's own
 # --------------------------------------------------------------------------------------------
-_VARIANTS = {
+_VARIANTS: dict[str, dict[str, Any]] = {
     "": {},
     "prefetch": {"prefetch": True},
     "keep after forward": {"reshard_after_forward": False},
@@ -193,7 +194,7 @@ def torch_parity(*, world_size: int = 2, steps: int = 3) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 # the FSDP timeline
 # --------------------------------------------------------------------------------------------
-TIMELINE_CONFIGS = {
+TIMELINE_CONFIGS: dict[str, dict[str, Any]] = {
     "reshard, no prefetch": {"prefetch": False, "reshard_after_forward": True},
     "reshard, prefetch": {"prefetch": True, "reshard_after_forward": True},
     "keep, no prefetch": {"prefetch": False, "reshard_after_forward": False},

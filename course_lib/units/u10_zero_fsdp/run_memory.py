@@ -117,7 +117,7 @@ def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[d
     from course_lib.parallel.zero import ZeroDataParallel
 
     batch = H.shard_batch(_memory_batch(0), rank, world_size)
-    configs: list[tuple[str, int, dict[str, bool]]] = [(f"stage {s}", s, {}) for s in stages]
+    configs: list[tuple[str, int, dict[str, Any]]] = [(f"stage {s}", s, {}) for s in stages]
     if 3 in stages:
         configs.append(("stage 3, keep after forward", 3, {"reshard_after_forward": False}))
     rows = []
