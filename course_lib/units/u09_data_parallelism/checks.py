@@ -14,6 +14,8 @@ Each check prints one deterministic line or raises AssertionError("✗ task N: .
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.grading.core import error_pair, fail, fmt_int, launch_learner, passed, run_learner
 
 __all__ = [
@@ -318,7 +320,7 @@ def check_bytes_prediction(fn, task: int = 4) -> None:
         f"course_lib.measure.estimate.communication:{f}"
         for f in ("ring_allreduce_bytes_sent", "allreduce_bytes_sent", "collective_bytes_sent")
     ]
-    measured: dict[tuple[int, int], list[int]] = {}
+    measured: dict[tuple[int, int], list[Any]] = {}
     for n in sorted({n for n, _ in BYTE_CASES}):
         ks = [k for m, k in BYTE_CASES if m == n]
         for res in _launch(task, _bytes_worker, n, ks):

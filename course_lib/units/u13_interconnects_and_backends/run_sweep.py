@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import torch
@@ -83,9 +84,9 @@ class SweepConfig:
         return sweep_sizes(self.min_bytes, self.max_bytes, self.factor)
 
     @classmethod
-    def full(cls, **overrides) -> SweepConfig:
+    def full(cls, **overrides: Any) -> SweepConfig:
         """1 KiB to 256 MiB in factors of 2, 20 timed iterations: for a real multi-GPU node."""
-        kw = dict(
+        kw: dict[str, Any] = dict(
             min_bytes=estimate.KiB,
             max_bytes=256 * estimate.MiB,
             factor=2,
