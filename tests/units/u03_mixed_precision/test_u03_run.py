@@ -114,5 +114,5 @@ def test_loss_curves_same_start_and_fp16_skips_with_a_huge_scale():
     assert fp16["skipped"].iloc[0] and fp16["scale"].iloc[1] == 2.0**39  # backoff after the skip
     assert not df[df["mode"] == "fp32"]["skipped"].any()
     assert (df["seconds"] > 0).all()  # every step is timed
-    with pytest.raises(ValueError, match="mode='fp64'"):
+    with pytest.raises(ValueError, match="mode = 'fp64': expected one of"):
         E.loss_curves(["fp64"], steps=1, config=SMALL)
