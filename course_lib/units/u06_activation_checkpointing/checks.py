@@ -253,7 +253,7 @@ def check_predict_kept_bytes(predict_kept_bytes, task: int = 3) -> None:
     )
     forbid = [
         f"{_EST}.checkpointing:checkpointed_activation_bytes_gpt",
-        f"{_EST}.memory:activation_bytes_gpt",
+        f"{_EST}.activations:activation_bytes_gpt",
         f"{_RUN}:plain_block_bytes",
         f"{_RUN}:kept_bytes",
     ]
