@@ -134,7 +134,9 @@ class CommMeter:
         self._extra_modules = list(patch_modules)
         for i, m in enumerate(self._extra_modules):
             if not isinstance(m, ModuleType):
-                raise TypeError(f"patch_modules[{i}] must be a module, got {type(m).__name__}")
+                raise TypeError(
+                    f"patch_modules[{i}] = {m!r}: expected a module (got {type(m).__name__})"
+                )
         self.records: list[CommRecord] = []
         self.comm_debug_counts: dict[str, int] = {}
         self.rank: int | None = None
