@@ -51,6 +51,7 @@ from course_lib.parallel.collectives_pairwise import (
 )
 from course_lib.parallel.groups import Group
 from course_lib.parallel.p2p import (
+    check_same_dtype,
     check_tensor,
     chunk_sizes,
     collective_group,
@@ -210,12 +211,10 @@ def ring_reduce_scatter(
     rank, world, _, _ = collective_group(group)
     if input.numel() != world * output.numel():
         raise ValueError(
-            f"input must hold world_size * output.numel() elements: got input.numel()="
-            f"{input.numel()}, output.numel()={output.numel()}, world_size={world} "
-            f"(expected input.numel()={world * output.numel()})"
+            f"input.numel() = {input.numel()}: expected world_size * output.numel() = "
+            f"{world * output.numel()} (world_size={world}, output.numel()={output.numel()})"
         )
-    if input.dtype != output.dtype:
-        raise TypeError(f"input and output dtypes differ: {input.dtype} vs {output.dtype}")
+    check_same_dtype(input, output)
     if output.numel() == 0:
         return output
     work = input.detach().reshape(-1).clone()  # (N*k,) reduced in place; the caller's input stays
@@ -240,14 +239,15 @@ def ring_all_gather(
     rank, world, _, _ = collective_group(group)
     if output.numel() != world * input.numel():
         raise ValueError(
-            f"output must hold world_size * input.numel() elements: got output.numel()="
-            f"{output.numel()}, input.numel()={input.numel()}, world_size={world} "
-            f"(expected output.numel()={world * input.numel()})"
+            f"output.numel() = {output.numel()}: expected world_size * input.numel() = "
+            f"{world * input.numel()} (world_size={world}, input.numel()={input.numel()})"
         )
-    if input.dtype != output.dtype:
-        raise TypeError(f"input and output dtypes differ: {input.dtype} vs {output.dtype}")
+    check_same_dtype(input, output)
     if not output.is_contiguous():
-        raise ValueError("output must be contiguous (its chunks are received into in place)")
+        raise ValueError(
+            "output.is_contiguous() = False: expected a contiguous output "
+            "(its chunks are received into in place)"
+        )
     flat = output.view(-1)  # (N*k,)
     if flat.numel() == 0:
         return output

@@ -146,7 +146,10 @@ class DataParallel(nn.Module):
         cap_bytes = max(1, int(self.bucket_cap_mb * MiB))
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
-            raise ValueError("module has no parameter that requires a gradient: nothing to average")
+            raise ValueError(
+                "module: expected a parameter that requires a gradient (it has no parameter "
+                "that does: nothing to average)"
+            )
         kinds = {(p.dtype, p.device) for _, p in named}
         if len(kinds) > 1:
             raise ValueError(

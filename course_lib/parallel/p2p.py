@@ -15,6 +15,7 @@ from course_lib.parallel.groups import Group, GroupInfo, global_rank, group_info
 __all__ = [
     "chunk_sizes",
     "check_tensor",
+    "check_same_dtype",
     "collective_group",
     "exchange",
     "wait",
@@ -43,6 +44,15 @@ def check_tensor(name: str, tensor: Any) -> None:
         raise TypeError(
             f"{name}.dtype = {tensor.dtype}: expected a floating-point dtype "
             "(float16, bfloat16, float32, float64)"
+        )
+
+
+def check_same_dtype(input: torch.Tensor, output: torch.Tensor) -> None:
+    """Refuse an ``output`` of another dtype than ``input``."""
+    if input.dtype != output.dtype:
+        raise TypeError(
+            f"output.dtype = {output.dtype}: expected input's dtype, {input.dtype} "
+            "(input and output dtypes differ)"
         )
 
 

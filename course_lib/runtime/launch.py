@@ -105,7 +105,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import psutil
 import torch.multiprocessing
@@ -129,10 +129,10 @@ from course_lib.runtime._torchrun import (
 from course_lib.runtime._workdir import _new_workdir, _reclaim_stale_workdirs
 from course_lib.runtime.device import check_backend_name, resolve_backend
 from course_lib.runtime.processes import helper_pids, shutdown_forkserver
+from course_lib.runtime.protocol import Backend, BackendChoice, RankSpec
 
 __all__ = ["launch", "helper_pids", "shutdown_forkserver"]
 
-BackendChoice = Literal["auto", "gloo", "nccl"]
 Memory = tuple[int, int, int]  # a rank's resident bytes, the system's available and total bytes
 
 _END_SLACK_S = 1.0  # after `timeout`, time for a rank's own timeout error to arrive
@@ -210,7 +210,9 @@ def _check_arguments(
 # ----------------------------------------------------------------------------- running ranks
 
 
-def _start_ranks(spec: Any, method: str, interrupts: processes.InterruptGuard) -> list[BaseProcess]:
+def _start_ranks(
+    spec: RankSpec, method: str, interrupts: processes.InterruptGuard
+) -> list[BaseProcess]:
     """Start ``spec.world_size`` ranks; if interrupted half-way, stop whatever did start."""
     before = {p.pid for p in multiprocessing.active_children()}
     try:
@@ -241,7 +243,7 @@ def _close(procs: list[BaseProcess]) -> None:
 
 
 def _run_ranks(
-    payload: bytes, world_size: int, backend: Any, timeout: float, threads: int
+    payload: bytes, world_size: int, backend: Backend, timeout: float, threads: int
 ) -> list[Any]:
     _reclaim_stale_workdirs()
     warm = processes.forkserver_running()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Backend = Literal["gloo", "nccl"]  # what a rank runs (``"auto"`` is resolved by the caller)
+BackendChoice = Literal["auto", "gloo", "nccl"]  # what a caller asks for
 StartMethod = Literal["fork", "forkserver", "spawn"]
 
 

@@ -43,12 +43,13 @@ from course_lib.runtime._outcomes import read_text
 from course_lib.runtime._workdir import _new_workdir, _reclaim_stale_workdirs
 from course_lib.runtime.device import check_backend_name, resolve_backend
 from course_lib.runtime.errors import LaunchError
-from course_lib.runtime.protocol import CellReply, RankSpec, Request
+from course_lib.runtime.protocol import BackendChoice, CellReply, RankSpec, Request
 from course_lib.runtime.replies import (
     Definitions,
     OutputTail,
     RankReply,
     ReplyWait,
+    StopReason,
     definitions_for,
     describe_exit,
     failures,
@@ -66,7 +67,7 @@ class RankSet:
         self,
         world_size: int,
         *,
-        backend: str = "auto",
+        backend: BackendChoice = "auto",
         timeout: float = 60.0,
         threads_per_rank: int = 1,
     ) -> None:
@@ -338,12 +339,12 @@ class RankSet:
         self.stop("a rank died or did not stop")
 
     def _interrupt(
-        self, pending: set[int], replies: dict[int, RankReply], reason: str, timeout: float
+        self, pending: set[int], replies: dict[int, RankReply], reason: StopReason, timeout: float
     ) -> None:
         if reason == "timeout" and hasattr(signal, "SIGUSR1"):
             self._dump_stacks(pending, replies, timeout)
         for rank in pending:
-            replies[rank].stop_reason = "timeout" if reason == "timeout" else "interrupted"
+            replies[rank].stop_reason = reason
         self._signal(pending, signal.SIGINT)
 
     def _dump_stacks(

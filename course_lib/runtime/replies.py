@@ -106,7 +106,7 @@ class ReplyWait:
     first_failure: float | None = None
     dead: set[int] = field(default_factory=set)
 
-    def reason_to_stop(self, now: float, interrupted: bool) -> str | None:
+    def reason_to_stop(self, now: float, interrupted: bool) -> StopReason | None:
         if interrupted:
             return "interrupted"
         if now >= self.deadline:

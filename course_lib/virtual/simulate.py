@@ -39,7 +39,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from course_lib import validate as _v
-from course_lib.virtual._types import SimSpec, StepResult
+from course_lib.virtual._types import MixedPrecision, SimSpec, StepResult, Strategy
 
 __all__ = ["simulate_step", "VirtualFrame", "STRATEGIES", "ROWS", "COLUMNS", "LABEL"]
 
@@ -243,14 +243,14 @@ def simulate_step(
     model_fn: Callable[[], Any],
     *,
     world_size: int,
-    strategy: str,
-    mixed_precision: str | None = None,
+    strategy: Strategy,
+    mixed_precision: MixedPrecision = None,
     batch: int,
     seq_len: int,
     tp: int | None = None,
     reshard_after_forward: bool = True,
     optimizer: str = "adamw",
-    checkpoint: str | None = None,
+    checkpoint: str | None = None,  # checked into a Checkpoint ("full", "selective" or None)
     vocab: int | None = None,
     timeout: float = 300.0,
     fast_chunks: bool = True,

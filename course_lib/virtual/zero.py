@@ -50,6 +50,7 @@ from typing import Any
 import pandas as pd
 
 from course_lib.measure import estimate
+from course_lib.virtual._types import Strategy
 from course_lib.virtual.model import PRESETS, LlamaLike
 from course_lib.virtual.simulate import LABEL, simulate_step
 
@@ -71,7 +72,7 @@ STAGE_NAMES = {
     3: "P_os+g+p (ZeRO-3)",
 }
 #: ZeRO stage -> the FSDP2 strategy that implements it (None: no FSDP2 counterpart)
-STAGE_STRATEGY = {0: "ddp", 1: None, 2: "fsdp_no_reshard", 3: "fsdp"}
+STAGE_STRATEGY: dict[int, Strategy | None] = {0: "ddp", 1: None, 2: "fsdp_no_reshard", 3: "fsdp"}
 #: arXiv:1910.02054, Figure 1 (Ψ = 7.5e9, N_d = 64), GB per GPU
 FIGURE1_GB = (120.0, 31.4, 16.6, 1.9)
 #: 7B at 16 B/param on 8 GPUs (UNITS.md, unit 10, source S4), GB per GPU
