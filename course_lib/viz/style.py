@@ -33,15 +33,18 @@ import functools
 import numbers
 import textwrap
 from contextlib import contextmanager
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import matplotlib.pyplot as plt
+
+if TYPE_CHECKING:
+    from matplotlib.text import Text
 
 # ============================================================================================
 # style
 # ============================================================================================
 #: rcParams applied while a course figure is drawn (big, plain, readable when projected)
-STYLE = {
+STYLE: dict[str, Any] = {
     "font.size": 14,
     "axes.titlesize": 16,
     "axes.labelsize": 14,
@@ -165,7 +168,7 @@ def _drawn_texts(fig):
     return out, renderer
 
 
-def text_px(fig) -> list[tuple[object, float]]:
+def text_px(fig) -> list[tuple[Text, float]]:
     """``(Text, size in px on screen)`` for every text ``fig`` shows (module docstring)."""
     texts, renderer = _drawn_texts(fig)
     scale = _scale(fig, renderer)
