@@ -133,7 +133,6 @@ def plot_primitives(results: Mapping[str, Mapping[str, Sequence]]) -> Figure:
     return fig
 
 
-@styled
 def _ring_cell(ax: Axes, c: int, r: int, mask: int, n: int, cmap: Any) -> None:
     """Chunk ``c`` of rank ``r``: the set of ranks in ``mask``, shaded by how many."""
     members = [k for k in range(n) if mask >> k & 1]
@@ -151,6 +150,7 @@ def _ring_cell(ax: Axes, c: int, r: int, mask: int, n: int, cmap: Any) -> None:
     )
 
 
+@styled
 def plot_ring_steps(records: Sequence[Sequence[Mapping]]) -> Figure:
     """The ring all-reduce step by step, from the ``record=`` lists of every rank.
 
@@ -268,7 +268,6 @@ def plot_bytes(
     return fig
 
 
-@styled
 def _size_markers(ax: Axes, markers: Mapping[str, float | None]) -> None:
     """Dotted or dashed vertical lines at the given sizes (a None size is skipped)."""
     for j, (label, size) in enumerate(markers.items()):
@@ -282,6 +281,7 @@ def _size_markers(ax: Axes, markers: Mapping[str, float | None]) -> None:
             )
 
 
+@styled
 def plot_times(
     times,
     model=None,
