@@ -42,7 +42,7 @@ __all__ = [
 
 def _gen(seed: int) -> torch.Generator:
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {seed!r}")
+        raise TypeError(f"seed = {seed!r}: expected an int")
     return torch.Generator().manual_seed(seed)
 
 
@@ -56,8 +56,7 @@ def regression_task(
         validate.count("in_features", in_features, minimum=1),
         validate.count("out_features", out_features, minimum=1),
     )
-    if not noise >= 0:
-        raise ValueError(f"noise must be >= 0, got {noise!r}")
+    validate.number("noise", noise, minimum=0)
     g = _gen(seed)
     w = torch.randn(fo, fi, generator=g) / math.sqrt(fi)
     b = torch.randn(fo, generator=g) * 0.1
@@ -126,9 +125,7 @@ def pattern_task(
         validate.count("seq", seq, minimum=1),
         validate.count("vocab", vocab, minimum=1),
     )
-    period = validate.count("period", period, minimum=1)
-    if period > seq:
-        raise ValueError(f"period={period} must be <= seq={seq}")
+    period = validate.count("period", period, minimum=1, maximum=seq)
     motif = torch.randint(0, vocab, (n, period), generator=_gen(seed))  # (n, period)
     reps = math.ceil((seq + 1) / period)
     tokens = motif.repeat(1, reps)[:, : seq + 1]  # (n, seq + 1)

@@ -3,8 +3,9 @@
 1. No unit imports another unit (what two units share lives in a mechanism layer).
 2. Only plots and widgets draw: nothing outside ``units/*/plots.py``, ``units/*/widgets.py`` and
    ``viz/`` imports matplotlib or ipywidgets (so ranks and check cells never pay for them).
-3. A unit's ``checks.py`` imports only the standard library and ``course_lib.grading`` at module
-   level (heavier imports go inside the check functions), so a check cell imports fast.
+3. A unit's ``checks.py`` and its ``checks_<section>.py`` files import only the standard library,
+   ``course_lib.grading`` and those section files at module level (heavier imports go inside the
+   check functions), so a check cell imports fast.
 4. Mechanism layers never import ``course_lib.units``.
 
 Every violation is reported with its file, line and import, all at once.
@@ -77,10 +78,12 @@ def violations(root: pathlib.Path = PACKAGE) -> list[str]:
                     f"{where}: only units/*/plots.py, units/*/widgets.py and viz/ may "
                     "import matplotlib or ipywidgets",
                 )
-            if in_units and path.name == "checks.py" and top:
+            is_checks = path.name == "checks.py" or path.name.startswith("checks_")
+            if in_units and is_checks and top:
                 root_name = module.split(".")[0]
                 stdlib = root_name in sys.stdlib_module_names or root_name == "__future__"
-                if not stdlib and not module.startswith(CHECKS_MAY_IMPORT):
+                own_section = module.startswith(f"course_lib.units.{own_unit}.checks_")
+                if not stdlib and not own_section and not module.startswith(CHECKS_MAY_IMPORT):
                     found.setdefault(
                         (rel, line, 3),
                         f"{where}: checks.py imports only the standard library and "

@@ -22,6 +22,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["KERNEL_ARGS", "ExecuteError", "execute_notebook", "kernel_env"]
 
@@ -142,7 +143,9 @@ def _explain_stored_widgets(nb) -> None:
 _WIDGET_REPR = re.compile(r"^[A-Z][A-Za-z]*\(")
 
 
-def make_client(nb, path: Path, *, timeout: int, kernel_name: str, allow_errors: bool, log=None):
+def make_client(
+    nb: Any, path: Path, *, timeout: float, kernel_name: str, allow_errors: bool, log: Any = None
+) -> Any:
     """The nbclient set-up shared by ``execute`` and the grader: a fresh kernel whose working
     directory is the notebook's folder, no timing metadata, and immediate shutdown."""
     from nbclient import NotebookClient
@@ -164,6 +167,24 @@ def make_client(nb, path: Path, *, timeout: int, kernel_name: str, allow_errors:
     )
 
 
+def _run_cell(client: Any, cell: Any, index: int, path: Path, timeout: float) -> None:
+    """Execute one cell; a timeout, a dead kernel or a cell error raise :class:`ExecuteError`."""
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    try:
+        client.execute_cell(cell, index)
+    except CellTimeoutError:
+        raise ExecuteError(f"{path}: cell index {index} timed out after {timeout:g} s") from None
+    except DeadKernelError:
+        raise ExecuteError(f"{path}: the kernel died while running cell index {index}") from None
+    except CellExecutionError as exc:
+        error: dict[str, Any] = next(
+            (o for o in cell.outputs if o.get("output_type") == "error"), {}
+        )
+        detail = f"{error.get('ename', 'error')}: {error.get('evalue', '')}".strip()
+        raise ExecuteError(f"{path}: cell index {index} raised {detail}") from exc
+
+
 def execute_notebook(
     path: Path | str,
     *,
@@ -178,8 +199,6 @@ def execute_notebook(
     cell (a cell error unless ``allow_errors``, a cell running over ``timeout`` seconds, or a dead
     kernel); the file is then left untouched.
     """
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
-
     from course_lib.grading.exercises import ExerciseError, read_notebook, render_notebook
 
     if not (isinstance(timeout, (int, float)) and timeout > 0):
@@ -196,20 +215,7 @@ def execute_notebook(
     with client.setup_kernel(env=kernel_env()):
         _kernel_metadata(nb, client, kernel_name)
         for index, cell in enumerate(nb.cells):
-            try:
-                client.execute_cell(cell, index)
-            except CellTimeoutError:
-                raise ExecuteError(
-                    f"{path}: cell index {index} timed out after {timeout:g} s"
-                ) from None
-            except DeadKernelError:
-                raise ExecuteError(
-                    f"{path}: the kernel died while running cell index {index}"
-                ) from None
-            except CellExecutionError as exc:
-                error = next((o for o in cell.outputs if o.get("output_type") == "error"), {})
-                detail = f"{error.get('ename', 'error')}: {error.get('evalue', '')}".strip()
-                raise ExecuteError(f"{path}: cell index {index} raised {detail}") from exc
+            _run_cell(client, cell, index, path, timeout)
         client.set_widgets_metadata()  # stored widgets render with their last values
     _strip_timing(nb)
     _finish_progress_bars(nb)

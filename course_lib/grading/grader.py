@@ -30,15 +30,21 @@ import logging
 import math
 import re
 import sys
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from course_lib.grading.compare import (  # noqa: F401 (re-exported)
+    SKIP_COMPARE,
+    _first_line,
+    coalesce_streams,
+    compare_outputs,
+)
 from course_lib.grading.exercises import (
     CHECK_TAG,
     SOLUTION_NAME,
     ExerciseError,
+    SolutionTask,
     cell_task,
     load_notebook_json,
     read_notebook,
@@ -59,21 +65,6 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = 120  # seconds per cell; exercise cells take a few seconds on 2 CPU cores
-
-# output keys nbval never compares (its default skip_compare list, images included)
-SKIP_COMPARE = frozenset(
-    {
-        "metadata",
-        "traceback",
-        "prompt_number",
-        "output_type",
-        "name",
-        "execution_count",
-        "application/vnd.jupyter.widget-view+json",
-        "image/png",
-        "image/jpeg",
-    }
-)
 
 
 class GradingInputError(ValueError):
@@ -156,97 +147,6 @@ def _fmt_num(x: float) -> str:
     return f"{_num(x):g}" if isinstance(_num(x), float) else str(_num(x))
 
 
-def _first_line(text: str) -> str:
-    for line in str(text).splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
-
-
-# --------------------------------------------------------------------------- nbval-style comparison
-_carriagereturn = re.compile(r"^.*\r(?=[^\n])", re.MULTILINE)
-
-
-def coalesce_streams(outputs: list) -> list[dict]:
-    """Merge stream outputs of the same name and drop text overwritten by ``\\r`` (as nbval does).
-
-    nbval.plugin.coalesce_streams also has a backspace rule, but its loop never runs (it compares
-    the text with itself before substituting), so backspaces are left alone here too.
-    """
-    merged: list[dict] = []
-    streams: dict[str, dict] = {}
-    for output in outputs:
-        output = dict(output)
-        if output.get("output_type") == "stream":
-            text = output.get("text", "")
-            text = "".join(text) if isinstance(text, list) else text
-            if output.get("name") in streams:
-                streams[output["name"]]["text"] += text
-                continue
-            output["text"] = text
-            streams[output.get("name")] = output
-        merged.append(output)
-    for output in streams.values():
-        output["text"] = _carriagereturn.sub("", output["text"])
-    return merged
-
-
-def _sanitize(value: Any) -> Any:
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        value = "".join(value)
-    if not isinstance(value, str):
-        return value
-    return "\n".join(line.rstrip() for line in value.rstrip().split("\n"))
-
-
-def _comparable(outputs: list) -> dict[str, list]:
-    flat: dict[str, list] = defaultdict(list)
-    for output in coalesce_streams(outputs):
-        kind = output.get("output_type")
-        if kind == "stream":
-            flat[output.get("name", "stdout")].append(_sanitize(output.get("text", "")))
-        elif kind in ("display_data", "execute_result"):
-            for key, value in output.get("data", {}).items():
-                if key not in SKIP_COMPARE:
-                    flat[key].append(_sanitize(value))
-        elif kind == "error":
-            flat["error"].append(f"{output.get('ename')}: {output.get('evalue')}")
-    return flat
-
-
-def _show(values: list) -> str:
-    text = "\n".join(v if isinstance(v, str) else json.dumps(v, sort_keys=True) for v in values)
-    return repr(_first_line(text)) if text.strip() else "nothing"
-
-
-def compare_outputs(got: list, expected: list) -> str | None:
-    """None if ``got`` matches ``expected`` (nbval semantics, trailing whitespace stripped), else a one-line reason."""
-    g, e = _comparable(got), _comparable(expected)
-    for key in e:
-        if key not in g:
-            return f"output differs: expected {key} {_show(e[key])}, got no {key} output"
-    for key in g:
-        if key not in e:
-            return f"output differs: unexpected {key} output {_show(g[key])}"
-    for key in e:
-        if len(g[key]) != len(e[key]):
-            return f"output differs: expected {len(e[key])} {key} output(s), got {len(g[key])}"
-        for gv, ev in zip(g[key], e[key]):
-            if gv == ev:
-                continue
-            if isinstance(gv, str) and isinstance(ev, str):
-                gl, el = gv.split("\n"), ev.split("\n")
-                for i in range(max(len(gl), len(el))):
-                    a = el[i] if i < len(el) else None
-                    b = gl[i] if i < len(gl) else None
-                    if a != b:
-                        exp = repr(a) if a is not None else "no more lines"
-                        got_ = repr(b) if b is not None else "no more lines"
-                        return f"output differs ({key}, line {i + 1}): expected {exp}, got {got_}"
-            return f"output differs ({key}): expected {_show([ev])}, got {_show([gv])}"
-    return None
-
-
 # --------------------------------------------------------------------------- finding the solution
 def default_solutions_dir() -> Path:
     """``solutions/`` of the repository holding the running ``course_lib`` package."""
@@ -259,7 +159,7 @@ def find_solution(path: Path | str, nb, solutions_dir: Path | str | None = None)
     """The solution notebook matching learner notebook ``nb`` (a NotebookNode or its JSON dict, read from ``path``)."""
     path = Path(path)
     explicit = solutions_dir is not None
-    solutions_dir = Path(solutions_dir) if explicit else default_solutions_dir()
+    solutions_dir = Path(solutions_dir) if solutions_dir is not None else default_solutions_dir()
     if not solutions_dir.is_dir():
         hint = "" if explicit else "; pass --solutions DIR"
         raise GradingInputError(f"{path}: no solutions directory at {solutions_dir}{hint}")
@@ -339,6 +239,27 @@ def grade_notebook(
         raise GradingInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
     seconds = int(math.ceil(timeout))
     path = Path(path)
+    nb, solution, expected = _load(path, solutions_dir)
+    check_cells = _place_checks(nb, path, expected)
+    stopped_at, status = _execute(nb, path, seconds, kernel_name)
+    results = [
+        _score(nb, task, spec, check_cells.get(task), stopped_at, status)
+        for task, spec in expected.items()
+    ]
+    cell_errors = [
+        f"cell index {index}: {error[0]}: {_first_line(error[1])}".rstrip(": ")
+        for index, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        and index not in check_cells.values()
+        and (error := _error_of(cell))
+    ]
+    return GradeReport(path, solution, results, status, cell_errors)
+
+
+def _load(
+    path: Path, solutions_dir: Path | str | None
+) -> tuple[Any, Path, dict[int, SolutionTask]]:
+    """(learner notebook, its solution's path, the solution's graded tasks); bad input raises."""
     try:
         # bad input is reported before nbformat (slow to import) is needed
         _, data = load_notebook_json(path)
@@ -351,8 +272,11 @@ def grade_notebook(
         raise GradingInputError(
             f"{path}: its solution {solution} has no graded check cells (tags task-N + {CHECK_TAG})"
         )
+    return nb, solution, expected
 
-    # the learner's check cells, by task; they run the solution's check code
+
+def _place_checks(nb: Any, path: Path, expected: dict[int, SolutionTask]) -> dict[int, int]:
+    """The learner's check cells, by task, given the solution's check code; outputs cleared."""
     check_cells: dict[int, int] = {}
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
@@ -367,56 +291,42 @@ def grade_notebook(
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+    return check_cells
 
-    stopped_at, status = _execute(nb, path, seconds, kernel_name)
 
-    results = []
-    for task, spec in expected.items():
-        index = check_cells.get(task)
-        if index is None:
-            results.append(
-                TaskResult(
-                    task,
-                    spec.points,
-                    False,
-                    f"no check cell for task {task} in the notebook (a code cell tagged task-{task} and {CHECK_TAG})",
-                )
-            )
-            continue
-        if stopped_at is not None and index >= stopped_at:
-            results.append(TaskResult(task, spec.points, False, status))
-            continue
-        cell = nb.cells[index]
-        error = _error_of(cell)
-        if error is not None:
-            results.append(TaskResult(task, spec.points, False, _error_message(*error)))
-            continue
-        reason = compare_outputs(cell.outputs, spec.outputs)
-        if reason is not None:
-            results.append(TaskResult(task, spec.points, False, reason))
-            continue
-        stdout = "".join(
-            o.get("text", "")
-            for o in cell.outputs
-            if o.get("output_type") == "stream" and o.get("name") == "stdout"
+def _score(
+    nb: Any,
+    task: int,
+    spec: SolutionTask,
+    index: int | None,
+    stopped_at: int | None,
+    status: str,
+) -> TaskResult:
+    """One task's result: its check cell ran and printed what the solution's printed."""
+    if index is None:
+        return TaskResult(
+            task,
+            spec.points,
+            False,
+            f"no check cell for task {task} in the notebook (a code cell tagged task-{task} and {CHECK_TAG})",
         )
-        results.append(
-            TaskResult(
-                task, spec.points, True, _first_line(stdout) or "output matches the expected output"
-            )
-        )
-
-    cell_errors = []
-    for index, cell in enumerate(nb.cells):
-        if (
-            cell.cell_type == "code"
-            and index not in check_cells.values()
-            and (error := _error_of(cell))
-        ):
-            cell_errors.append(
-                f"cell index {index}: {error[0]}: {_first_line(error[1])}".rstrip(": ")
-            )
-    return GradeReport(path, solution, results, status, cell_errors)
+    if stopped_at is not None and index >= stopped_at:
+        return TaskResult(task, spec.points, False, status)
+    cell = nb.cells[index]
+    error = _error_of(cell)
+    if error is not None:
+        return TaskResult(task, spec.points, False, _error_message(*error))
+    reason = compare_outputs(cell.outputs, spec.outputs)
+    if reason is not None:
+        return TaskResult(task, spec.points, False, reason)
+    stdout = "".join(
+        o.get("text", "")
+        for o in cell.outputs
+        if o.get("output_type") == "stream" and o.get("name") == "stdout"
+    )
+    return TaskResult(
+        task, spec.points, True, _first_line(stdout) or "output matches the expected output"
+    )
 
 
 def _execute(nb, path: Path, seconds: int, kernel_name: str) -> tuple[int | None, str]:

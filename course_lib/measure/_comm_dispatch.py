@@ -88,7 +88,8 @@ def _group_size(args) -> int:
             return a.size()
         if isinstance(a, str):  # functional collectives name their group
             try:
-                return dist.distributed_c10d._resolve_process_group(a).size()
+                # the name functional collectives pass is the str torch types as GroupName
+                return dist.distributed_c10d._resolve_process_group(a).size()  # type: ignore[arg-type]
             except Exception:
                 continue
     if not dist.is_available() or not dist.is_initialized():

@@ -134,12 +134,14 @@ class CommMeter:
         self._extra_modules = list(patch_modules)
         for i, m in enumerate(self._extra_modules):
             if not isinstance(m, ModuleType):
-                raise TypeError(f"patch_modules[{i}] must be a module, got {type(m).__name__}")
+                raise TypeError(
+                    f"patch_modules[{i}] = {m!r}: expected a module (got {type(m).__name__})"
+                )
         self.records: list[CommRecord] = []
         self.comm_debug_counts: dict[str, int] = {}
         self.rank: int | None = None
         self.wire_source: str = "unavailable: the meter has not run yet"
-        self.wire_windows: list[dict[str, Any]] = []
+        self.wire_windows: list[wire.WireWindow] = []
         self.wire_block_bytes: int | None = None
         self._wire: wire.WireWindows | None = None
         self._saved: list[tuple[Any, str, Any]] = []
@@ -165,7 +167,7 @@ class CommMeter:
         cannot see the traffic; see ``wire_source``)."""
         if not self.wire_available:
             return None
-        return sum(w["wire_sent"] for w in self.wire_windows)
+        return sum(w.wire_sent for w in self.wire_windows)
 
     @property
     def model_bytes_sent(self) -> int | float:
@@ -181,7 +183,7 @@ class CommMeter:
         """Measured minus modelled bytes sent, over the calls inside measured windows."""
         if not self.wire_available:
             return None
-        return _num(sum(Fraction(w["residual"]) for w in self.wire_windows))
+        return _num(sum(Fraction(w.residual) for w in self.wire_windows))
 
     def summary(self) -> dict[str, Any]:
         """Plain dict: rank, calls, wire_source, measured and modelled totals, the residual, how

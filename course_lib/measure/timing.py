@@ -104,11 +104,14 @@ def time_fn(
     initialized in this process; True always does (an error without CUDA is avoided: it is a
     no-op then); False never; or a callable to run instead (e.g. ``torch.xpu.synchronize``).
     """
+    from course_lib import validate
+
     if not callable(fn):
-        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    for name, value, low in (("warmup", warmup, 0), ("repeat", repeat, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        raise TypeError(
+            f"fn = {validate.describe(fn)}: expected a callable (got {type(fn).__name__})"
+        )
+    warmup = validate.count("warmup", warmup, minimum=0)
+    repeat = validate.count("repeat", repeat, minimum=1)
     sync_fn: Callable[[], None] | None
     if sync is None or sync is True:
         from course_lib.runtime.device import sync as device_sync
@@ -119,7 +122,7 @@ def time_fn(
     elif callable(sync):
         sync_fn = sync
     else:
-        raise TypeError(f"sync must be None, True, False or a callable, got {sync!r}")
+        raise TypeError(f"sync = {sync!r}: expected None, True, False or a callable")
     for _ in range(warmup):
         fn()
     times = []
@@ -194,12 +197,10 @@ class EventLog:
     """
 
     def __init__(self, rank: int = 0, *, clock: str = "monotonic", sync: bool = False):
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-            raise ValueError(f"rank must be an int >= 0, got {rank!r}")
-        if clock not in CLOCKS:
-            raise ValueError(
-                f"clock={clock!r} is not supported; valid choices: {', '.join(CLOCKS)}"
-            )
+        from course_lib import validate
+
+        rank = validate.count("rank", rank, minimum=0)
+        clock = validate.choice("clock", clock, CLOCKS)
         self.rank, self.clock, self.sync = rank, clock, bool(sync)
         self._records: list[dict[str, Any]] = []
 
@@ -209,7 +210,7 @@ class EventLog:
     @contextmanager
     def span(self, name: str, **meta: Any) -> Iterator[None]:
         if not isinstance(name, str) or not name:
-            raise ValueError(f"name must be a non-empty str, got {name!r}")
+            raise ValueError(f"name = {name!r}: expected a non-empty str")
         from course_lib.runtime.device import sync as device_sync
 
         if self.sync:
@@ -225,7 +226,9 @@ class EventLog:
     def add(self, name: str, start_ns: int, end_ns: int, **meta: Any) -> None:
         """Record a span measured elsewhere (same clock)."""
         if end_ns < start_ns:
-            raise ValueError(f"end_ns={end_ns} is before start_ns={start_ns} for span {name!r}")
+            raise ValueError(
+                f"end_ns = {end_ns}: expected >= start_ns = {start_ns} (span {name!r})"
+            )
         self._records.append(
             {
                 "rank": self.rank,

@@ -37,7 +37,7 @@ ends. Introduced in notebooks/08_collectives.ipynb.
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -103,22 +103,42 @@ def _number(x) -> int | float:
     return int(x) if x.denominator == 1 else float(x)
 
 
+@dataclass(frozen=True)
+class WireWindow:
+    """One closed measurement window (``window["wire_sent"]`` reads it too)."""
+
+    records: list[int]  # indices into CommMeter.records of the calls in it
+    ops: list[str]  # their names
+    wire_sent: int  # MEASURED: bytes the process wrote while the window was open
+    model_sent: int | float  # MODELLED: estimate's bytes for those calls, summed
+    residual: int | float  # wire_sent - model_sent
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+
+@dataclass
+class _OpenWindow:
+    start: int  # the counter when it opened
+    records: list[int] = field(default_factory=list)
+    pending: dict[int, Any] = field(default_factory=dict)  # id -> Work not waited on yet
+
+
 class WireWindows:
     """The measurement windows of one CommMeter block (module docstring, "Windows").
 
     ``records`` is the meter's list of :class:`~course_lib.measure.comm.CommRecord`: closing a
     window replaces the records in it by copies with ``wire_sent``, ``residual`` and
-    ``wire_window`` filled in. ``windows``: closed windows, plain
-    dicts ``{"records", "ops", "wire_sent", "model_sent", "residual"}``.
+    ``wire_window`` filled in. ``windows``: the closed :class:`WireWindow` s.
     """
 
     def __init__(self, records: list[CommRecord], source: str):
         self.records = records
         self.source = source
         self.available = source == GLOO_SOURCE
-        self.windows: list[dict[str, Any]] = []
+        self.windows: list[WireWindow] = []
         self.block_bytes: int | None = None
-        self._open: dict[str, Any] | None = None
+        self._open: _OpenWindow | None = None
         self._block_start: int | None = None
         self._saved_wait: tuple[bool, Any] | None = None
 
@@ -133,13 +153,13 @@ class WireWindows:
 
         def wait(w, *args, **kwargs):
             window = tracker._open
-            if window is None or id(w) not in window["pending"]:
+            if window is None or id(w) not in window.pending:
                 return original(w, *args, **kwargs)
             try:
                 return original(w, *args, **kwargs)
             finally:
-                window["pending"].pop(id(w), None)
-                if not window["pending"] and tracker._open is window:
+                window.pending.pop(id(w), None)
+                if not window.pending and tracker._open is window:
                     tracker._close(_read())
 
         wait.__doc__ = getattr(original, "__doc__", None)
@@ -171,7 +191,7 @@ class WireWindows:
     def begin(self) -> None:
         """A wrapped call is about to start: open a window unless one is open."""
         if self.available and self._open is None:
-            self._open = {"start": _read(), "records": [], "pending": {}}
+            self._open = _OpenWindow(_read())
 
     def mark(self) -> int | None:
         """The counter right after a call returned (read before any bookkeeping)."""
@@ -183,40 +203,33 @@ class WireWindows:
         window = self._open
         if window is None:
             return
-        window["records"].extend(range(first, len(self.records)))
+        window.records.extend(range(first, len(self.records)))
         for w in _works(result):
-            window["pending"][id(w)] = w  # keep it alive: ids are never reused while pending
-        if not window["pending"]:
+            window.pending[id(w)] = w  # keep it alive: ids are never reused while pending
+        if not window.pending:
             self._close(now if now is not None else _read())
 
     def join(self, index: int) -> None:
         """A record seen by the dispatcher: measured only if a window is open."""
         if self._open is not None:
-            self._open["records"].append(index)
+            self._open.records.append(index)
 
     def _close(self, end: int) -> None:
         window, self._open = self._open, None
         assert window is not None  # only called with a window open
-        indices = window["records"]
+        indices = window.records
         if not indices:  # the call raised before it was recorded: nothing to attribute
             return
-        wire = end - window["start"]
+        wire = end - window.start
         model = _number(sum(Fraction(self.records[i].model_sent) for i in indices))
         number = len(self.windows)
-        self.windows.append(
-            {
-                "records": list(indices),
-                "ops": [self.records[i].op for i in indices],
-                "wire_sent": wire,
-                "model_sent": model,
-                "residual": _number(wire - Fraction(model)),
-            }
-        )
+        residual = _number(wire - Fraction(model))
+        ops = [self.records[i].op for i in indices]
+        self.windows.append(WireWindow(list(indices), ops, wire, model, residual))
         for i in indices:
             self.records[i] = replace(self.records[i], wire_window=number)
         if len(indices) == 1:
             only = self.records[indices[0]]
-            residual = self.windows[-1]["residual"]
             self.records[indices[0]] = replace(only, wire_sent=wire, residual=residual)
 
 

@@ -166,11 +166,12 @@ def unpack(key: str, dest: Path) -> Path:
     with tarfile.open(fileobj=io.BytesIO(tarball(asset)), mode="r:gz") as tar:
         for member in tar.getmembers():
             path = member.name.split("/", 1)[-1]  # drop the leading "package/"
-            if not member.isfile() or not _wanted(path, asset):
+            data = tar.extractfile(member) if member.isfile() else None  # None: not a file
+            if data is None or not _wanted(path, asset):
                 continue
             out = target / path
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(tar.extractfile(member).read())
+            out.write_bytes(data.read())
     marker.touch()
     return target
 

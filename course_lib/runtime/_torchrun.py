@@ -70,9 +70,9 @@ def _launch_in_torchrun(
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
         raise ValueError(
-            f"world_size={world_size} but this process runs under torchrun with "
-            f"WORLD_SIZE={env_world}; torchrun sets the world size, so pass "
-            f"world_size={env_world} (or call launch outside torchrun)"
+            f"world_size = {world_size}: expected {env_world}, this torchrun job's "
+            f"WORLD_SIZE={env_world} (torchrun sets the world size; or call launch outside "
+            "torchrun)"
         )
     rank = int(os.environ["RANK"])
     if not dist.is_initialized():

@@ -32,6 +32,7 @@ the forward and restores it for the recomputation; ``False`` is only safe withou
 from __future__ import annotations
 
 import functools
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -55,6 +56,9 @@ __all__ = [
 ]
 
 #: the policies of :func:`apply_checkpointing`
+#: a model with ``blocks`` (``course_lib.models.GPT``); the functions return the same model
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
 POLICIES = ("none", "full", "every_k", "selective", "segments")
 #: what the default selective policy keeps: the outputs of the matrix products
 MATMUL_OPS = ("mm", "addmm", "bmm")
@@ -145,13 +149,13 @@ def checkpoint_layout(n_layer: int, policy: str, *, k: int = 1) -> list[tuple[in
 
 
 def apply_checkpointing(
-    model: nn.Module,
+    model: ModelT,
     policy: str,
     *,
     k: int = 1,
     save_ops=MATMUL_OPS,
     preserve_rng_state: bool = True,
-) -> nn.Module:
+) -> ModelT:
     """Checkpoint the blocks of ``model`` (anything with an ``nn.ModuleList`` called ``blocks``
     whose forward calls each block in turn, such as ``course_lib.models.GPT``), in place.
 
@@ -161,12 +165,7 @@ def apply_checkpointing(
     preserve_rng_state: passed to ``checkpoint`` (keep True when a block uses dropout).
     Returns ``model``. Gradients equal those of the unchanged model (tests/techniques).
     """
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
-        raise TypeError(
-            f"model must have an nn.ModuleList 'blocks' (e.g. course_lib.models.GPT), "
-            f"got {type(model).__name__}"
-        )
+    blocks = _blocks(model)
     if any(isinstance(b, Checkpointed) for b in blocks):
         raise ValueError("model is already checkpointed; call remove_checkpointing(model) first")
     layout = checkpoint_layout(len(blocks), policy, k=k)
@@ -193,10 +192,20 @@ def apply_checkpointing(
     return model
 
 
-def remove_checkpointing(model: nn.Module) -> nn.Module:
+def _blocks(model: nn.Module) -> nn.ModuleList:
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise TypeError(
+            f"model must have an nn.ModuleList 'blocks' (e.g. course_lib.models.GPT), "
+            f"got {type(model).__name__}"
+        )
+    return blocks
+
+
+def remove_checkpointing(model: ModelT) -> ModelT:
     """Undo :func:`apply_checkpointing`: ``model.blocks`` holds the plain blocks again."""
-    blocks = []
-    for b in model.blocks:
+    blocks: list[nn.Module] = []
+    for b in _blocks(model):
         blocks.extend(b.blocks if isinstance(b, Checkpointed) else [b])
     model.blocks = nn.ModuleList(blocks)
     return model

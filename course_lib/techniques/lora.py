@@ -25,7 +25,7 @@ Introduced in notebooks/07_lora_qlora.ipynb.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Iterable, TypeVar
 
 import torch
 from torch import nn
@@ -33,6 +33,9 @@ from torch import nn
 from course_lib import validate
 
 __all__ = ["LoRALinear", "add_lora", "lora_modules", "trainable_params"]
+
+#: the model type add_lora hands back (the same model, changed in place)
+ModelT = TypeVar("ModelT", bound=nn.Module)
 
 
 def _check_rank(r, d_in: int, d_out: int, name: str) -> int:
@@ -81,8 +84,8 @@ class LoRALinear(nn.Module):
         )  # (d_out, r)
         # the init of nn.Linear (and peft): uniform(-1/sqrt(d_in), 1/sqrt(d_in))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        p = validate.number("dropout", dropout, minimum=0.0, maximum=1.0)
-        self.dropout = nn.Dropout(p) if p > 0 else nn.Identity()
+        drop = validate.number("dropout", dropout, minimum=0.0, maximum=1.0)
+        self.dropout = nn.Dropout(drop) if drop > 0 else nn.Identity()
         self.merged = False
 
     def delta_weight(self) -> torch.Tensor:
@@ -133,8 +136,8 @@ def _matches(name: str, targets: list[str]) -> bool:
 
 
 def add_lora(
-    model: nn.Module, *, r: int, alpha: float, targets: Iterable[str] | str, dropout: float = 0.0
-) -> nn.Module:
+    model: ModelT, *, r: int, alpha: float, targets: Iterable[str] | str, dropout: float = 0.0
+) -> ModelT:
     """Freeze every parameter of ``model`` and wrap each ``nn.Linear`` (or 4-bit ``Linear4bit``)
     named by ``targets`` in a :class:`LoRALinear`; returns ``model`` (changed in place).
 

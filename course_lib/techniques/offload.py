@@ -30,11 +30,12 @@ Every phase is timed (``last_times``, seconds, CUDA-synchronized) and its bytes 
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 import time
 import weakref
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -128,7 +129,7 @@ class OffloadAdamW:
         )
         self.last_times: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self.bytes_moved: dict[str, int] = dict.fromkeys(PHASES, 0)
-        self._file = None
+        self._file: io.FileIO | None = None
         self._shapes: dict[int, torch.Size] = {}  # shapes of the tensors now on disk
         self.cache_dropped = False
         if self.tier == "file":
@@ -148,15 +149,16 @@ class OffloadAdamW:
         t0 = self._start()
         moved = 0
         for p, m, s in zip(self.params, self.master, self.staging):
+            host_grad = _allocated_grad(m)
             if p.grad is None:
-                m.grad.zero_()
+                host_grad.zero_()
                 continue
             if s is None:  # fp32 on a CPU: the host buffer is the destination
-                m.grad.copy_(p.grad)
+                host_grad.copy_(p.grad)
             else:
                 s.copy_(p.grad, non_blocking=self.pin_memory)  # (shape of p) in p.dtype
                 sync(self.device)  # the copy must land before the host reads it
-                m.grad.copy_(s)  # widen to fp32 on the host
+                host_grad.copy_(s)  # widen to fp32 on the host
             moved += p.grad.numel() * p.grad.element_size()
         self._stop("to_host", t0, moved)
 
@@ -252,20 +254,26 @@ class OffloadAdamW:
             out += [m, st["exp_avg"], st["exp_avg_sq"]]
         return out
 
+    def _state_file(self) -> io.FileIO:
+        if self._file is None:
+            raise RuntimeError("the file tier's state file is closed (or tier is not 'file')")
+        return self._file
+
     def _write_state(self) -> int:
         tensors = self._stored()
         self._shapes.clear()
-        self._file.seek(0)
+        file = self._state_file()
+        file.seek(0)
         n = 0
         for t in tensors:
-            n += self._file.write(memoryview(t.detach().numpy()).cast("B"))  # (numel,) fp32 bytes
-        os.fsync(self._file.fileno())  # on the disk, so that dropping the cache loses nothing
-        self.cache_dropped = drop_page_cache(self._file.fileno())
+            n += file.write(memoryview(t.detach().numpy()).cast("B"))  # (numel,) fp32 bytes
+        os.fsync(file.fileno())  # on the disk, so that dropping the cache loses nothing
+        self.cache_dropped = drop_page_cache(file.fileno())
         # m and v leave memory now; the masters after load_params has sent them up
         self._release([t for t in tensors if not isinstance(t, torch.nn.Parameter)])
         return n
 
-    def _release(self, tensors: list[torch.Tensor]) -> None:
+    def _release(self, tensors: Sequence[torch.Tensor]) -> None:
         # free the memory until the next read; the tensor objects (the Parameter the optimizer
         # knows, the entries of its state) stay, with an empty payload in between
         for t in tensors:
@@ -276,8 +284,9 @@ class OffloadAdamW:
         n = 0
         for t, off in zip(tensors, offsets):
             buf = torch.empty(self._shapes.get(id(t), t.shape), dtype=t.dtype)
-            self._file.seek(off)
-            n += self._file.readinto(memoryview(buf.numpy()).cast("B"))  # (numel,) fp32 bytes
+            file = self._state_file()
+            file.seek(off)
+            n += file.readinto(memoryview(buf.numpy()).cast("B"))  # (numel,) fp32 bytes
             t.data = buf
             self._shapes.pop(id(t), None)
         return n
@@ -319,3 +328,10 @@ class OffloadAdamW:
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()
+
+
+def _allocated_grad(master: torch.Tensor) -> torch.Tensor:
+    """The host gradient buffer of a master weight (allocated once, when the optimizer is made)."""
+    if master.grad is None:
+        raise RuntimeError("a master weight lost its host gradient buffer")
+    return master.grad

@@ -63,14 +63,11 @@ class Adam(torch.optim.Optimizer):
         decoupled: bool = False,
         state_dtype: torch.dtype | None = None,
     ) -> None:
-        if not (isinstance(lr, (int, float)) and lr >= 0):
-            raise ValueError(f"lr={lr!r} must be a number >= 0")
+        validate.number("lr", lr, minimum=0)
         if not (len(betas) == 2 and all(0 <= b < 1 for b in betas)):
-            raise ValueError(f"betas={betas!r} must be two numbers in [0, 1)")
-        if not eps >= 0:
-            raise ValueError(f"eps={eps!r} must be >= 0")
-        if not weight_decay >= 0:
-            raise ValueError(f"weight_decay={weight_decay!r} must be >= 0")
+            raise ValueError(f"betas = {betas!r}: expected two numbers in [0, 1)")
+        validate.number("eps", eps, minimum=0)
+        validate.number("weight_decay", weight_decay, minimum=0)
         if state_dtype is not None and not (
             isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point
         ):

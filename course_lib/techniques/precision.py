@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, overload
 
 import torch
 
+from course_lib import validate
 from course_lib.measure import estimate
 
 __all__ = [
@@ -55,19 +56,16 @@ def _dtype(fmt: str | torch.dtype, name: str = "fmt") -> torch.dtype:
     if isinstance(fmt, torch.dtype):
         if fmt not in FORMATS.values():
             raise ValueError(
-                f"{name}={fmt!r} is not supported; valid choices: "
-                f"{', '.join(map(str, FORMATS.values()))}"
+                f"{name} = {fmt!r}: expected one of {', '.join(map(str, FORMATS.values()))}"
             )
         return fmt
     if isinstance(fmt, str) and fmt.lower() in FORMATS:
         return FORMATS[fmt.lower()]
-    raise ValueError(f"{name}={fmt!r} is not supported; valid choices: {', '.join(FORMATS)}")
+    raise ValueError(f"{name} = {fmt!r}: expected one of {', '.join(FORMATS)}")
 
 
 def _mode(mode: Any) -> str:
-    if not isinstance(mode, str) or mode not in MODES:
-        raise ValueError(f"mode={mode!r} is not supported; valid choices: {', '.join(MODES)}")
-    return mode
+    return validate.choice("mode", mode, MODES)
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,6 +133,10 @@ def bit_string(x: float, fmt: str | torch.dtype) -> str:
     return f"{s[0]}|{s[1 : 1 + e]}|{s[1 + e :]}"
 
 
+@overload
+def round_trip(x: float, fmt: str | torch.dtype) -> float: ...
+@overload
+def round_trip(x: torch.Tensor, fmt: str | torch.dtype) -> torch.Tensor: ...
 def round_trip(x: float | torch.Tensor, fmt: str | torch.dtype) -> float | torch.Tensor:
     """``x`` rounded to ``fmt`` (round to nearest even) and read back as fp32/float."""
     dtype = _dtype(fmt)
@@ -170,20 +172,14 @@ class DynamicLossScaler:
     skipped_steps: int = field(init=False, default=0)  # steps skipped for inf/NaN
 
     def __post_init__(self) -> None:
-        for name in ("init_scale", "growth_factor"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"{name}={v!r} must be a positive number")
-        if not self.growth_factor > 1:
-            raise ValueError(f"growth_factor={self.growth_factor!r} must be > 1")
-        if not 0 < self.backoff_factor < 1:
-            raise ValueError(f"backoff_factor={self.backoff_factor!r} must be in (0, 1)")
-        if (
-            isinstance(self.growth_interval, bool)
-            or not isinstance(self.growth_interval, int)
-            or self.growth_interval < 1
-        ):
-            raise ValueError(f"growth_interval={self.growth_interval!r} must be an int >= 1")
+        validate.number("init_scale", self.init_scale, positive=True)
+        if not validate.number("growth_factor", self.growth_factor) > 1:
+            raise ValueError(f"growth_factor = {self.growth_factor!r}: expected a number > 1")
+        if not 0 < validate.number("backoff_factor", self.backoff_factor) < 1:
+            raise ValueError(
+                f"backoff_factor = {self.backoff_factor!r}: expected a number in (0, 1)"
+            )
+        validate.count("growth_interval", self.growth_interval, minimum=1)
         self.scale_value = float(self.init_scale)
 
     def get_scale(self) -> float:

@@ -39,7 +39,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from course_lib import validate as _v
-from course_lib.virtual._types import Checkpoint, MixedPrecision, SimSpec, StepResult, Strategy
+from course_lib.virtual._types import MixedPrecision, SimSpec, StepResult, Strategy
 
 __all__ = ["simulate_step", "VirtualFrame", "STRATEGIES", "ROWS", "COLUMNS", "LABEL"]
 
@@ -250,7 +250,7 @@ def simulate_step(
     tp: int | None = None,
     reshard_after_forward: bool = True,
     optimizer: str = "adamw",
-    checkpoint: Checkpoint = None,
+    checkpoint: str | None = None,  # checked into a Checkpoint ("full", "selective" or None)
     vocab: int | None = None,
     timeout: float = 300.0,
     fast_chunks: bool = True,

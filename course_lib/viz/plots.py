@@ -4,50 +4,37 @@ Pure functions: nothing is measured here, nothing is shown (a notebook cell endi
 ``plot_...(...);`` displays the figure; tests draw on the Agg backend). Figures are made with
 ``plt.subplots`` so Jupyter's inline backend shows them at the end of the cell.
 
-Style, the same in every unit: one colour per memory category (``CATEGORY_COLORS``), large fonts
-(``STYLE``, readable from the back of a lecture room), bytes shown in MiB (2**20) unless a
-function says otherwise. Unit-specific plots live in ``course_lib/units/uNN_topic/plots.py`` and
-reuse ``CATEGORY_COLORS``, ``PHASE_COLORS`` and ``style()`` (or the ``@styled`` decorator).
-
-Minimum text size: **12 px on screen** (``MIN_TEXT_PX``), for every piece of text of every figure
-(ticks, legends, annotations, titles, the values drawn in grid cells), as a learner sees it in
-JupyterLab at a 1400 px wide page. 12 px is just under JupyterLab's own 13 px output text (the
-smallest size the page already asks a reader to read) and about 9 pt on a 96 dpi screen; smaller
-text is what reviewers could not read on a laptop or from the back of a lecture room. What
-"on screen" means, measured in JupyterLab 4 with Chromium at 1400 x 1000 px:
-
-* the inline backend stores a PNG of the figure at the figure's own dpi (100 here), cropped to
-  its content plus 0.1 in (``bbox_inches="tight"``), so a text of s pt is s * 100 / 72 px there;
-* JupyterLab shows a PNG at its own pixel size, shrunk to fit the output area: 968 px wide with
-  the default file-browser sidebar open (1220 px with it closed; ``DISPLAY_WIDTH_PX`` takes the
-  narrower), so a 1190 px wide PNG is shown at 0.81 of its size.
-
-So on screen a text measures ``s * dpi / 72 * min(1, DISPLAY_WIDTH_PX / png_width)`` px
-(``text_px``). ``style()`` enforces the minimum when it closes: any text of a figure made inside
-it that would be smaller is enlarged to the minimum (``readable``); tick labels through
-``tick_params`` so that redrawn ticks keep the size. Wide figures therefore get larger fonts (a
-16 in figure needs 14.3 pt). Printed prose in a notebook goes through ``wrap`` (``print_wrapped``):
-at most ``LINE_CHARS`` = 110 characters of monospace, which JupyterLab's output area (7.8 px a
-character at 13 px, 968 px wide, so 123 characters) shows without wrapping a line mid-word.
-
-Contents:
-  * style: ``STYLE``, ``style()``, ``styled``, ``CATEGORY_COLORS``, ``PHASE_COLORS``
-  * readable text: ``MIN_TEXT_PX``, ``DISPLAY_WIDTH_PX``, ``text_px``, ``readable``, ``wrap``,
-    ``print_wrapped``
-  * memory: ``plot_measured_vs_predicted``, ``plot_memory_timeline``
+The course's plot style and readable-text rules live in :mod:`course_lib.viz.style` (re-exported
+here, so ``course_lib.viz.plots.style()`` keeps working); this file holds the shared memory plots
+``plot_measured_vs_predicted`` and ``plot_memory_timeline``.
 """
 
 from __future__ import annotations
 
-import functools
-import numbers
-import textwrap
-from contextlib import contextmanager
-from typing import Iterator, Mapping
+from typing import Any, Iterable, Mapping
 
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 
 from course_lib.measure.estimate import fmt_bytes
+from course_lib.viz.style import (
+    CATEGORY_COLORS,
+    DISPLAY_WIDTH_PX,
+    LINE_CHARS,
+    MIN_TEXT_PX,
+    PHASE_COLORS,
+    STYLE,
+    UNITS,
+    _check_mapping,
+    _unit,
+    print_wrapped,
+    readable,
+    require_columns,
+    style,
+    styled,
+    text_px,
+    wrap,
+)
 
 __all__ = [
     "STYLE",
@@ -63,213 +50,54 @@ __all__ = [
     "readable",
     "wrap",
     "print_wrapped",
+    "require_columns",
     "plot_measured_vs_predicted",
     "plot_memory_timeline",
 ]
-
-# ============================================================================================
-# style
-# ============================================================================================
-#: rcParams applied while a course figure is drawn (big, plain, readable when projected)
-STYLE = {
-    "font.size": 14,
-    "axes.titlesize": 16,
-    "axes.labelsize": 14,
-    "legend.fontsize": 12,
-    "xtick.labelsize": 12,
-    "ytick.labelsize": 12,
-    "figure.titlesize": 17,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "figure.dpi": 100,
-    "savefig.bbox": "tight",
-}
-
-#: one colour per MemoryMeter category, used by every memory plot of the course
-CATEGORY_COLORS = {
-    "params": "tab:blue",
-    "grads": "tab:orange",
-    "optimizer": "tab:green",
-    "activations": "tab:red",
-    "temporaries": "tab:purple",
-    "other": "tab:gray",
-    "master": "tab:olive",
-}
-
-#: background shading of the phases of a training step
-PHASE_COLORS = {"forward": "#dbe9f6", "backward": "#fbe3d6", "step": "#dcefdc"}
-
-#: bytes per display unit
-UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
-
-
-def require_columns(df, columns: list[str], name: str, *, nonempty: bool = False) -> None:
-    """Raise TypeError/ValueError unless ``df`` is a DataFrame with ``columns`` (and, with
-    ``nonempty``, at least one row): the input check of every plot function."""
-    import pandas as pd
-
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"{name} must be a pandas DataFrame, got {type(df).__name__}")
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{name} is missing columns {missing}; it has {list(df.columns)}")
-    if nonempty and df.empty:
-        raise ValueError(f"{name} is empty: nothing to plot")
-
-
-_BACKEND_RESOLVED = False
-
-
-#: the smallest text, in pixels on screen, any course figure may show (see the module docstring)
-MIN_TEXT_PX = 12.0
-#: width in CSS px of JupyterLab's output area at a 1400 px page with the file browser open
-DISPLAY_WIDTH_PX = 968
-#: longest printed line (characters) the output area shows unwrapped at that width, with margin
-LINE_CHARS = 110
-_PAD_INCHES = 0.1  # what the inline backend's bbox_inches="tight" adds around the content
-
-
-@contextmanager
-def style() -> Iterator[None]:
-    """Context manager: draw with the course style (``STYLE``) without touching global rcParams.
-    Every figure made inside it gets ``readable`` when the context closes."""
-    # Resolve the backend *before* entering rc_context. matplotlib picks its backend lazily on
-    # first use; if that happens inside rc_context, leaving the context restores the unresolved
-    # backend setting and Jupyter's inline backend stops showing every later figure.
-    global _BACKEND_RESOLVED
-    if not _BACKEND_RESOLVED:
-        plt.close(plt.figure())
-        _BACKEND_RESOLVED = True
-    before = set(plt.get_fignums())
-    with plt.rc_context(STYLE):
-        yield
-        for num in sorted(set(plt.get_fignums()) - before):
-            readable(plt.figure(num))
-
-
-def styled(fn):
-    """Decorator: run a plot function inside ``style()`` (for functions not written as
-    ``with style(): ...``)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with style():
-            return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def _scale(fig, renderer) -> float:
-    """Screen pixels per PNG pixel: JupyterLab shrinks a PNG wider than its output area."""
-    width_px = (fig.get_tightbbox(renderer).width + 2 * _PAD_INCHES) * fig.dpi
-    return min(1.0, DISPLAY_WIDTH_PX / width_px)
-
-
-def _drawn_texts(fig):
-    """The Text artists of ``fig`` that show something: visible, non-empty, on a visible axes."""
-    from matplotlib.text import Text
-
-    renderer = fig.canvas.get_renderer()
-    fig.draw_without_rendering()  # ticks and layout as they will be drawn
-    box = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)
-    out = []
-    for t in fig.findobj(Text):
-        if not (t.get_visible() and t.get_text().strip()) or (
-            t.axes is not None and not t.axes.get_visible()
-        ):
-            continue
-        extent = t.get_window_extent(renderer)
-        if extent.width and box.overlaps(extent):  # tick labels outside the view are not drawn
-            out.append(t)
-    return out, renderer
-
-
-def text_px(fig) -> list[tuple[object, float]]:
-    """``(Text, size in px on screen)`` for every text ``fig`` shows (module docstring)."""
-    texts, renderer = _drawn_texts(fig)
-    scale = _scale(fig, renderer)
-    return [(t, t.get_fontsize() * fig.dpi / 72 * scale) for t in texts]
-
-
-def readable(fig, *, min_px: float = MIN_TEXT_PX):
-    """Enlarge every text of ``fig`` smaller than ``min_px`` on screen to ``min_px``; ``fig``.
-
-    Tick labels are enlarged through ``tick_params`` (so ticks matplotlib makes again at the
-    next draw keep the size); other texts (titles, labels, legends, annotations, cell values)
-    directly. A figure without a layout engine or a figure legend is laid out again
-    (``tight_layout``) if anything grew; a plot function that places those itself should choose
-    sizes at or above the minimum (``tests/viz/test_readable.py`` measures them). Repeated because larger text can widen the PNG, which JupyterLab then shrinks more.
-    """
-    changed = False
-    for _ in range(4):
-        small = [(t, px) for t, px in text_px(fig) if px < min_px - 1e-6]
-        if not small:
-            break
-        changed = True
-        dpi, renderer = fig.dpi, fig.canvas.get_renderer()
-        target = (min_px + 0.5) * 72  # half a px of margin: a redraw may widen the PNG a little
-        target = target / (dpi * _scale(fig, renderer))
-        ticks = {}
-        for ax in fig.axes:
-            for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
-                for which in ("major", "minor"):
-                    for label in axis.get_ticklabels(which=which):
-                        ticks[id(label)] = (ax, name, which)
-        for t, _px in small:
-            if id(t) in ticks:
-                ax, name, which = ticks[id(t)]
-                ax.tick_params(axis=name, which=which, labelsize=target)
-            else:
-                t.set_fontsize(target)
-        # lay out again, unless the figure has a layout engine (it lays out at every draw) or
-        # places a figure legend itself (a plain tight_layout would lay the axes over it)
-        if fig.get_layout_engine() is None and not fig.legends:
-            fig.tight_layout()
-    if changed:
-        fig.canvas.draw_idle()
-    return fig
-
-
-def wrap(text: str, width: int = LINE_CHARS, *, indent: str = "") -> str:
-    """``text`` broken between words into lines of at most ``width`` characters (a word longer
-    than ``width`` stays whole); lines after the first start with ``indent``. Existing line
-    breaks are kept."""
-    if not isinstance(width, int) or isinstance(width, bool) or width < 20:
-        raise ValueError(f"width must be an int >= 20 (characters), got width={width!r}")
-    return "\n".join(
-        textwrap.fill(
-            line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
-        )
-        or line
-        for line in str(text).split("\n")
-    )
-
-
-def print_wrapped(*parts, width: int = LINE_CHARS, indent: str = "  ") -> None:
-    """``print(*parts)``, wrapped at word boundaries to ``width`` characters (``wrap``)."""
-    print(wrap(" ".join(str(p) for p in parts), width, indent=indent))
-
-
-def _unit(unit: str) -> float:
-    if unit not in UNITS:
-        raise ValueError(f"unit={unit!r} is not supported; valid choices: {', '.join(UNITS)}")
-    return UNITS[unit]
-
-
-def _check_mapping(name: str, value) -> dict:
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a dict of category -> bytes, got {type(value).__name__}")
-    for k, v in value.items():
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise TypeError(f"{name}[{k!r}] must be a number of bytes, got {v!r}")
-    return dict(value)
 
 
 # ============================================================================================
 # memory
 # ============================================================================================
+def _stacked_bar(
+    ax: Axes,
+    x: float,
+    values: Mapping[str, float],
+    cats: list[str],
+    div: float,
+    *,
+    labelled: list[str],
+) -> None:
+    """One bar of category segments stacked bottom-up, its total written on top."""
+    bottom = 0.0
+    for cat in cats:
+        height = values.get(cat, 0) / div
+        if height:
+            ax.bar(
+                x,
+                height,
+                bottom=bottom,
+                width=0.6,
+                color=CATEGORY_COLORS.get(cat, "black"),
+                label=cat if cat in labelled else None,
+            )
+            bottom += height
+    ax.text(x, bottom, f"{bottom:,.2f}", ha="center", va="bottom")
+
+
+def _residual_text(
+    measured: Mapping[str, float], predicted: Mapping[str, float], cats: list[str]
+) -> str:
+    """measured - predicted per category and in total, one line each."""
+    lines = ["measured - predicted"]
+    for cat in cats:
+        diff = measured.get(cat, 0) - predicted.get(cat, 0)
+        lines.append(f"{cat}: {'+' if diff >= 0 else '-'}{fmt_bytes(abs(diff))}")
+    total = sum(measured.get(c, 0) for c in cats) - sum(predicted.get(c, 0) for c in cats)
+    lines.append(f"total: {'+' if total >= 0 else '-'}{fmt_bytes(abs(total))}")
+    return "\n".join(lines)
+
+
 def plot_measured_vs_predicted(
     measured: Mapping[str, float],
     predicted: Mapping[str, float],
@@ -298,35 +126,18 @@ def plot_measured_vs_predicted(
     with style():
         fig, ax = plt.subplots(figsize=(9, 5.5))
         for x, values in ((0, predicted), (1, measured)):
-            bottom = 0.0
-            for cat in cats:
-                height = values.get(cat, 0) / div
-                if height:
-                    ax.bar(
-                        x,
-                        height,
-                        bottom=bottom,
-                        width=0.6,
-                        color=CATEGORY_COLORS.get(cat, "black"),
-                        label=cat if x == 0 or not predicted.get(cat, 0) else None,
-                    )
-                    bottom += height
-            ax.text(x, bottom, f"{bottom:,.2f}", ha="center", va="bottom")
+            # the legend names each category once: from the predicted bar, or measured-only ones
+            labelled = cats if x == 0 else [c for c in cats if not predicted.get(c, 0)]
+            _stacked_bar(ax, x, values, cats, div, labelled=labelled)
         ax.margins(y=0.12)
         ax.set_xticks([0, 1], ["predicted", "measured"])
         ax.set_xlim(-0.6, 2.4)
         ax.set_ylabel(unit)
         ax.set_title(title)
-        lines = ["measured - predicted"]
-        for cat in cats:
-            diff = measured.get(cat, 0) - predicted.get(cat, 0)
-            lines.append(f"{cat}: {'+' if diff >= 0 else '-'}{fmt_bytes(abs(diff))}")
-        total = sum(measured.get(c, 0) for c in cats) - sum(predicted.get(c, 0) for c in cats)
-        lines.append(f"total: {'+' if total >= 0 else '-'}{fmt_bytes(abs(total))}")
         ax.text(
             1.42,
             0.02,
-            "\n".join(lines),
+            _residual_text(measured, predicted, cats),
             transform=ax.get_xaxis_transform(),
             va="bottom",
             fontsize=11,
@@ -339,15 +150,8 @@ def plot_measured_vs_predicted(
     return fig
 
 
-def plot_memory_timeline(
-    timeline, *, title: str = "Memory during a training step", unit: str = "MiB", categories=None
-):
-    """Stacked areas of memory by category over the events of ``MemoryMeter.timeline``, with the
-    phases shaded (forward accumulates activations; backward frees them and creates gradients;
-    the first optimizer step creates the optimizer state) and the peak marked.
-
-    ``timeline``: a DataFrame with columns ``event``, ``phase`` and one per category.
-    """
+def _timeline_categories(timeline: Any, categories: Iterable[str] | None) -> list[str]:
+    """The categories to stack, once ``timeline`` is checked to be a non-empty MemoryMeter timeline."""
     import pandas as pd
 
     if not isinstance(timeline, pd.DataFrame):
@@ -366,27 +170,62 @@ def plot_memory_timeline(
         )
     if timeline.empty:
         raise ValueError("timeline is empty: run the block inside MemoryMeter first")
+    return cats
+
+
+def _shade_phases(ax: Axes, phases: list[str]) -> None:
+    """Shade contiguous runs of the same phase (forward, backward, step), each labelled once."""
+    start = 0
+    seen = set()
+    for i in range(1, len(phases) + 1):
+        if i == len(phases) or phases[i] != phases[start]:
+            phase = phases[start]
+            if phase in PHASE_COLORS:
+                ax.axvspan(
+                    start - 0.5,
+                    i - 0.5,
+                    color=PHASE_COLORS[phase],
+                    zorder=0,
+                    label=phase if phase not in seen else None,
+                )
+                seen.add(phase)
+            start = i
+
+
+def _mark_peak(ax: Axes, tl: Any, cats: list[str], div: float) -> None:
+    """Annotate the timeline's ``peak`` row with its total."""
+    peak = tl.index[tl.event == "peak"]
+    if len(peak):
+        i = int(peak[0])
+        total = sum(tl.loc[i, c] for c in cats)
+        ax.annotate(
+            f"peak {fmt_bytes(total)}",
+            (i, total / div),
+            xytext=(0, 12),
+            textcoords="offset points",
+            ha="center",
+            fontsize=12,
+            zorder=3,
+            arrowprops=dict(arrowstyle="-"),
+        )
+
+
+def plot_memory_timeline(
+    timeline, *, title: str = "Memory during a training step", unit: str = "MiB", categories=None
+):
+    """Stacked areas of memory by category over the events of ``MemoryMeter.timeline``, with the
+    phases shaded (forward accumulates activations; backward frees them and creates gradients;
+    the first optimizer step creates the optimizer state) and the peak marked.
+
+    ``timeline``: a DataFrame with columns ``event``, ``phase`` and one per category.
+    """
+    cats = _timeline_categories(timeline, categories)
     div = _unit(unit)
     tl = timeline.reset_index(drop=True)
     xs = list(range(len(tl)))
     with style():
         fig, ax = plt.subplots(figsize=(11, 5))
-        # phase shading: contiguous runs of the same phase
-        start = 0
-        seen = set()
-        for i in range(1, len(tl) + 1):
-            if i == len(tl) or tl.phase[i] != tl.phase[start]:
-                phase = tl.phase[start]
-                if phase in PHASE_COLORS:
-                    ax.axvspan(
-                        start - 0.5,
-                        i - 0.5,
-                        color=PHASE_COLORS[phase],
-                        zorder=0,
-                        label=phase if phase not in seen else None,
-                    )
-                    seen.add(phase)
-                start = i
+        _shade_phases(ax, list(tl.phase))
         ax.stackplot(
             xs,
             *[tl[c] / div for c in cats],
@@ -395,20 +234,7 @@ def plot_memory_timeline(
             alpha=0.9,
             colors=[CATEGORY_COLORS.get(c, "black") for c in cats],
         )
-        peak = tl.index[tl.event == "peak"]
-        if len(peak):
-            i = int(peak[0])
-            total = sum(tl.loc[i, c] for c in cats)
-            ax.annotate(
-                f"peak {fmt_bytes(total)}",
-                (i, total / div),
-                xytext=(0, 12),
-                textcoords="offset points",
-                ha="center",
-                fontsize=12,
-                zorder=3,
-                arrowprops=dict(arrowstyle="-"),
-            )
+        _mark_peak(ax, tl, cats, div)
         ax.set_xlim(-0.5, len(tl) - 0.5)
         ax.set_ylim(0, max(1e-12, (tl[cats].sum(axis=1).max() / div) * 1.15))
         ax.set_xlabel("event (module hooks, optimizer step)")

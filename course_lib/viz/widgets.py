@@ -143,11 +143,10 @@ def _display_data(obj) -> dict:
         return {"output_type": "display_data", "data": data, "metadata": {}}
     # the kernel's formatter (with any the learner registered); outside IPython a plain one, not
     # a new shell (which would open a history database)
-    formatter = (
-        InteractiveShell.instance().display_formatter
-        if InteractiveShell.initialized()
-        else DisplayFormatter()
+    shell_formatter = (
+        InteractiveShell.instance().display_formatter if InteractiveShell.initialized() else None
     )
+    formatter = shell_formatter or DisplayFormatter()
     data, metadata = formatter.format(obj)
     return {"output_type": "display_data", "data": data, "metadata": metadata}
 

@@ -46,7 +46,7 @@ def test_adam_skips_params_without_grad_and_validates():
     assert q not in opt.state and torch.equal(q.detach(), torch.ones(3))
     with pytest.raises(ValueError, match="betas"):
         O.Adam([p], betas=(0.9, 1.0))
-    with pytest.raises(ValueError, match="lr=-1"):
+    with pytest.raises(ValueError, match="lr = -1: expected a number >= 0"):
         O.Adam([p], lr=-1)
 
 

@@ -7,6 +7,7 @@ what torch itself reports. It prints one deterministic line or raises AssertionE
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from course_lib.grading.core import expect_int, fail, fmt_int, passed, run_learner
 
@@ -118,7 +119,7 @@ def _unseen_gpts():
     ]
 
 
-def _measure_gpt_state(config) -> dict:
+def _measure_gpt_state(config) -> tuple[dict[str, int], Any]:
     """One Adam step (fp32, torch.optim defaults) of a GPT under MemoryMeter; the model state at
     the end of the step."""
     import torch

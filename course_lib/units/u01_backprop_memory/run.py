@@ -24,6 +24,7 @@ from torch import nn
 
 from course_lib import validate
 from course_lib.measure import estimate
+from course_lib.measure.estimate.memory import Optimizer
 from course_lib.measure.memory import MemoryMeter
 from course_lib.models import GPT, MLP, MLPConfig, count_params
 from course_lib.techniques import optim
@@ -46,7 +47,7 @@ __all__ = [
 #: the categories this unit predicts and measures (MemoryMeter also reports temporaries, other)
 CATEGORIES = ("params", "grads", "optimizer", "activations")
 #: optimizers compared in this unit (no state, one state tensor, two state tensors per parameter)
-OPTIMIZERS = ("sgd", "momentum", "adam")
+OPTIMIZERS: tuple[Optimizer, ...] = ("sgd", "momentum", "adam")
 
 
 def make_optimizer(name: str, model: nn.Module, lr: float = 1e-3) -> torch.optim.Optimizer:
@@ -92,10 +93,9 @@ def training_step(model: nn.Module, optimizer, x, y) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def _measure(model: nn.Module, batch_shape, optimizer: str, *, device="cpu", steps: int = 1):
+def _measure(model: nn.Module, batch_shape, optimizer: Optimizer, *, device="cpu", steps: int = 1):
     """Run `steps` training steps of a copy of `model` under MemoryMeter; return the meter."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+    steps = validate.count("steps", steps, minimum=1)
     work = copy.deepcopy(model).to(device)
     opt = make_optimizer(optimizer, work)
     x, y = make_batch(work, batch_shape, device=device)
@@ -106,7 +106,7 @@ def _measure(model: nn.Module, batch_shape, optimizer: str, *, device="cpu", ste
 
 
 def step_timeline(
-    model: nn.Module, batch_shape: Sequence[int], *, optimizer: str = "adam", device="cpu"
+    model: nn.Module, batch_shape: Sequence[int], *, optimizer: Optimizer = "adam", device="cpu"
 ) -> tuple[pd.DataFrame, object]:
     """Bytes per category after each event of one training step: (timeline, meter).
 
@@ -128,7 +128,7 @@ def _describe(model: nn.Module) -> dict:
     }
 
 
-def predict_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer: str) -> dict:
+def predict_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer: Optimizer) -> dict:
     """Predicted bytes per category for one training step of `model` (fp32).
 
     params, grads, optimizer come from estimate.model_state_bytes (with torch.optim's per-tensor
@@ -136,8 +136,7 @@ def predict_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer:
     autograd has cached at the end of the forward pass, the activation peak.
     """
     info = _describe(model)
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+    validate.choice("optimizer", optimizer, sorted(OPTIMIZERS))
     state = estimate.model_state_bytes(
         info["n_params"], precision="fp32", optimizer=optimizer, n_param_tensors=info["n_tensors"]
     )
@@ -163,7 +162,7 @@ def predict_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer:
 
 
 def measure_step_memory(
-    model: nn.Module, batch_shape: Sequence[int], optimizer: str, *, device="cpu"
+    model: nn.Module, batch_shape: Sequence[int], optimizer: Optimizer, *, device="cpu"
 ) -> dict:
     """Measured bytes per category over one training step, each where it matters:
 
@@ -188,7 +187,7 @@ def measure_step_memory(
 
 
 def compare_step_memory(
-    model: nn.Module, batch_shape: Sequence[int], optimizer: str = "adam", *, device="cpu"
+    model: nn.Module, batch_shape: Sequence[int], optimizer: Optimizer = "adam", *, device="cpu"
 ) -> pd.DataFrame:
     """One row per category: predicted, measured, residual (measured - predicted), in bytes."""
     pred = predict_step_memory(model, batch_shape, optimizer)
@@ -211,7 +210,7 @@ def scaling_sweep(
     widths: Sequence[int] = (64, 256),
     in_features: int = 64,
     depth: int = 2,
-    optimizer: str = "adam",
+    optimizer: Optimizer = "adam",
     device="cpu",
 ) -> pd.DataFrame:
     """Measured and predicted bytes per category over a grid of batch size x hidden width.
@@ -244,7 +243,7 @@ def optimizer_state_comparison(
     model: nn.Module,
     batch_shape: Sequence[int],
     *,
-    optimizers: Sequence[str] = ("sgd", "momentum", "adam"),
+    optimizers: Sequence[Optimizer] = ("sgd", "momentum", "adam"),
     device="cpu",
 ) -> pd.DataFrame:
     """Measured optimizer-state bytes after one step, per optimizer, beside the estimate."""

@@ -7,9 +7,11 @@ Pure: nothing is measured here. Inputs are the DataFrames of
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.axes import Axes
 
 from course_lib.viz.plots import CATEGORY_COLORS, style
 
@@ -81,6 +83,27 @@ def plot_bit_layouts(table: pd.DataFrame):
     return fig
 
 
+def _mark_fp16_range(ax: Axes, fp16: Any) -> None:
+    """fp16's smallest subnormal, smallest normal and max as dashed lines, labelled above the
+    axes where no bar can hide them."""
+    for x, text, color in (
+        (math.log2(fp16.smallest_subnormal), "fp16: 0 below", "tab:red"),
+        (math.log2(fp16.smallest_normal), "fp16 normal", "tab:orange"),
+        (math.log2(fp16.max), "fp16 max", "tab:red"),
+    ):
+        ax.axvline(x, color=color, ls="--")
+        ax.text(
+            x,
+            1.01,
+            text,
+            color=color,
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            va="bottom",
+            fontsize=11,
+        )
+
+
 def plot_gradient_histogram(
     abs_grads, *, scale: float = 1.0, fp16_table: pd.DataFrame | None = None
 ):
@@ -110,23 +133,7 @@ def plot_gradient_histogram(
                 alpha=0.5,
                 label=f"|grad| x {scale:g} (loss scaling)",
             )
-        for x, text, color in (
-            (math.log2(fp16.smallest_subnormal), "fp16: 0 below", "tab:red"),
-            (math.log2(fp16.smallest_normal), "fp16 normal", "tab:orange"),
-            (math.log2(fp16.max), "fp16 max", "tab:red"),
-        ):
-            ax.axvline(x, color=color, ls="--")
-            # labels above the axes, where no bar can hide them
-            ax.text(
-                x,
-                1.01,
-                text,
-                color=color,
-                transform=ax.get_xaxis_transform(),
-                ha="center",
-                va="bottom",
-                fontsize=11,
-            )
+        _mark_fp16_range(ax, fp16)
         ax.text(
             0.01,
             0.95,

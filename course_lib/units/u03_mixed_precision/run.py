@@ -24,8 +24,10 @@ from typing import Sequence
 import pandas as pd
 import torch
 
+from course_lib import validate
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
+from course_lib.measure.estimate.memory import Precision
 from course_lib.models import GPT, GPTConfig, count_params
 from course_lib.runtime.device import default_device
 from course_lib.techniques import precision as P
@@ -161,8 +163,7 @@ def tiny_updates(*, weight: float = 1.0, update: float = 1e-3, steps: int = 100)
     """Add ``update`` to ``weight`` ``steps`` times, with the weight stored in fp32, bf16, fp16,
     and in bf16 with an fp32 master copy (the master is updated, the bf16 weight re-cast from it).
     Returns one row per recipe with the final weight, the exact answer and the relative error."""
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r} must be an int >= 1")
+    steps = validate.count("steps", steps, minimum=1)
     exact = weight + steps * update
     rows = []
     for name, store, master in (
@@ -200,8 +201,28 @@ def tiny_updates(*, weight: float = 1.0, update: float = 1e-3, steps: int = 100)
 # --------------------------------------------------------------------------------------------
 # memory of one training step, per recipe
 # --------------------------------------------------------------------------------------------
+def _measured_step(mode: Precision, config: GPTConfig, batch: int, seq: int, seed: int, device):
+    """(MemoryMeter over the second Adam step of ``mode``, parameter count, parameter tensors);
+    the first step creates the Adam state."""
+    from course_lib.measure.memory import MemoryMeter
+
+    model = P.prepare(_model(config, seed, device), mode)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = P.make_scaler(mode, device)
+    gen = torch.Generator().manual_seed(seed)
+    idx, tgt = permutation_batch(config, batch, seq, generator=gen, device=device)
+
+    def loss_fn(m):
+        return m.loss(idx, tgt)
+
+    P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)  # creates the Adam state
+    with MemoryMeter(model, opt) as mem:
+        P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)
+    return mem, count_params(model), len(list(model.parameters()))
+
+
 def training_memory(
-    modes: Sequence[str] = P.MODES,
+    modes: Sequence[Precision] = P.MODES,
     *,
     config: GPTConfig | None = None,
     batch: int = 8,
@@ -221,28 +242,14 @@ def training_memory(
       4-byte (fp32) or 2-byte (the other recipes) values;
     * peak: the measured peak of the whole step (predicted: the sum of the rows above).
     """
-    from course_lib.measure.memory import MemoryMeter
-
     config = config or GPTConfig.tiny()
     device = torch.device(device) if device is not None else default_device()
     rows = []
     for mode in modes:
         P._mode(mode)
-        model = P.prepare(_model(config, seed, device), mode)
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        scaler = P.make_scaler(mode, device)
-        gen = torch.Generator().manual_seed(seed)
-        idx, tgt = permutation_batch(config, batch, seq, generator=gen, device=device)
-
-        def loss_fn(m, idx=idx, tgt=tgt):
-            return m.loss(idx, tgt)
-
-        P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)  # creates the Adam state
-        with MemoryMeter(model, opt) as mem:
-            P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)
-        n = count_params(model)
+        mem, n_params, n_tensors = _measured_step(mode, config, batch, seq, seed, device)
         pred = estimate.model_state_bytes(
-            n, precision=mode, optimizer="adam", n_param_tensors=len(list(model.parameters()))
+            n_params, precision=mode, optimizer="adam", n_param_tensors=n_tensors
         )
         act = estimate.activation_bytes_gpt(
             config, batch, seq, dtype_bytes=4 if mode == "fp32" else 2
@@ -297,10 +304,8 @@ def matmul_speed(
     from course_lib.measure.timing import time_fn
 
     device = torch.device(device) if device is not None else default_device()
-    if cpu_threads is not None and (
-        isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1
-    ):
-        raise ValueError(f"cpu_threads={cpu_threads!r} must be None or an int >= 1")
+    if cpu_threads is not None:
+        cpu_threads = validate.count("cpu_threads", cpu_threads, minimum=1)
     saved_threads = torch.get_num_threads()
     if device.type == "cpu" and cpu_threads is not None:
         torch.set_num_threads(cpu_threads)
@@ -313,8 +318,7 @@ def matmul_speed(
 def _matmul_rows(sizes, dtypes, warmup, repeat, device, time_fn) -> pd.DataFrame:
     rows = []
     for n in sizes:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"sizes must hold positive ints, got {n!r}")
+        n = validate.count("sizes", n, minimum=1)  # each size
         for f in _formats(dtypes):
             dt = P.FORMATS[f]
             if dt.itemsize == 1:
@@ -343,7 +347,7 @@ def _matmul_rows(sizes, dtypes, warmup, repeat, device, time_fn) -> pd.DataFrame
 # loss curves per recipe
 # --------------------------------------------------------------------------------------------
 def loss_curves(
-    modes: Sequence[str] = P.MODES,
+    modes: Sequence[Precision] = P.MODES,
     *,
     steps: int = 30,
     config: GPTConfig | None = None,
@@ -359,8 +363,7 @@ def loss_curves(
     ``steps`` Adam steps in each recipe (same seed, same batches). Rows: mode, step, loss, skipped (fp16 loss scaling found inf/NaN), scale,
     seconds (wall time of that training step, synchronized on CUDA: timed here, noisy, never graded).
     ``init_scale`` and ``growth_interval`` go to ``torch.amp.GradScaler`` for fp16-mixed."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r} must be an int >= 1")
+    steps = validate.count("steps", steps, minimum=1)
     config = config or GPTConfig.tiny()
     device = torch.device(device) if device is not None else default_device()
     rows = []

@@ -3,17 +3,10 @@
 The learner writes Adam from its update equations as a ``torch.optim.Optimizer`` subclass built as
 ``MyAdam(params, lr=..., betas=..., eps=..., weight_decay=..., decoupled=...)``.
 
-Task 1: parity with ``torch.optim.Adam`` over 5 steps, with and without (L2) weight decay.
-Task 2: parity with ``torch.optim.AdamW`` (decoupled weight decay) over 5 steps.
-Task 3: the state's size in bytes, exactly: ``estimate.optimizer_state_bytes_per_param("adam")``
-per fp32 parameter, half that for bf16 parameters (state in the parameter's dtype, as torch.optim).
-
-Task 4 (predict before you measure): the peak of one step of the 16-byte recipe (bf16 MLP, fp32
-master, Adam) for MLPs the lecture did not show, against MemoryMeter, within 1 %.
-Task 5 (find the bug): a master-weights class that overwrites its master with the rounded bf16
-weights; the fixed class must give the master and weights of the recipe done right.
-Task 6 (scale it up): model state per GPU under ZeRO stage 1, 16- and 12-byte accountings, at 7B
-and 70B, against ``estimate.zero_bytes_per_rank``.
+Tasks: 1-2 parity with ``torch.optim.Adam`` / ``AdamW`` over 5 steps; 3 the state's exact bytes
+(``estimate.optimizer_state_bytes_per_param``; state in the parameter's dtype); 4 the peak of a
+16-byte-recipe step on unseen MLPs within 1 % of MemoryMeter; 5 the fixed master-weights class
+(the bug: the master overwritten by the rounded weights); 6 ZeRO-1 state per GPU at 7B and 70B.
 
 Tolerance of tasks 1 and 2: rtol=1e-5, atol=1e-7. fp32 carries 24 significant bits (relative
 spacing 6e-8); equivalent orders of operations (bias-correcting m before or after the division,
@@ -23,6 +16,8 @@ weight decay) is off by 1e-3 or more.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
 
@@ -131,7 +126,7 @@ def check_adamw(MyAdam, task: int = 2) -> None:
     """Parity with torch.optim.AdamW (decoupled weight decay 0.1)."""
     import torch
 
-    kw = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    kw: dict[str, Any] = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     expected = _run(lambda ps: torch.optim.AdamW(ps, **kw), task=task, learner=False)
     got = _run(lambda ps: MyAdam(ps, decoupled=True, **kw), task=task, learner=True)
     _compare(task, "AdamW(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)", got, expected)
@@ -293,6 +288,25 @@ def _master_reference():
     return [p.detach().clone() for p in params], [m.detach().clone() for m in master]
 
 
+def _same_as_reference(task: int, master: list, ref_m: list, weights: list) -> None:
+    """✗ unless the master equals the recipe done right and the weights are it rounded to bf16."""
+    import torch
+
+    for i, (m, r) in enumerate(zip(master, ref_m)):
+        if not torch.allclose(m, r, rtol=MASTER_RTOL, atol=MASTER_ATOL):
+            fail(
+                task,
+                f"master tensor {i}: differs from the recipe done right after {MASTER_STEPS} steps, "
+                f"max abs error {float((m - r).abs().max()):.3g} (rtol={MASTER_RTOL:g}, atol={MASTER_ATOL:g})",
+            )
+    for i, (w, m) in enumerate(zip(weights, master)):
+        if not torch.equal(w, m.to(torch.bfloat16)):
+            fail(
+                task,
+                f"parameter {i}: the bf16 weights are not the master rounded to bf16 after the last step",
+            )
+
+
 def check_master_bug(MyMaster, task: int = 5) -> None:
     """The fixed master-weights class: same fp32 master and bf16 weights as the recipe done right."""
     import torch
@@ -326,19 +340,7 @@ def check_master_bug(MyMaster, task: int = 5) -> None:
             "every master value is a bf16 number: the master copy keeps nothing finer than the "
             "16-bit weights. Something overwrites it with the rounded weights",
         )
-    for i, (m, r) in enumerate(zip(master, ref_m)):
-        if not torch.allclose(m, r, rtol=MASTER_RTOL, atol=MASTER_ATOL):
-            fail(
-                task,
-                f"master tensor {i}: differs from the recipe done right after {MASTER_STEPS} steps, "
-                f"max abs error {float((m - r).abs().max()):.3g} (rtol={MASTER_RTOL:g}, atol={MASTER_ATOL:g})",
-            )
-    for i, (w, m) in enumerate(zip(weights, master)):
-        if not torch.equal(w, m.to(torch.bfloat16)):
-            fail(
-                task,
-                f"parameter {i}: the bf16 weights are not the master rounded to bf16 after the last step",
-            )
+    _same_as_reference(task, master, ref_m, weights)
     moved = sum(int((w != s).sum()) for w, s in zip(ref_w, start))
     total = sum(s.numel() for s in start)
     passed(

@@ -19,6 +19,7 @@ Plain data out; plots in course_lib.units.u04_optimizer_memory.plots.
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import pandas as pd
@@ -29,6 +30,10 @@ from course_lib.data import permutation_batch
 from course_lib.measure import estimate
 from course_lib.models import GPT, GPTConfig, count_params
 from course_lib.techniques import optim as O
+from course_lib.units.u04_optimizer_memory.run_accounting import (  # noqa: F401 (re-exported)
+    ACCOUNTINGS,
+    accounting_table,
+)
 
 __all__ = [
     "DEFAULT_LR",
@@ -136,6 +141,19 @@ def state_bytes_table(
 # --------------------------------------------------------------------------------------------
 # mixed-precision Adam, measured per parameter
 # --------------------------------------------------------------------------------------------
+def _per_param_row(label: str, bd: Mapping[str, int], buffers: int, n: int) -> dict:
+    """A MemoryMeter breakdown as bytes per parameter, by component of the master recipe."""
+    return {
+        "when": label,
+        "params (16-bit)": (bd["params"] - buffers) / n,
+        "grads (16-bit)": bd["grads"] / n,
+        "master (fp32)": bd["other"] / n,
+        "adam m, v (fp32)": bd["optimizer"] / n,
+        "fp32 grads + scratch": (bd["activations"] + bd["temporaries"]) / n,
+        "total": (sum(bd.values()) - buffers) / n,
+    }
+
+
 def mixed_precision_accounting(
     *,
     config: GPTConfig | None = None,
@@ -168,18 +186,6 @@ def mixed_precision_accounting(
     pred = estimate.model_state_bytes(
         n, precision="bf16-mixed", optimizer="adam", n_param_tensors=len(mw.master)
     )
-
-    def row(label: str, bd: Mapping[str, int]) -> dict:
-        return {
-            "when": label,
-            "params (16-bit)": (bd["params"] - buffers) / n,
-            "grads (16-bit)": bd["grads"] / n,
-            "master (fp32)": bd["other"] / n,
-            "adam m, v (fp32)": bd["optimizer"] / n,
-            "fp32 grads + scratch": (bd["activations"] + bd["temporaries"]) / n,
-            "total": (sum(bd.values()) - buffers) / n,
-        }
-
     predicted = {
         "when": "predicted (ZeRO accounting)",
         "params (16-bit)": pred["params"] / n,
@@ -192,8 +198,8 @@ def mixed_precision_accounting(
     return pd.DataFrame(
         [
             predicted,
-            row("measured at rest", mem.end_breakdown),
-            row("measured peak during step", mem.peak_breakdown),
+            _per_param_row("measured at rest", mem.end_breakdown, buffers, n),
+            _per_param_row("measured peak during step", mem.peak_breakdown, buffers, n),
         ]
     ).set_index("when")
 
@@ -220,7 +226,9 @@ class _Stepper:
     """One recipe's optimizer behind one interface: zero_grad(), step(), the tensors it holds."""
 
     def __init__(self, recipe: str, model: torch.nn.Module, lr: float) -> None:
-        self.master: list[torch.Tensor] = []
+        self.master: Sequence[torch.Tensor] = ()
+        self._mw: O.MasterWeights | None
+        self.optimizer: torch.optim.Optimizer
         if recipe == "16 B: bf16 + fp32 master":
             self._mw = O.MasterWeights(model, "adam", lr=lr)
             self.optimizer, self.master = self._mw.optimizer, self._mw.master
@@ -236,6 +244,42 @@ class _Stepper:
 
     def step(self) -> None:
         (self._mw or self.optimizer).step()
+
+
+def _train_recipe(
+    model: GPT,
+    stepper: _Stepper,
+    config: GPTConfig,
+    batch: int,
+    seq: int,
+    steps: int,
+    seed: int,
+) -> tuple[float, float, float]:
+    """``steps`` steps of one recipe: (last loss, model-state B/param measured over the second
+    step's optimizer step, share of weights the last step left unchanged)."""
+    from course_lib.measure.memory import MemoryMeter
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    n = count_params(model)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    measured = math.nan
+    for step in range(steps):
+        idx, tgt = task_batch(config, batch, seq, generator=gen)
+        stepper.zero_grad()
+        loss = model.loss(idx, tgt)
+        loss.backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        if step == 1:
+            with MemoryMeter(model, stepper.optimizer, track=stepper.master) as mem:
+                stepper.step()
+            end = mem.end_breakdown
+            measured = (
+                end["params"] - buffers + end["grads"] + end["optimizer"] + end["other"]
+            ) / n
+        else:
+            stepper.step()
+    unchanged = sum(int((p.detach() == b).sum()) for p, b in zip(model.parameters(), before)) / n
+    return float(loss.detach()), measured, unchanged
 
 
 def recipe_table(
@@ -257,50 +301,29 @@ def recipe_table(
     as they were) and ``update error`` = ||w - w_fp32|| / ||w_fp32 - w_0||, the error of the total
     update against the fp32 run (0 = the same update, 1 = as far off as the update itself).
     """
-    from course_lib.measure.memory import MemoryMeter
-
     config = config or GPTConfig.tiny()
     validate.number("lr", lr, positive=True)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise ValueError(f"steps = {steps!r}: expected an int >= 2 (the second step is measured)")
-    rows, fp32_final, start = [], None, None
+    rows = []
+    fp32_final: list[torch.Tensor] = []  # RECIPES starts with fp32: set on the first recipe
+    start: list[torch.Tensor] = []
     for recipe, (stores, kwargs) in RECIPES.items():
         model = _model(config, seed)
         if recipe != "fp32":
             model = model.to(torch.bfloat16)
         w0 = [p.detach().float().clone() for p in model.parameters()]
-        if start is None:
-            start = w0
+        start = start or w0
         stepper = _Stepper(recipe, model, lr)
-        gen = torch.Generator().manual_seed(seed + 1)
         n = count_params(model)
-        buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-        for step in range(steps):
-            idx, tgt = task_batch(config, batch, seq, generator=gen)
-            stepper.zero_grad()
-            loss = model.loss(idx, tgt)
-            loss.backward()
-            before = [p.detach().clone() for p in model.parameters()]
-            if step == 1:
-                with MemoryMeter(model, stepper.optimizer, track=stepper.master) as mem:
-                    stepper.step()
-                end = mem.end_breakdown
-                measured = (
-                    end["params"] - buffers + end["grads"] + end["optimizer"] + end["other"]
-                ) / n
-            else:
-                stepper.step()
-        unchanged = (
-            sum(int((p.detach() == b).sum()) for p, b in zip(model.parameters(), before)) / n
-        )
+        loss, measured, unchanged = _train_recipe(model, stepper, config, batch, seq, steps, seed)
         final = [p.detach().float() for p in model.parameters()]
         if recipe == "fp32":
             fp32_final = final
         num = sum(float((f - r).pow(2).sum()) for f, r in zip(final, fp32_final)) ** 0.5
         den = sum(float((r - s).pow(2).sum()) for r, s in zip(fp32_final, start)) ** 0.5
-        n_counters = (
-            len(w0) if isinstance(stepper.optimizer, torch.optim.Adam) else 0
-        )  # O.Adam: Python int
+        # torch.optim.Adam keeps one step counter tensor per parameter; O.Adam a Python int
+        n_counters = len(w0) if isinstance(stepper.optimizer, torch.optim.Adam) else 0
         pred = estimate.model_state_bytes(
             n, optimizer="adam", n_param_tensors=n_counters, **kwargs
         )["total"]
@@ -310,125 +333,12 @@ def recipe_table(
                 "stores": stores,
                 "predicted B/param": pred / n,
                 "measured B/param": measured,
-                "loss": float(loss.detach()),
+                "loss": loss,
                 "unchanged by last step": unchanged,
                 "update error": num / den,
             }
         )
     return pd.DataFrame(rows).set_index("recipe")
-
-
-# --------------------------------------------------------------------------------------------
-# 12, 16, 18 or 20 bytes per parameter? One table, with sources
-# --------------------------------------------------------------------------------------------
-#: (source, what it counts, components as (component, dtype) pairs, where in the source)
-ACCOUNTINGS: tuple[tuple[str, str, tuple[tuple[str, str], ...], str], ...] = (
-    (
-        "ZeRO, K only",
-        "optimizer states of mixed-precision Adam (K = 12)",
-        (("fp32 master", "fp32"), ("Adam m", "fp32"), ("Adam v", "fp32")),
-        "Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 3.1; EleutherAI 'Transformer Math 101' (2023), optimizer states",
-    ),
-    (
-        "fp32 Adam, no grads",
-        "fp32 weights + Adam moments, gradients left out",
-        (("fp32 weights", "fp32"), ("Adam m", "fp32"), ("Adam v", "fp32")),
-        "a common shortcut: 'Adam needs 3x the weights'",
-    ),
-    (
-        "Ultra-Scale Playbook, params+grads",
-        "bf16 params and grads plus fp32 copies of both, before optimizer states",
-        (
-            ("bf16 params", "bf16"),
-            ("bf16 grads", "bf16"),
-            ("fp32 master", "fp32"),
-            ("fp32 grads", "fp32"),
-        ),
-        "Tazi et al. 2025, The Ultra-Scale Playbook (Hugging Face), 'Memory usage in Transformers'",
-    ),
-    (
-        "12 B, no master copy",
-        "bf16 params and grads, fp32 Adam moments, no fp32 master",
-        (("bf16 params", "bf16"), ("bf16 grads", "bf16"), ("Adam m", "fp32"), ("Adam v", "fp32")),
-        "S2's memory cheat sheet (labelled 'fp16 mixed precision'); an optimizer with fp32 moments on bf16 "
-        "weights, e.g. torchdistx AnyPrecisionAdamW with momentum_dtype = variance_dtype = float32",
-    ),
-    (
-        "ZeRO, mixed-precision Adam",
-        "2 + 2 + K with K = 12",
-        (
-            ("fp16 params", "fp16"),
-            ("fp16 grads", "fp16"),
-            ("fp32 master", "fp32"),
-            ("Adam m", "fp32"),
-            ("Adam v", "fp32"),
-        ),
-        "Rajbhandari et al. 2019, arXiv:1910.02054, Sec. 3.1; Micikevicius et al. 2017, arXiv:1710.03740",
-    ),
-    (
-        "fp32 Adam",
-        "fp32 weights, fp32 grads, Adam moments",
-        (("fp32 weights", "fp32"), ("fp32 grads", "fp32"), ("Adam m", "fp32"), ("Adam v", "fp32")),
-        "Kingma & Ba 2014, arXiv:1412.6980 (state), torch.optim.Adam",
-    ),
-    (
-        "HF Transformers docs",
-        "mixed precision: fp16 + fp32 weights (6), fp32 grads (4), AdamW (8)",
-        (
-            ("fp16 weights", "fp16"),
-            ("fp32 weights", "fp32"),
-            ("fp32 grads", "fp32"),
-            ("Adam m", "fp32"),
-            ("Adam v", "fp32"),
-        ),
-        "Hugging Face Transformers docs, 'Model training anatomy' / 'GPU memory usage': 18 bytes/param",
-    ),
-    (
-        "Ultra-Scale Playbook, fp32 grad accumulation",
-        "16 plus fp32 gradients kept for accumulation",
-        (
-            ("bf16 params", "bf16"),
-            ("bf16 grads", "bf16"),
-            ("fp32 master", "fp32"),
-            ("Adam m", "fp32"),
-            ("Adam v", "fp32"),
-            ("fp32 grads", "fp32"),
-        ),
-        "Tazi et al. 2025, The Ultra-Scale Playbook: 'some libraries store grads in fp32' (+4N)",
-    ),
-    (
-        "8-bit Adam, mixed precision",
-        "bf16 params and grads, fp32 master, 8-bit m and v",
-        (
-            ("bf16 params", "bf16"),
-            ("bf16 grads", "bf16"),
-            ("fp32 master", "fp32"),
-            ("Adam m", "uint8"),
-            ("Adam v", "uint8"),
-        ),
-        "Dettmers et al. 2021, arXiv:2110.02861; EleutherAI 'Transformer Math 101' (8-bit optimizers: 6 bytes of state)",
-    ),
-)
-
-
-def accounting_table() -> pd.DataFrame:
-    """The bytes-per-parameter figures of the literature, each computed from its components with
-    ``estimate.dtype_bytes`` (nothing typed in by hand): source, what it counts, the components,
-    bytes per parameter, and the reference."""
-    rows = []
-    for source, counts, parts, ref in ACCOUNTINGS:
-        rows.append(
-            {
-                "source": source,
-                "counts": counts,
-                "components": " + ".join(
-                    f"{name} {estimate.dtype_bytes(dt)}" for name, dt in parts
-                ),
-                "bytes_per_param": sum(estimate.dtype_bytes(dt) for _, dt in parts),
-                "reference": ref,
-            }
-        )
-    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------------

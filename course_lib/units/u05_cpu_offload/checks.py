@@ -35,7 +35,7 @@ STEPS = 5
 _PARTS = ("compute", "to_host", "store_read", "host_adam", "store_write", "to_device")
 _FORBID_1 = [
     "course_lib.measure.estimate.offload:offload_step_time",
-    "course_lib.units.u05_cpu_offload.run:predicted_step_times",
+    "course_lib.units.u05_cpu_offload.run_bandwidth:predicted_step_times",
 ]
 _FORBID_2 = ["course_lib.measure.estimate.offload:offload_split"]
 # (not techniques.optim.MasterWeights: its step is decorated with @torch.no_grad(), whose wrapper

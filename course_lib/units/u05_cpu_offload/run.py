@@ -19,10 +19,7 @@ Plain data out; plots in course_lib.units.u05_cpu_offload.plots.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
 import torch
@@ -30,9 +27,25 @@ import torch
 from course_lib import validate
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
-from course_lib.models import GPT, GPTConfig, count_params
-from course_lib.techniques.offload import PHASES, OffloadAdamW, drop_page_cache
-from course_lib.techniques.optim import MasterWeights
+from course_lib.measure.estimate.offload import OffloadLevel, OffloadPrecision
+from course_lib.models import GPTConfig, count_params
+from course_lib.techniques.offload import OffloadAdamW
+from course_lib.units.u05_cpu_offload._setup import (
+    CONFIG,
+    LR,
+    PARTS,
+    _models,
+    _plain_optimizer,
+)
+from course_lib.units.u05_cpu_offload.run_bandwidth import (  # noqa: F401 (re-exported)
+    h2d_bandwidth,
+    predicted_step_times,
+    step_breakdown,
+    tier_bandwidth,
+)
+
+if TYPE_CHECKING:
+    from course_lib.measure.memory import MemoryMeter
 
 __all__ = [
     "CONFIG",
@@ -46,27 +59,6 @@ __all__ = [
     "scale_up",
     "PARTS",
 ]
-
-#: the model of the unit: a tiny GPT wide enough that its optimizer state outweighs activations
-CONFIG = GPTConfig.tiny(n_layer=2, n_embd=128, block_size=32)
-LR = 1e-2
-#: the parts of an offloaded step, in order: the caller's forward + backward, then OffloadAdamW's
-PARTS = ("compute", *PHASES)
-
-
-def _models(config: GPTConfig, dtype: torch.dtype, device: str | torch.device, seed: int = 0):
-    out = []
-    for _ in range(2):
-        torch.manual_seed(seed)
-        out.append(GPT(config).to(device, dtype))
-    return out
-
-
-def _plain_optimizer(model, dtype):
-    """The plain recipe: torch.optim.AdamW on fp32 parameters, unit 04's master weights on 16-bit."""
-    if dtype == torch.float32:
-        return torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
-    return MasterWeights(model, "adamw", lr=LR, foreach=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,6 +123,43 @@ def parity(
 # --------------------------------------------------------------------------------------------
 # device memory, with and without offload
 # --------------------------------------------------------------------------------------------
+def _measure_plain_step(plain, ref, idx, tgt, device: str):
+    """MemoryMeter over the second plain step (the first creates the Adam state)."""
+    from course_lib.measure.memory import MemoryMeter
+
+    inner = ref if isinstance(ref, torch.optim.Optimizer) else ref.optimizer
+    master = [] if isinstance(ref, torch.optim.Optimizer) else ref.master
+    for measured in (False, True):
+        ref.zero_grad(set_to_none=True)
+        if measured:
+            with MemoryMeter(plain, inner, track=master, device=device) as mem:
+                plain.loss(idx, tgt).backward()
+                ref.step()
+        else:
+            plain.loss(idx, tgt).backward()
+            ref.step()
+    return mem
+
+
+def _measure_offloaded_step(off, idx, tgt, device: str):
+    """(MemoryMeter over the device's part of the second offloaded step, the optimizer)."""
+    from course_lib.measure.memory import MemoryMeter
+
+    opt = OffloadAdamW(off.parameters(), lr=LR)
+    for measured in (False, True):
+        opt.zero_grad(set_to_none=True)
+        if measured:
+            with MemoryMeter(off, device=device) as mem:
+                off.loss(idx, tgt).backward()
+                opt.offload_grads()
+        else:
+            off.loss(idx, tgt).backward()
+            opt.offload_grads()
+        opt.host_step()
+        opt.load_params()
+    return mem, opt
+
+
 def memory_fit(
     *,
     config: GPTConfig | None = None,
@@ -152,48 +181,23 @@ def memory_fit(
     peak), ``activations`` (activations + temporaries at the peak), ``peak`` (bytes),
     ``host_predicted`` / ``host_measured`` (bytes the host keeps).
     """
-    from course_lib.measure.memory import MemoryMeter
-
     config = config or CONFIG
     plain, off = _models(config, dtype, device)
     n = count_params(plain)
-    precision = "fp32" if dtype == torch.float32 else "bf16-mixed"
+    precision: OffloadPrecision = "fp32" if dtype == torch.float32 else "bf16-mixed"
     gen = torch.Generator().manual_seed(1)
     idx, tgt = (
         t.to(device) for t in permutation_batch(config, batch, config.block_size, generator=gen)
     )
 
-    ref = _plain_optimizer(plain, dtype)
-    inner = ref if isinstance(ref, torch.optim.Optimizer) else ref.optimizer
-    master = [] if isinstance(ref, torch.optim.Optimizer) else ref.master
-    for measured in (False, True):
-        ref.zero_grad(set_to_none=True)
-        if measured:
-            with MemoryMeter(plain, inner, track=master, device=device) as mem_plain:
-                plain.loss(idx, tgt).backward()
-                ref.step()
-        else:
-            plain.loss(idx, tgt).backward()
-            ref.step()
-
-    opt = OffloadAdamW(off.parameters(), lr=LR)
-    for measured in (False, True):
-        opt.zero_grad(set_to_none=True)
-        if measured:
-            with MemoryMeter(off, device=device) as mem_off:
-                off.loss(idx, tgt).backward()
-                opt.offload_grads()
-        else:
-            off.loss(idx, tgt).backward()
-            opt.offload_grads()
-        opt.host_step()
-        opt.load_params()
-
+    mem_plain = _measure_plain_step(plain, _plain_optimizer(plain, dtype), idx, tgt, device)
+    mem_off, opt = _measure_offloaded_step(off, idx, tgt, device)
     rows = []
-    for label, level, mem, host in (
-        ("plain (all on device)", "none", mem_plain, 0),
+    runs: tuple[tuple[str, OffloadLevel, MemoryMeter, dict[str, int] | None], ...] = (
+        ("plain (all on device)", "none", mem_plain, None),
         ("offloaded optimizer", "optimizer", mem_off, opt.host_bytes()),
-    ):
+    )
+    for label, level, mem, host in runs:
         bd = mem.peak_breakdown
         split = estimate.offload_split(n, level=level, precision=precision, optimizer="adamw")
         rows.append(
@@ -206,196 +210,12 @@ def memory_fit(
                 "peak": mem.peak_bytes,
                 "peak_phase": mem.peak_phase,
                 "host_predicted": split["host"],
-                "host_measured": 0 if not host else host["master"] + host["optimizer"],
-                "host_buffers": 0 if not host else host["grads"] + host["staging"],
+                "host_measured": 0 if host is None else host["master"] + host["optimizer"],
+                "host_buffers": 0 if host is None else host["grads"] + host["staging"],
                 "n_params": n,
             }
         )
     return pd.DataFrame(rows).set_index("run")
-
-
-# --------------------------------------------------------------------------------------------
-# bandwidth of the tiers of this machine
-# --------------------------------------------------------------------------------------------
-def _median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
-
-
-def tier_bandwidth(
-    nbytes: int = 64 << 20, *, repeat: int = 3, directory: str | None = None
-) -> pd.DataFrame:
-    """GB/s (1e9 B/s, median of ``repeat``) of the places state can live on this machine:
-
-    * ``RAM copy``: ``torch`` copy between two preallocated host buffers (what a "transfer" is
-      when device and host are the same memory);
-    * ``file write + fsync``: written and flushed to the disk;
-    * ``file read, cache dropped``: read after ``posix_fadvise(POSIX_FADV_DONTNEED)`` -- from the
-      disk (where the call does not exist, from the page cache: the row says so);
-    * ``file read, cached``: read again at once, from the kernel's page cache.
-    """
-    nbytes = validate.count("nbytes", nbytes, minimum=4096)
-    repeat = validate.count("repeat", repeat, minimum=1)
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # touch every page first: the timed copy must not count page faults
-    buf = memoryview(dst.numpy())
-    times = {
-        "RAM copy": [],
-        "file write + fsync": [],
-        "file read, cache dropped": [],
-        "file read, cached": [],
-    }
-    fd, path = tempfile.mkstemp(prefix="tier-", suffix=".bin", dir=directory)
-    try:
-        with os.fdopen(fd, "r+b", buffering=0) as f:
-            for _ in range(repeat):
-                t0 = time.perf_counter()
-                dst.copy_(src)
-                times["RAM copy"].append(time.perf_counter() - t0)
-                f.seek(0)
-                t0 = time.perf_counter()
-                f.write(memoryview(src.numpy()))
-                os.fsync(f.fileno())
-                times["file write + fsync"].append(time.perf_counter() - t0)
-                dropped = drop_page_cache(f.fileno())
-                for key in ("file read, cache dropped", "file read, cached"):
-                    f.seek(0)
-                    t0 = time.perf_counter()
-                    f.readinto(buf)
-                    times[key].append(time.perf_counter() - t0)
-    finally:
-        os.remove(path)
-    note = {
-        "file read, cache dropped": ""
-        if dropped
-        else "posix_fadvise is not available here: this read may come from the page cache"
-    }
-    return pd.DataFrame(
-        [
-            {"tier": k, "GBps": nbytes / _median(v) / 1e9, "bytes": nbytes, "note": note.get(k, "")}
-            for k, v in times.items()
-        ]
-    ).set_index("tier")
-
-
-def h2d_bandwidth(nbytes: int = 256 << 20, *, repeat: int = 5) -> pd.DataFrame:
-    """Host <-> device copies on a CUDA GPU, GB/s (median of ``repeat``): from pinned
-    (page-locked, ``pin_memory=True``) and from pageable host memory, both directions.
-    Pageable copies go through a pinned bounce buffer of the driver; pinned ones are one DMA.
-    Raises RuntimeError without CUDA."""
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "h2d_bandwidth needs a CUDA device; on this machine use tier_bandwidth()"
-        )
-    from course_lib.measure.timing import time_fn
-
-    nbytes = validate.count("nbytes", nbytes, minimum=1)
-    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    rows = []
-    for pinned in (True, False):
-        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-        host.fill_(1)
-        for direction, fn in (
-            ("host -> device", lambda h=host, pin=pinned: dev.copy_(h, non_blocking=pin)),
-            ("device -> host", lambda h=host, pin=pinned: h.copy_(dev, non_blocking=pin)),
-        ):
-            r = time_fn(fn, warmup=2, repeat=repeat, sync=True)
-            rows.append(
-                {
-                    "memory": "pinned" if pinned else "pageable",
-                    "direction": direction,
-                    "GBps": nbytes / r.median_s / 1e9,
-                    "bytes": nbytes,
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-# --------------------------------------------------------------------------------------------
-# the parts of an offloaded step
-# --------------------------------------------------------------------------------------------
-def step_breakdown(
-    *,
-    tier: str = "file",
-    steps: int = 6,
-    config: GPTConfig | None = None,
-    batch: int = 8,
-    dtype: torch.dtype = torch.float32,
-    device: str = "cpu",
-    warmup: int = 1,
-) -> pd.DataFrame:
-    """Time every part of ``steps`` offloaded steps (after ``warmup`` untimed ones).
-
-    One row per step: ``compute`` (forward + backward), the phases of ``OffloadAdamW``
-    (``to_host``, ``store_read``, ``host_adam``, ``store_write``, ``to_device``; seconds), and
-    ``total``, timed around the whole step by its own clock -- the parts are *not* summed to
-    make it. Also ``plain`` (the same step with the plain optimizer on the device, timed the
-    same way) and the bytes of each transfer.
-    """
-    steps = validate.count("steps", steps, minimum=1)
-    config = config or CONFIG
-    plain, off = _models(config, dtype, device)
-    ref = _plain_optimizer(plain, dtype)
-    opt = OffloadAdamW(off.parameters(), lr=LR, tier=tier)
-    gen = torch.Generator().manual_seed(1)
-    sync = (
-        (lambda: torch.cuda.synchronize())
-        if torch.device(device).type == "cuda"
-        else (lambda: None)
-    )
-    rows = []
-    try:
-        for k in range(warmup + steps):
-            idx, tgt = (
-                t.to(device)
-                for t in permutation_batch(config, batch, config.block_size, generator=gen)
-            )
-            sync()
-            t0 = time.perf_counter()
-            ref.zero_grad(set_to_none=True)
-            plain.loss(idx, tgt).backward()
-            ref.step()
-            sync()
-            t_plain = time.perf_counter() - t0
-
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            off.loss(idx, tgt).backward()
-            sync()
-            t1 = time.perf_counter()
-            opt.step()
-            t_end = time.perf_counter()
-            if k >= warmup:
-                rows.append(
-                    {
-                        "step": k - warmup,
-                        "compute": t1 - t0,
-                        **opt.last_times,
-                        "total": t_end - t0,
-                        "plain": t_plain,
-                        **{f"{p}_bytes": b for p, b in opt.bytes_moved.items() if b},
-                    }
-                )
-    finally:
-        opt.close()
-    return pd.DataFrame(rows)
-
-
-def predicted_step_times(parts: pd.DataFrame | dict) -> dict[str, float]:
-    """``estimate.offload_step_time`` from measured parts (a :func:`step_breakdown` row or the
-    medians of its columns): ``serial_s`` (one after the other) and ``overlapped_s`` (max)."""
-    get = parts.get
-    kw = dict(
-        compute_s=float(get("compute")),
-        transfer_s=float(get("to_host")) + float(get("to_device")),
-        host_s=float(get("host_adam")),
-        storage_s=float(get("store_read", 0.0)) + float(get("store_write", 0.0)),
-    )
-    return {
-        "serial_s": estimate.offload_step_time(**kw, overlap=False),
-        "overlapped_s": estimate.offload_step_time(**kw, overlap=True),
-    }
 
 
 __all__.append("predicted_step_times")

@@ -16,6 +16,8 @@ The course's own answers are out of reach during each check (``run_learner(..., 
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.grading.core import fail, fmt_int, passed, run_learner
 
 __all__ = [
@@ -81,11 +83,37 @@ def _measure(base, idx, tgt, policy: str, k: int, save_ops) -> tuple[int, int]:
 def _menu(n_layer: int):
     from course_lib.techniques.checkpointing import MATMUL_OPS
 
-    out = [("none", 1, MATMUL_OPS)]
+    out: list[tuple[str, int, tuple[str, ...]]] = [("none", 1, MATMUL_OPS)]
     out += [("selective", 1, ops) for ops in (MATMUL_OPS, ("mm", "addmm"), ("bmm",))]
     out += [("every_k", k, MATMUL_OPS) for k in range(1, n_layer + 1)]
     out += [("segments", k, MATMUL_OPS) for k in range(2, n_layer + 1)]
     return out
+
+
+def _choice_key(
+    task: int, choice: Any, budget: int, measured: dict, base: Any, idx: Any, tgt: Any
+) -> tuple[str, int, tuple[str, ...]]:
+    """The learner's choice as a (policy, k, save_ops) key of ``measured``, measured on ``base``
+    when it is new; ✗ when it is not a policy apply_checkpointing takes."""
+    from course_lib.techniques.checkpointing import MATMUL_OPS
+
+    if not isinstance(choice, dict) or "policy" not in choice:
+        fail(
+            task,
+            f"pick(...) must return a dict with 'policy', 'k' (and optionally 'save_ops'), "
+            f"got {type(choice).__name__} {choice!r}",
+        )
+    policy, k = choice["policy"], choice.get("k", 1)
+    key = (policy, k, tuple(choice.get("save_ops", MATMUL_OPS)))
+    if key not in measured:
+        try:
+            measured[key] = _measure(base, idx, tgt, *key)
+        except (TypeError, ValueError) as exc:
+            fail(
+                task,
+                f"budget {fmt_int(budget)} B: apply_checkpointing refused {choice!r}: {exc}",
+            )
+    return key
 
 
 def check_pick_policy(pick, task: int = 1) -> None:
@@ -113,23 +141,7 @@ def check_pick_policy(pick, task: int = 1) -> None:
         choice = run_learner(
             task, pick, config, batch, seq, budget, forbid=[f"{_RUN}:cheapest_fitting_policy"]
         )
-        if not isinstance(choice, dict) or "policy" not in choice:
-            fail(
-                task,
-                f"pick(...) must return a dict with 'policy', 'k' (and optionally 'save_ops'), "
-                f"got {type(choice).__name__} {choice!r}",
-            )
-        policy, k = choice["policy"], choice.get("k", 1)
-        ops = tuple(choice.get("save_ops", MATMUL_OPS))
-        key = (policy, k, ops)
-        if key not in measured:
-            try:
-                measured[key] = _measure(base, idx, tgt, policy, k, ops)
-            except (TypeError, ValueError) as exc:
-                fail(
-                    task,
-                    f"budget {fmt_int(budget)} B: apply_checkpointing refused {choice!r}: {exc}",
-                )
+        key = _choice_key(task, choice, budget, measured, base, idx, tgt)
         got_kept, got_flops = measured[key]
         if got_kept > budget:
             fail(
@@ -148,6 +160,39 @@ def check_pick_policy(pick, task: int = 1) -> None:
         task,
         f"all {len(budgets)} budgets met with the least recomputation (measured on an unseen GPT)",
     )
+
+
+_RNG_FORBID = [f"{_CK}:Checkpointed", f"{_CK}:apply_checkpointing"]
+
+
+def _seeded_grads(model, idx, tgt, *, task: int | None = None) -> list:
+    """Gradients of one step from a fixed seed; the learner's code runs when ``task`` is given."""
+    import torch
+
+    torch.manual_seed(1234)
+    if task is None:
+        model.loss(idx, tgt).backward()
+    else:
+        loss = run_learner(task, model.loss, idx, tgt, forbid=_RNG_FORBID)
+        run_learner(task, loss.backward)
+    return [p.grad for p in model.parameters()]
+
+
+def _same_grads(task: int, names: list[str], got: list, ref: list) -> None:
+    """✗ on the first gradient missing or not close to the unchanged model's."""
+    import torch
+
+    for name, g, r in zip(names, got, ref):
+        if g is None:
+            fail(task, f"{name} has no gradient")
+        if not torch.allclose(g, r, rtol=GRAD_RTOL, atol=GRAD_ATOL):
+            err = float((g - r).abs().max())
+            fail(
+                task,
+                f"gradient of {name} differs from the unchanged model by up to {err:.3g} "
+                f"(rtol={GRAD_RTOL:g}, atol={GRAD_ATOL:g}): does the recomputation draw the same "
+                "dropout masks as the forward?",
+            )
 
 
 def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
@@ -173,55 +218,23 @@ def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
         def forward(self, x):
             return checkpointed_forward(self.block, x)
 
-    def grads(model, learner: bool):
-        torch.manual_seed(1234)
-        if learner:
-            loss = run_learner(
-                task,
-                model.loss,
-                idx,
-                tgt,
-                forbid=[f"{_CK}:Checkpointed", f"{_CK}:apply_checkpointing"],
-            )
-            run_learner(task, loss.backward)
-        else:
-            model.loss(idx, tgt).backward()
-        return [p.grad for p in model.parameters()]
-
-    ref = grads(copy.deepcopy(base), learner=False)
+    ref = _seeded_grads(copy.deepcopy(base), idx, tgt)
     model = copy.deepcopy(base)
     # one call on its own first, so that a missing answer is reported under its own name
     probe = torch.randn(2, 24, config.n_embd, requires_grad=True)
-    run_learner(
-        task,
-        checkpointed_forward,
-        model.blocks[0],
-        probe,
-        forbid=[f"{_CK}:Checkpointed", f"{_CK}:apply_checkpointing"],
-    )
+    run_learner(task, checkpointed_forward, model.blocks[0], probe, forbid=_RNG_FORBID)
     calls = [0] * config.n_layer
     for i, block in enumerate(model.blocks):
         block.register_forward_pre_hook(lambda m, a, i=i: calls.__setitem__(i, calls[i] + 1))
     model.blocks = nn.ModuleList(Wrapped(b) for b in model.blocks)
-    got = grads(model, learner=True)
+    got = _seeded_grads(model, idx, tgt, task=task)
     if calls != [2] * config.n_layer:
         fail(
             task,
             f"each block should run twice per step (forward, then recomputation in backward); "
             f"the blocks ran {calls} times: is the block checkpointed?",
         )
-    names = [n for n, _ in base.named_parameters()]
-    for name, g, r in zip(names, got, ref):
-        if g is None:
-            fail(task, f"{name} has no gradient")
-        if not torch.allclose(g, r, rtol=GRAD_RTOL, atol=GRAD_ATOL):
-            err = float((g - r).abs().max())
-            fail(
-                task,
-                f"gradient of {name} differs from the unchanged model by up to {err:.3g} "
-                f"(rtol={GRAD_RTOL:g}, atol={GRAD_ATOL:g}): does the recomputation draw the same "
-                "dropout masks as the forward?",
-            )
+    _same_grads(task, [n for n, _ in base.named_parameters()], got, ref)
     passed(
         task,
         f"with dropout {config.dropout}, gradients equal the unchanged model's "

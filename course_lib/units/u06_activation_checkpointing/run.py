@@ -25,10 +25,17 @@ import torch
 
 from course_lib import validate
 from course_lib.measure import estimate
+from course_lib.measure.estimate.checkpointing import CheckpointPolicy
 from course_lib.measure.memory import MemoryMeter
 from course_lib.measure.timing import time_fn
 from course_lib.models import GPT, GPTConfig
 from course_lib.techniques import checkpointing as ck
+from course_lib.units.u06_activation_checkpointing.run_scale import (  # noqa: F401 (re-exported)
+    MODELS,
+    scale_table,
+    source_corrections,
+    virtual_7b_table,
+)
 
 __all__ = [
     "CONFIG",
@@ -256,7 +263,7 @@ def cheapest_fitting_policy(
     """The policy whose kept bytes fit ``budget`` with the fewest recomputed matmul FLOPs
     (ties: fewer bytes), from the exact formulas; None if nothing fits."""
     budget = validate.count("budget", budget, minimum=0)
-    options = [("none", 1, ck.MATMUL_OPS)]
+    options: list[tuple[CheckpointPolicy, int, tuple[str, ...]]] = [("none", 1, ck.MATMUL_OPS)]
     options += [("selective", 1, ops) for ops in (ck.MATMUL_OPS, ("mm", "addmm"), ("bmm",))]
     options += [("every_k", k, ck.MATMUL_OPS) for k in range(1, config.n_layer + 1)]
     options += [("segments", k, ck.MATMUL_OPS) for k in range(2, config.n_layer + 1)]
@@ -277,134 +284,3 @@ def cheapest_fitting_policy(
                 {"policy": policy, "k": k, "save_ops": tuple(ops), "kept": kept, "recompute": rec},
             )
     return None if best is None else best[1]
-
-
-#: (name, seq, batch, hidden, heads, layers) of the sources' examples
-MODELS = (
-    ("7B (S4), b 16, s 2048", 2048, 16, 4096, 32, 32),
-    ("7B (S4), b 16, s 32768", 32768, 16, 4096, 32, 32),
-    ("GPT-3 175B, b 1, s 2048", 2048, 1, 12288, 96, 96),
-)
-
-
-def scale_table(models=MODELS) -> pd.DataFrame:
-    """Activation GB (1e9 B) kept per policy at paper scale, 16-bit with dropout (Korthikanti et al.),
-    plus the backward peak with one checkpoint rebuilt and the FLOPs ratio of each policy."""
-    rows = []
-    for name, s, b, h, a, L in models:
-        for policy in ("none", "selective", "full"):
-            kept = estimate.checkpointed_activation_bytes(s, b, h, a, L, policy=policy)
-            peak = estimate.checkpointed_peak_activation_bytes(s, b, h, a, L, policy=policy)
-            rows.append(
-                {
-                    "model": name,
-                    "policy": policy,
-                    "kept_GB": kept / 1e9,
-                    "peak_GB": peak / 1e9,
-                    "flops_ratio": estimate.checkpoint_flops_ratio(s, h, policy=policy, layers=L),
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-def virtual_7b_table(
-    *,
-    layers: int = 32,
-    probe: tuple[int, int] = (1, 2),
-    world_size: int = 8,
-    batch: int = 16,
-    seq: int = 2048,
-) -> pd.DataFrame:
-    """Activation GB (1e9 B) of a Llama-7B-shaped model with and without full checkpointing, on
-    the virtual cluster (``course_lib.virtual.simulate_step``: FSDP2 over ``world_size`` ranks,
-    bf16, per rank) beside the paper formulas (``estimate``, Korthikanti et al.).
-
-    The simulation costs ~0.3 CPU s per block, so it runs ``probe`` = (l1, l2) blocks and scales
-    per block: every block adds exactly the same bytes (kept and peak alike; tests/virtual checks
-    it), so value(L) = value(l2) + (L - l2) * (value(l2) - value(l1)). Columns: virtual kept
-    after forward, virtual activation peak (activations + temporaries over forward and backward),
-    the virtual bytes per block, and the estimate's kept and peak. ``attrs["titles"]``: the
-    VirtualFrame titles of the runs (they say "virtual cluster", not measured).
-    """
-    from course_lib import virtual
-
-    l1, l2 = (validate.count("probe", p, minimum=1) for p in probe)
-    if l2 <= l1:
-        raise ValueError(f"probe = {probe!r}: expected two block counts, the second larger")
-    L = validate.count("layers", layers, minimum=l2)
-    h, a, f, v = 4096, 32, 11008, 32000  # Llama-7B's shapes
-    rows, titles = [], []
-    for policy, ck_arg in (("none", None), ("full", "full")):
-        got = {}
-        for n in (l1, l2):
-            df = virtual.simulate_step(
-                virtual.llama_like(n, h, a, a, f, v, name=f"llama-7b shape, {n} of {L} blocks"),
-                world_size=world_size,
-                strategy="fsdp",
-                mixed_precision="bf16",
-                batch=batch,
-                seq_len=seq,
-                checkpoint=ck_arg,
-                count_comm=False,
-            )
-            act = df.set_index("category")["after_forward"]["activations"]
-            got[n] = (int(act), df.attrs["activation_peak_bytes"])
-            titles.append(df.attrs["title"])
-        per_block = [(got[l2][i] - got[l1][i]) // (l2 - l1) for i in (0, 1)]
-        kept, peak = (got[l2][i] + (L - l2) * per_block[i] for i in (0, 1))
-        rows.append(
-            {
-                "policy": policy,
-                "virtual_kept_GB": kept / 1e9,
-                "virtual_peak_GB": peak / 1e9,
-                "virtual_per_block_GB": per_block[0] / 1e9,
-                "estimate_kept_GB": estimate.checkpointed_activation_bytes(
-                    seq, batch, h, a, L, policy=policy
-                )
-                / 1e9,
-                "estimate_peak_GB": estimate.checkpointed_peak_activation_bytes(
-                    seq, batch, h, a, L, policy=policy
-                )
-                / 1e9,
-            }
-        )
-    out = pd.DataFrame(rows).set_index("policy")
-    out.attrs.update(
-        titles=titles, layers=L, probe=(l1, l2), world_size=world_size, batch=batch, seq=seq
-    )
-    return out
-
-
-def source_corrections() -> pd.DataFrame:
-    """The sources' activation claims beside what the formulas give (GB = 1e9 B)."""
-    s, b, h, a, L = 2048, 16, 4096, 32, 32
-    residual = (
-        2 * s * b * h * L
-    )  # S4's "residual stream": one 16-bit value per token and width per layer
-    no_s2 = 34 * s * b * h * L
-    with_s2 = estimate.checkpointed_activation_bytes(s, b, h, a, L)
-    full = estimate.checkpointed_activation_bytes(s, b, h, a, L, policy="full")
-    return pd.DataFrame(
-        [
-            {
-                "claim": "S4: residual stream, 7B b16 s2048",
-                "source_says": "8.6 GB",
-                "formula_GB": residual / 1e9,
-            },
-            {
-                "claim": "S4: 'a ~12x estimate = 100 GB' (all activations)",
-                "source_says": "100 GB",
-                "formula_GB": with_s2 / 1e9,
-            },
-            {
-                "claim": "  ... without the attention-score term (34sbh only)",
-                "source_says": "",
-                "formula_GB": no_s2 / 1e9,
-            },
-            {
-                "claim": "S4: block checkpoints cut memory 'to O(1)'",
-                "source_says": "O(1)",
-                "formula_GB": full / 1e9,
-            },
-        ]
-    )

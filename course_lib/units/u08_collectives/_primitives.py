@@ -79,16 +79,8 @@ def _empty(world_size: int, k: int = 1) -> torch.Tensor:
     return torch.full((world_size * k,), float("nan"))
 
 
-def _run_primitive(
-    name: str, rank: int, world_size: int, root: int, k: int = 1
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run one torch.distributed primitive; return (input buffer, output buffer) as N-slot rows.
-
-    An N-slot row shows what the rank holds in the buffer it passes in (before) and the buffer the
-    result lands in (after); NaN marks a slot the rank has no data for. ``k``: float32 elements
-    per slot (1 for the pictures; more to move enough bytes for the wire to be measured).
-    """
-    n, me = world_size, rank
+def _run_rooted(name: str, me: int, n: int, root: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """broadcast, scatter, gather, reduce: (before, after) as N-slot rows (see _run_primitive)."""
     is_root = me == root
     if name == "broadcast":
         buf = _row(me, n, k) if is_root else _empty(n, k)  # non-roots pass an empty (NaN) buffer
@@ -102,15 +94,20 @@ def _run_primitive(
         return full, _only(me, out, n, k)
     if name == "gather":
         mine = torch.full((k,), piece_value(me, me))
-        out = [torch.empty(k) for _ in range(n)] if is_root else None
-        dist.gather(mine, gather_list=out, dst=root)
-        return _only(me, mine, n, k), (torch.cat(out) if is_root else _empty(n, k))
+        pieces = [torch.empty(k) for _ in range(n)]
+        dist.gather(mine, gather_list=pieces if is_root else None, dst=root)
+        return _only(me, mine, n, k), (torch.cat(pieces) if is_root else _empty(n, k))
     if name == "reduce":
         buf = _row(me, n, k)
         before = buf.clone()
         dist.reduce(buf, dst=root)
         # only the destination's buffer is defined after a reduce; the others are scratch
         return before, (buf if is_root else _empty(n, k))
+    raise ValueError(f"name = {name!r}: expected a rooted primitive")
+
+
+def _run_symmetric(name: str, me: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """all_reduce, all_gather, reduce_scatter, all_to_all: (before, after) as N-slot rows."""
     if name == "all_reduce":
         buf = _row(me, n, k)
         before = buf.clone()
@@ -118,9 +115,9 @@ def _run_primitive(
         return before, buf
     if name == "all_gather":
         mine = torch.full((k,), piece_value(me, me))
-        out = [torch.empty(k) for _ in range(n)]
-        dist.all_gather(out, mine)  # the list form: CommMeter counts it
-        return _only(me, mine, n, k), torch.cat(out)
+        pieces = [torch.empty(k) for _ in range(n)]
+        dist.all_gather(pieces, mine)  # the list form: CommMeter counts it
+        return _only(me, mine, n, k), torch.cat(pieces)
     if name == "reduce_scatter":
         buf = _row(me, n, k)
         out = torch.empty(k)
@@ -131,6 +128,23 @@ def _run_primitive(
         out = torch.empty(n * k)
         dist.all_to_all_single(out, buf)  # slot c of rank r goes to rank c, slot r
         return buf, out
+    raise ValueError(f"name = {name!r}: expected a primitive without a root")
+
+
+def _run_primitive(
+    name: str, rank: int, world_size: int, root: int, k: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run one torch.distributed primitive; return (input buffer, output buffer) as N-slot rows.
+
+    An N-slot row shows what the rank holds in the buffer it passes in (before) and the buffer the
+    result lands in (after); NaN marks a slot the rank has no data for. ``k``: float32 elements
+    per slot (1 for the pictures; more to move enough bytes for the wire to be measured).
+    """
+    if name in ("broadcast", "scatter", "gather", "reduce"):
+        return _run_rooted(name, rank, world_size, root, k)
+    if name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        return _run_symmetric(name, rank, world_size, k)
+    n, me = world_size, rank
     algorithm = name.removesuffix(" (from scratch)")
     buf = _row(me, n, k)
     before = buf.clone()

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.colors import to_rgba
+from matplotlib.axes import Axes
+from matplotlib.colors import TABLEAU_COLORS, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -19,7 +21,7 @@ from course_lib.viz.plots import styled
 
 __all__ = ["plot_before_after", "plot_bytes", "plot_primitives", "plot_ring_steps", "plot_times"]
 
-_RANK_COLOURS = plt.get_cmap("tab10").colors
+_RANK_COLOURS = list(TABLEAU_COLORS.values())  # tab10
 _SUM_COLOUR = "#4d4d4d"  # a value that mixes several ranks' data
 _EMPTY_COLOUR = "#f2f2f2"
 
@@ -131,6 +133,23 @@ def plot_primitives(results: Mapping[str, Mapping[str, Sequence]]) -> Figure:
     return fig
 
 
+def _ring_cell(ax: Axes, c: int, r: int, mask: int, n: int, cmap: Any) -> None:
+    """Chunk ``c`` of rank ``r``: the set of ranks in ``mask``, shaded by how many."""
+    members = [k for k in range(n) if mask >> k & 1]
+    shade = cmap(0.15 + 0.8 * len(members) / n)
+    ax.add_patch(Rectangle((c, r), 1, 1, facecolor=shade, edgecolor="white", linewidth=2))
+    label = "all" if len(members) == n else "+".join(str(k) for k in members)
+    ax.text(
+        c + 0.5,
+        r + 0.5,
+        label,
+        ha="center",
+        va="center",
+        fontsize=9,
+        color="white" if len(members) > n / 2 else "black",
+    )
+
+
 @styled
 def plot_ring_steps(records: Sequence[Sequence[Mapping]]) -> Figure:
     """The ring all-reduce step by step, from the ``record=`` lists of every rank.
@@ -155,22 +174,7 @@ def plot_ring_steps(records: Sequence[Sequence[Mapping]]) -> Figure:
             for c, v in enumerate(chunks):
                 if v is None:
                     continue
-                mask = int(round(v))
-                members = [k for k in range(n) if mask >> k & 1]
-                shade = cmap(0.15 + 0.8 * len(members) / n)
-                ax.add_patch(
-                    Rectangle((c, r), 1, 1, facecolor=shade, edgecolor="white", linewidth=2)
-                )
-                label = "all" if len(members) == n else "+".join(str(k) for k in members)
-                ax.text(
-                    c + 0.5,
-                    r + 0.5,
-                    label,
-                    ha="center",
-                    va="center",
-                    fontsize=9,
-                    color="white" if len(members) > n / 2 else "black",
-                )
+                _ring_cell(ax, c, r, int(round(v)), n, cmap)
                 if c == nxt:
                     ax.add_patch(
                         Rectangle(
@@ -264,6 +268,19 @@ def plot_bytes(
     return fig
 
 
+def _size_markers(ax: Axes, markers: Mapping[str, float | None]) -> None:
+    """Dotted or dashed vertical lines at the given sizes (a None size is skipped)."""
+    for j, (label, size) in enumerate(markers.items()):
+        if size is not None:
+            ax.axvline(
+                size,
+                color=("tab:purple", "black")[j % 2],
+                ls=("--", ":")[j % 2],
+                lw=1.5,
+                label=label,
+            )
+
+
 @styled
 def plot_times(
     times,
@@ -305,15 +322,7 @@ def plot_times(
                 alpha=0.8,
                 label=f"{algorithm} (alpha-beta model)",
             )
-    for j, (label, size) in enumerate((markers or {}).items()):
-        if size is not None:
-            ax.axvline(
-                size,
-                color=("tab:purple", "black")[j % 2],
-                ls=("--", ":")[j % 2],
-                lw=1.5,
-                label=label,
-            )
+    _size_markers(ax, markers or {})
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     sizes = sorted(set(int(v) for v in times["size_bytes"]))

@@ -58,8 +58,8 @@ def _confusion_worker(rank: int, world_size: int, grads) -> dict:
     gathered = [torch.empty_like(mine) for _ in range(world_size)]
     dist.all_gather(gathered, mine)
     # gather at rank 0, then broadcast what rank 0 holds
-    at_root = [torch.empty_like(mine) for _ in range(world_size)] if rank == 0 else None
-    dist.gather(mine, at_root, dst=0)
+    at_root = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.gather(mine, at_root if rank == 0 else None, dst=0)
     flat = torch.cat(at_root) if rank == 0 else torch.empty(world_size * mine.numel())
     dist.broadcast(flat, src=0)
     return {

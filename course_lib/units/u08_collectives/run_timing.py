@@ -5,6 +5,7 @@ Used by notebooks/08_collectives.ipynb through :mod:`run` (which re-exports thes
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 from course_lib import validate
 from course_lib.measure import estimate
+from course_lib.measure.estimate.links import AllreduceAlgorithm
 from course_lib.measure.timing import time_collective
 from course_lib.parallel import collectives as C
 from course_lib.units.u08_collectives._primitives import TIMED, _launch
@@ -32,7 +34,7 @@ def _timing_worker(
         fn = dist.all_reduce if algorithm == "gloo" else C.ALL_REDUCE_ALGORITHMS[algorithm]
         # x.fill_ keeps values finite however many times we sum them; per-rank samples
         times[algorithm] = time_collective(
-            lambda fn=fn: fn(x),
+            functools.partial(fn, x),
             warmup=warmup,
             repeat=repeats,
             setup=lambda: x.fill_(1.0),
@@ -65,14 +67,14 @@ def time_all_reduce(
             f"recursive_doubling needs a power-of-two world size, got "
             f"world_size={world_size}; valid choices: 2, 4, 8, 16"
         )
-    if repeats < 1 or warmup < 0:
-        raise ValueError(
-            f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}"
-        )
-    sizes = list(sizes_bytes)
+    repeats = validate.count("repeats", repeats, minimum=1)
+    warmup = validate.count("warmup", warmup, minimum=0)
+    sizes = validate.counts("sizes_bytes", sizes_bytes, minimum=4)
     for s in sizes:
-        if s < 4 or s % 4:
-            raise ValueError(f"sizes_bytes must be positive multiples of 4 (float32), got {s}")
+        if s % 4:
+            raise ValueError(
+                f"sizes_bytes = {sizes}: expected multiples of 4 (float32); {s} is not"
+            )
     if progress:
         from tqdm.auto import tqdm
 
@@ -84,22 +86,22 @@ def time_all_reduce(
         per_rank = _launch(
             _timing_worker, world_size, size // 4, algorithms, repeats, warmup, timeout=timeout
         )
-        for algorithm in algorithms:
-            slowest = [
-                max(per_rank[r][algorithm][i] for r in range(world_size)) for i in range(repeats)
-            ]
-            q = statistics.quantiles(slowest, n=4) if repeats > 1 else [slowest[0]] * 3
-            rows.append(
-                {
-                    "algorithm": algorithm,
-                    "size_bytes": size,
-                    "median_s": statistics.median(slowest),
-                    "p25_s": q[0],
-                    "p75_s": q[2],
-                    "repeats": repeats,
-                }
-            )
+        rows += [_timing_row(per_rank, a, size, repeats) for a in algorithms]
     return pd.DataFrame(rows)
+
+
+def _timing_row(per_rank: list[dict], algorithm: str, size: int, repeats: int) -> dict:
+    """Median and quartiles of the slowest rank's time per call (a call ends with its last rank)."""
+    slowest = [max(rank[algorithm][i] for rank in per_rank) for i in range(repeats)]
+    q = statistics.quantiles(slowest, n=4) if repeats > 1 else [slowest[0]] * 3
+    return {
+        "algorithm": algorithm,
+        "size_bytes": size,
+        "median_s": statistics.median(slowest),
+        "p25_s": q[0],
+        "p75_s": q[2],
+        "repeats": repeats,
+    }
 
 
 def _steps_and_message(algorithm: str, size_bytes: float, world_size: int) -> tuple[int, float]:
@@ -212,7 +214,7 @@ def model_curves(
     world_size: int,
     alpha: float,
     beta: float,
-    algorithms: Sequence[str] = ("ring", "recursive_doubling"),
+    algorithms: Sequence[AllreduceAlgorithm] = ("ring", "recursive_doubling"),
 ) -> pd.DataFrame:
     """``estimate.allreduce_time`` on a grid of sizes, for drawing the model's lines.
     Columns: algorithm, size_bytes, predicted_s."""

@@ -48,6 +48,27 @@ def _wire_worker(rank: int, world_size: int, names: Sequence[str], root: int, k:
     return rows
 
 
+def _wire_names(names: Sequence[str] | str | None, world_size: int) -> list[str]:
+    """The collectives to measure (default: all that ``world_size`` allows), checked."""
+    power_of_two = world_size & (world_size - 1) == 0
+    if names is None:
+        names = [n for n in COLLECTIVE_CHOICES if power_of_two or not n.startswith("recursive")]
+    names = validate.choices("names", names, COLLECTIVE_CHOICES)
+    if "recursive_doubling (from scratch)" in names and not power_of_two:
+        raise ValueError(
+            f"world_size = {world_size}: expected a power of two (2, 4, 8) for recursive doubling"
+        )
+    return names
+
+
+#: columns in bytes and their twins in units of S
+_IN_UNITS_OF_S = (
+    ("predicted_bytes_sent", "predicted_S"),
+    ("wire_bytes_sent", "wire_S"),
+    ("residual", "residual_S"),
+)
+
+
 def measure_wire_bytes(
     world_size: int = 4,
     size_bytes: int = WIRE_SIZE_BYTES,
@@ -72,29 +93,14 @@ def measure_wire_bytes(
     ``wire_source``.
     """
     world_size = validate.count("world_size", world_size, minimum=2, maximum=8)
-    power_of_two = world_size & (world_size - 1) == 0
-    if names is None:
-        names = [n for n in COLLECTIVE_CHOICES if power_of_two or not n.startswith("recursive")]
-    names = [names] if isinstance(names, str) else list(names)
-    for name in names:
-        validate.choice("names[i]", name, COLLECTIVE_CHOICES)
-    if "recursive_doubling (from scratch)" in names and not power_of_two:
+    names = _wire_names(names, world_size)
+    size_bytes = validate.count("size_bytes", size_bytes, minimum=1)
+    if size_bytes % (4 * world_size):
         raise ValueError(
-            f"recursive doubling needs a power-of-two world size, got "
-            f"world_size={world_size}; valid choices: 2, 4, 8"
+            f"size_bytes = {size_bytes}: expected a multiple of 4 * world_size = "
+            f"{4 * world_size} (float32 slots, one per rank)"
         )
-    if (
-        isinstance(size_bytes, bool)
-        or not isinstance(size_bytes, int)
-        or size_bytes <= 0
-        or size_bytes % (4 * world_size)
-    ):
-        raise ValueError(
-            f"size_bytes must be a positive multiple of 4 * world_size = "
-            f"{4 * world_size} (float32 slots, one per rank), got size_bytes={size_bytes!r}"
-        )
-    if not 0 <= root < world_size:
-        raise ValueError(f"root must be a rank in 0..{world_size - 1}, got root={root}")
+    root = validate.count("root", root, minimum=0, maximum=world_size - 1)
     k = size_bytes // (4 * world_size)
     per_rank = _launch(_wire_worker, world_size, names, root, k, timeout=timeout)
     df = pd.DataFrame([row for rows in per_rank for row in rows])
@@ -105,11 +111,7 @@ def measure_wire_bytes(
     ]
     measured = df.wire_bytes_sent.notna()
     df["residual"] = (df.wire_bytes_sent - df.predicted_bytes_sent).where(measured)
-    for col, new in (
-        ("predicted_bytes_sent", "predicted_S"),
-        ("wire_bytes_sent", "wire_S"),
-        ("residual", "residual_S"),
-    ):
+    for col, new in _IN_UNITS_OF_S:
         df[new] = df[col].astype(float) / size_bytes
     order = {name: i for i, name in enumerate(names)}
     df = df.sort_values(

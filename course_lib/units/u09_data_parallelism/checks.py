@@ -14,6 +14,8 @@ Each check prints one deterministic line or raises AssertionError("✗ task N: .
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.grading.core import error_pair, fail, fmt_int, launch_learner, passed, run_learner
 
 __all__ = [
@@ -87,6 +89,42 @@ def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
     }
 
 
+def _check_hook_calls(task: int, where: str, k: int, step: dict, expected: list[int]) -> None:
+    """One rank's step: one asynchronous all_reduce per bucket during backward, in bucket
+    order, and no other collective call (``where``: "rank r of N")."""
+    during = step["during"]
+    if [op for op, _, _ in during] != ["all_reduce"] * len(during) or len(during) != len(expected):
+        fail(
+            task,
+            f"{where}, step {k + 1}: expected "
+            f"{len(expected)} all_reduce calls during backward (one per "
+            f"bucket, launched from the hook), got {[op for op, _, _ in during]}",
+        )
+    if not all(a for _, _, a in during):
+        fail(
+            task,
+            f"{where}: an all-reduce launched from the "
+            "hook blocked backward; launch it with async_op=True and wait in "
+            "finish()",
+        )
+    if [b for _, b, _ in during] != expected:
+        fail(
+            task,
+            f"{where}: buckets went out as "
+            f"{[b for _, b, _ in during]} B, expected {expected} B in bucket "
+            "order (each bucket flattened into one tensor)",
+        )
+    calls = step["calls"]
+    extra = {op: n for op, n in calls.items() if op != "all_reduce"} or calls.get(
+        "all_reduce", 0
+    ) - len(expected)
+    if extra:
+        fail(
+            task,
+            f"{where}: finish() made more collective calls than one all-reduce per bucket: {calls}",
+        )
+
+
 def check_bucketed_hook(fn, task: int = 1) -> None:
     """Task: ``fn(model, buckets)`` registers hooks that all-reduce each bucket asynchronously
     as soon as its gradients have all arrived, and returns ``finish()``, to be called after
@@ -104,41 +142,10 @@ def check_bucketed_hook(fn, task: int = 1) -> None:
     for world_size in (2, 3):
         results = _launch(task, _hook_worker, world_size, fn, list(HOOK_REFERENCES))
         for rank, res in enumerate(results):
-            expected = res["bucket_bytes"]
             for k, step in enumerate(res["steps"]):
-                during = step["during"]
-                if [op for op, _, _ in during] != ["all_reduce"] * len(during) or len(
-                    during
-                ) != len(expected):
-                    fail(
-                        task,
-                        f"rank {rank} of {world_size}, step {k + 1}: expected "
-                        f"{len(expected)} all_reduce calls during backward (one per "
-                        f"bucket, launched from the hook), got {[op for op, _, _ in during]}",
-                    )
-                if not all(a for _, _, a in during):
-                    fail(
-                        task,
-                        f"rank {rank} of {world_size}: an all-reduce launched from the "
-                        "hook blocked backward; launch it with async_op=True and wait in "
-                        "finish()",
-                    )
-                if [b for _, b, _ in during] != expected:
-                    fail(
-                        task,
-                        f"rank {rank} of {world_size}: buckets went out as "
-                        f"{[b for _, b, _ in during]} B, expected {expected} B in bucket "
-                        "order (each bucket flattened into one tensor)",
-                    )
-                extra = {op: n for op, n in step["calls"].items() if op != "all_reduce"} or step[
-                    "calls"
-                ].get("all_reduce", 0) - len(expected)
-                if extra:
-                    fail(
-                        task,
-                        f"rank {rank} of {world_size}: finish() made more collective "
-                        f"calls than one all-reduce per bucket: {step['calls']}",
-                    )
+                _check_hook_calls(
+                    task, f"rank {rank} of {world_size}", k, step, res["bucket_bytes"]
+                )
         table = H.compare(reference, [r["record"] for r in results])
         bad = table[~table.ok]
         if len(bad):
@@ -237,7 +244,7 @@ def check_accumulation_steps(fn, task: int = 3) -> None:
     """Task: ``fn(train_batch_size, micro_batch_per_gpu, world_size)`` returns the int number of
     accumulation steps that makes train = micro x steps x world hold, and raises ValueError
     when none does."""
-    forbid = ["course_lib.units.u09_data_parallelism.run:accumulation_steps_for"]
+    forbid = ["course_lib.units.u09_data_parallelism.run_scale:accumulation_steps_for"]
     for b, m, n, steps in BATCH_CASES:
         if steps is None:
             try:
@@ -313,7 +320,7 @@ def check_bytes_prediction(fn, task: int = 4) -> None:
         f"course_lib.measure.estimate.communication:{f}"
         for f in ("ring_allreduce_bytes_sent", "allreduce_bytes_sent", "collective_bytes_sent")
     ]
-    measured = {}
+    measured: dict[tuple[int, int], list[Any]] = {}
     for n in sorted({n for n, _ in BYTE_CASES}):
         ks = [k for m, k in BYTE_CASES if m == n]
         for res in _launch(task, _bytes_worker, n, ks):

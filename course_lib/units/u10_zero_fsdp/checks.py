@@ -339,7 +339,7 @@ def check_smallest_stage(fn, task: int = 4) -> None:
     """Task: ``fn(n_params, world_size, gpu_GB)`` returns the lowest ZeRO stage (an int 0-3)
     whose model state, 16 bytes per parameter (bf16 params and grads, fp32 master, m and v),
     fits in ``gpu_GB`` GB (1e9 B) per GPU, or None if none does."""
-    forbid = [*ESTIMATE_REFERENCES, "course_lib.units.u10_zero_fsdp.run:smallest_stage"]
+    forbid = [*ESTIMATE_REFERENCES, "course_lib.units.u10_zero_fsdp.run_scale:smallest_stage"]
     for n, w, cap, want in SCALE_CASES:
         got = run_learner(task, fn, n, w, cap, forbid=forbid)
         if got is not None:

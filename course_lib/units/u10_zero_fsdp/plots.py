@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from course_lib.viz.plots import require_columns, style
@@ -119,6 +120,32 @@ def _kind(name: str) -> str:
     return next((k for k in _SPAN_COLOUR if name.startswith(k)), "forward")
 
 
+def _gantt(ax: Axes, ev: pd.DataFrame) -> None:
+    """Two lanes per rank (compute, comm), one bar per span, in ms from the first event."""
+    t0 = ev.start.min()
+    ticks, labels, y = [], [], 0
+    for rank in sorted(ev["rank"].unique()):
+        for lane in ("compute", "comm"):
+            one = ev[(ev["rank"] == rank) & (ev["lane"] == lane)]
+            for s, e, name in zip(one.start, one.end, one.name):
+                ax.barh(
+                    y,
+                    max((e - s) * 1e3, 0.02),
+                    left=(s - t0) * 1e3,
+                    height=0.8,
+                    color=_SPAN_COLOUR[_kind(name)],
+                    edgecolor="white",
+                    lw=0.3,
+                )
+            ticks.append(y)
+            labels.append(f"rank {rank} {lane}")
+            y += 1
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=11)
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", alpha=0.3)
+
+
 def plot_timeline(events: pd.DataFrame, configs=None) -> Figure:
     """Per-rank Gantt charts of one stage-3 step, one panel per configuration: forward and
     backward of each unit (compute lane), all-gathers and reduce-scatters (comm lane, from
@@ -135,30 +162,8 @@ def plot_timeline(events: pd.DataFrame, configs=None) -> Figure:
     with style():
         fig, axes = plt.subplots(len(configs), 1, figsize=(11, 2.3 * len(configs)), squeeze=False)
         for ax, c in zip(axes[:, 0], configs):
-            ev = events[events["config"] == c]
-            t0 = ev.start.min()
-            ticks, labels, y = [], [], 0
-            for rank in sorted(ev["rank"].unique()):
-                for lane in ("compute", "comm"):
-                    one = ev[(ev["rank"] == rank) & (ev["lane"] == lane)]
-                    for s, e, name in zip(one.start, one.end, one.name):
-                        ax.barh(
-                            y,
-                            max((e - s) * 1e3, 0.02),
-                            left=(s - t0) * 1e3,
-                            height=0.8,
-                            color=_SPAN_COLOUR[_kind(name)],
-                            edgecolor="white",
-                            lw=0.3,
-                        )
-                    ticks.append(y)
-                    labels.append(f"rank {rank} {lane}")
-                    y += 1
-            ax.set_yticks(ticks)
-            ax.set_yticklabels(labels, fontsize=11)
-            ax.invert_yaxis()
+            _gantt(ax, events[events["config"] == c])
             ax.set_title(c, fontsize=12)
-            ax.grid(True, axis="x", alpha=0.3)
         axes[-1, 0].set_xlabel("ms since the step's first event (shared host clock)")
         kinds = [k for k in _SPAN_COLOUR if any(_kind(n) == k for n in events["name"])]
         handles = [plt.Rectangle((0, 0), 1, 1, color=_SPAN_COLOUR[k]) for k in kinds]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.colors import TABLEAU_COLORS
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -21,6 +23,39 @@ _PANELS = (
 )
 
 
+def _draw_shard(
+    ax: Axes,
+    name: str,
+    k: int,
+    on_rank: tuple[int, int],
+    full: tuple[int, int],
+    chunks: int,
+    tp: int,
+) -> None:
+    """Rank ``k``'s part of the ``full`` (out, inp) matrix, coloured, with its measured shape."""
+    colour = list(TABLEAU_COLORS.values())[k % 10]  # tab10
+    (h, w), (out, inp) = on_rank, full
+    if "c_proj" in name:  # row parallel: a block of input columns
+        ax.add_patch(Rectangle((k * w, 0), w, out, color=colour, alpha=0.75))
+        ax.text(
+            k * w + w / 2,
+            out / 2,
+            f"rank {k}\n{h}x{w}",
+            ha="center",
+            va="center",
+            fontsize=10,
+            rotation=90 if tp > 2 else 0,
+        )
+    else:  # column parallel: blocks of output rows (in each of `chunks` parts)
+        part = h // chunks
+        for c in range(chunks):
+            y0 = c * out / chunks + k * part
+            ax.add_patch(Rectangle((0, y0), inp, part, color=colour, alpha=0.75))
+        ax.text(
+            inp / 2, k * part + part / 2, f"r{k}: {h}x{w}", ha="center", va="center", fontsize=8
+        )
+
+
 def plot_split(shapes: pd.DataFrame) -> Figure:
     """The four weight matrices of a block (rows = output features, columns = input features,
     as nn.Linear stores them), coloured by the rank that holds each part, with each rank's
@@ -28,39 +63,13 @@ def plot_split(shapes: pd.DataFrame) -> Figure:
     require_columns(shapes, ["tp_rank", "parameter", "full", "on_rank"], "shapes", nonempty=True)
     ranks = shapes.drop_duplicates(["tp_rank", "parameter"])
     tp = int(ranks.tp_rank.max()) + 1
-    colours = plt.get_cmap("tab10").colors
     with style():
         fig, axes = plt.subplots(1, 4, figsize=(16, 5.5))
         for ax, (name, title, chunks) in zip(axes, _PANELS):
             rows = ranks[ranks.parameter == name].sort_values("tp_rank")
             out, inp = rows.full.iloc[0]
             for _, r in rows.iterrows():
-                k = int(r.tp_rank)
-                h, w = r.on_rank
-                if "c_proj" in name:  # row parallel: a block of input columns
-                    ax.add_patch(Rectangle((k * w, 0), w, out, color=colours[k], alpha=0.75))
-                    ax.text(
-                        k * w + w / 2,
-                        out / 2,
-                        f"rank {k}\n{h}x{w}",
-                        ha="center",
-                        va="center",
-                        fontsize=10,
-                        rotation=90 if tp > 2 else 0,
-                    )
-                else:  # column parallel: blocks of output rows (in each of `chunks` parts)
-                    part = h // chunks
-                    for c in range(chunks):
-                        y0 = c * out / chunks + k * part
-                        ax.add_patch(Rectangle((0, y0), inp, part, color=colours[k], alpha=0.75))
-                    ax.text(
-                        inp / 2,
-                        k * part + part / 2,
-                        f"r{k}: {h}x{w}",
-                        ha="center",
-                        va="center",
-                        fontsize=8,
-                    )
+                _draw_shard(ax, name, int(r.tp_rank), r.on_rank, (out, inp), chunks, tp)
             if chunks == 3:  # name the q, k, v blocks of the fused projection
                 for c, label in enumerate("qkv"):
                     ax.text(

@@ -88,6 +88,7 @@ def reference_bucket_bytes(
         )
         if best is None or t < best_t or math.isclose(t, best_t, rel_tol=1e-9, abs_tol=1e-15):
             best, best_t = b, min(t, best_t)
+    assert best is not None  # candidates is not empty
     return best
 
 
@@ -332,8 +333,8 @@ PREDICT_SIZES = tuple(16 * 1024 * 4**k for k in range(6))  # 16 KiB .. 16 MiB
 HELD_OUT = 4 * MiB
 PREDICT_FACTOR = 3.0  # a shared 2-core machine: a few x of noise at one size is common
 _PREDICT_REFERENCES = _FIT_REFERENCES + (
-    "course_lib.units.u13_interconnects_and_backends.run:fit_sweep",
-    "course_lib.units.u13_interconnects_and_backends.run:sweep_residuals",
+    "course_lib.units.u13_interconnects_and_backends.run_sweep:fit_sweep",
+    "course_lib.units.u13_interconnects_and_backends.run_sweep:sweep_residuals",
 )
 
 

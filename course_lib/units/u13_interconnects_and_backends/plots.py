@@ -9,6 +9,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
 from course_lib.measure.estimate import fmt_bytes
@@ -27,6 +28,76 @@ def _size_axis(ax, sizes) -> None:
     ax.set_xticks(ticks[::step])
     ax.set_xticklabels([fmt_bytes(t, digits=0) for t in ticks[::step]])
     ax.set_xlabel("message size (full buffer)")
+
+
+def _memcpy_label(ceiling_GBps: float) -> str:
+    return f"single-thread memcpy {ceiling_GBps:.1f} GB/s"
+
+
+def _plot_one_series(
+    ax_t: Axes, ax_b: Axes, g: pd.DataFrame, coll: str, i_ws: int, fits: pd.DataFrame | None
+) -> None:
+    """One (collective, world size): time per call (measured, and the fit) and busbw."""
+    ws = g["world_size"].iloc[0]
+    color = _COLORS.get(coll, "tab:gray")
+    ls = _STYLES[i_ws % len(_STYLES)]
+    label = f"{coll}, {ws} ranks"
+    mfc = "none" if i_ws else color
+    ax_t.plot(
+        g["size_bytes"],
+        g["time_s"] * 1e3,
+        "o",
+        color=color,
+        ms=5,
+        mfc=mfc,
+        label=f"{label} measured",
+    )
+    if fits is not None:
+        f = fits[(fits["collective"] == coll) & (fits["world_size"] == ws)]
+        if len(f):
+            xs = np.geomspace(g["size_bytes"].min(), g["size_bytes"].max(), 100)
+            pred = f["alpha_s"].iloc[0] + f["beta_s_per_byte"].iloc[0] * xs
+            ax_t.plot(
+                xs,
+                np.clip(pred, 1e-9, None) * 1e3,
+                ls,
+                color=color,
+                lw=1.4,
+                label=f"{label} alpha-beta fit",
+            )
+    ax_b.plot(
+        g["size_bytes"], g["busbw_GBps"], ls, marker="o", ms=4, color=color, mfc=mfc, label=label
+    )
+
+
+def _sweep_legend(
+    collectives: list[str], world_sizes: list[int], with_fits: bool, ceiling_GBps: float | None
+) -> list[Line2D]:
+    """One legend for both panels, below them (no entry hides a point): colour = collective,
+    line style and filled/hollow marker = world size."""
+    handles = [Line2D([], [], color=_COLORS.get(c, "tab:gray"), lw=4, label=c) for c in collectives]
+    handles += [
+        Line2D(
+            [],
+            [],
+            color="black",
+            ls=_STYLES[i % len(_STYLES)],
+            marker="o",
+            mfc="black" if i == 0 else "none",
+            label=f"{ws} ranks",
+        )
+        for i, ws in enumerate(world_sizes)
+    ]
+    if with_fits:
+        handles += [
+            Line2D([], [], color="gray", marker="o", ls="none", label="left: measured"),
+            Line2D([], [], color="gray", label="left: alpha-beta fit"),
+        ]
+    if ceiling_GBps is not None:
+        handles.append(
+            Line2D([], [], color="black", ls="--", lw=1, label=_memcpy_label(ceiling_GBps))
+        )
+    return handles
 
 
 @styled
@@ -51,50 +122,9 @@ def plot_sweep(
     world_sizes = sorted(df["world_size"].unique())
     collectives = list(dict.fromkeys(df["collective"]))
     for (coll, ws), g in df.groupby(["collective", "world_size"], sort=False):
-        g = g.sort_values("size_bytes")
-        color = _COLORS.get(coll, "tab:gray")
-        ls = _STYLES[world_sizes.index(ws) % len(_STYLES)]
-        label = f"{coll}, {ws} ranks"
-        ax_t.plot(
-            g["size_bytes"],
-            g["time_s"] * 1e3,
-            "o",
-            color=color,
-            ms=5,
-            mfc="none" if world_sizes.index(ws) else color,
-            label=f"{label} measured",
-        )
-        if fits is not None:
-            f = fits[(fits["collective"] == coll) & (fits["world_size"] == ws)]
-            if len(f):
-                xs = np.geomspace(g["size_bytes"].min(), g["size_bytes"].max(), 100)
-                pred = f["alpha_s"].iloc[0] + f["beta_s_per_byte"].iloc[0] * xs
-                ax_t.plot(
-                    xs,
-                    np.clip(pred, 1e-9, None) * 1e3,
-                    ls,
-                    color=color,
-                    lw=1.4,
-                    label=f"{label} alpha-beta fit",
-                )
-        ax_b.plot(
-            g["size_bytes"],
-            g["busbw_GBps"],
-            ls,
-            marker="o",
-            ms=4,
-            color=color,
-            mfc="none" if world_sizes.index(ws) else color,
-            label=label,
-        )
+        _plot_one_series(ax_t, ax_b, g.sort_values("size_bytes"), coll, world_sizes.index(ws), fits)
     if ceiling_GBps is not None:
-        ax_b.axhline(
-            ceiling_GBps,
-            color="black",
-            ls="--",
-            lw=1,
-            label=f"single-thread memcpy {ceiling_GBps:.1f} GB/s",
-        )
+        ax_b.axhline(ceiling_GBps, color="black", ls="--", lw=1, label=_memcpy_label(ceiling_GBps))
     ax_t.set_yscale("log")
     ax_t.set_ylabel("time per call (ms, median)")
     ax_t.set_title("time per call")
@@ -104,37 +134,7 @@ def plot_sweep(
     for ax in (ax_t, ax_b):
         _size_axis(ax, df["size_bytes"])
         ax.grid(True, which="both", alpha=0.3)
-    # one legend for both panels, below them (no entry hides a point): colour = collective,
-    # line style and filled/hollow marker = world size
-    handles = [Line2D([], [], color=_COLORS.get(c, "tab:gray"), lw=4, label=c) for c in collectives]
-    handles += [
-        Line2D(
-            [],
-            [],
-            color="black",
-            ls=_STYLES[i % len(_STYLES)],
-            marker="o",
-            mfc="black" if i == 0 else "none",
-            label=f"{ws} ranks",
-        )
-        for i, ws in enumerate(world_sizes)
-    ]
-    if fits is not None:
-        handles += [
-            Line2D([], [], color="gray", marker="o", ls="none", label="left: measured"),
-            Line2D([], [], color="gray", label="left: alpha-beta fit"),
-        ]
-    if ceiling_GBps is not None:
-        handles.append(
-            Line2D(
-                [],
-                [],
-                color="black",
-                ls="--",
-                lw=1,
-                label=f"single-thread memcpy {ceiling_GBps:.1f} GB/s",
-            )
-        )
+    handles = _sweep_legend(collectives, world_sizes, fits is not None, ceiling_GBps)
     backend = ", ".join(sorted(df["backend"].unique())) if "backend" in df else ""
     fig.suptitle(title or f"collective sweep ({backend})" if backend else "collective sweep")
     rows = -(-len(handles) // 4)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
 
@@ -41,7 +42,7 @@ PLANNER_REFERENCES = (
     "course_lib.units.u14_planning_a_run.run:plan_problems",
 )
 #: task 1: Llama-2-70B on 64 H100s (8 nodes), 4 Mi tokens per step, 200B tokens
-SIZE_CASE = dict(
+SIZE_CASE: dict[str, Any] = dict(
     model="Llama-2-70B",
     cluster="8xH100 + 400G IB",
     gpus=64,
@@ -74,25 +75,10 @@ def _layout(task, got):
         fail(task, str(exc))
 
 
-def check_sized_run(fn, task: int = 1) -> None:
-    """Task: ``fn()`` -> ``(layout, memory_bytes)``: a layout dict (dp, tp, pp, zero, recompute,
-    micro_batch) for ``SIZE_CASE`` that fits in 76 GB per GPU (80 GB less a 5 % reserve) and
-    finishes within ``BUDGET_DAYS`` by the planner, and the learner's own prediction of its
-    memory per GPU in bytes, within 10 % of the planner's."""
+def _planned_size_case(task: int, layout) -> tuple[dict, float]:
+    """(the planner's row for ``layout`` on SIZE_CASE, usable GB per GPU), or a ✗ verdict."""
     from course_lib import plan as P
 
-    got = run_learner(task, fn, forbid=PLANNER_REFERENCES)
-    if not isinstance(got, tuple) or len(got) != 2:
-        fail(task, f"fn() must return (layout, memory_bytes), got {got!r}")
-    layout, memory = _layout(task, got[0]), got[1]
-    if (
-        isinstance(memory, bool)
-        or not isinstance(memory, numbers.Real)
-        or not math.isfinite(memory)
-    ):
-        fail(
-            task, f"memory_bytes must be a number of bytes, got {type(memory).__name__} {memory!r}"
-        )
     model = P.model(SIZE_CASE["model"])
     cluster = P.cluster(SIZE_CASE["cluster"], gpus=SIZE_CASE["gpus"])
     if layout.gpus != cluster.gpus:
@@ -107,7 +93,28 @@ def check_sized_run(fn, task: int = 1) -> None:
         )
     except ValueError as exc:
         fail(task, f"the planner refuses this layout: {exc}")
-    usable = (1 - P.DEFAULT_RESERVE) * cluster.memory_bytes / 1e9
+    return row, (1 - P.DEFAULT_RESERVE) * cluster.memory_bytes / 1e9
+
+
+def check_sized_run(fn, task: int = 1) -> None:
+    """Task: ``fn()`` -> ``(layout, memory_bytes)``: a layout dict (dp, tp, pp, zero, recompute,
+    micro_batch) for ``SIZE_CASE`` that fits in 76 GB per GPU (80 GB less a 5 % reserve) and
+    finishes within ``BUDGET_DAYS`` by the planner, and the learner's own prediction of its
+    memory per GPU in bytes, within 10 % of the planner's."""
+
+    got = run_learner(task, fn, forbid=PLANNER_REFERENCES)
+    if not isinstance(got, tuple) or len(got) != 2:
+        fail(task, f"fn() must return (layout, memory_bytes), got {got!r}")
+    layout, memory = _layout(task, got[0]), got[1]
+    if (
+        isinstance(memory, bool)
+        or not isinstance(memory, numbers.Real)
+        or not math.isfinite(memory)
+    ):
+        fail(
+            task, f"memory_bytes must be a number of bytes, got {type(memory).__name__} {memory!r}"
+        )
+    row, usable = _planned_size_case(task, layout)
     if not row["fits"]:
         fail(
             task,
@@ -197,6 +204,7 @@ def check_mfu_prediction(fn, task: int = 3) -> None:
         got = run_learner(task, fn, dict(parts), model, layout, new, forbid=PLANNER_REFERENCES)
         if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
             fail(task, f"fn must return the MFU as a float, got {type(got).__name__} {got!r}")
+        got = float(got)
         expected = P.step_time(
             model.replace(seq_len=new), cluster, layout, global_batch_tokens=tokens
         )["mfu"]

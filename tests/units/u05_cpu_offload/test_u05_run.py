@@ -10,6 +10,7 @@ import torch
 
 from course_lib.measure import estimate
 from course_lib.measure.budget import MemoryBudget, SimulatedOOM
+from course_lib.models import GPT
 from course_lib.units.u05_cpu_offload import run
 
 SMALL = dataclasses.replace(run.CONFIG, n_layer=1, n_embd=64, block_size=16)
@@ -30,9 +31,7 @@ def test_memory_fit_offload_fits_a_budget_the_plain_step_does_not():
     # buffers (the causal mask): bf16 params + grads only, once offloaded
     assert off["model_state_predicted"] == 4 * n and plain["model_state_predicted"] == 16 * n
     assert 0 <= off["model_state_measured"] - off["model_state_predicted"] < 0.01 * n
-    assert off["host_measured"] - off["host_predicted"] == 4 * len(
-        list(run.GPT(SMALL).parameters())
-    )
+    assert off["host_measured"] - off["host_predicted"] == 4 * len(list(GPT(SMALL).parameters()))
     budget = MemoryBudget((int(off["peak"]) + int(plain["peak"])) // 2)
     budget.check(int(off["peak"]))
     with pytest.raises(SimulatedOOM, match="simulated"):
@@ -57,7 +56,7 @@ def test_step_breakdown_parts_add_up_to_their_own_total():
     assert (
         0.8 < ratio <= 1.0 + 1e-9
     )  # timed independently: the total also holds the gaps between timers
-    n = sum(p.numel() for p in run.GPT(SMALL).parameters())
+    n = sum(p.numel() for p in GPT(SMALL).parameters())
     assert (df["store_read_bytes"] == 12 * n).all() and (df["to_host_bytes"] == 4 * n).all()
     pred = run.predicted_step_times(df.median(numeric_only=True))
     assert pred["overlapped_s"] <= pred["serial_s"]

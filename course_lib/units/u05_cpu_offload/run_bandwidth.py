@@ -1,0 +1,209 @@
+"""Unit 05, the tiers' bandwidth and the parts of an offloaded step, measured and predicted.
+
+Used by notebooks/05_cpu_offload.ipynb through :mod:`run` (which re-exports these names).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+import pandas as pd
+import torch
+
+from course_lib import validate
+from course_lib.data import permutation_batch
+from course_lib.measure import estimate
+from course_lib.models import GPTConfig
+from course_lib.techniques.offload import OffloadAdamW, drop_page_cache
+from course_lib.units.u05_cpu_offload._setup import CONFIG, LR, _models, _plain_optimizer
+
+
+# --------------------------------------------------------------------------------------------
+# bandwidth of the tiers of this machine
+# --------------------------------------------------------------------------------------------
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def tier_bandwidth(
+    nbytes: int = 64 << 20, *, repeat: int = 3, directory: str | None = None
+) -> pd.DataFrame:
+    """GB/s (1e9 B/s, median of ``repeat``) of the places state can live on this machine:
+
+    * ``RAM copy``: ``torch`` copy between two preallocated host buffers (what a "transfer" is
+      when device and host are the same memory);
+    * ``file write + fsync``: written and flushed to the disk;
+    * ``file read, cache dropped``: read after ``posix_fadvise(POSIX_FADV_DONTNEED)`` -- from the
+      disk (where the call does not exist, from the page cache: the row says so);
+    * ``file read, cached``: read again at once, from the kernel's page cache.
+    """
+    nbytes = validate.count("nbytes", nbytes, minimum=4096)
+    repeat = validate.count("repeat", repeat, minimum=1)
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch every page first: the timed copy must not count page faults
+    buf = memoryview(dst.numpy())
+    times: dict[str, list[float]] = {
+        "RAM copy": [],
+        "file write + fsync": [],
+        "file read, cache dropped": [],
+        "file read, cached": [],
+    }
+    fd, path = tempfile.mkstemp(prefix="tier-", suffix=".bin", dir=directory)
+    try:
+        with os.fdopen(fd, "r+b", buffering=0) as f:
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                times["RAM copy"].append(time.perf_counter() - t0)
+                f.seek(0)
+                t0 = time.perf_counter()
+                f.write(memoryview(src.numpy()))
+                os.fsync(f.fileno())
+                times["file write + fsync"].append(time.perf_counter() - t0)
+                dropped = drop_page_cache(f.fileno())
+                for key in ("file read, cache dropped", "file read, cached"):
+                    f.seek(0)
+                    t0 = time.perf_counter()
+                    f.readinto(buf)
+                    times[key].append(time.perf_counter() - t0)
+    finally:
+        os.remove(path)
+    note = {
+        "file read, cache dropped": ""
+        if dropped
+        else "posix_fadvise is not available here: this read may come from the page cache"
+    }
+    return pd.DataFrame(
+        [
+            {"tier": k, "GBps": nbytes / _median(v) / 1e9, "bytes": nbytes, "note": note.get(k, "")}
+            for k, v in times.items()
+        ]
+    ).set_index("tier")
+
+
+def h2d_bandwidth(nbytes: int = 256 << 20, *, repeat: int = 5) -> pd.DataFrame:
+    """Host <-> device copies on a CUDA GPU, GB/s (median of ``repeat``): from pinned
+    (page-locked, ``pin_memory=True``) and from pageable host memory, both directions.
+    Pageable copies go through a pinned bounce buffer of the driver; pinned ones are one DMA.
+    Raises RuntimeError without CUDA."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "h2d_bandwidth needs a CUDA device; on this machine use tier_bandwidth()"
+        )
+    from course_lib.measure.timing import time_fn
+
+    nbytes = validate.count("nbytes", nbytes, minimum=1)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    rows = []
+    for pinned in (True, False):
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        host.fill_(1)
+        for direction, fn in (
+            ("host -> device", lambda h=host, pin=pinned: dev.copy_(h, non_blocking=pin)),
+            ("device -> host", lambda h=host, pin=pinned: h.copy_(dev, non_blocking=pin)),
+        ):
+            r = time_fn(fn, warmup=2, repeat=repeat, sync=True)
+            rows.append(
+                {
+                    "memory": "pinned" if pinned else "pageable",
+                    "direction": direction,
+                    "GBps": nbytes / r.median_s / 1e9,
+                    "bytes": nbytes,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# the parts of an offloaded step
+# --------------------------------------------------------------------------------------------
+def _timed_step(model, optimizer, idx, tgt, sync: Callable[[], None]) -> float:
+    """Seconds of one plain training step (zero_grad, forward, backward, step), synchronized."""
+    sync()
+    t0 = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    model.loss(idx, tgt).backward()
+    optimizer.step()
+    sync()
+    return time.perf_counter() - t0
+
+
+def step_breakdown(
+    *,
+    tier: str = "file",
+    steps: int = 6,
+    config: GPTConfig | None = None,
+    batch: int = 8,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    warmup: int = 1,
+) -> pd.DataFrame:
+    """Time every part of ``steps`` offloaded steps (after ``warmup`` untimed ones).
+
+    One row per step: ``compute`` (forward + backward), the phases of ``OffloadAdamW``
+    (``to_host``, ``store_read``, ``host_adam``, ``store_write``, ``to_device``; seconds), and
+    ``total``, timed around the whole step by its own clock -- the parts are *not* summed to
+    make it. Also ``plain`` (the same step with the plain optimizer on the device, timed the
+    same way) and the bytes of each transfer.
+    """
+    steps = validate.count("steps", steps, minimum=1)
+    config = config or CONFIG
+    plain, off = _models(config, dtype, device)
+    ref = _plain_optimizer(plain, dtype)
+    opt = OffloadAdamW(off.parameters(), lr=LR, tier=tier)
+    gen = torch.Generator().manual_seed(1)
+    sync = (
+        (lambda: torch.cuda.synchronize())
+        if torch.device(device).type == "cuda"
+        else (lambda: None)
+    )
+    rows = []
+    try:
+        for k in range(warmup + steps):
+            idx, tgt = (
+                t.to(device)
+                for t in permutation_batch(config, batch, config.block_size, generator=gen)
+            )
+            t_plain = _timed_step(plain, ref, idx, tgt, sync)
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            off.loss(idx, tgt).backward()
+            sync()
+            t1 = time.perf_counter()
+            opt.step()
+            t_end = time.perf_counter()
+            if k >= warmup:
+                rows.append(
+                    {
+                        "step": k - warmup,
+                        "compute": t1 - t0,
+                        **opt.last_times,
+                        "total": t_end - t0,
+                        "plain": t_plain,
+                        **{f"{p}_bytes": b for p, b in opt.bytes_moved.items() if b},
+                    }
+                )
+    finally:
+        opt.close()
+    return pd.DataFrame(rows)
+
+
+def predicted_step_times(parts: pd.DataFrame | dict) -> dict[str, float]:
+    """``estimate.offload_step_time`` from measured parts (a :func:`step_breakdown` row or the
+    medians of its columns): ``serial_s`` (one after the other) and ``overlapped_s`` (max)."""
+    get = parts.get  # a dict or a DataFrame row: both answer [name] and get(name, default)
+    kw = dict(
+        compute_s=float(parts["compute"]),
+        transfer_s=float(parts["to_host"]) + float(parts["to_device"]),
+        host_s=float(parts["host_adam"]),
+        storage_s=float(get("store_read", 0.0)) + float(get("store_write", 0.0)),
+    )
+    return {
+        "serial_s": estimate.offload_step_time(**kw, overlap=False),
+        "overlapped_s": estimate.offload_step_time(**kw, overlap=True),
+    }

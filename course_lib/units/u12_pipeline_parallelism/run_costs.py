@@ -1,0 +1,242 @@
+"""Unit 12, what a pipeline costs: activation memory per stage, bytes on the wire, and at scale.
+
+Used by notebooks/12_pipeline_parallelism.ipynb through :mod:`run` (which re-exports these names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from course_lib import validate
+from course_lib.measure import estimate
+from course_lib.parallel import pipeline as P
+from course_lib.runtime.launch import launch
+from course_lib.units.u12_pipeline_parallelism._setup import (
+    Setup,
+    _config,
+    batch_fn,
+)
+
+
+# --------------------------------------------------------------------------------------------
+# activation memory per stage
+# --------------------------------------------------------------------------------------------
+def _memory_worker(rank, world_size, schedules, microbatches, setup):
+    from course_lib.measure.memory import MemoryMeter
+
+    x, y = batch_fn(0, setup)
+    split = _config("gpipe", world_size, microbatches, 1, setup)
+    rows = []
+    # one micro-batch's activations on this stage, measured alone
+    model = P.PipelineRank(setup.model(), split, rank, world_size)
+    xm = x.chunk(microbatches)[0]
+    with MemoryMeter(model) as one:
+        model.stages[str(rank)](xm.clone().requires_grad_(rank > 0))
+    per_mb = int(one.timeline["activations"].max())
+    for name in schedules:
+        model = P.PipelineRank(setup.model(), split, rank, world_size)
+        order = P.schedule_order(name, rank, world_size, microbatches)
+        with MemoryMeter(model) as mem:
+            P.run_schedule(model, order, x, y, microbatches=microbatches, loss_fn=F.mse_loss)
+        rows.append(
+            {
+                "schedule": name,
+                "stage": rank,
+                "peak_activations": int(mem.timeline["activations"].max()),
+                "per_microbatch": per_mb,
+                "held": model.max_in_flight[rank],
+            }
+        )
+    return rows
+
+
+def activation_memory(
+    schedules: Sequence[str] = ("gpipe", "1f1b"),
+    *,
+    ranks: int = 4,
+    microbatches: int = 8,
+    setup: Setup | None = None,
+) -> pd.DataFrame:
+    """Peak activation bytes of each stage in one step (MemoryMeter's activations category,
+    max over its timeline: what autograd saved plus the received inputs), beside one
+    micro-batch's activations measured alone on that stage. One row per schedule and stage:
+    peak_activations, per_microbatch (B), measured_mb (their ratio), held (micro-batches the
+    executor held at once), predicted (GPipe m; 1F1B p - stage; naive 1)."""
+    schedules = validate.choices("schedules", schedules, ("naive", "gpipe", "1f1b"))
+    ranks = validate.count("ranks", ranks, minimum=1)
+    setup = setup or Setup(
+        n_layers=ranks, width=32, seq=16, rows=2 * microbatches, dtype=torch.float32
+    )
+    _config("1f1b" if "1f1b" in schedules else "gpipe", ranks, microbatches, 1, setup)
+    df = pd.DataFrame(
+        [
+            r
+            for res in launch(_memory_worker, ranks, list(schedules), microbatches, setup)
+            for r in res
+        ]
+    )
+    df["measured_mb"] = df["peak_activations"] / df["per_microbatch"]
+    df["predicted"] = [
+        {"gpipe": microbatches, "naive": 1}.get(s, min(ranks - st, microbatches))
+        for s, st in zip(df["schedule"], df["stage"])
+    ]
+    return df.sort_values(["schedule", "stage"], ignore_index=True)
+
+
+# --------------------------------------------------------------------------------------------
+# bytes on the wire
+# --------------------------------------------------------------------------------------------
+def _wire_worker(rank, world_size, items, microbatches, setup):
+    import torch.distributed as dist
+
+    from course_lib.measure.comm import CommMeter
+
+    x, y = batch_fn(0, setup)
+    rows = []
+    for name, v in items:
+        split = _config(name, world_size, microbatches, v, setup)
+        model = P.PipelineRank(setup.model(), split, rank, world_size)
+        order = P.schedule_order(name, rank, world_size, microbatches, v)
+        P.run_schedule(model, order, x, y, microbatches=microbatches, loss_fn=F.mse_loss)
+        dist.barrier()  # a warm step first: gloo opens its connections
+        with CommMeter(dispatch=False) as comm:
+            P.run_schedule(model, order, x, y, microbatches=microbatches, loss_fn=F.mse_loss)
+        rows.append(
+            {
+                "schedule": name,
+                "virtual": v,
+                "rank": rank,
+                "sends": comm.calls.get("isend", 0),
+                "recvs": comm.calls.get("recv", 0),
+                "model_bytes": int(comm.model_bytes_sent),
+                "wire_bytes": comm.wire_bytes_sent,
+                "wire_source": comm.wire_source,
+            }
+        )
+        dist.barrier()
+    return rows
+
+
+def wire_bytes(
+    schedules: Sequence[str] = ("gpipe", "1f1b", "interleaved"),
+    *,
+    ranks: int = 4,
+    microbatches: int = 8,
+    virtual: int = 2,
+    batch: int = 2,
+    seq: int = 64,
+    width: int = 64,
+) -> pd.DataFrame:
+    """One step in bfloat16 with micro-batches of ``batch`` rows, measured by CommMeter in each
+    rank. One row per schedule and rank: sends (isend calls), recvs, boundary (bytes of one
+    activation, ``estimate.pipeline_boundary_bytes``: 2bsh), predicted (sends x boundary),
+    model_bytes (CommMeter's payload sum), wire_bytes (MEASURED: written to the sockets,
+    /proc/self/io wchar), residual (wire - predicted: gloo's 96 B header per message and 48 B
+    per receive)."""
+    schedules = validate.choices("schedules", schedules, P.SCHEDULES)
+    ranks = validate.count("ranks", ranks, minimum=2)
+    setup = Setup(
+        n_layers=2 * ranks, width=width, seq=seq, rows=batch * microbatches, dtype=torch.bfloat16
+    )
+    items = [(s, virtual if s == "interleaved" else 1) for s in schedules]
+    for s, v in items:
+        _config(s, ranks, microbatches, v, setup)
+    df = pd.DataFrame(
+        [r for res in launch(_wire_worker, ranks, items, microbatches, setup) for r in res]
+    )
+    df["boundary"] = estimate.pipeline_boundary_bytes(batch, seq, width, dtype_bytes=2)
+    df["predicted"] = df["sends"] * df["boundary"]
+    df["residual"] = [None if w is None else w - p for w, p in zip(df.wire_bytes, df.predicted)]
+    return df
+
+
+def message_table(df: pd.DataFrame, *, ranks: int, microbatches: int) -> pd.DataFrame:
+    """Per schedule: messages counted over all ranks beside ``estimate.pipeline_messages``."""
+    g = df.groupby(["schedule", "virtual"], sort=False, as_index=False).agg(
+        sends=("sends", "sum"),
+        recvs=("recvs", "sum"),
+        wire_bytes=("wire_bytes", "sum"),
+        predicted_bytes=("predicted", "sum"),
+    )
+    g["predicted_messages"] = [
+        estimate.pipeline_messages(ranks, microbatches, v) for v in g["virtual"]
+    ]
+    return g
+
+
+# --------------------------------------------------------------------------------------------
+# at scale, through estimate
+# --------------------------------------------------------------------------------------------
+def scale_table(
+    models: Sequence[tuple[str, int, int]] = (("7B", 32, 4096), ("70B", 80, 8192)),
+    *,
+    stages: int = 8,
+    microbatches: int = 32,
+    micro_batch: int = 1,
+    seq: int = 4096,
+    link: str = "InfiniBand NDR",
+) -> pd.DataFrame:
+    """Pipeline facts at 7B / 70B (name, layers, hidden h): the boundary activation of one
+    micro-batch (2bsh B in bf16), what one rank sends per step (2 m boundaries: forward and
+    backward), its time on ``link`` at the per-direction bandwidth, and the bubble with 1F1B and
+    interleaved (v = 2, 4). Bytes in B; seconds."""
+    p = validate.count("stages", stages, minimum=1)
+    m = validate.count("microbatches", microbatches, minimum=1)
+    speed = estimate.link_speed(link)
+    rows = []
+    for name, layers, h in models:
+        boundary = estimate.pipeline_boundary_bytes(micro_batch, seq, h, dtype_bytes=2)
+        per_step = 2 * m * boundary
+        rows.append(
+            {
+                "model": name,
+                "layers": layers,
+                "hidden": h,
+                "layers_per_stage": layers / p,
+                "boundary_bytes": boundary,
+                "sent_per_rank_step": per_step,
+                "send_s": per_step / (speed.per_direction_GBps * 1e9),
+                "bubble_1f1b": estimate.pipeline_bubble_fraction(p, m),
+                "bubble_v2": estimate.pipeline_bubble_fraction(p, m, 2),
+                "bubble_v4": estimate.pipeline_bubble_fraction(p, m, 4),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def source_check() -> pd.DataFrame:
+    """The sources' pipeline numbers recomputed: each row a claim, the value recomputed with
+    estimate, and which definition of the bubble it uses."""
+    E = estimate
+    rows = [
+        ("S1: utilization m/(m+p-1) at p 4, m 8", 1 - E.pipeline_bubble_fraction(4, 8), "fraction"),
+        ("S2: utilization at m = 4p, p = 4", 1 - E.pipeline_bubble_fraction(4, 16), "fraction"),
+        ("S2: utilization at m = 4p, p = 8", 1 - E.pipeline_bubble_fraction(8, 32), "fraction"),
+        ("S4: naive pipeline idle at 8 stages", 7 / 8, "(p-1)/p"),
+        (
+            "S4 ex. 3: smallest m, bubble < 10 %, p = 4",
+            E.microbatches_for_bubble(4, 0.1),
+            "fraction",
+        ),
+        (
+            "S4 ex. 3: same, Narayanan's (p-1)/m",
+            E.microbatches_for_bubble(4, 0.1, definition="ratio"),
+            "ratio",
+        ),
+        ("S4 ex. 3: smallest m, p = 8", E.microbatches_for_bubble(8, 0.1), "fraction"),
+        (
+            "S4 ex. 3: same, Narayanan's (p-1)/m",
+            E.microbatches_for_bubble(8, 0.1, definition="ratio"),
+            "ratio",
+        ),
+        (
+            "S1: boundary activation, b 2, s 2048, h 4096, bf16 (MiB)",
+            E.pipeline_boundary_bytes(2, 2048, 4096) / 2**20,
+            "2bsh",
+        ),
+    ]
+    return pd.DataFrame(rows, columns=["claim", "value", "definition"])
