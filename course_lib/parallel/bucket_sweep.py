@@ -75,7 +75,7 @@ def torch_ddp_buckets(
     for _ in range(steps):
         ddp(example_input).sum().backward()
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    data = ddp._get_ddp_logging_data()  # type: ignore[no-untyped-call]  # private, untyped
+    data = ddp._get_ddp_logging_data()
     text = data["rebuilt_per_bucket_param_indices"]  # e.g. "5 4 3, 2 1 0"
     return [[names[int(i)] for i in part.split()] for part in text.split(",")]
 
@@ -117,7 +117,7 @@ def _wrap(
     torch_ddp.register_comm_hook(None, rec.comm_hook)
 
     def logged() -> tuple[int, ...]:
-        data = torch_ddp._get_ddp_logging_data()  # type: ignore[no-untyped-call]  # private, stable since 1.9
+        data = torch_ddp._get_ddp_logging_data()
         sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
         return tuple(int(s) for s in str(sizes).split(",") if s.strip())
 

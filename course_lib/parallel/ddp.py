@@ -173,7 +173,7 @@ class DataParallel(nn.Module):
         for b in self._buckets:
             b.numels = [p.numel() for p in b.params]
             for p in b.params:  # torch's stub leaves this method untyped
-                p.register_post_accumulate_grad_hook(self._make_hook(b))  # type: ignore[no-untyped-call]
+                p.register_post_accumulate_grad_hook(self._make_hook(b))
         self.require_sync = True  # False inside no_sync()
         self._next = 0  # the next bucket to launch: buckets go out in order on every rank
         self._in_backward = False

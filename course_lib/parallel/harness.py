@@ -270,7 +270,7 @@ class _Run:
 
 def _default_step(loss_fn: LossFn, model: nn.Module, batch: Batch) -> torch.Tensor:
     loss = loss_fn(model, batch)
-    loss.backward()  # type: ignore[no-untyped-call]  # torch's stub leaves it untyped
+    loss.backward()
     return loss
 
 

@@ -217,7 +217,7 @@ class AllGatherLinear(torch.autograd.Function):
 # ---- typed entry points for the layers -----------------------------------------------------
 def apply(fn: type[torch.autograd.Function], *args: object) -> torch.Tensor:
     """``fn.apply(*args)``, typed (torch's stubs leave ``Function.apply`` untyped)."""
-    return cast(torch.Tensor, fn.apply(*args))  # type: ignore[no-untyped-call]
+    return cast(torch.Tensor, fn.apply(*args))
 
 
 def gather_full(

@@ -64,7 +64,7 @@ class FullySharded(ZeroDataParallel):
         gathered = self._all_gather(unit)  # waits for a prefetched gather, or gathers now
         if self.prefetch and i + 1 < len(self.units):
             self._all_gather(self.units[i + 1], wait=False)  # next unit's, in the background
-        flat = _GatherParams.apply(unit.shard, gathered, self, unit)  # type: ignore[no-untyped-call]  # torch leaves Function.apply untyped
+        flat = _GatherParams.apply(unit.shard, gathered, self, unit)
         self._by_storage[gathered.untyped_storage().data_ptr()] = unit
         for name, view in zip(unit.names, unit.views(flat)):
             setattr(unit.module, name, view)
@@ -89,7 +89,7 @@ class FullySharded(ZeroDataParallel):
         for t in outs:
             if isinstance(t, torch.Tensor) and t.requires_grad:
                 hook = lambda grad, i=i: self._pre_backward(i)  # noqa: E731
-                t.register_hook(hook)  # type: ignore[no-untyped-call]  # torch's stub is untyped
+                t.register_hook(hook)
 
     def _pre_backward(self, i: int) -> None:
         unit = self.units[i]

@@ -123,7 +123,7 @@ def reference_3d(
         x, y = make_batch(step, batch, config, seed)
         loss = model.loss(x, y)
         opt.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward has no annotations
+        loss.backward()
         opt.step()
         losses.append(loss.item())
     return {

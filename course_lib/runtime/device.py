@@ -88,7 +88,7 @@ def sync(device: torch.device | str | None = None) -> None:
     Every timer in the course calls it before reading the clock."""
     if device is None:
         # torch's stubs leave is_initialized unannotated
-        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
         return
     device = torch.device(device)

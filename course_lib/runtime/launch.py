@@ -216,7 +216,7 @@ def _start_ranks(
     """Start ``spec.world_size`` ranks; if interrupted half-way, stop whatever did start."""
     before = {p.pid for p in multiprocessing.active_children()}
     try:
-        context = torch.multiprocessing.start_processes(  # type: ignore[no-untyped-call]  # unannotated in torch
+        context = torch.multiprocessing.start_processes(
             _worker.run_rank,
             args=(spec,),
             nprocs=spec.world_size,
