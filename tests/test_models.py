@@ -49,6 +49,7 @@ def test_configs_validate():
         GPTConfig.tiny().n_layer = 3
 
 
+@pytest.mark.slow
 def test_published_parameter_counts():
     # nanoGPT's count for GPT-2 small (position embeddings included, lm_head tied)
     assert count_params(GPT(gpt2_small())) == 124_439_808

@@ -251,6 +251,7 @@ def test_cli_build_check_and_errors(solutions_dir, tmp_path, capsys):
     assert not (tmp_path / "o").exists()  # validated before anything is written
 
 
+@pytest.mark.slow
 def test_cli_runs_as_module(solutions_dir, tmp_path):
     cmd = [
         sys.executable,

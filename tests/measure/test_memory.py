@@ -244,6 +244,7 @@ _FAKE_7B = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_llama_7b_training_step_under_fake_tensor_mode():
     """Target: under 60 s and 2 GB of RAM on 2 cores (measured ~8 s of tracing, ~0.4 GB)."""
     t0 = time.perf_counter()

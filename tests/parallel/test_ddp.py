@@ -95,6 +95,7 @@ def reference():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_parity_buckets_bytes_and_no_sync(world_size, reference):
     results = course_lib.launch(_worker, world_size, timeout=120)

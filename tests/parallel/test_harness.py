@@ -203,6 +203,7 @@ def records(world_size, case):
     return [per_rank[case] for per_rank in launched(world_size)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 @pytest.mark.parametrize("wrapper, opt", DP_CASES)
 def test_data_parallel_matches_one_process(world_size, wrapper, opt):

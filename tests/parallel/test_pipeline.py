@@ -109,6 +109,7 @@ def test_estimate_sources_numbers():
     assert E.pipeline_messages(4, 8) == 48 and E.pipeline_messages(4, 8, 2) == 112
 
 
+@pytest.mark.slow
 def test_every_schedule_equals_one_process_and_torch():
     """One step, float64, 8 blocks: ours (4 schedules) and torch's ScheduleGPipe and
     Schedule1F1B and ScheduleInterleaved1F1B on the same split (2 ranks: the lecture runs 4), each

@@ -67,6 +67,7 @@ def _parity_worker(rank, world_size):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_parity_with_one_process_and_exact_collective_counts(world_size):
     # tp = 1 runs in this process: parallelize_gpt outside a process group is the identity split

@@ -84,6 +84,7 @@ def three_ranks():
     return launch(_worker, 3)
 
 
+@pytest.mark.slow
 def test_every_stage_matches_one_process(three_ranks):
     # float64 AdamW, 2 steps, every rank starting from a different model (broadcast fixes it)
     ref = H.reference_run(

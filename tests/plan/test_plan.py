@@ -52,6 +52,7 @@ def plans():
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(PUBLISHED))
 def test_published_layout_fits_and_is_near_the_top(plans, name):
     run, result = PUBLISHED[name], plans[name]

@@ -22,6 +22,7 @@ def reference():
     return three_d.reference_3d(steps=STEPS, batch=BATCH)
 
 
+@pytest.mark.slow
 def test_3d_run_matches_one_process(result, reference):
     par = three_d.parity_3d(result, reference)
     assert par["ok"], par

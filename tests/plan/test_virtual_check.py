@@ -11,6 +11,7 @@ def _rows(df):
     return df.set_index("part")
 
 
+@pytest.mark.slow
 def test_7b_fsdp_per_layer_and_rest_agree():
     # the top plan of notebooks/14 for Llama-2-7B on 8 GPUs: dp 8, ZeRO-3
     df = _rows(
@@ -22,6 +23,7 @@ def test_7b_fsdp_per_layer_and_rest_agree():
     assert df.at["per layer", "residual_B"] == 9 * 4
 
 
+@pytest.mark.slow
 def test_70b_fsdp_tp_per_layer_agrees_and_rest_is_replicated_over_tp():
     # the top plan of notebooks/14 for Llama-2-70B on 64 GPUs: dp 32 x tp 2, ZeRO-3
     layout = P.Layout(dp=32, tp=2, zero=3)

@@ -197,6 +197,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_processes_launching_at_once_do_not_collide(tmp_path):
     # two notebooks = two kernels = two independent callers with their own forkservers
@@ -216,6 +217,7 @@ def test_two_processes_launching_at_once_do_not_collide(tmp_path):
         assert f"OK {[[2.0 * base + 1] * 2] * 2}" in out, err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_spawn_start_method_where_there_is_no_forkserver(monkeypatch):
     # Windows has no forkserver: ranks are spawned and import torch themselves (slow, but the

@@ -142,6 +142,7 @@ def _sleeps(rank, world_size):
     time.sleep(30)
 
 
+@pytest.mark.slow
 def test_keyboard_interrupt_stops_every_rank_and_the_next_launch_works():
     main_thread = threading.main_thread().ident
     timer = threading.Timer(1.0, signal.pthread_kill, args=(main_thread, signal.SIGINT))

@@ -29,6 +29,7 @@ def _fails_on_odd_calls(rank, world_size, i):
     return _allreduce(rank, world_size)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_fifty_launches_leave_fds_threads_and_memory_flat():
     me = psutil.Process()
@@ -49,6 +50,7 @@ def test_fifty_launches_leave_fds_threads_and_memory_flat():
     assert rank_processes() == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_forkserver_is_the_only_long_lived_helper_and_can_be_stopped():
     course_lib.launch(_allreduce, 2)

@@ -32,6 +32,7 @@ def _allreduce(rank, world_size):
     return t.item()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sixty_warm_launches_without_a_multi_second_stall():
     course_lib.launch(_allreduce, 2)  # warm up
@@ -61,6 +62,7 @@ if __name__ == "__main__":
 _LOOKUP_MARKS = ("htons(53)", "io.systemd.Resolve", "in-addr", "ip6\\4arpa")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_ranks_make_no_name_service_query(tmp_path):
     strace = shutil.which("strace")

@@ -75,6 +75,7 @@ def test_fsdp_params_are_total_over_n_and_adam_state_is_twice_that(fsdp8):
     assert comm["backward"] == {"_allgather_base_": 3, "_reduce_scatter_base_": 3}
 
 
+@pytest.mark.slow
 def test_fsdp_padding_at_64_ranks_and_fast_chunks_change_nothing():
     runs = [
         virtual.simulate_step(
@@ -122,6 +123,7 @@ def test_tp_splits_blocks_and_commdebugmode_counts_megatron_all_reduces(tp4):
     assert comm["backward"] == {"all_reduce": 5 * cfg.layers}
 
 
+@pytest.mark.slow
 def test_fsdp_plus_tp_runs_in_two_dimensions():
     df = virtual.simulate_step(
         EVEN, world_size=8, strategy="fsdp+tp", tp=4, mixed_precision="bf16", batch=1, seq_len=16
@@ -274,6 +276,7 @@ def ck_runs():
     }
 
 
+@pytest.mark.slow
 def test_full_checkpointing_keeps_block_inputs_and_rebuilds_one_block(ck_runs):
     L, cfg = 2, act_cfg(2)
     none, full = ck_runs[(L, None)], ck_runs[(L, "full")]

@@ -223,6 +223,7 @@ def _u12_gantt():
     yield "u12 gantt", fig
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [_u08_figures, _u13_figures, _u01_timeline, _u12_gantt])
 def test_course_figures_show_no_text_below_the_minimum(make):
     for name, fig in make():

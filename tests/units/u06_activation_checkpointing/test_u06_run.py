@@ -10,6 +10,7 @@ from course_lib.units.u06_activation_checkpointing import run
 SMALL = GPTConfig.tiny(n_layer=3, n_embd=32, n_head=2, block_size=16, vocab_size=32)
 
 
+@pytest.mark.slow
 def test_policy_table_is_exact_and_gradients_match():
     df = run.policy_table(SMALL, batch=2, seq=16)
     assert list(df["case"]) == [c[0] for c in run.CASES]
@@ -49,6 +50,7 @@ def test_cheapest_fitting_policy_and_bad_input():
         run.time_overhead(SMALL, rounds=0)
 
 
+@pytest.mark.slow
 def test_virtual_7b_table_scales_the_virtual_cluster_per_block():
     from course_lib.measure import estimate
 

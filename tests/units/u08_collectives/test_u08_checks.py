@@ -36,6 +36,7 @@ def _half_gather(output, input):
         output.zero_()  # wrong on one rank only
 
 
+@pytest.mark.slow
 def test_checks_pass_for_the_reference_implementations(capsys):
     from course_lib.units.u08_collectives import checks as unit08
 
@@ -76,6 +77,7 @@ def _wait(sleeps):
     return [max(sleeps) - s for s in sleeps]  # an all-reduce ends when its last rank arrives
 
 
+@pytest.mark.slow
 def test_straggler_prediction_passes_measured_and_fails_wrong(capsys, monkeypatch):
     from course_lib.units.u08_collectives import checks as unit08
 

@@ -35,6 +35,7 @@ def test_before_after_draws_every_value_and_blank_for_empty():
     plt.close(fig)
 
 
+@pytest.mark.slow
 def test_primitives_grid_has_a_before_and_after_panel_per_collective():
     results = {
         name: {"before": _rows(4), "after": E.expected_after(name, 4)} for name in E.PRIMITIVES
@@ -117,6 +118,7 @@ def test_bytes_and_times_plots():
     plt.close(fig)
 
 
+@pytest.mark.slow
 def test_widget_runs_only_on_click_and_shows_the_real_result():
     from course_lib.units.u08_collectives.widgets import CollectiveExplorer
 
@@ -145,6 +147,7 @@ def test_widget_runs_only_on_click_and_shows_the_real_result():
     assert ex.table["sent, measured (wire)"].tolist() == ex.result["wire_bytes_sent"]
 
 
+@pytest.mark.slow
 def test_widget_explains_an_impossible_choice_and_stays_usable():
     from course_lib.units.u08_collectives.widgets import CollectiveExplorer
 

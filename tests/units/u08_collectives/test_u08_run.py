@@ -96,6 +96,7 @@ def test_worked_example_mean_and_sgd_step():
     assert df["new weight"].sub(0.9999).abs().max() < 1e-15
 
 
+@pytest.mark.slow
 def test_decompositions_agree_with_all_reduce_within_the_summation_bound():
     df = E.all_reduce_decompositions(world_size=4, numel=1001)
     assert len(df) == 4 * 9  # 4 ways to all-reduce, 3 more from-scratch all-reduces, RS and AG
@@ -109,6 +110,7 @@ def test_decompositions_agree_with_all_reduce_within_the_summation_bound():
     ) - {"recursive doubling (from scratch)"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_from_scratch_payloads_equal_estimate_and_the_wire_adds_only_headers(world_size):
     df = E.measure_bytes(world_size=world_size, numel=world_size * 256)
@@ -144,6 +146,7 @@ GLOO_DIFFERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_wire_bytes_of_every_collective_beside_estimate(world_size):
     """S = 1 MiB; tolerance 1 % of S (headers are below 0.7 % of S for every collective here).

@@ -66,6 +66,7 @@ def course_hook(model, buckets):
     return lambda: None
 
 
+@pytest.mark.slow
 def test_check_bucketed_hook():
     C.check_bucketed_hook(good_hook)
     with pytest.raises(AssertionError, match="✗ task 1: .*expected 4 all_reduce calls during"):
@@ -115,6 +116,7 @@ def test_check_accumulation_steps(capsys):
         C.check_accumulation_steps(lambda b, m, n: accumulation_steps_for(b, m, n))
 
 
+@pytest.mark.slow
 def test_check_bytes_prediction(capsys):
     C.check_bytes_prediction(lambda p, b, n, k: 2 * (n - 1) * p * b // n)
     assert capsys.readouterr().out.startswith("✓ task 4:")

@@ -15,6 +15,7 @@ def test_worked_example_on_four_ranks():
     assert df["update"].tolist() == pytest.approx([-1e-4] * 4, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_bytes_accumulation_and_straggler():
     wire = R.bytes_per_step((2,), width=64, bucket_cap_mb=25)
     for row in wire.itertuples():

@@ -35,6 +35,7 @@ def test_plots_draw_and_refuse_bad_frames():
     plt.close("all")
 
 
+@pytest.mark.slow
 def test_overlap_explorer_runs():
     ex = OverlapExplorer(world_size=2, small_cap=1.0, large_cap=25.0)
     ex.run_button.click()

@@ -39,6 +39,7 @@ def course_step(flat_param, flat_grad, shard, optimizer):
     good_step(flat_param, flat_grad, shard, optimizer)
 
 
+@pytest.mark.slow
 def test_check_zero1_step():
     C.check_zero1_step(good_step)
     with pytest.raises(
@@ -132,6 +133,7 @@ def course_hook(params, shard):
     _hook(params, shard, free=True)
 
 
+@pytest.mark.slow
 def test_check_stage2_hook():
     C.check_stage2_hook(good_hook)
     with pytest.raises(AssertionError, match="✗ task 3: rank 0: after backward MemoryMeter finds"):

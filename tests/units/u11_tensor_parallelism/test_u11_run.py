@@ -31,6 +31,7 @@ def test_shard_shapes_on_a_dp_tp_mesh_and_refusals():
         run.shard_shapes(8, config=GPTConfig.tiny(n_head=12, n_embd=96))
 
 
+@pytest.mark.slow
 def test_parity_and_memory_per_rank_match_the_formulas_exactly():
     p = run.parity((2,), sequence_parallel=(True,), steps=1)
     assert p.ok.all() and list(p.sequence_parallel) == [True]
