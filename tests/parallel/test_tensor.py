@@ -125,6 +125,7 @@ def _dtensor_worker(rank, world_size):
     return run._dtensor_worker(rank, world_size)
 
 
+@pytest.mark.slow
 def test_dtensor_parallelize_module_gives_the_same_loss_and_counts():
     res = course_lib.launch(_dtensor_worker, 2)[0]
     reference = H.cross_entropy_loss(

@@ -116,6 +116,7 @@ def _uses_big(rank, world_size):
     return float(BIG[rank])
 
 
+@pytest.mark.slow
 def test_a_large_captured_global_is_reported_once():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -82,6 +82,7 @@ def test_llama_7b_counts_on_meta_device():
     assert trainable_params(model) == 19_988_480
 
 
+@pytest.mark.slow
 def test_parity_with_peft():
     peft = pytest.importorskip("peft")
     model = _model()

@@ -55,6 +55,7 @@ def test_llama_like_counts_its_parameters():
     assert virtual.PRESETS["llama-7b"].n_params == 6_738_415_616
 
 
+@pytest.mark.slow
 def test_fsdp_params_are_total_over_n_and_adam_state_is_twice_that(fsdp8):
     n = EVEN.n_params
     assert n % 8 == 0
@@ -98,6 +99,7 @@ def test_fsdp_padding_at_64_ranks_and_fast_chunks_change_nothing():
     assert runs[0][cols].equals(runs[1][cols])
 
 
+@pytest.mark.slow
 def test_no_reshard_holds_every_gathered_parameter_like_zero2():
     df = virtual.simulate_step(
         EVEN, world_size=16, strategy="fsdp_no_reshard", mixed_precision="bf16", batch=1, seq_len=16
@@ -107,6 +109,7 @@ def test_no_reshard_holds_every_gathered_parameter_like_zero2():
     assert df.attrs["comm"]["backward"] == {"_reduce_scatter_base_": 3}  # no re-gather
 
 
+@pytest.mark.slow
 def test_tp_splits_blocks_and_commdebugmode_counts_megatron_all_reduces(tp4):
     cfg, t = EVEN, 4
     block = [s for s in shapes(cfg)[1:-2]]  # wq..w2 and the two norms

@@ -64,6 +64,7 @@ def test_scale_table_65b_qlora_fits_48gb_and_lora_paper_figures():
     assert df[df["model"] == "Llama 7B"]["params"].iloc[0] == 6_738_415_616
 
 
+@pytest.mark.slow
 def test_peft_parity_exact():
     pytest.importorskip("peft")
     got = R.peft_parity()

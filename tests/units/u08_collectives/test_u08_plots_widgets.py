@@ -47,6 +47,7 @@ def test_primitives_grid_has_a_before_and_after_panel_per_collective():
     plt.close(fig)
 
 
+@pytest.mark.slow
 def test_ring_steps_from_records_label_contributors():
     n = 3
     # hand-made records of rank r for a 3-element tensor, following ring_all_reduce's schedule

@@ -24,6 +24,7 @@ def primitives4():
     return E.run_primitives(E.COLLECTIVE_CHOICES, world_size=4)
 
 
+@pytest.mark.slow
 def test_every_primitive_on_four_ranks_matches_its_definition(primitives4):
     assert list(primitives4) == list(E.COLLECTIVE_CHOICES)
     for name, res in primitives4.items():
@@ -173,6 +174,7 @@ def test_wire_bytes_of_every_collective_beside_estimate(world_size):
         W.measure_wire_bytes(world_size, 1001)
 
 
+@pytest.mark.slow
 def test_time_all_reduce_shape_and_positive_times():
     df = E.time_all_reduce(
         [1024, 4096],
@@ -246,6 +248,7 @@ def test_a_lost_rank_is_a_timeout_not_a_slow_step():
     assert not any(".cc:" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_rabenseifner_has_the_rings_bytes_in_fewer_messages():
     df = E.algorithm_comparison(4, sizes=(1024, 64 * 1024), repeats=1)
     assert (df["payload_sent"] == df["predicted_bytes"]).all()

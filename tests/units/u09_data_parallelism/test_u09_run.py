@@ -8,6 +8,7 @@ from course_lib.measure import estimate
 from course_lib.units.u09_data_parallelism import run as R
 
 
+@pytest.mark.slow
 def test_worked_example_on_four_ranks():
     df = R.worked_example()
     assert list(df.local_grad) == list(R.SOURCE_GRADS)

@@ -8,6 +8,7 @@ import pytest
 from course_lib.units.u10_zero_fsdp import run as R
 
 
+@pytest.mark.slow
 def test_ours_and_torchs_train_the_same_model():
     df = R.torch_parity(world_size=2, steps=2).set_index("implementation")
     assert df.ok.all()

@@ -15,6 +15,7 @@ from course_lib.units.u11_tensor_parallelism import run  # noqa: E402
 from course_lib.units.u11_tensor_parallelism.widgets import SplitExplorer  # noqa: E402
 
 
+@pytest.mark.slow
 def test_plots_draw_and_refuse_bad_frames():
     shapes = pd.DataFrame(
         [

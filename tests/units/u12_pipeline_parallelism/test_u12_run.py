@@ -19,6 +19,7 @@ def test_wire_bytes_exact_payload_and_gloo_headers():
         assert (df.residual == 96 * df.sends + 48 * df.recvs).all(), df
 
 
+@pytest.mark.slow
 def test_activation_memory_gpipe_holds_m_1f1b_holds_p_minus_s():
     df = run.activation_memory(ranks=2, microbatches=4)
     g = df[df.schedule == "gpipe"]

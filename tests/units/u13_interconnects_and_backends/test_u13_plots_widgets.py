@@ -61,6 +61,7 @@ def test_plot_link_times_one_bar_per_link_and_model():
     assert widths == sorted(round(t * 1e3, 6) for t in table["time_s"])
 
 
+@pytest.mark.slow
 def test_sweep_explorer_runs_only_on_the_button():
     ex = SweepExplorer()
     ex.collective.value = "all_gather"

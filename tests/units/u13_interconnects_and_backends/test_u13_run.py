@@ -46,6 +46,7 @@ def sweep2():
     return E.collective_sweep(cfg, progress=False)
 
 
+@pytest.mark.slow
 def test_sweep_is_tidy_and_follows_the_nccl_tests_convention(sweep2):
     assert list(sweep2.columns) == [
         "backend",
@@ -99,6 +100,7 @@ def _check_with_a_broken_collective(rank, world_size, collective):
     run_sweep._check_collective(collective, full, shard, rank, world_size)
 
 
+@pytest.mark.slow
 def test_the_sweep_refuses_to_time_a_collective_that_computes_the_wrong_thing():
     from course_lib import LaunchError, launch
 

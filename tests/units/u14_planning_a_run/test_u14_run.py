@@ -21,6 +21,7 @@ def test_sources_budget():
     assert t["80 GB GPUs to hold it"] == 35
 
 
+@pytest.mark.slow
 def test_published_runs_fit_and_sit_near_the_top():
     t = R.published_runs()
     assert t["fits"].all() and (t["memory_GB"] < 80).all()
