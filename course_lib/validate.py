@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NoReturn, SupportsInt, cast
 
 __all__ = ["choice", "choices", "count", "counts", "number", "describe"]
 
@@ -25,7 +25,7 @@ def describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _fail(exc: type[Exception], name: str, value: Any, expected: str) -> None:
+def _fail(exc: type[Exception], name: str, value: Any, expected: str) -> NoReturn:
     raise exc(f"{name} = {describe(value)}: expected {expected}")
 
 
@@ -68,7 +68,7 @@ def count(name: str, value: Any, *, minimum: int | None = 0, maximum: int | None
     if isinstance(value, numbers.Integral):
         value = int(value)
     elif isinstance(value, numbers.Real) and float(value).is_integer():
-        value = int(value)
+        value = int(cast(SupportsInt, value))  # typeshed: Real has no __int__ (every Real converts)
     else:
         _fail(TypeError, name, value, f"an int (got {type(value).__name__})")
     if minimum is not None and value < minimum:
@@ -105,15 +105,16 @@ def number(
     """A real number; ``positive`` means ``> 0``, ``minimum``/``maximum`` are inclusive."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         _fail(TypeError, name, value, f"a number (got {type(value).__name__})")
-    if value != value:  # NaN
+    x = cast(float, value)  # typeshed's Real declares no comparisons; every Real has float's
+    if x != x:  # NaN
         _fail(ValueError, name, value, "a number, not NaN")
-    if positive and not value > 0:
+    if positive and not x > 0:
         _fail(ValueError, name, value, "a number > 0")
-    if minimum is not None and value < minimum:
+    if minimum is not None and x < minimum:
         _fail(ValueError, name, value, f"a number >= {minimum}")
-    if maximum is not None and value > maximum:
+    if maximum is not None and x > maximum:
         _fail(ValueError, name, value, f"a number <= {maximum}")
-    return value
+    return x
 
 
 def _range_text(minimum: int | None, maximum: int | None) -> str:

@@ -149,9 +149,10 @@ class _Tracker(MemTracker):
 
     # ---- timeline -------------------------------------------------------------------------
     def record(self, event: str, module: str = "", phase: str | None = None) -> None:
+        bd = self.breakdown(self._meter.device)
         row = {"op": self._n_ops, "event": event, "module": module, "phase": phase or self.phase()}
-        row.update(self.breakdown(self._meter.device))
-        row["total"] = sum(row[c] for c in CATEGORIES)
+        row.update(bd)
+        row["total"] = sum(bd[c] for c in CATEGORIES)
         self.rows.append(row)
 
     def _name(self, module: nn.Module) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from course_lib.parallel.tp_comms import apply
 from course_lib.parallel.zero_common import Unit, ZeroDataParallel
 from course_lib.runtime.compat import all_gather_single
 
@@ -64,7 +65,7 @@ class FullySharded(ZeroDataParallel):
         gathered = self._all_gather(unit)  # waits for a prefetched gather, or gathers now
         if self.prefetch and i + 1 < len(self.units):
             self._all_gather(self.units[i + 1], wait=False)  # next unit's, in the background
-        flat = _GatherParams.apply(unit.shard, gathered, self, unit)
+        flat = apply(_GatherParams, unit.shard, gathered, self, unit)
         self._by_storage[gathered.untyped_storage().data_ptr()] = unit
         for name, view in zip(unit.names, unit.views(flat)):
             setattr(unit.module, name, view)

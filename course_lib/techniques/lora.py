@@ -122,6 +122,7 @@ class LoRALinear(nn.Module):
     def unmerge(self) -> None:
         """Undo :meth:`merge` (W0 -= (alpha / r) B A), e.g. to keep training the adapter."""
         if self.merged:
+            assert isinstance(self.base, nn.Linear), "merge only merges into an nn.Linear base"
             with torch.no_grad():
                 self.base.weight -= self.delta_weight().to(self.base.weight.dtype)
             self.merged = False

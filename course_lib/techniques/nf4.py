@@ -167,20 +167,22 @@ def quantized_bytes(layers: nn.Module | Iterable[nn.Module]) -> dict[str, int]:
     out = dict.fromkeys(("codes", "scales", "scales_of_scales", "code_tables", "bias"), 0)
     seen: set = set()
     for layer in layers:
-        qs = getattr(layer.weight, "quant_state", None)
-        if qs is None:
+        weight = layer.weight
+        qs = getattr(weight, "quant_state", None)
+        if qs is None or not isinstance(weight, torch.Tensor):
             raise TypeError(
                 f"{type(layer).__name__} has no quantized weight (expected a bitsandbytes "
                 "Linear4bit moved to its device, which quantizes it)"
             )
-        out["codes"] += _storage_bytes(layer.weight.data, seen)
+        out["codes"] += _storage_bytes(weight.data, seen)
         out["scales"] += _storage_bytes(qs.absmax, seen)
         out["code_tables"] += _storage_bytes(qs.code, seen)
         if qs.nested:
             out["scales_of_scales"] += _storage_bytes(qs.state2.absmax, seen)
             out["scales_of_scales"] += _storage_bytes(qs.offset, seen)
             out["code_tables"] += _storage_bytes(qs.state2.code, seen)
-        if getattr(layer, "bias", None) is not None:
-            out["bias"] += _storage_bytes(layer.bias, seen)
+        bias = getattr(layer, "bias", None)
+        if isinstance(bias, torch.Tensor):
+            out["bias"] += _storage_bytes(bias, seen)
     out["total"] = sum(out.values())
     return out

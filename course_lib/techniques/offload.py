@@ -266,7 +266,7 @@ class OffloadAdamW:
         file.seek(0)
         n = 0
         for t in tensors:
-            n += file.write(memoryview(t.detach().numpy()).cast("B"))  # (numel,) fp32 bytes
+            n += file.write(t.detach().numpy().data.cast("B"))  # (numel,) fp32 bytes
         os.fsync(file.fileno())  # on the disk, so that dropping the cache loses nothing
         self.cache_dropped = drop_page_cache(file.fileno())
         # m and v leave memory now; the masters after load_params has sent them up
@@ -286,7 +286,7 @@ class OffloadAdamW:
             buf = torch.empty(self._shapes.get(id(t), t.shape), dtype=t.dtype)
             file = self._state_file()
             file.seek(off)
-            n += file.readinto(memoryview(buf.numpy()).cast("B"))  # (numel,) fp32 bytes
+            n += file.readinto(buf.numpy().data.cast("B"))  # (numel,) fp32 bytes
             t.data = buf
             self._shapes.pop(id(t), None)
         return n

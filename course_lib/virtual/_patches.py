@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -101,7 +102,7 @@ def fast_fsdp_chunks():
 _ACTIVATION_KINDS = ("Activation", "Temp")
 
 
-def global_peak_only(tracker_cls):
+def global_peak_only(tracker_cls: Any) -> Any:
     """``tracker_cls`` whose per-operator peak update keeps only the global peak.
 
     MemTracker, after every operator, walks every module it knows to update the peaks of the

@@ -39,12 +39,13 @@ import matplotlib.pyplot as plt
 
 if TYPE_CHECKING:
     from matplotlib.text import Text
+    from matplotlib.typing import RcKeyType
 
 # ============================================================================================
 # style
 # ============================================================================================
 #: rcParams applied while a course figure is drawn (big, plain, readable when projected)
-STYLE: dict[str, Any] = {
+STYLE: dict[RcKeyType, Any] = {
     "font.size": 14,
     "axes.titlesize": 16,
     "axes.labelsize": 14,

@@ -140,12 +140,15 @@ def predict_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer:
     state = estimate.model_state_bytes(
         info["n_params"], precision="fp32", optimizer=optimizer, n_param_tensors=info["n_tensors"]
     )
+    acts: int | float
     if isinstance(model, MLP):
         (batch,) = batch_shape
         acts = estimate.activation_bytes_mlp(
             batch,
             model.config.widths,
-            activation=model.config.activation,
+            activation=validate.choice(
+                "activation", model.config.activation, estimate.MLP_ACTIVATION_SAVES
+            ),
             dtype_bytes=info["dtype_bytes"],
         )
     else:

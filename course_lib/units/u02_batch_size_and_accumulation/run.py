@@ -131,7 +131,10 @@ def throughput_vs_batch(
     validate.counts("batch_sizes", batch_sizes)
     if not isinstance(model, MLP):
         raise TypeError(f"model must be a course_lib.models.MLP, got {type(model).__name__}")
-    widths, activation = model.config.widths, model.config.activation
+    widths = model.config.widths
+    activation: estimate.MlpActivation = validate.choice(
+        "activation", model.config.activation, estimate.MLP_ACTIVATION_SAVES
+    )
     rows = []
     for batch in batch_sizes:
         work = copy.deepcopy(model).to(device)

@@ -63,7 +63,7 @@ def elementwise_op_cost(op: str, numel: int, dtype: torch.dtype = torch.float32)
     cost = estimate.elementwise_cost(
         numel, flops_per_element=op, dtype_bytes=estimate.dtype_bytes(dtype)
     )
-    return OpCost(f"{op} {numel:,} el.", cost.flops, int(cost.bytes))
+    return OpCost(f"{op} {numel:,} el.", int(cost.flops), int(cost.bytes))
 
 
 def measure_matmul_throughput(

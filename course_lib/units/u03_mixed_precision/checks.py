@@ -20,6 +20,8 @@ Task 6 (scale it up): Adam model state of Llama-2-7B and -70B in four recipes, a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.units.u03_mixed_precision.checks_scaler import (  # noqa: F401 (re-exported)
     _REFERENCES,
@@ -28,6 +30,9 @@ from course_lib.units.u03_mixed_precision.checks_scaler import (  # noqa: F401 (
     check_scale_schedule,
     check_underflow_recovery,
 )
+
+if TYPE_CHECKING:
+    from course_lib.measure.estimate import Precision
 
 __all__ = [
     "check_underflow_recovery",
@@ -180,7 +185,7 @@ def check_clip_bug(train, task: int = 5) -> None:
 #: task 6's models (Llama-2-7B and -70B parameter counts, Touvron et al. 2023) and recipes, with
 #: the row of ``estimate.model_state_bytes`` each one stores (autocast keeps the fp32 row)
 SCALE_MODELS = {"7B": 6_738_415_616, "70B": 68_976_648_192}
-SCALE_RECIPES = {
+SCALE_RECIPES: dict[str, Precision] = {
     "fp32": "fp32",
     "paper bf16-mixed": "bf16-mixed",
     "autocast bf16-mixed": "fp32",

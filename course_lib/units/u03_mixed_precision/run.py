@@ -109,10 +109,14 @@ def gradient_histogram(
     gen = torch.Generator().manual_seed(seed)
     idx, tgt = permutation_batch(config, batch, seq, generator=gen)
     grads: list[torch.Tensor] = []
+
+    def keep(
+        mod: torch.nn.Module, gin: object, gout: tuple[torch.Tensor, ...] | torch.Tensor
+    ) -> None:
+        grads.append(gout[0].detach().abs().flatten())
+
     hooks = [
-        m.register_full_backward_hook(
-            lambda mod, gin, gout: grads.append(gout[0].detach().abs().flatten())
-        )
+        m.register_full_backward_hook(keep)
         for m in model.modules()
         if isinstance(m, torch.nn.Linear)
     ]
@@ -375,10 +379,12 @@ def loss_curves(
         gen = torch.Generator().manual_seed(seed + 1)
         for step in range(steps):
             idx, tgt = permutation_batch(config, batch, seq, generator=gen, device=device)
+
+            def loss_fn(m, idx=idx, tgt=tgt):
+                return m.loss(idx, tgt)
+
             t0 = time.perf_counter()
-            r = P.train_step(
-                model, opt, lambda m, idx=idx, tgt=tgt: m.loss(idx, tgt), mode=mode, scaler=scaler
-            )
+            r = P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             rows.append(

@@ -159,6 +159,7 @@ def _run_offload(MyOffloadAdamW, dtype, task, *, learner: bool):
         else:  # the master-weights recipe (Micikevicius et al. 2017), written out
             with torch.no_grad():
                 for p, m in zip(params, master):
+                    assert p.grad is not None, "backward gives every parameter a gradient"
                     m.grad = p.grad.float()
                 inner.step()
                 for p, m in zip(params, master):

@@ -46,7 +46,7 @@ def tier_bandwidth(
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
     dst = torch.empty_like(src)
     dst.copy_(src)  # touch every page first: the timed copy must not count page faults
-    buf = memoryview(dst.numpy())
+    buf = dst.numpy().data  # the tensor's bytes, as a memoryview
     times: dict[str, list[float]] = {
         "RAM copy": [],
         "file write + fsync": [],
@@ -62,7 +62,7 @@ def tier_bandwidth(
                 times["RAM copy"].append(time.perf_counter() - t0)
                 f.seek(0)
                 t0 = time.perf_counter()
-                f.write(memoryview(src.numpy()))
+                f.write(src.numpy().data)
                 os.fsync(f.fileno())
                 times["file write + fsync"].append(time.perf_counter() - t0)
                 dropped = drop_page_cache(f.fileno())

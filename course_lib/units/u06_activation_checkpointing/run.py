@@ -18,6 +18,7 @@ with the paper formulas.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any, Sequence
 
 import pandas as pd
@@ -93,6 +94,12 @@ def kept_bytes(model: torch.nn.Module, idx: torch.Tensor) -> int:
     return int(tl[tl["event"] == "post_forward"].iloc[-1]["activations"])
 
 
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """``p.grad`` after a backward, which gives every parameter of the GPT one."""
+    assert p.grad is not None, "backward gives every parameter a gradient"
+    return p.grad
+
+
 def measure_case(
     base: GPT,
     idx,
@@ -114,7 +121,7 @@ def measure_case(
     model.zero_grad(set_to_none=True)
     with FlopCounterMode(display=False) as flops:
         model.loss(idx, targets).backward()
-    grads = [p.grad.detach().clone() for p in model.parameters()]
+    grads = [_grad(p).detach().clone() for p in model.parameters()]
     err = (
         max(float((g - r).abs().max()) for g, r in zip(grads, reference_grads))
         if reference_grads is not None
@@ -208,7 +215,7 @@ def time_overhead(
     times: dict[str, list[float]] = {label: [] for label, _ in models}
     for _ in range(rounds):
         for label, m in models:
-            times[label].append(time_fn(lambda m=m: step(m), warmup=1, repeat=1).median_s)
+            times[label].append(time_fn(functools.partial(step, m), warmup=1, repeat=1).median_s)
     med = {label: float(pd.Series(t).median()) for label, t in times.items()}
     ref = med.get("none", min(med.values()))
     return pd.DataFrame(

@@ -117,6 +117,7 @@ def nf4_table(
     ``bitsandbytes.nn.Linear4bit`` with and without double quantization (measured from its
     tensors; code tables left out) beside ``estimate.nf4_bytes``; the relative rms error of
     bitsandbytes' and of our quantizer (``techniques.nf4``)."""
+    import bitsandbytes as bnb
     import bitsandbytes.functional as bf
 
     from course_lib.techniques.nf4 import dequantize_nf4, nf4_linear, quantize_nf4, quantized_bytes
@@ -134,7 +135,9 @@ def nf4_table(
             q = nf4_linear(lin, double_quant=dq)
             got = quantized_bytes(q)
             measured = got["codes"] + got["scales"] + got["scales_of_scales"]
-            theirs = bf.dequantize_4bit(q.weight.data, q.weight.quant_state)
+            weight = q.weight
+            assert isinstance(weight, bnb.nn.Params4bit), "nf4_linear holds a Params4bit"
+            theirs = bf.dequantize_4bit(weight.data, weight.quant_state)
             rows.append(
                 {
                     "shape": f"{d_out} x {d_in}",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import pandas as pd
 import torch
@@ -161,7 +162,7 @@ def _compare_worker(rank: int, world_size: int, sizes: Sequence[int], repeats: i
                 fn(x)
             sends = sum(n for op, n in meter.calls.items() if "send" in op)
             t = time_collective(
-                lambda fn=fn, x=x: fn(x), warmup=1, repeat=repeats, setup=lambda x=x: x.fill_(1.0)
+                partial(fn, x), warmup=1, repeat=repeats, setup=partial(x.fill_, 1.0)
             )
             rows.append(
                 {

@@ -100,7 +100,9 @@ def _example_worker(rank: int, world_size: int, grads, lr: float, w0: float) -> 
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     # loss = g_r * w: its gradient on rank r is exactly the source's g_r
     (grads[rank] * linear.weight.sum()).backward()
-    averaged = linear.weight.grad.item()
+    grad = linear.weight.grad
+    assert grad is not None  # backward just filled it
+    averaged = grad.item()
     opt.step()
     return {
         "rank": rank,

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import pandas as pd
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from course_lib.models import MLP
+    from course_lib.parallel.harness import Stepper, Which
 
 LR = 1e-2  #: AdamW learning rate of every run
 
@@ -20,7 +26,7 @@ def model_fn(
     out: int = 2,
     dtype: torch.dtype = torch.float64,
     taper: bool = True,
-) -> nn.Module:
+) -> MLP:
     """An MLP 8 -> width -> width/2 (-> width/2 ...) -> out with ``depth`` hidden layers (float64
     by default: Adam magnifies rounding noise, see parallel/harness.py); ``taper=False``: every
     hidden layer ``width`` wide."""
@@ -39,7 +45,7 @@ def batch_fn(step: int, *, rows: int = 24, out: int = 2, dtype: torch.dtype = to
     return x.to(dtype), y.to(dtype)
 
 
-def _memory_model(seed: int = 0) -> nn.Module:
+def _memory_model(seed: int = 0) -> MLP:
     return model_fn(seed, width=MEMORY_WIDTH, out=3, dtype=torch.float32)
 
 
@@ -61,8 +67,16 @@ def _adamw(model):
     return torch.optim.AdamW(model.parameters(), lr=LR)
 
 
-def _self(model):  # ZeroDataParallel is its own optimizer
-    return model
+def _self(model: nn.Module) -> Stepper:  # ZeroDataParallel is its own optimizer
+    return cast("Stepper", model)
+
+
+def _zero_full_tensors(model: nn.Module, which: Which = "param") -> dict[str, torch.Tensor]:
+    """``parallel.zero.full_tensors`` as the harness's ``gather_fn`` (it checks the model is a
+    ZeroDataParallel)."""
+    from course_lib.parallel.zero import ZeroDataParallel, full_tensors
+
+    return full_tensors(cast(ZeroDataParallel, model), which)
 
 
 def _summary(table: pd.DataFrame) -> dict:

@@ -255,8 +255,8 @@ def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
     from course_lib.grading.references import watch_references
     from course_lib.measure.memory import MemoryMeter
     from course_lib.parallel import harness as H
-    from course_lib.parallel.zero import ZeroDataParallel, full_tensors
-    from course_lib.units.u10_zero_fsdp.run import batch_fn, model_fn
+    from course_lib.parallel.zero import ZeroDataParallel
+    from course_lib.units.u10_zero_fsdp.run import _self, _zero_full_tensors, batch_fn, model_fn
 
     model = ZeroDataParallel(model_fn(), stage=2, lr=LR)
     used: list[str] = []
@@ -270,14 +270,16 @@ def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
             fn([getattr(unit.module, n) for n in unit.names], unit.shard)
         used.extend(u for u in seen if u not in used)
 
-    model._grad_ready = ready
+    # replaces stage 2's method on this instance only (an attribute assignment type-checks as a
+    # submodule's, since ZeroDataParallel is an nn.Module)
+    setattr(model, "_grad_ready", ready)  # noqa: B010
     try:
         record = H.parallel_run(
             model,
             batch_fn,
             steps=2,
-            optimizer_fn=lambda m: m,
-            gather_fn=full_tensors,
+            optimizer_fn=_self,
+            gather_fn=_zero_full_tensors,
             shard=(rank, world_size),
         )
         H.mse_loss(model, H.shard_batch(batch_fn(0), rank, world_size)).backward()

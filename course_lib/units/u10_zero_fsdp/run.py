@@ -34,6 +34,7 @@ from course_lib.units.u10_zero_fsdp._setup import (  # noqa: F401 (_memory_model
     _memory_model,
     _self,
     _summary,
+    _zero_full_tensors,
     batch_fn,
     model_fn,
     units_of,
@@ -75,7 +76,7 @@ _VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def _parity_worker(rank: int, world_size: int, stages, variants, steps: int) -> dict:
-    from course_lib.parallel.zero import ZeroDataParallel, full_tensors
+    from course_lib.parallel.zero import ZeroDataParallel
 
     out = {}
     for stage in stages:
@@ -87,7 +88,7 @@ def _parity_worker(rank: int, world_size: int, stages, variants, steps: int) -> 
                 batch_fn,
                 steps=steps,
                 optimizer_fn=_self,
-                gather_fn=full_tensors,
+                gather_fn=_zero_full_tensors,
                 shard=(rank, world_size),
             )
     return out
@@ -234,7 +235,9 @@ def _timeline_worker(
             model.zero_grad()
             if step == 1:
                 peak = mem.peak_bytes
-        events += [{**e, "meta": {**e["meta"], "config": name}} for e in model.log.to_records()]
+        log = model.log
+        assert log is not None  # step 2 set it
+        events += [{**e, "meta": {**e["meta"], "config": name}} for e in log.to_records()]
         rows.append(
             {
                 "rank": rank,

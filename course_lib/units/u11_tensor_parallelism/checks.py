@@ -202,6 +202,8 @@ def _mlp_worker(rank: int, world_size: int, fn, forbid) -> dict:
     xr = x.clone().requires_grad_(True)
     y_ref = proj(F.gelu(fc(xr)))
     (y_ref * target).sum().backward()
+    fc_grad, proj_grad = fc.weight.grad, proj.weight.grad
+    assert fc_grad is not None and proj_grad is not None  # backward just filled them
     # this rank's shards: c_fc's output rows (column parallel), c_proj's input columns (row)
     my_fc = torch.nn.Linear(WIDTH, 4 * WIDTH // world_size)
     my_proj = torch.nn.Linear(4 * WIDTH // world_size, WIDTH, bias=False)
@@ -226,11 +228,11 @@ def _mlp_worker(rank: int, world_size: int, fn, forbid) -> dict:
             "the input's gradient": (xl.grad, xr.grad),
             "c_fc's weight gradient": (
                 my_fc.weight.grad,
-                fc.weight.grad.chunk(world_size, 0)[rank],
+                fc_grad.chunk(world_size, 0)[rank],
             ),
             "c_proj's weight gradient": (
                 my_proj.weight.grad,
-                proj.weight.grad.chunk(world_size, 1)[rank],
+                proj_grad.chunk(world_size, 1)[rank],
             ),
         },
     }

@@ -117,6 +117,10 @@ def worked_example() -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 # shard shapes
 # --------------------------------------------------------------------------------------------
+#: how a parameter is split, by the dim in its ``tp_split`` (None: not split)
+_SPLIT_NAMES: dict[int | None, str] = {0: "rows (column parallel)", 1: "columns (row parallel)"}
+
+
 def _shapes_worker(rank: int, world_size: int, config: GPTConfig, tp: int) -> list[dict]:
     from course_lib.parallel.mesh import Mesh
     from course_lib.parallel.tensor import parallelize_gpt
@@ -132,9 +136,7 @@ def _shapes_worker(rank: int, world_size: int, config: GPTConfig, tp: int) -> li
             "parameter": name[len(block) :],
             "full": tuple(full[name].shape),
             "on_rank": tuple(p.shape),
-            "split": {0: "rows (column parallel)", 1: "columns (row parallel)"}.get(
-                getattr(p, "tp_split", (None,))[0], "replicated"
-            ),
+            "split": _SPLIT_NAMES.get(getattr(p, "tp_split", (None,))[0], "replicated"),
         }
         for name, p in model.named_parameters()
         if name.startswith(block)
@@ -236,7 +238,8 @@ def _dtensor_gpt(model: GPT, tp_mesh):
                         ]
                     )
                 )
-        block.attn = ParallelSelfAttention(qkv, att.c_proj, hs, att.causal_mask)
+        # not the CausalSelfAttention that Block declares: replace the submodule by name
+        block.register_module("attn", ParallelSelfAttention(qkv, att.c_proj, hs, att.causal_mask))
         parallelize_module(
             block,
             tp_mesh,

@@ -68,7 +68,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # parity: ours and torch's against one process
 # --------------------------------------------------------------------------------------------
-def _torch_step(model: P.PipelineRank, name: str, microbatches: int):
+def _torch_step(model: P.PipelineRank, name: str, microbatches: int) -> H.StepFn:
     """A step_fn running torch.distributed.pipelining's schedule on this rank's stages."""
     import torch.distributed.pipelining as pp
 
@@ -84,9 +84,9 @@ def _torch_step(model: P.PipelineRank, name: str, microbatches: int):
     )  # scale_grads=True: gradients of the mean over micro-batches
     first, last = 0 in model.stage_ids, n - 1 in model.stage_ids
 
-    def step_fn(mod, batch):
+    def step_fn(mod: torch.nn.Module, batch: H.Batch) -> torch.Tensor | None:
         x, y = batch
-        losses: list = []
+        losses: list[torch.Tensor] = []
         kwargs = {"target": y, "losses": losses} if last else {}
         sched.step(*([x] if first else []), **kwargs)
         return torch.stack(losses).mean() if last else None

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from course_lib.grading.core import fail, passed, run_learner
+
+if TYPE_CHECKING:
+    from course_lib.measure.estimate.activations import Recompute
 
 __all__ = [
     "check_sized_run",
@@ -52,7 +55,7 @@ SIZE_CASE: dict[str, Any] = dict(
 BUDGET_DAYS = 31.0
 _KEYS = {"dp": int, "tp": int, "pp": int, "zero": int, "recompute": str, "micro_batch": int}
 #: task 3: (model, gpus, dp, tp, pp, recompute, global batch tokens)
-MFU_CASES = (
+MFU_CASES: tuple[tuple[str, int, int, int, int, Recompute, int], ...] = (
     ("Llama-2-7B", 8, 1, 2, 4, "selective", 2**20),
     ("Llama-2-70B", 64, 2, 8, 4, "full", 2**21),
 )
