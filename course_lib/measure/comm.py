@@ -85,7 +85,7 @@ from course_lib.measure._comm_records import (
 )
 from course_lib.measure._comm_records import number as _num
 
-__all__ = ["CommMeter", "CommRecord", "PATCHED_FUNCTIONS"]
+__all__ = ["CommMeter", "CommRecord", "PATCHED_FUNCTIONS", "collective_family"]
 
 #: torch.distributed functions CommMeter wraps
 PATCHED_FUNCTIONS = (
@@ -109,6 +109,20 @@ PATCHED_FUNCTIONS = (
     "all_to_all_single",
     "barrier",
 )
+
+
+# torch 2.13 renamed the flat-tensor collectives (runtime/compat.py); a record keeps the name that
+# was called, and a table shows the collective's family, the same on every supported torch.
+_FAMILY = {
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+}
+
+
+def collective_family(op: str) -> str:
+    """``"all_gather"`` for ``all_gather_single`` and ``all_gather_into_tensor`` (likewise for
+    reduce-scatter and ``all_to_all_single``); any other name unchanged."""
+    return _FAMILY.get(op, op.removesuffix("_single"))
 
 
 class CommMeter:

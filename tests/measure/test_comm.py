@@ -40,6 +40,7 @@ def _originals():
     return {
         name: (getattr(dist, name), getattr(dist.distributed_c10d, name))
         for name in PATCHED_FUNCTIONS
+        if hasattr(dist, name)  # torch < 2.13 has no *_single flat-tensor names
     }
 
 
@@ -211,6 +212,9 @@ def _old_and_new_gather_names(rank, world_size):
     return old.records, new.records
 
 
+@pytest.mark.skipif(
+    not hasattr(dist, "all_gather_single"), reason="torch < 2.13 has no all_gather_single"
+)
 def test_torch_2_13_single_names_count_once_and_like_the_old_names():
     """all_gather_into_tensor now calls all_gather_single: each call must be recorded once,
     under the name the caller used, with the same bytes."""
@@ -233,6 +237,7 @@ def _wire_figures(rank, world_size, size):
     import torch.distributed as dist
 
     from course_lib.measure.comm import CommMeter
+    from course_lib.runtime import compat
 
     n, numel = world_size, size // 4
     ops = {
@@ -241,7 +246,7 @@ def _wire_figures(rank, world_size, size):
             [torch.empty(numel) for _ in range(n)], torch.ones(numel)
         ),
         "broadcast": lambda: dist.broadcast(torch.ones(numel), src=0),
-        "reduce_scatter": lambda: dist.reduce_scatter_single(
+        "reduce_scatter": lambda: compat.reduce_scatter_single(
             torch.empty(numel // n), torch.ones(numel)
         ),
         "send": lambda: (
@@ -357,3 +362,15 @@ def test_header_overhead_and_asynchronous_windows(wire_run):
         assert (
             0 < pair["wire"] - MIB <= 1024 and pair["windows"][0]["residual"] == pair["wire"] - MIB
         )
+
+
+def test_collective_family_is_the_same_on_every_supported_torch():
+    from course_lib.measure.comm import collective_family
+
+    for old, new, family in [
+        ("all_gather_into_tensor", "all_gather_single", "all_gather"),
+        ("reduce_scatter_tensor", "reduce_scatter_single", "reduce_scatter"),
+    ]:
+        assert collective_family(old) == collective_family(new) == family
+    assert collective_family("all_to_all_single") == "all_to_all"
+    assert collective_family("all_reduce") == "all_reduce"

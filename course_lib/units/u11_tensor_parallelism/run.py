@@ -74,7 +74,7 @@ __all__ = [
 # the worked example: X (1 x 8) times W (8 x 16) on 2 ranks
 # --------------------------------------------------------------------------------------------
 def _example_worker(rank: int, world_size: int) -> list[dict]:
-    from course_lib.measure.comm import CommMeter
+    from course_lib.measure.comm import CommMeter, collective_family
     from course_lib.parallel.tensor import ColumnParallelLinear, RowParallelLinear
 
     x = torch.arange(1.0, 9.0).view(1, 8)  # the sources' X = [1, 2, ..., 8]
@@ -97,7 +97,7 @@ def _example_worker(rank: int, world_size: int) -> list[dict]:
                 "x_on_rank": tuple(local_x.shape),
                 "W_on_rank (in x out)": tuple(layer.weight.t().shape),
                 "local_product": tuple((local_x @ layer.weight.t()).shape),
-                "collective": ", ".join(op.replace("_single", "") for op in meter.calls) or "none",
+                "collective": ", ".join(collective_family(op) for op in meter.calls) or "none",
                 "y": tuple(y.shape),
                 "equals_X_W": bool(torch.allclose(y, expected)),
             }

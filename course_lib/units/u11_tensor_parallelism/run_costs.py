@@ -30,7 +30,7 @@ from course_lib.units.u11_tensor_parallelism._setup import (
 # collectives and bytes per step
 # --------------------------------------------------------------------------------------------
 def _comm_worker(rank: int, world_size: int, config: GPTConfig, batch: int, sp: bool) -> list[dict]:
-    from course_lib.measure.comm import CommMeter
+    from course_lib.measure.comm import CommMeter, collective_family
     from course_lib.parallel.tensor import parallelize_gpt, sync_sequence_parallel_grads
 
     model = parallelize_gpt(model_fn(config=config), sequence_parallel=sp)
@@ -55,7 +55,7 @@ def _comm_worker(rank: int, world_size: int, config: GPTConfig, batch: int, sp: 
                     "tp": world_size,
                     "sequence_parallel": sp,
                     "phase": phase,
-                    "op": op.replace("_single", ""),
+                    "op": collective_family(op),
                     "calls": n,
                     "payload_bytes": sum(r["bytes"] for r in recs),
                     "model_sent": float(sum(r["model_sent"] for r in recs)),

@@ -4,10 +4,15 @@ an independent prediction; bad input refused before any rank starts."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from course_lib.measure import estimate
 from course_lib.models import GPTConfig
 from course_lib.units.u11_tensor_parallelism import run
+
+# torch 2.11 (the supported floor) keeps one more byte of activations per rank in this model than
+# the formula (seen with `make test-torch-floor`); 2.13, the pinned version, matches it to the byte.
+SLACK_BYTES = 0 if torch.__version__ >= "2.13" else 1
 
 
 def test_worked_example_both_splits_equal_one_process():
@@ -36,7 +41,7 @@ def test_parity_and_memory_per_rank_match_the_formulas_exactly():
     p = run.parity((2,), sequence_parallel=(True,), steps=1)
     assert p.ok.all() and list(p.sequence_parallel) == [True]
     mem = run.memory_per_rank((2,))
-    assert (mem.residual == 0).all(), mem[mem.residual != 0]
+    assert (mem.residual.abs() <= SLACK_BYTES).all(), mem[mem.residual != 0]
     act = mem[(mem.category == "activations") & (mem["rank"] == 0)].set_index("sequence_parallel")
     assert act.measured[True] < act.measured[False]
 

@@ -9,10 +9,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from course_lib.units.u11_tensor_parallelism import plots as P  # noqa: E402
 from course_lib.units.u11_tensor_parallelism import run  # noqa: E402
 from course_lib.units.u11_tensor_parallelism.widgets import SplitExplorer  # noqa: E402
+
+# torch 2.11 (the supported floor) keeps one more byte of activations per rank in this model than
+# the formula (seen with `make test-torch-floor`); 2.13, the pinned version, matches it to the byte.
+SLACK_BYTES = 0 if torch.__version__ >= "2.13" else 1
 
 
 @pytest.mark.slow
@@ -41,6 +46,6 @@ def test_split_explorer_runs():
     ex.run_button.click()
     assert ex.result is not None, ex.status.value
     assert set(ex.result.tp) == {2} and set(ex.result.sequence_parallel) == {True}
-    assert (ex.result.residual == 0).all()
+    assert (ex.result.residual.abs() <= SLACK_BYTES).all()
     assert "activations" in ex.status.value
     plt.close("all")
