@@ -5,7 +5,9 @@ One intra-op thread per test process: the reference machine has 2 cores, and lau
 training steps an order of magnitude slower under load.
 """
 
+import signal
 import sys
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +16,22 @@ import torch
 
 matplotlib.use("Agg")  # headless: plots are tested as Figures, never shown
 torch.set_num_threads(1)
+
+
+_SIGINT_AT_START = signal.getsignal(signal.SIGINT)
+
+
+@pytest.fixture(autouse=True)
+def sigint_as_at_start(request):
+    """Every test starts with the SIGINT handler the session started with (Python's, which raises
+    KeyboardInterrupt, as in a notebook kernel). A test or a library that leaves SIGINT ignored
+    would make a later test of Ctrl-C pass a launch through untouched: it is put back, and named."""
+    yield
+    if signal.getsignal(signal.SIGINT) is not _SIGINT_AT_START:
+        signal.signal(signal.SIGINT, _SIGINT_AT_START)
+        warnings.warn(
+            f"{request.node.nodeid} left SIGINT's handler changed; restored", stacklevel=1
+        )
 
 
 @pytest.fixture(autouse=True)
