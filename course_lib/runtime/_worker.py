@@ -58,6 +58,14 @@ import torch.distributed as dist  # noqa: E402
 
 from course_lib.runtime.protocol import RankResult, RankSpec  # noqa: E402
 
+# The folder that holds course_lib/: tracebacks name the course's files from the package
+# ("course_lib/runtime/_worker.py"), so what a cell prints does not depend on where it was cloned.
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _traceback() -> str:
+    return traceback.format_exc().replace(_PACKAGE_PARENT + os.sep, "")
+
 
 def _import_caller_main(main: str) -> None:
     """In the forkserver: import the caller's main module once, as ``__mp_main__``.
@@ -122,7 +130,7 @@ def _write_result(workdir: str, rank: int, record: RankResult) -> None:
             time.time(),
             exc_type="TypeError",
             message=f"the return value of type {value_type} cannot be pickled: {exc!r}",
-            traceback=traceback.format_exc(),
+            traceback=_traceback(),
         )
         data = cloudpickle.dumps(record)
     tmp = path + ".tmp"
@@ -226,7 +234,7 @@ def _call(rank: int, spec: RankSpec) -> tuple[bool, dist.FileStore | None]:
             time.time(),
             exc_type=type(exc).__name__,
             message=str(exc),
-            traceback=traceback.format_exc(),
+            traceback=_traceback(),
         )
         _write_result(spec.workdir, rank, record)
         return False, store

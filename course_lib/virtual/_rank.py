@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -161,7 +162,10 @@ def _trace_step(
     loss = F.cross_entropy(logits.flatten(0, 1).float(), idx.flatten())
     del logits  # a training loop keeps only the loss
     times = [time.process_time()]
-    loss.backward()
+    with warnings.catch_warnings():
+        # the trackers' module hooks see outputs whose inputs (token ids) need no gradient
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        loss.backward()
     del loss
     snaps["after_backward"] = _snap(tracker, "current")
     # the peak of forward + backward; the optimizer step's own peak is kept apart: on DTensor
