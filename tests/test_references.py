@@ -1,7 +1,8 @@
-"""Citations a learner can follow.
+"""Citations a learner can follow, and navigation between units.
 
 The course's background texts (S0-S4) are not in the repository: a lecture names one only as a
 link to its entry in docs/references.md, and never points to a folder learners do not have.
+Every lecture ends with links to its exercise and to the next and previous units present.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_lib.publish import navigation
+
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCES = ROOT / "docs" / "references.md"
 NOTEBOOKS = sorted(
     p for folder in ("notebooks", "solutions", "exercises") for p in (ROOT / folder).glob("*.ipynb")
 )
+LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 LINK_TO_REFERENCES = re.compile(r"\[[^\]]*\]\(\.\./docs/references\.md(?:#([^)\s]*))?\)")
 CODE_OR_MATH = re.compile(r"`[^`]*`|\$\$.*?\$\$|\$[^$]*\$", re.S)
 BARE_SOURCE = re.compile(r"(?<![\w/])S[0-4](?![\w])")
@@ -70,3 +74,25 @@ def test_markdown_cites_what_a_learner_can_open(path):
             line = rest[: match.start()].count("\n")
             problems.append(f"cell {index}: bare {match.group(0)} in {rest.splitlines()[line]!r}")
     assert not problems, f"{path.relative_to(ROOT)}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", LECTURES, ids=[p.stem for p in LECTURES])
+def test_lecture_ends_with_its_exercise_and_neighbours(path):
+    nb = nbformat.read(path, as_version=4)
+    last = nb.cells[-1]
+    assert last.cell_type == "markdown" and last.get("id") == navigation.FOOTER_ID, (
+        f"{path.name}: no footer; run `python -m course_lib.publish nav {path.name}`"
+    )
+    links = re.findall(r"\]\(([^)]+)\)", last.source)
+    assert f"../exercises/{path.name}" in links
+    stems = [p.stem for p in LECTURES]
+    i = stems.index(path.stem)
+    expected_next = {f"{stems[i + 1]}.ipynb"} if i + 1 < len(stems) else set()
+    expected_previous = {f"{stems[i - 1]}.ipynb"} if i > 0 else set()
+    siblings = {link for link in links if re.fullmatch(r"\d\d_\w+\.ipynb", link)}
+    assert siblings == expected_next | expected_previous
+    for link in links:
+        target = (path.parent / link.split("#")[0]).resolve()
+        assert target.exists(), f"{path.name}: footer links {link}, which does not exist"
+    assert last.source == navigation.footer(path.stem), f"{path.name}: footer is stale"
+    assert "slide:skip" in last.metadata.get("tags", [])
