@@ -26,15 +26,11 @@ CODE_OR_MATH = re.compile(r"`[^`]*`|\$\$.*?\$\$|\$[^$]*\$", re.S)
 BARE_SOURCE = re.compile(r"(?<![\w/])S[0-4](?![\w])")
 
 
-def github_slug(heading: str) -> str:
-    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
-
-
 def anchors(markdown: str) -> set[str]:
-    return {github_slug(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*$", markdown, re.M)}
+    return {
+        navigation.github_slug(m.group(1))
+        for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*$", markdown, re.M)
+    }
 
 
 def markdown_cells(path: Path):
@@ -45,7 +41,7 @@ def markdown_cells(path: Path):
 
 
 def test_github_slug():
-    assert github_slug("S2: Practitioner guide to memory, and frameworks") == (
+    assert navigation.github_slug("S2: Practitioner guide to memory, and frameworks") == (
         "s2-practitioner-guide-to-memory-and-frameworks"
     )
 

@@ -8,6 +8,7 @@ footer: a markdown cell with the id :data:`FOOTER_ID` at the end of the lecture,
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,3 +89,13 @@ def write_footer(path: str | Path, root: Path = ROOT) -> bool:
     nb.cells.append(cell)
     nbformat.write(nb, path)
     return True
+
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens.
+
+    docs/references.md is linked by these anchors from the lectures and from the site.
+    """
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")

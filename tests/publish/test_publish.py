@@ -157,6 +157,43 @@ def test_site_index_links_built_units(tmp_path, monkeypatch):
     assert (tmp_path / "slides" / "00_start_here.slides.html").exists()
     lecture = (tmp_path / "lectures" / "00_start_here.html").read_text(encoding="utf-8")
     assert 'src="../vendor/require.js"' in lecture
+    assert 'href="references.html"' in page
+
+
+def _nav(page: str) -> str:
+    match = re.search(r'<nav class="course-nav">(.*?)</nav>', page, re.S)
+    assert match, "no navigation bar"
+    return match.group(1)
+
+
+def test_site_pages_are_titled_and_linked(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        assets,
+        "install",
+        lambda dest: {k: f"{k}.js" for k in ("reveal", "require", "jquery", "mathjax", "widgets")},
+    )
+    monkeypatch.setattr(slides, "export", lambda path, out, urls: out / f"{path.stem}.slides.html")
+    site.build(tmp_path, units=["00", "01"])
+    stems = [p.stem for p in LECTURES]
+    for folder in ("lectures", "exercises"):
+        first = (tmp_path / folder / "00_start_here.html").read_text(encoding="utf-8")
+        second = (tmp_path / folder / "01_backprop_memory.html").read_text(encoding="utf-8")
+        assert re.search(r"<title>Unit 01 — Backprop memory(: exercises)?</title>", second)
+        assert "<title>00_start_here</title>" not in first
+        nav0, nav1 = _nav(first), _nav(second)
+        assert 'href="../index.html"' in nav0 and 'href="../index.html"' in nav1
+        assert 'rel="prev"' not in nav0
+        assert f'href="{stems[1]}.html" rel="next"' in nav0
+        assert f'href="{stems[0]}.html" rel="prev"' in nav1
+        assert f'href="{stems[2]}.html" rel="next"' in nav1
+        assert '.ipynb"' not in nav0 + nav1
+    lecture = (tmp_path / "lectures" / "00_start_here.html").read_text(encoding="utf-8")
+    assert 'href="../exercises/00_start_here.html"' in lecture
+    assert 'href="01_backprop_memory.html"' in lecture
+    references = (tmp_path / "references.html").read_text(encoding="utf-8")
+    anchors = set(re.findall(r'<h\d id="([^"]+)"', references))
+    cited = re.findall(r'href="\.\./references\.html#([^"]+)"', lecture)
+    assert cited and set(cited) <= anchors
 
 
 def test_site_refuses_unknown_units(tmp_path):
