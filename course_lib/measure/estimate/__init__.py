@@ -26,14 +26,17 @@ Every function names the same thing the same way:
 * parallelism: ``tp`` (tensor-parallel ranks, t), ``sequence_parallel`` (default ``False``
   everywhere: a caller says when it wants it), ``world_size`` (ranks of a collective or a
   data-parallel group, N), ``stages`` (pipeline stages, p), ``microbatches`` (m),
-  ``virtual_stages`` (interleaved chunks per rank, v), ``stage`` (a ZeRO stage, 0-3);
+  ``virtual_stages`` (interleaved chunks per rank, v), ``stage`` (a ZeRO stage, 0-3),
+  ``cp`` (context-parallel ranks: the sequence split over them), ``rank`` (one rank of them);
 * widths: ``dtype_bytes`` (bytes of one value of the tensors counted: 4 fp32, 2 bf16/fp16;
   :func:`dtype_bytes` turns a dtype into it); ``param_bytes``, ``grad_bytes``, ``state_bytes``
   and ``state_dtype_bytes`` where one count has several widths;
 * variants, each a ``Literal`` with its tuple: ``recompute`` (:data:`Recompute`: "none",
   "selective", "full"), ``policy`` (:data:`CheckpointPolicy`), ``precision``
   (:data:`Precision`), ``optimizer`` (:data:`Optimizer`), ``activation``, ``norm``, ``level``,
-  ``method``, ``collective``, ``algorithm``;
+  ``method``, ``collective``, ``algorithm``, ``layout`` (:data:`CpLayout`: "contiguous",
+  "zigzag"); context parallelism's ``method`` is :data:`CpMethod` ("ring", "allgather",
+  "ulysses");
 * hardware: ``peak_flops`` (FLOP/s), ``mfu`` (0-1), ``size_bytes`` (a message),
   ``*_GBps`` (link speeds).
 
@@ -57,8 +60,9 @@ overlap), ``compute`` (FLOPs, roofline, bubble), ``offload`` (what offload keeps
 and costs per step), ``checkpointing`` (bytes kept and FLOPs recomputed per checkpointing
 policy), ``lora`` (LoRA parameter counts, NF4 bytes, fine-tuning memory), ``training``
 (parameter counts, FLOPs per token, MFU, GPUs for a run, accelerator specs, memory tiers,
-learning rate against the batch), ``tensor_parallel`` (parameters and communication per rank)
-and ``planning`` (real architectures' parameter counts, pipeline in-flight layers, GPU-days).
+learning rate against the batch), ``tensor_parallel`` (parameters and communication per rank),
+``context`` (context parallelism: bytes per rank of ring, all-gather and Ulysses attention,
+activations with the sequence split, causal work per rank) and ``planning`` (real architectures' parameter counts, pipeline in-flight layers, GPU-days).
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from course_lib.measure.estimate import (  # noqa: E402
     checkpointing,
     communication,
     compute,
+    context,
     links,
     lora,
     memory,
@@ -82,6 +87,7 @@ from course_lib.measure.estimate.activations import *  # noqa: F401,F403
 from course_lib.measure.estimate.checkpointing import *  # noqa: F401,F403
 from course_lib.measure.estimate.communication import *  # noqa: F401,F403
 from course_lib.measure.estimate.compute import *  # noqa: F401,F403
+from course_lib.measure.estimate.context import *  # noqa: F401,F403
 from course_lib.measure.estimate.links import *  # noqa: F401,F403
 from course_lib.measure.estimate.lora import *  # noqa: F401,F403
 from course_lib.measure.estimate.memory import *  # noqa: F401,F403
@@ -106,5 +112,6 @@ __all__ = [
     *lora.__all__,
     *training.__all__,
     *tensor_parallel.__all__,
+    *context.__all__,
     *planning.__all__,
 ]
