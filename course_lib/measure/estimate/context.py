@@ -26,6 +26,7 @@ __all__ = [
     "cp_comm_bytes_per_layer",
     "cp_activation_bytes_per_layer",
     "cp_attention_work",
+    "attention_saved_bytes",
 ]
 
 #: how attention gets the keys of the other ranks
@@ -201,3 +202,42 @@ def cp_attention_work(
     else:
         blocks, size = (2 * c + 1 if causal else 4 * c), Fraction(1, 4 * c * c)
     return {"blocks": blocks, "share": blocks * size}
+
+
+def attention_saved_bytes(
+    seq: int,
+    batch: int,
+    hidden: int,
+    heads: int,
+    *,
+    cp: int = 1,
+    kv_heads: int | None = None,
+    dtype_bytes: int = 4,
+    blockwise: bool = True,
+    causal: bool = True,
+) -> int:
+    """Bytes autograd keeps for the backward of ONE attention call on one rank, as the course
+    computes it (``parallel.context``), with ``seq`` tokens split over ``cp`` ranks.
+
+    * ``blockwise=True`` (``ring_attention``): this rank's q and output (b n a d values each),
+      k and v (b n g d each) and the log-sum-exp (b n a), n = seq / cp: linear in n, no score
+      matrix, since backward recomputes each block's probabilities from the lse;
+    * ``blockwise=False`` (attention written out on one process, ``attention_block`` under
+      autograd, cp = 1, g = a): q, k, v; the masked scores (kept by logsumexp) and the
+      probabilities (kept by exp and by the product with v), b a s^2 values each; the lse; and
+      with ``causal`` the 1-byte mask, s^2.
+    """
+    s, b = _v.count("seq", seq, minimum=1), _v.count("batch", batch, minimum=1)
+    h, a = _v.count("hidden", hidden, minimum=1), _v.count("heads", heads, minimum=1)
+    g = a if kv_heads is None else _v.count("kv_heads", kv_heads, minimum=1, maximum=a)
+    c, p = _v.count("cp", cp, minimum=1), _v.count("dtype_bytes", dtype_bytes, minimum=1)
+    if h % a or s % c:
+        raise ValueError(f"hidden, seq = {h}, {s}: expected multiples of heads ({a}), cp ({c})")
+    d, n = h // a, s // c
+    if blockwise:
+        return p * (2 * b * n * a * d + 2 * b * n * g * d + b * n * a)
+    if c != 1 or g != a:
+        raise ValueError(
+            f"cp, kv_heads = {c}, {g}: expected 1 and {a} (attention written out: one process)"
+        )
+    return p * (3 * b * s * a * d + 2 * b * a * s * s + b * a * s) + (s * s if causal else 0)

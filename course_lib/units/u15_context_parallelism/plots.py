@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 from course_lib.viz.plots import require_columns, style
 
-__all__ = ["plot_layouts", "plot_timeline", "plot_bytes", "plot_scale"]
+__all__ = ["plot_layouts", "plot_timeline", "plot_bytes", "plot_saved", "plot_scale"]
 
 _KIND_COLORS = {"compute": "tab:blue", "wait": "tab:orange"}
 
@@ -89,6 +89,24 @@ def plot_bytes(wire: pd.DataFrame) -> Figure:
         ax.set_xticks(x, labels)
         ax.set_ylabel("KiB per rank, forward + backward")
         ax.legend(loc="upper left")
+        fig.tight_layout()
+    return fig
+
+
+def plot_saved(saved: pd.DataFrame) -> Figure:
+    """Bytes attention keeps for backward against the sequence length, log-log: measured
+    (markers) and predicted (lines) for each kind. From ``run.saved_bytes``."""
+    require_columns(saved, ["seq", "kind", "measured", "predicted"], "saved", nonempty=True)
+    with style():
+        fig, ax = plt.subplots(figsize=(8, 4.4))
+        for kind, part in saved.groupby("kind", sort=False):
+            (line,) = ax.plot(part.seq, part.predicted / 1024, "-", label=f"{kind}: predicted")
+            ax.plot(part.seq, part.measured / 1024, "o", color=line.get_color(), label="measured")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens in the sequence (s)")
+        ax.set_ylabel("KiB kept for backward, per rank")
+        ax.legend(fontsize=10)
         fig.tight_layout()
     return fig
 

@@ -13,6 +13,9 @@ function returns a tidy DataFrame:
   CommMeter saw and measured by the OS, beside ``estimate.cp_comm_bytes_per_layer``;
 - :func:`timeline` / :func:`balance`: ring attention's compute and wait spans per rank and
   step, and the blocks each rank computed against ``estimate.cp_attention_work``;
+- :func:`saved_bytes` (``run_memory.py``): what attention keeps for backward per rank against
+  the sequence length, written out on one process and ring on W ranks, beside
+  ``estimate.attention_saved_bytes``;
 - :func:`train_parity`: the tiny GPT made context parallel trains as one process does;
 - :func:`llama3_scale` (``run_scale.py``): Llama 3 405B at 8K and 128K tokens.
 """
@@ -46,6 +49,7 @@ __all__ = [
     "timeline",
     "balance",
     "train_parity",
+    "saved_bytes",
     "LLAMA3_405B",
     "LLAMA3_TABLE4",
     "llama3_scale",
@@ -274,4 +278,5 @@ def balance(tl: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+from course_lib.units.u15_context_parallelism.run_memory import saved_bytes  # noqa: E402
 from course_lib.units.u15_context_parallelism.run_train import train_parity  # noqa: E402

@@ -35,6 +35,13 @@ def test_wire_bytes_equal_the_estimate():
     assert (measured.wire <= 1.1 * measured.predicted + 2048).all()
 
 
+def test_saved_bytes_equal_the_estimate():
+    df = run.saved_bytes((32, 64))
+    assert (df.residual == 0).all() and len(df) == 4
+    ring = df[df.kind.str.startswith("ring")].measured.tolist()
+    assert ring[1] == 2 * ring[0]  # linear in s: no score matrix
+
+
 @pytest.mark.slow
 def test_parity_and_training():
     df = run.parity((2,), shape=(1, 4, 4, 32, 8))

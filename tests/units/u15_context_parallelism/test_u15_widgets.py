@@ -33,6 +33,14 @@ def test_plots_draw_and_refuse_bad_frames():
         ]
     )
     figs.append(P.plot_bytes(wire))
+    saved = pd.DataFrame(
+        [
+            {"seq": s, "kind": k, "measured": s * s, "predicted": s * s}
+            for s in (8, 16)
+            for k in "ab"
+        ]
+    )
+    figs.append(P.plot_saved(saved))
     tl = pd.DataFrame(
         [
             {
