@@ -13,6 +13,12 @@ BROWSER_FLAG := $(shell [ -z "$$DISPLAY$$WAYLAND_DISPLAY" ] && [ "$$(uname)" != 
 #   make PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu" lab
 PIP_ARGS ?=
 NBVAL_FLAGS := --nbval-lax --nbval-current-env --nbval-cell-timeout=300
+# Tests run in two worker processes (pytest-xdist): on 2 cores a serial run keeps them a third busy,
+# most tests waiting on ranks, kernels or a browser. Library tests go to whichever worker is free a
+# module at a time, so a module's fixtures (a kernel, a rank set, a browser) start once (loadscope);
+# a lecture's cells stay together on one worker, in order, in one kernel (loadfile). PYTEST_JOBS=0 runs everything in one process (pytest -n 0).
+PYTEST_JOBS ?= 2
+XDIST := -n $(PYTEST_JOBS)
 # The fast lane: every library test that needs no notebook or kernel, browser, torchrun or long run.
 FAST := -m "not slow and not notebook and not browser and not cluster"
 # Two installs for two users: a learner's (`make lab`: lectures and exercises, grading included)
@@ -74,11 +80,11 @@ lab: $(LAB_STAMP)
 # every check cell compared with the solution's stored output); nbval runs the lectures.
 test: $(STAMP)
 	$(BIN)/python -m course_lib.grading.exercises check
-	$(BIN)/pytest tests -q
-	$(BIN)/pytest $(NBVAL_FLAGS) -q notebooks
+	$(BIN)/pytest tests -q $(XDIST) --dist loadscope
+	$(BIN)/pytest $(NBVAL_FLAGS) -q $(XDIST) --dist loadfile notebooks
 
 test-fast: $(STAMP)
-	$(BIN)/pytest tests -q $(FAST)
+	$(BIN)/pytest tests -q $(FAST) $(XDIST) --dist loadscope
 
 # What CI runs before the tests: lint, formatting and types.
 check: $(STAMP)
@@ -103,7 +109,7 @@ test-torch-floor:
 	$(FLOOR_VENV)/bin/python -m pip install --quiet $(FLOOR_TORCH_ARGS) -c $(FLOOR_VENV)/constraints.txt "torch==$(TORCH_FLOOR)"
 	$(FLOOR_VENV)/bin/python -m pip install --quiet $(PIP_ARGS) -c $(FLOOR_VENV)/constraints.txt -e ".[lab,units,dev]"
 	$(FLOOR_VENV)/bin/python -c 'import torch; v = torch.__version__; print("torch", v); assert v.split("+")[0] == "$(TORCH_FLOOR)", v'
-	$(FLOOR_VENV)/bin/pytest tests -q $(FAST)
+	$(FLOOR_VENV)/bin/pytest tests -q $(FAST) $(XDIST) --dist loadscope
 
 exercises: $(LAB_STAMP)
 	$(BIN)/python -m course_lib.grading.exercises build

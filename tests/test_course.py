@@ -39,7 +39,15 @@ def test_pyproject_is_the_single_source_of_dependencies():
     # A learner's install (`make lab`) grades exercises, so it has nbformat and nbclient; the test,
     # lint and type tools come only with a maintainer's (`make test`).
     assert {"jupyterlab", "nbformat", "nbclient"} <= extras["lab"]
-    assert {"pytest", "nbval", "ruff", "mypy", "pytest-timeout", "playwright"} <= extras["dev"]
+    assert {
+        "pytest",
+        "nbval",
+        "ruff",
+        "mypy",
+        "pytest-timeout",
+        "pytest-xdist",
+        "playwright",
+    } <= extras["dev"]
     assert not {"pytest", "nbval", "ruff", "mypy", "playwright"} & (extras["lab"] | extras["units"])
     env = (ROOT / "environment.yml").read_text()
     assert "python=3.11" in env and "-c constraints.txt" in env and "-e .[lab,dev,units]" in env
