@@ -84,7 +84,7 @@ def delayed_spike(
     current = Float8Linear.from_linear(lin, recipe="tensorwise")
     gen = torch.Generator().manual_seed(seed + 1)
     rows = []
-    with torch.no_grad():
+    with torch.no_grad(), one_thread():
         for step in range(steps):
             x = torch.randn(64, 128, generator=gen) * (factor if step == spike_at else 1.0)
             ref = lin(x)
