@@ -53,7 +53,16 @@ def plot_curves(df: pd.DataFrame):
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.5))
         for p, sub in df.groupby("precision", sort=False):
-            ax.plot(sub["step"], sub["loss"], lw=1.8, color=PRECISION_COLORS.get(p), label=p)
+            ref = p == "fp32"  # drawn on top, dashed: the others lie on it
+            ax.plot(
+                sub["step"],
+                sub["loss"],
+                lw=2.5 if ref else 1.6,
+                ls="--" if ref else "-",
+                zorder=3 if ref else 2,
+                color=PRECISION_COLORS.get(p),
+                label=p,
+            )
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_ylabel("training loss (nats, log scale)")
@@ -76,9 +85,7 @@ def plot_spike(df: pd.DataFrame):
         ax.set_yscale("log")
         ax.set_xlabel("step (one new input per step; the spike is the jump)")
         ax.set_ylabel("relative error of x W^T")
-        ax.set_title(
-            "Delayed scaling trusts the past: a spike saturates, then the history is too wide"
-        )
+        ax.set_title("Delayed scaling trusts the past: a spike it has not seen saturates")
         ax.legend()
         fig.tight_layout()
     return fig
