@@ -9,8 +9,9 @@ and bytes on the CPU, with speed taken to real sizes by formulas and cited figur
 - training (``run_training.py``): :func:`train_curves` / :func:`curve_summary` (fp32, bf16 and
   each recipe on the same batches, with and without an outlier channel), :func:`delayed_spike`;
 - bytes (``run_bytes.py``): :func:`allgather_bytes` (ZeRO-3 gathering fp32, bf16 or FP8 on real
-  gloo ranks) with :func:`allgather_summary` and :func:`memory_summary`;
-- at scale (``run_scale.py``): :func:`speedup_table`, :func:`fsdp_table`, :func:`dispatch_table`.
+  gloo ranks) with :func:`allgather_summary` and :func:`memory_summary`, :func:`weight_cache_bytes`;
+- at scale (``run_scale.py``): :func:`speedup_table`, :func:`peak_matmul_table`,
+  :func:`fsdp_table`, :func:`dispatch_table`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from course_lib.units.u17_fp8_training.run_bytes import (
     allgather_bytes,
     allgather_summary,
     memory_summary,
+    weight_cache_bytes,
 )
 from course_lib.units.u17_fp8_training.run_numerics import (
     LAYER,
@@ -32,10 +34,12 @@ from course_lib.units.u17_fp8_training.run_numerics import (
     trained_model,
 )
 from course_lib.units.u17_fp8_training.run_scale import (
+    ACTIVE_PARAMS,
     LLAMA3,
     REPORTED,
     dispatch_table,
     fsdp_table,
+    peak_matmul_table,
     speedup_table,
 )
 from course_lib.units.u17_fp8_training.run_training import (
@@ -55,6 +59,7 @@ __all__ = [
     "allgather_bytes",
     "allgather_summary",
     "memory_summary",
+    "weight_cache_bytes",
     "LAYER",
     "captured_activations",
     "formats_table",
@@ -64,6 +69,8 @@ __all__ = [
     "trained_model",
     "LLAMA3",
     "REPORTED",
+    "ACTIVE_PARAMS",
+    "peak_matmul_table",
     "dispatch_table",
     "fsdp_table",
     "speedup_table",

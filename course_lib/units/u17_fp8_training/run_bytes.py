@@ -149,3 +149,36 @@ def memory_summary(df: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def weight_cache_bytes(*, block: int = BLOCK) -> pd.DataFrame:
+    """What an FP8 copy of the unit's GPT's linear weights (the output head excepted) adds beside
+    the fp32 masters, per scaling: MEASURED from the casts' tensors (``Float8Data.nbytes``) and
+    predicted by ``estimate.fp8_cast_bytes`` (weights get block x block blocks)."""
+    from course_lib.techniques.fp8 import SCALINGS, to_float8
+
+    model = model_fn(0)
+    weights = [
+        m.weight.detach()
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and n != "lm_head"
+    ]
+    master = sum(w.numel() * w.element_size() for w in weights)
+    rows = []
+    for scaling in SCALINGS:
+        blk = (block, block) if scaling == "blockwise" else block
+        measured = sum(to_float8(w, scaling=scaling, block=blk).nbytes() for w in weights)
+        predicted = sum(
+            estimate.fp8_cast_bytes(*w.shape, scaling=scaling, block=block, block_rows=block)
+            for w in weights
+        )
+        rows.append(
+            {
+                "scaling": scaling,
+                "fp32 masters (B)": master,
+                "FP8 cache, measured (B)": measured,
+                "FP8 cache, predicted (B)": predicted,
+                "cache / masters": measured / master,
+            }
+        )
+    return pd.DataFrame(rows)

@@ -112,6 +112,32 @@ def fsdp_table(*, world_size: int = 64) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: activated parameters per token used for 6N training FLOPs: Llama-3-70B's count from its
+#: shape (all dense), DeepSeek-V3's 37B activated of 671B (DeepSeek-AI 2024, arXiv:2412.19437,
+#: abstract)
+ACTIVE_PARAMS = {"Llama-3-70B": 70_553_706_496, "DeepSeek-V3": 37e9}
+
+
+def peak_matmul_table(*, tokens: float = 1e6) -> pd.DataFrame:
+    """GPU-seconds of matmul per ``tokens`` trained, 6 N FLOPs per token (N activated
+    parameters), at the H100's dense bf16 and FP8 peaks: the best any step could do, from the
+    datasheet. Real steps run at 30-45 % of peak (MFU, unit 14)."""
+    t = validate.number("tokens", tokens, positive=True)
+    rows = []
+    for model, n in ACTIVE_PARAMS.items():
+        flops = 6 * n * t
+        rows.append(
+            {
+                "model": model,
+                "activated params": n,
+                "FLOPs per token (6N)": 6 * n,
+                "GPU-s at bf16 peak": flops / estimate.H100_PEAK_FLOPS["bf16"],
+                "GPU-s at FP8 peak": flops / estimate.H100_PEAK_FLOPS["fp8"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 #: DeepSeek-V3 (DeepSeek-AI 2024, arXiv:2412.19437): hidden size 7168, 8 routed experts per
 #: token; its dispatch all-to-all carries FP8 activations with 1 x 128 tile scales
 DEEPSEEK_V3_HIDDEN = 7168

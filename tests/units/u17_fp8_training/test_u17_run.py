@@ -86,6 +86,11 @@ def test_scale_tables():
         fs.loc[("Llama-3-70B", "fp8"), "all-gather sent per step (GB)"]
         < 0.55 * fs.loc[("Llama-3-70B", "bf16"), "all-gather sent per step (GB)"]
     )
+    pk = R.peak_matmul_table().set_index("model")
+    assert (pk["GPU-s at bf16 peak"] / pk["GPU-s at FP8 peak"]).round(3).tolist() == [2.001, 2.001]
+    cache = R.weight_cache_bytes().set_index("scaling")
+    assert (cache["FP8 cache, measured (B)"] == cache["FP8 cache, predicted (B)"]).all()
+    assert cache.loc["tensorwise", "cache / masters"] == pytest.approx(0.25, abs=1e-4)
     d = R.dispatch_table()
     assert d["bytes per copy"].tolist() == [
         14336,
