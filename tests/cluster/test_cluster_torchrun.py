@@ -30,6 +30,7 @@ SMALL = {
     "u12.wire": dict(schedules=("1f1b",), microbatches=4),
     "u14.run_3d": dict(dp=1, tp=1, pp=2, steps=1, batch=4),
     "u15.parity": dict(causal=(True,)),
+    "u17.allgather": dict(gathers=("bf16", "fp8")),
 }
 
 DRIVER = """
