@@ -302,9 +302,10 @@ def _execute(nb, path: Path, seconds: int, kernel_name: str) -> tuple[int | None
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m course_lib.grade",
-        description="Score an exercise notebook per task against its solution's expected outputs.",
+        description="Score an exercise notebook per task against its solution's expected outputs; "
+        "given a folder, grade every notebook under it (a whole class) into a CSV.",
     )
-    parser.add_argument("notebook", help="the exercise notebook to grade (.ipynb)")
+    parser.add_argument("notebook", help="the exercise notebook to grade (.ipynb), or a folder")
     parser.add_argument(
         "--solutions",
         default=None,
@@ -317,7 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds per cell (default {DEFAULT_TIMEOUT})",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--csv", default=None, help="a folder's grades: the CSV file to write")
+    parser.add_argument("--jobs", type=int, default=2, help="a folder: notebooks graded at once")
+    parser.add_argument("--feedback", default=None, help="a folder: where feedback files go")
     args = parser.parse_args(argv)
+    if Path(args.notebook).is_dir() or args.csv is not None:
+        return _main_folder(args)
     try:
         report = grade_notebook(args.notebook, solutions_dir=args.solutions, timeout=args.timeout)
     except GradingInputError as exc:
@@ -328,3 +334,28 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(report.format_table())
     return 0 if report.all_passed else 1
+
+
+def _main_folder(args: argparse.Namespace) -> int:
+    """``python -m course_lib.grade FOLDER --csv grades.csv``: exit 0 when anything was graded."""
+    from course_lib.grading.batch import grade_folder, summary
+
+    csv_path = args.csv if args.csv is not None else "grades.csv"
+    try:
+        done, skipped = grade_folder(
+            args.notebook,
+            csv_path,
+            jobs=args.jobs,
+            solutions_dir=args.solutions,
+            timeout=args.timeout,
+            feedback=args.feedback,
+        )
+    except (GradingInputError, ValueError, TypeError) as exc:
+        print(f"grade: error: {exc}", file=sys.stderr)
+        return 2
+    print(summary(done, skipped))
+    if not done:
+        print(f"grade: error: nothing to grade under {args.notebook}", file=sys.stderr)
+        return 2
+    print(f"wrote {csv_path}")
+    return 0
