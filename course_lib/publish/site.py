@@ -4,15 +4,16 @@ Built with nbconvert, the exporter Jupyter itself uses for "Save and Export as H
 exactly the stored outputs JupyterLab shows (tables, figures, the stored state of the "Explore"
 widgets, formulas), needs nothing beyond the Jupyter stack the course already installs, and its
 output is plain files. (Jupyter Book would add a Sphinx tool chain and a theme to keep in step for
-the same pages.) Each lecture and exercise page is titled by its unit and opens with links to the index and to
-the previous and next pages of its kind; links between notebooks point to their pages. Layout of
-``build/site/``::
+the same pages.) Each lecture and exercise page is titled by its unit and opens with links to
+the index and to the previous and next pages of its kind; links between notebooks point to their
+pages. Layout of ``build/site/``::
 
     index.html                  the course map (from README.md's table) with links
     references.html             docs/references.md (the lectures' citations link its headings)
     lectures/NN_topic.html      each lecture with outputs
     slides/NN_topic.slides.html each lecture as reveal.js slides
-    exercises/NN_topic.html     each exercise as a learner gets it (and the .ipynb to download)
+    exercises/NN_topic.html     each exercise as the generator makes it from its solution (and the
+                                .ipynb to download); never the working copy's exercises/
     vendor/                     reveal.js, require.js, MathJax, the widgets manager (offline)
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import html
 import re
-import shutil
 from pathlib import Path
 
 from course_lib.publish import assets, navigation, slides
@@ -177,6 +177,21 @@ and <kbd>Esc</kbd> for an overview.</p>
 """
 
 
+def _generated_exercise(solution: Path, folder: Path) -> Path | None:
+    """The exercise as the generator makes it from ``solution``, written into ``folder``.
+
+    Never the working copy's ``exercises/``: a learner's or an instructor's filled-in answers and
+    outputs there must not reach a published page."""
+    from course_lib.grading.exercises import make_exercise, read_notebook, render_notebook
+
+    if not solution.exists():
+        return None
+    nb = make_exercise(read_notebook(solution), solution, solution_rel=f"solutions/{solution.name}")
+    path = folder / solution.name
+    path.write_text(render_notebook(nb), encoding="utf-8")
+    return path
+
+
 def build(out: Path = ROOT / "build" / "site", *, units: list[str] | None = None) -> Path:
     """Write the site under ``out`` (lectures, slides, exercises, index); return index.html."""
     rows = course_map()
@@ -196,11 +211,10 @@ def build(out: Path = ROOT / "build" / "site", *, units: list[str] | None = None
         page = _export_html(lecture, out / "lectures", _relative(urls, "../vendor/"))
         _with_navigation(page, lecture.stem, "lecture")
         slides.export(lecture, out / "slides", _relative(urls, "../vendor/"))
-        exercise = ROOT / "exercises" / lecture.name
-        if exercise.exists():
+        exercise = _generated_exercise(ROOT / "solutions" / lecture.name, out / "exercises")
+        if exercise is not None:
             page = _export_html(exercise, out / "exercises", _relative(urls, "../vendor/"))
             _with_navigation(page, lecture.stem, "exercises")
-            shutil.copy(exercise, out / "exercises" / exercise.name)
         built[lecture.name[:2]] = lecture.stem
     _references(out)
     index = out / "index.html"
