@@ -196,7 +196,6 @@ def _bad_inputs(tmp_path):
             _write(tmp_path / "data.ipynb", '{"a": 1}'),
             "data.ipynb: not a Jupyter notebook (no 'cells' list",
         ),
-        "directory": (tmp_path, "is a directory"),
         "no solution": (
             tmp_path / "mine.ipynb",
             "mine.ipynb: no matching solution for '42_nope' (from its metadata course.unit='42_nope'); known units in",
@@ -204,9 +203,7 @@ def _bad_inputs(tmp_path):
     }
 
 
-@pytest.mark.parametrize(
-    "case", ["missing", "invalid json", "not a notebook", "directory", "no solution"]
-)
+@pytest.mark.parametrize("case", ["missing", "invalid json", "not a notebook", "no solution"])
 def test_bad_input_exits_2_with_one_line(tmp_path, solutions_dir, case):
     path, expected = _bad_inputs(tmp_path)[case]
     cmd = [sys.executable, "-m", "course_lib.grade", str(path), "--solutions", str(solutions_dir)]
