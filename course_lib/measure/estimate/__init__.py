@@ -26,14 +26,20 @@ Every function names the same thing the same way:
 * parallelism: ``tp`` (tensor-parallel ranks, t), ``sequence_parallel`` (default ``False``
   everywhere: a caller says when it wants it), ``world_size`` (ranks of a collective or a
   data-parallel group, N), ``stages`` (pipeline stages, p), ``microbatches`` (m),
-  ``virtual_stages`` (interleaved chunks per rank, v), ``stage`` (a ZeRO stage, 0-3);
+  ``virtual_stages`` (interleaved chunks per rank, v), ``stage`` (a ZeRO stage, 0-3),
+  ``cp`` (context-parallel ranks: the sequence split over them), ``rank`` (one rank of them);
+* FP8: ``scaling`` (:data:`Fp8Scaling`: "tensorwise", "rowwise", "blockwise"), ``block`` (tile
+  width of blockwise scaling) and ``block_rows``, ``gather`` (:data:`Gather`: what FSDP's
+  all-gather carries, "fp32", "bf16", "fp8");
 * widths: ``dtype_bytes`` (bytes of one value of the tensors counted: 4 fp32, 2 bf16/fp16;
   :func:`dtype_bytes` turns a dtype into it); ``param_bytes``, ``grad_bytes``, ``state_bytes``
   and ``state_dtype_bytes`` where one count has several widths;
 * variants, each a ``Literal`` with its tuple: ``recompute`` (:data:`Recompute`: "none",
   "selective", "full"), ``policy`` (:data:`CheckpointPolicy`), ``precision``
   (:data:`Precision`), ``optimizer`` (:data:`Optimizer`), ``activation``, ``norm``, ``level``,
-  ``method``, ``collective``, ``algorithm``;
+  ``method``, ``collective``, ``algorithm``, ``layout`` (:data:`CpLayout`: "contiguous",
+  "zigzag"); context parallelism's ``method`` is :data:`CpMethod` ("ring", "allgather",
+  "ulysses");
 * hardware: ``peak_flops`` (FLOP/s), ``mfu`` (0-1), ``size_bytes`` (a message),
   ``*_GBps`` (link speeds).
 
@@ -57,8 +63,12 @@ overlap), ``compute`` (FLOPs, roofline, bubble), ``offload`` (what offload keeps
 and costs per step), ``checkpointing`` (bytes kept and FLOPs recomputed per checkpointing
 policy), ``lora`` (LoRA parameter counts, NF4 bytes, fine-tuning memory), ``training``
 (parameter counts, FLOPs per token, MFU, GPUs for a run, accelerator specs, memory tiers,
-learning rate against the batch), ``tensor_parallel`` (parameters and communication per rank)
-and ``planning`` (real architectures' parameter counts, pipeline in-flight layers, GPU-days).
+learning rate against the batch), ``tensor_parallel`` (parameters and communication per rank),
+``context`` (context parallelism: bytes per rank of ring, all-gather and Ulysses attention,
+activations with the sequence split, causal work per rank), ``planning`` (real architectures'
+parameter counts, pipeline in-flight layers, GPU-days) and
+``fp8`` (FP8 formats, bytes of a scaled cast, FP8 all-gather bytes and memory under FSDP, the
+share of a step FP8 speeds up).
 """
 
 from __future__ import annotations
@@ -68,6 +78,8 @@ from course_lib.measure.estimate import (  # noqa: E402
     checkpointing,
     communication,
     compute,
+    context,
+    fp8,
     links,
     lora,
     memory,
@@ -82,6 +94,8 @@ from course_lib.measure.estimate.activations import *  # noqa: F401,F403
 from course_lib.measure.estimate.checkpointing import *  # noqa: F401,F403
 from course_lib.measure.estimate.communication import *  # noqa: F401,F403
 from course_lib.measure.estimate.compute import *  # noqa: F401,F403
+from course_lib.measure.estimate.context import *  # noqa: F401,F403
+from course_lib.measure.estimate.fp8 import *  # noqa: F401,F403
 from course_lib.measure.estimate.links import *  # noqa: F401,F403
 from course_lib.measure.estimate.lora import *  # noqa: F401,F403
 from course_lib.measure.estimate.memory import *  # noqa: F401,F403
@@ -106,5 +120,7 @@ __all__ = [
     *lora.__all__,
     *training.__all__,
     *tensor_parallel.__all__,
+    *context.__all__,
     *planning.__all__,
+    *fp8.__all__,
 ]
