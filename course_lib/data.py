@@ -98,10 +98,7 @@ def copy_or_sort_task(
         validate.count("seq", seq, minimum=1),
         validate.count("vocab", vocab, minimum=1),
     )
-    if task not in COPY_SORT_TASKS:
-        raise ValueError(
-            f"task={task!r} is not supported; valid choices: {', '.join(COPY_SORT_TASKS)}"
-        )
+    validate.choice("task", task, COPY_SORT_TASKS)
     x = torch.randint(0, vocab, (n, seq), generator=_gen(seed))
     y = {
         "copy": lambda: x.clone(),
@@ -204,11 +201,11 @@ def iterate_minibatches(
 ) -> Iterator[tuple[torch.Tensor, ...]]:
     """Yield tuples of mini-batches (slices along dim 0) of tensors of the same length."""
     if not tensors:
-        raise ValueError("pass at least one tensor")
+        raise ValueError("tensors = (): expected at least one tensor")
     n = len(tensors[0])
     for i, t in enumerate(tensors):
         if len(t) != n:
-            raise ValueError(f"tensors[{i}] has {len(t)} rows, tensors[0] has {n}")
+            raise ValueError(f"tensors[{i}] = {len(t)} rows: expected {n} rows, as tensors[0] has")
     bs = validate.count("batch_size", batch_size, minimum=1)
     order = torch.randperm(n, generator=_gen(seed)) if shuffle else torch.arange(n)
     for start in range(0, n, bs):

@@ -114,7 +114,7 @@ def gather(expression: str, ranks=None, *, timeout: float | None = None) -> list
 def push(ranks=None, **values) -> None:
     """Define each ``name=value`` in the ranks (all, or ``ranks``); values travel by cloudpickle."""
     if not values:
-        raise TypeError("push() needs name=value pairs, e.g. ranks.push(lr=0.1)")
+        raise TypeError("values = {}: expected name=value pairs, e.g. ranks.push(lr=0.1)")
     current().push(values, ranks)
 
 

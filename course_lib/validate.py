@@ -16,7 +16,16 @@ import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn, SupportsInt, cast
 
-__all__ = ["choice", "choices", "count", "counts", "number", "describe"]
+__all__ = [
+    "choice",
+    "choices",
+    "count",
+    "counts",
+    "number",
+    "divisible",
+    "power_of_two",
+    "describe",
+]
 
 
 def describe(value: Any) -> str:
@@ -115,6 +124,31 @@ def number(
     if maximum is not None and x > maximum:
         _fail(ValueError, name, value, f"a number <= {maximum}")
     return x
+
+
+def divisible(name: str, value: Any, by_name: str, by: Any, *, note: str = "") -> int:
+    """``value`` (an int) if it is a multiple of ``by``: ``n_embd = 10: expected a multiple of
+    n_head = 4``; ``note`` (why, what to do instead) follows after ``; ``."""
+    n = count(name, value, minimum=None)
+    m = count(by_name, by, minimum=1)
+    if n % m:
+        _fail(ValueError, name, n, f"a multiple of {by_name} = {m}" + (f"; {note}" if note else ""))
+    return n
+
+
+def power_of_two(
+    name: str, value: Any, *, minimum: int = 1, maximum: int | None = None, note: str = ""
+) -> int:
+    """``value`` (an int in ``[minimum, maximum]``) if it is a power of two, as recursive doubling
+    needs: ``world_size = 6: expected a power of two (1, 2, 4, 8, ...)``; ``note`` follows."""
+    n = count(name, value, minimum=minimum, maximum=maximum)
+    if n < 1 or n & (n - 1):
+        first = 1 << (max(minimum, 1) - 1).bit_length()  # the smallest valid one
+        last = maximum if maximum is not None else 8 * first
+        powers = [str(first << k) for k in range(64) if first << k <= last]
+        listed = ", ".join(powers + ([] if maximum is not None else ["..."]))
+        _fail(ValueError, name, n, f"a power of two ({listed})" + (f"; {note}" if note else ""))
+    return n
 
 
 def _range_text(minimum: int | None, maximum: int | None) -> str:

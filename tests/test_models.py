@@ -31,11 +31,13 @@ def test_mlp_shapes_and_forward_matches_sequential():
 
 
 def test_configs_validate():
-    with pytest.raises(ValueError, match="MLPConfig.activation='elu'.*relu"):
+    with pytest.raises(ValueError, match="MLPConfig.activation = 'elu': expected one of relu"):
         MLPConfig(in_features=3, activation="elu")
     with pytest.raises(ValueError, match=r"MLPConfig.hidden\[1\] must be a positive int"):
         MLPConfig(in_features=3, hidden=(4, 0))
-    with pytest.raises(ValueError, match="n_embd=10 must be divisible by n_head=4"):
+    with pytest.raises(
+        ValueError, match="GPTConfig.n_embd = 10: expected a multiple of n_head = 4"
+    ):
         GPTConfig(n_embd=10, n_head=4)
     with pytest.raises(ValueError, match="GPTConfig.dropout"):
         GPTConfig(dropout=1.5)

@@ -57,8 +57,9 @@ def _options(args: argparse.Namespace) -> tuple[Device | None, float]:
     try:
         timeout = float(args.timeout)
     except ValueError:
-        text = f"--timeout = {validate.describe(args.timeout)}: expected a number > 0"
-        raise ValueError(text) from None
+        raise ValueError(
+            f"--timeout = {validate.describe(args.timeout)}: expected a number > 0"
+        ) from None
     return device, validate.number("--timeout", timeout, positive=True)
 
 

@@ -113,7 +113,11 @@ def _as_tensors(
         if got.dtype != expected.dtype:
             fail(task, f"{name}: expected dtype {expected.dtype}, got dtype {got.dtype}")
     if g.is_complex() or e.is_complex():
-        raise TypeError(f"check_close: complex tensors are not supported (parameter {name!r})")
+        which, t = ("got", g) if g.is_complex() else ("expected", e)
+        raise TypeError(
+            f"{which} = a {t.dtype} tensor ({name}): expected real values (check_close does not "
+            "compare complex tensors)"
+        )
     return g, e
 
 

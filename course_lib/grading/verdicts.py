@@ -16,7 +16,7 @@ _COURSE_DIR = __file__.rsplit("/grading/", 1)[0]
 def fmt_int(n: int) -> str:
     """Format an integer with thousands separators: ``fmt_int(3145728) == "3,145,728"``."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise TypeError(f"fmt_int: n must be an int, got {type(n).__name__} {n!r}")
+        raise TypeError(f"n = {n!r}: expected an int (fmt_int formats integers)")
     return f"{int(n):,}"
 
 

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from course_lib.parallel.groups import group_info
+
 __all__ = ["make_dispatch_mode", "describe_dispatch", "nbytes"]
 
 # operator names (overload packet, trailing "_" removed) -> the torch.distributed function name
@@ -92,6 +94,4 @@ def _group_size(args) -> int:
                 return dist.distributed_c10d._resolve_process_group(a).size()  # type: ignore[arg-type]
             except Exception:
                 continue
-    if not dist.is_available() or not dist.is_initialized():
-        return 1
-    return dist.get_world_size()
+    return group_info(needs="CommMeter", single=True).world_size  # the default group

@@ -10,10 +10,10 @@ from fractions import Fraction
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 
 from course_lib.measure import estimate
 from course_lib.measure._comm_dispatch import nbytes
+from course_lib.parallel.groups import GroupInfo, group_info
 
 Api = Literal["c10d", "functional", "dispatch"]  # a wrapped call, or one the dispatcher saw
 
@@ -68,16 +68,9 @@ def record(
     )
 
 
-def group_size(group: Any) -> int:
-    if not dist.is_available() or not dist.is_initialized():
-        return 1
-    return dist.get_world_size(group)
-
-
-def group_rank(group: Any) -> int:
-    if not dist.is_available() or not dist.is_initialized():
-        return 0
-    return dist.get_rank(group)
+def _place(group: Any) -> GroupInfo:
+    """This rank's place in a call's ``group`` (rank 0 of 1 outside a process group)."""
+    return group_info(group, needs="CommMeter", single=True)
 
 
 def model_bytes(name: str, payload: int, n: int) -> Fraction:
@@ -115,7 +108,7 @@ def _either(p: dict[str, Any], key: str, group_key: str) -> Any:
 
 def records_of_call(name: str, p: dict[str, Any], result: Any) -> list[CommRecord]:
     """The records of one wrapped ``torch.distributed`` call with bound arguments ``p``."""
-    n = group_size(p.get("group"))
+    n = _place(p.get("group")).world_size
     async_op = bool(p.get("async_op", False)) or name in ("isend", "irecv")
     if name in ("send", "isend"):
         b = nbytes(p["tensor"])
@@ -156,7 +149,7 @@ def _p2p_op(op: Any, n: int) -> CommRecord:
 
 def _all_to_all(name: str, p: dict[str, Any], n: int, async_op: bool) -> CommRecord:
     # a direct exchange: exact bytes addressed to / received from the other ranks
-    me = group_rank(p.get("group"))
+    me = _place(p.get("group")).rank
     if name == "all_to_all":
         ins, outs = list(p["input_tensor_list"]), list(p["output_tensor_list"])
         payload = nbytes(ins)
@@ -181,10 +174,10 @@ def rooted_record(name: str, p: dict[str, Any], n: int, async_op: bool) -> CommR
     root_key, group_root_key = ("src", "group_src") if name == "scatter" else ("dst", "group_dst")
     if p.get(root_key) is not None:  # a global rank
         root = p[root_key]
-        is_root = root == (dist.get_rank() if dist.is_initialized() else 0)
+        is_root = root == _place(None).rank  # the global rank
     else:  # a rank in the group (torch defaults to 0 when neither is given)
         root = p.get(group_root_key) or 0
-        is_root = root == group_rank(p.get("group"))
+        is_root = root == _place(p.get("group")).rank
     chunk = nbytes(p["tensor"])
     others = chunk * (n - 1)
     if name == "scatter":  # root sends every other rank its chunk

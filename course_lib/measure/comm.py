@@ -84,6 +84,7 @@ from course_lib.measure._comm_records import (
     records_of_call,
 )
 from course_lib.measure._comm_records import number as _num
+from course_lib.parallel.groups import group_info
 
 __all__ = ["CommMeter", "CommRecord", "PATCHED_FUNCTIONS", "collective_family"]
 
@@ -241,7 +242,7 @@ class CommMeter:
             raise RuntimeError("this CommMeter is already running; use a new one per block")
         self.records = []
         initialized = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank() if initialized else 0
+        self.rank = group_info(needs="CommMeter", single=True).rank
         self.wire_source = wire.wire_source(dist.get_backend() if initialized else None)
         self._wire = wire.WireWindows(self.records, self.wire_source)
         self.wire_windows, self.wire_block_bytes = self._wire.windows, None  # live during the block

@@ -275,7 +275,7 @@ def _device_name(device: str | torch.device) -> str:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
         raise ValueError(
-            f"device={device!r} is not a valid torch device (e.g. 'cpu', 'cuda:0')"
+            f"device = {device!r}: expected a valid torch device (e.g. 'cpu', 'cuda:0')"
         ) from err
     if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
         dev = torch.device("cuda", torch.cuda.current_device())  # tensors report "cuda:0"

@@ -25,6 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from course_lib import validate
+
 __all__ = [
     "MLPConfig",
     "MLP",
@@ -77,11 +79,7 @@ class MLPConfig:
         _check_pos_int("MLPConfig", "out_features", self.out_features)
         for i, h in enumerate(self.hidden):
             _check_pos_int("MLPConfig", f"hidden[{i}]", h)
-        if self.activation not in _ACTIVATIONS:
-            raise ValueError(
-                f"MLPConfig.activation={self.activation!r} is not supported; "
-                f"valid choices: {', '.join(_ACTIVATIONS)}"
-            )
+        validate.choice("MLPConfig.activation", self.activation, _ACTIVATIONS)
 
     @property
     def widths(self) -> list[int]:
@@ -146,12 +144,11 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             _check_pos_int("GPTConfig", name, getattr(self, name))
-        if self.n_embd % self.n_head:
-            raise ValueError(
-                f"GPTConfig.n_embd={self.n_embd} must be divisible by n_head={self.n_head}"
-            )
+        validate.divisible("GPTConfig.n_embd", self.n_embd, "n_head", self.n_head)
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
-            raise ValueError(f"GPTConfig.dropout={self.dropout!r} must be in [0, 1)")
+            raise ValueError(
+                f"GPTConfig.dropout = {validate.describe(self.dropout)}: expected a number in [0, 1)"
+            )
 
     @classmethod
     def tiny(cls, **overrides) -> "GPTConfig":

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from course_lib import validate
 from course_lib.models import _check_pos_int
 
 
@@ -37,11 +38,13 @@ class LlamaConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "ffn_hidden"):
             _check_pos_int("LlamaConfig", name, getattr(self, name))
-        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
-            raise ValueError(
-                f"LlamaConfig.n_embd={self.n_embd} must be divisible by "
-                f"n_head={self.n_head} into an even head size (rotary pairs)"
-            )
+        validate.divisible(
+            "LlamaConfig.n_embd",
+            self.n_embd,
+            "2 * n_head",
+            2 * self.n_head,
+            note="an even head size: rotary embeddings turn pairs of dims",
+        )
 
     @classmethod
     def llama_7b_like(cls, **overrides) -> "LlamaConfig":

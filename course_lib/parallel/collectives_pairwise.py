@@ -68,12 +68,11 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, group: Group = None) -> 
     """
     check_tensor("tensor", tensor)
     rank, world, _, _ = collective_group(group)
-    if world & (world - 1):
-        valid = ", ".join(str(2**k) for k in range(6))
-        raise ValueError(
-            f"recursive_doubling_all_reduce needs a power-of-two world size, got world_size={world}; "
-            f"valid choices: {valid}, ... (use ring_all_reduce for any world size)"
-        )
+    validate.power_of_two(
+        "world_size",
+        world,
+        note="recursive_doubling_all_reduce pairs ranks by bits; use ring_all_reduce for any world size",
+    )
     flat = contiguous_flat(tensor)  # (S,)
     if world == 1 or flat.numel() == 0:
         return tensor
@@ -106,12 +105,11 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, group: Group = None) -> torch.
     """
     check_tensor("tensor", tensor)
     rank, world, _, _ = collective_group(group)
-    if world & (world - 1):
-        valid = ", ".join(str(2**k) for k in range(6))
-        raise ValueError(
-            f"rabenseifner_all_reduce needs a power-of-two world size, got world_size={world}; "
-            f"valid choices: {valid}, ... (use ring_all_reduce for any world size)"
-        )
+    validate.power_of_two(
+        "world_size",
+        world,
+        note="rabenseifner_all_reduce pairs ranks by bits; use ring_all_reduce for any world size",
+    )
     flat = contiguous_flat(tensor)  # (S,)
     if world == 1 or flat.numel() == 0:
         return tensor

@@ -153,8 +153,8 @@ class DataParallel(nn.Module):
         kinds = {(p.dtype, p.device) for _, p in named}
         if len(kinds) > 1:
             raise ValueError(
-                f"parameters have dtypes/devices {sorted(map(str, kinds))}: expected "
-                "one (a bucket is one flat tensor); cast the module first"
+                f"module = parameters of dtypes/devices {sorted(map(str, kinds))}: expected "
+                "one dtype and device (a bucket is one flat tensor); cast the module first"
             )
         if recorder is not None and not callable(getattr(recorder, "track", None)):
             raise TypeError(

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from course_lib import validate
 from course_lib.measure.timing import EventLog
 from course_lib.parallel.pipeline_trace import StepTracer
 
@@ -173,8 +174,8 @@ def run_schedule(
     for kind, mb, k in actions:
         if str(k) not in model.stages:
             raise ValueError(
-                f"rank {model.rank} was given {kind}{mb} of stage {k}, which it does "
-                f"not hold (it holds stages {model.stage_ids})"
+                f"actions = {validate.describe(actions)}: expected actions on the stages rank "
+                f"{model.rank} holds ({model.stage_ids}); it was given {kind}{mb} of stage {k}"
             )
         step.release_sent()
         if kind == "F":

@@ -16,11 +16,7 @@ def valid_tp(n: int) -> list[int]:
 
 def check_split(name: str, n: int, tp: int) -> None:
     """Refuse ``n`` (``name``) that ``tp`` ranks cannot share evenly, naming the valid tp."""
-    if n % tp:
-        raise ValueError(
-            f"{name} = {n} is not divisible by tp = {tp}; "
-            f"valid tp: {', '.join(map(str, valid_tp(n)))}"
-        )
+    validate.divisible(name, n, "tp", tp, note=f"valid tp: {', '.join(map(str, valid_tp(n)))}")
 
 
 def _check_world(tp: int, world_size: int) -> None:
@@ -30,11 +26,13 @@ def _check_world(tp: int, world_size: int) -> None:
             f"tp = {tp}: expected at most world_size = {world_size} "
             "(a tensor-parallel group is made of ranks that exist)"
         )
-    if world_size % tp:
-        raise ValueError(
-            f"world_size = {world_size}: expected a multiple of tp = {tp}; "
-            f"valid tp: {', '.join(map(str, valid_tp(world_size)))}"
-        )
+    validate.divisible(
+        "world_size",
+        world_size,
+        "tp",
+        tp,
+        note=f"valid tp: {', '.join(map(str, valid_tp(world_size)))}",
+    )
 
 
 def check_tp(

@@ -75,8 +75,8 @@ def _check_params(module: nn.Module) -> None:
     kinds = {(p.dtype, p.device) for p in params}
     if len(kinds) > 1:
         raise ValueError(
-            f"parameters have dtypes/devices {sorted(map(str, kinds))}: expected "
-            "one (a unit is one flat tensor); cast the module first"
+            f"module = parameters of dtypes/devices {sorted(map(str, kinds))}: expected "
+            "one dtype and device (a unit is one flat tensor); cast the module first"
         )
 
 

@@ -36,7 +36,7 @@ def launch_command(
             "returned (its attrs hold the cluster)"
         )
     if len(result) == 0:
-        raise ValueError("result has no layout that fits: nothing to launch")
+        raise ValueError("result = an empty plan: expected a layout that fits (nothing to launch)")
     rank = _v.count("rank", rank, minimum=1, maximum=len(result))
     row = result[result["rank"] == rank].iloc[0]
     gpus = int(row["dp"] * row["tp"] * row["pp"])

@@ -59,18 +59,20 @@ def resolve_backend(backend: str, world_size: int) -> Backend:
     if backend == "nccl":
         if not dist.is_nccl_available():
             raise ValueError(
-                "backend='nccl' is not available in this PyTorch build "
-                f"(torch {torch.__version__}); use backend='gloo' or 'auto'"
+                "backend = 'nccl': expected a backend this PyTorch build has; NCCL is not "
+                f"available in this PyTorch build (torch {torch.__version__}); use "
+                "backend='gloo' or 'auto'"
             )
         if n_gpus < world_size:
             raise ValueError(
-                f"backend='nccl' needs one GPU per rank: world_size={world_size} "
-                f"but torch.cuda.device_count() found {n_gpus} GPU(s); use "
+                f"world_size = {world_size}: expected at most {n_gpus} with backend='nccl' "
+                f"(one GPU per rank; torch.cuda.device_count() found {n_gpus} GPU(s)); use "
                 f"world_size<={n_gpus}, or backend='gloo' / 'auto' to run on CPU"
             )
     if backend == "gloo" and not dist.is_gloo_available():
         raise ValueError(
-            "backend='gloo' is not available in this PyTorch build; use backend='nccl' or 'auto'"
+            "backend = 'gloo': expected a backend this PyTorch build has; gloo is not "
+            "available in this PyTorch build; use backend='nccl' or 'auto'"
         )
     return "nccl" if backend == "nccl" else "gloo"
 

@@ -126,8 +126,8 @@ def _check_input(x: torch.Tensor) -> None:
         raise TypeError(f"x = {validate.describe(x)}: expected a floating-point tensor, >= 1-D")
     if x.numel() and not bool(torch.isfinite(x).all()):
         raise ValueError(
-            "x contains inf or NaN: expected finite values (a scale computed from an inf amax "
-            "would flush every other value to 0)"
+            "x = a tensor with inf or NaN: expected finite values (a scale computed from an inf "
+            "amax would flush every other value to 0)"
         )
 
 

@@ -164,8 +164,9 @@ def add_lora(
         if not any(_matches(n, [t]) for n in chosen):
             short = sorted({n.rsplit(".", 1)[-1] for n in linears})
             raise ValueError(
-                f"targets: {t!r} names no linear layer of {type(model).__name__}; "
-                f"expected one of {', '.join(short)} (or a dotted suffix of a full name)"
+                f"targets = {targets!r}: expected names of linear layers of "
+                f"{type(model).__name__}, each one of {', '.join(short)} (or a dotted suffix of "
+                f"a full name); {t!r} names none"
             )
     for p in model.parameters():
         p.requires_grad_(False)

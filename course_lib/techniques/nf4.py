@@ -56,10 +56,7 @@ def nf4_code(dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 def _blocks(w: torch.Tensor, blocksize: int) -> torch.Tensor:
     blocksize = validate.count("blocksize", blocksize, minimum=2)
-    if w.numel() % blocksize:
-        raise ValueError(
-            f"w has {w.numel()} elements: expected a multiple of blocksize = {blocksize}"
-        )
+    validate.divisible("w.numel()", w.numel(), "blocksize", blocksize)
     return w.detach().reshape(-1, blocksize).float()  # (n_blocks, blocksize)
 
 
@@ -166,13 +163,13 @@ def quantized_bytes(layers: nn.Module | Iterable[nn.Module]) -> dict[str, int]:
     layers = [layers] if isinstance(layers, nn.Module) else list(layers)
     out = dict.fromkeys(("codes", "scales", "scales_of_scales", "code_tables", "bias"), 0)
     seen: set = set()
-    for layer in layers:
+    for i, layer in enumerate(layers):
         weight = layer.weight
         qs = getattr(weight, "quant_state", None)
         if qs is None or not isinstance(weight, torch.Tensor):
             raise TypeError(
-                f"{type(layer).__name__} has no quantized weight (expected a bitsandbytes "
-                "Linear4bit moved to its device, which quantizes it)"
+                f"layers[{i}] = a {type(layer).__name__} with no quantized weight: expected a "
+                "bitsandbytes Linear4bit moved to its device, which quantizes it"
             )
         out["codes"] += _storage_bytes(weight.data, seen)
         out["scales"] += _storage_bytes(qs.absmax, seen)

@@ -105,7 +105,7 @@ class OffloadAdamW:
             raise ValueError("params is empty: expected at least one parameter that requires grad")
         bad = sorted({str(p.dtype) for p in self.params if not p.dtype.is_floating_point})
         if bad:
-            raise ValueError(f"params have dtype {bad}: expected floating-point parameters")
+            raise ValueError(f"params = parameters of dtype {bad}: expected floating-point ones")
         self.tier = validate.choice("tier", tier, TIERS)
         self.device = self.params[0].device
         if pin_memory is None:

@@ -274,8 +274,8 @@ def train_step(
     _mode(mode)
     if mode == "fp16-mixed" and scaler is None:
         raise ValueError(
-            "mode='fp16-mixed' needs scaler=make_scaler('fp16-mixed') "
-            "(or a DynamicLossScaler); got scaler=None"
+            "scaler = None: expected make_scaler('fp16-mixed') (or a DynamicLossScaler) with "
+            "mode='fp16-mixed': without one, small gradients underflow to zero"
         )
     device_type = next(model.parameters()).device.type
     optimizer.zero_grad(set_to_none=True)

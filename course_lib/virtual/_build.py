@@ -41,7 +41,7 @@ def build(spec: SimSpec, mesh: Any) -> tuple[nn.Module, torch.dtype | None]:
     strategy, mp = spec.strategy, spec.mixed_precision
     model = spec.model_fn()
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model_fn() returned {type(model).__name__}: expected a torch.nn.Module")
+        raise TypeError(f"model_fn() = a {type(model).__name__}: expected a torch.nn.Module")
     param_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mp or "")
     policy = MixedPrecisionPolicy(
         param_dtype=param_dtype, reduce_dtype=torch.float32 if mp else None

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import matplotlib.pyplot as plt
 
+from course_lib import validate
+
 if TYPE_CHECKING:
     from matplotlib.text import Text
     from matplotlib.typing import RcKeyType
@@ -236,9 +238,7 @@ def print_wrapped(*parts, width: int = LINE_CHARS, indent: str = "  ") -> None:
 
 
 def _unit(unit: str) -> float:
-    if unit not in UNITS:
-        raise ValueError(f"unit={unit!r} is not supported; valid choices: {', '.join(UNITS)}")
-    return UNITS[unit]
+    return UNITS[validate.choice("unit", unit, UNITS)]
 
 
 def _check_mapping(name: str, value) -> dict:

@@ -101,12 +101,15 @@ def test_settings_are_typed_and_unknown_ones_named():
 
 def test_a_world_size_an_experiment_cannot_use_is_refused_before_any_rank(tmp_path):
     with pytest.raises(
-        ValueError, match="n_head = 4 is not divisible by tp = 3; valid tp: 1, 2, 4"
+        ValueError, match="n_head = 4: expected a multiple of tp = 3; valid tp: 1, 2, 4"
     ):
         cluster.export("u11.parity", tmp_path / "never.py", world_size=3)
     with pytest.raises(ValueError, match="u14.run_3d runs on exactly 8 ranks"):
         cluster.get("u14.run_3d").resolve_world_size(4, cluster.get("u14.run_3d").settings())
-    with pytest.raises(ValueError, match="recursive_doubling needs a power of two"):
+    with pytest.raises(
+        ValueError,
+        match=r"world_size = 3: expected a power of two \(2, 4, 8, 16, \.\.\.\); recursive_doubling",
+    ):
         cluster.run("u08.timing", 3)
     with pytest.raises(ValueError, match="world_size = 5: the global batch of 24 rows"):
         cluster.run("u09.parity", 5)

@@ -22,7 +22,7 @@ def test_grading_package_does_not_import_torch():
 def test_fmt_int_and_passed_line(capsys):
     assert fmt_int(3145728) == "3,145,728"
     assert fmt_int(-1024) == "-1,024"
-    with pytest.raises(TypeError, match="n must be an int"):
+    with pytest.raises(TypeError, match=r"n = 3.0: expected an int \(fmt_int formats integers\)"):
         fmt_int(3.0)
     passed(3, "bytes = 3,145,728")
     assert capsys.readouterr().out == "✓ task 3: bytes = 3,145,728\n"

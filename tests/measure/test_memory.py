@@ -199,7 +199,10 @@ def test_bad_arguments():
         MemoryMeter(None, optimizer=[1])
     with pytest.raises(TypeError, match=r"track\[0\] must be a torch.Tensor"):
         MemoryMeter(track=[3])
-    with pytest.raises(ValueError, match="device='tpu:0' is not a valid torch device"):
+    with pytest.raises(
+        ValueError,
+        match=r"device = 'tpu:0': expected a valid torch device \(e.g. 'cpu', 'cuda:0'\)",
+    ):
         MemoryMeter(device="tpu:0")
     with MemoryMeter() as mem:
         pass

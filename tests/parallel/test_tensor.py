@@ -49,7 +49,7 @@ def _parity_worker(rank, world_size):
             (lambda: T.ColumnParallelLinear(8, 6), "out_features = 6"),
             (lambda: T.RowParallelLinear(6, 8), "in_features = 6"),
         ):
-            with pytest.raises(ValueError, match=f"{name} is not divisible by tp = 4"):
+            with pytest.raises(ValueError, match=f"{name}: expected a multiple of tp = 4"):
                 make()
     # the two layers alone: column (gather_output) and row (input not parallel) = nn.Linear
     torch.manual_seed(1)
@@ -101,15 +101,15 @@ def test_a_group_outside_a_process_group_is_refused():
 def test_bad_splits_are_refused_with_the_valid_choices():
     with pytest.raises(
         ValueError,
-        match=r"n_head = 12 is not divisible by tp = 8; "
+        match=r"n_head = 12: expected a multiple of tp = 8; "
         r"valid tp: 1, 2, 3, 4, 6, 12",
     ):
         T.check_tp(GPTConfig.gpt2_small(), 8)
     with pytest.raises(ValueError, match=r"tp = 8: expected at most world_size = 4"):
         T.check_tp(CFG, 8, world_size=4)
-    with pytest.raises(ValueError, match=r"seq = 6 is not divisible by tp = 4"):
+    with pytest.raises(ValueError, match=r"seq = 6: expected a multiple of tp = 4"):
         T.check_tp(CFG, 4, sequence_parallel=True, seq=6)
-    with pytest.raises(ValueError, match=r"n_kv_head = 8 is not divisible by tp = 16"):
+    with pytest.raises(ValueError, match=r"n_kv_head = 8: expected a multiple of tp = 16"):
         from course_lib.units.u11_tensor_parallelism.run import LLAMA_70B
 
         T.check_tp(LLAMA_70B, 16)

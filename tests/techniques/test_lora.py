@@ -66,7 +66,8 @@ def test_bad_rank_names_the_layer_and_its_dims(r):
 def test_unknown_target_lists_the_layers():
     with pytest.raises(
         ValueError,
-        match="'wq' names no linear layer of GPT; expected one of c_attn, c_fc, c_proj, lm_head",
+        match=r"targets = \['wq'\]: expected names of linear layers of GPT, each one of "
+        r"c_attn, c_fc, c_proj, lm_head \(or a dotted suffix of a full name\); 'wq' names none",
     ):
         add_lora(_model(), r=4, alpha=8, targets=["wq"])
 

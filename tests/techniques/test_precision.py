@@ -165,5 +165,5 @@ def test_train_step_bad_input():
         ValueError, match="mode = 'fp8': expected one of fp32, bf16-mixed, fp16-mixed, bf16-true"
     ):
         P.train_step(model, opt, lambda m: m(torch.ones(1, 2)).sum(), mode="fp8")
-    with pytest.raises(ValueError, match="needs scaler"):
+    with pytest.raises(ValueError, match=r"scaler = None: expected make_scaler\('fp16-mixed'\)"):
         P.train_step(model, opt, lambda m: m(torch.ones(1, 2)).sum(), mode="fp16-mixed")

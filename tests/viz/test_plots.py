@@ -78,7 +78,7 @@ def test_measured_vs_predicted_bad_input():
         plot_measured_vs_predicted([1, 2], {})
     with pytest.raises(TypeError, match=r"predicted\['params'\] must be a number"):
         plot_measured_vs_predicted({}, {"params": "4"})
-    with pytest.raises(ValueError, match="unit='mib'.*MiB"):
+    with pytest.raises(ValueError, match="unit = 'mib': expected one of .*MiB"):
         plot_measured_vs_predicted({}, {}, unit="mib")
 
 

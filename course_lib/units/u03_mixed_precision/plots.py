@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.axes import Axes
 
+from course_lib import validate
 from course_lib.viz.plots import CATEGORY_COLORS, style
 
 __all__ = [
@@ -115,8 +116,7 @@ def plot_gradient_histogram(
 
     if not isinstance(abs_grads, torch.Tensor) or abs_grads.numel() == 0:
         raise ValueError("abs_grads must be a non-empty tensor of gradient magnitudes")
-    if not scale > 0:
-        raise ValueError(f"scale={scale!r} must be > 0")
+    scale = validate.number("scale", scale, positive=True)
     lg = abs_grads.double().log2()
     fp16, bf16 = bit_layout("fp16"), bit_layout("bf16")
     with style():

@@ -327,8 +327,8 @@ def _matmul_rows(sizes, dtypes, warmup, repeat, device, time_fn) -> pd.DataFrame
             dt = P.FORMATS[f]
             if dt.itemsize == 1:
                 raise ValueError(
-                    f"dtypes={f!r}: fp8 matmul needs torch._scaled_mm on a GPU "
-                    "with fp8 support; valid choices here: fp32, bf16, fp16"
+                    f"dtypes = {validate.describe(dtypes)}: expected fp32, bf16 or fp16 here "
+                    f"({f} matmul needs torch._scaled_mm on a GPU with fp8 support)"
                 )
             a = torch.randn(n, n, device=device).to(dt)
             b = torch.randn(n, n, device=device).to(dt)

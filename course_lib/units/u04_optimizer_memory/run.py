@@ -356,8 +356,7 @@ def convergence(
 ) -> pd.DataFrame:
     """Train the tiny GPT on the task with each optimizer: same initial weights (seed), same
     batches. Rows: optimizer, lr, step, loss. ``lr`` overrides :data:`DEFAULT_LR` per name."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r} must be an int >= 1")
+    steps = validate.count("steps", steps, minimum=1)
     config = config or GPTConfig.tiny()
     lrs = {**DEFAULT_LR, **(lr or {})}
     rows = []

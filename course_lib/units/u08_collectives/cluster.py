@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from course_lib import validate
 from course_lib.cluster import Experiment
 
 
@@ -41,10 +42,12 @@ def wire(world_size: int, *, size_bytes: int = 4 * 2**20):
 
 
 def _power_of_two(world_size: int, settings: dict) -> None:
-    if "recursive_doubling" in settings.get("algorithms", ()) and world_size & (world_size - 1):
-        raise ValueError(
-            f"world_size = {world_size}: recursive_doubling needs a power of two "
-            "(2, 4, 8, 16); drop it from algorithms for other sizes"
+    if "recursive_doubling" in settings.get("algorithms", ()):
+        validate.power_of_two(
+            "world_size",
+            world_size,
+            minimum=2,
+            note="recursive_doubling needs one; drop it from algorithms for other sizes",
         )
 
 

@@ -142,13 +142,11 @@ def run_primitives(
     for name in names:
         validate.choice("names[i]", name, COLLECTIVE_CHOICES)
     world_size = validate.count("world_size", world_size, minimum=1, maximum=10)
-    if "recursive_doubling (from scratch)" in names and world_size & (world_size - 1):
-        raise ValueError(
-            f"recursive doubling needs a power-of-two world size, got "
-            f"world_size={world_size}; valid choices: 1, 2, 4, 8"
+    if "recursive_doubling (from scratch)" in names:
+        validate.power_of_two(
+            "world_size", world_size, maximum=8, note="recursive doubling needs one"
         )
-    if not 0 <= root < world_size:
-        raise ValueError(f"root must be a rank in 0..{world_size - 1}, got root={root}")
+    root = validate.count("root", root, minimum=0, maximum=world_size - 1)
     per_rank = _launch(_primitives_worker, world_size, names, root, timeout=timeout)
     return {
         name: {
@@ -264,15 +262,10 @@ def measure_bytes(
     """
     world_size = validate.count("world_size", world_size, minimum=1, maximum=16)
     algorithms = [validate.choice("algorithms[i]", a, BYTE_EXPERIMENTS) for a in algorithms]
-    if numel % world_size:
-        raise ValueError(
-            f"numel must be a multiple of world_size so the formulas are exact: "
-            f"got numel={numel}, world_size={world_size}"
-        )
-    if "recursive_doubling" in algorithms and world_size & (world_size - 1):
-        raise ValueError(
-            f"recursive_doubling needs a power-of-two world size, got "
-            f"world_size={world_size}; valid choices: 1, 2, 4, 8, 16"
+    validate.divisible("numel", numel, "world_size", world_size, note="so the formulas are exact")
+    if "recursive_doubling" in algorithms:
+        validate.power_of_two(
+            "world_size", world_size, maximum=16, note="recursive doubling needs one"
         )
     per_rank = _launch(_bytes_worker, world_size, algorithms, int(numel), dtype, timeout=timeout)
     df = pd.DataFrame([row for rows in per_rank for row in rows])

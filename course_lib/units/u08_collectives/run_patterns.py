@@ -186,15 +186,22 @@ def algorithm_comparison(
     formulas: ring 2(N-1) messages of S/N; recursive doubling log2 N of S; Rabenseifner 2 log2 N
     messages carrying the ring's 2(N-1)/N S), median_s (slowest rank, median of ``repeats``)."""
     world_size = validate.count("world_size", world_size, minimum=2, maximum=16)
-    if world_size & (world_size - 1):
-        raise ValueError(
-            f"world_size = {world_size}: expected a power of two (2, 4, 8, 16): "
-            "recursive doubling and Rabenseifner pair ranks by bits"
-        )
+    validate.power_of_two(
+        "world_size",
+        world_size,
+        minimum=2,
+        maximum=16,
+        note="recursive doubling and Rabenseifner pair ranks by bits",
+    )
     sizes = [validate.count("sizes[i]", s, minimum=4 * world_size) for s in sizes]
     for s in sizes:
-        if s % (4 * world_size):
-            raise ValueError(f"sizes contains {s}: expected a multiple of 4 * world_size bytes")
+        validate.divisible(
+            "sizes[i]",
+            s,
+            "4 * world_size",
+            4 * world_size,
+            note="float32 elements, split evenly over the ranks",
+        )
     per_rank = _launch(
         _compare_worker, world_size, sizes, validate.count("repeats", repeats, minimum=1)
     )
@@ -234,7 +241,10 @@ def heldout_crossover(times: pd.DataFrame, world_size: int, held_out: Sequence[i
         )
     train = times[~times["size_bytes"].isin(held)]
     if train["size_bytes"].nunique() < 2:
-        raise ValueError("held_out leaves fewer than 2 sizes to fit alpha and beta on")
+        raise ValueError(
+            f"held_out = {sorted(held)}: expected to leave at least 2 measured sizes to fit "
+            "alpha and beta on"
+        )
     alpha, beta = fit_per_message_alpha_beta(train, world_size)
     test = compare_with_model(times[times["size_bytes"].isin(held)], world_size, alpha, beta)
     errors = test.assign(error_pct=100 * (test.predicted_s - test.measured_s) / test.measured_s)[

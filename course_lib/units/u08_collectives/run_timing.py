@@ -62,10 +62,9 @@ def time_all_reduce(
     """
     world_size = validate.count("world_size", world_size, minimum=2, maximum=16)
     algorithms = [validate.choice("algorithms[i]", a, TIMED) for a in algorithms]
-    if "recursive_doubling" in algorithms and world_size & (world_size - 1):
-        raise ValueError(
-            f"recursive_doubling needs a power-of-two world size, got "
-            f"world_size={world_size}; valid choices: 2, 4, 8, 16"
+    if "recursive_doubling" in algorithms:
+        validate.power_of_two(
+            "world_size", world_size, minimum=2, maximum=16, note="recursive_doubling needs one"
         )
     repeats = validate.count("repeats", repeats, minimum=1)
     warmup = validate.count("warmup", warmup, minimum=0)
@@ -106,14 +105,9 @@ def _timing_row(per_rank: list[dict], algorithm: str, size: int, repeats: int) -
 
 def _steps_and_message(algorithm: str, size_bytes: float, world_size: int) -> tuple[int, float]:
     """(number of sequential message steps, bytes per message) of an all-reduce algorithm."""
-    if algorithm == "ring":
+    if validate.choice("algorithm", algorithm, ("ring", "recursive_doubling")) == "ring":
         return 2 * (world_size - 1), size_bytes / world_size
-    if algorithm == "recursive_doubling":
-        return math.ceil(math.log2(world_size)), size_bytes
-    raise ValueError(
-        f"algorithm={algorithm!r} has no alpha-beta fit here; valid choices: ring, "
-        "recursive_doubling"
-    )
+    return math.ceil(math.log2(world_size)), size_bytes
 
 
 def fit_per_message_alpha_beta(

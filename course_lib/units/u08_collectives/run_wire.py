@@ -54,9 +54,9 @@ def _wire_names(names: Sequence[str] | str | None, world_size: int) -> list[str]
     if names is None:
         names = [n for n in COLLECTIVE_CHOICES if power_of_two or not n.startswith("recursive")]
     names = validate.choices("names", names, COLLECTIVE_CHOICES)
-    if "recursive_doubling (from scratch)" in names and not power_of_two:
-        raise ValueError(
-            f"world_size = {world_size}: expected a power of two (2, 4, 8) for recursive doubling"
+    if "recursive_doubling (from scratch)" in names:
+        validate.power_of_two(
+            "world_size", world_size, minimum=2, maximum=8, note="for recursive doubling"
         )
     return names
 
@@ -95,11 +95,13 @@ def measure_wire_bytes(
     world_size = validate.count("world_size", world_size, minimum=2, maximum=8)
     names = _wire_names(names, world_size)
     size_bytes = validate.count("size_bytes", size_bytes, minimum=1)
-    if size_bytes % (4 * world_size):
-        raise ValueError(
-            f"size_bytes = {size_bytes}: expected a multiple of 4 * world_size = "
-            f"{4 * world_size} (float32 slots, one per rank)"
-        )
+    validate.divisible(
+        "size_bytes",
+        size_bytes,
+        "4 * world_size",
+        4 * world_size,
+        note="float32 slots, one per rank",
+    )
     root = validate.count("root", root, minimum=0, maximum=world_size - 1)
     k = size_bytes // (4 * world_size)
     per_rank = _launch(_wire_worker, world_size, names, root, k, timeout=timeout)

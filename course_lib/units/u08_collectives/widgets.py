@@ -14,6 +14,7 @@ import html
 
 import ipywidgets as widgets
 
+from course_lib import validate
 from course_lib.viz.widgets import Explorer
 
 __all__ = ["CollectiveExplorer"]
@@ -61,13 +62,10 @@ class CollectiveExplorer(Explorer):
         from course_lib.units.u08_collectives.run import bytes_table, run_primitives
 
         name, n = self.collective.value, int(self.world_size.value)
-        if name == "recursive_doubling (from scratch)" and n & (n - 1):
-            valid = [
-                w for w in range(self.world_size.min, self.world_size.max + 1) if not w & (w - 1)
-            ]
-            raise ValueError(
-                f"recursive doubling needs a power-of-two number of ranks, got "
-                f"world_size={n}; valid choices here: {', '.join(map(str, valid))}"
+        if name == "recursive_doubling (from scratch)":
+            lo, hi = self.world_size.min, self.world_size.max
+            validate.power_of_two(
+                "world_size", n, minimum=lo, maximum=hi, note="recursive doubling needs one"
             )
         result = run_primitives([name], n)[name]
         self.table = bytes_table(name, result, n)

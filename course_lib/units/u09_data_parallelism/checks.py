@@ -65,7 +65,9 @@ def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
         with watch_references(forbid) as used:
             finish = fn(model, [list(b) for b in buckets])
             if not callable(finish):
-                raise TypeError(f"expected a finish() function, got {type(finish).__name__}")
+                raise TypeError(
+                    f"fn(model, buckets) = a {type(finish).__name__}: expected a finish() function"
+                )
 
             def step_fn(m, batch):
                 loss = H.mse_loss(m, batch)

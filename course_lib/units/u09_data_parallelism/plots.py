@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from course_lib import validate
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["plot_overlap", "plot_bytes", "plot_straggler", "plot_sweep"]
@@ -86,13 +87,12 @@ def plot_overlap(
             f"implementation = {implementation!r}: expected one of "
             f"{sorted(events['implementation'].unique())}"
         )
-    caps = sorted(ev["bucket_cap_mb"].unique()) if bucket_caps_mb is None else list(bucket_caps_mb)
-    for cap in caps:
-        if cap not in set(ev["bucket_cap_mb"]):
-            raise ValueError(
-                f"bucket_caps_mb: {cap!r} is not in events; valid choices: "
-                f"{sorted(ev['bucket_cap_mb'].unique())}"
-            )
+    valid = sorted(ev["bucket_cap_mb"].unique())
+    caps = (
+        valid
+        if bucket_caps_mb is None
+        else validate.choices("bucket_caps_mb", bucket_caps_mb, valid)
+    )
     with style():
         fig, axes = plt.subplots(1, len(caps), figsize=(6.5 * len(caps), 4.2), squeeze=False)
         for ax, cap in zip(axes[0], caps):

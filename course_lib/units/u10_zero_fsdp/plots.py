@@ -9,6 +9,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from course_lib import validate
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["plot_memory", "plot_comm", "plot_timeline", "plot_tradeoff", "plot_scale"]
@@ -153,12 +154,8 @@ def plot_timeline(events: pd.DataFrame, configs=None) -> Figure:
     require_columns(
         events, ["rank", "name", "start", "end", "lane", "config"], "events", nonempty=True
     )
-    configs = list(events["config"].unique()) if configs is None else list(configs)
-    for c in configs:
-        if c not in set(events["config"]):
-            raise ValueError(
-                f"configs: {c!r} is not in events; valid choices: {list(events['config'].unique())}"
-            )
+    valid = list(events["config"].unique())
+    configs = valid if configs is None else validate.choices("configs", configs, valid)
     with style():
         fig, axes = plt.subplots(len(configs), 1, figsize=(11, 2.3 * len(configs)), squeeze=False)
         for ax, c in zip(axes[:, 0], configs):

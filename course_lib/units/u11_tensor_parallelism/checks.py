@@ -95,7 +95,9 @@ def _row_worker(rank: int, world_size: int, fn, forbid) -> dict:
         with watch_references(forbid) as used:
             y = fn(x_shard, w_shard, bias, None)
             if not isinstance(y, torch.Tensor):
-                raise TypeError(f"expected a tensor, got {type(y).__name__}")
+                raise TypeError(
+                    f"fn(x_shard, weight_shard, bias, group) = a {type(y).__name__}: expected a tensor"
+                )
             (y * target).sum().backward()
     except Exception as exc:  # noqa: BLE001 - reported in the verdict
         return {"used": list(used), "error": error_pair(exc)}
@@ -217,7 +219,9 @@ def _mlp_worker(rank: int, world_size: int, fn, forbid) -> dict:
         with watch_references(forbid) as used:
             y = fn(xl, my_fc, my_proj, None)
             if not isinstance(y, torch.Tensor):
-                raise TypeError(f"expected a tensor, got {type(y).__name__}")
+                raise TypeError(
+                    f"fn(x, c_fc, c_proj, group) = a {type(y).__name__}: expected a tensor"
+                )
             (y * target).sum().backward()
     except Exception as exc:  # noqa: BLE001
         return {"used": list(used), "error": error_pair(exc)}

@@ -232,7 +232,9 @@ def _check_sweep_frame(df: pd.DataFrame, name: str = "df") -> None:
         )
     missing = [c for c in _SWEEP_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"{name} lacks columns {missing}; expected at least {_SWEEP_COLUMNS}")
+        raise ValueError(
+            f"{name} = a DataFrame without columns {missing}: expected at least {_SWEEP_COLUMNS}"
+        )
 
 
 def fit_sweep(df: pd.DataFrame) -> pd.DataFrame:
@@ -300,8 +302,8 @@ def heldout_fit(
     )
     if len(g) < 3:
         raise ValueError(
-            f"collective={collective!r}, world_size={world_size}: need at least 3 sizes "
-            f"in df to hold some out, found {len(g)}"
+            f"df = a sweep with {len(g)} sizes of collective={collective!r}, "
+            f"world_size={world_size}: expected at least 3, to hold some out"
         )
     held = [i for i in range(1, len(g)) if i % every == 1 and i != len(g) - 1]
     fit = [i for i in range(len(g)) if i not in held]

@@ -14,6 +14,7 @@ import html
 
 import ipywidgets as widgets
 
+from course_lib import validate
 from course_lib.measure.estimate import KiB, MiB, fmt_bytes
 from course_lib.viz.widgets import Explorer
 
@@ -32,9 +33,8 @@ class SweepExplorer(Explorer):
     def __init__(self, *, world_sizes=(2, 4), max_bytes: int = 256 * MiB, timeout: float = 120.0):
         from course_lib.units.u13_interconnects_and_backends.run import SWEEP_COLLECTIVES
 
+        max_bytes = validate.count("max_bytes", max_bytes, minimum=_SIZES[1])  # 2 sizes at least
         sizes = [s for s in _SIZES if s <= max_bytes]
-        if len(sizes) < 2:
-            raise ValueError(f"max_bytes={max_bytes} leaves fewer than 2 sizes; use >= {2 * KiB}")
         self.timeout = timeout
         self.collective = widgets.Dropdown(
             options=list(SWEEP_COLLECTIVES), value="all_reduce", description="collective"

@@ -63,7 +63,7 @@ def test_convergence_same_start_and_adam_beats_sgd():
     assert last["adam"] < first["adam"] and last["adam"] < last["sgd"]
     with pytest.raises(ValueError, match="lion"):
         E.convergence(["lion"], steps=1)
-    with pytest.raises(ValueError, match="steps=0"):
+    with pytest.raises(ValueError, match="steps = 0: expected an int >= 1"):
         E.convergence(["sgd"], steps=0)
 
 

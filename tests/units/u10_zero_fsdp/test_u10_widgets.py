@@ -38,7 +38,9 @@ def test_plots_draw_and_refuse_bad_frames():
         }
     )
     assert P.plot_timeline(events).axes
-    with pytest.raises(ValueError, match="configs: 'b' is not in events"):
+    with pytest.raises(
+        ValueError, match=r"configs = \['b'\]: expected each one of a \('b' is not\)"
+    ):
         P.plot_timeline(events, ["b"])
     assert P.plot_scale(R.scale_grid(7e9)).axes
 

@@ -31,7 +31,7 @@ def test_shard_shapes_on_a_dp_tp_mesh_and_refusals():
     with pytest.raises(ValueError, match="tp = 8: expected at most world_size = 4"):
         run.shard_shapes(8, world_size=4)
     with pytest.raises(
-        ValueError, match="n_head = 12 is not divisible by tp = 8; valid tp: 1, 2, 3, 4, 6, 12"
+        ValueError, match="n_head = 12: expected a multiple of tp = 8; valid tp: 1, 2, 3, 4, 6, 12"
     ):
         run.shard_shapes(8, config=GPTConfig.tiny(n_head=12, n_embd=96))
 

@@ -278,7 +278,7 @@ def test_heldout_fit_predicts_sizes_it_did_not_fit():
     assert out["size_bytes"].tolist() == [sizes[1], sizes[3]]  # first and last are always fitted
     np.testing.assert_allclose(out["predicted_s"], [times[1], times[3]], rtol=1e-9)
     np.testing.assert_allclose(out["error_pct"], [100 * (1 / 1.5 - 1)] * 2, rtol=1e-9)
-    with pytest.raises(ValueError, match="need at least 3 sizes"):
+    with pytest.raises(ValueError, match="df = a sweep with 2 sizes .*: expected at least 3"):
         E.heldout_fit(pd.DataFrame(rows[:2]))
 
 
