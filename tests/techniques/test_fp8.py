@@ -172,3 +172,41 @@ def test_convert_skips_the_head_and_trains():
     assert losses[-1] < losses[0] - 0.3
     with pytest.raises(ValueError, match="no nn.Linear of GPT is left"):
         convert_to_float8(GPT(GPTConfig.tiny()), skip=["lm_head", "c_attn", "c_proj", "c_fc"])
+
+
+@pytest.mark.parametrize("shape", [(16, 32, 64), (64, 128, 32)], ids=["16x32x64", "64x128x32"])
+def test_tensorwise_recipe_agrees_with_torchaos_float8_training(shape):
+    # torchao's Float8Linear (dynamic tensorwise scales: E4M3 input and weight, E5M2 gradient)
+    # runs on the CPU through torch._scaled_mm; the course's recipe is the same arithmetic, so the
+    # output and both gradients agree to fp32 rounding (the GEMMs accumulate in another order).
+    import copy
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torchao.float8 as float8
+    except Exception as exc:  # noqa: BLE001 - absent, or built for another torch (the floor's)
+        pytest.skip(f"torchao's float8 training does not import here: {exc}")
+    from course_lib.techniques.fp8_linear import Float8Linear
+
+    torch.manual_seed(0)
+    batch, n_in, n_out = shape
+    linear = torch.nn.Linear(n_in, n_out, bias=False)
+    theirs = torch.nn.Sequential(copy.deepcopy(linear))
+    float8.convert_to_float8_training(theirs)
+    assert type(theirs[0]).__name__ == "Float8Linear"
+    ours = Float8Linear.from_linear(copy.deepcopy(linear), recipe="tensorwise")
+    x, grad = torch.randn(batch, n_in) * 3, torch.randn(batch, n_out)
+    x_theirs, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y_theirs, y_ours = theirs(x_theirs), ours(x_ours)
+    y_theirs.backward(grad)
+    y_ours.backward(grad)
+    for a, b in [
+        (y_ours, y_theirs),
+        (x_ours.grad, x_theirs.grad),
+        (ours.weight.grad, theirs[0].weight.grad),
+    ]:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+    # and FP8 is not a no-op: both differ from the fp32 layer by the same cast error
+    assert not torch.allclose(y_ours, linear(x), rtol=1e-4, atol=0)
