@@ -138,7 +138,7 @@ def test_unknown_asset_names_the_valid_ones(tmp_path):
 
 def test_course_map_has_every_unit():
     rows = site.course_map()
-    assert [r["unit"] for r in rows] == [f"{i:02d}" for i in range(16)]
+    assert [r["unit"] for r in rows] == [f"{i:02d}" for i in range(17)]
 
 
 def test_site_index_links_built_units(tmp_path, monkeypatch):
