@@ -35,7 +35,7 @@ def plot_training(tr: pd.DataFrame) -> Figure:
         a.set_ylim(0, 1.05)
         a.set_xlabel("step")
         a.set_ylabel("busiest expert's share (mean of 10 steps)")
-        a.legend()
+        a.legend(loc="center right")
         b.set_yscale("log")
         b.set_xlabel("step")
         b.set_ylabel("task loss (MSE, mean of 10 steps)")

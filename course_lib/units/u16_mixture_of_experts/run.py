@@ -13,6 +13,7 @@ function returns a tidy DataFrame:
   rank's tokens: outputs, input gradients, parameter gradients after ``sync_moe_grads``;
 - :func:`wire_bytes`: bytes each rank sent for one layer, counted from the calls CommMeter saw
   and measured by the OS, beside ``estimate.ep_all_to_all_bytes`` of the routing;
+- :func:`ep_dp`: expert parallelism inside data parallelism on 4 ranks (2 x 2);
 - :func:`timeline`: each rank's route / dispatch / experts / combine spans, balanced and with
   one hot expert;
 - :func:`scale` (``run_scale.py``): Mixtral 8x7B and DeepSeek-V3.
@@ -40,6 +41,7 @@ __all__ = [
     "params",
     "parity",
     "wire_bytes",
+    "ep_dp",
     "timeline",
     "imbalance",
     "BALANCING",
@@ -182,16 +184,65 @@ def wire_bytes(world_sizes: Sequence[int] = (2, 4)) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _mesh_worker(rank: int, world_size: int, ep: int) -> dict:
+    from course_lib.measure.comm import CommMeter
+
+    dp = world_size // ep
+    ep_groups = [dist.new_group(list(range(i * ep, (i + 1) * ep))) for i in range(dp)]
+    edp_groups = [dist.new_group(list(range(j, world_size, ep))) for j in range(ep)]
+    layer = X.ExpertParallel(_build(*CASES[0]), group=ep_groups[rank // ep])
+    x = _tokens(world_size)[rank]
+    y, aux = layer(x)
+    (y.square().mean() + aux).backward()
+    with CommMeter(dispatch=False) as meter:
+        X.sync_moe_grads(layer, expert_dp_group=edp_groups[rank % ep])
+    return {
+        "y": y.detach(),
+        "dx": None,
+        "grads": {n: p.grad for n, p in layer.named_parameters()},
+        "first": layer.first,
+        "calls": meter.calls,
+        "groups": (list(range((rank // ep) * ep, (rank // ep + 1) * ep)),
+                   list(range(rank % ep, world_size, ep))),
+    }  # fmt: skip
+
+
+def ep_dp(world_size: int = 4, ep: int = 2) -> pd.DataFrame:
+    """Expert parallelism inside data parallelism: ``world_size`` ranks in world_size / ep
+    groups of ``ep`` (each group splits the 8 experts; tokens travel only inside it); each
+    expert's copies are summed over the ranks that hold it (the expert-data-parallel group),
+    the router over all ranks (``sync_moe_grads``). One row per rank: its two groups, the
+    all-reduces it made, and the largest |difference| of its output and gradients against
+    the one-process MoE (the mean of every rank's loss)."""
+    w = validate.count("world_size", world_size, minimum=2, maximum=8)
+    e = validate.count("ep", ep, minimum=1)
+    if w % e or E % e:
+        raise ValueError(f"ep = {e}: expected a divisor of world_size = {w} and of {E} experts")
+    results = launch(_mesh_worker, w, e)
+    wrapped = [{CASES[0]: {**r, "dx": torch.zeros(T, D)}} for r in results]
+    d = _compare(w, CASES[0], wrapped)
+    return pd.DataFrame([
+        {"rank": i, "ep_group": r["groups"][0], "expert_dp_group": r["groups"][1],
+         "sync_calls": ", ".join(f"{n} {op}" for op, n in r["calls"].items()),
+         "out_max_diff": d["out"], "grad_max_diff": d["grads"],
+         "ok": max(d["out"], d["grads"]) <= 1e-6}
+        for i, r in enumerate(results)
+    ])  # fmt: skip
+
+
+_TD, _TF = 128, 512  # the timeline's layer: wide enough that the experts' work shows
+
+
 def _timeline_worker(rank: int, world_size: int, hot: float, tokens: int, repeats: int) -> list:
     rows: list[dict] = []
     torch.manual_seed(0)
-    moe = X.MoE(64, 256, world_size * 2, 1, router="sigmoid")
+    moe = X.MoE(_TD, _TF, world_size * 2, 1, router="sigmoid")
     with torch.no_grad():
         moe.bias[0] = 10.0 * hot  # the sigmoid router's bias chooses: expert 0 wins often
     ep = X.ExpertParallel(moe)
     g = torch.Generator().manual_seed(rank)
     for rep in range(repeats + 1):  # the first is a warm-up
-        x = torch.randn(tokens, 64, generator=g)
+        x = torch.randn(tokens, _TD, generator=g)
         if hot > 0:  # tokens that like expert 0 (sigmoid > 1 - hot after the bias)
             x = x + hot * 4 * moe.router.weight[0].detach()
         ep.trace = []
@@ -206,9 +257,9 @@ def _timeline_worker(rank: int, world_size: int, hot: float, tokens: int, repeat
 
 
 def timeline(
-    world_size: int = 2, *, hot: Sequence[float] = (0.0, 1.0), tokens: int = 512, repeats: int = 3
+    world_size: int = 2, *, hot: Sequence[float] = (0.0, 1.0), tokens: int = 1024, repeats: int = 3
 ) -> pd.DataFrame:
-    """One MoE layer's forward (64 wide, 2 experts of 256 per rank, top-1, sigmoid router) on
+    """One MoE layer's forward (128 wide, 2 experts of 512 per rank, top-1, sigmoid router) on
     ``world_size`` ranks, ``tokens`` per rank, traced: one row per hot setting, repeat, rank
     and phase (route, dispatch, experts, combine) with start and end in seconds after a
     barrier and the rows the phase handled. ``hot`` = 0: routing as it comes; 1: a bias and

@@ -22,10 +22,10 @@ class RoutingExplorer(Explorer):
     busy = "launching the ranks..."
     expected_errors = (ValueError,)
 
-    def __init__(self, *, world_size: int = 2, tokens: int = 512, hot: float = 0.5):
+    def __init__(self, *, world_size: int = 2, tokens: int = 1024, hot: float = 0.5):
         self.world_size = widgets.Dropdown(options=(2, 4), value=world_size, description="ranks")
         self.tokens = widgets.Dropdown(
-            options=(256, 512, 1024), value=tokens, description="tokens/rank"
+            options=(512, 1024, 2048), value=tokens, description="tokens/rank"
         )
         self.hot = widgets.FloatSlider(
             value=hot, min=0.0, max=1.0, step=0.25, description="hot expert"

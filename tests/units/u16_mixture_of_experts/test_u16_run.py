@@ -29,6 +29,8 @@ def test_wire_bytes_two_ranks():
 def test_parity_four_ranks_timeline_and_training():
     par = run.parity((1, 2, 4))
     assert par.ok.all() and len(par) == 9 and (par.dropped[par.capacity_factor == 1.0] > 0).all()
+    mesh = run.ep_dp(4, 2)
+    assert mesh.ok.all() and list(mesh.expert_dp_group[0]) == [0, 2]
     tl = run.timeline(2, tokens=128, repeats=1)
     imb = run.imbalance(tl)
     hot = imb[imb.hot == 1.0].set_index("rank").expert_rows

@@ -47,7 +47,7 @@ def test_plots_draw_and_refuse_bad_frames():
 
 @pytest.mark.slow
 def test_routing_explorer_runs():
-    ex = RoutingExplorer(world_size=2, tokens=256, hot=1.0)
+    ex = RoutingExplorer(world_size=2, tokens=512, hot=1.0)
     ex.run_button.click()
     assert ex.result is not None and set(ex.result.hot) == {0.0, 1.0}
-    assert "busiest rank's experts got 512 rows" in ex.status.value
+    assert "busiest rank's experts got 1024 rows" in ex.status.value
