@@ -11,7 +11,8 @@ from course_lib.measure import estimate
 
 __all__ = ["MODELS", "architecture_params", "scale"]
 
-#: published architectures. Mixtral 8x7B: Jiang et al. 2024 (arXiv:2401.04088), Table 1.
+#: published architectures. Mixtral 8x7B: Jiang et al. 2024 (arXiv:2401.04088), Table 1; its
+#: 46.7B total / 12.9B active are Mistral AI's announcement's (the paper rounds to 47B / 13B).
 #: DeepSeek-V3: DeepSeek-AI 2024 (arXiv:2412.19437), Sec. 4.2 (61 layers, width 7168, MLA
 #: with 128 heads of 128, KV compression 512, query compression 1536, decoupled RoPE 64; the
 #: first 3 layers dense; then 1 shared + 256 routed experts of width 2048, 8 active, each
