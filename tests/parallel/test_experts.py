@@ -116,8 +116,9 @@ def test_expert_parallel_parity_two_ranks():
 
 
 @pytest.mark.slow
-def test_expert_parallel_parity_one_and_four_ranks():
+def test_expert_parallel_parity_one_three_and_four_ranks():
     _check(1)
+    _check(3, n_experts=6)
     _check(4, n_experts=8)
 
 
