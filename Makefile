@@ -119,6 +119,7 @@ check-exercises: $(LAB_STAMP)
 
 notebooks: $(STAMP)
 	$(BIN)/python -m course_lib.grading.execute notebooks/*.ipynb solutions/*.ipynb
+	$(BIN)/python -m course_lib.publish nav notebooks/*.ipynb
 	$(BIN)/python -m course_lib.publish tag notebooks/*.ipynb
 	$(BIN)/python -m course_lib.grading.exercises build
 

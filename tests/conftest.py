@@ -52,6 +52,7 @@ _LANES = {
     "notebook": (
         "test_course.py",
         "grading/test_grader.py",
+        "grading/test_batch.py",
         "grading/test_execute.py",
         "grading/test_course_references_refused.py",
         "runtime/test_launch_kernel_faults.py",

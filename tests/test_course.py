@@ -156,12 +156,13 @@ def test_solution_scores_full_marks_and_exercise_scores_zero(solution):
     report = grade_notebook(solution, timeout=300)
     assert report.tasks, f"{solution.name} has no graded task"
     assert report.status == "completed" and not report.cell_errors, report
+    assert not report.tampered, report  # the course's own check cells, untouched
     assert report.score == report.total, report
     assert all(t.passed for t in report.tasks), report
     # An untouched exercise fails every check: proof that each check can fail.
     exercise = ROOT / "exercises" / solution.name
     report = grade_notebook(exercise, timeout=300)
-    assert len(report.tasks) >= 1 and report.score == 0, report
+    assert len(report.tasks) >= 1 and report.score == 0 and not report.tampered, report
     assert not any(t.passed for t in report.tasks), report
 
 

@@ -182,16 +182,17 @@ def _header_cell(solution_rel: str, unit: str):
     import nbformat
 
     text = (
-        f"**Generated file.** This notebook is generated from `{solution_rel}` by `make exercises`; "
-        "do not edit it by hand in the repository (edit the solution, then run `make exercises`).\n"
+        'Replace every `raise NotImplementedError("FILL ME IN ...")` with your answer and run the '
+        "notebook top to bottom.\n"
         "\n"
-        'Learners: replace every `raise NotImplementedError("FILL ME IN ...")` with your answer, run '
-        "the notebook top to bottom, and check your score with "
-        f"`python -m course_lib.grade exercises/{unit}.ipynb` (from the repository root).\n"
+        "**The check cells are a self-check**: they answer ✓ or ✗ at once, in this kernel. **Your "
+        "grade is what the grade command gives**: it reruns the notebook in a fresh kernel with the "
+        "course's own checks. From the course folder: "
+        f"`.venv/bin/python -m course_lib.grade exercises/{unit}.ipynb`.\n"
         "\n"
-        "Until you run them, the check cells show *expected once your answer is right: ...*, the "
-        "line the worked solution prints: a target, not your result. Your answers live in this file, and `make exercises` rewrites "
-        "this folder, so keep a copy of your work (the grade command works on a copy anywhere)."
+        "Until you run them, check cells show *expected once your answer is right: ...*: a target, "
+        "not your result. `make exercises` rewrites this folder (this notebook is made from "
+        f"`{solution_rel}`), so keep your work in a copy: the grade command grades a copy anywhere."
     )
     cell = nbformat.v4.new_markdown_cell(text)
     cell.id = HEADER_ID

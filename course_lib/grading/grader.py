@@ -9,7 +9,8 @@
 2. Run the learner's notebook cell by cell in a fresh kernel (nbclient, cwd = the notebook's
    directory). A cell that raises is recorded and execution goes on, so later tasks are still
    graded. Check cells run the solution's check code (found by their ``task-N`` tag), so an
-   accidental edit of a check cell cannot change the verdict.
+   edit of a check cell cannot change the verdict; the report (and the JSON's ``tampered``) names
+   every check cell that was edited, moved, deleted or added (:mod:`course_lib.grading.tamper`).
 3. Task N passes iff its check cell ran without error and its output equals the expected output
    stored in the solution's check cell, compared like nbval does (streams merged per name,
    ``\\r`` applied, execution counts, metadata and images ignored) after stripping trailing
@@ -30,9 +31,8 @@ import logging
 import math
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from course_lib.grading.compare import (  # noqa: F401 (re-exported)
     SKIP_COMPARE,
@@ -51,6 +51,8 @@ from course_lib.grading.exercises import (
     solution_tasks,
     unit_names,
 )
+from course_lib.grading.report import GradeReport, TaskResult
+from course_lib.grading.tamper import check_cell_changes, describe_change
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -69,82 +71,6 @@ DEFAULT_TIMEOUT = 120  # seconds per cell; exercise cells take a few seconds on 
 
 class GradingInputError(ValueError):
     """Bad input to the grader: missing file, not a notebook, or no matching solution."""
-
-
-class TaskResult(NamedTuple):
-    task: int
-    points: int | float
-    passed: bool
-    message: str
-
-
-@dataclass
-class GradeReport:
-    """Result of :func:`grade_notebook`."""
-
-    notebook: Path  # the learner's notebook
-    solution: Path  # the solution it was graded against
-    tasks: list[TaskResult]  # one per graded task of the solution, by task number
-    status: str = "completed"  # "completed", "kernel died" or "cell timed out after S s"
-    cell_errors: list[str] = field(
-        default_factory=list
-    )  # "cell index i: Type: message" of other cells
-
-    @property
-    def score(self) -> int | float:
-        return _num(sum(t.points for t in self.tasks if t.passed))
-
-    @property
-    def total(self) -> int | float:
-        return _num(sum(t.points for t in self.tasks))
-
-    @property
-    def all_passed(self) -> bool:
-        return all(t.passed for t in self.tasks)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "notebook": str(self.notebook),
-            "solution": str(self.solution),
-            "status": self.status,
-            "score": self.score,
-            "total": self.total,
-            "tasks": [t._asdict() for t in self.tasks],
-            "cell_errors": list(self.cell_errors),
-        }
-
-    def format_table(self) -> str:
-        rows = [("task", "points", "passed", "message")]
-        rows += [
-            (str(t.task), _fmt_num(t.points), "✓" if t.passed else "✗", t.message)
-            for t in self.tasks
-        ]
-        w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
-        lines = [f"grading {_display(self.notebook)} against {_display(self.solution)}"]
-        lines += [f"{r[0]:>{w0}}  {r[1]:>{w1}}  {r[2]:^6}  {r[3]}" for r in rows]
-        if self.cell_errors:
-            lines.append("other cells that raised:")
-            lines += [f"  {e}" for e in self.cell_errors]
-        if self.status != "completed":
-            lines.append(f"stopped: {self.status}")
-        lines.append(f"score: {_fmt_num(self.score)}/{_fmt_num(self.total)} points")
-        return "\n".join(lines)
-
-
-def _display(path: Path) -> str:
-    """``path`` relative to the working directory when it lies below it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def _num(x: float) -> int | float:
-    return int(x) if float(x).is_integer() else x
-
-
-def _fmt_num(x: float) -> str:
-    return f"{_num(x):g}" if isinstance(_num(x), float) else str(_num(x))
 
 
 # --------------------------------------------------------------------------- finding the solution
@@ -239,12 +165,20 @@ def grade_notebook(
         raise GradingInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
     seconds = int(math.ceil(timeout))
     path = Path(path)
-    nb, solution, expected = _load(path, solutions_dir)
+    nb, solution, expected, solution_ids = _load(path, solutions_dir)
+    changes = check_cell_changes(nb, expected, solution_ids)
     check_cells = _place_checks(nb, path, expected)
     stopped_at, status = _execute(nb, path, seconds, kernel_name)
     results = [
-        _score(nb, task, spec, check_cells.get(task), stopped_at, status)
+        _score(nb, task, spec, check_cells.get(task), stopped_at, status)._replace(
+            tampered=", ".join(changes.get(task, []))
+        )
         for task, spec in expected.items()
+    ]
+    tampered = [
+        describe_change(task, kind, task in expected)
+        for task, kinds in changes.items()
+        for kind in kinds
     ]
     cell_errors = [
         f"cell index {index}: {error[0]}: {_first_line(error[1])}".rstrip(": ")
@@ -253,26 +187,28 @@ def grade_notebook(
         and index not in check_cells.values()
         and (error := _error_of(cell))
     ]
-    return GradeReport(path, solution, results, status, cell_errors)
+    return GradeReport(path, solution, results, status, cell_errors, tampered)
 
 
 def _load(
     path: Path, solutions_dir: Path | str | None
-) -> tuple[Any, Path, dict[int, SolutionTask]]:
-    """(learner notebook, its solution's path, the solution's graded tasks); bad input raises."""
+) -> tuple[Any, Path, dict[int, SolutionTask], list[str | None]]:
+    """(learner notebook, its solution's path, the solution's graded tasks, the solution's cell
+    ids in order); bad input raises."""
     try:
         # bad input is reported before nbformat (slow to import) is needed
         _, data = load_notebook_json(path)
         solution = find_solution(path, data, solutions_dir)
         nb = read_notebook(path)
-        expected = solution_tasks(read_notebook(solution), solution)
+        solution_nb = read_notebook(solution)
+        expected = solution_tasks(solution_nb, solution)
     except ExerciseError as exc:
         raise GradingInputError(str(exc)) from None
     if not expected:
         raise GradingInputError(
             f"{path}: its solution {solution} has no graded check cells (tags task-N + {CHECK_TAG})"
         )
-    return nb, solution, expected
+    return nb, solution, expected, [cell.get("id") for cell in solution_nb.cells]
 
 
 def _place_checks(nb: Any, path: Path, expected: dict[int, SolutionTask]) -> dict[int, int]:
@@ -366,9 +302,10 @@ def _execute(nb, path: Path, seconds: int, kernel_name: str) -> tuple[int | None
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m course_lib.grade",
-        description="Score an exercise notebook per task against its solution's expected outputs.",
+        description="Score an exercise notebook per task against its solution's expected outputs; "
+        "given a folder, grade every notebook under it (a whole class) into a CSV.",
     )
-    parser.add_argument("notebook", help="the exercise notebook to grade (.ipynb)")
+    parser.add_argument("notebook", help="the exercise notebook to grade (.ipynb), or a folder")
     parser.add_argument(
         "--solutions",
         default=None,
@@ -381,7 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds per cell (default {DEFAULT_TIMEOUT})",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--csv", default=None, help="a folder's grades: the CSV file to write")
+    parser.add_argument("--jobs", type=int, default=2, help="a folder: notebooks graded at once")
+    parser.add_argument("--feedback", default=None, help="a folder: where feedback files go")
     args = parser.parse_args(argv)
+    if Path(args.notebook).is_dir() or args.csv is not None:
+        return _main_folder(args)
     try:
         report = grade_notebook(args.notebook, solutions_dir=args.solutions, timeout=args.timeout)
     except GradingInputError as exc:
@@ -392,3 +334,28 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(report.format_table())
     return 0 if report.all_passed else 1
+
+
+def _main_folder(args: argparse.Namespace) -> int:
+    """``python -m course_lib.grade FOLDER --csv grades.csv``: exit 0 when anything was graded."""
+    from course_lib.grading.batch import grade_folder, summary
+
+    csv_path = args.csv if args.csv is not None else "grades.csv"
+    try:
+        done, skipped = grade_folder(
+            args.notebook,
+            csv_path,
+            jobs=args.jobs,
+            solutions_dir=args.solutions,
+            timeout=args.timeout,
+            feedback=args.feedback,
+        )
+    except (GradingInputError, ValueError, TypeError) as exc:
+        print(f"grade: error: {exc}", file=sys.stderr)
+        return 2
+    print(summary(done, skipped))
+    if not done:
+        print(f"grade: error: nothing to grade under {args.notebook}", file=sys.stderr)
+        return 2
+    print(f"wrote {csv_path}")
+    return 0

@@ -24,7 +24,7 @@ import types
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
-__all__ = ["reference_codes", "rewritten", "watch_references"]
+__all__ = ["reference_codes", "watch_references"]
 
 
 def _resolve(spec: str) -> Any:
@@ -127,33 +127,3 @@ def watch_references(references: Iterable[str]) -> Iterator[list[str]]:
         yield used
     finally:
         sys.setprofile(previous)
-
-
-def rewritten(module_name: str):
-    """A fresh copy of a course module, compiled anew from its source: "a learner who wrote the
-    same code". Its functions and classes have new code objects, so the watch above does not
-    take them for the course's own; they call each other, not the originals. For tests of
-    checks (a correct answer written by hand must pass), never for learners.
-
-    The copy is registered as ``module_name + "__rewritten"`` and pickled by value, so it also
-    travels to ranks started by :func:`course_lib.launch`.
-    """
-    import inspect
-
-    import cloudpickle
-
-    original = importlib.import_module(module_name)
-    name = f"{module_name}__rewritten"
-    if name in sys.modules:
-        return sys.modules[name]
-    copy = types.ModuleType(name)
-    copy.__file__ = f"<rewritten {module_name}>"
-    copy.__package__ = original.__package__  # relative imports resolve as in the original
-    sys.modules[name] = copy  # dataclasses and typing look the module up by name
-    try:
-        exec(compile(inspect.getsource(original), copy.__file__, "exec"), copy.__dict__)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    cloudpickle.register_pickle_by_value(copy)
-    return copy

@@ -1,4 +1,4 @@
-"""Command line: ``python -m course_lib.publish {tag,slides,site,assets}``."""
+"""Command line: ``python -m course_lib.publish {tag,nav,slides,site,assets}``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from course_lib.publish import assets, site, slides
+from course_lib.publish import assets, navigation, site, slides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,6 +15,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_tag = sub.add_parser("tag", help="write the slide metadata of lectures by the rules")
     p_tag.add_argument("paths", nargs="+")
+    p_nav = sub.add_parser(
+        "nav", help="write each lecture's footer: exercise, next and previous unit"
+    )
+    p_nav.add_argument("paths", nargs="+")
     for name in ("slides", "site"):
         p = sub.add_parser(name, help=f"build the static {name} (offline)")
         p.add_argument("units", nargs="*", help="two-digit unit numbers (default: all)")
@@ -27,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
             for path in args.paths:
                 changed = slides.tag(path)
                 print(f"{path}: {'re-tagged' if changed else 'unchanged'}")
+        elif args.command == "nav":
+            for path in args.paths:
+                changed = navigation.write_footer(path)
+                print(f"{path}: {'footer written' if changed else 'unchanged'}")
         elif args.command == "assets":
             for asset in assets.ASSETS.values():
                 assets.tarball(asset)

@@ -4,12 +4,16 @@ Built with nbconvert, the exporter Jupyter itself uses for "Save and Export as H
 exactly the stored outputs JupyterLab shows (tables, figures, the stored state of the "Explore"
 widgets, formulas), needs nothing beyond the Jupyter stack the course already installs, and its
 output is plain files. (Jupyter Book would add a Sphinx tool chain and a theme to keep in step for
-the same pages.) Layout of ``build/site/``::
+the same pages.) Each lecture and exercise page is titled by its unit and opens with links to
+the index and to the previous and next pages of its kind; links between notebooks point to their
+pages. Layout of ``build/site/``::
 
     index.html                  the course map (from README.md's table) with links
+    references.html             docs/references.md (the lectures' citations link its headings)
     lectures/NN_topic.html      each lecture with outputs
     slides/NN_topic.slides.html each lecture as reveal.js slides
-    exercises/NN_topic.html     each exercise as a learner gets it (and the .ipynb to download)
+    exercises/NN_topic.html     each exercise as the generator makes it from its solution (and the
+                                .ipynb to download); never the working copy's exercises/
     vendor/                     reveal.js, require.js, MathJax, the widgets manager (offline)
 """
 
@@ -17,10 +21,9 @@ from __future__ import annotations
 
 import html
 import re
-import shutil
 from pathlib import Path
 
-from course_lib.publish import assets, slides
+from course_lib.publish import assets, navigation, slides
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,6 +67,77 @@ def _export_html(path: Path, out_dir: Path, urls: dict[str, str]) -> Path:
     return out
 
 
+NAV_STYLE = (
+    "<style>.course-nav { font: 15px/1.4 system-ui, sans-serif; padding: .5em 1em;"
+    " border-bottom: 1px solid #ddd; } .course-nav a { margin-right: 1.2em; }</style>"
+)
+#: links written for JupyterLab and GitHub (in the lectures' markdown) and their site pages
+LINK_REWRITES = (
+    (r'href="(\d\d_\w+)\.ipynb(#[^"]*)?"', r'href="\1.html\2"'),
+    (r'href="\.\./exercises/(\d\d_\w+)\.ipynb(#[^"]*)?"', r'href="../exercises/\1.html\2"'),
+    (r'href="\.\./docs/references\.md(#[^"]*)?"', r'href="../references.html\1"'),
+    (r'href="\.\./README\.md(#[^"]*)?"', r'href="../index.html"'),
+)
+
+
+def _page_navigation(stem: str, kind: str) -> tuple[str, str]:
+    """(title, nav bar) of the ``kind`` page ("lecture" or "exercises") of the lecture ``stem``."""
+    before, this, after = navigation.neighbours(stem)
+    title = this.label if kind == "lecture" else f"{this.label}: exercises"
+    links = ['<a href="../index.html">All units</a>']
+    if before is not None:
+        links.append(f'<a href="{before.stem}.html" rel="prev">← {html.escape(before.label)}</a>')
+    if after is not None:
+        links.append(f'<a href="{after.stem}.html" rel="next">{html.escape(after.label)} →</a>')
+    other = "exercises" if kind == "lecture" else "lectures"
+    links.append(
+        f'<a href="../{other}/{stem}.html">{"Exercises" if kind == "lecture" else "Lecture"}</a>'
+    )
+    return title, f'<nav class="course-nav">{" ".join(links)}</nav>'
+
+
+def _with_navigation(page: Path, stem: str, kind: str) -> None:
+    """Title ``page`` by its unit, put the navigation bar on top, point notebook links to pages."""
+    title, nav = _page_navigation(stem, kind)
+    body = page.read_text(encoding="utf-8")
+    body = re.sub(
+        r"<title>.*?</title>", f"<title>{html.escape(title)}</title>", body, count=1, flags=re.S
+    )
+    body = body.replace("</head>", f"{NAV_STYLE}\n</head>", 1)
+    body = re.sub(r"(<body[^>]*>)", lambda m: f"{m.group(1)}\n{nav}", body, count=1)
+    for pattern, replacement in LINK_REWRITES:
+        body = re.sub(pattern, replacement, body)
+    page.write_text(body, encoding="utf-8")
+
+
+def _references(out: Path, source: Path = ROOT / "docs" / "references.md") -> Path:
+    """docs/references.md as ``out/references.html``, headings anchored as GitHub anchors them."""
+    import mistune
+
+    def anchor(match: re.Match[str]) -> str:
+        text = re.sub(r"<[^>]+>", "", match.group(2))
+        return f'<h{match.group(1)} id="{navigation.github_slug(html.unescape(text))}">'
+
+    body = re.sub(
+        r"<h([1-6])>(.*?)(?=</h\1>)",
+        lambda m: anchor(m) + m.group(2),
+        str(mistune.html(source.read_text(encoding="utf-8"))),
+    )
+    page = out / "references.html"
+    page.write_text(
+        f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>References: training large neural networks</title>
+<style>body {{ font: 17px/1.5 system-ui, sans-serif; max-width: 50em; margin: 2em auto; padding: 0 1em; }}</style>
+</head><body><p><a href="index.html">All units</a></p>
+{body}</body></html>
+""",
+        encoding="utf-8",
+    )
+    return page
+
+
 def _index(rows: list[dict[str, str]], built: dict[str, str]) -> str:
     items = []
     for row in rows:
@@ -96,10 +170,26 @@ th {{ background: #f4f4f4; }}
 lectures as they were run (outputs stored); to run them and do the graded exercises, clone the
 course and run <code>make lab</code>. The slides open offline; press <kbd>s</kbd> for speaker notes
 and <kbd>Esc</kbd> for an overview.</p>
+<p>Works cited, and the course's background reading: <a href="references.html">references</a>.</p>
 <table><tr><th>Unit</th><th>Title</th><th>What you measure</th><th>Read</th></tr>
 {chr(10).join(items)}
 </table></body></html>
 """
+
+
+def _generated_exercise(solution: Path, folder: Path) -> Path | None:
+    """The exercise as the generator makes it from ``solution``, written into ``folder``.
+
+    Never the working copy's ``exercises/``: a learner's or an instructor's filled-in answers and
+    outputs there must not reach a published page."""
+    from course_lib.grading.exercises import make_exercise, read_notebook, render_notebook
+
+    if not solution.exists():
+        return None
+    nb = make_exercise(read_notebook(solution), solution, solution_rel=f"solutions/{solution.name}")
+    path = folder / solution.name
+    path.write_text(render_notebook(nb), encoding="utf-8")
+    return path
 
 
 def build(out: Path = ROOT / "build" / "site", *, units: list[str] | None = None) -> Path:
@@ -118,13 +208,15 @@ def build(out: Path = ROOT / "build" / "site", *, units: list[str] | None = None
     for folder in ("lectures", "slides", "exercises"):
         (out / folder).mkdir(exist_ok=True)
     for lecture in lectures:
-        _export_html(lecture, out / "lectures", _relative(urls, "../vendor/"))
+        page = _export_html(lecture, out / "lectures", _relative(urls, "../vendor/"))
+        _with_navigation(page, lecture.stem, "lecture")
         slides.export(lecture, out / "slides", _relative(urls, "../vendor/"))
-        exercise = ROOT / "exercises" / lecture.name
-        if exercise.exists():
-            _export_html(exercise, out / "exercises", _relative(urls, "../vendor/"))
-            shutil.copy(exercise, out / "exercises" / exercise.name)
+        exercise = _generated_exercise(ROOT / "solutions" / lecture.name, out / "exercises")
+        if exercise is not None:
+            page = _export_html(exercise, out / "exercises", _relative(urls, "../vendor/"))
+            _with_navigation(page, lecture.stem, "exercises")
         built[lecture.name[:2]] = lecture.stem
+    _references(out)
     index = out / "index.html"
     index.write_text(_index(rows, built), encoding="utf-8")
     return index

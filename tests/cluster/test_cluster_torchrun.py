@@ -31,6 +31,7 @@ SMALL = {
     "u14.run_3d": dict(dp=1, tp=1, pp=2, steps=1, batch=4),
     "u15.parity": dict(causal=(True,)),
     "u16.parity": dict(),
+    "u17.allgather": dict(gathers=("bf16", "fp8")),
 }
 
 DRIVER = """

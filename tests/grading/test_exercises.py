@@ -103,8 +103,10 @@ def test_header_metadata_and_ids(exercise):
     nbformat.validate(nb)
     header = nb.cells[0]
     assert header.cell_type == "markdown" and header.id == "generated-header"
-    assert "generated from `solutions/99_fixture.ipynb` by `make exercises`" in header.source
-    assert "do not edit it by hand" in header.source
+    assert "this notebook is made from `solutions/99_fixture.ipynb`" in header.source
+    # for the learner: the check cells are a self-check, the grade command is what counts
+    assert "**The check cells are a self-check**" in header.source
+    assert "`.venv/bin/python -m course_lib.grade exercises/99_fixture.ipynb`" in header.source
     assert nb.metadata["course"] == {
         "generated_from": "solutions/99_fixture.ipynb",
         "unit": "99_fixture",

@@ -95,9 +95,48 @@ def test_output_must_match_the_expected_text(exercise, solutions_dir, make_learn
     )
     assert task2 == TaskResult(2, 2, True, CHECK_LINES[2])
     assert task3 == TaskResult(
-        3, 1, False, "✗ task 3: not implemented yet: mean raised NotImplementedError"
+        3, 1, False, "✗ task 3: not implemented yet: mean raised NotImplementedError", "edited"
     )
     assert report.score == 2
+    # ...and the edit is named (tamper evidence), in the table and the JSON
+    assert report.tampered == ["the check cell of task 3 was edited; graded with the original"]
+    assert (task1.tampered, task2.tampered) == ("", "")
+    assert report.to_dict()["tampered"] == report.tampered
+    assert "check cells changed in the notebook:" in report.format_table()
+
+
+def test_moved_deleted_and_added_check_cells_are_named(exercise, solutions_dir, capsys):
+    nb = nbformat.read(exercise, as_version=4)
+    by_id = {cell.id: cell for cell in nb.cells}
+    copy = nbformat.v4.new_code_cell(
+        by_id["fixture-4"].source, metadata=by_id["fixture-4"].metadata
+    )
+    copy.id = "added-copy"
+    cells = [c for c in nb.cells if c.id not in ("fixture-6", "fixture-8")]  # task 3's deleted
+    at = next(i for i, c in enumerate(cells) if c.id == "fixture-5")
+    cells.insert(at, by_id["fixture-6"])  # task 2's check moved above the cell it checks
+    cells.insert(at, copy)  # a second check cell for task 1
+    nb.cells = cells
+    learner = exercise.parent / "tampered_99_fixture.ipynb"
+    nbformat.write(nb, learner)
+    assert main([str(learner), "--solutions", str(solutions_dir), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["tampered"] == [
+        "a second check cell for task 1 was added; the first is graded, with the original",
+        "the check cell of task 2 was moved; graded where it now stands",
+        "the check cell of task 3 was deleted; the task scores 0",
+    ]
+    assert [t["tampered"] for t in report["tasks"]] == ["added", "moved", "deleted"]
+    assert report["score"] == 0
+
+
+def test_untouched_notebooks_show_no_tampering(solution, exercise, solutions_dir):
+    from course_lib.grading.grader import _load
+    from course_lib.grading.tamper import check_cell_changes
+
+    for path in (solution, exercise):
+        nb, _, expected, ids = _load(path, solutions_dir)
+        assert check_cell_changes(nb, expected, ids) == {}
 
 
 @pytest.mark.parametrize(

@@ -138,7 +138,8 @@ def test_unknown_asset_names_the_valid_ones(tmp_path):
 
 def test_course_map_has_every_unit():
     rows = site.course_map()
-    assert [r["unit"] for r in rows] == [f"{i:02d}" for i in range(17)]
+    lectures = sorted(p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert [r["unit"] for r in rows] == lectures  # one row per lecture, in order
 
 
 def test_site_index_links_built_units(tmp_path, monkeypatch):
@@ -157,8 +158,81 @@ def test_site_index_links_built_units(tmp_path, monkeypatch):
     assert (tmp_path / "slides" / "00_start_here.slides.html").exists()
     lecture = (tmp_path / "lectures" / "00_start_here.html").read_text(encoding="utf-8")
     assert 'src="../vendor/require.js"' in lecture
+    assert 'href="references.html"' in page
+
+
+def _nav(page: str) -> str:
+    match = re.search(r'<nav class="course-nav">(.*?)</nav>', page, re.S)
+    assert match, "no navigation bar"
+    return match.group(1)
+
+
+def test_site_pages_are_titled_and_linked(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        assets,
+        "install",
+        lambda dest: {k: f"{k}.js" for k in ("reveal", "require", "jquery", "mathjax", "widgets")},
+    )
+    monkeypatch.setattr(slides, "export", lambda path, out, urls: out / f"{path.stem}.slides.html")
+    site.build(tmp_path, units=["00", "01"])
+    stems = [p.stem for p in LECTURES]
+    for folder in ("lectures", "exercises"):
+        first = (tmp_path / folder / "00_start_here.html").read_text(encoding="utf-8")
+        second = (tmp_path / folder / "01_backprop_memory.html").read_text(encoding="utf-8")
+        assert re.search(r"<title>Unit 01 — Backprop memory(: exercises)?</title>", second)
+        assert "<title>00_start_here</title>" not in first
+        nav0, nav1 = _nav(first), _nav(second)
+        assert 'href="../index.html"' in nav0 and 'href="../index.html"' in nav1
+        assert 'rel="prev"' not in nav0
+        assert f'href="{stems[1]}.html" rel="next"' in nav0
+        assert f'href="{stems[0]}.html" rel="prev"' in nav1
+        assert f'href="{stems[2]}.html" rel="next"' in nav1
+        assert '.ipynb"' not in nav0 + nav1
+    lecture = (tmp_path / "lectures" / "00_start_here.html").read_text(encoding="utf-8")
+    assert 'href="../exercises/00_start_here.html"' in lecture
+    assert 'href="01_backprop_memory.html"' in lecture
+    references = (tmp_path / "references.html").read_text(encoding="utf-8")
+    anchors = set(re.findall(r'<h\d id="([^"]+)"', references))
+    cited = re.findall(r'href="\.\./references\.html#([^"]+)"', lecture)
+    assert cited and set(cited) <= anchors
 
 
 def test_site_refuses_unknown_units(tmp_path):
     with pytest.raises(ValueError, match=r"units = \['77'\] not found; valid: 00"):
         site.build(tmp_path, units=["77"])
+
+
+def test_the_site_never_publishes_answers_written_into_the_working_copy(tmp_path, monkeypatch):
+    # A learner (or an instructor trying the exercises) fills in exercises/ in their clone: the
+    # site is built from the generator's output, so nothing written there reaches a page.
+    monkeypatch.setattr(
+        assets,
+        "install",
+        lambda dest: {k: f"{k}.js" for k in ("reveal", "require", "jquery", "mathjax", "widgets")},
+    )
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("notebooks", "solutions", "README.md"):
+        (repo / name).symlink_to(ROOT / name)
+    (repo / "exercises").mkdir()
+    working = nbformat.read(ROOT / "exercises" / "05_cpu_offload.ipynb", as_version=4)
+    for cell in working.cells:
+        if cell.cell_type == "code" and "FILL ME IN" in cell.source:
+            cell.source = "# MY-ANSWER-7f3a\n" + cell.source.replace(
+                "raise NotImplementedError", "pass  #"
+            )
+            cell.outputs = [
+                nbformat.v4.new_output("stream", name="stdout", text="MY-OUTPUT-7f3a\n")
+            ]
+    nbformat.write(working, repo / "exercises" / "05_cpu_offload.ipynb")
+    monkeypatch.setattr(site, "ROOT", repo)
+    site.build(tmp_path / "site", units=["05"])
+    published = tmp_path / "site" / "exercises"
+    for page in (published / "05_cpu_offload.html", published / "05_cpu_offload.ipynb"):
+        text = page.read_text(encoding="utf-8")
+        assert "MY-ANSWER-7f3a" not in text and "MY-OUTPUT-7f3a" not in text
+        assert "FILL ME IN" in text
+    # the downloadable notebook is exactly what `make exercises` generates
+    assert (published / "05_cpu_offload.ipynb").read_bytes() == (
+        ROOT / "exercises" / "05_cpu_offload.ipynb"
+    ).read_bytes()

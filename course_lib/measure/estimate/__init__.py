@@ -29,6 +29,9 @@ Every function names the same thing the same way:
   ``virtual_stages`` (interleaved chunks per rank, v), ``stage`` (a ZeRO stage, 0-3),
   ``cp`` (context-parallel ranks: the sequence split over them), ``rank`` (one rank of them),
   ``ep`` (expert-parallel ranks: the routed experts split over them);
+* FP8: ``scaling`` (:data:`Fp8Scaling`: "tensorwise", "rowwise", "blockwise"), ``block`` (tile
+  width of blockwise scaling) and ``block_rows``, ``gather`` (:data:`Gather`: what FSDP's
+  all-gather carries, "fp32", "bf16", "fp8");
 * mixture of experts: ``experts`` (routed experts per layer, E), ``top_k`` (experts per token,
   k), ``shared_experts`` (experts every token uses), ``capacity_factor`` (expert capacity over
   the even share), ``routed`` (a ranks x experts table of assignments sent);
@@ -68,7 +71,10 @@ learning rate against the batch), ``tensor_parallel`` (parameters and communicat
 ``context`` (context parallelism: bytes per rank of ring, all-gather and Ulysses attention,
 activations with the sequence split, causal work per rank), ``moe`` (mixture of experts:
 parameters total and active, capacity, expert parallelism's all-to-all bytes, memory per GPU
-under EP x ZeRO) and ``planning`` (real architectures' parameter counts, pipeline in-flight layers, GPU-days).
+under EP x ZeRO), ``planning`` (real architectures'
+parameter counts, pipeline in-flight layers, GPU-days) and
+``fp8`` (FP8 formats, bytes of a scaled cast, FP8 all-gather bytes and memory under FSDP, the
+share of a step FP8 speeds up).
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ from course_lib.measure.estimate import (  # noqa: E402
     communication,
     compute,
     context,
+    fp8,
     links,
     lora,
     memory,
@@ -95,6 +102,7 @@ from course_lib.measure.estimate.checkpointing import *  # noqa: F401,F403
 from course_lib.measure.estimate.communication import *  # noqa: F401,F403
 from course_lib.measure.estimate.compute import *  # noqa: F401,F403
 from course_lib.measure.estimate.context import *  # noqa: F401,F403
+from course_lib.measure.estimate.fp8 import *  # noqa: F401,F403
 from course_lib.measure.estimate.links import *  # noqa: F401,F403
 from course_lib.measure.estimate.lora import *  # noqa: F401,F403
 from course_lib.measure.estimate.memory import *  # noqa: F401,F403
@@ -123,4 +131,5 @@ __all__ = [
     *context.__all__,
     *moe.__all__,
     *planning.__all__,
+    *fp8.__all__,
 ]

@@ -116,7 +116,8 @@ def test_accumulation_check_names_each_bug(fn, pattern):
 
 
 def test_the_course_accumulation_step_rewritten_passes_and_the_original_is_refused(capsys):
-    from course_lib.grading.references import rewritten
+    from _rewritten import rewritten
+
     from course_lib.techniques.accumulation import accumulation_step
 
     own = rewritten("course_lib.techniques.accumulation").accumulation_step  # a learner's copy

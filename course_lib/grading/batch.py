@@ -1,0 +1,165 @@
+"""Grade a whole class: every notebook under a folder, one CSV row per learner and task.
+
+    python -m course_lib.grade submissions/ --csv grades.csv --jobs 2 [--feedback DIR]
+
+* Notebooks are found anywhere under the folder, under any file name, and matched to their unit
+  the way one notebook is (metadata ``course.unit``, else the file name; see
+  :func:`course_lib.grading.grader.find_solution`).
+* The learner is the first folder below the submissions folder (``submissions/alice/…``), or the
+  file's stem for a notebook directly in it.
+* Skipped, each with one line in the summary: a file that is not a notebook or not an exercise of
+  this course, a notebook of a unit with no solution, a second notebook of the same learner and
+  unit (the first by path is graded).
+* Each notebook is graded in its own process (``--jobs`` at a time), in a fresh kernel: a kernel
+  that dies or a cell that hangs scores 0 for the rest of that notebook and never stops the batch.
+* Written: the CSV (learner, unit, notebook, task, points, passed, tampered, message), and a
+  Markdown feedback file per learner and notebook with the ✓/✗ lines (``--feedback``, default
+  ``feedback/`` beside the CSV). Printed: a summary table per learner and unit.
+
+Exit status 0 when at least one notebook was graded, 2 when nothing could be (a missing or empty
+folder, only skipped files).
+"""
+
+from __future__ import annotations
+
+import csv
+import multiprocessing
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from course_lib.grading.exercises import ExerciseError, load_notebook_json
+from course_lib.grading.grader import GradingInputError, find_solution, grade_notebook
+from course_lib.grading.report import GradeReport
+
+__all__ = ["Submission", "collect", "grade_folder"]
+
+CSV_FIELDS = ("learner", "unit", "notebook", "task", "points", "passed", "tampered", "message")
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One notebook to grade."""
+
+    learner: str  # the first folder below the submissions folder, or the file's stem
+    unit: str  # NN_topic of the solution it is graded against
+    path: Path
+
+
+def _learner(folder: Path, path: Path) -> str:
+    parts = path.relative_to(folder).parts
+    return parts[0] if len(parts) > 1 else path.stem
+
+
+def collect(
+    folder: Path, solutions_dir: Path | str | None = None
+) -> tuple[list[Submission], list[str]]:
+    """(notebooks to grade, one line per skipped file), in path order."""
+    if not folder.is_dir():
+        raise GradingInputError(f"submissions = {str(folder)!r}: no such folder")
+    found, skipped, seen = [], [], set()
+    for path in sorted(p for p in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts):
+        rel = path.relative_to(folder)
+        try:
+            _, data = load_notebook_json(path)
+            unit = find_solution(path, data, solutions_dir).stem
+        except (ExerciseError, GradingInputError) as exc:
+            skipped.append(f"{rel}: skipped: {str(exc).removeprefix(str(path) + ': ')}")
+            continue
+        learner = _learner(folder, path)
+        if (learner, unit) in seen:
+            skipped.append(f"{rel}: skipped: a second notebook of {learner} for unit {unit}")
+            continue
+        seen.add((learner, unit))
+        found.append(Submission(learner, unit, path))
+    return found, skipped
+
+
+def _grade_one(args: tuple[Submission, str | None, float]) -> GradeReport:
+    submission, solutions_dir, timeout = args
+    return grade_notebook(submission.path, solutions_dir=solutions_dir, timeout=timeout)
+
+
+def _reports(
+    todo: list[Submission], solutions_dir: str | None, timeout: float, jobs: int
+) -> Iterator[tuple[Submission, GradeReport]]:
+    """Reports in the order of ``todo``, graded ``jobs`` at a time in worker processes."""
+    from tqdm.auto import tqdm
+
+    work = [(s, solutions_dir, timeout) for s in todo]
+    context = multiprocessing.get_context("spawn")  # a clean interpreter per worker
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        bar = tqdm(total=len(todo), desc="grading", unit="notebook", leave=False)
+        try:
+            for submission, report in zip(todo, pool.map(_grade_one, work)):
+                bar.update()
+                yield submission, report
+        finally:
+            bar.close()
+
+
+def _feedback(submission: Submission, report: GradeReport) -> str:
+    lines = [f"# {submission.learner}: unit {submission.unit}", ""]
+    lines += [f"Graded `{submission.path.name}`: {report.score}/{report.total} points.", ""]
+    for t in report.tasks:
+        lines.append(f"- {'✓' if t.passed else '✗'} task {t.task} ({t.points} pt): {t.message}")
+    if report.tampered:
+        lines += ["", "Check cells changed in the notebook:"]
+        lines += [f"- {line}" for line in report.tampered]
+    if report.status != "completed":
+        lines += ["", f"Grading stopped: {report.status}."]
+    return "\n".join(lines) + "\n"
+
+
+def grade_folder(
+    folder: Path | str,
+    csv_path: Path | str,
+    *,
+    jobs: int = 2,
+    solutions_dir: Path | str | None = None,
+    timeout: float,
+    feedback: Path | str | None = None,
+) -> tuple[list[tuple[Submission, GradeReport]], list[str]]:
+    """Grade every notebook under ``folder``; write the CSV and feedback files; return
+    ((submission, report) per graded notebook, skipped lines)."""
+    from course_lib import validate
+
+    validate.count("jobs", jobs, minimum=1)
+    folder, csv_path = Path(folder), Path(csv_path)
+    todo, skipped = collect(folder, solutions_dir)
+    feedback_dir = Path(feedback) if feedback is not None else csv_path.parent / "feedback"
+    sol = None if solutions_dir is None else str(solutions_dir)
+    done = list(_reports(todo, sol, timeout, jobs)) if todo else []
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(csv_path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_FIELDS)
+        for s, report in done:
+            for t in report.tasks:
+                row = (s.learner, s.unit, s.path.relative_to(folder).as_posix(), t.task)
+                writer.writerow(row + (t.points, t.passed, t.tampered, t.message))
+    for s, report in done:
+        target = feedback_dir / s.learner / f"{s.unit}.md"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(_feedback(s, report), encoding="utf-8")
+    return done, skipped
+
+
+def summary(done: list[tuple[Submission, GradeReport]], skipped: list[str]) -> str:
+    """The table printed after a batch: learner, unit, score, status; then the skipped files."""
+    rows = [("learner", "unit", "score", "status")]
+    rows += [
+        (
+            s.learner,
+            s.unit,
+            f"{r.score}/{r.total}",
+            r.status + (" (tampered)" if r.tampered else ""),
+        )
+        for s, r in done
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:>{widths[2]}}  {d}" for a, b, c, d in rows]
+    lines += skipped
+    lines.append(f"graded {len(done)} notebook(s), skipped {len(skipped)}")
+    return "\n".join(lines)

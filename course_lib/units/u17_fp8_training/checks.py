@@ -1,0 +1,175 @@
+"""Checks for the exercises of unit 17 (solutions/17_fp8_training.ipynb).
+
+Task 1: ``my_rowwise(x) -> (data, scale)``: rowwise E4M3 scaling of a 2-D tensor, one fp32
+dequantisation scale per row (amax / 448), ``data`` in ``torch.float8_e4m3fn`` with
+``data.float() * scale`` close to ``x``; graded on random tensors with outlier rows and columns
+and an all-zero row.
+Task 2: find the bug: a tensorwise cast that casts to FP8 *before* dividing by the scale (values
+above 448 saturate, small ones flush to 0, before the scale can help); ``fixed_cast(x) ->
+(data, scale)`` scales first.
+Task 3: predict, for Llama-2-13B under FSDP with an FP8 all-gather (linear weights in E4M3,
+everything else in bf16, gathered before forward and again before backward) on N GPUs, the bytes
+each GPU sends in the all-gathers of one step and its model-state bytes (fp32 master, fp32
+gradients, Adam's two fp32 moments, all sharded, plus the largest layer's gathered FP8 weights).
+
+Tolerances: a cast is judged by its error against the course's own cast of the same tensor
+(``x`` rebuilt from data and scale may differ from ours by rounding of the scale: 1 % of our
+error plus 1e-6 of |x|); scales to 1e-6 relative; bytes to 1 byte (the (N-1)/N of a ring need
+not be whole).
+"""
+
+from __future__ import annotations
+
+from course_lib.grading.core import expect_int, fail, fmt_int, passed, run_learner
+
+__all__ = ["LLAMA2_13B", "check_rowwise", "check_fixed_cast", "check_fsdp_fp8"]
+
+_FORBID_CAST = [
+    "course_lib.techniques.fp8:to_float8",
+    "course_lib.techniques.fp8:Float8Data.dequantize",
+    "course_lib.techniques.fp8_linear:Float8Linear._cast",
+]
+_FORBID_BYTES = [
+    "course_lib.measure.estimate.fp8:fsdp_allgather_bytes_sent",
+    "course_lib.measure.estimate.fp8:fsdp_fp8_memory_per_gpu",
+    "course_lib.measure.estimate.planning:transformer_param_count",
+]
+
+#: the model of task 3 (Touvron et al. 2023, arXiv:2307.09288; the released 13B shape): 40
+#: layers, width 5120, 40 heads (no grouped-query attention), SwiGLU 13824, vocabulary 32000,
+#: untied output head, RMSNorm
+LLAMA2_13B = {"layers": 40, "hidden": 5120, "heads": 40, "ffn": 13824, "vocab": 32000}
+
+
+def _cases():
+    import torch
+
+    gen = torch.Generator().manual_seed(17)
+    x = torch.randn(48, 256, generator=gen)
+    x[:, 7] *= 300.0  # an outlier column: every row has it
+    x[5] *= 2000.0  # an outlier row
+    x[9] = 0.0  # an all-zero row: its scale must not be 0
+    tiny = torch.randn(8, 64, generator=gen) * 1e-5
+    return [("outliers", x), ("tiny values", tiny), ("normal", torch.randn(16, 32, generator=gen))]
+
+
+def _unpack(task: int, got, x):
+    import torch
+
+    if not (isinstance(got, tuple) and len(got) == 2):
+        fail(task, f"expected a tuple (data, scale), got {type(got).__name__}")
+    data, scale = got
+    if not isinstance(data, torch.Tensor) or data.dtype != torch.float8_e4m3fn:
+        fail(
+            task,
+            f"data: expected a torch.float8_e4m3fn tensor, got {getattr(data, 'dtype', type(data).__name__)}",
+        )
+    if tuple(data.shape) != tuple(x.shape):
+        fail(task, f"data: expected shape {tuple(x.shape)}, got {tuple(data.shape)}")
+    if not isinstance(scale, torch.Tensor):
+        fail(task, f"scale: expected a tensor, got {type(scale).__name__}")
+    return data, scale.float()
+
+
+def _judge_cast(task: int, what: str, x, data, scale, ours) -> None:
+    import torch
+
+    back = data.float() * scale
+    if not bool(torch.isfinite(back).all()):
+        fail(
+            task,
+            f"{what}: data * scale has inf or NaN (a scale of 0, or an all-zero block divided by 0?)",
+        )
+    err = float((back - x).norm())
+    ref = float((ours.dequantize() - x).norm())
+    if err > 1.01 * ref + 1e-6 * float(x.abs().max()):
+        fail(task, f"{what}: ||data * scale - x|| = {err:.4g}, the course's cast gets {ref:.4g}")
+
+
+def check_rowwise(my_rowwise, task: int = 1) -> None:
+    """Rowwise E4M3: one scale per row (M, 1) or (M,), amax / 448; data * scale close to x."""
+    import torch
+
+    from course_lib.techniques.fp8 import to_float8
+
+    for what, x in _cases():
+        data, scale = _unpack(
+            task, run_learner(task, my_rowwise, x.clone(), forbid=_FORBID_CAST), x
+        )
+        if scale.numel() != x.shape[0]:
+            fail(task, f"{what}: expected one scale per row ({x.shape[0]}), got {scale.numel()}")
+        scale = scale.reshape(-1, 1)
+        ours = to_float8(x, scaling="rowwise")
+        amax = x.abs().amax(dim=1, keepdim=True)
+        nonzero = amax[:, 0] > 0
+        want = amax[nonzero] / 448.0
+        if not torch.allclose(scale[nonzero], want, rtol=1e-6, atol=0.0):
+            fail(
+                task,
+                f"{what}: scale must be each row's amax / 448 (the largest value lands on 448)",
+            )
+        _judge_cast(task, what, x, data, scale, ours)
+    passed(
+        task,
+        "rowwise E4M3: one scale per row = amax / 448, outliers stay in their row, zeros stay 0",
+    )
+
+
+def check_fixed_cast(fixed_cast, task: int = 2) -> None:
+    """Tensorwise E4M3 that divides by the scale *before* casting: big values do not saturate,
+    small ones are not flushed to 0."""
+    import torch
+
+    from course_lib.techniques.fp8 import to_float8
+
+    gen = torch.Generator().manual_seed(3)
+    cases = [
+        ("values up to 5000", torch.randn(32, 64, generator=gen) * 1000),
+        ("values around 1e-4", torch.randn(32, 64, generator=gen) * 1e-4),
+        ("all zeros", torch.zeros(4, 8)),
+    ]
+    for what, x in cases:
+        data, scale = _unpack(
+            task, run_learner(task, fixed_cast, x.clone(), forbid=_FORBID_CAST), x
+        )
+        if scale.numel() != 1:
+            fail(task, f"{what}: a tensorwise cast has one scale, got {scale.numel()}")
+        _judge_cast(task, what, x, data, scale.reshape(1, 1), to_float8(x))
+    passed(task, "scale first, then cast: nothing saturates at 448 or flushes to 0 before scaling")
+
+
+def _fsdp_answer(world_size: int) -> tuple[float, float]:
+    h, f, L, V = (LLAMA2_13B[k] for k in ("hidden", "ffn", "layers", "vocab"))
+    linear_layer = 4 * h * h + 3 * h * f
+    other = 2 * V * h + (2 * L + 1) * h  # embedding, head, two norms per layer and a final one
+    n = world_size
+    sent = 2 * (n - 1) / n * (L * linear_layer * 1 + other * 2)
+    total = L * linear_layer + other
+    memory = 16 * total / n + linear_layer
+    return sent, memory
+
+
+def check_fsdp_fp8(fsdp_fp8_step, task: int = 3) -> None:
+    """``fsdp_fp8_step(world_size) -> (allgather_bytes_sent, model_state_bytes)``, ints, for
+    Llama-2-13B at 8, 24 and 64 GPUs, each within 1 byte."""
+    for n in (8, 24, 64):
+        got = run_learner(task, fsdp_fp8_step, n, forbid=_FORBID_BYTES)
+        if not (isinstance(got, tuple) and len(got) == 2):
+            fail(task, f"fsdp_fp8_step({n}): expected a tuple (allgather_bytes, memory_bytes)")
+        sent, mem = (expect_int(task, f"fsdp_fp8_step({n})[{i}]", v) for i, v in enumerate(got))
+        want_sent, want_mem = _fsdp_answer(n)
+        if abs(sent - want_sent) > 1:
+            fail(
+                task,
+                f"fsdp_fp8_step({n}) all-gather bytes: expected {want_sent:,.0f}, got {sent:,}",
+            )
+        if abs(mem - want_mem) > 1:
+            fail(
+                task, f"fsdp_fp8_step({n}) model-state bytes: expected {want_mem:,.0f}, got {mem:,}"
+            )
+    s8, m8 = _fsdp_answer(8)
+    passed(
+        task,
+        f"Llama-2-13B, FP8 all-gather: {fmt_int(round(s8))} B sent and {fmt_int(round(m8))} B of "
+        "model states per GPU at N = 8; exact at N = 8, 24, 64",
+    )

@@ -1,0 +1,92 @@
+"""Unit 17's measured runs (notebooks/17_fp8_training.ipynb): FP8 training, measured for error
+and bytes on the CPU, with speed taken to real sizes by formulas and cited figures only.
+
+- numerics (``run_numerics.py``): :func:`formats_table` (torch's E4M3/E5M2 beside the paper),
+  :func:`outlier_table` (real activations of the unit's GPT with one channel grown, cast per
+  scaling), :func:`recipe_errors` (each ``Float8Linear`` recipe's output and gradient error
+  against fp32, bf16 for scale), :func:`scaled_mm_parity` (``torch._scaled_mm`` against the
+  emulated product);
+- training (``run_training.py``): :func:`train_curves` / :func:`curve_summary` (fp32, bf16 and
+  each recipe on the same batches, with and without an outlier channel), :func:`delayed_spike`;
+- bytes (``run_bytes.py``): :func:`allgather_bytes` (ZeRO-3 gathering fp32, bf16 or FP8 on real
+  gloo ranks) with :func:`allgather_summary` and :func:`memory_summary`, :func:`weight_cache_bytes`;
+- at scale (``run_scale.py``): :func:`speedup_table`, :func:`peak_matmul_table`,
+  :func:`fsdp_table`, :func:`dispatch_table`.
+"""
+
+from __future__ import annotations
+
+from course_lib.units.u17_fp8_training._setup import BATCH, BLOCK, CONFIG, batch_fn, model_fn
+from course_lib.units.u17_fp8_training.run_bytes import (
+    GATHERS,
+    allgather_bytes,
+    allgather_summary,
+    memory_summary,
+    weight_cache_bytes,
+)
+from course_lib.units.u17_fp8_training.run_numerics import (
+    LAYER,
+    captured_activations,
+    formats_table,
+    outlier_table,
+    recipe_errors,
+    scaled_mm_parity,
+    trained_model,
+)
+from course_lib.units.u17_fp8_training.run_scale import (
+    ACTIVE_PARAMS,
+    LLAMA3,
+    REPORTED,
+    dispatch_table,
+    fsdp_table,
+    peak_matmul_table,
+    speedup_table,
+)
+from course_lib.units.u17_fp8_training.run_training import (
+    PRECISIONS,
+    curve_summary,
+    delayed_spike,
+    train_curves,
+)
+
+__all__ = [
+    "BATCH",
+    "BLOCK",
+    "CONFIG",
+    "batch_fn",
+    "model_fn",
+    "GATHERS",
+    "allgather_bytes",
+    "allgather_summary",
+    "memory_summary",
+    "weight_cache_bytes",
+    "LAYER",
+    "captured_activations",
+    "formats_table",
+    "outlier_table",
+    "recipe_errors",
+    "scaled_mm_parity",
+    "trained_model",
+    "LLAMA3",
+    "REPORTED",
+    "ACTIVE_PARAMS",
+    "peak_matmul_table",
+    "dispatch_table",
+    "fsdp_table",
+    "speedup_table",
+    "PRECISIONS",
+    "curve_summary",
+    "delayed_spike",
+    "train_curves",
+    "torchao_available",
+]
+
+
+def torchao_available() -> str | None:
+    """torchao's version when it is installed (its float8 training could then be compared with
+    ours), else None: the course does not depend on it."""
+    try:
+        import torchao
+    except ImportError:
+        return None
+    return str(getattr(torchao, "__version__", "unknown"))

@@ -1,0 +1,86 @@
+"""Grading a whole class: a folder of notebooks under any names -> one CSV, feedback files and a
+summary; skipped files named in one line each; a dying kernel never stops the batch."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import nbformat
+
+from course_lib.grading.batch import collect
+from course_lib.grading.grader import grade_notebook, main
+
+DOUBLE_OK = "def double(x):\n    return 2 * x"
+
+
+def _class_folder(tmp_path, exercise, make_learner, solution):
+    subs = tmp_path / "submissions"
+    for who, name, answers, extra in [
+        ("alice", "week3 final.ipynb", {"fixture-3": DOUBLE_OK, "fixture-5": "total = 45"}, None),
+        ("bob", "anything.ipynb", {}, None),
+        ("dave", "dies.ipynb", {"fixture-3": DOUBLE_OK}, {"fixture-4": "import os\nos._exit(1)"}),
+    ]:
+        learner = make_learner(exercise, answers, insert_after=extra)
+        (subs / who).mkdir(parents=True, exist_ok=True)
+        (subs / who / name).write_bytes(learner.read_bytes())
+    (subs / "bob" / "second try.ipynb").write_bytes(exercise.read_bytes())  # same unit again
+    (subs / "carol.ipynb").write_bytes(
+        make_learner(exercise, {"fixture-3": DOUBLE_OK}).read_bytes()
+    )
+    (subs / "notes.ipynb").write_text("not a notebook")
+    other = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")])
+    nbformat.write(other, subs / "bob" / "other_course.ipynb")
+    return subs
+
+
+def test_a_class_is_graded_into_one_csv_matching_single_runs(
+    tmp_path, exercise, make_learner, solution, solutions_dir, capsys
+):
+    subs = _class_folder(tmp_path, exercise, make_learner, solution)
+    out = tmp_path / "out" / "grades.csv"
+    code = main([str(subs), "--csv", str(out), "--jobs", "2", "--solutions", str(solutions_dir)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    rows = list(csv.DictReader(out.open(encoding="utf-8")))
+    by = {(r["learner"], r["task"]): r for r in rows}
+    assert sorted({r["learner"] for r in rows}) == ["alice", "bob", "carol", "dave"]
+    assert len(rows) == 4 * 3  # learner x task
+    assert [by["alice", t]["passed"] for t in "123"] == ["True", "True", "False"]
+    assert [by["dave", t]["message"] for t in "23"] == ["kernel died", "kernel died"]
+    # every row equals what grading that notebook alone gives
+    for learner, rel in [("carol", "carol.ipynb"), ("alice", "alice/week3 final.ipynb")]:
+        single = grade_notebook(subs / rel, solutions_dir=solutions_dir)
+        for t in single.tasks:
+            row = by[learner, str(t.task)]
+            assert (row["passed"], row["message"], row["notebook"]) == (
+                str(t.passed),
+                t.message,
+                rel,
+            )
+    # skipped files: one line each, named; the first of bob's two unit-99 notebooks is graded
+    assert "bob/second try.ipynb: skipped: a second notebook of bob for unit 99_fixture" in printed
+    assert "notes.ipynb: skipped: " in printed and "bob/other_course.ipynb: skipped: " in printed
+    assert "graded 4 notebook(s), skipped 3" in printed
+    feedback = (tmp_path / "out" / "feedback" / "alice" / "99_fixture.md").read_text()
+    assert "- ✓ task 1 (1 pt): ✓ task 1: double(21) = 42" in feedback
+    assert (tmp_path / "out" / "feedback" / "dave" / "99_fixture.md").read_text().count("✗") == 2
+
+
+def test_bad_folders_are_one_line_and_exit_2(tmp_path, capsys):
+    assert main([str(tmp_path / "missing"), "--csv", str(tmp_path / "g.csv")]) == 2
+    assert capsys.readouterr().err.strip().endswith("no such folder")
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty"), "--csv", str(tmp_path / "g.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"grade: error: nothing to grade under {tmp_path / 'empty'}"]
+    assert main([str(tmp_path / "empty"), "--jobs", "0"]) == 2
+    assert "jobs = 0: expected" in capsys.readouterr().err
+
+
+def test_collect_matches_units_by_metadata_not_name(tmp_path, exercise, solutions_dir):
+    (tmp_path / "subs" / "x").mkdir(parents=True)
+    data = json.loads(exercise.read_text())
+    (tmp_path / "subs" / "x" / "homework.ipynb").write_text(json.dumps(data))
+    found, skipped = collect(tmp_path / "subs", solutions_dir)
+    assert [(s.learner, s.unit) for s in found] == [("x", "99_fixture")] and skipped == []
