@@ -30,6 +30,7 @@ SMALL = {
     "u12.wire": dict(schedules=("1f1b",), microbatches=4),
     "u14.run_3d": dict(dp=1, tp=1, pp=2, steps=1, batch=4),
     "u15.parity": dict(causal=(True,)),
+    "u16.parity": dict(),
     "u17.allgather": dict(gathers=("bf16", "fp8")),
 }
 
@@ -45,7 +46,7 @@ if __name__ == "__main__":
 
 def test_every_unit_with_ranks_exports_something():
     units = {e.unit for e in cluster.experiments().values()}
-    assert {"u08", "u09", "u10", "u11", "u12", "u14", "u15"} <= units
+    assert {"u08", "u09", "u10", "u11", "u12", "u14", "u15", "u16"} <= units
     assert set(SMALL) == set(cluster.experiments()), "give every experiment small test settings"
 
 

@@ -27,10 +27,14 @@ Every function names the same thing the same way:
   everywhere: a caller says when it wants it), ``world_size`` (ranks of a collective or a
   data-parallel group, N), ``stages`` (pipeline stages, p), ``microbatches`` (m),
   ``virtual_stages`` (interleaved chunks per rank, v), ``stage`` (a ZeRO stage, 0-3),
-  ``cp`` (context-parallel ranks: the sequence split over them), ``rank`` (one rank of them);
+  ``cp`` (context-parallel ranks: the sequence split over them), ``rank`` (one rank of them),
+  ``ep`` (expert-parallel ranks: the routed experts split over them);
 * FP8: ``scaling`` (:data:`Fp8Scaling`: "tensorwise", "rowwise", "blockwise"), ``block`` (tile
   width of blockwise scaling) and ``block_rows``, ``gather`` (:data:`Gather`: what FSDP's
   all-gather carries, "fp32", "bf16", "fp8");
+* mixture of experts: ``experts`` (routed experts per layer, E), ``top_k`` (experts per token,
+  k), ``shared_experts`` (experts every token uses), ``capacity_factor`` (expert capacity over
+  the even share), ``routed`` (a ranks x experts table of assignments sent);
 * widths: ``dtype_bytes`` (bytes of one value of the tensors counted: 4 fp32, 2 bf16/fp16;
   :func:`dtype_bytes` turns a dtype into it); ``param_bytes``, ``grad_bytes``, ``state_bytes``
   and ``state_dtype_bytes`` where one count has several widths;
@@ -65,7 +69,9 @@ policy), ``lora`` (LoRA parameter counts, NF4 bytes, fine-tuning memory), ``trai
 (parameter counts, FLOPs per token, MFU, GPUs for a run, accelerator specs, memory tiers,
 learning rate against the batch), ``tensor_parallel`` (parameters and communication per rank),
 ``context`` (context parallelism: bytes per rank of ring, all-gather and Ulysses attention,
-activations with the sequence split, causal work per rank), ``planning`` (real architectures'
+activations with the sequence split, causal work per rank), ``moe`` (mixture of experts:
+parameters total and active, capacity, expert parallelism's all-to-all bytes, memory per GPU
+under EP x ZeRO), ``planning`` (real architectures'
 parameter counts, pipeline in-flight layers, GPU-days) and
 ``fp8`` (FP8 formats, bytes of a scaled cast, FP8 all-gather bytes and memory under FSDP, the
 share of a step FP8 speeds up).
@@ -83,6 +89,7 @@ from course_lib.measure.estimate import (  # noqa: E402
     links,
     lora,
     memory,
+    moe,
     offload,
     planning,
     tensor_parallel,
@@ -99,6 +106,7 @@ from course_lib.measure.estimate.fp8 import *  # noqa: F401,F403
 from course_lib.measure.estimate.links import *  # noqa: F401,F403
 from course_lib.measure.estimate.lora import *  # noqa: F401,F403
 from course_lib.measure.estimate.memory import *  # noqa: F401,F403
+from course_lib.measure.estimate.moe import *  # noqa: F401,F403
 from course_lib.measure.estimate.offload import *  # noqa: F401,F403
 from course_lib.measure.estimate.planning import *  # noqa: F401,F403
 from course_lib.measure.estimate.tensor_parallel import *  # noqa: F401,F403
@@ -121,6 +129,7 @@ __all__ = [
     *training.__all__,
     *tensor_parallel.__all__,
     *context.__all__,
+    *moe.__all__,
     *planning.__all__,
     *fp8.__all__,
 ]

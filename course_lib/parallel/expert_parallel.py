@@ -1,0 +1,187 @@
+"""Expert parallelism from scratch: experts split over ranks, tokens sent to them and back.
+
+Each of W ranks keeps its own tokens (data parallel) and n_experts / W experts (rank r holds
+experts r E/W .. (r+1) E/W - 1). One MoE layer's forward:
+
+1. route the local tokens (``moe.route``: the same top-k, weights and capacity drops as the
+   one-process layer on these tokens);
+2. sort the kept assignments by expert; count them per expert (E,) and sum the counts per
+   destination rank: the ``input_split_sizes``;
+3. exchange the counts (``all_to_all_single`` of E int64 counts, E/W to each rank): now each
+   rank knows how many rows every source sends to each of its experts;
+4. dispatch: ``all_to_all_single`` of the token rows with those uneven splits;
+5. run the local experts on the rows they received;
+6. combine: ``all_to_all_single`` back (the splits swapped), weigh, add into the tokens.
+
+Steps 4 and 6 are one autograd Function (:func:`all_to_all`) whose backward is the same
+exchange with the splits swapped, so backward sends as many bytes as forward. gloo on CPU
+runs ``all_to_all_single`` with uneven (and zero) split sizes. ``trace`` (a list) records
+each phase's start and end per call, for a timeline.
+
+Gradients: the router and shared experts are replicated (every rank, like DDP); the local
+experts saw the tokens of every rank of the expert group. :func:`sync_moe_grads` averages
+the replicated ones over ``dense_group`` and sums the experts' over ``expert_dp_group`` (the
+ranks that hold the same experts, if any), dividing both by the dense group's size.
+Introduced in notebooks/16_mixture_of_experts.ipynb.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from course_lib.parallel.groups import Group, group_info
+from course_lib.parallel.moe import MoE, Routing, route, shared_sum
+from course_lib.parallel.tp_comms import apply
+
+__all__ = ["all_to_all", "dispatch_splits", "ExpertParallel", "sync_moe_grads"]
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group
+    ) -> torch.Tensor:
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))  # (rows received, d)
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        out_splits, in_splits = ctx.splits
+        gx = grad.new_empty((sum(in_splits), *grad.shape[1:]))  # (rows sent, d)
+        dist.all_to_all_single(gx, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return gx, None, None, None
+
+
+def all_to_all(
+    x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Group = None
+) -> torch.Tensor:
+    """Differentiable ``all_to_all_single``: send rows ``x`` (n, ...) split ``in_splits`` per
+    rank, receive ``out_splits`` rows from each; backward swaps the splits."""
+    if len(in_splits) == 1:  # one rank: nothing to exchange
+        return x
+    return apply(_AllToAll, x, list(out_splits), list(in_splits), group)
+
+
+def dispatch_splits(
+    counts: torch.Tensor, recv_counts: torch.Tensor, world_size: int
+) -> tuple[list[int], list[int]]:
+    """From this rank's assignments per expert ``counts`` (E,) and the counts received
+    (``recv_counts``, E: E/W per source rank, for this rank's experts), the
+    ``input_split_sizes`` (rows to each rank) and ``output_split_sizes`` (rows from each)."""
+    send = counts.view(world_size, -1).sum(1)  # (W,)
+    recv = recv_counts.view(world_size, -1).sum(1)  # (W,)
+    return [int(n) for n in send], [int(n) for n in recv]
+
+
+class ExpertParallel(nn.Module):
+    """This rank's share of ``moe`` (built identically, same seed, on every rank):
+    ``forward(x) -> (y, aux_loss)`` as ``moe(x)`` gives on this rank's tokens x."""
+
+    def __init__(self, moe: MoE, *, group: Group = None):
+        super().__init__()
+        if not isinstance(moe, MoE):
+            raise TypeError(f"moe = {type(moe).__name__}: expected a parallel.experts.MoE")
+        info = group_info(group, needs="expert parallelism", single=True)
+        self.rank, self.world_size, self.group = info.rank, info.world_size, info.group
+        if moe.n_experts % self.world_size:
+            raise ValueError(
+                f"n_experts = {moe.n_experts}: expected a multiple of the expert-parallel "
+                f"ranks, {self.world_size} (each rank holds n_experts / ranks experts)"
+            )
+        self.n_experts, self.local = moe.n_experts, moe.n_experts // self.world_size
+        self.first = self.rank * self.local
+        self.router, self.shared = moe.router, moe.shared
+        self.experts = nn.ModuleList(moe.experts[self.first : self.first + self.local])
+        self.bias: torch.Tensor
+        self.register_buffer("bias", moe.bias.clone())
+        self.top_k, self.capacity_factor = moe.top_k, moe.capacity_factor
+        self.router_kind, self.d_model = moe.router_kind, moe.d_model
+        self.last_routing: Routing | None = None
+        self.trace: list[dict[str, Any]] | None = None
+        self.last_splits: tuple[list[int], list[int]] = ([], [])
+
+    def route(self, x: torch.Tensor) -> Routing:
+        """The routing of this rank's tokens x (T, d_model): exactly ``MoE.route``'s."""
+        bias = self.bias if self.router_kind == "sigmoid" else None
+        self.last_routing = route(
+            self.router(x), self.top_k, router=self.router_kind, bias=bias,
+            capacity_factor=self.capacity_factor,
+        )  # fmt: skip
+        return self.last_routing
+
+    def _mark(self, phase: str, start: float, rows: int) -> None:
+        if self.trace is not None:
+            end = time.perf_counter()
+            self.trace.append({"rank": self.rank, "phase": phase, "start": start, "end": end,
+                               "rows": rows})  # fmt: skip
+
+    def _exchange_counts(self, experts: torch.Tensor) -> tuple[list[int], list[int], torch.Tensor]:
+        counts = torch.bincount(experts, minlength=self.n_experts)  # (E,) int64
+        recv = torch.empty_like(counts)  # (E,): E/W per source, for my experts
+        if self.world_size > 1:
+            dist.all_to_all_single(recv, counts, group=self.group)
+        else:
+            recv.copy_(counts)
+        send_splits, recv_splits = dispatch_splits(counts, recv, self.world_size)
+        return send_splits, recv_splits, recv.view(self.world_size, self.local)
+
+    def _run_experts(self, rows: torch.Tensor, recv: torch.Tensor) -> torch.Tensor:
+        # rows arrive grouped by source rank, inside that by local expert
+        which = torch.arange(self.local).repeat(self.world_size)  # (W * local,)
+        local_id = torch.repeat_interleave(which, recv.reshape(-1))  # (rows,)
+        out = torch.zeros_like(rows)
+        for i, expert in enumerate(self.experts):
+            idx = torch.nonzero(local_id == i, as_tuple=True)[0]
+            if idx.numel():
+                out = out.index_copy(0, idx, expert(rows[idx]))  # (n, d)
+        return out
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = x.reshape(-1, self.d_model)  # (T, d)
+        t0 = time.perf_counter()
+        r = self.route(flat)
+        tok, slot = torch.nonzero(r.keep, as_tuple=True)  # kept assignments
+        dest = r.experts[tok, slot]
+        order = torch.argsort(dest, stable=True)  # by expert, tokens in order
+        tok, slot, dest = tok[order], slot[order], dest[order]
+        send_splits, recv_splits, recv = self._exchange_counts(dest)
+        self.last_splits = (send_splits, recv_splits)
+        self._mark("route", t0, len(tok))
+        t0 = time.perf_counter()
+        rows = all_to_all(flat[tok], recv_splits, send_splits, self.group)  # (received, d)
+        self._mark("dispatch", t0, rows.shape[0])
+        t0 = time.perf_counter()
+        done = self._run_experts(rows, recv)  # (received, d)
+        self._mark("experts", t0, rows.shape[0])
+        t0 = time.perf_counter()
+        back = all_to_all(done, send_splits, recv_splits, self.group)  # (sent, d)
+        self._mark("combine", t0, back.shape[0])
+        out = shared_sum(self.shared, flat).index_add(0, tok, back * r.weights[tok, slot, None])
+        return out.reshape(x.shape), r.aux_loss
+
+
+def sync_moe_grads(
+    module: nn.Module, *, dense_group: Group = None, expert_dp_group: Group = None
+) -> None:
+    """Make the gradients those of the mean of every rank's loss: the replicated parameters
+    (router, shared experts) all-reduced over ``dense_group`` and divided by its size; the
+    local experts' summed over ``expert_dp_group`` (when given) and divided by the same."""
+    n = group_info(dense_group, needs="sync_moe_grads").world_size
+    experts = module.experts if isinstance(module, ExpertParallel) else nn.ModuleList()
+    expert_ids = {id(p) for p in experts.parameters()}
+    for p in module.parameters():
+        if p.grad is None:  # an expert no token reached: its peers still reduce
+            p.grad = torch.zeros_like(p)
+        if id(p) in expert_ids:
+            if expert_dp_group is not None:
+                dist.all_reduce(p.grad, group=expert_dp_group)
+        else:
+            dist.all_reduce(p.grad, group=dense_group)
+        p.grad /= n

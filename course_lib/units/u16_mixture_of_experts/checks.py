@@ -1,0 +1,133 @@
+"""Unit 16's graded checks (solutions/16_mixture_of_experts.ipynb,
+exercises/16_mixture_of_experts.ipynb).
+
+1. ``check_dispatch``: the learner's dispatch plan for expert parallelism (the order that
+   sorts this rank's assignments by expert, and the input and output split sizes of
+   ``all_to_all_single``), graded on random routings of 2-4 ranks; the course's
+   ``dispatch_splits`` and ``ExpertParallel`` are out of reach;
+2. ``check_balance_loss``: the load-balancing loss with its bug fixed, graded on random router
+   probabilities: its value and its gradient with respect to the probabilities;
+3. ``check_mixtral_ep4``: Mixtral 8x7B with the experts over 4 ranks (the lecture prints 8):
+   all-to-all bytes per token and layer, and model-state bytes per GPU, ints, against
+   ``estimate`` (whose ``moe`` functions are out of reach).
+Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from course_lib.grading.core import expect_int, fail, passed, run_learner
+
+__all__ = ["check_dispatch", "check_balance_loss", "check_mixtral_ep4"]
+
+DISPATCH_REFERENCES = (
+    "course_lib.parallel.expert_parallel:dispatch_splits",
+    "course_lib.parallel.expert_parallel:ExpertParallel.forward",
+)
+LOSS_REFERENCES = ("course_lib.parallel.moe:load_balancing_loss",)
+SCALE_REFERENCES = (
+    "course_lib.measure.estimate.moe:ep_all_to_all_bytes_per_token",
+    "course_lib.measure.estimate.moe:moe_model_state_bytes_per_rank",
+    "course_lib.measure.estimate.moe:moe_param_count",
+)
+
+
+# ---- task 1 --------------------------------------------------------------------------------
+def _ints(task: int, what: str, got: Any, n: int) -> list[int]:
+    if not isinstance(got, (list, tuple)) or len(got) != n:
+        fail(task, f"{what}: expected a list of {n} ints, got {got!r}")
+    return [expect_int(task, f"{what}[{i}]", x) for i, x in enumerate(got)]
+
+
+def check_dispatch(plan, task: int = 1) -> None:
+    """Task: ``plan(routed, rank, n_experts) -> (order, input_splits, output_splits)``.
+    ``routed``: one 1-D int64 tensor per rank, the experts of that rank's kept assignments;
+    rank r holds experts r E/W .. (r+1) E/W - 1. ``order``: a tensor of indices that sorts
+    ``routed[rank]`` by expert, keeping the original order among equal experts;
+    ``input_splits``: rows this rank sends to each rank; ``output_splits``: rows it receives
+    from each. Graded on 12 random routings of 2, 3 and 4 ranks (some experts empty)."""
+    import torch
+
+    g = torch.Generator().manual_seed(16)
+    for case in range(12):
+        w = 2 + case % 3
+        e = w * int(torch.randint(1, 4, (1,), generator=g))
+        routed = [
+            torch.randint(0, e, (int(torch.randint(0, 20, (1,), generator=g)),), generator=g)
+            for _ in range(w)
+        ]
+        routed[0][routed[0] == 0] = 1 % e  # expert 0 gets nothing from rank 0
+        rank = case % w
+        got = run_learner(task, plan, routed, rank, e, forbid=DISPATCH_REFERENCES)
+        if not isinstance(got, tuple) or len(got) != 3:
+            fail(task, f"expected (order, input_splits, output_splits), got {type(got).__name__}")
+        order = got[0]
+        want = torch.argsort(routed[rank], stable=True)
+        if not isinstance(order, torch.Tensor) or not torch.equal(order.long(), want):
+            fail(task, f"case {case + 1} ({w} ranks, {e} experts): order is not the stable sort")
+        counts = [torch.bincount(r, minlength=e).view(w, -1) for r in routed]
+        send = counts[rank].sum(1).tolist()
+        recv = [int(c[rank].sum()) for c in counts]
+        for what, value, right in (("input_splits", got[1], send), ("output_splits", got[2], recv)):
+            if _ints(task, what, value, w) != right:
+                fail(task, f"case {case + 1} (rank {rank} of {w}): {what} = {value}, not right")
+    passed(task, "your dispatch plan is right on 12 random routings of 2, 3 and 4 ranks")
+
+
+# ---- task 2 --------------------------------------------------------------------------------
+def check_balance_loss(loss, task: int = 2) -> None:
+    """Task: ``loss(probs, experts) -> scalar tensor``: Switch's load-balancing loss
+    E sum_i f_i P_i (f_i: share of the assignments in ``experts`` (T, k) that chose expert i;
+    P_i: mean of ``probs`` (T, E) over the tokens). Graded on 6 random batches: the value and
+    its gradient with respect to ``probs``."""
+    import torch
+
+    g = torch.Generator().manual_seed(160)
+    for case in range(6):
+        t, e, k = 8 + 3 * case, 4 + case % 3, 1 + case % 2
+        probs = torch.randn(t, e, generator=g).softmax(-1).requires_grad_()
+        experts = probs.detach().topk(k, dim=-1).indices
+        got = run_learner(task, loss, probs, experts, forbid=LOSS_REFERENCES)
+        if not isinstance(got, torch.Tensor) or got.numel() != 1:
+            fail(task, f"expected a scalar tensor, got {got!r}")
+        f = torch.bincount(experts.reshape(-1), minlength=e).float() / experts.numel()
+        want = e * (f * probs.mean(0)).sum()
+        if not torch.allclose(got.detach().reshape(()), want.detach(), atol=1e-6):
+            fail(
+                task,
+                f"case {case + 1}: loss = {float(got.detach()):.6g}, expected {float(want.detach()):.6g}",
+            )
+        if not got.requires_grad:
+            fail(task, f"case {case + 1}: the loss has no gradient: the router would learn nothing")
+        (mine,) = torch.autograd.grad(got.reshape(()), probs)
+        (right,) = torch.autograd.grad(want, probs)
+        if not torch.allclose(mine, right, atol=1e-6):
+            fail(task, f"case {case + 1}: the gradient reaching the router probabilities differs")
+    passed(task, "your balancing loss and its gradient are right on 6 random batches")
+
+
+# ---- task 3 --------------------------------------------------------------------------------
+def check_mixtral_ep4(fn, task: int = 3) -> None:
+    """Task: ``fn() -> (a2a_bytes, state_bytes)`` for Mixtral 8x7B (46,702,792,704 parameters,
+    of them 45,097,156,608 in the routed experts, 8 per layer x 32 layers; width 4096, top-2) trained on 32 GPUs,
+    experts over ep = 4 ranks, no pipeline, ZeRO-1, bf16 weights and gradients with 12 B of
+    fp32 optimizer state per parameter: the bytes one GPU sends per token of its own and MoE
+    layer, forward + backward, bf16, uniform routing; and the model-state bytes per GPU.
+    Two ints."""
+    got = run_learner(task, fn, forbid=SCALE_REFERENCES)
+    if not isinstance(got, tuple) or len(got) != 2:
+        fail(task, f"expected (a2a_bytes, state_bytes), got {got!r}")
+    a2a = expect_int(task, "a2a_bytes", got[0])
+    state = expect_int(task, "state_bytes", got[1])
+    from course_lib.measure import estimate
+
+    want_a2a = estimate.ep_all_to_all_bytes_per_token(4096, ep=4, top_k=2)
+    total, experts = 46_702_792_704, 45_097_156_608
+    want_state = estimate.moe_model_state_bytes_per_rank(
+        total - experts, experts, ep=4, world_size=32, stage=1
+    )["total"]
+    for what, value, want in (("a2a_bytes", a2a, want_a2a), ("state_bytes", state, want_state)):
+        if value != want:
+            fail(task, f"{what} = {value:,}: off by a factor {value / want:.4g}")
+    passed(task, "Mixtral 8x7B at ep 4 on 32 GPUs: all-to-all bytes per token and memory per GPU")

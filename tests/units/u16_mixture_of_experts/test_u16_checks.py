@@ -1,0 +1,97 @@
+"""Unit 16's graded checks: a correct answer passes, a wrong one fails with a ✗ line, one that
+calls the course's own answer is refused, a float where an int is asked is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course_lib.units.u16_mixture_of_experts import checks as C
+
+
+def good_plan(routed, rank, n_experts):
+    w = len(routed)
+    order = torch.argsort(routed[rank], stable=True)
+    counts = [torch.bincount(r, minlength=n_experts).view(w, -1) for r in routed]
+    return order, counts[rank].sum(1).tolist(), [int(c[rank].sum()) for c in counts]
+
+
+def swapped_plan(routed, rank, n_experts):  # input and output splits swapped
+    order, send, recv = good_plan(routed, rank, n_experts)
+    return order, recv, send
+
+
+def course_plan(routed, rank, n_experts):
+    from course_lib.parallel.expert_parallel import dispatch_splits
+
+    w = len(routed)
+    counts = torch.bincount(routed[rank], minlength=n_experts)
+    recv = torch.cat([torch.bincount(r, minlength=n_experts).view(w, -1)[rank] for r in routed])
+    send, got = dispatch_splits(counts, recv, w)
+    return torch.argsort(routed[rank], stable=True), send, got
+
+
+def test_check_dispatch(capsys):
+    C.check_dispatch(good_plan)
+    assert capsys.readouterr().out.startswith("✓ task 1: your dispatch plan is right")
+    with pytest.raises(AssertionError, match="✗ task 1: case 1 .*input_splits"):
+        C.check_dispatch(swapped_plan)
+    with pytest.raises(AssertionError, match="✗ task 1: uses the course's own"):
+        C.check_dispatch(course_plan)
+
+
+def good_loss(probs, experts):
+    n = probs.shape[1]
+    f = torch.bincount(experts.reshape(-1), minlength=n).float() / experts.numel()
+    return n * (f * probs.mean(0)).sum()
+
+
+def wrong_axis_loss(probs, experts):  # the exercise's bug: P averaged over the experts
+    n = probs.shape[1]
+    f = torch.bincount(experts.reshape(-1), minlength=n).float() / experts.numel()
+    return n * (f * probs.mean(1, keepdim=True)).sum()
+
+
+def course_loss(probs, experts):
+    from course_lib.parallel.moe import load_balancing_loss
+
+    return load_balancing_loss(probs, experts)
+
+
+def test_check_balance_loss(capsys):
+    C.check_balance_loss(good_loss)
+    assert capsys.readouterr().out.startswith("✓ task 2: your balancing loss")
+    with pytest.raises(AssertionError, match="✗ task 2: case 1: loss ="):
+        C.check_balance_loss(wrong_axis_loss)
+    with pytest.raises(AssertionError, match="✗ task 2: uses the course's own"):
+        C.check_balance_loss(course_loss)
+
+
+def good_mixtral():
+    total, experts = 46_702_792_704, 45_097_156_608
+    a2a = 4 * 2 * 3 * 4096 * 2 // 4
+    dense = (2 + 2) * (total - experts) + 12 * (total - experts) // 32
+    routed = ((2 + 2) * experts + 12 * experts // 8) // 4
+    return a2a, dense + routed
+
+
+def forgot_backward():
+    a2a, state = good_mixtral()
+    return a2a // 2, state
+
+
+def course_mixtral():
+    from course_lib.measure import estimate
+
+    return estimate.ep_all_to_all_bytes_per_token(4096, ep=4, top_k=2), 0
+
+
+def test_check_mixtral_ep4(capsys):
+    C.check_mixtral_ep4(good_mixtral)
+    assert capsys.readouterr().out.startswith("✓ task 3: Mixtral 8x7B at ep 4")
+    with pytest.raises(AssertionError, match="✗ task 3: a2a_bytes = 24,576: off by a factor 0.5"):
+        C.check_mixtral_ep4(forgot_backward)
+    with pytest.raises(AssertionError, match="✗ task 3: uses the course's own"):
+        C.check_mixtral_ep4(course_mixtral)
+    with pytest.raises(AssertionError, match="✗ task 3: a2a_bytes must be an int"):
+        C.check_mixtral_ep4(lambda: (float(good_mixtral()[0]), good_mixtral()[1]))

@@ -1,0 +1,41 @@
+"""Unit 16's runs: parameters counted = predicted, parity with one process, bytes equal to the
+estimate, a hot expert's rank does the work, training shows collapse, the scale table."""
+
+from __future__ import annotations
+
+import pytest
+
+from course_lib.units.u16_mixture_of_experts import run
+
+
+def test_params_and_scale_need_no_ranks():
+    p = run.params()
+    assert (p.counted == p.predicted).all()
+    s = run.scale()
+    mix, ds = s.iloc[0], s.iloc[1]
+    assert round(mix.total_B, 1) == 46.7 and round(mix.active_B, 1) == 12.9
+    assert round(ds.total_B) == 671 and 37 <= ds.active_B < 38
+    assert run.architecture_params("DeepSeek-V3")["experts"] == 58 * 256 * 3 * 7168 * 2048
+
+
+def test_wire_bytes_two_ranks():
+    w = run.wire_bytes((2,))
+    assert (w.sent == w.predicted).all()
+    measured = w.dropna(subset=["wire"])
+    assert (measured.framing % 144 == 0).all() and (measured.framing > 0).all()
+
+
+@pytest.mark.slow
+def test_parity_four_ranks_timeline_and_training():
+    par = run.parity((1, 2, 4))
+    assert par.ok.all() and len(par) == 9 and (par.dropped[par.capacity_factor == 1.0] > 0).all()
+    mesh = run.ep_dp(4, 2)
+    assert mesh.ok.all() and list(mesh.expert_dp_group[0]) == [0, 2]
+    tl = run.timeline(2, tokens=128, repeats=1)
+    imb = run.imbalance(tl)
+    hot = imb[imb.hot == 1.0].set_index("rank").expert_rows
+    assert hot[0] == 256 and hot[1] == 0  # every token of both ranks to expert 0, on rank 0
+    assert set(tl.phase) == {"route", "dispatch", "experts", "combine"}
+    tr = run.train(steps=60)
+    last = tr[tr.step >= 50].groupby("balancing").busiest_share.mean()
+    assert last["none"] > 0.9 and last["aux_loss"] < 0.8 and last["bias"] < 0.6
