@@ -9,7 +9,7 @@ tensor-parallel region with two conjugate operators:
 Sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4.2.2, Fig. 5) splits the
 activations *between* the regions along the sequence: ``g`` becomes a reduce-scatter
 (:class:`ReduceScatterToSequenceRegion`, the paper's g-bar) and ``f`` an all-gather
-(:class:`AllGatherLinear`, fused with the column layer's matmul so that only the local chunk is
+(:class:`AllGatherLinear`, the paper's g, fused with the column layer's matmul so that only the local chunk is
 saved for backward). Bytes on the wire do not change (reduce-scatter + all-gather = all-reduce);
 activation memory outside the regions is divided by ``t``.
 
@@ -190,7 +190,7 @@ class ReduceScatterToSequenceRegion(torch.autograd.Function):
 
 
 class AllGatherLinear(torch.autograd.Function):
-    """The paper's f-bar fused with the column layer. Forward: all-gather the sequence chunks,
+    """The paper's g (Fig. 5) fused with the column layer. Forward: all-gather the sequence chunks,
     then the matmul; saves only this rank's chunk (1/t of the input). Backward: gathers the
     input again, and the input's gradient leaves by reduce-scatter."""
 

@@ -2,8 +2,9 @@
 
 Introduced in notebooks/05_cpu_offload.ipynb.
 
-:class:`OffloadAdamW` is the ZeRO-Offload recipe (Ren et al. 2021, arXiv:2101.06840) in one
-process: the device keeps only the (16- or 32-bit) parameters and their gradients; the host keeps
+:class:`OffloadAdamW` is ZeRO-Offload's host update (Ren et al. 2021, arXiv:2101.06840) in one
+process, with the gradients kept on the device until the step (ZeRO-Offload streams them to the host
+during backward): the device keeps the (16- or 32-bit) parameters and their gradients; the host keeps
 an fp32 master copy of every parameter, its fp32 gradient and Adam's m and v, and runs the update.
 Each step
 

@@ -155,6 +155,21 @@ def test_estimates():
     )
     assert estimate.zero_bytes_sent_per_step(800, 4, stage=3) == 1800
     assert estimate.zero_bytes_sent_per_step(800, 4, stage=3, reshard_after_forward=False) == 1200
+    # K micro-batches: DDP (no_sync) and stage 1 send once per step, stage 2 reduce-scatters every
+    # micro-batch, stage 3 gathers and scatters every micro-batch
+    k4 = {
+        st: estimate.zero_bytes_sent_per_step(800, 4, stage=st, micro_batches=4) for st in range(4)
+    }
+    assert k4 == {0: 1200, 1: 1200, 2: 3000, 3: 7200}
+    assert estimate.zero_bytes_sent_per_step(800, 4, stage=2, micro_batches=1) == 1200
+    assert (
+        estimate.zero_bytes_sent_per_step(
+            800, 4, stage=3, reshard_after_forward=False, micro_batches=2
+        )
+        == 2400
+    )
+    with pytest.raises(ValueError, match="micro_batches = 0"):
+        estimate.zero_bytes_sent_per_step(800, 4, stage=2, micro_batches=0)
     with pytest.raises(ValueError, match="stage = 5: expected one of 0, 1, 2, 3"):
         estimate.zero_layout_bytes_per_rank([[3]], stage=5, world_size=2)
     with pytest.raises(TypeError, match="units = 7"):

@@ -229,28 +229,42 @@ def collective_bytes_sent(
 
 
 def zero_bytes_sent_per_step(
-    size_bytes: int, world_size: int, *, stage: int, reshard_after_forward: bool = True
+    size_bytes: int,
+    world_size: int,
+    *,
+    stage: int,
+    reshard_after_forward: bool = True,
+    micro_batches: int = 1,
 ) -> int | float:
     """Bytes each rank sends in one training step under ZeRO stage 0-3 with ring collectives,
     for a model whose parameters (and gradients) take ``size_bytes`` (S; under our padded
-    layout, the padded size):
+    layout, the padded size), with ``micro_batches`` (K) accumulated per optimizer step:
 
-    * stage 0 (DDP): one all-reduce of the gradients, 2(N-1)/N S;
-    * stages 1 and 2: a reduce-scatter of the gradients and an all-gather of the updated
-      parameters, (N-1)/N S each: 2(N-1)/N S, the same as DDP (ZeRO paper, arXiv:1910.02054,
-      Sec. 7.2.1);
-    * stage 3: the parameters are all-gathered before forward and again before backward, the
-      gradients reduce-scattered: 3(N-1)/N S, 1.5x DDP (Sec. 7.2.2). With
-      ``reshard_after_forward=False`` the gathered parameters survive until backward:
-      2(N-1)/N S, at the memory cost of holding them.
+    * stage 0 (DDP, ``no_sync`` on all but the last micro-batch): one all-reduce of the
+      gradients, 2(N-1)/N S whatever K;
+    * stage 1: the full gradients accumulate locally, then one reduce-scatter and one
+      all-gather of the updated parameters, (N-1)/N S each: 2(N-1)/N S, DDP's total whatever K;
+    * stage 2: each rank keeps only its gradient shard, so every micro-batch's gradients are
+      reduce-scattered, plus one all-gather: (K+1)(N-1)/N S; at K = 1 the same as DDP (ZeRO
+      paper, arXiv:1910.02054, Sec. 7.2.1);
+    * stage 3: every micro-batch all-gathers the parameters before forward and again before
+      backward and reduce-scatters the gradients: 3K(N-1)/N S, 1.5x DDP at K = 1 (Sec. 7.2.2).
+      With ``reshard_after_forward=False`` the gathered parameters survive until backward:
+      2K(N-1)/N S, at the memory cost of holding them.
 
     int when exact, else float. Introduced in notebooks/10_zero_fsdp.ipynb.
     """
     s, n = _v.count("size_bytes", size_bytes), _v.count("world_size", world_size, minimum=1)
     stage = _v.choice("stage", _v.count("stage", stage), (0, 1, 2, 3))
+    k = _v.count("micro_batches", micro_batches, minimum=1)
     if not isinstance(reshard_after_forward, bool):
         raise ValueError(
             f"reshard_after_forward = {reshard_after_forward!r}: expected one of True, False"
         )
-    passes = 3 if stage == 3 and reshard_after_forward else 2
+    if stage == 3:
+        passes = (3 if reshard_after_forward else 2) * k
+    elif stage == 2:
+        passes = k + 1
+    else:
+        passes = 2
     return exact(Fraction(passes * (n - 1) * s, n))

@@ -34,10 +34,13 @@ __all__ = [
 #: what each level keeps off the device, from least to most offloaded:
 #:
 #: * ``none``: everything on the device;
-#: * ``optimizer``: fp32 master weights and optimizer state on the host, updated there
-#:   (ZeRO-Offload; DeepSpeed ``"offload_optimizer": {"device": "cpu"}``);
-#: * ``optimizer+grads``: the gradients too, streamed to the host as backward produces them
-#:   (ZeRO-Offload with ZeRO-2, the device keeps only a bucket, not counted);
+#: * ``optimizer``: fp32 master weights and optimizer state on the host, updated there; the
+#:   gradients accumulate on the device and go down once per step (an optimizer-only offload,
+#:   the course's ``OffloadAdamW``; not ZeRO-Offload, which moves the gradients too);
+#: * ``optimizer+grads``: the gradients too, streamed to the host as backward produces them:
+#:   ZeRO-Offload (Ren et al. 2021: fp16 params on the device, 2 B/param, 14 on the host, the
+#:   paper's 8x; DeepSpeed ``"offload_optimizer": {"device": "cpu"}``). With gradient
+#:   accumulation they cross every micro-step, not once per step; the bucket is not counted;
 #: * ``all``: the 16-bit parameters too, fetched layer by layer for forward and again for
 #:   backward (DeepSpeed ``"offload_param"`` with ZeRO-3, FSDP2 ``CPUOffloadPolicy``); the
 #:   layer being computed is not counted.
@@ -77,7 +80,9 @@ def offload_split(
 
     bf16-mixed Adam per parameter: ``none`` 16 / 0, ``optimizer`` 4 / 12 (to host 2, to device
     2), ``optimizer+grads`` 2 / 14, ``all`` 0 / 16 (to device 4). A 7B model with ``optimizer``
-    keeps 84 GB on the host and moves 14 GB each way per step.
+    keeps 84 GB on the host and moves 14 GB each way per step. ``to_host`` is per step with the
+    gradients accumulated on the device; with ``optimizer+grads`` and K micro-batches it is
+    K times ``G`` (the gradients leave after every backward).
     """
     n = _v.count("n_params", n_params)
     lvl = _v.choice("level", level, OFFLOAD_LEVELS, case_insensitive=True)

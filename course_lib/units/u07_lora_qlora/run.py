@@ -7,7 +7,8 @@
   beside its prediction;
 - :func:`pretrained_model` / :func:`finetune`: pre-train the tiny GPT on the permutation task,
   then fine-tune it on a *shifted* task (every target moved by ``SHIFT`` in the vocabulary) with
-  each method; :func:`finetune_summary`: how much of full fine-tuning's loss drop each reaches;
+  each method; :func:`finetune_summary`: how much of full fine-tuning's loss drop each reaches
+  and its final loss as a multiple of full fine-tuning's;
 - :func:`nf4_table`: NF4 bytes per parameter and quantization error, ours and bitsandbytes';
 - :func:`scale_table`: full vs LoRA vs QLoRA model-state bytes at 7B, 65B and 175B from
   ``estimate.finetune_state_bytes``, parameter counts measured on meta-device models;

@@ -163,8 +163,10 @@ def finetune(
 
 
 def finetune_summary(df: pd.DataFrame, *, last: int = 10) -> pd.DataFrame:
-    """Per method: first loss, final loss (mean of the ``last`` steps), the drop, and the drop as a
-    percentage of full fine-tuning's (needs a ``full`` run in ``df``)."""
+    """Per method: first loss, final loss (mean of the ``last`` steps), the drop, the drop as a
+    percentage of full fine-tuning's and the final loss as a multiple of full fine-tuning's (needs
+    a ``full`` run in ``df``). Show both: a method can reach nearly all of the drop and still end
+    at many times full fine-tuning's loss when that loss is near zero."""
     out = df.groupby("method", sort=False).agg(
         trainable=("trainable", "first"),
         first_loss=("loss", "first"),
@@ -173,4 +175,5 @@ def finetune_summary(df: pd.DataFrame, *, last: int = 10) -> pd.DataFrame:
     out["drop"] = out["first_loss"] - out["final_loss"]
     if "full" in out.index:
         out["percent_of_full_drop"] = 100 * out["drop"] / out.loc["full", "drop"]
+        out["final_loss_vs_full"] = out["final_loss"] / out.loc["full", "final_loss"]
     return out

@@ -79,6 +79,6 @@ def source_checks() -> pd.DataFrame:
         ("S2", "table 95 / 52 / 38 / 16 GB (7B, 8 GPUs)", "95 / 52 / 38 / 16",
          f"16 B: {_stages_gb(b7, 8)}; 12 B: {_stages_gb(b7, 8, k=8)}"),
         ("S2", "stage 1 saves ~60 % of optimizer state (N = 8)", "60 %", f"{100 * (1 - 1 / 8):g} %"),
-        ("S4", "ZeRO-3 traffic vs DDP", "3x", f"{traffic:g}x"),
+        ("S4", "ZeRO-3 traffic vs DDP (one micro-batch per step)", "3x", f"{traffic:g}x"),
     ]  # fmt: skip
     return pd.DataFrame(rows, columns=["source", "claim", "quoted", "recomputed"])

@@ -238,7 +238,8 @@ def decision_numbers() -> dict[str, float]:
     # carries per micro-batch beside the gradients a DP replica all-reduces (70B, bf16)
     out["bubble_p8_m32"] = estimate.pipeline_bubble_fraction(8, 32)
     out["boundary_70b_GB"] = estimate.pipeline_boundary_bytes(1, 4096, 8192) / 1e9
-    out["grads_70b_GB"] = 2 * m70.n_params / 1e9
+    out["grads_70b_GB"] = 2 * m70.n_params / 1e9  # reduced in bf16
+    out["grads_70b_fp32_GB"] = estimate.dtype_bytes("fp32") * m70.n_params / 1e9  # reduced in fp32
     # offload: 7B moves 14 GB each way per step over PCIe 4.0 (about 32 GB/s)
     out["offload_7b_s"] = 2 * 7e9 / (estimate.link_speed("PCIe 4.0 x16").per_direction_GBps * 1e9)
     # LoRA: 70B full training state vs a frozen bf16 base + rank-16 adapters on q, v

@@ -39,6 +39,8 @@ def test_lora_reaches_most_of_full_finetunings_drop():
         summary.loc["full", "first_loss"] == summary.loc["lora", "first_loss"]
     )  # B = 0: same start
     assert summary.loc["lora", "percent_of_full_drop"] > 80
+    assert summary.loc["full", "final_loss_vs_full"] == 1.0
+    assert summary.loc["lora", "final_loss_vs_full"] >= 1.0
 
 
 def test_nf4_table_bytes_and_error():

@@ -67,7 +67,7 @@ def test_scale_and_sources():
     assert list(grid.loc["stage 1"]) == [112, 70, 49, 38.5, 33.25]
     src = R.source_checks().set_index("claim")
     assert src.recomputed["7.5B on 64 GPUs, stages 0-3 (GB)"] == "120 / 31.406 / 16.641 / 1.875"
-    assert src.recomputed["ZeRO-3 traffic vs DDP"] == "1.5x"
+    assert src.recomputed["ZeRO-3 traffic vs DDP (one micro-batch per step)"] == "1.5x"
     assert R.smallest_stage(7e9, 8, 80) == 1 and R.smallest_stage(70e9, 8, 80) is None
     with pytest.raises(ValueError, match=r"stages\[i\] = 5: expected one of 0, 1, 2, 3"):
         R.memory_table((2,), (5,))

@@ -36,6 +36,7 @@ def test_decision_numbers():
     assert d["tp16_comm_share"] > 2 * d["tp8_comm_share"]  # TP across nodes costs
     assert d["bubble_p8_m32"] == pytest.approx(7 / 39)
     assert d["full_70b_state_GB"] > d["node_memory_GB"] > d["lora_70b_state_GB"]
+    assert d["grads_70b_fp32_GB"] == 2 * d["grads_70b_GB"]
 
 
 def test_scale_tables():
