@@ -245,7 +245,7 @@ def test_bad_world_size_and_sizes_raise_clear_value_errors(parity):
     errors = results[0]["errors"]
     if world_size & (world_size - 1):
         msg = errors["recursive_doubling"]
-        assert f"world_size={world_size}" in msg and "1, 2, 4, 8" in msg
+        assert f"world_size = {world_size}: expected a power of two" in msg and "1, 2, 4, 8" in msg
     else:
         assert "recursive_doubling" not in errors
     assert (

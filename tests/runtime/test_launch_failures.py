@@ -143,7 +143,10 @@ def _sleeps(rank, world_size):
 
 
 _CTRL_C = """
-import signal, sys, threading, time
+import os, signal, sys, threading, time
+# what a fresh interpreter inherits that could stop an interrupt: the signal mask and dispositions
+print("start: SIGINT blocked", signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []),
+      "handler", signal.getsignal(signal.SIGINT), file=sys.stderr)
 import course_lib
 
 def sleeps(rank, world_size):
@@ -168,14 +171,25 @@ print(course_lib.launch(ok, 2))
 
 @pytest.mark.slow
 def test_keyboard_interrupt_stops_every_rank_and_the_next_launch_works(tmp_path):
-    # In a fresh interpreter, as a notebook kernel is: inside the full suite this test once saw its
-    # interrupt swallowed (the launch ran to the end) after earlier tests, never when run alone;
-    # the process state responsible is not yet found, so the test does not inherit it.
+    # In a fresh interpreter, as a notebook kernel is. Inside the full suite this test saw its
+    # interrupt lost (the launch ran to the end), also in a fresh interpreter, never when run
+    # alone: what crosses exec is the signal mask and ignored dispositions, so the interpreter
+    # starts as a kernel does, with SIGINT unblocked and at its default (the script prints both).
+    import signal
     import subprocess
+
+    def sigint_as_in_a_kernel():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-c", _CTRL_C], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        [sys.executable, "-c", _CTRL_C],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        preexec_fn=sigint_as_in_a_kernel,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
