@@ -105,6 +105,12 @@ def gather(expression: str, ranks=None, *, timeout: float | None = None) -> list
     try:
         values = rs.gather(expression, selected, definitions=_pending(selected), timeout=timeout)
     except LaunchError as exc:
+        unpicklable = [t for t in exc.failures.values() if t.startswith("raised Unpicklable")]
+        if unpicklable and len(unpicklable) == len(exc.failures):
+            message = unpicklable[0].split(": ", 1)[1].splitlines()[0]
+            raise RanksUsageError(
+                f"ranks.gather: {message} (on ranks {sorted(exc.failures)})"
+            ) from None
         raise RanksError(str(exc), exc.failures) from None
     for rank in selected:
         _session.sent[rank] = len(_session.defined)
@@ -115,7 +121,11 @@ def push(ranks=None, **values) -> None:
     """Define each ``name=value`` in the ranks (all, or ``ranks``); values travel by cloudpickle."""
     if not values:
         raise TypeError("values = {}: expected name=value pairs, e.g. ranks.push(lr=0.1)")
-    current().push(values, ranks)
+    rs = current()
+    try:
+        rs.push(values, ranks)
+    except (TypeError, ValueError) as exc:  # a rank-defined name, or a value that cannot travel
+        raise RanksUsageError(f"ranks.push: {exc}") from None
 
 
 def _pending(ranks) -> dict[int, list]:
@@ -199,7 +209,12 @@ def _start(args: list[str]) -> None:
     except (TypeError, ValueError) as exc:
         raise _usage(str(exc)) from None
     _session.rankset = None
-    rs.start()
+    try:
+        rs.start()
+    except KeyboardInterrupt:
+        raise cells.Interrupted(
+            f"%ranks start {n} was interrupted; no rank was left running"
+        ) from None
     _session.rankset, _session.options, _session.sent = rs, {"n": n, **kwargs}, {}
     _session.noted.clear()
     print(

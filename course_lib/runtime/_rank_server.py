@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.runtime import _worker
-from course_lib.runtime.protocol import CellReply, Definition, RankSpec, Request
+from course_lib.runtime.protocol import RANK_NAMES, CellReply, Definition, RankSpec, Request
 
 
 class _State:
@@ -99,19 +99,52 @@ def _define(
 ) -> list[str]:
     """Run the kernel's definitions here; return notes for those that fail (each once)."""
     notes = []
+    own = {n: namespace[n] for n in RANK_NAMES if n in namespace}  # as the rank's cells left them
     for label, source, filename in definitions:
         try:
             _register_source(source, filename)
             exec(compile(source, filename, "exec"), namespace)
-            failed.pop(label, None)
+            note = _keep_own(namespace, own, label, source)
+            if note is None:
+                failed.pop(label, None)
         except BaseException as exc:  # noqa: B036 - a definition never stops the cell
             if isinstance(exc, KeyboardInterrupt):
                 raise
             note = f"{label}: {type(exc).__name__}: {exc}"
+        if note is not None:
             if failed.get(label) != note:
                 notes.append(note)
             failed[label] = note
     return notes
+
+
+def _keep_own(
+    namespace: dict[str, Any], own: dict[str, Any], label: str, source: str
+) -> str | None:
+    """Put back any rank-defined name (``rank``, ``world_size``, ...) a kernel definition replaced
+    or assigned (``rank = 0`` on rank 0 too); a note saying so, or None. (``import torch`` binds
+    the same module: nothing to put back.)"""
+    assigned: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            assigned.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            assigned |= {t.id for t in targets if isinstance(t, ast.Name)}
+    replaced = [
+        name
+        for name, value in own.items()
+        if namespace.get(name, own) is not value or name in assigned
+    ]
+    for name in replaced:
+        namespace[name] = own[name]
+    if not replaced:
+        return None
+    name = replaced[0]
+    return (
+        f"{label}: refused, `{name}` is {RANK_NAMES[name]} in each rank and a notebook "
+        "value never replaces it (give the notebook's variable another name)"
+    )
 
 
 def _user_traceback(exc: BaseException) -> str:
@@ -121,16 +154,21 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(te.format())
 
 
+class UnpicklableError(TypeError):
+    """A gathered value that cannot be pickled (the kernel shows its message alone, one line)."""
+
+
 def _evaluate(request: Request, namespace: dict[str, Any]) -> bytes:
     value = eval(compile(request.source, "<gather>", "eval"), namespace)
     _State.busy = False
     try:
         return bytes(cloudpickle.dumps(value))
     except Exception as exc:
-        raise TypeError(
-            f"the value of {request.source!r} (type {type(value).__name__}) "
-            f"cannot be pickled, so it cannot be sent back: {exc}"
-        ) from exc
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UnpicklableError(
+            f"expression = {request.source!r}: expected a value that can be pickled to send "
+            f"back to the kernel; its value, a {type(value).__name__}, cannot be ({why})"
+        ) from None
 
 
 def _handle(request: Request, namespace: dict[str, Any], failed: dict[str, str]) -> CellReply:
@@ -155,7 +193,7 @@ def _handle(request: Request, namespace: dict[str, Any], failed: dict[str, str])
             notes=notes,
             exc_type=type(exc).__name__,
             message=str(exc),
-            traceback=_user_traceback(exc),
+            traceback="" if isinstance(exc, UnpicklableError) else _user_traceback(exc),
         )
     finally:
         _State.busy = False

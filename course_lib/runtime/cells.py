@@ -31,7 +31,7 @@ class RanksUsageError(ValueError):
         return [f"RanksUsageError: {self.args[0]}"]
 
 
-class _Interrupted(KeyboardInterrupt):
+class Interrupted(KeyboardInterrupt):
     """The interrupt a %%ranks cell re-raises once every rank has stopped (shown in one line)."""
 
     def _render_traceback_(self) -> list[str]:
@@ -40,7 +40,7 @@ class _Interrupted(KeyboardInterrupt):
         ]
 
 
-_Interrupted.__name__ = _Interrupted.__qualname__ = "KeyboardInterrupt"  # what the notebook names
+Interrupted.__name__ = Interrupted.__qualname__ = "KeyboardInterrupt"  # what the notebook names
 
 
 def _prefixed(rank: int, text: str) -> str:
@@ -84,7 +84,7 @@ def raise_for(replies: dict[int, RankReply], rs: RankSet) -> None:
             f"[ranks] interrupted: ranks {sorted(bad)} stopped their cell; every rank "
             "keeps its state\n"
         )
-        raise _Interrupted
+        raise Interrupted
     if (
         statuses <= {"interrupted", "killed"}
         and not rs.alive
@@ -99,11 +99,14 @@ def raise_for(replies: dict[int, RankReply], rs: RankSet) -> None:
             + f"ranks {killed} did not stop within {GRACE_S:g} s (stuck in C++, e.g. "
             "waiting in a collective for a rank that is not in it) and were killed\n"
         )
-        raise _Interrupted(
+        raise Interrupted(
             "the ranks were stopped (a process group cannot go on without one of "
             "its ranks): %ranks restart starts a fresh set (state is lost)"
         )
     failed = failures(replies)
+    dead = sorted(r for r, rep in bad.items() if rep.status == "died")
+    if dead:
+        raise RanksError(_died_message(replies, dead, failed, rs), failed)
     lines = [f"rank {r}: {failed[r].splitlines()[0]}" for r in sorted(failed)]
     if rs.alive:
         fine = sorted(set(replies) - set(bad))
@@ -122,3 +125,20 @@ def raise_for(replies: dict[int, RankReply], rs: RankSet) -> None:
         + "".join(f"\n--- rank {r} {failed[r]}\n" for r in sorted(failed))
     )
     raise RanksError(message, failed)
+
+
+def _died_message(
+    replies: dict[int, RankReply], dead: list[int], failed: dict[int, str], rs: RankSet
+) -> str:
+    """A rank died during the cell: what happened to each rank, then the details."""
+    each = "".join(
+        f"\n  rank {r}: " + (failed[r].splitlines()[0] if r in failed else "finished the cell")
+        for r in sorted(replies)
+    )
+    died = f"rank {dead[0]}" if len(dead) == 1 else f"ranks {dead}"
+    return (
+        f"{died} died during the cell. What each rank did:{each}\n"
+        f"the ranks were stopped ({rs.ended}): a process group cannot go on without one of "
+        "its ranks. %ranks restart starts a fresh set (state is lost)\n"
+        + "".join(f"\n--- rank {r} {failed[r]}\n" for r in sorted(failed))
+    )

@@ -51,6 +51,16 @@ class RankResult:
 
 Definition = tuple[str, str, str]  # (label, source, filename) of a kernel definition
 
+# The names every persistent rank defines for itself. A notebook value of one of these names never
+# replaces the rank's own (a literal ``rank = 0`` in the notebook would make every rank rank 0).
+RANK_NAMES = {
+    "rank": "its own rank number",
+    "world_size": "the number of ranks in the set",
+    "device": "its own device",
+    "dist": "torch.distributed",
+    "torch": "the torch module",
+}
+
 
 @dataclass(frozen=True)
 class Request:

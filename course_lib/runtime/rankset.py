@@ -43,7 +43,7 @@ from course_lib.runtime._outcomes import read_text
 from course_lib.runtime._workdir import _new_workdir, _reclaim_stale_workdirs
 from course_lib.runtime.device import check_backend_name, resolve_backend
 from course_lib.runtime.errors import LaunchError
-from course_lib.runtime.protocol import BackendChoice, CellReply, RankSpec, Request
+from course_lib.runtime.protocol import RANK_NAMES, BackendChoice, CellReply, RankSpec, Request
 from course_lib.runtime.replies import (
     Definitions,
     OutputTail,
@@ -108,8 +108,12 @@ class RankSet:
                 replies = self._collect(
                     set(range(self.world_size)), allowance + self.timeout, guard
                 )
-            except BaseException:
+            except BaseException as exc:
                 self.stop()
+                if guard.held and not isinstance(exc, KeyboardInterrupt):
+                    # the interrupt reached the forkserver too, as it was starting: its pipe's
+                    # EOFError is the interrupt's doing, not a fault of its own
+                    raise KeyboardInterrupt from None
                 raise
             if guard.held:
                 guard.held = False
@@ -229,8 +233,10 @@ class RankSet:
         *,
         timeout: float | None = None,
     ) -> None:
-        """Define ``name = value`` in each rank for every item of ``values`` (sent by cloudpickle)."""
-        request = Request("push", values=cloudpickle.dumps(values))
+        """Define ``name = value`` in each rank for every item of ``values`` (sent by cloudpickle).
+        ValueError for a name each rank defines itself (``rank``, ...), TypeError for a value
+        that cannot be pickled, naming it; nothing is sent then."""
+        request = Request("push", values=_pickled(values))
         replies = self._request({r: request for r in self.check_ranks(ranks)}, timeout)
         failed = failures(replies)
         if failed:
@@ -315,10 +321,15 @@ class RankSet:
 
     def _receive(self, rank: int, wait: ReplyWait) -> None:
         """A rank's pipe (rank >= 0) or its process sentinel (-1 - rank) is ready."""
-        if rank < 0:  # a process ended: the others get the grace period to report, no more
+        if rank < 0:  # a process ended: the others are interrupted and get the grace period
             if self._rank_died(-1 - rank, wait.pending, wait.replies):
                 wait.dead.add(-1 - rank)
-                wait.stopping_since = wait.stopping_since or time.monotonic()
+                if wait.stopping_since is None:
+                    for other in wait.pending:
+                        wait.replies[other].stop_reason = "peer died"
+                        wait.replies[other].dead_peers = sorted(wait.dead)
+                    self._signal(wait.pending, signal.SIGINT)
+                    wait.stopping_since = time.monotonic()
             return
         try:
             data = self._conns[rank].recv_bytes()
@@ -387,6 +398,25 @@ class RankSet:
         reply = replies.setdefault(rank, RankReply())
         reply.status, reply.error = "died", text
         return True
+
+
+def _pickled(values: dict[str, Any]) -> bytes:
+    """``values`` cloudpickled, after checking each name and value (see :meth:`RankSet.push`)."""
+    for name, value in values.items():
+        if name in RANK_NAMES:
+            raise ValueError(
+                f"{name} = {validate.describe(value)}: expected a name the ranks do not define "
+                f"themselves; `{name}` is {RANK_NAMES[name]} in each rank and is never replaced"
+            )
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise TypeError(
+                f"{name} = {validate.describe(value)}: expected a value that can be pickled to "
+                f"send to the ranks; a {type(value).__name__} cannot be ({why})"
+            ) from None
+    return bytes(cloudpickle.dumps(values))
 
 
 def _error(headline: str, failed: dict[int, str]) -> LaunchError:

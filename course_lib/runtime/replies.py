@@ -15,7 +15,7 @@ from typing import Any, Literal
 from course_lib.runtime.protocol import CellReply, Definition
 
 Status = Literal["running", "ok", "error", "interrupted", "timeout", "died", "killed"]
-StopReason = Literal["interrupted", "timeout"]
+StopReason = Literal["interrupted", "timeout", "peer died"]
 Definitions = Iterable[Definition] | dict[int, Iterable[Definition]]  # for all ranks, or by rank
 
 
@@ -34,6 +34,7 @@ class RankReply:
     stop_reason: StopReason | None = None  # why the kernel interrupted it, if it did
     stack: str = ""  # its Python stack at the deadline (status "timeout")
     deadline: float = 0.0  # the request's timeout, in seconds (status "timeout")
+    dead_peers: list[int] = field(default_factory=list)  # stop_reason "peer died": which died
 
     def record(self, reply: CellReply) -> None:
         """Take the rank's own answer: its value, or its error (an interrupt as such)."""
@@ -45,6 +46,11 @@ class RankReply:
         if reply.exc_type == "KeyboardInterrupt":
             self.status = "timeout" if self.stop_reason == "timeout" else "interrupted"
         self.error = f"raised {reply.exc_type}: {reply.message}\n{reply.traceback.rstrip()}"
+        if self.status == "interrupted" and self.stop_reason == "peer died":
+            self.error = (
+                f"was still running the cell when {_ranks_text(self.dead_peers)} died: "
+                f"interrupted, its cell stopped\n{reply.traceback.rstrip()}"
+            )
         self.exc_type = reply.exc_type
 
     def killed(self, timeout: float, grace_s: float) -> None:
@@ -55,6 +61,13 @@ class RankReply:
             else ""
         )
         self.status = "killed"
+        if self.stop_reason == "peer died":
+            self.error = (
+                f"was still running the cell when {_ranks_text(self.dead_peers)} died, then did "
+                f"not stop within {grace_s:g} s of being interrupted (stuck in C++, e.g. "
+                "waiting in a collective for the rank that died): killed"
+            )
+            return
         self.error = (
             f"{why}did not stop within {grace_s:g} s of being interrupted (stuck in C++, "
             "e.g. waiting in a collective for a rank that is not in it): killed"
@@ -70,6 +83,10 @@ class RankReply:
         if self.stack:
             text += f"\nits Python stack at the deadline:\n{self.stack}"
         return text
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {sorted(ranks)}"
 
 
 def describe_exit(exitcode: int) -> str:
