@@ -1,6 +1,7 @@
 """What travels to the ranks: ``(fn, args, kwargs)`` pickled by value, and a warning when it is large.
 
-Part of :func:`course_lib.launch` (runtime/launch.py).
+Part of :func:`course_lib.launch` (runtime/launch.py); ``pickle_values``: what ``ranks.push``
+sends to persistent ranks (runtime/rankset.py).
 """
 
 from __future__ import annotations
@@ -93,3 +94,27 @@ def _warn_large_payload(
         UserWarning,
         stacklevel=3,
     )
+
+
+def pickle_values(values: dict[str, Any]) -> bytes:
+    """``values`` for ``ranks.push`` cloudpickled, after checking each name and value: ValueError
+    for a name every rank defines itself (``rank``, ...), TypeError naming a value that cannot be
+    pickled (see :meth:`~course_lib.runtime.rankset.RankSet.push`)."""
+    from course_lib import validate
+    from course_lib.runtime.protocol import RANK_NAMES
+
+    for name, value in values.items():
+        if name in RANK_NAMES:
+            raise ValueError(
+                f"{name} = {validate.describe(value)}: expected a name the ranks do not define "
+                f"themselves; `{name}` is {RANK_NAMES[name]} in each rank and is never replaced"
+            )
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise TypeError(
+                f"{name} = {validate.describe(value)}: expected a value that can be pickled to "
+                f"send to the ranks; a {type(value).__name__} cannot be ({why})"
+            ) from None
+    return bytes(cloudpickle.dumps(values))

@@ -1,20 +1,50 @@
 """Each launch's private directory (results, captured output, the rendezvous file), and the
-reclaiming of directories whose owner died. Part of :func:`course_lib.launch` (runtime/launch.py).
+reclaiming of directories whose owner died. Part of :func:`course_lib.launch` (runtime/launch.py)
+and the persistent ranks (runtime/rankset.py).
+
+Who owns a directory is decided by a lock, not by a pid and a time: the owner holds an exclusive
+``flock`` on the directory's ``owner.lock`` from the moment the directory exists until it removes
+it, and the kernel drops the lock when the owner exits, however it exits. A directory whose lock
+can be taken has no live owner. A clock step cannot fool this (a pid compared with timestamps
+could: it deleted a live launch's directory, and its printed output with it), nor can a pid
+reused by an unrelated process.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 
 import psutil
 
 _WORKDIR_PREFIX = "course_lib_launch_pid"  # + "<caller pid>_<random>" in the temporary directory
+_LOCK_NAME = "owner.lock"
+_held: dict[str, int] = {}  # workdir -> the descriptor holding its lock (released on removal)
 
 
 def _new_workdir() -> str:
-    return tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}_")
+    """A new private directory, locked by this process until :func:`_remove_workdir`."""
+    path = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}_")
+    if sys.platform != "win32":
+        import fcntl
+
+        # locked under a temporary name first: a reclaimer never sees an unlocked owner.lock
+        pending = os.path.join(path, _LOCK_NAME + ".new")
+        fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(pending, os.path.join(path, _LOCK_NAME))
+        _held[path] = fd
+    return path
+
+
+def _remove_workdir(path: str) -> None:
+    """Remove a directory made by :func:`_new_workdir`, then release its lock."""
+    shutil.rmtree(path, ignore_errors=True)
+    fd = _held.pop(path, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def _workdir_owner(name: str) -> int | None:
@@ -26,16 +56,26 @@ def _workdir_owner(name: str) -> int | None:
 
 
 def _owner_alive(pid: int, path: str) -> bool:
+    """Whether the directory's owner still holds its lock. Without a lock file (a platform
+    without flock, or a directory made before locks): whether a process ``pid`` exists at all
+    (a reused pid keeps a stale directory; it never removes a live one)."""
+    if sys.platform == "win32":
+        return bool(psutil.pid_exists(pid))
+    import fcntl
+
     try:
-        owner = psutil.Process(pid)
-        if owner.status() == psutil.STATUS_ZOMBIE:
-            return False
-        # a process started after the directory last changed only reuses the dead owner's pid
-        return bool(owner.create_time() <= os.stat(path).st_mtime + 1.0)
-    except psutil.NoSuchProcess:
-        return False
-    except (psutil.Error, OSError):
+        fd = os.open(os.path.join(path, _LOCK_NAME), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return bool(psutil.pid_exists(pid))
+    except OSError:
         return True  # cannot tell: leave it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # BlockingIOError: held by its owner
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _reclaim_stale_workdirs() -> None:

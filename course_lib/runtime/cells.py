@@ -43,6 +43,12 @@ class Interrupted(KeyboardInterrupt):
 Interrupted.__name__ = Interrupted.__qualname__ = "KeyboardInterrupt"  # what the notebook names
 
 
+_RESTART = (
+    "a process group cannot go on without one of its ranks. "
+    "%ranks restart starts a fresh set (state is lost)"
+)
+
+
 def _prefixed(rank: int, text: str) -> str:
     return "".join(f"[rank {rank}] {line}\n" for line in text.splitlines())
 
@@ -104,9 +110,8 @@ def raise_for(replies: dict[int, RankReply], rs: RankSet) -> None:
             "its ranks): %ranks restart starts a fresh set (state is lost)"
         )
     failed = failures(replies)
-    dead = sorted(r for r, rep in bad.items() if rep.status == "died")
-    if dead:
-        raise RanksError(_died_message(replies, dead, failed, rs), failed)
+    if "died" in statuses:
+        raise RanksError(_died_message(replies, failed, rs), failed)
     lines = [f"rank {r}: {failed[r].splitlines()[0]}" for r in sorted(failed)]
     if rs.alive:
         fine = sorted(set(replies) - set(bad))
@@ -114,10 +119,7 @@ def raise_for(replies: dict[int, RankReply], rs: RankSet) -> None:
             f"ranks {fine} finished the cell; " if fine else ""
         ) + "every rank is still running, with its state"
     else:
-        tail = (
-            f"the ranks were stopped ({rs.ended}): a process group cannot go on without one "
-            "of its ranks. %ranks restart starts a fresh set (state is lost)"
-        )
+        tail = f"the ranks were stopped ({rs.ended}): {_RESTART}"
     message = (
         f"{len(bad)} of {len(replies)} ranks failed: "
         + "; ".join(lines)
@@ -127,10 +129,9 @@ def raise_for(replies: dict[int, RankReply], rs: RankSet) -> None:
     raise RanksError(message, failed)
 
 
-def _died_message(
-    replies: dict[int, RankReply], dead: list[int], failed: dict[int, str], rs: RankSet
-) -> str:
+def _died_message(replies: dict[int, RankReply], failed: dict[int, str], rs: RankSet) -> str:
     """A rank died during the cell: what happened to each rank, then the details."""
+    dead = sorted(r for r, rep in replies.items() if rep.status == "died")
     each = "".join(
         f"\n  rank {r}: " + (failed[r].splitlines()[0] if r in failed else "finished the cell")
         for r in sorted(replies)
@@ -138,7 +139,6 @@ def _died_message(
     died = f"rank {dead[0]}" if len(dead) == 1 else f"ranks {dead}"
     return (
         f"{died} died during the cell. What each rank did:{each}\n"
-        f"the ranks were stopped ({rs.ended}): a process group cannot go on without one of "
-        "its ranks. %ranks restart starts a fresh set (state is lost)\n"
+        f"the ranks were stopped ({rs.ended}): {_RESTART}\n"
         + "".join(f"\n--- rank {r} {failed[r]}\n" for r in sorted(failed))
     )

@@ -100,7 +100,6 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -126,7 +125,7 @@ from course_lib.runtime._torchrun import (
     _under_torchrun,
     _warn_about_tutorial_variables,
 )
-from course_lib.runtime._workdir import _new_workdir, _reclaim_stale_workdirs
+from course_lib.runtime._workdir import _new_workdir, _reclaim_stale_workdirs, _remove_workdir
 from course_lib.runtime.device import check_backend_name, resolve_backend
 from course_lib.runtime.processes import helper_pids, shutdown_forkserver
 from course_lib.runtime.protocol import Backend, BackendChoice, RankSpec
@@ -266,7 +265,7 @@ def _run_ranks(
             if procs:  # also after Ctrl-C: what the ranks printed until then
                 emit_output(workdir, world_size)
             _close(procs)
-            shutil.rmtree(workdir, ignore_errors=True)
+            _remove_workdir(workdir)
     if any(o.kind != "ok" for o in outcomes.values()):
         raise launch_error(outcomes)
     return [outcomes[r].value for r in range(world_size)]

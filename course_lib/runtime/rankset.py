@@ -27,7 +27,6 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
-import shutil
 import signal
 import time
 from collections.abc import Iterable
@@ -40,10 +39,11 @@ import cloudpickle
 from course_lib import validate
 from course_lib.runtime import _rank_server, _worker, processes
 from course_lib.runtime._outcomes import read_text
-from course_lib.runtime._workdir import _new_workdir, _reclaim_stale_workdirs
+from course_lib.runtime._payload import pickle_values
+from course_lib.runtime._workdir import _new_workdir, _reclaim_stale_workdirs, _remove_workdir
 from course_lib.runtime.device import check_backend_name, resolve_backend
 from course_lib.runtime.errors import LaunchError
-from course_lib.runtime.protocol import RANK_NAMES, BackendChoice, CellReply, RankSpec, Request
+from course_lib.runtime.protocol import BackendChoice, CellReply, RankSpec, Request
 from course_lib.runtime.replies import (
     Definitions,
     OutputTail,
@@ -52,6 +52,7 @@ from course_lib.runtime.replies import (
     StopReason,
     definitions_for,
     describe_exit,
+    failure_error,
     failures,
 )
 
@@ -123,7 +124,7 @@ class RankSet:
         if failed:
             self.stop()
             head = f"{len(failed)} of {self.world_size} ranks failed to start (first: rank {min(failed)})."
-            raise _error(head, failed)
+            raise failure_error(head, failed)
         self.ended = None
         self.start_seconds = time.perf_counter() - t0
         return self
@@ -167,7 +168,7 @@ class RankSet:
         self._conns, self._lifelines = [], []
         self.procs = []
         if self.workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            _remove_workdir(self.workdir)
         self.ended = reason
 
     def check_ranks(self, ranks: Iterable[int] | None) -> list[int]:
@@ -223,7 +224,7 @@ class RankSet:
         replies = self._request(requests, timeout)
         failed = failures(replies)
         if failed:
-            raise _error(f"gather({expression!r}) failed on ranks {sorted(failed)}.", failed)
+            raise failure_error(f"gather({expression!r}) failed on ranks {sorted(failed)}.", failed)
         return [cloudpickle.loads(replies[r].value) for r in sorted(replies)]
 
     def push(
@@ -236,7 +237,7 @@ class RankSet:
         """Define ``name = value`` in each rank for every item of ``values`` (sent by cloudpickle).
         ValueError for a name each rank defines itself (``rank``, ...), TypeError for a value
         that cannot be pickled, naming it; nothing is sent then."""
-        request = Request("push", values=_pickled(values))
+        request = Request("push", values=pickle_values(values))
         replies = self._request({r: request for r in self.check_ranks(ranks)}, timeout)
         failed = failures(replies)
         if failed:
@@ -324,12 +325,8 @@ class RankSet:
         if rank < 0:  # a process ended: the others are interrupted and get the grace period
             if self._rank_died(-1 - rank, wait.pending, wait.replies):
                 wait.dead.add(-1 - rank)
-                if wait.stopping_since is None:
-                    for other in wait.pending:
-                        wait.replies[other].stop_reason = "peer died"
-                        wait.replies[other].dead_peers = sorted(wait.dead)
-                    self._signal(wait.pending, signal.SIGINT)
-                    wait.stopping_since = time.monotonic()
+                if wait.stopping_since is None:  # the others are told why, then interrupted
+                    self._signal(wait.peer_died(time.monotonic()), signal.SIGINT)
             return
         try:
             data = self._conns[rank].recv_bytes()
@@ -398,28 +395,3 @@ class RankSet:
         reply = replies.setdefault(rank, RankReply())
         reply.status, reply.error = "died", text
         return True
-
-
-def _pickled(values: dict[str, Any]) -> bytes:
-    """``values`` cloudpickled, after checking each name and value (see :meth:`RankSet.push`)."""
-    for name, value in values.items():
-        if name in RANK_NAMES:
-            raise ValueError(
-                f"{name} = {validate.describe(value)}: expected a name the ranks do not define "
-                f"themselves; `{name}` is {RANK_NAMES[name]} in each rank and is never replaced"
-            )
-        try:
-            cloudpickle.dumps(value)
-        except Exception as exc:
-            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise TypeError(
-                f"{name} = {validate.describe(value)}: expected a value that can be pickled to "
-                f"send to the ranks; a {type(value).__name__} cannot be ({why})"
-            ) from None
-    return bytes(cloudpickle.dumps(values))
-
-
-def _error(headline: str, failed: dict[int, str]) -> LaunchError:
-    """``headline``, then each failed rank's full text."""
-    lines = [headline] + [f"--- rank {r} {t}" for r, t in sorted(failed.items())]
-    return LaunchError("\n".join(lines), failed)

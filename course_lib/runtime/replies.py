@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from course_lib.runtime.errors import LaunchError
 from course_lib.runtime.protocol import CellReply, Definition
 
 Status = Literal["running", "ok", "error", "interrupted", "timeout", "died", "killed"]
@@ -105,6 +106,12 @@ def failures(replies: dict[int, RankReply]) -> dict[int, str]:
     return {r: rep.failure_text() for r, rep in replies.items() if rep.status != "ok"}
 
 
+def failure_error(headline: str, failed: dict[int, str]) -> LaunchError:
+    """``headline``, then each failed rank's full text."""
+    lines = [headline] + [f"--- rank {r} {t}" for r, t in sorted(failed.items())]
+    return LaunchError("\n".join(lines), failed)
+
+
 def definitions_for(definitions: Definitions, rank: int) -> tuple[Definition, ...]:
     if isinstance(definitions, dict):
         return tuple(definitions.get(rank, ()))
@@ -131,6 +138,14 @@ class ReplyWait:
         if self.first_failure and now >= self.first_failure + self.grace_s:
             return "interrupted"
         return None
+
+    def peer_died(self, now: float) -> set[int]:
+        """A rank died: the ranks still running are to be interrupted for it (returned)."""
+        for rank in self.pending:
+            self.replies[rank].stop_reason = "peer died"
+            self.replies[rank].dead_peers = sorted(self.dead)
+        self.stopping_since = now
+        return self.pending
 
     def limit(self) -> float:
         if self.stopping_since:
