@@ -270,13 +270,17 @@ def _execute(nb, path: Path, seconds: int, kernel_name: str) -> tuple[int | None
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     from course_lib.grading.execute import kernel_env, make_client
+    from course_lib.runtime.reap import no_process_left
 
     client = make_client(
         nb, path, timeout=seconds, kernel_name=kernel_name, allow_errors=True, log=_quiet_logger()
     )
     started = False
     try:
-        with client.setup_kernel(env=kernel_env()):
+        with (
+            no_process_left(),
+            client.setup_kernel(env=kernel_env()),
+        ):  # whatever the answer started
             started = True
             for index, cell in enumerate(nb.cells):
                 if cell.cell_type != "code":

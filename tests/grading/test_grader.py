@@ -158,6 +158,30 @@ def test_kernel_death_scores_zero_for_remaining_tasks(exercise, solutions_dir, m
     assert _children() == []  # nothing outlives the grading
 
 
+def test_processes_an_answer_starts_in_their_own_session_do_not_outlive_grading(
+    exercise, solutions_dir, make_learner, tmp_path
+):
+    pid_file = tmp_path / "escaped.pid"
+    escape = (
+        "import subprocess, sys\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
+        "                     start_new_session=True, stdout=subprocess.DEVNULL)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))"
+    )
+    learner = make_learner(exercise, {"fixture-3": DOUBLE_OK}, insert_after={"fixture-4": escape})
+    report = grade_notebook(learner, solutions_dir=solutions_dir, timeout=60)
+    assert report.status == "completed" and report.tasks[0].passed, report
+    pid = int(pid_file.read_text())
+    try:
+        gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        gone = True
+    if not gone:
+        psutil.Process(pid).kill()
+    assert gone, "a process the answer started in its own session outlived grading"
+    assert _children() == []
+
+
 def test_cell_timeout_scores_zero_for_remaining_tasks(
     exercise, solutions_dir, make_learner, capsys
 ):

@@ -1,0 +1,151 @@
+"""Leave no process behind: find every descendant of a process and kill it.
+
+Used where the grader shuts a learner's kernel down (``grading/grader.py``): whatever an answer
+started must not outlive its grading. A descendant is found through its parent pid in ``/proc``
+(Linux), so one that moved to its own session or process group (``start_new_session=True``,
+``setsid``, a daemon) is found too; a kill of the kernel's process group would miss it.
+
+A process whose parent exits is re-parented to the nearest "child subreaper" (or init): once
+the kernel has exited, its orphans are no longer its descendants. :func:`no_process_left` makes
+the calling process that subreaper for the duration of a block (``prctl(PR_SET_CHILD_SUBREAPER)``),
+so every process started inside the block, orphaned or not, is still found and killed at its end.
+
+    with no_process_left():              # the grader: around the kernel's whole lifetime
+        with client.setup_kernel(): ...
+    kill_descendants(pid)                # or directly: every descendant of pid, then wait
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+
+__all__ = ["descendants", "kill_descendants", "no_process_left"]
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process in /proc (those that vanish meanwhile are skipped)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses; it ends at the last ')'
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        parents[int(entry)] = int(fields[1])
+    return parents
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` by parent pid, in any session or process group
+    (children before their own children). Empty where there is no /proc."""
+    if not os.path.isdir("/proc"):
+        return []
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in sorted(children.get(todo.pop(0), [])):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+def _reap(pids: list[int]) -> None:
+    """Collect the exit status of those of ``pids`` that are this process's children."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def kill_descendants(
+    pid: int, *, keep: frozenset[int] = frozenset(), timeout: float = 5.0
+) -> list[int]:
+    """SIGKILL every descendant of ``pid`` except ``keep`` (and theirs), again until none is
+    left (one may fork meanwhile), and wait up to ``timeout`` s for them to be gone.
+    Returns the pids killed."""
+    killed: list[int] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [p for p in _outside(descendants(pid), keep) if _running(p)]
+        for child in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGKILL)
+        killed += [p for p in found if p not in killed]
+        _reap(killed)
+        if not found or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    while any(_running(p) for p in killed) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        _reap(killed)
+    return killed
+
+
+def _outside(pids: list[int], keep: frozenset[int]) -> list[int]:
+    """``pids`` less ``keep`` and every descendant of a kept one."""
+    if not keep:
+        return pids
+    kept = set(keep)
+    for p in keep:
+        kept.update(descendants(p))
+    return [p for p in pids if p not in kept]
+
+
+def _subreaper(on: bool | None = None) -> bool | None:
+    """Set (``on``) or read this process's child-subreaper flag; None where prctl is missing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if on is not None:
+            return libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0 or None
+        value = ctypes.c_int(0)
+        if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) != 0:
+            return None
+        return bool(value.value)
+    except (OSError, AttributeError):
+        return None
+
+
+@contextlib.contextmanager
+def no_process_left(timeout: float = 5.0) -> Iterator[None]:
+    """Kill, at the end of the block, every process started inside it and still running, also
+    orphans and ones in their own session (this process is their subreaper meanwhile). Processes
+    that were already this process's descendants when the block began are left alone."""
+    before = frozenset(descendants(os.getpid()))
+    previous = _subreaper()
+    if previous is False:
+        _subreaper(True)
+    try:
+        yield
+    finally:
+        try:
+            kill_descendants(os.getpid(), keep=before, timeout=timeout)
+        finally:
+            if previous is False:
+                _subreaper(False)

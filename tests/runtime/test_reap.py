@@ -1,0 +1,73 @@
+"""course_lib.runtime.reap: every descendant is found through /proc, also one in its own session
+or orphaned, and killed; processes that existed before the block are left alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from course_lib.runtime import reap
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc (Linux)")
+
+# a child that starts a grandchild in its own session, prints its pid, and (orphan) exits
+_ORPHANING = """
+import subprocess, sys
+p = subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(60)"],
+    start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+)
+print(p.pid, flush=True)
+"""
+
+
+def _gone(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not reap._running(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_descendants_in_their_own_session_are_found_and_killed():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _ORPHANING + "import time; time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        grandchild = int(parent.stdout.readline())
+        assert os.getsid(grandchild) != os.getsid(parent.pid)  # its own session
+        assert reap.descendants(parent.pid) == [grandchild]
+        assert parent.pid in reap.descendants(os.getpid())
+        assert reap.kill_descendants(parent.pid) == [grandchild]
+        assert _gone(grandchild)
+        assert parent.poll() is None  # the pid itself is not a descendant of itself
+    finally:
+        parent.kill()
+        parent.wait(timeout=5)
+        parent.stdout.close()
+
+
+def test_orphans_started_in_the_block_are_killed_and_earlier_processes_kept():
+    earlier = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with reap.no_process_left():
+            assert reap._subreaper() is True
+            done = subprocess.run(
+                [sys.executable, "-c", _ORPHANING], capture_output=True, text=True, timeout=30
+            )
+            orphan = int(done.stdout)
+            assert reap._running(orphan)  # its parent exited; it is still there, now ours
+            assert orphan in reap.descendants(os.getpid())
+        assert _gone(orphan)
+        assert reap._subreaper() is False  # put back as it was
+        assert earlier.poll() is None
+    finally:
+        earlier.kill()
+        earlier.wait(timeout=5)
