@@ -184,10 +184,17 @@ def main(
     overrides = {
         k: v for k, v in vars(args).items() if k not in ("out", "world_size") and v is not None
     }
-    chosen = exp.settings({**chosen, **overrides})
+    size = world_size if args.world_size is None else args.world_size
+    try:  # a bad setting or world size: the one line `python -m course_lib.cluster export` prints
+        chosen = exp.settings({**chosen, **overrides})
+        if not _under_torchrun():
+            size = exp.resolve_world_size(size, chosen)
+    except (ValueError, TypeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     path = pathlib.Path(args.out or out or f"{exp.name.replace('.', '_')}_results.json")
     if not _under_torchrun():
-        res = run(exp, args.world_size or world_size, out=path, **chosen)
+        res = run(exp, size, out=path, **chosen)
         print(f"{exp.name}: {res.meta['world_size']} ranks (launch); wrote {path}")
         return res
 

@@ -166,6 +166,27 @@ def test_the_command_line_exports_a_script_named_after_its_file(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_an_exported_script_refuses_bad_input_in_the_export_commands_one_line(tmp_path):
+    script = cluster.export("u08.timing", tmp_path / "timing.py")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for mistake in (["--world-size", "0"], ["--world-size", "3"], ["--repeats", "many"]):
+        exported = _cli("export", "u08.timing", *mistake)
+        assert exported.returncode == 2, exported.stderr
+        ran = subprocess.run(
+            [sys.executable, str(script), *mistake],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ran.returncode == 2 and ran.stdout == "", ran.stderr
+        assert ran.stderr == exported.stderr, mistake  # the same line, and nothing else
+        assert len(ran.stderr.splitlines()) == 1 and ran.stderr.startswith("error: "), ran.stderr
+    assert os.listdir(tmp_path) == ["timing.py"]  # refused before any rank or results file
+
+
+@pytest.mark.timeout(120)
 def test_an_exported_script_runs_with_plain_python_through_launch(tmp_path):
     script = cluster.export("u10.memory", tmp_path / "zero.py", stages=(0, 3))
     env = dict(os.environ, PYTHONPATH=ROOT)
