@@ -110,13 +110,17 @@ def number(
     minimum: float | None = None,
     positive: bool = False,
     maximum: float | None = None,
+    finite: bool = False,
 ) -> float:
-    """A real number; ``positive`` means ``> 0``, ``minimum``/``maximum`` are inclusive."""
+    """A real number; ``positive`` means ``> 0``, ``minimum``/``maximum`` are inclusive,
+    ``finite`` refuses infinities (a speed or a size that is infinite makes every ratio 0)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         _fail(TypeError, name, value, f"a number (got {type(value).__name__})")
     x = cast(float, value)  # typeshed's Real declares no comparisons; every Real has float's
     if x != x:  # NaN
         _fail(ValueError, name, value, "a number, not NaN")
+    if finite and x in (float("inf"), float("-inf")):
+        _fail(ValueError, name, value, "a finite number" + (" > 0" if positive else ""))
     if positive and not x > 0:
         _fail(ValueError, name, value, "a number > 0")
     if minimum is not None and x < minimum:

@@ -28,7 +28,6 @@ SHAPE = re.compile(r"^[\w\[\]\.{}'\"(), *-]+? (= |is |must )|^[\w\[\]\.{}()'\"-]
 #: "path:function" -> why its messages are not argument checks. Shrink it, never grow it.
 NOT_ARGUMENTS: dict[str, str] = {
     "runtime/_payload.py:_pickle_payload": "a pickling failure of what is sent to the ranks",
-    "runtime/_rank_server.py:_evaluate": "a pickling failure of a value sent back",
     "runtime/_rank_server.py:_handle": "an internal protocol error (unknown request kind)",
     "publish/site.py:course_map": "the README's content, not an argument",
     "publish/slides.py:_override": "a notebook cell's tag, not an argument",
@@ -106,6 +105,15 @@ def test_the_check_sees_a_message_out_of_shape(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the helpers
+def test_number_finite():
+    assert validate.number("peak_flops", 1e15, positive=True, finite=True) == 1e15
+    assert validate.number("x", float("inf")) == float("inf")  # allowed unless asked
+    with pytest.raises(ValueError, match=r"^inter_GBps = inf: expected a finite number > 0$"):
+        validate.number("inter_GBps", float("inf"), positive=True, finite=True)
+    with pytest.raises(ValueError, match=r"^x = -inf: expected a finite number$"):
+        validate.number("x", float("-inf"), finite=True)
+
+
 def test_divisible():
     assert validate.divisible("n_embd", 12, "n_head", 4) == 12
     assert validate.divisible("n", np.int64(8), "m", np.int32(4)) == 8

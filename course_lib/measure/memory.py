@@ -62,6 +62,7 @@ import torch
 from torch import nn
 
 from course_lib.measure._mem_tracker import CATEGORIES, _Tracker
+from course_lib.validate import describe
 
 if TYPE_CHECKING:
     import pandas as pd  # imported when a block ends: ranks that never meter skip it
@@ -105,7 +106,7 @@ class MemoryMeter:
         self._track = list(track)
         for i, t in enumerate(self._track):
             if not isinstance(t, torch.Tensor):
-                raise TypeError(f"track[{i}] must be a torch.Tensor, got {type(t).__name__}")
+                raise TypeError(f"track[{i}] = {describe(t)}: expected a torch.Tensor")
         self.device = _device_name(device) if device is not None else self._default_device()
         self._tracker: _Tracker | None = None
         self._warnings: warnings.catch_warnings[None] | None = None
@@ -277,9 +278,22 @@ def _device_name(device: str | torch.device) -> str:
         raise ValueError(
             f"device = {device!r}: expected a valid torch device (e.g. 'cpu', 'cuda:0')"
         ) from err
-    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
-        dev = torch.device("cuda", torch.cuda.current_device())  # tensors report "cuda:0"
+    if dev.type == "cuda" and not _simulating():  # under FakeTensorMode any device is pretend
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index or 0) >= count:
+            raise ValueError(
+                f"device = {str(device)!r}: expected a device this machine has: 'cpu'"
+                + (f" or cuda:0 to cuda:{count - 1}" if count else " (it has no CUDA device)")
+            )
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())  # tensors report "cuda:0"
     return str(dev)
+
+
+def _simulating() -> bool:
+    from torch._guards import active_fake_mode
+
+    return active_fake_mode() is not None
 
 
 def _is_fake(t: torch.Tensor) -> bool:
@@ -289,13 +303,16 @@ def _is_fake(t: torch.Tensor) -> bool:
 
 
 def _as_list(obj, cls, name: str) -> list:
+    """``obj`` (one ``cls``, an iterable of them, or None) as a list; TypeError naming the value."""
     if obj is None:
         return []
-    items = [obj] if isinstance(obj, cls) else list(obj)
+    if isinstance(obj, cls):
+        return [obj]
+    kind = {nn.Module: "torch.nn.Module", torch.optim.Optimizer: "torch.optim.Optimizer"}[cls]
+    if isinstance(obj, (nn.Module, torch.Tensor, str)) or not isinstance(obj, Iterable):
+        raise TypeError(f"{name} = {describe(obj)}: expected a {kind}, a list of them or None")
+    items = list(obj)
     for i, item in enumerate(items):
         if not isinstance(item, cls):
-            raise TypeError(
-                f"{name} must be a {cls.__name__}, a list of them or None; "
-                f"item {i} is a {type(item).__name__}"
-            )
+            raise TypeError(f"{name}[{i}] = {describe(item)}: expected a {kind}")
     return items

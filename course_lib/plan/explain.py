@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from course_lib import validate as _v
 from course_lib.plan.memory import MEMORY_CATEGORIES
 from course_lib.plan.planner import TIME_PARTS
 from course_lib.plan.specs import ClusterSpec
@@ -83,10 +84,12 @@ def explain(result: Any, *, families: int = 8) -> str:
     not fit (its smallest plan and the biggest part of it), or its best plan is slower -- by the
     part of the step that grew most (pipeline bubble, TP over the network or NVLink, DP traffic,
     recomputation, uneven stages)."""
-    inputs = result.attrs.get("inputs")
-    if inputs is None:
-        raise ValueError(
-            "result: expected the DataFrame plan() returns (its attrs hold the inputs)"
+    attrs = getattr(result, "attrs", None)
+    inputs = attrs.get("inputs") if isinstance(attrs, dict) else None
+    if inputs is None or "rejected" not in (attrs or {}):
+        raise TypeError(
+            f"result = {_v.describe(result) if attrs is None else type(result).__name__}: "
+            "expected the DataFrame plan.plan() returned (its attrs hold the inputs)"
         )
     cl, usable = inputs["cluster"], inputs["usable_GB"]
     rejected = result.attrs["rejected"]

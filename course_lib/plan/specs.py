@@ -215,7 +215,7 @@ class ClusterSpec:
         _v.count("nodes", self.nodes, minimum=1)
         _v.count("memory_bytes", self.memory_bytes, minimum=1)
         for f in ("peak_flops", "intra_GBps", "inter_GBps"):
-            _v.number(f, getattr(self, f), positive=True)
+            _v.number(f, getattr(self, f), positive=True, finite=True)
 
     @property
     def gpus(self) -> int:

@@ -17,11 +17,23 @@ __all__ = ["training_step", "split_batch", "accumulation_step", "effective_batch
 
 def training_step(model: nn.Module, optimizer, loss_fn, inputs, targets) -> torch.Tensor:
     """Forward, backward, step, zero_grad: the unit every measurement in this unit times."""
+    _check_optimizer(optimizer)
     loss = loss_fn(model(inputs), targets)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+def _check_optimizer(optimizer) -> None:
+    if not (
+        callable(getattr(optimizer, "step", None))
+        and callable(getattr(optimizer, "zero_grad", None))
+    ):
+        raise TypeError(
+            f"optimizer = {validate.describe(optimizer)}: expected an optimizer (a "
+            "torch.optim.Optimizer, or anything with step() and zero_grad())"
+        )
 
 
 def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int):
@@ -43,6 +55,7 @@ def accumulation_step(model, optimizer, loss_fn, inputs, targets, micro_batches:
     The loss is a mean over samples, so each micro-batch loss is divided by the number of
     micro-batches: the summed gradients are then the gradient of the mean over the whole batch.
     """
+    _check_optimizer(optimizer)
     optimizer.zero_grad(set_to_none=True)  # once, before the loop: backward() adds into .grad
     for x, y in split_batch(inputs, targets, micro_batches):
         loss = loss_fn(model(x), y) / micro_batches

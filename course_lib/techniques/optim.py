@@ -163,6 +163,13 @@ def make_optimizer(
     """
     validate.choice("name", name, OPTIMIZERS)
     validate.number("lr", lr, positive=True)
+    if isinstance(params, (torch.nn.Module, torch.optim.Optimizer)) or not isinstance(
+        params, Iterable
+    ):
+        raise TypeError(
+            f"params = {validate.describe(params)}: expected the tensors to optimize, "
+            "e.g. model.parameters()"
+        )
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, **kwargs)
     if name == "momentum":
@@ -191,7 +198,7 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(
-            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            f"optimizer = {validate.describe(optimizer)}: expected a torch.optim.Optimizer"
         )
     out = {"moments": 0, "step": 0, "quant_meta": 0}
     seen: set[int] = set()

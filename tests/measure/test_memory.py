@@ -193,12 +193,26 @@ def test_results_pickle_and_hold_no_tensors():
 
 
 def test_bad_arguments():
-    with pytest.raises(TypeError, match="model must be a Module"):
-        MemoryMeter("model")
-    with pytest.raises(TypeError, match="optimizer must be a Optimizer"):
-        MemoryMeter(None, optimizer=[1])
-    with pytest.raises(TypeError, match=r"track\[0\] must be a torch.Tensor"):
-        MemoryMeter(track=[3])
+    cases = {
+        "model = 'model': expected a torch.nn.Module, a list of them or None": (
+            lambda: MemoryMeter("model")
+        ),
+        "optimizer[0] = 1: expected a torch.optim.Optimizer": lambda: MemoryMeter(None, [1]),
+        # a module where the optimizer goes: once "'Linear' object is not iterable"
+        "optimizer = Linear(in_features=2, out_features=3, bias=True): expected a "
+        "torch.optim.Optimizer, a list of them or None": (
+            lambda: MemoryMeter(None, optimizer=torch.nn.Linear(2, 3))
+        ),
+        "track[0] = 3: expected a torch.Tensor": lambda: MemoryMeter(track=[3]),
+    }
+    for message, make in cases.items():
+        with pytest.raises(TypeError) as info:
+            make()
+        assert str(info.value) == message
+    # a GPU this machine does not have: refused, not a peak of 0
+    absent = f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 7}"
+    with pytest.raises(ValueError, match=rf"device = '{absent}': expected a device this machine"):
+        MemoryMeter(device=absent)
     with pytest.raises(
         ValueError,
         match=r"device = 'tpu:0': expected a valid torch device \(e.g. 'cpu', 'cuda:0'\)",

@@ -200,6 +200,25 @@ def test_specs_validate():
     with pytest.raises(ValueError, match="gpus = 12: expected a multiple of gpus_per_node = 8"):
         P.cluster(H100, gpus=12)
     assert P.cluster(H100, gpus=64).nodes == 8
+    import dataclasses
+
+    base = P.cluster(H100)
+    for field in ("peak_flops", "intra_GBps", "inter_GBps"):  # once ranked at 0.0 utilisation
+        with pytest.raises(ValueError) as info:
+            dataclasses.replace(base, **{field: float("inf")})
+        assert str(info.value) == f"{field} = inf: expected a finite number > 0"
+
+
+def test_explain_refuses_what_plan_did_not_return():
+    import pandas as pd
+
+    for value, shown in ((42, "42"), (None, "None"), (pd.DataFrame({"tp": [1]}), "DataFrame")):
+        with pytest.raises(TypeError) as info:
+            P.explain(value)
+        assert str(info.value) == (
+            f"result = {shown}: expected the DataFrame plan.plan() returned "
+            "(its attrs hold the inputs)"
+        )
 
 
 def test_uneven_stages_balance_the_output_layer():

@@ -138,8 +138,26 @@ def test_make_optimizer_and_state_bytes_bad_input():
         O.make_optimizer("lion", p, lr=1e-3)
     with pytest.raises(ValueError, match="lr = 0"):
         O.make_optimizer("sgd", p, lr=0)
-    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+    with pytest.raises(TypeError, match="optimizer = .*: expected a torch.optim.Optimizer"):
         O.state_bytes({"state": {}})
+    # a module where the parameters or the optimizer go: once "'Linear' object is not iterable"
+    # or "'Linear' object has no attribute 'step'"
+    layer = torch.nn.Linear(2, 3)
+    with pytest.raises(TypeError) as info:
+        O.make_optimizer("adam", layer, lr=1e-3)
+    assert str(info.value) == (
+        "params = Linear(in_features=2, out_features=3, bias=True): expected the tensors to "
+        "optimize, e.g. model.parameters()"
+    )
+    from course_lib.techniques import accumulation
+
+    x = torch.ones(2, 2)
+    for step in (
+        lambda: accumulation.training_step(layer, layer, torch.nn.functional.mse_loss, x, x),
+        lambda: accumulation.accumulation_step(layer, layer, torch.nn.functional.mse_loss, x, x, 2),
+    ):
+        with pytest.raises(TypeError, match=r"^optimizer = Linear\(in_features=2.*: expected an "):
+            step()
 
 
 def test_master_weights_keep_16_bytes_per_param_at_rest():
