@@ -19,7 +19,8 @@ Options: ``%ranks start N [--backend auto|gloo|nccl] [--timeout S] [--threads T]
 ``%%ranks [RANKS] [--timeout S]`` with RANKS like ``0,2`` or ``1-3`` (default: all).
 
 Each rank starts with ``rank``, ``world_size``, ``torch``, ``dist`` and ``device`` (its
-``rank_device()``) defined. The kernel's own imports, functions, classes and literal constants
+``rank_device()``) defined; a notebook value of one of these names (``rank = 0`` in a kernel
+cell, ``ranks.push(rank=0)``) never replaces the rank's own: it is refused in one line. The kernel's own imports, functions, classes and literal constants
 from cells it has run follow into the ranks before each ``%%ranks`` cell; other variables do
 not (``ranks.push`` them): see ``runtime/_definitions.py`` for what can't be carried and why.
 

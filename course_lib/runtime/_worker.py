@@ -36,6 +36,8 @@ def _exit_quietly(signum: int, frame: FrameType | None) -> None:
 
 if os.environ.pop(FORKSERVER_PRELOAD_ENV, None):  # in the forkserver, before the slow imports
     signal.signal(signal.SIGINT, _exit_quietly)
+    if hasattr(signal, "pthread_sigmask"):  # started with SIGINT blocked (processes.start_method)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 import faulthandler  # noqa: E402
 import importlib  # noqa: E402

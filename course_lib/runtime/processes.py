@@ -103,9 +103,18 @@ def start_method() -> StartMethod:
         if main is not None:
             os.environ[_worker.FORKSERVER_MAIN_ENV] = main
         os.environ[_worker.FORKSERVER_PRELOAD_ENV] = "1"
+        # The server starts with SIGINT blocked (a signal mask survives fork and exec) until the
+        # trampoline's quiet handler is in place: an interrupt during its interpreter's own
+        # start-up then waits for that handler instead of printing the server's traceback.
+        # (This thread only: the kernel's other threads still let Python see an interrupt.)
+        multiprocessing.resource_tracker.ensure_running()  # first: it *unblocks* SIGINT after
+        masked = hasattr(signal, "pthread_sigmask")
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
         try:
             multiprocessing.forkserver.ensure_running()
         finally:
+            if before is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
             os.environ.pop(_worker.FORKSERVER_MAIN_ENV, None)
             os.environ.pop(_worker.FORKSERVER_PRELOAD_ENV, None)
     return "forkserver"
