@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _grading_seeds import copied_fails, seed_fixture  # noqa: F401 (the seed fixture)
 
 from course_lib.measure import estimate
 from course_lib.models import count_params
@@ -14,41 +15,6 @@ from course_lib.units.u00_start_here import checks as grading
 
 def stub(*args):
     raise NotImplementedError("FILL ME IN (roughly 3 lines)")
-
-
-@pytest.fixture(params=["0", "7"])
-def seed(request, monkeypatch):
-    """Each test runs under the default grading seed and another one."""
-    monkeypatch.setenv("COURSE_GRADE_SEED", request.param)
-    return request.param
-
-
-def recorded(fn):
-    """``fn`` that also keeps every answer it gives, in call order."""
-    answers = []
-
-    def record(*args, **kwargs):
-        answers.append(fn(*args, **kwargs))
-        return answers[-1]
-
-    return record, answers
-
-
-def replay(answers):
-    """A copied answer: returns the recorded answers in call order, whatever it is asked."""
-    calls = iter(range(10**6))
-    return lambda *args, **kwargs: answers[min(next(calls), len(answers) - 1)]
-
-
-def copied_fails(monkeypatch, check, right, *args, task: int) -> None:
-    """The default seed's answers, replayed as a table, pass under seed 0 and fail under seed 7."""
-    monkeypatch.setenv("COURSE_GRADE_SEED", "0")
-    record, answers = recorded(right)
-    check(*args, record, task=task)
-    check(*args, replay(answers), task=task)
-    monkeypatch.setenv("COURSE_GRADE_SEED", "7")
-    with pytest.raises(AssertionError, match=f"✗ task {task}: "):
-        check(*args, replay(answers), task=task)
 
 
 def count_parameters(model):
