@@ -50,7 +50,7 @@ def _accumulation_cases(task: int, *, uneven: bool) -> list[tuple[int, int, int]
     multiple of the micro-batch count) or uneven (a shorter last micro-batch; torch.chunk still
     gives ``micro_batches`` chunks)."""
     rng = case_rng(task, "u02_batch_size_and_accumulation")
-    cases = []
+    cases: list[tuple[int, int, int]] = []
     while len(cases) < 2:
         k = rng.randint(2, 5)
         size = rng.randint(2, 6)
