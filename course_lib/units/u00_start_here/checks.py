@@ -1,7 +1,10 @@
 """Checks for the warm-up exercise of unit 00 (solutions/00_start_here.ipynb).
 
 Each check runs the learner's function on models the learner has not seen and compares it with
-what torch itself reports. It prints one deterministic line or raises AssertionError.
+what torch itself reports. It prints one deterministic line or raises AssertionError. The models'
+widths, vocabularies and the parameter counts of task 3 are drawn from the grading seed
+(:func:`course_lib.grading.seeds.case_rng`): a table of answers copied from one grading fails
+another.
 """
 
 from __future__ import annotations
@@ -10,30 +13,39 @@ import copy
 from typing import Any
 
 from course_lib.grading.core import expect_int, fail, fmt_int, passed, run_learner
+from course_lib.grading.seeds import case_rng
+
+UNIT = "u00_start_here"
 
 
-def _unseen_models():
-    """Small models with the cases that trip people up: biases, norms, embeddings, tied weights."""
+def _unseen_models(task: int):
+    """Small models with the cases that trip people up: biases, norms, embeddings, tied weights;
+    their sizes drawn for ``task`` from the grading seed."""
     import torch
     from torch import nn
 
-    torch.manual_seed(0)
-    mlp = nn.Sequential(nn.Linear(37, 64), nn.GELU(), nn.Linear(64, 10, bias=False))
-    norm_net = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 3))
+    rng = case_rng(task, UNIT)
+    torch.manual_seed(rng.getrandbits(31))
+    d_in, hidden, d_out = rng.randint(20, 60), rng.randint(32, 96), rng.randint(3, 15)
+    mlp = nn.Sequential(nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, d_out, bias=False))
+    w = rng.randint(8, 24)
+    norm_net = nn.Sequential(nn.Linear(w, w), nn.LayerNorm(w), nn.Linear(w, rng.randint(2, 6)))
 
     class TiedLM(nn.Module):
         """Input embedding and output head share one weight: it must be counted once."""
 
-        def __init__(self, vocab: int = 50, dim: int = 12):
+        def __init__(self, vocab: int, dim: int):
             super().__init__()
             self.embed = nn.Embedding(vocab, dim)
             self.norm = nn.LayerNorm(dim)
             self.head = nn.Linear(dim, vocab, bias=False)
             self.head.weight = self.embed.weight  # weight tying, as in GPT-2
 
-    frozen = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    f = rng.randint(5, 12)
+    frozen = nn.Sequential(nn.Linear(f, f), nn.Linear(f, rng.randint(2, 4)))
     frozen[0].requires_grad_(False)  # frozen parameters still take memory
-    return {"mlp": mlp, "norm_net": norm_net, "tied_lm": TiedLM(), "frozen": frozen}
+    tied = TiedLM(rng.randint(30, 90), rng.randint(8, 20))
+    return {"mlp": mlp, "norm_net": norm_net, "tied_lm": tied, "frozen": frozen}
 
 
 #: the course's own answers, out of reach while the learner's function runs
@@ -46,8 +58,7 @@ _STATE_REFERENCES = (
 
 def check_count_parameters(count_parameters, task: int = 1) -> None:
     """Task: count a model's parameters (shared tensors once, frozen ones included)."""
-    total = 0
-    for name, model in _unseen_models().items():
+    for name, model in _unseen_models(task).items():
         expected = sum(p.numel() for p in model.parameters())
         got = run_learner(task, count_parameters, model, forbid=_COUNT_REFERENCES)
         expect_int(task, f"the parameter count of model '{name}'", got)
@@ -55,11 +66,11 @@ def check_count_parameters(count_parameters, task: int = 1) -> None:
             hint = ""
             if name == "tied_lm" and got > expected:
                 hint = " (a tied weight is one tensor: count it once)"
-            fail(
-                task, f"model '{name}': expected {fmt_int(expected)} parameters, got {got!r}{hint}"
-            )
-        total += expected
-    passed(task, f"parameter counts match on 4 unseen models ({fmt_int(total)} parameters in all)")
+            fail(task, f"model '{name}': parameter count {got!r} is not the model's{hint}")
+    passed(
+        task,
+        "parameter counts match on 4 unseen models (biases, a norm, a tied and a frozen layer)",
+    )
 
 
 def check_parameter_bytes(parameter_bytes, task: int = 2) -> None:
@@ -67,25 +78,25 @@ def check_parameter_bytes(parameter_bytes, task: int = 2) -> None:
     import torch
 
     dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
-    model = _unseen_models()["tied_lm"]
-    total = 0
+    model = _unseen_models(task)["tied_lm"]
     for dtype in dtypes:
         converted = copy.deepcopy(model).to(dtype)
         expected = sum(p.numel() * p.element_size() for p in converted.parameters())
         got = run_learner(task, parameter_bytes, model, dtype, forbid=_COUNT_REFERENCES)
         expect_int(task, f"the bytes for {dtype}", got)
         if got != expected:
-            fail(task, f"dtype {dtype}: expected {fmt_int(expected)} B, got {got!r}")
-        total += expected
-    passed(task, f"parameter bytes match for fp32, bf16, fp16 and fp64 ({fmt_int(total)} B in all)")
+            fail(task, f"dtype {dtype}: {got!r} B is not what the converted parameters take")
+    passed(task, "parameter bytes match for fp32, bf16, fp16 and fp64 on an unseen tied model")
 
 
 def check_adam_training_bytes(adam_training_bytes, task: int = 3) -> None:
     """Task: fp32 training with Adam keeps params, grads and two states: 16 bytes per parameter."""
     from course_lib.measure import estimate
 
+    rng = case_rng(task, UNIT)
+    drawn = [rng.randint(2, 9_999), rng.randint(10**7, 10**9), rng.randint(10**9, 4 * 10**11)]
     results = {}
-    for n_params in (1, 1_000, 124_439_808, 7_000_000_000, 70_000_000_000):
+    for n_params in (1, *drawn, 7_000_000_000, 70_000_000_000):
         expected = estimate.model_state_bytes(n_params, precision="fp32", optimizer="adam")["total"]
         got = run_learner(task, adam_training_bytes, n_params, forbid=_STATE_REFERENCES)
         expect_int(task, f"the bytes for n_params={fmt_int(n_params)}", got)
@@ -95,7 +106,7 @@ def check_adam_training_bytes(adam_training_bytes, task: int = 3) -> None:
                 hint = f" ({got // n_params} B/param: count the weight, its gradient and Adam's two averages)"
             fail(
                 task,
-                f"n_params={fmt_int(n_params)}: expected {fmt_int(expected)} B, got {got!r}{hint}",
+                f"n_params={fmt_int(n_params)}: {got!r} B is not the model state{hint}",
             )
         results[n_params] = got
     passed(
@@ -106,17 +117,26 @@ def check_adam_training_bytes(adam_training_bytes, task: int = 3) -> None:
 
 
 # ---------------------------------------------------------------------------------- task 4
-def _unseen_gpts():
-    """GPT shapes the lecture did not show (seeded: the verdict is deterministic)."""
+def _unseen_gpts(task: int):
+    """GPT shapes the lecture did not show, drawn from the grading seed: one with biases and a
+    tied head, one without biases, one with an untied head."""
     from course_lib.models import GPTConfig
 
-    return [
-        GPTConfig.tiny(n_layer=3, n_embd=48, n_head=3, block_size=32, vocab_size=50),
-        GPTConfig.tiny(n_layer=1, n_embd=32, n_head=2, block_size=16, vocab_size=30, bias=False),
-        GPTConfig.tiny(
-            n_layer=2, n_embd=40, n_head=4, block_size=24, vocab_size=41, tie_weights=False
-        ),
-    ]
+    rng = case_rng(task, UNIT)
+    out = []
+    for extra in ({}, {"bias": False}, {"tie_weights": False}):
+        n_head = rng.randint(1, 4)
+        out.append(
+            GPTConfig.tiny(
+                n_layer=rng.randint(1, 3),
+                n_embd=n_head * rng.choice((8, 12, 16)),
+                n_head=n_head,
+                block_size=rng.choice((8, 16, 24)),
+                vocab_size=rng.randint(20, 70),
+                **extra,
+            )
+        )
+    return out
 
 
 def _measure_gpt_state(config) -> tuple[dict[str, int], Any]:
@@ -149,7 +169,7 @@ _MEASURE_REFERENCES = (
 def check_predict_measured_state(predict_state, task: int = 4) -> None:
     """Task (predict, then measure): the params, grads and optimizer bytes MemoryMeter reports
     after one Adam step of a GPT the learner has not seen, residuals included (exact: 0 B)."""
-    for config in _unseen_gpts():
+    for config in _unseen_gpts(task):
         measured, model = _measure_gpt_state(config)
         got = run_learner(task, predict_state, model, forbid=_MEASURE_REFERENCES)
         if not isinstance(got, dict) or any(k not in got for k in measured):
@@ -166,8 +186,8 @@ def check_predict_measured_state(predict_state, task: int = 4) -> None:
                 fail(
                     task,
                     f"GPT n_layer={config.n_layer} n_embd={config.n_embd} bias={config.bias} "
-                    f"tie_weights={config.tie_weights}: {key}: expected {fmt_int(value)} B "
-                    f"(measured), got {got[key]!r}{hint}",
+                    f"tie_weights={config.tie_weights}: {key}: {got[key]!r} B is not what "
+                    f"MemoryMeter measured{hint}",
                 )
     passed(
         task,
@@ -198,15 +218,17 @@ def check_weight_bytes_bug(bug: str, weight_bytes, task: int = 5) -> None:
             f"bug {bug!r} ({BUG_CHOICES[bug.strip().lower()]}): that is not what goes wrong; "
             "compare the buggy count with sum(p.numel() for p in model.parameters())",
         )
-    models = _unseen_models()
+    models = _unseen_models(task)
+    rng = case_rng(task, UNIT)
+    vocab, dim, positions = rng.randint(12, 40), rng.randint(4, 10), rng.randint(8, 32)
 
     class TiedWithBuffer(nn.Module):
         def __init__(self):
             super().__init__()
-            self.embed = nn.Embedding(20, 6)
-            self.head = nn.Linear(6, 20, bias=False)
+            self.embed = nn.Embedding(vocab, dim)
+            self.head = nn.Linear(dim, vocab, bias=False)
             self.head.weight = self.embed.weight
-            self.register_buffer("positions", torch.arange(16))
+            self.register_buffer("positions", torch.arange(positions))
 
     models["tied_with_buffer"] = TiedWithBuffer()
     for name, model in models.items():
@@ -216,5 +238,5 @@ def check_weight_bytes_bug(bug: str, weight_bytes, task: int = 5) -> None:
             got = run_learner(task, weight_bytes, model, dtype, forbid=_COUNT_REFERENCES)
             expect_int(task, f"the weight bytes of '{name}'", got)
             if got != expected:
-                fail(task, f"model '{name}', {dtype}: expected {fmt_int(expected)} B, got {got!r}")
+                fail(task, f"model '{name}', {dtype}: {got!r} B is not what its parameters take")
     passed(task, "bug named (state_dict overcounts) and the fixed count matches on 5 models")

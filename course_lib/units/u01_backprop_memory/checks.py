@@ -10,27 +10,40 @@ Task 3 (predict, then measure): gpt_activation_bytes(config, batch, seq) -> byte
 Task 4 (find the bug): an evaluation loop that keeps every batch's activations alive; name the
         bug and fix it (graded by the measured peak).
 Task 5 (scale it up): parameters, model state and activations of GPT-shaped 7B and 70B models at
-        4,096 tokens, against estimate.
+        4,096 tokens, and a GPT shape drawn per grading, against estimate.
+
+Every case (widths, batch, optimizer order, GPT shapes) is drawn from the grading seed
+(:func:`course_lib.grading.seeds.case_rng`), so answers copied from one grading fail another.
 """
 
 from __future__ import annotations
 
 from course_lib.grading.core import expect_int, fail, fmt_int, passed, run_learner
+from course_lib.grading.seeds import case_rng
+from course_lib.units.u01_backprop_memory.checks_scale import (  # noqa: F401 (re-exported)
+    SCALE_CASES,
+    check_scale_up,
+)
+
+UNIT = "u01_backprop_memory"
 
 _CATEGORIES = ("params", "grads", "optimizer", "activations")
 
 
-def _unseen_cases():
-    """Random MLPs (seeded, so the verdict is deterministic): widths, depth, activation, bias."""
-    import random
-
+def _unseen_cases(task: int):
+    """Random MLPs drawn from the grading seed: widths, depth, batch; every activation (relu/tanh
+    keep one tensor, gelu/silu two) and optimizer (Adam twice), in a drawn order; one without
+    biases."""
     import torch
 
     from course_lib.models import MLP, MLPConfig
 
-    rng = random.Random(20260101)
+    rng = case_rng(task, UNIT)
     activations = ["relu", "gelu", "tanh", "silu"]
     optimizers = ["adam", "momentum", "sgd", "adam"]
+    rng.shuffle(activations)
+    rng.shuffle(optimizers)
+    no_bias = rng.randrange(4)
     cases = []
     for i in range(4):
         depth = rng.randint(1, 3)
@@ -39,9 +52,9 @@ def _unseen_cases():
             hidden=tuple(rng.randint(4, 96) for _ in range(depth)),
             out_features=rng.randint(2, 12),
             activation=activations[i],
-            bias=(i != 2),
+            bias=(i != no_bias),
         )
-        torch.manual_seed(i)
+        torch.manual_seed(rng.getrandbits(31))
         cases.append((MLP(cfg), (rng.randint(2, 48),), optimizers[i]))
     return cases
 
@@ -97,8 +110,7 @@ def _describe(model, batch_shape, optimizer) -> str:
 
 def check_optimizer_state_bytes(optimizer_state_bytes, task: int = 1) -> None:
     """Task: bytes of optimizer state torch.optim keeps after one step (exact)."""
-    total = 0
-    for model, batch_shape, opt in _unseen_cases():
+    for model, batch_shape, opt in _unseen_cases(task):
         expected = _measure(model, batch_shape, opt)["optimizer"]
         got = run_learner(task, optimizer_state_bytes, model, opt, forbid=_REFERENCES)
         expect_int(task, f"the optimizer-state bytes ({opt})", got)
@@ -112,18 +124,15 @@ def check_optimizer_state_bytes(optimizer_state_bytes, task: int = 1) -> None:
                 )
             fail(
                 task,
-                f"{_describe(model, batch_shape, opt)}: expected {fmt_int(expected)} B "
-                f"(measured), got {got!r}{hint}",
+                f"{_describe(model, batch_shape, opt)}: {got!r} B is not what MemoryMeter "
+                f"measured{hint}",
             )
-        total += expected
-    passed(
-        task, f"optimizer state matches MemoryMeter on 4 unseen MLPs ({fmt_int(total)} B in all)"
-    )
+    passed(task, "optimizer state matches MemoryMeter on 4 unseen MLPs (SGD, momentum, Adam)")
 
 
 def check_predict_step_memory(predict_step_memory, task: int = 2) -> None:
     """Task: predicted bytes per category = what MemoryMeter measures, on unseen MLPs (exact)."""
-    for model, batch_shape, opt in _unseen_cases():
+    for model, batch_shape, opt in _unseen_cases(task):
         measured = _measure(model, batch_shape, opt)
         got = run_learner(task, predict_step_memory, model, batch_shape, opt, forbid=_REFERENCES)
         if not isinstance(got, dict):
@@ -137,8 +146,8 @@ def check_predict_step_memory(predict_step_memory, task: int = 2) -> None:
                 hint = _hint(c, model, batch_shape, opt, got[c], measured[c])
                 fail(
                     task,
-                    f"{_describe(model, batch_shape, opt)}: {c}: expected "
-                    f"{fmt_int(measured[c])} B (measured), got {got[c]!r}{hint}",
+                    f"{_describe(model, batch_shape, opt)}: {c}: {got[c]!r} B is not what "
+                    f"MemoryMeter measured{hint}",
                 )
     passed(
         task, "params, grads, optimizer and activations match MemoryMeter exactly on 4 unseen MLPs"
@@ -174,21 +183,29 @@ _GPT_REFERENCES = (
 )
 
 
-def _unseen_gpt_cases():
-    """(config, batch, seq): shapes the lecture did not show, seq below block_size in one."""
+def _unseen_gpt_cases(task: int):
+    """(config, batch, seq): shapes the lecture did not show, drawn from the grading seed; one
+    without biases, seq below block_size in one, a single head in one."""
     from course_lib.models import GPTConfig
 
-    return [
-        (GPTConfig.tiny(n_layer=3, n_embd=48, n_head=6, block_size=32, vocab_size=50), 3, 32),
-        (
-            GPTConfig.tiny(
-                n_layer=1, n_embd=32, n_head=2, block_size=40, vocab_size=97, bias=False
-            ),
-            2,
-            24,
-        ),
-        (GPTConfig.tiny(n_layer=2, n_embd=16, n_head=1, block_size=16, vocab_size=23), 5, 16),
-    ]
+    rng = case_rng(task, UNIT)
+    short, no_bias, one_head = rng.sample(range(3), 3)
+    cases = []
+    for i in range(3):
+        n_head = 1 if i == one_head else rng.randint(2, 6)
+        block = rng.choice((16, 24, 32, 40))
+        config = GPTConfig.tiny(
+            n_layer=rng.randint(1, 3),
+            n_embd=n_head * rng.choice((4, 8, 12)),
+            n_head=n_head,
+            block_size=block,
+            vocab_size=rng.randint(20, 100),
+            bias=i != no_bias,
+        )
+        cases.append(
+            (config, rng.randint(1, 5), rng.randint(4, block - 4) if i == short else block)
+        )
+    return cases
 
 
 def _measure_gpt_forward(config, batch: int, seq: int) -> int:
@@ -209,7 +226,7 @@ def _measure_gpt_forward(config, batch: int, seq: int) -> int:
 
 def check_gpt_activation_bytes(gpt_activation_bytes, task: int = 3) -> None:
     """Task (predict, then measure): activation bytes of a GPT forward, exact (0 B tolerance)."""
-    for config, batch, seq in _unseen_gpt_cases():
+    for config, batch, seq in _unseen_gpt_cases(task):
         measured = _measure_gpt_forward(config, batch, seq)
         got = run_learner(task, gpt_activation_bytes, config, batch, seq, forbid=_GPT_REFERENCES)
         expect_int(task, "the activation bytes", got)
@@ -225,7 +242,7 @@ def check_gpt_activation_bytes(gpt_activation_bytes, task: int = 3) -> None:
             fail(
                 task,
                 f"GPT n_layer={config.n_layer} n_embd={C} n_head={nh} vocab={config.vocab_size}, "
-                f"batch {B} x seq {T}: expected {fmt_int(measured)} B (measured), got {got!r}{hint}",
+                f"batch {B} x seq {T}: {got!r} B is not what MemoryMeter measured{hint}",
             )
     passed(
         task, "GPT activation bytes match MemoryMeter exactly (0 B tolerance) on 3 unseen shapes"
@@ -243,15 +260,26 @@ EVAL_BUG_CHOICES = {
 _N_EVAL_BATCHES = 6
 
 
-def _eval_case():
+def _eval_case(task: int):
+    """An MLP and its evaluation batches, sizes drawn from the grading seed."""
     import torch
 
     from course_lib.models import MLP, MLPConfig
 
-    torch.manual_seed(3)
-    model = MLP(MLPConfig(in_features=24, hidden=(96, 96, 96), out_features=5, activation="gelu"))
-    g = torch.Generator().manual_seed(7)
-    batches = [torch.randn(32, 24, generator=g) for _ in range(_N_EVAL_BATCHES)]
+    rng = case_rng(task, UNIT)
+    d_in, width = rng.randint(12, 40), rng.randint(64, 128)
+    torch.manual_seed(rng.getrandbits(31))
+    model = MLP(
+        MLPConfig(
+            in_features=d_in,
+            hidden=(width,) * rng.randint(2, 4),
+            out_features=rng.randint(3, 8),
+            activation=rng.choice(("gelu", "silu")),
+        )
+    )
+    g = torch.Generator().manual_seed(rng.getrandbits(63))
+    batch = rng.randint(24, 48)
+    batches = [torch.randn(batch, d_in, generator=g) for _ in range(_N_EVAL_BATCHES)]
     return model, batches
 
 
@@ -286,7 +314,7 @@ def check_eval_memory_bug(bug: str, predict_all, task: int = 4) -> None:
             f"bug {bug!r} ({EVAL_BUG_CHOICES[key]}): that is not what makes the memory grow "
             "with the number of batches; look at what each kept output still refers to",
         )
-    model, batches = _eval_case()
+    model, batches = _eval_case(task)
     # what one batch costs with autograd on (its saved activations and transients), plus the
     # outputs the loop must return: the most a fixed loop may hold at once
     one_batch, _ = _peak_activations(lambda m, b: m(b[0]), model, batches)
@@ -314,75 +342,4 @@ def check_eval_memory_bug(bug: str, predict_all, task: int = 4) -> None:
         task,
         f"bug named and the fixed loop's measured peak stays within one batch's forward "
         f"plus the outputs over {_N_EVAL_BATCHES} batches",
-    )
-
-
-# ---------------------------------------------------------------------------------- task 5
-_SCALE_REFERENCES = (
-    "course_lib.measure.estimate.activations:activation_bytes_gpt",
-    "course_lib.measure.estimate.activations:activation_bytes_transformer_layer",
-    "course_lib.measure.estimate.memory:model_state_bytes",
-    "course_lib.measure.estimate.training:gpt_param_count",
-    "course_lib.models:count_params",
-)
-#: GPT-shaped models (our architecture, GPT-2 vocabulary) at the sizes people train
-SCALE_CASES = {
-    "tiny": dict(n_layer=2, n_embd=64, n_head=4, vocab_size=65, seq=64),
-    "7B": dict(n_layer=32, n_embd=4096, n_head=32, vocab_size=50257, seq=4096),
-    "70B": dict(n_layer=80, n_embd=8192, n_head=64, vocab_size=50257, seq=4096),
-}
-
-
-def _scale_expected(n_layer, n_embd, n_head, vocab_size, seq) -> dict:
-    from course_lib.measure import estimate
-    from course_lib.models import GPTConfig
-
-    n = estimate.gpt_param_count(
-        n_layer=n_layer, n_embd=n_embd, vocab_size=vocab_size, block_size=seq
-    )
-    config = GPTConfig(
-        vocab_size=vocab_size, block_size=seq, n_layer=n_layer, n_head=n_head, n_embd=n_embd
-    )
-    return {
-        "params": n,
-        "model_state": estimate.model_state_bytes(n, precision="fp32", optimizer="adam")["total"],
-        "activations": estimate.activation_bytes_gpt(config, 1, seq),
-    }
-
-
-def check_scale_up(scale_up, task: int = 5) -> None:
-    """Task (scale it up): parameters, fp32 Adam model state and activations (batch 1) of our
-    GPT at 7B and 70B shapes, 4,096 tokens, against estimate (exact)."""
-    shown = {}
-    for name, shape in SCALE_CASES.items():
-        expected = _scale_expected(**shape)
-        got = run_learner(
-            task,
-            scale_up,
-            shape["n_layer"],
-            shape["n_embd"],
-            shape["n_head"],
-            shape["vocab_size"],
-            shape["seq"],
-            forbid=_SCALE_REFERENCES,
-        )
-        if not isinstance(got, dict) or any(k not in got for k in expected):
-            fail(task, f"expected a dict with keys {list(expected)}, got {got!r:.80}")
-        for key, value in expected.items():
-            expect_int(task, f"{key} of the {name} model", got[key])
-            if got[key] != value:
-                hint = ""
-                if key == "params" and got[key] == 12 * shape["n_layer"] * shape["n_embd"] ** 2:
-                    hint = " (12 L C^2 is the blocks' weight matrices only: add biases, norms, embeddings)"
-                fail(
-                    task,
-                    f"{name} ({shape}): {key}: expected {fmt_int(value)}, got {got[key]!r}{hint}",
-                )
-        shown[name] = expected
-    s7, s70 = shown["7B"], shown["70B"]
-    passed(
-        task,
-        f"7B-shaped: {s7['params'] / 1e9:.2f}B params, {s7['model_state'] / 1e9:.0f} GB state, "
-        f"{s7['activations'] / 1e9:.0f} GB activations at 4k tokens; 70B-shaped: "
-        f"{s70['model_state'] / 1e12:.2f} TB, {s70['activations'] / 1e9:.0f} GB",
     )

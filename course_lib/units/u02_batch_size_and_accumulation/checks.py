@@ -11,17 +11,25 @@ Task 4 (predict, then measure): the largest batch whose SGD step fits a memory b
 measures the learner's batch and one 3 % larger.
 Task 5 (find the bug): an accumulation loop that weights unequal micro-batches equally.
 Task 6 (scale it up): GPUs needed to train 7B-175B models in a given time, against estimate.
+
+Every check draws the cases it asks about from the grading seed
+(:func:`course_lib.grading.seeds.case_rng`): shapes, batch targets, budgets, runs. The edge cases
+stay (a batch-1 matvec, a micro-batch limit above the per-rank batch, a prime per-rank batch, an
+indivisible target, uneven micro-batches), with drawn numbers.
 """
 
 from __future__ import annotations
 
 from course_lib.grading.core import expect_int, fail, passed, run_learner
+from course_lib.grading.seeds import case_rng
 from course_lib.units.u02_batch_size_and_accumulation.checks_accumulation import (  # noqa: F401 (re-exported)
     _ACCUMULATION_REFERENCES,
     UNEVEN_BUG_CHOICES,
     check_accumulation_step,
     check_uneven_accumulation,
 )
+
+UNIT = "u02_batch_size_and_accumulation"
 
 #: the course's own answers, out of reach while the learner's function runs
 _INTENSITY_REFERENCES = (
@@ -38,12 +46,14 @@ def check_matmul_intensity(matmul_intensity, task: int = 1) -> None:
     """Task: FLOP per byte of an (m x k) @ (k x n) matmul that reads A, B and writes C once."""
     from course_lib.measure import estimate
 
+    rng = case_rng(task, UNIT)
+    big = [rng.choice((1024, 2048, 3072, 5120, 8192)) for _ in range(5)]
     cases = [
-        (1, 4096, 4096, 4),
-        (8, 4096, 4096, 2),
-        (512, 512, 512, 4),
-        (4096, 4096, 4096, 2),
-        (3, 5, 7, 8),
+        (1, big[0], big[1], rng.choice((2, 4))),  # a batch-1 matvec: below 1 FLOP/B
+        (rng.randint(2, 32), big[2], big[2], rng.choice((2, 4))),
+        (big[3], big[3], big[3], rng.choice((1, 2, 4))),  # square
+        (big[4], rng.randint(256, 1024), rng.randint(512, 4096), 2),
+        (rng.randint(2, 9), rng.randint(2, 9), rng.randint(2, 9), 8),  # tiny, fp64
     ]
     for m, n, k, b in cases:
         expected = estimate.matmul_arithmetic_intensity(m, n, k, dtype_bytes=b)
@@ -58,8 +68,8 @@ def check_matmul_intensity(matmul_intensity, task: int = 1) -> None:
                 hint = " (a multiply-add is 2 FLOP: the matmul does 2mnk FLOP)"
             fail(
                 task,
-                f"m={m}, n={n}, k={k}, dtype_bytes={b}: expected {expected:.6g} FLOP/B, "
-                f"got {got!r}{hint}",
+                f"m={m}, n={n}, k={k}, dtype_bytes={b}: {got!r} FLOP/B is not this matmul's "
+                f"intensity{hint}",
             )
     passed(task, "matmul intensity matches estimate on 5 shapes (a batch-1 matvec: < 1 FLOP/B)")
 
@@ -71,29 +81,55 @@ def _plan_reference(target_batch: int, max_micro_batch: int, world_size: int) ->
     return micro, per_rank // micro
 
 
-def _check_indivisible_refused(plan_accumulation, task: int) -> None:
-    """100 samples do not split over 3 ranks: the learner's plan must raise ValueError."""
+def _plan_cases(task: int) -> tuple[list[tuple[int, int, int]], tuple[int, int, int]]:
+    """(target, max_micro_batch, world_size) cases drawn from the grading seed, and one target
+    that does not split over its ranks. The edges: one rank with an exact fit, a limit that
+    divides nothing useful, a limit above the per-rank batch, a prime per-rank batch, an odd
+    limit, a per-rank batch equal to the limit."""
+    rng = case_rng(task, UNIT)
+    ranks = [rng.choice((2, 4, 8)) for _ in range(5)]
+    micro = rng.choice((16, 32, 64))
+    per_rank = rng.choice((96, 128, 160, 192))
+    prime = rng.choice((13, 17, 19, 23, 29))
+    cases = [
+        (micro * rng.randint(2, 16), micro, 1),  # one rank, the limit divides: an exact fit
+        (per_rank * ranks[0], rng.choice((36, 40, 48, 56)), ranks[0]),
+        (rng.randint(8, 100) * ranks[1], 512, ranks[1]),  # the limit is above the per-rank batch
+        (prime * ranks[2], rng.randint(4, prime - 1), ranks[2]),  # prime: micro-batches of 1
+        (rng.choice((42, 48, 60, 72, 84)) * ranks[3], rng.choice((5, 7, 9, 11)), ranks[3]),
+        ((p := rng.randint(10, 70)) * 3, p, 3),  # the per-rank batch equals the limit
+    ]
+    world = rng.choice((3, 5, 6, 7))
+    indivisible = (world * rng.randint(10, 40) + rng.randint(1, world - 1), 8, world)
+    return cases, indivisible
+
+
+def _check_indivisible_refused(plan_accumulation, task: int, case: tuple[int, int, int]) -> None:
+    """``target`` samples do not split over ``world`` ranks: the plan must raise ValueError."""
+    target, max_micro, world = case
     try:
-        plan_accumulation(100, 8, 3)
+        plan_accumulation(target, max_micro, world)
     except ValueError:
         pass
     except NotImplementedError:
         fail(task, "not implemented yet: plan_accumulation raised NotImplementedError")
     except Exception as exc:  # noqa: BLE001 - learner error becomes a verdict
         fail(
-            task, f"target=100, world_size=3: expected ValueError, got {type(exc).__name__}: {exc}"
+            task,
+            f"target={target}, world_size={world}: expected ValueError, got "
+            f"{type(exc).__name__}: {exc}",
         )
     else:
         fail(
             task,
-            "target=100, world_size=3: 100 samples do not split over 3 ranks; expected a "
-            "ValueError, got no error",
+            f"target={target}, world_size={world}: {target} samples do not split over {world} "
+            "ranks; expected a ValueError, got no error",
         )
 
 
 def check_plan_accumulation(plan_accumulation, task: int = 2) -> None:
     """Task: (micro_batch, accumulation_steps) with micro x steps x ranks = target, fewest steps."""
-    cases = [(512, 64, 1), (512, 64, 4), (1024, 48, 8), (96, 7, 2), (256, 512, 1), (60, 60, 3)]
+    cases, indivisible = _plan_cases(task)
     for target, max_micro, ranks in cases:
         expected = _plan_reference(target, max_micro, ranks)
         got = run_learner(
@@ -123,10 +159,10 @@ def check_plan_accumulation(plan_accumulation, task: int = 2) -> None:
             fail(task, f"{where}: micro_batch {got_t[0]} exceeds max_micro_batch {max_micro}")
         fail(
             task,
-            f"{where}: expected {expected} (the largest micro-batch that fits, so the "
-            f"fewest accumulation steps), got {got!r}",
+            f"{where}: {got!r} is a valid split, but not the largest micro-batch that fits "
+            "(so not the fewest accumulation steps)",
         )
-    _check_indivisible_refused(plan_accumulation, task)
+    _check_indivisible_refused(plan_accumulation, task, indivisible)
     passed(task, f"plans match on {len(cases)} cases and an indivisible target raises ValueError")
 
 
@@ -142,21 +178,28 @@ _FIT_REFERENCES = (
 FIT_TOLERANCE = 0.03
 
 
-def _fit_cases():
-    """(MLP, budget in bytes): shapes and budgets the lecture did not show."""
+def _fit_cases(task: int):
+    """(MLP, budget in bytes): shapes and budgets the lecture did not show, drawn from the
+    grading seed (a deep narrow MLP and a shallow wide one)."""
     import torch
 
     from course_lib.models import MLP, MLPConfig
 
+    rng = case_rng(task, UNIT)
+    deep = MLPConfig(
+        in_features=rng.randint(24, 80),
+        hidden=(rng.randint(96, 200),) * rng.randint(2, 3),
+        out_features=rng.randint(3, 12),
+    )
+    wide = MLPConfig(
+        in_features=rng.randint(32, 96),
+        hidden=(rng.randint(192, 320),),
+        out_features=rng.randint(2, 8),
+    )
     out = []
-    for seed, (cfg, mib) in enumerate(
-        [
-            (MLPConfig(in_features=48, hidden=(160, 160), out_features=7), 3),
-            (MLPConfig(in_features=64, hidden=(256,), out_features=4), 4),
-        ]
-    ):
-        torch.manual_seed(seed)
-        out.append((MLP(cfg), mib * 2**20))
+    for cfg in (deep, wide):
+        torch.manual_seed(rng.getrandbits(31))
+        out.append((MLP(cfg), rng.randint(5 * 2**19, 9 * 2**19)))  # 2.5 to 4.5 MiB
     return out
 
 
@@ -170,7 +213,7 @@ def _step_peak(model, batch: int) -> int:
 def check_largest_batch(largest_batch, task: int = 4) -> None:
     """Task (predict, then measure): the learner's batch must fit the budget when measured, and a
     batch 3 % larger must not."""
-    for model, budget in _fit_cases():
+    for model, budget in _fit_cases(task):
         got = run_learner(task, largest_batch, model, budget, forbid=_FIT_REFERENCES)
         expect_int(task, "the batch size", got)
         where = f"MLP widths={model.config.widths}, budget {budget:,} B"
@@ -206,19 +249,25 @@ _GPU_REFERENCES = (
 )
 
 
-def gpu_cases():
+def gpu_cases(task: int = 6):
     """(label, n_params, tokens, days, peak FLOP/s, MFU): the sources' worked example on three
-    GPU generations, and 7B / 70B runs on 2T tokens."""
+    GPU generations, and two runs drawn from the grading seed (size, tokens, days, GPU, MFU)."""
     from course_lib.measure import estimate
 
     peak = {name: estimate.gpu_spec(name).peak_flops for name in ("V100", "A100", "H100")}
-    return [
+    cases = [
         ("175B, 300B tokens, 30 days, V100", 175 * 10**9, 300 * 10**9, 30, peak["V100"], 0.5),
         ("175B, 300B tokens, 30 days, A100", 175 * 10**9, 300 * 10**9, 30, peak["A100"], 0.5),
         ("175B, 300B tokens, 30 days, H100", 175 * 10**9, 300 * 10**9, 30, peak["H100"], 0.5),
-        ("7B, 2T tokens, 7 days, H100 at 40 %", 7 * 10**9, 2 * 10**12, 7, peak["H100"], 0.4),
-        ("70B, 2T tokens, 30 days, H100 at 40 %", 70 * 10**9, 2 * 10**12, 30, peak["H100"], 0.4),
     ]
+    rng = case_rng(task, UNIT)
+    for low, high in ((1, 30), (30, 400)):
+        n = rng.randint(low, high) * 10**9
+        tokens = rng.randint(2, 150) * 10**11
+        days, gpu, mfu = rng.randint(5, 90), rng.choice(("A100", "H100")), rng.randint(25, 55) / 100
+        label = f"{n / 1e9:g}B, {tokens / 1e12:g}T tokens, {days} days, {gpu} at {mfu:.0%}"
+        cases.append((label, n, tokens, days, peak[gpu], mfu))
+    return cases
 
 
 def check_gpus_needed(gpus_needed, task: int = 6) -> None:
@@ -226,7 +275,7 @@ def check_gpus_needed(gpus_needed, task: int = 6) -> None:
     from course_lib.measure import estimate
 
     answers = []
-    for label, n, tokens, days, peak, util in gpu_cases():
+    for label, n, tokens, days, peak, util in gpu_cases(task):
         expected = estimate.gpus_for_training(n, tokens, days=days, peak_flops=peak, mfu=util)
         got = run_learner(task, gpus_needed, n, tokens, days, peak, util, forbid=_GPU_REFERENCES)
         expect_int(task, f"the GPU count ({label})", got)
@@ -239,10 +288,10 @@ def check_gpus_needed(gpus_needed, task: int = 6) -> None:
                 hint = " (training is about 6 FLOPs per parameter per token: 2 forward, 4 backward)"
             elif abs(got - exact * util) < 1.5:
                 hint = " (at an MFU below 1 each GPU delivers only that fraction of its peak)"
-            fail(task, f"{label}: expected {expected:,} GPUs, got {got!r}{hint}")
+            fail(task, f"{label}: {got!r} GPUs is not the count that finishes in time{hint}")
         answers.append(got)
     passed(
         task,
         f"175B on 300B tokens in 30 days at 50 % MFU: {answers[0]:,} V100, {answers[1]:,} A100, "
-        f"{answers[2]:,} H100; 7B and 70B on 2T tokens match too",
+        f"{answers[2]:,} H100; 2 drawn runs match too",
     )

@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
+from course_lib.grading.seeds import case_rng
 
 _ACCUMULATION_REFERENCES = (
     "course_lib.techniques.accumulation:accumulation_step",
@@ -44,12 +45,31 @@ def _spy_loss(events: list):
     return loss_fn
 
 
+def _accumulation_cases(task: int, *, uneven: bool) -> list[tuple[int, int, int]]:
+    """(seed, batch, micro_batches) of two cases drawn from the grading seed: even (the batch a
+    multiple of the micro-batch count) or uneven (a shorter last micro-batch; torch.chunk still
+    gives ``micro_batches`` chunks)."""
+    rng = case_rng(task, "u02_batch_size_and_accumulation")
+    cases: list[tuple[int, int, int]] = []
+    while len(cases) < 2:
+        k = rng.randint(2, 5)
+        size = rng.randint(2, 6)
+        batch = k * size - (rng.randint(1, size - 1) if uneven else 0)
+        chunk = -(-batch // k)  # torch.chunk's size: ceil(batch / k), the last one shorter
+        if -(-batch // chunk) == k and (batch % chunk != 0) == uneven:
+            cases.append((rng.getrandbits(31), batch, k))
+    return cases
+
+
 def _case(seed: int, batch: int):
+    import random
+
     import torch
     from torch import nn
 
     torch.manual_seed(seed)
-    d_in, hidden, classes = 6 + seed, 16 + 4 * seed, 3 + seed
+    draw = random.Random(seed)
+    d_in, hidden, classes = draw.randint(4, 12), draw.randint(12, 40), draw.randint(3, 8)
     model = nn.Sequential(nn.Linear(d_in, hidden), nn.Tanh(), nn.Linear(hidden, classes))
     model = model.double()  # float64: the check's tolerance is then far below any bug's effect
     x = torch.randn(batch, d_in, dtype=torch.float64)
@@ -90,7 +110,7 @@ def check_accumulation_step(accumulation_step, task: int = 3) -> None:
     terms in a different order than the full batch does, so the two differ by rounding only
     (~1e-16 relative in float64); every bug below changes the update by a factor of order 1.
     """
-    for seed, batch, k in ((0, 12, 3), (1, 16, 4)):
+    for seed, batch, k in _accumulation_cases(task, uneven=False):
         _check_one_case(accumulation_step, task, seed, batch, k)
     passed(
         task,
@@ -294,10 +314,10 @@ def check_uneven_accumulation(bug: str, accumulation_step, task: int = 5) -> Non
             f"bug {bug!r} ({UNEVEN_BUG_CHOICES[key]}): the loop is right about that; "
             "compare the micro-batch sizes of a batch of 10 in 3 chunks",
         )
-    for seed, batch, k in ((0, 10, 3), (1, 13, 4)):
+    for seed, batch, k in _accumulation_cases(task, uneven=True):
         _check_one_case(accumulation_step, task, seed, batch, k)
     passed(
         task,
-        f"bug named; with micro-batches of 4+4+2 and 4+4+4+1 samples, 2 accumulated steps "
+        f"bug named; with a shorter last micro-batch in 2 unseen cases, 2 accumulated steps "
         f"in a row equal 2 full-batch steps (float64, rtol={_RTOL:g})",
     )

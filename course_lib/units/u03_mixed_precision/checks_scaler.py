@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from course_lib.grading.core import fail, passed, run_learner
+from course_lib.grading.seeds import case_rng
+
+UNIT = "u03_mixed_precision"
 
 #: the course's own answer (and PyTorch's), out of reach while the learner's code runs
 _REFERENCES = (
@@ -29,20 +32,23 @@ def _make_scaler(task: int, cls, **kwargs):
 
 
 # ---------------------------------------------------------------------------------- task 1
-def _underflow_model():
+def _underflow_model(task: int):
+    """Two linear layers and a batch, sizes drawn from the grading seed."""
     import torch
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 8))
-    x = torch.randn(16, 32)
+    rng = case_rng(task, UNIT)
+    d_in, hidden, d_out = rng.randint(16, 48), rng.randint(32, 96), rng.randint(4, 12)
+    torch.manual_seed(rng.getrandbits(31))
+    model = torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.Linear(hidden, d_out))
+    x = torch.randn(rng.randint(8, 24), d_in)
     return model, x
 
 
-def _underflow_grads(scaler=None, *, autocast: bool = True, task: int | None = None):
+def _underflow_grads(scaler=None, *, autocast: bool = True, task: int = 1, learner: bool = False):
     """Gradients of a loss weighted by 1e-8 (think: an auxiliary loss term), fp16 autocast."""
     import torch
 
-    model, x = _underflow_model()
+    model, x = _underflow_model(task)
     with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
         out = model(x)  # (16, 8): fp16 under autocast
     loss = 1e-8 * out.float().sum()  # dloss/dout = 1e-8: below fp16's smallest subnormal (6e-8)
@@ -50,8 +56,8 @@ def _underflow_grads(scaler=None, *, autocast: bool = True, task: int | None = N
         loss.backward()
         found_inf = False
     else:
-        # task=None: the check's own reference scaler, called directly (not watched)
-        call = (lambda fn, *a: fn(*a)) if task is None else (lambda fn, *a: _learner(task, fn, *a))
+        # the check's own reference scaler is called directly (not watched)
+        call = (lambda fn, *a: _learner(task, fn, *a)) if learner else (lambda fn, *a: fn(*a))
         call(scaler.scale, loss).backward()
         found_inf = call(scaler.unscale_, list(model.parameters()))
     return [p.grad.detach().clone() for p in model.parameters()], found_inf
@@ -63,15 +69,15 @@ def check_underflow_recovery(LossScaler, task: int = 1) -> None:
 
     from course_lib.techniques.precision import DynamicLossScaler
 
-    fp32, _ = _underflow_grads(autocast=False)
-    raw, _ = _underflow_grads()
-    ref, _ = _underflow_grads(DynamicLossScaler(init_scale=2.0**16))
+    fp32, _ = _underflow_grads(autocast=False, task=task)
+    raw, _ = _underflow_grads(task=task)
+    ref, _ = _underflow_grads(DynamicLossScaler(init_scale=2.0**16), task=task)
     # the case itself: without scaling every gradient is exactly 0 in fp16
     assert all(bool((g == 0).all()) for g in raw), (
         "grading case broken: unscaled fp16 grads should underflow"
     )
     learner = _make_scaler(task, LossScaler, init_scale=2.0**16)
-    got, found_inf = _underflow_grads(learner, task=task)
+    got, found_inf = _underflow_grads(learner, task=task, learner=True)
     if found_inf is not False and found_inf != 0:
         fail(
             task,
@@ -109,25 +115,19 @@ def check_underflow_recovery(LossScaler, task: int = 1) -> None:
 
 
 # ---------------------------------------------------------------------------------- task 2
-#: found_inf flags of the scripted run: 4 clean steps (growth after 3), an overflow, clean steps,
-#: two overflows in a row, clean steps again
-SCHEDULE = (
-    False,
-    False,
-    False,
-    False,
-    True,
-    False,
-    False,
-    False,
-    False,
-    False,
-    True,
-    True,
-    False,
-    False,
-    False,
-)
+#: found_inf flags of the default seed's scripted run: 4 clean steps (growth after 3), an overflow,
+#: clean steps, two overflows in a row, clean steps again (:func:`schedule` draws one per seed)
+SCHEDULE = (False,) * 4 + (True,) + (False,) * 5 + (True, True) + (False,) * 3
+
+
+def schedule(task: int = 2) -> tuple[bool, ...]:
+    """15 found_inf flags drawn from the grading seed, the same kinds of step as
+    :data:`SCHEDULE`: a run of clean steps long enough to grow (3 or more), an overflow, clean
+    steps, two overflows in a row, clean steps again."""
+    rng = case_rng(task, UNIT)
+    first, second = rng.randint(3, 6), rng.randint(1, 6)
+    flags = (False,) * first + (True,) + (False,) * second + (True, True)
+    return flags + (False,) * (15 - len(flags))
 
 
 def _gradscaler_scales(flags, *, init_scale: float, growth_interval: int) -> list[float]:
@@ -148,8 +148,8 @@ def _gradscaler_scales(flags, *, init_scale: float, growth_interval: int) -> lis
 
 def check_scale_schedule(LossScaler, task: int = 2) -> None:
     """update(found_inf) must grow / back off the scale exactly like torch.amp.GradScaler."""
-    init, interval = 2.0**10, 3
-    expected = _gradscaler_scales(SCHEDULE, init_scale=init, growth_interval=interval)
+    init, interval, flags = 2.0**10, 3, schedule(task)
+    expected = _gradscaler_scales(flags, init_scale=init, growth_interval=interval)
     learner = _make_scaler(
         task,
         LossScaler,
@@ -158,7 +158,7 @@ def check_scale_schedule(LossScaler, task: int = 2) -> None:
         backoff_factor=0.5,
         growth_interval=interval,
     )
-    for i, inf in enumerate(SCHEDULE):
+    for i, inf in enumerate(flags):
         _learner(task, learner.update, inf)
         got = _learner(task, learner.get_scale)
         if float(got) != expected[i]:
@@ -166,12 +166,12 @@ def check_scale_schedule(LossScaler, task: int = 2) -> None:
             what = "an overflow (found_inf=True)" if inf else "a clean step"
             fail(
                 task,
-                f"step {i} ({what}): expected scale {expected[i]:g} (it was {before:g}), "
-                f"got {float(got):g}. Flags so far: {list(SCHEDULE[: i + 1])}, growth_interval={interval}",
+                f"step {i} ({what}): the scale was {before:g}, yours is now {float(got):g}, not "
+                f"GradScaler's. Flags so far: {list(flags[: i + 1])}, growth_interval={interval}",
             )
     passed(
         task,
-        f"scale after each of {len(SCHEDULE)} steps equals torch.amp.GradScaler's "
+        f"scale after each of {len(flags)} steps equals torch.amp.GradScaler's "
         "(growth after 3 clean steps, halving on overflow)",
     )
 
@@ -180,9 +180,13 @@ def check_scale_schedule(LossScaler, task: int = 2) -> None:
 def _fp16_run(kind: str, LossScaler=None, *, task: int = 3, steps: int = 8):
     import torch
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    rng = case_rng(task, UNIT)
+    d_in, hidden, d_out = rng.randint(8, 24), rng.randint(16, 48), rng.randint(2, 6)
+    torch.manual_seed(rng.getrandbits(31))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(d_in, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, d_out)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=rng.choice((0.02, 0.05, 0.1)))
     init = 2.0**20  # too large on purpose: the first steps overflow and must be skipped
     if kind == "reference":
         scaler = torch.amp.GradScaler("cpu", init_scale=init, growth_interval=2)
@@ -195,11 +199,11 @@ def _fp16_run(kind: str, LossScaler=None, *, task: int = 3, steps: int = 8):
             backoff_factor=0.5,
             growth_interval=2,
         )
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(rng.getrandbits(63))
     skipped = []
     for _ in range(steps):
-        x = torch.randn(8, 16, generator=gen)
-        y = torch.randn(8, 4, generator=gen)
+        x = torch.randn(8, d_in, generator=gen)
+        y = torch.randn(8, d_out, generator=gen)
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.float16):
             out = model(x)
@@ -224,13 +228,13 @@ def check_fp16_training(LossScaler, task: int = 3) -> None:
     """8 fp16-mixed SGD steps: same skipped steps, weights and final scale as GradScaler."""
     import torch
 
-    ref_params, ref_skipped, ref_scale = _fp16_run("reference")
+    ref_params, ref_skipped, ref_scale = _fp16_run("reference", task=task)
     params, skipped, scale = _fp16_run("learner", LossScaler, task=task)
     if skipped != ref_skipped:
         fail(
             task,
-            f"skipped steps: expected {[i for i, s in enumerate(ref_skipped) if s]} (overflow at "
-            f"scale 2**20), got {[i for i, s in enumerate(skipped) if s]} "
+            f"skipped steps: you skipped {[i for i, s in enumerate(skipped) if s]}, not the "
+            "steps GradScaler skips (the run starts at scale 2**20) "
             "(does unscale_ return True when a gradient is inf or NaN?)",
         )
     for i, (p, r) in enumerate(zip(params, ref_params)):
@@ -246,9 +250,9 @@ def check_fp16_training(LossScaler, task: int = 3) -> None:
                 f"got max abs error {float((p - r).abs().max()):.3g}",
             )
     if scale != ref_scale:
-        fail(task, f"final scale: expected {ref_scale:g}, got {scale:g}")
+        fail(task, f"final scale: {scale:g} is not GradScaler's")
     passed(
         task,
-        f"fp16-mixed run matches torch.amp.GradScaler: {sum(ref_skipped)} of {len(ref_skipped)} "
-        f"steps skipped, same weights, final scale {ref_scale:g}",
+        f"fp16-mixed run matches torch.amp.GradScaler over {len(ref_skipped)} steps: the same "
+        "steps skipped (overflows at the start), same weights, same final scale",
     )

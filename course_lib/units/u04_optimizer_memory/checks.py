@@ -11,7 +11,7 @@ Tasks: 1-2 parity with ``torch.optim.Adam`` / ``AdamW`` over 5 steps; 3 the stat
 Tolerance of tasks 1 and 2: rtol=1e-5, atol=1e-7. fp32 carries 24 significant bits (relative
 spacing 6e-8); equivalent orders of operations (bias-correcting m before or after the division,
 sqrt(v / c) or sqrt(v) / sqrt(c)) differ in the last bits, and 5 steps compound that to about
-1e-6 relative at worst. A wrong formula (missing bias correction, eps inside the sqrt, the wrong
+1e-6 relative at worst (the drawn learning rates stay at or below 1e-2). A wrong formula (missing bias correction, eps inside the sqrt, the wrong
 weight decay) is off by 1e-3 or more.
 """
 
@@ -20,6 +20,16 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
+from course_lib.grading.seeds import case_rng
+from course_lib.units.u04_optimizer_memory.checks_master import (  # noqa: F401 (re-exported)
+    MASTER_ATOL,
+    MASTER_LR,
+    MASTER_RTOL,
+    MASTER_STEPS,
+    check_master_bug,
+)
+
+UNIT = "u04_optimizer_memory"
 
 #: the course's own answer (and PyTorch's, which the check compares with), out of reach while
 #: the learner's code runs
@@ -52,29 +62,43 @@ __all__ = [
 ]
 
 RTOL, ATOL, STEPS = 1e-5, 1e-7, 5
-_SHAPES = ((16, 8), (16,), (4, 16), (4,))  # a small MLP's weights and biases: 212 parameters
 
 
-def _params(dtype=None, seed: int = 0):
+def _shapes(task: int) -> tuple[tuple[int, ...], ...]:
+    """A small MLP's weights and biases, sizes drawn from the grading seed."""
+    rng = case_rng(task, UNIT)
+    d_in, hidden, d_out = rng.randint(6, 24), rng.randint(8, 32), rng.randint(2, 8)
+    return ((hidden, d_in), (hidden,), (d_out, hidden), (d_out,))
+
+
+def _params(task: int, dtype=None):
     import torch
 
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63))
     dtype = dtype or torch.float32
-    return [torch.nn.Parameter(torch.randn(s, generator=g).to(dtype)) for s in _SHAPES]
+    return [torch.nn.Parameter(torch.randn(s, generator=g).to(dtype)) for s in _shapes(task)]
 
 
-def _grads(step: int):
+def _grads(task: int, step: int):
     import torch
 
-    g = torch.Generator().manual_seed(100 + step)
-    return [torch.randn(s, generator=g) for s in _SHAPES]
+    g = torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63) + 100 + step)
+    return [torch.randn(s, generator=g) for s in _shapes(task)]
+
+
+def _hyper(task: int) -> dict[str, Any]:
+    """Learning rate and betas drawn from the grading seed (eps stays torch's default)."""
+    rng = case_rng(task, UNIT)
+    rng.random()  # the draws of _shapes and _params come first
+    lr = rng.choice((1e-3, 2e-3, 3e-3, 5e-3, 1e-2))
+    return dict(lr=lr, betas=(rng.choice((0.8, 0.85, 0.9)), rng.choice((0.95, 0.98, 0.999))))
 
 
 def _run(make_opt, *, task: int, learner: bool, steps: int = STEPS):
-    params = _params()
+    params = _params(task)
     opt = _learner(task, make_opt, params) if learner else make_opt(params)
     for t in range(steps):
-        for p, g in zip(params, _grads(t)):
+        for p, g in zip(params, _grads(task, t)):
             p.grad = g.clone()
         if learner:
             _learner(task, opt.step)
@@ -90,7 +114,7 @@ def _compare(task: int, what: str, got, expected) -> None:
         if not bool(torch.isfinite(p).all()):
             fail(task, f"{what}: parameter {i} has inf/NaN after {STEPS} steps")
         if not torch.allclose(p, r, rtol=RTOL, atol=ATOL):
-            start = _params()[i].detach()
+            start = _params(task)[i].detach()
             moved = float((r - start).abs().max())
             err = float((p - r).abs().max())
             hint = (
@@ -110,11 +134,13 @@ def check_adam(MyAdam, task: int = 1) -> None:
     """Parity with torch.optim.Adam: lr=1e-2 default betas, weight_decay 0 and 0.1 (L2)."""
     import torch
 
+    hyper = _hyper(task)
     for wd in (0.0, 0.1):
-        kw = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+        kw = dict(**hyper, eps=1e-8, weight_decay=wd)
         expected = _run(lambda ps, kw=kw: torch.optim.Adam(ps, **kw), task=task, learner=False)
         got = _run(lambda ps, kw=kw: MyAdam(ps, decoupled=False, **kw), task=task, learner=True)
-        _compare(task, f"Adam(lr=1e-2, weight_decay={wd:g})", got, expected)
+        what = f"Adam(lr={hyper['lr']:g}, betas={hyper['betas']}, weight_decay={wd:g})"
+        _compare(task, what, got, expected)
     passed(
         task,
         f"MyAdam matches torch.optim.Adam over {STEPS} steps, weight_decay 0 and 0.1 "
@@ -126,10 +152,12 @@ def check_adamw(MyAdam, task: int = 2) -> None:
     """Parity with torch.optim.AdamW (decoupled weight decay 0.1)."""
     import torch
 
-    kw: dict[str, Any] = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    hyper = _hyper(task)
+    kw: dict[str, Any] = dict(**hyper, eps=1e-8, weight_decay=0.1)
     expected = _run(lambda ps: torch.optim.AdamW(ps, **kw), task=task, learner=False)
     got = _run(lambda ps: MyAdam(ps, decoupled=True, **kw), task=task, learner=True)
-    _compare(task, "AdamW(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)", got, expected)
+    what = f"AdamW(lr={hyper['lr']:g}, betas={hyper['betas']}, weight_decay=0.1)"
+    _compare(task, what, got, expected)
     passed(
         task,
         f"MyAdam(decoupled=True) matches torch.optim.AdamW over {STEPS} steps "
@@ -146,10 +174,10 @@ def check_adam_state_bytes(MyAdam, task: int = 3) -> None:
     from course_lib.techniques.optim import state_bytes
 
     for dtype, width in ((torch.float32, 4), (torch.bfloat16, 2)):
-        params = _params(dtype)
+        params = _params(task, dtype)
         n = sum(p.numel() for p in params)
         opt = _learner(task, MyAdam, params, lr=1e-3)
-        for p, g in zip(params, _grads(0)):
+        for p, g in zip(params, _grads(task, 0)):
             p.grad = g.to(dtype)
         _learner(task, opt.step)
         sb = state_bytes(opt)
@@ -166,22 +194,38 @@ def check_adam_state_bytes(MyAdam, task: int = 3) -> None:
             )
             fail(
                 task,
-                f"{dtype} parameters ({n} elements): expected {expected} bytes of state "
-                f"(m and v, {width} bytes each per element), got {got} bytes in tensors of "
+                f"{dtype} parameters ({n} elements): {got} bytes of state is not m and v at "
+                f"{width} bytes each per element, in tensors of "
                 f"dtype {dtypes or 'none'} (keep m and v in the parameter's dtype: torch.zeros_like(p))",
             )
     passed(
         task,
         f"state = {estimate.optimizer_state_bytes_per_param('adam')} bytes per fp32 parameter "
         f"and {estimate.optimizer_state_bytes_per_param('adam', state_dtype_bytes=2)} per bf16 "
-        f"parameter ({n} parameters)",
+        "parameter, on an unseen MLP's tensors",
     )
 
 
 # ---------------------------------------------------------------------------------- task 4
-#: task 4's MLPs (widths in, hidden..., out; every Linear has a bias): configurations the lecture
-#: never showed
+#: task 4's MLPs of the default seed (widths in, hidden..., out; every Linear has a bias):
+#: configurations the lecture never showed; :func:`peak_widths` draws them per seed
 PEAK_WIDTHS = ((300, 1000, 700, 50), (96, 2048, 128))
+
+
+def peak_widths(task: int = 4) -> tuple[tuple[int, ...], ...]:
+    """Two MLPs drawn from the grading seed: a deep one and a wide one (its largest layer the
+    largest scratch tensor)."""
+    rng = case_rng(task, UNIT)
+    deep = (
+        rng.randint(100, 400),
+        rng.randint(500, 1200),
+        rng.randint(300, 900),
+        rng.randint(8, 64),
+    )
+    wide = (rng.randint(48, 160), rng.randint(1500, 2500), rng.randint(64, 256))
+    return deep, wide
+
+
 #: task 4's tolerance on the predicted peak, relative. The step counters (4 B per tensor) and the
 #: one small tensor torch.optim's loop still holds from the previous parameter stay far below it;
 #: forgetting the fp32 gradients, or one of the two scratch tensors, does not.
@@ -222,7 +266,8 @@ def check_predict_step_peak(predict_step_peak, task: int = 4) -> None:
     """The peak of one step of the 16-byte recipe, predicted, against MemoryMeter (within 1 %)."""
     from course_lib.grading.core import expect_int
 
-    for widths in PEAK_WIDTHS:
+    widths_drawn = peak_widths(task)
+    for widths in widths_drawn:
         got = expect_int(
             task,
             f"predict_step_peak({list(widths)})",
@@ -233,120 +278,15 @@ def check_predict_step_peak(predict_step_peak, task: int = 4) -> None:
             n = sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
             fail(
                 task,
-                f"widths {list(widths)} ({n:,} parameters): MemoryMeter measured a peak of "
-                f"{measured:,} B ({measured / n:.2f} B/param) during the step, you predicted {got:,} B "
-                f"({got / n:.2f} B/param); tolerance {PEAK_RTOL:.0%}. At rest the recipe holds 16 B/param: "
+                f"widths {list(widths)} ({n:,} parameters): you predicted {got:,} B "
+                f"({got / n:.2f} B/param), not within {PEAK_RTOL:.0%} of the peak MemoryMeter "
+                "measured during the step. At rest the recipe holds 16 B/param: "
                 "what does the step add, and how large is the largest single piece of scratch?",
             )
     passed(
         task,
         f"the step's peak predicted within {PEAK_RTOL:.0%} of MemoryMeter's for "
-        f"{len(PEAK_WIDTHS)} MLPs the lecture did not show",
-    )
-
-
-# ---------------------------------------------------------------------------------- task 5
-#: task 5's run: steps, learning rate (small: Adam moves each weight by about lr per step, below
-#: half of bf16's spacing for most weights) and tolerance on the master copy (same ops in fp32:
-#: equal to a few ulps)
-MASTER_STEPS, MASTER_LR, MASTER_RTOL, MASTER_ATOL = 12, 1e-4, 1e-5, 1e-7
-
-
-def _master_task():
-    import torch
-
-    from course_lib.models import MLP, MLPConfig
-
-    torch.manual_seed(3)
-    model = MLP(MLPConfig(32, (64,), 8)).to(torch.bfloat16)
-    gen = torch.Generator().manual_seed(4)
-    batches = [
-        (torch.randn(16, 32, generator=gen).to(torch.bfloat16), torch.randn(16, 8, generator=gen))
-        for _ in range(MASTER_STEPS)
-    ]
-    return model, batches
-
-
-def _master_reference():
-    """The recipe done right, written out (not the learner's code)."""
-    import torch
-
-    model, batches = _master_task()
-    params = list(model.parameters())
-    master = [p.detach().float().clone().requires_grad_(True) for p in params]
-    opt = torch.optim.Adam(master, lr=MASTER_LR)
-    for x, y in batches:
-        for p in params:
-            p.grad = None
-        (model(x).float() - y).pow(2).mean().backward()
-        with torch.no_grad():
-            for p, m in zip(params, master):
-                m.grad = p.grad.float()
-            opt.step()
-            for p, m in zip(params, master):
-                p.copy_(m)
-    return [p.detach().clone() for p in params], [m.detach().clone() for m in master]
-
-
-def _same_as_reference(task: int, master: list, ref_m: list, weights: list) -> None:
-    """✗ unless the master equals the recipe done right and the weights are it rounded to bf16."""
-    import torch
-
-    for i, (m, r) in enumerate(zip(master, ref_m)):
-        if not torch.allclose(m, r, rtol=MASTER_RTOL, atol=MASTER_ATOL):
-            fail(
-                task,
-                f"master tensor {i}: differs from the recipe done right after {MASTER_STEPS} steps, "
-                f"max abs error {float((m - r).abs().max()):.3g} (rtol={MASTER_RTOL:g}, atol={MASTER_ATOL:g})",
-            )
-    for i, (w, m) in enumerate(zip(weights, master)):
-        if not torch.equal(w, m.to(torch.bfloat16)):
-            fail(
-                task,
-                f"parameter {i}: the bf16 weights are not the master rounded to bf16 after the last step",
-            )
-
-
-def check_master_bug(MyMaster, task: int = 5) -> None:
-    """The fixed master-weights class: same fp32 master and bf16 weights as the recipe done right."""
-    import torch
-
-    forbid = ("course_lib.techniques.optim:MasterWeights",)
-    ref_w, ref_m = _master_reference()
-    model, batches = _master_task()
-    start = [p.detach().clone() for p in model.parameters()]
-    mw = run_learner(task, MyMaster, model, lr=MASTER_LR, forbid=forbid)
-    for x, y in batches:
-        run_learner(task, mw.zero_grad, forbid=forbid)
-        (model(x).float() - y).pow(2).mean().backward()
-        run_learner(task, mw.step, forbid=forbid)
-    master = list(getattr(mw, "master", None) or [])
-    if len(master) != len(ref_m) or any(m.dtype != torch.float32 for m in master):
-        fail(
-            task,
-            f"expected .master to be the {len(ref_m)} fp32 master tensors, got "
-            f"{[str(getattr(m, 'dtype', type(m).__name__)) for m in master]}",
-        )
-    weights = [p.detach() for p in model.parameters()]
-    if all(torch.equal(w, s) for w, s in zip(weights, start)):
-        fail(
-            task,
-            f"after {MASTER_STEPS} steps at lr={MASTER_LR:g} the bf16 weights never changed: "
-            "does the updated master reach the model?",
-        )
-    if all(torch.equal(m, m.to(torch.bfloat16).float()) for m in master):
-        fail(
-            task,
-            "every master value is a bf16 number: the master copy keeps nothing finer than the "
-            "16-bit weights. Something overwrites it with the rounded weights",
-        )
-    _same_as_reference(task, master, ref_m, weights)
-    moved = sum(int((w != s).sum()) for w, s in zip(ref_w, start))
-    total = sum(s.numel() for s in start)
-    passed(
-        task,
-        f"the master copy accumulates what bf16 cannot hold: {MASTER_STEPS} steps at lr={MASTER_LR:g} "
-        f"match the recipe done right ({moved:,} of {total:,} bf16 weights moved)",
+        f"{len(widths_drawn)} MLPs the lecture did not show",
     )
 
 
@@ -368,9 +308,13 @@ def check_zero1_at_scale(zero1_bytes, task: int = 6) -> None:
     from course_lib.grading.core import expect_int
     from course_lib.measure import estimate
 
-    for name, n in SCALE_MODELS.items():
+    rng = case_rng(task, UNIT)
+    # a drawn size and world size; every world size divides every size, as with the Llama counts
+    models = {**SCALE_MODELS, "drawn": 256 * rng.randint(4_000_000, 1_500_000_000)}
+    worlds = (*SCALE_WORLDS, rng.choice((2, 4, 16, 32, 128, 256)))
+    for name, n in models.items():
         for master in (True, False):
-            for world in SCALE_WORLDS:
+            for world in worlds:
                 got = expect_int(
                     task,
                     f"zero1_bytes({n:,}, {world}, master={master})",
@@ -384,14 +328,14 @@ def check_zero1_at_scale(zero1_bytes, task: int = 6) -> None:
                     fail(
                         task,
                         f"{name} ({n:,} parameters), {what} accounting, ZeRO-1 over {world} GPU(s): "
-                        f"expected {expected:,} B per GPU, got {got:,} B. Which parts are sharded, and "
-                        "which stay whole on every GPU?",
+                        f"{got:,} B per GPU is not the ZeRO-1 model state. Which parts are sharded, "
+                        "and which stay whole on every GPU?",
                     )
     seven = estimate.zero_bytes_per_rank(SCALE_MODELS["7B"], stage=1, world_size=1, k=12)
     seventy = estimate.zero_bytes_per_rank(SCALE_MODELS["70B"], stage=1, world_size=64, k=8)
     passed(
         task,
-        f"{2 * 2 * len(SCALE_WORLDS)} configurations equal estimate's ZeRO-1 bytes "
+        f"{len(models) * 2 * len(worlds)} configurations equal estimate's ZeRO-1 bytes "
         f"(7B unsharded, 16 B/param: {seven / 1e9:.1f} GB; 70B over 64 GPUs, 12 B/param: "
         f"{seventy / 1e9:.1f} GB per GPU)",
     )

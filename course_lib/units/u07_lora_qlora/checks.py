@@ -2,20 +2,29 @@
 
 Task 1: count LoRA's trainable parameters for Mistral-7B (grouped-query attention: k and v are
 1024 wide), all seven linears, as ``count_lora_params(r) -> int``.
-Task 2: ``MyLoRALinear.forward``: base(x) + (alpha / r) x A^T B^T, unchanged at step 0.
-Task 3: ``MyLoRALinear.merge``: W0 += (alpha / r) B A, after which forward skips the adapter.
+Task 2: ``MyLoRALinear.forward`` on a base the lecture does not show, GPT-2's :class:`Conv1D`
+(weight stored transposed, (d_in, d_out)): unchanged at step 0, the lecture's low-rank update
+once B is trained.
+Task 3: ``MyLoRALinear.merge`` into an ``nn.Linear`` (the lecture's layout) and into a
+:class:`Conv1D` (transposed), after which forward skips the adapter.
 Task 4: find the bug: ``init_adapter(d_in, d_out, r) -> (A, B)`` must leave the model unchanged
 at step 0 (B = 0) and still learn (A random, so B gets a gradient).
 
 The learner's class is built as ``MyLoRALinear(base, r=..., alpha=...)`` and has ``base``,
 ``lora_A`` (r, d_in), ``lora_B`` (d_out, r), ``scaling`` and ``merged`` (its ``__init__`` is given
-in the notebook). Tolerances: fp32 sums in a different order differ by a few ulps; 1e-5 relative
+in the notebook). Layer sizes, rank, alpha and the ranks of task 1 are drawn from the grading
+seed (:func:`course_lib.grading.seeds.case_rng`). Tolerances: fp32 sums in a different order differ by a few ulps; 1e-5 relative
 and 1e-6 absolute leave room for that and catch a missing or doubled scaling (off by 2x).
 """
 
 from __future__ import annotations
 
-from course_lib.grading.core import fail, fmt_int, passed, run_learner
+import functools
+
+from course_lib.grading.core import fail, passed, run_learner
+from course_lib.grading.seeds import case_rng
+
+UNIT = "u07_lora_qlora"
 
 __all__ = [
     "MISTRAL_7B",
@@ -58,8 +67,9 @@ def _mistral_count(r: int) -> int:
 
 
 def check_count_lora(count_lora_params, task: int = 1) -> None:
-    """Exact counts at r = 1, 8, 16 and 64; an int is required."""
-    for r in (1, 8, 16, 64):
+    """Exact counts at r = 1, 16 and two ranks drawn from the grading seed; an int is required."""
+    rng = case_rng(task, UNIT)
+    for r in (1, rng.randint(2, 12), 16, rng.randint(17, 256)):
         got = run_learner(task, count_lora_params, r, forbid=_FORBID_COUNT)
         if isinstance(got, bool) or not isinstance(got, int):
             fail(
@@ -73,32 +83,71 @@ def check_count_lora(count_lora_params, task: int = 1) -> None:
                 if got == no_gqa
                 else ""
             )
-            fail(task, f"count_lora_params({r}): expected {_mistral_count(r):,}, got {got:,}{hint}")
+            fail(task, f"count_lora_params({r}): {got:,} is not Mistral-7B's count{hint}")
     passed(
         task,
-        f"Mistral-7B, all seven linears: {fmt_int(_mistral_count(1))} x r "
-        f"({fmt_int(_mistral_count(16))} at r = 16), exact at r = 1, 8, 16, 64",
+        "Mistral-7B, all seven linears, k and v grouped-query: exact at r = 1, 16 and 2 unseen "
+        "ranks",
     )
 
 
-def _layer(MyLoRALinear, task: int, seed: int = 0):
+@functools.cache
+def _conv1d_class():
     import torch
     from torch import nn
 
-    torch.manual_seed(seed)
-    base = nn.Linear(24, 12)
-    ref = nn.Linear(24, 12)
-    ref.load_state_dict(base.state_dict())
-    layer = run_learner(task, MyLoRALinear, base, r=4, alpha=8, forbid=_FORBID_LAYER)
-    for name, shape in (("lora_A", (4, 24)), ("lora_B", (12, 4))):
+    class Conv1D(nn.Module):
+        """GPT-2's linear layer (Radford et al. 2019; Hugging Face's ``Conv1D``): the weight is
+        stored transposed, (d_in, d_out), and the layer computes x @ weight + bias."""
+
+        def __init__(self, in_features: int, out_features: int):
+            super().__init__()
+            self.in_features, self.out_features = in_features, out_features
+            self.weight = nn.Parameter(torch.randn(in_features, out_features) * 0.02)
+            self.bias = nn.Parameter(torch.zeros(out_features))
+
+        def forward(self, x):
+            return x @ self.weight + self.bias
+
+    return Conv1D
+
+
+def __getattr__(name: str):
+    """``Conv1D``, the base of tasks 2 and 3, built on first use (this module imports no torch
+    at import time)."""
+    if name == "Conv1D":
+        return _conv1d_class()
+    raise AttributeError(name)
+
+
+def _layer(MyLoRALinear, task: int, kind: str = "linear"):
+    """The learner's layer around a base with sizes, rank and alpha drawn from the grading seed,
+    and a copy of the base as it was."""
+    import copy
+
+    import torch
+    from torch import nn
+
+    rng = case_rng(task, UNIT)
+    d_in, d_out = rng.randint(12, 40), rng.randint(6, 30)
+    d_out += d_out == d_in  # never square: the two layouts must differ
+    r, alpha = rng.choice((2, 4, 8)), rng.choice((1, 4, 8, 16, 32))
+    torch.manual_seed(rng.getrandbits(31))
+    base = nn.Linear(d_in, d_out) if kind == "linear" else _conv1d_class()(d_in, d_out)
+    with torch.no_grad():
+        base.bias.normal_()
+    ref = copy.deepcopy(base)
+    made = f"MyLoRALinear({type(base).__name__}({d_in}, {d_out}), r={r}, alpha={alpha})"
+    layer = run_learner(task, MyLoRALinear, base, r=r, alpha=alpha, forbid=_FORBID_LAYER)
+    for name, shape in (("lora_A", (r, d_in)), ("lora_B", (d_out, r))):
         t = getattr(layer, name, None)
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
             fail(
                 task,
-                f"MyLoRALinear(nn.Linear(24, 12), r=4, alpha=8).{name}: expected a tensor of shape "
-                f"{shape}, got {getattr(t, 'shape', t)!r}",
+                f"{made}.{name}: expected a tensor of shape {shape}, got "
+                f"{getattr(t, 'shape', t)!r}",
             )
-    return layer, ref
+    return layer, ref, alpha / r, rng
 
 
 def _close(task: int, what: str, got, expected) -> None:
@@ -115,12 +164,13 @@ def _close(task: int, what: str, got, expected) -> None:
 
 
 def check_lora_forward(MyLoRALinear, task: int = 2) -> None:
-    """forward = base(x) at step 0; = base(x) + (alpha / r) x A^T B^T once B is trained, for 2-D
-    and 3-D inputs; the base gets no gradient."""
+    """On a Conv1D base: forward = base(x) at step 0; = base(x) + (alpha / r) x A^T B^T once B is
+    trained, for 2-D and 3-D inputs; the base gets no gradient."""
     import torch
 
-    layer, ref = _layer(MyLoRALinear, task)
-    x = torch.randn(3, 5, 24, generator=torch.Generator().manual_seed(1))
+    layer, ref, scaling, rng = _layer(MyLoRALinear, task, "conv1d")
+    g = torch.Generator().manual_seed(rng.getrandbits(63))
+    x = torch.randn(rng.randint(2, 4), rng.randint(3, 6), ref.in_features, generator=g)
     with torch.no_grad():
         _close(
             task,
@@ -128,13 +178,14 @@ def check_lora_forward(MyLoRALinear, task: int = 2) -> None:
             run_learner(task, layer, x, forbid=_FORBID_LAYER),
             ref(x),
         )
-        layer.lora_B.copy_(torch.randn(12, 4, generator=torch.Generator().manual_seed(2)))
+        layer.lora_B.copy_(torch.randn(layer.lora_B.shape, generator=g))
     for inp in (x, x[0]):
-        expected = ref(inp) + 2.0 * (inp @ layer.lora_A.detach().T @ layer.lora_B.detach().T)
+        expected = ref(inp) + scaling * (inp @ layer.lora_A.detach().T @ layer.lora_B.detach().T)
         got = run_learner(task, layer, inp, forbid=_FORBID_LAYER)
         _close(
             task,
-            f"output for input shape {tuple(inp.shape)} with B != 0 (alpha / r = 2)",
+            f"Conv1D base, output for input shape {tuple(inp.shape)} with B != 0 "
+            f"(alpha / r = {scaling:g})",
             got,
             expected,
         )
@@ -148,25 +199,39 @@ def check_lora_forward(MyLoRALinear, task: int = 2) -> None:
         )
     passed(
         task,
-        f"forward = base(x) + (alpha / r) B A x, unchanged at step 0, base frozen (rtol={RTOL:g}, atol={ATOL:g})",
+        f"forward on a GPT-2 Conv1D base: unchanged at step 0, base(x) + (alpha / r) B A x once "
+        f"B is trained, base frozen (rtol={RTOL:g}, atol={ATOL:g})",
     )
 
 
 def check_lora_merge(MyLoRALinear, task: int = 3) -> None:
-    """After merge: base.weight = W0 + (alpha / r) B A, and forward gives the same output as before
-    (the update is not added twice)."""
+    """After merge, into an nn.Linear and into a Conv1D: base.weight is W0 plus the update in the
+    base's own layout, and forward gives the same output as before (not added twice)."""
+    for kind in ("linear", "conv1d"):
+        _check_merge_into(MyLoRALinear, task, kind)
+    passed(
+        task,
+        f"merge() folds (alpha / r) B A into W0 of an nn.Linear and of a GPT-2 Conv1D (stored "
+        f"transposed) and the output is unchanged (rtol={RTOL:g}, atol={ATOL:g})",
+    )
+
+
+def _check_merge_into(MyLoRALinear, task: int, kind: str) -> None:
     import torch
 
-    layer, ref = _layer(MyLoRALinear, task, seed=3)
-    x = torch.randn(6, 24, generator=torch.Generator().manual_seed(4))
+    layer, ref, scaling, rng = _layer(MyLoRALinear, task, kind)
+    name = type(ref).__name__
+    g = torch.Generator().manual_seed(rng.getrandbits(63))
+    x = torch.randn(rng.randint(3, 8), ref.in_features, generator=g)
     with torch.no_grad():
-        layer.lora_B.copy_(torch.randn(12, 4, generator=torch.Generator().manual_seed(5)))
+        layer.lora_B.copy_(torch.randn(layer.lora_B.shape, generator=g))
         before = run_learner(task, layer, x, forbid=_FORBID_LAYER)
         run_learner(task, layer.merge, forbid=_FORBID_LAYER)
-        expected_w = ref.weight + 2.0 * layer.lora_B @ layer.lora_A
+        delta = scaling * layer.lora_B @ layer.lora_A  # (d_out, d_in): nn.Linear's layout
+        expected_w = ref.weight + (delta if kind == "linear" else delta.T)
         _close(
             task,
-            "base.weight after merge() vs W0 + (alpha / r) B A",
+            f"{name} base: base.weight after merge() vs W0 plus (alpha / r) B A in its layout",
             layer.base.weight.detach(),
             expected_w,
         )
@@ -174,13 +239,10 @@ def check_lora_merge(MyLoRALinear, task: int = 3) -> None:
         if torch.allclose(after, before + (before - ref(x)), rtol=RTOL, atol=ATOL):
             fail(
                 task,
-                "after merge() the update is added twice: forward must skip the adapter once merged",
+                f"{name} base: after merge() the update is added twice: forward must skip the "
+                "adapter once merged",
             )
-        _close(task, "output after merge() vs before", after, before)
-    passed(
-        task,
-        f"merge() folds (alpha / r) B A into W0 and the output is unchanged (rtol={RTOL:g}, atol={ATOL:g})",
-    )
+        _close(task, f"{name} base: output after merge() vs before", after, before)
 
 
 def check_init_adapter(init_adapter, task: int = 4) -> None:
@@ -188,8 +250,9 @@ def check_init_adapter(init_adapter, task: int = 4) -> None:
     what the base computes (B = 0); one SGD step changes the output (A is not zero)."""
     import torch
 
-    torch.manual_seed(0)
-    d_in, d_out, r = 32, 16, 4
+    rng = case_rng(task, UNIT)
+    torch.manual_seed(rng.getrandbits(31))
+    d_in, d_out, r = rng.randint(16, 48), rng.randint(8, 32), rng.choice((2, 4, 8))
     got = run_learner(task, init_adapter, d_in, d_out, r, forbid=_FORBID_LAYER)
     if not (
         isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)
@@ -204,8 +267,9 @@ def check_init_adapter(init_adapter, task: int = 4) -> None:
             task,
             f"shapes: expected A {(r, d_in)} and B {(d_out, r)}, got {tuple(A.shape)} and {tuple(B.shape)}",
         )
-    W = torch.randn(d_out, d_in, generator=torch.Generator().manual_seed(1))
-    x = torch.randn(8, d_in, generator=torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(rng.getrandbits(63))
+    W = torch.randn(d_out, d_in, generator=g)
+    x = torch.randn(8, d_in, generator=g)
     y = x @ (W + 2.0 * B @ A).T
     change = float((y - x @ W.T).detach().abs().max())
     if change != 0.0:

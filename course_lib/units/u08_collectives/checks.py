@@ -4,11 +4,14 @@ The learner's functions are launched on 2, 3 and 4 real gloo ranks with course_l
 compared with torch.distributed (values) and with course_lib.measure.estimate (bytes: the payloads
 the learner's code hands to send/isend, counted by CommMeter from the calls it makes; for
 point-to-point calls that is what the model counts too, the wire adds only gloo's headers). Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
+The sizes of task 3, the delays of task 4 and a model size and GPU count of task 6 are drawn
+from the grading seed (:func:`course_lib.grading.seeds.case_rng`).
 """
 
 from __future__ import annotations
 
 from course_lib.grading.core import fail, fmt_int, passed, run_learner
+from course_lib.grading.seeds import case_rng
 from course_lib.units.u08_collectives.checks_ranks import (
     _BYTES_REFERENCES,
     GRADE_TIMEOUT_S,
@@ -28,6 +31,9 @@ from course_lib.units.u08_collectives.checks_ranks import (
 # --------------------------------------------------------------------------------------------
 # The meters run with dispatch=False: they count direct torch.distributed calls (all a ring needs)
 # without importing torch.distributed.tensor in every rank, which costs seconds per launch.
+
+
+UNIT = "u08_collectives"
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,7 +113,17 @@ def check_composite_bytes(predict, task: int = 3) -> None:
     from course_lib.runtime.errors import LaunchError
     from course_lib.runtime.launch import launch
 
-    cases = [(4096, 2), (4096, 4), (3 * 4096, 3), (8 * 2**20, 8), (2**30, 64), (1000, 1)]
+    rng = case_rng(task, UNIT)
+    odd = rng.choice((3, 5, 6, 7))
+    cases = [
+        (4 * rng.randint(256, 4096), 2),
+        (4 * rng.randint(256, 4096), 4),
+        (odd * 4 * rng.randint(256, 4096), odd),  # N not a power of two
+        (2 ** rng.randint(20, 26), rng.choice((8, 16, 32))),
+        (2 ** rng.randint(28, 32), rng.choice((64, 128, 256))),
+        (4 * rng.randint(1, 2000), 1),  # one rank sends nothing
+    ]
+    rng.shuffle(cases)
     for size, n in cases:
         expected = estimate.reduce_scatter_bytes_sent(size, n) + estimate.allgather_bytes_sent(
             size, n
@@ -118,10 +134,10 @@ def check_composite_bytes(predict, task: int = 3) -> None:
         if abs(got - expected) > 1e-9 * max(1.0, expected):
             fail(
                 task,
-                f"for S = {fmt_int(size)} B on N = {n} ranks: expected {fmt_int(round(expected))} B "
-                f"per rank, got {got!r}",
+                f"for S = {fmt_int(size)} B on N = {n} ranks: {got!r} B per rank is not what "
+                "reduce-scatter + all-gather send",
             )
-    for n, numel in ((2, 2 * 1024), (4, 4 * 1024)):
+    for n, numel in ((2, 2 * rng.randint(256, 2048)), (4, 4 * rng.randint(256, 2048))):
         try:
             measured = launch(_composite_worker, n, numel, timeout=GRADE_TIMEOUT_S)
         except LaunchError as exc:  # not the learner's fault, but say so clearly
@@ -134,8 +150,8 @@ def check_composite_bytes(predict, task: int = 3) -> None:
             if got != predicted:
                 fail(
                     task,
-                    f"CommMeter counted {fmt_int(got)} B handed to send calls by rank {rank} of {n} for "
-                    f"S = {fmt_int(numel * 4)} B, your prediction is {predicted!r}",
+                    f"rank {rank} of {n}, S = {fmt_int(numel * 4)} B: your prediction "
+                    f"{predicted!r} is not what CommMeter counted in the send calls",
                 )
     passed(
         task,
@@ -147,8 +163,24 @@ def check_composite_bytes(predict, task: int = 3) -> None:
 # --------------------------------------------------------------------------------------------
 # task 4: predict before you measure -- late ranks and an all-reduce
 # --------------------------------------------------------------------------------------------
-#: the late ranks of task 4: rank r computes STRAGGLER_SLEEPS[r] seconds before the all-reduce
+#: the late ranks of task 4 under the default seed: rank r computes STRAGGLER_SLEEPS[r] seconds
+#: before the all-reduce (:func:`straggler_sleeps` draws them per seed)
 STRAGGLER_SLEEPS = (0.0, 0.3, 0.1, 0.0)
+
+
+def straggler_sleeps(task: int = 4) -> tuple[float, ...]:
+    """Delays of 4 ranks drawn from the grading seed, 0.05 s apart at least: one rank on time,
+    one straggler 0.2-0.4 s late, two in between, in a drawn order (never the lecture's)."""
+    rng = case_rng(task, UNIT)
+    while True:
+        late = rng.choice((0.2, 0.25, 0.3, 0.35, 0.4))
+        mids = rng.sample([x / 20 for x in range(0, round(late * 20))], 2)
+        sleeps = [0.0, late, *mids]
+        rng.shuffle(sleeps)
+        if sleeps != [0.0, 0.2, 0.0, 0.0]:
+            return tuple(sleeps)
+
+
 STRAGGLER_TOL_S = 0.1  # scheduling on a shared 2-core machine: tens of ms of jitter
 #: measuring is not predicting: the lecture's run of the same experiment is out of reach
 _STRAGGLER_REFERENCES = ("course_lib.units.u08_collectives.run_patterns:straggler",)
@@ -165,25 +197,26 @@ def check_straggler_prediction(predict_wait_s, task: int = 4) -> None:
     all-reduce when rank r first computes ``sleeps[r]`` seconds. The check predicts first, then
     runs it on 4 real ranks with STRAGGLER_SLEEPS and compares every rank within 0.1 s. A shared
     machine can delay one run: a miss is measured again (up to 3 runs)."""
-    got = run_learner(task, predict_wait_s, list(STRAGGLER_SLEEPS), forbid=_STRAGGLER_REFERENCES)
+    sleeps = straggler_sleeps(task)
+    got = run_learner(task, predict_wait_s, list(sleeps), forbid=_STRAGGLER_REFERENCES)
     if (
         not isinstance(got, (list, tuple))
-        or len(got) != len(STRAGGLER_SLEEPS)
+        or len(got) != len(sleeps)
         or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in got)
     ):
         fail(
             task,
-            f"expected a list of {len(STRAGGLER_SLEEPS)} numbers of seconds (one per rank), got {got!r}",
+            f"expected a list of {len(sleeps)} numbers of seconds (one per rank), got {got!r}",
         )
     misses = []
     for _ in range(3):
-        measured = _measure_straggler(STRAGGLER_SLEEPS)
+        measured = _measure_straggler(sleeps)
         worst = max(range(len(got)), key=lambda r: abs(got[r] - measured[r]))
         if abs(got[worst] - measured[worst]) <= STRAGGLER_TOL_S:
             passed(
                 task,
                 f"every rank's time inside the all-reduce is within {STRAGGLER_TOL_S:g} s of "
-                f"the prediction, on 4 ranks with delays {list(STRAGGLER_SLEEPS)} s",
+                "the prediction, on 4 ranks with delays the lecture did not run",
             )
             return
         misses.append(
@@ -191,7 +224,7 @@ def check_straggler_prediction(predict_wait_s, task: int = 4) -> None:
         )
     fail(
         task,
-        f"sleeps {list(STRAGGLER_SLEEPS)}, in 3 runs: {'; '.join(misses)} (within "
+        f"sleeps {list(sleeps)}, in 3 runs: {'; '.join(misses)} (within "
         f"{STRAGGLER_TOL_S:g} s passes)",
     )
 
@@ -309,8 +342,11 @@ def check_scale_bytes(bytes_per_step, task: int = 6) -> None:
     one step, bf16, for scheme "all_reduce" (ring all-reduce of the gradients), "zero3"
     (ring reduce-scatter of the gradients + ring all-gather of the parameters before forward and
     again before backward) and "parameter_server" (rank 0 collects and sends back everything).
-    Graded for 7B and 70B on 8 and 64 GPUs against estimate (rtol 1e-9)."""
-    for n_params, ws in SCALE_CASES:
+    Graded for 7B and 70B on 8 and 64 GPUs, and a size and GPU count drawn from the grading
+    seed, against estimate (rtol 1e-9)."""
+    rng = case_rng(task, UNIT)
+    drawn = (rng.randint(1, 500) * 10**9, rng.choice((2, 4, 16, 32, 128, 256, 512)))
+    for n_params, ws in (*SCALE_CASES, drawn):
         for scheme in SCALE_SCHEMES:
             expected = _scale_expected(n_params, ws, scheme)
             got = run_learner(task, bytes_per_step, n_params, ws, scheme, forbid=_SCALE_REFERENCES)
@@ -322,14 +358,14 @@ def check_scale_bytes(bytes_per_step, task: int = 6) -> None:
             if abs(got - expected) > 1e-9 * expected:
                 fail(
                     task,
-                    f"{n_params:.0e} params, {ws} GPUs, {scheme}: expected {expected / 1e9:,.2f} GB "
-                    f"per step, got {got / 1e9:,.4g} GB",
+                    f"{n_params:.0e} params, {ws} GPUs, {scheme}: {got / 1e9:,.4g} GB per step is "
+                    "not what the busiest GPU sends",
                 )
     a = _scale_expected(70_000_000_000, 64, "all_reduce") / 1e9
     z = _scale_expected(70_000_000_000, 64, "zero3") / 1e9
     p = _scale_expected(70_000_000_000, 64, "parameter_server") / 1e9
     passed(
         task,
-        f"bytes per step match estimate for 7B and 70B on 8 and 64 GPUs (70B on 64: "
+        f"bytes per step match estimate for 7B and 70B on 8 and 64 GPUs and an unseen size (70B on 64: "
         f"all-reduce {a:,.0f} GB, ZeRO-3 {z:,.0f} GB, parameter server {p:,.0f} GB)",
     )

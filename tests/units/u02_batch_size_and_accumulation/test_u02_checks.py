@@ -1,10 +1,12 @@
-"""Unit 02's graded checks: correct loops pass, each bug is named."""
+"""Unit 02's graded checks: correct loops pass, each bug is named, the course's own answer is
+refused, under two grading seeds; a table of the default seed's answers fails under another."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
+from _grading_seeds import copied_fails, seed_fixture  # noqa: F401 (the seed fixture)
 
 from course_lib.techniques import accumulation
 from course_lib.units.u02_batch_size_and_accumulation import checks as grading
@@ -85,7 +87,7 @@ def stub(*args):
 
 
 @pytest.mark.parametrize("fn", [correct, correct_zero_grad_after])
-def test_accumulation_check_passes_correct_loops(fn, capsys):
+def test_accumulation_check_passes_correct_loops(fn, capsys, seed):
     grading.check_accumulation_step(fn, task=3)
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [
@@ -97,17 +99,20 @@ def test_accumulation_check_passes_correct_loops(fn, capsys):
 @pytest.mark.parametrize(
     "fn, pattern",
     [
-        (bug_not_divided, r"loss not divided by the number of micro-batches.*3x"),
+        (bug_not_divided, r"loss not divided by the number of micro-batches.*\dx"),
         (bug_zero_grad_inside, r"zero_grad inside the loop"),
         (bug_grads_set_to_none_by_hand, r"zero_grad inside the loop: only the last micro-batch"),
-        (bug_step_every_micro_batch, r"optimizer.step\(\) ran 3 times: stepping every micro-batch"),
+        (
+            bug_step_every_micro_batch,
+            r"optimizer.step\(\) ran \d times: stepping every micro-batch",
+        ),
         (bug_never_zero_grad, r"second call .*gradients never cleared"),
         (bug_one_backward_at_end, r"backward must follow each micro-batch's forward"),
         (bug_drops_last_micro_batch, r"parameter update differs from one full-batch step"),
         (stub, r"not implemented yet"),
     ],
 )
-def test_accumulation_check_names_each_bug(fn, pattern):
+def test_accumulation_check_names_each_bug(fn, pattern, seed):
     with pytest.raises(AssertionError) as info:
         grading.check_accumulation_step(fn, task=3)
     msg = str(info.value)
@@ -127,11 +132,22 @@ def test_the_course_accumulation_step_rewritten_passes_and_the_original_is_refus
         grading.check_accumulation_step(accumulation_step, task=3)
 
 
-def test_matmul_intensity_check():
+def right_intensity(m, n, k, b):
+    return 2 * m * n * k / (b * (m * k + k * n + m * n))
+
+
+def right_plan(target, max_micro, ranks):
+    if target % ranks:
+        raise ValueError(f"target_batch={target} does not split over world_size={ranks}")
+    per_rank = target // ranks
+    micro = max(d for d in range(1, min(max_micro, per_rank) + 1) if per_rank % d == 0)
+    return micro, per_rank // micro
+
+
+def test_matmul_intensity_check(seed):
     from course_lib.measure import estimate
 
-    def right(m, n, k, b):
-        return 2 * m * n * k / (b * (m * k + k * n + m * n))
+    right = right_intensity
 
     def half(m, n, k, b):
         return m * n * k / (b * (m * k + k * n + m * n))
@@ -147,13 +163,8 @@ def test_matmul_intensity_check():
     )
 
 
-def test_plan_accumulation_check(capsys):
-    def right(target, max_micro, ranks):
-        if target % ranks:
-            raise ValueError(f"target_batch={target} does not split over world_size={ranks}")
-        per_rank = target // ranks
-        micro = max(d for d in range(1, min(max_micro, per_rank) + 1) if per_rank % d == 0)
-        return micro, per_rank // micro
+def test_plan_accumulation_check(capsys, seed):
+    right = right_plan
 
     def ignores_ranks(target, max_micro, ranks):
         micro = max(d for d in range(1, min(max_micro, target) + 1) if target % d == 0)
@@ -163,8 +174,10 @@ def test_plan_accumulation_check(capsys):
         return right(target - target % ranks, max_micro, ranks)
 
     grading.check_plan_accumulation(right)
-    assert capsys.readouterr().out.startswith("✓ task 2:")
-    with pytest.raises(AssertionError, match=r"x 4 = 2048, not the target 512"):
+    assert capsys.readouterr().out.strip() == (
+        "✓ task 2: plans match on 6 cases and an indivisible target raises ValueError"
+    )
+    with pytest.raises(AssertionError, match=r"x \d+ = \d+, not the target \d+"):
         grading.check_plan_accumulation(ignores_ranks)
     with pytest.raises(AssertionError, match=r"expected a ValueError"):
         grading.check_plan_accumulation(no_error)
@@ -180,7 +193,7 @@ def largest_batch(model, budget):
     return (budget - params - 4 * (w[-2] * w[-1] + w[-1])) // per
 
 
-def test_largest_batch_check(capsys):
+def test_largest_batch_check(capsys, seed):
     from course_lib.measure import estimate
 
     grading.check_largest_batch(largest_batch, task=4)
@@ -224,15 +237,15 @@ def uneven_buggy(model, optimizer, loss_fn, inputs, targets, micro_batches):
     optimizer.step()
 
 
-def test_uneven_accumulation_check(capsys):
+def test_uneven_accumulation_check(capsys, seed):
     grading.check_uneven_accumulation("b", uneven_step, task=5)
     assert (
         capsys.readouterr()
         .out.strip()
-        .startswith("✓ task 5: bug named; with micro-batches of 4+4+2")
+        .startswith("✓ task 5: bug named; with a shorter last micro-batch in 2 unseen cases")
     )
     with pytest.raises(
-        AssertionError, match=r"✗ task 5: .*\[4, 4, 2\] samples, yet each micro-batch's mean"
+        AssertionError, match=r"✗ task 5: .*\[[\d, ]+\] samples, yet each micro-batch's mean"
     ):
         grading.check_uneven_accumulation("b", uneven_buggy, task=5)
     with pytest.raises(AssertionError, match=r"✗ task 5: bug 'c' .*the loop is right about that"):
@@ -249,13 +262,13 @@ def gpus_needed(n_params, tokens, days, peak_flops, mfu):
     return math.ceil(6 * n_params * tokens / (days * 86_400 * peak_flops * mfu))
 
 
-def test_gpus_needed_check(capsys):
+def test_gpus_needed_check(capsys, seed):
     from course_lib.measure import estimate
 
     grading.check_gpus_needed(gpus_needed, task=6)
     assert capsys.readouterr().out.strip() == (
         "✓ task 6: 175B on 300B tokens in 30 days at 50 % MFU: 1,945 V100, 780 A100, 246 H100; "
-        "7B and 70B on 2T tokens match too"
+        "2 drawn runs match too"
     )
     with pytest.raises(AssertionError, match=r"✗ task 6: .*round up"):
         grading.check_gpus_needed(
@@ -270,3 +283,30 @@ def test_gpus_needed_check(capsys):
         )
     with pytest.raises(AssertionError, match="✗ task 6: not implemented yet"):
         grading.check_gpus_needed(stub, task=6)
+
+
+def test_copied_answers_fail_under_another_seed(monkeypatch):
+    copied_fails(monkeypatch, grading.check_matmul_intensity, right_intensity, task=1)
+    # task 2: seed 0's plans as a table, and its indivisible target refused
+    monkeypatch.setenv("COURSE_GRADE_SEED", "0")
+    cases, (bad, _, _) = grading._plan_cases(2)
+    table = {case: right_plan(*case) for case in cases}
+
+    def copied_plan(target, max_micro, ranks):
+        if target == bad:
+            raise ValueError("copied")
+        return table.get((target, max_micro, ranks), (1, target // ranks))
+
+    grading.check_plan_accumulation(copied_plan, task=2)
+    monkeypatch.setenv("COURSE_GRADE_SEED", "7")
+    with pytest.raises(AssertionError, match="✗ task 2: "):
+        grading.check_plan_accumulation(copied_plan, task=2)
+    copied_fails(monkeypatch, grading.check_largest_batch, largest_batch, task=4)
+    copied_fails(monkeypatch, grading.check_gpus_needed, gpus_needed, task=6)
+
+
+def test_lecture_constants_fail(seed):
+    """The lecture's worked example (175B on 300B tokens) as constants: the drawn runs fail."""
+    printed = {175 * 10**9: 780}
+    with pytest.raises(AssertionError, match="✗ task 6: "):
+        grading.check_gpus_needed(lambda n, t, d, p, u: printed.get(n, 8), task=6)

@@ -1,8 +1,10 @@
-"""Unit 06's graded checks: a correct answer passes, a wrong one fails with ✗, the course's own is refused."""
+"""Unit 06's graded checks: a correct answer passes, a wrong one fails with ✗, the course's own is
+refused, under two grading seeds; a table of the default seed's answers fails under another."""
 
 from __future__ import annotations
 
 import pytest
+from _grading_seeds import copied_fails, seed_fixture  # noqa: F401 (the seed fixture)
 from torch.utils.checkpoint import checkpoint
 
 from course_lib.measure import estimate
@@ -44,7 +46,7 @@ def predict(config, batch, seq, policy, k):
     return 4 * (sum(kept) + 2 * B * T * C + 2 * B * T + B * T * config.vocab_size)
 
 
-def test_correct_answers_pass(capsys):
+def test_correct_answers_pass(capsys, seed):
     checks.check_pick_policy(pick)
     checks.check_rng_fix(lambda block, x: checkpoint(block, x, use_reentrant=False))
     checks.check_predict_kept_bytes(predict)
@@ -55,7 +57,7 @@ def test_correct_answers_pass(capsys):
     ]
 
 
-def test_wrong_answers_fail():
+def test_wrong_answers_fail(seed):
     with pytest.raises(AssertionError, match=r"✗ task 1: budget .* fits but recomputes"):
         checks.check_pick_policy(lambda c, b, s, budget: {"policy": "full", "k": 1})
     with pytest.raises(AssertionError, match=r"✗ task 1: budget .* more than the budget"):
@@ -68,7 +70,9 @@ def test_wrong_answers_fail():
         )
     with pytest.raises(AssertionError, match=r"✗ task 2: each block should run twice"):
         checks.check_rng_fix(lambda block, x: block(x))
-    with pytest.raises(AssertionError, match=r"✗ task 3: .*policy='full'.*off by"):
+    with pytest.raises(
+        AssertionError, match=r"✗ task 3: .*policy='full'.*not what MemoryMeter measured"
+    ):
         checks.check_predict_kept_bytes(
             lambda c, b, s, p, k: (
                 predict(c, b, s, "none", 1) if p != "none" else predict(c, b, s, p, k)
@@ -80,7 +84,7 @@ def test_wrong_answers_fail():
         checks.check_rng_fix(lambda block, x: (_ for _ in ()).throw(NotImplementedError()))
 
 
-def test_the_course_answers_are_refused():
+def test_the_course_answers_are_refused(seed):
     with pytest.raises(
         AssertionError, match=r"✗ task 1: uses the course's own cheapest_fitting_policy"
     ):
@@ -93,3 +97,9 @@ def test_the_course_answers_are_refused():
         checks.check_predict_kept_bytes(
             lambda c, b, s, p, k: estimate.checkpointed_activation_bytes_gpt(c, b, s, policy=p, k=k)
         )
+
+
+@pytest.mark.slow  # measures every option of task 1 on two drawn GPTs
+def test_copied_answers_fail_under_another_seed(monkeypatch):
+    copied_fails(monkeypatch, checks.check_pick_policy, pick, task=1)
+    copied_fails(monkeypatch, checks.check_predict_kept_bytes, predict, task=3)

@@ -1,4 +1,5 @@
-"""Unit 07's graded checks: a right answer passes, a wrong one fails, the course's own is refused."""
+"""Unit 07's graded checks: a right answer passes, a wrong one fails, the course's own is refused,
+under two grading seeds; a table of the default seed's answers fails under another."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 
 import pytest
 import torch
+from _grading_seeds import copied_fails, seed_fixture  # noqa: F401 (the seed fixture)
 from torch import nn
 
 from course_lib.units.u07_lora_qlora import checks as C
@@ -28,11 +30,12 @@ def count_course(r):
     )
 
 
-def test_count(capsys):
+def test_count(capsys, seed):
     C.check_count_lora(count_right)
     assert capsys.readouterr().out.startswith("✓ task 1: Mistral-7B")
     with pytest.raises(
-        AssertionError, match="✗ task 1: .*expected 2,621,440, got 2,818,048 .*key/value heads"
+        AssertionError,
+        match="✗ task 1: count_lora_params\\(1\\): 2,818,048 is not .*key/value heads",
     ):
         C.check_count_lora(count_no_gqa)
     with pytest.raises(AssertionError, match="✗ task 1: .*expected an int"):
@@ -57,7 +60,19 @@ class GoodLoRA(nn.Module):
 
     @torch.no_grad()
     def merge(self):
-        self.base.weight += self.lora_B @ self.lora_A * self.scaling
+        delta = self.lora_B @ self.lora_A * self.scaling
+        self.base.weight += delta if isinstance(self.base, nn.Linear) else delta.T
+        self.merged = True
+
+
+class LinearMergeOnly(GoodLoRA):
+    """The lecture's merge, written for nn.Linear's layout only."""
+
+    @torch.no_grad()
+    def merge(self):
+        self.base.weight += (self.lora_B @ self.lora_A * self.scaling).reshape(
+            self.base.weight.shape
+        )
         self.merged = True
 
 
@@ -69,7 +84,8 @@ class NoScaling(GoodLoRA):
 class MergeTwice(GoodLoRA):
     @torch.no_grad()
     def merge(self):
-        self.base.weight += self.lora_B @ self.lora_A * self.scaling  # but forward still adds it
+        delta = self.lora_B @ self.lora_A * self.scaling  # but forward still adds it
+        self.base.weight += delta if isinstance(self.base, nn.Linear) else delta.T
 
 
 class CourseLoRA(nn.Module):
@@ -88,27 +104,37 @@ class CourseLoRA(nn.Module):
         self.inner.merge()
 
 
-def test_forward(capsys):
+def test_forward(capsys, seed):
     C.check_lora_forward(GoodLoRA)
-    assert capsys.readouterr().out.startswith("✓ task 2:")
-    with pytest.raises(AssertionError, match="✗ task 2: output for input shape .* max abs error"):
+    assert capsys.readouterr().out.strip() == (
+        "✓ task 2: forward on a GPT-2 Conv1D base: unchanged at step 0, base(x) + (alpha / r) B A x "
+        "once B is trained, base frozen (rtol=1e-05, atol=1e-06)"
+    )
+    with pytest.raises(
+        AssertionError, match="✗ task 2: Conv1D base, output for input shape .* max abs error"
+    ):
         C.check_lora_forward(NoScaling)
     with pytest.raises(AssertionError, match="✗ task 2: uses the course's own LoRALinear"):
         C.check_lora_forward(CourseLoRA)
 
 
-def test_merge(capsys):
+def test_merge(capsys, seed):
     C.check_lora_merge(GoodLoRA)
-    assert capsys.readouterr().out.startswith("✓ task 3:")
+    assert capsys.readouterr().out.strip() == (
+        "✓ task 3: merge() folds (alpha / r) B A into W0 of an nn.Linear and of a GPT-2 Conv1D "
+        "(stored transposed) and the output is unchanged (rtol=1e-05, atol=1e-06)"
+    )
     with pytest.raises(
-        AssertionError, match="✗ task 3: after merge\\(\\) the update is added twice"
+        AssertionError, match="✗ task 3: Linear base: after merge\\(\\) the update is added twice"
     ):
         C.check_lora_merge(MergeTwice)
+    with pytest.raises(AssertionError, match="✗ task 3: Conv1D base: base.weight after merge"):
+        C.check_lora_merge(LinearMergeOnly)
     with pytest.raises(AssertionError, match="✗ task 3: uses the course's own LoRALinear"):
         C.check_lora_merge(CourseLoRA)
 
 
-def test_init_adapter(capsys):
+def test_init_adapter(capsys, seed):
     C.check_init_adapter(
         lambda d_in, d_out, r: (torch.randn(r, d_in) / d_in**0.5, torch.zeros(d_out, r))
     )
@@ -128,3 +154,13 @@ def test_init_adapter(capsys):
 
     with pytest.raises(AssertionError, match="✗ task 4: uses the course's own LoRALinear"):
         C.check_init_adapter(course)
+
+
+def test_copied_answers_fail_under_another_seed(monkeypatch):
+    copied_fails(monkeypatch, C.check_count_lora, count_right, task=1)
+
+
+def test_the_conv1d_base_is_one_class():
+    assert C.Conv1D is C.Conv1D
+    layer = C.Conv1D(5, 3)
+    assert tuple(layer.weight.shape) == (5, 3) and tuple(layer(torch.ones(2, 5)).shape) == (2, 3)

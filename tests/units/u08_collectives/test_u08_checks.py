@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from _grading_seeds import copied_fails, seed_fixture  # noqa: F401 (the seed fixture)
 from _rewritten import rewritten
 
 from course_lib.measure import estimate
@@ -60,7 +61,7 @@ def test_checks_reject_stub_library_call_naive_ring_and_wrong_rank():
         unit08.check_ring_all_gather(_half_gather, task=2)
 
 
-def test_composite_bytes_check():
+def test_composite_bytes_check(seed):
     from course_lib.units.u08_collectives import checks as unit08
 
     unit08.check_composite_bytes(lambda s, n: 2 * (n - 1) * s / n)
@@ -82,7 +83,10 @@ def test_straggler_prediction_passes_measured_and_fails_wrong(capsys, monkeypatc
     from course_lib.units.u08_collectives import checks as unit08
 
     unit08.check_straggler_prediction(_wait)  # measured on 4 real ranks
-    assert capsys.readouterr().out.startswith("✓ task 4: every rank's time inside the all-reduce")
+    assert capsys.readouterr().out.strip() == (
+        "✓ task 4: every rank's time inside the all-reduce is within 0.1 s of the prediction, "
+        "on 4 ranks with delays the lecture did not run"
+    )
     # the verdict logic on a fixed measurement: the wrong ideas fail without more launches
     monkeypatch.setattr(unit08, "_measure_straggler", lambda sleeps: [0.3, 0.002, 0.2, 0.3])
     with pytest.raises(AssertionError, match=r"✗ task 4: sleeps .* in 3 runs: rank 0"):
@@ -131,12 +135,13 @@ def _bytes(n_params, world_size, scheme):
     }[scheme]
 
 
-def test_scale_bytes(capsys):
+def test_scale_bytes(capsys, seed):
     from course_lib.units.u08_collectives import checks as unit08
 
     unit08.check_scale_bytes(_bytes)
     assert capsys.readouterr().out == (
-        "✓ task 6: bytes per step match estimate for 7B and 70B on 8 and 64 GPUs (70B on 64: "
+        "✓ task 6: bytes per step match estimate for 7B and 70B on 8 and 64 GPUs and an unseen "
+        "size (70B on 64: "
         "all-reduce 276 GB, ZeRO-3 413 GB, parameter server 8,820 GB)\n"
     )
     with pytest.raises(AssertionError, match="✗ task 6: .*zero3"):  # "sharding is free": 2(N-1)/N S
@@ -147,3 +152,29 @@ def test_scale_bytes(capsys):
         AssertionError, match="✗ task 6: uses the course's own ring_allreduce_bytes_sent"
     ):
         unit08.check_scale_bytes(lambda p, w, s: estimate.ring_allreduce_bytes_sent(2 * p, w))
+
+
+def test_copied_answers_fail_under_another_seed(monkeypatch):
+    from course_lib.units.u08_collectives import checks as unit08
+
+    copied_fails(monkeypatch, unit08.check_scale_bytes, _bytes, task=6)
+    # task 4: the verdict on a measurement that follows the rule, without launching ranks
+    monkeypatch.setattr(unit08, "_measure_straggler", _wait)
+    copied_fails(monkeypatch, unit08.check_straggler_prediction, _wait, task=4)
+
+
+def test_the_drawn_delays_are_not_the_lecture_s(seed):
+    from course_lib.units.u08_collectives import checks as unit08
+
+    sleeps = unit08.straggler_sleeps()
+    assert len(sleeps) == 4 and min(sleeps) == 0.0 and 0.2 <= max(sleeps) <= 0.4
+    assert list(sleeps) != [0.0, 0.2, 0.0, 0.0]
+
+
+@pytest.mark.slow  # launches the reference rings on 2 and 4 ranks twice
+def test_copied_composite_bytes_fail_under_another_seed(monkeypatch):
+    from course_lib.units.u08_collectives import checks as unit08
+
+    copied_fails(
+        monkeypatch, unit08.check_composite_bytes, lambda s, n: 2 * (n - 1) * s / n, task=3
+    )
