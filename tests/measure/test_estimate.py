@@ -485,13 +485,14 @@ def test_link_speeds_and_allreduce_on_link():
         E.LINK_SPEEDS["NVLink H100"].headline_GBps == 900
         and E.LINK_SPEEDS["InfiniBand NDR"].headline_GBps == 50
     )
-    # NVLink's headline is both directions added; the others are quoted per direction
+    # NVLink's and PCIe's headlines are both directions added; IB and Ethernet are per direction
     assert E.LINK_SPEEDS["NVLink H100"].per_direction_GBps == 450
-    assert all(
-        k.headline_GBps == k.per_direction_GBps
-        for k in E.LINK_SPEEDS.values()
-        if "NVLink" not in k.name
-    )
+    assert E.LINK_SPEEDS["PCIe 5.0 x16"].headline_GBps == 128  # NVIDIA's "PCIe Gen5: 128 GB/s"
+    assert E.LINK_SPEEDS["PCIe 5.0 x16"].per_direction_GBps == 64
+    for k in E.LINK_SPEEDS.values():
+        both = k.name.startswith(("NVLink", "PCIe"))
+        assert k.headline_is == ("bidirectional" if both else "per direction"), k.name
+        assert k.headline_GBps == (2 if both else 1) * k.per_direction_GBps, k.name
     assert {"PCIe 4.0 x16", "PCIe 5.0 x16", "NVLink A100", "InfiniBand HDR", "100 GbE"} <= set(
         E.LINK_SPEEDS
     )

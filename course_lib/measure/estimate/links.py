@@ -170,10 +170,11 @@ class Link:
     ``per_direction_GBps``: what one direction carries, in GB/s (1e9 bytes/s). A ring step sends
     to one neighbour while it receives from the other, so each direction carries its own bytes and
     this is the figure that bounds a collective: the course uses it everywhere.
-    ``headline_GBps``: the figure as the vendor's headline quotes it; for NVLink that is the
-    bidirectional aggregate (twice the per-direction figure), for PCIe, InfiniBand and Ethernet
-    it is already per direction. Plugging a bidirectional headline into a ring formula makes every
-    time 2x optimistic. ``source``: where the number comes from.
+    ``headline_GBps``: the figure as the vendor's headline quotes it, and ``headline_is`` which
+    it is: "bidirectional" (both directions added, twice the per-direction figure: NVLink, and
+    PCIe as PCI-SIG and NVIDIA quote it, e.g. the H100 PCIe data sheet's "PCIe Gen5 128 GB/s")
+    or "per direction" (InfiniBand and Ethernet port speeds). Plugging a bidirectional headline
+    into a ring formula makes every time 2x optimistic. ``source``: where the number comes from.
     """
 
     name: str
@@ -182,6 +183,7 @@ class Link:
     kind: str  # "intra-node" or "inter-node"
     source: str
     note: str = ""
+    headline_is: str = "per direction"  # or "bidirectional"
 
 
 LINK_SPEEDS: dict[str, Link] = {
@@ -189,19 +191,23 @@ LINK_SPEEDS: dict[str, Link] = {
     for link in [
         Link(
             "PCIe 4.0 x16",
-            32.0,
+            64.0,
             32.0,
             "intra-node",
-            "PCI-SIG PCIe 4.0 spec: 16 GT/s x 16 lanes, 128b/130b -> ~31.5 GB/s per direction",
-            "64 GB/s counting both directions",
+            "PCI-SIG PCIe 4.0 spec: 16 GT/s x 16 lanes, 128b/130b -> ~31.5 GB/s per direction; "
+            "NVIDIA A100 PCIe data sheet: 'PCIe Gen4: 64 GB/s'",
+            "64 GB/s is the bidirectional headline; ~32 GB/s per direction",
+            "bidirectional",
         ),
         Link(
             "PCIe 5.0 x16",
-            64.0,
+            128.0,
             64.0,
             "intra-node",
-            "PCI-SIG PCIe 5.0 spec: 32 GT/s x 16 lanes -> ~63 GB/s per direction",
-            "128 GB/s counting both directions",
+            "PCI-SIG PCIe 5.0 spec: 32 GT/s x 16 lanes -> ~63 GB/s per direction; "
+            "NVIDIA H100 data sheet: 'PCIe Gen5: 128 GB/s'",
+            "128 GB/s is the bidirectional headline; ~64 GB/s per direction",
+            "bidirectional",
         ),
         Link(
             "NVLink A100",
@@ -210,6 +216,7 @@ LINK_SPEEDS: dict[str, Link] = {
             "intra-node",
             "https://www.nvidia.com/en-us/data-center/a100/ (NVLink 3: 12 links, 600 GB/s total)",
             "600 GB/s is bidirectional aggregate; 300 GB/s per direction",
+            "bidirectional",
         ),
         Link(
             "NVLink H100",
@@ -218,6 +225,7 @@ LINK_SPEEDS: dict[str, Link] = {
             "intra-node",
             "https://www.nvidia.com/en-us/data-center/h100/ (NVLink 4: 18 links, 900 GB/s total)",
             "900 GB/s is bidirectional aggregate; 450 GB/s per direction",
+            "bidirectional",
         ),
         Link(
             "InfiniBand NDR",

@@ -36,6 +36,7 @@ from course_lib.parallel import harness as H
 from course_lib.parallel.bucket_sweep import BucketSweep, ddp_bucket_sweep, torch_ddp_buckets
 from course_lib.runtime.launch import launch
 from course_lib.techniques.accumulation import effective_batch
+from course_lib.units.u09_data_parallelism.run_efficiency import scaling_efficiency
 from course_lib.units.u09_data_parallelism.run_scale import (  # noqa: F401 (re-exported)
     accumulation_steps_for,
     scale_table,
@@ -43,6 +44,7 @@ from course_lib.units.u09_data_parallelism.run_scale import (  # noqa: F401 (re-
 )
 
 __all__ = [
+    "scaling_efficiency",
     "SOURCE_GRADS",
     "model_fn",
     "batch_fn",

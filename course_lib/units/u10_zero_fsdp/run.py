@@ -11,6 +11,8 @@ and uses the course's from-scratch ``parallel.zero.ZeroDataParallel`` beside PyT
   inside the ranks, beside ``estimate.zero_layout_bytes_per_rank`` and the paper's formula;
 - :func:`comm_table`: bytes each rank wrote to its sockets per step, beside
   ``estimate.zero_bytes_sent_per_step``;
+- :func:`accumulation_comm_table`: the same with K micro-batches per optimizer step, DDP with
+  ``no_sync`` beside stages 1-3;
 - :func:`fsdp_timeline`: stage 3's per-rank Gantt chart with and without prefetch, and
   reshard-after-forward on and off (peak memory and bytes measured);
 - :func:`scale_grid`, :func:`source_checks`, :func:`smallest_stage`: 7B-70B through estimate.
@@ -39,6 +41,10 @@ from course_lib.units.u10_zero_fsdp._setup import (  # noqa: F401 (_memory_model
     model_fn,
     units_of,
 )
+from course_lib.units.u10_zero_fsdp.run_accum import (
+    ACCUM_CONFIGS,
+    accumulation_comm_table,
+)
 from course_lib.units.u10_zero_fsdp.run_memory import (
     comm_table,
     memory_table,
@@ -57,6 +63,8 @@ __all__ = [
     "torch_parity",
     "memory_table",
     "comm_table",
+    "accumulation_comm_table",
+    "ACCUM_CONFIGS",
     "fsdp_timeline",
     "scale_grid",
     "source_checks",

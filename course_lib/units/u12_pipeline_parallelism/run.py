@@ -13,6 +13,8 @@ DataFrame or plain data:
   waits for messages, and how many micro-batches each stage held at once;
 - :func:`bubble_table`: the idle fraction measured on each rank's timeline beside
   ``estimate.pipeline_bubble_fraction`` and the same orders replayed on ideal hardware;
+- :func:`sleep_bubble_table`: the bubble measured on ranks whose stages sleep instead of
+  computing (the core stays free, as on one GPU per stage), beside the formula;
 - :func:`activation_memory`: peak activation bytes per stage (MemoryMeter), GPipe vs 1F1B;
 - :func:`wire_bytes`: sends, receives and bytes each rank wrote to its sockets in one bf16 step;
 - :func:`scale_table`, :func:`source_check`: 7B-70B and the sources' numbers through estimate.
@@ -40,6 +42,11 @@ from course_lib.units.u12_pipeline_parallelism._setup import (
     batch_fn,
     reference,
 )
+from course_lib.units.u12_pipeline_parallelism.run_bubble import (
+    SLEEP_TOLERANCE,
+    SleepLayer,
+    sleep_bubble_table,
+)
 from course_lib.units.u12_pipeline_parallelism.run_costs import (
     activation_memory,
     message_table,
@@ -56,6 +63,9 @@ __all__ = [
     "timelines",
     "bubble_table",
     "replayed_bubble",
+    "sleep_bubble_table",
+    "SleepLayer",
+    "SLEEP_TOLERANCE",
     "activation_memory",
     "wire_bytes",
     "message_table",

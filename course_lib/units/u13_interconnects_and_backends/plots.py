@@ -177,7 +177,7 @@ def plot_link_times(table: pd.DataFrame, *, title: str | None = None):
     ax.set_yticklabels(links)
     ax.set_xscale("log")
     ax.set_xlim(right=float(table["time_s"].max()) * 1e3 * 4)  # room for the labels
-    ax.set_xlabel("predicted ring all-reduce time (ms, log scale), at the headline GB/s")
+    ax.set_xlabel("predicted ring all-reduce time (ms, log scale), at the per-direction GB/s")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     ax.set_title(title or "gradient all-reduce per step, by link (estimate)")
     fig.tight_layout()

@@ -194,7 +194,8 @@ def placement_table(
 # --------------------------------------------------------------------------------------------
 def link_table() -> pd.DataFrame:
     """estimate.LINK_SPEEDS as one table: name, kind, per_direction_GBps (what the course uses),
-    headline_GBps (as the vendor quotes it), note, source."""
+    headline_GBps (as the vendor quotes it), headline_is ("bidirectional": both directions
+    added, or "per direction"), note, source."""
     return pd.DataFrame(
         [
             {
@@ -202,6 +203,7 @@ def link_table() -> pd.DataFrame:
                 "kind": k.kind,
                 "per_direction_GBps": k.per_direction_GBps,
                 "headline_GBps": k.headline_GBps,
+                "headline_is": k.headline_is,
                 "note": k.note,
                 "source": k.source,
             }
@@ -218,7 +220,7 @@ def gradient_allreduce_table(
     One row per (model, link): n_params, grad_bytes (n_params x dtype bytes), link,
     per_direction_GBps, time_s at the per-direction figure (the course's convention) and
     time_headline_s at the vendor's headline figure (estimate.allreduce_time_on_link, no latency
-    term). E.g. 1e9 bf16 gradients = 2 GB over 8 ranks: ~7.8 ms on NVLink H100 (450 GB/s per
+    term), headline_is (which that headline is: "bidirectional" or "per direction"). E.g. 1e9 bf16 gradients = 2 GB over 8 ranks: ~7.8 ms on NVLink H100 (450 GB/s per
     direction; ~3.9 ms with its 900 GB/s headline), ~70 ms at 50 GB/s.
     """
     width = estimate.dtype_bytes(dtype)
@@ -240,6 +242,7 @@ def gradient_allreduce_table(
                     "time_headline_s": estimate.allreduce_time_on_link(
                         grad_bytes, world_size, link.headline_GBps
                     ),
+                    "headline_is": link.headline_is,
                 }
             )
     return pd.DataFrame(rows)

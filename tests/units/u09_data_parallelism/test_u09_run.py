@@ -63,3 +63,23 @@ def test_pure_helpers_and_bad_input():
         R.straggler(world_size=2, slow_rank=2)
     with pytest.raises(ValueError, match="implementations"):
         R.ddp_bucket_sweep((1,), implementations=("mine",))
+
+
+def test_scaling_efficiency_with_the_sleep_stand_in():
+    df = R.scaling_efficiency((1, 2), compute_s=0.05, width=64, rows=4, steps=2)
+    assert list(df.world_size) == [1, 2] and df.stand_in.all()
+    assert (df.step_s >= 0.05).all()  # every step waited for its stand-in kernels
+    assert df.efficiency.iloc[0] == 1.0 and df.overhead_s.iloc[0] == 0.0
+    assert df.samples_per_s.tolist() == pytest.approx([4 / df.step_s[0], 8 / df.step_s[1]])
+    assert (df.gradient_bytes == 4 * (2 * 64 * 64 + 2 * 64 + 64 * 8 + 8)).all()
+    # the all-reduce of 34 kB cannot make 2 ranks 3 times slower than 1, nor faster than 1.5x
+    assert 1 / 3 < df.efficiency.iloc[1] < 1.5
+
+
+def test_scaling_efficiency_bad_input():
+    with pytest.raises(ValueError, match="world_sizes"):
+        R.scaling_efficiency((2, 4))
+    with pytest.raises(ValueError, match="compute_s"):
+        R.scaling_efficiency(compute_s=2.0)
+    with pytest.raises(ValueError, match="stand_in"):
+        R.scaling_efficiency(stand_in="yes")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import torch
 
 from course_lib.units.u12_pipeline_parallelism import run
 
@@ -53,3 +56,40 @@ def test_bad_input_refused_before_launch():
         run.timelines(("1f1b",), ranks=4, microbatches=2)
     with pytest.raises(ValueError, match="n_layers = 6: expected a multiple of stages = 4"):
         run.timelines(("gpipe",), ranks=4, n_layers=6)
+
+
+def test_sleep_layer_sleeps_in_forward_and_backward():
+    layer = run.SleepLayer(0.02, 0.04)
+    x = torch.randn(3, requires_grad=True)
+    t0 = time.perf_counter()
+    out = layer(x)
+    t1 = time.perf_counter()
+    out.sum().backward()
+    t2 = time.perf_counter()
+    assert torch.equal(out.detach(), x.detach())  # an identity (scale 1)
+    assert t1 - t0 >= 0.02 and t2 - t1 >= 0.04
+    assert layer.scale.grad is not None and torch.equal(x.grad, torch.ones(3))
+
+
+def test_sleep_bubble_two_ranks_matches_the_formula():
+    df = run.sleep_bubble_table(((2, 2),), schedules=("gpipe", "1f1b"))
+    assert list(df.schedule) == ["gpipe", "1f1b"]
+    assert (df.predicted == 1 / 3).all()  # (p-1)/(m+p-1) at p = 2, m = 2
+    assert df.within.all(), df[["schedule", "measured", "predicted"]]
+
+
+@pytest.mark.slow
+def test_sleep_bubble_four_ranks_matches_the_formula():
+    df = run.sleep_bubble_table(((4, 8), (4, 4)), schedules=("gpipe", "1f1b"))
+    assert df.within.all(), df[["p", "m", "schedule", "measured", "predicted"]]
+
+
+def test_sleep_bubble_bad_input():
+    with pytest.raises(ValueError, match="p"):
+        run.sleep_bubble_table(((1, 4),))
+    with pytest.raises(ValueError, match="microbatches"):
+        run.sleep_bubble_table(((4, 2),), schedules=("1f1b",))
+    with pytest.raises(ValueError, match="forward_s"):
+        run.sleep_bubble_table(forward_s=1.0)
+    with pytest.raises(ValueError, match="schedules"):
+        run.sleep_bubble_table(schedules=("naive",))
