@@ -4,10 +4,11 @@
 (reveal.js's horizontal and vertical pages, the first one as it is drawn on opening, before any
 navigation) and reports, per slide,
 
-- **overflow**: a visible box of the slide reaches past the viewport (what a projector cuts off),
-  or the slide scrolls vertically (what nobody scrolls in a lecture hall). A box inside a block
-  that scrolls sideways (a wide printed table) is measured where that block clips it: scrolling a
-  wide table sideways is allowed, a table taller than the screen is not;
+- **overflow**: the slide is not inside the screen, its content is taller or wider than the
+  slide (the course's slides scroll then: what nobody scrolls in a lecture hall, and what a
+  projector of a plain reveal.js deck cuts off), or a block in it (a cell, an output, a printed
+  text, a table, a figure) is cut or scrolls vertically. A block scrolling sideways (a wide printed
+  table) is allowed;
 - **mid-word wraps**: a line break between two word characters (``[A-Za-z0-9_]``) of one text node:
   ``activat|ions`` or ``12|345`` broken over two lines. Breaks at spaces, hyphens and slashes are
   fine. Formulas (MathJax) and speaker notes are not looked at.
@@ -23,47 +24,36 @@ from pathlib import Path
 #: the projector the slides are made for
 SCREEN = {"width": 1280, "height": 720}
 
-WALK = r"""async () => {
+WALK = r"""() => {
     const defined = require.s.contexts._.defined;
     const key = Object.keys(defined).find(k => k.endsWith('dist/reveal.js'));
     const Reveal = window.Reveal || defined[key];
-    const frame = () => new Promise(done => requestAnimationFrame(() => done()));
     const W = window.innerWidth, H = window.innerHeight, TOL = 1;
     const skip = el => el.closest('aside.notes, .MathJax, .MathJax_CHTML, mjx-container, '
                                   + 'script, style, .MathJax_Preview');
-    // content taller than its box, scrolled or cut (a few pixels are line-height rounding)
-    const scrolls = (el, s) => s.overflowY !== 'visible' && el.scrollHeight > el.clientHeight + 4;
+    // content larger than its box, scrolled or cut (a few pixels are line-height rounding)
+    const BLOCKS = 'div.jp-Cell, div.jp-OutputArea-output, pre, table, img, .jupyter-widgets';
+    const cut = (el, s) => s.overflowY !== 'visible' && el.scrollHeight > el.clientHeight + 4;
+    const name = el => el.tagName.toLowerCase() + '.' + String(el.className).split(' ')[0];
     const overflow = slide => {
-        // pre-order walk: each box is clipped by its ancestors that clip (a block scrolling
-        // sideways shows only its own width of a wide table)
-        const out = [], clip = new Map();
-        const view = {left: 0, top: 0, right: W, bottom: H};
-        const all = [slide, ...slide.querySelectorAll('*')];
-        for (const el of all) {
-            const parentClip = el === slide ? null : clip.get(el.parentElement);
-            if (el !== slide && parentClip === undefined) continue;  // under a skipped box
+        // the slide scrolls (its overflow is auto) when anything in it reaches past its box,
+        // so its scroll size covers every box but those inside blocks that clip or scroll
+        // themselves: those are checked one by one (a block scrolling sideways is allowed)
+        const out = [], r = slide.getBoundingClientRect();
+        if (r.left < -TOL || r.top < -TOL || r.right > W + TOL || r.bottom > H + TOL)
+            out.push('the slide is not inside the screen: ' + [r.left, r.top, r.right, r.bottom]
+                     .map(Math.round).join(','));
+        if (slide.scrollHeight > slide.clientHeight + 4)
+            out.push('the slide scrolls vertically (' + slide.scrollHeight + ' px of content in '
+                     + slide.clientHeight + ')');
+        if (slide.scrollWidth > slide.clientWidth + 4)
+            out.push('the slide scrolls sideways (' + slide.scrollWidth + ' px of content in '
+                     + slide.clientWidth + ')');
+        for (const el of slide.querySelectorAll(BLOCKS)) {
             if (skip(el)) continue;
-            const s = getComputedStyle(el), r = el.getBoundingClientRect();
-            if (s.display === 'none') continue;
-            let box = {left: r.left, top: r.top, right: r.right, bottom: r.bottom};
-            if (parentClip) box = {left: Math.max(box.left, parentClip.left),
-                                   top: Math.max(box.top, parentClip.top),
-                                   right: Math.min(box.right, parentClip.right),
-                                   bottom: Math.min(box.bottom, parentClip.bottom)};
-            const clips = s.overflowX !== 'visible' || s.overflowY !== 'visible';
-            clip.set(el, clips ? box : (parentClip || {left: -1e9, top: -1e9, right: 1e9,
-                                                       bottom: 1e9}));
-            if (scrolls(el, s)) out.push(el.tagName.toLowerCase() + '.'
-                + String(el.className).split(' ')[0] + ' is cut or scrolls vertically ('
-                + el.scrollHeight + ' px of content in ' + el.clientHeight + ')');
-            if (r.width === 0 || r.height === 0 || s.visibility === 'hidden') continue;
-            if (box.right <= box.left || box.bottom <= box.top) continue;
-            if (box.right > view.right + TOL || box.bottom > view.bottom + TOL
-                || box.left < view.left - TOL || box.top < view.top - TOL) {
-                out.push(el.tagName.toLowerCase() + '.' + String(el.className).split(' ')[0]
-                         + ' at ' + [box.left, box.top, box.right, box.bottom]
-                         .map(Math.round).join(','));
-            }
+            const s = getComputedStyle(el);
+            if (cut(el, s)) out.push(name(el) + ' is cut or scrolls vertically ('
+                                     + el.scrollHeight + ' px of content in ' + el.clientHeight + ')');
         }
         return out;
     };
@@ -108,8 +98,9 @@ WALK = r"""async () => {
     for (let n = 0; n < slides.length; n++) {
         const slide = slides[n];
         const {h, v} = Reveal.getIndices(slide);
-        if (n > 0) Reveal.slide(h, v);   // the first slide as it is drawn on opening
-        await frame(); await frame();
+        // the first slide as it is drawn on opening; the others as reveal.js shows them
+        // (layout is read synchronously: waiting for a frame changes nothing but the time)
+        if (n > 0) Reveal.slide(h, v);
         report.push({h, v, overflow: overflow(slide).slice(0, 3), wraps: wraps(slide)});
     }
     return report;
