@@ -8,24 +8,30 @@ that every lecture follows them and an edited lecture is re-tagged by ``make not
 - a markdown cell with a ``#`` or ``##`` heading starts a **slide** (a section: one column in
   reveal.js);
 - any other markdown cell starts a **subslide** (one idea: the text and the code that follows it);
-- a code cell belongs to the (sub)slide of the text above it, except that a figure gets a
-  subslide of its own when its subslide already has a figure or more than
-  :data:`TEXT_LINES_WITH_FIGURE` lines of text, and the setup cell (the first code cell: imports and
-  constants) is **skipped**;
+- a code cell belongs to the (sub)slide of the text above it, except that it starts a subslide
+  of its own when it does not fit under what is already there (heights from
+  :mod:`course_lib.publish.slide_layout`, for a 1280 x 720 screen) or when it shows a figure and
+  its subslide already has one; the setup cell (the first code cell: imports and constants) is
+  **skipped**, and so is a code cell whose source is too long for a slide and has no output;
+- what a slide shows of a tall cell (only the output of a long code cell, the first lines of a
+  long printed text, the paragraphs of a long markdown cell that fit; the rest in the speaker
+  notes) is decided by the same module when the slides are written: the notebook keeps it all;
 - a cell tagged ``slide:<type>`` (``slide:skip``, ``slide:subslide``, ``slide:fragment``, ...)
   overrides the rules, for the cases they get wrong.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import nbformat
 
-#: a figure after more text than this on its subslide gets a subslide of its own (what fits a
-#: 1400 x 860 screen at the slides' type size is about 18 lines of text, or a figure and 8)
-TEXT_LINES_WITH_FIGURE = 8
+from course_lib.publish import slide_layout as layout
+
 TEMPLATES = Path(__file__).parent / "templates"
+#: the screen the slides are made for (reveal.js scales them to the window)
+SCREEN = (1280, 720)
 SLIDE_TYPES = ("slide", "subslide", "fragment", "-", "skip", "notes")
 
 
@@ -48,37 +54,92 @@ def _has_figure(cell) -> bool:
     )
 
 
+def _rule(cell, index: int, first_code: bool, figures: int, px: int) -> str:
+    if cell.cell_type == "markdown":
+        text = cell.source.lstrip()
+        section = any(line.startswith(("# ", "## ")) for line in text.splitlines())
+        return "slide" if index == 0 or section else "subslide"
+    if cell.cell_type != "code" or first_code:
+        return "skip"
+    shown = layout.part(cell)
+    if shown.hide_input and not cell.get("outputs"):
+        return "skip"
+    if px + shown.px > layout.SLIDE_PX or (_has_figure(cell) and figures):
+        return "subslide"
+    return "-"
+
+
 def slide_types(nb) -> list[str]:
     """The slide type of each cell of ``nb`` by the rules of this module."""
     kinds: list[str] = []
     first_code = True
     figures = 0  # figures on the current subslide
-    lines = 0  # lines of text on the current subslide
+    px = 0  # estimated height of what the current subslide shows so far
     for index, cell in enumerate(nb.cells):
-        kind = _override(cell)
-        if cell.cell_type == "markdown":
-            text = cell.source.lstrip()
-            section = any(line.startswith(("# ", "## ")) for line in text.splitlines())
-            rule = "slide" if index == 0 or section else "subslide"
-        elif cell.cell_type == "code":
-            if first_code:
-                rule = "skip"
-            elif _has_figure(cell) and (figures or lines > TEXT_LINES_WITH_FIGURE):
-                rule = "subslide"
-            else:
-                rule = "-"
+        kind = _override(cell) or _rule(cell, index, first_code, figures, px)
+        if cell.cell_type == "code":
             first_code = False
-        else:
-            rule = "skip"
-        kind = kind or rule
         if kind in ("slide", "subslide"):
-            figures = lines = 0
-        if kind != "skip" and cell.cell_type == "markdown":
-            lines += len(cell.source.strip().splitlines())
-        if kind != "skip" and cell.cell_type == "code" and _has_figure(cell):
-            figures += 1
+            figures = px = 0
+        if kind not in ("skip", "notes"):
+            px += layout.part(cell).px
+            figures += _has_figure(cell)
         kinds.append(kind)
     return kinds
+
+
+def _notes(text: str, *, fenced: bool) -> nbformat.NotebookNode:
+    source = f"```text\n{text.rstrip()}\n```" if fenced else text
+    return nbformat.v4.new_markdown_cell(source, metadata={"slideshow": {"slide_type": "notes"}})
+
+
+def _cut_outputs(cell, lines: int) -> list[str]:
+    """Cut each printed text of ``cell`` to ``lines`` lines; the whole texts that were cut."""
+    whole = []
+    for out in cell.get("outputs", []):
+        text = layout.printed_text(out)
+        if text is None or len(text.rstrip("\n").splitlines()) <= lines:
+            continue
+        whole.append(text)
+        if out.output_type == "stream":
+            out.text = layout.cut_text(text, lines)
+        elif out.output_type == "error":
+            out.traceback = layout.cut_text(text, lines).splitlines()
+        else:
+            out.data["text/plain"] = layout.cut_text(text, lines)
+    return whole
+
+
+def _scale_figures(cell, scale: float) -> None:
+    for out in cell.get("outputs", []):
+        if "image/png" in out.get("data", {}):
+            width = layout.figure_width("".join(out.data["image/png"]), scale)
+            if width is not None:
+                out.setdefault("metadata", {})["image/png"] = {"width": width}
+
+
+def for_slides(nb):
+    """A copy of ``nb`` as its slides show it: slide types by the rules, and of each tall cell
+    what fits (:mod:`course_lib.publish.slide_layout`), the rest in speaker notes after it."""
+    nb = copy.deepcopy(nb)
+    cells = []
+    for cell, kind in zip(nb.cells, slide_types(nb)):
+        cell.metadata["slideshow"] = {"slide_type": kind}
+        cells.append(cell)
+        if kind in ("skip", "notes"):
+            continue
+        shown = layout.part(cell)
+        if shown.hide_input:
+            cell.metadata["transient"] = {"remove_source": True}
+        if shown.figure_scale < 1:
+            _scale_figures(cell, shown.figure_scale)
+        if shown.output_lines is not None:
+            cells += [_notes(t, fenced=True) for t in _cut_outputs(cell, shown.output_lines)]
+        if shown.markdown_keep is not None:
+            cell.source = "\n\n".join(shown.blocks[: shown.markdown_keep])
+            cells.append(_notes("\n\n".join(shown.blocks[shown.markdown_keep :]), fenced=False))
+    nb.cells = cells
+    return nb
 
 
 def tag(path: str | Path) -> bool:
@@ -115,6 +176,8 @@ def export(path: str | Path, out_dir: Path, urls: dict[str, str]) -> Path:
         extra_template_basedirs=[str(TEMPLATES)],
         reveal_url_prefix=urls["reveal"],
         reveal_theme="white",
+        reveal_width=str(SCREEN[0]),
+        reveal_height=str(SCREEN[1]),
         reveal_scroll=True,
         reveal_transition="none",
         reveal_number="c/t",
@@ -125,7 +188,9 @@ def export(path: str | Path, out_dir: Path, urls: dict[str, str]) -> Path:
         exclude_input_prompt=True,
         exclude_output_prompt=True,
     )
-    body, _ = exporter.from_filename(str(path))
+    nb = for_slides(nbformat.read(path, as_version=4))
+    resources = {"metadata": {"name": Path(path).stem, "path": str(Path(path).parent)}}
+    body, _ = exporter.from_notebook_node(nb, resources=resources)
     out = out_dir / f"{Path(path).stem}.slides.html"
     out.write_text(body, encoding="utf-8")
     return out

@@ -25,6 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import _slide_fit as slide_fit
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -376,33 +377,44 @@ def test_ranks_magics_interrupt_with_the_stop_button_and_restart_leaves_no_proce
     page.close()
 
 
-def test_static_slides_open_offline(browser, tmp_path):
+def test_every_slide_of_every_deck_fits_the_screen(browser, tmp_path):
+    """Every lecture's static slides, as ``make slides`` writes them, walked slide by slide at
+    1280 x 720 (tests/browser/_slide_fit.py): nothing overflows and no word is broken over two
+    lines; the decks open offline, without JavaScript errors, with their formulas drawn."""
+    import nbformat
+
     from course_lib.publish import assets, site, slides
 
     try:
         urls = assets.install(tmp_path / "vendor")
     except assets.AssetError as exc:
         pytest.skip(f"the slides' JavaScript is not available: {exc}")
-    lecture = ROOT / "notebooks" / "09_data_parallelism.ipynb"
-    out = slides.export(lecture, tmp_path, site._relative(urls, "./vendor/"))
-    page = browser.new_page(viewport={"width": 1400, "height": 860})
+    start = time.perf_counter()
+    decks = [
+        slides.export(ROOT / "notebooks" / name, tmp_path, site._relative(urls, "./vendor/"))
+        for name in LECTURES
+    ]
+    TIMINGS["slides: export every deck"] = time.perf_counter() - start
+    page = browser.new_page(viewport=slide_fit.SCREEN)
     errors, remote = [], []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("request", lambda r: remote.append(r.url) if r.url.startswith("http") else None)
+    problems, formulas = [], 0
     start = time.perf_counter()
-    page.goto(out.as_uri())
-    page.wait_for_selector(".reveal.ready", timeout=30_000)
-    TIMINGS["slides ready unit 09"] = time.perf_counter() - start
-    import nbformat
-
-    expected = slides.count_slides(nbformat.read(lecture, as_version=4))
-    shown = page.evaluate(
-        "() => [...document.querySelectorAll('.slides section')]"
-        ".filter(s => !s.querySelector('section')).length"
-    )
-    assert shown == expected
-    assert page.locator("mjx-container, .MathJax, .MathJax_CHTML").count() > 0, (
-        "no formula rendered"
-    )
+    for name, deck in zip(LECTURES, decks):
+        report, _ = slide_fit.walk_deck(page, deck)
+        expected = slides.count_slides(
+            slides.for_slides(nbformat.read(ROOT / "notebooks" / name, 4))
+        )
+        if len(report) != expected:
+            problems.append(f"{name}: {len(report)} slides drawn, {expected} in the notebook")
+        for s in report:
+            where = f"{name} slide {s['h'] + 1}.{s['v'] + 1}"
+            problems += [f"{where}: overflow: {'; '.join(s['overflow'])}"] if s["overflow"] else []
+            problems += [f"{where}: word broken over two lines: {w!r}" for w in s["wraps"]]
+        formulas += page.locator("mjx-container, .MathJax, .MathJax_CHTML").count()
+    TIMINGS["slides: walk every deck"] = time.perf_counter() - start
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
+    assert formulas > 0, "no formula rendered in any deck"
     assert errors == [] and remote == []
     page.close()

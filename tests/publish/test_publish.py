@@ -6,6 +6,7 @@ import base64
 import hashlib
 import io
 import re
+import struct
 import tarfile
 from pathlib import Path
 
@@ -14,10 +15,19 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from course_lib.publish import assets, site, slides
+from course_lib.publish import slide_layout as layout
 
 ROOT = Path(__file__).resolve().parents[2]
 LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-FIGURE = new_output("display_data", data={"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"})
+
+
+def _png(width: int, height: int) -> str:
+    """A PNG's signature and header (all the slide rules read of a figure), base64."""
+    head = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + struct.pack(">II", width, height)
+    return base64.b64encode(head + b"\x08\x06\x00\x00\x00").decode()
+
+
+FIGURE = new_output("display_data", data={"image/png": _png(800, 400), "text/plain": "<Figure>"})
 
 
 def _notebook():
@@ -50,6 +60,66 @@ def test_slide_rules():
     ]
 
 
+def _printed(lines: int) -> dict:
+    return new_output("stream", name="stdout", text="".join(f"line {i}\n" for i in range(lines)))
+
+
+def test_long_code_shows_only_its_output_and_long_output_is_cut_to_the_notes():
+    long_source = "\n".join(f"x{i} = {i}" for i in range(layout.CODE_LINES + 1))
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("# Title"),
+            new_code_cell("import torch"),
+            new_code_cell(long_source),  # no output: nothing to show
+            new_code_cell(long_source, outputs=[_printed(3)]),
+            new_code_cell("print(table)", outputs=[_printed(40)]),
+        ]
+    )
+    assert slides.slide_types(nb) == ["slide", "skip", "skip", "-", "-"]
+    shown = slides.for_slides(nb)
+    kinds = [c.metadata["slideshow"]["slide_type"] for c in shown.cells]
+    assert kinds == ["slide", "skip", "skip", "-", "-", "notes"]
+    assert shown.cells[3].metadata["transient"] == {"remove_source": True}
+    assert "transient" not in shown.cells[4].metadata  # a short source stays on the slide
+    printed = shown.cells[4].outputs[0].text.splitlines()
+    assert printed[: layout.OUTPUT_LINES] == [f"line {i}" for i in range(layout.OUTPUT_LINES)]
+    assert printed[layout.OUTPUT_LINES :] == [
+        f"⋯ {40 - layout.OUTPUT_LINES} more lines (notebook, speaker notes)"
+    ]
+    assert "line 39" in shown.cells[5].source  # the whole text, in the speaker notes
+    assert nb.cells[4].outputs[0].text.count("\n") == 40  # the notebook keeps everything
+
+
+def test_long_markdown_keeps_what_fits_and_the_rest_goes_to_the_notes():
+    paragraphs = [f"Paragraph {i}: " + " ".join(["words"] * 60) for i in range(12)]
+    nb = new_notebook(cells=[new_markdown_cell("\n\n".join(paragraphs))])
+    shown = slides.for_slides(nb).cells
+    assert [c.metadata["slideshow"]["slide_type"] for c in shown] == ["slide", "notes"]
+    kept = layout.markdown_blocks(shown[0].source)
+    assert 1 <= len(kept) < len(paragraphs)
+    assert kept + layout.markdown_blocks(shown[1].source) == paragraphs
+    assert layout.part(shown[0]).px <= layout.SLIDE_PX
+
+
+def test_a_cell_that_does_not_fit_under_the_text_starts_a_subslide_and_figures_give_way():
+    text = new_markdown_cell("\n\n".join("A paragraph of text. " * 4 for _ in range(8)))
+    tall = new_output("display_data", data={"image/png": _png(1000, 560)})
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("# Title"),
+            new_code_cell("import torch"),
+            text,
+            new_code_cell("plot()", outputs=[FIGURE]),
+            new_code_cell("plot(); print(table)", outputs=[_printed(8), tall]),
+        ]
+    )
+    assert slides.slide_types(nb) == ["slide", "skip", "subslide", "subslide", "subslide"]
+    printed, figure = slides.for_slides(nb).cells[4].outputs
+    assert figure.metadata["image/png"]["width"] < 1000  # narrower, so the printed lines fit
+    assert printed.text.count("\n") == 8  # all of them
+    assert layout.part(nb.cells[4]).px <= layout.SLIDE_PX
+
+
 def test_bad_override_tag_names_the_valid_types():
     nb = new_notebook(cells=[new_markdown_cell("x", metadata={"tags": ["slide:page"]})])
     with pytest.raises(ValueError, match=r"'page' is not one of slide, subslide, fragment"):
@@ -74,7 +144,7 @@ def test_every_lecture_is_tagged_by_the_rules(path):
         f"`python -m course_lib.publish tag {path.relative_to(ROOT)}` (make notebooks does it)"
     )
     n = slides.count_slides(nb)
-    assert 10 <= n <= 36, f"{path.name} has {n} slides; a lecture should have about 15-30"
+    assert 10 <= n <= 60, f"{path.name} has {n} slides; a lecture should have about 15-50"
 
 
 def test_slides_reference_only_local_files(tmp_path):

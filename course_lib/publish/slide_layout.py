@@ -1,0 +1,213 @@
+"""How tall a lecture cell is on a slide, and what of a tall cell the slide shows.
+
+The static slides are made for a 1280 x 720 screen (the course's slide style,
+``templates/course_slides/static/course_slides.css``, sets the sizes these numbers follow). A
+slide holds :data:`SLIDE_PX` pixels of content. Heights are estimated from a cell's source and
+stored outputs, on the safe side; the browser test measures the real slides and fails on any that
+overflow, so a wrong estimate is seen, not projected.
+
+What a tall cell shows on its slide (everything stays in the notebook):
+
+- a code cell whose source is longer than :data:`CODE_LINES` lines shows only its output (a
+  cell with no output is then skipped); so does a code cell too tall for a slide with its source;
+- printed text longer than :data:`OUTPUT_LINES` lines (or than what fits under a figure) is cut
+  on the slide; the whole text goes to the speaker notes;
+- a markdown cell too tall for a slide keeps the paragraphs that fit; the rest go to the notes.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+import struct
+from dataclasses import dataclass, field
+
+#: content height of one slide (720 minus the slide's top and bottom padding, less a margin for
+#: what the estimates leave out)
+SLIDE_PX = 620
+PROSE_LINE_PX, PROSE_CHARS, BLOCK_GAP_PX = 28, 96, 16
+HEADING_PX = {1: 62, 2: 52, 3: 42}
+CODE_LINE_PX, CODE_PAD_PX = 21, 24
+#: the space around a code cell and between its source and its output
+CODE_CELL_PX = 30
+OUTPUT_LINE_PX, OUTPUT_PAD_PX = 18, 14
+TABLE_ROW_PX, TABLE_PAD_PX = 30, 20
+FIGURE_MAX_PX = 560
+CONTENT_WIDTH_PX = 1220
+WIDGET_PX = 420
+#: a code cell with a longer source shows only its output on the slide
+CODE_LINES = 12
+#: printed text longer than this is cut on the slide (the rest goes to the notes)
+OUTPUT_LINES = 16
+#: figures of a cell that does not fit are drawn smaller, down to this scale, before its printed
+#: text is cut further
+MIN_FIGURE_SCALE = 0.6
+#: the fewest lines of printed text a slide shows before cutting the rest
+MIN_OUTPUT_LINES = 4
+
+_LINK = re.compile(r"\]\([^)]*\)")
+_MARKUP = re.compile(r"[*`]|\\[a-zA-Z]+")
+
+
+@dataclass
+class Part:
+    """What the slide shows of one cell: its height, and what it leaves to the notebook."""
+
+    px: int
+    hide_input: bool = False
+    output_lines: int | None = None  # printed lines shown per text output (None: all)
+    markdown_keep: int | None = None  # markdown blocks shown (None: all)
+    figure_scale: float = 1.0  # figures drawn smaller so that the cell fits its slide
+    blocks: list[str] = field(default_factory=list)
+
+
+def _text_px(text: str, chars: int = PROSE_CHARS) -> int:
+    text = _MARKUP.sub("", _LINK.sub("]", text))
+    return max(1, -(-len(text) // chars)) * PROSE_LINE_PX
+
+
+def _block_px(block: str) -> int:
+    lines = block.splitlines()
+    first = lines[0].lstrip()
+    if first.startswith("#"):
+        level = len(first) - len(first.lstrip("#"))
+        return HEADING_PX.get(level, HEADING_PX[3]) + _text_px("\n".join(lines[1:]) or "")
+    if first.startswith("```"):
+        return CODE_PAD_PX + CODE_LINE_PX * max(1, len(lines) - 2)
+    if first.startswith("|"):
+        return TABLE_PAD_PX + TABLE_ROW_PX * sum(not set(ln) <= set("|-: ") for ln in lines)
+    if first.startswith("$$"):
+        return 2 * PROSE_LINE_PX + PROSE_LINE_PX * max(0, len(lines) - 2)
+    items = re.split(r"\n(?=\s*(?:[-*+]|\d+\.)\s)", block)
+    return sum(_text_px(item.replace("\n", " "), PROSE_CHARS - 6) for item in items)
+
+
+def markdown_blocks(source: str) -> list[str]:
+    """The blocks of a markdown cell: paragraphs, lists, tables and fenced code, in order."""
+    blocks: list[str] = []
+    current: list[str] = []
+    fenced = False
+    for line in source.strip().splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if not line.strip() and not fenced:
+            if current:
+                blocks.append("\n".join(current))
+            current = []
+        else:
+            current.append(line)
+    if current:
+        blocks.append("\n".join(current))
+    return blocks
+
+
+def _png_size(data: str) -> tuple[int, int] | None:
+    head = base64.b64decode(data[:44] + "=" * (-len(data[:44]) % 4))
+    return struct.unpack(">II", head[16:24]) if len(head) >= 24 else None
+
+
+def _png_scale(width: int, height: int) -> float:
+    return min(1.0, CONTENT_WIDTH_PX / max(width, 1), FIGURE_MAX_PX / max(height, 1))
+
+
+def _png_px(data: str) -> int:
+    """A stored PNG's height on a slide: at most the slide's width and FIGURE_MAX_PX."""
+    size = _png_size(data)
+    return FIGURE_MAX_PX if size is None else int(size[1] * _png_scale(*size))
+
+
+def figure_width(data: str, scale: float) -> int | None:
+    """The width a stored PNG is drawn at on a slide when its cell's figures are scaled."""
+    size = _png_size(data)
+    return None if size is None else int(size[0] * _png_scale(*size) * scale)
+
+
+def printed_text(out) -> str | None:
+    """The printed text of an output, if it is shown as text."""
+    if out.get("output_type") == "stream":
+        return "".join(out.get("text", ""))
+    data = out.get("data", {})
+    if out.get("output_type") == "error":
+        return "\n".join(out.get("traceback", []))
+    if set(data) & {"image/png", "image/svg+xml", "text/html", "text/latex", "text/markdown"}:
+        return None
+    if "application/vnd.jupyter.widget-view+json" in data:
+        return None
+    return "".join(data.get("text/plain", "")) if "text/plain" in data else None
+
+
+def output_px(out, max_lines: int | None = None) -> int:
+    """Height of one stored output on a slide, with at most ``max_lines`` lines of text."""
+    text = printed_text(out)
+    if text is not None:
+        lines = len(text.rstrip("\n").splitlines())
+        shown = lines if max_lines is None or lines <= max_lines else max_lines + 1
+        return OUTPUT_PAD_PX + OUTPUT_LINE_PX * shown
+    data = out.get("data", {})
+    if "image/png" in data:
+        return _png_px("".join(data["image/png"]))
+    if "image/svg+xml" in data:
+        return FIGURE_MAX_PX
+    if "application/vnd.jupyter.widget-view+json" in data:
+        return WIDGET_PX
+    if "text/html" in data:
+        html = "".join(data["text/html"])
+        return TABLE_PAD_PX + TABLE_ROW_PX * max(1, html.count("<tr"))
+    return PROSE_LINE_PX * 2
+
+
+def _code_part(cell) -> Part:
+    outputs = cell.get("outputs", [])
+    lines = len(cell.source.strip().splitlines())
+    input_px = CODE_PAD_PX + CODE_LINE_PX * lines
+    figures = sum(output_px(o) for o in outputs if "image/png" in o.get("data", {}))
+    hide, shown = lines > CODE_LINES, OUTPUT_LINES
+    while True:
+        px = sum(output_px(out, shown) for out in outputs)
+        if not hide and CODE_CELL_PX + px + input_px > SLIDE_PX:
+            hide = True
+        smallest = px - figures * (1 - MIN_FIGURE_SCALE)  # with its figures drawn smaller
+        if hide and CODE_CELL_PX + smallest > SLIDE_PX and shown > MIN_OUTPUT_LINES:
+            shown -= 2
+            continue
+        break
+    scale = 1.0
+    if figures and CODE_CELL_PX + px > SLIDE_PX:  # the figures give way to the rest
+        scale = max(MIN_FIGURE_SCALE, (SLIDE_PX - CODE_CELL_PX - (px - figures)) / figures)
+        px += math.ceil(figures * scale) - figures
+    longest = max((len((printed_text(o) or "").splitlines()) for o in outputs), default=0)
+    return Part(
+        px=CODE_CELL_PX + px + (0 if hide else input_px),
+        hide_input=hide,
+        figure_scale=scale,
+        output_lines=shown if longest > shown else None,
+    )
+
+
+def _markdown_part(cell) -> Part:
+    blocks = markdown_blocks(cell.source)
+    heights = [_block_px(b) + BLOCK_GAP_PX for b in blocks]
+    total, keep = 0, 0
+    for height in heights:
+        if keep and total + height > SLIDE_PX:
+            return Part(px=total, markdown_keep=keep, blocks=blocks)
+        total += height
+        keep += 1
+    return Part(px=total, blocks=blocks)
+
+
+def part(cell) -> Part:
+    """What a slide shows of ``cell`` and how tall it is there."""
+    if cell.cell_type == "code":
+        return _code_part(cell)
+    if cell.cell_type == "markdown":
+        return _markdown_part(cell)
+    return Part(px=0)
+
+
+def cut_text(text: str, lines: int) -> str:
+    """The first ``lines`` lines of printed ``text``, and one line saying how many are left out."""
+    all_lines = text.rstrip("\n").splitlines()
+    rest = len(all_lines) - lines
+    return "\n".join(all_lines[:lines] + [f"⋯ {rest} more lines (notebook, speaker notes)"]) + "\n"
