@@ -115,12 +115,19 @@ def _groups():
 
 def check_alpha_beta_fit(fit_alpha_beta, task: int = 1) -> None:
     """Task: the relative-error fit of T = alpha + beta S (each point weighted by 1/T^2, the
-    fit the lecture uses) on every (collective, world size) of the recorded sweep, compared with
-    estimate.fit_alpha_beta(sizes, times, relative=True) (rtol 1e-6; alpha also within 1e-9 s)."""
+    fit the lecture uses) on every (collective, world size) of the recorded sweep, one point of
+    each drawn from the grading seed left out (so a fit printed in the lecture does not match),
+    compared with estimate.fit_alpha_beta(sizes, times, relative=True) (rtol 1e-6; alpha also
+    within 1e-9 s)."""
+    from course_lib.grading.seeds import case_rng
     from course_lib.measure import estimate
 
+    rng = case_rng(task, "u13_interconnects_and_backends")
     n = 0
-    for coll, ws, sizes, times in _groups():
+    for coll, ws, all_sizes, all_times in _groups():
+        drop = rng.randrange(len(all_sizes))
+        sizes = [x for i, x in enumerate(all_sizes) if i != drop]
+        times = [x for i, x in enumerate(all_times) if i != drop]
         expected = estimate.fit_alpha_beta(sizes, times, relative=True)
         plain = estimate.fit_alpha_beta(sizes, times)
         got = run_learner(task, fit_alpha_beta, list(sizes), list(times), forbid=_FIT_REFERENCES)
@@ -141,7 +148,11 @@ def check_alpha_beta_fit(fit_alpha_beta, task: int = 1) -> None:
                     if math.isclose(g, p, rel_tol=1e-6, abs_tol=atol)
                     else " (relative-error fit of time_s on size_bytes, both in base units)"
                 )
-                fail(task, f"{coll}, {ws} ranks: expected {name} = {e:.6g}, got {g:.6g}{hint}")
+                fail(
+                    task,
+                    f"{coll}, {ws} ranks, {len(sizes)} sizes: your {name} = {g:.6g} is "
+                    f"{'above' if g > e else 'below'} the relative-error fit's{hint}",
+                )
         n += 1
     passed(task, f"alpha and beta match the relative-error fit on all {n} recorded sweeps")
 
