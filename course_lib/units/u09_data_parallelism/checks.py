@@ -49,14 +49,22 @@ def _launch(task: int, worker, world_size: int, *args) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 # task 1: the bucketed gradient hook
 # --------------------------------------------------------------------------------------------
-def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
+def training_case(task: int) -> dict:
+    """Tasks 1 and 2: the seeds of the MLP and of its batches, drawn from the grading seed."""
+    from course_lib.grading.seeds import case_rng
+
+    rng = case_rng(task, "u09_data_parallelism")
+    return {"seed": rng.randrange(10_000), "batch": rng.randrange(10_000)}
+
+
+def _hook_worker(rank: int, world_size: int, fn, forbid, case) -> dict:
     from course_lib.grading.references import watch_references
     from course_lib.measure.comm import CommMeter
     from course_lib.parallel import harness as H
     from course_lib.parallel.ddp import assign_buckets
     from course_lib.units.u09_data_parallelism.run import batch_fn, model_fn
 
-    model = model_fn()  # the same seed on every rank: no broadcast needed
+    model = model_fn(case["seed"])  # the same seed on every rank: no broadcast needed
     buckets = assign_buckets(list(model.named_parameters()), int(HOOK_CAP_MB * 2**20))
     sizes = dict((n, p.numel() * p.element_size()) for n, p in model.named_parameters())
     steps: list[dict] = []
@@ -79,7 +87,11 @@ def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
                 return loss
 
             record = H.parallel_run(
-                model, batch_fn, steps=2, step_fn=step_fn, shard=(rank, world_size)
+                model,
+                lambda s: batch_fn(case["batch"] + s),
+                steps=2,
+                step_fn=step_fn,
+                shard=(rank, world_size),
             )
     except Exception as exc:  # noqa: BLE001 - reported in the verdict
         return {"used": list(used), "error": error_pair(exc)}
@@ -140,9 +152,12 @@ def check_bucketed_hook(fn, task: int = 1) -> None:
 
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
-    reference = H.reference_run(model_fn, batch_fn, steps=2)
+    case = training_case(task)
+    reference = H.reference_run(
+        lambda seed: model_fn(case["seed"]), lambda s: batch_fn(case["batch"] + s), steps=2
+    )
     for world_size in (2, 3):
-        results = _launch(task, _hook_worker, world_size, fn, list(HOOK_REFERENCES))
+        results = _launch(task, _hook_worker, world_size, fn, list(HOOK_REFERENCES), case)
         for rank, res in enumerate(results):
             for k, step in enumerate(res["steps"]):
                 _check_hook_calls(
@@ -171,22 +186,24 @@ def check_bucketed_hook(fn, task: int = 1) -> None:
 MICRO_STEPS = 4
 
 
-def _loop_worker(rank: int, world_size: int, fn) -> dict:
+def _loop_worker(rank: int, world_size: int, fn, case) -> dict:
     from course_lib.measure.comm import CommMeter
     from course_lib.parallel import harness as H
     from course_lib.parallel.ddp import DataParallel
     from course_lib.units.u09_data_parallelism.run import batch_fn, model_fn
 
     rows = 8 * world_size * MICRO_STEPS
-    model = DataParallel(model_fn(), bucket_cap_mb=HOOK_CAP_MB)
-    x, y = H.shard_batch(batch_fn(0, rows=rows), rank, world_size)
+    model = DataParallel(model_fn(case["seed"]), bucket_cap_mb=HOOK_CAP_MB)
+    x, y = H.shard_batch(batch_fn(case["batch"], rows=rows), rank, world_size)
     micro = list(zip(x.chunk(MICRO_STEPS), y.chunk(MICRO_STEPS)))
     try:
         with CommMeter(dispatch=False) as meter:
             fn(model, micro)
     except Exception as exc:  # noqa: BLE001
         return {"error": error_pair(exc)}
-    reference = H.reference_run(model_fn, lambda s: batch_fn(0, rows=rows)).grads[0]
+    reference = H.reference_run(
+        lambda seed: model_fn(case["seed"]), lambda s: batch_fn(case["batch"], rows=rows)
+    ).grads[0]
     grads = H.full_tensors(model, "grad")
     worst = max(
         (
@@ -205,7 +222,7 @@ def check_no_sync_loop(fn, task: int = 2) -> None:
     one all-reduce per bucket for the whole optimizer step (``model.no_sync()``)."""
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
-    for rank, res in enumerate(_launch(task, _loop_worker, 2, fn)):
+    for rank, res in enumerate(_launch(task, _loop_worker, 2, fn, training_case(task))):
         calls, n = res["calls"].get("all_reduce", 0), res["buckets"]
         if calls != n:
             fail(

@@ -67,7 +67,9 @@ def course_hook(model, buckets):
 
 
 @pytest.mark.slow
-def test_check_bucketed_hook():
+@pytest.mark.parametrize("seed", ["0", "7"])
+def test_check_bucketed_hook(seed, monkeypatch):
+    monkeypatch.setenv("COURSE_GRADE_SEED", seed)
     C.check_bucketed_hook(good_hook)
     with pytest.raises(AssertionError, match="✗ task 1: .*expected 4 all_reduce calls during"):
         C.check_bucketed_hook(blocking_hook)
@@ -89,7 +91,9 @@ def buggy_loop(model, micro_batches):  # the exercise's bug: the condition is in
             (F.mse_loss(model(x), y) / k).backward()
 
 
-def test_check_no_sync_loop(capsys):
+@pytest.mark.parametrize("seed", ["0", "7"])
+def test_check_no_sync_loop(seed, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_GRADE_SEED", seed)
     C.check_no_sync_loop(good_loop)
     assert capsys.readouterr().out.startswith("✓ task 2:")
     with pytest.raises(AssertionError, match="✗ task 2: rank 0: 12 all-reduce calls"):
