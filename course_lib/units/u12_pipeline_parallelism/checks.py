@@ -197,6 +197,7 @@ def check_replay(fn, task: int = 2) -> None:
             for i, (g, w) in enumerate(zip(g_rank, w_rank)):
                 if isinstance(g, bool) or not isinstance(g, numbers.Real):
                     fail(task, f"{_name(case)}: start times must be numbers, got {g!r}")
+                g = float(g)
                 if abs(g - w) > 1e-9:
                     kind, mb, k = orders[r][i]
                     when = (
