@@ -49,14 +49,22 @@ def _launch(task: int, worker, world_size: int, *args) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 # task 1: the bucketed gradient hook
 # --------------------------------------------------------------------------------------------
-def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
+def training_case(task: int) -> dict:
+    """Tasks 1 and 2: the seeds of the MLP and of its batches, drawn from the grading seed."""
+    from course_lib.grading.seeds import case_rng
+
+    rng = case_rng(task, "u09_data_parallelism")
+    return {"seed": rng.randrange(10_000), "batch": rng.randrange(10_000)}
+
+
+def _hook_worker(rank: int, world_size: int, fn, forbid, case) -> dict:
     from course_lib.grading.references import watch_references
     from course_lib.measure.comm import CommMeter
     from course_lib.parallel import harness as H
     from course_lib.parallel.ddp import assign_buckets
     from course_lib.units.u09_data_parallelism.run import batch_fn, model_fn
 
-    model = model_fn()  # the same seed on every rank: no broadcast needed
+    model = model_fn(case["seed"])  # the same seed on every rank: no broadcast needed
     buckets = assign_buckets(list(model.named_parameters()), int(HOOK_CAP_MB * 2**20))
     sizes = dict((n, p.numel() * p.element_size()) for n, p in model.named_parameters())
     steps: list[dict] = []
@@ -79,7 +87,11 @@ def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
                 return loss
 
             record = H.parallel_run(
-                model, batch_fn, steps=2, step_fn=step_fn, shard=(rank, world_size)
+                model,
+                lambda s: batch_fn(case["batch"] + s),
+                steps=2,
+                step_fn=step_fn,
+                shard=(rank, world_size),
             )
     except Exception as exc:  # noqa: BLE001 - reported in the verdict
         return {"used": list(used), "error": error_pair(exc)}
@@ -140,9 +152,12 @@ def check_bucketed_hook(fn, task: int = 1) -> None:
 
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
-    reference = H.reference_run(model_fn, batch_fn, steps=2)
+    case = training_case(task)
+    reference = H.reference_run(
+        lambda seed: model_fn(case["seed"]), lambda s: batch_fn(case["batch"] + s), steps=2
+    )
     for world_size in (2, 3):
-        results = _launch(task, _hook_worker, world_size, fn, list(HOOK_REFERENCES))
+        results = _launch(task, _hook_worker, world_size, fn, list(HOOK_REFERENCES), case)
         for rank, res in enumerate(results):
             for k, step in enumerate(res["steps"]):
                 _check_hook_calls(
@@ -171,22 +186,24 @@ def check_bucketed_hook(fn, task: int = 1) -> None:
 MICRO_STEPS = 4
 
 
-def _loop_worker(rank: int, world_size: int, fn) -> dict:
+def _loop_worker(rank: int, world_size: int, fn, case) -> dict:
     from course_lib.measure.comm import CommMeter
     from course_lib.parallel import harness as H
     from course_lib.parallel.ddp import DataParallel
     from course_lib.units.u09_data_parallelism.run import batch_fn, model_fn
 
     rows = 8 * world_size * MICRO_STEPS
-    model = DataParallel(model_fn(), bucket_cap_mb=HOOK_CAP_MB)
-    x, y = H.shard_batch(batch_fn(0, rows=rows), rank, world_size)
+    model = DataParallel(model_fn(case["seed"]), bucket_cap_mb=HOOK_CAP_MB)
+    x, y = H.shard_batch(batch_fn(case["batch"], rows=rows), rank, world_size)
     micro = list(zip(x.chunk(MICRO_STEPS), y.chunk(MICRO_STEPS)))
     try:
         with CommMeter(dispatch=False) as meter:
             fn(model, micro)
     except Exception as exc:  # noqa: BLE001
         return {"error": error_pair(exc)}
-    reference = H.reference_run(model_fn, lambda s: batch_fn(0, rows=rows)).grads[0]
+    reference = H.reference_run(
+        lambda seed: model_fn(case["seed"]), lambda s: batch_fn(case["batch"], rows=rows)
+    ).grads[0]
     grads = H.full_tensors(model, "grad")
     worst = max(
         (
@@ -205,7 +222,7 @@ def check_no_sync_loop(fn, task: int = 2) -> None:
     one all-reduce per bucket for the whole optimizer step (``model.no_sync()``)."""
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
-    for rank, res in enumerate(_launch(task, _loop_worker, 2, fn)):
+    for rank, res in enumerate(_launch(task, _loop_worker, 2, fn, training_case(task))):
         calls, n = res["calls"].get("all_reduce", 0), res["buckets"]
         if calls != n:
             fail(
@@ -231,15 +248,31 @@ def check_no_sync_loop(fn, task: int = 2) -> None:
 # --------------------------------------------------------------------------------------------
 # task 3: the batch arithmetic
 # --------------------------------------------------------------------------------------------
-#: (train_batch_size, micro_batch_per_gpu, world_size, accumulation steps or None if impossible)
-BATCH_CASES = (
-    (32, 4, 4, 2),
-    (32, 4, 2, 4),
-    (32, 8, 1, 4),
-    (1024, 2, 64, 8),
-    (30, 4, 4, None),
-    (32, 4, 16, None),
-)
+UNIT = "u09_data_parallelism"
+
+
+def batch_cases(task: int) -> list[tuple[int, int, int, int | None]]:
+    """Six (train_batch_size, micro_batch_per_gpu, world_size, steps or None), drawn from the
+    grading seed around the lecture's 32 = 4 x 2 x 4: three that fit (one on a single GPU, one
+    in a single step), one off by a remainder, one smaller than a single micro-step."""
+    from course_lib.grading.seeds import case_rng
+
+    rng = case_rng(task, UNIT)
+    micro, gpus = (1, 2, 4, 8, 16), (2, 4, 8, 16, 32, 64, 128)
+    cases: list[tuple[int, int, int, int | None]] = [(32, 4, 2, 4)]
+    for n, steps in (
+        (1, rng.randint(2, 16)),
+        (rng.choice(gpus), 1),
+        (rng.choice(gpus), rng.randint(2, 16)),
+    ):
+        m = rng.choice(micro)
+        cases.append((m * n * steps, m, n, steps))
+    m, n = rng.choice(micro[1:]), rng.choice(gpus)
+    cases.append((m * n * rng.randint(2, 16) + rng.randint(1, m * n - 1), m, n, None))
+    m, n = rng.choice(micro[1:]), rng.choice(gpus)
+    cases.append((m * n // 2, m, n, None))
+    rng.shuffle(cases)
+    return cases
 
 
 def check_accumulation_steps(fn, task: int = 3) -> None:
@@ -247,8 +280,10 @@ def check_accumulation_steps(fn, task: int = 3) -> None:
     accumulation steps that makes train = micro x steps x world hold, and raises ValueError
     when none does."""
     forbid = ["course_lib.units.u09_data_parallelism.run_scale:accumulation_steps_for"]
-    for b, m, n, steps in BATCH_CASES:
+    cases = batch_cases(task)
+    for b, m, n, steps in cases:
         if steps is None:
+            got = None
             try:
                 got = run_learner(task, fn, b, m, n, forbid=forbid)
             except AssertionError as exc:
@@ -257,8 +292,8 @@ def check_accumulation_steps(fn, task: int = 3) -> None:
                 raise
             fail(
                 task,
-                f"train {b}, micro {m}, {n} GPUs: no whole number of steps fits; expected "
-                f"a ValueError, got {got!r}",
+                f"train {b}, micro {m}, {n} GPUs: you returned {got!r}, but no whole number "
+                "of steps fits: raise ValueError",
             )
         got = run_learner(task, fn, b, m, n, forbid=forbid)
         if isinstance(got, bool) or not isinstance(got, int):
@@ -270,11 +305,10 @@ def check_accumulation_steps(fn, task: int = 3) -> None:
         if got != steps:
             fail(
                 task,
-                f"train {b}, micro {m}, {n} GPUs: expected {steps} accumulation steps, got {got}",
+                f"train {b}, micro {m}, {n} GPUs: you returned {got} accumulation steps: "
+                f"{m} x {got} x {n} = {m * got * n} rows per step, not {b}",
             )
-    passed(
-        task, f"accumulation steps right in {len(BATCH_CASES)} configs, including 32 = 4 x 2 x 4"
-    )
+    passed(task, f"accumulation steps right in {len(cases)} configs, including 32 = 4 x 2 x 4")
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,9 +316,11 @@ def check_accumulation_steps(fn, task: int = 3) -> None:
 # --------------------------------------------------------------------------------------------
 #: (world size, micro-steps) measured for task 4
 BYTE_CASES = ((2, 1), (2, 4), (4, 4))
+#: hidden widths task 4's model is drawn from (the lecture measured 64)
+BYTE_WIDTHS = tuple(w for w in range(40, 97, 4) if w != 64)
 
 
-def _bytes_worker(rank: int, world_size: int, micro_list: list[int]) -> dict:
+def _bytes_worker(rank: int, world_size: int, micro_list: list[int], width: int) -> dict:
     import contextlib
 
     import torch
@@ -296,7 +332,7 @@ def _bytes_worker(rank: int, world_size: int, micro_list: list[int]) -> dict:
 
     out = {}
     for k in micro_list:
-        model = DataParallel(model_fn(width=64, dtype=torch.float32), bucket_cap_mb=25.0)
+        model = DataParallel(model_fn(width=width, dtype=torch.float32), bucket_cap_mb=25.0)
         x, y = H.shard_batch(
             batch_fn(0, rows=8 * k * world_size, dtype=torch.float32), rank, world_size
         )
@@ -317,15 +353,19 @@ def check_bytes_prediction(fn, task: int = 4) -> None:
     """Task: ``fn(n_params, dtype_bytes, world_size, micro_steps)`` predicts the int bytes each
     rank sends per optimizer step (a ring all-reduce of the gradients; ``no_sync`` on all
     micro-steps but the last), checked against the bytes each rank wrote to its sockets in
-    real runs (gloo's message headers, up to 1 KiB per call and peer, allowed)."""
+    real runs (gloo's message headers, up to 1 KiB per call and peer, allowed) of a model of
+    drawn width."""
+    from course_lib.grading.seeds import case_rng
+
     forbid = [
         f"course_lib.measure.estimate.communication:{f}"
         for f in ("ring_allreduce_bytes_sent", "allreduce_bytes_sent", "collective_bytes_sent")
     ]
+    width = case_rng(task, UNIT).choice(BYTE_WIDTHS)
     measured: dict[tuple[int, int], list[Any]] = {}
     for n in sorted({n for n, _ in BYTE_CASES}):
         ks = [k for m, k in BYTE_CASES if m == n]
-        for res in _launch(task, _bytes_worker, n, ks):
+        for res in _launch(task, _bytes_worker, n, ks, width):
             for k in ks:
                 measured.setdefault((n, k), []).append(res[k])
     for (n, k), ranks in measured.items():
@@ -340,8 +380,8 @@ def check_bytes_prediction(fn, task: int = 4) -> None:
                 fail(
                     task,
                     f"{fmt_int(n_params)} float32 parameters, {n} ranks, {k} micro-steps: "
-                    f"you predicted {fmt_int(got)} B, rank {rank} sent "
-                    f"{fmt_int(int(seen))} B ({r['calls']} all-reduce call(s))",
+                    f"you predicted {fmt_int(got)} B; rank {rank} sent "
+                    f"{'more' if seen > got else 'less'} ({r['calls']} all-reduce call(s))",
                 )
     passed(
         task,

@@ -7,8 +7,10 @@
    3 ranks (a world size the lecture does not show), against MemoryMeter in real ranks;
 3. ``check_stage2_hook``: the fixed stage-2 gradient hook: parity with one process AND, measured
    by MemoryMeter after backward, only the gradient shards left (the bug frees nothing);
-4. ``check_smallest_stage``: the lowest ZeRO stage that fits a model on a cluster (7B-70B).
-Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
+4. ``check_smallest_stage``: the lowest ZeRO stage that fits a model on a cluster.
+The models, widths and plans are drawn from the grading seed (``_cases``): another seed asks
+about other ones. Each check prints one deterministic line or raises
+AssertionError("✗ task N: ...").
 """
 
 from __future__ import annotations
@@ -56,13 +58,13 @@ def _launch(task: int, worker, world_size: int, *args) -> list[dict]:
     return launch_learner(task, worker, world_size, *args, timeout=GRADE_TIMEOUT_S)
 
 
-def _first_mismatch(task: int, table, world_size: int, hint: str) -> None:
+def _first_mismatch(task: int, table, ranks: str, hint: str) -> None:
     bad = table[~table.ok]
     if len(bad):
         row = bad.iloc[0]
         fail(
             task,
-            f"on {world_size} ranks, step {row.step}, rank {row['rank']}: {row.quantity} "
+            f"on {ranks}, step {row.step}, rank {row['rank']}: {row.quantity} "
             f"{row['name']!r} differs from one process on the full batch "
             f"({row.problem}){hint}",
         )
@@ -71,62 +73,16 @@ def _first_mismatch(task: int, table, world_size: int, hint: str) -> None:
 # --------------------------------------------------------------------------------------------
 # task 1: the ZeRO-1 step
 # --------------------------------------------------------------------------------------------
-class _FlatModel:
-    """The check's layout: one flat, padded (N*s,) tensor holding every parameter of ``model``
-    (the parameters become views of it) and this rank's shard, a view of its slice."""
-
-    def __init__(self, model, world_size: int, rank: int):
-        import torch
-        from torch import nn
-
-        named = list(model.named_parameters())
-        psi = sum(p.numel() for _, p in named)
-        s = -(-psi // world_size)
-        self.flat = torch.zeros(world_size * s, dtype=named[0][1].dtype)  # (N*s,)
-        self.slices = []
-        offset = 0
-        for name, p in named:
-            view = self.flat[offset : offset + p.numel()].view_as(p)
-            view.copy_(p.detach())
-            module_name, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(module_name), attr, nn.Parameter(view))
-            self.slices.append((name, offset, p.numel()))
-            offset += p.numel()
-        self.model = model
-        self.shard = nn.Parameter(self.flat[rank * s : (rank + 1) * s])  # (s,) a view
-        self.optimizer = torch.optim.AdamW([self.shard], lr=LR)
-
-    def flat_grad(self):
-        import torch
-
-        g = torch.zeros_like(self.flat)  # (N*s,) this rank's local gradients, padded
-        params = dict(self.model.named_parameters())
-        for name, offset, numel in self.slices:
-            if params[name].grad is not None:
-                g[offset : offset + numel] = params[name].grad.reshape(-1)
-        return g
-
-
-def _zero1_worker(rank: int, world_size: int, fn, forbid) -> dict:
+def _zero1_worker(rank: int, world_size: int, fn, forbid, case) -> dict:
     import torch
     import torch.distributed as dist
 
-    from course_lib.grading.references import watch_references
     from course_lib.parallel import harness as H
-    from course_lib.units.u10_zero_fsdp.run import batch_fn, model_fn
+    from course_lib.units.u10_zero_fsdp._check_parts import FlatModel, ZeroStep, _case_fns
 
-    layout = _FlatModel(model_fn(), world_size, rank)  # the same seed on every rank
-    used: list[str] = []
-
-    class Step:  # what the harness calls "optimizer"
-        def step(self):
-            with watch_references(forbid) as seen:
-                fn(layout.flat, layout.flat_grad(), layout.shard, layout.optimizer)
-            used.extend(u for u in seen if u not in used)
-
-        def zero_grad(self, set_to_none=True):
-            layout.model.zero_grad(set_to_none=True)
-            layout.shard.grad = None
+    model_fn, batch_fn = _case_fns(case)
+    layout = FlatModel(model_fn(), world_size, rank)  # the same seed on every rank
+    stepper = ZeroStep(layout, rank, world_size, fn, forbid)
 
     def gather(model, which):
         out = H.full_tensors(model, which)  # this rank's own copies
@@ -140,22 +96,28 @@ def _zero1_worker(rank: int, world_size: int, fn, forbid) -> dict:
             layout.model,
             batch_fn,
             steps=3,
-            optimizer_fn=lambda m: Step(),
+            optimizer_fn=lambda m: stepper,
             gather_fn=gather,
             shard=(rank, world_size),
         )
     except Exception as exc:  # noqa: BLE001 - reported in the verdict
-        return {"used": used, "error": error_pair(exc)}
+        return {"used": stepper.used, "error": error_pair(exc)}
     state = sum(
         t.numel()
         for st in layout.optimizer.state.values()
         for t in st.values()
         if isinstance(t, torch.Tensor) and t.dim()
     )
-    return {"used": used, "record": record, "state": state, "shard": layout.shard.numel()}
+    return {
+        "used": stepper.used,
+        "record": record,
+        "state": state,
+        "shard": layout.shard.numel(),
+        "seen": stepper.seen,
+    }
 
 
-ZERO1_WORLD_SIZES = (3,)  # uneven: 850 parameters = 3 x 284 - 2
+ZERO1_WORLD_SIZE = 3  # the drawn width never makes the parameter count a multiple: padding
 
 
 def check_zero1_step(fn, task: int = 1) -> None:
@@ -165,30 +127,40 @@ def check_zero1_step(fn, task: int = 1) -> None:
     After the call every rank's ``flat_param`` must hold the parameters one process would have
     after an AdamW step on the full batch.
 
-    Graded on 3 ranks (850 parameters: 2 elements of padding), 3 steps of the float64 MLP:
-    losses, mean gradients and every rank's parameters against one process."""
+    Graded on 3 ranks, 3 steps of a float64 MLP of drawn width (its parameters never a multiple
+    of 3: padding), seeds drawn: after each step ``shard.grad`` must be the mean over ranks of
+    the rank's slice and every rank's copy the same; then losses, mean gradients and every
+    rank's parameters against one process."""
     from course_lib.parallel import harness as H
-    from course_lib.units.u10_zero_fsdp.run import _adamw, batch_fn, model_fn
+    from course_lib.units.u10_zero_fsdp._cases import training_case
+    from course_lib.units.u10_zero_fsdp._check_parts import _case_fns
+    from course_lib.units.u10_zero_fsdp.run import _adamw
 
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
-    reference = H.reference_run(model_fn, batch_fn, steps=3, optimizer_fn=_adamw)
-    for world_size in ZERO1_WORLD_SIZES:
-        results = _launch(task, _zero1_worker, world_size, fn, list(ZERO_REFERENCES))
-        for rank, res in enumerate(results):
-            if res["state"] != 2 * res["shard"]:
-                fail(
-                    task,
-                    f"rank {rank} of {world_size}: the optimizer holds {res['state']} "
-                    f"elements of state, expected 2 x the shard's {res['shard']}: keep "
-                    "the optimizer on the shard",
-                )
-        _first_mismatch(
-            task,
-            H.compare(reference, [r["record"] for r in results]),
-            world_size,
-            "; after the update every rank needs every shard: all-gather them",
-        )
+    world_size = ZERO1_WORLD_SIZE
+    case = training_case(task, world_size)
+    reference = H.reference_run(*_case_fns(case), steps=3, optimizer_fn=_adamw)
+    results = _launch(task, _zero1_worker, world_size, fn, list(ZERO_REFERENCES), case)
+    where = f"on {world_size} ranks (MLP of width {case['width']})"
+    for rank, res in enumerate(results):
+        if res["state"] != 2 * res["shard"]:
+            fail(
+                task,
+                f"{where}, rank {rank}: the optimizer holds {res['state']} elements of state, "
+                f"expected 2 x the shard's {res['shard']}: keep the optimizer on the shard",
+            )
+    seen = [
+        f"; at step {st} on rank {r} {note}"
+        for r, res in enumerate(results)
+        for st, note in res["seen"]
+    ]
+    _first_mismatch(
+        task,
+        H.compare(reference, [r["record"] for r in results]),
+        f"{world_size} ranks (MLP of width {case['width']})",
+        seen[0] if seen else "",
+    )
     passed(
         task,
         "ZeRO-1 step matches one process on 3 ranks (AdamW, 3 steps, padded shards), on every rank",
@@ -199,29 +171,37 @@ def check_zero1_step(fn, task: int = 1) -> None:
 # task 2: predict the memory per rank
 # --------------------------------------------------------------------------------------------
 MEMORY_WORLD_SIZE = 3
-_MEASURED: dict = {}  # the measured run, once per process (it is deterministic)
+_CATS = ("params", "grads", "optimizer")
+_MEASURED: dict = {}  # the measured run per drawn width, once per process (it is deterministic)
 
 
-def _measured_memory():
-    from course_lib.units.u10_zero_fsdp.run import memory_table
+def _measured_memory(width: int) -> list[dict]:
+    from course_lib.runtime.launch import launch
 
-    if MEMORY_WORLD_SIZE not in _MEASURED:
-        _MEASURED[MEMORY_WORLD_SIZE] = memory_table((MEMORY_WORLD_SIZE,))
-    return _MEASURED[MEMORY_WORLD_SIZE]
+    if width not in _MEASURED:
+        from course_lib.units.u10_zero_fsdp._check_parts import _state_worker
+
+        runs = launch(_state_worker, MEMORY_WORLD_SIZE, width, timeout=GRADE_TIMEOUT_S)
+        _MEASURED[width] = [row for rows in runs for row in rows]
+    return _MEASURED[width]
 
 
 def check_memory_prediction(fn, task: int = 2) -> None:
     """Task: ``fn(units, stage, world_size)`` returns ``{"params", "grads", "optimizer"}``, the
     int bytes each rank holds after ``step()`` under ZeroDataParallel (float32, AdamW), where
     ``units`` lists the parameter-tensor sizes of each unit. Graded for stages 0-3 on 3 ranks
-    against MemoryMeter in the ranks of a real run (every rank, exactly)."""
-    from course_lib.units.u10_zero_fsdp.run import _memory_model, units_of
+    against MemoryMeter in the ranks of a real run (every rank, exactly), for a memory model of
+    drawn width (not the lecture's 250; some unit padded at 3 ranks)."""
+    from course_lib.units.u10_zero_fsdp._cases import memory_case
+    from course_lib.units.u10_zero_fsdp._check_parts import _memory_model_of
+    from course_lib.units.u10_zero_fsdp.run import units_of
 
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
-    units = units_of(_memory_model())
+    width = memory_case(task, MEMORY_WORLD_SIZE)["width"]
+    units = units_of(_memory_model_of(width))
     try:
-        measured = _measured_memory()
+        measured = _measured_memory(width)
     except Exception as exc:  # noqa: BLE001
         fail(task, f"the measured run did not finish: {error_pair(exc)[1]}")
     forbid = [*ESTIMATE_REFERENCES, *ZERO_REFERENCES]
@@ -229,17 +209,17 @@ def check_memory_prediction(fn, task: int = 2) -> None:
         got = run_learner(
             task, fn, [list(u) for u in units], stage, MEMORY_WORLD_SIZE, forbid=forbid
         )
-        if not isinstance(got, dict) or not {"params", "grads", "optimizer"} <= set(got):
+        if not isinstance(got, dict) or not set(_CATS) <= set(got):
             fail(task, f"stage {stage}: expected a dict with params, grads, optimizer; got {got!r}")
-        for row in measured[measured.stage == stage].itertuples():
-            for cat in ("params", "grads", "optimizer"):
+        for row in (r for r in measured if r["stage"] == stage):
+            for cat in _CATS:
                 value = expect_int(task, f"stage {stage} {cat}", got[cat])
-                if value != getattr(row, cat):
+                if value != row[cat]:
                     fail(
                         task,
-                        f"stage {stage}, {MEMORY_WORLD_SIZE} ranks: you predicted "
-                        f"{fmt_int(value)} B of {cat}, rank {row.rank} holds "
-                        f"{fmt_int(int(getattr(row, cat)))} B (MemoryMeter)",
+                        f"units {units}, stage {stage}, {MEMORY_WORLD_SIZE} ranks: you predicted "
+                        f"{fmt_int(value)} B of {cat}; MemoryMeter finds "
+                        f"{'more' if row[cat] > value else 'less'} in rank {row['rank']}",
                     )
     passed(
         task,
@@ -251,13 +231,15 @@ def check_memory_prediction(fn, task: int = 2) -> None:
 # --------------------------------------------------------------------------------------------
 # task 3: the stage-2 gradient hook that kept everything
 # --------------------------------------------------------------------------------------------
-def _hook_worker(rank: int, world_size: int, fn, forbid) -> dict:
+def _hook_worker(rank: int, world_size: int, fn, forbid, case) -> dict:
     from course_lib.grading.references import watch_references
     from course_lib.measure.memory import MemoryMeter
     from course_lib.parallel import harness as H
     from course_lib.parallel.zero import ZeroDataParallel
-    from course_lib.units.u10_zero_fsdp.run import _self, _zero_full_tensors, batch_fn, model_fn
+    from course_lib.units.u10_zero_fsdp._check_parts import _case_fns
+    from course_lib.units.u10_zero_fsdp.run import _self, _zero_full_tensors
 
+    model_fn, batch_fn = _case_fns(case)
     model = ZeroDataParallel(model_fn(), stage=2, lr=LR)
     used: list[str] = []
 
@@ -295,16 +277,21 @@ def check_stage2_hook(fn, task: int = 3) -> None:
     """Task: ``fn(params, shard)`` runs once backward has produced the gradient of every
     parameter in ``params`` (one unit, flattened end to end and padded to N x s elements):
     it puts this rank's (s,) slice of their mean over ranks into ``shard.grad`` (adding to it if
-    present) and keeps nothing else. Graded on 2 ranks: 2 AdamW steps against one process, and
-    after a backward the gradients MemoryMeter finds must be the shards' bytes alone."""
+    present) and keeps nothing else. Graded on 2 ranks, an MLP of drawn width and seeds: 2 AdamW
+    steps against one process, and after a backward the gradients MemoryMeter finds must be the
+    shards' bytes alone."""
     from course_lib.parallel import harness as H
-    from course_lib.units.u10_zero_fsdp.run import _adamw, batch_fn, model_fn
+    from course_lib.units.u10_zero_fsdp._cases import training_case
+    from course_lib.units.u10_zero_fsdp._check_parts import _case_fns
+    from course_lib.units.u10_zero_fsdp.run import _adamw
 
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
-    reference = H.reference_run(model_fn, batch_fn, steps=2, optimizer_fn=_adamw)
-    results = _launch(task, _hook_worker, 2, fn, list(ZERO_REFERENCES))
-    _first_mismatch(task, H.compare(reference, [r["record"] for r in results]), 2, "")
+    case = training_case(task, 2)
+    reference = H.reference_run(*_case_fns(case), steps=2, optimizer_fn=_adamw)
+    results = _launch(task, _hook_worker, 2, fn, list(ZERO_REFERENCES), case)
+    ranks = f"2 ranks (MLP of width {case['width']})"
+    _first_mismatch(task, H.compare(reference, [r["record"] for r in results]), ranks, "")
     for rank, res in enumerate(results):
         if res["grads"] != res["shards"]:
             fail(
@@ -323,35 +310,34 @@ def check_stage2_hook(fn, task: int = 3) -> None:
 # --------------------------------------------------------------------------------------------
 # task 4: scale up
 # --------------------------------------------------------------------------------------------
-#: (n_params, world_size, gpu_GB, smallest stage or None), 16 B/param
-SCALE_CASES = (
-    (7e9, 8, 80, 1),
-    (7e9, 64, 80, 1),
-    (7e9, 8, 24, 3),
-    (7e9, 64, 24, 2),
-    (70e9, 8, 80, None),
-    (70e9, 64, 80, 3),
-    (13e9, 8, 40, 3),
-    (7e9, 1, 80, None),
-    (1.5e9, 1, 24, 0),
-)
+def _state_gb(n: int, world_size: int, stage: int) -> float:
+    from course_lib.units.u10_zero_fsdp._cases import _state
+
+    return float(_state(n, world_size, stage)) / 1e9
 
 
 def check_smallest_stage(fn, task: int = 4) -> None:
     """Task: ``fn(n_params, world_size, gpu_GB)`` returns the lowest ZeRO stage (an int 0-3)
     whose model state, 16 bytes per parameter (bf16 params and grads, fp32 master, m and v),
-    fits in ``gpu_GB`` GB (1e9 B) per GPU, or None if none does."""
+    fits in ``gpu_GB`` GB (1e9 B) per GPU, or None if none does. Graded on nine drawn plans
+    (0.5B-400B parameters, 1-512 GPUs): every answer 0-3 and None, one GPU, two exact fits."""
+    from course_lib.units.u10_zero_fsdp._cases import lowest_stage, plan_cases
+
     forbid = [*ESTIMATE_REFERENCES, "course_lib.units.u10_zero_fsdp.run_scale:smallest_stage"]
-    for n, w, cap, want in SCALE_CASES:
+    cases = plan_cases(task)
+    for n, w, cap in cases:
+        plan = f"{n / 1e9:g}B parameters on {w} GPU{'s' if w > 1 else ''} of {cap} GB"
         got = run_learner(task, fn, n, w, cap, forbid=forbid)
         if got is not None:
-            got = expect_int(task, f"the stage for {n / 1e9:g}B on {w} x {cap} GB", got)
-        if got != want:
-            fail(
-                task,
-                f"{n / 1e9:g}B parameters on {w} GPUs of {cap} GB: expected {want!r}, got {got!r}",
+            got = expect_int(task, f"the stage for {plan}", got)
+        if got != lowest_stage(n, w, cap):
+            seen = (
+                f"stage {got} holds {_state_gb(n, w, got):g} GB per GPU"
+                if got in (0, 1, 2, 3)
+                else "that is not the lowest stage that fits (None when none does)"
             )
+            fail(task, f"{plan}: you returned {got!r}; {seen}")
     passed(
         task,
-        f"smallest stage right in {len(SCALE_CASES)} plans, 7B and 70B on 8 and 64 GPUs included",
+        f"smallest stage right in {len(cases)} drawn plans: every stage, None, one GPU, exact fits",
     )

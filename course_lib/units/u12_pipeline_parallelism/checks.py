@@ -1,14 +1,15 @@
 """Unit 12's graded checks (solutions/12_pipeline_parallelism.ipynb, exercises/12_pipeline_parallelism.ipynb).
 
-1. ``check_bubble_prediction``: the learner's formula for the idle fraction of interleaved 1F1B
-   (a schedule the lecture ran only at p = 4, m = 8, v = 2), against real runs on 2 and 3 ranks
-   whose recorded orders are replayed on ideal hardware (``pipeline.replay``);
-2. ``check_one_f_one_b``: the learner's 1F1B order of one stage, a list of ("F", i) / ("B", i),
-   against PipeDream-Flush for several (p, m, stage);
+1. ``check_bubble_prediction``: the learner's formula for the idle fraction of GPipe when the
+   stages have different numbers of layers (the lecture ran equal stages only), against real
+   runs on 3 ranks whose recorded orders are replayed on ideal hardware (``pipeline.replay``);
+2. ``check_replay``: the learner's replay of a schedule on ideal hardware (when each action
+   starts), against ``pipeline.replay`` for GPipe, 1F1B and interleaved 1F1B;
 3. ``check_holder``: the fixed placement of interleaved stages on ranks (the buggy one sent
    activations to the wrong stage), on a grid and in a real interleaved step on 2 ranks that
    must equal one process on the full batch.
-Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
+The pipelines each check asks about are drawn from the grading seed (``_cases``). Each check
+prints one deterministic line or raises AssertionError("✗ task N: ...").
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from course_lib.grading.core import fail, passed, run_learner
 
 __all__ = [
     "check_bubble_prediction",
-    "check_one_f_one_b",
+    "check_replay",
     "check_holder",
     "BUBBLE_REFERENCES",
-    "ORDER_REFERENCES",
+    "REPLAY_REFERENCES",
     "HOLDER_REFERENCES",
 ]
 
@@ -33,14 +34,8 @@ BUBBLE_REFERENCES = (
     "course_lib.parallel.pipeline:replay",
     "course_lib.units.u12_pipeline_parallelism.run:replayed_bubble",
 )
-ORDER_REFERENCES = (
-    "course_lib.parallel.pipeline:one_f_one_b_order",
-    "course_lib.parallel.pipeline:schedule_order",
-    "course_lib.parallel.pipeline:interleaved_order",
-)
+REPLAY_REFERENCES = BUBBLE_REFERENCES
 HOLDER_REFERENCES = ("course_lib.parallel.pipeline:stage_owner",)
-BUBBLE_CASES = ((3, 3, 2), (3, 6, 3))  # (ranks p, micro-batches m, stages per rank v); one p
-ORDER_CASES = ((4, 8), (3, 5), (2, 2), (4, 4), (5, 7))  # (p, m), every stage
 GRADE_TIMEOUT_S = 90.0
 
 
@@ -60,30 +55,30 @@ def _launch(task: int, worker, world_size: int, *args):
 
 
 # --------------------------------------------------------------------------------------------
-# task 1: predict the bubble of interleaved 1F1B
+# task 1: predict the bubble of GPipe with uneven stages
 # --------------------------------------------------------------------------------------------
 def _bubble_worker(rank, world_size, cases):
-    return {(m, v): _bubble_case(rank, world_size, m, v) for _, m, v in cases}
+    return [_bubble_case(rank, world_size, c["sizes"], c["microbatches"]) for c in cases]
 
 
-def _bubble_case(rank, world_size, microbatches, virtual):
+def _bubble_case(rank, world_size, sizes, microbatches):
     import torch
     import torch.nn.functional as F
 
     from course_lib.measure.timing import EventLog
     from course_lib.parallel import pipeline as P
 
-    p, v, m = world_size, virtual, microbatches
+    p, m, n = world_size, microbatches, sum(sizes)
     split = P.check_pipeline(
-        "interleaved", n_layers=p * v, ranks=p, microbatches=m, batch_rows=m, virtual=v
+        "gpipe", n_layers=n, ranks=p, microbatches=m, batch_rows=m, sizes=sizes
     )
-    model = P.PipelineRank(P.make_stack(p * v, width=8, seq=4, heads=2), split, rank, p)
+    model = P.PipelineRank(P.make_stack(n, width=8, seq=4, heads=2), split, rank, p)
     log = EventLog(rank)
     torch.manual_seed(0)
     x, y = torch.randn(m, 4, 8), torch.randn(m, 4, 8)  # (rows, seq, width), on every rank
     P.run_schedule(
         model,
-        P.schedule_order("interleaved", rank, p, m, v),
+        P.schedule_order("gpipe", rank, p, m),
         x,
         y,
         microbatches=m,
@@ -93,97 +88,165 @@ def _bubble_case(rank, world_size, microbatches, virtual):
     return log.to_records()
 
 
-def check_bubble_prediction(fn, task: int = 1) -> None:
-    """Task: ``fn(stages, microbatches, virtual)`` -> the idle fraction of one step of
-    interleaved 1F1B (idle time over the whole step, mean over ranks), a float. Graded at
-    (p, m, v) in ``BUBBLE_CASES``, each against a real run on p ranks whose recorded order of
-    F/B is replayed on ideal hardware (F = 1 unit per stage, B = 2, messages free), to 1e-9."""
-    from course_lib.measure.timing import merge_event_logs
-    from course_lib.units.u12_pipeline_parallelism.run import _recorded_orders, replayed_bubble
+def _replayed_idle(orders, sizes) -> float:
+    """Mean over ranks of the idle fraction of ``orders`` replayed with ``sizes`` layers per
+    stage (F = a stage's layers, B twice that, messages free)."""
+    import statistics
 
-    predictions = {}
-    for p, m, v in BUBBLE_CASES:
-        got = run_learner(task, fn, p, m, v, forbid=BUBBLE_REFERENCES)
+    import pandas as pd
+
+    from course_lib.parallel import pipeline as P
+
+    split = P.split_layers(sum(sizes), len(sizes), sizes=sizes)
+    spans = pd.DataFrame(P.replay(orders, split)).assign(lane="compute")
+    return statistics.fmean(P.bubble_from_events(spans).values())
+
+
+def check_bubble_prediction(fn, task: int = 1) -> None:
+    """Task: ``fn(layers, microbatches)`` -> the idle fraction of one GPipe step (idle time
+    over the whole step, mean over ranks), a float, when stage k has ``layers[k]`` layers, an F
+    costs a stage's layers and a B twice that. Graded on two drawn pipelines on 3 real ranks
+    (uneven stages; one with m <= p), the order each rank ran replayed on ideal hardware, to
+    1e-9."""
+    from course_lib.measure.timing import merge_event_logs
+    from course_lib.units.u12_pipeline_parallelism._cases import BUBBLE_RANKS, bubble_cases
+    from course_lib.units.u12_pipeline_parallelism.run import _recorded_orders
+
+    cases = bubble_cases(task)
+    predictions = []
+    for c in cases:
+        sizes, m = c["sizes"], c["microbatches"]
+        got = run_learner(task, fn, list(sizes), m, forbid=BUBBLE_REFERENCES)
         if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
             fail(
                 task,
-                f"fn({p}, {m}, {v}) must return a finite float, got {type(got).__name__} {got!r}",
+                f"fn({sizes}, {m}) must return a finite float, got {type(got).__name__} {got!r}",
             )
-        predictions[(p, m, v)] = float(got)
-    p = BUBBLE_CASES[0][0]
-    runs = _launch(task, _bubble_worker, p, list(BUBBLE_CASES))
-    for (p, m, v), got in predictions.items():
-        events = merge_event_logs([r[(m, v)] for r in runs])
-        replayed = replayed_bubble(
-            "interleaved", ranks=p, microbatches=m, virtual=v, orders=_recorded_orders(events, p)
-        )
+        predictions.append(float(got))
+    runs = _launch(task, _bubble_worker, BUBBLE_RANKS, cases)
+    for i, (c, got) in enumerate(zip(cases, predictions)):
+        events = merge_event_logs([r[i] for r in runs])
+        replayed = _replayed_idle(_recorded_orders(events, BUBBLE_RANKS), c["sizes"])
         if abs(got - replayed) > 1e-9:
             fail(
                 task,
-                f"p = {p}, m = {m}, v = {v}: the run's order replayed on ideal hardware "
-                f"idles {replayed:.6f} of the step, you predicted {got:.6f}",
+                f"layers per stage {c['sizes']}, m = {c['microbatches']}: you predicted "
+                f"{got:.6f}; the run's order replayed on ideal hardware idles "
+                f"{'more' if replayed > got else 'less'}",
             )
     passed(
         task,
-        "interleaved 1F1B idle fraction matches real runs replayed on ideal hardware "
-        f"at (p, m, v) = {', '.join(map(str, BUBBLE_CASES))}",
+        "GPipe's idle fraction with uneven stages matches real runs on 3 ranks replayed on ideal "
+        "hardware (2 drawn pipelines)",
     )
 
 
 # --------------------------------------------------------------------------------------------
-# task 2: the 1F1B order of one stage
+# task 2: replay a schedule on ideal hardware
 # --------------------------------------------------------------------------------------------
-def check_one_f_one_b(fn, task: int = 2) -> None:
-    """Task: ``fn(stage, stages, microbatches)`` -> the 1F1B (PipeDream-Flush) order of that
-    stage, a list of ("F", i) / ("B", i) tuples. Graded for every stage of each (p, m) in
-    ``ORDER_CASES`` against the order that runs in the lecture."""
-    from course_lib.parallel.pipeline import one_f_one_b_order
+def _orders(case) -> list[list[tuple[str, int, int]]]:
+    from course_lib.parallel import pipeline as P
 
-    for p, m in ORDER_CASES:
-        for s in range(p):
-            got = run_learner(task, fn, s, p, m, forbid=ORDER_REFERENCES)
-            if not isinstance(got, (list, tuple)):
-                fail(task, f"fn({s}, {p}, {m}) must return a list, got {type(got).__name__}")
-            got = [tuple(a) if isinstance(a, (list, tuple)) else a for a in got]
-            expected = [(a.kind, a.microbatch) for a in one_f_one_b_order(s, p, m)]
-            if got != expected:
-                i = next(
-                    (i for i, (g, e) in enumerate(zip(got, expected)) if g != e),
-                    min(len(got), len(expected)),
-                )
-                fail(
-                    task,
-                    f"stage {s} of p = {p}, m = {m}: action {i} should be "
-                    f"{expected[i] if i < len(expected) else 'nothing'}, got "
-                    f"{got[i] if i < len(got) else 'nothing'} (expected {len(expected)} "
-                    f"actions, got {len(got)})",
-                )
+    p, m, v = case["ranks"], case["microbatches"], case["virtual"]
+    return [
+        [(a.kind, a.microbatch, a.stage) for a in P.schedule_order(case["schedule"], r, p, m, v)]
+        for r in range(p)
+    ]
+
+
+def _expected_starts(orders, layers) -> list[list[float]]:
+    from course_lib.parallel import pipeline as P
+
+    spans = P.replay(orders, P.split_layers(sum(layers), len(layers), sizes=layers))
+    return [[sp["start"] for sp in spans if sp["rank"] == r] for r in range(len(orders))]
+
+
+def _name(case) -> str:
+    v = f", v = {case['virtual']}" if case["virtual"] > 1 else ""
+    return (
+        f"{case['schedule']}, p = {case['ranks']}, m = {case['microbatches']}{v}, "
+        f"layers {case['layers']}"
+    )
+
+
+def check_replay(fn, task: int = 2) -> None:
+    """Task: ``fn(orders, layers)`` -> when each action starts on ideal hardware: a list per
+    rank, one number per action of ``orders[r]`` (tuples ("F" or "B", micro-batch, stage)), where
+    stage k has ``layers[k]`` layers, an F costs a stage's layers, a B twice that, messages are
+    free, and an action starts once its rank has finished the one before and its input exists.
+    Graded on one drawn pipeline per schedule (GPipe, 1F1B, interleaved 1F1B; uneven stages)
+    against ``pipeline.replay``, to 1e-9."""
+    from course_lib.units.u12_pipeline_parallelism._cases import replay_cases
+
+    for case in replay_cases(task):
+        orders, layers = _orders(case), list(case["layers"])
+        got = run_learner(
+            task, fn, [list(o) for o in orders], list(layers), forbid=REPLAY_REFERENCES
+        )
+        shape = [len(o) for o in orders]
+        if (
+            not isinstance(got, (list, tuple))
+            or [len(g) if isinstance(g, (list, tuple)) else -1 for g in got] != shape
+        ):
+            fail(
+                task,
+                f"{_name(case)}: expected a list per rank of {shape} start times, got {got!r:.120}",
+            )
+        want = _expected_starts(orders, layers)
+        for r, (g_rank, w_rank) in enumerate(zip(got, want)):
+            for i, (g, w) in enumerate(zip(g_rank, w_rank)):
+                if isinstance(g, bool) or not isinstance(g, numbers.Real):
+                    fail(task, f"{_name(case)}: start times must be numbers, got {g!r}")
+                g = float(g)
+                if abs(g - w) > 1e-9:
+                    kind, mb, k = orders[r][i]
+                    when = (
+                        "before its rank is free or its input exists"
+                        if g < w
+                        else "later than its rank and its input are ready"
+                    )
+                    fail(
+                        task,
+                        f"{_name(case)}: rank {r}'s action {i} ({kind}{mb} of stage {k}) "
+                        f"starts at {g!r}: {when}",
+                    )
     passed(
         task,
-        "1F1B orders match PipeDream-Flush for every stage at (p, m) = "
-        f"{', '.join(map(str, ORDER_CASES))}",
+        "replayed start times match pipeline.replay for GPipe, 1F1B and interleaved 1F1B "
+        "(3 drawn pipelines, uneven stages)",
     )
 
 
 # --------------------------------------------------------------------------------------------
 # task 3: find the bug in the placement of interleaved stages
 # --------------------------------------------------------------------------------------------
-def _holder_worker(rank, world_size, holder):
+def _holder_setup(case):
+    from course_lib.units.u12_pipeline_parallelism.run import Setup
+
+    return Setup(n_layers=2 * case["virtual"], width=8, seq=4, rows=4)
+
+
+def _holder_worker(rank, world_size, holder, case):
     import torch.nn.functional as F
 
     from course_lib.parallel import harness as H
     from course_lib.parallel import pipeline as P
-    from course_lib.units.u12_pipeline_parallelism.run import Setup, batch_fn
+    from course_lib.units.u12_pipeline_parallelism.run import batch_fn
 
-    setup = Setup(n_layers=4, width=8, seq=4, rows=4)
+    setup, v, m = _holder_setup(case), case["virtual"], case["microbatches"]
     split = P.check_pipeline(
-        "interleaved", n_layers=4, ranks=world_size, microbatches=2, batch_rows=4, virtual=2
+        "interleaved",
+        n_layers=setup["n_layers"],
+        ranks=world_size,
+        microbatches=m,
+        batch_rows=setup["rows"],
+        virtual=v,
     )
     model = P.PipelineRank(setup.model(), split, rank, world_size, owner=holder)
-    order = P.schedule_order("interleaved", rank, world_size, 2, 2)
+    order = P.schedule_order("interleaved", rank, world_size, m, v)
 
     def step_fn(mod, batch):
-        return P.run_schedule(mod, order, *batch, microbatches=2, loss_fn=F.mse_loss)
+        return P.run_schedule(mod, order, *batch, microbatches=m, loss_fn=F.mse_loss)
 
     return H.parallel_run(
         model,
@@ -197,11 +260,17 @@ def _holder_worker(rank, world_size, holder):
 def check_holder(fn, task: int = 3) -> None:
     """Task: ``fn(stage, ranks)`` -> the rank that holds virtual stage ``stage`` in the
     interleaved layout (the rank the previous stage sends its activation to). Graded on every
-    stage of p = 2..4 ranks, v = 1..3, then in a real interleaved step on 2 ranks (v = 2) whose
-    loss and gradients must equal one process on the full batch."""
+    stage of p = 2..4 ranks, v = 1..3, then in a real interleaved step on 2 ranks (v and m
+    drawn) whose loss and gradients must equal one process on the full batch."""
     from course_lib.parallel import harness as H
-    from course_lib.units.u12_pipeline_parallelism.run import Setup, reference
+    from course_lib.parallel import pipeline as P
+    from course_lib.units.u12_pipeline_parallelism._cases import holder_case
+    from course_lib.units.u12_pipeline_parallelism.run import reference
 
+    runs_on = {  # the rank whose interleaved order (v = 3) runs each stage
+        p: {a.stage: r for r in range(p) for a in P.interleaved_order(r, p, p, 3)}
+        for p in (2, 3, 4)
+    }
     for p in (2, 3, 4):
         for k in range(3 * p):
             got = run_learner(task, fn, k, p, forbid=HOLDER_REFERENCES)
@@ -209,25 +278,23 @@ def check_holder(fn, task: int = 3) -> None:
                 fail(
                     task, f"fn({k}, {p}) must return an int rank, got {type(got).__name__} {got!r}"
                 )
-            if got != k % p:
+            if got != runs_on[p][k]:
                 fail(
                     task,
-                    f"stage {k} with {p} ranks: the stages go round robin, so stage {k} "
-                    f"lives on rank {k % p}, but your function sends its activation to "
-                    f"rank {got}",
+                    f"stage {k} with {p} ranks: your function places it on rank {got}, which "
+                    f"the interleaved schedule never runs stage {k} on",
                 )
-    table = H.compare(
-        reference(Setup(n_layers=4, width=8, seq=4, rows=4)), _launch(task, _holder_worker, 2, fn)
-    )
+    case = holder_case(task)
+    table = H.compare(reference(_holder_setup(case)), _launch(task, _holder_worker, 2, fn, case))
     if not table.ok.all():
         bad = table[~table.ok].iloc[0]
         fail(
             task,
-            f"interleaved step on 2 ranks: {bad['quantity']} {bad['name']} differs from "
-            f"one process ({bad['problem']})",
+            f"interleaved step on 2 ranks, v = {case['virtual']}, m = {case['microbatches']}: "
+            f"{bad['quantity']} {bad['name']} differs from one process ({bad['problem']})",
         )
     passed(
         task,
-        "stages placed round robin; the interleaved step on 2 ranks equals one process "
-        "(loss, gradients, parameters)",
+        "stages placed as the interleaved schedule runs them; the interleaved step on 2 ranks "
+        "equals one process (loss, gradients, parameters)",
     )

@@ -1,15 +1,17 @@
 """Unit 14's graded checks (solutions/14_planning_a_run.ipynb, exercises/14_planning_a_run.ipynb).
 
-1. ``check_sized_run``: the learner sizes a Llama-2-70B run on 64 H100s for a budget of days
-   and predicts its memory per GPU; graded by the planner: the layout must be valid, fit, meet
-   the budget, and the learner's memory must be within 10 % of the planner's;
+1. ``check_sized_run``: the learner sizes a Llama-2-70B run on a drawn number of H100s for a
+   drawn number of tokens and budget of days, and predicts its memory per GPU; graded by the
+   planner: the layout must be valid, fit, meet the budget, and the learner's memory must be
+   within 10 % of the planner's;
 2. ``check_plan_problems``: the learner's ``problems(model, cluster, layout, batch)`` names what
    is wrong with a plan (TP across nodes, fewer micro-batches than stages, a batch that does not
-   divide), graded on plans with none, one or two bugs;
+   divide), graded on eight drawn plans with none, one or two bugs;
 3. ``check_mfu_prediction``: from one plan's step time by part, the learner predicts the MFU
-   when the sequence length doubles at the same tokens per batch; graded against the planner's
-   step time at the new length, to 1 %.
-The planner and the course's answers are out of reach while the learner's code runs.
+   when the sequence length grows (2 or 4 x) at the same tokens per batch; graded against the
+   planner's step time at the new length, to 1 %, on two drawn layouts.
+The cases come from the grading seed (``_cases``). The planner and the course's answers are
+out of reach while the learner's code runs.
 Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
 """
 
@@ -17,21 +19,14 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import TYPE_CHECKING, Any
 
 from course_lib.grading.core import fail, passed, run_learner
-
-if TYPE_CHECKING:
-    from course_lib.measure.estimate.activations import Recompute
 
 __all__ = [
     "check_sized_run",
     "check_plan_problems",
     "check_mfu_prediction",
     "PLANNER_REFERENCES",
-    "SIZE_CASE",
-    "BUDGET_DAYS",
-    "MFU_CASES",
 ]
 
 PLANNER_REFERENCES = (
@@ -44,21 +39,7 @@ PLANNER_REFERENCES = (
     "course_lib.units.u14_planning_a_run.run:plan_run",
     "course_lib.units.u14_planning_a_run.run:plan_problems",
 )
-#: task 1: Llama-2-70B on 64 H100s (8 nodes), 4 Mi tokens per step, 200B tokens
-SIZE_CASE: dict[str, Any] = dict(
-    model="Llama-2-70B",
-    cluster="8xH100 + 400G IB",
-    gpus=64,
-    global_batch_tokens=4 * 2**20,
-    total_tokens=200e9,
-)
-BUDGET_DAYS = 31.0
 _KEYS = {"dp": int, "tp": int, "pp": int, "zero": int, "recompute": str, "micro_batch": int}
-#: task 3: (model, gpus, dp, tp, pp, recompute, global batch tokens)
-MFU_CASES: tuple[tuple[str, int, int, int, int, Recompute, int], ...] = (
-    ("Llama-2-7B", 8, 1, 2, 4, "selective", 2**20),
-    ("Llama-2-70B", 64, 2, 8, 4, "full", 2**21),
-)
 
 
 def _layout(task, got):
@@ -78,12 +59,12 @@ def _layout(task, got):
         fail(task, str(exc))
 
 
-def _planned_size_case(task: int, layout) -> tuple[dict, float]:
-    """(the planner's row for ``layout`` on SIZE_CASE, usable GB per GPU), or a ✗ verdict."""
+def _planned_size_case(task: int, case: dict, layout) -> tuple[dict, float]:
+    """(the planner's row for ``layout`` on the drawn case, usable GB per GPU), or a ✗ verdict."""
     from course_lib import plan as P
 
-    model = P.model(SIZE_CASE["model"])
-    cluster = P.cluster(SIZE_CASE["cluster"], gpus=SIZE_CASE["gpus"])
+    model = P.model(case["model"])
+    cluster = P.cluster(case["cluster"], gpus=case["gpus"])
     if layout.gpus != cluster.gpus:
         fail(task, f"dp x tp x pp = {layout.gpus}: use all {cluster.gpus} GPUs")
     try:
@@ -91,8 +72,8 @@ def _planned_size_case(task: int, layout) -> tuple[dict, float]:
             model,
             cluster,
             layout,
-            global_batch_tokens=SIZE_CASE["global_batch_tokens"],
-            total_tokens=SIZE_CASE["total_tokens"],
+            global_batch_tokens=case["global_batch_tokens"],
+            total_tokens=case["total_tokens"],
         )
     except ValueError as exc:
         fail(task, f"the planner refuses this layout: {exc}")
@@ -100,14 +81,20 @@ def _planned_size_case(task: int, layout) -> tuple[dict, float]:
 
 
 def check_sized_run(fn, task: int = 1) -> None:
-    """Task: ``fn()`` -> ``(layout, memory_bytes)``: a layout dict (dp, tp, pp, zero, recompute,
-    micro_batch) for ``SIZE_CASE`` that fits in 76 GB per GPU (80 GB less a 5 % reserve) and
-    finishes within ``BUDGET_DAYS`` by the planner, and the learner's own prediction of its
-    memory per GPU in bytes, within 10 % of the planner's."""
+    """Task: ``fn(gpus, total_tokens, budget_days)`` -> ``(layout, memory_bytes)``: a layout
+    dict (dp, tp, pp, zero, recompute, micro_batch) for Llama-2-70B on ``gpus`` H100s (nodes of
+    8), 4 Mi tokens per step, that fits in 76 GB per GPU (80 GB less a 5 % reserve) and
+    finishes ``total_tokens`` within ``budget_days`` by the planner, and the learner's own
+    prediction of its memory per GPU in bytes, within 10 % of the planner's. The GPUs, tokens
+    and budget (1.4 x the planner's fastest plan, rounded up) are drawn."""
+    from course_lib.units.u14_planning_a_run._cases import size_case
 
-    got = run_learner(task, fn, forbid=PLANNER_REFERENCES)
+    case = size_case(task)
+    args = (case["gpus"], case["total_tokens"], case["budget_days"])
+    got = run_learner(task, fn, *args, forbid=PLANNER_REFERENCES)
+    where = f"{case['gpus']} GPUs, {case['total_tokens'] / 1e9:g}B tokens, {case['budget_days']:g} days: "
     if not isinstance(got, tuple) or len(got) != 2:
-        fail(task, f"fn() must return (layout, memory_bytes), got {got!r}")
+        fail(task, f"{where}fn(...) must return (layout, memory_bytes), got {got!r}")
     layout, memory = _layout(task, got[0]), got[1]
     if (
         isinstance(memory, bool)
@@ -117,17 +104,18 @@ def check_sized_run(fn, task: int = 1) -> None:
         fail(
             task, f"memory_bytes must be a number of bytes, got {type(memory).__name__} {memory!r}"
         )
-    row, usable = _planned_size_case(task, layout)
+    row, usable = _planned_size_case(task, case, layout)
+    budget = case["budget_days"]
     if not row["fits"]:
         fail(
             task,
-            f"it does not fit: {row['memory_GB']:.1f} GB per GPU > {usable:.1f} GB usable "
+            f"{where}it does not fit: {row['memory_GB']:.1f} GB per GPU > {usable:.1f} GB usable "
             f"(activations {row['activations_GB']:.1f} GB, optimizer {row['optimizer_GB']:.1f} GB)",
         )
-    if row["days"] > BUDGET_DAYS:
+    if row["days"] > budget:
         fail(
             task,
-            f"it fits but takes {row['days']:.1f} days > {BUDGET_DAYS:g} (bubble "
+            f"{where}it fits but takes {row['days']:.1f} days > {budget:g} (bubble "
             f"{row['bubble_fraction']:.0%}, TP {row['tp_comm_s']:.1f} s, DP "
             f"{row['dp_comm_s']:.1f} s of a {row['step_s']:.1f} s step)",
         )
@@ -135,44 +123,28 @@ def check_sized_run(fn, task: int = 1) -> None:
     if abs(memory - planner_bytes) > 0.10 * planner_bytes:
         fail(
             task,
-            f"your memory prediction {memory / 1e9:.1f} GB is more than 10 % from the "
-            f"planner's {planner_bytes / 1e9:.1f} GB",
+            f"{where}your memory prediction {memory / 1e9:.1f} GB is more than 10 % "
+            f"{'below' if memory < planner_bytes else 'above'} the planner's for that layout",
         )
     passed(
         task,
-        f"the layout fits in {usable:.0f} GB per GPU, finishes within {BUDGET_DAYS:g} "
-        "days, and your memory is within 10 % of the planner's",
+        f"the layout fits in {usable:.0f} GB per GPU, finishes within the budget, and your "
+        "memory is within 10 % of the planner's",
     )
-
-
-def _problem_cases():
-    from course_lib.plan import Layout, cluster, model
-
-    m7, m70 = model("Llama-2-7B"), model("Llama-2-70B")
-    node, c64 = cluster("8xH100 + 400G IB"), cluster("8xH100 + 400G IB", gpus=64)
-    return [  # (model, cluster, layout, global batch tokens, expected problems)
-        (m7, node, Layout(8), 1024 * 4096, set()),
-        (m70, c64, Layout(4, 8, 2), 1024 * 4096, set()),
-        (m70, c64, Layout(4, 16, 1), 1024 * 4096, {"tp_across_nodes"}),
-        (m70, c64, Layout(2, 4, 8), 8 * 4096, {"fewer_microbatches_than_stages"}),
-        (m70, c64, Layout(8, 8, 1), 1004 * 4096, {"batch_not_divisible"}),
-        (m7, node, Layout(2, 1, 4, micro_batch=2), 1000 * 4096 + 2048, {"batch_not_divisible"}),
-        (
-            m70,
-            c64,
-            Layout(1, 16, 4),
-            2 * 4096,
-            {"tp_across_nodes", "fewer_microbatches_than_stages"},
-        ),
-        (m70, c64, Layout(16, 1, 4), 64 * 4096, set()),
-    ]
 
 
 def check_plan_problems(fn, task: int = 2) -> None:
     """Task: ``fn(model, cluster, layout, global_batch_tokens)`` -> a set of names among
     "tp_across_nodes", "fewer_microbatches_than_stages", "batch_not_divisible" (an empty set for
-    a sound plan). Graded on eight plans with none, one or two problems."""
-    for i, (model, cluster, layout, tokens, expected) in enumerate(_problem_cases()):
+    a sound plan). Graded on eight drawn plans with none, one or two problems."""
+    from course_lib import plan as P
+    from course_lib.units.u14_planning_a_run._cases import CLUSTER, problem_cases
+    from course_lib.units.u14_planning_a_run.run import plan_problems
+
+    for i, (name, gpus, (dp, tp, pp, mb), tokens) in enumerate(problem_cases(task)):
+        model, cluster = P.model(name), P.cluster(CLUSTER, gpus=gpus)
+        layout = P.Layout(dp, tp, pp, micro_batch=mb)
+        expected = plan_problems(model, cluster, layout, tokens)
         got = run_learner(task, fn, model, cluster, layout, tokens, forbid=PLANNER_REFERENCES)
         if not isinstance(got, (set, frozenset)):
             fail(task, f"fn must return a set of problem names, got {type(got).__name__} {got!r}")
@@ -181,12 +153,12 @@ def check_plan_problems(fn, task: int = 2) -> None:
                 task,
                 f"plan {i + 1} ({model.name}, DP {layout.dp} x TP {layout.tp} x PP "
                 f"{layout.pp}, micro-batch {layout.micro_batch}, {tokens} tokens per batch, "
-                f"{cluster.gpus_per_node} GPUs per node): expected "
-                f"{sorted(expected) or 'no problem'}, got {sorted(got) or 'no problem'}",
+                f"{cluster.gpus_per_node} GPUs per node): you found "
+                f"{sorted(got) or 'no problem'}; {len(expected)} problem(s) in this plan",
             )
     passed(
         task,
-        "the problems of all 8 plans are named (TP across nodes, fewer micro-batches "
+        "the problems of all 8 drawn plans are named (TP across nodes, fewer micro-batches "
         "than stages, a batch that does not divide)",
     )
 
@@ -194,16 +166,20 @@ def check_plan_problems(fn, task: int = 2) -> None:
 def check_mfu_prediction(fn, task: int = 3) -> None:
     """Task: ``fn(parts, model, layout, new_seq)`` -> the MFU (a float) of the same layout when
     the sequence length becomes ``new_seq`` at the same tokens per batch. ``parts`` is the
-    planner's step time by part at the old length (``plan.step_time``'s dict). Graded on
-    ``MFU_CASES`` (doubling s) against the planner at the new length, to 1 %."""
+    planner's step time by part at the old length (``plan.step_time``'s dict). Graded on two
+    drawn layouts (2 or 4 x the sequence) against the planner at the new length, to 1 %."""
     from course_lib import plan as P
+    from course_lib.units.u14_planning_a_run._cases import CLUSTER, mfu_cases
 
-    for name, gpus, dp, tp, pp, rec, tokens in MFU_CASES:
-        model = P.model(name)
-        cluster = P.cluster("8xH100 + 400G IB", gpus=gpus)
-        layout = P.Layout(dp, tp, pp, 1, rec, 1)
+    cases = mfu_cases(task)
+    for c in cases:
+        model = P.model(c["model"])
+        cluster = P.cluster(CLUSTER, gpus=c["gpus"])
+        dp, tp, pp = c["layout"]
+        layout = P.Layout(dp, tp, pp, 1, c["recompute"], 1)
+        tokens = c["tokens"]
         parts = P.step_time(model, cluster, layout, global_batch_tokens=tokens)
-        new = 2 * model.seq_len
+        new = c["factor"] * model.seq_len
         got = run_learner(task, fn, dict(parts), model, layout, new, forbid=PLANNER_REFERENCES)
         if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
             fail(task, f"fn must return the MFU as a float, got {type(got).__name__} {got!r}")
@@ -214,12 +190,12 @@ def check_mfu_prediction(fn, task: int = 3) -> None:
         if abs(got - expected) > 0.01 * expected:
             fail(
                 task,
-                f"{name}, DP {dp} x TP {tp} x PP {pp}, {rec} recomputation, s {model.seq_len}"
-                f" -> {new}: MFU {parts['mfu']:.4f} -> planner {expected:.4f}, you "
-                f"predicted {float(got):.4f}",
+                f"{c['model']}, DP {dp} x TP {tp} x PP {pp}, {c['recompute']} recomputation, "
+                f"{tokens} tokens per batch, s {model.seq_len} -> {new}: MFU {parts['mfu']:.4f} "
+                f"-> you predicted {got:.4f}, more than 1 % "
+                f"{'below' if got < expected else 'above'} the planner",
             )
     passed(
         task,
-        "the MFU at twice the sequence length matches the planner to 1 % for "
-        f"{len(MFU_CASES)} layouts",
+        f"the MFU at a longer sequence matches the planner to 1 % for {len(cases)} drawn layouts",
     )

@@ -7,7 +7,8 @@ exercises/15_context_parallelism.ipynb).
 2. ``check_ring_block``: the ring step whose causal mask was applied to the wrong block, fixed:
    a ring over 2, 3 and 4 ranks simulated in one process with the learner's step must equal
    causal attention on the full sequence;
-3. ``check_llama_cp8``: Llama 3 405B's 128K phase at cp 8 (the lecture prints 1 and 16):
+3. ``check_llama_cp``: Llama 3 405B at a drawn context-parallel size and sequence length
+   (the lecture prints cp 1 and 16 at 128K):
    activation bytes of one layer per GPU and bytes one GPU sends per layer with all-gather
    K/V, both ints, against ``estimate`` (whose context functions are out of reach).
 Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
@@ -19,7 +20,9 @@ from typing import Any
 
 from course_lib.grading.core import expect_int, fail, passed, run_learner
 
-__all__ = ["check_merge", "check_ring_block", "check_llama_cp8"]
+__all__ = ["check_merge", "check_ring_block", "check_llama_cp"]
+
+UNIT = "u15_context_parallelism"
 
 MERGE_REFERENCES = ("course_lib.parallel.context_blocks:merge_attention",)
 RING_REFERENCES = (
@@ -53,9 +56,10 @@ def check_merge(merge, task: int = 1) -> None:
     (log-sum-exps near 100: exp overflows float32), float32."""
     import torch
 
+    from course_lib.grading.seeds import case_rng
     from course_lib.parallel.context_blocks import attention_block
 
-    g = torch.Generator().manual_seed(15)
+    g = torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63))
     for case in range(6):
         scale = 40.0 if case >= 4 else 1.0
         m, na, nb = (int(x) for x in torch.randint(2, 9, (3,), generator=g))
@@ -118,7 +122,9 @@ def check_ring_block(step, task: int = 2) -> None:
     import torch
     import torch.nn.functional as F
 
-    g = torch.Generator().manual_seed(25)
+    from course_lib.grading.seeds import case_rng
+
+    g = torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63))
     for w in (2, 3, 4):
         q, k, v = (torch.randn(1, 2, 4 * w, 8, generator=g) for _ in range(3))
         got = _simulated_ring(step, w, q, k, v, task)
@@ -132,27 +138,39 @@ def check_ring_block(step, task: int = 2) -> None:
 
 
 # ---- task 3 --------------------------------------------------------------------------------
-def check_llama_cp8(fn, task: int = 3) -> None:
-    """Task: ``fn() -> (activation_bytes, sent_bytes)`` for one Llama 3 405B layer (width
-    16,384, 128 heads, 8 key/value heads, SwiGLU FFN 53,248) in the 128K phase (131,072
-    tokens, one sequence per micro-batch, bf16), tp 8 with sequence parallelism, cp 8:
-    the activation bytes one GPU keeps with FlashAttention (no score matrix, no dropout), and
-    the bytes one GPU sends per layer, forward + backward, with all-gather K/V. Two ints."""
-    got = run_learner(task, fn, forbid=SCALE_REFERENCES)
+#: (cp, tokens per sequence) task 3 draws from: never the lecture's cp 1 or 16
+LLAMA_PLANS = tuple((cp, seq) for cp in (2, 4, 8, 32) for seq in (2**15, 2**16, 2**17, 2**18))
+
+
+def check_llama_cp(fn, task: int = 3) -> None:
+    """Task: ``fn(cp, seq) -> (activation_bytes, sent_bytes)`` for one Llama 3 405B layer
+    (width 16,384, 128 heads, 8 key/value heads, SwiGLU FFN 53,248) on sequences of ``seq``
+    tokens (one sequence per micro-batch, bf16), tp 8 with sequence parallelism, context
+    parallelism ``cp``: the activation bytes one GPU keeps with FlashAttention (no score
+    matrix, no dropout), and the bytes one GPU sends per layer, forward + backward, with
+    all-gather K/V. Two ints, for a (cp, seq) drawn from the grading seed."""
+    from course_lib.grading.seeds import case_rng
+
+    cp, seq = case_rng(task, UNIT).choice(LLAMA_PLANS)
+    where = f"cp {cp}, {seq // 1024}K tokens: "
+    got = run_learner(task, fn, cp, seq, forbid=SCALE_REFERENCES)
     if not isinstance(got, tuple) or len(got) != 2:
-        fail(task, f"expected (activation_bytes, sent_bytes), got {got!r}")
+        fail(task, f"{where}expected (activation_bytes, sent_bytes), got {got!r}")
     act = expect_int(task, "activation_bytes", got[0])
     sent = expect_int(task, "sent_bytes", got[1])
     from course_lib.measure import estimate
 
     shape: dict[str, Any] = dict(kv_heads=8, tp=8)
     want_act = estimate.cp_activation_bytes_per_layer(
-        131072, 1, 16384, 128, cp=8, ffn=53248, gated_mlp=True, sequence_parallel=True, **shape
+        seq, 1, 16384, 128, cp=cp, ffn=53248, gated_mlp=True, sequence_parallel=True, **shape
     )
     want_sent = estimate.cp_comm_bytes_per_layer(
-        131072, 1, 16384, 128, 8, method="allgather", **shape
+        seq, 1, 16384, 128, cp, method="allgather", **shape
     )["sent"]
     for what, value, want in (("activation_bytes", act, want_act), ("sent_bytes", sent, want_sent)):
         if value != want:
-            fail(task, f"{what} = {value:,}: off by a factor {value / want:.4g}")
-    passed(task, "Llama 3 405B at 128K, tp 8, cp 8: activation and all-gather bytes per GPU")
+            fail(task, f"{where}{what} = {value:,}: too {'large' if value > want else 'small'}")
+    passed(
+        task,
+        "Llama 3 405B, tp 8, at a drawn cp and length: activation and all-gather bytes per GPU",
+    )

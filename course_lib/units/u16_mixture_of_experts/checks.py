@@ -7,10 +7,10 @@ exercises/16_mixture_of_experts.ipynb).
    ``dispatch_splits`` and ``ExpertParallel`` are out of reach;
 2. ``check_balance_loss``: the load-balancing loss with its bug fixed, graded on random router
    probabilities: its value and its gradient with respect to the probabilities;
-3. ``check_mixtral_ep4``: Mixtral 8x7B with the experts over 4 ranks (the lecture prints 8):
-   all-to-all bytes per token and layer, and model-state bytes per GPU, ints, against
-   ``estimate`` (whose ``moe`` functions are out of reach).
-Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
+3. ``check_mixtral_plan``: Mixtral 8x7B with the experts over a drawn ep on a drawn number of
+   GPUs (the lecture prints ep 8 on 128): all-to-all bytes per token and layer, and model-state
+   bytes per GPU, ints, against ``estimate`` (whose ``moe`` functions are out of reach).
+Cases come from the grading seed (``course_lib.grading.seeds``). Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from course_lib.grading.core import expect_int, fail, passed, run_learner
 
-__all__ = ["check_dispatch", "check_balance_loss", "check_mixtral_ep4"]
+__all__ = ["check_dispatch", "check_balance_loss", "check_mixtral_plan"]
 
 DISPATCH_REFERENCES = (
     "course_lib.parallel.expert_parallel:dispatch_splits",
@@ -31,6 +31,9 @@ SCALE_REFERENCES = (
     "course_lib.measure.estimate.moe:moe_model_state_bytes_per_rank",
     "course_lib.measure.estimate.moe:moe_param_count",
 )
+
+
+UNIT = "u16_mixture_of_experts"
 
 
 # ---- task 1 --------------------------------------------------------------------------------
@@ -49,7 +52,9 @@ def check_dispatch(plan, task: int = 1) -> None:
     from each. Graded on 12 random routings of 2, 3 and 4 ranks (some experts empty)."""
     import torch
 
-    g = torch.Generator().manual_seed(16)
+    from course_lib.grading.seeds import case_rng
+
+    g = torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63))
     for case in range(12):
         w = 2 + case % 3
         e = w * int(torch.randint(1, 4, (1,), generator=g))
@@ -83,7 +88,9 @@ def check_balance_loss(loss, task: int = 2) -> None:
     its gradient with respect to ``probs``."""
     import torch
 
-    g = torch.Generator().manual_seed(160)
+    from course_lib.grading.seeds import case_rng
+
+    g = torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63))
     for case in range(6):
         t, e, k = 8 + 3 * case, 4 + case % 3, 1 + case % 2
         probs = torch.randn(t, e, generator=g).softmax(-1).requires_grad_()
@@ -96,7 +103,8 @@ def check_balance_loss(loss, task: int = 2) -> None:
         if not torch.allclose(got.detach().reshape(()), want.detach(), atol=1e-6):
             fail(
                 task,
-                f"case {case + 1}: loss = {float(got.detach()):.6g}, expected {float(want.detach()):.6g}",
+                f"case {case + 1} ({t} tokens, {e} experts, top-{k}): your loss is "
+                f"{float(got.detach()):.6g}, {'below' if got < want else 'above'} E sum_i f_i P_i",
             )
         if not got.requires_grad:
             fail(task, f"case {case + 1}: the loss has no gradient: the router would learn nothing")
@@ -108,26 +116,39 @@ def check_balance_loss(loss, task: int = 2) -> None:
 
 
 # ---- task 3 --------------------------------------------------------------------------------
-def check_mixtral_ep4(fn, task: int = 3) -> None:
-    """Task: ``fn() -> (a2a_bytes, state_bytes)`` for Mixtral 8x7B (46,702,792,704 parameters,
-    of them 45,097,156,608 in the routed experts, 8 per layer x 32 layers; width 4096, top-2) trained on 32 GPUs,
-    experts over ep = 4 ranks, no pipeline, ZeRO-1, bf16 weights and gradients with 12 B of
-    fp32 optimizer state per parameter: the bytes one GPU sends per token of its own and MoE
-    layer, forward + backward, bf16, uniform routing; and the model-state bytes per GPU.
-    Two ints."""
-    got = run_learner(task, fn, forbid=SCALE_REFERENCES)
+#: (ep, gpus) task 3 draws from: never the lecture's ep 8 on 128 GPUs
+MIXTRAL_PLANS = tuple(
+    (ep, gpus) for ep in (2, 4, 8) for gpus in (16, 32, 64, 256) if (ep, gpus) != (8, 128)
+)
+
+
+def check_mixtral_plan(fn, task: int = 3) -> None:
+    """Task: ``fn(ep, gpus) -> (a2a_bytes, state_bytes)`` for Mixtral 8x7B (46,702,792,704
+    parameters, of them 45,097,156,608 in the routed experts, 8 per layer x 32 layers; width
+    4096, top-2) trained on ``gpus`` GPUs, experts over ``ep`` ranks, no pipeline, ZeRO-1, bf16
+    weights and gradients with 12 B of fp32 optimizer state per parameter: the bytes one GPU
+    sends per token of its own and MoE layer, forward + backward, bf16, uniform routing; and the
+    model-state bytes per GPU. Two ints, for an (ep, gpus) drawn from the grading seed."""
+    from course_lib.grading.seeds import case_rng
+
+    ep, gpus = case_rng(task, UNIT).choice(MIXTRAL_PLANS)
+    got = run_learner(task, fn, ep, gpus, forbid=SCALE_REFERENCES)
+    where = f"ep {ep} on {gpus} GPUs: "
     if not isinstance(got, tuple) or len(got) != 2:
-        fail(task, f"expected (a2a_bytes, state_bytes), got {got!r}")
+        fail(task, f"{where}expected (a2a_bytes, state_bytes), got {got!r}")
     a2a = expect_int(task, "a2a_bytes", got[0])
     state = expect_int(task, "state_bytes", got[1])
     from course_lib.measure import estimate
 
-    want_a2a = estimate.ep_all_to_all_bytes_per_token(4096, ep=4, top_k=2)
+    want_a2a = estimate.ep_all_to_all_bytes_per_token(4096, ep=ep, top_k=2)
     total, experts = 46_702_792_704, 45_097_156_608
     want_state = estimate.moe_model_state_bytes_per_rank(
-        total - experts, experts, ep=4, world_size=32, stage=1
+        total - experts, experts, ep=ep, world_size=gpus, stage=1
     )["total"]
     for what, value, want in (("a2a_bytes", a2a, want_a2a), ("state_bytes", state, want_state)):
         if value != want:
-            fail(task, f"{what} = {value:,}: off by a factor {value / want:.4g}")
-    passed(task, "Mixtral 8x7B at ep 4 on 32 GPUs: all-to-all bytes per token and memory per GPU")
+            fail(task, f"{where}{what} = {value:,}: too {'large' if value > want else 'small'}")
+    passed(
+        task,
+        "Mixtral 8x7B at a drawn ep and cluster: all-to-all bytes per token and memory per GPU",
+    )

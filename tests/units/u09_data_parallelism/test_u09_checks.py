@@ -67,7 +67,9 @@ def course_hook(model, buckets):
 
 
 @pytest.mark.slow
-def test_check_bucketed_hook():
+@pytest.mark.parametrize("seed", ["0", "7"])
+def test_check_bucketed_hook(seed, monkeypatch):
+    monkeypatch.setenv("COURSE_GRADE_SEED", seed)
     C.check_bucketed_hook(good_hook)
     with pytest.raises(AssertionError, match="✗ task 1: .*expected 4 all_reduce calls during"):
         C.check_bucketed_hook(blocking_hook)
@@ -89,26 +91,34 @@ def buggy_loop(model, micro_batches):  # the exercise's bug: the condition is in
             (F.mse_loss(model(x), y) / k).backward()
 
 
-def test_check_no_sync_loop(capsys):
+@pytest.mark.parametrize("seed", ["0", "7"])
+def test_check_no_sync_loop(seed, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_GRADE_SEED", seed)
     C.check_no_sync_loop(good_loop)
     assert capsys.readouterr().out.startswith("✓ task 2:")
     with pytest.raises(AssertionError, match="✗ task 2: rank 0: 12 all-reduce calls"):
         C.check_no_sync_loop(buggy_loop)
 
 
-def test_check_accumulation_steps(capsys):
-    def good(b, m, n):
-        if b % (m * n):
-            raise ValueError("no whole number of steps")
-        return b // (m * n)
+def good_steps(b, m, n):
+    if b % (m * n):
+        raise ValueError("no whole number of steps")
+    return b // (m * n)
 
+
+@pytest.mark.parametrize("seed", ["0", "7"])
+def test_check_accumulation_steps(seed, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_GRADE_SEED", seed)
+    good = good_steps
     C.check_accumulation_steps(good)
     assert capsys.readouterr().out.startswith("✓ task 3: accumulation steps right in 6 configs")
     with pytest.raises(AssertionError, match="expected an int"):
-        C.check_accumulation_steps(lambda b, m, n: b / (m * n))
-    with pytest.raises(AssertionError, match="expected a ValueError"):
+        C.check_accumulation_steps(lambda b, m, n: good(b, m, n) / 1)
+    with pytest.raises(AssertionError, match="no whole number of steps fits: raise ValueError"):
         C.check_accumulation_steps(lambda b, m, n: b // (m * n))
-    with pytest.raises(AssertionError, match="expected 2 accumulation steps, got 4"):
+    with pytest.raises(
+        AssertionError, match=r"you returned \d+ accumulation steps: .* rows per step"
+    ):
         C.check_accumulation_steps(lambda b, m, n: good(b, m, 2))  # the sources' 2 GPUs
     from course_lib.units.u09_data_parallelism.run import accumulation_steps_for
 
@@ -116,8 +126,28 @@ def test_check_accumulation_steps(capsys):
         C.check_accumulation_steps(lambda b, m, n: accumulation_steps_for(b, m, n))
 
 
+def test_the_batch_cases_keep_their_edge_cases_and_a_copied_table_fails(monkeypatch):
+    cases = C.batch_cases(3)
+    answers = [steps for *_, steps in cases]
+    assert answers.count(None) == 2 and 1 in answers and any(n == 1 for _, _, n, _ in cases)
+    table = {(b, m, n): steps for b, m, n, steps in cases}  # seed 0's, built here
+
+    def copied(b, m, n):
+        if table.get((b, m, n), 1) is None:
+            raise ValueError("copied")
+        return table.get((b, m, n), 4)
+
+    C.check_accumulation_steps(copied)
+    monkeypatch.setenv("COURSE_GRADE_SEED", "7")
+    assert C.batch_cases(3) != cases
+    with pytest.raises(AssertionError, match="✗ task 3: train "):
+        C.check_accumulation_steps(copied)
+
+
 @pytest.mark.slow
-def test_check_bytes_prediction(capsys):
+@pytest.mark.parametrize("seed", ["0", "7"])
+def test_check_bytes_prediction(seed, monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_GRADE_SEED", seed)
     C.check_bytes_prediction(lambda p, b, n, k: 2 * (n - 1) * p * b // n)
     assert capsys.readouterr().out.startswith("✓ task 4:")
     with pytest.raises(AssertionError, match="✗ task 4: .*you predicted"):
@@ -130,3 +160,21 @@ def test_check_bytes_prediction(capsys):
         C.check_bytes_prediction(
             lambda p, b, n, k: int(estimate.ring_allreduce_bytes_sent(p * b, n))
         )
+
+
+@pytest.mark.slow
+def test_copied_bytes_fail_under_another_seed(monkeypatch):
+    from course_lib.grading.seeds import case_rng
+    from course_lib.units.u09_data_parallelism.run import model_fn
+
+    width = case_rng(4, C.UNIT).choice(C.BYTE_WIDTHS)  # seed 0's model, its bytes built here
+    p0 = sum(p.numel() for p in model_fn(width=width).parameters())
+
+    def copied(p, b, n, k):
+        return 2 * (n - 1) * p0 * b // n
+
+    C.check_bytes_prediction(copied)
+    monkeypatch.setenv("COURSE_GRADE_SEED", "7")
+    assert case_rng(4, C.UNIT).choice(C.BYTE_WIDTHS) != width
+    with pytest.raises(AssertionError, match="✗ task 4: .*you predicted"):
+        C.check_bytes_prediction(copied)

@@ -1,5 +1,6 @@
 """Unit 11's graded checks: a correct answer passes, a wrong one fails with a ✗ line, one that
-calls the course's own answer is refused."""
+calls the course's own answer is refused; under two grading seeds, and a constant copied from
+the lecture or from seed 0's case fails under another."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_lib.units.u11_tensor_parallelism import checks as C
+
+SEEDS = ("0", "7")
+
+
+@pytest.fixture(params=SEEDS)
+def seed(request, monkeypatch):
+    monkeypatch.setenv("COURSE_GRADE_SEED", request.param)
+    return request.param
 
 
 class _SumForward(torch.autograd.Function):  # all-reduce forward, identity backward
@@ -50,9 +59,14 @@ def course_row(x_shard, weight_shard, bias, group):
     return g.apply(x_shard @ weight_shard.t(), group) + bias
 
 
-def test_check_row_parallel():
+def test_check_row_parallel(seed):
     C.check_row_parallel(good_row)
-    with pytest.raises(AssertionError, match=r"✗ task 1: rank \d of 2: the output differs"):
+    case = C.linear_case(1)
+    with pytest.raises(
+        AssertionError,
+        match=rf"✗ task 1: rank \d of 2 \(nn.Linear\({case['in']}, {case['out']}\), "
+        rf"{case['rows']} rows\): the output differs",
+    ):
         C.check_row_parallel(bias_inside_row)
     with pytest.raises(
         AssertionError, match="✗ task 1: uses the course's own ReduceFromTensorParallelRegion"
@@ -60,12 +74,45 @@ def test_check_row_parallel():
         C.check_row_parallel(course_row)
 
 
-def test_check_allreduce_count():
-    C.check_allreduce_count(128)
-    with pytest.raises(AssertionError, match=r"✗ task 2: you said 64 all-reduces \(2 per layer\)"):
-        C.check_allreduce_count(64)  # the sources' count
-    with pytest.raises(AssertionError, match="✗ task 2: the number of all-reduces must be an int"):
-        C.check_allreduce_count(128.0)
+def good_count(n_layer, microbatches):
+    return 4 * n_layer * microbatches
+
+
+def test_check_allreduce_count(seed):
+    C.check_allreduce_count(good_count)
+    n, k = C.count_case(2)["n_layer"], C.count_case(2)["microbatches"]
+    with pytest.raises(
+        AssertionError,
+        match=rf"✗ task 2: you said {4 * n} all-reduces for {n} layers and {k} micro-batches "
+        r".*made more in one step",
+    ):
+        C.check_allreduce_count(lambda n_layer, m: 4 * n_layer)  # forgets the micro-batches
+    with pytest.raises(
+        AssertionError, match="✗ task 2: the number of all-reduces .* must be an int"
+    ):
+        C.check_allreduce_count(lambda n_layer, m: float(good_count(n_layer, m)))
+    with pytest.raises(AssertionError, match="✗ task 2: uses the course's own .*source_check"):
+        C.check_allreduce_count(course_count)
+
+
+def course_count(n_layer, microbatches):
+    from course_lib.units.u11_tensor_parallelism.run_scale import source_check
+
+    return source_check(n_layer)["allreduces_per_step"] * microbatches
+
+
+def test_the_lecture_constant_or_a_copied_count_fails(monkeypatch):
+    case = C.count_case(2)  # seed 0's, built here
+    copied = good_count(case["n_layer"], case["microbatches"])
+    C.check_allreduce_count(lambda n, k: copied)
+    for s in SEEDS:
+        monkeypatch.setenv("COURSE_GRADE_SEED", s)
+        with pytest.raises(AssertionError, match="✗ task 2: you said 128 all-reduces"):
+            C.check_allreduce_count(lambda n, k: 128)  # the lecture's 4 x 32
+    monkeypatch.setenv("COURSE_GRADE_SEED", "7")
+    assert C.count_case(2) != case
+    with pytest.raises(AssertionError, match=f"✗ task 2: you said {copied} all-reduces"):
+        C.check_allreduce_count(lambda n, k: copied)
 
 
 def fixed_mlp(x, c_fc, c_proj, group):
@@ -84,9 +131,13 @@ def course_mlp(x, c_fc, c_proj, group):
     return g.apply(c_proj(F.gelu(c_fc(f.apply(x, group)))), group)
 
 
-def test_check_fixed_mlp():
+def test_check_fixed_mlp(seed):
     C.check_fixed_mlp(fixed_mlp)
-    with pytest.raises(AssertionError, match=r"✗ task 3: rank \d of 2: the output differs"):
+    width = C.mlp_case(3)["width"]
+    with pytest.raises(
+        AssertionError,
+        match=rf"✗ task 3: rank \d of 2 \(MLP of width {width}\): the output differs",
+    ):
         C.check_fixed_mlp(buggy_mlp)
     with pytest.raises(AssertionError, match="✗ task 3: uses the course's own"):
         C.check_fixed_mlp(course_mlp)

@@ -1,45 +1,139 @@
 """Unit 12's graded checks: a correct answer passes, a wrong one fails with a ✗ line, one that
-calls the course's own answer is refused."""
+calls the course's own answer is refused; under two grading seeds, and an answer copied from
+seed 0's cases fails under another."""
 
 from __future__ import annotations
 
 import pytest
 
+from course_lib.units.u12_pipeline_parallelism import _cases as K
 from course_lib.units.u12_pipeline_parallelism import checks as C
 
-
-def good_bubble(p, m, v):
-    return (p - 1) / (v * m + p - 1)
+SEEDS = ("0", "7")
 
 
-def narayanan_bubble(p, m, v):  # the other definition: bubble over ideal time
-    return (p - 1) / (v * m)
+@pytest.fixture(params=SEEDS)
+def seed(request, monkeypatch):
+    monkeypatch.setenv("COURSE_GRADE_SEED", request.param)
+    return request.param
 
 
-def course_bubble(p, m, v):
+# ---- task 1 --------------------------------------------------------------------------------
+def good_bubble(layers, m):
+    p, total = len(layers), sum(layers)
+    return 1 - m * total / (p * (total + (m - 1) * max(layers)))
+
+
+def equal_stage_bubble(layers, m):  # the lecture's formula: ignores the bottleneck stage
+    p = len(layers)
+    return (p - 1) / (m + p - 1)
+
+
+def course_bubble(layers, m):
     from course_lib.measure import estimate
 
-    return estimate.pipeline_bubble_fraction(p, m, v)
+    return estimate.pipeline_bubble_fraction(len(layers), m)
 
 
-def good_order(stage, stages, m):
-    warmup = min(stages - stage - 1, m)
-    order = [("F", i) for i in range(warmup)]
-    for i in range(m - warmup):
-        order += [("F", warmup + i), ("B", i)]
-    return order + [("B", i) for i in range(m - warmup, m)]
+def test_bubble_check(seed, capsys):
+    C.check_bubble_prediction(good_bubble)
+    assert capsys.readouterr().out == (
+        "✓ task 1: GPipe's idle fraction with uneven stages matches real runs on 3 ranks "
+        "replayed on ideal hardware (2 drawn pipelines)\n"
+    )
+    with pytest.raises(
+        AssertionError, match=r"✗ task 1: layers per stage \[.*\], m = \d+: you predicted"
+    ):
+        C.check_bubble_prediction(equal_stage_bubble)
+    with pytest.raises(
+        AssertionError, match="✗ task 1: uses the course's own pipeline_bubble_fraction"
+    ):
+        C.check_bubble_prediction(course_bubble)
+    with pytest.raises(AssertionError, match="must return a finite float, got str"):
+        C.check_bubble_prediction(lambda layers, m: "0.2")
 
 
-def gpipe_order(stage, stages, m):
-    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+def test_bubble_cases_are_uneven_and_one_never_fills(seed):
+    few, many = K.bubble_cases(1)
+    assert len(set(few["sizes"])) > 1 and len(set(many["sizes"])) > 1
+    assert few["microbatches"] <= K.BUBBLE_RANKS < many["microbatches"]
 
 
-def course_order(stage, stages, m):
-    from course_lib.parallel.pipeline import one_f_one_b_order
+def test_copied_bubbles_fail_under_another_seed(monkeypatch):
+    table = [good_bubble(c["sizes"], c["microbatches"]) for c in K.bubble_cases(1)]
+    answers = {(tuple(c["sizes"]), c["microbatches"]): t for c, t in zip(K.bubble_cases(1), table)}
 
-    return [(a.kind, a.microbatch) for a in one_f_one_b_order(stage, stages, m)]
+    def copied(layers, m):
+        return answers.get((tuple(layers), m), table[0])
+
+    C.check_bubble_prediction(copied)
+    monkeypatch.setenv("COURSE_GRADE_SEED", "7")
+    with pytest.raises(AssertionError, match="✗ task 1: layers per stage"):
+        C.check_bubble_prediction(copied)
 
 
+# ---- task 2 --------------------------------------------------------------------------------
+def good_replay(orders, layers):
+    n = len(layers)
+    done, pos, free = {}, [0] * len(orders), [0.0] * len(orders)
+    starts = [[] for _ in orders]
+    while any(pos[r] < len(o) for r, o in enumerate(orders)):
+        for r, order in enumerate(orders):
+            while pos[r] < len(order):
+                kind, mb, k = order[pos[r]]
+                if kind == "F":
+                    dep = ("F", k - 1, mb) if k > 0 else None
+                else:
+                    dep = ("B", k + 1, mb) if k < n - 1 else ("F", k, mb)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[r], done[dep] if dep else 0.0)
+                free[r] = done[(kind, k, mb)] = start + layers[k] * (1 if kind == "F" else 2)
+                starts[r].append(start)
+                pos[r] += 1
+    return starts
+
+
+def unit_cost_replay(orders, layers):  # every stage costs one layer: ignores the uneven split
+    return good_replay(orders, [1] * len(layers))
+
+
+def course_replay(orders, layers):
+    from course_lib.parallel import pipeline as P
+
+    spans = P.replay(orders, P.split_layers(sum(layers), len(layers), sizes=layers))
+    return [[s["start"] for s in spans if s["rank"] == r] for r in range(len(orders))]
+
+
+def test_replay_check(seed, capsys):
+    C.check_replay(good_replay)
+    assert capsys.readouterr().out.startswith("✓ task 2: replayed start times match")
+    with pytest.raises(
+        AssertionError, match=r"✗ task 2: .*rank \d's action \d+ \([FB]\d+ of stage"
+    ):
+        C.check_replay(unit_cost_replay)
+    with pytest.raises(AssertionError, match="✗ task 2: uses the course's own replay"):
+        C.check_replay(course_replay)
+    with pytest.raises(AssertionError, match="expected a list per rank of"):
+        C.check_replay(lambda orders, layers: [0.0])
+
+
+def test_replay_cases_cover_every_schedule(seed):
+    cases = K.replay_cases(2)
+    assert sorted(c["schedule"] for c in cases) == ["1f1b", "gpipe", "interleaved"]
+    for c in cases:
+        assert len(c["layers"]) == c["ranks"] * c["virtual"] and len(set(c["layers"])) > 1
+
+
+def test_copied_start_times_fail_under_another_seed(monkeypatch):
+    table = iter([good_replay(C._orders(c), c["layers"]) for c in K.replay_cases(2)] * 2)
+    C.check_replay(lambda orders, layers: next(table))
+    monkeypatch.setenv("COURSE_GRADE_SEED", "7")
+    with pytest.raises(AssertionError, match="✗ task 2: "):
+        C.check_replay(lambda orders, layers: next(table))
+
+
+# ---- task 3 --------------------------------------------------------------------------------
 def good_holder(stage, ranks):
     return stage % ranks
 
@@ -54,38 +148,24 @@ def course_holder(stage, ranks):
     return stage_owner(stage, ranks)
 
 
-def test_bubble_check(capsys):
-    C.check_bubble_prediction(good_bubble)
-    assert capsys.readouterr().out.startswith("✓ task 1: interleaved 1F1B idle fraction")
-    with pytest.raises(AssertionError, match=r"✗ task 1: p = 3, m = 3, v = 2: .* you predicted"):
-        C.check_bubble_prediction(narayanan_bubble)
+def test_holder_check(seed, capsys):
+    C.check_holder(good_holder)
+    assert capsys.readouterr().out.startswith("✓ task 3: stages placed as the interleaved")
     with pytest.raises(
-        AssertionError, match="✗ task 1: uses the course's own pipeline_bubble_fraction"
-    ):
-        C.check_bubble_prediction(course_bubble)
-    with pytest.raises(AssertionError, match="must return a finite float, got str"):
-        C.check_bubble_prediction(lambda p, m, v: "0.2")
-
-
-def test_order_check(capsys):
-    C.check_one_f_one_b(good_order)
-    assert capsys.readouterr().out.startswith("✓ task 2: 1F1B orders match")
-    with pytest.raises(
-        AssertionError, match=r"✗ task 2: stage 0 of p = 4, m = 8: action 4 should be \('B', 0\)"
-    ):
-        C.check_one_f_one_b(gpipe_order)
-    with pytest.raises(AssertionError, match="✗ task 2: uses the course's own one_f_one_b_order"):
-        C.check_one_f_one_b(course_order)
-
-
-def test_holder_check(capsys):
-    from _rewritten import rewritten
-
-    C.check_holder(rewritten("course_lib.parallel.pipeline").stage_owner)
-    assert capsys.readouterr().out.startswith("✓ task 3: stages placed round robin")
-    with pytest.raises(AssertionError, match="✗ task 3: stage 1 with 2 ranks: .* rank 1, but your"):
+        AssertionError, match="✗ task 3: stage 1 with 2 ranks: your function places it on rank 0"
+    ) as err:
         C.check_holder(buggy_holder)
+    assert "round robin" not in str(err.value) and "% " not in str(err.value)
     with pytest.raises(AssertionError, match="✗ task 3: uses the course's own stage_owner"):
         C.check_holder(course_holder)
     with pytest.raises(AssertionError, match="must return an int rank, got float"):
         C.check_holder(lambda k, p: float(k % p))
+
+
+def test_holder_step_is_drawn(monkeypatch):
+    drawn = set()
+    for s in ("0", "1", "2", "3", "7"):
+        monkeypatch.setenv("COURSE_GRADE_SEED", s)
+        case = K.holder_case(3)
+        drawn.add((case["virtual"], case["microbatches"]))
+    assert len(drawn) > 1

@@ -5,25 +5,45 @@ from __future__ import annotations
 from course_lib.measure import estimate
 
 
-def sized_run():
-    layout = dict(dp=16, tp=4, pp=1, zero=2, recompute="selective", micro_batch=1)
-    n, s, h, a, kv, f, V, L = 68_976_648_192, 4096, 8192, 64, 8, 28672, 32000, 80
-    state = estimate.zero_state_breakdown_per_rank(n // 4, stage=2, world_size=16)["total"]
-    act = L * estimate.activation_bytes_transformer_layer(
-        s,
-        1,
-        h,
-        a,
-        kv_heads=kv,
-        ffn=f,
-        gated_mlp=True,
-        dropout=False,
-        tp=4,
-        sequence_parallel=True,
-        recompute="selective",
-    )
-    logits = 4 * s * V / 4
-    return layout, state + act + logits
+def sized_run(gpus, total_tokens, budget_days):
+    """The smallest TP, no pipeline, the most ZeRO and the least recomputation that leave a
+    15 % margin under 76 GB, by the categories the planner counts."""
+    from course_lib import plan as P
+
+    model = P.model("Llama-2-70B")
+    parts = model.params()
+    s, h, V = model.seq_len, model.hidden, model.vocab
+
+    def layer(tp, recompute):
+        return estimate.activation_bytes_transformer_layer(
+            s,
+            1,
+            h,
+            model.heads,
+            kv_heads=model.kv_heads,
+            ffn=model.ffn,
+            gated_mlp=True,
+            dropout=False,
+            tp=tp,
+            sequence_parallel=False,
+            recompute=recompute,
+        )
+
+    for tp in (1, 2, 4, 8):
+        for zero in (1, 2, 3):
+            for rec in ("selective", "full"):
+                dp = gpus // tp
+                n = -(-parts["total"] // tp)
+                state = estimate.zero_state_breakdown_per_rank(n, stage=zero, world_size=dp)
+                act = model.layers * layer(tp, rec) + (
+                    layer(tp, "selective") if rec == "full" else 0
+                )
+                logits = 4 * s * V / tp
+                buffers = 2 * 2 * parts["per_layer"] / tp if zero == 3 else 0
+                memory = state["total"] + act + logits + buffers
+                if memory <= 0.85 * 76e9:
+                    return dict(dp=dp, tp=tp, pp=1, zero=zero, recompute=rec, micro_batch=1), memory
+    raise ValueError(f"gpus = {gpus}: no layout without a pipeline fits")
 
 
 def problems(model, cluster, layout, global_batch_tokens):

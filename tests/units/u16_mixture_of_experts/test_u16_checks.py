@@ -31,10 +31,16 @@ def course_plan(routed, rank, n_experts):
     return torch.argsort(routed[rank], stable=True), send, got
 
 
-def test_check_dispatch(capsys):
+@pytest.fixture(params=["0", "7"])
+def seed(request, monkeypatch):
+    monkeypatch.setenv("COURSE_GRADE_SEED", request.param)
+    return request.param
+
+
+def test_check_dispatch(seed, capsys):
     C.check_dispatch(good_plan)
     assert capsys.readouterr().out.startswith("✓ task 1: your dispatch plan is right")
-    with pytest.raises(AssertionError, match="✗ task 1: case 1 .*input_splits"):
+    with pytest.raises(AssertionError, match=r"✗ task 1: case \d+ .*input_splits"):
         C.check_dispatch(swapped_plan)
     with pytest.raises(AssertionError, match="✗ task 1: uses the course's own"):
         C.check_dispatch(course_plan)
@@ -58,40 +64,64 @@ def course_loss(probs, experts):
     return load_balancing_loss(probs, experts)
 
 
-def test_check_balance_loss(capsys):
+def test_check_balance_loss(seed, capsys):
     C.check_balance_loss(good_loss)
     assert capsys.readouterr().out.startswith("✓ task 2: your balancing loss")
-    with pytest.raises(AssertionError, match="✗ task 2: case 1: loss ="):
+    with pytest.raises(
+        AssertionError,
+        match=r"✗ task 2: case \d+ \(\d+ tokens, \d+ experts, top-\d\): your loss is",
+    ):
         C.check_balance_loss(wrong_axis_loss)
     with pytest.raises(AssertionError, match="✗ task 2: uses the course's own"):
         C.check_balance_loss(course_loss)
 
 
-def good_mixtral():
+def good_mixtral(ep, gpus):
     total, experts = 46_702_792_704, 45_097_156_608
-    a2a = 4 * 2 * 3 * 4096 * 2 // 4
-    dense = (2 + 2) * (total - experts) + 12 * (total - experts) // 32
-    routed = ((2 + 2) * experts + 12 * experts // 8) // 4
+    a2a = 4 * 2 * (ep - 1) * 4096 * 2 // ep
+    dense = (2 + 2) * (total - experts) + 12 * (total - experts) // gpus
+    routed = ((2 + 2) * experts + 12 * experts // (gpus // ep)) // ep
     return a2a, dense + routed
 
 
-def forgot_backward():
-    a2a, state = good_mixtral()
+def forgot_backward(ep, gpus):
+    a2a, state = good_mixtral(ep, gpus)
     return a2a // 2, state
 
 
-def course_mixtral():
+def course_mixtral(ep, gpus):
     from course_lib.measure import estimate
 
-    return estimate.ep_all_to_all_bytes_per_token(4096, ep=4, top_k=2), 0
+    return estimate.ep_all_to_all_bytes_per_token(4096, ep=ep, top_k=2), 0
 
 
-def test_check_mixtral_ep4(capsys):
-    C.check_mixtral_ep4(good_mixtral)
-    assert capsys.readouterr().out.startswith("✓ task 3: Mixtral 8x7B at ep 4")
-    with pytest.raises(AssertionError, match="✗ task 3: a2a_bytes = 24,576: off by a factor 0.5"):
-        C.check_mixtral_ep4(forgot_backward)
+def test_check_mixtral_plan(seed, capsys):
+    C.check_mixtral_plan(good_mixtral)
+    assert capsys.readouterr().out == (
+        "✓ task 3: Mixtral 8x7B at a drawn ep and cluster: all-to-all bytes per token and memory "
+        "per GPU\n"
+    )
+    with pytest.raises(
+        AssertionError, match=r"✗ task 3: ep \d on \d+ GPUs: a2a_bytes = .*too small"
+    ):
+        C.check_mixtral_plan(forgot_backward)
     with pytest.raises(AssertionError, match="✗ task 3: uses the course's own"):
-        C.check_mixtral_ep4(course_mixtral)
-    with pytest.raises(AssertionError, match="✗ task 3: a2a_bytes must be an int"):
-        C.check_mixtral_ep4(lambda: (float(good_mixtral()[0]), good_mixtral()[1]))
+        C.check_mixtral_plan(course_mixtral)
+    with pytest.raises(AssertionError, match="must be an int"):
+        C.check_mixtral_plan(lambda ep, g: (float(good_mixtral(ep, g)[0]), good_mixtral(ep, g)[1]))
+
+
+def test_the_lectures_plan_or_a_copied_answer_fails(monkeypatch):
+    lecture = good_mixtral(8, 128)
+    for s in ("0", "7"):
+        monkeypatch.setenv("COURSE_GRADE_SEED", s)
+        with pytest.raises(AssertionError, match="✗ task 3: "):
+            C.check_mixtral_plan(lambda ep, g: lecture)
+    from course_lib.grading.seeds import case_rng
+
+    monkeypatch.setenv("COURSE_GRADE_SEED", "0")
+    copied = good_mixtral(*case_rng(3, C.UNIT).choice(C.MIXTRAL_PLANS))
+    C.check_mixtral_plan(lambda ep, g: copied)
+    monkeypatch.setenv("COURSE_GRADE_SEED", "7")
+    with pytest.raises(AssertionError, match="✗ task 3: "):
+        C.check_mixtral_plan(lambda ep, g: copied)

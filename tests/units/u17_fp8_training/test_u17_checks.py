@@ -31,7 +31,13 @@ def rowwise_course(x):
     return q.data, q.scale
 
 
-def test_rowwise(capsys):
+@pytest.fixture(params=["0", "7"])
+def seed(request, monkeypatch):
+    monkeypatch.setenv("COURSE_GRADE_SEED", request.param)
+    return request.param
+
+
+def test_rowwise(seed, capsys):
     C.check_rowwise(rowwise_right)
     assert capsys.readouterr().out.startswith("✓ task 1: rowwise E4M3")
     with pytest.raises(AssertionError, match="✗ task 1: outliers: expected one scale per row"):
@@ -55,7 +61,7 @@ def cast_fixed(x):
     return (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale
 
 
-def test_fixed_cast(capsys):
+def test_fixed_cast(seed, capsys):
     C.check_fixed_cast(cast_fixed)
     assert capsys.readouterr().out.startswith("✓ task 2: scale first")
     with pytest.raises(AssertionError, match="✗ task 2: values up to 5000: "):
@@ -95,11 +101,13 @@ def fsdp_course(n):
     return int(c["total"]), 0
 
 
-def test_fsdp_fp8(capsys):
+def test_fsdp_fp8(seed, capsys):
     C.check_fsdp_fp8(fsdp_right)
     assert capsys.readouterr().out.startswith("✓ task 3: Llama-2-13B")
+    first = C.fsdp_sizes(3)[0]
     with pytest.raises(
-        AssertionError, match="✗ task 3: fsdp_fp8_step.8. all-gather bytes: expected"
+        AssertionError,
+        match=rf"✗ task 3: fsdp_fp8_step.{first}. all-gather bytes: you gave .*, more than",
     ):
         C.check_fsdp_fp8(fsdp_all_bf16)
     with pytest.raises(AssertionError, match="✗ task 3: .* must be an int, got float"):
@@ -115,3 +123,12 @@ def test_llama2_13b_count_matches_estimate():
         layers=40, hidden=5120, heads=40, kv_heads=40, ffn=13824, vocab=32000
     )
     assert c["total"] == 13_015_864_320  # the released checkpoint's count
+
+
+def test_copied_fsdp_answers_fail_under_another_seed(monkeypatch):
+    table = {n: fsdp_right(n) for n in C.fsdp_sizes(3)}  # seed 0's, built here
+    C.check_fsdp_fp8(lambda n: table.get(n, (0, 0)))
+    monkeypatch.setenv("COURSE_GRADE_SEED", "7")
+    assert C.fsdp_sizes(3) != sorted(table)
+    with pytest.raises(AssertionError, match="✗ task 3: fsdp_fp8_step"):
+        C.check_fsdp_fp8(lambda n: table.get(n, (0, 0)))
