@@ -175,8 +175,8 @@ def _untouched_exercise_fails_every_check(solution: Path) -> None:
     unit = f"course_lib.units.u{solution.stem}"
     jobs = jobs_for(unit, solution_nb, read_notebook(exercise), expected)
     with Zygote(unit, cwd=exercise.parent, seed=0) as zygote:
-        results = zygote.run(list(jobs.values()), timeout=300)
-    verdicts = {task: clean_verdict(results[task], spec) for task, spec in expected.items()}
+        results = zygote.run([jobs[task] for task in expected], timeout=300)
+    verdicts = {t: clean_verdict(r, expected[t]) for t, r in zip(expected, results)}
     assert verdicts and not any(v.passed or v.tampered for v in verdicts.values()), verdicts
 
 

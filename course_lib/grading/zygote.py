@@ -57,8 +57,8 @@ class Zygote:
             os.close(write_fd)
         self._results = os.fdopen(read_fd, "rb")
 
-    def run(self, jobs: list[CheckJob], *, timeout: float) -> dict[int, CheckResult]:
-        """Each job's result, by task; ``timeout``: seconds per task."""
+    def run(self, jobs: list[CheckJob], *, timeout: float) -> list[CheckResult]:
+        """Each job's result, in the order of ``jobs``; ``timeout``: seconds per job."""
         payload = json.dumps({"jobs": [asdict(j) for j in jobs], "timeout": timeout}).encode()
         try:
             output, _ = self.proc.communicate(payload, timeout=timeout * len(jobs) + 120)
@@ -67,12 +67,12 @@ class Zygote:
         finally:
             self.close()
         data = self._results.read()
-        results = {int(k): CheckResult(**v) for k, v in json.loads(data or b"{}").items()}
+        results = [CheckResult(**r) for r in json.loads(data or b"[]")]
         tail = output.decode(errors="replace").strip().splitlines()[-1:] or [""]
         lost = (
             f"the grading process ended without a verdict (exit {self.proc.returncode}) {tail[0]}"
         )
-        return {j.task: results.get(j.task, CheckResult(False, lost.strip())) for j in jobs}
+        return results + [CheckResult(False, lost.strip())] * (len(jobs) - len(results))
 
     def close(self) -> None:
         """Kill the zygote and everything it started (idempotent)."""
@@ -129,11 +129,8 @@ def main() -> None:
 
     prepare(unit)
     _python_source("")  # IPython's transformer imported before the fork, not in every child
-    request = json.loads(sys.stdin.buffer.read() or b"{}")
-    results: dict[int, dict] = {}
-    for spec in request.get("jobs", []):
-        job = CheckJob(**spec)
-        results[job.task] = asdict(_fork(job, float(request["timeout"])))
+    request = json.loads(sys.stdin.buffer.read() or b'{"jobs": []}')
+    results = [asdict(_fork(CheckJob(**spec), float(request["timeout"]))) for spec in request["jobs"]]
     with os.fdopen(result_fd, "w") as out:
         out.write(json.dumps(results))
     sys.stdout.flush()

@@ -81,21 +81,56 @@ def _learner(unit: str, extra: str, tmp_path: Path) -> tuple[Path, dict]:
     return path, nb
 
 
-def _clean(unit: str, nb, task: int, tmp_path: Path):
-    stem = UNITS[unit][0]
-    solution = read_notebook(REPO / "solutions" / f"{stem}.ipynb")
-    expected = solution_tasks(solution, stem)
-    job = jobs_for(f"course_lib.units.u{stem}", solution, nb, expected)[task]
-    with Zygote(job.unit, cwd=tmp_path, seed=3) as zygote:
-        return clean_verdict(zygote.run([job], timeout=240)[task], expected[task])
+def _trick(unit: str, trick: str) -> str:
+    name, reference, _ = UNITS[unit][1]
+    module, qualname = reference.split(":")
+    body = (
+        "    import sys\n    sys.setprofile(None)\n    return _answer(*args, **kwargs)\n"
+        if trick == "sys.setprofile(None)"
+        else "    import threading\n    box = []\n"
+        "    t = threading.Thread(target=lambda: box.append(_answer(*args, **kwargs)))\n"
+        "    t.start()\n    t.join()\n    return box[0] if box else None\n"
+    )
+    return f"from {module} import {qualname} as _answer\n\ndef {name}(*args, **kwargs):\n{body}"
+
+
+TRICKS = ("sys.setprofile(None)", "a thread")
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory):
+    """``verdicts(unit)``: every cheat of the unit run in one clean-process batch (one zygote
+    per unit: each cheat is its own forked process), by cheat name."""
+    done: dict[str, dict] = {}
+
+    def run(unit: str) -> dict:
+        if unit not in done:
+            tmp = tmp_path_factory.mktemp(f"u{unit}")
+            stem = UNITS[unit][0]
+            solution = read_notebook(REPO / "solutions" / f"{stem}.ipynb")
+            expected = solution_tasks(solution, stem)
+            first, trick_task = min(expected), UNITS[unit][1][2]
+            cases = {name: (src, first) for name, src in _cheats(unit).items()}
+            cases.update({t: (_trick(unit, t), trick_task) for t in TRICKS})
+            jobs = []
+            for source, task in cases.values():
+                _, nb = _learner(unit, source, tmp)
+                jobs.append(jobs_for(f"course_lib.units.u{stem}", solution, nb, expected)[task])
+            with Zygote(jobs[0].unit, cwd=tmp, seed=3) as zygote:
+                results = zygote.run(jobs, timeout=240)
+            done[unit] = {
+                name: clean_verdict(result, expected[job.task])
+                for name, job, result in zip(cases, jobs, results)
+            }
+        return done[unit]
+
+    return run
 
 
 @pytest.mark.parametrize("cheat", ["rebind unit", "patch the checks", "patch from a decorator"])
 @pytest.mark.parametrize("unit", _lanes(UNITS))
-def test_a_cell_that_fakes_the_checks_scores_zero(unit, cheat, tmp_path):
-    _, nb = _learner(unit, _cheats(unit)[cheat], tmp_path)
-    first = min(solution_tasks(read_notebook(REPO / "solutions" / f"{UNITS[unit][0]}.ipynb"), ""))
-    result = _clean(unit, nb, first, tmp_path)
+def test_a_cell_that_fakes_the_checks_scores_zero(unit, cheat, verdicts):
+    result = verdicts(unit)[cheat]
     assert not result.passed, result
     if (
         cheat == "patch from a decorator"
@@ -106,21 +141,10 @@ def test_a_cell_that_fakes_the_checks_scores_zero(unit, cheat, tmp_path):
         assert "not implemented yet" in result.message
 
 
-@pytest.mark.parametrize("trick", ["sys.setprofile(None)", "a thread"])
+@pytest.mark.parametrize("trick", TRICKS)
 @pytest.mark.parametrize("unit", _lanes(UNITS))
-def test_the_courses_answer_behind_a_trick_is_refused(unit, trick, tmp_path):
-    name, reference, task = UNITS[unit][1]
-    module, qualname = reference.split(":")
-    body = (
-        "    import sys\n    sys.setprofile(None)\n    return _answer(*args, **kwargs)\n"
-        if trick == "sys.setprofile(None)"
-        else "    import threading\n    box = []\n"
-        "    t = threading.Thread(target=lambda: box.append(_answer(*args, **kwargs)))\n"
-        "    t.start()\n    t.join()\n    return box[0] if box else None\n"
-    )
-    extra = f"from {module} import {qualname} as _answer\n\ndef {name}(*args, **kwargs):\n{body}"
-    _, nb = _learner(unit, extra, tmp_path)
-    result = _clean(unit, nb, task, tmp_path)
+def test_the_courses_answer_behind_a_trick_is_refused(unit, trick, verdicts):
+    result = verdicts(unit)[trick]
     assert not result.passed
     assert "uses the course's own" in result.message, result.message
 
@@ -156,5 +180,10 @@ def test_a_right_answer_split_over_cells_passes(tmp_path):
         "    return None\n"
     )
     _, nb = _learner("05", helpers, tmp_path)
-    result = _clean("05", nb, 2, tmp_path)
-    assert result.passed, result.message
+    solution = read_notebook(REPO / "solutions" / "05_cpu_offload.ipynb")
+    expected = solution_tasks(solution, "05")
+    job = jobs_for("course_lib.units.u05_cpu_offload", solution, nb, expected)[2]
+    with Zygote(job.unit, cwd=tmp_path, seed=3) as zygote:
+        (result,) = zygote.run([job], timeout=240)
+    verdict = clean_verdict(result, expected[2])
+    assert verdict.passed, verdict.message
