@@ -159,11 +159,25 @@ def test_solution_scores_full_marks_and_exercise_scores_zero(solution):
     assert not report.tampered, report  # the course's own check cells, untouched
     assert report.score == report.total, report
     assert all(t.passed for t in report.tasks), report
-    # An untouched exercise fails every check: proof that each check can fail.
+    # An untouched exercise fails every check: proof that each check can fail. Its cells would
+    # only define stubs, so its definitions go straight to the clean processes that decide.
+    _untouched_exercise_fails_every_check(solution)
+
+
+def _untouched_exercise_fails_every_check(solution: Path) -> None:
+    from course_lib.grading.clean import clean_verdict, jobs_for
+    from course_lib.grading.notebooks import read_notebook, solution_tasks
+    from course_lib.grading.zygote import Zygote
+
     exercise = ROOT / "exercises" / solution.name
-    report = grade_notebook(exercise, timeout=300)
-    assert len(report.tasks) >= 1 and report.score == 0 and not report.tampered, report
-    assert not any(t.passed for t in report.tasks), report
+    solution_nb = read_notebook(solution)
+    expected = solution_tasks(solution_nb, solution)
+    unit = f"course_lib.units.u{solution.stem}"
+    jobs = jobs_for(unit, solution_nb, read_notebook(exercise), expected)
+    with Zygote(unit, cwd=exercise.parent, seed=0) as zygote:
+        results = zygote.run([jobs[task] for task in expected], timeout=300)
+    verdicts = {t: clean_verdict(r, expected[t]) for t, r in zip(expected, results)}
+    assert verdicts and not any(v.passed or v.tampered for v in verdicts.values()), verdicts
 
 
 def test_grade_cli_bad_input_is_one_line_exit_2(tmp_path):

@@ -35,7 +35,17 @@ from course_lib.grading.report import GradeReport
 
 __all__ = ["Submission", "collect", "grade_folder"]
 
-CSV_FIELDS = ("learner", "unit", "notebook", "task", "points", "passed", "tampered", "message")
+CSV_FIELDS = (
+    "learner",
+    "unit",
+    "notebook",
+    "task",
+    "points",
+    "passed",
+    "tampered",
+    "message",
+    "seed",
+)
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,10 @@ def collect(
 
 def _grade_one(args: tuple[Submission, str | None, float]) -> GradeReport:
     submission, solutions_dir, timeout = args
-    return grade_notebook(submission.path, solutions_dir=solutions_dir, timeout=timeout)
+    # each learner's checks draw their own cases: the seed comes from the learner's id
+    return grade_notebook(
+        submission.path, solutions_dir=solutions_dir, timeout=timeout, learner=submission.learner
+    )
 
 
 def _reports(
@@ -138,7 +151,7 @@ def grade_folder(
         for s, report in done:
             for t in report.tasks:
                 row = (s.learner, s.unit, s.path.relative_to(folder).as_posix(), t.task)
-                writer.writerow(row + (t.points, t.passed, t.tampered, t.message))
+                writer.writerow(row + (t.points, t.passed, t.tampered, t.message, report.seed))
     for s, report in done:
         target = feedback_dir / s.learner / f"{s.unit}.md"
         target.parent.mkdir(parents=True, exist_ok=True)

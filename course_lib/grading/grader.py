@@ -1,21 +1,22 @@
 """Score a learner's exercise notebook per task against the solution's expected outputs.
 
     python -m course_lib.grade exercises/03_precision.ipynb [--solutions DIR] [--timeout S] [--json]
+        [--seed N | --learner ID]
 
 1. Find the solution: the notebook's metadata ``course.unit`` (or ``course.generated_from``), else
    its file name ``NN_topic.ipynb`` (or, for a renamed copy, the one solution with the same ``NN_``
    prefix), looked up in ``--solutions`` or else in ``solutions/`` next to the ``course_lib``
    package being run.
 2. Run the learner's notebook cell by cell in a fresh kernel (nbclient, cwd = the notebook's
-   directory). A cell that raises is recorded and execution goes on, so later tasks are still
-   graded. Check cells run the solution's check code (found by their ``task-N`` tag), so an
-   edit of a check cell cannot change the verdict; the report (and the JSON's ``tampered``) names
-   every check cell that was edited, moved, deleted or added (:mod:`course_lib.grading.tamper`).
-3. Task N passes iff its check cell ran without error and its output equals the expected output
-   stored in the solution's check cell, compared like nbval does (streams merged per name,
-   ``\\r`` applied, execution counts, metadata and images ignored) after stripping trailing
-   whitespace of every line. nbval's comparison is a method of its pytest item, so the few lines
-   needed are reimplemented here (tests check ``coalesce_streams`` against nbval's own).
+   directory): their cells, their errors (recorded; execution goes on). The check cells (found by
+   their ``task-N`` tag) do not run there: the report (and the JSON's ``tampered``) names every
+   check cell that was edited, moved, deleted or added (:mod:`course_lib.grading.tamper`).
+3. Each task's verdict comes from a clean process (:mod:`course_lib.grading.clean`,
+   :mod:`course_lib.grading.isolate`): the learner's definitions carried by source, the course's
+   answers trapped, the solution's check code run with cases drawn from the grading seed
+   (``--seed``, else derived from ``--learner``, the metadata ``course.learner`` or the file name).
+   Task N passes iff the check returns, prints the ✓ line the solution stores (trailing
+   whitespace aside) and finds ``course_lib`` unchanged.
 4. If the kernel dies or a cell runs over ``--timeout`` seconds, every task whose check cell has not
    completed scores 0 with the message "kernel died" / "cell timed out after S s".
 
@@ -34,6 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from course_lib.grading.clean import clean_verdict, jobs_for
 from course_lib.grading.compare import (  # noqa: F401 (re-exported)
     SKIP_COMPARE,
     _first_line,
@@ -53,6 +55,7 @@ from course_lib.grading.exercises import (
 )
 from course_lib.grading.report import GradeReport, TaskResult
 from course_lib.grading.tamper import check_cell_changes, describe_change
+from course_lib.grading.zygote import Zygote
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -148,12 +151,17 @@ def grade_notebook(
     solutions_dir: Path | str | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     kernel_name: str = "python3",
+    seed: int | None = None,
+    learner: str | None = None,
 ) -> GradeReport:
     """Execute the learner notebook at ``path`` and score each graded task of its solution.
 
     ``timeout`` is seconds per cell (rounded up to whole seconds, as nbclient counts them).
+    Each task's verdict comes from a clean process (:mod:`course_lib.grading.clean`); its checks
+    draw their cases with ``seed``, by default derived from ``learner`` (else the notebook's
+    metadata ``course.learner``, else its file name).
     Returns a :class:`GradeReport` (``.tasks``: ``TaskResult(task, points, passed, message)``,
-    ``.score``, ``.total``). Raises :class:`GradingInputError` for a missing file, a file that is not
+    ``.score``, ``.total``, ``.seed``). Raises :class:`GradingInputError` for a missing file, a file that is not
     a notebook, or a notebook with no matching solution (or a malformed solution).
     """
     if (
@@ -165,16 +173,24 @@ def grade_notebook(
         raise GradingInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
     seconds = int(math.ceil(timeout))
     path = Path(path)
-    nb, solution, expected, solution_ids = _load(path, solutions_dir)
-    changes = check_cell_changes(nb, expected, solution_ids)
+    nb, solution, expected, solution_nb = _load(path, solutions_dir)
+    seed = _seed(nb, path, seed, learner)
+    changes = check_cell_changes(nb, expected, [cell.get("id") for cell in solution_nb.cells])
+    jobs = jobs_for(f"course_lib.units.u{solution.stem}", solution_nb, nb, expected)
     check_cells = _place_checks(nb, path, expected)
-    stopped_at, status = _execute(nb, path, seconds, kernel_name)
-    results = [
-        _score(nb, task, spec, check_cells.get(task), stopped_at, status)._replace(
-            tampered=", ".join(changes.get(task, []))
-        )
-        for task, spec in expected.items()
-    ]
+    with Zygote(jobs[min(jobs)].unit, cwd=path.resolve().parent, seed=seed) as zygote:
+        stopped_at, status = _execute(nb, path, seconds, kernel_name)
+        decided = {
+            task: _score(task, spec, check_cells.get(task), stopped_at, status)
+            for task, spec in expected.items()
+        }
+        todo = [jobs[task] for task, result in decided.items() if result is None]
+        ran = zygote.run(todo, timeout=2 * seconds) if todo else []
+    clean = {job.task: result for job, result in zip(todo, ran)}
+    results = []
+    for task, spec in expected.items():
+        result = decided[task] or clean_verdict(clean[task], spec)
+        results.append(result._replace(tampered=_join(changes.get(task, []), result.tampered)))
     tampered = [
         describe_change(task, kind, task in expected)
         for task, kinds in changes.items()
@@ -187,14 +203,37 @@ def grade_notebook(
         and index not in check_cells.values()
         and (error := _error_of(cell))
     ]
-    return GradeReport(path, solution, results, status, cell_errors, tampered)
+    return GradeReport(path, solution, results, status, cell_errors, tampered, seed)
+
+
+def _join(*parts: Any) -> str:
+    flat = [p for part in parts for p in ([part] if isinstance(part, str) else part) if p]
+    return ", ".join(flat)
+
+
+def _seed(nb: Any, path: Path, seed: int | None, learner: str | None) -> int:
+    """The grading seed: given, else from the learner's id (argument, metadata, file name)."""
+    from course_lib.grading.seeds import seed_for_learner
+
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise GradingInputError(f"seed = {seed!r}: expected a non-negative integer")
+        return seed
+    if learner is None:
+        course = nb.get("metadata", {}).get("course", {})
+        found = course.get("learner") if isinstance(course, dict) else None
+        learner = found if isinstance(found, str) and found.strip() else path.stem
+    try:
+        return seed_for_learner(learner)
+    except ValueError as exc:
+        raise GradingInputError(str(exc)) from None
 
 
 def _load(
     path: Path, solutions_dir: Path | str | None
-) -> tuple[Any, Path, dict[int, SolutionTask], list[str | None]]:
-    """(learner notebook, its solution's path, the solution's graded tasks, the solution's cell
-    ids in order); bad input raises."""
+) -> tuple[Any, Path, dict[int, SolutionTask], Any]:
+    """(learner notebook, its solution's path, the solution's graded tasks, the solution
+    notebook); bad input raises."""
     try:
         # bad input is reported before nbformat (slow to import) is needed
         _, data = load_notebook_json(path)
@@ -208,11 +247,12 @@ def _load(
         raise GradingInputError(
             f"{path}: its solution {solution} has no graded check cells (tags task-N + {CHECK_TAG})"
         )
-    return nb, solution, expected, [cell.get("id") for cell in solution_nb.cells]
+    return nb, solution, expected, solution_nb
 
 
 def _place_checks(nb: Any, path: Path, expected: dict[int, SolutionTask]) -> dict[int, int]:
-    """The learner's check cells, by task, given the solution's check code; outputs cleared."""
+    """The learner's check cells, by task; outputs cleared. In the learner's kernel a check cell
+    only says where its verdict comes from (the clean process runs the solution's check)."""
     check_cells: dict[int, int] = {}
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
@@ -223,7 +263,7 @@ def _place_checks(nb: Any, path: Path, expected: dict[int, SolutionTask]) -> dic
             continue
         if task in expected and task not in check_cells:
             check_cells[task] = index
-            cell.source = expected[task].source
+            cell.source = f"# task {task}: checked in a clean process by the grade command"
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -231,14 +271,10 @@ def _place_checks(nb: Any, path: Path, expected: dict[int, SolutionTask]) -> dic
 
 
 def _score(
-    nb: Any,
-    task: int,
-    spec: SolutionTask,
-    index: int | None,
-    stopped_at: int | None,
-    status: str,
-) -> TaskResult:
-    """One task's result: its check cell ran and printed what the solution's printed."""
+    task: int, spec: SolutionTask, index: int | None, stopped_at: int | None, status: str
+) -> TaskResult | None:
+    """A task's result when the notebook decides it (no check cell, the kernel stopped before
+    it); None when its clean process must."""
     if index is None:
         return TaskResult(
             task,
@@ -248,21 +284,7 @@ def _score(
         )
     if stopped_at is not None and index >= stopped_at:
         return TaskResult(task, spec.points, False, status)
-    cell = nb.cells[index]
-    error = _error_of(cell)
-    if error is not None:
-        return TaskResult(task, spec.points, False, _error_message(*error))
-    reason = compare_outputs(cell.outputs, spec.outputs)
-    if reason is not None:
-        return TaskResult(task, spec.points, False, reason)
-    stdout = "".join(
-        o.get("text", "")
-        for o in cell.outputs
-        if o.get("output_type") == "stream" and o.get("name") == "stdout"
-    )
-    return TaskResult(
-        task, spec.points, True, _first_line(stdout) or "output matches the expected output"
-    )
+    return None
 
 
 def _execute(nb, path: Path, seconds: int, kernel_name: str) -> tuple[int | None, str]:
@@ -322,6 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds per cell (default {DEFAULT_TIMEOUT})",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="the seed the checks draw their cases from"
+    )
+    parser.add_argument(
+        "--learner", default=None, help="the learner's id (the default seed is derived from it)"
+    )
     parser.add_argument("--csv", default=None, help="a folder's grades: the CSV file to write")
     parser.add_argument("--jobs", type=int, default=2, help="a folder: notebooks graded at once")
     parser.add_argument("--feedback", default=None, help="a folder: where feedback files go")
@@ -329,7 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     if Path(args.notebook).is_dir() or args.csv is not None:
         return _main_folder(args)
     try:
-        report = grade_notebook(args.notebook, solutions_dir=args.solutions, timeout=args.timeout)
+        report = grade_notebook(
+            args.notebook,
+            solutions_dir=args.solutions,
+            timeout=args.timeout,
+            seed=args.seed,
+            learner=args.learner,
+        )
     except GradingInputError as exc:
         print(f"grade: error: {exc}", file=sys.stderr)
         return 2

@@ -2,29 +2,26 @@
 
 Most tasks ask the learner to write something that ``course_lib`` already contains (the lecture
 uses it). A check that only compares outputs would pass a learner who calls the course's version.
-So a check names the references of its task, and while the learner's function runs the
-interpreter's profile hook watches every Python call: if one of them enters a reference's code
-(the function itself, a subclass calling its methods, an alias bound before the check), the
-verdict is ``✗ task N: uses the course's own <name>: write it yourself``, whatever the output.
+So a check names the references of its task, and while the learner's function runs each of them
+is trapped (:mod:`course_lib.grading.traps`): if any path enters a reference's code (the function
+itself, a subclass calling its methods, an alias bound before the check, a thread), the verdict is
+``✗ task N: uses the course's own <name>: write it yourself``, whatever the output.
 
 References are named as ``"module:qualname"`` strings (``"course_lib.techniques.optim:Adam"``), so
 a check module need not import them; they are imported when the check runs. A class stands for
 every function defined in its body. Used by ``run_learner(..., forbid=...)`` and, inside ranks,
 by checks that run the learner's function under ``course_lib.launch``.
-
-Introduced with the graded exercises (see CONTRIBUTING, "Notebooks").
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import sys
 import types
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
-__all__ = ["reference_codes", "watch_references"]
+__all__ = ["reference_codes", "reference_functions", "watch_references"]
 
 
 def _resolve(spec: str) -> Any:
@@ -98,32 +95,68 @@ def reference_codes(references: Iterable[str]) -> dict[types.CodeType, str]:
     return codes
 
 
+def _functions_of(
+    obj: Any, home: str, _seen: set[int] | None = None
+) -> Iterator[types.FunctionType]:
+    """The Python functions that do the work of ``obj``, defined in the file ``home``."""
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        for f in (obj.fget, obj.fset, obj.fdel):
+            if f is not None:
+                yield from _functions_of(f, home, _seen)
+        return
+    if isinstance(obj, type):
+        _seen = set() if _seen is None else _seen
+        if id(obj) in _seen:
+            return
+        _seen.add(id(obj))
+        for member in vars(obj).values():
+            yield from _functions_of(member, home, _seen)
+        return
+    from course_lib.grading.traps import original_code
+
+    while True:
+        if isinstance(obj, types.FunctionType):
+            if os.path.realpath(original_code(obj).co_filename) == home:
+                yield obj
+        wrapped = getattr(obj, "__wrapped__", None)
+        if wrapped is None:
+            return
+        obj = wrapped
+
+
+def reference_functions(references: Iterable[str]) -> list[tuple[types.FunctionType, str]]:
+    """``(function, short name)`` for every function of the named references (see module doc)."""
+    if isinstance(references, str):
+        references = [references]
+    found: list[tuple[types.FunctionType, str]] = []
+    for spec in references:
+        obj = _resolve(spec)
+        short = spec.split(":")[1]
+        module = getattr(obj, "__module__", None) or spec.split(":")[0]
+        home = os.path.realpath(importlib.import_module(module).__file__ or "")
+        functions = list(_functions_of(obj, home))
+        if not functions:
+            raise ValueError(
+                f"reference = {spec!r}: {type(obj).__name__} has no Python code "
+                "to watch (name a function or a class)"
+            )
+        found += [(f, short) for f in functions]
+    return found
+
+
 @contextmanager
 def watch_references(references: Iterable[str]) -> Iterator[list[str]]:
     """Record, in the yielded list, each named reference entered while the block runs.
 
-    The list holds short names (``"Adam"``) in the order first entered, each once. The block is
-    not interrupted (a learner's function that uses a reference still returns); the caller turns
-    a non-empty list into a failure. Any profiler already installed (a debugger, coverage) keeps
-    receiving its events.
+    The list holds short names (``"Adam"``) in the order first entered, each once, from any
+    thread. The block is not interrupted (a learner's function that uses a reference still
+    returns); the caller turns a non-empty list into a failure. The references are trapped
+    (:mod:`course_lib.grading.traps`), so switching off a profiler or calling from a thread
+    hides nothing.
     """
-    codes = reference_codes(references)
-    # by identity: code objects compare equal by value, so a copy compiled from the same text
-    # would otherwise count as the course's own (the dict above keeps the objects alive)
-    names = {id(code): name for code, name in codes.items()}
-    used: list[str] = []
-    previous = sys.getprofile()
+    from course_lib.grading.traps import watching
 
-    def hook(frame, event, arg):
-        if event == "call":
-            name = names.get(id(frame.f_code))
-            if name is not None and name not in used:
-                used.append(name)
-        if previous is not None:
-            previous(frame, event, arg)
-
-    sys.setprofile(hook)
-    try:
+    with watching(reference_functions(references)) as used:
         yield used
-    finally:
-        sys.setprofile(previous)

@@ -27,6 +27,7 @@ class GradeReport:
     cell_errors: list[str] = field(default_factory=list)
     # one line per check cell the learner edited, moved, deleted or added
     tampered: list[str] = field(default_factory=list)
+    seed: int | None = None  # the seed the checks drew their cases from
 
     @property
     def score(self) -> int | float:
@@ -50,6 +51,7 @@ class GradeReport:
             "tasks": [t._asdict() for t in self.tasks],
             "cell_errors": list(self.cell_errors),
             "tampered": list(self.tampered),
+            "seed": self.seed,
         }
 
     def format_table(self) -> str:
@@ -69,6 +71,10 @@ class GradeReport:
             lines += [f"  {e}" for e in self.cell_errors]
         if self.status != "completed":
             lines.append(f"stopped: {self.status}")
+        if self.seed is not None:
+            lines.append(
+                f"cases drawn with seed {self.seed} (--seed {self.seed} grades them again)"
+            )
         lines.append(f"score: {_fmt_num(self.score)}/{_fmt_num(self.total)} points")
         return "\n".join(lines)
 

@@ -86,6 +86,45 @@ def test_an_existing_profiler_keeps_its_events_and_is_restored():
     assert "model_state_bytes" in seen
 
 
+def test_switching_off_the_profiler_hides_nothing():
+    def sneaky(n):
+        sys.setprofile(None)
+        return estimate.model_state_bytes(n)["total"]
+
+    assert "uses the course's own" in _refused(1, sneaky, 10)
+
+
+def test_a_thread_that_calls_the_reference_is_refused():
+    import threading
+
+    def threaded(n):
+        box = []
+        t = threading.Thread(target=lambda: box.append(bound_before_the_check(n)["total"]))
+        t.start()
+        t.join()
+        return box[0]
+
+    assert "uses the course's own" in _refused(1, threaded, 10)
+
+
+def test_a_default_argument_bound_at_definition_is_refused():
+    def hidden(n, _answer=estimate.model_state_bytes):
+        return _answer(n)["total"]
+
+    assert "uses the course's own" in _refused(1, hidden, 10)
+
+
+def test_the_original_code_is_back_after_the_check():
+    import inspect
+
+    code = estimate.model_state_bytes.__code__
+    with watch_references([REF]):
+        assert estimate.model_state_bytes.__code__ is not code  # trapped while the check runs
+        assert estimate.model_state_bytes(1000)["total"] == 16000
+    assert estimate.model_state_bytes.__code__ is code
+    assert "n_params" in str(inspect.signature(estimate.model_state_bytes))
+
+
 @pytest.mark.parametrize(
     "spec, words",
     [
