@@ -27,8 +27,9 @@ from pathlib import Path
 from types import TracebackType
 
 from course_lib.grading.isolate import CheckJob, CheckResult
+from course_lib.runtime.reap import kill_descendants, no_process_left
 
-__all__ = ["Zygote", "kill_tree"]
+__all__ = ["Zygote"]
 
 
 class Zygote:
@@ -76,7 +77,7 @@ class Zygote:
 
     def close(self) -> None:
         """Kill the zygote and everything it started (idempotent)."""
-        kill_tree(self.proc.pid)
+        kill_descendants(self.proc.pid, timeout=5)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -96,31 +97,6 @@ class Zygote:
         self._results.close()
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL every descendant of ``pid`` (found through /proc by parent pid), not ``pid``."""
-    children: dict[int, list[int]] = {}
-    proc = Path("/proc")
-    for entry in proc.iterdir() if proc.is_dir() else []:
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], list(children.get(pid, []))
-    while todo:
-        child = todo.pop()
-        found.append(child)
-        todo += children.get(child, [])
-    for child in found:
-        try:
-            os.kill(child, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 # --------------------------------------------------------------------------- inside the zygote
 def main() -> None:
     """The zygote: import, trap, wait for the jobs, fork one child per task."""
@@ -130,7 +106,10 @@ def main() -> None:
     prepare(unit)
     _python_source("")  # IPython's transformer imported before the fork, not in every child
     request = json.loads(sys.stdin.buffer.read() or b'{"jobs": []}')
-    results = [asdict(_fork(CheckJob(**spec), float(request["timeout"]))) for spec in request["jobs"]]
+    with no_process_left():  # orphans of the checks come back here and are killed
+        results = [
+            asdict(_fork(CheckJob(**spec), float(request["timeout"]))) for spec in request["jobs"]
+        ]
     with os.fdopen(result_fd, "w") as out:
         out.write(json.dumps(results))
     sys.stdout.flush()
@@ -157,7 +136,7 @@ def _fork(job: CheckJob, timeout: float) -> CheckResult:
             chunks.append(chunk)
     timed_out = time.monotonic() >= deadline
     if timed_out:
-        kill_tree(pid)
+        kill_descendants(pid, timeout=5)
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -177,7 +156,8 @@ def _child(job: CheckJob, write_fd: int) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     try:
-        result = run_job(job)
+        with no_process_left():  # what the learner started, in its own session too
+            result = run_job(job)
     except BaseException as exc:  # noqa: BLE001 - whatever happens, a verdict goes back
         result = CheckResult(False, f"the check could not run: {type(exc).__name__}: {exc}")
     try:
@@ -186,5 +166,4 @@ def _child(job: CheckJob, write_fd: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
-        kill_tree(os.getpid())  # what the learner started, in its own session too
         os._exit(0)
