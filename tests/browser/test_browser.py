@@ -72,6 +72,10 @@ def lab(tmp_path_factory):
         "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
         "JUPYTER_DATA_DIR": str(home / "data"),
         "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        # as `make lab` does: the course's settings (jupyter/) and its Python first on PATH
+        "JUPYTER_CONFIG_PATH": str(ROOT / "jupyter"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "VIRTUAL_ENV": sys.prefix,
     }
     # as `make lab` does: trusted notebooks draw their stored widgets before anything runs
     subprocess.run(
@@ -93,24 +97,26 @@ def lab(tmp_path_factory):
         f"--ServerApp.root_dir={root}",
         f"--LabApp.user_settings_dir={home / 'settings'}",
         f"--LabApp.workspaces_dir={home / 'workspaces'}",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        "--LabApp.news_url=None",
         "--LabApp.expose_app_in_browser=True",
     ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     settings = home / "settings" / "@jupyterlab"
-    # every cell in the page (no windowing), and no news pop-up over the notebook
+    # every cell in the page (no windowing); the news pop-up is off by the course's settings
     for plugin, values in {
         "notebook-extension/tracker": {"windowingMode": "none"},
-        "apputils-extension/notification": {"fetchNews": "false"},
     }.items():
         path = settings / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
     start = time.perf_counter()
     server = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        cmd,
+        env=env,
+        cwd=root,  # make lab starts it in the course folder, where its terminals open
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -405,4 +411,69 @@ def test_static_slides_open_offline(browser, tmp_path):
         "no formula rendered"
     )
     assert errors == [] and remote == []
+    page.close()
+
+
+GRADE_LAST_CELL = """async () => {
+    const panel = window.jupyterapp.shell.currentWidget;
+    await panel.sessionContext.ready;
+    const notebook = panel.content, index = notebook.widgets.length - 1;
+    notebook.activeCellIndex = index;
+    await window.jupyterapp.commands.execute('notebook:run-cell');
+    return [index, notebook.widgets[index].outputArea.node.innerText];
+}"""
+TERMINAL_OPEN = """async () => {
+    const terminal = await window.jupyterapp.commands.execute('terminal:create-new');
+    const session = terminal.content.session, until = performance.now() + 30000;
+    while (session.connectionStatus !== 'connected' && performance.now() < until) {
+        await new Promise(done => setTimeout(done, 200));
+    }
+    return session.connectionStatus;
+}"""
+
+
+@pytest.mark.timeout(600)  # two gradings of exercise 00, each in a fresh kernel
+def test_an_exercise_is_graded_from_its_last_cell_and_from_the_terminal(browser, lab):
+    """Issue 26 item 1: the header names both ways; neither needs a path typed by the learner
+    (the cell finds its notebook) or a Python other than the course's (make lab's PATH)."""
+    _, _, root = lab
+    page, errors, _ = _open(browser, lab, "exercises/00_start_here.ipynb")
+    page.wait_for_selector(".jp-MarkdownCell .jp-RenderedMarkdown:has-text('Your grade')")
+    header = _notebook_text(page).split("Unit 00 exercise")[0]  # the generated first cell
+    assert "run the last cell, Grade this notebook" in header, header
+    assert "python -m course_lib.grade exercises/00_start_here.ipynb" in header
+    assert "do not edit" not in header.lower() and "solutions/" not in header
+    start = time.perf_counter()
+    index, text = page.evaluate(GRADE_LAST_CELL)
+    TIMINGS["grade from the notebook, exercise 00"] = time.perf_counter() - start
+    assert text.startswith("grading 00_start_here.ipynb as saved at "), text
+    assert "✗" in text and "score: 0/" in text, text  # nothing filled in: the table, no grade
+
+    done = root / "terminal-grade.txt"
+    assert page.evaluate(TERMINAL_OPEN) == "connected"  # File > New > Terminal
+    page.locator(".jp-Terminal:not(.lm-mod-hidden)").last.click()
+    page.keyboard.type(
+        "(command -v python; python -m course_lib.grade exercises/00_start_here.ipynb)"
+        f" > {done.name}.part 2>&1; mv {done.name}.part {done.name}"
+    )
+    page.keyboard.press("Enter")
+    start, partial = time.perf_counter(), root / f"{done.name}.part"
+    while not done.exists() and time.perf_counter() - start < 240:
+        time.sleep(1)
+    TIMINGS["grade from the terminal, exercise 00"] = time.perf_counter() - start
+    assert done.exists(), partial.read_text() if partial.exists() else "the command never ran"
+    out = done.read_text()
+    assert out.splitlines()[0] == str(Path(sys.executable).parent / "python"), out
+    assert "score: 0/" in out and "ModuleNotFoundError" not in out, out
+    assert errors == []
+    page.close()
+
+
+def test_no_news_question_covers_the_page(browser, lab):
+    """Issue 26 item 9: the course's lab settings (jupyter/lab-settings) answer it for the learner."""
+    page, errors, _ = _open(browser, lab, "notebooks/00_start_here.ipynb")
+    page.wait_for_timeout(3000)  # the question, when asked, comes a moment after the page
+    toasts = page.locator(".Toastify__toast").all_inner_texts()
+    assert not any("news" in t.lower() for t in toasts), toasts
+    assert errors == []
     page.close()
