@@ -56,7 +56,10 @@ class PlanExplorer(Explorer):
             options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=gpus, description="GPUs"
         )
         self.batch = widgets.Dropdown(
-            options=[1, 2, 4, 8, 16], value=batch_M_tokens, description="batch (Mi tok)"
+            options=[1, 2, 4, 8, 16],
+            value=batch_M_tokens,
+            description="batch (Mi tok)",
+            style={"description_width": "initial"},  # the whole label, not "batch (Mi…"
         )
         # a preset fixes its shape: layers and hidden apply to "custom" only and are hidden
         # otherwise; seq applies to every model and starts at the preset's own length
