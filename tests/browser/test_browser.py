@@ -246,12 +246,24 @@ def test_every_lecture_opens_and_its_stored_widgets_render(browser, lab):
 
 def test_unit01_widget_updates_on_run(browser, lab):
     page, errors, _ = _open(browser, lab, "notebooks/01_backprop_memory.ipynb")
+    # the stored widget says that running the cell connects it, and its Run button says so too
+    # (issue 26 item 2): JupyterLab draws it from the notebook, connected to no kernel
+    stored = page.locator(".course-stored-note:visible")
+    stored.first.wait_for(timeout=30_000)
+    assert "Run this cell" in stored.first.inner_text()
+    label = page.evaluate(
+        "() => getComputedStyle(document.querySelector('.course-run'), '::after').content"
+    )
+    assert "run the cell first" in label, label
     TIMINGS["run all unit 01"] = _run_all(page)
+    # once the cell has run, its live widget shows neither
+    assert page.locator(".course-stored-note:visible").count() == 0
     explorer = page.locator(
         ".widget-vbox:has(.widget-html-content):has(button.widget-button:has-text('Run'))"
     ).last
     explorer.scroll_into_view_if_needed()
-    status = explorer.locator(".widget-html-content").first
+    # the status line: the first HTML that is not the stored-copy note
+    status = explorer.locator(".widget-html-content:not(:has(.course-stored-note))").first
     before = status.inner_text()
     explorer.locator(".widget-dropdown select").nth(1).select_option("sgd")
     start = time.perf_counter()
