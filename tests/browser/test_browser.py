@@ -489,3 +489,27 @@ def test_no_news_question_covers_the_page(browser, lab):
     assert not any("news" in t.lower() for t in toasts), toasts
     assert errors == []
     page.close()
+
+
+CONTROL_SIZES = """() => {
+    const notebook = window.jupyterapp.shell.currentWidget.content.node;
+    const sliders = [...notebook.querySelectorAll('.widget-slider .slider-container')]
+        .filter(el => el.offsetParent !== null)          // shown (unit 14 hides two for presets)
+        .map(el => Math.round(el.getBoundingClientRect().width));
+    const cut = [...notebook.querySelectorAll('.widget-label')]
+        .filter(el => el.offsetParent !== null && el.scrollWidth > el.clientWidth + 1)
+        .map(el => el.textContent);
+    return [sliders, cut];
+}"""
+
+
+@pytest.mark.parametrize("name", ["12_pipeline_parallelism", "14_planning_a_run"])
+def test_stored_controls_are_wide_enough_and_their_labels_whole(browser, lab, name):
+    """Issue 26 item 9: unit 12's sliders were drawn 9 px wide; labels were cut ("micro-bat…")."""
+    page, errors, _ = _open(browser, lab, f"notebooks/{name}.ipynb")
+    page.locator(".course-stored-note:visible").first.wait_for(timeout=30_000)
+    sliders, cut = page.evaluate(CONTROL_SIZES)
+    assert all(width >= 100 for width in sliders), sliders
+    assert cut == [], f"labels cut short: {cut}"
+    assert errors == []
+    page.close()
