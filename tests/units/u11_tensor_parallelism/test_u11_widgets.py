@@ -69,8 +69,9 @@ def test_split_labels_stay_inside_their_matrices():
     renderer = fig.canvas.get_renderer()
     for ax in fig.axes:
         box = ax.get_window_extent(renderer)
-        for text in ax.texts:
-            if text.get_text().startswith("r"):  # a rank's label (not q, k, v beside the matrix)
-                inside = text.get_window_extent(renderer)
-                assert box.x0 <= inside.x0 and inside.x1 <= box.x1, (ax.get_title(), text)
+        # a rank's label (not q, k, v beside the matrix): inside the panel, apart from the others
+        labels = [t.get_window_extent(renderer) for t in ax.texts if t.get_text().startswith("r")]
+        for i, inside in enumerate(labels):
+            assert box.x0 <= inside.x0 and inside.x1 <= box.x1, ax.get_title()
+            assert not any(inside.overlaps(other) for other in labels[i + 1 :]), ax.get_title()
     plt.close(fig)
