@@ -73,7 +73,11 @@ lab: $(LAB_STAMP)
 	@# Trust the course's notebooks (a signature in your Jupyter data folder) so their stored
 	@# widgets draw before anything is run; an untrusted notebook shows a one-line note instead.
 	@$(BIN)/jupyter trust notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb >/dev/null 2>&1 || true
-	@# Serve the whole course (notebooks/, exercises/, solutions/) and open unit 00 first.
+	@# Serve the whole course (notebooks/, exercises/, solutions/) and open unit 00 first, with
+	@# the course's settings (jupyter/: no news pop-up; terminals keep PATH) and .venv/bin first on
+	@# PATH, so `python` in JupyterLab's terminal is the course's (the exercises' grade line).
+	PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))" \
+	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
 	$(BIN)/jupyter lab $(BROWSER_FLAG) $(ROOT_FLAG) --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb
 
 # The whole suite. Solutions run once, in tests/test_course.py, through the grader (a fresh kernel,

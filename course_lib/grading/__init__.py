@@ -7,6 +7,7 @@ grader (which need nbformat / nbclient) are loaded on first use.
     python -m course_lib.grading.exercises build|check   # exercises/ from solutions/
     python -m course_lib.grading.execute NB [NB ...]      # refresh a notebook's stored outputs
     python -m course_lib.grade NOTEBOOK.ipynb             # score a learner's notebook per task
+    grade_here()                                          # the same, from the notebook's own kernel
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ _LAZY = {
     "check_exercises": "course_lib.grading.exercises",
     "ExerciseError": "course_lib.grading.exercises",
     "grade_notebook": "course_lib.grading.grader",
+    "grade_here": "course_lib.grading.here",
     "GradeReport": "course_lib.grading.grader",
     "TaskResult": "course_lib.grading.grader",
     "GradingInputError": "course_lib.grading.grader",
@@ -49,6 +51,7 @@ __all__ = [
     "execute_notebook",
     "fail",
     "fmt_int",
+    "grade_here",
     "grade_notebook",
     "passed",
     "refuse",

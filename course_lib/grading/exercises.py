@@ -2,6 +2,7 @@
 
     python -m course_lib.grading.exercises build [--solutions solutions --out exercises]
     python -m course_lib.grading.exercises check [--solutions solutions --out exercises]
+    python -m course_lib.grading.exercises reset NN   # start unit NN's exercise over (a backup kept)
 
 For each ``solutions/NN_topic.ipynb`` the generator writes ``exercises/NN_topic.ipynb`` where
 
@@ -18,8 +19,10 @@ For each ``solutions/NN_topic.ipynb`` the generator writes ``exercises/NN_topic.
   through the pytest plugin :mod:`course_lib.grading.nbval_targets` (loaded by the repository's
   ``conftest.py``; without it nbval refuses the cell as "Unrun reference cell has outputs", it
   never passes it). The grader compares with the solution file itself;
-* a first markdown cell says the file is generated and from what; notebook metadata gets
-  ``{"course": {"generated_from": "solutions/NN_topic.ipynb", "unit": "NN_topic"}}``;
+* a first markdown cell says how to work and how to grade, and two last cells grade the saved
+  notebook from JupyterLab (:mod:`course_lib.grading.exercise_cells`); where the file comes from
+  is notebook metadata, ``{"course": {"generated_from": "solutions/NN_topic.ipynb", "unit":
+  "NN_topic"}}``, never text in the learner's view;
 * the file is written canonically (sorted keys, indent=1, trailing newline, cell ids copied from
   the solution), so building twice gives byte-identical files and ``check`` can compare bytes.
 
@@ -38,6 +41,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from course_lib.grading.exercise_cells import (
+    GRADE_CELL_ID,
+    HEADER_ID,
+    grade_cells,
+    header_cell,
+    reset_exercise,
+)
 from course_lib.grading.notebooks import (  # noqa: F401 (re-exported: the grader and tests)
     _CELL_ID,
     CHECK_TAG,
@@ -55,6 +65,7 @@ from course_lib.grading.notebooks import (  # noqa: F401 (re-exported: the grade
 )
 
 __all__ = [
+    "GRADE_CELL_ID",
     "TARGET_LABEL",
     "ExerciseError",
     "SolutionTask",
@@ -62,6 +73,7 @@ __all__ = [
     "check_exercises",
     "expected_outputs",
     "make_exercise",
+    "reset_exercise",
     "load_notebook_json",
     "read_notebook",
     "render_notebook",
@@ -72,7 +84,6 @@ __all__ = [
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
-HEADER_ID = "generated-header"
 _BEGIN_LINE = re.compile(r"^(?P<indent>[ \t]*)#+[ \t]*BEGIN SOLUTION[ \t]*$")
 _END_LINE = re.compile(r"^(?P<indent>[ \t]*)#+[ \t]*END SOLUTION[ \t]*$")
 # what an exercise's check cell shows before the learner runs it: a target, not a result
@@ -178,28 +189,6 @@ def expected_outputs(cell) -> list | None:
     return list(found) if isinstance(found, list) else None
 
 
-def _header_cell(solution_rel: str, unit: str):
-    import nbformat
-
-    text = (
-        'Replace every `raise NotImplementedError("FILL ME IN ...")` with your answer and run the '
-        "notebook top to bottom.\n"
-        "\n"
-        "**The check cells are a self-check**: they answer ✓ or ✗ at once, in this kernel. **Your "
-        "grade is what the grade command gives**: it reruns the notebook in a fresh kernel with the "
-        "course's own checks. From the course folder: "
-        f"`.venv/bin/python -m course_lib.grade exercises/{unit}.ipynb`.\n"
-        "\n"
-        "Until you run them, check cells show *expected once your answer is right: ...*: a target, "
-        "not your result. `make exercises` rewrites this folder (this notebook is made from "
-        f"`{solution_rel}`), so keep your work in a copy: the grade command grades a copy anywhere."
-    )
-    cell = nbformat.v4.new_markdown_cell(text)
-    cell.id = HEADER_ID
-    cell.metadata = {"tags": ["generated"]}
-    return cell
-
-
 def _exercise_code_cell(cell: Any, new: Any, where: str, index: int) -> None:
     """``new`` (a copy of the solution's code ``cell``) with its answer stripped and its outputs
     replaced: a check cell shows a target and keeps the solution's outputs in its metadata."""
@@ -240,8 +229,8 @@ def make_exercise(solution_nb, solution_path: Path | str, *, solution_rel: str |
     solution_rel = solution_rel or f"solutions/{solution_path.name}"
     solution_tasks(solution_nb, where)  # validates tags and expected outputs
 
-    cells = [_header_cell(solution_rel, unit)]
-    used_ids = {HEADER_ID}
+    cells = [header_cell(unit)]
+    used_ids = {HEADER_ID, *(cell.id for cell in grade_cells())}
     for index, cell in enumerate(solution_nb.cells):
         new = copy.deepcopy(cell)
         new.metadata = {
@@ -260,6 +249,7 @@ def make_exercise(solution_nb, solution_path: Path | str, *, solution_rel: str |
             _no_markers(cell, where, index)
         cells.append(new)
 
+    cells += grade_cells(unit, solution_path.resolve().parent.parent)
     nb = nbformat.v4.new_notebook()
     nb.nbformat, nb.nbformat_minor = 4, max(5, int(solution_nb.get("nbformat_minor", 5)))
     nb.metadata = copy.deepcopy(dict(solution_nb.get("metadata", {})))
@@ -341,9 +331,11 @@ def check_exercises(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m course_lib.grading.exercises",
-        description="Generate exercises/ from solutions/ (build) or check that they are in sync (check).",
+        description="Generate exercises/ from solutions/ (build), check that they are in sync "
+        "(check), or start one exercise over (reset NN: the learner's file is kept as a backup).",
     )
-    parser.add_argument("command", choices=["build", "check"])
+    parser.add_argument("command", choices=["build", "check", "reset"])
+    parser.add_argument("unit", nargs="?", help="reset: the unit's number, e.g. 03")
     parser.add_argument(
         "--solutions", default="solutions", help="solutions directory (default: solutions)"
     )
@@ -351,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default="exercises", help="exercises directory (default: exercises)"
     )
     args = parser.parse_args(argv)
+    if args.command == "reset":
+        return _reset(args)
     try:
         if args.command == "build":
             for path in build_exercises(args.solutions, args.out):
@@ -369,6 +363,21 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     print(f"{args.out}/ is in sync with {args.solutions}/")
+    return 0
+
+
+def _reset(args: argparse.Namespace) -> int:
+    """``reset NN``: the pristine exercise back in place; says where the learner's file went."""
+    if not args.unit:
+        print("error: reset needs the unit's number, e.g. reset 03", file=sys.stderr)
+        return 2
+    try:
+        path, backup = reset_exercise(args.unit, args.solutions, args.out)
+    except ExerciseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    kept = f"; your previous file is {backup}" if backup else ""
+    print(f"{path} is back as generated{kept}")
     return 0
 
 

@@ -197,7 +197,7 @@ def grade_notebook(
         for kind in kinds
     ]
     cell_errors = [
-        f"cell index {index}: {error[0]}: {_first_line(error[1])}".rstrip(": ")
+        f"cell {index + 1}: {error[0]}: {_first_line(error[1])}".rstrip(": ")
         for index, cell in enumerate(nb.cells)
         if cell.cell_type == "code"
         and index not in check_cells.values()

@@ -23,7 +23,7 @@ class GradeReport:
     solution: Path  # the solution it was graded against
     tasks: list[TaskResult]  # one per graded task of the solution, by task number
     status: str = "completed"  # "completed", "kernel died" or "cell timed out after S s"
-    # "cell index i: Type: message" of other cells
+    # "cell N: Type: message" of other cells, N counted from 1 as JupyterLab shows it ("Cell N")
     cell_errors: list[str] = field(default_factory=list)
     # one line per check cell the learner edited, moved, deleted or added
     tampered: list[str] = field(default_factory=list)

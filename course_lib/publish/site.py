@@ -138,6 +138,11 @@ def _references(out: Path, source: Path = ROOT / "docs" / "references.md") -> Pa
     return page
 
 
+def _inline(text: str) -> str:
+    """A README table cell as HTML: escaped, its `code spans` as <code> (not literal backticks)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
 def _index(rows: list[dict[str, str]], built: dict[str, str]) -> str:
     items = []
     for row in rows:
@@ -152,8 +157,8 @@ def _index(rows: list[dict[str, str]], built: dict[str, str]) -> str:
         else:
             links = f"<em>{html.escape(row['status'])}</em>"
         items.append(
-            f"<tr><td>{row['unit']}</td><td>{html.escape(row['title'])}</td>"
-            f"<td>{html.escape(row['measures'])}</td><td>{links}</td></tr>"
+            f"<tr><td>{row['unit']}</td><td>{_inline(row['title'])}</td>"
+            f"<td>{_inline(row['measures'])}</td><td>{links}</td></tr>"
         )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

@@ -1,5 +1,8 @@
 """The frame every unit's "Explore" widget shares: a Run button, a status line and an output area.
 
+A copy of the widget stored in a notebook says, above its controls, that running the cell
+connects it, and its Run button reads "run the cell first" (:data:`STORED_NOTE`).
+
 A unit's widget subclasses :class:`Explorer` and writes only its controls, ``compute()`` (a call
 into the unit's ``run.py``) and ``show()`` (a call into the unit's ``plots.py``)::
 
@@ -29,7 +32,24 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-__all__ = ["Explorer"]
+__all__ = ["Explorer", "STORED_NOTE"]
+
+# A notebook stores each widget's last state; JupyterLab draws it on opening, but those controls
+# are connected to no kernel (JupyterLab puts the class jupyter-widgets-disconnected on each such
+# view, with a red mark) until the cell runs again. The rule below, stored with the widget, shows
+# the note and relabels Run only in that state; a live widget shows neither.
+STORED_NOTE = (
+    "<style>"
+    ".course-stored-note{display:none}"
+    ".jupyter-widgets-disconnected .course-stored-note{display:block;padding:4px 8px;"
+    "border-left:4px solid var(--jp-warn-color1,#f57c00);background:var(--jp-warn-color3,#fff3e0)}"
+    ".course-run.jupyter-widgets-disconnected{font-size:0}"
+    ".course-run.jupyter-widgets-disconnected::after{content:'run the cell first';"
+    "font-size:var(--jp-widgets-font-size,13px)}"
+    "</style>"
+    "<div class='course-stored-note'>This is the widget as it was saved: its controls are not "
+    "connected. <b>Run this cell</b> (Shift+Enter) to connect them, then press Run.</div>"
+)
 
 
 class Explorer:
@@ -56,12 +76,14 @@ class Explorer:
         intro: str = "Set the controls, then press Run.",
     ):
         self.run_button = widgets.Button(description="Run", button_style="primary", tooltip=tooltip)
+        self.run_button.add_class("course-run")  # relabelled "run the cell first" when stored
+        self.stored_note = widgets.HTML(value=STORED_NOTE)  # shows only in a stored copy
         self.status = widgets.HTML(value=intro)
         self.output = widgets.Output()
         self.clear()
         self.run_button.on_click(lambda _button: self.run())
         self.widget = widgets.VBox(
-            [widgets.HBox([*controls, self.run_button]), self.status, self.output]
+            [self.stored_note, widgets.HBox([*controls, self.run_button]), self.status, self.output]
         )
 
     def _ipython_display_(self):  # display(explorer), or an explorer ending a cell, shows it

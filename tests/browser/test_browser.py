@@ -73,6 +73,10 @@ def lab(tmp_path_factory):
         "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
         "JUPYTER_DATA_DIR": str(home / "data"),
         "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        # as `make lab` does: the course's settings (jupyter/) and its Python first on PATH
+        "JUPYTER_CONFIG_PATH": str(ROOT / "jupyter"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "VIRTUAL_ENV": sys.prefix,
     }
     # as `make lab` does: trusted notebooks draw their stored widgets before anything runs
     subprocess.run(
@@ -94,24 +98,26 @@ def lab(tmp_path_factory):
         f"--ServerApp.root_dir={root}",
         f"--LabApp.user_settings_dir={home / 'settings'}",
         f"--LabApp.workspaces_dir={home / 'workspaces'}",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        "--LabApp.news_url=None",
         "--LabApp.expose_app_in_browser=True",
     ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     settings = home / "settings" / "@jupyterlab"
-    # every cell in the page (no windowing), and no news pop-up over the notebook
+    # every cell in the page (no windowing); the news pop-up is off by the course's settings
     for plugin, values in {
         "notebook-extension/tracker": {"windowingMode": "none"},
-        "apputils-extension/notification": {"fetchNews": "false"},
     }.items():
         path = settings / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
     start = time.perf_counter()
     server = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        cmd,
+        env=env,
+        cwd=root,  # make lab starts it in the course folder, where its terminals open
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -241,12 +247,24 @@ def test_every_lecture_opens_and_its_stored_widgets_render(browser, lab):
 
 def test_unit01_widget_updates_on_run(browser, lab):
     page, errors, _ = _open(browser, lab, "notebooks/01_backprop_memory.ipynb")
+    # the stored widget says that running the cell connects it, and its Run button says so too
+    # (issue 26 item 2): JupyterLab draws it from the notebook, connected to no kernel
+    stored = page.locator(".course-stored-note:visible")
+    stored.first.wait_for(timeout=30_000)
+    assert "Run this cell" in stored.first.inner_text()
+    label = page.evaluate(
+        "() => getComputedStyle(document.querySelector('.course-run'), '::after').content"
+    )
+    assert "run the cell first" in label, label
     TIMINGS["run all unit 01"] = _run_all(page)
+    # once the cell has run, its live widget shows neither
+    assert page.locator(".course-stored-note:visible").count() == 0
     explorer = page.locator(
         ".widget-vbox:has(.widget-html-content):has(button.widget-button:has-text('Run'))"
     ).last
     explorer.scroll_into_view_if_needed()
-    status = explorer.locator(".widget-html-content").first
+    # the status line: the first HTML that is not the stored-copy note
+    status = explorer.locator(".widget-html-content:not(:has(.course-stored-note))").first
     before = status.inner_text()
     explorer.locator(".widget-dropdown select").nth(1).select_option("sgd")
     start = time.perf_counter()
@@ -417,4 +435,93 @@ def test_every_slide_of_every_deck_fits_the_screen(browser, tmp_path):
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
     assert formulas > 0, "no formula rendered in any deck"
     assert errors == [] and remote == []
+    page.close()
+
+
+GRADE_LAST_CELL = """async () => {
+    const panel = window.jupyterapp.shell.currentWidget;
+    await panel.sessionContext.ready;
+    const notebook = panel.content, index = notebook.widgets.length - 1;
+    notebook.activeCellIndex = index;
+    await window.jupyterapp.commands.execute('notebook:run-cell');
+    return [index, notebook.widgets[index].outputArea.node.innerText];
+}"""
+TERMINAL_OPEN = """async () => {
+    const terminal = await window.jupyterapp.commands.execute('terminal:create-new');
+    const session = terminal.content.session, until = performance.now() + 30000;
+    while (session.connectionStatus !== 'connected' && performance.now() < until) {
+        await new Promise(done => setTimeout(done, 200));
+    }
+    return session.connectionStatus;
+}"""
+
+
+@pytest.mark.timeout(600)  # two gradings of exercise 00, each in a fresh kernel
+def test_an_exercise_is_graded_from_its_last_cell_and_from_the_terminal(browser, lab):
+    """Issue 26 item 1: the header names both ways; neither needs a path typed by the learner
+    (the cell finds its notebook) or a Python other than the course's (make lab's PATH)."""
+    _, _, root = lab
+    page, errors, _ = _open(browser, lab, "exercises/00_start_here.ipynb")
+    page.wait_for_selector(".jp-MarkdownCell .jp-RenderedMarkdown:has-text('Your grade')")
+    header = _notebook_text(page).split("Unit 00 exercise")[0]  # the generated first cell
+    assert "run the last cell, Grade this notebook" in header, header
+    assert "python -m course_lib.grade exercises/00_start_here.ipynb" in header
+    assert "do not edit" not in header.lower() and "solutions/" not in header
+    start = time.perf_counter()
+    index, text = page.evaluate(GRADE_LAST_CELL)
+    TIMINGS["grade from the notebook, exercise 00"] = time.perf_counter() - start
+    assert text.startswith("grading 00_start_here.ipynb as saved at "), text
+    assert "✗" in text and "score: 0/" in text, text  # nothing filled in: the table, no grade
+
+    done = root / "terminal-grade.txt"
+    assert page.evaluate(TERMINAL_OPEN) == "connected"  # File > New > Terminal
+    page.locator(".jp-Terminal:not(.lm-mod-hidden)").last.click()
+    page.keyboard.type(
+        "(command -v python; python -m course_lib.grade exercises/00_start_here.ipynb)"
+        f" > {done.name}.part 2>&1; mv {done.name}.part {done.name}"
+    )
+    page.keyboard.press("Enter")
+    start, partial = time.perf_counter(), root / f"{done.name}.part"
+    while not done.exists() and time.perf_counter() - start < 240:
+        time.sleep(1)
+    TIMINGS["grade from the terminal, exercise 00"] = time.perf_counter() - start
+    assert done.exists(), partial.read_text() if partial.exists() else "the command never ran"
+    out = done.read_text()
+    assert out.splitlines()[0] == str(Path(sys.executable).parent / "python"), out
+    assert "score: 0/" in out and "ModuleNotFoundError" not in out, out
+    assert errors == []
+    page.close()
+
+
+def test_no_news_question_covers_the_page(browser, lab):
+    """Issue 26 item 9: the course's lab settings (jupyter/lab-settings) answer it for the learner."""
+    page, errors, _ = _open(browser, lab, "notebooks/00_start_here.ipynb")
+    page.wait_for_timeout(3000)  # the question, when asked, comes a moment after the page
+    toasts = page.locator(".Toastify__toast").all_inner_texts()
+    assert not any("news" in t.lower() for t in toasts), toasts
+    assert errors == []
+    page.close()
+
+
+CONTROL_SIZES = """() => {
+    const notebook = window.jupyterapp.shell.currentWidget.content.node;
+    const sliders = [...notebook.querySelectorAll('.widget-slider .slider-container')]
+        .filter(el => el.offsetParent !== null)          // shown (unit 14 hides two for presets)
+        .map(el => Math.round(el.getBoundingClientRect().width));
+    const cut = [...notebook.querySelectorAll('.widget-label')]
+        .filter(el => el.offsetParent !== null && el.scrollWidth > el.clientWidth + 1)
+        .map(el => el.textContent);
+    return [sliders, cut];
+}"""
+
+
+@pytest.mark.parametrize("name", ["12_pipeline_parallelism", "14_planning_a_run"])
+def test_stored_controls_are_wide_enough_and_their_labels_whole(browser, lab, name):
+    """Issue 26 item 9: unit 12's sliders were drawn 9 px wide; labels were cut ("micro-bat…")."""
+    page, errors, _ = _open(browser, lab, f"notebooks/{name}.ipynb")
+    page.locator(".course-stored-note:visible").first.wait_for(timeout=30_000)
+    sliders, cut = page.evaluate(CONTROL_SIZES)
+    assert all(width >= 100 for width in sliders), sliders
+    assert cut == [], f"labels cut short: {cut}"
+    assert errors == []
     page.close()

@@ -16,6 +16,7 @@ from course_lib.grading.exercises import (
     check_exercises,
     main,
     make_exercise,
+    reset_exercise,
     solution_tasks,
     strip_solution,
 )
@@ -103,15 +104,37 @@ def test_header_metadata_and_ids(exercise):
     nbformat.validate(nb)
     header = nb.cells[0]
     assert header.cell_type == "markdown" and header.id == "generated-header"
-    assert "this notebook is made from `solutions/99_fixture.ipynb`" in header.source
-    # for the learner: the check cells are a self-check, the grade command is what counts
-    assert "**The check cells are a self-check**" in header.source
-    assert "`.venv/bin/python -m course_lib.grade exercises/99_fixture.ipynb`" in header.source
+    # for the learner: how to grade from JupyterLab (the last cell, or one line in its terminal,
+    # whose python is the course's under make lab) and how to start over; where the file comes
+    # from is for maintainers and stays in the metadata
+    assert "run the last cell, *Grade this notebook*" in header.source
+    assert "`python -m course_lib.grade exercises/99_fixture.ipynb`" in header.source
+    assert "`python -m course_lib.grading.exercises reset 99`" in header.source
+    assert "solutions/" not in header.source and "make exercises" not in header.source
     assert nb.metadata["course"] == {
         "generated_from": "solutions/99_fixture.ipynb",
         "unit": "99_fixture",
     }
-    assert [c.id for c in nb.cells[1:]] == [f"fixture-{i}" for i in range(11)]
+    assert [c.id for c in nb.cells[1:-2]] == [f"fixture-{i}" for i in range(11)]
+    title, grade = nb.cells[-2:]
+    assert title.source.startswith("## Grade this notebook") and grade.cell_type == "code"
+    assert grade.id == "grade-here" and "grade_here()" in grade.source and grade.outputs == []
+
+
+def test_reset_restores_the_generated_exercise_and_keeps_a_backup(exercise, solutions_dir):
+    from course_lib.grading.exercises import main
+
+    pristine = exercise.read_bytes()
+    exercise.write_text(exercise.read_text().replace("FILL ME IN", "my answer"))
+    mine = exercise.read_bytes()
+    args = ["reset", "99", "--solutions", str(solutions_dir), "--out", str(exercise.parent)]
+    assert main(args) == 0
+    assert exercise.read_bytes() == pristine
+    (backup,) = (exercise.parent / "backups").glob("99_fixture-*.ipynb")
+    assert backup.read_bytes() == mine
+    assert check_exercises(solutions_dir, exercise.parent) == []  # the backup is no exercise
+    with pytest.raises(ExerciseError, match=r"unit = '42': expected one of 99"):
+        reset_exercise("42", solutions_dir, exercise.parent)
 
 
 def test_build_is_byte_identical_and_canonical(exercise, solutions_dir, tmp_path):
@@ -282,7 +305,10 @@ def test_old_notebooks_without_cell_ids_get_deterministic_ids(solution, tmp_path
     (again,) = build_exercises(solutions, tmp_path / "b")
     assert path.read_bytes() == again.read_bytes()
     ids = [c.id for c in nbformat.read(path, as_version=4).cells]
-    assert ids == ["generated-header"] + [f"cell-{i}" for i in range(11)]
+    assert ids == ["generated-header"] + [f"cell-{i}" for i in range(11)] + [
+        "grade-here-title",
+        "grade-here",
+    ]
 
 
 @pytest.mark.parametrize(

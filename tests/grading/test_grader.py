@@ -61,7 +61,7 @@ def test_untouched_exercise_fails_every_task(exercise, solutions_dir, capsys):
     assert "✗ task 1: not implemented yet: double raised NotImplementedError" in out
     assert "NameError: name 'total' is not defined" in out
     assert "✗ task 3: not implemented yet: mean raised NotImplementedError" in out
-    assert "cell index 6: NotImplementedError: FILL ME IN (roughly 1 line)" in out
+    assert "cell 7: NotImplementedError: FILL ME IN (roughly 1 line)" in out  # Cell 7 in the lab
     assert out.rstrip().endswith("score: 0/4 points")
 
 

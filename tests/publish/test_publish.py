@@ -229,6 +229,8 @@ def test_site_index_links_built_units(tmp_path, monkeypatch):
     lecture = (tmp_path / "lectures" / "00_start_here.html").read_text(encoding="utf-8")
     assert 'src="../vendor/require.js"' in lecture
     assert 'href="references.html"' in page
+    # README's code spans are code on the page, never literal backticks (issue 26 item 9)
+    assert "`" not in page and "<code>course_lib.plan</code>" in page
 
 
 def _nav(page: str) -> str:

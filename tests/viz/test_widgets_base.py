@@ -72,8 +72,14 @@ def displayed(monkeypatch):
 def test_frame_holds_the_controls_the_button_the_status_and_the_output(displayed):
     ex = Square()
     assert ex.result is None and ex.doubled is None  # nothing runs before Run
-    row, status, output = ex.widget.children
+    note, row, status, output = ex.widget.children
     assert list(row.children) == [ex.n, ex.run_button]
+    # a stored copy says that running the cell connects it (issue 26 item 2); the note and the
+    # relabelled button show only on views JupyterLab marks as disconnected
+    assert note is ex.stored_note and "Run this cell" in note.value
+    assert ".jupyter-widgets-disconnected .course-stored-note{display:block" in note.value
+    assert ".course-stored-note{display:none}" in note.value
+    assert "course-run" in ex.run_button._dom_classes
     assert status is ex.status and output is ex.output
     assert ex.run_button.tooltip == "square n" and "press Run" in ex.status.value
     ex._ipython_display_()

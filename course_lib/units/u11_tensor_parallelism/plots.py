@@ -51,8 +51,11 @@ def _draw_shard(
         for c in range(chunks):
             y0 = c * out / chunks + k * part
             ax.add_patch(Rectangle((0, y0), inp, part, color=colour, alpha=0.75))
+        # a matrix drawn narrower than its label: two short lines where its bands are tall
+        # enough (the MLP's), one line in the thin bands of the fused qkv projection
+        sep = "\n" if chunks == 1 else ": "
         ax.text(
-            inp / 2, k * part + part / 2, f"r{k}: {h}x{w}", ha="center", va="center", fontsize=8
+            inp / 2, k * part + part / 2, f"r{k}{sep}{h}x{w}", ha="center", va="center", fontsize=8
         )
 
 

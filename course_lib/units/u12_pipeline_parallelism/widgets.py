@@ -27,9 +27,14 @@ class ScheduleExplorer(Explorer):
     ):
         from course_lib.parallel.pipeline import SCHEDULES
 
-        self.schedule = widgets.Dropdown(options=SCHEDULES, value=schedule, description="schedule")
+        # one control a line, each wide enough for its slider and its whole label (four sliders
+        # side by side were squeezed to a few pixels each, their labels cut)
+        wide = {"style": {"description_width": "initial"}, "layout": {"width": "360px"}}
+        self.schedule = widgets.Dropdown(
+            options=SCHEDULES, value=schedule, description="schedule", **wide
+        )
         self.ranks = widgets.IntSlider(
-            value=ranks, min=2, max=4, description="ranks p", continuous_update=False
+            value=ranks, min=2, max=4, description="ranks p", continuous_update=False, **wide
         )
         self.microbatches = widgets.IntSlider(
             value=microbatches,
@@ -37,15 +42,18 @@ class ScheduleExplorer(Explorer):
             max=16,
             description="micro-batches m",
             continuous_update=False,
+            **wide,
         )
         self.virtual = widgets.IntSlider(
-            value=virtual, min=1, max=3, description="v (interl.)", continuous_update=False
+            value=virtual,
+            min=1,
+            max=3,
+            description="v (interleaved)",
+            continuous_update=False,
+            **wide,
         )
         super().__init__(
-            self.schedule,
-            self.ranks,
-            self.microbatches,
-            self.virtual,
+            widgets.VBox([self.schedule, self.ranks, self.microbatches, self.virtual]),
             tooltip="launch the ranks and record one pipeline step",
             intro="Pick a schedule, p, m (and v for interleaved), then press Run.",
         )

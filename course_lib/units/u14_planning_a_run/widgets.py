@@ -1,7 +1,8 @@
 """Unit 14's "Explore" widget (notebooks/14_planning_a_run.ipynb).
 
-PlanExplorer: a model preset (or "custom", shaped by the sliders), a cluster preset, a GPU
-count and a global batch; Run plans the run and shows the ranked plans, why the winner wins, and
+PlanExplorer: a model preset (or "custom", shaped by the layers and hidden sliders, which only
+"custom" shows), a sequence length (for every model), a cluster preset, a GPU count and a
+global batch; Run plans the run and shows the ranked plans, why the winner wins, and
 the memory of the top three. Nothing runs until Run is pressed.
 
     ex = PlanExplorer(); ex.model.value = "Llama-2-70B"; ex.gpus.value = 64; ex.run_button.click()
@@ -16,6 +17,7 @@ from course_lib.viz.widgets import Explorer
 __all__ = ["PlanExplorer", "CUSTOM"]
 
 CUSTOM = "custom (sliders)"
+SEQ_LENGTHS = [2048, 4096, 8192]  # the seq choices; a preset's own length is added when it differs
 
 
 class PlanExplorer(Explorer):
@@ -46,7 +48,7 @@ class PlanExplorer(Explorer):
             description="hidden",
             continuous_update=False,
         )
-        self.seq_len = widgets.Dropdown(options=[2048, 4096, 8192], value=4096, description="seq")
+        self.seq_len = widgets.Dropdown(options=SEQ_LENGTHS, value=4096, description="seq")
         self.cluster = widgets.Dropdown(
             options=list(CLUSTERS), value=cluster, description="cluster"
         )
@@ -54,8 +56,15 @@ class PlanExplorer(Explorer):
             options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=gpus, description="GPUs"
         )
         self.batch = widgets.Dropdown(
-            options=[1, 2, 4, 8, 16], value=batch_M_tokens, description="batch (Mi tok)"
+            options=[1, 2, 4, 8, 16],
+            value=batch_M_tokens,
+            description="batch (Mi tok)",
+            style={"description_width": "initial"},  # the whole label, not "batch (Mi…"
         )
+        # a preset fixes its shape: layers and hidden apply to "custom" only and are hidden
+        # otherwise; seq applies to every model and starts at the preset's own length
+        self.model.observe(lambda _change: self._model_changed(), names="value")
+        self._model_changed()
         super().__init__(
             widgets.VBox([self.model, self.layers, self.hidden, self.seq_len]),
             widgets.VBox([self.cluster, self.gpus, self.batch]),
@@ -63,12 +72,27 @@ class PlanExplorer(Explorer):
             intro="Pick a model (or custom + sliders), a cluster and a batch, then Run.",
         )
 
+    def _model_changed(self) -> None:
+        """Show the shape sliders for "custom" only; a preset sets seq to its own length."""
+        from course_lib.plan import model
+
+        custom = self.model.value == CUSTOM
+        for slider in (self.layers, self.hidden):
+            slider.layout.display = None if custom else "none"
+        if not custom:
+            own = model(self.model.value).seq_len
+            self.seq_len.options = sorted({*SEQ_LENGTHS, own})
+            self.seq_len.value = own
+
     def spec(self):
-        """The ModelSpec the controls describe (a custom one: Llama-shaped, 128-wide heads)."""
+        """The ModelSpec the controls describe: a preset at the chosen seq, or a custom one
+        (Llama-shaped, 128-wide heads) from the sliders."""
+        from dataclasses import replace
+
         from course_lib.plan import ModelSpec, model
 
         if self.model.value != CUSTOM:
-            return model(self.model.value)
+            return replace(model(self.model.value), seq_len=int(self.seq_len.value))
         h = int(self.hidden.value)
         return ModelSpec(
             "custom",

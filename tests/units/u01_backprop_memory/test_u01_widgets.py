@@ -42,7 +42,7 @@ def test_explorer_has_the_advertised_controls():
     ex = StepMemoryExplorer()
     assert set(ex.optimizer.options) == {"sgd", "momentum", "adam"}
     assert [v for _, v in ex.model_kind.options] == ["mlp", "gpt"]
-    assert ex.run_button in ex.widget.children[0].children
+    assert ex.run_button in ex.widget.children[1].children  # below the stored-copy note
 
 
 def test_plots_return_figures_from_real_results():

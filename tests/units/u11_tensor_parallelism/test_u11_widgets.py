@@ -49,3 +49,29 @@ def test_split_explorer_runs():
     assert (ex.result.residual.abs() <= SLACK_BYTES).all()
     assert "activations" in ex.status.value
     plt.close("all")
+
+
+def test_split_labels_stay_inside_their_matrices():
+    """Issue 26 item 9: at tp 4 the column-parallel labels ran over the narrow panels' axes."""
+    shapes = pd.DataFrame(
+        [
+            {"tp_rank": r, "parameter": n, "full": full, "on_rank": on}
+            for r in range(4)
+            for n, full, on in [
+                ("attn.c_attn.weight", (192, 64), (48, 64)),
+                ("attn.c_proj.weight", (64, 64), (64, 16)),
+                ("mlp.c_fc.weight", (256, 64), (64, 64)),
+                ("mlp.c_proj.weight", (64, 256), (64, 64)),
+            ]
+        ]
+    )
+    fig = P.plot_split(shapes)
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        box = ax.get_window_extent(renderer)
+        # a rank's label (not q, k, v beside the matrix): inside the panel, apart from the others
+        labels = [t.get_window_extent(renderer) for t in ax.texts if t.get_text().startswith("r")]
+        for i, inside in enumerate(labels):
+            assert box.x0 <= inside.x0 and inside.x1 <= box.x1, ax.get_title()
+            assert not any(inside.overlaps(other) for other in labels[i + 1 :]), ax.get_title()
+    plt.close(fig)

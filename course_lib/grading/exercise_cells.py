@@ -1,0 +1,130 @@
+"""What the generator adds to every exercise for the learner, and how one exercise is reset.
+
+* a first markdown cell (id ``generated-header``): how to work, and the one way to grade from
+  JupyterLab (the last cell, or one terminal line); where the file comes from stays in the
+  notebook's metadata (``course.generated_from``), not in the learner's view;
+* two last cells (ids ``grade-here-title``, ``grade-here``): a heading and a code cell calling
+  :func:`course_lib.grading.here.grade_here`, which grades the saved notebook in a fresh kernel
+  (the grader's own run of that cell does nothing);
+* ``python -m course_lib.grading.exercises reset NN``: the pristine exercise of unit NN written
+  back over ``exercises/NN_topic.ipynb``, the learner's file kept in ``exercises/backups/``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BACKUP_DIR",
+    "GRADE_CELL_ID",
+    "HEADER_ID",
+    "grade_cells",
+    "header_cell",
+    "reset_exercise",
+]
+
+HEADER_ID = "generated-header"
+GRADE_TITLE_ID = "grade-here-title"
+GRADE_CELL_ID = "grade-here"
+BACKUP_DIR = "backups"  # below the exercises folder: never taken for an exercise by build/check
+GRADE_SOURCE = (
+    "# Save first (Ctrl+S): this grades the saved file in a fresh kernel, as an instructor does.\n"
+    "from course_lib.grading import grade_here\n"
+    "\n"
+    "grade_here()"
+)
+
+
+def header_cell(unit: str) -> Any:
+    """The exercise's first cell: how to work, how to grade, how to start over."""
+    import nbformat
+
+    number = unit.split("_", 1)[0]
+    text = (
+        'Replace every `raise NotImplementedError("FILL ME IN ...")` with your answer and run the '
+        "notebook top to bottom. The check cells are a self-check: they answer ✓ or ✗ at once, "
+        "in this kernel. Until you run them they show *expected once your answer is right: ...*: "
+        "a target, not your result.\n"
+        "\n"
+        "**Your grade**: save (Ctrl+S) and run the last cell, *Grade this notebook*. It reruns "
+        "the saved notebook in a fresh kernel with the course's own checks and shows the table. "
+        "The same from JupyterLab's terminal (File > New > Terminal): "
+        f"`python -m course_lib.grade exercises/{unit}.ipynb`.\n"
+        "\n"
+        f"To start this exercise over: `python -m course_lib.grading.exercises reset {number}` "
+        f"(your file is kept in `exercises/{BACKUP_DIR}/`)."
+    )
+    cell = nbformat.v4.new_markdown_cell(text)
+    cell.id = HEADER_ID
+    cell.metadata = {"tags": ["generated"]}
+    return cell
+
+
+def _onward(unit: str, root: Path | None) -> str:
+    """Links back to the unit's lecture and on to the next one (course root ``root``), or ""."""
+    from course_lib.publish import navigation
+
+    if root is None or not (root / "notebooks" / f"{unit}.ipynb").is_file():
+        return ""
+    _, this, after = navigation.neighbours(unit, root)
+    links = [f"Back to the lecture: [{this.label}](../notebooks/{this.stem}.ipynb)"]
+    if after is not None:
+        links.append(f"Next: [{after.label}](../notebooks/{after.stem}.ipynb)")
+    return "\n\n" + "; ".join(links) + "."
+
+
+def grade_cells(unit: str = "", root: Path | None = None) -> list[Any]:
+    """The exercise's last two cells: a heading (with links to the unit's lecture and the next
+    unit when the course at ``root`` has them) and the cell that grades the notebook."""
+    import nbformat
+
+    title = nbformat.v4.new_markdown_cell(
+        "## Grade this notebook\n\nSave (Ctrl+S), then run the cell below." + _onward(unit, root)
+    )
+    title.id = GRADE_TITLE_ID
+    title.metadata = {"tags": ["generated"]}
+    code = nbformat.v4.new_code_cell(GRADE_SOURCE)
+    code.id = GRADE_CELL_ID
+    code.metadata = {"tags": ["generated"]}
+    return [title, code]
+
+
+def reset_exercise(
+    number: str, solutions_dir: Path | str = "solutions", out_dir: Path | str = "exercises"
+) -> tuple[Path, Path | None]:
+    """Write unit ``number``'s exercise as generated; (its path, the backup of the old file or None).
+
+    ``number`` is the unit's two digits (``"3"`` means ``"03"``) or its full name
+    (``"03_precision"``). The learner's file, when there is one, is moved to
+    ``out_dir/backups/NN_topic-YYYYmmdd-HHMMSS.ipynb`` first.
+    """
+    from course_lib.grading.exercises import ExerciseError, make_exercise
+    from course_lib.grading.notebooks import read_notebook, render_notebook, unit_names
+
+    solutions_dir, out_dir = Path(solutions_dir), Path(out_dir)
+    if not solutions_dir.is_dir():
+        raise ExerciseError(
+            f"{solutions_dir}: no such solutions directory (run it from the course folder)"
+        )
+    key = number.zfill(2) if number.isdigit() else number
+    units = unit_names(solutions_dir)
+    found = [u for u in units if u == key or u.split("_", 1)[0] == key]
+    if len(found) != 1:
+        raise ExerciseError(
+            f"unit = {number!r}: expected one of {', '.join(u.split('_', 1)[0] for u in units)}"
+        )
+    unit = found[0]
+    solution = solutions_dir / f"{unit}.ipynb"
+    text = render_notebook(
+        make_exercise(read_notebook(solution), solution, solution_rel=f"solutions/{unit}.ipynb")
+    )
+    target, backup = out_dir / f"{unit}.ipynb", None
+    if target.exists():
+        backup = out_dir / BACKUP_DIR / f"{unit}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+        backup.parent.mkdir(parents=True, exist_ok=True)
+        target.replace(backup)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    return target, backup
