@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -198,7 +199,11 @@ def load(state: Any, path: str | os.PathLike, *, group=None) -> Any:
     Nothing is read before :func:`verify` has passed. Returns ``state``."""
     sd = _stateful(state)
     verify(sd, path)
-    dcp.load(sd, checkpoint_id=str(path), process_group=group, no_dist=not dist.is_initialized())
+    with warnings.catch_warnings():  # one process without a group: DCP's note says so
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        dcp.load(
+            sd, checkpoint_id=str(path), process_group=group, no_dist=not dist.is_initialized()
+        )
     if hasattr(state, "load_state_dict") and not isinstance(state, Mapping):
         state.load_state_dict(sd)
     elif isinstance(state, dict):

@@ -123,34 +123,32 @@ def _my_chunks(world: int, rank: int) -> range:
     return range(rank * per, (rank + 1) * per)
 
 
-def train_step(
+def set_gradients(
     state: TrainState, data: tuple[torch.Tensor, torch.Tensor], *, delay_s: float = 0.0
-) -> float:
-    """One step: gather the weights, gradients of this rank's chunks, all-gather them, sum in
-    chunk order, AdamW on this rank's shards. Returns the global batch's loss (same on every
-    rank). ``delay_s``: sleep before the gradient exchange (a slow rank: a straggler).
-    ``state.timing`` holds this rank's seconds of work before the exchange and of the step."""
+) -> torch.Tensor:
+    """Draw the next batch, compute the gradients of this rank's chunks on the gathered weights,
+    all-gather them, sum in chunk order and set each parameter's ``grad`` to this rank's shard.
+    Returns the flat sum over chunks / CHUNKS: the whole gradient, then the loss (same on every
+    rank). ``delay_s``: sleep before the exchange (a slow rank: a straggler)."""
     t0 = time.perf_counter()
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     params = list(state.model.parameters())
     idx = state.data.next_indices()
-    masks = (
-        torch.rand(BATCH, 2 * state.model.widths[1]) >= DROPOUT
-    ).float()  # whole batch, every rank
+    masks = (torch.rand(BATCH, 2 * state.model.widths[1]) >= DROPOUT).float()  # every rank
     full = [p.full_tensor().detach().requires_grad_() for p in params]  # all-gather (ZeRO-3)
+    t_gathered = time.perf_counter()
     rows, local = BATCH // CHUNKS, []
     for c in _my_chunks(world, rank):
         sl = slice(c * rows, (c + 1) * rows)
-        loss = torch.nn.functional.cross_entropy(
-            forward(full, data[0][idx[sl]], masks[sl]), data[1][idx[sl]]
-        )
+        logits = forward(full, data[0][idx[sl]], masks[sl])
+        loss = torch.nn.functional.cross_entropy(logits, data[1][idx[sl]])
         grads = torch.autograd.grad(loss, full)
         local.append(torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1)]))
     mine = torch.stack(local)  # (chunks per rank, params + 1)
     if delay_s:
         time.sleep(delay_s)
-    t_work = time.perf_counter() - t0
+    t_work = time.perf_counter() - t_gathered  # own work: after the gather, before the exchange
     if world > 1:
         parts = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(parts, mine)
@@ -158,18 +156,29 @@ def train_step(
     total = mine.sum(dim=0) / CHUNKS
     offset = 0
     for p in params:
-        n = p.numel()
-        g = total[offset : offset + n].reshape(p.shape)
-        offset += n
+        g = total[offset : offset + p.numel()].reshape(p.shape)
+        offset += p.numel()
         shard = torch.chunk(g, world, dim=0)[rank].contiguous()
         p.grad = DTensor.from_local(
             shard, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
         )
+    state.timing = {"work_s": t_work, "step_s": time.perf_counter() - t0}
+    return total
+
+
+def train_step(
+    state: TrainState, data: tuple[torch.Tensor, torch.Tensor], *, delay_s: float = 0.0
+) -> float:
+    """One step: :func:`set_gradients`, then AdamW on this rank's shards and the schedule.
+    Returns the global batch's loss (the same on every rank). ``state.timing``: this rank's
+    seconds of work before the exchange and of the whole step."""
+    t0 = time.perf_counter()
+    total = set_gradients(state, data, delay_s=delay_s)
     state.optimizer.step()
     state.optimizer.zero_grad(set_to_none=True)
     state.scheduler.step()
     state.step += 1
-    state.timing = {"work_s": t_work, "step_s": time.perf_counter() - t0}
+    state.timing["step_s"] = time.perf_counter() - t0
     return float(total[-1])
 
 

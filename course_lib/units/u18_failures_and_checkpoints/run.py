@@ -6,11 +6,17 @@ that reshard, a rank killed and the run resumed under torchrun, and what failure
   one part of the state), :func:`bad_checkpoints` (what load says about a damaged one);
 - failures (``run_elastic.py``): :func:`elastic_run` (the run torchrun restarts, exported as
   ``u18.elastic``), :func:`torchrun_elastic`, :func:`read_timeline`, :func:`restart_summary`;
+- cost (``run_cost.py``): :func:`save_cost` (bytes and seconds against size, blocking and async);
+- trouble (``run_trouble.py``): :func:`hung_collective`, :func:`straggler_table`,
+  :func:`grad_norm_table` (the clipping bug of sharded runs);
+- at scale (``run_scale.py``): :data:`LLAMA3`, :func:`gpu_mtbf_s`, :func:`scale_table`,
+  :func:`goodput_curve`.
 """
 
 from __future__ import annotations
 
 from course_lib.units.u18_failures_and_checkpoints._train import BATCH, CHUNKS, WIDTHS
+from course_lib.units.u18_failures_and_checkpoints.run_cost import SIZES, save_cost
 from course_lib.units.u18_failures_and_checkpoints.run_elastic import (
     TIMELINE,
     elastic_run,
@@ -24,8 +30,30 @@ from course_lib.units.u18_failures_and_checkpoints.run_reshard import (
     forget_table,
     reshard_run,
 )
+from course_lib.units.u18_failures_and_checkpoints.run_scale import (
+    LLAMA3,
+    PARAMS_405B,
+    goodput_curve,
+    gpu_mtbf_s,
+    scale_table,
+)
+from course_lib.units.u18_failures_and_checkpoints.run_trouble import (
+    grad_norm_table,
+    hung_collective,
+    straggler_table,
+)
 
 __all__ = [
+    "SIZES",
+    "save_cost",
+    "LLAMA3",
+    "PARAMS_405B",
+    "goodput_curve",
+    "gpu_mtbf_s",
+    "scale_table",
+    "grad_norm_table",
+    "hung_collective",
+    "straggler_table",
     "BATCH",
     "CHUNKS",
     "WIDTHS",
