@@ -40,32 +40,35 @@ def _segment(rank, world_size, *, root, start, stop, steps, save_at, parts=PARTS
 def reshard_run(
     world_sizes: Sequence[int] = (4, 2, 1), *, steps: int = 12, timeout: float = 60.0
 ) -> pd.DataFrame:
-    """The unit's MLP trained ``steps`` steps without a break on ``world_sizes[0]`` ranks (saving
-    on the way), and the same run resumed: saved by the first world size, loaded and continued
-    by the next, and so on (equal segments). Rows: step, world_size (of the resumed segment),
-    uninterrupted, resumed (losses), same (bitwise). ``attrs["weights_equal"]``: the final
-    weights of both runs are the same bits."""
+    """The unit's MLP trained ``steps`` steps without a break on ``world_sizes[0]`` ranks, saving
+    on the way, and the same run resumed: the first world size's checkpoint loaded and continued
+    by the next world size, which saves in turn for the one after (equal segments). Rows (the
+    resumed steps): step, world_size (of the segment), uninterrupted, resumed (losses), same
+    (bitwise). ``attrs["weights_equal"]``: the final weights of both runs are the same bits."""
     sizes = validate.counts("world_sizes", world_sizes)
+    if len(sizes) < 2:
+        raise ValueError(f"world_sizes = {sizes!r}: expected at least two (saved, loaded)")
     for w in sizes:
         validate.choice("world_sizes", w, (1, 2, 4))
-    steps = validate.count("steps", steps, minimum=len(sizes) + 1)
-    cuts = [steps * (i + 1) // (len(sizes) + 1) for i in range(len(sizes))]
+    steps = validate.count("steps", steps, minimum=len(sizes))
+    cuts = [steps * (i + 1) // len(sizes) for i in range(len(sizes) - 1)]
     root = tempfile.mkdtemp(prefix="u18_reshard_")
     try:
-        kw = dict(root=root, steps=steps)
-        ref = course_lib.launch(
-            _segment, sizes[0], start=None, stop=steps, save_at=(cuts[0],), timeout=timeout, **kw
-        )
-        ref_losses, ref_w = ref[0]
+        kw = dict(root=root, steps=steps, timeout=timeout)
+        ref_losses, ref_w = course_lib.launch(
+            _segment, sizes[0], start=None, stop=steps, save_at=(cuts[0],), **kw
+        )[0]
         rows, resumed_w = [], None
-        for i, w in enumerate(sizes):
-            start = f"step_{cuts[i]:06d}"
-            stop = cuts[i + 1] if i + 1 < len(sizes) else steps
-            save_at = (stop,) if i + 1 < len(sizes) else ()
-            got = course_lib.launch(
-                _segment, w, start=start, stop=stop, save_at=save_at, timeout=timeout, **kw
-            )
-            (losses, resumed_w) = got[0]
+        for i, w in enumerate(sizes[1:]):
+            stop = cuts[i + 1] if i + 1 < len(cuts) else steps
+            losses, resumed_w = course_lib.launch(
+                _segment,
+                w,
+                start=f"step_{cuts[i]:06d}",
+                stop=stop,
+                save_at=(stop,) if stop < steps else (),
+                **kw,
+            )[0]
             rows += [(s, w, loss) for s, loss in losses]
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -38,7 +38,7 @@ def test_bad_checkpoints_are_named_and_latest_skips_partial():
 
 @pytest.mark.slow
 def test_saved_on_4_continues_on_2_and_1_bit_for_bit_and_forgetting_diverges():
-    df = run.reshard_run((4, 2, 1), steps=8)
+    df = run.reshard_run((4, 2, 1), steps=9)
     assert df["same"].all() and df.attrs["weights_equal"]
     assert sorted(set(df.world_size)) == [1, 2, 4]
     summary = run.forget_summary(run.forget_table(steps=8, cut=4)).set_index("forgot")
