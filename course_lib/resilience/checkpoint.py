@@ -113,16 +113,20 @@ def save(
 
 def latest(root: str | os.PathLike) -> pathlib.Path | None:
     """The complete checkpoint in ``root`` whose name sorts last (``step_000120`` after
-    ``step_000080``), or None: a ``.partial`` folder left by a killed write is never chosen."""
+    ``step_000080``), or None: a ``.partial`` folder left by a killed write is never chosen; a
+    checkpoint being replaced (``name.old``) stands in for ``name`` if the rename was cut short."""
     root = pathlib.Path(root)
     if not root.is_dir():
         return None
-    done = [
-        p
+    done = {
+        p.name: p
         for p in root.iterdir()
         if p.is_dir() and not p.name.endswith((PARTIAL, ".old")) and (p / ".metadata").is_file()
-    ]
-    return max(done, key=lambda p: p.name) if done else None
+    }
+    for old in root.glob("*.old"):  # killed between the two renames of an overwrite
+        if old.name[:-4] not in done and (old / ".metadata").is_file():
+            done[old.name[:-4]] = old
+    return done[max(done)] if done else None
 
 
 def _metadata(path: pathlib.Path) -> Metadata:

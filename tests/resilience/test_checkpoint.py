@@ -105,3 +105,16 @@ def test_a_write_killed_halfway_leaves_the_previous_checkpoint(tmp_path):
     assert torch.equal(state["w"], torch.arange(12.0).reshape(6, 2)) and state["step"] == 7
     with pytest.raises(resilience.CheckpointError, match=r"a partial write"):
         resilience.load(_fresh(), partial)
+
+
+def test_latest_skips_partial_writes_and_falls_back_to_an_interrupted_overwrite(tmp_path):
+    assert resilience.latest(tmp_path / "none") is None
+    for name in ("step_000001", "step_000003.old"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / ".metadata").write_bytes(b"x")
+    (tmp_path / "step_000002.partial").mkdir()
+    (tmp_path / "step_000004.partial").mkdir()
+    assert resilience.latest(tmp_path).name == "step_000003.old"  # its rename was cut short
+    (tmp_path / "step_000003").mkdir()
+    (tmp_path / "step_000003" / ".metadata").write_bytes(b"x")
+    assert resilience.latest(tmp_path).name == "step_000003"

@@ -14,6 +14,7 @@ import math
 import random
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -124,7 +125,7 @@ def _my_chunks(world: int, rank: int) -> range:
 
 
 def set_gradients(
-    state: TrainState, data: tuple[torch.Tensor, torch.Tensor], *, delay_s: float = 0.0
+    state: Any, data: tuple[torch.Tensor, torch.Tensor], *, delay_s: float = 0.0
 ) -> torch.Tensor:
     """Draw the next batch, compute the gradients of this rank's chunks on the gathered weights,
     all-gather them, sum in chunk order and set each parameter's ``grad`` to this rank's shard.
@@ -167,7 +168,7 @@ def set_gradients(
 
 
 def train_step(
-    state: TrainState, data: tuple[torch.Tensor, torch.Tensor], *, delay_s: float = 0.0
+    state: Any, data: tuple[torch.Tensor, torch.Tensor], *, delay_s: float = 0.0
 ) -> float:
     """One step: :func:`set_gradients`, then AdamW on this rank's shards and the schedule.
     Returns the global batch's loss (the same on every rank). ``state.timing``: this rank's
@@ -182,13 +183,13 @@ def train_step(
     return float(total[-1])
 
 
-def full_weights(state: TrainState) -> torch.Tensor:
+def full_weights(state: Any) -> torch.Tensor:
     """Every weight gathered into one flat fp32 vector (to compare runs bit for bit)."""
     return torch.cat([p.full_tensor().detach().reshape(-1) for p in state.model.parameters()])
 
 
 def steps_until(
-    state: TrainState, data, stop: int, *, delay_s: float = 0.0
+    state: Any, data, stop: int, *, delay_s: float = 0.0
 ) -> Iterator[tuple[int, float]]:
     """Train until ``state.step == stop``, yielding (step, loss) after each step."""
     while state.step < stop:

@@ -18,6 +18,8 @@ goodput at that interval (Daly's expected wall time, restart cost included) for 
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.grading.core import error_pair, fail, launch_learner, passed, refuse, run_learner
 from course_lib.grading.seeds import case_rng
 
@@ -62,7 +64,8 @@ def _state_worker(rank, world_size, cls, forbid, root, phase, cut, steps) -> dic
     from course_lib.grading.references import watch_references
     from course_lib.units.u18_failures_and_checkpoints import _train as T
 
-    path, used, out = pathlib.Path(root) / "ckpt", [], {}
+    path, used = pathlib.Path(root) / "ckpt", []
+    out: dict[str, Any] = {}
     try:
         with watch_references(forbid) as used:
             base = T.build(steps=steps)
@@ -159,7 +162,7 @@ def _clip_worker(rank, world_size, fn, forbid, cases, seed) -> dict:
                 full = [torch.randn(*s, generator=gen) for s in shapes]  # the same on every rank
                 shards = [g.tensor_split(world_size, dim=0)[rank].clone() for g in full]
                 total = fn(shards, max_norm)
-                norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in full)))
+                norm = float(torch.stack([(g.double() ** 2).sum() for g in full]).sum().sqrt())
                 scale = min(1.0, max_norm / (norm + 1e-6))
                 ok = all(
                     torch.allclose(s, g.tensor_split(world_size, dim=0)[rank] * scale, rtol=1e-5)

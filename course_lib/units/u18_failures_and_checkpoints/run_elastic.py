@@ -42,7 +42,7 @@ def _shared_root(root: str) -> tuple[pathlib.Path, bool]:
         return pathlib.Path(root), False
     box = [tempfile.mkdtemp(prefix="u18_elastic_") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    return pathlib.Path(box[0]), True
+    return pathlib.Path(str(box[0])), True
 
 
 def _train(state, data, path, rank, attempt, steps, every, kill_step, kill_rank, delay) -> list:

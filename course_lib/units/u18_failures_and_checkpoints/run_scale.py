@@ -9,6 +9,7 @@ time only where a caller passes it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,7 @@ from course_lib.measure import estimate
 #: Llama Team 2024 (arXiv:2407.21783), Sec. 3.3.4: a 54-day snapshot of 405B pre-training on up
 #: to 16,384 H100 GPUs: 466 job interruptions, 47 planned, 419 unexpected, about 78 % of those
 #: confirmed or suspected hardware; "higher than 90 % effective training time"
-LLAMA3 = {
+LLAMA3: dict[str, Any] = {
     "gpus": 16384,
     "days": 54,
     "interruptions": 466,
