@@ -88,11 +88,11 @@ def _norm_rank(rank, world_size, *, max_norm):
     dist.all_reduce(box)
     return {
         "rank": rank,
-        "local-shard norm (the bug)": local_sq**0.5,
+        "local norm (bug)": local_sq**0.5,
         "all-reduced norm": float(box.item()) ** 0.5,
-        "full gradient's norm (one process)": float(full.double().norm()),
-        "clip scale with the bug": min(1.0, max_norm / local_sq**0.5),
-        "clip scale, right": min(1.0, max_norm / float(box.item()) ** 0.5),
+        "full norm (1 process)": float(full.double().norm()),
+        "scale (bug)": min(1.0, max_norm / local_sq**0.5),
+        "scale (right)": min(1.0, max_norm / float(box.item()) ** 0.5),
     }
 
 
