@@ -6,6 +6,8 @@ Used by notebooks/18_failures_and_checkpoints.ipynb through :mod:`run` (which re
 
 from __future__ import annotations
 
+import linecache
+import re
 import shutil
 import tempfile
 
@@ -27,19 +29,31 @@ def _hang_rank(rank, world_size):
     return float(t.sum())
 
 
-def hung_collective(timeout: float = 4.0) -> str:
+def _where(text: str) -> str:
+    """The line of this file a rank's stack was in (the collective it waited in): the frame's
+    line number, from a traceback or from a hung rank's stack dump, read back from this file."""
+    match = re.search(r'run_trouble\.py", line (\d+)', text)
+    return linecache.getline(__file__, int(match.group(1))).strip() if match else "?"
+
+
+def hung_collective(timeout: float = 4.0) -> pd.DataFrame:
     """Two ranks, one skipping an all-reduce the other waits in. ``course_lib.launch`` stops the
-    run after ``timeout`` seconds (also the process group's collective time-out) and names what
-    every rank was doing. Returns the error's first lines (machine paths removed)."""
+    run after ``timeout`` seconds (also the process group's collective time-out) and reports
+    every rank with its stack. Rows: rank, what it said (first line, shortened), the line of
+    the rank's code it was waiting in (from its stack)."""
     timeout = validate.number("timeout", timeout, positive=True)
     try:
         course_lib.launch(_hang_rank, 2, timeout=timeout)
     except LaunchError as err:
-        text = str(err)
+        failures = err.failures
     else:
-        return "no error: the ranks agreed"
-    lines = [ln for ln in text.splitlines() if ln.strip()][:3]
-    return "\n".join(ln[:120] for ln in lines)
+        return pd.DataFrame({"rank": [], "said": [], "waiting in": []})
+    rows = []
+    for rank, text in sorted(failures.items()):
+        first = text.splitlines()[0] if text else ""
+        said = first.split("] ", 1)[-1] if "] " in first else first
+        rows.append({"rank": rank, "said": said[:48], "waiting in": _where(text)})
+    return pd.DataFrame(rows)
 
 
 def straggler_table(

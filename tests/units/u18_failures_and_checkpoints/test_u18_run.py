@@ -60,3 +60,10 @@ def test_a_rank_killed_under_torchrun_resumes_to_the_same_final_loss(tmp_path):
     ref = run.elastic_run(2, steps=8, every=3)
     assert out["losses"]["loss"].iloc[-1] == ref["loss"].iloc[-1]  # the same bits
     assert list(out["losses"]["step"]) == [4, 5, 6, 7, 8]
+
+
+@pytest.mark.slow
+def test_a_skipped_collective_times_out_and_each_rank_says_where_it_waits():
+    df = run.hung_collective(timeout=4.0)
+    assert list(df["rank"]) == [0, 1]
+    assert list(df["waiting in"]) == ["dist.all_reduce(t)", "dist.barrier()"]
