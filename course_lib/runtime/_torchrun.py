@@ -58,6 +58,26 @@ def _destroy_default_group() -> None:
         dist.destroy_process_group()
 
 
+def _init_default_group(backend: str, timeout: timedelta) -> None:
+    """env:// rendezvous; in an attempt torchrun restarted (``--max-restarts``), under a key prefix
+    of its own: the agent's store still holds the failed attempt's keys (gloo's addresses of ranks
+    that are gone among them), and a new rank reading one of those cannot connect."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"course_attempt_{attempt}", store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timeout,
+    )
+
+
 def _launch_in_torchrun(
     fn: Callable[..., Any],
     world_size: int,
@@ -82,7 +102,7 @@ def _launch_in_torchrun(
             import torch
 
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(resolved, timeout=timedelta(seconds=timeout))  # env:// rendezvous
+        _init_default_group(resolved, timedelta(seconds=timeout))
         # Kept for the rest of this process (torchrun made it a rank for life): destroying and
         # re-creating the default group inside one torchrun job reuses torchrun's store keys
         # and can race. It is destroyed when the script exits.

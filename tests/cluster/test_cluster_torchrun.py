@@ -32,6 +32,7 @@ SMALL = {
     "u15.parity": dict(causal=(True,)),
     "u16.parity": dict(),
     "u17.allgather": dict(gathers=("bf16", "fp8")),
+    "u18.elastic": dict(steps=4, every=2),
 }
 
 DRIVER = """
@@ -46,7 +47,7 @@ if __name__ == "__main__":
 
 def test_every_unit_with_ranks_exports_something():
     units = {e.unit for e in cluster.experiments().values()}
-    assert {"u08", "u09", "u10", "u11", "u12", "u14", "u15", "u16"} <= units
+    assert {"u08", "u09", "u10", "u11", "u12", "u14", "u15", "u16", "u18"} <= units
     assert set(SMALL) == set(cluster.experiments()), "give every experiment small test settings"
 
 

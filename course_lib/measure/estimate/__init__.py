@@ -44,6 +44,11 @@ Every function names the same thing the same way:
   ``method``, ``collective``, ``algorithm``, ``layout`` (:data:`CpLayout`: "contiguous",
   "zigzag"); context parallelism's ``method`` is :data:`CpMethod` ("ring", "allgather",
   "ulysses");
+* failures and checkpoints: ``save_s`` (delta: seconds the run is blocked writing one
+  checkpoint), ``mtbf_s`` (M: mean time between failures of the whole job), ``restart_s`` (R:
+  detection, re-queue, process-group start-up and checkpoint load per failure), ``interval_s``
+  (tau: seconds of training between checkpoints), ``method`` (:data:`IntervalMethod`: "young",
+  "daly"), ``duration_s``, ``interruptions``;
 * hardware: ``peak_flops`` (FLOP/s), ``mfu`` (0-1), ``size_bytes`` (a message),
   ``*_GBps`` (link speeds).
 
@@ -72,9 +77,10 @@ learning rate against the batch), ``tensor_parallel`` (parameters and communicat
 activations with the sequence split, causal work per rank), ``moe`` (mixture of experts:
 parameters total and active, capacity, expert parallelism's all-to-all bytes, memory per GPU
 under EP x ZeRO), ``planning`` (real architectures'
-parameter counts, pipeline in-flight layers, GPU-days) and
+parameter counts, pipeline in-flight layers, GPU-days),
 ``fp8`` (FP8 formats, bytes of a scaled cast, FP8 all-gather bytes and memory under FSDP, the
-share of a step FP8 speeds up).
+share of a step FP8 speeds up) and ``failures`` (Young's and Daly's checkpoint intervals,
+goodput with restart cost, a job's MTBF, checkpoint bytes).
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ from course_lib.measure.estimate import (  # noqa: E402
     communication,
     compute,
     context,
+    failures,
     fp8,
     links,
     lora,
@@ -102,6 +109,7 @@ from course_lib.measure.estimate.checkpointing import *  # noqa: F401,F403
 from course_lib.measure.estimate.communication import *  # noqa: F401,F403
 from course_lib.measure.estimate.compute import *  # noqa: F401,F403
 from course_lib.measure.estimate.context import *  # noqa: F401,F403
+from course_lib.measure.estimate.failures import *  # noqa: F401,F403
 from course_lib.measure.estimate.fp8 import *  # noqa: F401,F403
 from course_lib.measure.estimate.links import *  # noqa: F401,F403
 from course_lib.measure.estimate.lora import *  # noqa: F401,F403
@@ -132,4 +140,5 @@ __all__ = [
     *moe.__all__,
     *planning.__all__,
     *fp8.__all__,
+    *failures.__all__,
 ]

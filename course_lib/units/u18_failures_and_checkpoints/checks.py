@@ -1,0 +1,242 @@
+"""Checks for the exercises of unit 18 (solutions/18_failures_and_checkpoints.ipynb).
+
+Task 1: ``MyTrainState(model, optimizer, scheduler, data)`` with ``state_dict()`` /
+``load_state_dict(sd)`` and a ``step`` attribute: graded by killing a run. On 2 ranks the unit's
+sharded MLP trains with the learner's state to a step drawn for this grading, saves it with
+``resilience.save``, and rank 1 kills itself (SIGKILL); a new launch builds everything afresh
+(seeds and all), loads the checkpoint into a new ``MyTrainState`` and trains to the end. Every
+loss after the resume must equal the uninterrupted run's, bit for bit.
+Task 2: find the bug: a gradient-norm clip that computes the norm from the rank's own shard.
+``clip_grad_norm_sharded(shards, max_norm) -> total_norm`` scales this rank's gradient shards in
+place by min(1, max_norm / (norm + 1e-6)) with the norm of the *whole* gradient; graded on 2 ranks
+with shards drawn for this grading (one rank's shard of one tensor empty).
+Task 3: ``predict(gpus, save_s, restart_s) -> (interval_s, goodput)``: Young's interval and the
+goodput at that interval (Daly's expected wall time, restart cost included) for a cluster of
+``gpus`` GPUs failing at Llama 3 405B's per-GPU rate (419 unexpected interruptions in 54 days on
+16,384 GPUs); cases drawn for this grading. Tolerance: 1e-6 relative.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from course_lib.grading.core import error_pair, fail, launch_learner, passed, refuse, run_learner
+from course_lib.grading.seeds import case_rng
+
+__all__ = [
+    "STATE_REFERENCES",
+    "CLIP_REFERENCES",
+    "PREDICT_REFERENCES",
+    "check_train_state",
+    "check_clip",
+    "check_predict",
+]
+
+UNIT = "u18_failures_and_checkpoints"
+GRADE_TIMEOUT_S = 60.0
+
+#: the course's answers to task 1, out of reach while the learner's state saves and loads
+STATE_REFERENCES = (
+    "course_lib.resilience.state:TrainState.state_dict",
+    "course_lib.resilience.state:TrainState.load_state_dict",
+    "course_lib.resilience.state:rng_state",
+    "course_lib.resilience.state:set_rng_state",
+)
+CLIP_REFERENCES = ("course_lib.units.u18_failures_and_checkpoints.run_trouble:_norm_rank",)
+PREDICT_REFERENCES = (
+    "course_lib.measure.estimate.failures:optimal_interval",
+    "course_lib.measure.estimate.failures:goodput",
+    "course_lib.measure.estimate.failures:job_mtbf",
+    "course_lib.units.u18_failures_and_checkpoints.run_scale:gpu_mtbf_s",
+    "course_lib.units.u18_failures_and_checkpoints.run_scale:scale_table",
+)
+
+
+# --------------------------------------------------------------------------------------------
+# task 1: a TrainState that resumes bit for bit
+# --------------------------------------------------------------------------------------------
+def _state_worker(rank, world_size, cls, forbid, root, phase, cut, steps) -> dict:
+    import os
+    import pathlib
+    import signal
+
+    from course_lib import resilience
+    from course_lib.grading.references import watch_references
+    from course_lib.units.u18_failures_and_checkpoints import _train as T
+
+    path, used = pathlib.Path(root) / "ckpt", []
+    out: dict[str, Any] = {}
+    try:
+        with watch_references(forbid) as used:
+            base = T.build(steps=steps)
+            state = cls(base.model, base.optimizer, base.scheduler, base.data)
+            data = T.make_data()
+            if phase == "resume":
+                resilience.load(state, path)
+                out["resumed_at"] = int(state.step)
+            losses = []
+            while state.step < (cut if phase == "first" else steps):
+                losses.append(T.train_step(state, data))
+            out["losses"] = losses
+            if phase == "first":
+                resilience.save(state, path)
+    except Exception as exc:  # noqa: BLE001 - reported in the verdict
+        return {"used": list(used), "error": error_pair(exc)}
+    if phase == "first" and rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # the failure: no clean-up
+    if phase == "resume":  # the uninterrupted run, with the course's own state
+        ref = T.build(steps=steps)
+        out["reference"] = [T.train_step(ref, data) for _ in range(steps)]
+    return {"used": list(used), **out}
+
+
+def check_train_state(cls, task: int = 1) -> None:
+    """Kill a run after a step drawn for this grading and resume it with ``cls``; every loss
+    after the resume must be the uninterrupted run's, bit for bit."""
+    import tempfile
+
+    from course_lib.runtime.errors import LaunchError
+    from course_lib.runtime.launch import launch
+
+    rng = case_rng(task, UNIT)
+    cut = rng.randint(3, 8)
+    steps = cut + 4
+    with tempfile.TemporaryDirectory(prefix="u18_task1_") as root:
+        args = (cls, STATE_REFERENCES, root)
+        try:
+            first = launch(_state_worker, 2, *args, "first", cut, steps, timeout=GRADE_TIMEOUT_S)
+        except LaunchError as exc:
+            if sorted(exc.failures) != [1]:
+                fail(task, f"the first run did not reach its save: {exc.failures}")
+        else:  # nobody was killed: the learner's code failed before the save
+            for res in first:
+                if res.get("used"):
+                    refuse(task, res["used"])
+                if res.get("error"):
+                    fail(task, f"saving raised {res['error'][0]}: {res['error'][1]}")
+        resumed = launch_learner(
+            task, _state_worker, 2, *args, "resume", cut, steps, timeout=GRADE_TIMEOUT_S
+        )[0]
+    _judge_resume(task, resumed, cut)
+    passed(
+        task,
+        "a run killed after its checkpoint and resumed on 2 ranks: step, and every loss after "
+        "the resume, equal to the uninterrupted run's, bit for bit",
+    )
+
+
+def _judge_resume(task: int, res: dict, cut: int) -> None:
+    if res["resumed_at"] != cut:
+        fail(task, f"after load_state_dict, step = {res['resumed_at']}: the run was saved at {cut}")
+    got, want = res["losses"], res["reference"][cut:]
+    if len(got) != len(want):
+        fail(task, f"the resumed run trained {len(got)} steps, expected {len(want)}")
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            fail(
+                task,
+                f"loss of step {cut + i + 1}: resumed {g!r}, uninterrupted {w!r} (which part of "
+                "the state was not saved or not put back?)",
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# task 2: the gradient-norm clip of a sharded run
+# --------------------------------------------------------------------------------------------
+def _clip_cases(task: int) -> list[tuple[str, list[tuple[int, ...]], float]]:
+    rng = case_rng(task, UNIT)
+    shapes = [(rng.choice((6, 10, 14)), rng.choice((3, 5))), (rng.choice((5, 7, 9)),), (1, 4)]
+    return [("norm above max_norm", shapes, 0.5 + rng.random()), ("below it", shapes, 1e4)]
+
+
+def _clip_worker(rank, world_size, fn, forbid, cases, seed) -> dict:
+    import torch
+
+    from course_lib.grading.references import watch_references
+
+    out, used = [], []
+    try:
+        with watch_references(forbid) as used:
+            for _, shapes, max_norm in cases:
+                gen = torch.Generator().manual_seed(seed)
+                full = [torch.randn(*s, generator=gen) for s in shapes]  # the same on every rank
+                shards = [g.tensor_split(world_size, dim=0)[rank].clone() for g in full]
+                total = fn(shards, max_norm)
+                norm = float(torch.stack([(g.double() ** 2).sum() for g in full]).sum().sqrt())
+                scale = min(1.0, max_norm / (norm + 1e-6))
+                ok = all(
+                    torch.allclose(s, g.tensor_split(world_size, dim=0)[rank] * scale, rtol=1e-5)
+                    for s, g in zip(shards, full)
+                )
+                out.append({"total": float(total), "norm": norm, "scaled_right": ok})
+    except Exception as exc:  # noqa: BLE001 - reported in the verdict
+        return {"used": list(used), "error": error_pair(exc)}
+    return {"used": list(used), "cases": out}
+
+
+def check_clip(clip_grad_norm_sharded, task: int = 2) -> None:
+    """On 2 ranks, each holding dim-0 shards of the same gradients (one of them 1 row, so one
+    rank's shard is empty): the returned norm is the whole gradient's and every shard is scaled
+    by the same factor."""
+    cases = _clip_cases(task)
+    seed = case_rng(task, UNIT).getrandbits(31)
+    ranks = launch_learner(
+        task,
+        _clip_worker,
+        2,
+        clip_grad_norm_sharded,
+        CLIP_REFERENCES,
+        cases,
+        seed,
+        timeout=GRADE_TIMEOUT_S,
+    )
+    for rank, res in enumerate(ranks):
+        for (what, _, max_norm), got in zip(cases, res["cases"]):
+            if abs(got["total"] - got["norm"]) > 1e-5 * got["norm"]:
+                fail(
+                    task,
+                    f"rank {rank}, {what}: returned norm {got['total']:.6g}, the whole gradient's "
+                    f"is {got['norm']:.6g} (a norm of this rank's shard only?)",
+                )
+            if not got["scaled_right"]:
+                fail(
+                    task,
+                    f"rank {rank}, {what} (max_norm {max_norm:.3g}): the shards are not scaled by "
+                    "min(1, max_norm / (norm + 1e-6)) of the whole gradient's norm",
+                )
+    passed(
+        task, "the norm of the whole gradient on every rank (shards all-reduced), one clip scale"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# task 3: interval and goodput for a cluster the lecture does not print
+# --------------------------------------------------------------------------------------------
+def _predict_answer(gpus: int, save_s: float, restart_s: float) -> tuple[float, float]:
+    import math
+
+    mtbf = 54 * 86400 / 419 * 16384 / gpus
+    tau = math.sqrt(2 * save_s * mtbf)
+    good = tau / (mtbf * math.exp(restart_s / mtbf) * math.expm1((tau + save_s) / mtbf))
+    return tau, good
+
+
+def _predict_cases(task: int) -> list[tuple[int, float, float]]:
+    rng = case_rng(task, UNIT)
+    gpus = rng.sample((3072, 6144, 12288, 24576, 49152, 98304), 3)
+    return [(g, rng.randint(10, 240) / 2, rng.randint(12, 120) * 10.0) for g in gpus]
+
+
+def check_predict(predict, task: int = 3) -> None:
+    """``predict(gpus, save_s, restart_s) -> (interval_s, goodput)`` for three cases drawn for
+    this grading, each within 1e-6 relative."""
+    for gpus, save_s, restart_s in _predict_cases(task):
+        got = run_learner(task, predict, gpus, save_s, restart_s, forbid=PREDICT_REFERENCES)
+        call = f"predict({gpus}, {save_s}, {restart_s})"
+        if not (isinstance(got, tuple) and len(got) == 2):
+            fail(task, f"{call}: expected a tuple (interval_s, goodput), got {got!r}")
+        want = _predict_answer(gpus, save_s, restart_s)
+        for name, g, w in zip(("interval_s", "goodput"), got, want):
+            if not isinstance(g, (int, float)) or abs(g - w) > 1e-6 * abs(w):
+                fail(task, f"{call} {name}: got {g!r}, which is not it within 1e-6 relative")
+    passed(task, "Young's interval and Daly's goodput with restart cost, within 1e-6 relative")

@@ -1,0 +1,131 @@
+"""Unit 18's graded checks: a right answer passes, a wrong one fails, the course's own is refused."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib.units.u18_failures_and_checkpoints import checks as C
+
+
+class RightState:
+    def __init__(self, model, optimizer, scheduler, data):
+        self.model, self.optimizer, self.scheduler, self.data = model, optimizer, scheduler, data
+        self.step = 0
+
+    def state_dict(self):
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        m, o = get_state_dict(self.model, self.optimizer)
+        return {
+            "model": m,
+            "optim": o,
+            "step": self.step,
+            "sched": self.scheduler.state_dict(),
+            "data": self.data.state_dict(),
+            "rng": [torch.get_rng_state(), random.getstate(), np.random.get_state()],
+        }
+
+    def load_state_dict(self, sd):
+        from torch.distributed.checkpoint.state_dict import (
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        set_model_state_dict(self.model, sd["model"])
+        set_optimizer_state_dict(self.model, self.optimizer, sd["optim"])
+        self.step = sd["step"]
+        self.scheduler.load_state_dict(sd["sched"])
+        self.data.load_state_dict(sd["data"])
+        torch.set_rng_state(sd["rng"][0])
+
+
+class NoRngState(RightState):  # forgets the dropout generator
+    def load_state_dict(self, sd):
+        saved = torch.get_rng_state()
+        super().load_state_dict(sd)
+        torch.set_rng_state(saved)
+
+
+class CourseState(RightState):
+    def state_dict(self):
+        from course_lib.resilience.state import rng_state
+
+        sd = super().state_dict()
+        sd["rng"] = rng_state()
+        return sd
+
+
+@pytest.mark.slow
+def test_train_state(capsys):
+    C.check_train_state(RightState)
+    assert capsys.readouterr().out.startswith("✓ task 1: a run killed after its checkpoint")
+    with pytest.raises(AssertionError, match=r"✗ task 1: loss of step \d+: resumed"):
+        C.check_train_state(NoRngState)
+    with pytest.raises(AssertionError, match="✗ task 1: uses the course's own"):
+        C.check_train_state(CourseState)
+
+
+def clip_right(shards, max_norm):
+    sq = torch.zeros(1, dtype=torch.float64)
+    for g in shards:
+        sq += (g.double() ** 2).sum()
+    dist.all_reduce(sq)
+    norm = float(sq.sqrt())
+    for g in shards:
+        g.mul_(min(1.0, max_norm / (norm + 1e-6)))
+    return norm
+
+
+def clip_local(shards, max_norm):  # the bug
+    return float(torch.nn.utils.clip_grad_norm_(shards, max_norm))
+
+
+def clip_course(shards, max_norm):
+    from course_lib.units.u18_failures_and_checkpoints.run_trouble import _norm_rank
+
+    return _norm_rank(0, 2, max_norm=max_norm)
+
+
+@pytest.mark.slow
+def test_clip(capsys):
+    C.check_clip(clip_right)
+    assert capsys.readouterr().out.startswith("✓ task 2: the norm of the whole gradient")
+    with pytest.raises(AssertionError, match=r"✗ task 2: rank 0, norm above max_norm: returned"):
+        C.check_clip(clip_local)
+    with pytest.raises(AssertionError, match="✗ task 2: uses the course's own"):
+        C.check_clip(clip_course)
+
+
+def predict_right(gpus, save_s, restart_s):
+    m = 54 * 24 * 3600 / 419 * 16384 / gpus
+    tau = (2 * save_s * m) ** 0.5
+    return tau, tau / (m * math.exp(restart_s / m) * (math.exp((tau + save_s) / m) - 1))
+
+
+def predict_no_restart(gpus, save_s, restart_s):
+    return predict_right(gpus, save_s, 0.0)
+
+
+def predict_course(gpus, save_s, restart_s):
+    from course_lib.measure import estimate
+
+    return estimate.optimal_interval(save_s, 1.0), 0.5
+
+
+def test_predict(capsys, monkeypatch):
+    C.check_predict(predict_right)
+    assert capsys.readouterr().out.startswith("✓ task 3: Young's interval and Daly's goodput")
+    with pytest.raises(AssertionError, match=r"✗ task 3: predict\(.*\) goodput: got"):
+        C.check_predict(predict_no_restart)
+    with pytest.raises(AssertionError, match="✗ task 3: uses the course's own"):
+        C.check_predict(predict_course)
+    monkeypatch.setenv("COURSE_GRADE_SEED", "5")  # another grading: other cases, the same ✓
+    C.check_predict(predict_right)
+    assert capsys.readouterr().out.startswith("✓ task 3: Young's interval")
+    assert C._predict_cases(3) != []
