@@ -84,8 +84,8 @@ lab: $(LAB_STAMP)
 # every check cell compared with the solution's stored output); nbval runs the lectures.
 test: $(STAMP)
 	$(BIN)/python -m course_lib.grading.exercises check
-	$(BIN)/pytest tests -q $(XDIST) --dist loadscope
-	$(BIN)/pytest $(NBVAL_FLAGS) -q $(XDIST) --dist loadfile notebooks
+	$(BIN)/pytest tests -q $(XDIST) --dist loadscope --durations=25
+	$(BIN)/pytest $(NBVAL_FLAGS) -q $(XDIST) --dist loadfile --durations=10 notebooks
 
 test-fast: $(STAMP)
 	$(BIN)/pytest tests -q $(FAST) $(XDIST) --dist loadscope
