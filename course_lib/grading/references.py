@@ -40,58 +40,16 @@ def _resolve(spec: str) -> Any:
     return obj
 
 
-def _codes_of(obj: Any, _seen: set[int] | None = None) -> Iterator[types.CodeType]:
-    if isinstance(obj, (staticmethod, classmethod)):
-        obj = obj.__func__
-    if isinstance(obj, property):
-        for f in (obj.fget, obj.fset, obj.fdel):
-            if f is not None:
-                yield from _codes_of(f, _seen)
-        return
-    if isinstance(obj, type):
-        # classes can refer to each other (a torch.autograd.Function and its generated
-        # _backward_cls point at one another): visit each class once
-        _seen = set() if _seen is None else _seen
-        if id(obj) in _seen:
-            return
-        _seen.add(id(obj))
-        for member in vars(obj).values():
-            yield from _codes_of(member, _seen)
-        return
-    while hasattr(obj, "__wrapped__"):  # functools.wraps: the code that does the work
-        code = getattr(obj, "__code__", None)
-        if code is not None:
-            yield code
-        obj = obj.__wrapped__
-    code = getattr(obj, "__code__", None)
-    if isinstance(code, types.CodeType):
-        yield code
-        for const in code.co_consts:  # nested functions and comprehensions it defines
-            if isinstance(const, types.CodeType):
-                yield const
-
-
 def reference_codes(references: Iterable[str]) -> dict[types.CodeType, str]:
-    """Map every code object of the named references to the reference's short name."""
-    if isinstance(references, str):
-        references = [references]
+    """Map every code object of the named references (each function's own code and the nested
+    functions and comprehensions it defines) to the reference's short name."""
+    from course_lib.grading.traps import original_code
+
     codes: dict[types.CodeType, str] = {}
-    for spec in references:
-        obj = _resolve(spec)
-        short = spec.split(":")[1]
-        # only code written in the reference's own module (where it is defined, which may not
-        # be the module that re-exports it): a decorator's wrapper (functools, dataclasses'
-        # __repr__, torch.optim's no-grad wrapper) is shared with everyone else
-        module = getattr(obj, "__module__", None) or spec.split(":")[0]
-        home = os.path.realpath(importlib.import_module(module).__file__ or "")
-        found = [code for code in _codes_of(obj) if os.path.realpath(code.co_filename) == home]
-        if not found:
-            raise ValueError(
-                f"reference = {spec!r}: {type(obj).__name__} has no Python code "
-                "to watch (name a function or a class)"
-            )
-        for code in found:
-            codes.setdefault(code, short)
+    for func, short in reference_functions(references):
+        code = original_code(func)
+        for c in (code, *(k for k in code.co_consts if isinstance(k, types.CodeType))):
+            codes.setdefault(c, short)
     return codes
 
 
@@ -107,6 +65,8 @@ def _functions_of(
                 yield from _functions_of(f, home, _seen)
         return
     if isinstance(obj, type):
+        # classes can refer to each other (a torch.autograd.Function and its generated
+        # _backward_cls point at one another): visit each class once
         _seen = set() if _seen is None else _seen
         if id(obj) in _seen:
             return
@@ -134,6 +94,9 @@ def reference_functions(references: Iterable[str]) -> list[tuple[types.FunctionT
     for spec in references:
         obj = _resolve(spec)
         short = spec.split(":")[1]
+        # only code written in the reference's own module (where it is defined, which may not
+        # be the module that re-exports it): a decorator's wrapper (functools, dataclasses'
+        # __repr__, torch.optim's no-grad wrapper) is shared with everyone else
         module = getattr(obj, "__module__", None) or spec.split(":")[0]
         home = os.path.realpath(importlib.import_module(module).__file__ or "")
         functions = list(_functions_of(obj, home))
