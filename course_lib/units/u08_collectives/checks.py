@@ -24,6 +24,7 @@ from course_lib.units.u08_collectives.checks_ranks import (
     _guarded,
     _launch_learner,
     _name,
+    draw_ring_case,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -42,8 +43,9 @@ UNIT = "u08_collectives"
 def check_ring_all_reduce(fn, task: int = 1) -> None:
     """Task: ring all-reduce from send/recv. ``fn(tensor)`` sums ``tensor`` over ranks in place.
 
-    Graded on 2, 3 and 4 ranks, sizes 1, 7 and 1001, float32 and float64, against
-    ``dist.all_reduce`` (within the summation-order bound 2(N-1) eps sum|x|), then on a size
+    Graded on 2, 3 and 4 ranks, on sizes drawn from the grading seed (one element, a small and a
+    large size no N divides: :func:`draw_ring_case`), float32 and float64, against
+    ``dist.all_reduce`` (within the summation-order bound 2(N-1) eps sum|x|), then on a drawn size
     divisible by N: every rank must send exactly estimate.ring_allreduce_bytes_sent(S, N) bytes
     through point-to-point calls only.
     """
@@ -51,8 +53,9 @@ def check_ring_all_reduce(fn, task: int = 1) -> None:
 
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
+    case = draw_ring_case(case_rng(task, UNIT))
     for world_size in WORLD_SIZES:
-        results = _launch_learner(task, _all_reduce_worker, world_size, fn)
+        results = _launch_learner(task, _all_reduce_worker, world_size, fn, *case)
         _check_cases(task, fn, world_size, results, "the all-reduced tensor")
         size = results[0]["size_bytes"]
         _check_bytes(
@@ -65,8 +68,8 @@ def check_ring_all_reduce(fn, task: int = 1) -> None:
         )
     passed(
         task,
-        "ring all-reduce matches dist.all_reduce on 2, 3 and 4 ranks (1, 7 and 1001 "
-        "elements, float32 and float64) and each rank sends 2(N-1)/N * S bytes",
+        "ring all-reduce matches dist.all_reduce on 2, 3 and 4 ranks (sizes that do not split "
+        "evenly, float32 and float64) and each rank sends 2(N-1)/N * S bytes",
     )
 
 
@@ -74,7 +77,8 @@ def check_ring_all_gather(fn, task: int = 2) -> None:
     """Task: ring all-gather. ``fn(output, input)``: rank r's ``input`` (k elements) lands in
     chunk r of every rank's ``output`` (N * k elements).
 
-    Graded on 2, 3 and 4 ranks, k = 1, 7, 1001, float32 and float64, bitwise against
+    Graded on 2, 3 and 4 ranks, k drawn as in task 1 (:func:`draw_ring_case`), float32 and
+    float64, bitwise against
     ``dist.all_gather_single`` (copies, no arithmetic), then bytes: each rank sends exactly
     estimate.allgather_bytes_sent(S_out, N) = (N-1)/N * S_out through point-to-point calls.
     """
@@ -82,8 +86,9 @@ def check_ring_all_gather(fn, task: int = 2) -> None:
 
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
+    case = draw_ring_case(case_rng(task, UNIT))
     for world_size in WORLD_SIZES:
-        results = _launch_learner(task, _all_gather_worker, world_size, fn)
+        results = _launch_learner(task, _all_gather_worker, world_size, fn, *case)
         _check_cases(task, fn, world_size, results, "the gathered tensor")
         size = results[0]["size_bytes"]
         _check_bytes(
@@ -243,66 +248,51 @@ def buggy_average_gradients(grad):
     return torch.cat(parts) / world
 
 
-def _average_worker(rank: int, world_size: int, fn) -> dict:
+def _average_worker(
+    rank: int,
+    world_size: int,
+    fn,
+    shapes: tuple[tuple[int, ...], ...] = ((2,), (3, 5)),
+    seed: int = 0,
+) -> dict:
     import torch
 
+    def gradient(r: int, shape: tuple[int, ...]) -> torch.Tensor:  # rank r's, made anywhere
+        gen = torch.Generator().manual_seed(seed + 11 * r + len(shape))
+        return torch.randn(shape, generator=gen, dtype=torch.float64)
+
     cases = []
-    for shape in ((2,), (3, 5)):
-        gen = torch.Generator().manual_seed(11 * rank + len(shape))
-        grad = torch.randn(shape, generator=gen, dtype=torch.float64)
-        # every rank's gradient, made again here: the mean this rank must end with
-        others = [
-            torch.randn(
-                shape,
-                generator=torch.Generator().manual_seed(11 * r + len(shape)),
-                dtype=torch.float64,
-            )
-            for r in range(world_size)
-        ]
-        want = torch.stack(others).mean(0)
-        ok, err = _guarded(lambda g: cases.append(fn(g)), grad.clone())
+    for shape in shapes:
+        want = torch.stack([gradient(r, shape) for r in range(world_size)]).mean(0)
+        ok, err = _guarded(lambda g: cases.append(fn(g)), gradient(rank, shape))
         if not ok:
             return {"error": err}
         out = cases.pop()
         if not isinstance(out, torch.Tensor):
-            return {
-                "cases": [
-                    {
-                        "shape": list(shape),
-                        "ok": False,
-                        "why": f"returned {type(out).__name__}, not a tensor",
-                    }
-                ]
-            }
-        if tuple(out.shape) != shape:
-            return {
-                "cases": [
-                    {
-                        "shape": list(shape),
-                        "ok": False,
-                        "why": f"returned shape {tuple(out.shape)}, expected the gradient's {shape}",
-                    }
-                ]
-            }
-        err_max = float((out.double() - want).abs().max())
-        cases.append(
-            {
-                "shape": list(shape),
-                "ok": err_max <= 1e-12,
-                "why": f"max abs difference from the mean {err_max:.3g}",
-            }
-        )
+            why = f"returned {type(out).__name__}, not a tensor"
+        elif tuple(out.shape) != shape:
+            why = f"returned shape {tuple(out.shape)}, expected the gradient's {shape}"
+        else:
+            err_max = float((out.double() - want).abs().max())
+            why = f"max abs difference from the mean {err_max:.3g}"
+            cases.append({"shape": list(shape), "ok": err_max <= 1e-12, "why": why})
+            continue
+        return {"cases": [{"shape": list(shape), "ok": False, "why": why}]}
     return {"cases": cases}
 
 
 def check_fixed_average(fn, task: int = 5) -> None:
     """Task: ``fn(grad)`` returns the mean of ``grad`` over all ranks, with grad's shape (what
-    buggy_average_gradients should have returned). Run on 2 and 3 real ranks, shapes (2,) and
-    (3, 5), float64, against the mean computed from every rank's gradient (within 1e-12)."""
+    buggy_average_gradients should have returned). Run on 2 and 3 real ranks, on a vector and a
+    matrix whose shapes and values are drawn from the grading seed, float64, against the mean
+    computed from every rank's gradient (within 1e-12)."""
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
+    rng = case_rng(task, UNIT)
+    shapes = ((rng.randint(2, 9),), (rng.randint(2, 6), rng.randint(2, 6)))
+    seed = rng.randrange(2**31)
     for world_size in (2, 3):
-        results = _launch_learner(task, _average_worker, world_size, fn)
+        results = _launch_learner(task, _average_worker, world_size, fn, shapes, seed)
         for rank, res in enumerate(results):
             for case in res["cases"]:
                 if not case["ok"]:

@@ -9,7 +9,22 @@ from course_lib.grading.core import fail, fmt_int, refuse
 WORLD_SIZES = (2, 3, 4)
 
 
-NUMELS = (1, 7, 1001)  # odd sizes: a chunk per rank is not always the same size (or not there)
+NUMELS = (1, 7, 1001)  # the shape of a case: sizes that do not split evenly over the ranks
+
+
+def draw_ring_case(rng) -> tuple[tuple[int, ...], int, int]:
+    """The sizes, data seed and byte-count chunk one ring check runs, drawn from the grading seed:
+    one element (a chunk per rank is not there), a small and a large size that no world size of
+    2, 3 or 4 divides (chunks of unequal size), then a seed for the data and the chunk (elements
+    per rank) of the evenly split tensor whose bytes are counted."""
+
+    def uneven(lo: int, hi: int) -> int:
+        n = rng.randint(lo, hi)
+        while n % 2 == 0 or n % 3 == 0:
+            n += 1
+        return n
+
+    return (1, uneven(5, 63), uneven(700, 1500)), rng.randrange(2**31), rng.randint(64, 1024)
 
 
 GRADE_TIMEOUT_S = 45.0  # a deadlocked ring (blocking send in both directions) ends here
@@ -66,7 +81,14 @@ def _guarded(fn, *args):
     return True, None
 
 
-def _all_reduce_worker(rank: int, world_size: int, fn) -> dict:
+def _all_reduce_worker(
+    rank: int,
+    world_size: int,
+    fn,
+    numels: tuple[int, ...] = NUMELS,
+    seed: int = 0,
+    chunk: int = 512,
+) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -74,8 +96,8 @@ def _all_reduce_worker(rank: int, world_size: int, fn) -> dict:
 
     cases = []
     for dtype in (torch.float32, torch.float64):
-        for numel in NUMELS:
-            gen = torch.Generator().manual_seed(7919 * rank + numel)
+        for numel in numels:
+            gen = torch.Generator().manual_seed(seed + 7919 * rank + numel)
             x = torch.randn(numel, generator=gen, dtype=torch.float64).to(dtype)  # (S,)
             ref, abs_sum = x.clone(), x.abs()
             dist.all_reduce(ref)
@@ -97,7 +119,7 @@ def _all_reduce_worker(rank: int, world_size: int, fn) -> dict:
                     "ref_first": float(ref.reshape(-1)[0]),
                 }
             )
-    numel = world_size * 512  # divisible: the byte formula is exact
+    numel = world_size * chunk  # divisible: the byte formula is exact
     x = torch.randn(numel)
     with CommMeter(dispatch=False) as meter:
         ok, err = _guarded(fn, x)
@@ -111,7 +133,14 @@ def _all_reduce_worker(rank: int, world_size: int, fn) -> dict:
     }
 
 
-def _all_gather_worker(rank: int, world_size: int, fn) -> dict:
+def _all_gather_worker(
+    rank: int,
+    world_size: int,
+    fn,
+    numels: tuple[int, ...] = NUMELS,
+    seed: int = 0,
+    chunk: int = 512,
+) -> dict:
     import torch
 
     from course_lib.measure.comm import CommMeter
@@ -119,8 +148,8 @@ def _all_gather_worker(rank: int, world_size: int, fn) -> dict:
 
     cases = []
     for dtype in (torch.float32, torch.float64):
-        for k in NUMELS:
-            gen = torch.Generator().manual_seed(104729 * rank + k)
+        for k in numels:
+            gen = torch.Generator().manual_seed(seed + 104729 * rank + k)
             mine = torch.randn(k, generator=gen, dtype=torch.float64).to(dtype)  # (k,)
             ref = torch.empty(world_size * k, dtype=dtype)
             all_gather(ref, mine)
@@ -135,7 +164,7 @@ def _all_gather_worker(rank: int, world_size: int, fn) -> dict:
                     "ok": bool(torch.equal(got, ref)),
                 }
             )
-    k = 512
+    k = chunk
     out, mine = torch.empty(world_size * k), torch.randn(k)
     with CommMeter(dispatch=False) as meter:
         ok, err = _guarded(fn, out, mine)
@@ -166,12 +195,12 @@ def _composite_worker(rank: int, world_size: int, numel: int) -> int:
 # --------------------------------------------------------------------------------------------
 # shared verdict logic
 # --------------------------------------------------------------------------------------------
-def _launch_learner(task: int, worker, world_size: int, fn) -> list[dict]:
+def _launch_learner(task: int, worker, world_size: int, fn, *args) -> list[dict]:
     from course_lib.runtime.errors import LaunchError
     from course_lib.runtime.launch import launch
 
     try:
-        results = launch(worker, world_size, fn, timeout=GRADE_TIMEOUT_S)
+        results = launch(worker, world_size, fn, *args, timeout=GRADE_TIMEOUT_S)
     except LaunchError as exc:
         first = next(iter(exc.failures.values()), str(exc))
         hint = " (a deadlock? post isend/irecv before waiting)" if "deadline" in str(exc) else ""

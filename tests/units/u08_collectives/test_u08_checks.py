@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -115,9 +117,12 @@ def test_fixed_average_passes_the_fix_and_fails_the_bug(capsys):
     unit08.check_fixed_average(_fixed_average)
     assert capsys.readouterr().out.startswith("✓ task 5: every rank holds the mean gradient")
     with pytest.raises(
-        AssertionError, match=r"✗ task 5: .*returned shape \(4,\), expected the gradient's \(2,\)"
-    ):
+        AssertionError,
+        match=r"✗ task 5: .*returned shape \((\d+),\), expected the gradient's \(\d+,\)",
+    ) as bug:
         unit08.check_fixed_average(unit08.buggy_average_gradients)
+    (n,) = re.search(r"of shape \((\d+),\)", str(bug.value)).groups()
+    assert f"returned shape ({2 * int(n)},)" in str(bug.value)  # all_gather: N = 2 times longer
     with pytest.raises(AssertionError, match=r"✗ task 5: .*max abs difference"):
         unit08.check_fixed_average(lambda g: (dist.all_reduce(g), g)[1])  # a sum, not a mean
     with pytest.raises(AssertionError, match="✗ task 5: uses the course's own ring_all_reduce"):
@@ -178,3 +183,38 @@ def test_copied_composite_bytes_fail_under_another_seed(monkeypatch):
     copied_fails(
         monkeypatch, unit08.check_composite_bytes, lambda s, n: 2 * (n - 1) * s / n, task=3
     )
+
+
+def test_the_ring_sizes_are_drawn_and_never_split_evenly(monkeypatch):
+    """Tasks 1, 2 and 5 run on sizes and data drawn from the grading seed: a learner cannot tune
+    a ring to the lecture's sizes, and the drawn sizes keep unequal chunks on 2, 3 and 4 ranks."""
+    from course_lib.grading.seeds import case_rng
+    from course_lib.units.u08_collectives.checks_ranks import draw_ring_case
+
+    drawn = {}
+    for seed in ("0", "7", "12345"):
+        monkeypatch.setenv("COURSE_GRADE_SEED", seed)
+        drawn[seed] = {task: draw_ring_case(case_rng(task, "u08_collectives")) for task in (1, 2)}
+        for numels, data_seed, chunk in drawn[seed].values():
+            assert numels[0] == 1 and 64 <= chunk <= 1024 and 0 <= data_seed < 2**31
+            assert all(n % w for n in numels[1:] for w in (2, 3, 4)), numels
+    assert drawn["0"] != drawn["7"] != drawn["12345"]
+    assert drawn["0"][1] != drawn["0"][2]  # each task draws its own
+
+
+def test_the_averaged_shapes_are_drawn(monkeypatch):
+    from course_lib.units.u08_collectives import checks as unit08
+
+    seen = []
+    monkeypatch.setattr(
+        unit08,
+        "_launch_learner",
+        lambda task, worker, n, fn, shapes, seed: (
+            seen.append((n, shapes, seed)) or [{"cases": []}] * n
+        ),
+    )
+    for seed in ("0", "7"):
+        monkeypatch.setenv("COURSE_GRADE_SEED", seed)
+        unit08.check_fixed_average(lambda g: g)
+    assert [n for n, *_ in seen] == [2, 3, 2, 3]
+    assert seen[0][1:] == seen[1][1:] and seen[0][1:] != seen[2][1:]
