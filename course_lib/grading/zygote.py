@@ -11,12 +11,19 @@ a child in its own session, which runs the task (:func:`course_lib.grading.isola
 writes its result on a pipe, kills whatever it started (processes in their own session too) and
 exits; a child that runs over its timeout is killed with everything it started. Forking gives
 each check the same clean state a fresh interpreter would, without its seconds of imports.
+
+For a unit whose checks launch ranks, the zygote also starts the launcher's forkserver (torch
+preloaded) while it waits, and every child hands out its ranks from that one server
+(:func:`course_lib.runtime.processes.adopt_inherited_forkserver`): a cold server costs ~4 s per
+task otherwise. The server holds no learner state (ranks are forks of it, never the reverse), and
+any rank still alive when a task ends is killed before the next task starts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -105,10 +112,12 @@ def main() -> None:
 
     prepare(unit)
     _python_source("")  # IPython's transformer imported before the fork, not in every child
-    request = json.loads(sys.stdin.buffer.read() or b'{"jobs": []}')
     with no_process_left():  # orphans of the checks come back here and are killed
+        server = _warm_forkserver(unit)
+        request = json.loads(sys.stdin.buffer.read() or b'{"jobs": []}')
         results = [
-            asdict(_fork(CheckJob(**spec), float(request["timeout"]))) for spec in request["jobs"]
+            asdict(_fork(CheckJob(**spec), float(request["timeout"]), server))
+            for spec in request["jobs"]
         ]
     with os.fdopen(result_fd, "w") as out:
         out.write(json.dumps(results))
@@ -116,7 +125,31 @@ def main() -> None:
     os._exit(0)
 
 
-def _fork(job: CheckJob, timeout: float) -> CheckResult:
+_LAUNCHES = re.compile(r"\b(launch|launch_learner|RankSet)\(")
+
+
+def _warm_forkserver(unit: str) -> int | None:
+    """Start the launcher's forkserver now if ``unit``'s checks launch ranks; its pid, else None."""
+    import importlib.util
+    import multiprocessing.forkserver
+
+    from course_lib.runtime import processes
+
+    try:
+        spec = importlib.util.find_spec(unit)
+    except ImportError:  # a unit the course does not have (a test's fixture): no checks to read
+        return None
+    if spec is None or not spec.origin:
+        return None
+    folder = Path(spec.origin).parent
+    if not any(_LAUNCHES.search(p.read_text()) for p in folder.glob("checks*.py")):
+        return None
+    if processes.start_method() != "forkserver":
+        return None
+    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+
+
+def _fork(job: CheckJob, timeout: float, server: int | None = None) -> CheckResult:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the task's clean process
@@ -142,6 +175,8 @@ def _fork(job: CheckJob, timeout: float) -> CheckResult:
         except (ProcessLookupError, PermissionError):
             pass
     os.waitpid(pid, 0)
+    if server is not None:  # a rank that outlived its task: not in the next task's way
+        kill_descendants(server, timeout=5)
     if timed_out:
         return CheckResult(False, f"the check ran over {timeout:g} s and was stopped")
     if not chunks:
@@ -151,8 +186,10 @@ def _fork(job: CheckJob, timeout: float) -> CheckResult:
 
 def _child(job: CheckJob, write_fd: int) -> None:
     from course_lib.grading.isolate import run_job
+    from course_lib.runtime.processes import adopt_inherited_forkserver
 
     os.setsid()
+    adopt_inherited_forkserver()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     try:

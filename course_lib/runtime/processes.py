@@ -120,6 +120,34 @@ def start_method() -> StartMethod:
     return "forkserver"
 
 
+def adopt_inherited_forkserver() -> None:
+    """In a process ``fork()``-ed from one whose forkserver runs: hand out ranks from that server.
+
+    The stdlib checks that its server lives with ``waitpid``, which only a parent may call, so a
+    forked child would fail on its first launch. Here the check is by pid (psutil) instead, and a
+    child whose inherited server has died starts its own as usual. The grader's zygote warms one
+    server while the learner's kernel runs; each clean child then launches in ~0.1 s instead of
+    paying a cold start (torch imported again) per task."""
+    server = multiprocessing.forkserver._forkserver
+    inherited = getattr(server, "_forkserver_pid", None)
+    if inherited is None:
+        return
+    stdlib_ensure_running = server.ensure_running
+
+    def ensure_running() -> None:
+        if getattr(server, "_forkserver_pid", None) == inherited:
+            if forkserver_running():
+                multiprocessing.resource_tracker.ensure_running()
+                return
+            # dead, and not our child: forget it, so the stdlib starts a server of our own
+            server._forkserver_pid = None  # type: ignore[attr-defined]
+            server._forkserver_address = None  # type: ignore[attr-defined]
+        stdlib_ensure_running()
+
+    server.ensure_running = ensure_running  # type: ignore[method-assign]
+    multiprocessing.forkserver.ensure_running = ensure_running  # the module's alias of the method
+
+
 def child_start_method() -> str | None:
     """The multiprocessing start method ranks use for their own children (DataLoader workers).
 

@@ -58,3 +58,48 @@ def test_an_interrupt_during_the_servers_start_up_ends_it_without_a_traceback():
 def test_ranks_start_with_sigint_unblocked():
     done = _run("ranks")
     assert done.stdout.strip() == "blocked [False, False]", (done.stdout, done.stderr[-2000:])
+
+
+_INHERIT = """
+import multiprocessing.forkserver, os, signal, sys
+import course_lib
+from course_lib.runtime import processes
+
+def parent(rank, world_size):
+    return os.getppid()
+
+if __name__ == "__main__":
+    processes.start_method()  # the parent's warm server
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    for kill_first in (False, True):
+        pid = os.fork()
+        if pid == 0:
+            processes.adopt_inherited_forkserver()
+            if kill_first:  # the inherited server is gone: the child must start its own
+                os.kill(server, signal.SIGKILL)
+                while processes.forkserver_running():
+                    pass
+            ranks = course_lib.launch(parent, 2, timeout=60)
+            own = multiprocessing.forkserver._forkserver._forkserver_pid
+            print("killed" if kill_first else "kept", ranks == [server] * 2, own == server)
+            sys.stdout.flush()
+            os._exit(0)
+        os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_launches_from_its_parents_server_and_starts_its_own_once_it_died():
+    """What the grader's zygote relies on: a clean child forked from it hands out ranks from the
+    zygote's warm server (no second cold start), and one whose inherited server died still
+    launches, from a server of its own."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [sys.executable, "-c", _INHERIT],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["kept", "True", "True", "killed", "False", "False"], done
