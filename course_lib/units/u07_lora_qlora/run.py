@@ -12,7 +12,9 @@
 - :func:`nf4_table`: NF4 bytes per parameter and quantization error, ours and bitsandbytes';
 - :func:`scale_table`: full vs LoRA vs QLoRA model-state bytes at 7B, 65B and 175B from
   ``estimate.finetune_state_bytes``, parameter counts measured on meta-device models;
-- :func:`peft_parity`: our LoRA against peft's on the same weights.
+- :func:`peft_parity`: our LoRA against peft's on the same weights;
+- :func:`technique_summary`: every single-device technique of units 02-07 on the tiny GPT, peak
+  memory and time per example measured against one fp32 Adam baseline (S0 §5.4.9's table).
 
 Plain data out; plots in ``course_lib.units.u07_lora_qlora.plots``.
 """
@@ -46,6 +48,7 @@ from course_lib.units.u07_lora_qlora.run_memory import (
     nf4_table,
     scale_table,
 )
+from course_lib.units.u07_lora_qlora.run_summary import TECHNIQUES, WORDS, technique_summary
 
 __all__ = [
     "GPT_TARGETS",
@@ -64,6 +67,9 @@ __all__ = [
     "llama_configs",
     "scale_table",
     "peft_parity",
+    "TECHNIQUES",
+    "WORDS",
+    "technique_summary",
 ]
 
 
