@@ -60,14 +60,15 @@ TECHNIQUES = (
     "QLoRA",
 )
 
-#: what each technique buys and what it costs, in a few words (S0 §5.4.9, rephrased)
+#: what each technique buys and what it costs, in a few words (S0 §5.4.9, rephrased; at most 50
+#: characters each, pandas' default column width, so that a displayed table shows them whole)
 WORDS: dict[str, tuple[str, str]] = {
     "baseline": ("the reference every ratio divides by", "-"),
     "larger batch": ("busier hardware, less noisy gradients", "more activation memory; retune lr"),
     "smaller batch": ("less activation memory", "noisier gradients, idler hardware"),
     "gradient accumulation": (
-        "a k times larger effective batch at one micro-batch's memory",
-        "k forward/backward passes per step: no faster per example",
+        "k times the batch at one micro-batch's memory",
+        "k passes per step: no faster per example",
     ),
     "reduced precision (bf16)": (
         "half the bytes for weights, gradients and moments",
@@ -82,20 +83,20 @@ WORDS: dict[str, tuple[str, str]] = {
         "may converge slower or worse",
     ),
     "CPU offload": (
-        "master weights and optimizer state leave the device",
-        "gradients down, weights up over the link every step",
+        "master weights, optimizer state leave the device",
+        "grads down, weights up over the link every step",
     ),
     "activation checkpointing": (
         "backward keeps block inputs only",
         "the forward runs again inside backward",
     ),
     "LoRA": (
-        "few trainable parameters: small gradients and optimizer state",
-        "a low-rank update can fall short of full fine-tuning",
+        "few trainable params, so small grads and state",
+        "low-rank update can fall short of full tuning",
     ),
     "QLoRA": (
         "LoRA, plus the frozen base stored in 4 bits",
-        "dequantization in every matmul; quantization error",
+        "dequantizing in every matmul; quantization error",
     ),
 }
 
@@ -205,7 +206,7 @@ def _offload_case(base: GPT, idx, tgt) -> _Case:
         "the time ratio measures RAM copies, not a PCIe link"
     )
     host = opt.host_bytes
-    setting = "OffloadAdamW: fp32 master, grads, m, v on the host"
+    setting = "OffloadAdamW: master, grads, m, v on the host"
     return _Case(
         "CPU offload", setting, model, step, len(idx), None, metered, lambda: host()["total"], note
     )
