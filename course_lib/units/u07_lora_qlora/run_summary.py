@@ -68,7 +68,7 @@ WORDS: dict[str, tuple[str, str]] = {
     "smaller batch": ("less activation memory", "noisier gradients, idler hardware"),
     "gradient accumulation": (
         "k times the batch at one micro-batch's memory",
-        "k passes per step: no faster per example",
+        "k passes per step: slower than one big batch",
     ),
     "reduced precision (bf16)": (
         "half the bytes for weights, gradients and moments",
@@ -225,7 +225,10 @@ def _lora_cases(base: GPT, idx, tgt, r: int) -> list[_Case]:
         note = "not measured: bitsandbytes is not installed"
         return [*cases, _Case("QLoRA", "-", base, lambda: None, len(idx), note=note)]
     add_lora(model, r=r, alpha=2 * r, targets=GPT_TARGETS)
-    note = "weights_B counts the NF4 codes (bitsandbytes keeps the block scales outside tensors)"
+    note = (
+        "weights_B counts the NF4 codes; their block scales sit in each layer's quant_state, "
+        "neither parameter nor buffer, which the meter does not see"
+    )
     setting = f"NF4 base, r {r} on {targets}"
     cases.append(_adam_case("QLoRA", setting, model, idx, tgt, note=note))
     return cases
@@ -315,13 +318,14 @@ def technique_summary(
     seq: int = 32,
     factor: int = 4,
     r: int = 8,
-    rounds: int = 7,
+    rounds: int = 5,
     seed: int = 0,
 ) -> pd.DataFrame:
     """Each technique of :data:`TECHNIQUES` measured on the tiny GPT (CPU, one thread) against
     the baseline: fp32, Adam, batch ``batch``, full training. Larger / smaller batch: ``factor``
     times more / fewer examples; accumulation: ``factor`` micro-batches of ``batch``; LoRA and
-    QLoRA: rank ``r`` on every linear of the blocks. About 3 s on 2 shared cores.
+    QLoRA: rank ``r`` on every linear of the blocks. About 3 s on 2 idle cores (and once, the
+    import of bitsandbytes, 2-4 s).
 
     Columns: ``technique``, ``setting``; ``peak_vs_base`` (peak bytes of one step / the
     baseline's) and ``time_per_example_vs_base`` (median seconds of one optimizer step / the
