@@ -97,6 +97,22 @@ def test_lecture_notebooks_are_committed_executed():
         assert not errors, f"{path.name}: stored error outputs"
 
 
+def test_stored_outputs_show_no_install_paths():
+    """A learner reads the stored outputs on a web page: none may carry the machine that made
+    them (the repository's absolute path, a site-packages path: an optional library's import
+    log, a warning's file name)."""
+    marks = (str(ROOT), "site-packages/", "/.venv/")
+    found = []
+    for path in LECTURES + SOLUTIONS:
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            for out in cell.get("outputs", []):
+                text = "".join(out.get("text", "")) + "".join(
+                    "".join(v) for k, v in out.get("data", {}).items() if k.startswith("text/")
+                )
+                found += [f"{path.name} cell {i}: {m}" for m in marks if m in text]
+    assert found == [], found
+
+
 # --- exercise pipeline over the real units ---------------------------------------------------
 
 

@@ -19,7 +19,8 @@ pipeline_bubble_fraction`` of the total), plus the data-parallel gradient traffi
 not hide: ZeRO 0/1 reduce once per step, overlapped with the last micro-batch's backward
 (``estimate.ddp_exposed_comm_time``); ZeRO-2 reduce-scatters after every micro-batch; ZeRO-3
 also gathers the weights twice per micro-batch (each overlapped with that micro-batch's
-compute). MFU = model FLOPs (6 N + 12 L h s per token) / (step time x GPUs x peak).
+compute). MFU = model FLOPs (``ModelSpec.flops_per_token``: PaLM's 6 N + 12 L h s per token, N
+the parameters matrix products use) / (step time x GPUs x peak); HFU counts recomputation too.
 Introduced in notebooks/14_planning_a_run.ipynb.
 """
 
@@ -173,7 +174,7 @@ def step_time(
     uneven_stages: bool = False,
 ) -> dict[str, float]:
     """Seconds of one training step under ``layout``, by part (:data:`TIME_PARTS`), with
-    ``step_s``, ``microbatches``, ``bubble_fraction``, ``mfu``, ``tokens_per_s``. See the module
+    ``step_s``, ``microbatches``, ``bubble_fraction``, ``mfu``, ``hfu``, ``tokens_per_s``. See the module
     docstring for the model; every term comes from ``estimate``."""
     check_layout(
         model, layout, cluster, global_batch_tokens=global_batch_tokens, uneven_stages=uneven_stages
@@ -195,8 +196,8 @@ def step_time(
     )
     dp_comm = _dp_comm_s(cluster, layout, stage_params, compute + recompute, m)
     step = pipeline + dp_comm
-    model_flops = global_batch_tokens * estimate.training_flops_per_token(
-        model.n_params, layers=model.layers, hidden=model.hidden, seq=model.seq_len
+    model_flops, hardware_flops = (
+        global_batch_tokens * f for f in model.flops_per_token(layout.recompute)
     )
     return {
         "compute_s": m * compute,
@@ -209,6 +210,7 @@ def step_time(
         "microbatches": m,
         "bubble_fraction": bubble_fraction,
         "mfu": model_flops / (step * layout.gpus * cluster.peak_flops),
+        "hfu": hardware_flops / (step * layout.gpus * cluster.peak_flops),
         "tokens_per_s": global_batch_tokens / step,
     }
 

@@ -91,6 +91,23 @@ class ModelSpec:
     def n_params(self) -> int:
         return self.params()["total"]
 
+    def flops_per_token(self, recompute: Recompute = "none") -> tuple[int, int]:
+        """(model FLOPs, hardware FLOPs) per trained token. Model FLOPs are what MFU counts, the
+        PaLM way (Chowdhery et al. 2022, arXiv:2204.02311, App. B): 6 N + 12 L h s, where N is
+        the parameters a matrix product uses (every layer's and the output layer's V h; the
+        embedding lookup is not a product). Hardware FLOPs (HFU's count) add what ``recompute``
+        runs again (``estimate.recompute_flops_per_token``): a run that recomputes everything
+        does about 8 N, so its hardware rate is about 4/3 of its model rate."""
+        per_layer = self.params()["per_layer"]
+        matmul_params = self.layers * per_layer + self.vocab * self.hidden
+        model = estimate.training_flops_per_token(
+            matmul_params, layers=self.layers, hidden=self.hidden, seq=self.seq_len
+        )
+        extra = estimate.recompute_flops_per_token(
+            per_layer, layers=self.layers, hidden=self.hidden, seq=self.seq_len, recompute=recompute
+        )
+        return model, model + extra
+
     def replace(self, **changes: Any) -> ModelSpec:
         return dataclasses.replace(self, **changes)
 

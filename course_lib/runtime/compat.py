@@ -8,12 +8,35 @@ builds (a lent GPU machine may have 2.11), so code calls these two names from he
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather_single", "reduce_scatter_single"]
+__all__ = ["all_gather_single", "quiet_import_logs", "reduce_scatter_single"]
+
+# Loggers that speak while an optional library is imported, about nothing the course does:
+# torchao's "Failed to load .../_C_*.so" for GPU kernels a CPU wheel cannot load, and torch's
+# pytree notes on the enums torchao registers (they carry the install's paths).
+_IMPORT_NOISE = ("torchao", "torch.utils._pytree")
+
+
+@contextlib.contextmanager
+def quiet_import_logs() -> Iterator[None]:
+    """Import an optional library (torchao, peft) without its import-time log lines: below
+    ERROR they are hidden inside the block; real errors still show."""
+    loggers = [logging.getLogger(name) for name in _IMPORT_NOISE]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def all_gather_single(

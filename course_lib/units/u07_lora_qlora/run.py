@@ -127,8 +127,11 @@ def peft_parity(*, r: int = 8, seed: int = 0) -> dict | None:
     """Our LoRA and ``peft``'s on the same pre-trained tiny GPT with the same (non-zero) adapter
     weights: max |difference| of the logits, before and after merging, and the trainable counts.
     None when peft is not installed."""
+    from course_lib.runtime.compat import quiet_import_logs
+
     try:
-        import peft
+        with quiet_import_logs():  # peft imports torchao when it is there
+            import peft
     except ImportError:
         return None
     ours = make_finetune_model("lora", r=r, seed=seed)

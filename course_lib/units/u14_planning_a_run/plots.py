@@ -98,17 +98,18 @@ def plot_step_parts(result: pd.DataFrame, *, n: int = 6) -> Figure:
 
 
 def plot_mfu(published: pd.DataFrame) -> Figure:
-    """Predicted beside reported MFU for the published runs (``run.published_runs``)."""
+    """Predicted beside reported MFU for the published runs (``run.published_runs``): both
+    model FLOPs, counted the PaLM way (a paper's HFU converted by ``run.reported_mfu``)."""
     require_columns(published, ["run", "predicted MFU", "reported MFU"], "published", nonempty=True)
     with style():
         fig, ax = plt.subplots(figsize=(6.5, 3.6))
         x = range(len(published))
-        ax.bar([i - 0.2 for i in x], published["reported MFU"] * 100, 0.4, label="reported")
-        ax.bar([i + 0.2 for i in x], published["predicted MFU"] * 100, 0.4, label="predicted")
+        ax.bar([i - 0.2 for i in x], published["reported MFU"] * 100, 0.4, label="papers (MFU)")
+        ax.bar([i + 0.2 for i in x], published["predicted MFU"] * 100, 0.4, label="planner (MFU)")
         ax.set_xticks(list(x))
         ax.set_xticklabels(published["run"])
         ax.set_ylabel("MFU (%)")
-        ax.set_title("The planner beside the papers")
+        ax.set_title("The planner beside the papers, as published (MFU, PaLM count)")
         ax.legend()
         fig.tight_layout()
     return fig

@@ -85,8 +85,11 @@ __all__ = [
 def torchao_available() -> str | None:
     """torchao's version when it is installed (its float8 training could then be compared with
     ours), else None: the course does not depend on it."""
+    from course_lib.runtime.compat import quiet_import_logs
+
     try:
-        import torchao
+        with quiet_import_logs():
+            import torchao
     except ImportError:
         return None
     return str(getattr(torchao, "__version__", "unknown"))

@@ -75,6 +75,7 @@ def predict_mfu(parts, model, layout, new_seq):
     m = parts["microbatches"] * s // new_seq  # same tokens, longer sequences: fewer micro-batches
     bubble = (layout.pp - 1) / layout.virtual_stages * busy / m
     step = busy + bubble + parts["dp_comm_s"]
-    flops_old = 6 * model.n_params + 12 * model.layers * h * s  # model FLOPs per token
-    flops_new = 6 * model.n_params + 12 * model.layers * h * new_seq
+    matmul_params = model.layers * P + V * h  # PaLM's N: what matrix products use
+    flops_old = 6 * matmul_params + 12 * model.layers * h * s  # model FLOPs per token
+    flops_new = 6 * matmul_params + 12 * model.layers * h * new_seq
     return parts["mfu"] * parts["step_s"] / step * flops_new / flops_old

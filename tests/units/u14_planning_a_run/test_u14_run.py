@@ -21,12 +21,33 @@ def test_sources_budget():
     assert t["80 GB GPUs to hold it"] == 35
 
 
+def test_reported_mfu_counts_model_flops_whatever_the_paper_printed():
+    """MT-NLG printed 126 TFLOP/s counting its full recomputation (an HFU of 0.40) and 60.1 s per
+    step; BLOOM about 150 TFLOP/s, also counting it. Counted the PaLM way both are MFUs of about
+    0.30 and 0.36; Llama 3 printed an MFU (0.41)."""
+    mt, bloom, llama = (R.reported_mfu(n) for n in ("MT-NLG-530B", "BLOOM-176B", "Llama-3-405B"))
+    assert mt["reported MFU"] == pytest.approx(0.30, abs=0.005)
+    assert bloom["reported MFU"] == pytest.approx(0.36, abs=0.01)
+    assert llama["reported MFU"] == 0.41 and llama["printed"] == "MFU 0.41"
+    assert mt["printed"] == "126 TFLOP/s/GPU incl. recompute (HFU 0.40)"
+    assert "step" in mt["counted"] and "hardware" in bloom["counted"]
+    with pytest.raises(ValueError, match="name = 'GPT-5'.*Llama-3-405B"):
+        R.reported_mfu("GPT-5")
+
+
 @pytest.mark.slow
-def test_published_runs_fit_and_sit_near_the_top():
-    t = R.published_runs()
+def test_published_runs_as_published_put_mfu_beside_mfu():
+    t = R.published_runs().set_index("run")
     assert t["fits"].all() and (t["memory_GB"] < 80).all()
-    assert (t["vs best step"] <= 0.05).all()
-    assert (abs(t["predicted MFU"] - t["reported MFU"]) <= 0.10).all()
+    assert t.loc["Llama-3-405B", "rank"] == 1  # the planner's winner
+    # run as published (full recomputation for BLOOM and MT-NLG), the planner is optimistic by a
+    # few MFU points: the memory-bound kernels and latencies it does not model
+    assert ((t["MFU gap (points)"] > 0) & (t["MFU gap (points)"] < 8)).all(), t["MFU gap (points)"]
+    for run in ("BLOOM-176B", "MT-NLG-530B"):  # recomputing everything: HFU about 4/3 of MFU
+        assert t.loc[run, "chosen"].split(", ")[1] == "full"
+        assert 1.25 < t.loc[run, "predicted HFU"] / t.loc[run, "predicted MFU"] < 1.36
+    # MT-NLG printed its step time: the planner's is within 15 % of it
+    assert abs(t.loc["MT-NLG-530B", "predicted step_s"] / 60.1 - 1) < 0.15
 
 
 def test_decision_numbers():
