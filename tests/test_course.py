@@ -97,6 +97,22 @@ def test_lecture_notebooks_are_committed_executed():
         assert not errors, f"{path.name}: stored error outputs"
 
 
+def test_every_stored_explorer_says_that_running_the_cell_connects_it():
+    """A stored Explore widget is a copy: its Run button does nothing until the cell runs. Each
+    lecture that stores one also stores the note that says so (shown on disconnected views)."""
+    with_explorer = 0
+    for path in LECTURES:
+        meta = json.loads(path.read_text())["metadata"].get("widgets", {})
+        state = meta.get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+        runs = [m for m in state.values() if m.get("model_name") == "ButtonModel"]
+        if not runs:
+            continue
+        with_explorer += 1
+        notes = [m for m in state.values() if "course-stored-note" in json.dumps(m)]
+        assert len(notes) == len(runs), f"{path.name}: {len(runs)} Run buttons, {len(notes)} notes"
+    assert with_explorer >= 18, with_explorer  # units 01-18
+
+
 def test_stored_outputs_show_no_install_paths():
     """A learner reads the stored outputs on a web page: none may carry the machine that made
     them (the repository's absolute path, a site-packages path: an optional library's import
