@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 
 from course_lib.grading.isolate import CheckJob, CheckResult
-from course_lib.runtime.reap import kill_descendants, no_process_left
+from course_lib.runtime.reap import collect, kill_descendants, no_process_left
 
 __all__ = ["Zygote"]
 
@@ -83,8 +83,10 @@ class Zygote:
         return results + [CheckResult(False, lost.strip())] * (len(jobs) - len(results))
 
     def close(self) -> None:
-        """Kill the zygote and everything it started (idempotent)."""
-        kill_descendants(self.proc.pid, timeout=5)
+        """Kill the zygote and everything it started (idempotent). What it started (its warm
+        forkserver) dies unreaped while the zygote is killed, and is re-parented here when this
+        process is a subreaper: those are collected, not left as zombies."""
+        killed = kill_descendants(self.proc.pid, timeout=5)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -93,6 +95,7 @@ class Zygote:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        collect(killed)
 
     def __enter__(self) -> Zygote:
         return self

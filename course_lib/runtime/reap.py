@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-__all__ = ["descendants", "kill_descendants", "no_process_left"]
+__all__ = ["collect", "descendants", "kill_descendants", "no_process_left"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -80,6 +80,32 @@ def _reap(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
+
+
+def collect(pids: list[int], timeout: float = 1.0) -> None:
+    """Reap those of ``pids`` (processes this process killed) that have become its children.
+
+    A process killed together with its parent is re-parented to the nearest subreaper: this
+    process, inside :func:`no_process_left`. It is a zombie by then, which the block's kill pass
+    skips (it is not running), and it would stay this process's child for good. Only the pids
+    given are waited for, never a child someone else (a ``Popen``) will wait for."""
+    deadline = time.monotonic() + timeout
+    left = list(pids)
+    while left:
+        _reap(left)
+        left = [p for p in left if os.path.exists(f"/proc/{p}") and _parent(p) == os.getpid()]
+        if not left or time.monotonic() >= deadline:
+            return
+        time.sleep(0.02)
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(b")") + 2 :].split()[1])
 
 
 def kill_descendants(
