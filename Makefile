@@ -84,7 +84,7 @@ lab: $(LAB_STAMP)
 # The whole suite. Solutions run once, in tests/test_course.py, through the grader (a fresh kernel,
 # every check cell compared with the solution's stored output); nbval runs the lectures, each on
 # one worker in one kernel (loadfile). Two sessions, not one: measured on a fresh clone, one
-# session mixing lectures with library tests took 28 minutes where the two take about 23.
+# session mixing lectures with library tests took 28 minutes where the two took 25.
 test: $(STAMP)
 	$(BIN)/python -m course_lib.grading.exercises check
 	$(BIN)/pytest tests -q $(XDIST) --dist loadscope --durations=25
