@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 
 from course_lib.grading.isolate import CheckJob, CheckResult
-from course_lib.runtime.reap import collect, kill_descendants, no_process_left
+from course_lib.runtime.reap import collect, in_session, kill_descendants, no_process_left
 
 __all__ = ["Zygote"]
 
@@ -95,7 +95,9 @@ class Zygote:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        collect(killed)
+        # the killpg may have killed one the listing missed (started after it): its session says
+        # it was the zygote's, so it is collected too, never a child someone else will wait for
+        collect(killed + [p for p in in_session(self.proc.pid) if p not in killed], timeout=5)
 
     def __enter__(self) -> Zygote:
         return self

@@ -25,16 +25,16 @@ import sys
 import time
 from collections.abc import Iterator
 
-__all__ = ["collect", "descendants", "kill_descendants", "no_process_left"]
+__all__ = ["collect", "descendants", "in_session", "kill_descendants", "no_process_left"]
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
 
-def _parents() -> dict[int, int]:
-    """pid -> parent pid of every process in /proc (those that vanish meanwhile are skipped)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
+def _stats() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, the fields of /proc/pid/stat after its name: state ppid pgrp session ...) of every
+    process (those that vanish meanwhile are skipped)."""
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not entry.isdigit():
             continue
         try:
@@ -43,9 +43,12 @@ def _parents() -> dict[int, int]:
         except OSError:
             continue
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses; it ends at the last ')'
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        parents[int(entry)] = int(fields[1])
-    return parents
+        yield int(entry), stat[stat.rfind(b")") + 2 :].split()
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process in /proc."""
+    return {pid: int(fields[1]) for pid, fields in _stats()}
 
 
 def descendants(pid: int) -> list[int]:
@@ -87,16 +90,31 @@ def collect(pids: list[int], timeout: float = 1.0) -> None:
 
     A process killed together with its parent is re-parented to the nearest subreaper: this
     process, inside :func:`no_process_left`. It is a zombie by then, which the block's kill pass
-    skips (it is not running), and it would stay this process's child for good. Only the pids
-    given are waited for, never a child someone else (a ``Popen``) will wait for."""
+    skips (it is not running), and it would stay this process's child for good. One whose parent
+    is still dying is waited for (up to ``timeout`` s) until it comes here. Only the pids given
+    are waited for, never a child someone else (a ``Popen``) will wait for."""
     deadline = time.monotonic() + timeout
+    me, given = os.getpid(), set(pids)
     left = list(pids)
     while left:
         _reap(left)
-        left = [p for p in left if os.path.exists(f"/proc/{p}") and _parent(p) == os.getpid()]
+        waiting = []
+        for p in left:
+            parent = _parent(p)
+            if parent is None:
+                continue  # gone: reaped
+            if parent == me or parent in given or not _running(parent):
+                waiting.append(p)  # ours and not reaped yet, or its parent is dying
+        left = waiting
         if not left or time.monotonic() >= deadline:
             return
         time.sleep(0.02)
+
+
+def in_session(sid: int) -> list[int]:
+    """Every process (zombies too) whose session id is ``sid``: what a process started with
+    ``start_new_session=True`` and its descendants started, also ones killed after a listing."""
+    return [pid for pid, fields in _stats() if int(fields[3]) == sid]
 
 
 def _parent(pid: int) -> int | None:
@@ -171,7 +189,7 @@ def no_process_left(timeout: float = 5.0) -> Iterator[None]:
         yield
     finally:
         try:
-            kill_descendants(os.getpid(), keep=before, timeout=timeout)
+            collect(kill_descendants(os.getpid(), keep=before, timeout=timeout))
         finally:
             if previous is False:
                 _subreaper(False)

@@ -71,3 +71,33 @@ def test_orphans_started_in_the_block_are_killed_and_earlier_processes_kept():
     finally:
         earlier.kill()
         earlier.wait(timeout=5)
+
+
+def _zombie_children() -> list[int]:
+    return [p for p in reap.descendants(os.getpid()) if not reap._running(p)]
+
+
+def test_processes_killed_with_their_parent_at_the_blocks_end_leave_no_zombie_here():
+    """A chain started in the block (a parent, its child, theirs) is killed at its end all at
+    once. The grandchildren die unreaped and come here as the parent dies (this process is the
+    subreaper): they must be collected, not left as zombies that a later check counts as leaked.
+    (Which of them dies first is up to the scheduler, so one run may not hit the late case.)"""
+    chain = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', {inner!r}])\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
+    leaf = "import time; time.sleep(60)"
+    middle = chain.format(inner=leaf)
+    for _ in range(3):  # the order the kernel delivers the kills in varies: try it a few times
+        with reap.no_process_left():
+            top = subprocess.Popen(
+                [sys.executable, "-c", chain.format(inner=middle)], stdout=subprocess.PIPE
+            )
+            assert top.stdout.readline() == b"ready\n"
+            deadline = time.monotonic() + 30
+            while len(reap.descendants(top.pid)) < 2:
+                assert time.monotonic() < deadline, "the chain did not start"
+                time.sleep(0.05)
+        top.stdout.close()
+        assert _zombie_children() == []
