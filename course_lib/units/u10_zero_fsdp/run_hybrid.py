@@ -90,6 +90,7 @@ def hybrid_formula(
     4-byte scale per ``block`` values; ``block=None``: no scales, the paper's count). Flat rings
     over N ranks placed node by node: m of their N links cross nodes, so 1/g of a ring's bytes,
     averaged over ranks. Times g: what one node sends to other nodes."""
+    config = validate.choice("config", config, tuple(HYBRID_CONFIGS))
     m, g = nodes, per_node
     n = m * g
     full = width * psi  # Psi in bytes

@@ -35,6 +35,8 @@ def test_bad_input_refused_before_any_rank_starts():
         Z.HierarchicalSharded(torch.nn.Linear(2, 2), nodes=fake, scheme="zero++", grad_bits=2)
     with pytest.raises(ValueError, match="nodes = 1"):
         R.hybrid_table(nodes=1)
+    with pytest.raises(ValueError, match="config = 'FSDP'"):
+        R.hybrid_formula("FSDP", 1000, 2, 2)
 
 
 def test_zero3_hsdp_zeropp_on_two_nodes_of_two():
@@ -48,6 +50,8 @@ def test_zero3_hsdp_zeropp_on_two_nodes_of_two():
     # parity: HSDP and ZeRO-3 are one process to fp32 rounding; ZeRO++ to its quantization
     exact = df[df.config != "ZeRO++"]
     assert (exact.max_diff < 1e-6).all() and (exact.rel_error < 1e-5).all()
+    # int4 gradients round to a step of absmax / 7 of their block, twice (qgZ's two hops), and
+    # int8 weights to absmax / 127: measured 0.11 of the update after 2 steps; 0.2 leaves room
     zpp = df[df.config == "ZeRO++"]
     assert (zpp.rel_error < 0.2).all() and (zpp.rel_error > 1e-3).all()
     # hpZ keeps the node's shard of every gathered unit: 4 B x padded Psi / 2 ranks per node
