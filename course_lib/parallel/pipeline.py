@@ -24,7 +24,8 @@ activations a stage holds at once (its memory).
   more messages.
 
 Running a step: ``pipeline_run.py`` (:func:`run_schedule`); recording and reading its timeline:
-``pipeline_trace.py`` (:func:`bubble_from_events`, :func:`replay`). What we leave out (torch.distributed.pipelining has it): splitting a model
+``pipeline_trace.py`` (:func:`bubble_from_events`, :func:`replay`). Weight versions of a pipeline
+that never flushes (PipeDream-2BW): ``pipeline_2bw.py``. What we leave out (torch.distributed.pipelining has it): splitting a model
 by tracing it, stages whose input and output shapes differ, zero-bubble schedules.
 """
 

@@ -26,7 +26,8 @@ comparison.
 
 The code: ``zero_common.py`` (the flat padded layout every stage shares), ``zero_sharded.py``
 (stages 0-2, :class:`ShardedOptimizer`), ``zero_full.py`` (stage 3, :class:`FullySharded`).
-``ZeroDataParallel(module, stage=s)`` makes the one that runs stage ``s``.
+``ZeroDataParallel(module, stage=s)`` makes the one that runs stage ``s``. Stage 3 placed on nodes
+(HSDP, ZeRO++): ``zero_hybrid.py``.
 
 What we leave out (DeepSpeed / torch's FSDP2 have it): mixed precision (bf16 compute copies of an
 fp32 master shard), overlapping the reduce-scatter with backward (ours is synchronous, in the

@@ -13,6 +13,8 @@ and uses the course's from-scratch ``parallel.zero.ZeroDataParallel`` beside PyT
   ``estimate.zero_bytes_sent_per_step``;
 - :func:`accumulation_comm_table`: the same with K micro-batches per optimizer step, DDP with
   ``no_sync`` beside stages 1-3;
+- :func:`hybrid_table`: ZeRO-3, HSDP and ZeRO++ on 2 "nodes" x 2 ranks, intra- and
+  inter-node bytes measured beside :func:`hybrid_formula`; :func:`hybrid_at_scale` at 70B;
 - :func:`fsdp_timeline`: stage 3's per-rank Gantt chart with and without prefetch, and
   reshard-after-forward on and off (peak memory and bytes measured);
 - :func:`scale_grid`, :func:`source_checks`, :func:`smallest_stage`: 7B-70B through estimate.
@@ -45,6 +47,12 @@ from course_lib.units.u10_zero_fsdp.run_accum import (
     ACCUM_CONFIGS,
     accumulation_comm_table,
 )
+from course_lib.units.u10_zero_fsdp.run_hybrid import (
+    HYBRID_CONFIGS,
+    hybrid_at_scale,
+    hybrid_formula,
+    hybrid_table,
+)
 from course_lib.units.u10_zero_fsdp.run_memory import (
     comm_table,
     memory_table,
@@ -65,6 +73,10 @@ __all__ = [
     "comm_table",
     "accumulation_comm_table",
     "ACCUM_CONFIGS",
+    "hybrid_table",
+    "hybrid_formula",
+    "hybrid_at_scale",
+    "HYBRID_CONFIGS",
     "fsdp_timeline",
     "scale_grid",
     "source_checks",

@@ -17,6 +17,8 @@ DataFrame or plain data:
   computing (the core stays free, as on one GPU per stage), beside the formula;
 - :func:`activation_memory`: peak activation bytes per stage (MemoryMeter), GPipe vs 1F1B;
 - :func:`wire_bytes`: sends, receives and bytes each rank wrote to its sockets in one bf16 step;
+- :func:`weight_versions`: PipeDream-2BW's two weight versions beside GPipe/1F1B's one and
+  PipeDream's p - s, measured in one process, with their loss curves;
 - :func:`scale_table`, :func:`source_check`: 7B-70B and the sources' numbers through estimate.
 """
 
@@ -54,6 +56,10 @@ from course_lib.units.u12_pipeline_parallelism.run_costs import (
     source_check,
     wire_bytes,
 )
+from course_lib.units.u12_pipeline_parallelism.run_versions import (
+    VERSION_POLICIES,
+    weight_versions,
+)
 
 __all__ = [
     "Setup",
@@ -72,6 +78,8 @@ __all__ = [
     "scale_table",
     "source_check",
     "TORCH_SCHEDULES",
+    "weight_versions",
+    "VERSION_POLICIES",
 ]
 
 
