@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import answers as A  # noqa: E402  (this folder is on sys.path: pytest prepends it)
 import pytest
+from _grading_seeds import FIXTURE_SEEDS  # seed 0: tests/_grading_seeds.py
 
 from course_lib.units.u14_planning_a_run import _cases as K
 from course_lib.units.u14_planning_a_run import checks as C
@@ -13,7 +14,7 @@ from course_lib.units.u14_planning_a_run import checks as C
 SEEDS = ("0", "7")
 
 
-@pytest.fixture(params=SEEDS)
+@pytest.fixture(params=FIXTURE_SEEDS)
 def seed(request, monkeypatch):
     monkeypatch.setenv("COURSE_GRADE_SEED", request.param)
     return request.param
