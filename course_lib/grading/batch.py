@@ -10,8 +10,11 @@
 * Skipped, each with one line in the summary: a file that is not a notebook or not an exercise of
   this course, a notebook of a unit with no solution, a second notebook of the same learner and
   unit (the first by path is graded).
-* Each notebook is graded in its own process (``--jobs`` at a time), in a fresh kernel: a kernel
+* Each notebook is graded in a worker process (``--jobs`` at a time), in a fresh kernel: a kernel
   that dies or a cell that hangs scores 0 for the rest of that notebook and never stops the batch.
+  Notebooks are graded unit by unit, and each worker keeps its zygote (the clean process the
+  checks are forked from, :mod:`course_lib.grading.zygote`) warm for the next notebook of the same
+  unit instead of importing torch and the unit again for every notebook.
 * Written: the CSV (learner, unit, notebook, task, points, passed, tampered, message), and a
   Markdown feedback file per learner and notebook with the ✓/✗ lines (``--feedback``, default
   ``feedback/`` beside the CSV). Printed: a summary table per learner and unit.
@@ -22,6 +25,7 @@ folder, only skipped files).
 
 from __future__ import annotations
 
+import atexit
 import csv
 import multiprocessing
 from collections.abc import Iterator
@@ -32,6 +36,7 @@ from pathlib import Path
 from course_lib.grading.exercises import ExerciseError, load_notebook_json
 from course_lib.grading.grader import GradingInputError, find_solution, grade_notebook
 from course_lib.grading.report import GradeReport
+from course_lib.grading.zygote import WarmZygote
 
 __all__ = ["Submission", "collect", "grade_folder"]
 
@@ -86,11 +91,22 @@ def collect(
     return found, skipped
 
 
+_WARM: WarmZygote | None = None  # this worker's zygote, kept between notebooks of one unit
+
+
 def _grade_one(args: tuple[Submission, str | None, float]) -> GradeReport:
+    global _WARM
     submission, solutions_dir, timeout = args
+    if _WARM is None:
+        _WARM = WarmZygote()
+        atexit.register(_WARM.close)
     # each learner's checks draw their own cases: the seed comes from the learner's id
     return grade_notebook(
-        submission.path, solutions_dir=solutions_dir, timeout=timeout, learner=submission.learner
+        submission.path,
+        solutions_dir=solutions_dir,
+        timeout=timeout,
+        learner=submission.learner,
+        warm=_WARM,
     )
 
 
@@ -100,16 +116,21 @@ def _reports(
     """Reports in the order of ``todo``, graded ``jobs`` at a time in worker processes."""
     from tqdm.auto import tqdm
 
-    work = [(s, solutions_dir, timeout) for s in todo]
+    # unit by unit, so that a worker's next notebook mostly finds its zygote warm
+    order = sorted(range(len(todo)), key=lambda i: todo[i].unit)
+    work = [(todo[i], solutions_dir, timeout) for i in order]
     context = multiprocessing.get_context("spawn")  # a clean interpreter per worker
+    reports: dict[int, GradeReport] = {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         bar = tqdm(total=len(todo), desc="grading", unit="notebook", leave=False)
         try:
-            for submission, report in zip(todo, pool.map(_grade_one, work)):
+            for i, report in zip(order, pool.map(_grade_one, work)):
                 bar.update()
-                yield submission, report
+                reports[i] = report
         finally:
             bar.close()
+    for i, submission in enumerate(todo):
+        yield submission, reports[i]
 
 
 def _feedback(submission: Submission, report: GradeReport) -> str:

@@ -26,12 +26,9 @@ matching solution), reported as one line on stderr.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import math
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +52,7 @@ from course_lib.grading.exercises import (
 )
 from course_lib.grading.report import GradeReport, TaskResult
 from course_lib.grading.tamper import check_cell_changes, describe_change
-from course_lib.grading.zygote import Zygote
+from course_lib.grading.zygote import WarmZygote, Zygote, zygote_for
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -66,7 +63,6 @@ __all__ = [
     "compare_outputs",
     "find_solution",
     "grade_notebook",
-    "main",
 ]
 
 DEFAULT_TIMEOUT = 120  # seconds per cell; exercise cells take a few seconds on 2 CPU cores
@@ -153,13 +149,15 @@ def grade_notebook(
     kernel_name: str = "python3",
     seed: int | None = None,
     learner: str | None = None,
+    warm: WarmZygote | None = None,
 ) -> GradeReport:
     """Execute the learner notebook at ``path`` and score each graded task of its solution.
 
     ``timeout`` is seconds per cell (rounded up to whole seconds, as nbclient counts them).
     Each task's verdict comes from a clean process (:mod:`course_lib.grading.clean`); its checks
     draw their cases with ``seed``, by default derived from ``learner`` (else the notebook's
-    metadata ``course.learner``, else its file name).
+    metadata ``course.learner``, else its file name). ``warm``: a batch worker's zygote, kept
+    for the next notebook of the same unit (:class:`~course_lib.grading.zygote.WarmZygote`).
     Returns a :class:`GradeReport` (``.tasks``: ``TaskResult(task, points, passed, message)``,
     ``.score``, ``.total``, ``.seed``). Raises :class:`GradingInputError` for a missing file, a file that is not
     a notebook, or a notebook with no matching solution (or a malformed solution).
@@ -171,21 +169,21 @@ def grade_notebook(
         or math.isinf(timeout)
     ):
         raise GradingInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    seconds = int(math.ceil(timeout))
-    path = Path(path)
+    seconds, path = int(math.ceil(timeout)), Path(path)
     nb, solution, expected, solution_nb = _load(path, solutions_dir)
     seed = _seed(nb, path, seed, learner)
     changes = check_cell_changes(nb, expected, [cell.get("id") for cell in solution_nb.cells])
     jobs = jobs_for(f"course_lib.units.u{solution.stem}", solution_nb, nb, expected)
     check_cells = _place_checks(nb, path, expected)
-    with Zygote(jobs[min(jobs)].unit, cwd=path.resolve().parent, seed=seed) as zygote:
+    folder = path.resolve().parent
+    with zygote_for(jobs[min(jobs)].unit, cwd=folder, seed=seed, warm=warm) as zygote:
         stopped_at, status = _execute(nb, path, seconds, kernel_name)
         decided = {
             task: _score(task, spec, check_cells.get(task), stopped_at, status)
             for task, spec in expected.items()
         }
         todo = [jobs[task] for task, result in decided.items() if result is None]
-        ran = zygote.run(todo, timeout=2 * seconds) if todo else []
+        ran = _verdicts(zygote, warm, todo, 2 * seconds, seed, folder)
     clean = {job.task: result for job, result in zip(todo, ran)}
     results = []
     for task, spec in expected.items():
@@ -204,6 +202,23 @@ def grade_notebook(
         and (error := _error_of(cell))
     ]
     return GradeReport(path, solution, results, status, cell_errors, tampered, seed)
+
+
+def _verdicts(
+    zygote: Zygote, warm: WarmZygote | None, todo: list, timeout: float, seed: int, folder: Path
+) -> list:
+    """The clean results of ``todo``. A warm zygote that died meanwhile (an earlier notebook's
+    answer may have killed it) or ran over: this notebook again, in a fresh one of its own."""
+    if not todo:
+        return []
+    if warm is None:
+        return zygote.run(todo, timeout=timeout)
+    results = zygote.ask(todo, timeout=timeout, seed=seed, cwd=folder)
+    if results is not None:
+        return results
+    warm.close()
+    with Zygote(zygote.unit, cwd=folder, seed=seed) as fresh:
+        return fresh.run(todo, timeout=timeout)
 
 
 def _join(*parts: Any) -> str:
@@ -323,77 +338,3 @@ def _execute(nb, path: Path, seconds: int, kernel_name: str) -> tuple[int | None
             f"kernel {kernel_name!r} failed to start: {type(exc).__name__}: {_first_line(str(exc))}",
         )
     return None, "completed"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m course_lib.grade",
-        description="Score an exercise notebook per task against its solution's expected outputs; "
-        "given a folder, grade every notebook under it (a whole class) into a CSV.",
-    )
-    parser.add_argument("notebook", help="the exercise notebook to grade (.ipynb), or a folder")
-    parser.add_argument(
-        "--solutions",
-        default=None,
-        help="solutions directory (default: solutions/ of this course_lib's repository)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_TIMEOUT,
-        help=f"seconds per cell (default {DEFAULT_TIMEOUT})",
-    )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument(
-        "--seed", type=int, default=None, help="the seed the checks draw their cases from"
-    )
-    parser.add_argument(
-        "--learner", default=None, help="the learner's id (the default seed is derived from it)"
-    )
-    parser.add_argument("--csv", default=None, help="a folder's grades: the CSV file to write")
-    parser.add_argument("--jobs", type=int, default=2, help="a folder: notebooks graded at once")
-    parser.add_argument("--feedback", default=None, help="a folder: where feedback files go")
-    args = parser.parse_args(argv)
-    if Path(args.notebook).is_dir() or args.csv is not None:
-        return _main_folder(args)
-    try:
-        report = grade_notebook(
-            args.notebook,
-            solutions_dir=args.solutions,
-            timeout=args.timeout,
-            seed=args.seed,
-            learner=args.learner,
-        )
-    except GradingInputError as exc:
-        print(f"grade: error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=1, ensure_ascii=False))
-    else:
-        print(report.format_table())
-    return 0 if report.all_passed else 1
-
-
-def _main_folder(args: argparse.Namespace) -> int:
-    """``python -m course_lib.grade FOLDER --csv grades.csv``: exit 0 when anything was graded."""
-    from course_lib.grading.batch import grade_folder, summary
-
-    csv_path = args.csv if args.csv is not None else "grades.csv"
-    try:
-        done, skipped = grade_folder(
-            args.notebook,
-            csv_path,
-            jobs=args.jobs,
-            solutions_dir=args.solutions,
-            timeout=args.timeout,
-            feedback=args.feedback,
-        )
-    except (GradingInputError, ValueError, TypeError) as exc:
-        print(f"grade: error: {exc}", file=sys.stderr)
-        return 2
-    print(summary(done, skipped))
-    if not done:
-        print(f"grade: error: nothing to grade under {args.notebook}", file=sys.stderr)
-        return 2
-    print(f"wrote {csv_path}")
-    return 0

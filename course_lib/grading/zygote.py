@@ -12,6 +12,11 @@ writes its result on a pipe, kills whatever it started (processes in their own s
 exits; a child that runs over its timeout is killed with everything it started. Forking gives
 each check the same clean state a fresh interpreter would, without its seconds of imports.
 
+A batch (:mod:`course_lib.grading.batch`) keeps one zygote per worker warm across the notebooks
+of a unit (:class:`WarmZygote`, :meth:`Zygote.ask`): each request carries its notebook's seed and
+folder, and its tasks are still forks of the same clean state. A zygote that dies (an answer that
+kills its parent) costs only that request: the notebook is graded again in a fresh one.
+
 For a unit whose checks launch ranks, the zygote also starts the launcher's forkserver (torch
 preloaded) while it waits, and every child hands out its ranks from that one server
 (:func:`course_lib.runtime.processes.adopt_inherited_forkserver`): a cold server costs ~4 s per
@@ -21,6 +26,7 @@ any rank still alive when a task ends is killed before the next task starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,7 +34,9 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
@@ -36,7 +44,7 @@ from types import TracebackType
 from course_lib.grading.isolate import CheckJob, CheckResult
 from course_lib.runtime.reap import collect, in_session, kill_descendants, no_process_left
 
-__all__ = ["Zygote"]
+__all__ = ["WarmZygote", "Zygote", "zygote_for"]
 
 
 class Zygote:
@@ -48,13 +56,15 @@ class Zygote:
         env = dict(env if env is not None else kernel_env())
         env["COURSE_GRADE_SEED"] = str(seed)
         env["MPLBACKEND"] = "Agg"
+        self.unit, self.cwd, self.seed = unit, Path(cwd), seed
+        self._log = tempfile.TemporaryFile()  # its output: the last line names a lost verdict
         read_fd, write_fd = os.pipe()
         code = "from course_lib.grading.zygote import main; main()"
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", code, str(write_fd), unit],
                 stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
+                stdout=self._log,
                 stderr=subprocess.STDOUT,
                 pass_fds=(write_fd,),
                 cwd=cwd,
@@ -63,24 +73,69 @@ class Zygote:
             )
         finally:
             os.close(write_fd)
-        self._results = os.fdopen(read_fd, "rb")
+        self._results = os.fdopen(read_fd, "rb", buffering=0)
+        self._pending = b""
 
     def run(self, jobs: list[CheckJob], *, timeout: float) -> list[CheckResult]:
-        """Each job's result, in the order of ``jobs``; ``timeout``: seconds per job."""
-        payload = json.dumps({"jobs": [asdict(j) for j in jobs], "timeout": timeout}).encode()
-        try:
-            output, _ = self.proc.communicate(payload, timeout=timeout * len(jobs) + 120)
-        except subprocess.TimeoutExpired:
-            output = b""
-        finally:
-            self.close()
-        data = self._results.read()
-        results = [CheckResult(**r) for r in json.loads(data or b"[]")]
-        tail = output.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        """Each job's result, in the order of ``jobs``; ``timeout``: seconds per job. The zygote
+        is closed afterwards."""
+        results = self.ask(jobs, timeout=timeout)
+        self.close()
+        if results is not None:
+            return results
+        self._log.seek(0)
+        tail = self._log.read().decode(errors="replace").strip().splitlines()[-1:] or [""]
         lost = (
             f"the grading process ended without a verdict (exit {self.proc.returncode}) {tail[0]}"
         )
-        return results + [CheckResult(False, lost.strip())] * (len(jobs) - len(results))
+        return [CheckResult(False, lost.strip())] * len(jobs)
+
+    def ask(
+        self,
+        jobs: list[CheckJob],
+        *,
+        timeout: float,
+        seed: int | None = None,
+        cwd: Path | None = None,
+    ) -> list[CheckResult] | None:
+        """Each job's result, the zygote kept warm for the next request; None (and the zygote
+        closed) when it died or ran over ``timeout`` per job. ``seed`` and ``cwd``: those of this
+        request's notebook (default: the zygote's)."""
+        request = {
+            "jobs": [asdict(j) for j in jobs],
+            "timeout": timeout,
+            "seed": str(self.seed if seed is None else seed),
+            "cwd": str(self.cwd if cwd is None else cwd),
+        }
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self.close()
+            return None
+        line = self._line(time.monotonic() + timeout * len(jobs) + 120)
+        if line is None:
+            self.close()
+            return None
+        return [CheckResult(**r) for r in json.loads(line)]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _line(self, deadline: float) -> bytes | None:
+        """The zygote's next line of results, or None at its end or past ``deadline``."""
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self._results], [], [], max(left, 0))
+            if not ready:
+                return None
+            chunk = os.read(self._results.fileno(), 1 << 16)
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line
 
     def close(self) -> None:
         """Kill the zygote and everything it started (idempotent). What it started (its warm
@@ -107,6 +162,7 @@ class Zygote:
     ) -> None:
         self.close()
         self._results.close()
+        self._log.close()
 
 
 # --------------------------------------------------------------------------- inside the zygote
@@ -119,13 +175,16 @@ def main() -> None:
     _python_source("")  # IPython's transformer imported before the fork, not in every child
     with no_process_left():  # orphans of the checks come back here and are killed
         server = _warm_forkserver(unit)
-        request = json.loads(sys.stdin.buffer.read() or b'{"jobs": []}')
-        results = [
-            asdict(_fork(CheckJob(**spec), float(request["timeout"]), server))
-            for spec in request["jobs"]
-        ]
-    with os.fdopen(result_fd, "w") as out:
-        out.write(json.dumps(results))
+        out = os.fdopen(result_fd, "w")
+        for line in sys.stdin.buffer:  # one request per line, until the grader closes stdin
+            request = json.loads(line)
+            timeout = float(request["timeout"])
+            where = (request["seed"], request["cwd"])
+            results = [
+                asdict(_fork(CheckJob(**spec), timeout, server, where)) for spec in request["jobs"]
+            ]
+            out.write(json.dumps(results) + "\n")
+            out.flush()
     sys.stdout.flush()
     os._exit(0)
 
@@ -154,11 +213,13 @@ def _warm_forkserver(unit: str) -> int | None:
     return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
 
 
-def _fork(job: CheckJob, timeout: float, server: int | None = None) -> CheckResult:
+def _fork(job: CheckJob, timeout: float, server: int | None, where: tuple[str, str]) -> CheckResult:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the task's clean process
+    if pid == 0:  # the task's clean process, with its notebook's seed and folder
         os.close(read_fd)
+        os.environ["COURSE_GRADE_SEED"], folder = where
+        os.chdir(folder)
         _child(job, write_fd)
     os.close(write_fd)
     chunks, deadline = [], time.monotonic() + timeout
@@ -209,3 +270,35 @@ def _child(job: CheckJob, write_fd: int) -> None:
         sys.stderr.flush()
     finally:
         os._exit(0)
+
+
+class WarmZygote:
+    """One zygote kept warm across a batch worker's notebooks: reused while they are of the same
+    unit, replaced when the unit changes or it died. ``close()`` at the end."""
+
+    def __init__(self) -> None:
+        self._zygote: Zygote | None = None
+
+    def get(self, unit: str, *, cwd: Path, seed: int) -> Zygote:
+        if self._zygote is None or self._zygote.unit != unit or not self._zygote.alive():
+            self.close()
+            self._zygote = Zygote(unit, cwd=cwd, seed=seed)
+        return self._zygote
+
+    def close(self) -> None:
+        if self._zygote is not None:
+            self._zygote.__exit__(None, None, None)
+            self._zygote = None
+
+
+@contextlib.contextmanager
+def zygote_for(
+    unit: str, *, cwd: Path, seed: int, warm: WarmZygote | None = None
+) -> Iterator[Zygote]:
+    """A zygote for one notebook: ``warm``'s (kept afterwards), else a new one, started now so it
+    warms up while the notebook runs, and closed at the end of the block."""
+    if warm is not None:
+        yield warm.get(unit, cwd=cwd, seed=seed)
+        return
+    with Zygote(unit, cwd=cwd, seed=seed) as zygote:
+        yield zygote

@@ -8,8 +8,9 @@ import json
 
 import nbformat
 
+from course_lib.grade import main
 from course_lib.grading.batch import collect
-from course_lib.grading.grader import grade_notebook, main
+from course_lib.grading.grader import grade_notebook
 
 DOUBLE_OK = "def double(x):\n    return 2 * x"
 

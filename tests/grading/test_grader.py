@@ -11,6 +11,7 @@ import nbformat
 import psutil
 import pytest
 
+from course_lib.grade import main
 from course_lib.grading.grader import (
     GradingInputError,
     TaskResult,
@@ -18,7 +19,6 @@ from course_lib.grading.grader import (
     compare_outputs,
     find_solution,
     grade_notebook,
-    main,
 )
 
 DOUBLE_OK = "def double(x):\n    return 2 * x"
