@@ -6,6 +6,7 @@ the course as a learner and an instructor meet it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from course_lib.grading.zygote import WarmZygote
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
@@ -185,29 +188,33 @@ def test_solution_scores_full_marks_and_exercise_scores_zero(solution):
     # The only run of each solution in `make test` (nbval runs the lectures): the grader executes it
     # in a fresh kernel and compares every check cell with the solution's stored output, as nbval
     # would, and no other cell may raise.
-    report = grade_notebook(solution, timeout=300)
-    assert report.tasks, f"{solution.name} has no graded task"
-    assert report.status == "completed" and not report.cell_errors, report
-    assert not report.tampered, report  # the course's own check cells, untouched
-    assert report.score == report.total, report
-    assert all(t.passed for t in report.tasks), report
-    # An untouched exercise fails every check: proof that each check can fail. Its cells would
-    # only define stubs, so its definitions go straight to the clean processes that decide.
-    _untouched_exercise_fails_every_check(solution)
+    # One warm zygote for both, as a batch worker keeps it (course_lib.grading.batch)
+    with contextlib.closing(WarmZygote()) as warm:
+        report = grade_notebook(solution, timeout=300, warm=warm)
+        assert report.tasks, f"{solution.name} has no graded task"
+        assert report.status == "completed" and not report.cell_errors, report
+        assert not report.tampered, report  # the course's own check cells, untouched
+        assert report.score == report.total, report
+        assert all(t.passed for t in report.tasks), report
+        # An untouched exercise fails every check: proof that each check can fail. Its cells
+        # would only define stubs, so its definitions go straight to the clean processes.
+        _untouched_exercise_fails_every_check(solution, warm)
 
 
-def _untouched_exercise_fails_every_check(solution: Path) -> None:
+def _untouched_exercise_fails_every_check(solution: Path, warm: WarmZygote) -> None:
     from course_lib.grading.clean import clean_verdict, jobs_for
     from course_lib.grading.notebooks import read_notebook, solution_tasks
-    from course_lib.grading.zygote import Zygote
 
     exercise = ROOT / "exercises" / solution.name
     solution_nb = read_notebook(solution)
     expected = solution_tasks(solution_nb, solution)
     unit = f"course_lib.units.u{solution.stem}"
     jobs = jobs_for(unit, solution_nb, read_notebook(exercise), expected)
-    with Zygote(unit, cwd=exercise.parent, seed=0) as zygote:
-        results = zygote.run([jobs[task] for task in expected], timeout=300)
+    zygote = warm.get(unit, cwd=exercise.parent, seed=0)
+    results = zygote.ask(
+        [jobs[task] for task in expected], timeout=300, seed=0, cwd=exercise.parent
+    )
+    assert results is not None, "the zygote died"
     verdicts = {t: clean_verdict(r, expected[t]) for t, r in zip(expected, results)}
     assert verdicts and not any(v.passed or v.tampered for v in verdicts.values()), verdicts
 
