@@ -148,8 +148,12 @@ class HierarchicalSharded(FullySharded):
         self.weight_bits = validate.choice("weight_bits", weight_bits, (8, 4))
         self.grad_bits = validate.choice("grad_bits", grad_bits, (8, 4))
         self.block = validate.count("block", block, minimum=1)
-        if kwargs.get("prefetch") or kwargs.get("reshard_after_forward") is False:
-            raise ValueError("prefetch / reshard_after_forward: expected the defaults here")
+        prefetch, reshard = kwargs.get("prefetch", False), kwargs.get("reshard_after_forward", True)
+        if prefetch or reshard is False:
+            raise ValueError(
+                f"prefetch, reshard_after_forward = {prefetch!r}, {reshard!r}: expected False, True "
+                "(the defaults: these schemes gather without prefetch and reshard after forward)"
+            )
         self.nodes = nodes
         self._backward = False  # which pass the next gather serves
         self._secondary: dict[int, torch.Tensor] = {}  # hpZ: id(unit) -> (N*s/g,) node shard
