@@ -207,18 +207,12 @@ def grade_notebook(
 def _verdicts(
     zygote: Zygote, warm: WarmZygote | None, todo: list, timeout: float, seed: int, folder: Path
 ) -> list:
-    """The clean results of ``todo``. A warm zygote that died meanwhile (an earlier notebook's
-    answer may have killed it) or ran over: this notebook again, in a fresh one of its own."""
+    """The clean results of ``todo``: from the notebook's own zygote, or the batch's warm one."""
     if not todo:
         return []
     if warm is None:
         return zygote.run(todo, timeout=timeout)
-    results = zygote.ask(todo, timeout=timeout, seed=seed, cwd=folder)
-    if results is not None:
-        return results
-    warm.close()
-    with Zygote(zygote.unit, cwd=folder, seed=seed) as fresh:
-        return fresh.run(todo, timeout=timeout)
+    return warm.run(zygote, todo, timeout=timeout, seed=seed, cwd=folder)
 
 
 def _join(*parts: Any) -> str:

@@ -285,6 +285,19 @@ class WarmZygote:
             self._zygote = Zygote(unit, cwd=cwd, seed=seed)
         return self._zygote
 
+    def run(
+        self, zygote: Zygote, jobs: list[CheckJob], *, timeout: float, seed: int, cwd: Path
+    ) -> list[CheckResult]:
+        """``jobs`` of one notebook in ``zygote`` (this worker's, from :meth:`get`). If it died
+        meanwhile (an earlier notebook's answer may have killed it) or ran over: this notebook
+        again, in a fresh zygote of its own; the next :meth:`get` starts a new warm one."""
+        results = zygote.ask(jobs, timeout=timeout, seed=seed, cwd=cwd)
+        if results is not None:
+            return results
+        self.close()
+        with Zygote(zygote.unit, cwd=cwd, seed=seed) as fresh:
+            return fresh.run(jobs, timeout=timeout)
+
     def close(self) -> None:
         if self._zygote is not None:
             self._zygote.__exit__(None, None, None)
