@@ -67,7 +67,7 @@ def test_check_cells_show_a_target_and_keep_the_expected_output_in_metadata(exer
             )
             (shown,) = cell.outputs
             assert shown.output_type == "display_data"
-            line = "".join(ref[cell_id].outputs[0]["text"]).rstrip("\n")
+            line = "".join("".join(o["text"]) for o in ref[cell_id].outputs).rstrip("\n")
             assert shown.data["text/plain"] == f"expected once your answer is right: {line}"
             assert shown.data["text/markdown"] == f"*expected once your answer is right:* `{line}`"
         else:
