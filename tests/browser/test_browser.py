@@ -210,28 +210,37 @@ def _run_all(page, timeout_s: float = 180) -> float:
     return elapsed
 
 
-OPEN_IN_PAGE = """async ([path, expectViews]) => {
+OPEN_IN_PAGE = """async (notebooks) => {
+    // Open a batch of notebooks at once, each as a learner opens it (a tab, its kernel started),
+    // then read each: its kernels start while the others' outputs and widget views render.
     const app = window.jupyterapp;
-    const start = performance.now();
-    const panel = await app.commands.execute('docmanager:open', {path, factory: 'Notebook'});
-    await panel.context.ready;
-    await panel.revealed;
-    await panel.sessionContext.ready;                    // stored widgets load after the kernel
-    await new Promise(done => setTimeout(done, 1500));   // outputs and widget views render
-    const until = performance.now() + 20000;             // a loaded machine draws widgets later
-    while (expectViews && !panel.content.node.querySelector('.jupyter-widgets')
-           && performance.now() < until) {
-        await new Promise(done => setTimeout(done, 200));
+    const one = async ([path, expectViews]) => {
+        const start = performance.now();
+        const panel = await app.commands.execute('docmanager:open', {path, factory: 'Notebook'});
+        await panel.context.ready;
+        await panel.sessionContext.ready;                // stored widgets load after the kernel
+        await new Promise(done => setTimeout(done, 1500)); // outputs and widget views render
+        const until = performance.now() + 20000;         // a loaded machine draws widgets later
+        while (expectViews && !panel.content.node.querySelector('.jupyter-widgets')
+               && performance.now() < until) {
+            await new Promise(done => setTimeout(done, 200));
+        }
+        return [panel, performance.now() - start];
+    };
+    const opened = await Promise.all(notebooks.map(one));
+    const out = [];
+    for (const [panel, ms] of opened) {
+        const text = panel.content.node.textContent;   // hidden tabs too (innerText skips them)
+        const views = panel.content.node.querySelectorAll('.jupyter-widgets').length;
+        const dirty = panel.context.model.dirty;         // opening alone must change nothing
+        await panel.sessionContext.shutdown();
+        panel.context.model.dirty = false;
+        panel.dispose();
+        out.push([text, views, ms / 1000, dirty]);
     }
-    const text = panel.content.node.innerText;
-    const views = panel.content.node.querySelectorAll('.jupyter-widgets').length;
-    const seconds = (performance.now() - start) / 1000;
-    const dirty = panel.context.model.dirty;             // opening alone must change nothing
-    await panel.sessionContext.shutdown();
-    panel.context.model.dirty = false;
-    panel.dispose();
-    return [text, views, seconds, dirty];
+    return out;
 }"""
+BATCH = 5  # notebooks opened at once
 
 
 def _stored_widget_views(path: Path) -> int:
@@ -249,19 +258,29 @@ def test_every_lecture_opens_and_its_stored_widgets_render(browser, lab):
     page, errors, seconds = _open(browser, lab, f"notebooks/{LECTURES[0]}")
     TIMINGS["page usable"] = seconds
     problems = []
-    for name in LECTURES:
-        stored = _stored_widget_views(ROOT / "notebooks" / name)
-        text, views, seconds, dirty = page.evaluate(OPEN_IN_PAGE, [f"notebooks/{name}", stored > 0])
-        if dirty:
-            problems.append(
-                f"{name}: marked modified on opening (stored metadata differs from "
-                f"what JupyterLab writes; re-execute it with make notebooks)"
-            )
-        TIMINGS[f"open {name}"] = seconds
-        if "VBox(children" in text or "HBox(children" in text or "an interactive widget:" in text:
-            problems.append(f"{name}: a stored widget shows as text, not drawn")
-        elif stored and not views:
-            problems.append(f"{name}: {stored} stored widget view(s), none drawn")
+    start = time.perf_counter()
+    for first in range(0, len(LECTURES), BATCH):
+        names = LECTURES[first : first + BATCH]
+        stored = [_stored_widget_views(ROOT / "notebooks" / name) for name in names]
+        batch = [[f"notebooks/{name}", n > 0] for name, n in zip(names, stored)]
+        for name, n, (text, views, seconds, dirty) in zip(
+            names, stored, page.evaluate(OPEN_IN_PAGE, batch)
+        ):
+            if dirty:
+                problems.append(
+                    f"{name}: marked modified on opening (stored metadata differs from "
+                    f"what JupyterLab writes; re-execute it with make notebooks)"
+                )
+            TIMINGS[f"open {name}"] = seconds
+            if (
+                "VBox(children" in text
+                or "HBox(children" in text
+                or "an interactive widget:" in text
+            ):
+                problems.append(f"{name}: a stored widget shows as text, not drawn")
+            elif n and not views:
+                problems.append(f"{name}: {n} stored widget view(s), none drawn")
+    TIMINGS["open every lecture"] = time.perf_counter() - start
     assert not problems, "\n".join(problems)
     assert errors == [], f"JavaScript errors: {errors[:3]}"
     page.close()
