@@ -49,6 +49,10 @@ ASSUMPTION_SOURCES = {
     "ep_overlap": "0: a plain MoE layer waits for its dispatch and combine all-to-alls; "
     "DeepSeek-V3's DualPipe hides them behind another micro-batch's compute (arXiv:2412.19437, "
     "Sec. 3.2.1: 1.0 there)",
+    "dp_overlap": "1: the fraction of a micro-batch's compute that data-parallel traffic can "
+    "hide behind: DDP all-reduces buckets during backward (Li et al. 2020, arXiv:2006.15704), "
+    "FSDP prefetches the next layer's weights during compute (Zhao et al. 2023, "
+    "arXiv:2304.11277); below 1 where the traffic contends with compute for SMs and memory",
     "p2p_overlap": "0: a stage waits for the activation it receives (1F1B, Narayanan et al. "
     "2021, arXiv:2104.04473)",
     "fp8": "False: products in bf16; True runs the weight products at twice the bf16 peak (H100 "
@@ -68,11 +72,12 @@ class Assumptions:
     cp_overlap: float = 0.0
     ep_overlap: float = 0.0
     p2p_overlap: float = 0.0
+    dp_overlap: float = 1.0
     fp8: bool = False
 
     def __post_init__(self) -> None:
         _v.number("matmul_efficiency", self.matmul_efficiency, positive=True, maximum=1)
-        for f in ("tp_overlap", "cp_overlap", "ep_overlap", "p2p_overlap"):
+        for f in ("tp_overlap", "cp_overlap", "ep_overlap", "p2p_overlap", "dp_overlap"):
             _v.number(f, getattr(self, f), minimum=0, maximum=1)
         if not isinstance(self.fp8, bool):
             raise TypeError(f"fp8 = {self.fp8!r}: expected True or False")
@@ -207,35 +212,57 @@ def p2p_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, overlap: float
     return (1 - overlap) * 2 * layout.virtual_stages * (boundary / bw + alpha)
 
 
+def _dp_allreduce_s(
+    cluster: ClusterSpec, layout: Layout, grads: tuple[int, int], width: int, calls: int
+) -> float:
+    """Seconds of all-reducing ``width`` bytes per parameter of ``grads`` (dense, routed) in
+    ``calls`` equal pieces, each paying its own latency: the dense part over the dp x cp ranks
+    that share it, the routed experts over the dp cp / ep ranks that share an expert."""
+    group = layout.dp * layout.cp
+    dense = span(cluster, layout.tp, group)
+    expert = span(cluster, layout.tp * layout.ep, group // layout.ep)
+    return calls * (
+        allreduce_s(width * grads[0] / calls, cluster, *dense)
+        + allreduce_s(width * grads[1] / calls, cluster, *expert)
+    )
+
+
 def dp_comm_s(
     cluster: ClusterSpec,
     layout: Layout,
     grads: tuple[int, int],
     work_s: float,
-    microbatches: int,
+    steps: tuple[int, int],
+    overlap: float = 1.0,
 ) -> float:
-    """Seconds per step of data-parallel traffic backward does not hide. ``grads``: (dense,
-    routed-expert) parameters of the fullest stage on one rank; the dense gradients are reduced
-    over the dp x cp ranks that share them, the experts' over the dp cp / ep that share an
-    expert; ``work_s``: one micro-batch's compute and recomputation.
+    """Seconds per step of data-parallel traffic that compute does not hide. ``grads``: (dense,
+    routed-expert) parameters of the fullest stage on one rank; ``work_s``: one micro-batch's
+    compute and recomputation, of which ``overlap`` can hide traffic; ``steps``:
+    (micro-batches, layers of the stage). Traffic goes
+    one layer at a time (a bucket or a gather per layer, each paying its latency):
 
-    ZeRO 0/1: once per step, bucket by bucket behind the last micro-batch's backward
-    (``estimate.ddp_exposed_comm_time``, 32 buckets); ZeRO-2: a
-    reduce-scatter (half an all-reduce) after every micro-batch; ZeRO-3 also gathers the
-    weights twice per micro-batch, each behind that micro-batch's compute."""
-    group = layout.dp * layout.cp
-    dense = allreduce_s(layout.grad_bytes * grads[0], cluster, *span(cluster, layout.tp, group))
-    shared = span(cluster, layout.tp * layout.ep, group // layout.ep)
-    expert = allreduce_s(layout.grad_bytes * grads[1], cluster, *shared)
-    total = dense + expert
-    if total == 0:
+    * ZeRO 0/1: the gradients (``layout.grad_bytes`` each) once per step, bucket by bucket
+      behind the last micro-batch's backward (``estimate.ddp_exposed_comm_time``);
+    * ZeRO-2: a reduce-scatter (half an all-reduce) after every micro-batch, behind its
+      backward;
+    * ZeRO-3: also two all-gathers of the bf16 weights per micro-batch, behind its compute."""
+    m, layers = steps
+    if layout.dp * layout.cp == 1 or sum(grads) == 0:
         return 0.0
+    work_s *= overlap
     backward = 2 / 3 * work_s
+    reduce = _dp_allreduce_s(cluster, layout, grads, layout.grad_bytes, layers)
     if layout.zero <= 1:
-        size = layout.grad_bytes * (grads[0] + grads[1])
+        bare = _dp_allreduce_s(no_latency(cluster), layout, grads, layout.grad_bytes, layers)
+        size = layout.grad_bytes * sum(grads)
         return estimate.ddp_exposed_comm_time(
-            -(-size // 32), grad_bytes=size, backward_s=backward, alpha=0.0, beta=total / size
+            -(-size // layers),
+            grad_bytes=size,
+            backward_s=backward,
+            alpha=(reduce - bare) / layers,
+            beta=bare / size,
         )
     if layout.zero == 2:
-        return microbatches * max(0.0, total / 2 - backward)
-    return microbatches * max(0.0, 1.5 * total - work_s)
+        return m * max(0.0, reduce / 2 - backward)
+    gathers = _dp_allreduce_s(cluster, layout, grads, 2, layers)  # two halves of an all-reduce
+    return m * max(0.0, reduce / 2 + gathers - work_s)

@@ -168,7 +168,9 @@ def step_time(
     bubble_fraction = estimate.pipeline_bubble_fraction(p, m, v)
     pipeline = m * per_mb / (1 - bubble_fraction)
     grads = _stage_grads(model, layout, stages)
-    dp_comm = cm.dp_comm_s(cluster, layout, grads, compute + recompute, m)
+    dp_comm = cm.dp_comm_s(
+        cluster, layout, grads, compute + recompute, (m, stages[0]), how.dp_overlap
+    )
     step = pipeline + dp_comm
     model_flops, hardware_flops = (
         global_batch_tokens * f for f in model.flops_per_token(layout.recompute)
