@@ -9,6 +9,7 @@ in flight (``pipeline_inflight_layers``). Introduced in notebooks/14_planning_a_
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -52,6 +53,12 @@ def stage_layers(model: ModelSpec, pp: int, *, uneven_stages: bool = False) -> t
     4 on the last; Llama 3 405B (w = 0.66) on 16: 8, and 6 on the last (Llama 3 took one layer
     off the first and the last stage, arXiv:2407.21783 Sec. 3.3.2).
     """
+    return _stage_layers(model, pp, uneven_stages)
+
+
+@functools.cache
+def _stage_layers(model: ModelSpec, pp: int, uneven_stages: bool) -> tuple[int, int]:
+    """:func:`stage_layers`, counted once per (model, pp, uneven_stages)."""
     n = layers_per_stage(model, pp, uneven_stages=uneven_stages)
     if pp == 1:
         return n, n
@@ -237,6 +244,32 @@ def _model_state(layout: Layout, dense: int, routed: int) -> dict[str, int | flo
     return out
 
 
+def _layer_activations(model: ModelSpec, layout: Layout, recompute: Recompute) -> int | float:
+    """One layer's activation bytes per rank under ``layout`` with ``recompute``
+    (``estimate.activation_bytes_transformer_layer``; with cp > 1 ``estimate.
+    cp_activation_bytes_per_layer``, FlashAttention unless nothing is recomputed). An MoE
+    layer's MLP activations: each token through its top_k routed and the shared experts."""
+    mlp_width = (
+        (model.top_k + model.shared_experts) * model.expert_ffn if model.experts else model.ffn
+    )
+    shape: dict[str, Any] = dict(
+        kv_heads=model.kv_heads,
+        ffn=mlp_width,
+        gated_mlp=model.gated_mlp,
+        dropout=model.dropout,
+        tp=layout.tp,
+        sequence_parallel=layout.sequence_parallel,
+    )
+    s, b, h, a = model.seq_len, layout.micro_batch, model.hidden, model.heads
+    if layout.cp == 1 or recompute == "full":
+        return estimate.activation_bytes_transformer_layer(
+            s // layout.cp, b, h, a, recompute=recompute, **shape
+        )
+    return estimate.cp_activation_bytes_per_layer(
+        s, b, h, a, cp=layout.cp, method=layout.cp_method, flash=recompute != "none", **shape
+    )
+
+
 def _activation_bytes(
     model: ModelSpec, layout: Layout, layers: int, microbatches: int, *, first: bool
 ) -> int | float:
@@ -244,36 +277,24 @@ def _activation_bytes(
     layers in flight (the first stage: ``pipeline_inflight_layers``; a later one runs each
     micro-batch's backward right after its forward), plus the layer rebuilt for its backward
     under full recomputation."""
-
-    def layer(recompute: Recompute) -> int | float:
-        shape: dict[str, Any] = dict(
-            kv_heads=model.kv_heads,
-            ffn=mlp_width,
-            gated_mlp=model.gated_mlp,
-            dropout=model.dropout,
-            tp=layout.tp,
-            sequence_parallel=layout.sequence_parallel,
-        )
-        s, b, h, a = model.seq_len, layout.micro_batch, model.hidden, model.heads
-        if layout.cp == 1 or recompute == "full":
-            return estimate.activation_bytes_transformer_layer(
-                s // layout.cp, b, h, a, recompute=recompute, **shape
-            )
-        return estimate.cp_activation_bytes_per_layer(
-            s, b, h, a, cp=layout.cp, method=layout.cp_method, flash=recompute != "none", **shape
-        )
-
-    # an MoE layer's MLP activations: each token through top_k routed and the shared experts
-    mlp_width = (
-        (model.top_k + model.shared_experts) * model.expert_ffn if model.experts else model.ffn
-    )
     if first:
         inflight = estimate.pipeline_inflight_layers(
             layers, layout.pp, microbatches, layout.virtual_stages
         )
     else:
         inflight = layers
-    activations = inflight * layer(layout.recompute)
+    activations = inflight * _cached_layer(model, _activation_key(layout), layout.recompute)
     if layout.recompute == "full":  # the layer being rebuilt for its backward
-        activations += layer("selective")
+        activations += _cached_layer(model, _activation_key(layout), "selective")
     return activations
+
+
+def _activation_key(layout: Layout) -> Layout:
+    """The layout with only what one layer's activations depend on (a cache key)."""
+    return Layout(
+        1, layout.tp, micro_batch=layout.micro_batch, cp=layout.cp, cp_method=layout.cp_method,
+        sequence_parallel=layout.sequence_parallel,
+    )  # fmt: skip
+
+
+_cached_layer = functools.cache(_layer_activations)

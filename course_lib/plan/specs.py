@@ -9,6 +9,7 @@ Introduced in notebooks/14_planning_a_run.ipynb.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,18 @@ class ModelSpec:
 
     def params(self) -> dict[str, int]:
         """Parameter count by part (``estimate.transformer_param_count``)."""
+        return dict(_params(self))
+
+    def layer_params(self) -> dict[str, int]:
+        """Parameters of one layer: ``dense`` (attention, norms, an MLP of width ffn:
+        ``params()["per_layer"]``); for an MoE layer ``moe`` (the dense layer with its MLP
+        replaced by the router, the shared and the routed experts: ``estimate.moe_param_count``),
+        ``moe_active`` (what one token uses: top_k routed experts) and ``routed`` (the routed
+        experts, what expert parallelism splits). A dense model's MoE entries are its dense
+        layer's, ``routed`` 0."""
+        return dict(_layer_params(self))
+
+    def _count(self) -> dict[str, int]:
         return estimate.transformer_param_count(
             layers=self.layers,
             hidden=self.hidden,
@@ -102,13 +115,7 @@ class ModelSpec:
         """Layers with a mixture-of-experts MLP (0 for a dense model)."""
         return self.layers - self.dense_layers if self.experts else 0
 
-    def layer_params(self) -> dict[str, int]:
-        """Parameters of one layer: ``dense`` (attention, norms, an MLP of width ffn:
-        ``params()["per_layer"]``); for an MoE layer ``moe`` (the dense layer with its MLP
-        replaced by the router, the shared and the routed experts: ``estimate.moe_param_count``),
-        ``moe_active`` (what one token uses: top_k routed experts) and ``routed`` (the routed
-        experts, what expert parallelism splits). A dense model's MoE entries are its dense
-        layer's, ``routed`` 0."""
+    def _count_layer(self) -> dict[str, int]:
         dense = self.params()["per_layer"]
         if not self.experts:
             return {"dense": dense, "moe": dense, "moe_active": dense, "routed": 0}
@@ -163,6 +170,16 @@ class ModelSpec:
 
 
 _ALPHA = {name: link.alpha_us * 1e-6 for name, link in estimate.LINK_SPEEDS.items()}
+
+
+@functools.cache
+def _params(model: ModelSpec) -> dict[str, int]:  # a frozen spec: count it once
+    return model._count()
+
+
+@functools.cache
+def _layer_params(model: ModelSpec) -> dict[str, int]:
+    return model._count_layer()
 
 
 @dataclass(frozen=True)
