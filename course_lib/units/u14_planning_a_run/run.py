@@ -124,8 +124,11 @@ def plan_run(
 
 
 def top_plans(result, n: int = 8):
-    """The first ``n`` rows of a plan, with the columns worth reading, rounded."""
+    """The first ``n`` rows of a plan, with the columns worth reading (cp and ep where some
+    plan uses them), rounded."""
     cols = [c for c in SHOW_COLUMNS if c in result.columns]
+    at = cols.index("pp") + 1 if "pp" in cols else len(cols)
+    cols[at:at] = [c for c in ("cp", "ep") if c in result.columns and (result[c] > 1).any()]
     out = result[cols].head(_v.count("n", n, minimum=1)).copy()
     for c, d in {"memory_GB": 1, "step_s": 2, "bubble_fraction": 3, "mfu": 3, "days": 1}.items():
         if c in out:
