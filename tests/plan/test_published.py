@@ -103,6 +103,9 @@ def test_a_128k_llama3_plan_uses_context_parallelism():
                     uneven_stages=True, only={"tp": [8], "pp": [16], "micro_batch": [1], "v": [4]})  # fmt: skip
     assert result.iloc[0].cp > 1 and (result.cp == 1).sum() == 0
     assert result.iloc[0].cp_comm_s > 0
+    # the launch line counts the cp ranks in its nodes and passes cp to the script
+    cmd = P.launch_command(result)
+    assert "--nnodes 2048 --nproc-per-node 8" in cmd and cmd.endswith(f"--cp {result.iloc[0].cp}")
 
 
 def test_an_moe_plan_uses_expert_parallelism():
