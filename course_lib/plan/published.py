@@ -7,7 +7,8 @@ notebooks/14_planning_a_run.ipynb.
 
 Numbers that could not be checked against the paper text while this was written are marked
 "(recalled)" in the run's ``source``; what a paper does not state and the planner had to assume
-is in ``assumed``.
+is in ``assumed``. Mixtral 8x7B is a preset (``plan.model("Mixtral-8x7B")``) but not a run here:
+Jiang et al. 2024 publish its architecture, not its training layout or speed.
 """
 
 from __future__ import annotations
