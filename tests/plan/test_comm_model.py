@@ -134,3 +134,20 @@ def test_expert_all_to_alls_use_unit_16s_bytes_per_token():
 def test_bad_five_dimensional_input_is_refused(make, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         make()
+
+
+def test_moe_state_per_rank_is_unit_16s_count():
+    """predict_memory's model state of an MoE stage = estimate.moe_model_state_bytes_per_rank
+    for the same stage (dense over dp, routed experts over ep and the dp / ep ranks that share
+    one)."""
+    ds = P.model("DeepSeek-V3")
+    lay = P.Layout(128, 1, 16, 1, "selective", 1, ep=64)
+    mem = P.predict_memory(ds, lay, global_batch_tokens=15360 * 4096, uneven_stages=True,
+                           stage="last")  # fmt: skip
+    n = P.stage_layers(ds, 16, uneven_stages=True)[1]
+    lp, parts = ds.layer_params(), ds.params()
+    dense = n * (lp["moe"] - lp["routed"]) + parts["other"] + parts["output"]
+    unit16 = estimate.moe_model_state_bytes_per_rank(dense, n * lp["routed"], ep=64, world_size=128)
+    assert mem["params"] + mem["grads"] + mem["optimizer"] == pytest.approx(
+        unit16["total"], rel=1e-12
+    )
