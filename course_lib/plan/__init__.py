@@ -9,6 +9,7 @@ measured or virtual run of that layout is compared with. Every formula is in
 ``course_lib.measure.estimate``. Introduced in notebooks/14_planning_a_run.ipynb.
 """
 
+from course_lib.plan.comm_model import ASSUMPTION_SOURCES, DEFAULT_ASSUMPTIONS, Assumptions
 from course_lib.plan.explain import explain
 from course_lib.plan.launch import launch_command
 from course_lib.plan.memory import (
@@ -27,21 +28,15 @@ from course_lib.plan.planner import (
     plan,
     step_time,
 )
-from course_lib.plan.specs import (
-    CLUSTERS,
-    MODELS,
-    RECOMPUTE,
-    ClusterSpec,
-    Layout,
-    ModelSpec,
-    cluster,
-    model,
-    this_machine,
-)
+from course_lib.plan.presets import CLUSTERS, MODELS, cluster, model, this_machine
+from course_lib.plan.specs import RECOMPUTE, ClusterSpec, Layout, ModelSpec
 from course_lib.plan.virtual_check import TOLERANCE as VIRTUAL_TOLERANCE
 from course_lib.plan.virtual_check import compare_with_virtual
 
 __all__ = [
+    "ASSUMPTION_SOURCES",
+    "DEFAULT_ASSUMPTIONS",
+    "Assumptions",
     "MEMORY_CATEGORIES",
     "check_layout",
     "launch_command",

@@ -15,7 +15,10 @@ __all__ = ["explain"]
 
 
 def _family(row: Any) -> str:
-    return f"TP {row['tp']} x PP {row['pp']} x DP {row['dp']}"
+    extra = "".join(
+        f" x {k.upper()} {row[k]}" for k in ("cp", "ep") if k in row.index and row[k] > 1
+    )
+    return f"TP {row['tp']} x PP {row['pp']} x DP {row['dp']}{extra}"
 
 
 def _largest_part(row: Any) -> str:
@@ -65,6 +68,8 @@ def _slower(row: Any, top: Any, cluster: ClusterSpec) -> str:
         "recompute_s": f"{row['recompute']} recomputation to fit",
         "compute_s": "a slowest stage (the output layer or more layers on it) setting the pace",
         "p2p_s": "stage-to-stage sends",
+        "cp_comm_s": f"context-parallel K/V exchanges over {row.get('cp', 1)} ranks",
+        "ep_comm_s": f"expert-parallel all-to-alls over {row.get('ep', 1)} ranks",
     }[cause]
     return (
         f"- {_family(row)}: fits, but {row['step_s'] / top['step_s'] - 1:+.0%} "

@@ -6,8 +6,10 @@ from typing import Any
 
 from course_lib import validate as _v
 
-#: the layout columns of a plan row passed to the training script, as --name value
+#: the layout columns of a plan row passed to the training script, as --name value (cp and ep
+#: are added when the row uses them)
 LAYOUT_ARGS = ("dp", "tp", "pp", "zero", "recompute", "micro_batch", "v")
+_FIVE_D = ("cp", "ep")
 
 
 def launch_command(
@@ -21,9 +23,10 @@ def launch_command(
 ) -> str:
     """The torchrun command (or, with ``slurm=True``, the sbatch file) that starts the layout
     ranked ``rank`` in ``result`` (what :func:`course_lib.plan.plan` returned) on its cluster:
-    ``--nproc-per-node`` = the cluster's GPUs per node, ``--nnodes`` = dp x tp x pp / that, and
-    the layout passed to ``script`` as ``--dp .. --tp .. --pp .. --zero .. --recompute ..
-    --micro-batch .. --v ..`` (the names of the plan's columns; ``args`` picks which). ``script``
+    ``--nproc-per-node`` = the cluster's GPUs per node, ``--nnodes`` = dp x tp x pp x cp / that,
+    and the layout passed to ``script`` as ``--dp .. --tp .. --pp .. --zero .. --recompute ..
+    --micro-batch .. --v ..`` (the names of the plan's columns; ``args`` picks which; ``--cp`` and
+    ``--ep`` follow when the row uses them and ``args`` is the default). ``script``
     is your training script, or one exported by ``course_lib.cluster`` (``u14.run_3d`` takes
     ``args=("dp", "tp", "pp")``)."""
     from course_lib.cluster import launch_command as torchrun_command
@@ -39,7 +42,8 @@ def launch_command(
         raise ValueError("result = an empty plan: expected a layout that fits (nothing to launch)")
     rank = _v.count("rank", rank, minimum=1, maximum=len(result))
     row = result[result["rank"] == rank].iloc[0]
-    gpus = int(row["dp"] * row["tp"] * row["pp"])
+    cp = int(row["cp"]) if "cp" in row.index else 1
+    gpus = int(row["dp"] * row["tp"] * row["pp"]) * cp
     per_node = inputs["cluster"].gpus_per_node
     if gpus <= per_node:
         nodes, nproc = 1, gpus
@@ -47,7 +51,9 @@ def launch_command(
         raise ValueError(f"rank = {rank}: its {gpus} GPUs do not fill whole nodes of {per_node}")
     else:
         nodes, nproc = gpus // per_node, per_node
-    chosen = _v.choices("args", list(args), LAYOUT_ARGS)
+    chosen = _v.choices("args", list(args), LAYOUT_ARGS + _FIVE_D)
+    if tuple(args) == LAYOUT_ARGS:
+        chosen += [k for k in _FIVE_D if k in row.index and row[k] > 1]
     values = {k: (row[k].item() if hasattr(row[k], "item") else row[k]) for k in chosen}
     if slurm:
         return slurm_script(script, nodes=nodes, gpus_per_node=nproc, args=values)

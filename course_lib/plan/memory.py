@@ -9,7 +9,9 @@ in flight (``pipeline_inflight_layers``). Introduced in notebooks/14_planning_a_
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any
 
 from course_lib import validate as _v
 from course_lib.measure import estimate
@@ -51,6 +53,12 @@ def stage_layers(model: ModelSpec, pp: int, *, uneven_stages: bool = False) -> t
     4 on the last; Llama 3 405B (w = 0.66) on 16: 8, and 6 on the last (Llama 3 took one layer
     off the first and the last stage, arXiv:2407.21783 Sec. 3.3.2).
     """
+    return _stage_layers(model, pp, uneven_stages)
+
+
+@functools.cache
+def _stage_layers(model: ModelSpec, pp: int, uneven_stages: bool) -> tuple[int, int]:
+    """:func:`stage_layers`, counted once per (model, pp, uneven_stages)."""
     n = layers_per_stage(model, pp, uneven_stages=uneven_stages)
     if pp == 1:
         return n, n
@@ -116,9 +124,12 @@ def check_layout(
             f"virtual_stages = {layout.virtual_stages}: expected a divisor of the "
             f"{n} layers of a stage: one of {', '.join(map(str, divisors(n)))}"
         )
+    _check_cp_ep(model, layout)
     if cluster is not None and layout.gpus > cluster.gpus:
+        dims = "dp x tp x pp" + (" x cp" if layout.cp > 1 else "")
+        sizes = [layout.dp, layout.tp, layout.pp] + ([layout.cp] if layout.cp > 1 else [])
         raise ValueError(
-            f"dp x tp x pp = {layout.dp} x {layout.tp} x {layout.pp} = {layout.gpus}"
+            f"{dims} = {' x '.join(map(str, sizes))} = {layout.gpus}"
             f" GPUs: expected at most the cluster's {cluster.gpus} "
             f"({cluster.nodes} nodes x {cluster.gpus_per_node})"
         )
@@ -130,6 +141,17 @@ def check_layout(
                 f"{m} micro-batches < pp = {layout.pp} (the interleaved schedule "
                 "needs at least as many micro-batches as stages)"
             )
+
+
+def _check_cp_ep(model: ModelSpec, layout: Layout) -> None:
+    """cp must divide the sequence; ep > 1 needs experts, and must divide them."""
+    if model.seq_len % layout.cp:
+        raise ValueError(f"cp = {layout.cp}: expected a divisor of seq_len = {model.seq_len}")
+    if layout.ep > 1 and (not model.experts or model.experts % layout.ep):
+        raise ValueError(
+            f"ep = {layout.ep}: expected a divisor of the {model.experts} experts"
+            + ("" if model.experts else " (a dense model: ep = 1)")
+        )
 
 
 def predict_memory(
@@ -181,24 +203,71 @@ def predict_memory(
     )
     n_first, n_last = stage_layers(model, p, uneven_stages=uneven_stages)
     n = n_first if which == "first" else n_last
-    parts = model.params()
     is_first, is_last = which == "first" or p == 1, which == "last" or p == 1
-    stage_params = n * parts["per_layer"] + parts["other"]
-    stage_params += parts["embedding"] if is_first else 0
-    stage_params += (parts["output"] or (parts["embedding"] if p > 1 else 0)) if is_last else 0
-    state = estimate.zero_state_breakdown_per_rank(
-        -(-stage_params // t), stage=layout.zero, world_size=layout.dp
-    )
-    out = {
-        "params": state["params"],
-        "grads": state["grads"],
-        "optimizer": state["optimizer"],
-        "activations": _activation_bytes(model, layout, n, m, first=which == "first" or p == 1),
-        "logits": 4 * model.seq_len * b * model.vocab / t if is_last else 0,
-        "buffers": 2 * 2 * parts["per_layer"] / t if layout.zero == 3 else 0,
-    }
+    params, routed = _stage_params(model, layout, n, is_first, is_last)
+    out = _model_state(layout, params, routed)
+    out["activations"] = _activation_bytes(model, layout, n, m, first=which == "first" or p == 1)
+    out["logits"] = 4 * model.seq_len // layout.cp * b * model.vocab / t if is_last else 0
+    out["buffers"] = 2 * 2 * model.layer_params()["moe"] / t if layout.zero == 3 else 0
     out["total"] = sum(out.values())
     return out
+
+
+def _stage_params(
+    model: ModelSpec, layout: Layout, layers: int, is_first: bool, is_last: bool
+) -> tuple[int, int]:
+    """(dense, routed-expert) parameters of a stage of ``layers`` layers: the dense part of each
+    layer (all of a dense model's), the norms, the embedding on the first stage and the output
+    layer on the last; the routed experts of its MoE layers apart (expert parallelism splits
+    them)."""
+    parts, lp = model.params(), model.layer_params()
+    dense = layers * (lp["moe"] - lp["routed"]) + parts["other"]
+    dense += parts["embedding"] if is_first else 0
+    dense += (parts["output"] or (parts["embedding"] if layout.pp > 1 else 0)) if is_last else 0
+    return dense, layers * lp["routed"]
+
+
+def _model_state(layout: Layout, dense: int, routed: int) -> dict[str, int | float]:
+    """Weights, gradients and optimizer state per rank (``estimate.zero_state_breakdown_per_rank``:
+    bf16 weights, ``layout.grad_bytes`` gradients, fp32 master and Adam moments) of a stage's
+    ``dense`` parameters over tp, sharded by ZeRO over the dp x cp ranks that hold them, and of
+    its ``routed`` experts over tp x ep, sharded over the dp cp / ep ranks that share an expert
+    (as ``estimate.moe_model_state_bytes_per_rank`` groups them)."""
+    t, group = layout.tp, layout.dp * layout.cp
+    kw: dict[str, Any] = dict(stage=layout.zero, grad_bytes=layout.grad_bytes)
+    state = estimate.zero_state_breakdown_per_rank(-(-dense // t), world_size=group, **kw)
+    out = {k: state[k] for k in ("params", "grads", "optimizer")}
+    if routed:
+        shard = -(-routed // (t * layout.ep))
+        experts = estimate.zero_state_breakdown_per_rank(shard, world_size=group // layout.ep, **kw)
+        out = {k: out[k] + experts[k] for k in out}
+    return out
+
+
+def _layer_activations(model: ModelSpec, layout: Layout, recompute: Recompute) -> int | float:
+    """One layer's activation bytes per rank under ``layout`` with ``recompute``
+    (``estimate.activation_bytes_transformer_layer``; with cp > 1 ``estimate.
+    cp_activation_bytes_per_layer``, FlashAttention unless nothing is recomputed). An MoE
+    layer's MLP activations: each token through its top_k routed and the shared experts."""
+    mlp_width = (
+        (model.top_k + model.shared_experts) * model.expert_ffn if model.experts else model.ffn
+    )
+    shape: dict[str, Any] = dict(
+        kv_heads=model.kv_heads,
+        ffn=mlp_width,
+        gated_mlp=model.gated_mlp,
+        dropout=model.dropout,
+        tp=layout.tp,
+        sequence_parallel=layout.sequence_parallel,
+    )
+    s, b, h, a = model.seq_len, layout.micro_batch, model.hidden, model.heads
+    if layout.cp == 1 or recompute == "full":
+        return estimate.activation_bytes_transformer_layer(
+            s // layout.cp, b, h, a, recompute=recompute, **shape
+        )
+    return estimate.cp_activation_bytes_per_layer(
+        s, b, h, a, cp=layout.cp, method=layout.cp_method, flash=recompute != "none", **shape
+    )
 
 
 def _activation_bytes(
@@ -208,29 +277,24 @@ def _activation_bytes(
     layers in flight (the first stage: ``pipeline_inflight_layers``; a later one runs each
     micro-batch's backward right after its forward), plus the layer rebuilt for its backward
     under full recomputation."""
-
-    def layer(recompute: Recompute) -> int | float:
-        return estimate.activation_bytes_transformer_layer(
-            model.seq_len,
-            layout.micro_batch,
-            model.hidden,
-            model.heads,
-            kv_heads=model.kv_heads,
-            ffn=model.ffn,
-            gated_mlp=model.gated_mlp,
-            dropout=model.dropout,
-            tp=layout.tp,
-            sequence_parallel=layout.sequence_parallel,
-            recompute=recompute,
-        )
-
     if first:
         inflight = estimate.pipeline_inflight_layers(
             layers, layout.pp, microbatches, layout.virtual_stages
         )
     else:
         inflight = layers
-    activations = inflight * layer(layout.recompute)
+    activations = inflight * _cached_layer(model, _activation_key(layout), layout.recompute)
     if layout.recompute == "full":  # the layer being rebuilt for its backward
-        activations += layer("selective")
+        activations += _cached_layer(model, _activation_key(layout), "selective")
     return activations
+
+
+def _activation_key(layout: Layout) -> Layout:
+    """The layout with only what one layer's activations depend on (a cache key)."""
+    return Layout(
+        1, layout.tp, micro_batch=layout.micro_batch, cp=layout.cp, cp_method=layout.cp_method,
+        sequence_parallel=layout.sequence_parallel,
+    )  # fmt: skip
+
+
+_cached_layer = functools.cache(_layer_activations)

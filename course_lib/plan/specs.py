@@ -1,5 +1,7 @@
-"""What the planner plans for: a model (:class:`ModelSpec`), a cluster (:class:`ClusterSpec`) and a
-layout of the GPUs (:class:`Layout`), with presets taken from the papers and data sheets.
+"""What the planner plans for: a model (:class:`ModelSpec`, dense or mixture of experts), a
+cluster (:class:`ClusterSpec`) and a layout of the GPUs in five dimensions (:class:`Layout`:
+dp x tp x pp x cp, with ep carved out of dp). Presets from the papers and data sheets are in
+``plan.presets``.
 
 Introduced in notebooks/14_planning_a_run.ipynb.
 """
@@ -7,22 +9,20 @@ Introduced in notebooks/14_planning_a_run.ipynb.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any
 
 from course_lib import validate as _v
 from course_lib.measure import estimate
 from course_lib.measure.estimate.activations import RECOMPUTE, Recompute
+from course_lib.measure.estimate.context import CP_METHODS, CpMethod
 from course_lib.measure.estimate.planning import Norm
 
 __all__ = [
     "ModelSpec",
     "ClusterSpec",
     "Layout",
-    "MODELS",
-    "CLUSTERS",
-    "model",
-    "cluster",
     "RECOMPUTE",
     "divisors",
 ]
@@ -56,11 +56,22 @@ class ModelSpec:
     dropout: bool = False  # dropout in training (adds 1-byte masks to activations)
     published_params: float | None = None  # the count the authors report
     source: str = ""  # where the shape and the count come from
+    # mixture of experts (experts = 0: a dense model); ffn stays the dense layers' MLP width
+    experts: int = 0  # routed experts per MoE layer E
+    top_k: int = 0  # routed experts each token uses
+    shared_experts: int = 0  # experts every token uses (DeepSeek)
+    expert_ffn: int = 0  # one expert's MLP width
+    dense_layers: int = 0  # the first layers keep a dense MLP (DeepSeek-V3: 3)
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
             _v.count(f, getattr(self, f), minimum=1)
         _v.choice("norm", self.norm, estimate.NORMS)
+        if _v.count("experts", self.experts, minimum=0):
+            _v.count("top_k", self.top_k, minimum=1, maximum=self.experts)
+            _v.count("expert_ffn", self.expert_ffn, minimum=1)
+            _v.count("shared_experts", self.shared_experts, minimum=0)
+            _v.count("dense_layers", self.dense_layers, minimum=0, maximum=self.layers - 1)
         if self.hidden % self.heads:
             raise ValueError(f"heads = {self.heads}: expected a divisor of hidden = {self.hidden}")
         if self.heads % self.kv_heads:
@@ -71,6 +82,18 @@ class ModelSpec:
 
     def params(self) -> dict[str, int]:
         """Parameter count by part (``estimate.transformer_param_count``)."""
+        return dict(_params(self))
+
+    def layer_params(self) -> dict[str, int]:
+        """Parameters of one layer: ``dense`` (attention, norms, an MLP of width ffn:
+        ``params()["per_layer"]``); for an MoE layer ``moe`` (the dense layer with its MLP
+        replaced by the router, the shared and the routed experts: ``estimate.moe_param_count``),
+        ``moe_active`` (what one token uses: top_k routed experts) and ``routed`` (the routed
+        experts, what expert parallelism splits). A dense model's MoE entries are its dense
+        layer's, ``routed`` 0."""
+        return dict(_layer_params(self))
+
+    def _count(self) -> dict[str, int]:
         return estimate.transformer_param_count(
             layers=self.layers,
             hidden=self.hidden,
@@ -88,8 +111,37 @@ class ModelSpec:
         )
 
     @property
+    def moe_layers(self) -> int:
+        """Layers with a mixture-of-experts MLP (0 for a dense model)."""
+        return self.layers - self.dense_layers if self.experts else 0
+
+    def _count_layer(self) -> dict[str, int]:
+        dense = self.params()["per_layer"]
+        if not self.experts:
+            return {"dense": dense, "moe": dense, "moe_active": dense, "routed": 0}
+        kw: dict[str, Any] = dict(gated_mlp=self.gated_mlp, bias=self.bias)
+        mlp = estimate.moe_param_count(self.hidden, self.ffn, 1, top_k=1, **kw)["expert"]
+        moe = estimate.moe_param_count(
+            self.hidden,
+            self.expert_ffn,
+            self.experts,
+            top_k=self.top_k,
+            shared_experts=self.shared_experts,
+            **kw,
+        )
+        base = dense - mlp
+        return {
+            "dense": dense,
+            "moe": base + moe["total"],
+            "moe_active": base + moe["active"],
+            "routed": self.experts * moe["expert"],
+        }
+
+    @property
     def n_params(self) -> int:
-        return self.params()["total"]
+        """Every parameter, the routed experts included."""
+        lp = self.layer_params()
+        return self.params()["total"] + self.moe_layers * (lp["moe"] - lp["dense"])
 
     def flops_per_token(self, recompute: Recompute = "none") -> tuple[int, int]:
         """(model FLOPs, hardware FLOPs) per trained token. Model FLOPs are what MFU counts, the
@@ -97,14 +149,19 @@ class ModelSpec:
         the parameters a matrix product uses (every layer's and the output layer's V h; the
         embedding lookup is not a product). Hardware FLOPs (HFU's count) add what ``recompute``
         runs again (``estimate.recompute_flops_per_token``): a run that recomputes everything
-        does about 8 N, so its hardware rate is about 4/3 of its model rate."""
-        per_layer = self.params()["per_layer"]
-        matmul_params = self.layers * per_layer + self.vocab * self.hidden
+        does about 8 N, so its hardware rate is about 4/3 of its model rate.
+        An MoE layer counts the parameters a token uses (``layer_params()["moe_active"]``)."""
+        lp, n_moe = self.layer_params(), self.moe_layers
+        n_dense = self.layers - n_moe
+        matmul_params = n_dense * lp["dense"] + n_moe * lp["moe_active"] + self.vocab * self.hidden
         model = estimate.training_flops_per_token(
             matmul_params, layers=self.layers, hidden=self.hidden, seq=self.seq_len
         )
-        extra = estimate.recompute_flops_per_token(
-            per_layer, layers=self.layers, hidden=self.hidden, seq=self.seq_len, recompute=recompute
+        extra = sum(
+            estimate.recompute_flops_per_token(
+                params, layers=n, hidden=self.hidden, seq=self.seq_len, recompute=recompute
+            )
+            for params, n in ((lp["dense"], n_dense), (lp["moe_active"], n_moe))
         )
         return model, model + extra
 
@@ -112,106 +169,17 @@ class ModelSpec:
         return dataclasses.replace(self, **changes)
 
 
-class _Shape(TypedDict):
-    gated_mlp: bool
-    bias: bool
-    norm: Norm
-    tied_embeddings: bool
+_ALPHA = {name: link.alpha_us * 1e-6 for name, link in estimate.LINK_SPEEDS.items()}
 
 
-_GPT: _Shape = {"gated_mlp": False, "bias": True, "norm": "layernorm", "tied_embeddings": True}
-MODELS: dict[str, ModelSpec] = {
-    m.name: m
-    for m in [
-        ModelSpec(
-            "Llama-2-7B",
-            32,
-            4096,
-            32,
-            32,
-            11008,
-            32000,
-            4096,
-            published_params=6_738_415_616,
-            source="Touvron et al. 2023, arXiv:2307.09288 (Table 1; count of the released "
-            "checkpoint)",
-        ),
-        ModelSpec(
-            "Llama-2-70B",
-            80,
-            8192,
-            64,
-            8,
-            28672,
-            32000,
-            4096,
-            published_params=68_976_648_192,
-            source="Touvron et al. 2023, arXiv:2307.09288 (GQA with 8 KV heads)",
-        ),
-        ModelSpec(
-            "Llama-3-405B",
-            126,
-            16384,
-            128,
-            8,
-            53248,
-            128256,
-            8192,
-            published_params=405_853_388_800,
-            source="Llama Team 2024, The Llama 3 Herd of Models, arXiv:2407.21783, Table 3",
-        ),
-        ModelSpec(
-            "GPT-3-175B",
-            96,
-            12288,
-            96,
-            96,
-            4 * 12288,
-            50257,
-            2048,
-            learned_positions=True,
-            dropout=True,
-            published_params=175.0e9,
-            **_GPT,
-            source="Brown et al. 2020, arXiv:2005.14165, Table 2.1",
-        ),
-        ModelSpec(
-            "BLOOM-176B",
-            70,
-            14336,
-            112,
-            112,
-            4 * 14336,
-            250880,
-            2048,
-            embedding_norm=True,
-            dropout=False,
-            published_params=176_247_271_424,
-            **_GPT,
-            source="BigScience 2022, arXiv:2211.05100, Table 3 and Sec. 3.4",
-        ),
-        ModelSpec(
-            "MT-NLG-530B",
-            105,
-            20480,
-            128,
-            128,
-            4 * 20480,
-            50257,
-            2048,
-            learned_positions=True,
-            dropout=True,
-            published_params=530e9,
-            **_GPT,
-            source="Smith et al. 2022, arXiv:2201.11990, Sec. 3",
-        ),
-    ]
-}
+@functools.cache
+def _params(model: ModelSpec) -> dict[str, int]:  # a frozen spec: count it once
+    return model._count()
 
 
-def model(name: str) -> ModelSpec:
-    """A preset from :data:`MODELS` by name."""
-    return MODELS[_v.choice("model", name, MODELS)]
+@functools.cache
+def _layer_params(model: ModelSpec) -> dict[str, int]:
+    return model._count_layer()
 
 
 @dataclass(frozen=True)
@@ -226,6 +194,10 @@ class ClusterSpec:
     intra_GBps: float  # GPU-to-GPU inside a node, per direction, GB/s (1e9 B/s)
     inter_GBps: float  # each GPU's share of the network, per direction, GB/s
     source: str = ""
+    # latency of one ring step in seconds, inside a node and across the network: NCCL's cost
+    # model (estimate.link_speed(...).alpha_us, NVIDIA/nccl src/graph/tuning.cc)
+    alpha_intra_s: float = _ALPHA["NVLink H100"]
+    alpha_inter_s: float = _ALPHA["InfiniBand NDR"]
 
     def __post_init__(self) -> None:
         _v.count("gpus_per_node", self.gpus_per_node, minimum=1)
@@ -233,6 +205,8 @@ class ClusterSpec:
         _v.count("memory_bytes", self.memory_bytes, minimum=1)
         for f in ("peak_flops", "intra_GBps", "inter_GBps"):
             _v.number(f, getattr(self, f), positive=True, finite=True)
+        for f in ("alpha_intra_s", "alpha_inter_s"):
+            _v.number(f, getattr(self, f), minimum=0, finite=True)
 
     @property
     def gpus(self) -> int:
@@ -255,103 +229,12 @@ class ClusterSpec:
         return dataclasses.replace(self, nodes=n // self.gpus_per_node)
 
 
-_H100 = (
-    "NVIDIA H100 SXM data sheet: 80 GB HBM3, 989 TFLOP/s dense bf16, NVLink 4 900 GB/s "
-    "(450 per direction); one ConnectX-7 400 Gb/s (50 GB/s) NIC per GPU as in DGX H100"
-)
-_A100 = (
-    "NVIDIA A100 SXM 80GB data sheet: 312 TFLOP/s dense bf16, NVLink 3 600 GB/s (300 per "
-    "direction); one HDR 200 Gb/s (25 GB/s) NIC per GPU as in DGX A100"
-)
-CLUSTERS: dict[str, ClusterSpec] = {
-    c.name: c
-    for c in [
-        ClusterSpec(
-            "8xH100 + 400G IB",
-            8,
-            1,
-            80 * 10**9,
-            989e12,
-            estimate.link_speed("NVLink H100").per_direction_GBps,
-            estimate.link_speed("InfiniBand NDR").per_direction_GBps,
-            _H100,
-        ),
-        ClusterSpec(
-            "8xA100-80GB + 200G IB",
-            8,
-            1,
-            80 * 10**9,
-            312e12,
-            estimate.link_speed("NVLink A100").per_direction_GBps,
-            estimate.link_speed("InfiniBand HDR").per_direction_GBps,
-            _A100,
-        ),
-        ClusterSpec(
-            "8xV100-32GB + 100GbE",
-            8,
-            1,
-            32 * 10**9,
-            125e12,
-            150.0,
-            estimate.link_speed("100 GbE").per_direction_GBps,
-            "NVIDIA V100 SXM2 data sheet: 125 TFLOP/s fp16 tensor, NVLink 2 300 GB/s",
-        ),
-    ]
-}
-
-
-def cluster(name: str, *, gpus: int | None = None) -> ClusterSpec:
-    """A preset from :data:`CLUSTERS` (one node), or ``"this machine"``; ``gpus`` resizes it."""
-    if name == "this machine":
-        c = this_machine()
-    else:
-        c = CLUSTERS[_v.choice("cluster", name, [*CLUSTERS, "this machine"])]
-    return c if gpus is None else c.with_gpus(gpus)
-
-
-def this_machine() -> ClusterSpec:
-    """This computer as a one-device cluster: the GPU if there is one (its memory; a bf16 matmul
-    timed for the peak), else the CPU (physical memory; an fp32 matmul timed). Links: nominal
-    PCIe 4.0 (there is nothing to link to). The peak is *measured*, so it is below the data sheet."""
-    import os
-    import time
-
-    import torch
-
-    if torch.cuda.is_available():
-        dev, dtype, n = torch.device("cuda"), torch.bfloat16, 4096
-        memory = torch.cuda.get_device_properties(0).total_memory
-        name = torch.cuda.get_device_name(0)
-    else:
-        dev, dtype, n = torch.device("cpu"), torch.float32, 512
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        name = "CPU"
-    a = torch.randn(n, n, device=dev, dtype=dtype)
-    best = float("inf")
-    for _ in range(4):
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        a @ a
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    pcie = estimate.link_speed("PCIe 4.0 x16").per_direction_GBps
-    return ClusterSpec(
-        f"this machine ({name})",
-        1,
-        1,
-        int(memory),
-        2 * n**3 / best,
-        pcie,
-        pcie,
-        "measured here: total memory, and one timed matmul for the peak",
-    )
-
-
 @dataclass(frozen=True)
 class Layout:
-    """How a run uses its GPUs: dp x tp x pp ranks, and what each does to save memory."""
+    """How a run uses its GPUs: dp x tp x pp x cp ranks (tp innermost, then cp, dp, pp), expert
+    parallelism over ep of the dp ranks (the experts split ep ways, as Megatron carves its
+    expert-parallel group out of the data-parallel one), and what each rank does to save
+    memory."""
 
     dp: int  # data-parallel replicas
     tp: int = 1  # tensor-parallel ranks (Megatron column/row split)
@@ -361,13 +244,24 @@ class Layout:
     micro_batch: int = 1  # sequences per micro-batch
     virtual_stages: int = 1  # interleaved pipeline: chunks per rank (v)
     sequence_parallel: bool = True  # split LayerNorm/dropout activations over tp too
+    cp: int = 1  # context parallelism: each sequence split over cp ranks
+    ep: int = 1  # expert parallelism: the routed experts split over ep of the dp ranks
+    cp_method: CpMethod = "allgather"  # how attention meets the other ranks' keys (Llama 3's)
+    grad_bytes: int = 2  # gradient width kept: 2 (bf16), 4 (Megatron's fp32 main grads)
 
     def __post_init__(self) -> None:
-        for f in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
+        for f in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "cp", "ep"):
             _v.count(f, getattr(self, f), minimum=1)
         _v.choice("zero", self.zero, (0, 1, 2, 3))
         _v.choice("recompute", self.recompute, RECOMPUTE)
+        _v.choice("cp_method", self.cp_method, CP_METHODS)
+        _v.choice("grad_bytes", self.grad_bytes, (2, 4))
+        if self.dp % self.ep:
+            raise ValueError(
+                f"ep = {self.ep}: expected a divisor of dp = {self.dp}: one of "
+                f"{', '.join(map(str, divisors(self.dp)))}"
+            )
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp

@@ -32,9 +32,7 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------------------------
 # alpha-beta time models
-# --------------------------------------------------------------------------------------------
 def _beta(beta_s_per_byte: float | None, bandwidth: float | None) -> float:
     if (beta_s_per_byte is None) == (bandwidth is None):
         raise ValueError(
@@ -160,9 +158,7 @@ def busbw(algbw: float, collective: Collective, world_size: int) -> float:
     return float(_v.number("algbw", algbw, minimum=0) * _BUSBW_FACTOR[c](n))
 
 
-# --------------------------------------------------------------------------------------------
 # links
-# --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Link:
     """A published interconnect bandwidth.
@@ -175,6 +171,8 @@ class Link:
     PCIe as PCI-SIG and NVIDIA quote it, e.g. the H100 PCIe data sheet's "PCIe Gen5 128 GB/s")
     or "per direction" (InfiniBand and Ethernet port speeds). Plugging a bidirectional headline
     into a ring formula makes every time 2x optimistic. ``source``: where the number comes from.
+    ``alpha_us``: one ring step's latency (NVIDIA/nccl ``src/graph/tuning.cc``, ``hwLat``, ring
+    / Simple protocol: NVLink 3.4, PCIe 5.7, network 9.6 us; a cost model's constant).
     """
 
     name: str
@@ -184,6 +182,10 @@ class Link:
     source: str
     note: str = ""
     headline_is: str = "per direction"  # or "bidirectional"
+
+    @property
+    def alpha_us(self) -> float:
+        return 9.6 if self.kind == "inter-node" else 5.7 if "PCIe" in self.name else 3.4
 
 
 LINK_SPEEDS: dict[str, Link] = {
@@ -274,9 +276,7 @@ def allreduce_time_on_link(
     return allreduce_time(size_bytes, world_size, alpha=alpha, bandwidth=bw, algorithm="ring")
 
 
-# --------------------------------------------------------------------------------------------
 # two-level all-reduce, and DDP's overlap of buckets with backward
-# --------------------------------------------------------------------------------------------
 def hierarchical_allreduce_breakdown(
     size_bytes: float,
     *,

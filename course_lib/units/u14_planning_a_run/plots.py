@@ -98,18 +98,21 @@ def plot_step_parts(result: pd.DataFrame, *, n: int = 6) -> Figure:
 
 
 def plot_mfu(published: pd.DataFrame) -> Figure:
-    """Predicted beside reported MFU for the published runs (``run.published_runs``): both
-    model FLOPs, counted the PaLM way (a paper's HFU converted by ``run.reported_mfu``)."""
+    """Predicted beside reported MFU for the published runs (``run.published_runs``), one
+    row per run: both model FLOPs, counted the PaLM way (a paper's HFU, step time or GPU-hours
+    converted by ``plan.published.reported``)."""
     require_columns(published, ["run", "predicted MFU", "reported MFU"], "published", nonempty=True)
     with style():
-        fig, ax = plt.subplots(figsize=(6.5, 3.6))
-        x = range(len(published))
-        ax.bar([i - 0.2 for i in x], published["reported MFU"] * 100, 0.4, label="papers (MFU)")
-        ax.bar([i + 0.2 for i in x], published["predicted MFU"] * 100, 0.4, label="planner (MFU)")
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(published["run"])
-        ax.set_ylabel("MFU (%)")
+        n = len(published)
+        fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.32 * n))
+        y = range(n)
+        ax.barh([i - 0.2 for i in y], published["reported MFU"] * 100, 0.4, label="papers (MFU)")
+        ax.barh([i + 0.2 for i in y], published["predicted MFU"] * 100, 0.4, label="planner (MFU)")
+        ax.set_yticks(list(y))
+        ax.set_yticklabels(published["run"], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("MFU (%)")
         ax.set_title("The planner beside the papers, as published (MFU, PaLM count)")
-        ax.legend()
+        ax.legend(loc="lower right")
         fig.tight_layout()
     return fig

@@ -71,8 +71,10 @@ def predict_mfu(parts, model, layout, new_seq):
     (w0, r0), (w1, r1) = stage(s), stage(new_seq)
     compute = parts["compute_s"] * w1 / w0
     recompute = parts["recompute_s"] * r1 / r0 if r0 else 0.0
-    busy = compute + recompute + parts["tp_comm_s"] + parts["p2p_s"]  # per token: TP, P2P unchanged
     m = parts["microbatches"] * s // new_seq  # same tokens, longer sequences: fewer micro-batches
+    # TP and P2P bytes per token unchanged; their per-message latency falls with the micro-batches
+    latency = parts["latency_s"] * m / parts["microbatches"]
+    busy = compute + recompute + parts["tp_comm_s"] + parts["p2p_s"] - parts["latency_s"] + latency
     bubble = (layout.pp - 1) / layout.virtual_stages * busy / m
     step = busy + bubble + parts["dp_comm_s"]
     matmul_params = model.layers * P + V * h  # PaLM's N: what matrix products use
