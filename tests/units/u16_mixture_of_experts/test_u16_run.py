@@ -25,17 +25,10 @@ def test_wire_bytes_two_ranks():
     assert (measured.framing % 144 == 0).all() and (measured.framing > 0).all()
 
 
+# Parity at 1, 2 and 4 ranks (drops included), the ep x dp mesh and the hot-expert imbalance on the
+# timeline are checked once per `make test`, by lecture 16's compared cells (nbval), not again here.
 @pytest.mark.slow
-def test_parity_four_ranks_timeline_and_training():
-    par = run.parity((1, 2, 4))
-    assert par.ok.all() and len(par) == 9 and (par.dropped[par.capacity_factor == 1.0] > 0).all()
-    mesh = run.ep_dp(4, 2)
-    assert mesh.ok.all() and list(mesh.expert_dp_group[0]) == [0, 2]
-    tl = run.timeline(2, tokens=128, repeats=1)
-    imb = run.imbalance(tl)
-    hot = imb[imb.hot == 1.0].set_index("rank").expert_rows
-    assert hot[0] == 256 and hot[1] == 0  # every token of both ranks to expert 0, on rank 0
-    assert set(tl.phase) == {"route", "dispatch", "experts", "combine"}
+def test_balancing_keeps_the_busiest_expert_below_its_unbalanced_share():
     tr = run.train(steps=60)
     last = tr[tr.step >= 50].groupby("balancing").busiest_share.mean()
     assert last["none"] > 0.9 and last["aux_loss"] < 0.8 and last["bias"] < 0.6
