@@ -42,6 +42,7 @@ def test_a_bad_option_exits_2_with_one_line_naming_it(tmp_path, capsys, argv, ex
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # every check once, on the CPU (14 s); the fast lane keeps the isolation test
 def test_a_cpu_run_writes_a_report_naming_every_check_none_failed(tmp_path, capsys):
     start = time.perf_counter()
     assert gpu_check.main(["--device", "cpu", "--out", str(tmp_path)]) == 0

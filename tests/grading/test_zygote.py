@@ -48,6 +48,7 @@ def _probe(task: int, extra: str = "") -> CheckJob:
     return CheckJob(task, "course_lib.units.u00_start_here", [], [], [], check)
 
 
+@pytest.mark.slow  # three notebooks, a killer among them (13 s); the fast lane keeps a cold zygote
 def test_a_warm_zygote_serves_each_notebook_with_its_seed_and_folder_and_survives_a_killer(
     tmp_path,
 ):

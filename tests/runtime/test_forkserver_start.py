@@ -88,6 +88,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # two forkservers start cold (12 s)
 def test_a_forked_child_launches_from_its_parents_server_and_starts_its_own_once_it_died():
     """What the grader's zygote relies on: a clean child forked from it hands out ranks from the
     zygote's warm server (no second cold start), and one whose inherited server died still
