@@ -14,3 +14,27 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # "nbval-check-output"), and exercises' check cells against the solution outputs kept in their
 # metadata (course.expected_outputs), not the "expected once your answer is right" text they show.
 pytest_plugins = ["course_lib.grading.nbval_targets"]
+
+
+# The longest modules of the library's tests (each one scope under --dist loadscope, 2-4 minutes of
+# one worker): started first, so the last minutes are short modules on both workers.
+LONG_MODULES = ("tests/browser/", "tests/test_course.py", "tests/cluster/")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The long modules first, and the lectures in reverse order (18 first): under ``--dist
+    loadscope``/``loadfile`` each worker takes the next module or lecture when it finishes one, so
+    the later units, which launch the most ranks, start first and the short early ones fill in at
+    the end instead of one long module running alone."""
+    from pathlib import Path
+
+    root = Path(str(config.rootpath))
+
+    def key(item) -> int:
+        path = Path(str(item.fspath))
+        if path.suffix == ".ipynb" and path.parent.name == "notebooks" and path.name[:2].isdigit():
+            return -int(path.name[:2])
+        where = path.relative_to(root).as_posix() if path.is_relative_to(root) else ""
+        return -100 if where.startswith(LONG_MODULES) else 0
+
+    items.sort(key=key)  # stable: the cells of a lecture and the tests of a module keep their order
