@@ -17,10 +17,11 @@ of a unit (:class:`WarmZygote`, :meth:`Zygote.ask`): each request carries its no
 folder, and its tasks are still forks of the same clean state. A zygote that dies (an answer that
 kills its parent) costs only that request: the notebook is graded again in a fresh one.
 
-For a unit whose checks launch ranks, the zygote also starts the launcher's forkserver (torch
-preloaded) while it waits, and every child hands out its ranks from that one server
-(:func:`course_lib.runtime.processes.adopt_inherited_forkserver`): a cold server costs ~4 s per
-task otherwise. The server holds no learner state (ranks are forks of it, never the reverse), and
+For a unit whose checks launch ranks, the zygote also starts the launcher's forkserver while it
+waits, as a fork of itself (:func:`course_lib.runtime.processes.start_forkserver_by_fork`: torch
+is not imported a second time, ~3 s of CPU less per notebook), and every child hands out its
+ranks from that one server (:func:`course_lib.runtime.processes.adopt_inherited_forkserver`): a
+cold server costs ~4 s per task otherwise. The server holds no learner state (ranks are forks of it, never the reverse), and
 any rank still alive when a task ends is killed before the next task starts.
 """
 
@@ -208,7 +209,8 @@ def _warm_forkserver(unit: str) -> int | None:
     folder = Path(spec.origin).parent
     if not any(_LAUNCHES.search(p.read_text()) for p in folder.glob("checks*.py")):
         return None
-    if processes.start_method() != "forkserver":
+    # a fork of this process (torch and the unit imported, one thread): no second interpreter
+    if not processes.start_forkserver_by_fork() and processes.start_method() != "forkserver":
         return None
     return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
 

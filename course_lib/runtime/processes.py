@@ -120,6 +120,80 @@ def start_method() -> StartMethod:
     return "forkserver"
 
 
+def start_forkserver_by_fork() -> bool:
+    """Start the forkserver as a ``fork()`` of this process: nothing is imported a second time.
+
+    The stdlib starts the server as a new interpreter, which imports torch and the rest of
+    :data:`FORKSERVER_PRELOAD` again (~5 s of CPU, a third of a grade on 2 cores). A process that
+    has imported them already and runs one thread (the grader's zygote, before any check) can be
+    the server's template instead: the server is then a copy of it, as the ranks are copies of the
+    server. False, with nothing started, where that is not safe: another thread is running (a fork
+    copies no thread, and a lock another thread held would stay locked), a server already runs,
+    or the platform has no forkserver. The caller then starts one the usual way
+    (:func:`start_method`).
+    """
+    import importlib
+    import socket
+
+    if "forkserver" not in multiprocessing.get_all_start_methods() or forkserver_running():
+        return False
+    for name in FORKSERVER_PRELOAD:  # what the server and every rank find imported
+        importlib.import_module(name)
+    multiprocessing.resource_tracker.ensure_running()  # a small interpreter of its own, as usual
+    # One Python thread, and no OS thread but the idle one torch's import starts (the stdlib's
+    # own server forks every rank with that one too)
+    if threading.active_count() != 1 or _thread_count() > _TORCH_IMPORT_THREADS + 1:
+        return False
+    server = multiprocessing.forkserver._forkserver
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = multiprocessing.connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()  # the server exits when every holder of alive_w is gone
+        pid = os.fork()
+        if pid == 0:  # the server: keep only what a new interpreter would have been given
+            try:
+                keep = {0, 1, 2, listener.fileno(), alive_r}
+                for fd in _open_fds():
+                    if fd not in keep:
+                        try:
+                            os.close(fd)
+                        except OSError:
+                            pass
+                signal.signal(signal.SIGINT, _worker._exit_quietly)  # as the preloaded trampoline
+                multiprocessing.forkserver.main(listener.fileno(), alive_r, [])
+            finally:
+                os._exit(0)
+        os.close(alive_r)
+    server._forkserver_address = address  # type: ignore[attr-defined]
+    server._forkserver_alive_fd = alive_w  # type: ignore[attr-defined]
+    server._forkserver_pid = pid  # type: ignore[attr-defined]
+    # a later restart (the stdlib's, if this server dies) preloads the same modules
+    server.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return True
+
+
+_TORCH_IMPORT_THREADS = (
+    1  # threads (blocked on a futex) that loading torch._C starts, torch 2.11-2.13
+)
+
+
+def _thread_count() -> int:
+    """Threads of this process as the OS counts them (C++ threads included); 1 where unknown."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def _open_fds() -> list[int]:
+    try:
+        return [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 256))
+
+
 def adopt_inherited_forkserver() -> None:
     """In a process ``fork()``-ed from one whose forkserver runs: hand out ranks from that server.
 

@@ -104,3 +104,52 @@ def test_a_forked_child_launches_from_its_parents_server_and_starts_its_own_once
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["kept", "True", "True", "killed", "False", "False"], done
+
+
+_BY_FORK = """
+import os, sys, threading
+import multiprocessing.forkserver
+from course_lib.runtime import processes
+from course_lib.runtime.launch import launch
+
+def where(rank, world_size):
+    import torch.distributed as dist
+    t = __import__("torch").ones(1)
+    dist.all_reduce(t)
+    return os.getppid(), "torch._dynamo" in sys.modules, t.item()
+
+if __name__ == "__main__":
+    if sys.argv[1] == "thread":  # a second Python thread: the server must not be a fork of this
+        threading.Thread(target=threading.Event().wait, daemon=True).start()
+    forked = processes.start_forkserver_by_fork()
+    ppids, dynamo, sums = zip(*launch(where, 2))
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    print(forked, os.getppid() != server, set(ppids) == {server}, all(dynamo), sums)
+    with open(f"/proc/{server}/stat") as f:
+        print("parent", int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid())
+"""
+
+
+@pytest.mark.slow  # imports torch._dynamo once in each of two interpreters
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="counts threads in /proc")
+def test_a_single_threaded_caller_is_its_own_servers_template_and_a_threaded_one_is_not(tmp_path):
+    """The grader's zygote starts its forkserver as a fork of itself (nothing imported twice);
+    ranks come from that server, torch._dynamo already there. With a second thread running the
+    fork is refused and the stdlib's server (a new interpreter) starts instead."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = tmp_path / "by_fork.py"
+    script.write_text(_BY_FORK)
+    for mode, forked in (("alone", "True"), ("thread", "False")):
+        proc = subprocess.run(
+            [sys.executable, str(script), mode],
+            capture_output=True,
+            text=True,
+            timeout=100,
+            cwd=root,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.splitlines() == [f"{forked} True True True (2.0, 2.0)", "parent True"], (
+            mode,
+            proc.stdout,
+            proc.stderr[-2000:],
+        )
