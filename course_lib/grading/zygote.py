@@ -19,10 +19,11 @@ kills its parent) costs only that request: the notebook is graded again in a fre
 
 For a unit whose checks launch ranks, the zygote also starts the launcher's forkserver while it
 waits, as a fork of itself (:func:`course_lib.runtime.processes.start_forkserver_by_fork`: torch
-is not imported a second time, ~3 s of CPU less per notebook), and every child hands out its
+is not imported a second time, ~4 s of CPU less per notebook), and every child hands out its
 ranks from that one server (:func:`course_lib.runtime.processes.adopt_inherited_forkserver`): a
-cold server costs ~4 s per task otherwise. The server holds no learner state (ranks are forks of it, never the reverse), and
-any rank still alive when a task ends is killed before the next task starts.
+cold server costs ~4 s per task otherwise. The server holds no learner state (ranks are forks of
+it, never the reverse), and any rank still alive when a task ends is killed before the next task
+starts.
 """
 
 from __future__ import annotations
