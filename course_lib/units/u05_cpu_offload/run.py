@@ -244,14 +244,16 @@ def _fsdp_rank(rank: int, world_size: int, steps: int):
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     from course_lib.parallel.harness import make_optimizer_fn, parallel_run
+    from course_lib.parallel.mesh import rank_device_mesh
 
     model = _fsdp_model(0)
-    # pin_memory=False: pinning needs CUDA; on a GPU keep the default (True)
-    policy = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+    mesh = rank_device_mesh()
+    # pin_memory=False on CPU ranks: pinning is for copies to a GPU; on GPU ranks keep the default
+    policy = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")
     for layer in model.modules():
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, offload_policy=policy)
-    fully_shard(model, offload_policy=policy)
+            fully_shard(layer, mesh=mesh, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy)
     where = {
         name: {
             "type": type(p).__name__,

@@ -146,6 +146,7 @@ def _torch_worker(rank: int, world_size: int, steps: int) -> dict:
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from course_lib.parallel.mesh import rank_device_mesh
     from course_lib.parallel.zero import ZeroDataParallel, full_tensors
 
     def run(model, optimizer_fn, gather_fn=H.full_tensors):
@@ -169,9 +170,10 @@ def _torch_worker(rank: int, world_size: int, steps: int) -> dict:
     )
     for reshard in (False, True):
         model = model_fn()
+        mesh = rank_device_mesh()
         for layer in model.layers:
-            fully_shard(layer, reshard_after_forward=reshard)
-        fully_shard(model, reshard_after_forward=reshard)
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
         out[f"fully_shard(reshard_after_forward={reshard})"] = run(model, _adamw)
     dist.barrier()
     return out

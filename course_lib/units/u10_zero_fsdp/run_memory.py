@@ -114,6 +114,7 @@ def _comm_row(rank: int, world_size: int, name: str, stage: int, reshard: bool, 
 def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[dict]:
     from torch.distributed.fsdp import fully_shard
 
+    from course_lib.parallel.mesh import rank_device_mesh
     from course_lib.parallel.zero import ZeroDataParallel
 
     batch = H.shard_batch(_memory_batch(0), rank, world_size)
@@ -133,9 +134,10 @@ def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[d
         rows.append(_comm_row(rank, world_size, name, stage, reshard, meter))
     if with_torch:
         fsdp = _memory_model()
+        mesh = rank_device_mesh()
         for layer in fsdp.layers:
-            fully_shard(layer)
-        fully_shard(fsdp)
+            fully_shard(layer, mesh=mesh)
+        fully_shard(fsdp, mesh=mesh)
         opt = torch.optim.AdamW(fsdp.parameters(), lr=LR)
 
         def fsdp_step() -> None:
