@@ -211,7 +211,9 @@ class Mesh:
             )
         check_sizes(dp=dp, tp=tp, pp=pp, world_size=actual)
         if device_type is None:
-            device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+            from course_lib.runtime.device import rank_device
+
+            device_type = rank_device().type
         # imported here: torch.distributed.device_mesh pulls in DTensor machinery
         from torch.distributed.device_mesh import init_device_mesh
 

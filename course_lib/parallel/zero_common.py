@@ -198,7 +198,7 @@ class ZeroDataParallel(nn.Module):
         n = flat_grad.numel() // self.world_size
         out = torch.empty(n, dtype=flat_grad.dtype, device=flat_grad.device)
         start = self._now()
-        if dist.get_backend(self.group) == "gloo":
+        if flat_grad.device.type == "cpu":  # CPU tensors go through gloo (also under NCCL)
             ring_reduce_scatter(out, flat_grad, self.group)
         else:
             reduce_scatter_single(out, flat_grad, group=self.group)

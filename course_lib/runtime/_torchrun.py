@@ -14,6 +14,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from course_lib.runtime import compat
 from course_lib.runtime._outcomes import Outcome
 from course_lib.runtime.device import resolve_backend
 from course_lib.runtime.errors import LaunchError
@@ -62,6 +63,8 @@ def _init_default_group(backend: str, timeout: timedelta) -> None:
     """env:// rendezvous; in an attempt torchrun restarted (``--max-restarts``), under a key prefix
     of its own: the agent's store still holds the failed attempt's keys (gloo's addresses of ranks
     that are gone among them), and a new rank reading one of those cannot connect."""
+    compat.provide_new_collective_names()
+    backend = compat.group_backend(backend)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         dist.init_process_group(backend, timeout=timeout)

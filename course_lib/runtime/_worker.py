@@ -58,6 +58,7 @@ import cloudpickle  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from course_lib.runtime import compat  # noqa: E402
 from course_lib.runtime.protocol import RankResult, RankSpec  # noqa: E402
 
 # The folder that holds course_lib/: tracebacks name the course's files from the package
@@ -210,11 +211,16 @@ def join_group(rank: int, spec: RankSpec, store: dist.FileStore) -> None:
     ::ffff:127.0.0.1 on every connection, and a lost DNS query stalled the launch for glibc's
     5 s retry time-out. gloo/NCCL pick free ports themselves.
     """
+    compat.provide_new_collective_names()
     if spec.backend == "nccl":
         torch.cuda.set_device(rank)  # one GPU per rank, never two ranks on one GPU
     timeout = timedelta(seconds=spec.timeout)
     dist.init_process_group(
-        spec.backend, store=store, rank=rank, world_size=spec.world_size, timeout=timeout
+        compat.group_backend(spec.backend),
+        store=store,
+        rank=rank,
+        world_size=spec.world_size,
+        timeout=timeout,
     )
     if spec.world_size > 1:
         _all_joined(store, spec.world_size, spec.timeout)

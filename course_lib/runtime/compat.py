@@ -16,7 +16,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather_single", "quiet_import_logs", "reduce_scatter_single"]
+__all__ = [
+    "all_gather_single",
+    "group_backend",
+    "provide_new_collective_names",
+    "quiet_import_logs",
+    "reduce_scatter_single",
+]
 
 # Loggers that speak while an optional library is imported, about nothing the course does:
 # torchao's "Failed to load .../_C_*.so" for GPU kernels a CPU wheel cannot load, and torch's
@@ -60,3 +66,46 @@ def reduce_scatter_single(
     """``output`` <- this rank's chunk of the element-wise reduction of every rank's ``input``."""
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return fn(output, input, op=op, group=group, async_op=async_op)
+
+
+def provide_new_collective_names() -> None:
+    """On torch older than 2.13, give ``torch.distributed`` the two names 2.13 introduced
+    (``all_gather_single``, ``reduce_scatter_single``), so the lectures' code and a learner's
+    answer written with them run there too. Every rank the course starts calls it; on 2.13 and
+    later it changes nothing.
+
+    Each new name is a function of its own that calls the old one, as 2.13's old name calls the
+    new: ``CommMeter`` wraps both and counts only the outer call. It is set on
+    ``torch.distributed.distributed_c10d`` too, where ``CommMeter`` looks for what to wrap."""
+    c10d = dist.distributed_c10d
+    if not hasattr(c10d, "all_gather_single"):
+
+        def all_gather_single(  # type: ignore[no-untyped-def]
+            output_tensor, input_tensor, group=None, async_op=False
+        ):
+            """torch 2.13's name for ``all_gather_into_tensor`` (course_lib.runtime.compat)."""
+            return c10d.all_gather_into_tensor(
+                output_tensor, input_tensor, group=group, async_op=async_op
+            )
+
+        for module in (c10d, dist):
+            vars(module)["all_gather_single"] = all_gather_single
+    if not hasattr(c10d, "reduce_scatter_single"):
+
+        def reduce_scatter_single(  # type: ignore[no-untyped-def]
+            output, input, op=dist.ReduceOp.SUM, group=None, async_op=False
+        ):
+            """torch 2.13's name for ``reduce_scatter_tensor`` (course_lib.runtime.compat)."""
+            return c10d.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+
+        for module in (c10d, dist):
+            vars(module)["reduce_scatter_single"] = reduce_scatter_single
+
+
+def group_backend(backend: str) -> str:
+    """What the ranks pass to ``init_process_group`` for the backend ``launch`` resolved:
+    under NCCL, ``"cpu:gloo,cuda:nccl"``, so a collective on GPU tensors goes through NCCL and
+    one on CPU tensors through gloo. Most of the course's rank code builds CPU tensors; with NCCL
+    alone they fail ("No backend type associated with device type cpu") on any machine with a
+    GPU per rank, where ``backend="auto"`` picks NCCL."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend

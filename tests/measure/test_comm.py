@@ -374,3 +374,40 @@ def test_collective_family_is_the_same_on_every_supported_torch():
         assert collective_family(old) == collective_family(new) == family
     assert collective_family("all_to_all_single") == "all_to_all"
     assert collective_family("all_reduce") == "all_reduce"
+
+
+def _as_on_torch_211(rank, world_size):
+    """torch 2.11 has only the old names (each the implementation itself): after
+    compat.provide_new_collective_names, code written with 2.13's names runs and is metered once
+    per call, whichever name it used."""
+    from course_lib.runtime import compat
+
+    c10d = dist.distributed_c10d
+    for old, new in (
+        ("all_gather_into_tensor", "all_gather_single"),
+        ("reduce_scatter_tensor", "reduce_scatter_single"),
+    ):
+        impl = getattr(c10d, new)
+        if impl.__module__ == "course_lib.runtime.compat":
+            continue  # an older torch indeed: the rank already runs on the old names
+        for module in (c10d, dist):
+            vars(module)[old] = impl
+            del vars(module)[new]
+    compat.provide_new_collective_names()
+    out, shard = torch.empty(4 * world_size), torch.empty(2)
+    with CommMeter() as meter:
+        dist.all_gather_single(out, torch.ones(4))
+        compat.reduce_scatter_single(shard, torch.ones(2 * world_size))
+        dist.all_gather_into_tensor(out, torch.ones(4))
+    return meter.calls, meter.model_bytes_sent, out.tolist(), shard.tolist()
+
+
+def test_the_213_names_on_an_older_torch_run_and_are_metered_once():
+    for calls, sent, out, shard in launch(_as_on_torch_211, 2, timeout=60):
+        assert calls == {
+            "all_gather_single": 1,
+            "reduce_scatter_single": 1,
+            "all_gather_into_tensor": 1,
+        }
+        assert sent == 2 * 16 + 8  # two all-gathers: (N-1) x 16 B; reduce-scatter (N-1)/N x 16 B
+        assert out == [1.0] * 8 and shard == [2.0, 2.0]
