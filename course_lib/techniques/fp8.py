@@ -175,21 +175,28 @@ def to_float8(
     return Float8Data(data, s.contiguous(), (br, bc), scaling)
 
 
-def scaled_mm_available(device: torch.device | str = "cpu") -> bool:
-    """Whether ``torch._scaled_mm`` runs a small E4M3 product on ``device`` (checked once)."""
-    key = str(torch.device(device))
+def scaled_mm_available(
+    device: torch.device | str = "cpu", scaling: Literal["tensorwise", "rowwise"] = "tensorwise"
+) -> bool:
+    """Whether ``torch._scaled_mm`` runs a small E4M3 product on ``device`` with ``scaling``'s
+    scales (checked once per device and scaling). torch 2.11's CPU kernel takes one scale per
+    tensor only; 2.13's takes one per row too."""
+    key = (str(torch.device(device)), scaling)
     if key not in _SCALED_MM:
         try:
             a = torch.ones(16, 16, device=device).to(torch.float8_e4m3fn)
-            one = torch.ones((), device=device)
-            torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+            n = 16 if scaling == "rowwise" else 1
+            sa, sb = torch.ones(n, 1, device=device), torch.ones(1, n, device=device)
+            if scaling == "tensorwise":
+                sa, sb = sa.reshape(()), sb.reshape(())
+            torch._scaled_mm(a, a.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
             _SCALED_MM[key] = True
         except (RuntimeError, NotImplementedError, AttributeError):
             _SCALED_MM[key] = False
     return _SCALED_MM[key]
 
 
-_SCALED_MM: dict[str, bool] = {}
+_SCALED_MM: dict[tuple[str, str], bool] = {}
 
 
 def _scaled_mm_scales(a: Float8Data, b: Float8Data) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -219,7 +226,9 @@ def fp8_matmul(
             "(N, K) with the same K"
         )
     scales = _scaled_mm_scales(a, b)
-    kernel = scales is not None and scaled_mm_available(a.data.device)
+    kernel = scales is not None and scaled_mm_available(
+        a.data.device, "rowwise" if a.scaling == "rowwise" else "tensorwise"
+    )
     if kernel and not emulate and scales is not None:
         out = torch._scaled_mm(
             a.data, b.data.t(), scale_a=scales[0], scale_b=scales[1], out_dtype=out_dtype

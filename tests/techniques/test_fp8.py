@@ -84,9 +84,17 @@ def test_given_scale_saturates():
     assert to_float8(torch.tensor([[1e5]]), dtype="e5m2", scale=1.0).data.float().item() == 57344.0
 
 
-@pytest.mark.skipif(not scaled_mm_available("cpu"), reason="torch._scaled_mm does not run here")
 @pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
 def test_scaled_mm_matches_fp32_product_of_dequantised_operands(scaling):
+    if not scaled_mm_available("cpu", scaling):  # torch 2.11's CPU kernel: tensorwise only
+        assert (
+            fp8_matmul(
+                to_float8(_x(0, (4, 16)), scaling=scaling),
+                to_float8(_x(1, (4, 16)), scaling=scaling),
+            )[1]
+            == "emulated"
+        )
+        pytest.skip(f"torch._scaled_mm with {scaling} scales does not run on this CPU build")
     a, b = _x(3, (32, 128)), _x(4, (48, 128))
     qa, qb = to_float8(a, scaling=scaling), to_float8(b, scaling=scaling)
     kernel, how = fp8_matmul(qa, qb)
