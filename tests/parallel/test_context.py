@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import course_lib
 from course_lib.measure import estimate
+from course_lib.measure.comm import collective_family
 from course_lib.parallel import context as C
 
 B, H, HKV, S, D = 2, 4, 2, 16, 8
@@ -90,8 +91,8 @@ def _check_world(world_size, hkv=HKV, s=S):
             r = res[method, layout, causal]
             assert r["sent"] == (pred["sent_forward"], pred["sent_backward"]), (method, layout)
             assert r["calls"] == (pred["calls"]["forward"], pred["calls"]["backward"]) or (
-                {op.removesuffix("_single"): n for op, n in r["calls"][0].items()},
-                {op.removesuffix("_single"): n for op, n in r["calls"][1].items()},
+                {collective_family(op): n for op, n in r["calls"][0].items()},
+                {collective_family(op): n for op, n in r["calls"][1].items()},
             ) == (pred["calls"]["forward"], pred["calls"]["backward"]), (method, r["calls"])
     return results
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import course_lib
+from course_lib.measure.comm import collective_family
 from course_lib.models import GPT, GPTConfig, LlamaConfig
 from course_lib.parallel import harness as H
 from course_lib.parallel import tensor as T
@@ -83,11 +84,11 @@ def test_parity_with_one_process_and_exact_collective_counts(world_size):
         assert records[0]["calls False"] == ({"all_reduce": 2 * L}, {"all_reduce": 2 * L})
         fwd, bwd = records[0]["calls True"]
         # sequence parallel: +1 gather before the replicated head, +1 after the embeddings
-        assert {k.replace("_single", ""): v for k, v in fwd.items()} == {
+        assert {collective_family(k): v for k, v in fwd.items()} == {
             "all_gather": 2 * L + 1,
             "reduce_scatter": 2 * L,
         }
-        assert {k.replace("_single", ""): v for k, v in bwd.items()} == {
+        assert {collective_family(k): v for k, v in bwd.items()} == {
             "all_gather": 4 * L + 1,
             "reduce_scatter": 2 * L,
         }

@@ -137,13 +137,19 @@ def test_bad_input():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_parity_and_pinned_staging():
-    # on the GPU torch.optim.AdamW picks its foreach kernels, the host the single-tensor loop:
-    # the same update in another order of operations, equal to a few fp32 ulps over K steps
+    # on the GPU torch.optim.AdamW runs its foreach kernels (nvcc fuses multiply-adds), the host
+    # the single-tensor loop: the same update rounded differently. Adam divides by sqrt(v), so on
+    # a near-zero gradient an ulp of difference becomes a visible part of a step (why the CPU
+    # parity of units 05 and 10 runs in float64); measured on an H100: 5e-5 after K steps of
+    # lr 1e-2. Bound: 1 % of one step (lr), 100 times less than the largest move.
+    lr = 1e-2
     a, b = _pair(device="cuda")
-    ref = _train(a, torch.optim.AdamW(a.parameters(), lr=1e-2), device="cuda")
-    opt = OffloadAdamW(b.parameters(), lr=1e-2)
+    start = [p.detach().cpu().clone() for p in a.parameters()]
+    ref = _train(a, torch.optim.AdamW(a.parameters(), lr=lr), device="cuda")
+    opt = OffloadAdamW(b.parameters(), lr=lr)
     got = _train(b, opt, device="cuda")
     assert all(s.is_pinned() for s in opt.staging)
     for r, g in zip(ref, got):
-        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=0.01 * lr)
+    assert max(float((r - s).abs().max()) for r, s in zip(ref, start)) > lr
     assert all(m.device.type == "cpu" for m in opt.master)

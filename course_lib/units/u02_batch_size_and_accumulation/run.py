@@ -186,7 +186,9 @@ def largest_batch_that_fits(
         batch = units * multiple_of
         try:
             m = step_peak_bytes(model, batch, optimizer=optimizer, device=device)
-            p = max(m["peak_bytes"], m.get("cuda_peak_reserved", 0))
+            p = m["peak_bytes"]
+            if not budget.simulated:  # the device's own memory: what the allocator reserved counts
+                p = max(p, m.get("cuda_peak_reserved", 0))
         except torch.OutOfMemoryError:  # the real device ran out before the budget said so
             torch.cuda.empty_cache()
             p = budget.capacity_bytes + 1
