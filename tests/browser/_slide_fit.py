@@ -7,8 +7,8 @@ navigation) and reports, per slide,
 - **overflow**: the slide is not inside the screen, its content is taller or wider than the
   slide (the course's slides scroll then: what nobody scrolls in a lecture hall, and what a
   projector of a plain reveal.js deck cuts off), or a block in it (a cell, an output, a printed
-  text, a table, a figure) is cut or scrolls vertically. A block scrolling sideways (a wide printed
-  table) is allowed;
+  text, a table, a figure) is cut or scrolls, down or sideways (the deck draws a wide block in a
+  smaller font until it fits, down to 10 px: the slide template's ``fitWide``);
 - **mid-word wraps**: a line break between two word characters (``[A-Za-z0-9_]``) of one text node:
   ``activat|ions`` or ``12|345`` broken over two lines. Breaks at spaces, hyphens and slashes are
   fine. Formulas (MathJax) and speaker notes are not looked at.
@@ -34,11 +34,12 @@ WALK = r"""() => {
     // content larger than its box, scrolled or cut (a few pixels are line-height rounding)
     const BLOCKS = 'div.jp-Cell, div.jp-OutputArea-output, pre, table, img, .jupyter-widgets';
     const cut = (el, s) => s.overflowY !== 'visible' && el.scrollHeight > el.clientHeight + 4;
+    const wide = (el, s) => s.overflowX !== 'visible' && el.scrollWidth > el.clientWidth + 4;
     const name = el => el.tagName.toLowerCase() + '.' + String(el.className).split(' ')[0];
     const overflow = slide => {
         // the slide scrolls (its overflow is auto) when anything in it reaches past its box,
         // so its scroll size covers every box but those inside blocks that clip or scroll
-        // themselves: those are checked one by one (a block scrolling sideways is allowed)
+        // themselves: those are checked one by one
         const out = [], r = slide.getBoundingClientRect();
         if (r.left < -TOL || r.top < -TOL || r.right > W + TOL || r.bottom > H + TOL)
             out.push('the slide is not inside the screen: ' + [r.left, r.top, r.right, r.bottom]
@@ -54,6 +55,8 @@ WALK = r"""() => {
             const s = getComputedStyle(el);
             if (cut(el, s)) out.push(name(el) + ' is cut or scrolls vertically ('
                                      + el.scrollHeight + ' px of content in ' + el.clientHeight + ')');
+            if (wide(el, s)) out.push(name(el) + ' is cut or scrolls sideways ('
+                                      + el.scrollWidth + ' px of content in ' + el.clientWidth + ')');
         }
         return out;
     };
