@@ -341,6 +341,84 @@ def test_unit01_widget_updates_on_run(browser, lab):
     page.close()
 
 
+def test_unit14_planner_shows_only_the_controls_that_apply_and_seq_changes_the_plan(browser, lab):
+    """Issue 26 item 4, as the learner sees it: a preset hides the layers and hidden sliders,
+    and a new sequence length gives a new plan."""
+    page, errors, _ = _open(browser, lab, "notebooks/14_planning_a_run.ipynb")
+    cells = json.loads((ROOT / "notebooks" / "14_planning_a_run.ipynb").read_text())["cells"]
+    needed = [
+        next(
+            i
+            for i, c in enumerate(cells)
+            if c["cell_type"] == "code" and text in "".join(c["source"])
+        )
+        for text in ("u14_planning_a_run as unit", "PlanExplorer(")
+    ]
+    TIMINGS["run unit 14's planner"] = _run_cells(page, needed)
+    explorer = page.locator(
+        ".widget-vbox:has(.widget-dropdown:has-text('seq')):has(button.widget-button)"
+    ).last
+    explorer.scroll_into_view_if_needed()
+    for hidden in ("layers", "hidden"):
+        assert not explorer.locator(f".widget-slider:has-text('{hidden}')").is_visible(), hidden
+    seq = explorer.locator(".widget-dropdown:has-text('seq') select")
+    assert seq.is_visible() and seq.input_value() == "4096"  # Llama-2-70B's own length
+
+    explorer.locator("button:has-text('Run')").click()
+    explorer.locator("pre").first.wait_for(timeout=60_000)
+    at_4k = explorer.locator("pre").first.inner_text()
+    seq.select_option("8192")
+    explorer.locator("button:has-text('Run')").click()
+    page.wait_for_function(  # the summary is drawn anew: look it up again each time
+        "([box, old]) => { const pre = box.querySelector('pre');"
+        " return pre !== null && pre.innerText !== old; }",
+        arg=[explorer.element_handle(), at_4k],
+        timeout=60_000,
+    )
+    at_8k = explorer.locator("pre").first.inner_text()
+    assert at_8k != at_4k, at_4k
+    assert errors == []
+    page.close()
+
+
+NAVIGATE = """async (href) => {
+    // click the link to the file `href` (from the root) in the open notebook's cells (windowed notebooks draw only the
+    // cells in view: scroll each one into view until the link is drawn); the path that opens
+    const app = window.jupyterapp, panel = app.shell.currentWidget, notebook = panel.content;
+    await panel.context.ready;
+    for (let i = notebook.widgets.length - 1; i >= 0; i--) {
+        await notebook.scrollToItem(i);
+        // JupyterLab rewrites a relative link to the file's URL and opens it in a tab on click
+        const link = [...notebook.widgets[i].node.querySelectorAll('a')].find(
+            a => a.href.split('?')[0].endsWith('/' + href));
+        if (link) {
+            link.click();
+            const until = performance.now() + 30000;
+            while (app.shell.currentWidget === panel && performance.now() < until) {
+                await new Promise(done => setTimeout(done, 200));
+            }
+            await app.shell.currentWidget.context.ready;
+            return app.shell.currentWidget.context.path;
+        }
+    }
+    return null;
+}"""
+
+
+def test_a_learner_moves_from_lecture_to_exercise_to_the_next_unit_by_links(browser, lab):
+    """Issue 26 item 7: the lecture's last cell links its exercise, and the exercise links the
+    next unit; JupyterLab opens each in a tab, with no path typed."""
+    page, errors, _ = _open(browser, lab, "notebooks/00_start_here.ipynb")
+    assert page.evaluate(NAVIGATE, "exercises/00_start_here.ipynb") == (
+        "exercises/00_start_here.ipynb"
+    )
+    assert page.evaluate(NAVIGATE, "notebooks/01_backprop_memory.ipynb") == (
+        "notebooks/01_backprop_memory.ipynb"
+    )
+    assert errors == []
+    page.close()
+
+
 def test_unfilled_exercise_check_shows_one_line_and_no_source(browser, lab):
     page, errors, _ = _open(browser, lab, "exercises/00_start_here.ipynb")
     target = "expected once your answer is right: ✓ task"
