@@ -1,5 +1,5 @@
-"""With no answer written, each known way to fake a grade scores 0 (units 05, 12 and 14: a unit
-with no ranks, one whose checks launch ranks, and the planner).
+"""With no answer written, each known way to fake a grade scores 0 (units 05, 10, 12 and 14: a
+unit with no ranks, two whose checks launch ranks, and the planner).
 
 Each cheat is one extra cell in the untouched exercise. The clean process is run directly for
 the cheats that act on the grade's process (rebinding ``unit``, patching the check functions at
@@ -27,6 +27,10 @@ UNITS = {
     "05": (
         "05_cpu_offload",
         ("choose_offload", "course_lib.measure.estimate.offload:offload_split", 2),
+    ),
+    "10": (
+        "10_zero_fsdp",
+        ("smallest_stage", "course_lib.units.u10_zero_fsdp.run_scale:smallest_stage", 4),
     ),
     "12": ("12_pipeline_parallelism", ("holder", "course_lib.parallel.pipeline:stage_owner", 3)),
     "14": ("14_planning_a_run", ("problems", "course_lib.plan.memory:check_layout", 2)),
@@ -147,7 +151,7 @@ def test_the_courses_answer_behind_a_trick_is_refused(unit, trick, verdicts):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("unit", ["05", "12"])  # 12: the case the issue found
+@pytest.mark.parametrize("unit", ["05", "10", "12", "14"])  # 12: the case the issue found
 def test_an_input_transformer_that_rewrites_check_cells_scores_zero(unit, tmp_path):
     transformer = (
         "def _rewrite(lines):\n"

@@ -100,6 +100,15 @@ def test_notebook_values_never_replace_the_ranks_own_names(nb):
     assert _one_line(refused).startswith(
         "RanksUsageError: ranks.push: rank = 3: expected a name the ranks do not define"
     )
+    # the modules the ranks bind: a notebook name `dist` or `torch` stays in the notebook
+    modules = nb.run("dist = 'not torch.distributed'\ntorch = 7")
+    assert modules.error is None, modules.text
+    kept = nb.run("%%ranks\ndist.get_world_size(), torch.__name__")
+    assert kept.stdout == "[rank 0] Out: (2, 'torch')\n[rank 1] Out: (2, 'torch')\n", kept.text
+    notes = kept.stderr.strip().splitlines()
+    assert len(notes) == 2 and "`dist` is torch.distributed in each rank" in notes[0], notes
+    assert "torch = 7: refused, `torch` is the torch module" in notes[1], notes
+    nb.run("import torch\nimport torch.distributed as dist")  # the module's later tests use them
 
 
 def test_values_that_cannot_be_pickled_are_named_in_one_line(nb):

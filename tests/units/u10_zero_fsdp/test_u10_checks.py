@@ -3,6 +3,8 @@ calls the course's own answer is refused."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from _grading_seeds import FIXTURE_SEEDS  # seed 0: tests/_grading_seeds.py
@@ -221,8 +223,18 @@ def test_check_smallest_stage(seed, capsys):
     assert capsys.readouterr().out == (
         "✓ task 4: smallest stage right in 9 drawn plans: every stage, None, one GPU, exact fits\n"
     )
-    with pytest.raises(AssertionError, match=r"✗ task 4: .*B parameters on \d+ GPUs? of \d+ GB"):
+    with pytest.raises(
+        AssertionError, match=r"✗ task 4: .*B parameters on \d+ GPUs? of \d+ GB"
+    ) as seen:
         C.check_smallest_stage(naive_stage)
+    # the hint names the plan and what the answer's stage holds, never the right stage (issue 26)
+    found = re.search(
+        r"([\d.]+)B parameters on (\d+) GPUs? of (\d+) GB: you returned (\w+)", str(seen.value)
+    )
+    assert found, seen.value
+    right = good_stage(float(found[1]) * 1e9, int(found[2]), int(found[3]))
+    assert str(right) != found[4] and f"stage {right} " not in str(seen.value).split("returned")[1]
+    assert "expected" not in str(seen.value)
     with pytest.raises(AssertionError, match="✗ task 4: uses the course's own smallest_stage"):
         C.check_smallest_stage(course_stage)
     with pytest.raises(AssertionError, match="must be an int"):
