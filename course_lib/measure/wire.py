@@ -80,10 +80,13 @@ def wire_source(backend: str | None) -> str:
     if backend is None:
         return "unavailable: no process group is initialized"
     if backend != "gloo":
+        # under NCCL the course's ranks join "cpu:gloo,cuda:nccl": CPU tensors do go through
+        # gloo's sockets, but a call's window cannot tell them from CUDA ones, so none is counted
         return (
-            f"unavailable: the {backend} backend does not move tensors through write calls "
+            f"unavailable: the {backend} backend moves CUDA tensors without write calls "
             "of this process (NCCL copies over NVLink/PCIe or RDMA by DMA), so "
-            "/proc/self/io cannot see them; only the model's bytes are reported"
+            "/proc/self/io cannot see them; only the model's bytes are reported (run with "
+            "backend='gloo' to measure CPU tensors' wire bytes)"
         )
     return GLOO_SOURCE
 

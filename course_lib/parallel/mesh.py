@@ -147,9 +147,10 @@ def format_layout(*, dp: int = 1, tp: int = 1, pp: int = 1) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def rank_device_mesh() -> DeviceMesh:
-    """A 1-D ``DeviceMesh`` over every rank of the default group, on the device the ranks compute
-    on (``course_lib.runtime.device.rank_device``: CUDA under NCCL, else the CPU).
+def rank_device_mesh(device_type: str | None = None) -> DeviceMesh:
+    """A 1-D ``DeviceMesh`` over every rank of the default group, on ``device_type`` (by default
+    the device the ranks compute on, ``course_lib.runtime.device.rank_device``: CUDA under NCCL,
+    else the CPU). Pass ``"cpu"`` for a model that stays on the CPU whatever the backend.
 
     Pass it to ``fully_shard(..., mesh=...)``. Without a mesh, FSDP2 builds one on the machine's
     accelerator whatever the backend, so gloo ranks on a machine with a GPU would move the model
@@ -158,7 +159,7 @@ def rank_device_mesh() -> DeviceMesh:
 
     from course_lib.runtime.device import rank_device
 
-    return init_device_mesh(rank_device().type, (dist.get_world_size(),))
+    return init_device_mesh(device_type or rank_device().type, (dist.get_world_size(),))
 
 
 class Mesh:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from course_lib.runtime import compat
 from course_lib.runtime._outcomes import Outcome
-from course_lib.runtime.device import resolve_backend
+from course_lib.runtime.device import group_backend, resolve_backend
 from course_lib.runtime.errors import LaunchError
 
 # Variables a DDP tutorial sets by hand; only under torchrun (TORCHELASTIC_RUN_ID) do they mean
@@ -63,8 +63,7 @@ def _init_default_group(backend: str, timeout: timedelta) -> None:
     """env:// rendezvous; in an attempt torchrun restarted (``--max-restarts``), under a key prefix
     of its own: the agent's store still holds the failed attempt's keys (gloo's addresses of ranks
     that are gone among them), and a new rank reading one of those cannot connect."""
-    compat.provide_new_collective_names()
-    backend = compat.group_backend(backend)
+    backend = group_backend(backend)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         dist.init_process_group(backend, timeout=timeout)
@@ -98,6 +97,7 @@ def _launch_in_torchrun(
             "torchrun)"
         )
     rank = int(os.environ["RANK"])
+    compat.provide_new_collective_names()  # also when the script made its own group
     if not dist.is_initialized():
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env_world))
         resolved = resolve_backend(backend, local_world)  # one GPU per rank *on this node*

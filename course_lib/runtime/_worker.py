@@ -2,8 +2,9 @@
 
 A notebook-defined ``fn`` cannot be imported by name in a fresh process, so the caller sends it
 *by value* (cloudpickle) and this trampoline, which *can* be imported by name, unpacks and calls
-it. The module is small and imports only torch and cloudpickle, because the launcher preloads it
-into the forkserver: every rank is then a ``fork()`` of a process that already imported torch.
+it. The module is small and imports only torch, cloudpickle and the runtime's compat and device
+modules, because the launcher preloads it into the forkserver: every rank is then a ``fork()`` of
+a process that already imported torch.
 
 Everything a rank produces goes to files in the launch's private temporary directory:
 ``rank{r}.out`` / ``rank{r}.err`` (file descriptors 1 and 2, so C++ warnings are captured too),
@@ -59,6 +60,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from course_lib.runtime import compat  # noqa: E402
+from course_lib.runtime.device import group_backend  # noqa: E402
 from course_lib.runtime.protocol import RankResult, RankSpec  # noqa: E402
 
 # The folder that holds course_lib/: tracebacks name the course's files from the package
@@ -216,7 +218,7 @@ def join_group(rank: int, spec: RankSpec, store: dist.FileStore) -> None:
         torch.cuda.set_device(rank)  # one GPU per rank, never two ranks on one GPU
     timeout = timedelta(seconds=spec.timeout)
     dist.init_process_group(
-        compat.group_backend(spec.backend),
+        group_backend(spec.backend),
         store=store,
         rank=rank,
         world_size=spec.world_size,

@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 __all__ = [
     "all_gather_single",
-    "group_backend",
     "provide_new_collective_names",
     "quiet_import_logs",
     "reduce_scatter_single",
@@ -100,12 +99,3 @@ def provide_new_collective_names() -> None:
 
         for module in (c10d, dist):
             vars(module)["reduce_scatter_single"] = reduce_scatter_single
-
-
-def group_backend(backend: str) -> str:
-    """What the ranks pass to ``init_process_group`` for the backend ``launch`` resolved:
-    under NCCL, ``"cpu:gloo,cuda:nccl"``, so a collective on GPU tensors goes through NCCL and
-    one on CPU tensors through gloo. Most of the course's rank code builds CPU tensors; with NCCL
-    alone they fail ("No backend type associated with device type cpu") on any machine with a
-    GPU per rank, where ``backend="auto"`` picks NCCL."""
-    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend

@@ -77,6 +77,15 @@ def resolve_backend(backend: str, world_size: int) -> Backend:
     return "nccl" if backend == "nccl" else "gloo"
 
 
+def group_backend(backend: str) -> str:
+    """What the ranks pass to ``init_process_group`` for the backend ``launch`` resolved:
+    under NCCL, ``"cpu:gloo,cuda:nccl"``, so a collective on GPU tensors goes through NCCL and
+    one on CPU tensors through gloo. Most of the course's rank code builds CPU tensors; with NCCL
+    alone they fail ("No backend type associated with device type cpu") on any machine with a
+    GPU per rank, where ``backend="auto"`` picks NCCL."""
+    return "cpu:gloo,cuda:nccl" if backend == "nccl" else backend
+
+
 def default_device() -> torch.device:
     """The one device a single-process unit runs on: the first GPU if there is one, else the CPU.
 

@@ -359,8 +359,9 @@ def test_unit14_planner_shows_only_the_controls_that_apply_and_seq_changes_the_p
         ".widget-vbox:has(.widget-dropdown:has-text('seq')):has(button.widget-button)"
     ).last
     explorer.scroll_into_view_if_needed()
-    for hidden in ("layers", "hidden"):
-        assert not explorer.locator(f".widget-slider:has-text('{hidden}')").is_visible(), hidden
+    for hidden in ("layers", "hidden"):  # there, and not shown
+        slider = explorer.locator(f".widget-slider:has-text('{hidden}')")
+        assert slider.count() == 1 and not slider.is_visible(), hidden
     seq = explorer.locator(".widget-dropdown:has-text('seq') select")
     assert seq.is_visible() and seq.input_value() == "4096"  # Llama-2-70B's own length
 
@@ -382,26 +383,40 @@ def test_unit14_planner_shows_only_the_controls_that_apply_and_seq_changes_the_p
 
 
 NAVIGATE = """async (href) => {
-    // click the link to the file `href` (from the root) in the open notebook's cells (windowed notebooks draw only the
-    // cells in view: scroll each one into view until the link is drawn); the path that opens
+    // click the link to the file `href` (from the root) in the open notebook's cells; windowed
+    // notebooks draw only the cells in view and markdown renders a moment after a tab opens, so
+    // scroll each cell into view and look again until the link is drawn; the path that opens
     const app = window.jupyterapp, panel = app.shell.currentWidget, notebook = panel.content;
     await panel.context.ready;
-    for (let i = notebook.widgets.length - 1; i >= 0; i--) {
-        await notebook.scrollToItem(i);
-        // JupyterLab rewrites a relative link to the file's URL and opens it in a tab on click
-        const link = [...notebook.widgets[i].node.querySelectorAll('a')].find(
-            a => a.href.split('?')[0].endsWith('/' + href));
-        if (link) {
-            link.click();
-            const until = performance.now() + 30000;
-            while (app.shell.currentWidget === panel && performance.now() < until) {
-                await new Promise(done => setTimeout(done, 200));
-            }
-            await app.shell.currentWidget.context.ready;
-            return app.shell.currentWidget.context.path;
+    const find = async () => {
+        for (let i = notebook.widgets.length - 1; i >= 0; i--) {
+            await notebook.scrollToItem(i);
+            // JupyterLab rewrites a relative link to the file's URL and opens it in a tab on click
+            const link = [...notebook.widgets[i].node.querySelectorAll('a')].find(
+                a => a.href.split('?')[0].endsWith('/' + href));
+            if (link) return link;
         }
+        return null;
+    };
+    let link = null;
+    for (const until = performance.now() + 30000; !link && performance.now() < until;) {
+        link = await find();
+        if (!link) await new Promise(done => setTimeout(done, 500));
     }
-    return null;
+    if (!link) return null;
+    link.click();
+    for (const until = performance.now() + 30000;
+         app.shell.currentWidget === panel && performance.now() < until;) {
+        await new Promise(done => setTimeout(done, 200));
+    }
+    await app.shell.currentWidget.context.ready;
+    return app.shell.currentWidget.context.path;
+}"""
+SHUT_DOWN = """async () => {
+    // the kernels of every notebook this page opened: two fewer processes for the next tests
+    const sessions = window.jupyterapp.serviceManager.sessions;
+    await sessions.refreshRunning();
+    for (const model of [...sessions.running()]) await sessions.shutdown(model.id);
 }"""
 
 
@@ -416,6 +431,7 @@ def test_a_learner_moves_from_lecture_to_exercise_to_the_next_unit_by_links(brow
         "notebooks/01_backprop_memory.ipynb"
     )
     assert errors == []
+    page.evaluate(SHUT_DOWN)
     page.close()
 
 

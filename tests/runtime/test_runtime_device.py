@@ -93,7 +93,7 @@ def test_rank_device_under_gloo_is_cpu():
 def test_rank_device_under_nccl_is_one_gpu_per_rank():
     n = min(N_GPUS, 2)
     out = course_lib.launch(_device, n, backend="nccl")
-    # NCCL for GPU tensors, gloo for CPU ones (runtime.compat.group_backend)
+    # NCCL for GPU tensors, gloo for CPU ones (runtime.device.group_backend)
     assert out == [(f"cuda:{r}", float(n), "cpu:gloo,cuda:nccl") for r in range(n)]
     assert (
         course_lib.launch(_device, n)[0][2] == "cpu:gloo,cuda:nccl"
@@ -105,7 +105,7 @@ def _cpu_and_gpu_tensors(rank, world_size):
     gpu = torch.full((2,), float(rank + 1), device=course_lib.rank_device())
     dist.all_reduce(cpu)
     dist.all_reduce(gpu)
-    return cpu.tolist(), gpu.cpu().tolist()
+    return cpu.tolist(), gpu.cpu().tolist(), gpu.device.type
 
 
 @pytest.mark.timeout(60)
@@ -113,7 +113,8 @@ def _cpu_and_gpu_tensors(rank, world_size):
 def test_under_nccl_a_collective_on_cpu_tensors_still_runs():
     n = min(N_GPUS, 2)
     total = float(n * (n + 1) // 2)
-    assert course_lib.launch(_cpu_and_gpu_tensors, n) == [([total] * 2, [total] * 2)] * n
+    out = course_lib.launch(_cpu_and_gpu_tensors, n, backend="nccl")
+    assert out == [([total] * 2, [total] * 2, "cuda")] * n
 
 
 def test_course_lib_backend_says_what_auto_means(monkeypatch):
@@ -132,7 +133,7 @@ def test_course_lib_backend_says_what_auto_means(monkeypatch):
 
 
 def test_the_group_backend_under_nccl_also_carries_cpu_tensors():
-    from course_lib.runtime.compat import group_backend
+    from course_lib.runtime.device import group_backend
 
     assert group_backend("nccl") == "cpu:gloo,cuda:nccl"
     assert group_backend("gloo") == "gloo"

@@ -247,9 +247,8 @@ def _fsdp_rank(rank: int, world_size: int, steps: int):
     from course_lib.parallel.mesh import rank_device_mesh
 
     model = _fsdp_model(0)
-    mesh = rank_device_mesh()
-    # pin_memory=False on CPU ranks: pinning is for copies to a GPU; on GPU ranks keep the default
-    policy = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")
+    mesh = rank_device_mesh("cpu")  # a CPU model: its batches stay on the CPU too
+    policy = CPUOffloadPolicy(pin_memory=False)  # pinning is for copies to a GPU
     for layer in model.modules():
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh, offload_policy=policy)

@@ -170,7 +170,7 @@ def _torch_worker(rank: int, world_size: int, steps: int) -> dict:
     )
     for reshard in (False, True):
         model = model_fn()
-        mesh = rank_device_mesh()
+        mesh = rank_device_mesh("cpu")  # a CPU model: its batches stay on the CPU too
         for layer in model.layers:
             fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard)

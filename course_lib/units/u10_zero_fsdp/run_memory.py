@@ -134,7 +134,7 @@ def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[d
         rows.append(_comm_row(rank, world_size, name, stage, reshard, meter))
     if with_torch:
         fsdp = _memory_model()
-        mesh = rank_device_mesh()
+        mesh = rank_device_mesh("cpu")  # a CPU model: its batches stay on the CPU too
         for layer in fsdp.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(fsdp, mesh=mesh)
