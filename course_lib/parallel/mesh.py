@@ -57,16 +57,7 @@ from course_lib.parallel.groups import group_info
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = [
-    "DIMS",
-    "Coord",
-    "Mesh",
-    "check_sizes",
-    "layout",
-    "rank_groups",
-    "format_layout",
-    "rank_device_mesh",
-]
+__all__ = ["DIMS", "Coord", "Mesh", "check_sizes", "layout", "rank_groups", "format_layout"]
 
 #: mesh dimensions, outermost first (the order of the grid and of :class:`Coord`)
 DIMS = ("pp", "dp", "tp")
@@ -145,21 +136,6 @@ def format_layout(*, dp: int = 1, tp: int = 1, pp: int = 1) -> str:
             label.ljust(left) + "".join(str(r).rjust(cell) for r in range(row * tp, (row + 1) * tp))
         )
     return "\n".join(line.rstrip() for line in lines)
-
-
-def rank_device_mesh(device_type: str | None = None) -> DeviceMesh:
-    """A 1-D ``DeviceMesh`` over every rank of the default group, on ``device_type`` (by default
-    the device the ranks compute on, ``course_lib.runtime.device.rank_device``: CUDA under NCCL,
-    else the CPU). Pass ``"cpu"`` for a model that stays on the CPU whatever the backend.
-
-    Pass it to ``fully_shard(..., mesh=...)``. Without a mesh, FSDP2 builds one on the machine's
-    accelerator whatever the backend, so gloo ranks on a machine with a GPU would move the model
-    onto it (and rank 1 fails on a one-GPU machine: "invalid device ordinal")."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from course_lib.runtime.device import rank_device
-
-    return init_device_mesh(device_type or rank_device().type, (dist.get_world_size(),))
 
 
 class Mesh:

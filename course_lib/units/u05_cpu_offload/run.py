@@ -241,13 +241,15 @@ def _fsdp_batch(step: int):
 
 
 def _fsdp_rank(rank: int, world_size: int, steps: int):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     from course_lib.parallel.harness import make_optimizer_fn, parallel_run
-    from course_lib.parallel.mesh import rank_device_mesh
 
     model = _fsdp_model(0)
-    mesh = rank_device_mesh("cpu")  # a CPU model: its batches stay on the CPU too
+    # a CPU mesh, as the model and its batches are on the CPU: without one, FSDP2 builds its
+    # mesh on the machine's GPU whatever the backend ("invalid device ordinal" on rank 1)
+    mesh = init_device_mesh("cpu", (world_size,))
     policy = CPUOffloadPolicy(pin_memory=False)  # pinning is for copies to a GPU
     for layer in model.modules():
         if isinstance(layer, torch.nn.Linear):

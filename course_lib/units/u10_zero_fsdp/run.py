@@ -142,11 +142,11 @@ def parity(
 
 def _torch_worker(rank: int, world_size: int, steps: int) -> dict:
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from course_lib.parallel.mesh import rank_device_mesh
     from course_lib.parallel.zero import ZeroDataParallel, full_tensors
 
     def run(model, optimizer_fn, gather_fn=H.full_tensors):
@@ -170,7 +170,9 @@ def _torch_worker(rank: int, world_size: int, steps: int) -> dict:
     )
     for reshard in (False, True):
         model = model_fn()
-        mesh = rank_device_mesh("cpu")  # a CPU model: its batches stay on the CPU too
+        # a CPU mesh, as the model and its batches are on the CPU: without one, FSDP2 builds its
+        # mesh on the machine's GPU whatever the backend ("invalid device ordinal" on rank 1)
+        mesh = init_device_mesh("cpu", (world_size,))
         for layer in model.layers:
             fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, reshard_after_forward=reshard)

@@ -112,9 +112,9 @@ def _comm_row(rank: int, world_size: int, name: str, stage: int, reshard: bool, 
 
 
 def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[dict]:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from course_lib.parallel.mesh import rank_device_mesh
     from course_lib.parallel.zero import ZeroDataParallel
 
     batch = H.shard_batch(_memory_batch(0), rank, world_size)
@@ -134,7 +134,9 @@ def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[d
         rows.append(_comm_row(rank, world_size, name, stage, reshard, meter))
     if with_torch:
         fsdp = _memory_model()
-        mesh = rank_device_mesh("cpu")  # a CPU model: its batches stay on the CPU too
+        # a CPU mesh, as the model and its batches are on the CPU: without one, FSDP2 builds its
+        # mesh on the machine's GPU whatever the backend ("invalid device ordinal" on rank 1)
+        mesh = init_device_mesh("cpu", (world_size,))
         for layer in fsdp.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(fsdp, mesh=mesh)
