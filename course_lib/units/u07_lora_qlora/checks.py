@@ -2,17 +2,18 @@
 
 Task 1: count LoRA's trainable parameters for Mistral-7B (grouped-query attention: k and v are
 1024 wide), all seven linears, as ``count_lora_params(r) -> int``.
-Task 2: ``MyLoRALinear.forward`` on a base the lecture does not show, GPT-2's :class:`Conv1D`
-(weight stored transposed, (d_in, d_out)): unchanged at step 0, the lecture's low-rank update
-once B is trained.
-Task 3: ``MyLoRALinear.merge`` into an ``nn.Linear`` (the lecture's layout) and into a
-:class:`Conv1D` (transposed), after which forward skips the adapter.
+Task 2: ``MyQVLoRA.forward``: LoRA on q and v only of GPT-2's fused ``c_attn`` (one
+:class:`Conv1D`, d -> 3d, output [q | k | v]), as the LoRA paper adapts W_q and W_v: unchanged at
+step 0; once B is trained, q and v get their low-rank updates and k is the base's, bit for bit.
+Task 3: ``MyLoRALinear.merge`` (its forward is given) into an ``nn.Linear`` (the lecture's layout)
+and into a :class:`Conv1D` (transposed), after which forward skips the adapter.
 Task 4: find the bug: ``init_adapter(d_in, d_out, r) -> (A, B)`` must leave the model unchanged
 at step 0 (B = 0) and still learn (A random, so B gets a gradient).
 
-The learner's class is built as ``MyLoRALinear(base, r=..., alpha=...)`` and has ``base``,
-``lora_A`` (r, d_in), ``lora_B`` (d_out, r), ``scaling`` and ``merged`` (its ``__init__`` is given
-in the notebook). Layer sizes, rank, alpha and the ranks of task 1 are drawn from the grading
+The learner's classes are built as ``MyQVLoRA(c_attn, r=..., alpha=...)`` (``base``, ``A_q``
+and ``A_v`` (r, d_in), ``B_q`` and ``B_v`` (d, r), ``scaling``) and ``MyLoRALinear(base, r=...,
+alpha=...)`` (``base``, ``lora_A`` (r, d_in), ``lora_B`` (d_out, r), ``scaling``, ``merged``);
+their ``__init__`` is given in the notebook. Layer sizes, rank, alpha and the ranks of task 1 are drawn from the grading
 seed (:func:`course_lib.grading.seeds.case_rng`). Tolerances: fp32 sums in a different order differ by a few ulps; 1e-5 relative
 and 1e-6 absolute leave room for that and catch a missing or doubled scaling (off by 2x).
 """
@@ -29,7 +30,7 @@ UNIT = "u07_lora_qlora"
 __all__ = [
     "MISTRAL_7B",
     "check_count_lora",
-    "check_lora_forward",
+    "check_qv_forward",
     "check_lora_merge",
     "check_init_adapter",
 ]
@@ -137,9 +138,21 @@ def _layer(MyLoRALinear, task: int, kind: str = "linear"):
     with torch.no_grad():
         base.bias.normal_()
     ref = copy.deepcopy(base)
-    made = f"MyLoRALinear({type(base).__name__}({d_in}, {d_out}), r={r}, alpha={alpha})"
-    layer = run_learner(task, MyLoRALinear, base, r=r, alpha=alpha, forbid=_FORBID_LAYER)
-    for name, shape in (("lora_A", (r, d_in)), ("lora_B", (d_out, r))):
+    shapes = {"lora_A": (r, d_in), "lora_B": (d_out, r)}
+    layer = _build(task, MyLoRALinear, base, r=r, alpha=alpha, shapes=shapes)
+    return layer, ref, alpha / r, rng
+
+
+def _build(task: int, cls, base, *, r: int, alpha: int, shapes: dict[str, tuple[int, int]]):
+    """The learner's ``cls(base, r=r, alpha=alpha)``, its adapter tensors checked by shape."""
+    import torch
+
+    layer = run_learner(task, cls, base, r=r, alpha=alpha, forbid=_FORBID_LAYER)
+    made = (
+        f"{getattr(cls, '__name__', 'the class')}({type(base).__name__}({base.in_features}, "
+        f"{base.out_features}), r={r}, alpha={alpha})"
+    )
+    for name, shape in shapes.items():
         t = getattr(layer, name, None)
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
             fail(
@@ -147,7 +160,7 @@ def _layer(MyLoRALinear, task: int, kind: str = "linear"):
                 f"{made}.{name}: expected a tensor of shape {shape}, got "
                 f"{getattr(t, 'shape', t)!r}",
             )
-    return layer, ref, alpha / r, rng
+    return layer
 
 
 def _close(task: int, what: str, got, expected) -> None:
@@ -163,14 +176,35 @@ def _close(task: int, what: str, got, expected) -> None:
         fail(task, f"{what}: max abs error {err:.3g} (rtol={RTOL:g}, atol={ATOL:g})")
 
 
-def check_lora_forward(MyLoRALinear, task: int = 2) -> None:
-    """On a Conv1D base: forward = base(x) at step 0; = base(x) + (alpha / r) x A^T B^T once B is
-    trained, for 2-D and 3-D inputs; the base gets no gradient."""
+def _qv_layer(MyQVLoRA, task: int):
+    """The learner's q/v adapter around a GPT-2 ``c_attn`` (Conv1D d -> 3d) with d, r and alpha
+    drawn from the grading seed; a copy of the base as it was; d; the scaling; the rng."""
+    import copy
+
     import torch
 
-    layer, ref, scaling, rng = _layer(MyLoRALinear, task, "conv1d")
+    rng = case_rng(task, UNIT)
+    d = rng.randint(8, 24)
+    r, alpha = rng.choice((2, 4, 8)), rng.choice((1, 4, 8, 16, 32))
+    torch.manual_seed(rng.getrandbits(31))
+    base = _conv1d_class()(d, 3 * d)
+    with torch.no_grad():
+        base.bias.normal_()
+    ref = copy.deepcopy(base)
+    shapes = {"A_q": (r, d), "B_q": (d, r), "A_v": (r, d), "B_v": (d, r)}
+    layer = _build(task, MyQVLoRA, base, r=r, alpha=alpha, shapes=shapes)
+    return layer, ref, d, alpha / r, rng
+
+
+def check_qv_forward(MyQVLoRA, task: int = 2) -> None:
+    """On GPT-2's fused c_attn (Conv1D d -> 3d, [q | k | v]): forward = base(x) at step 0; once
+    B_q and B_v are trained, the output of the base whose weight carries (alpha / r) B A in its
+    q and v columns (k's untouched), for 3-D and 2-D inputs; only the adapter gets gradients."""
+    import torch
+
+    layer, ref, d, scaling, rng = _qv_layer(MyQVLoRA, task)
     g = torch.Generator().manual_seed(rng.getrandbits(63))
-    x = torch.randn(rng.randint(2, 4), rng.randint(3, 6), ref.in_features, generator=g)
+    x = torch.randn(rng.randint(2, 4), rng.randint(3, 6), d, generator=g)
     with torch.no_grad():
         _close(
             task,
@@ -178,29 +212,57 @@ def check_lora_forward(MyLoRALinear, task: int = 2) -> None:
             run_learner(task, layer, x, forbid=_FORBID_LAYER),
             ref(x),
         )
-        layer.lora_B.copy_(torch.randn(layer.lora_B.shape, generator=g))
+        for name in ("B_q", "B_v"):
+            getattr(layer, name).copy_(torch.randn((d, layer.A_q.shape[0]), generator=g))
+        w = ref.weight.detach().clone()  # (d, 3d): Conv1D's layout, columns [q | k | v]
+        for name, cols in (("q", slice(0, d)), ("v", slice(2 * d, 3 * d))):
+            a, b = getattr(layer, f"A_{name}").detach(), getattr(layer, f"B_{name}").detach()
+            w[:, cols] += scaling * (b @ a).T
     for inp in (x, x[0]):
-        expected = ref(inp) + scaling * (inp @ layer.lora_A.detach().T @ layer.lora_B.detach().T)
+        expected = inp @ w + ref.bias.detach()
         got = run_learner(task, layer, inp, forbid=_FORBID_LAYER)
-        _close(
-            task,
-            f"Conv1D base, output for input shape {tuple(inp.shape)} with B != 0 "
-            f"(alpha / r = {scaling:g})",
-            got,
-            expected,
-        )
-    got.sum().backward()
-    if layer.base.weight.grad is not None:
-        fail(task, "the base weight got a gradient: it must stay frozen")
-    if layer.lora_A.grad is None or layer.lora_B.grad is None:
+        what = f"c_attn = Conv1D({d}, {3 * d}), input shape {tuple(inp.shape)}, B != 0"
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+            base_out = ref(inp).detach()
+            for part, cols in (
+                ("k", slice(d, 2 * d)),
+                ("q", slice(0, d)),
+                ("v", slice(2 * d, None)),
+            ):
+                if part == "k" and not torch.allclose(
+                    got[..., cols], base_out[..., cols], rtol=RTOL, atol=ATOL
+                ):
+                    fail(
+                        task,
+                        f"{what}: the k part of the output (columns {d}..{2 * d - 1}) differs "
+                        "from the base's: this adapter changes q and v only",
+                    )
+                if part != "k" and not torch.allclose(
+                    got[..., cols], expected[..., cols], rtol=RTOL, atol=ATOL
+                ):
+                    fail(
+                        task,
+                        f"{what}: the {part} part of the output (columns {cols.start}.."
+                        f"{(cols.stop or 3 * d) - 1}) is not the base's plus (alpha / r = "
+                        f"{scaling:g}) x A_{part}^T B_{part}^T",
+                    )
+        _close(task, what, got, expected)
+    if got.requires_grad:
+        got.sum().backward()
+    if layer.base.weight.grad is not None or layer.base.bias.grad is not None:
+        fail(task, "the base got a gradient: it must stay frozen")
+    missing = [n for n in ("A_q", "B_q", "A_v", "B_v") if getattr(layer, n).grad is None]
+    if missing:
         fail(
             task,
-            "lora_A and lora_B need gradients: compute the output from them with torch operations",
+            f"{', '.join(missing)} got no gradient: compute the output from the adapter's "
+            "tensors with torch operations",
         )
     passed(
         task,
-        f"forward on a GPT-2 Conv1D base: unchanged at step 0, base(x) + (alpha / r) B A x once "
-        f"B is trained, base frozen (rtol={RTOL:g}, atol={ATOL:g})",
+        f"LoRA on q and v of GPT-2's fused c_attn: unchanged at step 0, q and v updated by "
+        f"(alpha / r) B A x once B is trained, k the base's, base frozen (rtol={RTOL:g}, "
+        f"atol={ATOL:g})",
     )
 
 

@@ -76,11 +76,6 @@ class LinearMergeOnly(GoodLoRA):
         self.merged = True
 
 
-class NoScaling(GoodLoRA):
-    def forward(self, x):
-        return self.base(x) + x @ self.lora_A.T @ self.lora_B.T
-
-
 class MergeTwice(GoodLoRA):
     @torch.no_grad()
     def merge(self):
@@ -104,18 +99,99 @@ class CourseLoRA(nn.Module):
         self.inner.merge()
 
 
-def test_forward(capsys, seed):
-    C.check_lora_forward(GoodLoRA)
+class GoodQV(nn.Module):
+    def __init__(self, c_attn, *, r, alpha):
+        super().__init__()
+        self.base, self.scaling = c_attn, alpha / r
+        for p in c_attn.parameters():
+            p.requires_grad_(False)
+        d_in, d = c_attn.in_features, c_attn.out_features // 3
+        self.A_q = nn.Parameter(torch.randn(r, d_in) / d_in**0.5)
+        self.A_v = nn.Parameter(torch.randn(r, d_in) / d_in**0.5)
+        self.B_q = nn.Parameter(torch.zeros(d, r))
+        self.B_v = nn.Parameter(torch.zeros(d, r))
+
+    def update(self, x, name):
+        A, B = getattr(self, f"A_{name}"), getattr(self, f"B_{name}")
+        return (x @ A.T @ B.T) * self.scaling
+
+    def forward(self, x):
+        q, k, v = self.base(x).split(self.base.out_features // 3, dim=-1)
+        return torch.cat([q + self.update(x, "q"), k, v + self.update(x, "v")], dim=-1)
+
+
+class QVLectureForward(GoodQV):
+    """The lecture's forward, one update over the whole output (q's pair stands in)."""
+
+    def forward(self, x):
+        d = self.base.out_features // 3
+        return self.base(x) + self.update(x, "q").repeat_interleave(3, dim=-1)[..., : 3 * d]
+
+
+class QVAlsoK(GoodQV):
+    def forward(self, x):
+        q, k, v = self.base(x).split(self.base.out_features // 3, dim=-1)
+        u, w = self.update(x, "q"), self.update(x, "v")
+        return torch.cat([q + u, k + w, v + w], dim=-1)
+
+
+class QVSwapped(GoodQV):
+    def forward(self, x):
+        q, k, v = self.base(x).split(self.base.out_features // 3, dim=-1)
+        return torch.cat([q + self.update(x, "v"), k, v + self.update(x, "q")], dim=-1)
+
+
+class QVNoScaling(GoodQV):
+    def update(self, x, name):
+        return super().update(x, name) / self.scaling
+
+
+class QVDetached(GoodQV):
+    def update(self, x, name):
+        return super().update(x, name).detach()
+
+
+class CourseQV(GoodQV):
+    """The course's LoRALinear around nn.Linear views of the q and v columns."""
+
+    def update(self, x, name):
+        from course_lib.techniques.lora import LoRALinear
+
+        d = self.base.out_features // 3
+        cols = slice(0, d) if name == "q" else slice(2 * d, 3 * d)
+        lin = nn.Linear(self.base.in_features, d, bias=False)
+        lin.weight.data = self.base.weight.data[:, cols].T
+        inner = LoRALinear(lin, r=self.A_q.shape[0], alpha=self.scaling * self.A_q.shape[0])
+        inner.lora_A, inner.lora_B = getattr(self, f"A_{name}"), getattr(self, f"B_{name}")
+        return inner(x) - lin(x)
+
+
+def test_qv_forward(capsys, seed):
+    C.check_qv_forward(GoodQV)
     assert capsys.readouterr().out.strip() == (
-        "✓ task 2: forward on a GPT-2 Conv1D base: unchanged at step 0, base(x) + (alpha / r) B A x "
-        "once B is trained, base frozen (rtol=1e-05, atol=1e-06)"
+        "✓ task 2: LoRA on q and v of GPT-2's fused c_attn: unchanged at step 0, q and v updated "
+        "by (alpha / r) B A x once B is trained, k the base's, base frozen (rtol=1e-05, "
+        "atol=1e-06)"
     )
-    with pytest.raises(
-        AssertionError, match="✗ task 2: Conv1D base, output for input shape .* max abs error"
-    ):
-        C.check_lora_forward(NoScaling)
+    with pytest.raises(AssertionError, match="✗ task 2: .*the k part of the output"):
+        C.check_qv_forward(QVLectureForward)
+    with pytest.raises(AssertionError, match="✗ task 2: .*the k part of the output"):
+        C.check_qv_forward(QVAlsoK)
+    with pytest.raises(AssertionError, match="✗ task 2: .*the q part of the output"):
+        C.check_qv_forward(QVSwapped)
+    with pytest.raises(AssertionError, match="✗ task 2: .*the q part .*alpha / r = "):
+        C.check_qv_forward(QVNoScaling)
+    with pytest.raises(AssertionError, match="✗ task 2: A_q, B_q, A_v, B_v got no gradient"):
+        C.check_qv_forward(QVDetached)
     with pytest.raises(AssertionError, match="✗ task 2: uses the course's own LoRALinear"):
-        C.check_lora_forward(CourseLoRA)
+        C.check_qv_forward(CourseQV)
+
+
+def test_the_lectures_single_adapter_does_not_fit_the_fused_layer(seed):
+    """Copying the lecture's LoRALinear (lora_A and lora_B over the whole layer) is refused by
+    name: the q/v adapter has no such attributes."""
+    with pytest.raises(AssertionError, match="✗ task 2: "):
+        C.check_qv_forward(GoodLoRA)
 
 
 def test_merge(capsys, seed):
