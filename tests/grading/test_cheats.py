@@ -32,7 +32,10 @@ UNITS = {
         "10_zero_fsdp",
         ("smallest_stage", "course_lib.units.u10_zero_fsdp.run_scale:smallest_stage", 4),
     ),
-    "12": ("12_pipeline_parallelism", ("holder", "course_lib.parallel.pipeline:stage_owner", 3)),
+    "12": (
+        "12_pipeline_parallelism",
+        ("v_holder", "course_lib.units.u12_pipeline_parallelism.checks:_v_rank", 3),
+    ),
     "14": ("14_planning_a_run", ("problems", "course_lib.plan.memory:check_layout", 2)),
 }
 FAST = {"05"}  # the other units' runs are in the slow lane: the same code path, more processes

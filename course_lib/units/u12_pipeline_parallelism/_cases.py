@@ -58,11 +58,11 @@ def replay_cases(task: int) -> list[dict[str, Any]]:
 
 
 def holder_case(task: int) -> dict[str, Any]:
-    """Task 3: the real interleaved step on 2 ranks: stages per rank (2 or 3), micro-batches
-    (2 or 4) and the model's seed."""
+    """Task 3: the real step on 2 ranks with the stages in a V: chunks (3 or 4: a V that turns
+    more than once), micro-batches (2 or 4) and the model's seed."""
     rng = case_rng(task, UNIT)
     return {
-        "virtual": rng.randint(2, 3),
+        "virtual": rng.randint(3, 4),
         "microbatches": rng.choice((2, 4)),
         "seed": rng.randrange(1000),
     }

@@ -5,9 +5,10 @@
    runs on 3 ranks whose recorded orders are replayed on ideal hardware (``pipeline.replay``);
 2. ``check_replay``: the learner's replay of a schedule on ideal hardware (when each action
    starts), against ``pipeline.replay`` for GPipe, 1F1B and interleaved 1F1B;
-3. ``check_holder``: the fixed placement of interleaved stages on ranks (the buggy one sent
-   activations to the wrong stage), on a grid and in a real interleaved step on 2 ranks that
-   must equal one process on the full batch.
+3. ``check_holder``: the fixed V placement of v chunks of stages on ranks (ZB-V's, as torch's
+   ``generate_stage_to_rank_mapping(..., style="v")``; the buggy one turned once only), on a
+   grid of ranks and chunks, then in a real step on 2 ranks that must equal one process on the
+   full batch and send only the messages a V sends (each turn a hand-off inside one rank).
 The pipelines each check asks about are drawn from the grading seed (``_cases``). Each check
 prints one deterministic line or raises AssertionError("✗ task N: ...").
 """
@@ -35,7 +36,12 @@ BUBBLE_REFERENCES = (
     "course_lib.units.u12_pipeline_parallelism.run:replayed_bubble",
 )
 REPLAY_REFERENCES = BUBBLE_REFERENCES
-HOLDER_REFERENCES = ("course_lib.parallel.pipeline:stage_owner",)
+HOLDER_REFERENCES = (
+    "course_lib.parallel.pipeline:stage_owner",
+    "course_lib.units.u12_pipeline_parallelism.checks:_v_rank",
+    "torch.distributed.pipelining._utils:generate_stage_to_rank_mapping",
+    "torch.distributed.pipelining._utils:generate_rank_to_stage_mapping",
+)
 GRADE_TIMEOUT_S = 90.0
 
 
@@ -218,8 +224,33 @@ def check_replay(fn, task: int = 2) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# task 3: find the bug in the placement of interleaved stages
+# task 3: find the bug in the V placement of the stages
 # --------------------------------------------------------------------------------------------
+def _v_rank(stage: int, ranks: int) -> int:
+    """The V placement: chunk c of p stages runs down the ranks (0..p-1) when c is even and back
+    up (p-1..0) when c is odd, so each turn stays on one rank."""
+    chunk, pos = divmod(stage, ranks)
+    return pos if chunk % 2 == 0 else ranks - 1 - pos
+
+
+def _v_order(rank: int, ranks: int, microbatches: int, stages: int, holder) -> list:
+    """A schedule for any placement: the forwards of every micro-batch on this rank's stages in
+    stage order, then the backwards in reverse (GPipe over the stages a rank holds; a stage
+    waits only on lower stages going forward and higher ones going back, so no rank deadlocks)."""
+    from course_lib.parallel.pipeline import Action
+
+    mine = [k for k in range(stages) if holder(k, ranks) == rank]
+    forward = [Action("F", i, k) for k in mine for i in range(microbatches)]
+    return forward + [Action("B", i, k) for k in reversed(mine) for i in range(microbatches)]
+
+
+def _v_messages(holder, ranks: int, stages: int, microbatches: int) -> int:
+    """Point-to-point messages of one step: an activation forward and its gradient back across
+    each stage boundary whose two stages sit on different ranks, per micro-batch."""
+    crossings = sum(holder(k, ranks) != holder(k + 1, ranks) for k in range(stages - 1))
+    return 2 * microbatches * crossings
+
+
 def _holder_setup(case):
     from course_lib.units.u12_pipeline_parallelism.run import Setup
 
@@ -231,11 +262,12 @@ def _holder_worker(rank, world_size, holder, case):
 
     from course_lib.parallel import harness as H
     from course_lib.parallel import pipeline as P
+    from course_lib.parallel import pipeline_run
     from course_lib.units.u12_pipeline_parallelism.run import batch_fn
 
     setup, v, m = _holder_setup(case), case["virtual"], case["microbatches"]
     split = P.check_pipeline(
-        "interleaved",
+        "interleaved",  # v stages per rank: the split is the same, the placement is the learner's
         n_layers=setup["n_layers"],
         ranks=world_size,
         microbatches=m,
@@ -243,58 +275,79 @@ def _holder_worker(rank, world_size, holder, case):
         virtual=v,
     )
     model = P.PipelineRank(setup.model(), split, rank, world_size, owner=holder)
-    order = P.schedule_order("interleaved", rank, world_size, m, v)
+    order = _v_order(rank, world_size, m, len(split), holder)
+    sent = []  # the messages this rank puts on the wire (a hand-off inside the rank is none)
+    real_isend = pipeline_run.dist.isend
+
+    def counted_isend(tensor, dst, *args, **kwargs):
+        sent.append(dst)
+        return real_isend(tensor, dst, *args, **kwargs)
 
     def step_fn(mod, batch):
-        return P.run_schedule(mod, order, *batch, microbatches=m, loss_fn=F.mse_loss)
+        pipeline_run.dist.isend = counted_isend
+        try:
+            return P.run_schedule(mod, order, *batch, microbatches=m, loss_fn=F.mse_loss)
+        finally:
+            pipeline_run.dist.isend = real_isend
 
-    return H.parallel_run(
+    record = H.parallel_run(
         model,
         lambda s: batch_fn(s, setup),
         steps=1,
         step_fn=step_fn,
         gather_fn=lambda mod, which: H.merge_across(mod.tensors(which)),
     )
+    return record, len(sent)
 
 
 def check_holder(fn, task: int = 3) -> None:
-    """Task: ``fn(stage, ranks)`` -> the rank that holds virtual stage ``stage`` in the
-    interleaved layout (the rank the previous stage sends its activation to). Graded on every
-    stage of p = 2..4 ranks, v = 1..3, then in a real interleaved step on 2 ranks (v and m
-    drawn) whose loss and gradients must equal one process on the full batch."""
+    """Task: ``fn(stage, ranks)`` -> the rank that holds stage ``stage`` in the V placement (the
+    rank the previous stage sends its activation to). Graded on every stage of p = 2..4 ranks
+    and v = 1..4 chunks, then in a real step on 2 ranks (v and m drawn) placed and routed by
+    ``fn``: its loss and gradients must equal one process on the full batch, and the ranks must
+    send only the messages a V sends."""
     from course_lib.parallel import harness as H
-    from course_lib.parallel import pipeline as P
     from course_lib.units.u12_pipeline_parallelism._cases import holder_case
     from course_lib.units.u12_pipeline_parallelism.run import reference
 
-    runs_on = {  # the rank whose interleaved order (v = 3) runs each stage
-        p: {a.stage: r for r in range(p) for a in P.interleaved_order(r, p, p, 3)}
-        for p in (2, 3, 4)
-    }
     for p in (2, 3, 4):
-        for k in range(3 * p):
+        for k in range(4 * p):
             got = run_learner(task, fn, k, p, forbid=HOLDER_REFERENCES)
             if isinstance(got, bool) or not isinstance(got, numbers.Integral):
                 fail(
                     task, f"fn({k}, {p}) must return an int rank, got {type(got).__name__} {got!r}"
                 )
-            if got != runs_on[p][k]:
+            got = int(got)
+            if not 0 <= got < p:
+                fail(task, f"stage {k} with {p} ranks: rank {got} does not exist (0..{p - 1})")
+            if got != _v_rank(k, p):
+                chunk = k // p
                 fail(
                     task,
-                    f"stage {k} with {p} ranks: your function places it on rank {got}, which "
-                    f"the interleaved schedule never runs stage {k} on",
+                    f"stage {k} with {p} ranks (chunk {chunk}, which runs "
+                    f"{'down' if chunk % 2 == 0 else 'up'} the ranks): your function places it "
+                    f"on rank {got}, off the V",
                 )
     case = holder_case(task)
-    table = H.compare(reference(_holder_setup(case)), _launch(task, _holder_worker, 2, fn, case))
+    v, m = case["virtual"], case["microbatches"]
+    runs = _launch(task, _holder_worker, 2, fn, case)
+    table = H.compare(reference(_holder_setup(case)), [record for record, _ in runs])
     if not table.ok.all():
         bad = table[~table.ok].iloc[0]
         fail(
             task,
-            f"interleaved step on 2 ranks, v = {case['virtual']}, m = {case['microbatches']}: "
-            f"{bad['quantity']} {bad['name']} differs from one process ({bad['problem']})",
+            f"V step on 2 ranks, v = {v}, m = {m}: {bad['quantity']} {bad['name']} differs "
+            f"from one process ({bad['problem']})",
+        )
+    sent, expected = sum(n for _, n in runs), _v_messages(_v_rank, 2, 2 * v, m)
+    if sent != expected:
+        fail(
+            task,
+            f"V step on 2 ranks, v = {v}, m = {m}: the ranks sent {sent} messages; a V sends "
+            f"{expected}",
         )
     passed(
         task,
-        "stages placed as the interleaved schedule runs them; the interleaved step on 2 ranks "
-        "equals one process (loss, gradients, parameters)",
+        "stages placed in a V on 2-4 ranks and 1-4 chunks; the step on 2 ranks equals one "
+        "process (loss, gradients, parameters) and sends only the V's messages",
     )

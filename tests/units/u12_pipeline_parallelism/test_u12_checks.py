@@ -136,11 +136,13 @@ def test_copied_start_times_fail_under_another_seed(monkeypatch):
 
 # ---- task 3 --------------------------------------------------------------------------------
 def good_holder(stage, ranks):
-    return stage % ranks
+    chunk, pos = divmod(stage, ranks)
+    return pos if chunk % 2 == 0 else ranks - 1 - pos
 
 
-def buggy_holder(stage, ranks):
-    return stage // ranks
+def buggy_holder(stage, ranks):  # the exercise's: right for two chunks only
+    chunk, pos = divmod(stage, ranks)
+    return pos if chunk == 0 else ranks - 1 - pos
 
 
 def course_holder(stage, ranks):
@@ -149,18 +151,55 @@ def course_holder(stage, ranks):
     return stage_owner(stage, ranks)
 
 
+def torch_holder(stage, ranks):
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+    return generate_stage_to_rank_mapping(ranks, 4 * ranks, style="v")[stage]
+
+
+def test_the_v_is_torchs_v():
+    """The check's V is the one torch's ZB-V and DualPipeV schedules place stages by."""
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+    for p in (2, 3, 4, 8):
+        for v in (1, 2, 3, 4):
+            mapping = generate_stage_to_rank_mapping(p, v * p, style="v")
+            assert [C._v_rank(k, p) for k in range(v * p)] == [mapping[k] for k in range(v * p)]
+
+
 def test_holder_check(seed, capsys):
     C.check_holder(good_holder)
-    assert capsys.readouterr().out.startswith("✓ task 3: stages placed as the interleaved")
+    assert capsys.readouterr().out.startswith("✓ task 3: stages placed in a V")
     with pytest.raises(
-        AssertionError, match="✗ task 3: stage 1 with 2 ranks: your function places it on rank 0"
+        AssertionError,
+        match="✗ task 3: stage 4 with 2 ranks \\(chunk 2, which runs down the ranks\\): your "
+        "function places it on rank 1, off the V",
     ) as err:
         C.check_holder(buggy_holder)
-    assert "round robin" not in str(err.value) and "% " not in str(err.value)
+    assert "% 2" not in str(err.value)
+    with pytest.raises(AssertionError, match="✗ task 3: stage 2 with 2 ranks .* on rank 0"):
+        C.check_holder(lambda k, p: k % p)  # section 2's round robin is not a V
     with pytest.raises(AssertionError, match="✗ task 3: uses the course's own stage_owner"):
         C.check_holder(course_holder)
+    with pytest.raises(
+        AssertionError, match="✗ task 3: uses the course's own generate_stage_to_rank_mapping"
+    ):
+        C.check_holder(torch_holder)
+    with pytest.raises(AssertionError, match="✗ task 3: stage 0 with 2 ranks: rank 2 does not"):
+        C.check_holder(lambda k, p: p)
     with pytest.raises(AssertionError, match="must return an int rank, got float"):
-        C.check_holder(lambda k, p: float(k % p))
+        C.check_holder(lambda k, p: float(good_holder(k, p)))
+
+
+@pytest.mark.parametrize("holder", [good_holder, buggy_holder, course_holder])
+def test_the_v_steps_messages_are_counted_on_the_wire(holder):
+    """The real step counts the sends it makes (a hand-off inside a rank is none); they match
+    the stage boundaries the placement puts across ranks, which differ between placements."""
+    case = {"virtual": 3, "microbatches": 2, "seed": 0}
+    runs = C._launch(3, C._holder_worker, 2, holder, case)
+    sent = sum(n for _, n in runs)
+    assert sent == C._v_messages(holder, 2, 6, 2)
+    assert (sent == C._v_messages(C._v_rank, 2, 6, 2)) == (holder is good_holder)
 
 
 def test_holder_step_is_drawn(monkeypatch):
