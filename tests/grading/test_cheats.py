@@ -34,7 +34,7 @@ UNITS = {
     ),
     "12": (
         "12_pipeline_parallelism",
-        ("v_holder", "course_lib.units.u12_pipeline_parallelism.checks:_v_rank", 3),
+        ("v_holder", "course_lib.units.u12_pipeline_parallelism.checks:_v_walk", 3),
     ),
     "14": ("14_planning_a_run", ("problems", "course_lib.plan.memory:check_layout", 2)),
 }

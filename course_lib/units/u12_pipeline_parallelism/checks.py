@@ -38,7 +38,7 @@ BUBBLE_REFERENCES = (
 REPLAY_REFERENCES = BUBBLE_REFERENCES
 HOLDER_REFERENCES = (
     "course_lib.parallel.pipeline:stage_owner",
-    "course_lib.units.u12_pipeline_parallelism.checks:_v_rank",
+    "course_lib.units.u12_pipeline_parallelism.checks:_v_walk",
     "torch.distributed.pipelining._utils:generate_stage_to_rank_mapping",
     "torch.distributed.pipelining._utils:generate_rank_to_stage_mapping",
 )
@@ -226,11 +226,18 @@ def check_replay(fn, task: int = 2) -> None:
 # --------------------------------------------------------------------------------------------
 # task 3: find the bug in the V placement of the stages
 # --------------------------------------------------------------------------------------------
-def _v_rank(stage: int, ranks: int) -> int:
-    """The V placement: chunk c of p stages runs down the ranks (0..p-1) when c is even and back
-    up (p-1..0) when c is odd, so each turn stays on one rank."""
-    chunk, pos = divmod(stage, ranks)
-    return pos if chunk % 2 == 0 else ranks - 1 - pos
+def _v_walk(ranks: int, stages: int) -> list[int]:
+    """The V placement as a walk over the ranks, one stage at a time: down from rank 0; at either
+    end the walk stays put for one stage (the turn, a hand-off inside that rank) and then goes
+    back the other way. ``[rank of stage 0, rank of stage 1, ...]``."""
+    placed, rank, step = [], 0, 1
+    for _ in range(stages):
+        placed.append(rank)
+        if 0 <= rank + step < ranks:
+            rank += step
+        else:
+            step = -step
+    return placed
 
 
 def _v_order(rank: int, ranks: int, microbatches: int, stages: int, holder) -> list:
@@ -244,10 +251,11 @@ def _v_order(rank: int, ranks: int, microbatches: int, stages: int, holder) -> l
     return forward + [Action("B", i, k) for k in reversed(mine) for i in range(microbatches)]
 
 
-def _v_messages(holder, ranks: int, stages: int, microbatches: int) -> int:
-    """Point-to-point messages of one step: an activation forward and its gradient back across
-    each stage boundary whose two stages sit on different ranks, per micro-batch."""
-    crossings = sum(holder(k, ranks) != holder(k + 1, ranks) for k in range(stages - 1))
+def _v_messages(placed: list[int], microbatches: int) -> int:
+    """Point-to-point messages of one step with stage k on rank ``placed[k]``: an activation
+    forward and its gradient back across each boundary whose two stages sit on different ranks,
+    per micro-batch."""
+    crossings = sum(a != b for a, b in zip(placed, placed[1:]))
     return 2 * microbatches * crossings
 
 
@@ -311,6 +319,7 @@ def check_holder(fn, task: int = 3) -> None:
     from course_lib.units.u12_pipeline_parallelism.run import reference
 
     for p in (2, 3, 4):
+        v_shape = _v_walk(p, 4 * p)
         for k in range(4 * p):
             got = run_learner(task, fn, k, p, forbid=HOLDER_REFERENCES)
             if isinstance(got, bool) or not isinstance(got, numbers.Integral):
@@ -320,7 +329,7 @@ def check_holder(fn, task: int = 3) -> None:
             got = int(got)
             if not 0 <= got < p:
                 fail(task, f"stage {k} with {p} ranks: rank {got} does not exist (0..{p - 1})")
-            if got != _v_rank(k, p):
+            if got != v_shape[k]:
                 chunk = k // p
                 fail(
                     task,
@@ -339,7 +348,7 @@ def check_holder(fn, task: int = 3) -> None:
             f"V step on 2 ranks, v = {v}, m = {m}: {bad['quantity']} {bad['name']} differs "
             f"from one process ({bad['problem']})",
         )
-    sent, expected = sum(n for _, n in runs), _v_messages(_v_rank, 2, 2 * v, m)
+    sent, expected = sum(n for _, n in runs), _v_messages(_v_walk(2, 2 * v), m)
     if sent != expected:
         fail(
             task,

@@ -161,10 +161,11 @@ def test_the_v_is_torchs_v():
     """The check's V is the one torch's ZB-V and DualPipeV schedules place stages by."""
     from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
+    assert C._v_walk(1, 3) == [0, 0, 0]
     for p in (2, 3, 4, 8):
         for v in (1, 2, 3, 4):
             mapping = generate_stage_to_rank_mapping(p, v * p, style="v")
-            assert [C._v_rank(k, p) for k in range(v * p)] == [mapping[k] for k in range(v * p)]
+            assert C._v_walk(p, v * p) == [mapping[k] for k in range(v * p)]
 
 
 def test_holder_check(seed, capsys):
@@ -198,8 +199,8 @@ def test_the_v_steps_messages_are_counted_on_the_wire(holder):
     case = {"virtual": 3, "microbatches": 2, "seed": 0}
     runs = C._launch(3, C._holder_worker, 2, holder, case)
     sent = sum(n for _, n in runs)
-    assert sent == C._v_messages(holder, 2, 6, 2)
-    assert (sent == C._v_messages(C._v_rank, 2, 6, 2)) == (holder is good_holder)
+    assert sent == C._v_messages([holder(k, 2) for k in range(6)], 2)
+    assert (sent == C._v_messages(C._v_walk(2, 6), 2)) == (holder is good_holder)
 
 
 def test_holder_step_is_drawn(monkeypatch):
