@@ -223,32 +223,42 @@ def check_qv_forward(MyQVLoRA, task: int = 2) -> None:
         got = run_learner(task, layer, inp, forbid=_FORBID_LAYER)
         what = f"c_attn = Conv1D({d}, {3 * d}), input shape {tuple(inp.shape)}, B != 0"
         if isinstance(got, torch.Tensor) and got.shape == expected.shape:
-            base_out = ref(inp).detach()
-            for part, cols in (
-                ("k", slice(d, 2 * d)),
-                ("q", slice(0, d)),
-                ("v", slice(2 * d, None)),
-            ):
-                if part == "k" and not torch.allclose(
-                    got[..., cols], base_out[..., cols], rtol=RTOL, atol=ATOL
-                ):
-                    fail(
-                        task,
-                        f"{what}: the k part of the output (columns {d}..{2 * d - 1}) differs "
-                        "from the base's: this adapter changes q and v only",
-                    )
-                if part != "k" and not torch.allclose(
-                    got[..., cols], expected[..., cols], rtol=RTOL, atol=ATOL
-                ):
-                    fail(
-                        task,
-                        f"{what}: the {part} part of the output (columns {cols.start}.."
-                        f"{(cols.stop or 3 * d) - 1}) is not the base's plus (alpha / r = "
-                        f"{scaling:g}) x A_{part}^T B_{part}^T",
-                    )
+            _check_qkv_parts(task, what, got, expected, ref(inp).detach(), d, scaling)
         _close(task, what, got, expected)
-    if got.requires_grad:
-        got.sum().backward()
+    _check_adapter_gradients(task, layer, got)
+    passed(
+        task,
+        f"LoRA on q and v of GPT-2's fused c_attn: unchanged at step 0, q and v updated by "
+        f"(alpha / r) B A x once B is trained, k the base's, base frozen (rtol={RTOL:g}, "
+        f"atol={ATOL:g})",
+    )
+
+
+def _check_qkv_parts(task: int, what: str, got, expected, base_out, d: int, scaling: float):
+    """Name the part of the fused output that is wrong: k changed, or q or v not updated."""
+    import torch
+
+    k = slice(d, 2 * d)
+    if not torch.allclose(got[..., k], base_out[..., k], rtol=RTOL, atol=ATOL):
+        fail(
+            task,
+            f"{what}: the k part of the output (columns {d}..{2 * d - 1}) differs from the "
+            "base's: this adapter changes q and v only",
+        )
+    for part, first in (("q", 0), ("v", 2 * d)):
+        cols = slice(first, first + d)
+        if not torch.allclose(got[..., cols], expected[..., cols], rtol=RTOL, atol=ATOL):
+            fail(
+                task,
+                f"{what}: the {part} part of the output (columns {first}..{first + d - 1}) is "
+                f"not the base's plus (alpha / r = {scaling:g}) x A_{part}^T B_{part}^T",
+            )
+
+
+def _check_adapter_gradients(task: int, layer, out) -> None:
+    """The base stays frozen and each of the four adapter tensors gets a gradient from ``out``."""
+    if out.requires_grad:
+        out.sum().backward()
     if layer.base.weight.grad is not None or layer.base.bias.grad is not None:
         fail(task, "the base got a gradient: it must stay frozen")
     missing = [n for n in ("A_q", "B_q", "A_v", "B_v") if getattr(layer, n).grad is None]
@@ -258,12 +268,6 @@ def check_qv_forward(MyQVLoRA, task: int = 2) -> None:
             f"{', '.join(missing)} got no gradient: compute the output from the adapter's "
             "tensors with torch operations",
         )
-    passed(
-        task,
-        f"LoRA on q and v of GPT-2's fused c_attn: unchanged at step 0, q and v updated by "
-        f"(alpha / r) B A x once B is trained, k the base's, base frozen (rtol={RTOL:g}, "
-        f"atol={ATOL:g})",
-    )
 
 
 def check_lora_merge(MyLoRALinear, task: int = 3) -> None:
