@@ -171,7 +171,7 @@ def test_qv_forward(capsys, seed):
     assert capsys.readouterr().out.strip() == (
         "✓ task 2: LoRA on q and v of GPT-2's fused c_attn: unchanged at step 0, q and v updated "
         "by (alpha / r) B A x once B is trained, k the base's, base frozen (rtol=1e-05, "
-        "atol=1e-06)"
+        "atol=1e-05 of the largest value)"
     )
     with pytest.raises(AssertionError, match="✗ task 2: .*the k part of the output"):
         C.check_qv_forward(QVLectureForward)
@@ -190,7 +190,9 @@ def test_qv_forward(capsys, seed):
 def test_the_lectures_single_adapter_does_not_fit_the_fused_layer(seed):
     """Copying the lecture's LoRALinear (lora_A and lora_B over the whole layer) is refused by
     name: the q/v adapter has no such attributes."""
-    with pytest.raises(AssertionError, match="✗ task 2: "):
+    with pytest.raises(
+        AssertionError, match="✗ task 2: GoodLoRA\\(Conv1D\\(.*\\.A_q: expected a tensor"
+    ):
         C.check_qv_forward(GoodLoRA)
 
 
@@ -198,7 +200,8 @@ def test_merge(capsys, seed):
     C.check_lora_merge(GoodLoRA)
     assert capsys.readouterr().out.strip() == (
         "✓ task 3: merge() folds (alpha / r) B A into W0 of an nn.Linear and of a GPT-2 Conv1D "
-        "(stored transposed) and the output is unchanged (rtol=1e-05, atol=1e-06)"
+        "(stored transposed) and the output is unchanged (rtol=1e-05, atol=1e-05 of the largest "
+        "value)"
     )
     with pytest.raises(
         AssertionError, match="✗ task 3: Linear base: after merge\\(\\) the update is added twice"
