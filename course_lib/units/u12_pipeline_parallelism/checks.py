@@ -5,9 +5,10 @@
    runs on 3 ranks whose recorded orders are replayed on ideal hardware (``pipeline.replay``);
 2. ``check_replay``: the learner's replay of a schedule on ideal hardware (when each action
    starts), against ``pipeline.replay`` for GPipe, 1F1B and interleaved 1F1B;
-3. ``check_holder``: the fixed V placement of v chunks of stages on ranks (ZB-V's, as torch's
-   ``generate_stage_to_rank_mapping(..., style="v")``; the buggy one turned once only), on a
-   grid of ranks and chunks, then in a real step on 2 ranks that must equal one process on the
+3. ``check_holder``: the fixed V placement of v chunks of stages on ranks (ZB-V's and
+   DualPipeV's for two chunks, extended to any number as torch's
+   ``generate_stage_to_rank_mapping(..., style="v")`` does; the buggy one turned once only), on
+   a grid of ranks and chunks, then in a real step on 2 ranks that must equal one process on the
    full batch and send only the messages a V sends (each turn a hand-off inside one rank).
 The pipelines each check asks about are drawn from the grading seed (``_cases``). Each check
 prints one deterministic line or raises AssertionError("✗ task N: ...").
@@ -330,12 +331,10 @@ def check_holder(fn, task: int = 3) -> None:
             if not 0 <= got < p:
                 fail(task, f"stage {k} with {p} ranks: rank {got} does not exist (0..{p - 1})")
             if got != v_shape[k]:
-                chunk = k // p
                 fail(
                     task,
-                    f"stage {k} with {p} ranks (chunk {chunk}, which runs "
-                    f"{'down' if chunk % 2 == 0 else 'up'} the ranks): your function places it "
-                    f"on rank {got}, off the V",
+                    f"stage {k} with {p} ranks (chunk {k // p}, counting from 0): your function "
+                    f"places it on rank {got}, off the V",
                 )
     case = holder_case(task)
     v, m = case["virtual"], case["microbatches"]
