@@ -269,9 +269,9 @@ def _holder_setup(case):
 def _holder_worker(rank, world_size, holder, case):
     import torch.nn.functional as F
 
+    from course_lib.measure.comm import CommMeter
     from course_lib.parallel import harness as H
     from course_lib.parallel import pipeline as P
-    from course_lib.parallel import pipeline_run
     from course_lib.units.u12_pipeline_parallelism.run import batch_fn
 
     setup, v, m = _holder_setup(case), case["virtual"], case["microbatches"]
@@ -285,19 +285,11 @@ def _holder_worker(rank, world_size, holder, case):
     )
     model = P.PipelineRank(setup.model(), split, rank, world_size, owner=holder)
     order = _v_order(rank, world_size, m, len(split), holder)
-    sent = []  # the messages this rank puts on the wire (a hand-off inside the rank is none)
-    real_isend = pipeline_run.dist.isend
-
-    def counted_isend(tensor, dst, *args, **kwargs):
-        sent.append(dst)
-        return real_isend(tensor, dst, *args, **kwargs)
+    comm = CommMeter(dispatch=False)  # the messages this rank sends (a hand-off inside it is none)
 
     def step_fn(mod, batch):
-        pipeline_run.dist.isend = counted_isend
-        try:
+        with comm:
             return P.run_schedule(mod, order, *batch, microbatches=m, loss_fn=F.mse_loss)
-        finally:
-            pipeline_run.dist.isend = real_isend
 
     record = H.parallel_run(
         model,
@@ -306,7 +298,7 @@ def _holder_worker(rank, world_size, holder, case):
         step_fn=step_fn,
         gather_fn=lambda mod, which: H.merge_across(mod.tensors(which)),
     )
-    return record, len(sent)
+    return record, comm.calls.get("isend", 0)
 
 
 def check_holder(fn, task: int = 3) -> None:
