@@ -11,7 +11,9 @@
   this course, a notebook of a unit with no solution, a second notebook of the same learner and
   unit (the first by path is graded).
 * Each notebook is graded in a worker process (``--jobs`` at a time), in a fresh kernel: a kernel
-  that dies or a cell that hangs scores 0 for the rest of that notebook and never stops the batch.
+  that dies or a cell that hangs scores 0 for the rest of that notebook and never stops the batch;
+  nor does a cell that kills the worker itself (that notebook is graded again alone, and scores 0
+  if it kills that worker too).
   Notebooks are graded unit by unit, and each worker keeps its zygote (the clean process the
   checks are forked from, :mod:`course_lib.grading.zygote`) warm for the next notebook of the same
   unit instead of importing torch and the unit again for every notebook.
@@ -30,12 +32,14 @@ import csv
 import multiprocessing
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from course_lib.grading.exercises import ExerciseError, load_notebook_json
 from course_lib.grading.grader import GradingInputError, find_solution, grade_notebook
-from course_lib.grading.report import GradeReport
+from course_lib.grading.report import GradeReport, TaskResult
 from course_lib.grading.zygote import WarmZygote
 
 __all__ = ["Submission", "collect", "grade_folder"]
@@ -113,24 +117,60 @@ def _grade_one(args: tuple[Submission, str | None, float]) -> GradeReport:
 def _reports(
     todo: list[Submission], solutions_dir: str | None, timeout: float, jobs: int
 ) -> Iterator[tuple[Submission, GradeReport]]:
-    """Reports in the order of ``todo``, graded ``jobs`` at a time in worker processes."""
+    """Reports in the order of ``todo``, graded ``jobs`` at a time in worker processes.
+
+    A worker that dies (a learner's cell can kill its kernel's parent) breaks the whole pool, and
+    which notebook did it is not known: each notebook the break took is graded again alone, and
+    one that kills its own worker again scores 0 with that said."""
     from tqdm.auto import tqdm
 
     # unit by unit, so that a worker's next notebook mostly finds its zygote warm
     order = sorted(range(len(todo)), key=lambda i: todo[i].unit)
-    work = [(todo[i], solutions_dir, timeout) for i in order]
-    context = multiprocessing.get_context("spawn")  # a clean interpreter per worker
-    reports: dict[int, GradeReport] = {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        bar = tqdm(total=len(todo), desc="grading", unit="notebook", leave=False)
-        try:
-            for i, report in zip(order, pool.map(_grade_one, work)):
-                bar.update()
-                reports[i] = report
-        finally:
-            bar.close()
+    bar = tqdm(total=len(todo), desc="grading", unit="notebook", leave=False)
+    try:
+        reports, lost = _in_pool(todo, order, solutions_dir, timeout, jobs, bar)
+        for i in lost:
+            again, _ = _in_pool(todo, [i], solutions_dir, timeout, 1, bar)
+            reports[i] = again.get(i) or _killed_report(todo[i], solutions_dir)
+            bar.update(0 if i in again else 1)
+    finally:
+        bar.close()
     for i, submission in enumerate(todo):
         yield submission, reports[i]
+
+
+def _in_pool(
+    todo: list[Submission],
+    order: list[int],
+    solutions_dir: str | None,
+    timeout: float,
+    jobs: int,
+    bar: Any,
+) -> tuple[dict[int, GradeReport], list[int]]:
+    """({index: report} of the notebooks graded, [indices a dead worker took with it])."""
+    context = multiprocessing.get_context("spawn")  # a clean interpreter per worker
+    reports: dict[int, GradeReport] = {}
+    lost: list[int] = []
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        work = {i: pool.submit(_grade_one, (todo[i], solutions_dir, timeout)) for i in order}
+        for i, future in work.items():  # in submission order: a worker's next is its unit's
+            try:
+                reports[i] = future.result()
+            except BrokenProcessPool:
+                lost.append(i)
+                continue
+            bar.update()
+    return reports, lost
+
+
+def _killed_report(submission: Submission, solutions_dir: str | None) -> GradeReport:
+    """0 for every task of a notebook whose grading process was killed twice."""
+    from course_lib.grading.grader import _load
+
+    _, solution, expected, _ = _load(submission.path, solutions_dir)
+    why = "not graded: the grading process was killed while this notebook ran"
+    tasks = [TaskResult(t, spec.points, False, why) for t, spec in expected.items()]
+    return GradeReport(submission.path, solution, tasks, "grading process killed")
 
 
 def _feedback(submission: Submission, report: GradeReport) -> str:

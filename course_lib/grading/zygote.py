@@ -171,6 +171,7 @@ class Zygote:
 def main() -> None:
     """The zygote: import, trap, wait for the jobs, fork one child per task."""
     result_fd, unit = int(sys.argv[1]), sys.argv[2]
+    _ZYGOTE_FDS.append(result_fd)  # closed in every child, before any learner code
     from course_lib.grading.isolate import _python_source, prepare
 
     prepare(unit)
@@ -190,6 +191,10 @@ def main() -> None:
     sys.stdout.flush()
     os._exit(0)
 
+
+#: the zygote's own channel to the grader: a child that kept it could write a forged verdict for
+#: every task of the notebook (and, in a batch, of the next notebooks the zygote serves)
+_ZYGOTE_FDS: list[int] = []
 
 _LAUNCHES = re.compile(r"\b(launch|launch_learner|RankSet)\(")
 
@@ -250,7 +255,10 @@ def _fork(job: CheckJob, timeout: float, server: int | None, where: tuple[str, s
         return CheckResult(False, f"the check ran over {timeout:g} s and was stopped")
     if not chunks:
         return CheckResult(False, "the check's process ended without a verdict")
-    return CheckResult(**json.loads(b"".join(chunks)))
+    try:
+        return CheckResult(**json.loads(b"".join(chunks)))
+    except (ValueError, TypeError):  # something else wrote to the verdict's pipe too
+        return CheckResult(False, "the check's process sent no readable verdict")
 
 
 def _child(job: CheckJob, write_fd: int) -> None:
@@ -258,6 +266,8 @@ def _child(job: CheckJob, write_fd: int) -> None:
     from course_lib.runtime.processes import adopt_inherited_forkserver
 
     os.setsid()
+    for fd in _ZYGOTE_FDS:
+        os.close(fd)
     adopt_inherited_forkserver()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

@@ -1,5 +1,6 @@
 """Grading a whole class: a folder of notebooks under any names -> one CSV, feedback files and a
-summary; skipped files named in one line each; a dying kernel never stops the batch."""
+summary; skipped files named in one line each; a dying kernel, or a cell that kills its grading
+process, never stops the batch."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from course_lib.grading.batch import collect
 from course_lib.grading.grader import grade_notebook
 
 DOUBLE_OK = "def double(x):\n    return 2 * x"
+KILL_THE_WORKER = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"
 
 
 def _class_folder(tmp_path, exercise, make_learner, solution):
@@ -21,6 +23,8 @@ def _class_folder(tmp_path, exercise, make_learner, solution):
         ("alice", "week3 final.ipynb", {"fixture-3": DOUBLE_OK, "fixture-5": "total = 45"}, None),
         ("bob", "anything.ipynb", {}, None),
         ("dave", "dies.ipynb", {"fixture-3": DOUBLE_OK}, {"fixture-4": "import os\nos._exit(1)"}),
+        # a cell that kills the kernel's parent: the batch's worker process
+        ("erin", "kill.ipynb", {"fixture-3": DOUBLE_OK}, {"fixture-4": KILL_THE_WORKER}),
     ]:
         learner = make_learner(exercise, answers, insert_after=extra)
         (subs / who).mkdir(parents=True, exist_ok=True)
@@ -45,10 +49,13 @@ def test_a_class_is_graded_into_one_csv_matching_single_runs(
     assert code == 0
     rows = list(csv.DictReader(out.open(encoding="utf-8")))
     by = {(r["learner"], r["task"]): r for r in rows}
-    assert sorted({r["learner"] for r in rows}) == ["alice", "bob", "carol", "dave"]
-    assert len(rows) == 4 * 3  # learner x task
+    assert sorted({r["learner"] for r in rows}) == ["alice", "bob", "carol", "dave", "erin"]
+    assert len(rows) == 5 * 3  # learner x task
     assert [by["alice", t]["passed"] for t in "123"] == ["True", "True", "False"]
     assert [by["dave", t]["message"] for t in "23"] == ["kernel died", "kernel died"]
+    # erin's cell killed her worker, first in the pool and again alone: only her notebook is lost
+    assert {by["erin", t]["passed"] for t in "123"} == {"False"}
+    assert "grading process was killed" in by["erin", "1"]["message"]
     # every row equals what grading that notebook alone gives
     for learner, rel in [("carol", "carol.ipynb"), ("alice", "alice/week3 final.ipynb")]:
         single = grade_notebook(subs / rel, solutions_dir=solutions_dir)
@@ -62,7 +69,7 @@ def test_a_class_is_graded_into_one_csv_matching_single_runs(
     # skipped files: one line each, named; the first of bob's two unit-99 notebooks is graded
     assert "bob/second try.ipynb: skipped: a second notebook of bob for unit 99_fixture" in printed
     assert "notes.ipynb: skipped: " in printed and "bob/other_course.ipynb: skipped: " in printed
-    assert "graded 4 notebook(s), skipped 3" in printed
+    assert "graded 5 notebook(s), skipped 3" in printed and "grading process killed" in printed
     feedback = (tmp_path / "out" / "feedback" / "alice" / "99_fixture.md").read_text()
     assert "- ✓ task 1 (1 pt): ✓ task 1: double(21) = 42" in feedback
     assert (tmp_path / "out" / "feedback" / "dave" / "99_fixture.md").read_text().count("✗") == 2

@@ -48,6 +48,16 @@ def _probe(task: int, extra: str = "") -> CheckJob:
     return CheckJob(task, "course_lib.units.u00_start_here", [], [], [], check)
 
 
+FORGE = """import os
+fd = int(open(f"/proc/{os.getppid()}/cmdline", "rb").read().split(b"\\0")[3])
+try:
+    os.write(fd, b'[{"passed": true, "message": "forged"}]\\n')
+except OSError:
+    raise AssertionError("closed")
+raise AssertionError("open")
+"""
+
+
 @pytest.mark.slow  # three notebooks, a killer among them (13 s); the fast lane keeps a cold zygote
 def test_a_warm_zygote_serves_each_notebook_with_its_seed_and_folder_and_survives_a_killer(
     tmp_path,
@@ -69,6 +79,10 @@ def test_a_warm_zygote_serves_each_notebook_with_its_seed_and_folder_and_survive
             CheckResult(False, f"3|{a}"),
         ]
         assert warm.get("course_lib.units.u00_start_here", cwd=b, seed=5) is first
+        # the zygote's channel to the grader (its argv[1]) is closed before any learner code
+        assert first.ask([_probe(1, FORGE)], timeout=60, seed=5, cwd=b) == [
+            CheckResult(False, "closed")
+        ]
         assert first.ask([_probe(1)], timeout=60, seed=5, cwd=b) == [CheckResult(False, f"5|{b}")]
         killer = _probe(1, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n")
         assert first.ask([killer], timeout=60, seed=5, cwd=b) is None and not first.alive()
