@@ -31,6 +31,9 @@ from course_lib.runtime.protocol import Backend, RankSpec, StartMethod
 # Imported once in the forkserver, then inherited by every rank for free. torch._dynamo (which
 # brings torch.distributed.tensor) costs ~1.4 s on an idle core: paid once per kernel here instead
 # of once per rank in every launch that builds DDP, DTensor or a CommMeter (units 08-13).
+# pandas likewise: a rank imports the module its function comes from, and the units' run
+# modules import pandas for their tables (~0.3 s of CPU per rank, in every launch of a unit's
+# experiment; the rest of such a module then costs a rank ~0.1 s).
 # The trampoline comes first: it makes the server exit quietly if interrupted while it imports
 # the rest (an interrupted first launch used to print the server's own 30-line traceback).
 FORKSERVER_PRELOAD = [
@@ -40,6 +43,7 @@ FORKSERVER_PRELOAD = [
     "torch._dynamo",
     "torch.distributed.tensor",
     "cloudpickle",
+    "pandas",
 ]
 START_ALLOWANCE_S = (10.0, 60.0)  # time for every rank to start: warm forkserver / cold start
 STOP_GRACE_S = 1.0  # SIGTERM, then SIGKILL after this long
