@@ -10,6 +10,7 @@ so it goes through the whole grade command.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import nbformat
@@ -17,6 +18,7 @@ import pytest
 
 from course_lib.grading.clean import clean_verdict, jobs_for
 from course_lib.grading.grader import grade_notebook
+from course_lib.grading.isolate import carried_statements
 from course_lib.grading.notebooks import read_notebook, solution_tasks
 from course_lib.grading.zygote import Zygote
 
@@ -101,6 +103,13 @@ def _trick(unit: str, trick: str) -> str:
 TRICKS = ("sys.setprofile(None)", "a thread")
 
 
+def _bound(stmt: ast.stmt) -> list[str]:
+    """The names a carried class or import binds."""
+    if isinstance(stmt, ast.ClassDef):
+        return [stmt.name]
+    return [(a.asname or a.name).split(".")[0] for a in getattr(stmt, "names", [])]
+
+
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
     """``verdicts(unit)``: every cheat of the unit run in one clean-process batch (one zygote
@@ -143,6 +152,12 @@ def test_a_cell_that_fakes_the_checks_scores_zero(unit, cheat, verdicts):
         assert result.tampered == "course_lib changed during the check"
     else:  # never carried: the untouched stub is what the check sees
         assert "not implemented yet" in result.message
+        # and so for every task: what travels of this cell is definitions that do nothing until
+        # called (the rebinding and the patching loop stay behind), so each task's clean process
+        # is the untouched exercise's, which scores 0 on every task (tests/test_course.py)
+        carried = carried_statements(ast.parse(_cheats(unit)[cheat]), set())
+        assert all(isinstance(s, (ast.ClassDef, ast.Import)) for s in carried), carried
+        assert not {"unit", "checks"} & {n for s in carried for n in _bound(s)}
 
 
 @pytest.mark.parametrize("trick", TRICKS)
