@@ -30,9 +30,9 @@ class Experiment:
     name: ``uNN.short`` (e.g. ``u09.bytes``); title: one line for listings and the script's
     docstring; run: ``run(world_size, **settings)`` returning what the notebook gets (a DataFrame
     or plain data); lecture: the notebook that runs it; plot: how to draw the loaded result
-    (shown in the script's docstring); varying: result columns (or keys) that are measured times
-    and so differ from run to run (everything else is deterministic and must be equal under
-    torchrun and under launch); world_size: the world size from the settings when the settings fix
+    (shown in the script's docstring); varying: result columns (or keys) that differ from run to
+    run: measured times, and a peak that depends on when a message completes (everything else is
+    deterministic and must be equal under torchrun and under launch); world_size: the world size from the settings when the settings fix
     it (the 3-D run: dp x tp x pp), else None; check: raises ValueError for a world size it cannot
     use; minimum: the smallest world size; canonical: the deterministic part of a value, for
     results whose row order or optional rows depend on timing (a timeline's events); backend:
@@ -55,7 +55,7 @@ class Experiment:
 
     def differences(self, a: Any, b: Any) -> list[str]:
         """Where two values of this experiment differ in what must not vary (empty: the same);
-        measured times (``varying``) are left out."""
+        what varies from run to run (``varying``) is left out."""
         from course_lib.cluster.results import differences
 
         if self.canonical is not None:

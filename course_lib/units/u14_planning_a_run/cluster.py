@@ -49,5 +49,8 @@ EXPERIMENTS = [
         world_size=lambda s: s["dp"] * s["tp"] * s["pp"],
         check=_layout_fits,
         minimum=1,
+        # A rank's peak can differ by one message between two runs: the pipeline frees a sent
+        # gradient as soon as its isend completes, and when that is depends on the other rank.
+        varying=("peak_bytes",),
     ),
 ]
