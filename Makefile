@@ -121,6 +121,8 @@ test-torch-floor:
 	@[ -x $(FLOOR_VENV)/bin/python ] || $(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/python -m pip install --quiet --upgrade pip
 	@echo "torch==$(TORCH_FLOOR)" > $(FLOOR_VENV)/constraints.txt
+	@# the course's other pins (constraints.txt), torch's replaced by the floor
+	@grep -v '^torch==' constraints.txt >> $(FLOOR_VENV)/constraints.txt
 	$(FLOOR_VENV)/bin/python -m pip install --quiet $(FLOOR_TORCH_ARGS) -c $(FLOOR_VENV)/constraints.txt "torch==$(TORCH_FLOOR)"
 	$(FLOOR_VENV)/bin/python -m pip install --quiet $(PIP_ARGS) -c $(FLOOR_VENV)/constraints.txt -e ".[lab,units,dev]"
 	$(FLOOR_VENV)/bin/python -c 'import torch; v = torch.__version__; print("torch", v); assert v.split("+")[0] == "$(TORCH_FLOOR)", v'
