@@ -42,18 +42,23 @@ def _env() -> dict:
     return env
 
 
-def _wait_listening(port: int, proc: subprocess.Popen, timeout: float) -> None:
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float) -> bool:
+    """True once something listens on ``port``; False if ``proc`` ended first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            return  # it ended (failed): its output says why
+            return False
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+                return True
         time.sleep(0.05)
     raise TimeoutError(
         f"the first torchrun agent did not listen on 127.0.0.1:{port} within {timeout:g} s"
     )
+
+
+def _tail(text: str | None, lines: int = 15) -> str:
+    return "\n".join((text or "").rstrip().splitlines()[-lines:])
 
 
 def torchrun_command(*args: str) -> list[str]:
@@ -85,15 +90,22 @@ def run_agents(
                 )
             )
             if i == 0 and first_listens_on is not None:
-                _wait_listening(first_listens_on, procs[0], timeout)
+                if not _wait_listening(first_listens_on, procs[0], timeout):
+                    # the others would wait for its rendezvous until the deadline
+                    out, err = procs[0].communicate()
+                    raise RuntimeError(
+                        f"the first torchrun agent exited with code {procs[0].returncode} "
+                        f"before listening on 127.0.0.1:{first_listens_on}; its last "
+                        f"output:\n{_tail(err) or _tail(out)}"
+                    )
         for proc, cmd in zip(procs, commands):
             left = max(0.1, deadline - time.monotonic())
             try:
                 out, err = proc.communicate(timeout=left)
             except subprocess.TimeoutExpired:
                 raise TimeoutError(
-                    f"torchrun agents still running after {timeout:g} s; killed "
-                    "them and their ranks"
+                    f"torchrun agents still running after {timeout:g} s; killed them and "
+                    f"their ranks. Their last output:\n{_outputs(procs)}"
                 ) from None
             done.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
     finally:
@@ -102,6 +114,20 @@ def run_agents(
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
     return done
+
+
+def _outputs(procs: list[subprocess.Popen]) -> str:
+    """Kill every agent's process group, then each one's last lines of stderr (else stdout)."""
+    parts = []
+    for i, proc in enumerate(procs):
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            out, err = proc.communicate(timeout=5)
+        except (subprocess.TimeoutExpired, ValueError):
+            out = err = ""
+        parts.append(f"--- agent {i} (exit {proc.returncode}):\n{_tail(err) or _tail(out)}")
+    return "\n".join(parts)
 
 
 def _run_nodes(

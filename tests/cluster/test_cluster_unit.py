@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -203,3 +204,30 @@ def test_an_exported_script_runs_with_plain_python_through_launch(tmp_path):
     assert res.meta["launcher"] == "launch" and res.meta["settings"]["stages"] == (3,)
     here = cluster.run("u10.memory", 2, stages=(3,))
     assert cluster.get("u10.memory").differences(here.value, res.value) == []
+
+
+# --- agents that fail or hang: a clear error at once, or at the deadline with their output -------
+
+
+def test_a_first_agent_that_dies_before_listening_fails_at_once_with_its_output(tmp_path):
+    from course_lib.cluster.local import free_port, run_agents
+
+    dies = [sys.executable, "-c", "import sys; sys.exit('no store: port taken')"]
+    waits = [sys.executable, "-c", "import time; time.sleep(60)"]
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"exited with code 1 before listening(.|\n)*port taken"):
+        run_agents([dies, waits], tmp_path, timeout=30, first_listens_on=free_port())
+    assert time.monotonic() - start < 15  # not the 30 s deadline: the second never started
+
+
+def test_agents_past_the_deadline_are_killed_and_their_last_output_shown(tmp_path):
+    from course_lib.cluster.local import run_agents
+
+    hang = "import sys, time; print('agent {} waits for the rendezvous', file=sys.stderr, flush=True); time.sleep(60)"
+    cmds = [[sys.executable, "-c", hang.format(i)] for i in range(2)]
+    start = time.monotonic()
+    with pytest.raises(TimeoutError) as err:
+        run_agents(cmds, tmp_path, timeout=3)
+    assert time.monotonic() - start < 15
+    msg = str(err.value)
+    assert "agent 0 waits for the rendezvous" in msg and "agent 1 waits for the rendezvous" in msg
