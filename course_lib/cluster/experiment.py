@@ -32,8 +32,8 @@ class Experiment:
     or plain data); lecture: the notebook that runs it; plot: how to draw the loaded result
     (shown in the script's docstring); varying: result columns (or keys) that differ from run to
     run: measured times, and a peak that depends on when a message completes (everything else is
-    deterministic and must be equal under torchrun and under launch); world_size: the world size from the settings when the settings fix
-    it (the 3-D run: dp x tp x pp), else None; check: raises ValueError for a world size it cannot
+    deterministic and must be equal under torchrun and under launch); world_size: the world size
+    from the settings when the settings fix it (the 3-D run: dp x tp x pp), else None; check: raises ValueError for a world size it cannot
     use; minimum: the smallest world size; canonical: the deterministic part of a value, for
     results whose row order or optional rows depend on timing (a timeline's events); backend:
     what ``backend='auto'`` means while it runs, under launch and torchrun alike ("gloo": the
