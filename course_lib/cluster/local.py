@@ -105,7 +105,7 @@ def run_agents(
             except subprocess.TimeoutExpired:
                 raise TimeoutError(
                     f"torchrun agents still running after {timeout:g} s; killed them and "
-                    f"their ranks. Their last output:\n{_outputs(procs)}"
+                    f"their ranks. Their last output:\n{_outputs(procs, done)}"
                 ) from None
             done.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
     finally:
@@ -116,16 +116,20 @@ def run_agents(
     return done
 
 
-def _outputs(procs: list[subprocess.Popen]) -> str:
-    """Kill every agent's process group, then each one's last lines of stderr (else stdout)."""
+def _outputs(procs: list[subprocess.Popen], done: list[subprocess.CompletedProcess]) -> str:
+    """Kill the agents still running, then each one's last lines of stderr (else stdout); the
+    output of those that finished (``done``, in order) was read already."""
     parts = []
     for i, proc in enumerate(procs):
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        try:
-            out, err = proc.communicate(timeout=5)
-        except (subprocess.TimeoutExpired, ValueError):
-            out = err = ""
+        if i < len(done):
+            out, err = done[i].stdout, done[i].stderr
+        else:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                out, err = proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                out = err = ""
         parts.append(f"--- agent {i} (exit {proc.returncode}):\n{_tail(err) or _tail(out)}")
     return "\n".join(parts)
 

@@ -223,7 +223,10 @@ def test_a_first_agent_that_dies_before_listening_fails_at_once_with_its_output(
 def test_agents_past_the_deadline_are_killed_and_their_last_output_shown(tmp_path):
     from course_lib.cluster.local import run_agents
 
-    hang = "import sys, time; print('agent {} waits for the rendezvous', file=sys.stderr, flush=True); time.sleep(60)"
+    hang = (
+        "import sys, time; print('agent {} waits for the rendezvous', file=sys.stderr, "
+        "flush=True); time.sleep(60)"
+    )
     cmds = [[sys.executable, "-c", hang.format(i)] for i in range(2)]
     start = time.monotonic()
     with pytest.raises(TimeoutError) as err:
