@@ -204,8 +204,6 @@ def _warm_forkserver(unit: str) -> int | None:
     import importlib.util
     import multiprocessing.forkserver
 
-    from course_lib.runtime import processes
-
     try:
         spec = importlib.util.find_spec(unit)
     except ImportError:  # a unit the course does not have (a test's fixture): no checks to read
@@ -215,6 +213,10 @@ def _warm_forkserver(unit: str) -> int | None:
     folder = Path(spec.origin).parent
     if not any(_LAUNCHES.search(p.read_text()) for p in folder.glob("checks*.py")):
         return None
+    # imported only now: it imports torch (~2 s of CPU), which a unit whose checks launch no rank
+    # (or a torch-free one, as the grading tests' fixture) never needs here
+    from course_lib.runtime import processes
+
     # a fork of this process (torch and the unit imported, one thread): no second interpreter
     if not processes.start_forkserver_by_fork() and processes.start_method() != "forkserver":
         return None
@@ -262,13 +264,19 @@ def _fork(job: CheckJob, timeout: float, server: int | None, where: tuple[str, s
 
 
 def _child(job: CheckJob, write_fd: int) -> None:
+    import multiprocessing.forkserver
+
     from course_lib.grading.isolate import run_job
-    from course_lib.runtime.processes import adopt_inherited_forkserver
 
     os.setsid()
     for fd in _ZYGOTE_FDS:
         os.close(fd)
-    adopt_inherited_forkserver()
+    if getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None) is not None:
+        # the zygote warmed a server (its unit's checks launch ranks): hand ranks out from it.
+        # Imported only then: the module imports torch, which a torch-free check never needs.
+        from course_lib.runtime.processes import adopt_inherited_forkserver
+
+        adopt_inherited_forkserver()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     try:
