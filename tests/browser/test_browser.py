@@ -162,10 +162,16 @@ def browser():
 
 @pytest.fixture(autouse=True)
 def _no_kernel_outlives_its_test(request):
-    """After each test that used the server, shut every kernel down (by its REST API), so a
-    failed test's kernel never changes what the next test sees: a notebook opened on a live
-    kernel of its own path draws that kernel's widgets, not its stored ones."""
+    """After each test that used the browser or the server, close every page the test left open
+    and shut every kernel down (by its REST API), so a failed test's page or kernel never changes
+    what the next test sees: a notebook opened on a live kernel of its own path draws that
+    kernel's widgets, not its stored ones."""
     yield
+    if "browser" in request.fixturenames:
+        # a failed test's page first: left open, it would keep its notebook (and in time autosave
+        # it with live outputs) under the next test that opens the same notebook
+        for page in request.getfixturevalue("browser").pages:
+            page.close()
     if "lab" not in request.fixturenames:
         return
     base, token, _ = request.getfixturevalue("lab")
@@ -381,6 +387,33 @@ NEW_SUMMARY = """(old) => {
 }"""
 
 
+KERNEL_BARRIER = """async () => {
+    const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+    await kernel.requestExecute({code: '', silent: true, store_history: false}).done;
+}"""
+KERNEL_STATUS = """() => {
+    const session = window.jupyterapp.shell.currentWidget.sessionContext.session;
+    return session && session.kernel ? session.kernel.status : 'no kernel';
+}"""
+WATCH_STATUS = """() => {
+    // every text the explorer's status line shows from now on (for a failure's report)
+    const seen = window.courseStatusSeen = [];
+    const note = () => {
+        const boxes = [...document.querySelectorAll('.widget-vbox')].filter(
+            b => b.querySelector('button.widget-button')
+                 && [...b.querySelectorAll('.widget-dropdown')].some(
+                        d => d.textContent.includes('seq')));
+        const html = boxes.length ? boxes[boxes.length - 1].querySelectorAll(
+            '.widget-html-content') : [];
+        const text = [...html].map(h => h.innerText.slice(0, 60)).join(' | ');
+        if (seen[seen.length - 1] !== text) seen.push(text);
+    };
+    note();
+    new MutationObserver(note).observe(
+        document.body, {subtree: true, childList: true, characterData: true});
+}"""
+
+
 def test_unit14_planner_shows_only_the_controls_that_apply_and_seq_changes_the_plan(browser, lab):
     """Issue 26 item 4, as the learner sees it: a preset hides the layers and hidden sliders,
     and a new sequence length gives a new plan."""
@@ -410,8 +443,21 @@ def test_unit14_planner_shows_only_the_controls_that_apply_and_seq_changes_the_p
     explorer.locator("pre").first.wait_for(timeout=60_000)
     at_4k = explorer.locator("pre").first.inner_text()
     seq.select_option("8192")
+    # the kernel has the new seq before Run is pressed: a learner's second or so between the two,
+    # made certain (an execute request is handled after every message sent before it)
+    page.evaluate(KERNEL_BARRIER)
+    page.evaluate(WATCH_STATUS)
     run.click()  # Playwright clicks once the button is enabled again (it is off while planning)
-    page.wait_for_function(NEW_SUMMARY, arg=at_4k, timeout=60_000)
+    try:
+        page.wait_for_function(NEW_SUMMARY, arg=at_4k, timeout=60_000)
+    except Exception:
+        seen = page.evaluate("() => window.courseStatusSeen")
+        raise AssertionError(
+            f"no new plan 60 s after Run at seq 8192; the status lines seen since the click: "
+            f"{seen}; the button disabled: {run.is_disabled()}; the kernel: "
+            f"{page.evaluate(KERNEL_STATUS)}; JavaScript errors: {errors}; the plan at 4096: "
+            f"{at_4k[:300]}"
+        ) from None
     at_8k = explorer.locator("pre").first.inner_text()
     assert at_8k != at_4k, at_4k
     assert errors == []
