@@ -8,12 +8,14 @@ the addresses are local. Used by unit 14's lecture and by tests/cluster.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -66,16 +68,32 @@ def torchrun_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
 
 
+#: seconds the other agents get to end on their own once one agent has failed
+PEER_FAILURE_GRACE_S = 30.0
+
+
 def run_agents(
-    commands: list[list[str]], cwd, *, timeout: float = 120.0, first_listens_on: int | None = None
+    commands: list[list[str]],
+    cwd,
+    *,
+    timeout: float = 120.0,
+    first_listens_on: int | None = None,
+    grace: float = PEER_FAILURE_GRACE_S,
 ) -> list[subprocess.CompletedProcess]:
     """Start every command (each in its own session) and wait for all, at most ``timeout``
     seconds; on time-out every agent's process group (agent and ranks) is killed and
-    TimeoutError raised. With ``first_listens_on``, the others start once the first listens."""
+    TimeoutError raised. With ``first_listens_on``, the others start once the first listens.
+
+    Once one agent has failed (a non-zero exit), the others get ``grace`` seconds to end on
+    their own, then their process groups are killed (exit -9), as a cluster's scheduler ends a
+    job whose node failed: an agent whose own ranks succeeded would otherwise wait at torchrun's
+    exit barrier for the failed one (300 s) before it exits."""
     timeout = validate.number("timeout", timeout, positive=True)
+    grace = validate.number("grace", grace, minimum=0.0)
     deadline = time.monotonic() + timeout
     procs: list[subprocess.Popen] = []
-    done: list[subprocess.CompletedProcess] = []
+    outputs: list[tuple[str, str] | None] = []
+    readers: list[threading.Thread] = []
     try:
         for i, cmd in enumerate(commands):
             procs.append(
@@ -98,38 +116,56 @@ def run_agents(
                         f"before listening on 127.0.0.1:{first_listens_on}; its last "
                         f"output:\n{_tail(err) or _tail(out)}"
                     )
-        for proc, cmd in zip(procs, commands):
-            left = max(0.1, deadline - time.monotonic())
-            try:
-                out, err = proc.communicate(timeout=left)
-            except subprocess.TimeoutExpired:
+        # every agent's output read as it comes (a full pipe would stop the agent writing it)
+        outputs = [None] * len(procs)
+        for i, proc in enumerate(procs):
+            readers.append(threading.Thread(target=_read, args=(proc, outputs, i), daemon=True))
+            readers[-1].start()
+        failed_at = None
+        while any(proc.poll() is None for proc in procs):
+            now = time.monotonic()
+            if now >= deadline:
                 raise TimeoutError(
                     f"torchrun agents still running after {timeout:g} s; killed them and "
-                    f"their ranks. Their last output:\n{_outputs(procs, done)}"
-                ) from None
-            done.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
+                    f"their ranks. Their last output:\n{_outputs(procs, readers, outputs)}"
+                )
+            if failed_at is None and any(proc.poll() not in (None, 0) for proc in procs):
+                failed_at = now
+            if failed_at is not None and now - failed_at >= grace:
+                _kill_running(procs)  # a node failed: the job ends (their exit code is -9)
+                break
+            time.sleep(0.05)
+        for reader in readers:
+            reader.join(10)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
+        _kill_running(procs)
+    return [
+        subprocess.CompletedProcess(cmd, proc.returncode, *(outputs[i] or ("", "")))
+        for i, (cmd, proc) in enumerate(zip(commands, procs))
+    ]
+
+
+def _read(proc: subprocess.Popen, outputs: list, i: int) -> None:
+    outputs[i] = proc.communicate()
+
+
+def _kill_running(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL the process group (agent and ranks) of every agent still running; reap them."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
-    return done
 
 
-def _outputs(procs: list[subprocess.Popen], done: list[subprocess.CompletedProcess]) -> str:
-    """Kill the agents still running, then each one's last lines of stderr (else stdout); the
-    output of those that finished (``done``, in order) was read already."""
+def _outputs(procs: list[subprocess.Popen], readers: list[threading.Thread], outputs: list) -> str:
+    """Kill the agents still running, then each one's last lines of stderr (else stdout)."""
+    _kill_running(procs)
     parts = []
     for i, proc in enumerate(procs):
-        if i < len(done):
-            out, err = done[i].stdout, done[i].stderr
-        else:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            try:
-                out, err = proc.communicate(timeout=5)
-            except subprocess.TimeoutExpired:
-                out = err = ""
+        readers[i].join(5)
+        out, err = outputs[i] or ("", "")
         parts.append(f"--- agent {i} (exit {proc.returncode}):\n{_tail(err) or _tail(out)}")
     return "\n".join(parts)
 
@@ -191,10 +227,19 @@ def torchrun_here(
     else:
         results = _run_nodes(script, nodes, nproc, args, timeout)
     if check:
-        for node, res in enumerate(results):
-            if res.returncode != 0:
-                raise RuntimeError(
-                    f"torchrun agent of node {node} exited with {res.returncode}:\n"
-                    f"{res.stderr[-3000:]}"
-                )
+        failed = [(node, res) for node, res in enumerate(results) if res.returncode != 0]
+        if failed:
+            # the node that failed on its own first; those killed after it (-9) say why below
+            node, res = next(((n, r) for n, r in failed if r.returncode != -9), failed[0])
+            killed = [n for n, r in failed if r.returncode == -9 and n != node]
+            also = (
+                f" (node{'s' if len(killed) > 1 else ''} {', '.join(map(str, killed))} "
+                "killed once it had failed)"
+                if killed
+                else ""
+            )
+            raise RuntimeError(
+                f"torchrun agent of node {node} exited with {res.returncode}{also}:\n"
+                f"{res.stderr[-3000:]}"
+            )
     return results

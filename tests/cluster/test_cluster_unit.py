@@ -220,6 +220,32 @@ def test_a_first_agent_that_dies_before_listening_fails_at_once_with_its_output(
     assert time.monotonic() - start < 15  # not the 30 s deadline: the second never started
 
 
+def test_once_an_agent_fails_the_others_are_killed_after_the_grace_not_at_the_deadline(tmp_path):
+    """Seen 1 run in ~40-100 of unit 18's two-node cell: node 1's rank aborted as its process
+    ended, and node 0's agent, its own rank done, waited at torchrun's exit barrier (300 s) for
+    an agent that was gone; the lecture's cell waited out its 150 s deadline."""
+    import psutil
+
+    from course_lib.cluster.local import run_agents
+
+    waits = [
+        sys.executable,
+        "-c",
+        "import sys, time; print('rank 0 done; at the exit barrier', file=sys.stderr, "
+        "flush=True); time.sleep(60)",
+    ]
+    fails = [sys.executable, "-c", "import sys; sys.exit('rank 1: SIGABRT')"]
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    start = time.monotonic()
+    node0, node1 = run_agents([waits, fails], tmp_path, timeout=60, grace=1)
+    assert time.monotonic() - start < 15  # the grace, not the 60 s deadline
+    assert node0.returncode == -9 and node1.returncode == 1
+    assert "at the exit barrier" in node0.stderr and "rank 1: SIGABRT" in node1.stderr
+    assert not {p.pid for p in psutil.Process().children(recursive=True)} - before
+    with pytest.raises(ValueError, match="grace"):
+        run_agents([waits], tmp_path, grace=-1)
+
+
 def test_agents_past_the_deadline_are_killed_and_their_last_output_shown(tmp_path):
     from course_lib.cluster.local import run_agents
 
