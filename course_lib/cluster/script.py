@@ -132,7 +132,8 @@ SETTINGS = {settings}
 OUT = {out!r}
 
 if __name__ == "__main__":
-    main(EXPERIMENT, SETTINGS, out=OUT, world_size={world_size!r})
+    # end_process: under torchrun, a rank whose run succeeded ends its process in main
+    main(EXPERIMENT, SETTINGS, out=OUT, world_size={world_size!r}, end_process=True)
 '''
 
 

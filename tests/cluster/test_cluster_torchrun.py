@@ -115,4 +115,5 @@ def test_exported_script_reads_as_instructions(tmp_path):
     assert "torchrun --standalone --nproc-per-node 4 ddp.py" in text
     assert "--rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:29500" in text
     assert "'bucket_cap_mb': 25.0" in text and 'cluster.load("ddp_results.json")' in text
+    assert "end_process=True)" in text.splitlines()[-1]  # a torchrun rank ends once it succeeded
     compile(text, str(path), "exec")
