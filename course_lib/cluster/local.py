@@ -92,57 +92,78 @@ def run_agents(
     grace = validate.number("grace", grace, minimum=0.0)
     deadline = time.monotonic() + timeout
     procs: list[subprocess.Popen] = []
-    outputs: list[tuple[str, str] | None] = []
-    readers: list[threading.Thread] = []
     try:
-        for i, cmd in enumerate(commands):
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    cwd=cwd,
-                    env=_env(),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    start_new_session=True,
-                )
-            )
-            if i == 0 and first_listens_on is not None:
-                if not _wait_listening(first_listens_on, procs[0], timeout):
-                    # the others would wait for its rendezvous until the deadline
-                    out, err = procs[0].communicate()
-                    raise RuntimeError(
-                        f"the first torchrun agent exited with code {procs[0].returncode} "
-                        f"before listening on 127.0.0.1:{first_listens_on}; its last "
-                        f"output:\n{_tail(err) or _tail(out)}"
-                    )
-        # every agent's output read as it comes (a full pipe would stop the agent writing it)
-        outputs = [None] * len(procs)
-        for i, proc in enumerate(procs):
-            readers.append(threading.Thread(target=_read, args=(proc, outputs, i), daemon=True))
-            readers[-1].start()
-        failed_at = None
-        while any(proc.poll() is None for proc in procs):
-            now = time.monotonic()
-            if now >= deadline:
-                raise TimeoutError(
-                    f"torchrun agents still running after {timeout:g} s; killed them and "
-                    f"their ranks. Their last output:\n{_outputs(procs, readers, outputs)}"
-                )
-            if failed_at is None and any(proc.poll() not in (None, 0) for proc in procs):
-                failed_at = now
-            if failed_at is not None and now - failed_at >= grace:
-                _kill_running(procs)  # a node failed: the job ends (their exit code is -9)
-                break
-            time.sleep(0.05)
-        for reader in readers:
-            reader.join(10)
+        _start_agents(procs, commands, cwd, first_listens_on, timeout)
+        outputs = _wait_agents(procs, deadline, grace, timeout)
     finally:
         _kill_running(procs)
     return [
         subprocess.CompletedProcess(cmd, proc.returncode, *(outputs[i] or ("", "")))
         for i, (cmd, proc) in enumerate(zip(commands, procs))
     ]
+
+
+def _start_agents(
+    procs: list[subprocess.Popen],
+    commands: list[list[str]],
+    cwd,
+    first_listens_on: int | None,
+    timeout: float,
+) -> None:
+    """Start each command into ``procs`` (the caller kills them if this raises); with
+    ``first_listens_on``, the others once the first listens."""
+    for i, cmd in enumerate(commands):
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=cwd,
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
+        if i == 0 and first_listens_on is not None:
+            if not _wait_listening(first_listens_on, procs[0], timeout):
+                # the others would wait for its rendezvous until the deadline
+                out, err = procs[0].communicate()
+                raise RuntimeError(
+                    f"the first torchrun agent exited with code {procs[0].returncode} "
+                    f"before listening on 127.0.0.1:{first_listens_on}; its last "
+                    f"output:\n{_tail(err) or _tail(out)}"
+                )
+
+
+def _wait_agents(
+    procs: list[subprocess.Popen], deadline: float, grace: float, timeout: float
+) -> list[tuple[str, str] | None]:
+    """Wait for every agent (see :func:`run_agents`); each one's (stdout, stderr)."""
+    # every agent's output read as it comes (a full pipe would stop the agent writing it)
+    outputs: list[tuple[str, str] | None] = [None] * len(procs)
+    readers = [
+        threading.Thread(target=_read, args=(p, outputs, i), daemon=True)
+        for i, p in enumerate(procs)
+    ]
+    for reader in readers:
+        reader.start()
+    failed_at = None
+    while any(proc.poll() is None for proc in procs):
+        now = time.monotonic()
+        if now >= deadline:
+            raise TimeoutError(
+                f"torchrun agents still running after {timeout:g} s; killed them and "
+                f"their ranks. Their last output:\n{_outputs(procs, readers, outputs)}"
+            )
+        if failed_at is None and any(proc.poll() not in (None, 0) for proc in procs):
+            failed_at = now
+        if failed_at is not None and now - failed_at >= grace:
+            _kill_running(procs)  # a node failed: the job ends (their exit code is -9)
+            break
+        time.sleep(0.05)
+    for reader in readers:
+        reader.join(10)
+    return outputs
 
 
 def _read(proc: subprocess.Popen, outputs: list, i: int) -> None:
