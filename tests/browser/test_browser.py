@@ -377,15 +377,25 @@ def test_unit01_widget_updates_on_run(browser, lab):
     page.close()
 
 
-NEW_SUMMARY = """(old) => {
-    // the planner's summary differs from `old`; the explorer (the last box holding the 'seq'
-    // dropdown and a button) is looked up afresh each time, as JupyterLab may draw it anew
-    const boxes = [...document.querySelectorAll('.widget-vbox')].filter(
-        b => [...b.querySelectorAll('.widget-dropdown')].some(d => d.textContent.includes('seq'))
-             && b.querySelector('button.widget-button'));
-    const pre = boxes.length ? boxes[boxes.length - 1].querySelector('pre') : null;
+# the planner's explorer (the last box holding the 'seq' dropdown and a button), looked up afresh
+# each time, as JupyterLab may draw it anew
+PLANNER_BOX = """const plannerBox = () => {
+        const boxes = [...document.querySelectorAll('.widget-vbox')].filter(
+            b => b.querySelector('button.widget-button')
+                 && [...b.querySelectorAll('.widget-dropdown')].some(
+                        d => d.textContent.includes('seq')));
+        return boxes.length ? boxes[boxes.length - 1] : null;
+    };"""
+NEW_SUMMARY = (
+    """(old) => {
+    // the planner's summary differs from `old`
+    """
+    + PLANNER_BOX
+    + """
+    const pre = plannerBox() ? plannerBox().querySelector('pre') : null;
     return pre !== null && pre.innerText !== old;
 }"""
+)
 
 
 KERNEL_BARRIER = """async () => {
@@ -396,16 +406,16 @@ KERNEL_STATUS = """() => {
     const session = window.jupyterapp.shell.currentWidget.sessionContext.session;
     return session && session.kernel ? session.kernel.status : 'no kernel';
 }"""
-WATCH_STATUS = """() => {
+WATCH_STATUS = (
+    """() => {
     // every text the explorer's status line shows from now on (for a failure's report)
     const seen = window.courseStatusSeen = [];
+    """
+    + PLANNER_BOX
+    + """
     const note = () => {
-        const boxes = [...document.querySelectorAll('.widget-vbox')].filter(
-            b => b.querySelector('button.widget-button')
-                 && [...b.querySelectorAll('.widget-dropdown')].some(
-                        d => d.textContent.includes('seq')));
-        const html = boxes.length ? boxes[boxes.length - 1].querySelectorAll(
-            '.widget-html-content') : [];
+        const box = plannerBox();
+        const html = box ? box.querySelectorAll('.widget-html-content') : [];
         const text = [...html].map(h => h.innerText.slice(0, 60)).join(' | ');
         if (seen[seen.length - 1] !== text) seen.push(text);
     };
@@ -413,6 +423,7 @@ WATCH_STATUS = """() => {
     new MutationObserver(note).observe(
         document.body, {subtree: true, childList: true, characterData: true});
 }"""
+)
 
 
 def test_unit14_planner_shows_only_the_controls_that_apply_and_seq_changes_the_plan(browser, lab):
