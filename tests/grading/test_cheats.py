@@ -5,7 +5,7 @@ Each cheat is one extra cell in the untouched exercise. The clean process is run
 the cheats that act on the grade's process (rebinding ``unit``, patching the check functions at
 top level or from a decorator that runs when the cell is carried, switching off the profiler or
 calling the course's answer from a thread); the input transformer acts on the learner's kernel,
-so it goes through the whole grade command.
+so it goes through the whole grade command (units 05 and 12).
 """
 
 from __future__ import annotations
@@ -169,7 +169,9 @@ def test_the_courses_answer_behind_a_trick_is_refused(unit, trick, verdicts):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("unit", ["05", "10", "12", "14"])  # 12: the case the issue found
+# the transformer acts on the learner's kernel, before any check runs: a unit with no ranks and
+# 12, whose checks launch ranks (the case the issue found), cover the two kinds of check cells
+@pytest.mark.parametrize("unit", ["05", "12"])
 def test_an_input_transformer_that_rewrites_check_cells_scores_zero(unit, tmp_path):
     transformer = (
         "def _rewrite(lines):\n"
