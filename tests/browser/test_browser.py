@@ -392,7 +392,7 @@ NEW_SUMMARY = (
     """
     + PLANNER_BOX
     + """
-    const pre = plannerBox() ? plannerBox().querySelector('pre') : null;
+    const box = plannerBox(), pre = box ? box.querySelector('pre') : null;
     return pre !== null && pre.innerText !== old;
 }"""
 )
