@@ -203,6 +203,7 @@ def test_solution_scores_full_marks_and_exercise_scores_zero(solution):
     # in a fresh kernel and compares every check cell with the solution's stored output, as nbval
     # would, and no other cell may raise.
     # One warm zygote for both, as a batch worker keeps it (course_lib.grading.batch)
+    zombies = set(_zombie_children())
     with contextlib.closing(WarmZygote()) as warm:
         report = grade_notebook(solution, timeout=300, warm=warm)
         assert report.tasks, f"{solution.name} has no graded task"
@@ -210,9 +211,18 @@ def test_solution_scores_full_marks_and_exercise_scores_zero(solution):
         assert not report.tampered, report  # the course's own check cells, untouched
         assert report.score == report.total, report
         assert all(t.passed for t in report.tasks), report
+        # what the kernel started (a forkserver that outlived it) is not left here as a zombie
+        left = set(_zombie_children()) - zombies
+        assert not left, f"the grading left zombie processes in the grader: {sorted(left)}"
         # An untouched exercise fails every check: proof that each check can fail. Its cells
         # would only define stubs, so its definitions go straight to the clean processes.
         _untouched_exercise_fails_every_check(solution, warm)
+
+
+def _zombie_children() -> list[int]:
+    from course_lib.runtime.reap import _stats
+
+    return [pid for pid, fields in _stats() if int(fields[1]) == os.getpid() and fields[0] == b"Z"]
 
 
 def _untouched_exercise_fails_every_check(solution: Path, warm: WarmZygote) -> None:

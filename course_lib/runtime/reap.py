@@ -25,7 +25,14 @@ import sys
 import time
 from collections.abc import Iterator
 
-__all__ = ["collect", "descendants", "in_session", "kill_descendants", "no_process_left"]
+__all__ = [
+    "collect",
+    "collect_orphans",
+    "descendants",
+    "in_session",
+    "kill_descendants",
+    "no_process_left",
+]
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -111,6 +118,25 @@ def collect(pids: list[int], timeout: float = 1.0) -> None:
         time.sleep(0.02)
 
 
+def collect_orphans() -> list[int]:
+    """Reap this process's zombie children that came here as orphans (this process was their
+    subreaper) and exited on their own: a kill pass skips a process that is no longer running,
+    and no one else will ever wait for it. A kernel's forkserver is one: its kernel shut down, it
+    came here, and it exited before the kill pass. An orphan is told from a child started here
+    (which its ``Popen`` or ``fork`` caller will wait for) by its session: an orphan keeps that of
+    the tree it came from, neither this process's nor one it leads itself (a child started here
+    runs in this session or, ``start_new_session``/``setsid``, leads its own). The pids reaped."""
+    me, mine = os.getpid(), os.getsid(0)
+    reaped = []
+    for pid, fields in _stats():
+        state, parent, sid = fields[0], int(fields[1]), int(fields[3])
+        if parent == me and state == b"Z" and sid not in (mine, pid):
+            with contextlib.suppress(ChildProcessError, OSError):
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    reaped.append(pid)
+    return reaped
+
+
 def in_session(sid: int) -> list[int]:
     """Every process (zombies too) whose session id is ``sid``: what a process started with
     ``start_new_session=True`` and its descendants started, also ones killed after a listing."""
@@ -179,8 +205,9 @@ def _subreaper(on: bool | None = None) -> bool | None:
 @contextlib.contextmanager
 def no_process_left(timeout: float = 5.0) -> Iterator[None]:
     """Kill, at the end of the block, every process started inside it and still running, also
-    orphans and ones in their own session (this process is their subreaper meanwhile). Processes
-    that were already this process's descendants when the block began are left alone."""
+    orphans and ones in their own session (this process is their subreaper meanwhile), and reap
+    the orphans that exited on their own (:func:`collect_orphans`). Processes that were already
+    this process's descendants when the block began are left alone."""
     before = frozenset(descendants(os.getpid()))
     previous = _subreaper()
     if previous is False:
@@ -190,6 +217,7 @@ def no_process_left(timeout: float = 5.0) -> Iterator[None]:
     finally:
         try:
             collect(kill_descendants(os.getpid(), keep=before, timeout=timeout))
+            collect_orphans()
         finally:
             if previous is False:
                 _subreaper(False)

@@ -99,3 +99,44 @@ def test_processes_killed_with_their_parent_at_the_blocks_end_leave_no_zombie_he
         top.stdout.close()
         # reaped, not zombies: none of them is left in /proc
         assert [p for p in started if os.path.exists(f"/proc/{p}")] == []
+
+
+def _zombie_children() -> list[int]:
+    me = os.getpid()
+    return [pid for pid, fields in reap._stats() if int(fields[1]) == me and fields[0] == b"Z"]
+
+
+def test_orphans_that_exit_on_their_own_inside_the_block_are_reaped_at_its_end():
+    """As a graded notebook's kernel does: a process in its own session (the kernel) starts one in
+    that session (its forkserver), then exits. The orphan comes here (the block's subreaper) and
+    exits on its own before the block ends: the kill pass skips it (it is not running), so without
+    a reap it stays a zombie child of this process for good, one more per graded notebook."""
+    kernel = (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.5)'])\n"
+    )
+    assert _zombie_children() == []
+    with reap.no_process_left():
+        started = subprocess.Popen([sys.executable, "-c", kernel], start_new_session=True)
+        started.wait(timeout=30)  # a child started here, reaped by its Popen
+        deadline = time.monotonic() + 30
+        while not _zombie_children():  # the orphan came here and exited
+            assert time.monotonic() < deadline, "the orphan did not exit"
+            time.sleep(0.05)
+        [orphan] = _zombie_children()
+        assert os.getsid(orphan) == started.pid  # the session of the tree it came from
+    assert _zombie_children() == []
+    assert not os.path.exists(f"/proc/{orphan}")
+
+
+def test_a_child_started_in_the_block_is_left_to_its_own_caller_to_reap():
+    """A child of this process that exited inside the block is its Popen's to wait for (with its
+    exit status): the block's end does not take it, whether it leads its own session or not."""
+    with reap.no_process_left():
+        own = subprocess.Popen([sys.executable, "-c", "exit(3)"], start_new_session=True)
+        same = subprocess.Popen([sys.executable, "-c", "exit(4)"])
+        deadline = time.monotonic() + 30
+        while len(_zombie_children()) < 2:
+            assert time.monotonic() < deadline, "the children did not exit"
+            time.sleep(0.05)
+    assert (own.wait(timeout=5), same.wait(timeout=5)) == (3, 4)
