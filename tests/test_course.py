@@ -194,29 +194,35 @@ def test_exercise_check_cells_show_targets_not_passes():
     assert checked >= len(EXERCISES), checked
 
 
+@pytest.fixture(scope="module")
+def warm():
+    """One warm zygote for every solution and exercise, as a batch worker keeps it
+    (course_lib.grading.batch): each unit's checks run in a fresh fork for that unit."""
+    with contextlib.closing(WarmZygote()) as zygote:
+        yield zygote
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=[p.stem for p in SOLUTIONS])
-def test_solution_scores_full_marks_and_exercise_scores_zero(solution):
+def test_solution_scores_full_marks_and_exercise_scores_zero(solution, warm):
     from course_lib.grading.grader import grade_notebook
 
     # The only run of each solution in `make test` (nbval runs the lectures): the grader executes it
     # in a fresh kernel and compares every check cell with the solution's stored output, as nbval
     # would, and no other cell may raise.
-    # One warm zygote for both, as a batch worker keeps it (course_lib.grading.batch)
     zombies = set(_zombie_children())
-    with contextlib.closing(WarmZygote()) as warm:
-        report = grade_notebook(solution, timeout=300, warm=warm)
-        assert report.tasks, f"{solution.name} has no graded task"
-        assert report.status == "completed" and not report.cell_errors, report
-        assert not report.tampered, report  # the course's own check cells, untouched
-        assert report.score == report.total, report
-        assert all(t.passed for t in report.tasks), report
-        # what the kernel started (a forkserver that outlived it) is not left here as a zombie
-        left = set(_zombie_children()) - zombies
-        assert not left, f"the grading left zombie processes in the grader: {sorted(left)}"
-        # An untouched exercise fails every check: proof that each check can fail. Its cells
-        # would only define stubs, so its definitions go straight to the clean processes.
-        _untouched_exercise_fails_every_check(solution, warm)
+    report = grade_notebook(solution, timeout=300, warm=warm)
+    assert report.tasks, f"{solution.name} has no graded task"
+    assert report.status == "completed" and not report.cell_errors, report
+    assert not report.tampered, report  # the course's own check cells, untouched
+    assert report.score == report.total, report
+    assert all(t.passed for t in report.tasks), report
+    # what the kernel started (a forkserver that outlived it) is not left here as a zombie
+    left = set(_zombie_children()) - zombies
+    assert not left, f"the grading left zombie processes in the grader: {sorted(left)}"
+    # An untouched exercise fails every check: proof that each check can fail. Its cells
+    # would only define stubs, so its definitions go straight to the clean processes.
+    _untouched_exercise_fails_every_check(solution, warm)
 
 
 def _zombie_children() -> list[int]:

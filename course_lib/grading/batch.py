@@ -95,7 +95,7 @@ def collect(
     return found, skipped
 
 
-_WARM: WarmZygote | None = None  # this worker's zygote, kept between notebooks of one unit
+_WARM: WarmZygote | None = None  # this worker's zygote, kept between its notebooks
 
 
 def _grade_one(args: tuple[Submission, str | None, float]) -> GradeReport:
@@ -124,7 +124,7 @@ def _reports(
     one that kills its own worker again scores 0 with that said."""
     from tqdm.auto import tqdm
 
-    # unit by unit, so that a worker's next notebook mostly finds its zygote warm
+    # unit by unit, so that a worker's next notebook mostly finds its unit's process warm
     order = sorted(range(len(todo)), key=lambda i: todo[i].unit)
     bar = tqdm(total=len(todo), desc="grading", unit="notebook", leave=False)
     try:

@@ -40,12 +40,21 @@ def test_a_zygote_leaves_no_process_and_no_zombie_here(tmp_path, used):
     assert set(descendants(psutil.Process().pid)) <= before
 
 
-def _probe(task: int, extra: str = "") -> CheckJob:
+def _probe(task: int, extra: str = "", unit: str = "course_lib.units.u00_start_here") -> CheckJob:
     """A job whose verdict names the seed and folder its clean process saw."""
     check = extra + (
         "import os\nraise AssertionError(f\"{os.environ['COURSE_GRADE_SEED']}|{os.getcwd()}\")\n"
     )
-    return CheckJob(task, "course_lib.units.u00_start_here", [], [], [], check)
+    return CheckJob(task, unit, [], [], [], check)
+
+
+u00 = "course_lib.units.u00_start_here"
+# which units' checks its clean process found imported
+IMPORTED = """import sys
+raise AssertionError(" ".join(
+    f"{u} {f'course_lib.units.{u}_' in ' '.join(m for m in sys.modules if m.endswith('.checks'))}"
+    for u in ("u00", "u02")))
+"""
 
 
 FORGE = """import os
@@ -64,7 +73,8 @@ def test_a_warm_zygote_serves_each_notebook_with_its_seed_and_folder_and_survive
 ):
     """A batch worker's zygote, kept between notebooks of one unit: each request's tasks see
     that notebook's seed and folder; an answer that kills the zygote costs only its own request
-    (the grader then grades that notebook in a fresh zygote); a new unit gets a new zygote."""
+    (the grader then grades that notebook in a fresh zygote); a notebook of another unit is
+    served by the same zygote, from a fresh fork for that unit."""
     from course_lib.grading.grader import _verdicts
 
     a, b = tmp_path / "alice", tmp_path / "bob"
@@ -94,10 +104,19 @@ def test_a_warm_zygote_serves_each_notebook_with_its_seed_and_folder_and_survive
         assert again is not first and again.ask([_probe(1)], timeout=60) == [
             CheckResult(False, f"3|{a}")
         ]
-        other = warm.get("course_lib.units.u02_batch_size_and_accumulation", cwd=a, seed=3)
-        assert other is not again and not again.alive()
+        # a notebook of another unit: the same zygote, its jobs in a fresh fork for that unit,
+        # which never imported the previous unit's checks
+        u02 = "course_lib.units.u02_batch_size_and_accumulation"
+        assert warm.get(u02, cwd=a, seed=3) is again
+        assert (
+            again.ask([_probe(1, IMPORTED, u00), _probe(2, IMPORTED, u00)], timeout=60)
+            == [CheckResult(False, "u00 True u02 False")] * 2
+        )
+        assert again.ask([_probe(1, IMPORTED, u02)], timeout=60) == [
+            CheckResult(False, "u00 False u02 True")
+        ]
         warm.close()
-        assert not other.alive()
+        assert not again.alive()
     # The two killers' own processes exited after their zygote died, as orphans: re-parented to
     # this test, a subreaper inside no_process_left (a batch worker is none: init reaps them).
     # They are task processes (each leads its own session) and are reaped here.
