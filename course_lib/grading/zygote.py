@@ -4,10 +4,9 @@
         ...                                   # meanwhile the learner's kernel runs
         results = zygote.run(jobs, timeout=240)
 
-The zygote starts while the learner's notebook runs in its kernel and imports what every unit
-uses (for the course's units: ``torch`` and the launcher's forkserver preload). It then forks a
-*unit process*, which imports the unit and its checks and traps the course's answers the checks
-name (:func:`course_lib.grading.isolate.prepare`), and waits for the jobs. For each task the unit
+The zygote starts while the learner's notebook runs in its kernel and forks a *unit process*,
+which imports the unit and its checks and traps the course's answers the checks name
+(:func:`course_lib.grading.isolate.prepare`), and waits for the jobs. For each task the unit
 process forks a child in its own session, which runs the task
 (:func:`course_lib.grading.isolate.run_job`), writes its result on a pipe, kills whatever it
 started (processes in their own session too) and exits; a child that runs over its timeout is
@@ -17,8 +16,10 @@ interpreter would, without its seconds of imports.
 A batch (:mod:`course_lib.grading.batch`) keeps one zygote per worker warm across its notebooks
 (:class:`WarmZygote`, :meth:`Zygote.ask`): each request carries its notebook's seed and folder,
 and its tasks are still forks of the same clean state. A notebook of another unit gets a new unit
-process, forked from the zygote (which never imported a unit), the old one ended: torch is not
-imported again (~5 s of CPU a unit). A zygote whose unit process dies (an answer that kills its
+process, forked from the zygote (which never imported a unit), the old one ended. After its first
+reply the zygote imports what every unit uses (for the course's units: ``torch`` and the
+launcher's forkserver preload), so a later unit's process does not import torch again (~5 s of
+CPU a unit); a single grading never waits for that. A zygote whose unit process dies (an answer that kills its
 parent) ends too, and costs only that request: the notebook is graded again in a fresh one.
 
 For a unit whose checks launch ranks, the unit process also starts the launcher's forkserver while it

@@ -1,9 +1,10 @@
 """What runs inside the grader's zygote (:mod:`course_lib.grading.zygote`, which starts it as
 ``python -c "from course_lib.grading.zygote_main import main; main()" RESULT_FD UNIT``).
 
-:func:`main` imports what every unit uses once, then serves each unit from a fork of itself, a
-*unit process* (:class:`_UnitServer`, :func:`_serve`), which imports and traps the unit and forks
-one clean child per task (:func:`_fork`, :func:`_child`). Requests come on stdin, one per line;
+:func:`main` serves each unit from a fork of itself, a *unit process* (:class:`_UnitServer`,
+:func:`_serve`), which imports and traps the unit and forks one clean child per task
+(:func:`_fork`, :func:`_child`); after its first reply it imports what every unit uses, once
+(:func:`_preload`), for the next units' forks. Requests come on stdin, one per line;
 replies go out on RESULT_FD, one line each.
 """
 
@@ -27,13 +28,20 @@ __all__ = ["main"]
 
 
 def main() -> None:
-    """The zygote: import what every unit needs once, then serve each unit from a fork of it."""
+    """The zygote: serve each unit from a fork of it; after its first reply, import what every
+    unit needs, so that the next units' forks find it here."""
+    from course_lib.grading.isolate import _python_source
+
     result_fd, unit = int(sys.argv[1]), sys.argv[2]
     _ZYGOTE_FDS.append(result_fd)  # closed in every child, before any learner code
-    _preload(unit)
+    _python_source("")  # IPython's transformer imported before the fork, not in every child
     requests = open(0, "rb", closefd=False)  # noqa: SIM115 - the grader's pipe, for the whole run
     with no_process_left():  # a unit's process and whatever outlived it
-        server = _UnitServer(unit, result_fd)
+        # The first unit's process is forked before the preload and imports what its unit needs
+        # itself: a single grading waits for nothing more (unit 14's checks need no torch: 3.5 s
+        # to grade its solution, not 7). The preload comes after the first reply, while a batch
+        # runs its next notebook's kernel, or never, when the grader closes this zygote first.
+        server, preloaded = _UnitServer(unit, result_fd), False
         for line in requests:  # one request per line, until the grader closes stdin
             jobs = json.loads(line)["jobs"]
             wanted = jobs[0]["unit"] if jobs else server.unit
@@ -44,6 +52,9 @@ def main() -> None:
             if reply is None:  # an answer killed its unit's process: this zygote ends as it did
                 break
             _write_all(result_fd, reply)
+            if not preloaded:
+                _preload(unit)
+                preloaded = True
         status = server.close()
     sys.stdout.flush()
     if status < 0:  # killed by a signal: so is this process, for the grader's message
@@ -61,9 +72,6 @@ def _preload(unit: str) -> None:
     import importlib
     import importlib.util
 
-    from course_lib.grading.isolate import _python_source
-
-    _python_source("")  # IPython's transformer imported before the fork, not in every child
     try:  # a solution is named as a course unit even where the course has no such unit
         ours = unit.startswith("course_lib.units.") and importlib.util.find_spec(unit) is not None
     except (ImportError, ValueError):
