@@ -19,11 +19,12 @@ and its tasks are still forks of the same clean state. A notebook of another uni
 process, forked from the zygote (which never imported a unit), the old one ended. After its first
 reply the zygote imports what every unit uses (for the course's units: ``torch`` and the
 launcher's forkserver preload), so a later unit's process does not import torch again (~5 s of
-CPU a unit); a single grading never waits for that. A zygote whose unit process dies (an answer that kills its
-parent) ends too, and costs only that request: the notebook is graded again in a fresh one.
+CPU a unit); a single grading never waits for that. A zygote whose unit process dies (an answer
+that kills its parent) ends too, and costs only that request: the notebook is graded again in a
+fresh one.
 
-For a unit whose checks launch ranks, the unit process also starts the launcher's forkserver while it
-waits, as a fork of the unit process (:func:`course_lib.runtime.processes.start_forkserver_by_fork`:
+For a unit whose checks launch ranks, the unit process also starts the launcher's forkserver
+while it waits, as a fork of itself (:func:`course_lib.runtime.processes.start_forkserver_by_fork`:
 torch is not imported a second time, ~4 s of CPU less per notebook), and every child hands out its
 ranks from that one server (:func:`course_lib.runtime.processes.adopt_inherited_forkserver`): a
 cold server costs ~4 s per task otherwise. The server holds no learner state (ranks are forks of
