@@ -146,36 +146,34 @@ def styled(fn):
     return wrapper
 
 
-def _scale(fig, renderer) -> float:
-    """Screen pixels per PNG pixel: JupyterLab shrinks a PNG wider than its output area."""
-    width_px = (fig.get_tightbbox(renderer).width + 2 * _PAD_INCHES) * fig.dpi
-    return min(1.0, DISPLAY_WIDTH_PX / width_px)
-
-
-def _drawn_texts(fig):
-    """The Text artists of ``fig`` that show something: visible, non-empty, on a visible axes."""
+def _texts_px(fig, below: float = float("inf")) -> tuple[list[tuple[Text, float]], float]:
+    """``(Text, px on screen)`` for every text ``fig`` shows that measures under ``below`` px,
+    and the figure's screen scale (screen pixels per PNG pixel: JupyterLab shrinks a PNG wider
+    than its output area). One layout pass and one tight bounding box serve both; a text's
+    extent (is it inside the drawn area?) is measured only for texts under ``below``."""
     from matplotlib.text import Text
 
     renderer = fig.canvas.get_renderer()
     fig.draw_without_rendering()  # ticks and layout as they will be drawn
-    box = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)
+    tight = fig.get_tightbbox(renderer)  # inches
+    scale = min(1.0, DISPLAY_WIDTH_PX / ((tight.width + 2 * _PAD_INCHES) * fig.dpi))
+    box = tight.transformed(fig.dpi_scale_trans)
     out = []
     for t in fig.findobj(Text):
-        if not (t.get_visible() and t.get_text().strip()) or (
-            t.axes is not None and not t.axes.get_visible()
-        ):
+        px = t.get_fontsize() * fig.dpi / 72 * scale
+        if px >= below or not (t.get_visible() and t.get_text().strip()):
+            continue
+        if t.axes is not None and not t.axes.get_visible():
             continue
         extent = t.get_window_extent(renderer)
         if extent.width and box.overlaps(extent):  # tick labels outside the view are not drawn
-            out.append(t)
-    return out, renderer
+            out.append((t, px))
+    return out, scale
 
 
 def text_px(fig) -> list[tuple[Text, float]]:
     """``(Text, size in px on screen)`` for every text ``fig`` shows (module docstring)."""
-    texts, renderer = _drawn_texts(fig)
-    scale = _scale(fig, renderer)
-    return [(t, t.get_fontsize() * fig.dpi / 72 * scale) for t in texts]
+    return _texts_px(fig)[0]
 
 
 def readable(fig, *, min_px: float = MIN_TEXT_PX):
@@ -189,13 +187,12 @@ def readable(fig, *, min_px: float = MIN_TEXT_PX):
     """
     changed = False
     for _ in range(4):
-        small = [(t, px) for t, px in text_px(fig) if px < min_px - 1e-6]
+        small, scale = _texts_px(fig, below=min_px - 1e-6)
         if not small:
             break
         changed = True
-        dpi, renderer = fig.dpi, fig.canvas.get_renderer()
         target = (min_px + 0.5) * 72  # half a px of margin: a redraw may widen the PNG a little
-        target = target / (dpi * _scale(fig, renderer))
+        target = target / (fig.dpi * scale)
         ticks = {}
         for ax in fig.axes:
             for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
