@@ -19,11 +19,10 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from course_lib.measure.memory import CATEGORIES
+
 if TYPE_CHECKING:
     from course_lib.measure.memory import MemoryMeter
-
-#: our categories, in the order plots stack them
-CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries", "other")
 
 # MemTracker reference type -> our category
 _CATEGORY_OF = {
