@@ -19,9 +19,11 @@ pages. Layout of ``build/site/``::
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 from pathlib import Path
+from typing import Any
 
 from course_lib.publish import assets, navigation, slides
 
@@ -52,16 +54,25 @@ def _relative(urls: dict[str, str], prefix: str) -> dict[str, str]:
     return {key: f"{prefix}{url}" for key, url in urls.items()}
 
 
-def _export_html(path: Path, out_dir: Path, urls: dict[str, str]) -> Path:
+@functools.lru_cache(maxsize=4)
+def _html_exporter(urls: tuple[tuple[str, str], ...]) -> Any:
+    """One exporter per set of asset URLs, kept for the next page (as slides._exporter does):
+    nbconvert's lab template with the course's MathJax setting (templates/course_page)."""
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(
-        template_name="lab",
-        require_js_url=urls["require"],
-        mathjax_url=urls["mathjax"],
-        widget_renderer_url=urls["widgets"],
+    assets = dict(urls)
+    return HTMLExporter(
+        template_name="course_page",
+        extra_template_basedirs=[str(slides.TEMPLATES)],
+        extra_template_paths=[str(slides.TEMPLATES)],  # course_mathjax.html.j2
+        require_js_url=assets["require"],
+        mathjax_url=assets["mathjax"],
+        widget_renderer_url=assets["widgets"],
     )
-    body, _ = exporter.from_filename(str(path))
+
+
+def _export_html(path: Path, out_dir: Path, urls: dict[str, str]) -> Path:
+    body, _ = _html_exporter(tuple(sorted(urls.items()))).from_filename(str(path))
     out = out_dir / f"{path.stem}.html"
     out.write_text(body, encoding="utf-8")
     return out

@@ -190,6 +190,7 @@ def _exporter(urls: tuple[tuple[str, str], ...]) -> Any:
     return SlidesExporter(
         template_name="course_slides",
         extra_template_basedirs=[str(TEMPLATES)],
+        extra_template_paths=[str(TEMPLATES)],  # course_mathjax.html.j2, shared with the site
         reveal_url_prefix=assets["reveal"],
         reveal_theme="white",
         reveal_width=str(SCREEN[0]),

@@ -11,7 +11,13 @@ navigation) and reports, per slide,
   smaller font until it fits, down to 10 px: the slide template's ``fitWide``);
 - **mid-word wraps**: a line break between two word characters (``[A-Za-z0-9_]``) of one text node:
   ``activat|ions`` or ``12|345`` broken over two lines. Breaks at spaces, hyphens and slashes are
-  fine. Formulas (MathJax) and speaker notes are not looked at.
+  fine. Formulas (MathJax) and speaker notes are not looked at;
+- **broken formulas**: a formula MathJax broke over lines (its TeX). nbconvert's MathJax setting
+  breaks one that is wider than its box, and a table cell's box is narrow while MathJax measures
+  it: each formula of unit 11's activation table stood on three to seven lines, the table ran off
+  its slide. The deck turns that setting off (course_lib/publish/templates/course_mathjax.html.j2);
+  this finds a formula broken anyway. A slide with formulas in a table is read once the deck has
+  typeset them again, as it does for every slide shown (what the audience sees).
 
 :func:`walk_deck` opens one deck in a Playwright page and returns that report.
 """
@@ -24,7 +30,7 @@ from pathlib import Path
 #: the projector the slides are made for
 SCREEN = {"width": 1280, "height": 720}
 
-WALK = r"""() => {
+WALK = r"""async () => {
     const defined = require.s.contexts._.defined;
     const key = Object.keys(defined).find(k => k.endsWith('dist/reveal.js'));
     const Reveal = window.Reveal || defined[key];
@@ -96,15 +102,42 @@ WALK = r"""() => {
         }
         return found;
     };
+    // a formula MathJax broke over lines (its line-breaking stacks the pieces in .mjx-block
+    // rows): in a table cell, its column then takes the slide's whole width; the TeX source
+    // sits in the script element whose id is the formula frame's without "-Frame"
+    const broken = slide => [...slide.querySelectorAll('.MathJax_CHTML')]
+        .filter(el => !skip(el.parentElement) && el.querySelector('.mjx-block'))
+        .map(el => (document.getElementById(el.id.replace(/-Frame$/, '')) || el).textContent
+             .slice(0, 40));
+    const settle = async slide => {
+        const state = () => [...slide.querySelectorAll('td, th')]
+            .map(cell => Math.round(cell.getBoundingClientRect().width)).join(',')
+            + '|' + slide.querySelectorAll('.MathJax_CHTML').length
+            + '|' + slide.querySelectorAll('.mjx-block').length;
+        const start = performance.now();
+        let last = state(), since = start;
+        while (performance.now() - start < 2000 && performance.now() - since < 250) {
+            await new Promise(done => setTimeout(done, 20));
+            const now = state();
+            if (now !== last) [last, since] = [now, performance.now()];
+        }
+    };
     const report = [];
     const slides = Reveal.getSlides();
     for (let n = 0; n < slides.length; n++) {
         const slide = slides[n];
         const {h, v} = Reveal.getIndices(slide);
         // the first slide as it is drawn on opening; the others as reveal.js shows them
-        // (layout is read synchronously: waiting for a frame changes nothing but the time)
+        // (layout is read synchronously: waiting for a frame changes nothing but the time), and
+        // a slide with formulas in a table as the audience sees it: the deck typesets a shown
+        // slide's formulas again, and MathJax does it in steps (here a formula broke ~150 ms
+        // after the slide changed, its queue long empty), so wait until nothing has changed
+        // for 250 ms (at most 2 s). A table cell is the box whose width its formulas change.
         if (n > 0) Reveal.slide(h, v);
-        report.push({h, v, overflow: overflow(slide).slice(0, 3), wraps: wraps(slide)});
+        if (slide.querySelector('td script[type^="math/tex"], th script[type^="math/tex"]'))
+            await settle(slide);
+        report.push({h, v, overflow: overflow(slide).slice(0, 3), wraps: wraps(slide),
+                     broken: broken(slide)});
     }
     return report;
 }"""
@@ -116,14 +149,10 @@ def walk_deck(page, deck: Path) -> tuple[list[dict], float]:
     page.goto(deck.as_uri())
     page.wait_for_selector(".reveal.ready", timeout=30_000)
     page.evaluate("() => document.fonts.ready")
+    # MathJax typesets after the page is ready: wait until its queue has run (the formulas as
+    # first drawn, on slides hidden at the time)
+    page.evaluate(
+        "() => new Promise(done => window.MathJax && MathJax.Hub ? MathJax.Hub.Queue(done) : done())"
+    )
     report = page.evaluate(WALK)
     return report, time.perf_counter() - start
-
-
-def summary(report: list[dict]) -> tuple[int, int, int]:
-    """(slides, slides that overflow, mid-word wraps) of one deck's report."""
-    return (
-        len(report),
-        sum(bool(s["overflow"]) for s in report),
-        sum(len(s["wraps"]) for s in report),
-    )
