@@ -30,7 +30,15 @@ from pathlib import Path
 #: the projector the slides are made for
 SCREEN = {"width": 1280, "height": 720}
 
-WALK = r"""async () => {
+#: The formulas MathJax (2, as nbconvert's pages load it) broke over lines in a part of a page,
+#: as [element, TeX] pairs: its line-breaking stacks the pieces in .mjx-block rows; the TeX
+#: sits in the script element whose id is the formula frame's without "-Frame".
+BROKEN = r"""root => [...root.querySelectorAll('.MathJax_CHTML')]
+    .filter(el => el.querySelector('.mjx-block'))
+    .map(el => [el, (document.getElementById(el.id.replace(/-Frame$/, '')) || el).textContent])"""
+
+WALK = (
+    r"""async () => {
     const defined = require.s.contexts._.defined;
     const key = Object.keys(defined).find(k => k.endsWith('dist/reveal.js'));
     const Reveal = window.Reveal || defined[key];
@@ -102,13 +110,10 @@ WALK = r"""async () => {
         }
         return found;
     };
-    // a formula MathJax broke over lines (its line-breaking stacks the pieces in .mjx-block
-    // rows): in a table cell, its column then takes the slide's whole width; the TeX source
-    // sits in the script element whose id is the formula frame's without "-Frame"
-    const broken = slide => [...slide.querySelectorAll('.MathJax_CHTML')]
-        .filter(el => !skip(el.parentElement) && el.querySelector('.mjx-block'))
-        .map(el => (document.getElementById(el.id.replace(/-Frame$/, '')) || el).textContent
-             .slice(0, 40));
+    const broken = slide => ("""
+    + BROKEN
+    + r""")(slide)
+        .filter(([el]) => !skip(el.parentElement)).map(([, tex]) => tex.slice(0, 40));
     const settle = async slide => {
         const state = () => [...slide.querySelectorAll('td, th')]
             .map(cell => Math.round(cell.getBoundingClientRect().width)).join(',')
@@ -141,6 +146,7 @@ WALK = r"""async () => {
     }
     return report;
 }"""
+)
 
 
 def walk_deck(page, deck: Path) -> tuple[list[dict], float]:

@@ -789,13 +789,15 @@ def _has_formulas_in_tables(path: Path) -> bool:
     )
 
 
-BROKEN_FORMULAS = """async () => {
+BROKEN_FORMULAS = (
+    """async () => {
     await new Promise(done => MathJax.Hub.Queue(done));
-    const broken = [...document.querySelectorAll('.MathJax_CHTML')]
-        .filter(el => el.querySelector('.mjx-block'))
-        .map(el => (document.getElementById(el.id.replace(/-Frame$/, '')) || el).textContent);
-    return [document.querySelectorAll('.MathJax_CHTML').length, broken];
+    const found = ("""
+    + slide_fit.BROKEN
+    + """)(document);
+    return [document.querySelectorAll('.MathJax_CHTML').length, found.map(([, tex]) => tex)];
 }"""
+)
 
 
 def test_site_pages_draw_each_formula_of_a_table_on_one_line(browser, tmp_path):
