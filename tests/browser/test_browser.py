@@ -802,7 +802,7 @@ BROKEN_FORMULAS = (
 
 def test_site_pages_draw_each_formula_of_a_table_on_one_line(browser, tmp_path):
     """``make site``'s lecture pages, where a markdown table holds formulas: nbconvert's MathJax
-    setting broke each of them over three to seven lines (a table cell is narrow while MathJax
+    setting broke each of them over two to seven lines (a table cell is narrow while MathJax
     measures it), and its column took the page's width; the course's pages keep a formula on its
     line (course_lib/publish/templates/course_mathjax.html.j2). The slides are walked above."""
     from course_lib.publish import assets, site
