@@ -12,7 +12,8 @@ What a tall cell shows on its slide (everything stays in the notebook):
   cell with no output is then skipped); so does a code cell too tall for a slide with its source;
 - printed text longer than :data:`OUTPUT_LINES` lines (or than what fits under a figure) is cut
   on the slide; the whole text goes to the speaker notes;
-- a markdown cell too tall for a slide keeps the paragraphs that fit; the rest go to the notes.
+- a markdown cell too tall for a slide continues on the slides after it (:func:`markdown_pages`):
+  every word of a lecture's text reaches a slide.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ MIN_FIGURE_SCALE = 0.6
 MIN_OUTPUT_LINES = 4
 
 _LINK = re.compile(r"\]\([^)]*\)")
+#: a block that is a list, and where each of its top-level items starts
+_LIST_ITEM = re.compile(r"(?:[-*+]|\d+\.)\s")
+_TOP_LEVEL_ITEM = re.compile(r"\n(?=(?:[-*+]|\d+\.)\s)")
 _MARKUP = re.compile(r"[*`]|\\[a-zA-Z]+")
 
 
@@ -57,9 +61,10 @@ class Part:
     px: int
     hide_input: bool = False
     output_lines: int | None = None  # printed lines shown per text output (None: all)
-    markdown_keep: int | None = None  # markdown blocks shown (None: all)
     figure_scale: float = 1.0  # figures drawn smaller so that the cell fits its slide
-    blocks: list[str] = field(default_factory=list)
+    # a tall markdown cell's text, one slide each (empty: the cell fits one slide); ``px`` is then
+    # the last page's height, the slide that the code after the cell joins
+    pages: list[str] = field(default_factory=list)
 
 
 def _text_px(text: str, chars: int = PROSE_CHARS) -> int:
@@ -185,16 +190,61 @@ def _code_part(cell) -> Part:
     )
 
 
+def _is_heading(block: str) -> bool:
+    return block.lstrip().startswith("#")
+
+
+def _units(blocks: list[str]) -> list[tuple[str, bool]]:
+    """The blocks as a slide is filled with them: (text, whether it continues the list of the
+    unit before it). A list taller than a slide comes item by item (its top-level items; an
+    indented sub-item stays with its parent)."""
+    units: list[tuple[str, bool]] = []
+    for block in blocks:
+        if _LIST_ITEM.match(block) and _block_px(block) + BLOCK_GAP_PX > SLIDE_PX:
+            items = _TOP_LEVEL_ITEM.split(block)
+            units += [(item, i > 0) for i, item in enumerate(items)]
+        else:
+            units.append((block, False))
+    return units
+
+
+def _unit_px(text: str, continues: bool) -> int:
+    return _block_px(text) + (0 if continues else BLOCK_GAP_PX)
+
+
+def _pages(source: str) -> list[tuple[str, int]]:
+    """(text, height) of each slide a markdown cell's source fills."""
+    pages: list[list[tuple[str, bool]]] = [[]]
+    for text, continues in _units(markdown_blocks(source)):
+        page = pages[-1]
+        if page and sum(_unit_px(*u) for u in page) + _unit_px(text, continues) > SLIDE_PX:
+            # the next slide, with the heading that heads this block if the slide ended on one
+            carry = [page.pop()] if len(page) > 1 and _is_heading(page[-1][0]) else []
+            pages.append(carry)
+            continues = False  # on its new slide, a list's next item starts the block
+        pages[-1].append((text, continues))
+    out = []
+    for page in pages:
+        text = "".join(
+            ("\n" if continues else "\n\n") + unit if i else unit
+            for i, (unit, continues) in enumerate(page)
+        )
+        out.append((text, sum(_unit_px(*u) for u in page)))
+    return out
+
+
+def markdown_pages(source: str) -> list[str]:
+    """A markdown cell's text, one slide each: its blocks fill a slide in order and the first
+    that does not fit starts the next; a heading moves on with the block after it; a list taller
+    than a slide continues on the next one item by item."""
+    return [text for text, _ in _pages(source)]
+
+
 def _markdown_part(cell) -> Part:
-    blocks = markdown_blocks(cell.source)
-    heights = [_block_px(b) + BLOCK_GAP_PX for b in blocks]
-    total, keep = 0, 0
-    for height in heights:
-        if keep and total + height > SLIDE_PX:
-            return Part(px=total, markdown_keep=keep, blocks=blocks)
-        total += height
-        keep += 1
-    return Part(px=total, blocks=blocks)
+    pages = _pages(cell.source)
+    if len(pages) == 1:
+        return Part(px=pages[0][1])
+    return Part(px=pages[-1][1], pages=[text for text, _ in pages])
 
 
 def part(cell) -> Part:

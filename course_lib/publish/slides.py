@@ -14,8 +14,10 @@ that every lecture follows them and an edited lecture is re-tagged by ``make not
   its subslide already has one; the setup cell (the first code cell: imports and constants) is
   **skipped**, and so is a code cell whose source is too long for a slide and has no output;
 - what a slide shows of a tall cell (only the output of a long code cell, the first lines of a
-  long printed text, the paragraphs of a long markdown cell that fit; the rest in the speaker
-  notes) is decided by the same module when the slides are written: the notebook keeps it all;
+  long printed text with the whole text in the speaker notes) is decided by the same module when
+  the slides are written, and a markdown cell too tall for one slide continues on the next ones
+  (a page that starts with a ``#`` or ``##`` heading is a slide, any other a subslide): the
+  notebook keeps it all, and every word of its text is on a slide;
 - a cell tagged ``slide:<type>`` (``slide:skip``, ``slide:subslide``, ``slide:fragment``, ...)
   overrides the rules, for the cases they get wrong.
 """
@@ -90,9 +92,17 @@ def slide_types(nb) -> list[str]:
     return kinds
 
 
-def _notes(text: str, *, fenced: bool) -> nbformat.NotebookNode:
-    source = f"```text\n{text.rstrip()}\n```" if fenced else text
+def _notes(text: str) -> nbformat.NotebookNode:
+    """Speaker notes holding a printed text whole."""
+    source = f"```text\n{text.rstrip()}\n```"
     return nbformat.v4.new_markdown_cell(source, metadata={"slideshow": {"slide_type": "notes"}})
+
+
+def _page(text: str) -> nbformat.NotebookNode:
+    """The next slide of a tall markdown cell: a section's slide when it starts one."""
+    section = text.lstrip().startswith(("# ", "## "))
+    kind = "slide" if section else "subslide"
+    return nbformat.v4.new_markdown_cell(text, metadata={"slideshow": {"slide_type": kind}})
 
 
 def _cut_outputs(cell, lines: int) -> list[str]:
@@ -122,7 +132,8 @@ def _scale_figures(cell, scale: float) -> None:
 
 def for_slides(nb):
     """A copy of ``nb`` as its slides show it: slide types by the rules, and of each tall cell
-    what fits (:mod:`course_lib.publish.slide_layout`), the rest in speaker notes after it."""
+    what fits (:mod:`course_lib.publish.slide_layout`): a code cell's long printed text cut, the
+    whole text in speaker notes after it; a markdown cell's text over as many slides as it needs."""
     nb = copy.deepcopy(nb)
     cells = []
     for cell, kind in zip(nb.cells, slide_types(nb)):
@@ -136,10 +147,10 @@ def for_slides(nb):
         if shown.figure_scale < 1:
             _scale_figures(cell, shown.figure_scale)
         if shown.output_lines is not None:
-            cells += [_notes(t, fenced=True) for t in _cut_outputs(cell, shown.output_lines)]
-        if shown.markdown_keep is not None:
-            cell.source = "\n\n".join(shown.blocks[: shown.markdown_keep])
-            cells.append(_notes("\n\n".join(shown.blocks[shown.markdown_keep :]), fenced=False))
+            cells += [_notes(t) for t in _cut_outputs(cell, shown.output_lines)]
+        if shown.pages:
+            cell.source = shown.pages[0]
+            cells += [_page(text) for text in shown.pages[1:]]
     nb.cells = cells
     return nb
 

@@ -90,15 +90,65 @@ def test_long_code_shows_only_its_output_and_long_output_is_cut_to_the_notes():
     assert nb.cells[4].outputs[0].text.count("\n") == 40  # the notebook keeps everything
 
 
-def test_long_markdown_keeps_what_fits_and_the_rest_goes_to_the_notes():
+def test_long_markdown_continues_on_the_next_slides_and_no_word_is_left_to_the_notes():
     paragraphs = [f"Paragraph {i}: " + " ".join(["words"] * 60) for i in range(12)]
-    nb = new_notebook(cells=[new_markdown_cell("\n\n".join(paragraphs))])
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("\n\n".join(paragraphs)),
+            new_code_cell("import torch"),
+            new_code_cell("x", outputs=[_printed(2)]),
+        ]
+    )
     shown = slides.for_slides(nb).cells
-    assert [c.metadata["slideshow"]["slide_type"] for c in shown] == ["slide", "notes"]
-    kept = layout.markdown_blocks(shown[0].source)
-    assert 1 <= len(kept) < len(paragraphs)
-    assert kept + layout.markdown_blocks(shown[1].source) == paragraphs
-    assert layout.part(shown[0]).px <= layout.SLIDE_PX
+    kinds = [c.metadata["slideshow"]["slide_type"] for c in shown]
+    assert kinds[0] == "slide" and len(kinds) > 4 and set(kinds[1:-2]) == {"subslide"}
+    assert kinds[-2:] == ["skip", "-"]
+    pages = [layout.markdown_blocks(c.source) for c in shown[:-2]]
+    assert [b for page in pages for b in page] == paragraphs  # every paragraph, in order
+    assert all(page and layout.part(c).px <= layout.SLIDE_PX for page, c in zip(pages, shown))
+    # the code after the cell joins its last page, the height the rules count for the cell
+    assert layout.part(nb.cells[0]).px == layout.part(shown[-3]).px
+
+
+def test_a_heading_moves_on_with_its_block_and_a_tall_list_continues_item_by_item():
+    items = [f"{i}. Item {i}: " + " ".join(["words"] * 50) for i in range(1, 13)]
+    intro = "Intro: " + " ".join(["words"] * 300)  # most of a slide
+    source = "\n\n".join([intro, "## 9. A section", "\n".join(items), "## 10. Next", "Last."])
+    pages = layout.markdown_pages(source)
+    assert pages[0] == intro  # the heading did not stay behind, alone at the bottom
+    assert pages[1].startswith("## 9. A section\n\n1. Item 1:")
+    listed = [line for page in pages for line in page.splitlines() if line[:1].isdigit()]
+    assert listed == items  # every item, each once, in order
+    for page in pages[1:]:
+        lines = [ln for ln in page.splitlines() if ln[:1].isdigit()]
+        if lines:  # a list's items on one slide stay one tight list
+            assert "\n".join(lines) in page
+    assert not any(page.rstrip().splitlines()[-1].startswith("#") for page in pages)
+    assert all(layout.part(new_markdown_cell(p)).px <= layout.SLIDE_PX for p in pages)
+    shown = slides.for_slides(new_notebook(cells=[new_markdown_cell(source)])).cells
+    starts = {c.source.splitlines()[0]: c.metadata["slideshow"]["slide_type"] for c in shown}
+    assert starts.get("## 10. Next", "slide") == "slide"  # a page that opens a section is a slide
+
+
+def test_every_word_of_every_lecture_reaches_a_slide():
+    """The defect this guards: the text of a markdown cell taller than a slide went to the speaker
+    notes, and five decks ended without their takeaways on screen."""
+    for path in LECTURES:
+        nb = nbformat.read(path, as_version=4)
+        shown = slides.for_slides(nb).cells
+        text = [
+            c.source
+            for c in shown
+            if c.cell_type == "markdown"
+            and c.metadata["slideshow"]["slide_type"] not in ("skip", "notes")
+        ]
+        kept = [
+            c.source
+            for c, kind in zip(nb.cells, slides.slide_types(nb))
+            if c.cell_type == "markdown" and kind not in ("skip", "notes")
+        ]
+        words = " ".join(kept).split()
+        assert " ".join(text).split() == words, path.name
 
 
 def test_a_cell_that_does_not_fit_under_the_text_starts_a_subslide_and_figures_give_way():
