@@ -10,12 +10,16 @@ import linecache
 import re
 import shutil
 import tempfile
+import textwrap
 
 import pandas as pd
 
 import course_lib
 from course_lib import validate
 from course_lib.runtime.errors import LaunchError
+
+#: the longest message a row of :func:`hung_collective` shows (whole words, then " …")
+SAID_CHARS = 64
 
 
 def _hang_rank(rank, world_size):
@@ -48,12 +52,19 @@ def hung_collective(timeout: float = 4.0) -> pd.DataFrame:
         failures = err.failures
     else:
         return pd.DataFrame({"rank": [], "said": [], "waiting in": []})
-    rows = []
-    for rank, text in sorted(failures.items()):
-        first = text.splitlines()[0] if text else ""
-        said = first.split("] ", 1)[-1] if "] " in first else first
-        rows.append({"rank": rank, "said": said[:48], "waiting in": _where(text)})
+    rows = [
+        {"rank": rank, "said": _said(text), "waiting in": _where(text)}
+        for rank, text in sorted(failures.items())
+    ]
     return pd.DataFrame(rows)
+
+
+def _said(text: str) -> str:
+    """What a failed rank said, for a table: its first line without the logger's ``[...] ``
+    prefix, shortened to whole words within :data:`SAID_CHARS`."""
+    first = text.splitlines()[0] if text else ""
+    said = first.split("] ", 1)[-1] if "] " in first else first
+    return textwrap.shorten(said, SAID_CHARS, placeholder=" …")
 
 
 def straggler_table(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from course_lib.measure import estimate
-from course_lib.units.u18_failures_and_checkpoints import run
+from course_lib.units.u18_failures_and_checkpoints import run, run_trouble
 
 
 def test_scale_table_and_goodput_curve_need_no_ranks():
@@ -45,3 +45,15 @@ def test_a_skipped_collective_times_out_and_each_rank_says_where_it_waits():
     df = run.hung_collective(timeout=4.0)
     assert list(df["rank"]) == [0, 1]
     assert list(df["waiting in"]) == ["dist.all_reduce(t)", "dist.barrier()"]
+    assert all(0 < len(said) <= run_trouble.SAID_CHARS for said in df["said"])
+
+
+def test_a_rank_s_message_is_shortened_to_whole_words_and_marked():
+    text = (
+        "[E1127 rank1] Connection closed by peer [127.0.0.1]:25753. This may indicate a "
+        "possible application crash on rank 0 or a network set up issue.\nTraceback ..."
+    )
+    said = run_trouble._said(text)
+    assert said == "Connection closed by peer [127.0.0.1]:25753. This may indicate …"
+    assert len(said) <= run_trouble.SAID_CHARS
+    assert run_trouble._said("[x] Timed out after 4 s\nmore") == "Timed out after 4 s"
