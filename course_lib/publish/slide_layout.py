@@ -190,22 +190,10 @@ def _code_part(cell) -> Part:
     )
 
 
-def _is_heading(block: str) -> bool:
-    return block.lstrip().startswith("#")
-
-
-def _units(blocks: list[str]) -> list[tuple[str, bool]]:
-    """The blocks as a slide is filled with them: (text, whether it continues the list of the
-    unit before it). A list taller than a slide comes item by item (its top-level items; an
-    indented sub-item stays with its parent)."""
-    units: list[tuple[str, bool]] = []
-    for block in blocks:
-        if _LIST_ITEM.match(block) and _block_px(block) + BLOCK_GAP_PX > SLIDE_PX:
-            items = _TOP_LEVEL_ITEM.split(block)
-            units += [(item, i > 0) for i, item in enumerate(items)]
-        else:
-            units.append((block, False))
-    return units
+def _heading_level(block: str) -> int:
+    """1-6 for a heading block, 0 for any other."""
+    first = block.lstrip()
+    return len(first) - len(first.lstrip("#")) if first.startswith("#") else 0
 
 
 def _unit_px(text: str, continues: bool) -> int:
@@ -215,28 +203,42 @@ def _unit_px(text: str, continues: bool) -> int:
 def _pages(source: str) -> list[tuple[str, int]]:
     """(text, height) of each slide a markdown cell's source fills."""
     pages: list[list[tuple[str, bool]]] = [[]]
-    for text, continues in _units(markdown_blocks(source)):
+    queue = [(block, False) for block in markdown_blocks(source)]
+    while queue:
+        text, continues = queue.pop(0)
         page = pages[-1]
-        if page and sum(_unit_px(*u) for u in page) + _unit_px(text, continues) > SLIDE_PX:
+        if page and 1 <= _heading_level(text) <= 2:  # a section starts its own slide
+            pages.append([])
+        elif page and sum(_unit_px(*u) for u in page) + _unit_px(text, continues) > SLIDE_PX:
+            under_heading = _heading_level(page[-1][0]) > 0
+            too_tall = _unit_px(text, False) > SLIDE_PX
+            if _LIST_ITEM.match(text) and not continues and (too_tall or under_heading):
+                # a list goes on item by item: under its heading, or over as many slides as it needs
+                items = _TOP_LEVEL_ITEM.split(text)
+                if len(items) > 1:
+                    queue[:0] = [(item, i > 0) for i, item in enumerate(items)]
+                    continue
             # the next slide, with the heading that heads this block if the slide ended on one
-            carry = [page.pop()] if len(page) > 1 and _is_heading(page[-1][0]) else []
+            carry = [page.pop()] if len(page) > 1 and under_heading else []
             pages.append(carry)
             continues = False  # on its new slide, a list's next item starts the block
         pages[-1].append((text, continues))
-    out = []
-    for page in pages:
-        text = "".join(
-            ("\n" if continues else "\n\n") + unit if i else unit
-            for i, (unit, continues) in enumerate(page)
-        )
-        out.append((text, sum(_unit_px(*u) for u in page)))
-    return out
+    return [(_join(page), sum(_unit_px(*u) for u in page)) for page in pages]
+
+
+def _join(page: list[tuple[str, bool]]) -> str:
+    """A page's text: blocks apart, the items of one list together."""
+    return "".join(
+        ("\n" if continues else "\n\n") + unit if i else unit
+        for i, (unit, continues) in enumerate(page)
+    )
 
 
 def markdown_pages(source: str) -> list[str]:
-    """A markdown cell's text, one slide each: its blocks fill a slide in order and the first
-    that does not fit starts the next; a heading moves on with the block after it; a list taller
-    than a slide continues on the next one item by item."""
+    """A markdown cell's text, one slide each: a ``#`` or ``##`` heading (a section) starts a
+    slide; blocks fill a slide in order and the first that does not fit starts the next; a
+    heading moves on with the block after it, or keeps the first items of a list after it; a
+    list taller than a slide continues on the next one item by item."""
     return [text for text, _ in _pages(source)]
 
 

@@ -15,9 +15,12 @@ that every lecture follows them and an edited lecture is re-tagged by ``make not
   **skipped**, and so is a code cell whose source is too long for a slide and has no output;
 - what a slide shows of a tall cell (only the output of a long code cell, the first lines of a
   long printed text with the whole text in the speaker notes) is decided by the same module when
-  the slides are written, and a markdown cell too tall for one slide continues on the next ones
-  (a page that starts with a ``#`` or ``##`` heading is a slide, any other a subslide): the
-  notebook keeps it all, and every word of its text is on a slide;
+  the slides are written; the notebook keeps it all;
+- the static slides also page a markdown cell (:func:`for_slides`): text too tall for one slide
+  continues on the next ones, a ``#`` or ``##`` heading inside a cell opens a slide (the text
+  before it ends the section above, under that section's last slide when it fits), and a heading
+  never stands at the foot of a slide whose next one holds what it heads. Every word of a
+  lecture's text is on a slide;
 - a cell tagged ``slide:<type>`` (``slide:skip``, ``slide:subslide``, ``slide:fragment``, ...)
   overrides the rules, for the cases they get wrong.
 """
@@ -99,9 +102,8 @@ def _notes(text: str) -> nbformat.NotebookNode:
 
 
 def _page(text: str) -> nbformat.NotebookNode:
-    """The next slide of a tall markdown cell: a section's slide when it starts one."""
-    section = text.lstrip().startswith(("# ", "## "))
-    kind = "slide" if section else "subslide"
+    """The next slide of a markdown cell: a section's slide when it starts one."""
+    kind = "slide" if _opens_section(text) else "subslide"
     return nbformat.v4.new_markdown_cell(text, metadata={"slideshow": {"slide_type": kind}})
 
 
@@ -135,24 +137,57 @@ def for_slides(nb):
     what fits (:mod:`course_lib.publish.slide_layout`): a code cell's long printed text cut, the
     whole text in speaker notes after it; a markdown cell's text over as many slides as it needs."""
     nb = copy.deepcopy(nb)
+    kinds = slide_types(nb)
     cells = []
-    for cell, kind in zip(nb.cells, slide_types(nb)):
+    px = 0  # estimated height of what the current slide shows so far
+    for index, (cell, kind) in enumerate(zip(nb.cells, kinds)):
         cell.metadata["slideshow"] = {"slide_type": kind}
         cells.append(cell)
         if kind in ("skip", "notes"):
             continue
         shown = layout.part(cell)
+        before, px = px, (px if kind in ("-", "fragment") else 0) + shown.px
         if shown.hide_input:
             cell.metadata["transient"] = {"remove_source": True}
         if shown.figure_scale < 1:
             _scale_figures(cell, shown.figure_scale)
         if shown.output_lines is not None:
             cells += [_notes(t) for t in _cut_outputs(cell, shown.output_lines)]
-        if shown.pages:
-            cell.source = shown.pages[0]
-            cells += [_page(text) for text in shown.pages[1:]]
+        if cell.cell_type == "markdown":
+            pages = shown.pages or [cell.source]
+            if _next_is_new_slide(kinds, index):
+                pages = _heading_to_its_own_page(pages)
+            if len(pages) > 1:
+                cell.source = pages[0]
+                if kind == "slide" and index > 0 and not _opens_section(pages[0]):
+                    # the text before the section's heading ends the section before: under
+                    # the last slide's content if it fits there, else on a slide of its own
+                    first = layout.part(nbformat.v4.new_markdown_cell(pages[0])).px
+                    joins = before + first <= layout.SLIDE_PX
+                    cell.metadata["slideshow"] = {"slide_type": "-" if joins else "subslide"}
+                cells += [_page(text) for text in pages[1:]]
+                px = layout.part(cells[-1]).px
     nb.cells = cells
     return nb
+
+
+def _opens_section(text: str) -> bool:
+    return text.lstrip().startswith(("# ", "## "))
+
+
+def _next_is_new_slide(kinds: list[str], index: int) -> bool:
+    """Whether what the audience sees after cell ``index`` is on a slide of its own."""
+    shown = [k for k in kinds[index + 1 :] if k not in ("skip", "notes")]
+    return not shown or shown[0] in ("slide", "subslide")
+
+
+def _heading_to_its_own_page(pages: list[str]) -> list[str]:
+    """A heading that would end a slide, with what it heads on the next, stands on a slide of
+    its own instead (a section's title slide), not at the foot of the text before it."""
+    blocks = layout.markdown_blocks(pages[-1])
+    if len(blocks) > 1 and blocks[-1].lstrip().startswith("#"):
+        return [*pages[:-1], "\n\n".join(blocks[:-1]), blocks[-1]]
+    return pages
 
 
 def tag(path: str | Path) -> bool:

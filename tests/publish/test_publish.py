@@ -110,24 +110,73 @@ def test_long_markdown_continues_on_the_next_slides_and_no_word_is_left_to_the_n
     assert layout.part(nb.cells[0]).px == layout.part(shown[-3]).px
 
 
-def test_a_heading_moves_on_with_its_block_and_a_tall_list_continues_item_by_item():
+def _kinds(cells) -> list[str]:
+    return [c.metadata["slideshow"]["slide_type"] for c in cells]
+
+
+def test_a_section_starts_a_slide_and_a_tall_list_continues_item_by_item():
     items = [f"{i}. Item {i}: " + " ".join(["words"] * 50) for i in range(1, 13)]
-    intro = "Intro: " + " ".join(["words"] * 300)  # most of a slide
-    source = "\n\n".join([intro, "## 9. A section", "\n".join(items), "## 10. Next", "Last."])
+    source = "\n\n".join(["Intro.", "## 9. A section", "\n".join(items), "## 10. Next", "Last."])
     pages = layout.markdown_pages(source)
-    assert pages[0] == intro  # the heading did not stay behind, alone at the bottom
+    assert pages[0] == "Intro."  # a section never starts at the foot of a slide
     assert pages[1].startswith("## 9. A section\n\n1. Item 1:")
+    assert pages[-1] == "## 10. Next\n\nLast."
     listed = [line for page in pages for line in page.splitlines() if line[:1].isdigit()]
     assert listed == items  # every item, each once, in order
     for page in pages[1:]:
         lines = [ln for ln in page.splitlines() if ln[:1].isdigit()]
         if lines:  # a list's items on one slide stay one tight list
             assert "\n".join(lines) in page
-    assert not any(page.rstrip().splitlines()[-1].startswith("#") for page in pages)
     assert all(layout.part(new_markdown_cell(p)).px <= layout.SLIDE_PX for p in pages)
     shown = slides.for_slides(new_notebook(cells=[new_markdown_cell(source)])).cells
-    starts = {c.source.splitlines()[0]: c.metadata["slideshow"]["slide_type"] for c in shown}
-    assert starts.get("## 10. Next", "slide") == "slide"  # a page that opens a section is a slide
+    assert [c.source for c in shown] == pages
+    opens = [c.source.startswith("## ") for c in shown]
+    assert _kinds(shown) == ["slide"] + ["slide" if o else "subslide" for o in opens[1:]]
+
+
+def test_a_heading_moves_on_with_its_block_or_keeps_the_first_items_of_its_list():
+    most = "Intro: " + " ".join(["words"] * 300)  # most of a slide
+    assert layout.markdown_pages(f"{most}\n\n### Sub\n\nA paragraph.") == [
+        most,
+        "### Sub\n\nA paragraph.",
+    ]
+    # a list that fits a slide alone but not under its heading: the heading keeps its first items
+    items = [f"- Item {i}: " + " ".join(["words"] * 45) for i in range(5)]
+    source = "## Head\n\n" + "\n".join(items)
+    assert layout.part(new_markdown_cell("\n".join(items))).px <= layout.SLIDE_PX
+    assert layout.part(new_markdown_cell(source)).pages, "the case needs two slides"
+    first, *rest = layout.markdown_pages(source)
+    assert first.startswith("## Head\n\n- Item 0:") and "- Item 1:" in first
+    assert [ln for page in (first, *rest) for ln in page.splitlines() if ln[:1] == "-"] == items
+
+
+def test_text_before_a_section_joins_the_slide_above_and_a_last_heading_stands_alone():
+    tall = new_output("display_data", data={"image/png": _png(1000, 560)})
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("# Title"),
+            new_code_cell("import torch"),
+            new_markdown_cell("A short idea."),
+            new_markdown_cell("Closing words.\n\n## 2. Next section"),
+            new_code_cell("plot()", outputs=[tall]),
+            new_markdown_cell("More text.\n\n### 2.1 A subsection"),
+            new_code_cell("plot()", outputs=[tall]),
+        ]
+    )
+    assert slides.slide_types(nb) == [
+        "slide", "skip", "subslide", "slide", "subslide", "subslide", "subslide"
+    ]  # fmt: skip
+    shown = slides.for_slides(nb).cells
+    assert [
+        (c.source, kind) for c, kind in zip(shown, _kinds(shown)) if c.cell_type == "markdown"
+    ] == [
+        ("# Title", "slide"),
+        ("A short idea.", "subslide"),
+        ("Closing words.", "-"),  # ends the section above, under its last slide's text
+        ("## 2. Next section", "slide"),  # opens its section: a title slide before the figure
+        ("More text.", "subslide"),
+        ("### 2.1 A subsection", "subslide"),  # not at the foot of the text before it
+    ]
 
 
 def test_every_word_of_every_lecture_reaches_a_slide():
