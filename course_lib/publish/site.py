@@ -184,7 +184,7 @@ th {{ background: #f4f4f4; }}
 <h1>Training large neural networks, measured on your own machine</h1>
 <p>Each unit is a JupyterLab notebook that measures what it teaches. These pages show the
 lectures as they were run (outputs stored); to run them and do the graded exercises, clone the
-course and run <code>make lab</code>. The slides open offline; press <kbd>s</kbd> for speaker notes
+course and run <code>make lab</code>. The slides open offline; press <kbd>s</kbd> for the speaker view
 and <kbd>Esc</kbd> for an overview.</p>
 <p>Works cited, and the course's background reading: <a href="references.html">references</a>.</p>
 <table><tr><th>Unit</th><th>Title</th><th>What you measure</th><th>Read</th></tr>

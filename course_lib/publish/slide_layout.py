@@ -9,9 +9,11 @@ overflow, so a wrong estimate is seen, not projected.
 What a tall cell shows on its slide (everything stays in the notebook):
 
 - a code cell whose source is longer than :data:`CODE_LINES` lines shows only its output (a
-  cell with no output is then skipped); so does a code cell too tall for a slide with its source;
-- printed text longer than :data:`OUTPUT_LINES` lines (or than what fits under a figure) is cut
-  on the slide; the whole text goes to the speaker notes;
+  cell with no output is then skipped); so does a code cell too tall for a slide with its source,
+  unless cutting its printed text to :data:`OUTPUT_LINES` lines makes it fit;
+- printed text taller than the room left (under a source or a figure) is cut on the slide to
+  what fits, never by a single line; the rest follows on the next slides
+  (:data:`CONTINUED_LINES` lines each);
 - a markdown cell too tall for a slide continues on the slides after it (:func:`markdown_pages`):
   every word of a lecture's text reaches a slide.
 """
@@ -37,15 +39,19 @@ TABLE_ROW_PX, TABLE_PAD_PX = 30, 20
 FIGURE_MAX_PX = 560
 CONTENT_WIDTH_PX = 1220
 WIDGET_PX = 420
-#: a code cell with a longer source shows only its output on the slide
-CODE_LINES = 12
-#: printed text longer than this is cut on the slide (the rest goes to the notes)
+#: a code cell with a longer source shows only its output on the slide (a shorter one shows
+#: its source too, where source and output fit the slide together)
+CODE_LINES = 24
+#: printed text is cut to what fits; under a source, to no fewer than this many lines (below
+#: that the source gives way instead)
 OUTPUT_LINES = 16
 #: figures of a cell that does not fit are drawn smaller, down to this scale, before its printed
 #: text is cut further
 MIN_FIGURE_SCALE = 0.6
 #: the fewest lines of printed text a slide shows before cutting the rest
 MIN_OUTPUT_LINES = 4
+#: lines of a cut printed text per slide after its cell's (the rest of the text, alone)
+CONTINUED_LINES = (SLIDE_PX - CODE_CELL_PX - OUTPUT_PAD_PX) // OUTPUT_LINE_PX - 1
 
 _LINK = re.compile(r"\]\([^)]*\)")
 #: a block that is a list, and where each of its top-level items starts
@@ -167,26 +173,34 @@ def _code_part(cell) -> Part:
     lines = len(cell.source.strip().splitlines())
     input_px = CODE_PAD_PX + CODE_LINE_PX * lines
     figures = sum(output_px(o) for o in outputs if "image/png" in o.get("data", {}))
-    hide, shown = lines > CODE_LINES, OUTPUT_LINES
-    while True:
-        px = sum(output_px(out, shown) for out in outputs)
-        if not hide and CODE_CELL_PX + px + input_px > SLIDE_PX:
-            hide = True
-        smallest = px - figures * (1 - MIN_FIGURE_SCALE)  # with its figures drawn smaller
-        if hide and CODE_CELL_PX + smallest > SLIDE_PX and shown > MIN_OUTPUT_LINES:
-            shown -= 2
-            continue
-        break
+    longest = max((len((printed_text(o) or "").splitlines()) for o in outputs), default=0)
+
+    def height(shown: int) -> int:
+        return sum(output_px(out, shown) for out in outputs)
+
+    hide, shown = lines > CODE_LINES, longest
+    if not hide:  # the source stays if the outputs fit under it, printed text cut at most to
+        # OUTPUT_LINES lines
+        room = SLIDE_PX - CODE_CELL_PX - input_px
+        fit = [n for n in range(longest, min(longest, OUTPUT_LINES) - 1, -1) if height(n) <= room]
+        hide = not fit
+        shown = fit[0] if fit else longest
+    if hide:  # the outputs alone: printed text cut to what fits, figures drawn smaller if need be
+        smaller = figures * (1 - MIN_FIGURE_SCALE)
+        while CODE_CELL_PX + height(shown) - smaller > SLIDE_PX and shown > MIN_OUTPUT_LINES:
+            shown -= 1
+    px = height(shown)
     scale = 1.0
     if figures and CODE_CELL_PX + px > SLIDE_PX:  # the figures give way to the rest
         scale = max(MIN_FIGURE_SCALE, (SLIDE_PX - CODE_CELL_PX - (px - figures)) / figures)
         px += math.ceil(figures * scale) - figures
-    longest = max((len((printed_text(o) or "").splitlines()) for o in outputs), default=0)
     return Part(
         px=CODE_CELL_PX + px + (0 if hide else input_px),
         hide_input=hide,
         figure_scale=scale,
-        output_lines=shown if longest > shown else None,
+        # a text one line longer than what is shown is shown whole: its last line takes the
+        # place the line saying what was cut would take
+        output_lines=shown if longest > shown + 1 else None,
     )
 
 
@@ -259,7 +273,8 @@ def part(cell) -> Part:
 
 
 def cut_text(text: str, lines: int) -> str:
-    """The first ``lines`` lines of printed ``text``, and one line saying how many are left out."""
+    """The first ``lines`` lines of printed ``text``, and one line saying how many follow (on the
+    next slides)."""
     all_lines = text.rstrip("\n").splitlines()
     rest = len(all_lines) - lines
-    return "\n".join(all_lines[:lines] + [f"⋯ {rest} more lines (notebook, speaker notes)"]) + "\n"
+    return "\n".join(all_lines[:lines] + [f"⋯ {rest} more lines on the next slide"]) + "\n"

@@ -14,8 +14,8 @@ that every lecture follows them and an edited lecture is re-tagged by ``make not
   its subslide already has one; the setup cell (the first code cell: imports and constants) is
   **skipped**, and so is a code cell whose source is too long for a slide and has no output;
 - what a slide shows of a tall cell (only the output of a long code cell, the first lines of a
-  long printed text with the whole text in the speaker notes) is decided by the same module when
-  the slides are written; the notebook keeps it all;
+  long printed text with the rest on the slides after it) is decided by the same module when the
+  slides are written; the notebook keeps it all;
 - the static slides also page a markdown cell (:func:`for_slides`): text too tall for one slide
   continues on the next ones, a ``#`` or ``##`` heading inside a cell opens a slide (the text
   before it ends the section above, under that section's last slide when it fits), and a heading
@@ -95,12 +95,6 @@ def slide_types(nb) -> list[str]:
     return kinds
 
 
-def _notes(text: str) -> nbformat.NotebookNode:
-    """Speaker notes holding a printed text whole."""
-    source = f"```text\n{text.rstrip()}\n```"
-    return nbformat.v4.new_markdown_cell(source, metadata={"slideshow": {"slide_type": "notes"}})
-
-
 def _page(text: str) -> nbformat.NotebookNode:
     """The next slide of a markdown cell: a section's slide when it starts one."""
     kind = "slide" if _opens_section(text) else "subslide"
@@ -108,20 +102,37 @@ def _page(text: str) -> nbformat.NotebookNode:
 
 
 def _cut_outputs(cell, lines: int) -> list[str]:
-    """Cut each printed text of ``cell`` to ``lines`` lines; the whole texts that were cut."""
-    whole = []
+    """Cut each printed text of ``cell`` to ``lines`` lines; what each cut left out."""
+    rests = []
     for out in cell.get("outputs", []):
         text = layout.printed_text(out)
-        if text is None or len(text.rstrip("\n").splitlines()) <= lines:
+        if text is None or len(text.rstrip("\n").splitlines()) <= lines + 1:
             continue
-        whole.append(text)
+        rests.append("\n".join(text.rstrip("\n").splitlines()[lines:]))
         if out.output_type == "stream":
             out.text = layout.cut_text(text, lines)
         elif out.output_type == "error":
             out.traceback = layout.cut_text(text, lines).splitlines()
         else:
             out.data["text/plain"] = layout.cut_text(text, lines)
-    return whole
+    return rests
+
+
+def _continued(rest: str) -> list[nbformat.NotebookNode]:
+    """The rest of a cut printed text, on as many slides as it needs after its cell's."""
+    lines = rest.splitlines()
+    per = layout.CONTINUED_LINES
+    return [
+        nbformat.v4.new_code_cell(
+            "",
+            outputs=[nbformat.v4.new_output("stream", name="stdout", text="\n".join(chunk) + "\n")],
+            metadata={
+                "slideshow": {"slide_type": "subslide"},
+                "transient": {"remove_source": True},
+            },
+        )
+        for chunk in (lines[k : k + per] for k in range(0, len(lines), per))
+    ]
 
 
 def _scale_figures(cell, scale: float) -> None:
@@ -135,7 +146,7 @@ def _scale_figures(cell, scale: float) -> None:
 def for_slides(nb):
     """A copy of ``nb`` as its slides show it: slide types by the rules, and of each tall cell
     what fits (:mod:`course_lib.publish.slide_layout`): a code cell's long printed text cut, the
-    whole text in speaker notes after it; a markdown cell's text over as many slides as it needs."""
+    rest on slides after it; a markdown cell's text over as many slides as it needs."""
     nb = copy.deepcopy(nb)
     kinds = slide_types(nb)
     cells = []
@@ -152,7 +163,9 @@ def for_slides(nb):
         if shown.figure_scale < 1:
             _scale_figures(cell, shown.figure_scale)
         if shown.output_lines is not None:
-            cells += [_notes(t) for t in _cut_outputs(cell, shown.output_lines)]
+            cells += [
+                page for rest in _cut_outputs(cell, shown.output_lines) for page in _continued(rest)
+            ]
         if cell.cell_type == "markdown":
             pages = shown.pages or [cell.source]
             if _next_is_new_slide(kinds, index):

@@ -64,7 +64,7 @@ def _printed(lines: int) -> dict:
     return new_output("stream", name="stdout", text="".join(f"line {i}\n" for i in range(lines)))
 
 
-def test_long_code_shows_only_its_output_and_long_output_is_cut_to_the_notes():
+def test_long_code_shows_only_its_output_and_long_output_continues_on_the_next_slides():
     long_source = "\n".join(f"x{i} = {i}" for i in range(layout.CODE_LINES + 1))
     nb = new_notebook(
         cells=[
@@ -72,22 +72,39 @@ def test_long_code_shows_only_its_output_and_long_output_is_cut_to_the_notes():
             new_code_cell("import torch"),
             new_code_cell(long_source),  # no output: nothing to show
             new_code_cell(long_source, outputs=[_printed(3)]),
-            new_code_cell("print(table)", outputs=[_printed(40)]),
+            new_code_cell("print(table)", outputs=[_printed(100)]),
         ]
     )
-    assert slides.slide_types(nb) == ["slide", "skip", "skip", "-", "-"]
+    assert slides.slide_types(nb) == ["slide", "skip", "skip", "-", "subslide"]
     shown = slides.for_slides(nb)
     kinds = [c.metadata["slideshow"]["slide_type"] for c in shown.cells]
-    assert kinds == ["slide", "skip", "skip", "-", "-", "notes"]
+    assert kinds == ["slide", "skip", "skip", "-", "subslide", "subslide", "subslide", "subslide"]
     assert shown.cells[3].metadata["transient"] == {"remove_source": True}
     assert "transient" not in shown.cells[4].metadata  # a short source stays on the slide
+    cut = layout.part(nb.cells[4]).output_lines
+    assert cut is not None and cut >= layout.OUTPUT_LINES
     printed = shown.cells[4].outputs[0].text.splitlines()
-    assert printed[: layout.OUTPUT_LINES] == [f"line {i}" for i in range(layout.OUTPUT_LINES)]
-    assert printed[layout.OUTPUT_LINES :] == [
-        f"⋯ {40 - layout.OUTPUT_LINES} more lines (notebook, speaker notes)"
-    ]
-    assert "line 39" in shown.cells[5].source  # the whole text, in the speaker notes
-    assert nb.cells[4].outputs[0].text.count("\n") == 40  # the notebook keeps everything
+    assert printed[:cut] == [f"line {i}" for i in range(cut)]
+    assert printed[cut:] == [f"⋯ {100 - cut} more lines on the next slide"]
+    rest = [ln for c in shown.cells[5:] for ln in c.outputs[0].text.splitlines()]
+    assert rest == [f"line {i}" for i in range(cut, 100)]  # every line once, in order
+    for c in shown.cells[5:]:
+        assert c.metadata["transient"] == {"remove_source": True}
+        assert len(c.outputs[0].text.splitlines()) <= layout.CONTINUED_LINES
+        assert layout.part(c).px <= layout.SLIDE_PX
+    assert nb.cells[4].outputs[0].text.count("\n") == 100  # the notebook keeps everything
+
+
+def test_a_source_that_fits_with_its_output_is_shown_and_no_text_is_cut_by_one_line():
+    source = "\n".join(f"x{i} = {i}" for i in range(20))  # a definition a slide introduces
+    nb = new_notebook(cells=[new_code_cell(source, outputs=[_printed(3)])])
+    assert not layout.part(nb.cells[0]).hide_input
+    for lines in range(1, 60):
+        cell = new_code_cell("print(x)", outputs=[_printed(lines)])
+        part = layout.part(cell)
+        assert part.px <= layout.SLIDE_PX
+        # a cut leaves out two lines or more: a marker never stands in for a single line
+        assert part.output_lines is None or lines - part.output_lines >= 2
 
 
 def test_long_markdown_continues_on_the_next_slides_and_no_word_is_left_to_the_notes():
