@@ -57,6 +57,8 @@ _LINK = re.compile(r"\]\([^)]*\)")
 #: a block that is a list, and where each of its top-level items starts
 _LIST_ITEM = re.compile(r"(?:[-*+]|\d+\.)\s")
 _TOP_LEVEL_ITEM = re.compile(r"\n(?=(?:[-*+]|\d+\.)\s)")
+#: where a list item's nested blocks part (a blank line outside a fenced block)
+_NESTED_PART = re.compile(r"\n\s*\n(?=\s*\S)")
 _MARKUP = re.compile(r"[*`]|\\[a-zA-Z]+")
 
 
@@ -90,6 +92,10 @@ def _block_px(block: str) -> int:
         return TABLE_PAD_PX + TABLE_ROW_PX * sum(not set(ln) <= set("|-: ") for ln in lines)
     if first.startswith("$$"):
         return 2 * PROSE_LINE_PX + PROSE_LINE_PX * max(0, len(lines) - 2)
+    if "\n\n" in block:  # a list whose items hold more blocks (code, paragraphs), indented
+        return sum(
+            _block_px(part.strip("\n")) for part in _NESTED_PART.split(block) if part.strip()
+        )
     items = re.split(r"\n(?=\s*(?:[-*+]|\d+\.)\s)", block)
     return sum(_text_px(item.replace("\n", " "), PROSE_CHARS - 6) for item in items)
 
@@ -106,6 +112,8 @@ def markdown_blocks(source: str) -> list[str]:
             if current:
                 blocks.append("\n".join(current))
             current = []
+        elif not current and line[:1] in (" ", "\t") and blocks and _LIST_ITEM.match(blocks[-1]):
+            current = [blocks.pop(), "", line]  # an indented block goes on the list item above
         else:
             current.append(line)
     if current:
@@ -210,6 +218,15 @@ def _heading_level(block: str) -> int:
     return len(first) - len(first.lstrip("#")) if first.startswith("#") else 0
 
 
+def _leads(block: str) -> bool:
+    """Whether a block introduces the next one and must not end a slide without it: a heading,
+    or a paragraph that ends with a colon or runs on into the next block ("In this unit you" and
+    a list)."""
+    first = block.lstrip()[:1]
+    prose = first not in ("|", "`", "$", "-", "*", "+") and not _LIST_ITEM.match(block)
+    return _heading_level(block) > 0 or (prose and not block.rstrip().endswith((".", "!", "?")))
+
+
 def _unit_px(text: str, continues: bool) -> int:
     return _block_px(text) + (0 if continues else BLOCK_GAP_PX)
 
@@ -224,16 +241,16 @@ def _pages(source: str) -> list[tuple[str, int]]:
         if page and 1 <= _heading_level(text) <= 2:  # a section starts its own slide
             pages.append([])
         elif page and sum(_unit_px(*u) for u in page) + _unit_px(text, continues) > SLIDE_PX:
-            under_heading = _heading_level(page[-1][0]) > 0
+            lead = _leads(page[-1][0])
             too_tall = _unit_px(text, False) > SLIDE_PX
-            if _LIST_ITEM.match(text) and not continues and (too_tall or under_heading):
-                # a list goes on item by item: under its heading, or over as many slides as it needs
+            if _LIST_ITEM.match(text) and not continues and (too_tall or lead):
+                # a list goes on item by item: under its lead, or over as many slides as it needs
                 items = _TOP_LEVEL_ITEM.split(text)
                 if len(items) > 1:
                     queue[:0] = [(item, i > 0) for i, item in enumerate(items)]
                     continue
-            # the next slide, with the heading that heads this block if the slide ended on one
-            carry = [page.pop()] if len(page) > 1 and under_heading else []
+            # the next slide, with the heading or lead-in that the slide ended on
+            carry = [page.pop()] if len(page) > 1 and lead else []
             pages.append(carry)
             continues = False  # on its new slide, a list's next item starts the block
         pages[-1].append((text, continues))
@@ -251,8 +268,9 @@ def _join(page: list[tuple[str, bool]]) -> str:
 def markdown_pages(source: str) -> list[str]:
     """A markdown cell's text, one slide each: a ``#`` or ``##`` heading (a section) starts a
     slide; blocks fill a slide in order and the first that does not fit starts the next; a
-    heading moves on with the block after it, or keeps the first items of a list after it; a
-    list taller than a slide continues on the next one item by item."""
+    heading or a lead-in paragraph (one that ends without a full stop) moves on with the block
+    after it, or keeps the first items of a list after it; a list taller than a slide continues
+    on the next one item by item, an item's nested blocks with it."""
     return [text for text, _ in _pages(source)]
 
 

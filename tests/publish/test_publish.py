@@ -165,6 +165,21 @@ def test_a_heading_moves_on_with_its_block_or_keeps_the_first_items_of_its_list(
     first, *rest = layout.markdown_pages(source)
     assert first.startswith("## Head\n\n- Item 0:") and "- Item 1:" in first
     assert [ln for page in (first, *rest) for ln in page.splitlines() if ln[:1] == "-"] == items
+    # a lead-in paragraph (ending with a colon) is not left behind at the foot of a slide
+    lead, some = "In this unit you will:", "Intro: " + " ".join(["words"] * 250)
+    assert layout.part(new_markdown_cell(f"{some}\n\n{lead}")).px <= layout.SLIDE_PX
+    first, second = layout.markdown_pages(f"{some}\n\n{lead}\n\n" + "\n".join(items[:3]))
+    assert first == some and second.startswith(lead + "\n\n- Item 0:")
+
+
+def test_an_items_nested_code_block_stays_with_its_item():
+    source = "- Run it:\n\n   ```\n   python -m x\n   python -m y\n   ```\n- Next item."
+    assert layout.markdown_blocks(source) == [source]
+    one_line = layout.part(new_markdown_cell("- Run it: python -m x python -m y\n- Next item."))
+    assert layout.part(new_markdown_cell(source)).px > one_line.px  # the code's lines count
+    most = "Intro: " + " ".join(["words"] * 330)
+    pages = layout.markdown_pages(f"{most}\n\n{source}")
+    assert pages == [most, source]
 
 
 def test_text_before_a_section_joins_the_slide_above_and_a_last_heading_stands_alone():
