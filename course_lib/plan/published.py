@@ -96,7 +96,13 @@ def _korthikanti(
         + " on Selene's A100s, TP 8, micro-batch 1 (recalled)",
         assumed="ZeRO-1-like distributed optimizer and fp32 main grads (Megatron's); no "
         "interleaving",
-        why="Megatron 2022 on one pipeline (DP 1): its GEMMs ran above the assumed 60 % of peak",
+        why=(
+            "Megatron 2022 on one pipeline (DP 1): its GEMMs ran above the assumed 60 % of peak"
+            if pp > 1
+            else "one node, TP 8 on a 22B model (each GEMM a hidden of 6,144 split 8 ways): "
+            "predicted 13-16 % fast; its GEMMs ran below the assumed 60 % of peak, or its TP "
+            "all-reduces cost more than the model charges (not a large run: no band)"
+        ),
         large=pp > 1,
     )
 

@@ -52,7 +52,7 @@ def plot_capacity(tr: pd.DataFrame) -> Figure:
         fig, ax = plt.subplots(figsize=(8, 4.2))
         for cf, part in tr.groupby(tr.capacity_factor.fillna(np.inf), sort=False):
             name = "no limit" if cf == np.inf else f"capacity factor {cf:g}"
-            label = f"{name}: {part.dropped.mean():.0%} dropped"
+            label = f"{name}: {part.dropped.mean():.0%} dropped over the run"
             ax.plot(part.step, part.task_loss.rolling(10, min_periods=1).mean(), label=label)
         ax.set_yscale("log")
         ax.set_xlabel("step")

@@ -276,14 +276,15 @@ def timeline(
 
 
 def imbalance(tl: pd.DataFrame) -> pd.DataFrame:
-    """From a :func:`timeline`: per hot setting and rank, the rows its experts processed and
-    the median seconds of its expert phase and of its whole layer (route to combine)."""
+    """From a :func:`timeline`: per hot setting and rank, the rows its experts processed in the
+    last repeat (the one ``plots.plot_timeline`` draws; each repeat routes new tokens) and the
+    median seconds of its expert phase and of its whole layer (route to combine)."""
     rows = []
     for (h, rank), part in tl.groupby(["hot", "rank"]):
-        exp = part[part.phase == "experts"]
+        exp = part[part.phase == "experts"].sort_values("repeat")
         whole = part.groupby("repeat").apply(lambda p: p.end.max() - p.start.min())
         rows.append({
-            "hot": h, "rank": int(rank), "expert_rows": int(exp.rows.iloc[0]),
+            "hot": h, "rank": int(rank), "expert_rows": int(exp.rows.iloc[-1]),
             "experts_ms": 1e3 * float((exp.end - exp.start).median()),
             "layer_ms": 1e3 * float(whole.median()),
         })  # fmt: skip

@@ -32,3 +32,21 @@ def test_balancing_keeps_the_busiest_expert_below_its_unbalanced_share():
     tr = run.train(steps=60)
     last = tr[tr.step >= 50].groupby("balancing").busiest_share.mean()
     assert last["none"] > 0.9 and last["aux_loss"] < 0.8 and last["bias"] < 0.6
+
+
+def test_imbalance_counts_the_rows_of_the_repeat_the_timeline_plot_draws():
+    import pandas as pd
+
+    from course_lib.units.u16_mixture_of_experts import plots
+
+    rows = [
+        {"hot": 0.0, "repeat": rep, "rank": rank, "phase": phase, "start": 0.0, "end": 1e-3,
+         "rows": (100 + rep) * (rank + 1)}
+        for rep in (0, 1, 2) for rank in (0, 1) for phase in ("route", "experts", "combine")
+    ]  # fmt: skip
+    tl = pd.DataFrame(rows)
+    imb = run.imbalance(tl)
+    assert list(imb.expert_rows) == [102, 204]  # the last repeat's
+    fig = plots.plot_timeline(tl)
+    labels = {t.get_text().strip() for ax in fig.axes for t in ax.texts}
+    assert {"102 rows", "204 rows"} <= labels
