@@ -139,6 +139,8 @@ def _ring_cell(ax: Axes, c: int, r: int, mask: int, n: int, cmap: Any) -> None:
     shade = cmap(0.15 + 0.8 * len(members) / n)
     ax.add_patch(Rectangle((c, r), 1, 1, facecolor=shade, edgecolor="white", linewidth=2))
     label = "all" if len(members) == n else "+".join(str(k) for k in members)
+    if len(label) > 3:  # "0+2+3" is wider than its cell at the figures' smallest text: two lines
+        label = label[:3] + "\n" + label[3:]
     ax.text(
         c + 0.5,
         r + 0.5,
@@ -146,6 +148,7 @@ def _ring_cell(ax: Axes, c: int, r: int, mask: int, n: int, cmap: Any) -> None:
         ha="center",
         va="center",
         fontsize=9,
+        linespacing=1.0,
         color="white" if len(members) > n / 2 else "black",
     )
 
