@@ -39,8 +39,11 @@ class AccumulationExplorer(Explorer):
         self.steps = widgets.SelectionSlider(
             options=[1, 2, 4, 8, 16], value=16, description="accum. steps"
         )
-        self.budget_mib = widgets.FloatLogSlider(
-            value=6.0, base=2, min=-6, max=8, step=0.5, description="budget MiB"
+        # 1, 1.5, 2, 3, 4, 6, ... MiB: a log scale whose every stop is a number the result
+        # prints as it is (a float log slider with step 0.5 showed 6.0 as 5.66)
+        budgets = sorted(f * 2.0**k for k in range(-6, 9) for f in (1.0, 1.5) if f * 2.0**k <= 256)
+        self.budget_mib = widgets.SelectionSlider(
+            options=[(f"{b:g}", b) for b in budgets], value=6.0, description="budget MiB"
         )
         super().__init__(
             widgets.VBox([self.micro_batch, self.steps, self.budget_mib]),

@@ -83,3 +83,10 @@ def test_plots_return_figures():
     assert fig.axes[0].get_legend().get_texts()[0].get_text() == "25 MiB"
     with pytest.raises(ValueError, match="missing columns"):
         p2.plot_budget_check(probes, 25)
+
+
+def test_the_budget_slider_shows_the_budget_the_result_uses():
+    ex = AccumulationExplorer(device="cpu")
+    # every stop reads as the number the step is checked against (6 MiB is not shown as 5.66)
+    assert all(float(label) == value for label, value in ex.budget_mib.options)
+    assert ex.budget_mib.label == "6" and ex.budget_mib.value == 6.0
