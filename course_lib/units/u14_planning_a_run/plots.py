@@ -17,8 +17,15 @@ _EXTRA = {"activations": "tab:red", "logits": "tab:purple", "buffers": "tab:gray
 
 
 def _label(row) -> str:
+    """A plan as a bar's label: every dimension it sets (cp, ep and the virtual stages v when
+    they are not 1), so that no two plans of a chart read the same."""
+    axes = [f"TP{row['tp']}"]
+    axes += [f"CP{row['cp']}"] if row.get("cp", 1) > 1 else []
+    axes += [f"PP{row['pp']}" + (f" v{row['v']}" if row.get("v", 1) > 1 else "")]
+    axes += [f"EP{row['ep']}"] if row.get("ep", 1) > 1 else []
+    axes += [f"DP{row['dp']}"]
     return (
-        f"#{int(row['rank'])} TP{row['tp']} PP{row['pp']} DP{row['dp']}\n"
+        f"#{int(row['rank'])} {' '.join(axes)}\n"
         f"ZeRO-{row['zero']} {row['recompute']} mb{row['micro_batch']}"
     )
 
@@ -92,7 +99,10 @@ def plot_step_parts(result: pd.DataFrame, *, n: int = 6) -> Figure:
         ax.invert_yaxis()
         ax.set_xlabel("seconds per step (predicted)")
         ax.set_title("Where a step goes")
-        ax.legend(fontsize=8, ncol=3, loc="lower right")
+        # under the axes: inside, it hid the last bars' communication parts
+        ax.legend(
+            fontsize=8, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False
+        )
         fig.tight_layout()
     return fig
 
