@@ -85,7 +85,8 @@ def _block_px(block: str) -> int:
     first = lines[0].lstrip()
     if first.startswith("#"):
         level = len(first) - len(first.lstrip("#"))
-        return HEADING_PX.get(level, HEADING_PX[3]) + _text_px("\n".join(lines[1:]) or "")
+        rest = "\n".join(lines[1:]).strip()  # text on the lines under a heading, if any
+        return HEADING_PX.get(level, HEADING_PX[3]) + (_text_px(rest) if rest else 0)
     if first.startswith("```"):
         return CODE_PAD_PX + CODE_LINE_PX * max(1, len(lines) - 2)
     if first.startswith("|"):
@@ -218,13 +219,14 @@ def _heading_level(block: str) -> int:
     return len(first) - len(first.lstrip("#")) if first.startswith("#") else 0
 
 
-def _leads(block: str) -> bool:
+def leads(block: str) -> bool:
     """Whether a block introduces the next one and must not end a slide without it: a heading,
     or a paragraph that ends with a colon or runs on into the next block ("In this unit you" and
     a list)."""
-    first = block.lstrip()[:1]
-    prose = first not in ("|", "`", "$", "-", "*", "+") and not _LIST_ITEM.match(block)
-    return _heading_level(block) > 0 or (prose and not block.rstrip().endswith((".", "!", "?")))
+    start = block.lstrip()
+    other = start.startswith(("|", "```", "$$")) or _LIST_ITEM.match(start)  # a table, code, a
+    # formula or a list; a paragraph may start with bold text or inline code
+    return _heading_level(block) > 0 or (not other and not block.rstrip().endswith((".", "!", "?")))
 
 
 def _unit_px(text: str, continues: bool) -> int:
@@ -241,7 +243,7 @@ def _pages(source: str) -> list[tuple[str, int]]:
         if page and 1 <= _heading_level(text) <= 2:  # a section starts its own slide
             pages.append([])
         elif page and sum(_unit_px(*u) for u in page) + _unit_px(text, continues) > SLIDE_PX:
-            lead = _leads(page[-1][0])
+            lead = leads(page[-1][0])
             too_tall = _unit_px(text, False) > SLIDE_PX
             if _LIST_ITEM.match(text) and not continues and (too_tall or lead):
                 # a list goes on item by item: under its lead, or over as many slides as it needs

@@ -151,7 +151,8 @@ def for_slides(nb):
     kinds = slide_types(nb)
     cells = []
     px = 0  # estimated height of what the current slide shows so far
-    for index, (cell, kind) in enumerate(zip(nb.cells, kinds)):
+    for index, cell in enumerate(nb.cells):
+        kind = kinds[index]  # a lead-in below may have joined this cell to the slide before
         cell.metadata["slideshow"] = {"slide_type": kind}
         cells.append(cell)
         if kind in ("skip", "notes"):
@@ -168,8 +169,12 @@ def for_slides(nb):
             ]
         if cell.cell_type == "markdown":
             pages = shown.pages or [cell.source]
-            if _next_is_new_slide(kinds, index):
-                pages = _heading_to_its_own_page(pages)
+            after = _next_shown(kinds, index)
+            if after is None or kinds[after] in ("slide", "subslide"):
+                code = nb.cells[after] if after is not None and kinds[after] == "subslide" else None
+                pages, joined = _lead_onto_next_slide(pages, code)
+                if joined and after is not None:
+                    kinds[after] = "-"
             if len(pages) > 1:
                 cell.source = pages[0]
                 if kind == "slide" and index > 0 and not _opens_section(pages[0]):
@@ -188,19 +193,32 @@ def _opens_section(text: str) -> bool:
     return text.lstrip().startswith(("# ", "## "))
 
 
-def _next_is_new_slide(kinds: list[str], index: int) -> bool:
-    """Whether what the audience sees after cell ``index`` is on a slide of its own."""
-    shown = [k for k in kinds[index + 1 :] if k not in ("skip", "notes")]
-    return not shown or shown[0] in ("slide", "subslide")
+def _next_shown(kinds: list[str], index: int) -> int | None:
+    """The index of the cell the audience sees after cell ``index`` (None: the deck ends)."""
+    return next(
+        (i for i in range(index + 1, len(kinds)) if kinds[i] not in ("skip", "notes")), None
+    )
 
 
-def _heading_to_its_own_page(pages: list[str]) -> list[str]:
-    """A heading that would end a slide, with what it heads on the next, stands on a slide of
-    its own instead (a section's title slide), not at the foot of the text before it."""
+def _lead_onto_next_slide(pages: list[str], code) -> tuple[list[str], bool]:
+    """A text whose last block introduces what the next slide shows (a heading, or a lead-in
+    such as "Which ones this build has:") does not end its slide alone: it moves onto the next
+    slide, above ``code`` (the code cell that opens that slide), when the two fit together; a
+    heading that does not fit there stands on a slide of its own. Returns the pages and whether
+    ``code`` now joins the last one."""
     blocks = layout.markdown_blocks(pages[-1])
-    if len(blocks) > 1 and blocks[-1].lstrip().startswith("#"):
-        return [*pages[:-1], "\n\n".join(blocks[:-1]), blocks[-1]]
-    return pages
+    if not blocks or not layout.leads(blocks[-1]):
+        return pages, False
+    lead = blocks[-1]
+    fits = code is not None and code.cell_type == "code"
+    fits = (
+        fits
+        and layout.part(nbformat.v4.new_markdown_cell(lead)).px + layout.part(code).px
+        <= layout.SLIDE_PX
+    )
+    if len(blocks) > 1 and (fits or lead.lstrip().startswith("#")):
+        return [*pages[:-1], "\n\n".join(blocks[:-1]), lead], fits
+    return pages, fits and len(blocks) == 1
 
 
 def tag(path: str | Path) -> bool:

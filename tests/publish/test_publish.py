@@ -439,3 +439,26 @@ def test_the_site_never_publishes_answers_written_into_the_working_copy(tmp_path
     assert (published / "05_cpu_offload.ipynb").read_bytes() == (
         ROOT / "exercises" / "05_cpu_offload.ipynb"
     ).read_bytes()
+
+
+def test_a_lead_in_moves_onto_the_slide_of_the_code_it_introduces():
+    assert layout.leads("**Backends.** `torch.distributed` sends the bytes through a *backend*:")
+    assert layout.leads("`estimate` predicts, for each layout:") and layout.leads("## 2. Next")
+    assert not layout.leads("* an item:") and not layout.leads("| a | b |")
+    assert not layout.leads("A sentence that ends.")
+    text = "Intro: " + " ".join(["words"] * 200)  # about half a slide
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("# Title"),
+            new_code_cell("import torch"),
+            new_markdown_cell(f"{text}\n\nWhich ones this build has:"),
+            new_code_cell("report()", outputs=[_printed(20)]),  # too tall under the text
+        ]
+    )
+    assert slides.slide_types(nb)[2:] == ["subslide", "subslide"]
+    shown = slides.for_slides(nb).cells
+    assert [(c.source, k) for c, k in zip(shown, _kinds(shown))][2:] == [
+        (text, "subslide"),
+        ("Which ones this build has:", "subslide"),  # not at the foot of the slide before
+        ("report()", "-"),  # under the lead-in that announces it
+    ]
