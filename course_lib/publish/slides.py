@@ -119,13 +119,18 @@ def _cut_outputs(cell, lines: int) -> list[str]:
 
 
 def _continued(rest: str) -> list[nbformat.NotebookNode]:
-    """The rest of a cut printed text, on as many slides as it needs after its cell's."""
+    """The rest of a cut printed text, on as many slides as it needs after its cell's, each
+    under a line saying that it continues the slide before."""
     lines = rest.splitlines()
-    per = layout.CONTINUED_LINES
+    per = layout.CONTINUED_LINES - 1
     return [
         nbformat.v4.new_code_cell(
             "",
-            outputs=[nbformat.v4.new_output("stream", name="stdout", text="\n".join(chunk) + "\n")],
+            outputs=[
+                nbformat.v4.new_output(
+                    "stream", name="stdout", text="\n".join([CONTINUED, *chunk]) + "\n"
+                )
+            ],
             metadata={
                 "slideshow": {"slide_type": "subslide"},
                 "transient": {"remove_source": True},
@@ -133,6 +138,10 @@ def _continued(rest: str) -> list[nbformat.NotebookNode]:
         )
         for chunk in (lines[k : k + per] for k in range(0, len(lines), per))
     ]
+
+
+#: the first line of a slide that continues a printed text
+CONTINUED = "⋯ continued from the slide before"
 
 
 def _scale_figures(cell, scale: float) -> None:

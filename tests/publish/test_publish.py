@@ -86,8 +86,10 @@ def test_long_code_shows_only_its_output_and_long_output_continues_on_the_next_s
     printed = shown.cells[4].outputs[0].text.splitlines()
     assert printed[:cut] == [f"line {i}" for i in range(cut)]
     assert printed[cut:] == [f"⋯ {100 - cut} more lines on the next slide"]
-    rest = [ln for c in shown.cells[5:] for ln in c.outputs[0].text.splitlines()]
-    assert rest == [f"line {i}" for i in range(cut, 100)]  # every line once, in order
+    rest = [c.outputs[0].text.splitlines() for c in shown.cells[5:]]
+    assert all(page[0] == slides.CONTINUED for page in rest)  # each says what it continues
+    lines = [ln for page in rest for ln in page[1:]]
+    assert lines == [f"line {i}" for i in range(cut, 100)]  # every line once, in order
     for c in shown.cells[5:]:
         assert c.metadata["transient"] == {"remove_source": True}
         assert len(c.outputs[0].text.splitlines()) <= layout.CONTINUED_LINES
