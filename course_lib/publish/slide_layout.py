@@ -83,8 +83,7 @@ def _text_px(text: str, chars: int = PROSE_CHARS) -> int:
 def _block_px(block: str) -> int:
     lines = block.splitlines()
     first = lines[0].lstrip()
-    if first.startswith("#"):
-        level = len(first) - len(first.lstrip("#"))
+    if level := heading_level(block):
         rest = "\n".join(lines[1:]).strip()  # text on the lines under a heading, if any
         return HEADING_PX.get(level, HEADING_PX[3]) + (_text_px(rest) if rest else 0)
     if first.startswith("```"):
@@ -191,9 +190,9 @@ def _code_part(cell) -> Part:
     if not hide:  # the source stays if the outputs fit under it, printed text cut at most to
         # OUTPUT_LINES lines
         room = SLIDE_PX - CODE_CELL_PX - input_px
-        fit = [n for n in range(longest, min(longest, OUTPUT_LINES) - 1, -1) if height(n) <= room]
-        hide = not fit
-        shown = fit[0] if fit else longest
+        cuts = range(longest, min(longest, OUTPUT_LINES) - 1, -1)
+        fit = next((n for n in cuts if height(n) <= room), None)
+        hide, shown = fit is None, longest if fit is None else fit
     if hide:  # the outputs alone: printed text cut to what fits, figures drawn smaller if need be
         smaller = figures * (1 - MIN_FIGURE_SCALE)
         while CODE_CELL_PX + height(shown) - smaller > SLIDE_PX and shown > MIN_OUTPUT_LINES:
@@ -213,7 +212,7 @@ def _code_part(cell) -> Part:
     )
 
 
-def _heading_level(block: str) -> int:
+def heading_level(block: str) -> int:
     """1-6 for a heading block, 0 for any other."""
     first = block.lstrip()
     return len(first) - len(first.lstrip("#")) if first.startswith("#") else 0
@@ -226,7 +225,7 @@ def leads(block: str) -> bool:
     start = block.lstrip()
     other = start.startswith(("|", "```", "$$")) or _LIST_ITEM.match(start)  # a table, code, a
     # formula or a list; a paragraph may start with bold text or inline code
-    return _heading_level(block) > 0 or (not other and not block.rstrip().endswith((".", "!", "?")))
+    return heading_level(block) > 0 or (not other and not block.rstrip().endswith((".", "!", "?")))
 
 
 def _unit_px(text: str, continues: bool) -> int:
@@ -240,7 +239,7 @@ def _pages(source: str) -> list[tuple[str, int]]:
     while queue:
         text, continues = queue.pop(0)
         page = pages[-1]
-        if page and 1 <= _heading_level(text) <= 2:  # a section starts its own slide
+        if page and 1 <= heading_level(text) <= 2:  # a section starts its own slide
             pages.append([])
         elif page and sum(_unit_px(*u) for u in page) + _unit_px(text, continues) > SLIDE_PX:
             lead = leads(page[-1][0])

@@ -225,7 +225,7 @@ def _lead_onto_next_slide(pages: list[str], code) -> tuple[list[str], bool]:
         and layout.part(nbformat.v4.new_markdown_cell(lead)).px + layout.part(code).px
         <= layout.SLIDE_PX
     )
-    if len(blocks) > 1 and (fits or lead.lstrip().startswith("#")):
+    if len(blocks) > 1 and (fits or layout.heading_level(lead)):
         return [*pages[:-1], "\n\n".join(blocks[:-1]), lead], fits
     return pages, fits and len(blocks) == 1
 
