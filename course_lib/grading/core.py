@@ -53,7 +53,9 @@ def expect_int(task: int, what: str, got: Any) -> int:
     ``✗ task N: <what> must be an int, got float 16.0`` (a float equal to the answer included:
     a float of bytes is a sign the arithmetic went through a division)."""
     if isinstance(got, bool) or not isinstance(got, numbers.Integral):
-        fail(task, f"{what} must be an int, got {type(got).__name__} {got!r}")
+        from course_lib.grading.plain import describe
+
+        fail(task, f"{what} must be an int, got {describe(got)}")
     return int(got)
 
 

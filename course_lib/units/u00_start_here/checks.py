@@ -14,6 +14,7 @@ from typing import Any
 
 from course_lib.grading.core import expect_int, fail, fmt_int, passed, run_learner
 from course_lib.grading.seeds import case_rng
+from course_lib.grading.split import split_check
 
 UNIT = "u00_start_here"
 
@@ -56,11 +57,18 @@ _STATE_REFERENCES = (
 )
 
 
-def check_count_parameters(count_parameters, task: int = 1) -> None:
+def collect_count_parameters(count_parameters, task: int = 1) -> dict[str, Any]:
     """Task: count a model's parameters (shared tensors once, frozen ones included)."""
+    return {
+        name: run_learner(task, count_parameters, model, forbid=_COUNT_REFERENCES)
+        for name, model in _unseen_models(task).items()
+    }
+
+
+def judge_count_parameters(data: Any, task: int = 1) -> None:
     for name, model in _unseen_models(task).items():
         expected = sum(p.numel() for p in model.parameters())
-        got = run_learner(task, count_parameters, model, forbid=_COUNT_REFERENCES)
+        got = data.get(name) if isinstance(data, dict) else None
         expect_int(task, f"the parameter count of model '{name}'", got)
         if got != expected:
             hint = ""
@@ -73,32 +81,62 @@ def check_count_parameters(count_parameters, task: int = 1) -> None:
     )
 
 
-def check_parameter_bytes(parameter_bytes, task: int = 2) -> None:
+check_count_parameters = split_check(collect_count_parameters, judge_count_parameters)
+
+_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def collect_parameter_bytes(parameter_bytes, task: int = 2) -> list[Any]:
     """Task: bytes the parameters take when stored in a given dtype, checked by converting."""
     import torch
 
-    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
     model = _unseen_models(task)["tied_lm"]
-    for dtype in dtypes:
+    return [
+        run_learner(task, parameter_bytes, model, getattr(torch, name), forbid=_COUNT_REFERENCES)
+        for name in _DTYPES
+    ]
+
+
+def judge_parameter_bytes(data: Any, task: int = 2) -> None:
+    import torch
+
+    model = _unseen_models(task)["tied_lm"]
+    got_all = data if isinstance(data, list) and len(data) == len(_DTYPES) else [None] * 4
+    for name, got in zip(_DTYPES, got_all):
+        dtype = getattr(torch, name)
         converted = copy.deepcopy(model).to(dtype)
         expected = sum(p.numel() * p.element_size() for p in converted.parameters())
-        got = run_learner(task, parameter_bytes, model, dtype, forbid=_COUNT_REFERENCES)
         expect_int(task, f"the bytes for {dtype}", got)
         if got != expected:
             fail(task, f"dtype {dtype}: {got!r} B is not what the converted parameters take")
     passed(task, "parameter bytes match for fp32, bf16, fp16 and fp64 on an unseen tied model")
 
 
-def check_adam_training_bytes(adam_training_bytes, task: int = 3) -> None:
-    """Task: fp32 training with Adam keeps params, grads and two states: 16 bytes per parameter."""
-    from course_lib.measure import estimate
+check_parameter_bytes = split_check(collect_parameter_bytes, judge_parameter_bytes)
 
+
+def _state_sizes(task: int) -> list[int]:
     rng = case_rng(task, UNIT)
     drawn = [rng.randint(2, 9_999), rng.randint(10**7, 10**9), rng.randint(10**9, 4 * 10**11)]
+    return [1, *drawn, 7_000_000_000, 70_000_000_000]
+
+
+def collect_adam_training_bytes(adam_training_bytes, task: int = 3) -> list[Any]:
+    """Task: fp32 training with Adam keeps params, grads and two states: 16 bytes per parameter."""
+    return [
+        run_learner(task, adam_training_bytes, n, forbid=_STATE_REFERENCES)
+        for n in _state_sizes(task)
+    ]
+
+
+def judge_adam_training_bytes(data: Any, task: int = 3) -> None:
+    from course_lib.measure import estimate
+
+    sizes = _state_sizes(task)
+    got_all = data if isinstance(data, list) and len(data) == len(sizes) else [None] * len(sizes)
     results = {}
-    for n_params in (1, *drawn, 7_000_000_000, 70_000_000_000):
+    for n_params, got in zip(sizes, got_all):
         expected = estimate.model_state_bytes(n_params, precision="fp32", optimizer="adam")["total"]
-        got = run_learner(task, adam_training_bytes, n_params, forbid=_STATE_REFERENCES)
         expect_int(task, f"the bytes for n_params={fmt_int(n_params)}", got)
         if got != expected:
             hint = ""
@@ -114,6 +152,9 @@ def check_adam_training_bytes(adam_training_bytes, task: int = 3) -> None:
         f"Adam fp32 model state: 7B parameters -> {results[7 * 10**9] / 1e9:g} GB, "
         f"70B -> {results[70 * 10**9] / 1e12:g} TB",
     )
+
+
+check_adam_training_bytes = split_check(collect_adam_training_bytes, judge_adam_training_bytes)
 
 
 # ---------------------------------------------------------------------------------- task 4
@@ -139,6 +180,16 @@ def _unseen_gpts(task: int):
     return out
 
 
+def _gpt(config):
+    """The GPT a task-4 case is about (the same weights on both sides of the grade)."""
+    import torch
+
+    from course_lib.models import GPT
+
+    torch.manual_seed(0)
+    return GPT(config)
+
+
 def _measure_gpt_state(config) -> tuple[dict[str, int], Any]:
     """One Adam step (fp32, torch.optim defaults) of a GPT under MemoryMeter; the model state at
     the end of the step."""
@@ -146,10 +197,8 @@ def _measure_gpt_state(config) -> tuple[dict[str, int], Any]:
     import torch.nn.functional as F
 
     from course_lib.measure.memory import MemoryMeter
-    from course_lib.models import GPT
 
-    torch.manual_seed(0)
-    model = GPT(config)
+    model = _gpt(config)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     idx = torch.randint(0, config.vocab_size, (2, config.block_size))
     with MemoryMeter(model, opt) as mem:
@@ -166,12 +215,20 @@ _MEASURE_REFERENCES = (
 )
 
 
-def check_predict_measured_state(predict_state, task: int = 4) -> None:
+def collect_predict_measured_state(predict_state, task: int = 4) -> list[Any]:
     """Task (predict, then measure): the params, grads and optimizer bytes MemoryMeter reports
     after one Adam step of a GPT the learner has not seen, residuals included (exact: 0 B)."""
-    for config in _unseen_gpts(task):
+    return [
+        run_learner(task, predict_state, _gpt(config), forbid=_MEASURE_REFERENCES)
+        for config in _unseen_gpts(task)
+    ]
+
+
+def judge_predict_measured_state(data: Any, task: int = 4) -> None:
+    configs = _unseen_gpts(task)
+    got_all = data if isinstance(data, list) and len(data) == len(configs) else [None] * 3
+    for config, got in zip(configs, got_all):
         measured, model = _measure_gpt_state(config)
-        got = run_learner(task, predict_state, model, forbid=_MEASURE_REFERENCES)
         if not isinstance(got, dict) or any(k not in got for k in measured):
             fail(task, f"expected a dict with keys {list(measured)}, got {got!r}")
         for key, value in measured.items():
@@ -195,6 +252,11 @@ def check_predict_measured_state(predict_state, task: int = 4) -> None:
     )
 
 
+check_predict_measured_state = split_check(
+    collect_predict_measured_state, judge_predict_measured_state
+)
+
+
 # ---------------------------------------------------------------------------------- task 5
 #: the one right diagnosis of the buggy weight_bytes in solutions/00_start_here.ipynb
 BUG_CHOICES = {
@@ -205,19 +267,10 @@ BUG_CHOICES = {
 }
 
 
-def check_weight_bytes_bug(bug: str, weight_bytes, task: int = 5) -> None:
-    """Task (find the bug): name what is wrong with a state_dict-based byte count, and fix it."""
+def _bug_models(task: int) -> dict[str, Any]:
     import torch
     from torch import nn
 
-    if not isinstance(bug, str) or bug.strip().lower() not in BUG_CHOICES:
-        fail(task, f"bug must be one of {sorted(BUG_CHOICES)}, got {bug!r}")
-    if bug.strip().lower() != "b":
-        fail(
-            task,
-            f"bug {bug!r} ({BUG_CHOICES[bug.strip().lower()]}): that is not what goes wrong; "
-            "compare the buggy count with sum(p.numel() for p in model.parameters())",
-        )
     models = _unseen_models(task)
     rng = case_rng(task, UNIT)
     vocab, dim, positions = rng.randint(12, 40), rng.randint(4, 10), rng.randint(8, 32)
@@ -231,12 +284,46 @@ def check_weight_bytes_bug(bug: str, weight_bytes, task: int = 5) -> None:
             self.register_buffer("positions", torch.arange(positions))
 
     models["tied_with_buffer"] = TiedWithBuffer()
-    for name, model in models.items():
-        for dtype in (torch.float32, torch.bfloat16):
+    return models
+
+
+def collect_weight_bytes_bug(bug: str, weight_bytes, task: int = 5) -> dict[str, Any]:
+    """Task (find the bug): name what is wrong with a state_dict-based byte count, and fix it."""
+    import torch
+
+    got = {}
+    if isinstance(bug, str) and bug.strip().lower() == "b":  # the fix is run only then
+        for name, model in _bug_models(task).items():
+            for dtype in ("float32", "bfloat16"):
+                got[f"{name}/{dtype}"] = run_learner(
+                    task, weight_bytes, model, getattr(torch, dtype), forbid=_COUNT_REFERENCES
+                )
+    return {"bug": bug if isinstance(bug, str) else repr(bug), "bytes": got}
+
+
+def judge_weight_bytes_bug(data: Any, task: int = 5) -> None:
+    import torch
+
+    bug = data.get("bug") if isinstance(data, dict) else None
+    if not isinstance(bug, str) or bug.strip().lower() not in BUG_CHOICES:
+        fail(task, f"bug must be one of {sorted(BUG_CHOICES)}, got {bug!r}")
+    if bug.strip().lower() != "b":
+        fail(
+            task,
+            f"bug {bug!r} ({BUG_CHOICES[bug.strip().lower()]}): that is not what goes wrong; "
+            "compare the buggy count with sum(p.numel() for p in model.parameters())",
+        )
+    got_all = data.get("bytes") if isinstance(data.get("bytes"), dict) else {}
+    for name, model in _bug_models(task).items():
+        for dtype_name in ("float32", "bfloat16"):
+            dtype = getattr(torch, dtype_name)
             converted = copy.deepcopy(model).to(dtype)
             expected = sum(p.numel() * p.element_size() for p in converted.parameters())
-            got = run_learner(task, weight_bytes, model, dtype, forbid=_COUNT_REFERENCES)
+            got = got_all.get(f"{name}/{dtype_name}")
             expect_int(task, f"the weight bytes of '{name}'", got)
             if got != expected:
                 fail(task, f"model '{name}', {dtype}: {got!r} B is not what its parameters take")
     passed(task, "bug named (state_dict overcounts) and the fixed count matches on 5 models")
+
+
+check_weight_bytes_bug = split_check(collect_weight_bytes_bug, judge_weight_bytes_bug)
