@@ -111,10 +111,18 @@ class ContextParallelAttention(nn.Module):
         self.c_attn: nn.Module = attn.c_attn  # (C -> 3C): q, k, v of this rank's tokens
         self.c_proj: nn.Module = attn.c_proj
         self.n_head = int(attn.n_head)
+        self.n_embd = int(attn.c_attn.in_features)
         self.group, self.method, self.layout = group, method, layout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, n, C = x.shape  # n: this rank's tokens
+        C = self.n_embd
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[2] != C:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else validate.describe(x)
+            raise ValueError(
+                f"x.shape = {got}: expected (batch, local_seq, {C}), this rank's tokens of "
+                f"width n_embd = {C}"
+            )
+        B, n, _ = x.shape  # n: this rank's tokens
         hs = C // self.n_head
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, n, C)
         q, k, v = (
@@ -152,10 +160,31 @@ def parallelize_context(
         )
     pos = positions(config.block_size, rank=info.rank, world_size=info.world_size, layout=lay)
     model.register_buffer("pos", pos, persistent=False)
+    model.register_forward_pre_hook(_ShardCheck(len(pos), config.block_size, lay), with_kwargs=True)
     for block in cast(Iterable[nn.Module], model.blocks):
         attn = ContextParallelAttention(cast(Any, block).attn, group, m, lay)
         block.register_module("attn", attn)
     return model
+
+
+class _ShardCheck:
+    """A forward pre-hook: the model's tokens must be this rank's whole shard, ``n`` of the
+    ``block_size`` sequence, refused before any collective otherwise (the position table
+    holds this rank's ``n`` global positions, and attention's layout needs all of them)."""
+
+    def __init__(self, n: int, block_size: int, layout: str):
+        self.n, self.block_size, self.layout = n, block_size, layout
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        idx = args[0] if args else kwargs.get("idx")
+        if isinstance(idx, torch.Tensor) and idx.dim() == 2 and idx.shape[1] == self.n:
+            return
+        got = tuple(idx.shape) if isinstance(idx, torch.Tensor) else validate.describe(idx)
+        raise ValueError(
+            f"idx.shape = {got}: expected (batch, {self.n}), this rank's shard of the "
+            f"block_size = {self.block_size} token sequence (shard_sequence(idx, ..., dim=1, "
+            f"layout={self.layout!r}))"
+        )
 
 
 def sync_context_grads(model: nn.Module, group: Group = None) -> None:

@@ -118,9 +118,10 @@ def check_qkv(
     heads_split: bool = False,
 ) -> None:
     """Refuse bad attention inputs before any communication: 4-D tensors
-    [batch, heads, local_seq, head_dim] of one floating dtype, k and v alike, heads a multiple
-    of k's heads (grouped-query attention), the local sequence a multiple of the layout's
-    chunks per rank; with ``heads_split`` (Ulysses) both head counts divisible by the ranks."""
+    [batch, heads, local_seq, head_dim] of one floating dtype, k and v alike, at least one head,
+    token and head dimension (an empty batch is fine: empty output), heads a multiple of k's
+    heads (grouped-query attention), the local sequence a multiple of the layout's chunks per
+    rank; with ``heads_split`` (Ulysses) both head counts divisible by the ranks."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise TypeError(
@@ -129,6 +130,13 @@ def check_qkv(
             )
         if not t.dtype.is_floating_point or t.dtype != q.dtype:
             raise TypeError(f"{name}.dtype = {t.dtype}: expected q's floating dtype, {q.dtype}")
+    for name, t in (("q", q), ("k", k)):
+        for dim, what in ((1, "heads"), (2, "local_seq (this rank's tokens)"), (3, "head_dim")):
+            if t.shape[dim] == 0:
+                raise ValueError(
+                    f"{name}.shape[{dim}] = 0: expected {what} >= 1 in "
+                    f"[batch, heads, local_seq, head_dim] ({name}.shape = {tuple(t.shape)})"
+                )
     b, h, n, d = q.shape
     if tuple(k.shape) != tuple(v.shape) or (k.shape[0], k.shape[2], k.shape[3]) != (b, n, d):
         raise ValueError(

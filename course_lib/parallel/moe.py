@@ -19,7 +19,8 @@ shared experts every token uses). Parameters grow with ``n_experts``, the work p
 * The auxiliary load-balancing loss (Switch Eq. 4, GShard's in its top-k form):
   ``n_experts * sum_i f_i P_i``, f_i the share of the kept and dropped assignments routed to
   expert i, P_i the mean router probability of expert i (sigmoid: the scores normalised per
-  token). Uniform routing gives 1.0; collapse onto one expert gives n_experts.
+  token). Uniform routing gives 1.0; collapse onto one expert gives n_experts; a batch of no
+  tokens gives 0 (nothing to balance; still a function of the router, with zero gradient).
 
 :func:`route` is the routing alone, so ``expert_parallel.py`` routes exactly as this does.
 Introduced in notebooks/16_mixture_of_experts.ipynb.
@@ -48,6 +49,7 @@ __all__ = [
     "load_balancing_loss",
     "update_bias",
     "shared_sum",
+    "check_tokens",
 ]
 
 #: how the router turns logits into scores
@@ -81,6 +83,8 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Ten
     """``E * sum_i f_i P_i``: probs (T, E), experts (T, k); f_i from the choices (no gradient),
     P_i the mean probability (the gradient flows through it)."""
     n = probs.shape[1]
+    if experts.numel() == 0:  # no tokens: 0, not 0/0 (the sum keeps the graph, grad 0)
+        return probs.sum() * 0
     f = torch.bincount(experts.reshape(-1), minlength=n).to(probs.dtype) / experts.numel()
     return n * (f * probs.mean(0)).sum()
 
@@ -121,7 +125,7 @@ def route(
         w = w / w.sum(-1, keepdim=True)
         probs = scores / scores.sum(-1, keepdim=True)
     keep = torch.ones_like(experts, dtype=torch.bool)
-    if capacity_factor is not None:
+    if capacity_factor is not None and t:  # no tokens: nothing to drop
         keep = _keep_mask(experts, n, capacity(t, n, top_k, capacity_factor))
     return Routing(experts, w, keep, probs, load_balancing_loss(probs, experts))
 
@@ -132,6 +136,32 @@ def update_bias(bias: torch.Tensor, experts: torch.Tensor, rate: float) -> torch
     load = torch.bincount(experts.reshape(-1), minlength=bias.numel()).to(bias.dtype)
     bias += rate * torch.sign(load.mean() - load)
     return bias
+
+
+def check_tokens(x: object, d_model: int, like: torch.Tensor | None) -> torch.Tensor:
+    """Refuse tokens an MoE layer cannot take, before any work (or collective): ``x`` must be a
+    floating-point tensor (..., d_model) with the dtype (outside autocast) and device of
+    ``like``, a parameter of the layer. ``MoE`` and ``ExpertParallel`` share these messages."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x = {validate.describe(x)}: expected a tensor of tokens (..., {d_model})")
+    if x.dim() == 0 or x.shape[-1] != d_model:
+        got = "none" if x.dim() == 0 else x.shape[-1]
+        raise ValueError(
+            f"x.shape = {tuple(x.shape)}: expected (..., {d_model}), a last dimension of "
+            f"d_model = {d_model} (got {got})"
+        )
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"x.dtype = {x.dtype}: expected a floating-point dtype")
+    if like is None:
+        return x
+    if x.dtype != like.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"x.dtype = {x.dtype}: expected the layer's dtype, {like.dtype} (convert x or the "
+            "layer, or run under autocast)"
+        )
+    if x.device != like.device:
+        raise ValueError(f"x.device = {x.device}: expected the layer's device, {like.device}")
+    return x
 
 
 def shared_sum(shared: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
@@ -205,8 +235,7 @@ class MoE(nn.Module):
         return r
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if x.shape[-1] != self.d_model:
-            raise ValueError(f"x.shape = {tuple(x.shape)}: expected (..., {self.d_model})")
+        check_tokens(x, self.d_model, next(self.parameters(), None))
         flat = x.reshape(-1, self.d_model)  # (T, d)
         r = self.route(flat)
         out = shared_sum(self.shared, flat)

@@ -21,6 +21,9 @@ the one ``torch._scaled_mm`` takes as ``scale_a``/``scale_b``; torchao stores it
 Values beyond ``fp8_max * scale`` (possible when a scale is given, as delayed scaling does)
 **saturate** to +-fp8_max: clamped before the cast, as torchao does, whatever the cast itself
 would do. An ``amax`` of 0 (an all-zero row) gives a tiny scale, never 0 (0 stays 0).
+An empty tensor casts to an empty one (the scale of a tensorwise cast is still one number, the
+tiny one; one per row under rowwise, none where there is no block), and a product with an
+empty operand is the (M, N) of zeros it means.
 
 :func:`fp8_matmul` computes ``a @ b.T`` from two casts. Where ``torch._scaled_mm`` runs (CPU
 in torch 2.13, H100 on CUDA) and the scales are one per tensor or one per row, it is used;
@@ -36,6 +39,7 @@ Introduced in notebooks/17_fp8_training.ipynb.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -83,7 +87,8 @@ class Float8Data:
     data: torch.Tensor
     """the FP8 values, shape of the input"""
     scale: torch.Tensor
-    """fp32 dequantisation factors, (rows / block[0], cols / block[1])"""
+    """fp32 dequantisation factors, (rows / block[0], cols / block[1]); 1 along a dimension
+    that one block spans whole when it is empty (a tensorwise scale is always (1, 1))"""
     block: tuple[int, int]
     """rows and columns of the 2-D view that share one scale"""
     scaling: Scaling
@@ -96,12 +101,25 @@ class Float8Data:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``data * scale`` in ``dtype``, the input's shape."""
-        d2 = self.data.reshape(-1, self.data.shape[-1]).float()  # (R, C)
+        d2 = as_2d(self.data).float()  # (R, C)
         return (d2 * self.expanded_scale()).reshape(self.data.shape).to(dtype)
 
     def nbytes(self) -> int:
         """Bytes stored: one per FP8 value, four per fp32 scale."""
         return self.data.numel() * self.data.element_size() + 4 * self.scale.numel()
+
+
+def as_2d(x: torch.Tensor) -> torch.Tensor:
+    """``x`` seen as (rows, last dim), every leading dimension folded into the rows (also when
+    a dimension is 0, where ``reshape(-1, c)`` cannot tell the rows)."""
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+
+
+def _grid(x2: torch.Tensor, br: int, bc: int) -> tuple[int, int]:
+    """Scales along the rows and the columns: one per block; one where the block is a whole
+    empty dimension (tensorwise of 0 rows, rowwise of 0 columns)."""
+    rows, cols = x2.shape
+    return (rows // br if br else 1), (cols // bc if bc else 1)
 
 
 def _block_shape(x2: torch.Tensor, scaling: str, block: int | tuple[int, int]) -> tuple[int, int]:
@@ -133,6 +151,8 @@ def _check_input(x: torch.Tensor) -> None:
 
 def _block_amax(x2: torch.Tensor, br: int, bc: int) -> torch.Tensor:
     rows, cols = x2.shape
+    if x2.numel() == 0:  # no values: amax 0 (the tiny scale), one per block of the grid
+        return torch.zeros(_grid(x2, br, bc), device=x2.device)
     tiles = x2.abs().reshape(rows // br, br, cols // bc, bc)  # (R/br, br, C/bc, bc)
     return tiles.amax(dim=(1, 3)).float()  # (R/br, C/bc)
 
@@ -157,12 +177,12 @@ def to_float8(
     scaling = validate.choice("scaling", scaling, SCALINGS)
     fmt = fp8_dtype(dtype)
     top = fp8_max(fmt)
-    x2 = x.detach().reshape(-1, x.shape[-1]).float()  # (R, C)
+    x2 = as_2d(x.detach()).float()  # (R, C)
     br, bc = _block_shape(x2, scaling, block)
     if scale is None:
         s = _block_amax(x2, br, bc).clamp_min(_TINY_AMAX) / top  # (R/br, C/bc)
     else:
-        s = torch.as_tensor(scale, dtype=torch.float32).expand(x2.shape[0] // br, x2.shape[1] // bc)
+        s = torch.as_tensor(scale, dtype=torch.float32, device=x2.device).expand(_grid(x2, br, bc))
         if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
             raise ValueError(
                 f"scale = {validate.describe(scale)}: expected finite values > 0 (a scale of 0 "
@@ -217,8 +237,9 @@ def fp8_matmul(
 ) -> tuple[torch.Tensor, str]:
     """``a @ b.T`` for a (M, K) and b (N, K), both scaled along K -> ((M, N), how).
 
-    ``how`` is ``"_scaled_mm"`` (torch's FP8 kernel) or ``"emulated"`` (dequantise to fp32,
-    multiply in fp32: blockwise scales, or ``emulate=True``, or no kernel on this device).
+        ``how`` is ``"_scaled_mm"`` (torch's FP8 kernel) or ``"emulated"`` (dequantise to fp32,
+        multiply in fp32: blockwise scales, or ``emulate=True``, or no kernel on this device, or an
+    empty operand, which gives the (M, N) zeros of an empty sum).
     """
     if a.data.dim() != 2 or b.data.dim() != 2 or a.data.shape[1] != b.data.shape[1]:
         raise ValueError(
@@ -226,8 +247,13 @@ def fp8_matmul(
             "(N, K) with the same K"
         )
     scales = _scaled_mm_scales(a, b)
-    kernel = scales is not None and scaled_mm_available(
-        a.data.device, "rowwise" if a.scaling == "rowwise" else "tensorwise"
+    empty = a.data.numel() == 0 or b.data.numel() == 0  # (M, N) zeros: no kernel needed
+    kernel = (
+        not empty
+        and scales is not None
+        and scaled_mm_available(
+            a.data.device, "rowwise" if a.scaling == "rowwise" else "tensorwise"
+        )
     )
     if kernel and not emulate and scales is not None:
         out = torch._scaled_mm(

@@ -12,6 +12,10 @@ the next forward casts it again. Like torchao, the layer saves its high-precisio
 weight for backward and casts them again along the other dimension there (a rowwise scale along
 K is no use for a GEMM that contracts over M). The bias is added in high precision.
 
+Inputs: ``x`` (..., in_features), floating point, refused with a message naming
+``in_features`` before any cast otherwise; an empty batch (0 rows) gives a 0-row output and a
+backward of zeros (dW = 0, the sum over no tokens), under every recipe.
+
 Recipes (:data:`RECIPES`):
 
 * ``"tensorwise"``: current scaling, one scale per tensor, E5M2 gradients (the hybrid format of
@@ -38,7 +42,15 @@ import torch
 from torch import nn
 
 from course_lib import validate
-from course_lib.techniques.fp8 import Float8Data, Scaling, fp8_matmul, fp8_max, to_float8
+from course_lib.techniques.fp8 import (
+    Float8Data,
+    Scaling,
+    _check_input,
+    as_2d,
+    fp8_matmul,
+    fp8_max,
+    to_float8,
+)
 
 __all__ = [
     "Float8Recipe",
@@ -184,7 +196,8 @@ class Float8Linear(nn.Module):
             return to_float8(
                 t, dtype=dtype, scaling=rec.scaling, block=block, power_of_2=rec.power_of_2
             )
-        amax = float(t.detach().abs().max())
+        _check_input(t)  # before the history records an inf amax
+        amax = float(t.detach().abs().amax()) if t.numel() else 0.0  # empty: nothing to scale
         hist = self.amax_history[role]
         scale = (max(hist) if hist else amax) / fp8_max(dtype)  # the past decides the scale
         if record:
@@ -197,8 +210,23 @@ class Float8Linear(nn.Module):
         out, self.gemm = fp8_matmul(a, b, out_dtype=torch.float32, emulate=self.emulate)
         return out
 
+    def check_input(self, x: object) -> torch.Tensor:
+        """Refuse an input the layer cannot take: a floating-point tensor (..., in_features)."""
+        k = self.in_features
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x = {validate.describe(x)}: expected a tensor (..., {k})")
+        if x.dim() == 0 or x.shape[-1] != k:
+            got = "none" if x.dim() == 0 else x.shape[-1]
+            raise ValueError(
+                f"x.shape = {tuple(x.shape)}: expected (..., {k}), a last dimension of "
+                f"in_features = {k} (got {got})"
+            )
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"x.dtype = {x.dtype}: expected a floating-point dtype")
+        return x
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.in_features)  # (M, K), M = every leading dim
+        x2 = as_2d(self.check_input(x))  # (M, K), M = every leading dim (0 rows: empty)
         y = _Float8Matmul.apply(x2, self.weight, self).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
