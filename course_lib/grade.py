@@ -17,7 +17,7 @@ from course_lib.grading.grader import DEFAULT_TIMEOUT, GradingInputError, grade_
 __all__ = ["main"]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m course_lib.grade",
         description="Score an exercise notebook per task against its solution's expected outputs; "
@@ -45,7 +45,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", default=None, help="a folder's grades: the CSV file to write")
     parser.add_argument("--jobs", type=int, default=2, help="a folder: notebooks graded at once")
     parser.add_argument("--feedback", default=None, help="a folder: where feedback files go")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--isolation",
+        default="auto",
+        help="where the learner's code runs: auto (a sandbox where this host can make one, else "
+        "none, said in the report), required (the sandbox or refuse), none (a plain process: a "
+        "self-check)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from course_lib.grading.sandbox import ISOLATION_CHOICES
+
+    if args.isolation not in ISOLATION_CHOICES:
+        print(
+            f"grade: error: --isolation {args.isolation!r}: expected one of "
+            f"{', '.join(ISOLATION_CHOICES)}",
+            file=sys.stderr,
+        )
+        return 2
     if Path(args.notebook).is_dir() or args.csv is not None:
         return _main_folder(args)
     try:
@@ -55,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout=args.timeout,
             seed=args.seed,
             learner=args.learner,
+            isolation=args.isolation,
         )
     except GradingInputError as exc:
         print(f"grade: error: {exc}", file=sys.stderr)
@@ -68,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main_folder(args: argparse.Namespace) -> int:
     """``python -m course_lib.grade FOLDER --csv grades.csv``: exit 0 when anything was graded."""
-    from course_lib.grading.batch import grade_folder, summary
+    from course_lib.grading.batch import CourseChanged, grade_folder, summary
 
     csv_path = args.csv if args.csv is not None else "grades.csv"
     try:
@@ -79,10 +100,15 @@ def _main_folder(args: argparse.Namespace) -> int:
             solutions_dir=args.solutions,
             timeout=args.timeout,
             feedback=args.feedback,
+            isolation=args.isolation,
         )
     except (GradingInputError, ValueError, TypeError) as exc:
         print(f"grade: error: {exc}", file=sys.stderr)
         return 2
+    except CourseChanged as exc:
+        print(f"grade: error: {exc}", file=sys.stderr)
+        print(f"wrote {csv_path} (not to be trusted)", file=sys.stderr)
+        return 3
     print(summary(done, skipped))
     if not done:
         print(f"grade: error: nothing to grade under {args.notebook}", file=sys.stderr)

@@ -33,7 +33,7 @@ GRADE_SOURCE = (
     "# Save first (Ctrl+S): this grades the saved file in a fresh kernel, as an instructor does.\n"
     "from course_lib.grading import grade_here\n"
     "\n"
-    "grade_here()"
+    "grade_here();"
 )
 
 
@@ -48,10 +48,12 @@ def header_cell(unit: str) -> Any:
         "in this kernel. Until you run them they show *expected once your answer is right: ...*: "
         "a target, not your result.\n"
         "\n"
-        "**Your grade**: save (Ctrl+S) and run the last cell, *Grade this notebook*. It reruns "
-        "the saved notebook in a fresh kernel with the course's own checks and shows the table. "
-        "The same from JupyterLab's terminal (File > New > Terminal): "
-        f"`python -m course_lib.grade exercises/{unit}.ipynb`.\n"
+        "**Your grade** is what the grade command gives, the way an instructor grades: save "
+        "(Ctrl+S) and run the last cell, *Grade this notebook*, or type "
+        f"`python -m course_lib.grade exercises/{unit}.ipynb` in JupyterLab's terminal (File > "
+        "New > Terminal). It reruns the saved notebook in a fresh kernel inside a sandbox (no "
+        "solutions, the course read-only, this unit's answers absent) on cases drawn for you, "
+        "and judges each task outside it with the course's own checks.\n"
         "\n"
         f"To start this exercise over: `python -m course_lib.grading.exercises reset {number}` "
         f"(your file is kept in `exercises/{BACKUP_DIR}/`)."

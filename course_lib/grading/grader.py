@@ -29,10 +29,11 @@ from __future__ import annotations
 import logging
 import math
 import re
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from course_lib.grading.clean import clean_verdict, jobs_for
+from course_lib.grading.clean import jobs_for
 from course_lib.grading.compare import (  # noqa: F401 (re-exported)
     SKIP_COMPARE,
     _first_line,
@@ -50,9 +51,11 @@ from course_lib.grading.exercises import (
     solution_tasks,
     unit_names,
 )
+from course_lib.grading.isolate import CheckJob
+from course_lib.grading.judge import judge_task, judges_for, seed_env, warm_judges
 from course_lib.grading.report import GradeReport, TaskResult
+from course_lib.grading.sandbox import run_learner_side
 from course_lib.grading.tamper import check_cell_changes, describe_change
-from course_lib.grading.zygote import WarmZygote, Zygote, zygote_for
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -149,19 +152,63 @@ def grade_notebook(
     kernel_name: str = "python3",
     seed: int | None = None,
     learner: str | None = None,
-    warm: WarmZygote | None = None,
+    isolation: str = "auto",
 ) -> GradeReport:
     """Execute the learner notebook at ``path`` and score each graded task of its solution.
 
     ``timeout`` is seconds per cell (rounded up to whole seconds, as nbclient counts them).
-    Each task's verdict comes from a clean process (:mod:`course_lib.grading.clean`); its checks
-    draw their cases with ``seed``, by default derived from ``learner`` (else the notebook's
-    metadata ``course.learner``, else its file name). ``warm``: a batch worker's zygote, kept
-    for the next notebook of the same unit (:class:`~course_lib.grading.zygote.WarmZygote`).
+    Everything the learner wrote runs on the learner's side (:mod:`course_lib.grading.sandbox`):
+    the notebook in a fresh kernel, and each split check's learner half in a clean process;
+    ``isolation`` says where: ``"auto"`` (a bubblewrap sandbox where this host can make one, else
+    a plain process, and the report says the grade is then a self-check), ``"required"`` (the
+    sandbox or :class:`GradingInputError`), ``"none"``. The verdicts are computed here, by the
+    checks' judges (:mod:`course_lib.grading.split`), from the plain data that came back. The
+    checks draw their cases with ``seed``, by default derived from ``learner`` (else the
+    notebook's metadata ``course.learner``, else its file name).
     Returns a :class:`GradeReport` (``.tasks``: ``TaskResult(task, points, passed, message)``,
-    ``.score``, ``.total``, ``.seed``). Raises :class:`GradingInputError` for a missing file, a file that is not
-    a notebook, or a notebook with no matching solution (or a malformed solution).
+    ``.score``, ``.total``, ``.seed``, ``.isolation``). Raises :class:`GradingInputError` for a
+    missing file, a file that is not a notebook, a notebook with no matching solution (or a
+    malformed solution), or an isolation this host cannot give.
     """
+    where = _isolation(isolation, timeout)
+    seconds, path = int(math.ceil(timeout)), Path(path)
+    nb, solution, expected, solution_nb = _load(path, solutions_dir)
+    seed = _seed(nb, path, seed, learner)
+    changes = check_cell_changes(nb, expected, [cell.get("id") for cell in solution_nb.cells])
+    unit = f"course_lib.units.u{solution.stem}"
+    judges = judges_for(unit, solution_nb, expected)
+    check_cells = _place_checks(nb, path, expected)
+    with seed_env(seed):
+        inputs = {t: judge.inputs() for t, judge in judges.items() if judge.prepare is not None}
+    jobs = {
+        t: _with_inputs(job, judges.get(t), inputs.get(t))
+        for t, job in jobs_for(unit, solution_nb, nb, expected).items()
+    }
+    request = _request(nb, path, jobs, check_cells, seed, unit, seconds, kernel_name)
+    wall = seconds * (len(nb.cells) + 2 * len(jobs)) + 120
+    warming = warm_judges(unit, judges)  # the judges' imports, while the learner's side runs
+    reply = run_learner_side(request, isolation=where, unit=unit, wall_seconds=wall)
+    warming.join()
+    stopped_at, status, cell_errors, results = _read_reply(reply)
+    tasks = []
+    with seed_env(seed):
+        for task, spec in expected.items():
+            result = _score(task, spec, check_cells.get(task), stopped_at, status) or judge_task(
+                spec, judges.get(task), results.get(str(task)), inputs.get(task)
+            )
+            tasks.append(result._replace(tampered=_join(changes.get(task, []), result.tampered)))
+    tampered = [
+        describe_change(task, kind, task in expected)
+        for task, kinds in changes.items()
+        for kind in kinds
+    ]
+    return GradeReport(path, solution, tasks, status, cell_errors, tampered, seed, where)
+
+
+def _isolation(isolation: str, timeout: Any) -> str:
+    """Where the learner's code will run ("sandbox" or "none"); bad input raises."""
+    from course_lib.grading.sandbox import SandboxUnavailable, resolve_isolation
+
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
@@ -169,50 +216,62 @@ def grade_notebook(
         or math.isinf(timeout)
     ):
         raise GradingInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    seconds, path = int(math.ceil(timeout)), Path(path)
-    nb, solution, expected, solution_nb = _load(path, solutions_dir)
-    seed = _seed(nb, path, seed, learner)
-    changes = check_cell_changes(nb, expected, [cell.get("id") for cell in solution_nb.cells])
-    jobs = jobs_for(f"course_lib.units.u{solution.stem}", solution_nb, nb, expected)
-    check_cells = _place_checks(nb, path, expected)
-    folder = path.resolve().parent
-    with zygote_for(jobs[min(jobs)].unit, cwd=folder, seed=seed, warm=warm) as zygote:
-        stopped_at, status = _execute(nb, path, seconds, kernel_name)
-        decided = {
-            task: _score(task, spec, check_cells.get(task), stopped_at, status)
-            for task, spec in expected.items()
-        }
-        todo = [jobs[task] for task, result in decided.items() if result is None]
-        ran = _verdicts(zygote, warm, todo, 2 * seconds, seed, folder)
-    clean = {job.task: result for job, result in zip(todo, ran)}
-    results = []
-    for task, spec in expected.items():
-        result = decided[task] or clean_verdict(clean[task], spec)
-        results.append(result._replace(tampered=_join(changes.get(task, []), result.tampered)))
-    tampered = [
-        describe_change(task, kind, task in expected)
-        for task, kinds in changes.items()
-        for kind in kinds
-    ]
-    cell_errors = [
-        f"cell {index + 1}: {error[0]}: {_first_line(error[1])}".rstrip(": ")
-        for index, cell in enumerate(nb.cells)
-        if cell.cell_type == "code"
-        and index not in check_cells.values()
-        and (error := _error_of(cell))
-    ]
-    return GradeReport(path, solution, results, status, cell_errors, tampered, seed)
+    try:
+        return resolve_isolation(isolation)
+    except (ValueError, SandboxUnavailable) as exc:
+        raise GradingInputError(str(exc)) from None
 
 
-def _verdicts(
-    zygote: Zygote, warm: WarmZygote | None, todo: list, timeout: float, seed: int, folder: Path
-) -> list:
-    """The clean results of ``todo``: from the notebook's own zygote, or the batch's warm one."""
-    if not todo:
-        return []
-    if warm is None:
-        return zygote.run(todo, timeout=timeout)
-    return warm.run(zygote, todo, timeout=timeout, seed=seed, cwd=folder)
+def _request(
+    nb: Any,
+    path: Path,
+    jobs: dict[int, CheckJob],
+    check_cells: dict[int, int],
+    seed: int,
+    unit: str,
+    seconds: int,
+    kernel_name: str,
+) -> dict[str, Any]:
+    """What the learner's side is asked to run (:mod:`course_lib.grading.sandbox_main`)."""
+    return {
+        "notebook": nb,
+        "name": path.name,
+        "jobs": [asdict(job) for job in jobs.values()],
+        "check_cells": {str(t): i for t, i in check_cells.items()},
+        "seed": seed,
+        "unit": unit,
+        "cell_seconds": seconds,
+        "job_seconds": 2 * seconds,
+        "kernel_name": kernel_name,
+    }
+
+
+def _with_inputs(job: CheckJob, judge: Any, inputs: Any) -> CheckJob:
+    """A split check's job: its learner half only, with its judge-side inputs."""
+    if judge is None:
+        return job
+    from course_lib.grading import plain
+
+    encoded = plain.encode(inputs) if judge.prepare is not None else None
+    return replace(job, mode="collect", inputs=encoded)
+
+
+def _read_reply(reply: dict[str, Any]) -> tuple[int | None, str, list[str], dict[str, Any]]:
+    """(where the kernel stopped, how, the other cells' errors, each task's result) from the
+    learner's side; what it may have forged there can only cost the learner marks."""
+    if "lost" in reply or not isinstance(reply.get("results"), dict):
+        lost = str(reply.get("lost", "the learner's side sent no readable reply"))[:300]
+        return 0, lost, [], {}
+    stopped = reply.get("stopped_at")
+    stopped_at = stopped if isinstance(stopped, int) and not isinstance(stopped, bool) else None
+    status = str(reply.get("status", "completed"))[:300]
+    items = reply.get("cell_errors")
+    errors = []
+    for item in items[:200] if isinstance(items, list) else []:
+        if isinstance(item, list) and len(item) == 3 and isinstance(item[0], int):
+            line = f"cell {item[0] + 1}: {str(item[1])[:80]}: {str(item[2])[:200]}"
+            errors.append(line.rstrip(": "))
+    return stopped_at, status, errors, reply["results"]
 
 
 def _join(*parts: Any) -> str:

@@ -43,6 +43,10 @@ class CheckJob:
     learner: list[str]  # the learner's code cells (not check cells), whole; filtered in the child
     later: list[str]  # the solution's non-answer cells after the first answer, before this check
     check: str  # the solution's check cell
+    # "collect": a split check's learner side only (its plain data comes back, the judge is
+    # outside); "verdict": the whole check here (a check that is not split)
+    mode: str = "verdict"
+    inputs: str | None = None  # a split check's judge-side inputs (plain data, encoded)
 
 
 @dataclass
@@ -51,6 +55,7 @@ class CheckResult:
     message: str  # the ✓ line, or the ✗ line / what went wrong
     lines: list[str] = field(default_factory=list)  # the ✓ lines recorded for the task
     tampered: list[str] = field(default_factory=list)  # course_lib changes seen
+    data: str | None = None  # a split check's learner side: its plain data, encoded
 
 
 # --------------------------------------------------------------------------- what is carried
@@ -136,6 +141,8 @@ def run_job(job: CheckJob) -> CheckResult:
         return _tampered(job.task, changed)
     check_namespace = dict(namespace)
     check_namespace.update(course_names)
+    if job.mode == "collect":
+        return _collect(job, check_namespace)
     verdicts.recorded.clear()
     try:
         exec(compile(job.check, f"<check of task {job.task}>", "exec"), check_namespace)
@@ -151,6 +158,43 @@ def run_job(job: CheckJob) -> CheckResult:
     if not mine:
         return CheckResult(False, f"the check of task {job.task} gave no verdict")
     return CheckResult(True, mine[0], mine)
+
+
+def check_call(source: str) -> ast.Call:
+    """The one call a check cell makes (``unit.checks.check_x(answer, ...)``); ValueError if
+    the cell is anything else."""
+    tree = ast.parse(source)
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):
+        raise ValueError("a check cell must be one call of a check")
+    call = tree.body[0].value
+    if not isinstance(call, ast.Call) or any(isinstance(a, ast.Starred) for a in call.args):
+        raise ValueError("a check cell must be one call of a check")
+    if any(kw.arg is None for kw in call.keywords):
+        raise ValueError("a check cell's keywords must be named")
+    return call
+
+
+def _collect(job: CheckJob, namespace: dict[str, Any]) -> CheckResult:
+    """A split check's learner side (:mod:`course_lib.grading.split`): the learner's code run on
+    the seeded cases; its plain data goes back, the verdict is the judge's (outside)."""
+    from course_lib.grading import plain
+    from course_lib.grading.split import SplitCheck
+
+    def value(node: ast.expr) -> Any:
+        return eval(compile(ast.Expression(node), f"<check of task {job.task}>", "eval"), namespace)
+
+    try:
+        call = check_call(job.check)
+        check = value(call.func)
+        if not isinstance(check, SplitCheck):
+            raise TypeError(f"{call.func!r} is not a split check")
+        args = [value(a) for a in call.args]
+        kwargs = {kw.arg: value(kw.value) for kw in call.keywords if kw.arg}
+        inputs = plain.decode(job.inputs) if job.inputs is not None else None
+        data = check.run_collect(*args, inputs=inputs, **kwargs)
+        return CheckResult(False, "", data=plain.encode(data))
+    except BaseException as exc:  # noqa: BLE001 - a learner's SystemExit, KeyboardInterrupt...
+        return CheckResult(False, f"the check stopped: {type(exc).__name__}: {exc}"[:500])
 
 
 def _tampered(task: int, changed: list[str]) -> CheckResult:

@@ -17,6 +17,11 @@ This module is the only way that data crosses: :func:`encode` turns it into JSON
 No pickle, no code object, no import of anything the learner wrote: the decoder builds the
 objects above from JSON alone, within a size and a nesting limit (:class:`PlainDataError`
 otherwise).
+
+What every unit's checks share at the wall lives here too: :func:`learner_value` and
+:func:`learner_number` (a learner's numbers, of numpy's types too, as the plain ints and floats
+the judges compare), and a find-the-bug diagnosis (:func:`bug_data` on the learner's side,
+:func:`judge_bug` on the judge's).
 """
 
 from __future__ import annotations
@@ -28,7 +33,21 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "Opaque", "PlainDataError", "decode", "encode", "roundtrip"]
+__all__ = [
+    "LEARNER_DEPTH",
+    "MAX_BYTES",
+    "MAX_DEPTH",
+    "Opaque",
+    "PlainDataError",
+    "bug_data",
+    "decode",
+    "describe",
+    "encode",
+    "judge_bug",
+    "learner_number",
+    "learner_value",
+    "roundtrip",
+]
 
 #: the most a task's data may take once encoded (a check hands back results, not datasets)
 MAX_BYTES = 64 * 1024 * 1024
@@ -247,3 +266,86 @@ def describe(value: Any) -> str:
     if isinstance(value, numbers.Number) or isinstance(value, (str, type(None))):
         return f"{type(value).__name__} {value!r}"
     return f"{type(value).__name__} {value!r}"[:200]
+
+
+# --------------------------------------------------------------------------- a learner's values
+#: how many levels of containers :func:`learner_value` reads by default
+LEARNER_DEPTH = 8
+
+
+def learner_number(value: Any, *, builtin_only: bool = False) -> Any:
+    """A learner's number as the plain ``int`` or ``float`` it equals (what the learner's side of
+    a check hands back); anything else (``bool`` and ``None`` included) as it is.
+
+    By default a number of any numeric type counts: numpy's ``int64`` becomes an ``int``,
+    ``float32`` a ``float``. With ``builtin_only`` only subclasses of ``int`` and ``float`` do
+    (numpy's ``float64`` is one); numpy's integers then stay as they are, cross as a description
+    and fail a judge that asks for an ``int`` or a ``float``, as in the checks that took
+    ``isinstance(x, (int, float))`` before they were split. A number type whose conversion
+    raises stays as it is too."""
+    if isinstance(value, bool) or type(value) in (int, float):
+        return value
+    integral, real = (int, float) if builtin_only else (numbers.Integral, numbers.Real)
+    try:
+        if isinstance(value, integral):
+            return int(value)
+        if isinstance(value, real):
+            return float(value)
+    except Exception:  # noqa: BLE001 - a learner's number type may refuse; it crosses as is
+        return value
+    return value
+
+
+def learner_value(value: Any, depth: int = LEARNER_DEPTH, *, builtin_only: bool = False) -> Any:
+    """A learner's output as plain data, read as the checks always read it: a number as
+    :func:`learner_number` reads it; a tuple, list or dict (their subclasses too: a namedtuple
+    becomes a tuple) item by item, down to ``depth`` levels of containers (deeper ones stay as
+    they are), a dict's keys made plain (a number, a string or None; any other key becomes its
+    repr); anything else as it is (what is not plain crosses as a description)."""
+    if depth > 0 and isinstance(value, (tuple, list)):
+        items = [learner_value(v, depth - 1, builtin_only=builtin_only) for v in value]
+        return tuple(items) if isinstance(value, tuple) else items
+    if depth > 0 and isinstance(value, dict):
+        return {
+            _learner_key(k, builtin_only): learner_value(v, depth - 1, builtin_only=builtin_only)
+            for k, v in value.items()
+        }
+    return learner_number(value, builtin_only=builtin_only)
+
+
+def _learner_key(key: Any, builtin_only: bool) -> Any:
+    plain = learner_number(key, builtin_only=builtin_only)
+    if isinstance(plain, (type(None), bool, int, float, str)):
+        return plain
+    try:
+        return repr(key)[:200]  # a key plain data cannot hold: the judge sees its repr
+    except Exception:  # noqa: BLE001 - a learner's __repr__ may raise
+        return f"<{type(key).__name__}>"
+
+
+# --------------------------------------------------------------------------- find-the-bug tasks
+def bug_data(bug: Any) -> dict[str, Any]:
+    """The learner's diagnosis of a find-the-bug task as plain data: ``{"bug": the letter (a
+    str; None when it is not one), "bug_repr": how it reads (its repr, 200 characters)}``."""
+    try:
+        shown = repr(bug)[:200]
+    except Exception:  # noqa: BLE001 - a learner's __repr__ may raise
+        shown = f"<{type(bug).__name__}>"
+    return {"bug": str(bug) if isinstance(bug, str) else None, "bug_repr": shown}
+
+
+def judge_bug(task: int, data: Any, choices: dict[str, str], right: str, wrong: str) -> None:
+    """The judge's reading of :func:`bug_data` in ``data``: nothing when the letter (stripped,
+    any case) is ``right``; otherwise the ✗ verdict "bug must be one of [...], got <repr>" when
+    it is not one of ``choices``, or "bug <repr> (<what that choice says>): <wrong>" (the judge
+    trusts nothing it is handed)."""
+    from course_lib.grading.verdicts import fail
+
+    bug = data.get("bug") if isinstance(data, dict) else None
+    shown = data.get("bug_repr") if isinstance(data, dict) else None
+    shown = repr(bug) if isinstance(bug, str) else str(shown)[:200]
+    key = bug.strip().lower() if isinstance(bug, str) else None
+    if key is None or key not in choices:
+        fail(task, f"bug must be one of {sorted(choices)}, got {shown}")
+    if key != right:
+        fail(task, f"bug {shown} ({choices[key]}): {wrong}")

@@ -28,6 +28,9 @@ class GradeReport:
     # one line per check cell the learner edited, moved, deleted or added
     tampered: list[str] = field(default_factory=list)
     seed: int | None = None  # the seed the checks drew their cases from
+    # where the learner's code ran: "sandbox" (course_lib.grading.sandbox) or "none" (a plain
+    # process with the grader's user and files: the grade is then a self-check)
+    isolation: str = "none"
 
     @property
     def score(self) -> int | float:
@@ -52,6 +55,7 @@ class GradeReport:
             "cell_errors": list(self.cell_errors),
             "tampered": list(self.tampered),
             "seed": self.seed,
+            "isolation": self.isolation,
         }
 
     def format_table(self) -> str:
@@ -75,16 +79,27 @@ class GradeReport:
             lines.append(
                 f"cases drawn with seed {self.seed} (--seed {self.seed} grades them again)"
             )
+        if self.isolation != "sandbox":
+            lines.append(
+                "isolation: none - a self-check: the notebook ran without a sandbox, with the "
+                "grader's user and files (see the README, 'Grading a class')"
+            )
         lines.append(f"score: {_fmt_num(self.score)}/{_fmt_num(self.total)} points")
         return "\n".join(lines)
 
 
 def _display(path: Path) -> str:
-    """``path`` relative to the working directory when it lies below it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
+    """``path`` relative to the working directory when it lies below it, else relative to the
+    course's folder when it lies there (``solutions/NN_topic.ipynb``, not this machine's path)."""
+    import course_lib
+
+    resolved = Path(path).resolve()
+    for base in (Path.cwd().resolve(), Path(course_lib.__file__).resolve().parent.parent):
+        try:
+            return str(resolved.relative_to(base))
+        except ValueError:
+            continue
+    return str(path)
 
 
 def _num(x: float) -> int | float:

@@ -31,7 +31,9 @@ Rules for the halves (what makes the wall hold):
   course's reference code, and compares. It trusts nothing in ``data``: a missing key, a wrong
   type or shape is a ✗ line (:func:`need`), never a crash that could be read as a pass.
 - ``prepare`` (optional) computes, on the judge's side and before the sandbox starts, inputs that
-  need code the learner may not call; its plain data is handed to ``collect`` as ``inputs=``.
+  need code the learner may not call; its plain data is handed to ``collect`` as ``inputs=``,
+  and to ``judge`` too when it takes an ``inputs`` keyword (the judge may trust those: they never
+  came back from the sandbox).
 """
 
 from __future__ import annotations
@@ -66,9 +68,11 @@ class SplitCheck:
         task = inspect.signature(collect).parameters.get("task")
         if task is None or not isinstance(task.default, int):
             raise TypeError(
-                f"{collect.__qualname__} needs a keyword 'task' with the task number as default"
+                f"collect = {collect.__qualname__}: expected a keyword 'task' with the task "
+                "number as its default"
             )
         self.task: int = task.default
+        self._judge_takes_inputs = "inputs" in inspect.signature(judge).parameters
         self.__name__ = collect.__name__.replace("collect_", "check_", 1)
         self.__qualname__ = self.__name__
         self.__module__ = collect.__module__
@@ -102,14 +106,19 @@ class SplitCheck:
                 line = f"✗ task {task}: {line or 'AssertionError'}"
             return {CollectFailed.KEY: line[:500]}
 
-    def run_judge(self, data: Any, task: int | None = None) -> None:
-        """The judge's side on ``data`` (plain, already decoded): prints ✓ or raises ✗."""
+    def run_judge(self, data: Any, task: int | None = None, inputs: Any = None) -> None:
+        """The judge's side on ``data`` (plain, already decoded): prints ✓ or raises ✗.
+        ``inputs``: what ``prepare`` gave the learner's side (computed on this side, so the
+        judge may trust it; ``data`` it may not)."""
         task = self.task if task is None else task
         if isinstance(data, dict) and CollectFailed.KEY in data:
             line = str(data[CollectFailed.KEY])
             # the learner's side may say anything here: it can only fail the task
             raise AssertionError(line if line.startswith("✗") else f"✗ task {task}: {line}")
-        self.judge(data, task=task)
+        if self._judge_takes_inputs:
+            self.judge(data, task=task, inputs=inputs)
+        else:
+            self.judge(data, task=task)
 
     # --------------------------------------------------------------- the self-check
     def __call__(self, *args: Any, task: int | None = None) -> None:
@@ -122,7 +131,10 @@ class SplitCheck:
         if self.prepare is not None:
             kwargs["inputs"] = self.inputs(task)
         data = self.collect(*args, **kwargs)  # a ✗ raised here shows as it always did
-        self.judge(roundtrip(data), task=task)
+        if self._judge_takes_inputs:
+            self.judge(roundtrip(data), task=task, inputs=kwargs.get("inputs"))
+        else:
+            self.judge(roundtrip(data), task=task)
 
 
 def split_check(

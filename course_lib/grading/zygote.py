@@ -13,15 +13,9 @@ started (processes in their own session too) and exits; a child that runs over i
 killed with everything it started. Forking gives each check the same clean state a fresh
 interpreter would, without its seconds of imports.
 
-A batch (:mod:`course_lib.grading.batch`) keeps one zygote per worker warm across its notebooks
-(:class:`WarmZygote`, :meth:`Zygote.ask`): each request carries its notebook's seed and folder,
-and its tasks are still forks of the same clean state. A notebook of another unit gets a new unit
-process, forked from the zygote (which never imported a unit), the old one ended. After its first
-reply the zygote imports what every unit uses (for the course's units: ``torch`` and the
-launcher's forkserver preload), so a later unit's process does not import torch again (~5 s of
-CPU a unit); a single grading never waits for that. A zygote whose unit process dies (an answer
-that kills its parent) ends too, and costs only that request: the notebook is graded again in a
-fresh one.
+The zygote runs on the learner's side of the wall (:mod:`course_lib.grading.sandbox_main`, in
+the notebook's sandbox): one per notebook, gone with it. What its checks hand back is data for
+the judge (:mod:`course_lib.grading.judge`), never a verdict.
 
 For a unit whose checks launch ranks, the unit process also starts the launcher's forkserver
 while it waits, as a fork of itself (:func:`course_lib.runtime.processes.start_forkserver_by_fork`:
@@ -36,7 +30,6 @@ What runs inside the zygote is :mod:`course_lib.grading.zygote_main`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import select
@@ -45,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
@@ -53,7 +45,7 @@ from types import TracebackType
 from course_lib.grading.isolate import CheckJob, CheckResult
 from course_lib.runtime.reap import collect, in_session, kill_descendants
 
-__all__ = ["WarmZygote", "Zygote", "zygote_for"]
+__all__ = ["Zygote"]
 
 
 class Zygote:
@@ -172,49 +164,3 @@ class Zygote:
         self.close()
         self._results.close()
         self._log.close()
-
-
-class WarmZygote:
-    """One zygote kept warm across a batch worker's notebooks, of any unit (each request goes to
-    a fork of it for the jobs' unit, a new one when the unit changes); replaced when it died.
-    ``close()`` at the end."""
-
-    def __init__(self) -> None:
-        self._zygote: Zygote | None = None
-
-    def get(self, unit: str, *, cwd: Path, seed: int) -> Zygote:
-        if self._zygote is None or not self._zygote.alive():
-            self.close()
-            self._zygote = Zygote(unit, cwd=cwd, seed=seed)
-        return self._zygote
-
-    def run(
-        self, zygote: Zygote, jobs: list[CheckJob], *, timeout: float, seed: int, cwd: Path
-    ) -> list[CheckResult]:
-        """``jobs`` of one notebook in ``zygote`` (this worker's, from :meth:`get`). If it died
-        meanwhile (an earlier notebook's answer may have killed it) or ran over: this notebook
-        again, in a fresh zygote of its own; the next :meth:`get` starts a new warm one."""
-        results = zygote.ask(jobs, timeout=timeout, seed=seed, cwd=cwd)
-        if results is not None:
-            return results
-        self.close()
-        with Zygote(jobs[0].unit if jobs else zygote.unit, cwd=cwd, seed=seed) as fresh:
-            return fresh.run(jobs, timeout=timeout)
-
-    def close(self) -> None:
-        if self._zygote is not None:
-            self._zygote.__exit__(None, None, None)
-            self._zygote = None
-
-
-@contextlib.contextmanager
-def zygote_for(
-    unit: str, *, cwd: Path, seed: int, warm: WarmZygote | None = None
-) -> Iterator[Zygote]:
-    """A zygote for one notebook: ``warm``'s (kept afterwards), else a new one, started now so it
-    warms up while the notebook runs, and closed at the end of the block."""
-    if warm is not None:
-        yield warm.get(unit, cwd=cwd, seed=seed)
-        return
-    with Zygote(unit, cwd=cwd, seed=seed) as zygote:
-        yield zygote

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 
 import nbformat
 import psutil
@@ -20,6 +21,7 @@ from course_lib.grading.grader import (
     find_solution,
     grade_notebook,
 )
+from course_lib.grading.sandbox import unavailable_reason
 
 DOUBLE_OK = "def double(x):\n    return 2 * x"
 CHECK_LINES = {
@@ -165,27 +167,28 @@ def test_kernel_death_scores_zero_for_remaining_tasks(exercise, solutions_dir, m
     assert _children() == []  # nothing outlives the grading
 
 
+@pytest.mark.parametrize("isolation", ["none", "required"])
 def test_processes_an_answer_starts_in_their_own_session_do_not_outlive_grading(
-    exercise, solutions_dir, make_learner, tmp_path
+    exercise, solutions_dir, make_learner, isolation
 ):
-    pid_file = tmp_path / "escaped.pid"
+    if isolation == "required" and unavailable_reason() is not None:
+        pytest.skip(f"no sandbox: {unavailable_reason()}")
+    marker = f"escaped-{uuid.uuid4().hex}"
     escape = (
         "import subprocess, sys\n"
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', "
+        f"{marker!r}],\n"
         "                     start_new_session=True, stdout=subprocess.DEVNULL)\n"
-        f"open({str(pid_file)!r}, 'w').write(str(p.pid))"
     )
     learner = make_learner(exercise, {"fixture-3": DOUBLE_OK}, insert_after={"fixture-4": escape})
-    report = grade_notebook(learner, solutions_dir=solutions_dir, timeout=60)
+    report = grade_notebook(learner, solutions_dir=solutions_dir, timeout=60, isolation=isolation)
     assert report.status == "completed" and report.tasks[0].passed, report
-    pid = int(pid_file.read_text())
-    try:
-        gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        gone = True
-    if not gone:
-        psutil.Process(pid).kill()
-    assert gone, "a process the answer started in its own session outlived grading"
+    left = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if marker in (proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
+            left.append(proc)
+            proc.kill()
+    assert not left, "a process the answer started in its own session outlived grading"
     assert _children() == []
 
 

@@ -13,6 +13,7 @@ import copy
 from typing import Any
 
 from course_lib.grading.core import expect_int, fail, fmt_int, passed, run_learner
+from course_lib.grading.plain import bug_data, judge_bug
 from course_lib.grading.seeds import case_rng
 from course_lib.grading.split import split_check
 
@@ -298,21 +299,20 @@ def collect_weight_bytes_bug(bug: str, weight_bytes, task: int = 5) -> dict[str,
                 got[f"{name}/{dtype}"] = run_learner(
                     task, weight_bytes, model, getattr(torch, dtype), forbid=_COUNT_REFERENCES
                 )
-    return {"bug": bug if isinstance(bug, str) else repr(bug), "bytes": got}
+    return {**bug_data(bug), "bytes": got}
 
 
 def judge_weight_bytes_bug(data: Any, task: int = 5) -> None:
     import torch
 
-    bug = data.get("bug") if isinstance(data, dict) else None
-    if not isinstance(bug, str) or bug.strip().lower() not in BUG_CHOICES:
-        fail(task, f"bug must be one of {sorted(BUG_CHOICES)}, got {bug!r}")
-    if bug.strip().lower() != "b":
-        fail(
-            task,
-            f"bug {bug!r} ({BUG_CHOICES[bug.strip().lower()]}): that is not what goes wrong; "
-            "compare the buggy count with sum(p.numel() for p in model.parameters())",
-        )
+    judge_bug(
+        task,
+        data,
+        BUG_CHOICES,
+        "b",
+        "that is not what goes wrong; compare the buggy count with "
+        "sum(p.numel() for p in model.parameters())",
+    )
     got_all = data.get("bytes") if isinstance(data.get("bytes"), dict) else {}
     for name, model in _bug_models(task).items():
         for dtype_name in ("float32", "bfloat16"):

@@ -1,16 +1,18 @@
 """Checks for the exercises of unit 01 (solutions/01_backprop_memory.ipynb).
 
 Tasks 1-3 build models the learner has not seen, run a real step (or forward) under
-MemoryMeter, and compare the learner's prediction with what was measured.
+MemoryMeter, and compare the learner's prediction with what was measured. Each check is split
+(:mod:`course_lib.grading.split`): ``collect_X`` calls the learner's function on the drawn cases
+and hands back its answers; ``judge_X`` draws the cases again, measures and compares.
 
 Task 1: optimizer_state_bytes(model, optimizer) -> bytes of optimizer state after one step.
 Task 2: predict_step_memory(model, batch_shape, optimizer) -> bytes per category.
 Task 3 (predict, then measure): gpt_activation_bytes(config, batch, seq) -> bytes autograd keeps
         when a GPT's forward ends, on GPT shapes the lecture did not show (exact).
 Task 4 (find the bug): an evaluation loop that keeps every batch's activations alive; name the
-        bug and fix it (graded by the measured peak).
+        bug and fix it (graded by the measured peak; in :mod:`.checks_eval`).
 Task 5 (scale it up): parameters, model state and activations of GPT-shaped 7B and 70B models at
-        4,096 tokens, and a GPT shape drawn per grading, against estimate.
+        4,096 tokens, and a GPT shape drawn per grading, against estimate (:mod:`.checks_scale`).
 
 Every case (widths, batch, optimizer order, GPT shapes) is drawn from the grading seed
 (:func:`course_lib.grading.seeds.case_rng`), so answers copied from one grading fail another.
@@ -18,8 +20,16 @@ Every case (widths, batch, optimizer order, GPT shapes) is drawn from the gradin
 
 from __future__ import annotations
 
-from course_lib.grading.core import expect_int, fail, fmt_int, passed, run_learner
+from typing import Any
+
+from course_lib.grading.core import expect_int, fail, passed, run_learner
+from course_lib.grading.plain import Opaque
 from course_lib.grading.seeds import case_rng
+from course_lib.grading.split import split_check
+from course_lib.units.u01_backprop_memory.checks_eval import (  # noqa: F401 (re-exported)
+    EVAL_BUG_CHOICES,
+    check_eval_memory_bug,
+)
 from course_lib.units.u01_backprop_memory.checks_scale import (  # noqa: F401 (re-exported)
     SCALE_CASES,
     check_scale_up,
@@ -108,11 +118,25 @@ def _describe(model, batch_shape, optimizer) -> str:
     )
 
 
-def check_optimizer_state_bytes(optimizer_state_bytes, task: int = 1) -> None:
+def _answers(task: int, data: Any, n: int) -> list:
+    """``data`` if it is a list of ``n`` answers, one per case (the judge trusts nothing)."""
+    if not isinstance(data, list) or len(data) != n:
+        fail(task, f"the run handed back no list of {n} answers (got {type(data).__name__})")
+    return data
+
+
+def collect_optimizer_state_bytes(optimizer_state_bytes, task: int = 1) -> list[Any]:
     """Task: bytes of optimizer state torch.optim keeps after one step (exact)."""
-    for model, batch_shape, opt in _unseen_cases(task):
+    return [
+        run_learner(task, optimizer_state_bytes, model, opt, forbid=_REFERENCES)
+        for model, _, opt in _unseen_cases(task)
+    ]
+
+
+def judge_optimizer_state_bytes(data: Any, task: int = 1) -> None:
+    cases = _unseen_cases(task)
+    for (model, batch_shape, opt), got in zip(cases, _answers(task, data, len(cases))):
         expected = _measure(model, batch_shape, opt)["optimizer"]
-        got = run_learner(task, optimizer_state_bytes, model, opt, forbid=_REFERENCES)
         expect_int(task, f"the optimizer-state bytes ({opt})", got)
         if got != expected:
             hint = ""
@@ -130,13 +154,26 @@ def check_optimizer_state_bytes(optimizer_state_bytes, task: int = 1) -> None:
     passed(task, "optimizer state matches MemoryMeter on 4 unseen MLPs (SGD, momentum, Adam)")
 
 
-def check_predict_step_memory(predict_step_memory, task: int = 2) -> None:
+check_optimizer_state_bytes = split_check(
+    collect_optimizer_state_bytes, judge_optimizer_state_bytes
+)
+
+
+def collect_predict_step_memory(predict_step_memory, task: int = 2) -> list[Any]:
     """Task: predicted bytes per category = what MemoryMeter measures, on unseen MLPs (exact)."""
-    for model, batch_shape, opt in _unseen_cases(task):
+    return [
+        run_learner(task, predict_step_memory, model, batch_shape, opt, forbid=_REFERENCES)
+        for model, batch_shape, opt in _unseen_cases(task)
+    ]
+
+
+def judge_predict_step_memory(data: Any, task: int = 2) -> None:
+    cases = _unseen_cases(task)
+    for (model, batch_shape, opt), got in zip(cases, _answers(task, data, len(cases))):
         measured = _measure(model, batch_shape, opt)
-        got = run_learner(task, predict_step_memory, model, batch_shape, opt, forbid=_REFERENCES)
         if not isinstance(got, dict):
-            fail(task, f"expected a dict with keys {list(_CATEGORIES)}, got {type(got).__name__}")
+            kind = got.type_name if isinstance(got, Opaque) else type(got).__name__
+            fail(task, f"expected a dict with keys {list(_CATEGORIES)}, got {kind}")
         missing = [c for c in _CATEGORIES if c not in got]
         if missing:
             fail(task, f"expected a dict with keys {list(_CATEGORIES)}, missing {missing}")
@@ -152,6 +189,9 @@ def check_predict_step_memory(predict_step_memory, task: int = 2) -> None:
     passed(
         task, "params, grads, optimizer and activations match MemoryMeter exactly on 4 unseen MLPs"
     )
+
+
+check_predict_step_memory = split_check(collect_predict_step_memory, judge_predict_step_memory)
 
 
 def _hint(category, model, batch_shape, opt, got, expected) -> str:
@@ -224,11 +264,18 @@ def _measure_gpt_forward(config, batch: int, seq: int) -> int:
     return int(mem.end_breakdown["activations"])
 
 
-def check_gpt_activation_bytes(gpt_activation_bytes, task: int = 3) -> None:
+def collect_gpt_activation_bytes(gpt_activation_bytes, task: int = 3) -> list[Any]:
     """Task (predict, then measure): activation bytes of a GPT forward, exact (0 B tolerance)."""
-    for config, batch, seq in _unseen_gpt_cases(task):
+    return [
+        run_learner(task, gpt_activation_bytes, config, batch, seq, forbid=_GPT_REFERENCES)
+        for config, batch, seq in _unseen_gpt_cases(task)
+    ]
+
+
+def judge_gpt_activation_bytes(data: Any, task: int = 3) -> None:
+    cases = _unseen_gpt_cases(task)
+    for (config, batch, seq), got in zip(cases, _answers(task, data, len(cases))):
         measured = _measure_gpt_forward(config, batch, seq)
-        got = run_learner(task, gpt_activation_bytes, config, batch, seq, forbid=_GPT_REFERENCES)
         expect_int(task, "the activation bytes", got)
         if got != measured:
             B, T, C, nh = batch, seq, config.n_embd, config.n_head
@@ -249,97 +296,4 @@ def check_gpt_activation_bytes(gpt_activation_bytes, task: int = 3) -> None:
     )
 
 
-# ---------------------------------------------------------------------------------- task 4
-#: diagnoses offered for the buggy evaluation loop of solutions/01_backprop_memory.ipynb
-EVAL_BUG_CHOICES = {
-    "a": "torch.cat copies the outputs, doubling their memory",
-    "b": "each kept output holds its batch's autograd graph and every activation saved for backward",
-    "c": "the model is in training mode, so it keeps dropout masks",
-    "d": "the list keeps the input batches alive",
-}
-_N_EVAL_BATCHES = 6
-
-
-def _eval_case(task: int):
-    """An MLP and its evaluation batches, sizes drawn from the grading seed."""
-    import torch
-
-    from course_lib.models import MLP, MLPConfig
-
-    rng = case_rng(task, UNIT)
-    d_in, width = rng.randint(12, 40), rng.randint(64, 128)
-    torch.manual_seed(rng.getrandbits(31))
-    model = MLP(
-        MLPConfig(
-            in_features=d_in,
-            hidden=(width,) * rng.randint(2, 4),
-            out_features=rng.randint(3, 8),
-            activation=rng.choice(("gelu", "silu")),
-        )
-    )
-    g = torch.Generator().manual_seed(rng.getrandbits(63))
-    batch = rng.randint(24, 48)
-    batches = [torch.randn(batch, d_in, generator=g) for _ in range(_N_EVAL_BATCHES)]
-    return model, batches
-
-
-def _peak_activations(fn, model, batches, *, task: int | None = None):
-    """Peak bytes (activations + temporaries) while fn(model, batches) runs, and its result."""
-    from course_lib.measure.memory import MemoryMeter
-
-    with MemoryMeter(model) as mem:
-        # the meter's hooks run inside the learner's forward; only a second meter is refused
-        out = (
-            fn(model, batches)
-            if task is None
-            else run_learner(
-                task, fn, model, batches, forbid=("course_lib.measure.memory:MemoryMeter.__init__",)
-            )
-        )
-    peak = int(mem.peak_breakdown.get("activations", 0) + mem.peak_breakdown.get("temporaries", 0))
-    return peak, out
-
-
-def check_eval_memory_bug(bug: str, predict_all, task: int = 4) -> None:
-    """Task (find the bug): name why the evaluation loop's memory grows with the number of
-    batches, and fix it; the fixed loop's measured peak must stay near one batch's."""
-    import torch
-
-    key = bug.strip().lower() if isinstance(bug, str) else None
-    if key not in EVAL_BUG_CHOICES:
-        fail(task, f"bug must be one of {sorted(EVAL_BUG_CHOICES)}, got {bug!r}")
-    if key != "b":
-        fail(
-            task,
-            f"bug {bug!r} ({EVAL_BUG_CHOICES[key]}): that is not what makes the memory grow "
-            "with the number of batches; look at what each kept output still refers to",
-        )
-    model, batches = _eval_case(task)
-    # what one batch costs with autograd on (its saved activations and transients), plus the
-    # outputs the loop must return: the most a fixed loop may hold at once
-    one_batch, _ = _peak_activations(lambda m, b: m(b[0]), model, batches)
-    with torch.no_grad():
-        expected = torch.cat([model(x) for x in batches])
-    outputs = expected.numel() * expected.element_size()
-    allowed = one_batch + outputs
-    peak, got = _peak_activations(predict_all, model, batches, task=task)
-    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
-        fail(
-            task,
-            f"expected a tensor of shape {tuple(expected.shape)} (every batch's outputs, "
-            f"concatenated), got {got!r:.80}",
-        )
-    if not torch.allclose(got.detach(), expected, rtol=1e-5, atol=1e-6):
-        fail(task, "the outputs differ from the model's outputs on the batches")
-    if peak > allowed:
-        fail(
-            task,
-            f"measured peak of {fmt_int(peak)} B over {_N_EVAL_BATCHES} batches; one batch's "
-            f"forward with autograd plus the outputs is {fmt_int(allowed)} B: autograd still "
-            f"records a graph for the batches (evaluate with autograd off)",
-        )
-    passed(
-        task,
-        f"bug named and the fixed loop's measured peak stays within one batch's forward "
-        f"plus the outputs over {_N_EVAL_BATCHES} batches",
-    )
+check_gpt_activation_bytes = split_check(collect_gpt_activation_bytes, judge_gpt_activation_bytes)

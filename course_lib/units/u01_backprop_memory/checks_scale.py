@@ -4,8 +4,11 @@ Re-exported by :mod:`.checks`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.grading.core import expect_int, fail, passed, run_learner
 from course_lib.grading.seeds import case_rng
+from course_lib.grading.split import split_check
 
 UNIT = "u01_backprop_memory"
 
@@ -55,13 +58,15 @@ def _scale_expected(n_layer, n_embd, n_head, vocab_size, seq) -> dict:
     }
 
 
-def check_scale_up(scale_up, task: int = 5) -> None:
+def _scale_shapes(task: int) -> dict[str, dict]:
+    return {"drawn": _drawn_scale_case(task), **SCALE_CASES}
+
+
+def collect_scale_up(scale_up, task: int = 5) -> dict[str, Any]:
     """Task (scale it up): parameters, fp32 Adam model state and activations (batch 1) of our
     GPT at 7B and 70B shapes, 4,096 tokens, against estimate (exact)."""
-    shown = {}
-    for name, shape in {"drawn": _drawn_scale_case(task), **SCALE_CASES}.items():
-        expected = _scale_expected(**shape)
-        got = run_learner(
+    return {
+        name: run_learner(
             task,
             scale_up,
             shape["n_layer"],
@@ -71,6 +76,15 @@ def check_scale_up(scale_up, task: int = 5) -> None:
             shape["seq"],
             forbid=_SCALE_REFERENCES,
         )
+        for name, shape in _scale_shapes(task).items()
+    }
+
+
+def judge_scale_up(data: Any, task: int = 5) -> None:
+    shown = {}
+    for name, shape in _scale_shapes(task).items():
+        expected = _scale_expected(**shape)
+        got = data.get(name) if isinstance(data, dict) else None
         if not isinstance(got, dict) or any(k not in got for k in expected):
             fail(task, f"expected a dict with keys {list(expected)}, got {got!r:.80}")
         for key, value in expected.items():
@@ -91,3 +105,6 @@ def check_scale_up(scale_up, task: int = 5) -> None:
         f"{s7['activations'] / 1e9:.0f} GB activations at 4k tokens; 70B-shaped: "
         f"{s70['model_state'] / 1e12:.2f} TB, {s70['activations'] / 1e9:.0f} GB",
     )
+
+
+check_scale_up = split_check(collect_scale_up, judge_scale_up)

@@ -16,16 +16,27 @@ Every check draws the cases it asks about from the grading seed
 (:func:`course_lib.grading.seeds.case_rng`): shapes, batch targets, budgets, runs. The edge cases
 stay (a batch-1 matvec, a micro-batch limit above the per-rank batch, a prime per-rank batch, an
 indivisible target, uneven micro-batches), with drawn numbers.
+
+Each check is split (:mod:`course_lib.grading.split`): ``collect_X`` runs the learner's code on
+the drawn cases and hands back what it returned, what it did to the model and what the spies saw;
+``judge_X`` draws the cases again, computes what is expected (estimate, a full-batch step, a
+measured step) and compares. Tasks 3 and 5 are in :mod:`.checks_accumulation` and
+:mod:`.checks_uneven`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.grading.core import expect_int, fail, passed, run_learner
 from course_lib.grading.seeds import case_rng
+from course_lib.grading.split import need, split_check
 from course_lib.units.u02_batch_size_and_accumulation.checks_accumulation import (  # noqa: F401 (re-exported)
     _ACCUMULATION_REFERENCES,
-    UNEVEN_BUG_CHOICES,
     check_accumulation_step,
+)
+from course_lib.units.u02_batch_size_and_accumulation.checks_uneven import (  # noqa: F401 (re-exported)
+    UNEVEN_BUG_CHOICES,
     check_uneven_accumulation,
 )
 
@@ -42,25 +53,43 @@ _INTENSITY_REFERENCES = (
 # ---------------------------------------------------------------------------------- task 1
 
 
-def check_matmul_intensity(matmul_intensity, task: int = 1) -> None:
-    """Task: FLOP per byte of an (m x k) @ (k x n) matmul that reads A, B and writes C once."""
-    from course_lib.measure import estimate
+def _answers(task: int, data: Any, n: int) -> list:
+    """``data`` if it is a list of ``n`` answers, one per case (the judge trusts nothing)."""
+    if not isinstance(data, list) or len(data) != n:
+        fail(task, f"the run handed back no list of {n} answers (got {type(data).__name__})")
+    return data
 
+
+def _intensity_cases(task: int) -> list[tuple[int, int, int, int]]:
+    """(m, n, k, dtype_bytes) drawn from the grading seed, the edges kept."""
     rng = case_rng(task, UNIT)
     big = [rng.choice((1024, 2048, 3072, 5120, 8192)) for _ in range(5)]
-    cases = [
+    return [
         (1, big[0], big[1], rng.choice((2, 4))),  # a batch-1 matvec: below 1 FLOP/B
         (rng.randint(2, 32), big[2], big[2], rng.choice((2, 4))),
         (big[3], big[3], big[3], rng.choice((1, 2, 4))),  # square
         (big[4], rng.randint(256, 1024), rng.randint(512, 4096), 2),
         (rng.randint(2, 9), rng.randint(2, 9), rng.randint(2, 9), 8),  # tiny, fp64
     ]
-    for m, n, k, b in cases:
+
+
+def collect_matmul_intensity(matmul_intensity, task: int = 1) -> list[Any]:
+    """Task: FLOP per byte of an (m x k) @ (k x n) matmul that reads A, B and writes C once."""
+    return [
+        run_learner(task, matmul_intensity, m, n, k, b, forbid=_INTENSITY_REFERENCES)
+        for m, n, k, b in _intensity_cases(task)
+    ]
+
+
+def judge_matmul_intensity(data: Any, task: int = 1) -> None:
+    from course_lib.measure import estimate
+
+    cases = _intensity_cases(task)
+    for (m, n, k, b), got in zip(cases, _answers(task, data, len(cases))):
         expected = estimate.matmul_arithmetic_intensity(m, n, k, dtype_bytes=b)
-        got = run_learner(task, matmul_intensity, m, n, k, b, forbid=_INTENSITY_REFERENCES)
         try:
             ok = abs(float(got) - expected) <= 1e-9 * expected
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RuntimeError):
             ok = False
         if not ok:
             hint = ""
@@ -72,6 +101,9 @@ def check_matmul_intensity(matmul_intensity, task: int = 1) -> None:
                 f"intensity{hint}",
             )
     passed(task, "matmul intensity matches estimate on 5 shapes (a batch-1 matvec: < 1 FLOP/B)")
+
+
+check_matmul_intensity = split_check(collect_matmul_intensity, judge_matmul_intensity)
 
 
 # ---------------------------------------------------------------------------------- task 2
@@ -104,37 +136,60 @@ def _plan_cases(task: int) -> tuple[list[tuple[int, int, int]], tuple[int, int, 
     return cases, indivisible
 
 
-def _check_indivisible_refused(plan_accumulation, task: int, case: tuple[int, int, int]) -> None:
-    """``target`` samples do not split over ``world`` ranks: the plan must raise ValueError."""
-    target, max_micro, world = case
+def _indivisible_outcome(plan_accumulation, case: tuple[int, int, int]) -> dict[str, Any]:
+    """What the plan does when ``target`` samples do not split over ``world`` ranks: the error
+    it raised (its kind, type and message), or none."""
     try:
-        plan_accumulation(target, max_micro, world)
-    except ValueError:
-        pass
-    except NotImplementedError:
+        plan_accumulation(*case)
+    except ValueError as exc:
+        return {"raised": "ValueError", "type": type(exc).__name__, "message": str(exc)[:300]}
+    except NotImplementedError as exc:
+        return {"raised": "NotImplementedError", "type": type(exc).__name__, "message": ""}
+    except Exception as exc:  # noqa: BLE001 - a learner's error is data for the judge
+        return {"raised": "other", "type": type(exc).__name__, "message": str(exc)[:300]}
+    return {"raised": None, "type": "", "message": ""}
+
+
+def _judge_indivisible(task: int, outcome: Any, case: tuple[int, int, int]) -> None:
+    """The plan must have raised ValueError on the indivisible target (fails otherwise)."""
+    target, _, world = case
+    raised = outcome.get("raised", "?") if isinstance(outcome, dict) else "?"
+    if raised == "ValueError":
+        return
+    if raised == "NotImplementedError":
         fail(task, "not implemented yet: plan_accumulation raised NotImplementedError")
-    except Exception as exc:  # noqa: BLE001 - learner error becomes a verdict
+    if raised == "other":
+        kind, message = (str(outcome.get(k, ""))[:300] for k in ("type", "message"))
         fail(
             task,
-            f"target={target}, world_size={world}: expected ValueError, got "
-            f"{type(exc).__name__}: {exc}",
+            f"target={target}, world_size={world}: expected ValueError, got {kind}: {message}",
         )
-    else:
+    if raised is None:
         fail(
             task,
             f"target={target}, world_size={world}: {target} samples do not split over {world} "
             "ranks; expected a ValueError, got no error",
         )
+    fail(task, f"the run handed back no outcome for target={target} (got {raised!r:.80})")
 
 
-def check_plan_accumulation(plan_accumulation, task: int = 2) -> None:
+def collect_plan_accumulation(plan_accumulation, task: int = 2) -> dict[str, Any]:
     """Task: (micro_batch, accumulation_steps) with micro x steps x ranks = target, fewest steps."""
     cases, indivisible = _plan_cases(task)
-    for target, max_micro, ranks in cases:
-        expected = _plan_reference(target, max_micro, ranks)
-        got = run_learner(
+    plans = [
+        run_learner(
             task, plan_accumulation, target, max_micro, ranks, forbid=_ACCUMULATION_REFERENCES
         )
+        for target, max_micro, ranks in cases
+    ]
+    return {"plans": plans, "indivisible": _indivisible_outcome(plan_accumulation, indivisible)}
+
+
+def judge_plan_accumulation(data: Any, task: int = 2) -> None:
+    cases, indivisible = _plan_cases(task)
+    plans = _answers(task, need(task, data, "plans", list, "plans"), len(cases))
+    for (target, max_micro, ranks), got in zip(cases, plans):
+        expected = _plan_reference(target, max_micro, ranks)
         try:
             got_t = tuple(got)
         except (TypeError, ValueError):
@@ -162,8 +217,11 @@ def check_plan_accumulation(plan_accumulation, task: int = 2) -> None:
             f"{where}: {got!r} is a valid split, but not the largest micro-batch that fits "
             "(so not the fewest accumulation steps)",
         )
-    _check_indivisible_refused(plan_accumulation, task, indivisible)
+    _judge_indivisible(task, data.get("indivisible"), indivisible)
     passed(task, f"plans match on {len(cases)} cases and an indivisible target raises ValueError")
+
+
+check_plan_accumulation = split_check(collect_plan_accumulation, judge_plan_accumulation)
 
 
 # ---------------------------------------------------------------------------------- task 4
@@ -210,15 +268,29 @@ def _step_peak(model, batch: int) -> int:
     return int(step_peak_bytes(model, batch, optimizer="sgd", device="cpu")["peak_bytes"])
 
 
-def check_largest_batch(largest_batch, task: int = 4) -> None:
+def collect_largest_batch(largest_batch, task: int = 4) -> list[Any]:
     """Task (predict, then measure): the learner's batch must fit the budget when measured, and a
     batch 3 % larger must not."""
-    for model, budget in _fit_cases(task):
-        got = run_learner(task, largest_batch, model, budget, forbid=_FIT_REFERENCES)
+    return [
+        run_learner(task, largest_batch, model, budget, forbid=_FIT_REFERENCES)
+        for model, budget in _fit_cases(task)
+    ]
+
+
+def judge_largest_batch(data: Any, task: int = 4) -> None:
+    cases = _fit_cases(task)
+    for (model, budget), got in zip(cases, _answers(task, data, len(cases))):
         expect_int(task, "the batch size", got)
         where = f"MLP widths={model.config.widths}, budget {budget:,} B"
         if got < 1:
             fail(task, f"{where}: expected a batch of at least 1, got {got}")
+        inputs = got * (4 * model.config.in_features + 8)  # the fp32 batch and its int64 labels
+        if inputs > budget:  # measured, it would not fit either: the input is part of the peak
+            fail(
+                task,
+                f"{where}: batch {got} does not fit: its input batch and labels alone take "
+                f"{inputs:,} B, {inputs - budget:,} B over",
+            )
         peak = _step_peak(model, got)
         if peak > budget:
             fail(
@@ -239,6 +311,9 @@ def check_largest_batch(largest_batch, task: int = 4) -> None:
         f"on 2 unseen MLPs your batch fits the budget when measured and one "
         f"{FIT_TOLERANCE:.0%} larger does not",
     )
+
+
+check_largest_batch = split_check(collect_largest_batch, judge_largest_batch)
 
 
 # ---------------------------------------------------------------------------------- task 6
@@ -270,14 +345,21 @@ def gpu_cases(task: int = 6):
     return cases
 
 
-def check_gpus_needed(gpus_needed, task: int = 6) -> None:
+def collect_gpus_needed(gpus_needed, task: int = 6) -> list[Any]:
     """Task (scale it up): whole GPUs to train a model on a token budget in a given time."""
+    return [
+        run_learner(task, gpus_needed, n, tokens, days, peak, util, forbid=_GPU_REFERENCES)
+        for _, n, tokens, days, peak, util in gpu_cases(task)
+    ]
+
+
+def judge_gpus_needed(data: Any, task: int = 6) -> None:
     from course_lib.measure import estimate
 
+    cases = gpu_cases(task)
     answers = []
-    for label, n, tokens, days, peak, util in gpu_cases(task):
+    for (label, n, tokens, days, peak, util), got in zip(cases, _answers(task, data, len(cases))):
         expected = estimate.gpus_for_training(n, tokens, days=days, peak_flops=peak, mfu=util)
-        got = run_learner(task, gpus_needed, n, tokens, days, peak, util, forbid=_GPU_REFERENCES)
         expect_int(task, f"the GPU count ({label})", got)
         if got != expected:
             exact = 6 * n * tokens / (days * 86_400 * peak * util)
@@ -295,3 +377,6 @@ def check_gpus_needed(gpus_needed, task: int = 6) -> None:
         f"175B on 300B tokens in 30 days at 50 % MFU: {answers[0]:,} V100, {answers[1]:,} A100, "
         f"{answers[2]:,} H100; 2 drawn runs match too",
     )
+
+
+check_gpus_needed = split_check(collect_gpus_needed, judge_gpus_needed)

@@ -1,4 +1,6 @@
-"""Unit 02's checks of tasks 3 and 5: a gradient-accumulation step, even and uneven, against the full batch."""
+"""Unit 02's check of task 3: a gradient-accumulation step against the full batch, twice in a
+row; the spies, cases and diagnoses are shared with task 5 (:mod:`.checks_uneven`). Re-exported
+by :mod:`.checks`."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.seeds import case_rng
+from course_lib.grading.split import split_check
 
 _ACCUMULATION_REFERENCES = (
     "course_lib.techniques.accumulation:accumulation_step",
@@ -101,7 +104,7 @@ _LR = 0.5  # SGD learning rate of the check: the update is lr x gradient
 _RTOL = 1e-9
 
 
-def check_accumulation_step(accumulation_step, task: int = 3) -> None:
+def collect_accumulation_step(accumulation_step, task: int = 3) -> list[dict[str, Any]]:
     """Task: one optimizer step over `micro_batches` micro-batches = one full-batch step.
 
     Each case calls the learner's function twice in a row on the same model and optimizer (two
@@ -110,13 +113,24 @@ def check_accumulation_step(accumulation_step, task: int = 3) -> None:
     terms in a different order than the full batch does, so the two differ by rounding only
     (~1e-16 relative in float64); every bug below changes the update by a factor of order 1.
     """
-    for seed, batch, k in _accumulation_cases(task, uneven=False):
-        _check_one_case(accumulation_step, task, seed, batch, k)
+    return [
+        _collect_case(accumulation_step, task, seed, batch, k)
+        for seed, batch, k in _accumulation_cases(task, uneven=False)
+    ]
+
+
+def judge_accumulation_step(data: Any, task: int = 3) -> None:
+    cases = _accumulation_cases(task, uneven=False)
+    for (seed, batch, k), runs in zip(cases, _runs(task, data, len(cases))):
+        _judge_case(runs, task, seed, batch, k)
     passed(
         task,
         f"2 accumulated steps in a row equal 2 full-batch steps on 2 unseen MLPs "
         f"(float64, rtol={_RTOL:g})",
     )
+
+
+check_accumulation_step = split_check(collect_accumulation_step, judge_accumulation_step)
 
 
 def _close(a, b, scale: float) -> bool:
@@ -157,26 +171,28 @@ def _spied_copy(model, events: list[str]):
     return work
 
 
-def _moved_copy(model, work):
-    """The untouched ``model`` copied and moved to ``work``'s current parameters."""
+def _moved_copy(model, flat):
+    """The untouched ``model`` copied and moved to the parameters ``flat`` (as :func:`_flat`
+    lays them out)."""
     import torch
 
     reference = copy.deepcopy(model)
     with torch.no_grad():
-        for p, q in zip(reference.parameters(), work.parameters()):
-            p.copy_(q)
+        offset = 0
+        for p in reference.parameters():
+            p.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
     return reference
 
 
-def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int) -> None:
+def _collect_case(accumulation_step, task: int, seed: int, batch: int, k: int) -> dict[str, Any]:
+    """Two calls of the learner's step in a row, spied on: the events of each call (forward,
+    backward, zero_grad, step, in order), the parameters after each, and the gradients the
+    first call left in ``.grad``; all flat, float64."""
     import torch
 
     model, x, y = _case(seed, batch)
     x2, y2 = _next_batch(x, y, seed)  # the second call's batch
-    before = _flat(model.parameters())
-    # reference: one step on the mean loss over the full batch
-    expected_update = _full_batch_update(model, x, y)
-
     events: list[str] = []
     work = _spied_copy(model, events)
     opt = _spy_optimizer(work.parameters(), events, _LR)
@@ -184,32 +200,82 @@ def _check_one_case(accumulation_step, task: int, seed: int, batch: int, k: int)
     run_learner(
         task, accumulation_step, work, opt, loss_fn, x, y, k, forbid=_ACCUMULATION_REFERENCES
     )
-    where = f"batch of {batch} in {k} micro-batches"
-    _check_events(events, task, where, k)
-
-    update = before - _flat(work.parameters())
-    scale = float(expected_update.abs().max())
-    if not _close(update, expected_update, scale):
-        _diagnose_update(update, expected_update, scale, model, x, y, task, where, k)
-
-    # second call, as the next iteration of a training loop: a new batch, same model and optimizer
-    reference = _moved_copy(model, work)
-    expected_update2 = _full_batch_update(reference, x2, y2)
+    first = list(events)
+    after_first = _flat(work.parameters())
     left_over = _flat(
         p.grad if p.grad is not None else torch.zeros_like(p) for p in work.parameters()
     )
-    before2 = _flat(work.parameters())
+    # second call, as the next iteration of a training loop: a new batch, same model and optimizer
     events.clear()
     run_learner(
         task, accumulation_step, work, opt, loss_fn, x2, y2, k, forbid=_ACCUMULATION_REFERENCES
     )
+    return {
+        "events": [first, list(events)],
+        "params": [after_first, _flat(work.parameters())],
+        "left_over": left_over,
+    }
+
+
+def _runs(task: int, data: Any, n: int) -> list[dict[str, Any]]:
+    """``data`` if it is a list of ``n`` cases as :func:`_collect_case` hands them back."""
+    if not isinstance(data, list) or len(data) != n or not all(isinstance(d, dict) for d in data):
+        fail(task, f"the run handed back no list of {n} cases (got {type(data).__name__})")
+    return data
+
+
+def _run_data(task: int, runs: dict[str, Any], n_params: int) -> tuple[list, list, Any]:
+    """The events of the two calls (lists of str), the flat parameters after each and the
+    left-over gradients (``n_params`` floating-point values each, as float64), checked."""
+    import torch
+
+    events = runs.get("events")
+    if not (
+        isinstance(events, list)
+        and len(events) == 2
+        and all(isinstance(e, list) and all(isinstance(i, str) for i in e) for e in events)
+    ):
+        fail(task, "the run handed back no events of the two calls")
+    params = runs.get("params")
+    tensors = [*params, runs.get("left_over")] if isinstance(params, list) else []
+    if len(tensors) != 3 or not all(
+        isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == (n_params,)
+        for t in tensors
+    ):
+        fail(
+            task,
+            f"the run handed back no parameters after each call ({n_params} floating-point "
+            "values: did the model gain or lose parameters?)",
+        )
+    flat = [t.to(torch.float64) for t in tensors]
+    return events, flat[:2], flat[2]
+
+
+def _judge_case(runs: dict[str, Any], task: int, seed: int, batch: int, k: int) -> None:
+    model, x, y = _case(seed, batch)
+    x2, y2 = _next_batch(x, y, seed)  # the second call's batch
+    before = _flat(model.parameters())
+    (events, events2), (after, after2), left_over = _run_data(task, runs, before.numel())
+    # reference: one step on the mean loss over the full batch
+    expected_update = _full_batch_update(model, x, y)
+    where = f"batch of {batch} in {k} micro-batches"
+    _check_events(events, task, where, k)
+
+    update = before - after
+    scale = float(expected_update.abs().max())
+    if not _close(update, expected_update, scale):
+        _diagnose_update(update, expected_update, scale, model, x, y, task, where, k)
+
+    # the second call, from where the first left the parameters
+    reference = _moved_copy(model, after)
+    expected_update2 = _full_batch_update(reference, x2, y2)
     where2 = f"second call (next batch of {batch} in {k} micro-batches)"
-    _check_events(events, task, where2, k)
-    update2 = before2 - _flat(work.parameters())
+    _check_events(events2, task, where2, k)
+    update2 = after - after2
     scale2 = float(expected_update2.abs().max())
     if _close(update2, expected_update2, scale2):
         return
-    if "zero_grad" not in events and _close(update2, expected_update2 + _LR * left_over, scale2):
+    if "zero_grad" not in events2 and _close(update2, expected_update2 + _LR * left_over, scale2):
         fail(
             task,
             f"{where2}: gradients never cleared: the step also used the gradients the "
@@ -288,36 +354,4 @@ def _diagnose_update(update, expected_update, scale, model, x, y, task, where, k
         f"{where}: parameter update differs from one full-batch step: max abs error "
         f"{err:.3g} > rtol {_RTOL:g} x {scale:.3g} (are all micro-batches used, each "
         f"once, with the loss divided by {k}, and the gradients cleared once per step?)",
-    )
-
-
-# ---------------------------------------------------------------------------------- task 5
-#: diagnoses offered for the buggy loop of solutions/02_batch_size_and_accumulation.ipynb
-UNEVEN_BUG_CHOICES = {
-    "a": "zero_grad() belongs inside the loop",
-    "b": "the micro-batches differ in size, and dividing each mean loss by their number over-weights the short one",
-    "c": "backward() should run once, after the loop",
-    "d": "optimizer.step() should run after every micro-batch",
-}
-
-
-def check_uneven_accumulation(bug: str, accumulation_step, task: int = 5) -> None:
-    """Task (find the bug): name the bug of a loop that divides every micro-batch mean by the
-    number of micro-batches when the last micro-batch is shorter, and fix it; the fixed loop
-    must equal one full-batch step (float64, rtol 1e-9) twice in a row."""
-    key = bug.strip().lower() if isinstance(bug, str) else None
-    if key not in UNEVEN_BUG_CHOICES:
-        fail(task, f"bug must be one of {sorted(UNEVEN_BUG_CHOICES)}, got {bug!r}")
-    if key != "b":
-        fail(
-            task,
-            f"bug {bug!r} ({UNEVEN_BUG_CHOICES[key]}): the loop is right about that; "
-            "compare the micro-batch sizes of a batch of 10 in 3 chunks",
-        )
-    for seed, batch, k in _accumulation_cases(task, uneven=True):
-        _check_one_case(accumulation_step, task, seed, batch, k)
-    passed(
-        task,
-        f"bug named; with a shorter last micro-batch in 2 unseen cases, 2 accumulated steps "
-        f"in a row equal 2 full-batch steps (float64, rtol={_RTOL:g})",
     )

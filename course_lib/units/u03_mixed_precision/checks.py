@@ -20,18 +20,25 @@ Task 6 (scale it up): Adam model state of Llama-2-7B and -70B in four recipes, a
 Every task draws its cases from the grading seed (:func:`course_lib.grading.seeds.case_rng`):
 model sizes and data (1, 3, 5), the overflow schedule (2), the bf16 runs (4), one more model size
 (6); the edge cases of the fixed tables stay, with drawn numbers.
+
+Each check is split (:mod:`course_lib.grading.split`): ``collect_X`` runs the learner's code on the
+drawn cases and hands back what it produced; ``judge_X`` computes the expected values with the
+course's references and prints the verdict.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.seeds import case_rng
+from course_lib.grading.split import split_check
 from course_lib.units.u03_mixed_precision.checks_scaler import (  # noqa: F401 (re-exported)
     _REFERENCES,
     SCHEDULE,
     UNIT,
+    _same_shape,
+    _tensor_list,
     check_fp16_training,
     check_scale_schedule,
     check_underflow_recovery,
@@ -112,26 +119,38 @@ def _bf16_run(weight: float, update: float, steps: int) -> float:
     return float(w)
 
 
-def check_predict_bf16_weight(predict_bf16_weight, task: int = 4) -> None:
+def collect_predict_bf16_weight(predict_bf16_weight, task: int = 4) -> list[Any]:
     """The final bf16 weight of held-out runs, predicted, against the runs themselves (exactly:
     the runs are deterministic, so the tolerance is 0)."""
     import numbers
 
-    runs = bf16_runs(task)
-    for weight, update, steps in runs:
+    out = []
+    for weight, update, steps in bf16_runs(task):
         got = run_learner(task, predict_bf16_weight, weight, update, steps, forbid=_FORBID_4)
-        if isinstance(got, bool) or not isinstance(got, numbers.Real):
+        # any real number, as float (plain data carries Python numbers, not numpy's)
+        real = isinstance(got, numbers.Real) and not isinstance(got, bool)
+        out.append(float(got) if real else got)
+    return out
+
+
+def judge_predict_bf16_weight(data: Any, task: int = 4) -> None:
+    from course_lib.grading.plain import describe
+
+    runs = bf16_runs(task)
+    got_all = data if isinstance(data, list) and len(data) == len(runs) else [None] * len(runs)
+    for (weight, update, steps), got in zip(runs, got_all):
+        if not isinstance(got, float):
             fail(
                 task,
                 f"predict_bf16_weight({weight:g}, {update:g}, {steps}) must return a number, "
-                f"got {type(got).__name__} {got!r}",
+                f"got {describe(got)}",
             )
         measured = _bf16_run(weight, update, steps)
-        if float(got) != measured:
+        if got != measured:
             fail(
                 task,
                 f"weight {weight:g}, update {update:g}, {steps} steps: you predicted "
-                f"{float(got):.8g}, not where the bf16 run ends (exact arithmetic would give "
+                f"{got:.8g}, not where the bf16 run ends (exact arithmetic would give "
                 f"{weight + steps * update:.8g}). "
                 "What is the spacing of bf16 numbers around the weight, and what happens to an "
                 "update below half of it? Above half of it?",
@@ -141,6 +160,9 @@ def check_predict_bf16_weight(predict_bf16_weight, task: int = 4) -> None:
         f"{len(runs)} held-out bf16 runs predicted exactly (stalls, rounded-up steps and "
         "binade boundaries)",
     )
+
+
+check_predict_bf16_weight = split_check(collect_predict_bf16_weight, judge_predict_bf16_weight)
 
 
 # ---------------------------------------------------------------------------------- task 5
@@ -190,15 +212,21 @@ def _clip_reference(task: int):
     return [p.detach().clone() for p in model.parameters()], norms
 
 
-def check_clip_bug(train, task: int = 5) -> None:
+def collect_clip_bug(train, task: int = 5) -> list[Any]:
     """The fixed fp16 loop: the same weights as the loop done right (clip the true gradients)."""
+    model, opt, batches = _clip_task(task)
+    run_learner(task, train, model, opt, batches, CLIP_SCALE, CLIP_NORM, forbid=_FORBID_5)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def judge_clip_bug(data: Any, task: int = 5) -> None:
     import torch
 
     ref, norms = _clip_reference(task)
-    model, opt, batches = _clip_task(task)
-    start = [p.detach().clone() for p in model.parameters()]
-    run_learner(task, train, model, opt, batches, CLIP_SCALE, CLIP_NORM, forbid=_FORBID_5)
-    got = [p.detach() for p in model.parameters()]
+    start = [p.detach().clone() for p in _clip_task(task)[0].parameters()]
+    got = _tensor_list(task, {"params": data}, "params", len(ref), "parameters")
+    for i, (g, r) in enumerate(zip(got, ref)):
+        _same_shape(task, f"parameter {i}", g, r)
     moved = sum(float((g - s).pow(2).sum()) for g, s in zip(got, start)) ** 0.5
     should = sum(float((r - s).pow(2).sum()) for r, s in zip(ref, start)) ** 0.5
     for i, (g, r) in enumerate(zip(got, ref)):
@@ -207,7 +235,7 @@ def check_clip_bug(train, task: int = 5) -> None:
                 task,
                 f"parameter {i} has inf/NaN after {CLIP_STEPS} steps: was a step taken on overflowing gradients?",
             )
-        if not torch.allclose(g, r, rtol=CLIP_RTOL, atol=CLIP_ATOL):
+        if not torch.allclose(g, r.to(g.dtype), rtol=CLIP_RTOL, atol=CLIP_ATOL):
             hint = ""
             if moved > 0 and should / moved > 100:
                 hint = (
@@ -224,6 +252,9 @@ def check_clip_bug(train, task: int = 5) -> None:
         f"the fixed loop matches the loop done right: {CLIP_STEPS} fp16 steps at loss scale "
         f"{CLIP_SCALE:g}, the true gradient norm clipped to {CLIP_NORM:g}",
     )
+
+
+check_clip_bug = split_check(collect_clip_bug, judge_clip_bug)
 
 
 # ---------------------------------------------------------------------------------- task 6
@@ -244,34 +275,48 @@ _FORBID_6 = (
 )
 
 
-def check_state_at_scale(adam_state_bytes, task: int = 6) -> None:
+def _scale_cases(task: int) -> list[tuple[str, int, str]]:
+    """(model, parameters, recipe) of task 6: Llama-2-7B, -70B and a size drawn from the seed."""
+    drawn = case_rng(task, UNIT).randint(10**9, 4 * 10**11)
+    models = {**SCALE_MODELS, "drawn": drawn}
+    return [(name, n, recipe) for name, n in models.items() for recipe in SCALE_RECIPES]
+
+
+def collect_state_at_scale(adam_state_bytes, task: int = 6) -> list[Any]:
     """Adam model state (params, grads, master, moments; no step counters) of 7B and 70B models in
     each recipe, against ``estimate.model_state_bytes``."""
+    return [
+        run_learner(task, adam_state_bytes, n, recipe, forbid=_FORBID_6)
+        for _, n, recipe in _scale_cases(task)
+    ]
+
+
+def judge_state_at_scale(data: Any, task: int = 6) -> None:
     from course_lib.grading.core import expect_int
     from course_lib.measure import estimate
 
-    drawn = case_rng(task, UNIT).randint(10**9, 4 * 10**11)
-    for name, n in {**SCALE_MODELS, "drawn": drawn}.items():
-        for recipe, row in SCALE_RECIPES.items():
-            got = expect_int(
+    cases = _scale_cases(task)
+    got_all = data if isinstance(data, list) and len(data) == len(cases) else [None] * len(cases)
+    for (name, n, recipe), answer in zip(cases, got_all):
+        got = expect_int(task, f"adam_state_bytes({n:,}, {recipe!r})", answer)
+        row = SCALE_RECIPES[recipe]
+        expected = estimate.model_state_bytes(n, precision=row, optimizer="adam")["total"]
+        if got != expected:
+            fail(
                 task,
-                f"adam_state_bytes({n:,}, {recipe!r})",
-                run_learner(task, adam_state_bytes, n, recipe, forbid=_FORBID_6),
+                f"{name} ({n:,} parameters), recipe {recipe!r}: {got:,} B ({got / n:.3g} "
+                "B/param) is not this recipe's model state. "
+                "Which tensors does this recipe keep, and in which dtype?",
             )
-            expected = estimate.model_state_bytes(n, precision=row, optimizer="adam")["total"]
-            if got != expected:
-                fail(
-                    task,
-                    f"{name} ({n:,} parameters), recipe {recipe!r}: {got:,} B ({got / n:.3g} "
-                    "B/param) is not this recipe's model state. "
-                    "Which tensors does this recipe keep, and in which dtype?",
-                )
     b7 = {
         r: estimate.model_state_bytes(SCALE_MODELS["7B"], precision=row)["total"]
         for r, row in SCALE_RECIPES.items()
     }
     passed(
         task,
-        f"{(len(SCALE_MODELS) + 1) * len(SCALE_RECIPES)} answers equal estimate's model state (7B: "
+        f"{len(cases)} answers equal estimate's model state (7B: "
         f"{b7['fp32'] / 1e9:.1f} GB in fp32, paper and autocast mixed; {b7['bf16-true'] / 1e9:.1f} GB bf16-true)",
     )
+
+
+check_state_at_scale = split_check(collect_state_at_scale, judge_state_at_scale)

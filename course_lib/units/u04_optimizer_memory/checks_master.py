@@ -1,10 +1,17 @@
 """Unit 04's check of task 5 (find the bug): the master-weights class whose master copy is
-overwritten by the rounded weights. Re-exported by :mod:`.checks`."""
+overwritten by the rounded weights. Re-exported by :mod:`.checks`.
+
+The check is split (:mod:`course_lib.grading.split`): ``collect_master_bug`` trains with the
+learner's class and hands back its master copy and the model's weights; ``judge_master_bug`` runs
+the recipe done right and compares."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.seeds import case_rng
+from course_lib.grading.split import split_check
 
 UNIT = "u04_optimizer_memory"
 
@@ -13,6 +20,8 @@ UNIT = "u04_optimizer_memory"
 #: half of bf16's spacing for most weights) and tolerance on the master copy (same ops in fp32:
 #: equal to a few ulps)
 MASTER_STEPS, MASTER_LR, MASTER_RTOL, MASTER_ATOL = 12, 1e-4, 1e-5, 1e-7
+#: the course's own answer, out of reach while the learner's class runs
+_FORBID_5 = ("course_lib.techniques.optim:MasterWeights",)
 
 
 def _master_task(task: int):
@@ -62,41 +71,73 @@ def _same_as_reference(task: int, master: list, ref_m: list, weights: list) -> N
     import torch
 
     for i, (m, r) in enumerate(zip(master, ref_m)):
-        if not torch.allclose(m, r, rtol=MASTER_RTOL, atol=MASTER_ATOL):
+        if tuple(m.shape) != tuple(r.shape) or not torch.allclose(
+            m, r, rtol=MASTER_RTOL, atol=MASTER_ATOL
+        ):
             fail(
                 task,
                 f"master tensor {i}: differs from the recipe done right after {MASTER_STEPS} steps, "
                 f"max abs error {float((m - r).abs().max()):.3g} (rtol={MASTER_RTOL:g}, atol={MASTER_ATOL:g})",
             )
     for i, (w, m) in enumerate(zip(weights, master)):
-        if not torch.equal(w, m.to(torch.bfloat16)):
+        if w.dtype != torch.bfloat16 or not torch.equal(w, m.to(torch.bfloat16)):
             fail(
                 task,
                 f"parameter {i}: the bf16 weights are not the master rounded to bf16 after the last step",
             )
 
 
-def check_master_bug(MyMaster, task: int = 5) -> None:
+def collect_master_bug(MyMaster, task: int = 5) -> dict[str, Any]:
     """The fixed master-weights class: same fp32 master and bf16 weights as the recipe done right."""
+    model, batches = _master_task(task)
+    mw = run_learner(task, MyMaster, model, lr=MASTER_LR, forbid=_FORBID_5)
+    for x, y in batches:
+        run_learner(task, mw.zero_grad, forbid=_FORBID_5)
+        (model(x).float() - y).pow(2).mean().backward()
+        run_learner(task, mw.step, forbid=_FORBID_5)
+    master = run_learner(task, lambda: list(getattr(mw, "master", None) or []))
+    return {
+        "master": [_detached(m) for m in master],
+        "weights": [p.detach().clone() for p in model.parameters()],
+    }
+
+
+def _detached(value: Any) -> Any:
+    """A tensor of the learner's as plain data (its values, no autograd history); else as is."""
     import torch
 
-    forbid = ("course_lib.techniques.optim:MasterWeights",)
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _dtype_name(value: Any) -> str:
+    from course_lib.grading.plain import Opaque
+
+    if isinstance(value, Opaque):
+        return value.type_name
+    return str(getattr(value, "dtype", type(value).__name__))
+
+
+def judge_master_bug(data: Any, task: int = 5) -> None:
+    import torch
+
+    from course_lib.grading.split import need
+
     ref_w, ref_m = _master_reference(task)
-    model, batches = _master_task(task)
-    start = [p.detach().clone() for p in model.parameters()]
-    mw = run_learner(task, MyMaster, model, lr=MASTER_LR, forbid=forbid)
-    for x, y in batches:
-        run_learner(task, mw.zero_grad, forbid=forbid)
-        (model(x).float() - y).pow(2).mean().backward()
-        run_learner(task, mw.step, forbid=forbid)
-    master = list(getattr(mw, "master", None) or [])
-    if len(master) != len(ref_m) or any(m.dtype != torch.float32 for m in master):
+    start = [p.detach().clone() for p in _master_task(task)[0].parameters()]
+    master = need(task, data, "master", list, "master copy")
+    if len(master) != len(ref_m) or any(
+        not isinstance(m, torch.Tensor) or m.dtype != torch.float32 for m in master
+    ):
         fail(
             task,
             f"expected .master to be the {len(ref_m)} fp32 master tensors, got "
-            f"{[str(getattr(m, 'dtype', type(m).__name__)) for m in master]}",
+            f"{[_dtype_name(m) for m in master]}",
         )
-    weights = [p.detach() for p in model.parameters()]
+    weights = need(task, data, "weights", list, "model's weights")
+    if len(weights) != len(start) or any(
+        not isinstance(w, torch.Tensor) or w.shape != s.shape for w, s in zip(weights, start)
+    ):
+        fail(task, f"the run handed back {len(weights)} weights, not the model's {len(start)}")
     if all(torch.equal(w, s) for w, s in zip(weights, start)):
         fail(
             task,
@@ -115,3 +156,6 @@ def check_master_bug(MyMaster, task: int = 5) -> None:
         f"the master copy accumulates what bf16 cannot hold: {MASTER_STEPS} steps at lr={MASTER_LR:g} "
         "match the recipe done right on an unseen bf16 MLP",
     )
+
+
+check_master_bug = split_check(collect_master_bug, judge_master_bug)

@@ -18,12 +18,27 @@ activations that alone exceed the budget), exact.
 Task 3 (find the bug): ``MyOffloadAdamW``'s ``step``: bit for bit the same parameters as AdamW
 on an fp32 model and as the master-weights recipe on a bf16 model after ``STEPS`` steps (the host
 runs the same AdamW on the same fp32 numbers: the bits agree, so the tolerance is 0).
+
+Each check is split (:mod:`course_lib.grading.split`): ``collect_*`` calls the learner's code and
+hands back what it returned or changed, ``judge_*`` computes what is expected and decides. The
+steps of task 1 are measured by ``prepare_step_time`` on the judge's side (``step_breakdown``
+runs the course's ``OffloadAdamW``, which the learner's side may not call); the learner's side
+hands the measured parts and totals back with the predictions made from them.
 """
 
 from __future__ import annotations
 
+import numbers
+from typing import Any
+
 from course_lib.grading.core import fail, passed, run_learner
+from course_lib.grading.plain import describe, learner_number
 from course_lib.grading.seeds import case_rng
+from course_lib.grading.split import need, split_check
+from course_lib.units.u05_cpu_offload.checks_offload_step import (  # noqa: F401 (re-exported)
+    STEPS,
+    check_offload_step,
+)
 
 __all__ = [
     "check_step_time",
@@ -36,35 +51,37 @@ __all__ = [
 
 OFFLOAD_LEVELS = ("none", "optimizer", "optimizer+grads", "all")
 STEP_RTOL = 0.1
-STEPS = 5
 UNIT = "u05_cpu_offload"
 _PARTS = ("compute", "to_host", "store_read", "host_adam", "store_write", "to_device")
+_MEASURED_STEPS = 7  # the offloaded steps task 1 measures
 _FORBID_1 = [
     "course_lib.measure.estimate.offload:offload_step_time",
     "course_lib.units.u05_cpu_offload.run_bandwidth:predicted_step_times",
 ]
 _FORBID_2 = ["course_lib.measure.estimate.offload:offload_split"]
-# (not techniques.optim.MasterWeights: its step is decorated with @torch.no_grad(), whose wrapper
-# code every decorated function shares, so forbidding it would refuse any learner's decorated step)
-_FORBID_3 = ["course_lib.techniques.offload:OffloadAdamW"]
 
 
 def _number(task, what, value):
-    import numbers
-
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        fail(task, f"{what}: expected a float (seconds), got {type(value).__name__} {value!r}")
+        fail(task, f"{what}: expected a float (seconds), got {describe(value)}")
     return float(value)
 
 
-def _layout_expected(parts: dict, k: int) -> tuple[float, float]:
-    """(serial, overlapped) seconds of a step of ``k`` micro-batches whose gradients cross to the
-    host every micro-batch: the lecture's sum and max over the device, the link (both
-    directions), the host CPU and the disk, each resource's work added up over the step."""
+# ---------------------------------------------------------------------------------- task 1
+def _resource_loads(parts: dict, k: int) -> tuple[float, float, float, float]:
+    """Seconds of work of each resource in a step of ``k`` micro-batches whose gradients cross
+    to the host every micro-batch: the device, the link (both directions), the host CPU, the
+    disk."""
     link = k * parts["to_host"] + parts["to_device"]
     disk = parts["store_read"] + parts["store_write"]
-    serial = k * parts["compute"] + link + parts["host_adam"] + disk
-    return serial, max(k * parts["compute"], link, parts["host_adam"], disk)
+    return k * parts["compute"], link, parts["host_adam"], disk
+
+
+def _layout_expected(parts: dict, k: int) -> tuple[float, float]:
+    """(serial, overlapped) seconds of that step: the lecture's sum and max over the resources,
+    each resource's work added up over the step."""
+    loads = _resource_loads(parts, k)
+    return sum(loads), max(loads)
 
 
 def _drawn_steps(task: int) -> list[tuple[dict, int]]:
@@ -75,8 +92,7 @@ def _drawn_steps(task: int) -> list[tuple[dict, int]]:
     for slowest in range(4):
         k = rng.randint(2, 32)
         parts = {name: rng.randint(1, 40) / 1000 for name in _PARTS}
-        _, top = _layout_expected(parts, k)
-        target = top * (1 + rng.randint(1, 5) / 10)
+        target = max(_resource_loads(parts, k)) * (1 + rng.randint(1, 5) / 10)
         if slowest == 0:
             parts["compute"] = round(target / k, 6)
         elif slowest == 1:
@@ -89,56 +105,71 @@ def _drawn_steps(task: int) -> list[tuple[dict, int]]:
     return out
 
 
-def _check_drawn_steps(predict_step_time, task: int) -> None:
-    for parts, k in _drawn_steps(task):
-        serial, overlapped = _layout_expected(parts, k)
-        for overlap, expected in ((False, serial), (True, overlapped)):
-            got = _number(
-                task,
-                f"predict_step_time(parts, overlap={overlap}, micro_batches={k})",
-                run_learner(task, predict_step_time, dict(parts), overlap, k, forbid=_FORBID_1),
-            )
-            if abs(got - expected) > 1e-9 * expected:
-                shown = ", ".join(f"{n} {v * 1e3:g} ms" for n, v in parts.items())
-                fail(
-                    task,
-                    f"{k} micro-batches, overlap={overlap}, parts ({shown}): {got * 1e3:.3f} ms "
-                    "is not the lecture's model for this layout (which parts happen once per "
-                    "micro-batch, and which resource does each one use?)",
-                )
-
-
-def check_step_time(predict_step_time, task: int = 1) -> None:
-    """Measure offloaded steps (state in a file) and compare the learner's prediction, then
-    apply it to drawn steps of several micro-batches."""
+def prepare_step_time(task: int = 1) -> dict[str, Any]:
+    """Judge side, before the learner's code runs: offloaded steps measured (state in a file)."""
     import dataclasses
-    import statistics
 
     from course_lib.units.u05_cpu_offload.run import CONFIG, step_breakdown
 
     df = step_breakdown(
-        tier="file", steps=7, config=dataclasses.replace(CONFIG, n_layer=1), batch=2
+        tier="file",
+        steps=_MEASURED_STEPS,
+        config=dataclasses.replace(CONFIG, n_layer=1),
+        batch=2,
     )
+    return {"steps": [{k: float(row[k]) for k in (*_PARTS, "total")} for _, row in df.iterrows()]}
+
+
+def collect_step_time(predict_step_time, task: int = 1, inputs: Any = None) -> dict[str, Any]:
+    """Task 1: the learner's predictions for the measured steps (handed back with their parts
+    and totals), then for the drawn steps of several micro-batches."""
+    steps = inputs.get("steps") if isinstance(inputs, dict) else None
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        fail(task, "the measured steps did not reach the check: run the check cell again")
+    measured = []
+    for step in steps:
+        parts = {k: step.get(k) for k in _PARTS}
+        serial, overlapped = (
+            learner_number(
+                run_learner(task, predict_step_time, dict(parts), overlap, 1, forbid=_FORBID_1)
+            )
+            for overlap in (False, True)
+        )
+        measured.append(
+            {"parts": parts, "total": step.get("total"), "serial": serial, "overlapped": overlapped}
+        )
+    drawn = [
+        [
+            learner_number(
+                run_learner(task, predict_step_time, dict(parts), overlap, k, forbid=_FORBID_1)
+            )
+            for overlap in (False, True)
+        ]
+        for parts, k in _drawn_steps(task)
+    ]
+    return {"measured": measured, "drawn": drawn}
+
+
+def judge_step_time(data: Any, task: int = 1, inputs: Any = None) -> None:
+    """The measured steps come from ``inputs`` (measured on this side before the learner's code
+    ran), never from what the run handed back."""
+    import statistics
+
+    steps = inputs.get("steps") if isinstance(inputs, dict) else None
+    if steps is None:  # the self-check without a prepare (never in the grade)
+        steps = prepare_step_time(task)["steps"]
+    measured = need(task, data, "measured", list, "measured steps")
+    if len(measured) != len(steps):
+        fail(task, f"the run handed back {len(measured)} measured steps, not {len(steps)}")
     ratios = []
-    for _, row in df.iterrows():
-        parts = {k: float(row[k]) for k in _PARTS}
-        got = _number(
-            task,
-            "predict_step_time(parts, overlap=False)",
-            run_learner(task, predict_step_time, dict(parts), False, 1, forbid=_FORBID_1),
-        )
-        ratios.append(got / float(row["total"]))
-        over = _number(
-            task,
-            "predict_step_time(parts, overlap=True)",
-            run_learner(task, predict_step_time, dict(parts), True, 1, forbid=_FORBID_1),
-        )
-        expected = max(
-            parts["compute"],
-            parts["to_host"] + parts["to_device"],
-            parts["host_adam"],
-            parts["store_read"] + parts["store_write"],
-        )
+    for step, answer in zip(steps, measured):
+        parts, total = {k: float(step[k]) for k in _PARTS}, float(step["total"])
+        if not isinstance(answer, dict):
+            fail(task, "the run handed back no predictions for a measured step")
+        got = _number(task, "predict_step_time(parts, overlap=False)", answer.get("serial"))
+        ratios.append(got / total)
+        over = _number(task, "predict_step_time(parts, overlap=True)", answer.get("overlapped"))
+        expected = _layout_expected(parts, 1)[1]
         if abs(over - expected) > 1e-9 * expected:
             fail(
                 task,
@@ -153,7 +184,7 @@ def check_step_time(predict_step_time, task: int = 1) -> None:
             f"{len(ratios)} steps), expected 1 +- {STEP_RTOL:g}: a synchronous step runs "
             "its parts one after the other",
         )
-    _check_drawn_steps(predict_step_time, task)
+    _judge_drawn_steps(need(task, data, "drawn", list, "predictions for the drawn steps"), task)
     passed(
         task,
         f"serial prediction matches the measured offloaded steps (median ratio within "
@@ -162,6 +193,31 @@ def check_step_time(predict_step_time, task: int = 1) -> None:
     )
 
 
+def _judge_drawn_steps(drawn: list, task: int) -> None:
+    steps = _drawn_steps(task)
+    if len(drawn) != len(steps) or not all(
+        isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in drawn
+    ):
+        fail(task, "the run handed back no predictions for the drawn steps")
+    for (parts, k), pair in zip(steps, drawn):
+        for overlap, expected, value in zip((False, True), _layout_expected(parts, k), pair):
+            got = _number(
+                task, f"predict_step_time(parts, overlap={overlap}, micro_batches={k})", value
+            )
+            if abs(got - expected) > 1e-9 * expected:
+                shown = ", ".join(f"{n} {v * 1e3:g} ms" for n, v in parts.items())
+                fail(
+                    task,
+                    f"{k} micro-batches, overlap={overlap}, parts ({shown}): {got * 1e3:.3f} ms "
+                    "is not the lecture's model for this layout (which parts happen once per "
+                    "micro-batch, and which resource does each one use?)",
+                )
+
+
+check_step_time = split_check(collect_step_time, judge_step_time, prepare_step_time)
+
+
+# ---------------------------------------------------------------------------------- task 2
 def _offload_cases(task: int) -> list[tuple[int, int, int, str | None]]:
     """(n_params, budget, activations, the least level that fits) drawn from the grading seed:
     each level once, one budget that fits a level exactly, activations alone over budget."""
@@ -173,9 +229,9 @@ def _offload_cases(task: int) -> list[tuple[int, int, int, str | None]]:
     above = None
     for level in ("none", "optimizer", "optimizer+grads", "all"):
         n, act = rng.randint(5, 400) * GB // 10, rng.randint(1, 30) * GB
-        need = device[level] * n + act
-        upper = device[above] * n + act - 1 if above else need + 100 * GB
-        cases.append((n, need if level == exact else rng.randint(need, upper), act, level))
+        fits = device[level] * n + act
+        upper = device[above] * n + act - 1 if above else fits + 100 * GB
+        cases.append((n, fits if level == exact else rng.randint(fits, upper), act, level))
         above = level
     n, act = rng.randint(5, 700) * GB // 10, rng.randint(40, 120) * GB
     cases.append((n, act - rng.randint(1, 20) * GB, act, None))  # activations alone do not fit
@@ -185,14 +241,23 @@ def _offload_cases(task: int) -> list[tuple[int, int, int, str | None]]:
     return cases
 
 
-def check_choose_offload(choose_offload, task: int = 2) -> None:
-    """Exact choice on several budgets (bf16-mixed AdamW, device bytes from the unit's table)."""
+def collect_choose_offload(choose_offload, task: int = 2) -> list[Any]:
+    """Task 2: the learner's choice on each drawn budget (bf16-mixed AdamW)."""
+    return [
+        run_learner(task, choose_offload, n, budget, act, forbid=_FORBID_2)
+        for n, budget, act, _ in _offload_cases(task)
+    ]
+
+
+def judge_choose_offload(data: Any, task: int = 2) -> None:
+    """Exact choice on several budgets (device bytes from the unit's table)."""
     GB = 10**9
     cases = _offload_cases(task)
-    for n, budget, act, expected in cases:
-        got = run_learner(task, choose_offload, n, budget, act, forbid=_FORBID_2)
+    if not isinstance(data, list) or len(data) != len(cases):
+        fail(task, f"the run handed back no choice for each of the {len(cases)} budgets")
+    for (n, budget, act, expected), got in zip(cases, data):
         if got is not None and not isinstance(got, str):
-            fail(task, f"expected a level name (str) or None, got {type(got).__name__} {got!r}")
+            fail(task, f"expected a level name (str) or None, got {describe(got)}")
         if got != expected:
             fail(
                 task,
@@ -202,66 +267,4 @@ def check_choose_offload(choose_offload, task: int = 2) -> None:
     passed(task, f"the least offload that fits, in all {len(cases)} cases")
 
 
-def _run_offload(MyOffloadAdamW, dtype, task, *, learner: bool):
-    import torch
-
-    from course_lib.data import permutation_batch
-    from course_lib.models import GPT, GPTConfig
-
-    rng = case_rng(task, UNIT)
-    config = GPTConfig.tiny(
-        n_layer=rng.randint(1, 2), n_embd=rng.choice((16, 24, 32, 48)), block_size=16
-    )
-    torch.manual_seed(rng.getrandbits(31))
-    model = GPT(config).to(dtype)
-    if learner:
-        opt = run_learner(task, MyOffloadAdamW, model.parameters(), lr=1e-3, forbid=_FORBID_3)
-        master = getattr(opt, "master", None)
-        if not master or any(m.dtype != torch.float32 or m.device.type != "cpu" for m in master):
-            fail(
-                task,
-                "opt.master must hold the fp32 host copies of the parameters (keep the given __init__)",
-            )
-    else:
-        params = [p for p in model.parameters()]
-        master = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
-        inner = torch.optim.AdamW(master, lr=1e-3)
-    gen = torch.Generator().manual_seed(rng.getrandbits(63))
-    for _ in range(STEPS):
-        idx, tgt = permutation_batch(config, 4, 16, generator=gen)
-        for p in model.parameters():
-            p.grad = None
-        model.loss(idx, tgt).backward()
-        if learner:
-            run_learner(task, opt.step, forbid=_FORBID_3)
-        else:  # the master-weights recipe (Micikevicius et al. 2017), written out
-            with torch.no_grad():
-                for p, m in zip(params, master):
-                    assert p.grad is not None, "backward gives every parameter a gradient"
-                    m.grad = p.grad.float()
-                inner.step()
-                for p, m in zip(params, master):
-                    p.copy_(m)
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def check_offload_step(MyOffloadAdamW, task: int = 3) -> None:
-    """Bit-for-bit parity on an fp32 and a bf16 model after STEPS steps."""
-    import torch
-
-    for dtype in (torch.float32, torch.bfloat16):
-        expected = _run_offload(MyOffloadAdamW, dtype, task, learner=False)
-        got = _run_offload(MyOffloadAdamW, dtype, task, learner=True)
-        for i, (g, e) in enumerate(zip(got, expected)):
-            if g.dtype != e.dtype or not torch.equal(g, e):
-                n_diff = int((g.float() != e.float()).sum()) if g.shape == e.shape else -1
-                fail(
-                    task,
-                    f"{str(dtype).removeprefix('torch.')} model: parameter {i} differs from the "
-                    f"master-weights recipe after {STEPS} steps in {n_diff} of {e.numel()} "
-                    "elements (which copy decides what the host updates?)",
-                )
-    passed(
-        task,
-        f"same bits as AdamW (fp32) and as the master-weights recipe (bf16) after {STEPS} steps",
-    )
+check_choose_offload = split_check(collect_choose_offload, judge_choose_offload)

@@ -12,6 +12,11 @@ Task 3 (predict): ``predict_kept_bytes(config, batch, seq, policy, k)`` -> int, 
 the forward ends, for configurations not shown in the lecture; compared with MemoryMeter.
 
 The course's own answers are out of reach during each check (``run_learner(..., forbid=...)``).
+Each check is split (:mod:`course_lib.grading.split`): ``collect_*`` calls the learner's code and
+hands back what it returned (choices, predictions) or measured around it (block calls,
+gradients); ``judge_*`` measures what is expected (MemoryMeter, FlopCounterMode and
+``apply_checkpointing``, all on the judge's side) and decides. Task 1's budgets come from the
+measured menu, so ``prepare_pick_policy`` measures them on the judge's side.
 Every GPT shape, batch, sequence length and k is drawn from the grading seed
 (:func:`course_lib.grading.seeds.case_rng`): answers copied from one grading fail another.
 """
@@ -21,7 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading.core import fail, fmt_int, passed, run_learner
+from course_lib.grading.plain import describe
 from course_lib.grading.seeds import case_rng
+from course_lib.grading.split import split_check
 
 __all__ = [
     "check_pick_policy",
@@ -43,6 +50,13 @@ MENU = ("none", "full", "every_k", "selective", "segments")
 GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-7
 UNIT = "u06_activation_checkpointing"
 _MENU_CACHE: dict = {}  # per (config, batch, seq): every menu option measured
+_PICK_FORBID = [f"{_RUN}:cheapest_fitting_policy"]
+#: the estimates stay in the grade's sandbox, trapped but present: task 1's answer may use them
+#: (the notebook's hint), task 3 refuses them by its trap alone (course_lib.grading.absent)
+KEEP_IN_SANDBOX = (
+    f"{_EST}.checkpointing:checkpointed_activation_bytes_gpt",
+    f"{_EST}.activations:activation_bytes_gpt",
+)
 
 
 def _drawn_gpt(rng, *, n_layer: tuple[int, int], **extra):
@@ -120,28 +134,32 @@ def _choice_key(
         fail(
             task,
             f"pick(...) must return a dict with 'policy', 'k' (and optionally 'save_ops'), "
-            f"got {type(choice).__name__} {choice!r}",
+            f"got {describe(choice)}",
         )
-    policy, k = choice["policy"], choice.get("k", 1)
-    key = (policy, k, tuple(choice.get("save_ops", MATMUL_OPS)))
-    if key not in measured:
-        try:
+    try:
+        policy, k = choice["policy"], choice.get("k", 1)
+        key = (policy, k, tuple(choice.get("save_ops", MATMUL_OPS)))
+        if key not in measured:
             measured[key] = _measure(base, idx, tgt, *key)
-        except (TypeError, ValueError) as exc:
-            fail(
-                task,
-                f"budget {fmt_int(budget)} B: apply_checkpointing refused {choice!r}: {exc}",
-            )
+    except (TypeError, ValueError) as exc:
+        fail(
+            task,
+            f"budget {fmt_int(budget)} B: apply_checkpointing refused {choice!r}: {exc}",
+        )
     return key
 
 
-def check_pick_policy(pick, task: int = 1) -> None:
-    """Three budgets on an unseen GPT: the choice fits (measured) with the least recompute (measured)."""
-    from course_lib.techniques.checkpointing import MATMUL_OPS
-
+def _pick_case(task: int):
+    """Task 1's GPT config, batch and sequence length, drawn from the grading seed."""
     rng = case_rng(task, UNIT)
     config = _drawn_gpt(rng, n_layer=(2, 4))
-    batch, seq = rng.randint(2, 4), config.block_size
+    return config, rng.randint(2, 4), config.block_size
+
+
+def _pick_menu(task: int):
+    """Task 1's GPT, its batch, every menu option measured on it and the three budgets:
+    everything fits; only some selective and block policies fit; only the smallest fits."""
+    config, batch, seq = _pick_case(task)
     base = _gpt(config)
     idx, tgt = _batch(config, batch, seq)
     key = (config, batch, seq)
@@ -151,14 +169,36 @@ def check_pick_policy(pick, task: int = 1) -> None:
             for p, k, ops in _menu(config.n_layer)
         }
     measured = dict(_MENU_CACHE[key])
-    base_flops = measured[("none", 1, tuple(MATMUL_OPS))][1]
     kept = sorted({v[0] for v in measured.values()})
-    # budgets: everything fits; only some selective and block policies fit; only the smallest fits
-    budgets = (kept[-1], kept[len(kept) // 2], kept[0])
-    for budget in budgets:
-        choice = run_learner(
-            task, pick, config, batch, seq, budget, forbid=[f"{_RUN}:cheapest_fitting_policy"]
-        )
+    return base, idx, tgt, measured, [kept[-1], kept[len(kept) // 2], kept[0]]
+
+
+def prepare_pick_policy(task: int = 1) -> dict[str, Any]:
+    """Judge side, before the learner's code runs: the budgets, from the measured menu."""
+    return {"budgets": _pick_menu(task)[-1]}
+
+
+def collect_pick_policy(pick, task: int = 1, inputs: Any = None) -> list[Any]:
+    """Task 1: the learner's choice for each budget, on an unseen GPT."""
+    budgets = inputs.get("budgets") if isinstance(inputs, dict) else None
+    if not isinstance(budgets, list) or not all(type(b) is int for b in budgets):
+        fail(task, "the budgets did not reach the check: run the check cell again")
+    config, batch, seq = _pick_case(task)
+    return [
+        run_learner(task, pick, config, batch, seq, budget, forbid=_PICK_FORBID)
+        for budget in budgets
+    ]
+
+
+def judge_pick_policy(data: Any, task: int = 1) -> None:
+    """Three budgets: the choice fits (measured) with the least recompute (measured)."""
+    from course_lib.techniques.checkpointing import MATMUL_OPS
+
+    base, idx, tgt, measured, budgets = _pick_menu(task)
+    base_flops = measured[("none", 1, tuple(MATMUL_OPS))][1]
+    if not isinstance(data, list) or len(data) != len(budgets):
+        fail(task, f"the run handed back no choice for each of the {len(budgets)} budgets")
+    for budget, choice in zip(budgets, data):
         key = _choice_key(task, choice, budget, measured, base, idx, tgt)
         got_kept, got_flops = measured[key]
         if got_kept > budget:
@@ -179,6 +219,8 @@ def check_pick_policy(pick, task: int = 1) -> None:
         f"all {len(budgets)} budgets met with the least recomputation (measured on an unseen GPT)",
     )
 
+
+check_pick_policy = split_check(collect_pick_policy, judge_pick_policy, prepare_pick_policy)
 
 _RNG_FORBID = [f"{_CK}:Checkpointed", f"{_CK}:apply_checkpointing"]
 
@@ -203,6 +245,8 @@ def _same_grads(task: int, names: list[str], got: list, ref: list) -> None:
     for name, g, r in zip(names, got, ref):
         if g is None:
             fail(task, f"{name} has no gradient")
+        if not isinstance(g, torch.Tensor) or g.shape != r.shape or g.dtype != r.dtype:
+            fail(task, f"the run handed back no gradient of {name} ({describe(g)})")
         if not torch.allclose(g, r, rtol=GRAD_RTOL, atol=GRAD_ATOL):
             err = float((g - r).abs().max())
             fail(
@@ -213,17 +257,24 @@ def _same_grads(task: int, names: list[str], got: list, ref: list) -> None:
             )
 
 
-def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
-    """Gradients with dropout equal the unchanged model's; every block is recomputed."""
+def _rng_case(task: int):
+    """Task 2's GPT with dropout (its weights from the seed) and its batch."""
+    rng = case_rng(task, UNIT)
+    config = _drawn_gpt(rng, n_layer=(2, 3), dropout=0.2)
+    base = _gpt(config, seed=rng.getrandbits(31))
+    idx, tgt = _batch(config, rng.randint(1, 3), config.block_size)
+    return config, base, idx, tgt
+
+
+def collect_rng_fix(checkpointed_forward, task: int = 2) -> dict[str, Any]:
+    """Task 2: one step of the GPT with each block run through the learner's function: how
+    many times each block ran, and the gradients."""
     import copy
 
     import torch
     from torch import nn
 
-    rng = case_rng(task, UNIT)
-    config = _drawn_gpt(rng, n_layer=(2, 3), dropout=0.2)
-    base = _gpt(config, seed=rng.getrandbits(31))
-    idx, tgt = _batch(config, rng.randint(1, 3), config.block_size)
+    config, base, idx, tgt = _rng_case(task)
 
     class Wrapped(nn.Module):
         def __init__(self, block):
@@ -233,7 +284,6 @@ def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
         def forward(self, x):
             return checkpointed_forward(self.block, x)
 
-    ref = _seeded_grads(copy.deepcopy(base), idx, tgt)
     model = copy.deepcopy(base)
     # one call on its own first, so that a missing answer is reported under its own name
     probe = torch.randn(2, config.block_size, config.n_embd, requires_grad=True)
@@ -242,14 +292,28 @@ def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
     for i, block in enumerate(model.blocks):
         block.register_forward_pre_hook(lambda m, a, i=i: calls.__setitem__(i, calls[i] + 1))
     model.blocks = nn.ModuleList(Wrapped(b) for b in model.blocks)
-    got = _seeded_grads(model, idx, tgt, task=task)
+    grads = _seeded_grads(model, idx, tgt, task=task)
+    return {"calls": calls, "grads": grads}
+
+
+def judge_rng_fix(data: Any, task: int = 2) -> None:
+    """Gradients with dropout equal the unchanged model's; every block is recomputed."""
+    import copy
+
+    config, base, idx, tgt = _rng_case(task)
+    ref = _seeded_grads(copy.deepcopy(base), idx, tgt)
+    calls = data.get("calls") if isinstance(data, dict) else None
     if calls != [2] * config.n_layer:
         fail(
             task,
             f"each block should run twice per step (forward, then recomputation in backward); "
             f"the blocks ran {calls} times: is the block checkpointed?",
         )
-    _same_grads(task, [n for n, _ in base.named_parameters()], got, ref)
+    names = [n for n, _ in base.named_parameters()]
+    got = data.get("grads")
+    if not isinstance(got, list) or len(got) != len(names):
+        fail(task, f"the run handed back no gradient for each of the {len(names)} parameters")
+    _same_grads(task, names, got, ref)
     passed(
         task,
         f"with dropout {config.dropout}, gradients equal the unchanged model's "
@@ -257,48 +321,66 @@ def check_rng_fix(checkpointed_forward, task: int = 2) -> None:
     )
 
 
-def check_predict_kept_bytes(predict_kept_bytes, task: int = 3) -> None:
+check_rng_fix = split_check(collect_rng_fix, judge_rng_fix)
+
+
+def _kept_cases(task: int) -> list[tuple[Any, int, int, str, int]]:
+    """Task 3's cases: (config, batch, seq, policy, k) on two GPTs drawn from the grading seed,
+    one at the full block size, one with a shorter sequence; every_k with k >= 2, segments with
+    a k that leaves a shorter last segment."""
+    rng = case_rng(task, UNIT)
+    cases = []
+    for short in (False, True):
+        config = _drawn_gpt(rng, n_layer=(3, 5))
+        seq = rng.randint(8, config.block_size - 4) if short else config.block_size
+        k_every = rng.randint(2, config.n_layer - 1)
+        k_seg = rng.choice([k for k in range(2, config.n_layer) if config.n_layer % k] or [2])
+        batch = rng.randint(1, 4)
+        for policy, k in (("none", 1), ("full", 1), ("every_k", k_every), ("segments", k_seg)):
+            cases.append((config, batch, seq, policy, k))
+    return cases
+
+
+_KEPT_FORBID = [
+    f"{_EST}.checkpointing:checkpointed_activation_bytes_gpt",
+    f"{_EST}.activations:activation_bytes_gpt",
+    f"{_RUN}:plain_block_bytes",
+    f"{_RUN}:kept_bytes",
+]
+
+
+def collect_predict_kept_bytes(predict_kept_bytes, task: int = 3) -> list[Any]:
+    """Task 3: the learner's predicted kept bytes for each unseen case."""
+    return [
+        run_learner(task, predict_kept_bytes, config, batch, seq, policy, k, forbid=_KEPT_FORBID)
+        for config, batch, seq, policy, k in _kept_cases(task)
+    ]
+
+
+def judge_predict_kept_bytes(data: Any, task: int = 3) -> None:
     """Exact kept bytes for unseen configurations, against MemoryMeter."""
     from course_lib.techniques.checkpointing import MATMUL_OPS
 
-    rng = case_rng(task, UNIT)
-    cases = []
-    for short in (False, True):  # one at the full block size, one with a shorter sequence
-        config = _drawn_gpt(rng, n_layer=(3, 5))
-        seq = rng.randint(8, config.block_size - 4) if short else config.block_size
-        # every_k with k >= 2; segments with a k that leaves a shorter last segment
-        k_every = rng.randint(2, config.n_layer - 1)
-        k_seg = rng.choice([k for k in range(2, config.n_layer) if config.n_layer % k] or [2])
-        cases.append((config, rng.randint(1, 4), seq, k_every, k_seg))
-    forbid = [
-        f"{_EST}.checkpointing:checkpointed_activation_bytes_gpt",
-        f"{_EST}.activations:activation_bytes_gpt",
-        f"{_RUN}:plain_block_bytes",
-        f"{_RUN}:kept_bytes",
-    ]
-    n = 0
-    for config, batch, seq, k_every, k_seg in cases:
+    cases = _kept_cases(task)
+    if not isinstance(data, list) or len(data) != len(cases):
+        fail(task, f"the run handed back no prediction for each of the {len(cases)} cases")
+    for (config, batch, seq, policy, k), got in zip(cases, data):
+        if isinstance(got, bool) or not isinstance(got, int):
+            fail(task, f"predict_kept_bytes must return an int (bytes), got {describe(got)}")
         base = _gpt(config)
         idx, tgt = _batch(config, batch, seq)
-        for policy, k in (("none", 1), ("full", 1), ("every_k", k_every), ("segments", k_seg)):
-            got = run_learner(
-                task, predict_kept_bytes, config, batch, seq, policy, k, forbid=forbid
+        expected, _ = _measure(base, idx, tgt, policy, k, MATMUL_OPS)
+        if got != expected:
+            fail(
+                task,
+                f"n_layer={config.n_layer}, n_embd={config.n_embd}, n_head={config.n_head}, "
+                f"vocab={config.vocab_size}, batch={batch}, seq={seq}, policy={policy!r}, k={k}: "
+                f"predicted {fmt_int(got)} B, not what MemoryMeter measured",
             )
-            if isinstance(got, bool) or not isinstance(got, int):
-                fail(
-                    task,
-                    f"predict_kept_bytes must return an int (bytes), got {type(got).__name__} {got!r}",
-                )
-            expected, _ = _measure(base, idx, tgt, policy, k, MATMUL_OPS)
-            if got != expected:
-                fail(
-                    task,
-                    f"n_layer={config.n_layer}, n_embd={config.n_embd}, n_head={config.n_head}, "
-                    f"vocab={config.vocab_size}, batch={batch}, seq={seq}, policy={policy!r}, k={k}: "
-                    f"predicted {fmt_int(got)} B, not what MemoryMeter measured",
-                )
-            n += 1
     passed(
         task,
-        f"{n} predictions equal MemoryMeter's measurement to the byte (2 unseen configurations)",
+        f"{len(cases)} predictions equal MemoryMeter's measurement to the byte (2 unseen configurations)",
     )
+
+
+check_predict_kept_bytes = split_check(collect_predict_kept_bytes, judge_predict_kept_bytes)

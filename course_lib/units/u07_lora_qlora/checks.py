@@ -10,6 +10,10 @@ and into a :class:`Conv1D` (transposed), after which forward skips the adapter.
 Task 4: find the bug: ``init_adapter(d_in, d_out, r) -> (A, B)`` must leave the model unchanged
 at step 0 (B = 0) and still learn (A random, so B gets a gradient).
 
+Tasks 2 and 3 live in :mod:`.checks_layers` (re-exported here). Each check is split
+(:mod:`course_lib.grading.split`): ``collect_*`` calls the learner's code and hands back what it
+returned; ``judge_*`` computes what is expected and decides.
+
 The learner's classes are built as ``MyQVLoRA(c_attn, r=..., alpha=...)`` (``base``, ``A_q``
 and ``A_v`` (r, d_in), ``B_q`` and ``B_v`` (d, r), ``scaling``) and ``MyLoRALinear(base, r=...,
 alpha=...)`` (``base``, ``lora_A`` (r, d_in), ``lora_B`` (d_out, r), ``scaling``, ``merged``);
@@ -23,10 +27,21 @@ is far outside that.
 
 from __future__ import annotations
 
-import functools
+from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
+from course_lib.grading.plain import Opaque, describe
 from course_lib.grading.seeds import case_rng
+from course_lib.grading.split import split_check
+from course_lib.units.u07_lora_qlora.checks_layers import (  # noqa: F401 (re-exported)
+    _FORBID_LAYER,
+    ATOL,
+    RTOL,
+    TOLERANCE,
+    _conv1d_class,
+    check_lora_merge,
+    check_qv_forward,
+)
 
 UNIT = "u07_lora_qlora"
 
@@ -54,9 +69,6 @@ _FORBID_COUNT = [
     "course_lib.techniques.lora:add_lora",
     "course_lib.techniques.lora:trainable_params",
 ]
-_FORBID_LAYER = ["course_lib.techniques.lora:LoRALinear", "course_lib.techniques.lora:add_lora"]
-RTOL, ATOL = 1e-5, 1e-5  # ATOL: of the expected tensor's largest magnitude
-TOLERANCE = f"rtol={RTOL:g}, atol={ATOL:g} of the largest value"
 
 
 def _mistral_count(r: int) -> int:
@@ -71,16 +83,26 @@ def _mistral_count(r: int) -> int:
     return r * per_layer * MISTRAL_7B["n_layer"]
 
 
-def check_count_lora(count_lora_params, task: int = 1) -> None:
-    """Exact counts at r = 1, 16 and two ranks drawn from the grading seed; an int is required."""
+def _count_ranks(task: int) -> tuple[int, ...]:
     rng = case_rng(task, UNIT)
-    for r in (1, rng.randint(2, 12), 16, rng.randint(17, 256)):
-        got = run_learner(task, count_lora_params, r, forbid=_FORBID_COUNT)
+    return (1, rng.randint(2, 12), 16, rng.randint(17, 256))
+
+
+def collect_count_lora(count_lora_params, task: int = 1) -> list[Any]:
+    """Task 1: the learner's counts at r = 1, 16 and two ranks drawn from the grading seed."""
+    return [
+        run_learner(task, count_lora_params, r, forbid=_FORBID_COUNT) for r in _count_ranks(task)
+    ]
+
+
+def judge_count_lora(data: Any, task: int = 1) -> None:
+    """Exact counts at each rank; an int is required."""
+    ranks = _count_ranks(task)
+    if not isinstance(data, list) or len(data) != len(ranks):
+        fail(task, f"the run handed back no count for each of the {len(ranks)} ranks")
+    for r, got in zip(ranks, data):
         if isinstance(got, bool) or not isinstance(got, int):
-            fail(
-                task,
-                f"count_lora_params({r}) returned {type(got).__name__} {got!r}: expected an int",
-            )
+            fail(task, f"count_lora_params({r}) returned {describe(got)}: expected an int")
         if got != _mistral_count(r):
             no_gqa = r * 32 * (4 * (4096 + 4096) + 3 * (4096 + 14336))
             hint = (
@@ -96,25 +118,7 @@ def check_count_lora(count_lora_params, task: int = 1) -> None:
     )
 
 
-@functools.cache
-def _conv1d_class():
-    import torch
-    from torch import nn
-
-    class Conv1D(nn.Module):
-        """GPT-2's linear layer (Radford et al. 2019; Hugging Face's ``Conv1D``): the weight is
-        stored transposed, (d_in, d_out), and the layer computes x @ weight + bias."""
-
-        def __init__(self, in_features: int, out_features: int):
-            super().__init__()
-            self.in_features, self.out_features = in_features, out_features
-            self.weight = nn.Parameter(torch.randn(in_features, out_features) * 0.02)
-            self.bias = nn.Parameter(torch.zeros(out_features))
-
-        def forward(self, x):
-            return x @ self.weight + self.bias
-
-    return Conv1D
+check_count_lora = split_check(collect_count_lora, judge_count_lora)
 
 
 def __getattr__(name: str):
@@ -125,221 +129,35 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def _layer(MyLoRALinear, task: int, kind: str = "linear"):
-    """The learner's layer around a base with sizes, rank and alpha drawn from the grading seed,
-    and a copy of the base as it was."""
-    import copy
-
-    import torch
-    from torch import nn
-
+def _init_case(task: int) -> tuple[int, int, int, int, Any]:
+    """Task 4's seed for the learner's init, d_in, d_out, r, and the rng that draws the rest."""
     rng = case_rng(task, UNIT)
-    d_in, d_out = rng.randint(12, 40), rng.randint(6, 30)
-    d_out += d_out == d_in  # never square: the two layouts must differ
-    r = rng.choice((2, 4, 8))
-    alpha = rng.choice([a for a in (1, 4, 8, 16, 32) if a != r])  # scaling != 1
-    torch.manual_seed(rng.getrandbits(31))
-    base = nn.Linear(d_in, d_out) if kind == "linear" else _conv1d_class()(d_in, d_out)
-    with torch.no_grad():
-        base.bias.normal_()
-    ref = copy.deepcopy(base)
-    shapes = {"lora_A": (r, d_in), "lora_B": (d_out, r)}
-    layer = _build(task, MyLoRALinear, base, r=r, alpha=alpha, shapes=shapes)
-    return layer, ref, alpha / r, rng
+    seed = rng.getrandbits(31)
+    d_in, d_out, r = rng.randint(16, 48), rng.randint(8, 32), rng.choice((2, 4, 8))
+    return seed, d_in, d_out, r, rng
 
 
-def _build(task: int, cls, base, *, r: int, alpha: int, shapes: dict[str, tuple[int, int]]):
-    """The learner's ``cls(base, r=r, alpha=alpha)``, its adapter tensors checked by shape."""
+def collect_init_adapter(init_adapter, task: int = 4) -> dict[str, Any]:
+    """Task 4: the (A, B) the learner's fixed init returns."""
     import torch
 
-    layer = run_learner(task, cls, base, r=r, alpha=alpha, forbid=_FORBID_LAYER)
-    made = (
-        f"{getattr(cls, '__name__', 'the class')}({type(base).__name__}({base.in_features}, "
-        f"{base.out_features}), r={r}, alpha={alpha})"
-    )
-    for name, shape in shapes.items():
-        t = getattr(layer, name, None)
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
-            fail(
-                task,
-                f"{made}.{name}: expected a tensor of shape {shape}, got "
-                f"{getattr(t, 'shape', t)!r}",
-            )
-    return layer
+    seed, d_in, d_out, r, _ = _init_case(task)
+    torch.manual_seed(seed)
+    return {"adapter": run_learner(task, init_adapter, d_in, d_out, r, forbid=_FORBID_LAYER)}
 
 
-def _near(got, expected) -> bool:
-    """``got`` within RTOL of each expected element plus ATOL of the largest one (float64)."""
-    g, e = got.detach().double(), expected.detach().double()
-    scale = max(float(e.abs().max()), 1.0) if e.numel() else 1.0
-    return bool(((g - e).abs() <= ATOL * scale + RTOL * e.abs()).all())
-
-
-def _close(task: int, what: str, got, expected) -> None:
-    import torch
-
-    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
-        fail(
-            task,
-            f"{what}: expected a tensor of shape {tuple(expected.shape)}, got {getattr(got, 'shape', got)!r}",
-        )
-    if not _near(got, expected):
-        err = float((got.detach().double() - expected.detach().double()).abs().max())
-        fail(task, f"{what}: max abs error {err:.3g} ({TOLERANCE})")
-
-
-def _qv_layer(MyQVLoRA, task: int):
-    """The learner's q/v adapter around a GPT-2 ``c_attn`` (Conv1D d -> 3d) with d, r and alpha
-    drawn from the grading seed; a copy of the base as it was; d; the scaling; the rng."""
-    import copy
-
-    import torch
-
-    rng = case_rng(task, UNIT)
-    d = rng.randint(8, 24)
-    r = rng.choice((2, 4, 8))
-    alpha = rng.choice([a for a in (1, 4, 8, 16, 32) if a != r])  # scaling != 1
-    torch.manual_seed(rng.getrandbits(31))
-    base = _conv1d_class()(d, 3 * d)
-    with torch.no_grad():
-        base.bias.normal_()
-    ref = copy.deepcopy(base)
-    shapes = {"A_q": (r, d), "B_q": (d, r), "A_v": (r, d), "B_v": (d, r)}
-    layer = _build(task, MyQVLoRA, base, r=r, alpha=alpha, shapes=shapes)
-    return layer, ref, d, alpha / r, rng
-
-
-def check_qv_forward(MyQVLoRA, task: int = 2) -> None:
-    """On GPT-2's fused c_attn (Conv1D d -> 3d, [q | k | v]): forward = base(x) at step 0; once
-    B_q and B_v are trained, the output of the base whose weight carries (alpha / r) B A in its
-    q and v columns (k's untouched), for 3-D and 2-D inputs; only the adapter gets gradients."""
-    import torch
-
-    layer, ref, d, scaling, rng = _qv_layer(MyQVLoRA, task)
-    g = torch.Generator().manual_seed(rng.getrandbits(63))
-    x = torch.randn(rng.randint(2, 4), rng.randint(3, 6), d, generator=g)
-    with torch.no_grad():
-        _close(
-            task,
-            "output at step 0 (B = 0) vs the base layer",
-            run_learner(task, layer, x, forbid=_FORBID_LAYER),
-            ref(x),
-        )
-        for name in ("B_q", "B_v"):
-            getattr(layer, name).copy_(torch.randn((d, layer.A_q.shape[0]), generator=g))
-        w = ref.weight.detach().double()  # (d, 3d): Conv1D's layout, columns [q | k | v]
-        for name, cols in (("q", slice(0, d)), ("v", slice(2 * d, 3 * d))):
-            a, b = (getattr(layer, f"{m}_{name}").detach().double() for m in "AB")
-            w[:, cols] += scaling * (b @ a).T
-    for inp in (x, x[0]):
-        expected = inp.double() @ w + ref.bias.detach().double()  # float64: the exact output
-        got = run_learner(task, layer, inp, forbid=_FORBID_LAYER)
-        what = f"c_attn = Conv1D({d}, {3 * d}), input shape {tuple(inp.shape)}, B != 0"
-        if isinstance(got, torch.Tensor) and got.shape == expected.shape:
-            base_out = inp.double() @ ref.weight.detach().double() + ref.bias.detach().double()
-            _check_qkv_parts(task, what, got, expected, base_out, d, scaling)
-        _close(task, what, got, expected)
-    _check_adapter_gradients(task, layer, got)
-    passed(
-        task,
-        f"LoRA on q and v of GPT-2's fused c_attn: unchanged at step 0, q and v updated by "
-        f"(alpha / r) B A x once B is trained, k the base's, base frozen ({TOLERANCE})",
-    )
-
-
-def _check_qkv_parts(task: int, what: str, got, expected, base_out, d: int, scaling: float):
-    """Name the part of the fused output that is wrong: k changed, or q or v not updated."""
-
-    k = slice(d, 2 * d)
-    if not _near(got[..., k], base_out[..., k]):
-        fail(
-            task,
-            f"{what}: the k part of the output (columns {d}..{2 * d - 1}) differs from the "
-            "base's: this adapter changes q and v only",
-        )
-    for part, first in (("q", 0), ("v", 2 * d)):
-        cols = slice(first, first + d)
-        if not _near(got[..., cols], expected[..., cols]):
-            fail(
-                task,
-                f"{what}: the {part} part of the output (columns {first}..{first + d - 1}) is "
-                f"not the base's plus (alpha / r = {scaling:g}) x A_{part}^T B_{part}^T",
-            )
-
-
-def _check_adapter_gradients(task: int, layer, out) -> None:
-    """The base stays frozen and each of the four adapter tensors gets a gradient from ``out``."""
-    if out.requires_grad:
-        out.sum().backward()
-    if layer.base.weight.grad is not None or layer.base.bias.grad is not None:
-        fail(task, "the base got a gradient: it must stay frozen")
-    missing = [n for n in ("A_q", "B_q", "A_v", "B_v") if getattr(layer, n).grad is None]
-    if missing:
-        fail(
-            task,
-            f"{', '.join(missing)} got no gradient: compute the output from the adapter's "
-            "tensors with torch operations",
-        )
-
-
-def check_lora_merge(MyLoRALinear, task: int = 3) -> None:
-    """After merge, into an nn.Linear and into a Conv1D: base.weight is W0 plus the update in the
-    base's own layout, and forward gives the same output as before (not added twice)."""
-    for kind in ("linear", "conv1d"):
-        _check_merge_into(MyLoRALinear, task, kind)
-    passed(
-        task,
-        f"merge() folds (alpha / r) B A into W0 of an nn.Linear and of a GPT-2 Conv1D (stored "
-        f"transposed) and the output is unchanged ({TOLERANCE})",
-    )
-
-
-def _check_merge_into(MyLoRALinear, task: int, kind: str) -> None:
-    import torch
-
-    layer, ref, scaling, rng = _layer(MyLoRALinear, task, kind)
-    name = type(ref).__name__
-    g = torch.Generator().manual_seed(rng.getrandbits(63))
-    x = torch.randn(rng.randint(3, 8), ref.in_features, generator=g)
-    with torch.no_grad():
-        layer.lora_B.copy_(torch.randn(layer.lora_B.shape, generator=g))
-        before = run_learner(task, layer, x, forbid=_FORBID_LAYER)
-        run_learner(task, layer.merge, forbid=_FORBID_LAYER)
-        b, a = layer.lora_B.double(), layer.lora_A.double()
-        delta = scaling * b @ a  # (d_out, d_in): nn.Linear's layout; float64, the exact sum
-        expected_w = ref.weight.double() + (delta if kind == "linear" else delta.T)
-        _close(
-            task,
-            f"{name} base: base.weight after merge() vs W0 plus (alpha / r) B A in its layout",
-            layer.base.weight.detach(),
-            expected_w,
-        )
-        after = run_learner(task, layer, x, forbid=_FORBID_LAYER)
-        if _near(after, before + (before - ref(x))):
-            fail(
-                task,
-                f"{name} base: after merge() the update is added twice: forward must skip the "
-                "adapter once merged",
-            )
-        _close(task, f"{name} base: output after merge() vs before", after, before)
-
-
-def check_init_adapter(init_adapter, task: int = 4) -> None:
+def judge_init_adapter(data: Any, task: int = 4) -> None:
     """The fixed init: shapes (r, d_in) and (d_out, r); a layer adapted with it computes exactly
     what the base computes (B = 0); one SGD step changes the output (A is not zero)."""
     import torch
 
-    rng = case_rng(task, UNIT)
-    torch.manual_seed(rng.getrandbits(31))
-    d_in, d_out, r = rng.randint(16, 48), rng.randint(8, 32), rng.choice((2, 4, 8))
-    got = run_learner(task, init_adapter, d_in, d_out, r, forbid=_FORBID_LAYER)
+    _, d_in, d_out, r, rng = _init_case(task)
+    got = data.get("adapter") if isinstance(data, dict) else None
     if not (
         isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)
     ):
-        fail(
-            task,
-            f"init_adapter must return a tuple (A, B) of two tensors, got {type(got).__name__}",
-        )
+        kind = got.type_name if isinstance(got, Opaque) else type(got).__name__
+        fail(task, f"init_adapter must return a tuple (A, B) of two tensors, got {kind}")
     A, B = (t.detach().clone().float().requires_grad_(True) for t in got)
     if tuple(A.shape) != (r, d_in) or tuple(B.shape) != (d_out, r):
         fail(
@@ -369,3 +187,6 @@ def check_init_adapter(init_adapter, task: int = 4) -> None:
             "gradient reaches either (dL/dB = g (A x)^T, dL/dA = B^T g x^T); keep A random",
         )
     passed(task, "B A = 0 at step 0 (the model is unchanged) and one SGD step moves the output")
+
+
+check_init_adapter = split_check(collect_init_adapter, judge_init_adapter)

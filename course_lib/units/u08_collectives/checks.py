@@ -2,45 +2,60 @@
 
 The learner's functions are launched on 2, 3 and 4 real gloo ranks with course_lib.launch and
 compared with torch.distributed (values) and with course_lib.measure.estimate (bytes: the payloads
-the learner's code hands to send/isend, counted by CommMeter from the calls it makes; for
+the learner's code hands to send/isend, counted by a CallLog from the calls it makes; for
 point-to-point calls that is what the model counts too, the wire adds only gloo's headers). Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
 The sizes of task 3, the delays of task 4 and a model size and GPU count of task 6 are drawn
 from the grading seed (:func:`course_lib.grading.seeds.case_rng`).
+
+Every check is split in two (:mod:`course_lib.grading.split`): ``collect_X`` runs the learner's
+code (inside the ranks: the tensors it left and the calls it made; no reference runs there) and
+``judge_X`` computes what is expected in one process from the seeded inputs, or launches the
+course's reference on ranks itself, and gives the verdict.
 """
 
 from __future__ import annotations
 
-from course_lib.grading.core import fail, fmt_int, passed, run_learner
+from typing import Any
+
+from course_lib.grading.calls import need_runs
+from course_lib.grading.core import fail, passed, run_learner
+from course_lib.grading.plain import describe, learner_number
 from course_lib.grading.seeds import case_rng
+from course_lib.grading.split import split_check
+from course_lib.units.u08_collectives.checks_bytes import (  # noqa: F401 (re-exported)
+    SCALE_CASES,
+    SCALE_SCHEMES,
+    check_composite_bytes,
+    check_scale_bytes,
+)
 from course_lib.units.u08_collectives.checks_ranks import (
-    _BYTES_REFERENCES,
-    GRADE_TIMEOUT_S,
     WORLD_SIZES,
     _all_gather_worker,
     _all_reduce_worker,
-    _check_bytes,
-    _check_cases,
-    _composite_worker,
     _guarded,
     _launch_learner,
     _name,
+    check_ring_bytes,
+    check_ring_cases,
     draw_ring_case,
+    learner_name,
 )
-
-# --------------------------------------------------------------------------------------------
-# what runs inside the ranks
-# --------------------------------------------------------------------------------------------
-# The meters run with dispatch=False: they count direct torch.distributed calls (all a ring needs)
-# without importing torch.distributed.tensor in every rank, which costs seconds per launch.
-
 
 UNIT = "u08_collectives"
 
 
 # --------------------------------------------------------------------------------------------
-# checks
+# tasks 1 and 2: the rings
 # --------------------------------------------------------------------------------------------
-def check_ring_all_reduce(fn, task: int = 1) -> None:
+def _collect_ring(fn, task: int, worker) -> dict[str, Any]:
+    if not callable(fn):
+        fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
+    case = draw_ring_case(case_rng(task, UNIT))
+    runs = [_launch_learner(task, worker, n, fn, *case) for n in WORLD_SIZES]
+    return {"name": _name(fn), "runs": runs}
+
+
+def collect_ring_all_reduce(fn, task: int = 1) -> dict[str, Any]:
     """Task: ring all-reduce from send/recv. ``fn(tensor)`` sums ``tensor`` over ranks in place.
 
     Graded on 2, 3 and 4 ranks, on sizes drawn from the grading seed (one element, a small and a
@@ -49,23 +64,19 @@ def check_ring_all_reduce(fn, task: int = 1) -> None:
     divisible by N: every rank must send exactly estimate.ring_allreduce_bytes_sent(S, N) bytes
     through point-to-point calls only.
     """
+    return _collect_ring(fn, task, _all_reduce_worker)
+
+
+def judge_ring_all_reduce(data: Any, task: int = 1) -> None:
     from course_lib.measure import estimate
 
-    if not callable(fn):
-        fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
     case = draw_ring_case(case_rng(task, UNIT))
-    for world_size in WORLD_SIZES:
-        results = _launch_learner(task, _all_reduce_worker, world_size, fn, *case)
-        _check_cases(task, fn, world_size, results, "the all-reduced tensor")
-        size = results[0]["size_bytes"]
-        _check_bytes(
-            task,
-            fn,
-            world_size,
-            results,
-            estimate.ring_allreduce_bytes_sent(size, world_size),
-            "2(N-1)/N * S",
-        )
+    name = learner_name(data)
+    for world_size, results in zip(WORLD_SIZES, need_runs(task, data, WORLD_SIZES)):
+        check_ring_cases(task, world_size, results, case, "the all-reduced tensor", False)
+        size = world_size * case[2] * 4
+        expected = estimate.ring_allreduce_bytes_sent(size, world_size)
+        check_ring_bytes(task, name, world_size, results, size, expected, "2(N-1)/N * S")
     passed(
         task,
         "ring all-reduce matches dist.all_reduce on 2, 3 and 4 ranks (sizes that do not split "
@@ -73,7 +84,10 @@ def check_ring_all_reduce(fn, task: int = 1) -> None:
     )
 
 
-def check_ring_all_gather(fn, task: int = 2) -> None:
+check_ring_all_reduce = split_check(collect_ring_all_reduce, judge_ring_all_reduce)
+
+
+def collect_ring_all_gather(fn, task: int = 2) -> dict[str, Any]:
     """Task: ring all-gather. ``fn(output, input)``: rank r's ``input`` (k elements) lands in
     chunk r of every rank's ``output`` (N * k elements).
 
@@ -82,23 +96,19 @@ def check_ring_all_gather(fn, task: int = 2) -> None:
     ``dist.all_gather_single`` (copies, no arithmetic), then bytes: each rank sends exactly
     estimate.allgather_bytes_sent(S_out, N) = (N-1)/N * S_out through point-to-point calls.
     """
+    return _collect_ring(fn, task, _all_gather_worker)
+
+
+def judge_ring_all_gather(data: Any, task: int = 2) -> None:
     from course_lib.measure import estimate
 
-    if not callable(fn):
-        fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
     case = draw_ring_case(case_rng(task, UNIT))
-    for world_size in WORLD_SIZES:
-        results = _launch_learner(task, _all_gather_worker, world_size, fn, *case)
-        _check_cases(task, fn, world_size, results, "the gathered tensor")
-        size = results[0]["size_bytes"]
-        _check_bytes(
-            task,
-            fn,
-            world_size,
-            results,
-            estimate.allgather_bytes_sent(size, world_size),
-            "(N-1)/N * S_out",
-        )
+    name = learner_name(data)
+    for world_size, results in zip(WORLD_SIZES, need_runs(task, data, WORLD_SIZES)):
+        check_ring_cases(task, world_size, results, case, "the gathered tensor", True)
+        size = world_size * case[2] * 4
+        expected = estimate.allgather_bytes_sent(size, world_size)
+        check_ring_bytes(task, name, world_size, results, size, expected, "(N-1)/N * S_out")
     passed(
         task,
         "ring all-gather equals dist.all_gather_single bit for bit on 2, 3 and 4 ranks "
@@ -106,63 +116,7 @@ def check_ring_all_gather(fn, task: int = 2) -> None:
     )
 
 
-def check_composite_bytes(predict, task: int = 3) -> None:
-    """Task: predict the bytes one rank sends in an all-reduce done as ring reduce-scatter +
-    ring all-gather. ``predict(size_bytes, world_size)`` returns a number of bytes.
-
-    Graded against estimate (reduce_scatter_bytes_sent + allgather_bytes_sent) on several
-    (S, N), and against the payloads CommMeter counts in the from-scratch rings' send calls on 2
-    and 4 ranks.
-    """
-    from course_lib.measure import estimate
-    from course_lib.runtime.errors import LaunchError
-    from course_lib.runtime.launch import launch
-
-    rng = case_rng(task, UNIT)
-    odd = rng.choice((3, 5, 6, 7))
-    cases = [
-        (4 * rng.randint(256, 4096), 2),
-        (4 * rng.randint(256, 4096), 4),
-        (odd * 4 * rng.randint(256, 4096), odd),  # N not a power of two
-        (2 ** rng.randint(20, 26), rng.choice((8, 16, 32))),
-        (2 ** rng.randint(28, 32), rng.choice((64, 128, 256))),
-        (4 * rng.randint(1, 2000), 1),  # one rank sends nothing
-    ]
-    rng.shuffle(cases)
-    for size, n in cases:
-        expected = estimate.reduce_scatter_bytes_sent(size, n) + estimate.allgather_bytes_sent(
-            size, n
-        )
-        got = run_learner(task, predict, size, n, forbid=_BYTES_REFERENCES)
-        if not isinstance(got, (int, float)) or isinstance(got, bool):
-            fail(task, f"{_name(predict)}({size}, {n}) must return a number of bytes, got {got!r}")
-        if abs(got - expected) > 1e-9 * max(1.0, expected):
-            fail(
-                task,
-                f"for S = {fmt_int(size)} B on N = {n} ranks: {got!r} B per rank is not what "
-                "reduce-scatter + all-gather send",
-            )
-    for n, numel in ((2, 2 * rng.randint(256, 2048)), (4, 4 * rng.randint(256, 2048))):
-        try:
-            measured = launch(_composite_worker, n, numel, timeout=GRADE_TIMEOUT_S)
-        except LaunchError as exc:  # not the learner's fault, but say so clearly
-            fail(
-                task,
-                f"could not measure the reference run on {n} ranks: {str(exc).splitlines()[0]}",
-            )
-        predicted = run_learner(task, predict, numel * 4, n, forbid=_BYTES_REFERENCES)
-        for rank, got in enumerate(measured):
-            if got != predicted:
-                fail(
-                    task,
-                    f"rank {rank} of {n}, S = {fmt_int(numel * 4)} B: your prediction "
-                    f"{predicted!r} is not what CommMeter counted in the send calls",
-                )
-    passed(
-        task,
-        f"predictions match estimate on {len(cases)} cases and CommMeter on 2 and 4 ranks: "
-        "reduce-scatter + all-gather sends 2(N-1)/N * S per rank, the ring all-reduce's bytes",
-    )
+check_ring_all_gather = split_check(collect_ring_all_gather, judge_ring_all_gather)
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,13 +151,21 @@ def _measure_straggler(sleeps) -> list[float]:
     return straggler(list(sleeps))["in_all_reduce_s"].tolist()
 
 
-def check_straggler_prediction(predict_wait_s, task: int = 4) -> None:
+def collect_straggler_prediction(predict_wait_s, task: int = 4) -> dict[str, Any]:
     """Task: ``predict_wait_s(sleeps)`` returns, for each rank, the seconds it spends inside one
     all-reduce when rank r first computes ``sleeps[r]`` seconds. The check predicts first, then
     runs it on 4 real ranks with STRAGGLER_SLEEPS and compares every rank within 0.1 s. A shared
     machine can delay one run: a miss is measured again (up to 3 runs)."""
     sleeps = straggler_sleeps(task)
     got = run_learner(task, predict_wait_s, list(sleeps), forbid=_STRAGGLER_REFERENCES)
+    if isinstance(got, (list, tuple)):
+        got = [learner_number(v, builtin_only=True) for v in got]  # as checks_bytes
+    return {"wait_s": got}
+
+
+def judge_straggler_prediction(data: Any, task: int = 4) -> None:
+    sleeps = straggler_sleeps(task)
+    got = data.get("wait_s") if isinstance(data, dict) else None
     if (
         not isinstance(got, (list, tuple))
         or len(got) != len(sleeps)
@@ -234,6 +196,9 @@ def check_straggler_prediction(predict_wait_s, task: int = 4) -> None:
     )
 
 
+check_straggler_prediction = split_check(collect_straggler_prediction, judge_straggler_prediction)
+
+
 # --------------------------------------------------------------------------------------------
 # task 5: find the bug -- all-gather where an all-reduce was needed
 # --------------------------------------------------------------------------------------------
@@ -248,6 +213,24 @@ def buggy_average_gradients(grad):
     return torch.cat(parts) / world
 
 
+AVERAGE_WORLD_SIZES = (2, 3)
+
+
+def _average_case(task: int) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """Task 5's gradient shapes (a vector and a matrix) and data seed, drawn from the grading seed."""
+    rng = case_rng(task, UNIT)
+    shapes = ((rng.randint(2, 9),), (rng.randint(2, 6), rng.randint(2, 6)))
+    return shapes, rng.randrange(2**31)
+
+
+def _gradient(seed: int, rank: int, shape: tuple[int, ...]) -> Any:
+    """Rank ``rank``'s gradient of ``shape``, float64, the same wherever it is made."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 11 * rank + len(shape))
+    return torch.randn(shape, generator=gen, dtype=torch.float64)
+
+
 def _average_worker(
     rank: int,
     world_size: int,
@@ -255,107 +238,74 @@ def _average_worker(
     shapes: tuple[tuple[int, ...], ...] = ((2,), (3, 5)),
     seed: int = 0,
 ) -> dict:
+    """What ``fn`` returned for each shape: a CPU copy of a tensor, or the name of the type it
+    returned instead."""
     import torch
 
-    def gradient(r: int, shape: tuple[int, ...]) -> torch.Tensor:  # rank r's, made anywhere
-        gen = torch.Generator().manual_seed(seed + 11 * r + len(shape))
-        return torch.randn(shape, generator=gen, dtype=torch.float64)
-
-    cases = []
+    outs: list[Any] = []
     for shape in shapes:
-        want = torch.stack([gradient(r, shape) for r in range(world_size)]).mean(0)
-        ok, err = _guarded(lambda g: cases.append(fn(g)), gradient(rank, shape))
+        ok, err = _guarded(lambda g: outs.append(fn(g)), _gradient(seed, rank, shape))
         if not ok:
             return {"error": err}
-        out = cases.pop()
-        if not isinstance(out, torch.Tensor):
-            why = f"returned {type(out).__name__}, not a tensor"
-        elif tuple(out.shape) != shape:
-            why = f"returned shape {tuple(out.shape)}, expected the gradient's {shape}"
+        out = outs.pop()
+        if isinstance(out, torch.Tensor):
+            outs.append(out.detach().to("cpu").as_subclass(torch.Tensor).clone())
         else:
-            err_max = float((out.double() - want).abs().max())
-            why = f"max abs difference from the mean {err_max:.3g}"
-            cases.append({"shape": list(shape), "ok": err_max <= 1e-12, "why": why})
-            continue
-        return {"cases": [{"shape": list(shape), "ok": False, "why": why}]}
-    return {"cases": cases}
+            outs.append(type(out).__name__)
+    return {"outs": outs}
 
 
-def check_fixed_average(fn, task: int = 5) -> None:
+def collect_fixed_average(fn, task: int = 5) -> dict[str, Any]:
     """Task: ``fn(grad)`` returns the mean of ``grad`` over all ranks, with grad's shape (what
     buggy_average_gradients should have returned). Run on 2 and 3 real ranks, on a vector and a
     matrix whose shapes and values are drawn from the grading seed, float64, against the mean
     computed from every rank's gradient (within 1e-12)."""
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
-    rng = case_rng(task, UNIT)
-    shapes = ((rng.randint(2, 9),), (rng.randint(2, 6), rng.randint(2, 6)))
-    seed = rng.randrange(2**31)
-    for world_size in (2, 3):
-        results = _launch_learner(task, _average_worker, world_size, fn, shapes, seed)
+    shapes, seed = _average_case(task)
+    return {
+        "runs": [
+            _launch_learner(task, _average_worker, n, fn, shapes, seed) for n in AVERAGE_WORLD_SIZES
+        ]
+    }
+
+
+def _average_problem(out: Any, shape: tuple[int, ...], want: Any) -> str:
+    """What is wrong with one rank's returned average ("" if nothing)."""
+    import torch
+
+    if isinstance(out, str):
+        return f"returned {out[:100]}, not a tensor"
+    if not isinstance(out, torch.Tensor):
+        return f"returned {describe(out)}, not a tensor"
+    if tuple(out.shape) != shape:
+        return f"returned shape {tuple(out.shape)}, expected the gradient's {shape}"
+    err_max = float((out.double() - want).abs().max())
+    return "" if err_max <= 1e-12 else f"max abs difference from the mean {err_max:.3g}"
+
+
+def judge_fixed_average(data: Any, task: int = 5) -> None:
+    import torch
+
+    shapes, seed = _average_case(task)
+    runs = need_runs(task, data, AVERAGE_WORLD_SIZES)
+    for world_size, results in zip(AVERAGE_WORLD_SIZES, runs):
+        wanted = [
+            torch.stack([_gradient(seed, r, shape) for r in range(world_size)]).mean(0)
+            for shape in shapes
+        ]
         for rank, res in enumerate(results):
-            for case in res["cases"]:
-                if not case["ok"]:
+            outs = res.get("outs")
+            if not isinstance(outs, list) or len(outs) != len(shapes):
+                fail(task, f"rank {rank} of {world_size}: the run handed back no average per shape")
+            for shape, want, out in zip(shapes, wanted, outs):
+                why = _average_problem(out, shape, want)
+                if why:
                     fail(
                         task,
-                        f"rank {rank} of {world_size}, gradient of shape {tuple(case['shape'])}: "
-                        f"{case['why']}",
+                        f"rank {rank} of {world_size}, gradient of shape {shape}: {why}",
                     )
     passed(task, "every rank holds the mean gradient, in the gradient's shape, on 2 and 3 ranks")
 
 
-# --------------------------------------------------------------------------------------------
-# task 6: scale it up -- bytes per GPU per step at 7B and 70B
-# --------------------------------------------------------------------------------------------
-SCALE_SCHEMES = ("all_reduce", "zero3", "parameter_server")
-SCALE_CASES = tuple((n, w) for n in (7_000_000_000, 70_000_000_000) for w in (8, 64))
-_SCALE_REFERENCES = _BYTES_REFERENCES + (
-    "course_lib.measure.estimate.communication:reduce_broadcast_bytes_sent",
-)
-
-
-def _scale_expected(n_params: int, world_size: int, scheme: str) -> float:
-    from course_lib.measure import estimate
-
-    s = 2 * n_params  # bf16 gradients (and, for ZeRO-3, bf16 parameters): 2 bytes each
-    if scheme == "all_reduce":
-        return estimate.ring_allreduce_bytes_sent(s, world_size)
-    if scheme == "zero3":  # reduce-scatter the gradients, all-gather the parameters twice
-        return estimate.reduce_scatter_bytes_sent(
-            s, world_size
-        ) + 2 * estimate.allgather_bytes_sent(s, world_size)
-    return estimate.reduce_broadcast_bytes_sent(s, world_size, root=True)
-
-
-def check_scale_bytes(bytes_per_step, task: int = 6) -> None:
-    """Task: ``bytes_per_step(n_params, world_size, scheme)``: the bytes the busiest GPU sends in
-    one step, bf16, for scheme "all_reduce" (ring all-reduce of the gradients), "zero3"
-    (ring reduce-scatter of the gradients + ring all-gather of the parameters before forward and
-    again before backward) and "parameter_server" (rank 0 collects and sends back everything).
-    Graded for 7B and 70B on 8 and 64 GPUs, and a size and GPU count drawn from the grading
-    seed, against estimate (rtol 1e-9)."""
-    rng = case_rng(task, UNIT)
-    drawn = (rng.randint(1, 500) * 10**9, rng.choice((2, 4, 16, 32, 128, 256, 512)))
-    for n_params, ws in (*SCALE_CASES, drawn):
-        for scheme in SCALE_SCHEMES:
-            expected = _scale_expected(n_params, ws, scheme)
-            got = run_learner(task, bytes_per_step, n_params, ws, scheme, forbid=_SCALE_REFERENCES)
-            if isinstance(got, bool) or not isinstance(got, (int, float)):
-                fail(
-                    task,
-                    f"{n_params:.0e} params, {ws} GPUs, {scheme}: expected a number of bytes, got {got!r}",
-                )
-            if abs(got - expected) > 1e-9 * expected:
-                fail(
-                    task,
-                    f"{n_params:.0e} params, {ws} GPUs, {scheme}: {got / 1e9:,.4g} GB per step is "
-                    "not what the busiest GPU sends",
-                )
-    a = _scale_expected(70_000_000_000, 64, "all_reduce") / 1e9
-    z = _scale_expected(70_000_000_000, 64, "zero3") / 1e9
-    p = _scale_expected(70_000_000_000, 64, "parameter_server") / 1e9
-    passed(
-        task,
-        f"bytes per step match estimate for 7B and 70B on 8 and 64 GPUs and an unseen size (70B on 64: "
-        f"all-reduce {a:,.0f} GB, ZeRO-3 {z:,.0f} GB, parameter server {p:,.0f} GB)",
-    )
+check_fixed_average = split_check(collect_fixed_average, judge_fixed_average)

@@ -1,15 +1,22 @@
-"""Unit 08's checks, what they share: the learner's collective run inside ranks, and the verdicts."""
+"""Unit 08's checks, what they share: the learner's collective run inside ranks (the learner's
+side hands back the tensors it left and the calls it made, :mod:`course_lib.grading.calls`), and
+the judge's verdicts on them (expected values computed in one process from the seeded inputs)."""
 
 from __future__ import annotations
 
 import traceback
+from typing import Any
 
+from course_lib.grading.calls import CallLog, need_records, other_calls, sent_bytes
 from course_lib.grading.core import fail, fmt_int, refuse
 
 WORLD_SIZES = (2, 3, 4)
 
 
 NUMELS = (1, 7, 1001)  # the shape of a case: sizes that do not split evenly over the ranks
+DTYPES = ("float32", "float64")  # the dtypes every ring case runs in, in this order
+#: per-rank salts of the seeded inputs (rank r's data differs from rank r+1's)
+ALL_REDUCE_SALT, ALL_GATHER_SALT = 7919, 104729
 
 
 def draw_ring_case(rng) -> tuple[tuple[int, ...], int, int]:
@@ -27,6 +34,14 @@ def draw_ring_case(rng) -> tuple[tuple[int, ...], int, int]:
     return (1, uneven(5, 63), uneven(700, 1500)), rng.randrange(2**31), rng.randint(64, 1024)
 
 
+def ring_input(seed: int, salt: int, rank: int, numel: int, dtype: str) -> Any:
+    """Rank ``rank``'s input of ``numel`` elements, the same wherever it is made."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + salt * rank + numel)
+    return torch.randn(numel, generator=gen, dtype=torch.float64).to(getattr(torch, dtype))  # (S,)
+
+
 GRADE_TIMEOUT_S = 45.0  # a deadlocked ring (blocking send in both directions) ends here
 
 
@@ -34,9 +49,10 @@ def _name(fn) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def _p2p_only(calls: dict) -> dict:
-    """The calls of a CommMeter that are not point-to-point (they should be none)."""
-    return {op: n for op, n in calls.items() if "send" not in op and "recv" not in op}
+def learner_name(data: Any) -> str:
+    """The name of the learner's function the learner's side reported, for ✗ lines only."""
+    name = data.get("name") if isinstance(data, dict) else None
+    return name[:100] if isinstance(name, str) and name else "your function"
 
 
 #: the course's own answers, out of reach while the learner's code runs (inside each rank)
@@ -81,6 +97,9 @@ def _guarded(fn, *args):
     return True, None
 
 
+# --------------------------------------------------------------------------------------------
+# the learner's side: what runs inside the ranks
+# --------------------------------------------------------------------------------------------
 def _all_reduce_worker(
     rank: int,
     world_size: int,
@@ -89,48 +108,24 @@ def _all_reduce_worker(
     seed: int = 0,
     chunk: int = 512,
 ) -> dict:
+    """The tensors ``fn`` left in place, one per (dtype, numel), and the calls it made on an
+    evenly split tensor of ``world_size * chunk`` float32."""
     import torch
-    import torch.distributed as dist
 
-    from course_lib.measure.comm import CommMeter
-
-    cases = []
-    for dtype in (torch.float32, torch.float64):
+    results = []
+    for dtype in DTYPES:
         for numel in numels:
-            gen = torch.Generator().manual_seed(seed + 7919 * rank + numel)
-            x = torch.randn(numel, generator=gen, dtype=torch.float64).to(dtype)  # (S,)
-            ref, abs_sum = x.clone(), x.abs()
-            dist.all_reduce(ref)
-            dist.all_reduce(abs_sum)
-            got = x.clone()
+            got = ring_input(seed, ALL_REDUCE_SALT, rank, numel, dtype)
             ok, err = _guarded(fn, got)
             if not ok:
                 return {"error": err}
-            # any summation order is within (N-1) eps sum|x| of the exact sum (Higham 2002, 4.2)
-            bound = 2 * (world_size - 1) * torch.finfo(dtype).eps * abs_sum
-            bad = (got - ref).abs() > bound
-            cases.append(
-                {
-                    "dtype": str(dtype).removeprefix("torch."),
-                    "numel": numel,
-                    "ok": not bool(bad.any()) and got.dtype == dtype,
-                    "max_err": float((got.double() - ref.double()).abs().max()),
-                    "got_first": float(got.reshape(-1)[0]),
-                    "ref_first": float(ref.reshape(-1)[0]),
-                }
-            )
-    numel = world_size * chunk  # divisible: the byte formula is exact
-    x = torch.randn(numel)
-    with CommMeter(dispatch=False) as meter:
+            results.append(got)
+    x = torch.randn(world_size * chunk)  # (S,) divisible: the byte formula is exact
+    with CallLog() as log:
         ok, err = _guarded(fn, x)
     if not ok:
         return {"error": err}
-    return {
-        "cases": cases,
-        "size_bytes": numel * 4,
-        "bytes_sent": int(meter.model_bytes_sent),
-        "other_calls": _p2p_only(dict(meter.calls)),
-    }
+    return {"results": results, "calls": log.records}
 
 
 def _all_gather_worker(
@@ -141,60 +136,27 @@ def _all_gather_worker(
     seed: int = 0,
     chunk: int = 512,
 ) -> dict:
+    """The outputs ``fn`` filled, one per (dtype, k), and the calls it made gathering ``chunk``
+    float32 elements per rank."""
     import torch
 
-    from course_lib.measure.comm import CommMeter
-    from course_lib.runtime.compat import all_gather_single as all_gather
-
-    cases = []
-    for dtype in (torch.float32, torch.float64):
+    results = []
+    for dtype in DTYPES:
         for k in numels:
-            gen = torch.Generator().manual_seed(seed + 104729 * rank + k)
-            mine = torch.randn(k, generator=gen, dtype=torch.float64).to(dtype)  # (k,)
-            ref = torch.empty(world_size * k, dtype=dtype)
-            all_gather(ref, mine)
-            got = torch.full((world_size * k,), float("nan"), dtype=dtype)  # (N*k,)
-            ok, err = _guarded(fn, got, mine.clone())
+            mine = ring_input(seed, ALL_GATHER_SALT, rank, k, dtype)  # (k,)
+            got = torch.full((world_size * k,), float("nan"), dtype=mine.dtype)  # (N*k,)
+            ok, err = _guarded(fn, got, mine)
             if not ok:
                 return {"error": err}
-            cases.append(
-                {
-                    "dtype": str(dtype).removeprefix("torch."),
-                    "numel": k,
-                    "ok": bool(torch.equal(got, ref)),
-                }
-            )
-    k = chunk
-    out, mine = torch.empty(world_size * k), torch.randn(k)
-    with CommMeter(dispatch=False) as meter:
+            results.append(got)
+    out, mine = torch.empty(world_size * chunk), torch.randn(chunk)
+    with CallLog() as log:
         ok, err = _guarded(fn, out, mine)
     if not ok:
         return {"error": err}
-    return {
-        "cases": cases,
-        "size_bytes": out.numel() * 4,
-        "bytes_sent": int(meter.model_bytes_sent),
-        "other_calls": _p2p_only(dict(meter.calls)),
-    }
+    return {"results": results, "calls": log.records}
 
 
-def _composite_worker(rank: int, world_size: int, numel: int) -> int:
-    import torch
-
-    from course_lib.measure.comm import CommMeter
-    from course_lib.parallel.collectives import ring_all_gather, ring_reduce_scatter
-
-    x = torch.randn(numel)  # (S,)
-    shard = torch.empty(numel // world_size)  # (S/N,)
-    with CommMeter(dispatch=False) as meter:
-        ring_reduce_scatter(shard, x)
-        ring_all_gather(x, shard)
-    return int(meter.model_bytes_sent)
-
-
-# --------------------------------------------------------------------------------------------
-# shared verdict logic
-# --------------------------------------------------------------------------------------------
 def _launch_learner(task: int, worker, world_size: int, fn, *args) -> list[dict]:
     from course_lib.runtime.errors import LaunchError
     from course_lib.runtime.launch import launch
@@ -226,42 +188,113 @@ def _launch_learner(task: int, worker, world_size: int, fn, *args) -> list[dict]
     return results
 
 
-def _check_cases(task: int, fn, world_size: int, results: list[dict], what: str) -> None:
+# --------------------------------------------------------------------------------------------
+# the judge's side: a reference the ranks ran, and the verdicts
+# --------------------------------------------------------------------------------------------
+def _composite_worker(rank: int, world_size: int, numel: int) -> int:
+    import torch
+
+    from course_lib.measure.comm import CommMeter
+    from course_lib.parallel.collectives import ring_all_gather, ring_reduce_scatter
+
+    x = torch.randn(numel)  # (S,)
+    shard = torch.empty(numel // world_size)  # (S/N,)
+    with CommMeter(dispatch=False) as meter:
+        ring_reduce_scatter(shard, x)
+        ring_all_gather(x, shard)
+    return int(meter.model_bytes_sent)
+
+
+def expected_all_reduce(seed: int, world_size: int, numel: int, dtype: str) -> tuple[Any, Any]:
+    """What every rank holds after an all-reduce of the seeded inputs, and the bound on the
+    rounding of any summation order: 2(N-1) eps sum|x| (Higham 2002, 4.2; either result is
+    within (N-1) eps sum|x| of the exact sum)."""
+    import torch
+
+    xs = torch.stack(
+        [ring_input(seed, ALL_REDUCE_SALT, r, numel, dtype) for r in range(world_size)]
+    ).double()  # (N, S)
+    eps = torch.finfo(getattr(torch, dtype)).eps
+    return xs.sum(0).to(getattr(torch, dtype)), 2 * (world_size - 1) * eps * xs.abs().sum(0)
+
+
+def expected_all_gather(seed: int, world_size: int, k: int, dtype: str) -> Any:
+    """Every rank's output of an all-gather of the seeded inputs: rank r's k elements in chunk r."""
+    import torch
+
+    return torch.cat([ring_input(seed, ALL_GATHER_SALT, r, k, dtype) for r in range(world_size)])
+
+
+def _case_tensor(task: int, res: dict, i: int, where: str, numel: int, dtype: str) -> Any:
+    """The i-th tensor a rank handed back, checked to be a tensor of ``numel`` elements."""
+    import torch
+
+    results = res.get("results")
+    got = results[i] if isinstance(results, list) and i < len(results) else None
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != (numel,):
+        fail(task, f"{where}: the run handed back no tensor of {numel} elements of {dtype}")
+    return got
+
+
+def check_ring_cases(
+    task: int, world_size: int, results: list[dict], case: tuple, what: str, gather: bool
+) -> None:
+    """Every rank's tensors against the expected ones: within the summation bound (all-reduce)
+    or bit for bit (all-gather, copies only)."""
+    import torch
+
+    numels, seed, _ = case
+    cases = [(dtype, numel) for dtype in DTYPES for numel in numels]
+    if gather:
+        wanted = [(expected_all_gather(seed, world_size, n, d), None) for d, n in cases]
+    else:
+        wanted = [expected_all_reduce(seed, world_size, n, d) for d, n in cases]
     for rank, res in enumerate(results):
-        for case in res["cases"]:
-            if not case["ok"]:
+        for i, ((dtype, numel), (ref, bound)) in enumerate(zip(cases, wanted)):
+            where = f"rank {rank} of {world_size}"
+            got = _case_tensor(task, res, i, where, ref.numel(), dtype)
+            detail = ""
+            if bound is None:  # copies: bit for bit
+                ok = got.dtype == ref.dtype and torch.equal(got, ref)
+            else:
+                diff = (got.double() - ref.double()).abs()  # (S,)
+                ok = not bool((diff > bound).any()) and got.dtype == ref.dtype
                 detail = (
-                    f" (max abs error {case['max_err']:.3g}; element 0: got "
-                    f"{case['got_first']:.6g}, expected {case['ref_first']:.6g})"
-                    if "max_err" in case
-                    else ""
+                    f" (max abs error {float(diff.max()):.3g}; element 0: got "
+                    f"{float(got[0]):.6g}, expected {float(ref[0]):.6g})"
                 )
+            if not ok:
                 fail(
                     task,
                     f"{what} differs from torch.distributed on rank {rank} of {world_size} "
-                    f"for {case['numel']} elements of {case['dtype']}{detail}",
+                    f"for {numel} elements of {dtype}{detail}",
                 )
 
 
-def _check_bytes(
-    task: int, fn, world_size: int, results: list[dict], expected, formula: str
+def check_ring_bytes(
+    task: int, name: str, world_size: int, results: list[dict], size: int, expected, formula: str
 ) -> None:
+    """Every rank made point-to-point calls only and sent ``expected`` bytes for a ``size``-byte
+    tensor."""
     for rank, res in enumerate(results):
-        if res["other_calls"]:
+        records = need_records(task, res.get("calls"), f"rank {rank} of {world_size}")
+        other = other_calls(records)
+        if other:
             fail(
                 task,
-                f"{_name(fn)} must use only point-to-point send/recv, but rank {rank} "
-                f"called {sorted(res['other_calls'])}",
+                f"{name} must use only point-to-point send/recv, but rank {rank} "
+                f"called {sorted(other)}",
             )
-        if res["bytes_sent"] != expected:
+        sent = sent_bytes(records)
+        if sent != expected:
             hint = (
                 " (no send/isend was counted: build it from dist.isend and dist.irecv)"
-                if res["bytes_sent"] == 0
+                if sent == 0
                 else ""
             )
             fail(
                 task,
-                f"rank {rank} of {world_size} sent {fmt_int(res['bytes_sent'])} B for a "
-                f"{fmt_int(res['size_bytes'])} B tensor; expected {formula} = "
+                f"rank {rank} of {world_size} sent {fmt_int(sent)} B for a "
+                f"{fmt_int(size)} B tensor; expected {formula} = "
                 f"{fmt_int(int(expected))} B{hint}",
             )

@@ -1,8 +1,9 @@
 """Unit 12's graded checks (solutions/12_pipeline_parallelism.ipynb, exercises/12_pipeline_parallelism.ipynb).
 
-1. ``check_bubble_prediction``: the learner's formula for the idle fraction of GPipe when the
-   stages have different numbers of layers (the lecture ran equal stages only), against real
-   runs on 3 ranks whose recorded orders are replayed on ideal hardware (``pipeline.replay``);
+1. ``check_bubble_prediction`` (``checks_bubble``): the learner's formula for the idle fraction
+   of GPipe when the stages have different numbers of layers (the lecture ran equal stages
+   only), against real runs on 3 ranks whose recorded orders are replayed on ideal hardware
+   (``pipeline.replay``);
 2. ``check_replay``: the learner's replay of a schedule on ideal hardware (when each action
    starts), against ``pipeline.replay`` for GPipe, 1F1B and interleaved 1F1B;
 3. ``check_holder``: the fixed V placement of v chunks of stages on ranks (ZB-V's and
@@ -10,16 +11,24 @@
    ``generate_stage_to_rank_mapping(..., style="v")`` does; the buggy one turned once only), on
    a grid of ranks and chunks, then in a real step on 2 ranks that must equal one process on the
    full batch and send only the messages a V sends (each turn a hand-off inside one rank).
-The pipelines each check asks about are drawn from the grading seed (``_cases``). Each check
-prints one deterministic line or raises AssertionError("✗ task N: ...").
+The pipelines each check asks about are drawn from the grading seed (``_cases``). Each check is
+split (course_lib.grading.split): ``collect_X`` runs the learner's code (task 3: also in a real
+step on 2 ranks) and hands back what it produced and what was measured around it; ``judge_X``
+computes what is expected (the course's GPipe on real ranks replayed on ideal hardware,
+``pipeline.replay``, the V, one process on the full batch) and prints one deterministic line or
+raises AssertionError("✗ task N: ...").
 """
 
 from __future__ import annotations
 
-import math
 import numbers
+from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
+from course_lib.grading.plain import describe, learner_value
+from course_lib.grading.records import need_record, plain_record
+from course_lib.grading.split import split_check
+from course_lib.units.u12_pipeline_parallelism.checks_bubble import check_bubble_prediction
 
 __all__ = [
     "check_bubble_prediction",
@@ -62,93 +71,6 @@ def _launch(task: int, worker, world_size: int, *args):
 
 
 # --------------------------------------------------------------------------------------------
-# task 1: predict the bubble of GPipe with uneven stages
-# --------------------------------------------------------------------------------------------
-def _bubble_worker(rank, world_size, cases):
-    return [_bubble_case(rank, world_size, c["sizes"], c["microbatches"]) for c in cases]
-
-
-def _bubble_case(rank, world_size, sizes, microbatches):
-    import torch
-    import torch.nn.functional as F
-
-    from course_lib.measure.timing import EventLog
-    from course_lib.parallel import pipeline as P
-
-    p, m, n = world_size, microbatches, sum(sizes)
-    split = P.check_pipeline(
-        "gpipe", n_layers=n, ranks=p, microbatches=m, batch_rows=m, sizes=sizes
-    )
-    model = P.PipelineRank(P.make_stack(n, width=8, seq=4, heads=2), split, rank, p)
-    log = EventLog(rank)
-    torch.manual_seed(0)
-    x, y = torch.randn(m, 4, 8), torch.randn(m, 4, 8)  # (rows, seq, width), on every rank
-    P.run_schedule(
-        model,
-        P.schedule_order("gpipe", rank, p, m),
-        x,
-        y,
-        microbatches=m,
-        loss_fn=F.mse_loss,
-        log=log,
-    )
-    return log.to_records()
-
-
-def _replayed_idle(orders, sizes) -> float:
-    """Mean over ranks of the idle fraction of ``orders`` replayed with ``sizes`` layers per
-    stage (F = a stage's layers, B twice that, messages free)."""
-    import statistics
-
-    import pandas as pd
-
-    from course_lib.parallel import pipeline as P
-
-    split = P.split_layers(sum(sizes), len(sizes), sizes=sizes)
-    spans = pd.DataFrame(P.replay(orders, split)).assign(lane="compute")
-    return statistics.fmean(P.bubble_from_events(spans).values())
-
-
-def check_bubble_prediction(fn, task: int = 1) -> None:
-    """Task: ``fn(layers, microbatches)`` -> the idle fraction of one GPipe step (idle time
-    over the whole step, mean over ranks), a float, when stage k has ``layers[k]`` layers, an F
-    costs a stage's layers and a B twice that. Graded on two drawn pipelines on 3 real ranks
-    (uneven stages; one with m <= p), the order each rank ran replayed on ideal hardware, to
-    1e-9."""
-    from course_lib.measure.timing import merge_event_logs
-    from course_lib.units.u12_pipeline_parallelism._cases import BUBBLE_RANKS, bubble_cases
-    from course_lib.units.u12_pipeline_parallelism.run import _recorded_orders
-
-    cases = bubble_cases(task)
-    predictions = []
-    for c in cases:
-        sizes, m = c["sizes"], c["microbatches"]
-        got = run_learner(task, fn, list(sizes), m, forbid=BUBBLE_REFERENCES)
-        if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
-            fail(
-                task,
-                f"fn({sizes}, {m}) must return a finite float, got {type(got).__name__} {got!r}",
-            )
-        predictions.append(float(got))
-    runs = _launch(task, _bubble_worker, BUBBLE_RANKS, cases)
-    for i, (c, got) in enumerate(zip(cases, predictions)):
-        events = merge_event_logs([r[i] for r in runs])
-        replayed = _replayed_idle(_recorded_orders(events, BUBBLE_RANKS), c["sizes"])
-        if abs(got - replayed) > 1e-9:
-            fail(
-                task,
-                f"layers per stage {c['sizes']}, m = {c['microbatches']}: you predicted "
-                f"{got:.6f}; the run's order replayed on ideal hardware idles "
-                f"{'more' if replayed > got else 'less'}",
-            )
-    passed(
-        task,
-        "GPipe's idle fraction with uneven stages matches real runs on 3 ranks replayed on ideal "
-        "hardware (2 drawn pipelines)",
-    )
-
-
-# --------------------------------------------------------------------------------------------
 # task 2: replay a schedule on ideal hardware
 # --------------------------------------------------------------------------------------------
 def _orders(case) -> list[list[tuple[str, int, int]]]:
@@ -176,7 +98,7 @@ def _name(case) -> str:
     )
 
 
-def check_replay(fn, task: int = 2) -> None:
+def collect_replay(fn, task: int = 2) -> list[Any]:
     """Task: ``fn(orders, layers)`` -> when each action starts on ideal hardware: a list per
     rank, one number per action of ``orders[r]`` (tuples ("F" or "B", micro-batch, stage)), where
     stage k has ``layers[k]`` layers, an F costs a stage's layers, a B twice that, messages are
@@ -185,11 +107,23 @@ def check_replay(fn, task: int = 2) -> None:
     against ``pipeline.replay``, to 1e-9."""
     from course_lib.units.u12_pipeline_parallelism._cases import replay_cases
 
+    out = []
     for case in replay_cases(task):
         orders, layers = _orders(case), list(case["layers"])
         got = run_learner(
             task, fn, [list(o) for o in orders], list(layers), forbid=REPLAY_REFERENCES
         )
+        out.append(learner_value(got))
+    return out
+
+
+def judge_replay(data: Any, task: int = 2) -> None:
+    from course_lib.units.u12_pipeline_parallelism._cases import replay_cases
+
+    cases = replay_cases(task)
+    got_all = data if isinstance(data, list) and len(data) == len(cases) else [None] * len(cases)
+    for case, got in zip(cases, got_all):
+        orders, layers = _orders(case), list(case["layers"])
         shape = [len(o) for o in orders]
         if (
             not isinstance(got, (list, tuple))
@@ -205,7 +139,7 @@ def check_replay(fn, task: int = 2) -> None:
                 if isinstance(g, bool) or not isinstance(g, numbers.Real):
                     fail(task, f"{_name(case)}: start times must be numbers, got {g!r}")
                 g = float(g)
-                if abs(g - w) > 1e-9:
+                if not abs(g - w) <= 1e-9:  # nan is not a start time
                     kind, mb, k = orders[r][i]
                     when = (
                         "before its rank is free or its input exists"
@@ -222,6 +156,9 @@ def check_replay(fn, task: int = 2) -> None:
         "replayed start times match pipeline.replay for GPipe, 1F1B and interleaved 1F1B "
         "(3 drawn pipelines, uneven stages)",
     )
+
+
+check_replay = split_check(collect_replay, judge_replay)
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,24 +238,41 @@ def _holder_worker(rank, world_size, holder, case):
     return record, comm.calls.get("isend", 0)
 
 
-def check_holder(fn, task: int = 3) -> None:
+_GRID = (2, 3, 4)  #: the ranks the placement is asked about, each with 4 chunks
+
+
+def collect_holder(fn, task: int = 3) -> dict:
     """Task: ``fn(stage, ranks)`` -> the rank that holds stage ``stage`` in the V placement (the
     rank the previous stage sends its activation to). Graded on every stage of p = 2..4 ranks
     and v = 1..4 chunks, then in a real step on 2 ranks (v and m drawn) placed and routed by
     ``fn``: its loss and gradients must equal one process on the full batch, and the ranks must
     send only the messages a V sends."""
-    from course_lib.parallel import harness as H
     from course_lib.units.u12_pipeline_parallelism._cases import holder_case
-    from course_lib.units.u12_pipeline_parallelism.run import reference
 
-    for p in (2, 3, 4):
+    grid = {
+        p: [
+            learner_value(run_learner(task, fn, k, p, forbid=HOLDER_REFERENCES))
+            for k in range(4 * p)
+        ]
+        for p in _GRID
+    }
+    step = None
+    if all(type(r) is int and 0 <= r < 2 for r in grid[2]):  # a placement on 2 ranks: run it
+        runs = _launch(task, _holder_worker, 2, fn, holder_case(task))
+        step = {"records": [plain_record(rec) for rec, _ in runs], "sent": [n for _, n in runs]}
+    return {"grid": grid, "step": step}
+
+
+def _judge_grid(task: int, grid: Any) -> None:
+    """Every stage of p = 2..4 ranks and 4 chunks placed on the V, in order."""
+    for p in _GRID:
         v_shape = _v_walk(p, 4 * p)
-        for k in range(4 * p):
-            got = run_learner(task, fn, k, p, forbid=HOLDER_REFERENCES)
+        answers = grid.get(p) if isinstance(grid, dict) else None
+        if not isinstance(answers, list) or len(answers) != 4 * p:
+            fail(task, f"the run handed back no ranks for the {4 * p} stages on {p} ranks")
+        for k, got in enumerate(answers):
             if isinstance(got, bool) or not isinstance(got, numbers.Integral):
-                fail(
-                    task, f"fn({k}, {p}) must return an int rank, got {type(got).__name__} {got!r}"
-                )
+                fail(task, f"fn({k}, {p}) must return an int rank, got {describe(got)}")
             got = int(got)
             if not 0 <= got < p:
                 fail(task, f"stage {k} with {p} ranks: rank {got} does not exist (0..{p - 1})")
@@ -328,26 +282,41 @@ def check_holder(fn, task: int = 3) -> None:
                     f"stage {k} with {p} ranks (chunk {k // p}, counting from 0): your function "
                     f"places it on rank {got}, off the V",
                 )
+
+
+def judge_holder(data: Any, task: int = 3) -> None:
+    from course_lib.parallel import harness as H
+    from course_lib.units.u12_pipeline_parallelism._cases import holder_case
+    from course_lib.units.u12_pipeline_parallelism.run import reference
+
+    _judge_grid(task, data.get("grid") if isinstance(data, dict) else None)
     case = holder_case(task)
     v, m = case["virtual"], case["microbatches"]
-    runs = _launch(task, _holder_worker, 2, fn, case)
-    table = H.compare(reference(_holder_setup(case)), [record for record, _ in runs])
+    where = f"V step on 2 ranks, v = {v}, m = {m}"
+    step = data.get("step") if isinstance(data, dict) else None
+    records, sent = (step.get("records"), step.get("sent")) if isinstance(step, dict) else ([], [])
+    if not (isinstance(records, list) and len(records) == 2 and isinstance(sent, list)):
+        fail(task, f"{where}: the run handed back no record of its step")
+    table = H.compare(
+        reference(_holder_setup(case)),
+        [need_record(task, r, where, steps="its step") for r in records],
+    )
     if not table.ok.all():
         bad = table[~table.ok].iloc[0]
         fail(
             task,
-            f"V step on 2 ranks, v = {v}, m = {m}: {bad['quantity']} {bad['name']} differs "
-            f"from one process ({bad['problem']})",
+            f"{where}: {bad['quantity']} {bad['name']} differs from one process ({bad['problem']})",
         )
-    sent, expected = sum(n for _, n in runs), _v_messages(_v_walk(2, 2 * v), m)
-    if sent != expected:
-        fail(
-            task,
-            f"V step on 2 ranks, v = {v}, m = {m}: the ranks sent {sent} messages; a V sends "
-            f"{expected}",
-        )
+    if not (len(sent) == 2 and all(type(n) is int for n in sent)):
+        fail(task, f"{where}: the run handed back no count of the messages its ranks sent")
+    total, expected = sum(sent), _v_messages(_v_walk(2, 2 * v), m)
+    if total != expected:
+        fail(task, f"{where}: the ranks sent {total} messages; a V sends {expected}")
     passed(
         task,
         "stages placed in a V on 2-4 ranks and 1-4 chunks; the step on 2 ranks equals one "
         "process (loss, gradients, parameters) and sends only the V's messages",
     )
+
+
+check_holder = split_check(collect_holder, judge_holder)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from course_lib import validate
 from course_lib.cluster import Experiment
 
 
@@ -46,6 +47,7 @@ def memory(world_size: int, *, schedules: tuple = ("gpipe", "1f1b"), microbatche
     """Peak activation bytes per stage, GPipe vs 1F1B (``unit.run.activation_memory``)."""
     from course_lib.units.u12_pipeline_parallelism import run
 
+    microbatches = validate.count("microbatches", microbatches, minimum=1)  # named as set
     return run.activation_memory(schedules, ranks=world_size, microbatches=microbatches)
 
 
@@ -55,6 +57,7 @@ def wire(
     """Messages and bytes between stages per schedule (``unit.run.wire_bytes``)."""
     from course_lib.units.u12_pipeline_parallelism import run
 
+    microbatches = validate.count("microbatches", microbatches, minimum=1)  # named as set
     return run.wire_bytes(schedules, ranks=world_size, microbatches=microbatches)
 
 

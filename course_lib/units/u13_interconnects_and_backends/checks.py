@@ -8,15 +8,19 @@ Five tasks; the verdict line is the same on every machine:
 2. choose a DDP bucket size for a given alpha, beta and backward time, against the reference rule
    :func:`reference_bucket_bytes` documented below;
 3. find the bug: a planning function that divides by NVLink's bidirectional headline; the fixed
-   one is graded against ``estimate.allreduce_time_on_link`` at the per-direction figure;
+   one is graded against ``estimate.allreduce_time_on_link`` at the per-direction figure
+   (:mod:`.checks_links`);
 4. scale it up: 7B and 70B gradient all-reduces in one NVLink node and across 4 nodes on
    InfiniBand, against ``estimate.allreduce_time_on_link`` and
-   ``estimate.hierarchical_allreduce_time``;
+   ``estimate.hierarchical_allreduce_time`` (:mod:`.checks_links`);
 5. predict before you measure: the time of a gloo all-reduce at a size the learner is not shown,
-   from the other sizes measured in the same run, graded against that measurement (within a
-   factor of 3: a shared 2-core machine; a miss is measured again, up to 3 runs).
+   from the other sizes measured in the same run, graded against a measurement of that size
+   (within a factor of 3: a shared 2-core machine; three runs, three predictions, one of them
+   within the factor passes).
 
-Each check prints one deterministic line or raises AssertionError.
+Each check is split (:mod:`course_lib.grading.split`): ``collect_X`` calls the learner's function
+on the drawn cases and hands back what it returned, ``judge_X`` draws the same cases, computes the
+answer with the course's reference and prints one deterministic line or raises AssertionError.
 """
 
 from __future__ import annotations
@@ -25,9 +29,19 @@ import json
 import math
 from functools import lru_cache
 from importlib import resources
-from typing import Sequence
+from typing import Any, Sequence
 
 from course_lib.grading.core import expect_int, fail, passed, run_learner
+from course_lib.grading.plain import learner_value
+from course_lib.grading.split import need, split_check
+from course_lib.units.u13_interconnects_and_backends.checks_links import (
+    SCALE_GPUS,
+    SCALE_NODES,
+    buggy_predict_allreduce_s,
+    check_allreduce_prediction,
+    check_scale_up,
+    results,
+)
 
 __all__ = [
     "load_sweep",
@@ -39,6 +53,8 @@ __all__ = [
     "check_scale_up",
     "check_predict_heldout",
     "buggy_predict_allreduce_s",
+    "SCALE_GPUS",
+    "SCALE_NODES",
 ]
 
 MiB = 2**20
@@ -100,11 +116,6 @@ _BUCKET_REFERENCES = (
     "course_lib.measure.estimate.links:ddp_exposed_comm_time",
     "course_lib.units.u13_interconnects_and_backends.checks:reference_bucket_bytes",
 )
-_LINK_REFERENCES = (
-    "course_lib.measure.estimate.links:allreduce_time_on_link",
-    "course_lib.measure.estimate.links:allreduce_time",
-    "course_lib.measure.estimate.links:alpha_beta_time",
-)
 
 
 def _groups():
@@ -113,30 +124,52 @@ def _groups():
         yield coll, int(ws), g["size_bytes"].tolist(), g["time_s"].tolist()
 
 
-def check_alpha_beta_fit(fit_alpha_beta, task: int = 1) -> None:
+def _fit_cases(task: int):
+    """(collective, world size, sizes, times) of every recorded sweep, one point of each, drawn
+    from the grading seed, left out."""
+    from course_lib.grading.seeds import case_rng
+
+    rng = case_rng(task, "u13_interconnects_and_backends")
+    for coll, ws, all_sizes, all_times in _groups():
+        drop = rng.randrange(len(all_sizes))
+        sizes = [x for i, x in enumerate(all_sizes) if i != drop]
+        times = [x for i, x in enumerate(all_times) if i != drop]
+        yield coll, ws, sizes, times
+
+
+def collect_alpha_beta_fit(fit_alpha_beta, task: int = 1) -> list[dict[str, Any]]:
     """Task: the relative-error fit of T = alpha + beta S (each point weighted by 1/T^2, the
     fit the lecture uses) on every (collective, world size) of the recorded sweep, one point of
     each drawn from the grading seed left out (so a fit printed in the lecture does not match),
     compared with estimate.fit_alpha_beta(sizes, times, relative=True) (rtol 1e-6; alpha also
     within 1e-9 s)."""
-    from course_lib.grading.seeds import case_rng
-    from course_lib.measure import estimate
-
-    rng = case_rng(task, "u13_interconnects_and_backends")
-    n = 0
-    for coll, ws, all_sizes, all_times in _groups():
-        drop = rng.randrange(len(all_sizes))
-        sizes = [x for i, x in enumerate(all_sizes) if i != drop]
-        times = [x for i, x in enumerate(all_times) if i != drop]
-        expected = estimate.fit_alpha_beta(sizes, times, relative=True)
-        plain = estimate.fit_alpha_beta(sizes, times)
+    out: list[dict[str, Any]] = []
+    for _coll, _ws, sizes, times in _fit_cases(task):
         got = run_learner(task, fit_alpha_beta, list(sizes), list(times), forbid=_FIT_REFERENCES)
         try:
             alpha, beta = (float(v) for v in got)
         except (TypeError, ValueError):
+            out.append({"got": learner_value(got)})  # not a pair: the judge says what it is
+        else:
+            out.append({"fit": (alpha, beta)})
+    return out
+
+
+def judge_alpha_beta_fit(data: Any, task: int = 1) -> None:
+    from course_lib.measure import estimate
+
+    cases = list(_fit_cases(task))
+    n = 0
+    for (coll, ws, sizes, times), answer in zip(cases, results(task, data, len(cases), "fit")):
+        fit = answer.get("fit") if isinstance(answer, dict) else None
+        if not (isinstance(fit, tuple) and len(fit) == 2 and all(type(v) is float for v in fit)):
+            got = answer.get("got") if isinstance(answer, dict) else answer
             fail(
                 task, f"{coll}, {ws} ranks: expected a pair (alpha_s, beta_s_per_byte), got {got!r}"
             )
+        alpha, beta = fit
+        expected = estimate.fit_alpha_beta(sizes, times, relative=True)
+        plain = estimate.fit_alpha_beta(sizes, times)
         for name, g, e, p, atol in (
             ("alpha", alpha, expected[0], plain[0], 1e-9),
             ("beta", beta, expected[1], plain[1], 0.0),
@@ -157,26 +190,47 @@ def check_alpha_beta_fit(fit_alpha_beta, task: int = 1) -> None:
     passed(task, f"alpha and beta match the relative-error fit on all {n} recorded sweeps")
 
 
-def check_bucket_choice(choose_bucket_bytes, task: int = 2) -> None:
+check_alpha_beta_fit = split_check(collect_alpha_beta_fit, judge_alpha_beta_fit)
+
+
+def prepare_bucket_choice(task: int = 2) -> list[tuple]:
+    """Task 2's scenarios (judge side: drawing them weighs the candidates with
+    ``estimate.ddp_exposed_comm_time``, which the learner may not call)."""
+    from course_lib.units.u13_interconnects_and_backends._cases import bucket_scenarios
+
+    return bucket_scenarios(task)
+
+
+def collect_bucket_choice(choose_bucket_bytes, task: int = 2, inputs: Any = None) -> list[Any]:
     """Task: pick the bucket size with the least exposed communication (reference rule:
     :func:`reference_bucket_bytes`) in five scenarios drawn from the grading seed (latency-bound
     to bandwidth-bound, one whose backward hides everything)."""
+    return [
+        learner_value(
+            run_learner(
+                task,
+                choose_bucket_bytes,
+                alpha,
+                beta,
+                bwd,
+                grad,
+                list(cands),
+                forbid=_BUCKET_REFERENCES,
+            )
+        )
+        for _name, alpha, beta, bwd, grad, cands in inputs
+    ]
+
+
+def judge_bucket_choice(data: Any, task: int = 2) -> None:
     from course_lib.measure import estimate
     from course_lib.units.u13_interconnects_and_backends._cases import bucket_scenarios
 
     scenarios = bucket_scenarios(task)
-    for name, alpha, beta, bwd, grad, cands in scenarios:
+    for (name, alpha, beta, bwd, grad, cands), got in zip(
+        scenarios, results(task, data, len(scenarios), "bucket size")
+    ):
         expected = reference_bucket_bytes(alpha, beta, bwd, grad, cands)
-        got = run_learner(
-            task,
-            choose_bucket_bytes,
-            alpha,
-            beta,
-            bwd,
-            grad,
-            list(cands),
-            forbid=_BUCKET_REFERENCES,
-        )
         expect_int(task, f"the bucket size (bytes) in scenario '{name}'", got)
         if got != expected:
             case = (
@@ -194,137 +248,19 @@ def check_bucket_choice(choose_bucket_bytes, task: int = 2) -> None:
     passed(task, f"bucket sizes match the reference rule in {len(scenarios)} drawn scenarios")
 
 
-def buggy_predict_allreduce_s(n_params, dtype, world_size, link):
-    """The planning function of task 3, with its one mistake (shown to the learner)."""
-    from course_lib.measure import estimate
-
-    size = n_params * estimate.dtype_bytes(dtype)
-    bandwidth = estimate.link_speed(link).headline_GBps * 1e9
-    return 2 * (world_size - 1) / world_size * size / bandwidth
-
-
-def _time_on_link(n_params, dtype, ws, link) -> float:
-    from course_lib.measure import estimate
-
-    size = n_params * estimate.dtype_bytes(dtype)
-    return estimate.allreduce_time_on_link(size, ws, estimate.link_speed(link).per_direction_GBps)
-
-
-def check_allreduce_prediction(predict_allreduce_s, task: int = 3) -> None:
-    """Task (find the bug): ring all-reduce time of a model's gradients on a published link, at
-    the link's per-direction bandwidth, compared with estimate.allreduce_time_on_link (rtol 1e-6)
-    on five drawn models and links; the NVLink cases fail an answer that keeps the bidirectional
-    headline."""
-    from course_lib.units.u13_interconnects_and_backends._cases import link_cases
-
-    cases = link_cases(task)
-    for n_params, dtype, ws, link in cases:
-        expected = _time_on_link(n_params, dtype, ws, link)
-        got = run_learner(
-            task, predict_allreduce_s, n_params, dtype, ws, link, forbid=_LINK_REFERENCES
-        )
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
-            fail(
-                task,
-                f"{n_params:.0e} params ({dtype}), {ws} ranks, {link}: expected seconds "
-                f"(a float), got {got!r}",
-            )
-        if not math.isclose(float(got), expected, rel_tol=1e-6):
-            headline = buggy_predict_allreduce_s(n_params, dtype, ws, link)
-            hint = (
-                " -- still the bidirectional headline: a ring step sends one way while it "
-                "receives the other"
-                if math.isclose(float(got), headline, rel_tol=1e-6)
-                else ""
-            )
-            fail(
-                task,
-                f"{n_params / 1e9:g}B params ({dtype}), {ws} ranks, {link}: you predicted "
-                f"{float(got) * 1e3:.4g} ms, {'less' if got < expected else 'more'} than the "
-                f"ring takes{hint}",
-            )
-    passed(
-        task,
-        f"all-reduce times match estimate on {len(cases)} drawn links and models, NVLink at "
-        "its per-direction bandwidth",
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# task 4: scale it up
-# --------------------------------------------------------------------------------------------
-#: the cluster of task 4: 4 nodes of 8 H100 (NVLink, NVSwitch), one 400 Gb/s InfiniBand NDR NIC
-#: per GPU; bf16 gradients; no latency term (bandwidth-bound at this size)
-SCALE_NODES, SCALE_GPUS = 4, 8
-_SCALE_REFERENCES = _LINK_REFERENCES + (
-    "course_lib.measure.estimate.links:hierarchical_allreduce_time",
-    "course_lib.measure.estimate.links:hierarchical_allreduce_breakdown",
-)
-
-
-def _scale_expected(n_params: int) -> dict:
-    from course_lib.measure import estimate
-
-    size = n_params * estimate.dtype_bytes("bf16")
-    nv, ib = estimate.link_speed("NVLink H100"), estimate.link_speed("InfiniBand NDR")
-    return {
-        "node": estimate.allreduce_time_on_link(size, SCALE_GPUS, nv.per_direction_GBps),
-        "cluster": estimate.hierarchical_allreduce_time(
-            size,
-            nodes=SCALE_NODES,
-            gpus_per_node=SCALE_GPUS,
-            intra_GBps=nv.per_direction_GBps,
-            inter_GBps=ib.per_direction_GBps,
-        ),
-    }
-
-
-def check_scale_up(allreduce_7b_70b, task: int = 4) -> None:
-    """Task: ``allreduce_7b_70b(n_params)`` returns ``{"node": s, "cluster": s}``: the bf16
-    gradient all-reduce of one step as a ring over the 8 H100s of one node (NVLink, per
-    direction), and hierarchically over 4 such nodes (reduce-scatter in the node, ring all-reduce
-    of each 1/8 shard across nodes on its GPU's own 400 Gb/s NIC, all-gather in the node), no
-    latency. Graded for two drawn model sizes (2B-20B and 30B-200B) against estimate (rtol
-    1e-6)."""
-    from course_lib.units.u13_interconnects_and_backends._cases import scale_models
-
-    models = scale_models(task)
-    for n_params in models:
-        expected = _scale_expected(n_params)
-        got = run_learner(task, allreduce_7b_70b, n_params, forbid=_SCALE_REFERENCES)
-        if not isinstance(got, dict) or set(got) != {"node", "cluster"}:
-            fail(
-                task,
-                f"{n_params / 1e9:g}B params: expected a dict with keys 'node' and 'cluster' "
-                f"(seconds), got {got!r}",
-            )
-        for key, e in expected.items():
-            g = got[key]
-            if (
-                isinstance(g, bool)
-                or not isinstance(g, (int, float))
-                or not math.isclose(g, e, rel_tol=1e-6)
-            ):
-                seen = f"{g * 1e3:.4g} ms" if isinstance(g, (int, float)) else repr(g)
-                fail(
-                    task,
-                    f"{n_params / 1e9:g}B params, {key}: you predicted {seen}, not what the "
-                    f"{'ring in one node' if key == 'node' else 'hierarchical all-reduce'} takes",
-                )
-    passed(
-        task,
-        f"one node and {SCALE_NODES} nodes: all-reduce times match estimate for two drawn "
-        "model sizes",
-    )
+check_bucket_choice = split_check(collect_bucket_choice, judge_bucket_choice, prepare_bucket_choice)
 
 
 # --------------------------------------------------------------------------------------------
 # task 5: predict before you measure
 # --------------------------------------------------------------------------------------------
-#: sizes the check measures (2 gloo ranks, all-reduce); the learner is shown all but HELD_OUT
+#: sizes measured (2 gloo ranks, all-reduce): the learner is shown all but HELD_OUT, which only
+#: the judge measures
 PREDICT_SIZES = tuple(16 * 1024 * 4**k for k in range(6))  # 16 KiB .. 16 MiB
 HELD_OUT = 4 * MiB
+SHOWN_SIZES = tuple(s for s in PREDICT_SIZES if s != HELD_OUT)
 PREDICT_FACTOR = 3.0  # a shared 2-core machine: a few x of noise at one size is common
+PREDICT_RUNS = 3  # a machine shared with other work can spoil one run
 _PREDICT_REFERENCES = _FIT_REFERENCES + (
     "course_lib.units.u13_interconnects_and_backends.run_sweep:fit_sweep",
     "course_lib.units.u13_interconnects_and_backends.run_sweep:sweep_residuals",
@@ -332,35 +268,30 @@ _PREDICT_REFERENCES = _FIT_REFERENCES + (
 
 
 def _measure_all_reduce(sizes) -> dict[int, float]:
-    from course_lib.units.u13_interconnects_and_backends import run
+    """Seconds of an all-reduce of each of ``sizes`` bytes on 2 gloo ranks (float32; the
+    fastest of 7 calls after 2 untimed ones: other work on a shared machine only ever adds
+    time), one launch of the sweep's worker (``run.collective_sweep``)."""
+    from course_lib.runtime.launch import launch
+    from course_lib.units.u13_interconnects_and_backends.run_sweep import _sweep_worker
 
-    config = run.SweepConfig(
-        collectives=("all_reduce",),
-        world_sizes=(2,),
-        min_bytes=sizes[0],
-        max_bytes=sizes[-1],
-        factor=4,
-        warmup=2,
-        repeat=7,
-        backend="gloo",
-    )
-    df = run.collective_sweep(config, progress=False)
-    # the fastest of 7 calls: other work on a shared machine only ever adds time
-    return dict(zip(df["size_bytes"].astype(int), df["time_min_s"].astype(float)))
+    records = launch(
+        _sweep_worker, 2, "all_reduce", list(sizes), 2, 7, "float32", backend="gloo", timeout=120.0
+    )[0]
+    return {int(r["size_bytes"]): float(r["time_min_s"]) for r in records}
 
 
-def check_predict_heldout(predict_time_s, task: int = 5) -> None:
+def collect_predict_heldout(predict_time_s, task: int = 5) -> dict[str, list[Any]]:
     """Task: ``predict_time_s(sizes, times, size)`` predicts the seconds of an all-reduce of
     ``size`` bytes on 2 gloo ranks from the (sizes, times) measured in the same run (the fastest
-    of 7 calls each). The check measures 16 KiB .. 16 MiB now, hides 4 MiB, asks, then compares
-    with the hidden measurement: within a factor of 3 either way passes. A machine shared with
-    other work can spoil one run, so a miss is measured again (up to 3 runs, a new prediction
-    from each run's own data); a wrong prediction misses them all."""
+    of 7 calls each). The check measures 16 KiB .. 16 MiB now, all but 4 MiB, asks, then measures
+    4 MiB: within a factor of 3 either way passes. A machine shared with other work can spoil
+    one run, so there are 3 runs, a new prediction from each run's own data, each compared with
+    a new measurement; one within the factor passes, a wrong prediction misses them all."""
     if not callable(predict_time_s):
         fail(task, f"expected a function, got {type(predict_time_s).__name__} {predict_time_s!r}")
-    misses = []
-    for _ in range(3):
-        measured = _measure_all_reduce(PREDICT_SIZES)
+    predictions = []
+    for _ in range(PREDICT_RUNS):
+        measured = _measure_all_reduce(SHOWN_SIZES)
         shown = [s for s in sorted(measured) if s != HELD_OUT]
         got = run_learner(
             task,
@@ -370,9 +301,19 @@ def check_predict_heldout(predict_time_s, task: int = 5) -> None:
             HELD_OUT,
             forbid=_PREDICT_REFERENCES,
         )
+        predictions.append(learner_value(got))
+    return {"predictions": predictions}
+
+
+def judge_predict_heldout(data: Any, task: int = 5) -> None:
+    predictions = need(task, data, "predictions", list)
+    if len(predictions) != PREDICT_RUNS:
+        fail(task, f"the run handed back {len(predictions)} predictions, not {PREDICT_RUNS}")
+    misses = []
+    for got in predictions:
         if isinstance(got, bool) or not isinstance(got, (int, float)) or not got > 0:
             fail(task, f"expected a positive number of seconds, got {got!r}")
-        truth = measured[HELD_OUT]
+        truth = _measure_all_reduce((HELD_OUT,))[HELD_OUT]
         if 1 / PREDICT_FACTOR <= truth / float(got) <= PREDICT_FACTOR:
             passed(
                 task,
@@ -386,3 +327,6 @@ def check_predict_heldout(predict_time_s, task: int = 5) -> None:
         f"for {HELD_OUT // MiB} MiB, in 3 runs: {'; '.join(misses)} (within a factor of "
         f"{PREDICT_FACTOR:g} passes)",
     )
+
+
+check_predict_heldout = split_check(collect_predict_heldout, judge_predict_heldout)

@@ -12,15 +12,22 @@
    planner's step time at the new length, to 1 %, on two drawn layouts.
 The cases come from the grading seed (``_cases``). The planner and the course's answers are
 out of reach while the learner's code runs.
-Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
+Each check is split (:mod:`course_lib.grading.split`): ``collect_X`` calls the learner's function
+and hands back what it returned; ``judge_X`` draws the same case, asks the planner and prints one
+deterministic line or raises AssertionError("✗ task N: ..."). What the learner's function is given
+and only the planner computes (task 1's budget, task 3's step time by part) comes from
+``prepare_X``, on the judge's side: in the grade's sandbox the planner is absent.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
+from course_lib.grading.plain import learner_value
+from course_lib.grading.split import split_check
 
 __all__ = [
     "check_sized_run",
@@ -51,7 +58,7 @@ def _layout(task, got):
         if not isinstance(got[k], kind) or isinstance(got[k], bool):
             fail(
                 task,
-                f"layout[{k!r}] must be {kind.__name__}, got {type(got[k]).__name__} {got[k]!r}",
+                f"layout[{k!r}] must be {kind.__name__}, got {_type_name(got[k])} {got[k]!r}",
             )
     try:
         return Layout(**got)
@@ -80,18 +87,42 @@ def _planned_size_case(task: int, case: dict, layout) -> tuple[dict, float]:
     return row, (1 - P.DEFAULT_RESERVE) * cluster.memory_bytes / 1e9
 
 
-def check_sized_run(fn, task: int = 1) -> None:
+def _type_name(value: Any) -> str:
+    """``type(value).__name__`` of what the learner returned, as the judge sees it."""
+    from course_lib.grading.plain import Opaque
+
+    if isinstance(value, Opaque):
+        return value.type_name.rsplit(".", 1)[-1]
+    return type(value).__name__
+
+
+# ---- task 1 --------------------------------------------------------------------------------
+def prepare_sized_run(task: int = 1) -> dict[str, Any]:
+    """Task 1's case (judge side: its budget is the planner's fastest plan, and the planner is
+    absent from the grade's sandbox)."""
+    from course_lib.units.u14_planning_a_run._cases import size_case
+
+    return size_case(task)
+
+
+def collect_sized_run(fn, task: int = 1, inputs: Any = None) -> dict[str, Any]:
     """Task: ``fn(gpus, total_tokens, budget_days)`` -> ``(layout, memory_bytes)``: a layout
     dict (dp, tp, pp, zero, recompute, micro_batch) for Llama-2-70B on ``gpus`` H100s (nodes of
     8), 4 Mi tokens per step, that fits in 76 GB per GPU (80 GB less a 5 % reserve) and
     finishes ``total_tokens`` within ``budget_days`` by the planner, and the learner's own
     prediction of its memory per GPU in bytes, within 10 % of the planner's. The GPUs, tokens
     and budget (1.4 x the planner's fastest plan, rounded up) are drawn."""
+    case = inputs
+    args = (case["gpus"], case["total_tokens"], case["budget_days"])
+    return {"answer": learner_value(run_learner(task, fn, *args, forbid=PLANNER_REFERENCES))}
+
+
+def judge_sized_run(data: Any, task: int = 1) -> None:
     from course_lib.units.u14_planning_a_run._cases import size_case
 
-    case = size_case(task)
-    args = (case["gpus"], case["total_tokens"], case["budget_days"])
-    got = run_learner(task, fn, *args, forbid=PLANNER_REFERENCES)
+    if not isinstance(data, dict) or "answer" not in data:
+        fail(task, "the run handed back no answer")
+    case, got = size_case(task), data["answer"]
     where = f"{case['gpus']} GPUs, {case['total_tokens'] / 1e9:g}B tokens, {case['budget_days']:g} days: "
     if not isinstance(got, tuple) or len(got) != 2:
         fail(task, f"{where}fn(...) must return (layout, memory_bytes), got {got!r}")
@@ -101,9 +132,7 @@ def check_sized_run(fn, task: int = 1) -> None:
         or not isinstance(memory, numbers.Real)
         or not math.isfinite(memory)
     ):
-        fail(
-            task, f"memory_bytes must be a number of bytes, got {type(memory).__name__} {memory!r}"
-        )
+        fail(task, f"memory_bytes must be a number of bytes, got {_type_name(memory)} {memory!r}")
     row, usable = _planned_size_case(task, case, layout)
     budget = case["budget_days"]
     if not row["fits"]:
@@ -133,28 +162,61 @@ def check_sized_run(fn, task: int = 1) -> None:
     )
 
 
-def check_plan_problems(fn, task: int = 2) -> None:
+check_sized_run = split_check(collect_sized_run, judge_sized_run, prepare_sized_run)
+
+
+# ---- task 2 --------------------------------------------------------------------------------
+def _problem_plans(task: int):
+    """(model, cluster, layout, global batch tokens) of each of task 2's drawn plans."""
+    from course_lib import plan as P
+    from course_lib.units.u14_planning_a_run._cases import CLUSTER, problem_cases
+
+    for name, gpus, (dp, tp, pp, mb), tokens in problem_cases(task):
+        yield (
+            P.model(name),
+            P.cluster(CLUSTER, gpus=gpus),
+            P.Layout(dp, tp, pp, micro_batch=mb),
+            tokens,
+        )
+
+
+def collect_plan_problems(fn, task: int = 2) -> list[dict[str, Any]]:
     """Task: ``fn(model, cluster, layout, global_batch_tokens)`` -> a set of names among
     "tp_across_nodes", "fewer_microbatches_than_stages", "batch_not_divisible" (an empty set for
     a sound plan). Graded on eight drawn plans with none, one or two problems."""
-    from course_lib import plan as P
-    from course_lib.units.u14_planning_a_run._cases import CLUSTER, problem_cases
+    out: list[dict[str, Any]] = []
+    for model, cluster, layout, tokens in _problem_plans(task):
+        got = run_learner(task, fn, model, cluster, layout, tokens, forbid=PLANNER_REFERENCES)
+        if isinstance(got, (set, frozenset)):  # plain data has no sets: its items, as a list
+            out.append({"set": [learner_value(name) for name in got]})
+        else:
+            out.append({"other": learner_value(got)})
+    return out
+
+
+def judge_plan_problems(data: Any, task: int = 2) -> None:
     from course_lib.units.u14_planning_a_run.run import plan_problems
 
-    for i, (name, gpus, (dp, tp, pp, mb), tokens) in enumerate(problem_cases(task)):
-        model, cluster = P.model(name), P.cluster(CLUSTER, gpus=gpus)
-        layout = P.Layout(dp, tp, pp, micro_batch=mb)
+    plans = list(_problem_plans(task))
+    if not isinstance(data, list) or len(data) != len(plans):
+        fail(task, f"the run handed back no answer for each of the {len(plans)} plans")
+    for i, ((model, cluster, layout, tokens), answer) in enumerate(zip(plans, data)):
+        items = answer.get("set") if isinstance(answer, dict) else None
+        try:
+            got = set(items) if isinstance(items, list) else None
+        except TypeError:  # an unhashable item: not a set of names
+            got = None
+        if got is None:
+            other = answer.get("other") if isinstance(answer, dict) else answer
+            fail(task, f"fn must return a set of problem names, got {_type_name(other)} {other!r}")
         expected = plan_problems(model, cluster, layout, tokens)
-        got = run_learner(task, fn, model, cluster, layout, tokens, forbid=PLANNER_REFERENCES)
-        if not isinstance(got, (set, frozenset)):
-            fail(task, f"fn must return a set of problem names, got {type(got).__name__} {got!r}")
-        if set(got) != expected:
+        if got != expected:
             fail(
                 task,
                 f"plan {i + 1} ({model.name}, DP {layout.dp} x TP {layout.tp} x PP "
                 f"{layout.pp}, micro-batch {layout.micro_batch}, {tokens} tokens per batch, "
                 f"{cluster.gpus_per_node} GPUs per node): you found "
-                f"{sorted(got) or 'no problem'}; {len(expected)} problem(s) in this plan",
+                f"{sorted(got, key=str) or 'no problem'}; {len(expected)} problem(s) in this plan",
             )
     passed(
         task,
@@ -163,31 +225,68 @@ def check_plan_problems(fn, task: int = 2) -> None:
     )
 
 
-def check_mfu_prediction(fn, task: int = 3) -> None:
+check_plan_problems = split_check(collect_plan_problems, judge_plan_problems)
+
+
+# ---- task 3 --------------------------------------------------------------------------------
+def _mfu_case(c: dict[str, Any]) -> tuple:
+    """(model, cluster, layout, new sequence length) of one of task 3's drawn cases."""
+    from course_lib import plan as P
+    from course_lib.units.u14_planning_a_run._cases import CLUSTER
+
+    model = P.model(c["model"])
+    dp, tp, pp = c["layout"]
+    layout = P.Layout(dp, tp, pp, 1, c["recompute"], 1)
+    return model, P.cluster(CLUSTER, gpus=c["gpus"]), layout, c["factor"] * model.seq_len
+
+
+def prepare_mfu_prediction(task: int = 3) -> list[dict[str, Any]]:
+    """The planner's step time by part of each of task 3's layouts at the old length: what the
+    learner's function is given (judge side: the planner is absent from the grade's sandbox)."""
+    from course_lib import plan as P
+    from course_lib.units.u14_planning_a_run._cases import mfu_cases
+
+    out = []
+    for c in mfu_cases(task):
+        model, cluster, layout, _new = _mfu_case(c)
+        out.append(dict(P.step_time(model, cluster, layout, global_batch_tokens=c["tokens"])))
+    return out
+
+
+def collect_mfu_prediction(fn, task: int = 3, inputs: Any = None) -> list[Any]:
     """Task: ``fn(parts, model, layout, new_seq)`` -> the MFU (a float) of the same layout when
     the sequence length becomes ``new_seq`` at the same tokens per batch. ``parts`` is the
     planner's step time by part at the old length (``plan.step_time``'s dict). Graded on two
     drawn layouts (2 or 4 x the sequence) against the planner at the new length, to 1 %."""
+    from course_lib.units.u14_planning_a_run._cases import mfu_cases
+
+    out = []
+    for c, parts in zip(mfu_cases(task), inputs):
+        model, _cluster, layout, new = _mfu_case(c)
+        got = run_learner(task, fn, dict(parts), model, layout, new, forbid=PLANNER_REFERENCES)
+        out.append(learner_value(got))
+    return out
+
+
+def judge_mfu_prediction(data: Any, task: int = 3) -> None:
     from course_lib import plan as P
-    from course_lib.units.u14_planning_a_run._cases import CLUSTER, mfu_cases
+    from course_lib.units.u14_planning_a_run._cases import mfu_cases
 
     cases = mfu_cases(task)
-    for c in cases:
-        model = P.model(c["model"])
-        cluster = P.cluster(CLUSTER, gpus=c["gpus"])
-        dp, tp, pp = c["layout"]
-        layout = P.Layout(dp, tp, pp, 1, c["recompute"], 1)
+    if not isinstance(data, list) or len(data) != len(cases):
+        fail(task, f"the run handed back no MFU for each of the {len(cases)} layouts")
+    for c, got in zip(cases, data):
+        model, cluster, layout, new = _mfu_case(c)
         tokens = c["tokens"]
         parts = P.step_time(model, cluster, layout, global_batch_tokens=tokens)
-        new = c["factor"] * model.seq_len
-        got = run_learner(task, fn, dict(parts), model, layout, new, forbid=PLANNER_REFERENCES)
         if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
-            fail(task, f"fn must return the MFU as a float, got {type(got).__name__} {got!r}")
+            fail(task, f"fn must return the MFU as a float, got {_type_name(got)} {got!r}")
         got = float(got)
         expected = P.step_time(
             model.replace(seq_len=new), cluster, layout, global_batch_tokens=tokens
         )["mfu"]
         if abs(got - expected) > 0.01 * expected:
+            dp, tp, pp = c["layout"]
             fail(
                 task,
                 f"{c['model']}, DP {dp} x TP {tp} x PP {pp}, {c['recompute']} recomputation, "
@@ -199,3 +298,8 @@ def check_mfu_prediction(fn, task: int = 3) -> None:
         task,
         f"the MFU at a longer sequence matches the planner to 1 % for {len(cases)} drawn layouts",
     )
+
+
+check_mfu_prediction = split_check(
+    collect_mfu_prediction, judge_mfu_prediction, prepare_mfu_prediction
+)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from course_lib import validate
 from course_lib.cluster import Experiment
 
 
@@ -29,6 +30,7 @@ def _layout_fits(world_size: int, settings: dict) -> None:
 
     config = three_d.tiny_config()
     dp, tp, pp = settings["dp"], settings["tp"], settings["pp"]
+    validate.count("microbatches", settings["microbatches"], minimum=1)
     if config.n_layer % pp:
         raise ValueError(f"pp = {pp}: expected a divisor of n_layer = {config.n_layer}")
     if settings["batch"] % (dp * settings["microbatches"]):

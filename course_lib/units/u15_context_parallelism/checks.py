@@ -11,7 +11,11 @@ exercises/15_context_parallelism.ipynb).
    (the lecture prints cp 1 and 16 at 128K):
    activation bytes of one layer per GPU and bytes one GPU sends per layer with all-gather
    K/V, both ints, against ``estimate`` (whose context functions are out of reach).
-Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
+Each check is split (:mod:`course_lib.grading.split`): ``collect_X`` calls the learner's function
+on the drawn inputs and hands back what it returned (task 2: every block of every simulated rank,
+unmerged: the course's merge is absent from the grade's sandbox); ``judge_X`` draws the same
+inputs, computes the answer with the course's reference and prints one deterministic line or
+raises AssertionError("✗ task N: ...").
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading.core import expect_int, fail, passed, run_learner
+from course_lib.grading.plain import learner_value
+from course_lib.grading.split import split_check
 
 __all__ = ["check_merge", "check_ring_block", "check_llama_cp"]
 
@@ -36,11 +42,27 @@ SCALE_REFERENCES = (
 RTOL, ATOL = 1e-5, 1e-5  # float32
 
 
+def _type_name(value: Any) -> str:
+    """``type(value).__name__`` of what the learner returned, as the judge sees it."""
+    from course_lib.grading.plain import Opaque
+
+    if isinstance(value, Opaque):
+        return value.type_name.rsplit(".", 1)[-1]
+    return type(value).__name__
+
+
+def _results(task: int, data: Any, n: int, what: str) -> list:
+    """``data`` if it is a list of ``n`` results, else the ✗ verdict (the judge trusts nothing)."""
+    if not isinstance(data, list) or len(data) != n:
+        fail(task, f"the run handed back no {what} for each of the {n} cases")
+    return data
+
+
 def _close(task: int, what: str, got, want) -> None:
     import torch
 
     if not isinstance(got, torch.Tensor):
-        fail(task, f"{what}: expected a tensor, got {type(got).__name__}")
+        fail(task, f"{what}: expected a tensor, got {_type_name(got)}")
     if tuple(got.shape) != tuple(want.shape):
         fail(task, f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
     if not torch.allclose(got.float(), want.float(), rtol=RTOL, atol=ATOL):
@@ -49,28 +71,49 @@ def _close(task: int, what: str, got, want) -> None:
 
 
 # ---- task 1 --------------------------------------------------------------------------------
-def check_merge(merge, task: int = 1) -> None:
-    """Task: ``merge(out_a, lse_a, out_b, lse_b) -> (out, lse)``: attention over two disjoint
-    key sets, each given as its output (B, H, m, D) and log-sum-exp (B, H, m), combined into
-    the attention over their union. Graded on 6 random splits, two with scores scaled by 40
-    (log-sum-exps near 100: exp overflows float32), float32."""
+MERGE_CASES = 6
+
+
+def _merge_cases(task: int):
+    """(q, k, v, na) of each of task 1's random splits: keys [:na] and [na:], the last two with
+    scores scaled by 40."""
     import torch
 
     from course_lib.grading.seeds import case_rng
-    from course_lib.parallel.context_blocks import attention_block
 
     g = torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63))
-    for case in range(6):
+    for case in range(MERGE_CASES):
         scale = 40.0 if case >= 4 else 1.0
         m, na, nb = (int(x) for x in torch.randint(2, 9, (3,), generator=g))
         q = torch.randn(2, 3, m, 8, generator=g) * scale
         k = torch.randn(2, 3, na + nb, 8, generator=g)
         v = torch.randn(2, 3, na + nb, 8, generator=g)
+        yield q, k, v, na
+
+
+def collect_merge(merge, task: int = 1) -> list[Any]:
+    """Task: ``merge(out_a, lse_a, out_b, lse_b) -> (out, lse)``: attention over two disjoint
+    key sets, each given as its output (B, H, m, D) and log-sum-exp (B, H, m), combined into
+    the attention over their union. Graded on 6 random splits, two with scores scaled by 40
+    (log-sum-exps near 100: exp overflows float32), float32."""
+    from course_lib.parallel.context_blocks import attention_block
+
+    out = []
+    for q, k, v, na in _merge_cases(task):
         a = attention_block(q, k[:, :, :na], v[:, :, :na])
         b = attention_block(q, k[:, :, na:], v[:, :, na:])
-        got = run_learner(task, merge, *a, *b, forbid=MERGE_REFERENCES)
+        out.append(learner_value(run_learner(task, merge, *a, *b, forbid=MERGE_REFERENCES)))
+    return out
+
+
+def judge_merge(data: Any, task: int = 1) -> None:
+    from course_lib.parallel.context_blocks import attention_block
+
+    for case, ((q, k, v, _na), got) in enumerate(
+        zip(_merge_cases(task), _results(task, data, MERGE_CASES, "merge"))
+    ):
         if not isinstance(got, tuple) or len(got) != 2:
-            fail(task, f"expected (out, lse), got {type(got).__name__}")
+            fail(task, f"expected (out, lse), got {_type_name(got)}")
         want_out, want_lse = attention_block(q, k, v)
         _close(task, f"case {case + 1}: out", got[0], want_out)
         _close(task, f"case {case + 1}: lse", got[1], want_lse)
@@ -81,23 +124,76 @@ def check_merge(merge, task: int = 1) -> None:
     )
 
 
+check_merge = split_check(collect_merge, judge_merge)
+
+
 # ---- task 2 --------------------------------------------------------------------------------
-def _simulated_ring(step, world_size: int, q, k, v, task: int):
-    """Every rank's queries over every rank's K/V block, in ring order, merged by the
-    course's rule; the learner's ``step(q, k, v, rank=, src=)`` gives (out, lse) or None."""
+RING_SIZES = (2, 3, 4)
+
+
+def _ring_inputs(task: int):
+    """(world size, q, k, v) of each simulated ring: the whole sequence, 4 tokens a rank."""
+    import torch
+
+    from course_lib.grading.seeds import case_rng
+
+    g = torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63))
+    for w in RING_SIZES:
+        q, k, v = (torch.randn(1, 2, 4 * w, 8, generator=g) for _ in range(3))
+        yield w, q, k, v
+
+
+def _ring_order(world_size: int, rank: int) -> list[int]:
+    """The ranks whose K/V block ``rank`` sees, in ring order (its own first)."""
+    return [(rank - i) % world_size for i in range(world_size)]
+
+
+def collect_ring_block(step, task: int = 2) -> list[list[list[Any]]]:
+    """Task: ``step(q, k, v, *, rank, src) -> (out, lse) or None``: causal attention of rank
+    ``rank``'s queries (contiguous layout) over the K/V block that came from rank ``src``
+    (None for a block the mask hides entirely). Graded by running a ring of 2, 3 and 4 ranks
+    with it in one process: the merged outputs must equal causal attention on the whole
+    sequence (float32)."""
+    out = []
+    for w, q, k, v in _ring_inputs(task):
+        qs, ks, vs = (t.chunk(w, dim=2) for t in (q, k, v))
+        out.append(
+            [
+                [
+                    learner_value(
+                        run_learner(
+                            task,
+                            step,
+                            qs[r],
+                            ks[src],
+                            vs[src],
+                            rank=r,
+                            src=src,
+                            forbid=RING_REFERENCES,
+                        )
+                    )
+                    for src in _ring_order(w, r)
+                ]
+                for r in range(w)
+            ]
+        )
+    return out
+
+
+def _merged_ring(task: int, world_size: int, blocks: Any):
+    """Every rank's blocks (``blocks[rank][i]``, ring order) merged by the course's rule, the
+    ranks' outputs concatenated along the sequence; a ✗ verdict for a malformed block."""
     import torch
 
     from course_lib.parallel.context_blocks import merge_attention
 
-    qs, ks, vs = (t.chunk(world_size, dim=2) for t in (q, k, v))
+    ranks = _results(task, blocks, world_size, f"blocks of a {world_size}-rank ring")
     outs = []
-    for r in range(world_size):
+    for r, parts in enumerate(ranks):
         acc = None
-        for i in range(world_size):
-            src = (r - i) % world_size
-            part = run_learner(
-                task, step, qs[r], ks[src], vs[src], rank=r, src=src, forbid=RING_REFERENCES
-            )
+        for src, part in zip(
+            _ring_order(world_size, r), _results(task, parts, world_size, "block")
+        ):
             if part is None:
                 continue
             if not (
@@ -113,28 +209,21 @@ def _simulated_ring(step, world_size: int, q, k, v, task: int):
     return torch.cat(outs, dim=2)
 
 
-def check_ring_block(step, task: int = 2) -> None:
-    """Task: ``step(q, k, v, *, rank, src) -> (out, lse) or None``: causal attention of rank
-    ``rank``'s queries (contiguous layout) over the K/V block that came from rank ``src``
-    (None for a block the mask hides entirely). Graded by running a ring of 2, 3 and 4 ranks
-    with it in one process: the merged outputs must equal causal attention on the whole
-    sequence (float32)."""
-    import torch
+def judge_ring_block(data: Any, task: int = 2) -> None:
     import torch.nn.functional as F
 
-    from course_lib.grading.seeds import case_rng
-
-    g = torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63))
-    for w in (2, 3, 4):
-        q, k, v = (torch.randn(1, 2, 4 * w, 8, generator=g) for _ in range(3))
-        got = _simulated_ring(step, w, q, k, v, task)
+    rings = _results(task, data, len(RING_SIZES), "ring")
+    for (w, q, k, v), blocks in zip(_ring_inputs(task), rings):
         _close(
             task,
             f"{w} ranks: the output",
-            got,
+            _merged_ring(task, w, blocks),
             F.scaled_dot_product_attention(q, k, v, is_causal=True),
         )
     passed(task, "your ring step gives causal attention on 2, 3 and 4 simulated ranks")
+
+
+check_ring_block = split_check(collect_ring_block, judge_ring_block)
 
 
 # ---- task 3 --------------------------------------------------------------------------------
@@ -142,24 +231,35 @@ def check_ring_block(step, task: int = 2) -> None:
 LLAMA_PLANS = tuple((cp, seq) for cp in (2, 4, 8, 32) for seq in (2**15, 2**16, 2**17, 2**18))
 
 
-def check_llama_cp(fn, task: int = 3) -> None:
+def _llama_plan(task: int) -> tuple[int, int]:
+    from course_lib.grading.seeds import case_rng
+
+    return case_rng(task, UNIT).choice(LLAMA_PLANS)
+
+
+def collect_llama_cp(fn, task: int = 3) -> Any:
     """Task: ``fn(cp, seq) -> (activation_bytes, sent_bytes)`` for one Llama 3 405B layer
     (width 16,384, 128 heads, 8 key/value heads, SwiGLU FFN 53,248) on sequences of ``seq``
     tokens (one sequence per micro-batch, bf16), tp 8 with sequence parallelism, context
     parallelism ``cp``: the activation bytes one GPU keeps with FlashAttention (no score
     matrix, no dropout), and the bytes one GPU sends per layer, forward + backward, with
     all-gather K/V. Two ints, for a (cp, seq) drawn from the grading seed."""
-    from course_lib.grading.seeds import case_rng
+    cp, seq = _llama_plan(task)
+    return {"answer": learner_value(run_learner(task, fn, cp, seq, forbid=SCALE_REFERENCES))}
 
-    cp, seq = case_rng(task, UNIT).choice(LLAMA_PLANS)
+
+def judge_llama_cp(data: Any, task: int = 3) -> None:
+    from course_lib.measure import estimate
+
+    if not isinstance(data, dict) or "answer" not in data:
+        fail(task, "the run handed back no answer")
+    cp, seq = _llama_plan(task)
     where = f"cp {cp}, {seq // 1024}K tokens: "
-    got = run_learner(task, fn, cp, seq, forbid=SCALE_REFERENCES)
+    got = data["answer"]
     if not isinstance(got, tuple) or len(got) != 2:
         fail(task, f"{where}expected (activation_bytes, sent_bytes), got {got!r}")
     act = expect_int(task, "activation_bytes", got[0])
     sent = expect_int(task, "sent_bytes", got[1])
-    from course_lib.measure import estimate
-
     shape: dict[str, Any] = dict(kv_heads=8, tp=8)
     want_act = estimate.cp_activation_bytes_per_layer(
         seq, 1, 16384, 128, cp=cp, ffn=53248, gated_mlp=True, sequence_parallel=True, **shape
@@ -174,3 +274,6 @@ def check_llama_cp(fn, task: int = 3) -> None:
         task,
         "Llama 3 405B, tp 8, at a drawn cp and length: activation and all-gather bytes per GPU",
     )
+
+
+check_llama_cp = split_check(collect_llama_cp, judge_llama_cp)

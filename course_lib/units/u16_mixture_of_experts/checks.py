@@ -11,6 +11,10 @@ exercises/16_mixture_of_experts.ipynb).
    GPUs (the lecture prints ep 8 on 128): all-to-all bytes per token and layer, and model-state
    bytes per GPU, ints, against ``estimate`` (whose ``moe`` functions are out of reach).
 Cases come from the grading seed (``course_lib.grading.seeds``). Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
+
+Each check is split (:mod:`course_lib.grading.split`): ``collect_X`` runs the learner's code on
+the seeded cases and hands back what it returned (and, task 2, the gradient its loss sends back
+to the probabilities); ``judge_X`` draws the same cases, computes what is right, and compares.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading.core import expect_int, fail, passed, run_learner
+from course_lib.grading.plain import learner_value
+from course_lib.grading.split import split_check
 
 __all__ = ["check_dispatch", "check_balance_loss", "check_mixtral_plan"]
 
@@ -36,6 +42,13 @@ SCALE_REFERENCES = (
 UNIT = "u16_mixture_of_experts"
 
 
+def _kind(value: Any) -> str:
+    """The type name of a value as the judge sees it (an Opaque's is the learner's type)."""
+    from course_lib.grading.plain import Opaque
+
+    return value.type_name if isinstance(value, Opaque) else type(value).__name__
+
+
 # ---- task 1 --------------------------------------------------------------------------------
 def _ints(task: int, what: str, got: Any, n: int) -> list[int]:
     if not isinstance(got, (list, tuple)) or len(got) != n:
@@ -43,19 +56,19 @@ def _ints(task: int, what: str, got: Any, n: int) -> list[int]:
     return [expect_int(task, f"{what}[{i}]", x) for i, x in enumerate(got)]
 
 
-def check_dispatch(plan, task: int = 1) -> None:
-    """Task: ``plan(routed, rank, n_experts) -> (order, input_splits, output_splits)``.
-    ``routed``: one 1-D int64 tensor per rank, the experts of that rank's kept assignments;
-    rank r holds experts r E/W .. (r+1) E/W - 1. ``order``: a tensor of indices that sorts
-    ``routed[rank]`` by expert, keeping the original order among equal experts;
-    ``input_splits``: rows this rank sends to each rank; ``output_splits``: rows it receives
-    from each. Graded on 12 random routings of 2, 3 and 4 ranks (some experts empty)."""
+#: routings task 1 grades on
+DISPATCH_CASES = 12
+
+
+def _dispatch_cases(task: int) -> list[tuple[int, int, list, int]]:
+    """Task 1's routings, drawn from the grading seed: (ranks, experts, routed, rank) each."""
     import torch
 
     from course_lib.grading.seeds import case_rng
 
     g = torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63))
-    for case in range(12):
+    cases = []
+    for case in range(DISPATCH_CASES):
         w = 2 + case % 3
         e = w * int(torch.randint(1, 4, (1,), generator=g))
         routed = [
@@ -63,13 +76,39 @@ def check_dispatch(plan, task: int = 1) -> None:
             for _ in range(w)
         ]
         routed[0][routed[0] == 0] = 1 % e  # expert 0 gets nothing from rank 0
-        rank = case % w
-        got = run_learner(task, plan, routed, rank, e, forbid=DISPATCH_REFERENCES)
+        cases.append((w, e, routed, case % w))
+    return cases
+
+
+def collect_dispatch(plan, task: int = 1) -> list[Any]:
+    """Task: ``plan(routed, rank, n_experts) -> (order, input_splits, output_splits)``.
+    ``routed``: one 1-D int64 tensor per rank, the experts of that rank's kept assignments;
+    rank r holds experts r E/W .. (r+1) E/W - 1. ``order``: a tensor of indices that sorts
+    ``routed[rank]`` by expert, keeping the original order among equal experts;
+    ``input_splits``: rows this rank sends to each rank; ``output_splits``: rows it receives
+    from each. Graded on 12 random routings of 2, 3 and 4 ranks (some experts empty)."""
+    return [
+        learner_value(run_learner(task, plan, routed, rank, e, forbid=DISPATCH_REFERENCES))
+        for _, e, routed, rank in _dispatch_cases(task)
+    ]
+
+
+def judge_dispatch(data: Any, task: int = 1) -> None:
+    import torch
+
+    cases = _dispatch_cases(task)
+    if not isinstance(data, list) or len(data) != len(cases):
+        fail(task, f"the run handed back no plan for each of the {len(cases)} routings")
+    for case, ((w, e, routed, rank), got) in enumerate(zip(cases, data)):
         if not isinstance(got, tuple) or len(got) != 3:
-            fail(task, f"expected (order, input_splits, output_splits), got {type(got).__name__}")
+            fail(task, f"expected (order, input_splits, output_splits), got {_kind(got)}")
         order = got[0]
         want = torch.argsort(routed[rank], stable=True)
-        if not isinstance(order, torch.Tensor) or not torch.equal(order.long(), want):
+        if (
+            not isinstance(order, torch.Tensor)
+            or order.shape != want.shape
+            or not torch.equal(order.long(), want)
+        ):
             fail(task, f"case {case + 1} ({w} ranks, {e} experts): order is not the stable sort")
         counts = [torch.bincount(r, minlength=e).view(w, -1) for r in routed]
         send = counts[rank].sum(1).tolist()
@@ -80,39 +119,81 @@ def check_dispatch(plan, task: int = 1) -> None:
     passed(task, "your dispatch plan is right on 12 random routings of 2, 3 and 4 ranks")
 
 
+check_dispatch = split_check(collect_dispatch, judge_dispatch)
+
+
 # ---- task 2 --------------------------------------------------------------------------------
-def check_balance_loss(loss, task: int = 2) -> None:
-    """Task: ``loss(probs, experts) -> scalar tensor``: Switch's load-balancing loss
-    E sum_i f_i P_i (f_i: share of the assignments in ``experts`` (T, k) that chose expert i;
-    P_i: mean of ``probs`` (T, E) over the tokens). Graded on 6 random batches: the value and
-    its gradient with respect to ``probs``."""
+def _loss_cases(task: int) -> list[tuple[int, int, int, Any]]:
+    """Task 2's batches, drawn from the grading seed: (tokens, experts, top-k, probs) each;
+    ``probs`` a fresh leaf that requires grad."""
     import torch
 
     from course_lib.grading.seeds import case_rng
 
     g = torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63))
+    cases = []
     for case in range(6):
         t, e, k = 8 + 3 * case, 4 + case % 3, 1 + case % 2
-        probs = torch.randn(t, e, generator=g).softmax(-1).requires_grad_()
-        experts = probs.detach().topk(k, dim=-1).indices
-        got = run_learner(task, loss, probs, experts, forbid=LOSS_REFERENCES)
+        cases.append((t, e, k, torch.randn(t, e, generator=g).softmax(-1).requires_grad_()))
+    return cases
+
+
+def _learner_loss(task: int, loss, probs, k: int) -> dict[str, Any]:
+    """The learner's loss on one batch: the value, whether it has a gradient, and the gradient
+    it sends back to ``probs`` (None where there is none to take)."""
+    import torch
+
+    experts = probs.detach().topk(k, dim=-1).indices
+    got = run_learner(task, loss, probs, experts, forbid=LOSS_REFERENCES)
+    if not isinstance(got, torch.Tensor):
+        return {"loss": got, "requires_grad": False, "grad": None}
+    grad = None
+    if got.numel() == 1 and got.requires_grad:
+        (grad,) = torch.autograd.grad(got.reshape(()), probs, allow_unused=True)
+    return {"loss": got.detach(), "requires_grad": bool(got.requires_grad), "grad": grad}
+
+
+def collect_balance_loss(loss, task: int = 2) -> list[dict[str, Any]]:
+    """Task: ``loss(probs, experts) -> scalar tensor``: Switch's load-balancing loss
+    E sum_i f_i P_i (f_i: share of the assignments in ``experts`` (T, k) that chose expert i;
+    P_i: mean of ``probs`` (T, E) over the tokens). Graded on 6 random batches: the value and
+    its gradient with respect to ``probs``."""
+    return [_learner_loss(task, loss, probs, k) for _, _, k, probs in _loss_cases(task)]
+
+
+def judge_balance_loss(data: Any, task: int = 2) -> None:
+    import torch
+
+    cases = _loss_cases(task)
+    if not isinstance(data, list) or len(data) != len(cases):
+        fail(task, f"the run handed back no loss for each of the {len(cases)} batches")
+    for case, ((t, e, k, probs), res) in enumerate(zip(cases, data)):
+        got = res.get("loss") if isinstance(res, dict) else None
         if not isinstance(got, torch.Tensor) or got.numel() != 1:
             fail(task, f"expected a scalar tensor, got {got!r}")
+        experts = probs.detach().topk(k, dim=-1).indices
         f = torch.bincount(experts.reshape(-1), minlength=e).float() / experts.numel()
         want = e * (f * probs.mean(0)).sum()
-        if not torch.allclose(got.detach().reshape(()), want.detach(), atol=1e-6):
+        if not torch.allclose(got.reshape(()).to(want.dtype), want.detach(), atol=1e-6):
             fail(
                 task,
                 f"case {case + 1} ({t} tokens, {e} experts, top-{k}): your loss is "
-                f"{float(got.detach()):.6g}, {'below' if got < want else 'above'} E sum_i f_i P_i",
+                f"{float(got):.6g}, {'below' if got < want else 'above'} E sum_i f_i P_i",
             )
-        if not got.requires_grad:
+        if res.get("requires_grad") is not True:
             fail(task, f"case {case + 1}: the loss has no gradient: the router would learn nothing")
-        (mine,) = torch.autograd.grad(got.reshape(()), probs)
+        mine = res.get("grad")
         (right,) = torch.autograd.grad(want, probs)
-        if not torch.allclose(mine, right, atol=1e-6):
+        if (
+            not isinstance(mine, torch.Tensor)
+            or (mine.shape, mine.dtype) != (right.shape, right.dtype)
+            or not torch.allclose(mine, right, atol=1e-6)
+        ):
             fail(task, f"case {case + 1}: the gradient reaching the router probabilities differs")
     passed(task, "your balancing loss and its gradient are right on 6 random batches")
+
+
+check_balance_loss = split_check(collect_balance_loss, judge_balance_loss)
 
 
 # ---- task 3 --------------------------------------------------------------------------------
@@ -122,24 +203,32 @@ MIXTRAL_PLANS = tuple(
 )
 
 
-def check_mixtral_plan(fn, task: int = 3) -> None:
+def _mixtral_plan(task: int) -> tuple[int, int]:
+    from course_lib.grading.seeds import case_rng
+
+    return case_rng(task, UNIT).choice(MIXTRAL_PLANS)
+
+
+def collect_mixtral_plan(fn, task: int = 3) -> Any:
     """Task: ``fn(ep, gpus) -> (a2a_bytes, state_bytes)`` for Mixtral 8x7B (46,702,792,704
     parameters, of them 45,097,156,608 in the routed experts, 8 per layer x 32 layers; width
     4096, top-2) trained on ``gpus`` GPUs, experts over ``ep`` ranks, no pipeline, ZeRO-1, bf16
     weights and gradients with 12 B of fp32 optimizer state per parameter: the bytes one GPU
     sends per token of its own and MoE layer, forward + backward, bf16, uniform routing; and the
     model-state bytes per GPU. Two ints, for an (ep, gpus) drawn from the grading seed."""
-    from course_lib.grading.seeds import case_rng
+    ep, gpus = _mixtral_plan(task)
+    return learner_value(run_learner(task, fn, ep, gpus, forbid=SCALE_REFERENCES))
 
-    ep, gpus = case_rng(task, UNIT).choice(MIXTRAL_PLANS)
-    got = run_learner(task, fn, ep, gpus, forbid=SCALE_REFERENCES)
+
+def judge_mixtral_plan(got: Any, task: int = 3) -> None:
+    from course_lib.measure import estimate
+
+    ep, gpus = _mixtral_plan(task)
     where = f"ep {ep} on {gpus} GPUs: "
     if not isinstance(got, tuple) or len(got) != 2:
         fail(task, f"{where}expected (a2a_bytes, state_bytes), got {got!r}")
     a2a = expect_int(task, "a2a_bytes", got[0])
     state = expect_int(task, "state_bytes", got[1])
-    from course_lib.measure import estimate
-
     want_a2a = estimate.ep_all_to_all_bytes_per_token(4096, ep=ep, top_k=2)
     total, experts = 46_702_792_704, 45_097_156_608
     want_state = estimate.moe_model_state_bytes_per_rank(
@@ -152,3 +241,6 @@ def check_mixtral_plan(fn, task: int = 3) -> None:
         task,
         "Mixtral 8x7B at a drawn ep and cluster: all-to-all bytes per token and memory per GPU",
     )
+
+
+check_mixtral_plan = split_check(collect_mixtral_plan, judge_mixtral_plan)

@@ -16,11 +16,19 @@ Tolerances: a cast is judged by its error against the course's own cast of the s
 (``x`` rebuilt from data and scale may differ from ours by rounding of the scale: 1 % of our
 error plus 1e-6 of |x|); scales to 1e-6 relative; bytes to 1 byte (the (N-1)/N of a ring need
 not be whole).
+
+Each check is split (:mod:`course_lib.grading.split`): ``collect_X`` runs the learner's code on
+the seeded cases and hands back what it returned; ``judge_X`` draws the same cases, casts them
+with the course's own code or computes the bytes, and compares.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.grading.core import expect_int, fail, passed, run_learner
+from course_lib.grading.plain import learner_value
+from course_lib.grading.split import split_check
 
 __all__ = ["LLAMA2_13B", "check_rowwise", "check_fixed_cast", "check_fsdp_fp8"]
 
@@ -67,21 +75,28 @@ def _cases(task: int = 1):
     return [("outliers", x), ("tiny values", tiny), ("normal", torch.randn(16, 32, generator=gen))]
 
 
+def _kind(value: Any) -> str:
+    """The type name of a value as the judge sees it (an Opaque's is the learner's type)."""
+    from course_lib.grading.plain import Opaque
+
+    return value.type_name if isinstance(value, Opaque) else type(value).__name__
+
+
 def _unpack(task: int, got, x):
     import torch
 
     if not (isinstance(got, tuple) and len(got) == 2):
-        fail(task, f"expected a tuple (data, scale), got {type(got).__name__}")
+        fail(task, f"expected a tuple (data, scale), got {_kind(got)}")
     data, scale = got
     if not isinstance(data, torch.Tensor) or data.dtype != torch.float8_e4m3fn:
         fail(
             task,
-            f"data: expected a torch.float8_e4m3fn tensor, got {getattr(data, 'dtype', type(data).__name__)}",
+            f"data: expected a torch.float8_e4m3fn tensor, got {getattr(data, 'dtype', _kind(data))}",
         )
     if tuple(data.shape) != tuple(x.shape):
         fail(task, f"data: expected shape {tuple(x.shape)}, got {tuple(data.shape)}")
     if not isinstance(scale, torch.Tensor):
-        fail(task, f"scale: expected a tensor, got {type(scale).__name__}")
+        fail(task, f"scale: expected a tensor, got {_kind(scale)}")
     return data, scale.float()
 
 
@@ -100,16 +115,30 @@ def _judge_cast(task: int, what: str, x, data, scale, ours) -> None:
         fail(task, f"{what}: ||data * scale - x|| = {err:.4g}, the course's cast gets {ref:.4g}")
 
 
-def check_rowwise(my_rowwise, task: int = 1) -> None:
+def _casts(task: int, data: Any, cases: list) -> list:
+    """The learner's (data, scale) for each case, as handed back; a ✗ if there is not one per
+    case."""
+    if not isinstance(data, list) or len(data) != len(cases):
+        fail(task, f"the run handed back no (data, scale) for each of the {len(cases)} tensors")
+    return data
+
+
+def collect_rowwise(my_rowwise, task: int = 1) -> list[Any]:
     """Rowwise E4M3: one scale per row (M, 1) or (M,), amax / 448; data * scale close to x."""
+    return [
+        learner_value(run_learner(task, my_rowwise, x.clone(), forbid=_FORBID_CAST))
+        for _, x in _cases(task)
+    ]
+
+
+def judge_rowwise(answers: Any, task: int = 1) -> None:
     import torch
 
     from course_lib.techniques.fp8 import to_float8
 
-    for what, x in _cases(task):
-        data, scale = _unpack(
-            task, run_learner(task, my_rowwise, x.clone(), forbid=_FORBID_CAST), x
-        )
+    cases = _cases(task)
+    for (what, x), got in zip(cases, _casts(task, answers, cases)):
+        data, scale = _unpack(task, got, x)
         if scale.numel() != x.shape[0]:
             fail(task, f"{what}: expected one scale per row ({x.shape[0]}), got {scale.numel()}")
         scale = scale.reshape(-1, 1)
@@ -129,27 +158,42 @@ def check_rowwise(my_rowwise, task: int = 1) -> None:
     )
 
 
-def check_fixed_cast(fixed_cast, task: int = 2) -> None:
-    """Tensorwise E4M3 that divides by the scale *before* casting: big values do not saturate,
-    small ones are not flushed to 0."""
+check_rowwise = split_check(collect_rowwise, judge_rowwise)
+
+
+def _tensorwise_cases(task: int = 2) -> list:
     import torch
 
-    from course_lib.techniques.fp8 import to_float8
-
     gen = _generator(task)
-    cases = [
+    return [
         ("values up to 5000", torch.randn(32, 64, generator=gen) * 1000),
         ("values around 1e-4", torch.randn(32, 64, generator=gen) * 1e-4),
         ("all zeros", torch.zeros(4, 8)),
     ]
-    for what, x in cases:
-        data, scale = _unpack(
-            task, run_learner(task, fixed_cast, x.clone(), forbid=_FORBID_CAST), x
-        )
+
+
+def collect_fixed_cast(fixed_cast, task: int = 2) -> list[Any]:
+    """Tensorwise E4M3 that divides by the scale *before* casting: big values do not saturate,
+    small ones are not flushed to 0."""
+    return [
+        learner_value(run_learner(task, fixed_cast, x.clone(), forbid=_FORBID_CAST))
+        for _, x in _tensorwise_cases(task)
+    ]
+
+
+def judge_fixed_cast(answers: Any, task: int = 2) -> None:
+    from course_lib.techniques.fp8 import to_float8
+
+    cases = _tensorwise_cases(task)
+    for (what, x), got in zip(cases, _casts(task, answers, cases)):
+        data, scale = _unpack(task, got, x)
         if scale.numel() != 1:
             fail(task, f"{what}: a tensorwise cast has one scale, got {scale.numel()}")
         _judge_cast(task, what, x, data, scale.reshape(1, 1), to_float8(x))
     passed(task, "scale first, then cast: nothing saturates at 448 or flushes to 0 before scaling")
+
+
+check_fixed_cast = split_check(collect_fixed_cast, judge_fixed_cast)
 
 
 def _fsdp_answer(world_size: int) -> tuple[float, float]:
@@ -171,12 +215,20 @@ def fsdp_sizes(task: int) -> list[int]:
     return sorted([*rng.sample(FSDP_SIZES, 2), rng.choice(FSDP_ODD_SIZES)])
 
 
-def check_fsdp_fp8(fsdp_fp8_step, task: int = 3) -> None:
+def collect_fsdp_fp8(fsdp_fp8_step, task: int = 3) -> list[Any]:
     """``fsdp_fp8_step(world_size) -> (allgather_bytes_sent, model_state_bytes)``, ints, for
     Llama-2-13B at three cluster sizes drawn from the grading seed, each within 1 byte."""
+    return [
+        learner_value(run_learner(task, fsdp_fp8_step, n, forbid=_FORBID_BYTES))
+        for n in fsdp_sizes(task)
+    ]
+
+
+def judge_fsdp_fp8(answers: Any, task: int = 3) -> None:
     sizes = fsdp_sizes(task)
-    for n in sizes:
-        got = run_learner(task, fsdp_fp8_step, n, forbid=_FORBID_BYTES)
+    if not isinstance(answers, list) or len(answers) != len(sizes):
+        fail(task, f"the run handed back no answer for each of the {len(sizes)} cluster sizes")
+    for n, got in zip(sizes, answers):
         if not (isinstance(got, tuple) and len(got) == 2):
             fail(task, f"fsdp_fp8_step({n}): expected a tuple (allgather_bytes, memory_bytes)")
         sent, mem = (expect_int(task, f"fsdp_fp8_step({n})[{i}]", v) for i, v in enumerate(got))
@@ -196,3 +248,6 @@ def check_fsdp_fp8(fsdp_fp8_step, task: int = 3) -> None:
         "Llama-2-13B, FP8 all-gather: bytes sent and model states per GPU exact at three drawn "
         "cluster sizes",
     )
+
+
+check_fsdp_fp8 = split_check(collect_fsdp_fp8, judge_fsdp_fp8)

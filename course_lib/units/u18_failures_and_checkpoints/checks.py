@@ -14,6 +14,11 @@ Task 3: ``predict(gpus, save_s, restart_s) -> (interval_s, goodput)``: Young's i
 goodput at that interval (Daly's expected wall time, restart cost included) for a cluster of
 ``gpus`` GPUs failing at Llama 3 405B's per-GPU rate (419 unexpected interruptions in 54 days on
 16,384 GPUs); cases drawn for this grading. Tolerance: 1e-6 relative.
+
+Each check is split (:mod:`course_lib.grading.split`): ``collect_X`` runs the learner's code (on
+ranks for tasks 1 and 2) and hands back what it produced: the losses of the resumed run, the
+returned norms and the shards as the clip left them, the predictions; ``judge_X`` runs the
+uninterrupted reference run (task 1, on its own ranks) or computes the answers, and compares.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading.core import error_pair, fail, launch_learner, passed, refuse, run_learner
+from course_lib.grading.plain import learner_value
 from course_lib.grading.seeds import case_rng
+from course_lib.grading.split import need, split_check
 
 __all__ = [
     "STATE_REFERENCES",
@@ -84,13 +91,25 @@ def _state_worker(rank, world_size, cls, forbid, root, phase, cut, steps) -> dic
         return {"used": list(used), "error": error_pair(exc)}
     if phase == "first" and rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)  # the failure: no clean-up
-    if phase == "resume":  # the uninterrupted run, with the course's own state
-        ref = T.build(steps=steps)
-        out["reference"] = [T.train_step(ref, data) for _ in range(steps)]
     return {"used": list(used), **out}
 
 
-def check_train_state(cls, task: int = 1) -> None:
+def _reference_worker(rank, world_size, steps) -> list[float]:
+    """The uninterrupted run, with the course's own state: every step's loss."""
+    from course_lib.units.u18_failures_and_checkpoints import _train as T
+
+    data = T.make_data()
+    ref = T.build(steps=steps)
+    return [T.train_step(ref, data) for _ in range(steps)]
+
+
+def _state_cut(task: int) -> tuple[int, int]:
+    """The step the run is killed after, drawn for this grading, and the run's length."""
+    cut = case_rng(task, UNIT).randint(3, 8)
+    return cut, cut + 4
+
+
+def collect_train_state(cls, task: int = 1) -> dict[str, Any]:
     """Kill a run after a step drawn for this grading and resume it with ``cls``; every loss
     after the resume must be the uninterrupted run's, bit for bit."""
     import tempfile
@@ -98,9 +117,7 @@ def check_train_state(cls, task: int = 1) -> None:
     from course_lib.runtime.errors import LaunchError
     from course_lib.runtime.launch import launch
 
-    rng = case_rng(task, UNIT)
-    cut = rng.randint(3, 8)
-    steps = cut + 4
+    cut, steps = _state_cut(task)
     with tempfile.TemporaryDirectory(prefix="u18_task1_") as root:
         args = (cls, STATE_REFERENCES, root)
         try:
@@ -117,7 +134,17 @@ def check_train_state(cls, task: int = 1) -> None:
         resumed = launch_learner(
             task, _state_worker, 2, *args, "resume", cut, steps, timeout=GRADE_TIMEOUT_S
         )[0]
-    _judge_resume(task, resumed, cut)
+    return {"resumed_at": resumed.get("resumed_at"), "losses": resumed.get("losses")}
+
+
+def judge_train_state(data: Any, task: int = 1) -> None:
+    from course_lib.runtime.launch import launch
+
+    cut, steps = _state_cut(task)
+    resumed_at = need(task, data, "resumed_at", int, "step after the resume")
+    losses = need(task, data, "losses", list, "losses of the resumed run")
+    reference = launch(_reference_worker, 2, steps, timeout=GRADE_TIMEOUT_S)[0]
+    _judge_resume(task, {"resumed_at": resumed_at, "losses": losses, "reference": reference}, cut)
     passed(
         task,
         "a run killed after its checkpoint and resumed on 2 ranks: step, and every loss after "
@@ -132,12 +159,15 @@ def _judge_resume(task: int, res: dict, cut: int) -> None:
     if len(got) != len(want):
         fail(task, f"the resumed run trained {len(got)} steps, expected {len(want)}")
     for i, (g, w) in enumerate(zip(got, want)):
-        if g != w:
+        if not isinstance(g, float) or g != w:
             fail(
                 task,
                 f"loss of step {cut + i + 1}: resumed {g!r}, uninterrupted {w!r} (which part of "
                 "the state was not saved or not put back?)",
             )
+
+
+check_train_state = split_check(collect_train_state, judge_train_state)
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,56 +179,90 @@ def _clip_cases(task: int) -> list[tuple[str, list[tuple[int, ...]], float]]:
     return [("norm above max_norm", shapes, 0.5 + rng.random()), ("below it", shapes, 1e4)]
 
 
-def _clip_worker(rank, world_size, fn, forbid, cases, seed) -> dict:
+def _clip_seed(task: int) -> int:
+    return case_rng(task, UNIT).getrandbits(31)
+
+
+def _full_gradients(shapes: list[tuple[int, ...]], seed: int) -> list:
+    """The whole gradients of a case: the same on every rank (and on the judge's side)."""
     import torch
 
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=gen) for s in shapes]
+
+
+def _clip_worker(rank, world_size, fn, forbid, cases, seed) -> dict:
     from course_lib.grading.references import watch_references
 
     out, used = [], []
     try:
         with watch_references(forbid) as used:
             for _, shapes, max_norm in cases:
-                gen = torch.Generator().manual_seed(seed)
-                full = [torch.randn(*s, generator=gen) for s in shapes]  # the same on every rank
+                full = _full_gradients(shapes, seed)
                 shards = [g.tensor_split(world_size, dim=0)[rank].clone() for g in full]
                 total = fn(shards, max_norm)
-                norm = float(torch.stack([(g.double() ** 2).sum() for g in full]).sum().sqrt())
-                scale = min(1.0, max_norm / (norm + 1e-6))
-                ok = all(
-                    torch.allclose(s, g.tensor_split(world_size, dim=0)[rank] * scale, rtol=1e-5)
-                    for s, g in zip(shards, full)
-                )
-                out.append({"total": float(total), "norm": norm, "scaled_right": ok})
+                out.append({"total": float(total), "shards": list(shards)})
     except Exception as exc:  # noqa: BLE001 - reported in the verdict
         return {"used": list(used), "error": error_pair(exc)}
     return {"used": list(used), "cases": out}
 
 
-def check_clip(clip_grad_norm_sharded, task: int = 2) -> None:
+#: the ranks task 2 runs on
+CLIP_RANKS = 2
+
+
+def collect_clip(clip_grad_norm_sharded, task: int = 2) -> list[Any]:
     """On 2 ranks, each holding dim-0 shards of the same gradients (one of them 1 row, so one
     rank's shard is empty): the returned norm is the whole gradient's and every shard is scaled
     by the same factor."""
-    cases = _clip_cases(task)
-    seed = case_rng(task, UNIT).getrandbits(31)
     ranks = launch_learner(
         task,
         _clip_worker,
-        2,
+        CLIP_RANKS,
         clip_grad_norm_sharded,
         CLIP_REFERENCES,
-        cases,
-        seed,
+        _clip_cases(task),
+        _clip_seed(task),
         timeout=GRADE_TIMEOUT_S,
     )
-    for rank, res in enumerate(ranks):
-        for (what, _, max_norm), got in zip(cases, res["cases"]):
-            if abs(got["total"] - got["norm"]) > 1e-5 * got["norm"]:
+    return [res.get("cases") for res in ranks]
+
+
+def _scaled_right(got: Any, full: list, rank: int, scale: float) -> bool:
+    """Whether the shards handed back are this rank's shards of ``full`` times ``scale``."""
+    import torch
+
+    if not isinstance(got, list) or len(got) != len(full):
+        return False
+    for s, g in zip(got, full):
+        want = g.tensor_split(CLIP_RANKS, dim=0)[rank] * scale
+        if not isinstance(s, torch.Tensor) or s.shape != want.shape or s.dtype != want.dtype:
+            return False
+        if not torch.allclose(s, want, rtol=1e-5):
+            return False
+    return True
+
+
+def judge_clip(data: Any, task: int = 2) -> None:
+    import torch
+
+    cases, seed = _clip_cases(task), _clip_seed(task)
+    if not isinstance(data, list) or len(data) != CLIP_RANKS:
+        fail(task, f"the run handed back no results of its {CLIP_RANKS} ranks")
+    for rank, res in enumerate(data):
+        if not isinstance(res, list) or len(res) != len(cases):
+            fail(task, f"rank {rank} handed back no result for each of the {len(cases)} cases")
+        for (what, shapes, max_norm), got in zip(cases, res):
+            full = _full_gradients(shapes, seed)
+            norm = float(torch.stack([(g.double() ** 2).sum() for g in full]).sum().sqrt())
+            total = need(task, got, "total", float, f"norm of rank {rank}")
+            if not abs(total - norm) <= 1e-5 * norm:  # a NaN norm is not it either
                 fail(
                     task,
-                    f"rank {rank}, {what}: returned norm {got['total']:.6g}, the whole gradient's "
-                    f"is {got['norm']:.6g} (a norm of this rank's shard only?)",
+                    f"rank {rank}, {what}: returned norm {total:.6g}, the whole gradient's "
+                    f"is {norm:.6g} (a norm of this rank's shard only?)",
                 )
-            if not got["scaled_right"]:
+            if not _scaled_right(got.get("shards"), full, rank, min(1.0, max_norm / (norm + 1e-6))):
                 fail(
                     task,
                     f"rank {rank}, {what} (max_norm {max_norm:.3g}): the shards are not scaled by "
@@ -207,6 +271,9 @@ def check_clip(clip_grad_norm_sharded, task: int = 2) -> None:
     passed(
         task, "the norm of the whole gradient on every rank (shards all-reduced), one clip scale"
     )
+
+
+check_clip = split_check(collect_clip, judge_clip)
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,16 +294,31 @@ def _predict_cases(task: int) -> list[tuple[int, float, float]]:
     return [(g, rng.randint(10, 240) / 2, rng.randint(12, 120) * 10.0) for g in gpus]
 
 
-def check_predict(predict, task: int = 3) -> None:
+def collect_predict(predict, task: int = 3) -> list[Any]:
     """``predict(gpus, save_s, restart_s) -> (interval_s, goodput)`` for three cases drawn for
     this grading, each within 1e-6 relative."""
+    answers = []
     for gpus, save_s, restart_s in _predict_cases(task):
         got = run_learner(task, predict, gpus, save_s, restart_s, forbid=PREDICT_REFERENCES)
+        # int and float subclasses (numpy's float64) cross as the plain numbers they are; numpy's
+        # int64 does not, as before the check was split
+        answers.append(learner_value(got, builtin_only=True))
+    return answers
+
+
+def judge_predict(answers: Any, task: int = 3) -> None:
+    cases = _predict_cases(task)
+    if not isinstance(answers, list) or len(answers) != len(cases):
+        fail(task, f"the run handed back no prediction for each of the {len(cases)} cases")
+    for (gpus, save_s, restart_s), got in zip(cases, answers):
         call = f"predict({gpus}, {save_s}, {restart_s})"
         if not (isinstance(got, tuple) and len(got) == 2):
             fail(task, f"{call}: expected a tuple (interval_s, goodput), got {got!r}")
         want = _predict_answer(gpus, save_s, restart_s)
         for name, g, w in zip(("interval_s", "goodput"), got, want):
-            if not isinstance(g, (int, float)) or abs(g - w) > 1e-6 * abs(w):
+            if not isinstance(g, (int, float)) or not abs(g - w) <= 1e-6 * abs(w):
                 fail(task, f"{call} {name}: got {g!r}, which is not it within 1e-6 relative")
     passed(task, "Young's interval and Daly's goodput with restart cost, within 1e-6 relative")
+
+
+check_predict = split_check(collect_predict, judge_predict)

@@ -109,14 +109,15 @@ def elastic_run(
     """Train the unit's MLP ``steps`` steps on ``world_size`` ranks, saving every ``every``
     steps into ``root`` (default: a temporary folder, removed at the end), resuming from the
     latest checkpoint there if any. Under torchrun, in the first attempt, rank ``kill_rank``
-    kills itself (SIGKILL) after step ``kill_step`` (-1: never); ``slow_rank`` sleeps ``slow_s``
-    per step (a straggler). Rows (rank 0, this attempt's steps): step, loss, attempt. Every
-    event of every rank is logged in ``root/timeline.jsonl`` (:func:`read_timeline`)."""
+    kills itself (SIGKILL) after step ``kill_step`` (-1: never); ``slow_rank`` (-1: none) sleeps
+    ``slow_s`` per step (a straggler). Rows (rank 0, this attempt's steps): step, loss, attempt.
+    Every event of every rank is logged in ``root/timeline.jsonl`` (:func:`read_timeline`)."""
     steps = validate.count("steps", steps, minimum=1)
     every = validate.count("every", every, minimum=1)
     validate.count("kill_step", kill_step, minimum=-1, maximum=steps)
     validate.count("kill_rank", kill_rank, maximum=world_size - 1)
-    validate.number("slow_s", slow_s, minimum=0.0)
+    validate.count("slow_rank", slow_rank, minimum=-1, maximum=world_size - 1)  # -1: none
+    validate.number("slow_s", slow_s, minimum=0.0, finite=True)
     validate.choice("world_size", world_size, (1, 2, 4))
     res = course_lib.launch(
         _elastic_rank,

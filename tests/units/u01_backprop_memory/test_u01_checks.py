@@ -225,3 +225,25 @@ def test_copied_answers_fail_under_another_seed(monkeypatch):
     copied_fails(monkeypatch, grading.check_gpt_activation_bytes, gpt_activation_bytes, task=3)
     copied_fails(monkeypatch, grading.check_eval_memory_bug, fixed, "b", task=4)
     copied_fails(monkeypatch, grading.check_scale_up, scale_up, task=5)
+
+
+@pytest.mark.parametrize(
+    "name, task",
+    [
+        ("check_optimizer_state_bytes", 1),
+        ("check_predict_step_memory", 2),
+        ("check_gpt_activation_bytes", 3),
+        ("check_eval_memory_bug", 4),
+        ("check_scale_up", 5),
+    ],
+)
+def test_the_judge_trusts_nothing_it_is_handed(name, task):
+    """Whatever plain data comes back from the learner's side, a malformed one is a ✗ line."""
+    import torch
+
+    check = getattr(grading, name)
+    forged = [None, 7, "✓", [], [None] * 5, {}, {"bug": "b"}, {"bug": "b", "peak": 0}]
+    forged += [{"bug": "b", "peak": 0, "outputs": torch.zeros(2)}, {"7B": {}}]
+    for data in forged:
+        with pytest.raises(AssertionError, match=f"✗ task {task}: "):
+            check.run_judge(data)

@@ -310,3 +310,32 @@ def test_lecture_constants_fail(seed):
     printed = {175 * 10**9: 780}
     with pytest.raises(AssertionError, match="✗ task 6: "):
         grading.check_gpus_needed(lambda n, t, d, p, u: printed.get(n, 8), task=6)
+
+
+@pytest.mark.parametrize(
+    "name, task",
+    [
+        ("check_matmul_intensity", 1),
+        ("check_plan_accumulation", 2),
+        ("check_accumulation_step", 3),
+        ("check_largest_batch", 4),
+        ("check_uneven_accumulation", 5),
+        ("check_gpus_needed", 6),
+    ],
+)
+def test_the_judge_trusts_nothing_it_is_handed(name, task):
+    """Whatever plain data comes back from the learner's side, a malformed one is a ✗ line."""
+    import torch
+
+    check = getattr(grading, name)
+    case = {"events": [[], []], "params": [torch.zeros(3), torch.zeros(3)], "left_over": None}
+    forged = [None, 7, "✓", [], [None] * 6, {}, {"plans": [], "indivisible": {}}, [case, case]]
+    forged += [{"bug": "b", "cases": [case, case]}, {"bug": "b", "cases": None}, [10**12] * 2]
+    for data in forged:
+        with pytest.raises(AssertionError, match=f"✗ task {task}: "):
+            check.run_judge(data)
+
+
+def test_a_batch_whose_input_alone_is_over_the_budget_is_not_measured():
+    with pytest.raises(AssertionError, match=r"✗ task 4: .*input batch and labels alone take"):
+        grading.check_largest_batch(lambda model, budget: budget, task=4)

@@ -215,6 +215,32 @@ def test_the_averaged_shapes_are_drawn(monkeypatch):
     )
     for seed in ("0", "7"):
         monkeypatch.setenv("COURSE_GRADE_SEED", seed)
-        unit08.check_fixed_average(lambda g: g)
+        unit08.collect_fixed_average(lambda g: g)  # the learner's side: what it launches
     assert [n for n, *_ in seen] == [2, 3, 2, 3]
     assert seen[0][1:] == seen[1][1:] and seen[0][1:] != seen[2][1:]
+
+
+def test_judges_refuse_malformed_data():
+    # the judge half trusts nothing the learner's side hands back: a ✗, never a ✓ or a crash
+    # (none of these reaches a judge's own launch of the reference rings)
+    from course_lib.units.u08_collectives import checks as unit08
+
+    ranks = [[{}] * n for n in (2, 3, 4)]
+    p2p = [{"op": "isend", "bytes": 4, "async": True}]
+    ring = [[{"results": [torch.zeros(1)] * 6, "calls": p2p}] * n for n in (2, 3, 4)]
+    junk = [None, {}, [], "✓", 3, {"runs": None}, {"runs": ranks}, {"runs": ranks[:2]}]
+    junk += [{"runs": ring}, {"runs": [[{"outs": ["int", 3]}] * 2, [{"outs": []}] * 3]}]
+    junk += [{"cases": [0] * 6, "runs": [0, 0]}, {"wait_s": [0.1, 0.2, "0.3", 0.0]}]
+    junk += [[float("nan")] * 15, [None] * 15]
+    checks = [
+        unit08.check_ring_all_reduce,
+        unit08.check_ring_all_gather,
+        unit08.check_composite_bytes,
+        unit08.check_straggler_prediction,
+        unit08.check_fixed_average,
+        unit08.check_scale_bytes,
+    ]
+    for check in checks:
+        for data in junk:
+            with pytest.raises(AssertionError, match=rf"✗ task {check.task}: "):
+                check.run_judge(data)

@@ -179,3 +179,26 @@ def test_copied_bytes_fail_under_another_seed(monkeypatch):
     assert case_rng(4, C.UNIT).choice(C.BYTE_WIDTHS) != width
     with pytest.raises(AssertionError, match="✗ task 4: .*you predicted"):
         C.check_bytes_prediction(copied)
+
+
+def test_judges_refuse_malformed_data():
+    # the judge half trusts nothing the learner's side hands back: a ✗, never a ✓ or a crash
+    # (none of these reaches task 4's own measurement on ranks)
+    record = {"losses": [0.0, 0.0], "grads": [{}, {}], "params": [{}, {}, {}]}
+    steps = [{"during": [], "finish": []}] * 2
+    junk = [None, {}, [], "✓", 3, {"runs": None}, {"runs": [[{}] * 2, [{}] * 3]}]
+    junk += [{"runs": [[{"steps": steps, "record": record}] * 2, [{}] * 3]}]
+    junk += [{"runs": [[{"calls": [], "grads": {"x": torch.zeros(1)}}] * 2]}]
+    junk += [{"runs": [[{"calls": [{"op": "all_reduce"}], "grads": {}}] * 2]}]
+    junk += [[{"returned": 1}] * 6, [{"raised": 5}] * 6, [{"returned": 1, "raised": ""}] * 6]
+    junk += [[1.0, 2.0], [None] * 4]
+    checks = [
+        C.check_bucketed_hook,
+        C.check_no_sync_loop,
+        C.check_accumulation_steps,
+        C.check_bytes_prediction,
+    ]
+    for check in checks:
+        for data in junk:
+            with pytest.raises(AssertionError, match=rf"✗ task {check.task}: "):
+                check.run_judge(data)

@@ -126,3 +126,13 @@ def test_the_lectures_plan_or_a_copied_answer_fails(monkeypatch):
     monkeypatch.setenv("COURSE_GRADE_SEED", "7")
     with pytest.raises(AssertionError, match="✗ task 3: "):
         C.check_mixtral_plan(lambda ep, g: copied)
+
+
+@pytest.mark.parametrize(
+    "junk", [None, {}, [], "x", [None] * 12, [(torch.zeros(3), [1], [2])] * 12]
+)
+def test_judges_refuse_malformed_data(junk):
+    # the judge half trusts nothing the learner's side hands back: a ✗, never a ✓ or a crash
+    for check in (C.check_dispatch, C.check_balance_loss, C.check_mixtral_plan):
+        with pytest.raises(AssertionError, match=rf"✗ task {check.task}: "):
+            check.run_judge(junk)

@@ -133,3 +133,13 @@ def test_copied_fsdp_answers_fail_under_another_seed(monkeypatch):
     assert C.fsdp_sizes(3) != sorted(table)
     with pytest.raises(AssertionError, match="✗ task 3: fsdp_fp8_step"):
         C.check_fsdp_fp8(lambda n: table.get(n, (0, 0)))
+
+
+@pytest.mark.parametrize(
+    "junk", [None, {}, [], [None] * 3, [(torch.zeros(2, 2, dtype=torch.float8_e4m3fn), 1.0)] * 3]
+)
+def test_judges_refuse_malformed_data(junk):
+    # the judge half trusts nothing the learner's side hands back: a ✗, never a ✓ or a crash
+    for check in (C.check_rowwise, C.check_fixed_cast, C.check_fsdp_fp8):
+        with pytest.raises(AssertionError, match=rf"✗ task {check.task}: "):
+            check.run_judge(junk)

