@@ -32,45 +32,58 @@ MEMORY_CATEGORIES = ("params", "grads", "optimizer", "activations", "logits", "b
 
 
 def layers_per_stage(model: ModelSpec, pp: int, *, uneven_stages: bool = False) -> int:
-    """Layers on the fullest pipeline stage: L / pp, or ceil(L / pp) with ``uneven_stages``
-    (BLOOM put 70 layers on 12 stages, Llama 3 126 on 16)."""
-    if model.layers % pp and not uneven_stages:
-        raise ValueError(
-            f"pp = {pp}: expected a divisor of layers = {model.layers}: one of "
-            f"{', '.join(map(str, divisors(model.layers)))} (or pass "
-            "uneven_stages=True to let some stages hold one layer fewer)"
-        )
-    return math.ceil(model.layers / pp)
+    """Layers on the fullest pipeline stage: L / pp, or with ``uneven_stages`` the first count of
+    :func:`stage_layers` (at least ceil(L / pp); BLOOM put 70 layers on 12 stages, Llama 3 126 on
+    16). The one count the search, the checks and the predictions use."""
+    return stage_layers(model, pp, uneven_stages=uneven_stages)[0]
 
 
 def stage_layers(model: ModelSpec, pp: int, *, uneven_stages: bool = False) -> tuple[int, int]:
-    """(layers on the first and every middle stage, layers on the last stage).
+    """(layers on the first stage, the fullest, and on every middle stage, layers on the last).
 
     Even split: (L/pp, L/pp), the last stage also runs the output layer. With ``uneven_stages``
     the last stage gets fewer layers to make room for the output layer, which costs
     w = V h / P_layer layers' worth of FLOPs: the smallest n with (pp - 1) n + floor(n - w) >= L,
     the last stage taking what is left. BLOOM-176B (w = 1.46) on 12 stages: 6 layers per stage,
     4 on the last; Llama 3 405B (w = 0.66) on 16: 8, and 6 on the last (Llama 3 took one layer
-    off the first and the last stage, arXiv:2407.21783 Sec. 3.3.2).
+    off the first and the last stage, arXiv:2407.21783 Sec. 3.3.2). Where n layers on each of
+    pp - 1 stages would leave none for the last (80 layers on 13 stages: 12 x 7 = 84), the last
+    stage keeps one layer and the others share the rest, the fullest holding
+    ceil((L - 1) / (pp - 1)). Refused: pp > L (a stage with no layer), and without
+    ``uneven_stages`` a pp that does not divide L.
     """
-    return _stage_layers(model, pp, uneven_stages)
+    p = _v.count("pp", pp, minimum=1)
+    if p > model.layers:
+        raise ValueError(
+            f"pp = {p}: expected at most layers = {model.layers} (every pipeline stage holds "
+            "at least one layer)"
+        )
+    if model.layers % p and not uneven_stages:
+        raise ValueError(
+            f"pp = {p}: expected a divisor of layers = {model.layers}: one of "
+            f"{', '.join(map(str, divisors(model.layers)))} (or pass "
+            "uneven_stages=True to let some stages hold one layer fewer)"
+        )
+    return _stage_layers(model, p)
 
 
 @functools.cache
-def _stage_layers(model: ModelSpec, pp: int, uneven_stages: bool) -> tuple[int, int]:
-    """:func:`stage_layers`, counted once per (model, pp, uneven_stages)."""
-    n = layers_per_stage(model, pp, uneven_stages=uneven_stages)
-    if pp == 1:
-        return n, n
-    if model.layers % pp == 0:
-        return n, n
+def _stage_layers(model: ModelSpec, pp: int) -> tuple[int, int]:
+    """:func:`stage_layers` of a valid pp, counted once per (model, pp)."""
+    layers = model.layers
+    if layers % pp == 0:
+        return layers // pp, layers // pp
     w = model.vocab * model.hidden / model.params()["per_layer"]
-    n = next(
-        k
-        for k in range(1, model.layers + 1)
-        if (pp - 1) * k + max(0, math.floor(k - w)) >= model.layers
-    )
-    return n, max(1, model.layers - (pp - 1) * n)
+    lo, hi = -(-layers // pp), layers  # the smallest n that fits, by bisection
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (pp - 1) * mid + max(0, math.floor(mid - w)) >= layers:
+            hi = mid
+        else:
+            lo = mid + 1
+    if layers - (pp - 1) * lo < 1:  # no layer left for the last stage
+        return -(-(layers - 1) // (pp - 1)), 1
+    return lo, layers - (pp - 1) * lo
 
 
 def microbatches(model: ModelSpec, layout: Layout, global_batch_tokens: int) -> int:
@@ -104,8 +117,9 @@ def check_layout(
     uneven_stages: bool = False,
 ) -> None:
     """Refuse a layout that cannot run, naming the parameter, its value and the valid choices:
-    tp must divide heads and kv_heads; pp must divide layers (unless ``uneven_stages``); v must
-    divide the layers of a stage; the layout may not use more GPUs than the cluster has; the
+    tp must divide heads and kv_heads; pp must divide layers (unless ``uneven_stages``) and may
+    not exceed them; v must divide the layers of a stage (as :func:`stage_layers` counts them,
+    as the search does); the layout may not use more GPUs than the cluster has; the
     global batch must split into whole micro-batches; an interleaved pipeline needs at least as
     many micro-batches as stages."""
     if not isinstance(model, ModelSpec):

@@ -275,15 +275,19 @@ def plan(
     (any pp with ``uneven_stages``); dp = gpus / (tp cp pp) dividing the global batch in
     sequences; for an MoE model ep dividing dp and the experts; micro-batch sizes up to
     ``max_micro_batch`` that divide each replica's share; ZeRO 0-3; recomputation none /
-    selective / full; interleaving v in 1, 2, 4, 8. ``only`` narrows any of these to the
-    values given, e.g. ``only={"tp": [8], "pp": [16]}``.
+    selective / full; interleaving v in 1, 2, 4, 8. ``only`` narrows any of these to the values given, e.g. ``only={"tp": [8], "pp": [16]}``.
+
+    Refused before any search: a global batch above ``search.MAX_BATCH_SEQUENCES`` sequences,
+    ``max_micro_batch`` above ``search.MAX_MICRO_BATCH``, and a value of ``only`` no layout can
+    have (pp above the layers, a tp that does not divide the heads, ...).
     """
     import pandas as pd
 
     n_gpus, tokens = search.plan_inputs(model, cluster, gpus, global_batch_tokens)
     if not isinstance(assumptions, Assumptions):
         raise TypeError(f"assumptions = {assumptions!r}: expected a plan.Assumptions")
-    most = _v.count("max_micro_batch", max_micro_batch, minimum=1)
+    most = _v.count("max_micro_batch", max_micro_batch, minimum=1, maximum=search.MAX_MICRO_BATCH)
+    search.check_only(model, only, uneven_stages)  # a layout no search could build: refused now
     kw: dict[str, Any] = dict(global_batch_tokens=tokens, reserve=reserve)
     kw |= dict(uneven_stages=uneven_stages, assumptions=assumptions, total_tokens=total_tokens)
     rows = []
