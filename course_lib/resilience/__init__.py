@@ -10,6 +10,8 @@ Introduced in notebooks/18_failures_and_checkpoints.ipynb.
 - ``checkpoint.py``: :func:`save` (blocking, or ``async_=True``), :func:`load`, :func:`verify`,
   :func:`latest`, :func:`checkpoint_bytes`, :class:`CheckpointError`: PyTorch's distributed
   checkpoint (DCP) with write-then-rename and checks before any byte is read;
+  :class:`CheckpointIOError` (``failures.py``): a save or load that failed, each failed rank
+  and its cause (``rank 1: No space left on device (ENOSPC) writing ...``) in its first lines;
 - ``state.py``: :class:`TrainState` (model, optimizer, step, LR scheduler, every RNG, data
   position), :func:`rng_state`.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from course_lib.resilience.checkpoint import (
     CheckpointError,
+    CheckpointIOError,
     PendingSave,
     checkpoint_bytes,
     latest,
@@ -30,6 +33,7 @@ from course_lib.resilience.state import PARTS, TrainState, rng_state, set_rng_st
 __all__ = [
     "PARTS",
     "CheckpointError",
+    "CheckpointIOError",
     "PendingSave",
     "TrainState",
     "checkpoint_bytes",

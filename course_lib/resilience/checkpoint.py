@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import warnings
 from collections.abc import Mapping
@@ -26,13 +27,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from course_lib import validate
+from course_lib.resilience.failures import CheckpointIOError, by_rank, from_dcp, gather, on_rank0
 
-__all__ = ["CheckpointError", "PendingSave", "save", "load", "latest", "checkpoint_bytes", "verify"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointIOError",
+    "PendingSave",
+    "save",
+    "load",
+    "latest",
+    "checkpoint_bytes",
+    "verify",
+]
 
 PARTIAL = ".partial"
+#: what a failed save leaves, said after the ranks that failed and why
+NOT_SAVED = "not saved; a checkpoint already there is untouched"
 
 
 class CheckpointError(ValueError):
@@ -57,16 +71,38 @@ def _stateful(state: Any) -> dict:
     return dict(sd)
 
 
+def _folder(path: Any) -> pathlib.Path:
+    """``path`` as a folder to write or read, refused before any collective when it is not
+    one (not a path, or no name: ``""``, ``"."``, ``"/"``)."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path = {validate.describe(path)}: expected a folder (str or PathLike)")
+    folder = pathlib.Path(path)
+    if not folder.name:
+        raise ValueError(
+            f"path = {str(path)!r}: expected a checkpoint folder with a name, e.g. "
+            "'checkpoints/step_000100'"
+        )
+    return folder
+
+
 def _publish(path: pathlib.Path, group) -> None:
-    """Rank 0 swaps the finished ``.partial`` folder in; the others wait for it."""
-    if _rank(group) == 0:
+    """Rank 0 swaps the finished ``.partial`` folder in; the others wait for it (and raise
+    rank 0's error with it if the file system refused the rename)."""
+
+    def swap() -> None:
         old = path.with_name(path.name + ".old")
         if path.exists():
             shutil.rmtree(old, ignore_errors=True)
             os.replace(path, old)
         os.replace(path.with_name(path.name + PARTIAL), path)
         shutil.rmtree(old, ignore_errors=True)
-    _barrier(group)
+
+    on_rank0(group, swap, "renaming into", path, path, "written in .partial, not renamed")
+
+
+def _fresh_partial(partial: pathlib.Path) -> None:
+    shutil.rmtree(partial, ignore_errors=True)  # a write killed earlier
+    partial.mkdir(parents=True)
 
 
 class PendingSave:
@@ -78,7 +114,11 @@ class PendingSave:
 
     def wait(self, timeout: float = 120.0) -> pathlib.Path:
         fut = getattr(self._future, "upload_completion", self._future)
-        fut.result(timeout=validate.number("timeout", timeout, positive=True))
+        partial = self.path.with_name(self.path.name + PARTIAL)
+        try:
+            fut.result(timeout=validate.number("timeout", timeout, positive=True))
+        except CheckpointException as exc:
+            raise from_dcp(exc, "writing", partial, self.path, NOT_SAVED) from exc
         _barrier(self._group)
         _publish(self.path, self._group)
         return self.path
@@ -93,19 +133,24 @@ def save(
     Called by every rank of ``group`` (default: the whole world). ``async_=True`` copies the
     tensors and returns at once with a :class:`PendingSave` whose ``wait()`` completes the
     write (``torch.distributed.checkpoint.async_save``); otherwise returns ``path`` once it is
-    there."""
-    path = pathlib.Path(path)
+    there.
+
+    A save that fails (a full disk, a folder it may not write) raises
+    :class:`CheckpointIOError` on every rank, naming each failed rank and its cause in its first
+    lines (``rank 1: No space left on device (ENOSPC) writing '<path>.partial'``), DCP's own
+    report as its cause; the checkpoint already at ``path``, if any, is untouched."""
+    sd = _stateful(state)  # a bad state or path is refused before the first barrier
+    path = _folder(path)
     partial = path.with_name(path.name + PARTIAL)
-    if _rank(group) == 0:
-        shutil.rmtree(partial, ignore_errors=True)  # a write killed earlier
-        partial.mkdir(parents=True)
-    _barrier(group)
-    sd = _stateful(state)
+    on_rank0(group, lambda: _fresh_partial(partial), "creating", partial, path, NOT_SAVED)
     no_dist = not dist.is_initialized()
-    if async_:
-        fut = dcp.async_save(sd, checkpoint_id=partial, process_group=group, no_dist=no_dist)
-        return PendingSave(fut, path, group)
-    dcp.save(sd, checkpoint_id=partial, process_group=group, no_dist=no_dist)
+    try:
+        if async_:
+            fut = dcp.async_save(sd, checkpoint_id=partial, process_group=group, no_dist=no_dist)
+            return PendingSave(fut, path, group)
+        dcp.save(sd, checkpoint_id=partial, process_group=group, no_dist=no_dist)
+    except CheckpointException as exc:
+        raise from_dcp(exc, "writing", partial, path, NOT_SAVED) from exc
     _barrier(group)
     _publish(path, group)
     return path
@@ -153,9 +198,10 @@ def _files_complete(path: pathlib.Path, meta: Metadata) -> None:
     for rel, size in sorted(need.items()):
         f = path / rel
         if not f.is_file():
+            writer = re.match(r"__(\d+)_", rel)  # DCP names a rank's files __<rank>_<n>.distcp
             raise CheckpointError(
                 f"shard file = {rel!r}: expected in {str(path)!r}, it is missing "
-                "(every rank that saved wrote one)"
+                + (f"(rank {writer[1]} wrote it when saving)" if writer else "(a rank wrote it)")
             )
         have = f.stat().st_size
         if have < size:
@@ -175,7 +221,7 @@ def _flat(sd: Mapping) -> dict[str, Any]:
 def verify(state: Any, path: str | os.PathLike) -> Metadata:
     """Check that the checkpoint at ``path`` can fill ``state``: raises :class:`CheckpointError`
     naming the first key, shape or file that does not match; returns DCP's index."""
-    path = pathlib.Path(path)
+    path = _folder(path)
     meta = _metadata(path)
     saved = meta.state_dict_metadata
     for key, value in _flat(_stateful(state)).items():
@@ -197,17 +243,41 @@ def verify(state: Any, path: str | os.PathLike) -> Metadata:
     return meta
 
 
+def _verify_on_every_rank(sd: dict, path: str | os.PathLike, group) -> None:
+    """:func:`verify` on every rank; where any rank's check fails, every rank raises, naming
+    each rank that failed and why (one that cannot see a shard: a folder not shared between
+    nodes), instead of the others entering DCP's collectives without it."""
+    error: CheckpointError | None = None
+    try:
+        verify(sd, path)
+    except CheckpointError as exc:
+        error = exc
+    if not dist.is_initialized():
+        if error is not None:
+            raise error
+        return
+    failures = gather(group, None if error is None else str(error))
+    if failures:
+        raise CheckpointError(by_rank(failures)) from error
+
+
 def load(state: Any, path: str | os.PathLike, *, group=None) -> Any:
     """Fill ``state`` (a dict, or an object with ``state_dict``/``load_state_dict``) from the
     checkpoint at ``path``, on however many ranks now run (every rank of ``group`` calls it).
-    Nothing is read before :func:`verify` has passed. Returns ``state``."""
+    Nothing is read before :func:`verify` has passed; a read that fails on some rank all the
+    same raises :class:`CheckpointIOError` naming each such rank and its cause. Returns
+    ``state``."""
     sd = _stateful(state)
-    verify(sd, path)
+    _verify_on_every_rank(sd, path, group)
     with warnings.catch_warnings():  # one process without a group: DCP's note says so
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        dcp.load(
-            sd, checkpoint_id=str(path), process_group=group, no_dist=not dist.is_initialized()
-        )
+        try:
+            dcp.load(
+                sd, checkpoint_id=str(path), process_group=group, no_dist=not dist.is_initialized()
+            )
+        except CheckpointException as exc:
+            outcome = "not loaded; the state may be filled in part"
+            raise from_dcp(exc, "reading", path, path, outcome) from exc
     if hasattr(state, "load_state_dict") and not isinstance(state, Mapping):
         state.load_state_dict(sd)
     elif isinstance(state, dict):
