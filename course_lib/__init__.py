@@ -1,12 +1,13 @@
 """course_lib: the tested companion package of the course on training large neural networks.
 
 The public names below are imported lazily, so ``python -m course_lib.grade`` and other
-light entry points do not pay for ``import torch`` until they need it.
+light entry points do not pay for ``import torch`` until they need it. That first import is
+whole even if the notebook is interrupted meanwhile (``runtime.interrupts.import_whole``).
 """
 
 from __future__ import annotations
 
-import importlib
+from course_lib.runtime.interrupts import import_whole
 
 __version__ = "0.1.0"
 
@@ -26,7 +27,7 @@ def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'course_lib' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(import_whole(module), name)
     globals()[name] = value
     return value
 

@@ -41,6 +41,7 @@ from course_lib.runtime import cells
 from course_lib.runtime._definitions import definitions
 from course_lib.runtime.cells import RanksError, RanksUsageError
 from course_lib.runtime.errors import LaunchError
+from course_lib.runtime.interrupts import Interrupted, import_whole
 
 if TYPE_CHECKING:
     from course_lib.runtime.rankset import RankSet
@@ -182,8 +183,6 @@ def _options(tokens: list[str], allowed: dict) -> tuple[list[str], dict]:
 
 
 def _start(args: list[str]) -> None:
-    from course_lib.runtime.rankset import RankSet
-
     positional, options = _options(args, {"backend": str, "timeout": float, "threads": int})
     if len(positional) != 1:
         raise _usage("%ranks start needs the number of ranks, e.g. %ranks start 4")
@@ -205,17 +204,20 @@ def _start(args: list[str]) -> None:
         "timeout": options.get("timeout", 60.0),
         "threads_per_rank": options.get("threads", 1),
     }
+    interrupted = Interrupted(f"%ranks start {n} was interrupted; no rank was left running")
+    try:  # a cold start imports torch first: whole, even if interrupted meanwhile
+        rankset = import_whole("course_lib.runtime.rankset")
+    except KeyboardInterrupt:
+        raise interrupted from None
     try:
-        rs = RankSet(n, **kwargs)
+        rs: RankSet = rankset.RankSet(n, **kwargs)
     except (TypeError, ValueError) as exc:
         raise _usage(str(exc)) from None
     _session.rankset = None
     try:
         rs.start()
     except KeyboardInterrupt:
-        raise cells.Interrupted(
-            f"%ranks start {n} was interrupted; no rank was left running"
-        ) from None
+        raise interrupted from None
     _session.rankset, _session.options, _session.sent = rs, {"n": n, **kwargs}, {}
     _session.noted.clear()
     print(

@@ -59,6 +59,7 @@ _LANES = {
         "runtime/test_launch_notebook.py",
         "runtime/test_ranks_magic.py",
         "runtime/test_ranks_kernel_faults.py",
+        "runtime/test_first_import_interrupt.py",
         "viz/test_widgets_kernel.py",
         "viz/test_plots.py::test_every_plot_cell_shows_its_figure_in_a_real_kernel",
     ),

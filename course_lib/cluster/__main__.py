@@ -7,6 +7,7 @@ import os
 import sys
 
 from course_lib.cluster.experiment import experiments, get
+from course_lib.cluster.runner import OneLineParser
 from course_lib.cluster.script import launch_command, render, slurm_script
 
 
@@ -18,13 +19,13 @@ def _settings(exp, extra: list[str]) -> dict:
     while i < len(extra):
         flag = extra[i]
         if not flag.startswith("--"):
-            raise SystemExit(
-                f"error: unexpected argument {flag!r}; settings of {exp.name}: {valid}"
+            raise ValueError(
+                f"{flag}: expected a setting (--name value); settings of {exp.name}: {valid}"
             )
         key, eq, value = flag[2:].partition("=")
         if not eq:
             if i + 1 >= len(extra):
-                raise SystemExit(f"error: {flag} needs a value")
+                raise ValueError(f"{flag}: expected a value after it")
             value = extra[i + 1]
             i += 1
         out[key.replace("-", "_")] = value
@@ -42,7 +43,7 @@ def _redirected_name() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m course_lib.cluster",
         description="Run the course's multi-rank experiments under "
         "torchrun, on one machine or a cluster.",

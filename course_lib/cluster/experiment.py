@@ -111,6 +111,15 @@ class Experiment:
             self.check(world_size, settings)
         return world_size
 
+    def check_run(self, world_size: int, settings: dict) -> None:
+        """Refuse what the unit's own function would refuse with these settings on
+        ``world_size`` ranks (``numel = -5: expected ...``), by running it up to its first
+        ``course_lib.launch``, which starts nothing here (``runtime.dry_run``). The one set of
+        rules ``export`` and an exported script apply, before anything is written or started."""
+        from course_lib.runtime.dry_run import check_arguments
+
+        check_arguments(self.run, world_size, **settings)
+
 
 def batch_divides(rows: int) -> Callable[[int, dict], None]:
     """A ``check`` for experiments whose global batch of ``rows`` rows is split evenly over the
@@ -156,14 +165,14 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
                 value = float(value)
             except ValueError:
                 raise ValueError(f"setting {key} = {value!r}: expected a number") from None
-        return float(validate.number(key, value))
+        return float(validate.number(key, value, finite=True))  # inf: no run has a use for it
     if isinstance(default, str):
         if not isinstance(value, str):
             raise ValueError(f"setting {key} = {value!r}: expected a string")
         return value
     if isinstance(default, tuple):
         items = value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)):
+        if not isinstance(items, (list, tuple)) or not items:
             raise ValueError(f"setting {key} = {value!r}: expected a comma-separated list")
         kinds = {type(d) for d in default}
         kind = kinds.pop() if len(kinds) == 1 else str

@@ -141,10 +141,19 @@ def load(path: str | os.PathLike) -> ClusterResult:
     return ClusterResult(value, meta)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a mistake on the command line said in one line on stderr (exit status 2),
+    as every other refusal of an exported script and of ``python -m course_lib.cluster``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (--help lists them all)\n")
+
+
 def _parser(exp: Experiment, settings: dict) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         description=f"{exp.name}: {exp.title}. Under torchrun every process is one rank; run "
-        "with plain python it starts its own ranks with course_lib.launch."
+        "with plain python it starts its own ranks with course_lib.launch.",
+        allow_abbrev=False,  # --bucket-cap is not --bucket-cap-mb, as export says too
     )
     p.add_argument("--out", help="results file (JSON), written by rank 0")
     p.add_argument(
@@ -188,10 +197,12 @@ def main(
         k: v for k, v in vars(args).items() if k not in ("out", "world_size") and v is not None
     }
     size = world_size if args.world_size is None else args.world_size
+    if _under_torchrun():
+        size = int(os.environ["WORLD_SIZE"])
     try:  # a bad setting or world size: the one line `python -m course_lib.cluster export` prints
         chosen = exp.settings({**chosen, **overrides})
-        if not _under_torchrun():
-            size = exp.resolve_world_size(size, chosen)
+        size = exp.resolve_world_size(size, chosen)
+        exp.check_run(size, chosen)  # the unit's own checks, before any rank starts
     except (ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -228,7 +239,6 @@ def _end_rank() -> NoReturn:
 
 def _torchrun_main(exp: Experiment, chosen: dict, path: pathlib.Path) -> ClusterResult:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    exp.resolve_world_size(world_size, chosen)  # the same refusal on every rank, before any work
     try:
         res = _execute(exp, world_size, chosen, "torchrun")
     except LaunchError as err:

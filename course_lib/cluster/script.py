@@ -174,6 +174,7 @@ def render(
     if world_size is not None or fixed is not None:
         world_size = exp.resolve_world_size(world_size, chosen)  # refused here, before any rank
     shown = _shown_world_size(exp, world_size, chosen)
+    exp.check_run(shown, chosen)  # the unit's own rules, as the script applies them when it runs
     out = out or f"{pathlib.Path(script).stem}_results.json"
     per_node = max(1, shown // 2)
     setting_example = _setting_example(script, chosen)

@@ -6,9 +6,8 @@ that only needs formulas stays light.
 
 from __future__ import annotations
 
-import importlib
-
 from course_lib.measure import estimate  # noqa: F401
+from course_lib.runtime.interrupts import import_whole
 
 _LAZY = {
     "MemoryMeter": "course_lib.measure.memory",
@@ -27,7 +26,7 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'course_lib.measure' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(import_whole(module), name)
     globals()[name] = value
     return value
 

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from course_lib.runtime.errors import LaunchError
+from course_lib.runtime.interrupts import Interrupted
 from course_lib.runtime.replies import RankReply, failures
 
 if TYPE_CHECKING:  # the ranks run behind it; imported with torch only once a set starts
@@ -29,18 +30,6 @@ class RanksUsageError(ValueError):
 
     def _render_traceback_(self) -> list[str]:
         return [f"RanksUsageError: {self.args[0]}"]
-
-
-class Interrupted(KeyboardInterrupt):
-    """The interrupt a %%ranks cell re-raises once every rank has stopped (shown in one line)."""
-
-    def _render_traceback_(self) -> list[str]:
-        return [
-            f"KeyboardInterrupt: {self.args[0] if self.args else 'the cell was interrupted on every rank'}"
-        ]
-
-
-Interrupted.__name__ = Interrupted.__qualname__ = "KeyboardInterrupt"  # what the notebook names
 
 
 _RESTART = (

@@ -127,6 +127,8 @@ from course_lib.runtime._torchrun import (
 )
 from course_lib.runtime._workdir import _new_workdir, _reclaim_stale_workdirs, _remove_workdir
 from course_lib.runtime.device import check_backend_name, resolve_backend
+from course_lib.runtime.dry_run import stop_if_checking
+from course_lib.runtime.interrupts import Interrupted
 from course_lib.runtime.processes import helper_pids, shutdown_forkserver
 from course_lib.runtime.protocol import Backend, BackendChoice, RankSpec
 
@@ -178,14 +180,18 @@ def launch(
             "course_lib.launch() was called inside a rank of another launch(); "
             "nested launches are not supported: run the inner work directly"
         )
+    stop_if_checking()  # dry_run.check_arguments: the caller's checks passed, start nothing
     if _under_torchrun():
         return _launch_in_torchrun(fn, world_size, args, kwargs, backend, timeout)
-    _warn_about_tutorial_variables(world_size)
-    resolved = resolve_backend(backend, world_size)
-    payload = _pickle_payload(fn, args, kwargs)
-    if len(payload) > _LARGE_PAYLOAD_BYTES:
-        _warn_large_payload(fn, args, kwargs, len(payload))
-    return _run_ranks(payload, world_size, resolved, timeout, threads_per_rank)
+    try:  # an interrupt is shown in one line: the launcher's own stack says nothing about fn
+        _warn_about_tutorial_variables(world_size)
+        resolved = resolve_backend(backend, world_size)
+        payload = _pickle_payload(fn, args, kwargs)
+        if len(payload) > _LARGE_PAYLOAD_BYTES:
+            _warn_large_payload(fn, args, kwargs, len(payload))
+        return _run_ranks(payload, world_size, resolved, timeout, threads_per_rank)
+    except KeyboardInterrupt:
+        raise Interrupted("course_lib.launch was interrupted; no rank was left running") from None
 
 
 # ----------------------------------------------------------------------------- argument checks

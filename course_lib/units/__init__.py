@@ -30,8 +30,9 @@ No unit imports another unit: what two units share lives in a mechanism layer
 
 from __future__ import annotations
 
-import importlib
 import pathlib
+
+from course_lib.runtime.interrupts import import_whole
 
 #: the modules every unit package has (``_template/`` holds one of each)
 REQUIRED_MODULES = ("run", "plots", "widgets", "checks")
@@ -75,7 +76,7 @@ def unit_getattr(package: str):
 
     def __getattr__(name: str):
         if name in UNIT_MODULES:
-            return importlib.import_module(f"{package}.{name}")
+            return import_whole(f"{package}.{name}")  # torch too: never half
         raise AttributeError(
             f"module {package!r} has no attribute {name!r}; a unit has "
             f"{', '.join(REQUIRED_MODULES)} and may have {', '.join(OPTIONAL_MODULES)}"
