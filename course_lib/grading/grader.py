@@ -52,7 +52,7 @@ from course_lib.grading.exercises import (
     unit_names,
 )
 from course_lib.grading.isolate import CheckJob
-from course_lib.grading.judge import judge_task, judges_for, seed_env, warm_judges
+from course_lib.grading.judge import JudgeSide, judge_task, seed_env
 from course_lib.grading.report import GradeReport, TaskResult
 from course_lib.grading.sandbox import run_learner_side
 from course_lib.grading.tamper import check_cell_changes, describe_change
@@ -176,25 +176,28 @@ def grade_notebook(
     seed = _seed(nb, path, seed, learner)
     changes = check_cell_changes(nb, expected, [cell.get("id") for cell in solution_nb.cells])
     unit = f"course_lib.units.u{solution.stem}"
-    judges = judges_for(unit, solution_nb, expected)
+    side = JudgeSide(unit, solution_nb, expected, seed).start()  # while the notebook runs
     check_cells = _place_checks(nb, path, expected)
-    with seed_env(seed):
-        inputs = {t: judge.inputs() for t, judge in judges.items() if judge.prepare is not None}
     jobs = {
-        t: _with_inputs(job, judges.get(t), inputs.get(t))
+        t: replace(job, mode="auto")  # the split checks' learner halves; any other check whole
         for t, job in jobs_for(unit, solution_nb, nb, expected).items()
     }
     request = _request(nb, path, jobs, check_cells, seed, unit, seconds, kernel_name)
     wall = seconds * (len(nb.cells) + 2 * len(jobs)) + 120
-    warming = warm_judges(unit, judges)  # the judges' imports, while the learner's side runs
-    reply = run_learner_side(request, isolation=where, unit=unit, wall_seconds=wall)
-    warming.join()
+    reply = run_learner_side(
+        request, isolation=where, unit=unit, wall_seconds=wall, later=side.encoded_inputs
+    )
+    side.join()
     stopped_at, status, cell_errors, results = _read_reply(reply)
     tasks = []
     with seed_env(seed):
         for task, spec in expected.items():
             result = _score(task, spec, check_cells.get(task), stopped_at, status) or judge_task(
-                spec, judges.get(task), results.get(str(task)), inputs.get(task)
+                spec,
+                side.judges.get(task),
+                results.get(str(task)),
+                side.inputs.get(task),
+                side.expected.get(task),
             )
             tasks.append(result._replace(tampered=_join(changes.get(task, []), result.tampered)))
     tampered = [
@@ -244,16 +247,6 @@ def _request(
         "job_seconds": 2 * seconds,
         "kernel_name": kernel_name,
     }
-
-
-def _with_inputs(job: CheckJob, judge: Any, inputs: Any) -> CheckJob:
-    """A split check's job: its learner half only, with its judge-side inputs."""
-    if judge is None:
-        return job
-    from course_lib.grading import plain
-
-    encoded = plain.encode(inputs) if judge.prepare is not None else None
-    return replace(job, mode="collect", inputs=encoded)
 
 
 def _read_reply(reply: dict[str, Any]) -> tuple[int | None, str, list[str], dict[str, Any]]:

@@ -44,7 +44,7 @@ class CheckJob:
     later: list[str]  # the solution's non-answer cells after the first answer, before this check
     check: str  # the solution's check cell
     # "collect": a split check's learner side only (its plain data comes back, the judge is
-    # outside); "verdict": the whole check here (a check that is not split)
+    # outside); "verdict": the whole check here; "auto": collect if the check is split
     mode: str = "verdict"
     inputs: str | None = None  # a split check's judge-side inputs (plain data, encoded)
 
@@ -141,7 +141,7 @@ def run_job(job: CheckJob) -> CheckResult:
         return _tampered(job.task, changed)
     check_namespace = dict(namespace)
     check_namespace.update(course_names)
-    if job.mode == "collect":
+    if job.mode == "collect" or (job.mode == "auto" and _split(job, check_namespace)):
         return _collect(job, check_namespace)
     verdicts.recorded.clear()
     try:
@@ -172,6 +172,18 @@ def check_call(source: str) -> ast.Call:
     if any(kw.arg is None for kw in call.keywords):
         raise ValueError("a check cell's keywords must be named")
     return call
+
+
+def _split(job: CheckJob, namespace: dict[str, Any]) -> bool:
+    """Whether the job's check cell calls a split check (evaluating only the called name)."""
+    from course_lib.grading.split import SplitCheck
+
+    try:
+        func = check_call(job.check).func
+        found = eval(compile(ast.Expression(func), "<check>", "eval"), dict(namespace))
+    except Exception:  # noqa: BLE001 - not a call of a split check: judged here, as written
+        return False
+    return isinstance(found, SplitCheck)
 
 
 def _collect(job: CheckJob, namespace: dict[str, Any]) -> CheckResult:

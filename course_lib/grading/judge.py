@@ -26,7 +26,7 @@ from course_lib.grading.isolate import CheckResult, check_call
 from course_lib.grading.notebooks import SolutionTask
 from course_lib.grading.report import TaskResult
 
-__all__ = ["judge_task", "judges_for", "seed_env", "warm_judges"]
+__all__ = ["JudgeSide", "judge_task", "judges_for", "seed_env"]
 
 
 @contextlib.contextmanager
@@ -82,33 +82,76 @@ def judges_for(unit: str, solution_nb: Any, expected: dict[int, SolutionTask]) -
     return found
 
 
-def warm_judges(unit: str, judges: dict[int, Any]) -> threading.Thread:
-    """A started thread that imports what the judges will use (torch, the course modules their
-    checks name), so that a grade does not wait for those imports after the learner's side; it
-    runs no check and no learner code. ``join()`` it before judging."""
+class JudgeSide:
+    """What the judge prepares while the learner's side runs (a thread of the grader, running
+    no learner code): which tasks' checks are split (from the solution), their inputs (the
+    second message into the sandbox), the imports the judges will need, and what the checks
+    with an ``expect`` compare with. ``start()``, then ``join()`` before judging."""
 
-    def warm() -> None:
-        if not judges:
+    def __init__(self, unit: str, solution_nb: Any, expected: dict[int, SolutionTask], seed: int):
+        self.unit, self.solution_nb, self.tasks, self.seed = unit, solution_nb, expected, seed
+        self.judges: dict[int, Any] = {}
+        self.inputs: dict[int, Any] = {}
+        self.expected: dict[int, Any] = {}
+        self.error: BaseException | None = None
+        self._inputs_ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="judge-side", daemon=True)
+
+    def start(self) -> JudgeSide:
+        self._thread.start()
+        return self
+
+    def encoded_inputs(self) -> dict[str, Any]:
+        """The second message: each split check's inputs, encoded (waits for them)."""
+        from course_lib.grading import plain
+
+        self._inputs_ready.wait()
+        return {str(t): plain.encode(v) for t, v in self.inputs.items()}
+
+    def join(self) -> None:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        try:
+            with seed_env(self.seed):
+                self.judges = judges_for(self.unit, self.solution_nb, self.tasks)
+                self.inputs = {
+                    t: judge.inputs(t) for t, judge in self.judges.items() if judge.prepare
+                }
+                self._inputs_ready.set()
+                self._warm()
+                self.expected = {
+                    t: judge.expected(t) for t, judge in self.judges.items() if judge.expect
+                }
+        except BaseException as exc:  # noqa: BLE001 - raised again in join()
+            self.error = exc
+        finally:
+            self._inputs_ready.set()
+
+    def _warm(self) -> None:
+        """Import what the judges use (torch, the modules the unit's checks name) now, not after
+        the learner's side."""
+        if not self.judges:
             return
+        import importlib
+
+        from course_lib.grading.absent import unit_references
+
         with contextlib.suppress(Exception):
-            import importlib
-
-            from course_lib.grading.absent import unit_references
-
             importlib.import_module("torch")
-            for spec in unit_references(unit):
+            for spec in unit_references(self.unit):
                 importlib.import_module(spec.partition(":")[0])
-
-    thread = threading.Thread(target=warm, name="warm-judges", daemon=True)
-    thread.start()
-    return thread
 
 
 def _fail(spec: SolutionTask, message: str, tampered: str = "") -> TaskResult:
     return TaskResult(spec.task, spec.points, False, message[:500], tampered)
 
 
-def judge_task(spec: SolutionTask, judge: Any, result: Any, inputs: Any = None) -> TaskResult:
+def judge_task(
+    spec: SolutionTask, judge: Any, result: Any, inputs: Any = None, expected: Any = None
+) -> TaskResult:
     """Task ``spec.task``'s verdict from what its learner side handed back (``result``: the
     reply's entry for it, untrusted)."""
     if not isinstance(result, dict):
@@ -139,7 +182,7 @@ def judge_task(spec: SolutionTask, judge: Any, result: Any, inputs: Any = None) 
     verdicts.recorded.clear()
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            judge.run_judge(data, task=spec.task, inputs=inputs)
+            judge.run_judge(data, task=spec.task, inputs=inputs, expected=expected)
     except AssertionError as exc:
         lines = str(exc).strip().splitlines()
         return _fail(spec, lines[0] if lines else f"✗ task {spec.task}: AssertionError")

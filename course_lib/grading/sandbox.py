@@ -40,9 +40,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from course_lib.grading.bwrap import SCRATCH_BYTES, namespaces, sandbox_command
 
 __all__ = [
     "ISOLATION_CHOICES",
@@ -61,12 +65,10 @@ LIMITS = {
     "address_space_bytes": 16 * 1024**3,
     "file_size_bytes": 256 * 1024**2,
     "open_files": 4096,
-    "scratch_bytes": 512 * 1024**2,
+    "scratch_bytes": SCRATCH_BYTES,
     "reply_bytes": 256 * 1024**2,
     "processes": 4096,
 }
-
-_EMPTY = b""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -99,7 +101,7 @@ def _probe() -> str | None:
         )
     try:
         proc = subprocess.run(
-            [binary, *_namespaces(), "--ro-bind", "/", "/", "--", "/bin/true"],
+            [binary, *namespaces(), "--ro-bind", "/", "/", "--", "/bin/true"],
             capture_output=True,
             timeout=30,
         )
@@ -133,128 +135,15 @@ def unavailable_reason() -> str | None:
     return _probe()
 
 
-# --------------------------------------------------------------------------- the command
-def _namespaces() -> list[str]:
-    return ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+@functools.lru_cache(maxsize=1)
+def _stub_folder() -> Path:
+    """Where this process keeps the units' stubbed files (reused by the next notebook of a
+    unit); removed when the process ends."""
+    import atexit
 
-
-def _system_binds() -> list[str]:
-    args: list[str] = []
-    for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/sys", "/opt"):
-        if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-    return args
-
-
-def _device_binds() -> list[str]:
-    """A GPU host's NVIDIA devices, so the learner's side runs where the judge does."""
-    import glob
-
-    args: list[str] = []
-    for dev in sorted(glob.glob("/dev/nvidia*")):
-        args += ["--dev-bind", dev, dev]
-    return args
-
-
-def _python_binds(course_root: Path) -> list[str]:
-    """Python's own folders and the virtual environment, read-only (never the whole home)."""
-    args: list[str] = []
-    seen: list[str] = []
-    for prefix in {sys.base_prefix, sys.prefix, sys.exec_prefix, sys.base_exec_prefix}:
-        real = os.path.realpath(prefix)
-        if any(real == s or real.startswith(s + os.sep) for s in ("/usr", "/opt")):
-            continue
-        if real not in seen:
-            seen.append(real)
-    for real in sorted(seen, key=len):
-        args += ["--ro-bind", real, real]
-    venv = Path(sys.prefix)
-    if venv.resolve() != venv.absolute() and str(venv.absolute()) not in seen:
-        args += ["--ro-bind", str(venv.resolve()), str(venv.absolute())]
-    return args
-
-
-def _course_binds(course_root: Path, package: Path, stubs: list[tuple[Path, Path]]) -> list[str]:
-    """The course's folder shows only ``course_lib/`` (and the environment, when it lives there);
-    each file that holds an answer of the unit is replaced by its stub, its bytecode by nothing."""
-    args = ["--tmpfs", str(course_root), "--ro-bind", str(package), str(package)]
-    venv = Path(sys.prefix).absolute()
-    if venv == course_root or course_root in venv.parents:
-        args += ["--ro-bind", str(venv), str(venv)]
-    empty = stubs[0][0].parent / "empty" if stubs else None
-    if empty is not None:
-        empty.write_bytes(_EMPTY)
-    for stub, original in stubs:
-        args += ["--ro-bind", str(stub), str(original)]
-        from course_lib.grading.absent import compiled_copies
-
-        for pyc in compiled_copies(original):
-            args += ["--ro-bind", str(empty), str(pyc)]
-    return [*args, "--remount-ro", str(course_root)]  # nothing can be added beside course_lib
-
-
-def _sandbox_command(course_root: Path, package: Path, stubs: list[tuple[Path, Path]]) -> list[str]:
-    binary = bwrap_path()
-    assert binary is not None
-    scratch = "/home/learner"
-    return [
-        binary,
-        *_namespaces(),
-        "--uid",
-        "1000",
-        "--gid",
-        "1000",
-        "--hostname",
-        "sandbox",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        *_device_binds(),
-        "--size",
-        str(LIMITS["scratch_bytes"]),
-        "--tmpfs",
-        "/tmp",
-        "--size",
-        str(LIMITS["scratch_bytes"]),
-        "--tmpfs",
-        scratch,
-        # after /tmp: a course (or an environment) that lives under /tmp stays visible
-        *_system_binds(),
-        *_python_binds(course_root),
-        *_course_binds(course_root, package, stubs),
-        "--chdir",
-        scratch,
-        "--clearenv",
-        "--setenv",
-        "HOME",
-        scratch,
-        "--setenv",
-        "PATH",
-        f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-        "--setenv",
-        "LANG",
-        "C.UTF-8",
-        "--setenv",
-        "PYTHONPATH",
-        str(course_root),
-        *_passed_env(),
-        "--",
-    ]
-
-
-#: what the sandbox keeps of the grader's environment: how many threads and which GPUs to use
-_PASSED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TZ")
-
-
-def _passed_env() -> list[str]:
-    args: list[str] = []
-    for name in _PASSED_ENV:
-        if name in os.environ:
-            args += ["--setenv", name, os.environ[name]]
-    return args
+    folder = Path(tempfile.mkdtemp(prefix="course-absent-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def _limits(cpu_seconds: int) -> None:
@@ -279,9 +168,12 @@ def run_learner_side(
     isolation: str,
     unit: str,
     wall_seconds: float,
+    later: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run :mod:`course_lib.grading.sandbox_main` on ``request`` (the sandbox's or a plain
-    process); its reply as a dict, or ``{"lost": "<why>"}`` when none came back."""
+    process); its reply as a dict, or ``{"lost": "<why>"}`` when none came back. ``later``:
+    called in a thread once the sandbox has started (while the notebook runs), its result sent
+    as the second message (the checks' inputs)."""
     import course_lib
 
     package = Path(course_lib.__file__).resolve().parent
@@ -291,8 +183,8 @@ def run_learner_side(
         if isolation == "sandbox":
             from course_lib.grading.absent import absent_files
 
-            stubs = absent_files(unit, Path(staging) / "absent")
-            command = [*_sandbox_command(course_root, package, stubs), sys.executable, "-P"]
+            stubs = absent_files(unit, _stub_folder() / unit)
+            command = [*sandbox_command(course_root, package, stubs), sys.executable, "-P"]
             env = None
         else:
             command = [sys.executable, "-P"]
@@ -310,19 +202,32 @@ def run_learner_side(
             cwd=staging,
             env=env,
         )
+        sender = threading.Thread(target=_send, args=(proc, request, later), daemon=True)
+        sender.start()
         try:
-            return _exchange(proc, request, wall_seconds)
+            return _exchange(proc, wall_seconds)
         finally:
             _kill(proc)
+            sender.join(timeout=30)
 
 
-def _exchange(proc: subprocess.Popen, request: dict[str, Any], wall_seconds: float) -> dict:
-    assert proc.stdin is not None and proc.stdout is not None
+def _send(
+    proc: subprocess.Popen, request: dict[str, Any], later: Callable[[], dict] | None
+) -> None:
+    """The request, then (once ``later`` has computed it) the second message, one line each."""
+    assert proc.stdin is not None
     try:
-        proc.stdin.write(json.dumps(request).encode())
+        proc.stdin.write(json.dumps(request).encode() + b"\n")
+        proc.stdin.flush()
+        second = later() if later is not None else {}
+        proc.stdin.write(json.dumps(second).encode() + b"\n")
         proc.stdin.close()
-    except (BrokenPipeError, OSError):
+    except (BrokenPipeError, OSError, ValueError):
         pass
+
+
+def _exchange(proc: subprocess.Popen, wall_seconds: float) -> dict:
+    assert proc.stdout is not None
     deadline, chunks, size = time.monotonic() + wall_seconds, [], 0
     fd = proc.stdout.fileno()
     while True:

@@ -34,6 +34,9 @@ Rules for the halves (what makes the wall hold):
   need code the learner may not call; its plain data is handed to ``collect`` as ``inputs=``,
   and to ``judge`` too when it takes an ``inputs`` keyword (the judge may trust those: they never
   came back from the sandbox).
+- ``expect`` (optional) computes what the judge compares with, when that is costly (a reference
+  run, a measurement): the grade runs it while the learner's side runs, and hands its result to
+  ``judge`` as ``expected=``; it never crosses into the sandbox.
 """
 
 from __future__ import annotations
@@ -60,11 +63,13 @@ class SplitCheck:
         collect: Callable[..., Any],
         judge: Callable[..., None],
         prepare: Callable[..., Any] | None = None,
+        expect: Callable[..., Any] | None = None,
     ):
-        for name, fn in (("collect", collect), ("judge", judge), ("prepare", prepare)):
+        named = (("collect", collect), ("judge", judge), ("prepare", prepare), ("expect", expect))
+        for name, fn in named:
             if fn is not None and not callable(fn):
-                raise TypeError(f"{name} must be a function, got {type(fn).__name__} {fn!r}")
-        self.collect, self.judge, self.prepare = collect, judge, prepare
+                raise TypeError(f"{name} = {fn!r}: expected a function")
+        self.collect, self.judge, self.prepare, self.expect = collect, judge, prepare, expect
         task = inspect.signature(collect).parameters.get("task")
         if task is None or not isinstance(task.default, int):
             raise TypeError(
@@ -106,7 +111,16 @@ class SplitCheck:
                 line = f"✗ task {task}: {line or 'AssertionError'}"
             return {CollectFailed.KEY: line[:500]}
 
-    def run_judge(self, data: Any, task: int | None = None, inputs: Any = None) -> None:
+    def expected(self, task: int | None = None) -> Any:
+        """What the judge compares with, computed ahead by ``expect`` (the grade does it while
+        the learner's side runs; it never crosses into the sandbox); None without ``expect``."""
+        if self.expect is None:
+            return None
+        return self.expect(task=self.task if task is None else task)
+
+    def run_judge(
+        self, data: Any, task: int | None = None, inputs: Any = None, expected: Any = None
+    ) -> None:
         """The judge's side on ``data`` (plain, already decoded): prints ✓ or raises ✗.
         ``inputs``: what ``prepare`` gave the learner's side (computed on this side, so the
         judge may trust it; ``data`` it may not)."""
@@ -115,10 +129,15 @@ class SplitCheck:
             line = str(data[CollectFailed.KEY])
             # the learner's side may say anything here: it can only fail the task
             raise AssertionError(line if line.startswith("✗") else f"✗ task {task}: {line}")
+        self._judge(data, task, inputs, expected)
+
+    def _judge(self, data: Any, task: int, inputs: Any, expected: Any) -> None:
+        kwargs: dict[str, Any] = {"task": task}
         if self._judge_takes_inputs:
-            self.judge(data, task=task, inputs=inputs)
-        else:
-            self.judge(data, task=task)
+            kwargs["inputs"] = inputs
+        if self.expect is not None:
+            kwargs["expected"] = expected if expected is not None else self.expected(task)
+        self.judge(data, **kwargs)
 
     # --------------------------------------------------------------- the self-check
     def __call__(self, *args: Any, task: int | None = None) -> None:
@@ -131,19 +150,17 @@ class SplitCheck:
         if self.prepare is not None:
             kwargs["inputs"] = self.inputs(task)
         data = self.collect(*args, **kwargs)  # a ✗ raised here shows as it always did
-        if self._judge_takes_inputs:
-            self.judge(roundtrip(data), task=task, inputs=kwargs.get("inputs"))
-        else:
-            self.judge(roundtrip(data), task=task)
+        self._judge(roundtrip(data), task, kwargs.get("inputs"), None)
 
 
 def split_check(
     collect: Callable[..., Any],
     judge: Callable[..., None],
     prepare: Callable[..., Any] | None = None,
+    expect: Callable[..., Any] | None = None,
 ) -> SplitCheck:
     """The graded check made of ``collect`` (learner side) and ``judge`` (module doc)."""
-    return SplitCheck(collect, judge, prepare)
+    return SplitCheck(collect, judge, prepare, expect)
 
 
 def need(task: int, data: Any, key: str, kind: type | tuple[type, ...], what: str = "") -> Any:

@@ -225,17 +225,29 @@ def collect_predict_measured_state(predict_state, task: int = 4) -> list[Any]:
     ]
 
 
-def judge_predict_measured_state(data: Any, task: int = 4) -> None:
-    configs = _unseen_gpts(task)
-    got_all = data if isinstance(data, list) and len(data) == len(configs) else [None] * 3
-    for config, got in zip(configs, got_all):
+def expect_predict_measured_state(task: int = 4) -> list[dict[str, int]]:
+    """What MemoryMeter measures on each unseen GPT (and its parameter count, for the hints):
+    the grade measures it while the learner's side runs."""
+    out = []
+    for config in _unseen_gpts(task):
         measured, model = _measure_gpt_state(config)
-        if not isinstance(got, dict) or any(k not in got for k in measured):
-            fail(task, f"expected a dict with keys {list(measured)}, got {got!r}")
-        for key, value in measured.items():
+        out.append({**measured, "n": sum(p.numel() for p in model.parameters())})
+    return out
+
+
+def judge_predict_measured_state(data: Any, task: int = 4, expected: Any = None) -> None:
+    configs = _unseen_gpts(task)
+    expected = expected if expected is not None else expect_predict_measured_state(task)
+    got_all = data if isinstance(data, list) and len(data) == len(configs) else [None] * 3
+    for config, got, measured in zip(configs, got_all, expected):
+        n = measured["n"]
+        keys = ("params", "grads", "optimizer")
+        if not isinstance(got, dict) or any(k not in got for k in keys):
+            fail(task, f"expected a dict with keys {list(keys)}, got {got!r}")
+        for key in keys:
+            value = measured[key]
             expect_int(task, f"{key} (bytes)", got[key])
             if got[key] != value:
-                n = sum(p.numel() for p in model.parameters())
                 hint = ""
                 if key == "params" and got[key] == 4 * n:
                     hint = " (the meter files the model's buffers under params too)"
@@ -254,7 +266,9 @@ def judge_predict_measured_state(data: Any, task: int = 4) -> None:
 
 
 check_predict_measured_state = split_check(
-    collect_predict_measured_state, judge_predict_measured_state
+    collect_predict_measured_state,
+    judge_predict_measured_state,
+    expect=expect_predict_measured_state,
 )
 
 

@@ -81,11 +81,26 @@ def collect_bubble_prediction(fn, task: int = 1) -> list[Any]:
     ]
 
 
-def judge_bubble_prediction(data: Any, task: int = 1) -> None:
+def expect_bubble_prediction(task: int = 1) -> list[float]:
+    """What each drawn pipeline idles: a real GPipe run on 3 ranks, its order replayed on ideal
+    hardware (the grade runs it while the learner's side runs)."""
     from course_lib.measure.timing import merge_event_logs
     from course_lib.units.u12_pipeline_parallelism._cases import BUBBLE_RANKS, bubble_cases
     from course_lib.units.u12_pipeline_parallelism.checks import _launch
     from course_lib.units.u12_pipeline_parallelism.run import _recorded_orders
+
+    cases = bubble_cases(task)
+    runs = _launch(task, _bubble_worker, BUBBLE_RANKS, cases)
+    return [
+        _replayed_idle(
+            _recorded_orders(merge_event_logs([r[i] for r in runs]), BUBBLE_RANKS), c["sizes"]
+        )
+        for i, c in enumerate(cases)
+    ]
+
+
+def judge_bubble_prediction(data: Any, task: int = 1, expected: Any = None) -> None:
+    from course_lib.units.u12_pipeline_parallelism._cases import bubble_cases
 
     cases = bubble_cases(task)
     got_all = data if isinstance(data, list) and len(data) == len(cases) else [None] * len(cases)
@@ -98,10 +113,7 @@ def judge_bubble_prediction(data: Any, task: int = 1) -> None:
                 f"got {describe(got)}",
             )
         predictions.append(float(got))
-    runs = _launch(task, _bubble_worker, BUBBLE_RANKS, cases)
-    for i, (c, got) in enumerate(zip(cases, predictions)):
-        events = merge_event_logs([r[i] for r in runs])
-        replayed = _replayed_idle(_recorded_orders(events, BUBBLE_RANKS), c["sizes"])
+    for c, got, replayed in zip(cases, predictions, expected):
         if abs(got - replayed) > 1e-9:
             fail(
                 task,
@@ -116,4 +128,6 @@ def judge_bubble_prediction(data: Any, task: int = 1) -> None:
     )
 
 
-check_bubble_prediction = split_check(collect_bubble_prediction, judge_bubble_prediction)
+check_bubble_prediction = split_check(
+    collect_bubble_prediction, judge_bubble_prediction, expect=expect_bubble_prediction
+)
