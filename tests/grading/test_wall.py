@@ -2,8 +2,8 @@
 
 One batch grades, on a copy of the course, a class in which every attack of
 tests/grading/_attacks.py is a student (no answer written, each attack in its own notebook, for
-units 00, 08 (its checks launch ranks), 10 and 14), beside honest students: the solutions and
-the untouched exercises. Each test below is one attack class; each asserts that the attack
+units 00, 08 (its checks launch ranks) and 14; 00, 08 and 10 for switching the traps off), beside
+honest students: the solutions and the untouched exercises of units 00, 08 and 14. Each test below is one attack class; each asserts that the attack
 scores 0 on every task of at least three units, that the honest students keep their true scores,
 untampered, and that the course's files are byte-identical afterwards; a regrade of the honest
 students, and of the attackers who aimed at them, gives the same scores. Every one of these
@@ -26,7 +26,7 @@ from _attacks import ATTACKS, write_attack
 from course_lib.grading.sandbox import unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
-UNITS = ("00_start_here", "08_collectives", "10_zero_fsdp", "14_planning_a_run")
+UNITS = ("00_start_here", "08_collectives", "14_planning_a_run")  # the honest students' units
 #: the units each attack is tried on (the course's answer an attack calls exists in these)
 ATTACK_UNITS = {
     attack: ("00_start_here", "08_collectives", "10_zero_fsdp")
@@ -77,7 +77,7 @@ def graded(tmp_path_factory):
     # the regrade: the students an attack on later notebooks would hit, and those attackers
     again = base / "again"
     for folder in subs.iterdir():
-        if folder.name.startswith(("zz-", "course_writes-", "kill_parent-")):
+        if folder.name.startswith(("zz-", "course_writes-")):
             shutil.copytree(folder, again / folder.name)
     before = _fingerprint(course)
     env = {**os.environ, "PYTHONPATH": str(course)}
