@@ -101,7 +101,9 @@ def _probe() -> str | None:
         )
     try:
         proc = subprocess.run(
-            [binary, *namespaces(), "--ro-bind", "/", "/", "--", "/bin/true"],
+            # the features a grade uses (an older bwrap has no --size: refused here, not later)
+            [binary, *namespaces(), "--ro-bind", "/", "/", "--size", "1048576", "--tmpfs", "/tmp"]
+            + ["--", "/bin/true"],
             capture_output=True,
             timeout=30,
         )

@@ -218,3 +218,23 @@ def test_tensorwise_recipe_agrees_with_torchaos_float8_training(shape):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
     # and FP8 is not a no-op: both differ from the fp32 layer by the same cast error
     assert not torch.allclose(y_ours, linear(x), rtol=1e-4, atol=0)
+
+
+def test_a_kernel_that_takes_a_slow_path_is_emulated(monkeypatch):
+    """On some CPUs torch's tensorwise kernel is ~60x slower than the rowwise one: the product
+    is then emulated (the dequantised fp32 product), which the probe decides once."""
+    import time
+
+    from course_lib.techniques import fp8
+
+    real = torch._scaled_mm
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fp8, "_SCALED_MM", {})
+    monkeypatch.setattr(torch, "_scaled_mm", slow)
+    assert not fp8.scaled_mm_available("cpu", "rowwise")
+    qa, qb = (to_float8(_x(i, (8, 32)), scaling="rowwise") for i in (5, 6))
+    assert fp8_matmul(qa, qb)[1] == "emulated"
