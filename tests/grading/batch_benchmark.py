@@ -7,7 +7,7 @@ submissions folder (one learner folder each), then, in one run:
 
 1. grades every notebook alone with the grade command in its sandbox (``--isolation required``),
    the sum of those single runs;
-2. with ``--baseline DIR`` (another checkout of the course, e.g. ``git worktree add /tmp/base
+2. with ``--baseline DIR`` (another checkout of the course, e.g. ``git worktree add ../base
    06d6689``), grades every notebook alone with that checkout's grade command, interleaved with
    (1) so both see the same machine;
 3. grades the folder as one batch, ``--jobs 2``, in the sandbox;
