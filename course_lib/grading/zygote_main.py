@@ -3,9 +3,8 @@
 
 :func:`main` serves each unit from a fork of itself, a *unit process* (:class:`_UnitServer`,
 :func:`_serve`), which imports and traps the unit and forks one clean child per task
-(:func:`_fork`, :func:`_child`); after its first reply it imports what every unit uses, once
-(:func:`_preload`), for the next units' forks. Requests come on stdin, one per line;
-replies go out on RESULT_FD, one line each.
+(:func:`_fork`, :func:`_child`). Requests come on stdin, one per line; replies go out on
+RESULT_FD, one line each.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ __all__ = ["main"]
 
 
 def main() -> None:
-    """The zygote: serve each unit from a fork of it; after its first reply, import what every
-    unit needs, so that the next units' forks find it here."""
+    """The zygote: serve the notebook's unit from a fork of it (a request for another unit gets
+    a fresh fork)."""
     from course_lib.grading.isolate import _python_source
 
     result_fd, unit = int(sys.argv[1]), sys.argv[2]
@@ -37,11 +36,10 @@ def main() -> None:
     _python_source("")  # IPython's transformer imported before the fork, not in every child
     requests = open(0, "rb", closefd=False)  # noqa: SIM115 - the grader's pipe, for the whole run
     with no_process_left():  # a unit's process and whatever outlived it
-        # The first unit's process is forked before the preload and imports what its unit needs
-        # itself: a single grading waits for nothing more (unit 14's checks need no torch: 3.5 s
-        # to grade its solution, not 7). The preload comes after the first reply, while a batch
-        # runs its next notebook's kernel, or never, when the grader closes this zygote first.
-        server, preloaded = _UnitServer(unit, result_fd), False
+        # The unit's process imports what its unit needs itself, nothing more (unit 14's checks
+        # need no torch: 3.5 s to grade its solution, not 7). A zygote serves one notebook (its
+        # sandbox's): nothing is preloaded here for a next one.
+        server = _UnitServer(unit, result_fd)
         for line in requests:  # one request per line, until the grader closes stdin
             jobs = json.loads(line)["jobs"]
             wanted = jobs[0]["unit"] if jobs else server.unit
@@ -52,35 +50,12 @@ def main() -> None:
             if reply is None:  # an answer killed its unit's process: this zygote ends as it did
                 break
             _write_all(result_fd, reply)
-            if not preloaded:
-                _preload(unit)
-                preloaded = True
         status = server.close()
     sys.stdout.flush()
     if status < 0:  # killed by a signal: so is this process, for the grader's message
         signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
     os._exit(max(status, 0))
-
-
-def _preload(unit: str) -> None:
-    """What every unit's checks and ranks use, imported once: for the course's units, torch and
-    the launcher's forkserver preload (torch._dynamo among them: the first optimizer a process
-    builds imports it, 2-3 s of CPU); for another solution's (an instructor's own, a test's),
-    nothing more than the grader's own modules (the tests' torch-free unit: ~5 s of CPU less per
-    zygote)."""
-    import importlib
-    import importlib.util
-
-    try:  # a solution is named as a course unit even where the course has no such unit
-        ours = unit.startswith("course_lib.units.") and importlib.util.find_spec(unit) is not None
-    except (ImportError, ValueError):
-        ours = False
-    if ours:
-        from course_lib.runtime.processes import FORKSERVER_PRELOAD
-
-        for name in FORKSERVER_PRELOAD:
-            importlib.import_module(name)
 
 
 class _UnitServer:
