@@ -26,6 +26,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib import validate
+from course_lib.models._config_checks import _check_pos_int
+from course_lib.models.llama import Llama, LlamaConfig  # its own file; re-exported
+from course_lib.shape import ModelShape
 
 __all__ = [
     "MLPConfig",
@@ -38,11 +41,6 @@ __all__ = [
     "gpt2_small",
     "llama_7b_like",
 ]
-
-
-def _check_pos_int(owner: str, name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner}.{name} must be a positive int, got {value!r}")
 
 
 # ============================================================================================
@@ -165,6 +163,25 @@ class GPTConfig:
                 **dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
                 **overrides,
             }
+        )
+
+    def shape(self, name: str = "GPT") -> ModelShape:
+        """The model as a :class:`course_lib.shape.ModelShape`, in ``estimate``'s names: GeLU MLP
+        4h wide, LayerNorm, learned positions, biases and tied output as configured."""
+        return ModelShape(
+            name,
+            layers=self.n_layer,
+            hidden=self.n_embd,
+            heads=self.n_head,
+            kv_heads=self.n_head,
+            ffn=4 * self.n_embd,
+            vocab=self.vocab_size,
+            seq=self.block_size,
+            gated_mlp=False,
+            bias=self.bias,
+            tied_embeddings=self.tie_weights,
+            learned_positions=True,
+            norm="layernorm",
         )
 
 
@@ -307,7 +324,3 @@ def gpt2_small(**overrides) -> GPTConfig:
 def llama_7b_like(**overrides) -> LlamaConfig:
     """Same as ``LlamaConfig.llama_7b_like()`` (6.74B parameters)."""
     return LlamaConfig.llama_7b_like(**overrides)
-
-
-# the Llama-shaped model lives in its own file; imported last because it uses _check_pos_int
-from course_lib.models.llama import Llama, LlamaConfig  # noqa: E402

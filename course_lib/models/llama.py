@@ -11,7 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib import validate
-from course_lib.models import _check_pos_int
+from course_lib.models._config_checks import _check_pos_int
+from course_lib.shape import ModelShape
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,20 @@ class LlamaConfig:
         """The Llama-7B shapes: 32 layers, width 4096, 32 heads, SwiGLU 11008, vocab 32000
         (6,738,415,616 parameters). Build it under FakeTensorMode; it does not fit in RAM."""
         return cls(**overrides)
+
+    def shape(self, name: str = "Llama") -> ModelShape:
+        """The model as a :class:`course_lib.shape.ModelShape`, in ``estimate``'s names (SwiGLU,
+        RMSNorm, no biases, untied output, rotary positions, multi-head attention)."""
+        return ModelShape(
+            name,
+            layers=self.n_layer,
+            hidden=self.n_embd,
+            heads=self.n_head,
+            kv_heads=self.n_head,
+            ffn=self.ffn_hidden,
+            vocab=self.vocab_size,
+            seq=self.block_size,
+        )
 
     @classmethod
     def tiny(cls, **overrides) -> "LlamaConfig":

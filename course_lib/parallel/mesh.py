@@ -16,12 +16,9 @@ The layout. The ``world_size = pp × dp × tp`` ranks are laid out in a 3-D grid
 
     rank = (pp_rank × dp + dp_rank) × tp + tp_rank
 
-``tp`` is innermost, so the ranks of one tensor-parallel group are consecutive. That is
-Megatron-LM's convention (Shoeybi et al. 2019, arXiv:1909.08053; Narayanan et al. 2021,
-arXiv:2104.04473): with 8 GPUs per node and ``tp <= 8`` a TP group never leaves its node, which
-matters because tensor parallelism talks at every layer (twice per forward). Data parallelism
-talks once per step and pipeline parallelism only passes activations between neighbours, so they
-can cross the slower links between nodes; ``pp`` is outermost. For dp=2, tp=2, pp=2::
+``tp`` is innermost, so the ranks of one tensor-parallel group are consecutive (Megatron-LM's
+order; why: ``course_lib.dims``, the one place that computes it, with cp between dp and tp and
+ep folded into dp). For dp=2, tp=2, pp=2::
 
     >>> print(format_layout(dp=2, tp=2, pp=2))
                 tp 0  tp 1
@@ -33,10 +30,9 @@ can cross the slower links between nodes; ``pp`` is outermost. For dp=2, tp=2, p
 A row is a TP group, a column within one ``pp`` block is a DP group ({0, 2}, {1, 3}, ...), and
 ranks with the same ``(dp, tp)`` in every block form a PP group ({0, 4}, {1, 5}, ...).
 
-Pure functions (no process group needed, so a notebook can print the grid and a test can check
-it without starting ranks): :func:`check_sizes`, :func:`layout` (rank -> :class:`Coord`),
-:func:`rank_groups` (every group along one dimension) and :func:`format_layout`.
-``pandas.DataFrame(layout(dp=2, tp=2, pp=2))`` gives the same table with a column per dimension.
+Pure functions (no process group: a notebook prints the grid, a test checks it without ranks):
+:func:`check_sizes`, :func:`layout` (rank -> :class:`Coord`), :func:`rank_groups` (every group
+along one dimension) and :func:`format_layout`.
 
 :class:`Mesh` is built on ``torch.distributed.device_mesh.init_device_mesh``, which creates one
 process group per row along each dimension (every rank takes part in creating all of them, so
@@ -46,12 +42,12 @@ every rank must build the same Mesh, in the same order). ``mesh["tp"]`` is the 1
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch.distributed as dist
 
 from course_lib import validate
+from course_lib.dims import AXES, Axis, ParallelDims
 from course_lib.parallel.groups import group_info
 
 if TYPE_CHECKING:
@@ -83,29 +79,20 @@ def check_sizes(
         TypeError / ValueError: naming the bad value, e.g.
             ``world_size = 6: expected dp 2 × tp 2 × pp 2 = 8 ranks``.
     """
-    sizes = {
-        "pp": validate.count("pp", pp, minimum=1),
-        "dp": validate.count("dp", dp, minimum=1),
-        "tp": validate.count("tp", tp, minimum=1),
-    }
+    dims = ParallelDims(
+        pp=validate.count("pp", pp, minimum=1),
+        dp=validate.count("dp", dp, minimum=1),
+        tp=validate.count("tp", tp, minimum=1),
+    )
     if world_size is not None:
-        world_size = validate.count("world_size", world_size, minimum=1)
-        product = math.prod(sizes.values())
-        if world_size != product:
-            raise ValueError(
-                f"world_size = {world_size}: expected dp {sizes['dp']} × "
-                f"tp {sizes['tp']} × pp {sizes['pp']} = {product} ranks"
-            )
-    return sizes
+        dims.check_world_size(world_size)
+    return {d: dims.sizes()[d] for d in DIMS}
 
 
 def layout(*, dp: int = 1, tp: int = 1, pp: int = 1) -> list[Coord]:
     """The coordinates of every rank: ``layout(...)[rank]`` is the :class:`Coord` of ``rank``."""
-    s = check_sizes(dp=dp, tp=tp, pp=pp)
-    return [
-        Coord(pp=r // (s["dp"] * s["tp"]), dp=r // s["tp"] % s["dp"], tp=r % s["tp"])
-        for r in range(math.prod(s.values()))
-    ]
+    dims = ParallelDims(**check_sizes(dp=dp, tp=tp, pp=pp))
+    return [Coord(c.pp, c.dp, c.tp) for c in map(dims.coords, range(dims.world_size))]
 
 
 def rank_groups(dim: Dim, *, dp: int = 1, tp: int = 1, pp: int = 1) -> list[list[int]]:
@@ -116,11 +103,7 @@ def rank_groups(dim: Dim, *, dp: int = 1, tp: int = 1, pp: int = 1) -> list[list
     ``rank_groups("dp", dp=2, tp=2) == [[0, 2], [1, 3]]``.
     """
     dim = validate.choice("dim", dim, DIMS)
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for rank, coord in enumerate(layout(dp=dp, tp=tp, pp=pp)):
-        others = tuple(v for d, v in coord._asdict().items() if d != dim)
-        groups.setdefault(others, []).append(rank)  # ranks ascend, so each list is by `dim`
-    return sorted(groups.values())
+    return ParallelDims(**check_sizes(dp=dp, tp=tp, pp=pp)).groups(dim)
 
 
 def format_layout(*, dp: int = 1, tp: int = 1, pp: int = 1) -> str:
@@ -139,7 +122,8 @@ def format_layout(*, dp: int = 1, tp: int = 1, pp: int = 1) -> str:
 
 
 class Mesh:
-    """The dp × tp × pp grid of ranks, with one process group per dimension for this rank.
+    """The grid of ranks (dp × tp × pp, and cp and ep when asked), with one process group per
+    dimension for this rank.
 
     Build it inside every rank (after ``course_lib.launch`` or torchrun has set up the default
     process group), with the same sizes everywhere::
@@ -149,11 +133,14 @@ class Mesh:
         mesh.dp_rank, mesh.tp_rank   # 1, 0
         mesh.group("dp")             # the process group of rank 2's DP replicas: ranks [0, 2]
         mesh.ranks("dp")             # [0, 2]
+        Mesh(layout)                 # a plan.Layout's ParallelDims (its rank order)
 
     Args:
-        dp, tp, pp: sizes of the data-, tensor- and pipeline-parallel dimensions, ints >= 1
-            (keyword-only, so the order of the grid cannot be mixed up with the order of the
-            arguments).
+        dims: a :class:`~course_lib.dims.ParallelDims` (or anything with a ``.dims`` that is
+            one, such as a ``plan.Layout``), instead of the sizes.
+        dp, tp, pp, cp, ep: sizes of the data-, tensor-, pipeline-, context- and
+            expert-parallel dimensions, ints >= 1 (keyword-only, so the order of the grid cannot
+            be mixed up with the order of the arguments); ep divides dp.
         world_size: the number of ranks you expect; checked against the sizes before anything
             starts. By default, the size of the default process group.
         device_type: what ``DeviceMesh`` places its tensors on: "cuda" under NCCL, else "cpu"
@@ -166,14 +153,21 @@ class Mesh:
 
     def __init__(
         self,
+        dims: Any = None,
+        /,
         *,
         dp: int = 1,
         tp: int = 1,
         pp: int = 1,
+        cp: int = 1,
+        ep: int = 1,
         world_size: int | None = None,
         device_type: str | None = None,
     ) -> None:
-        self.sizes = check_sizes(dp=dp, tp=tp, pp=pp, world_size=world_size)
+        self.dims = _dims(dims, dict(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep))
+        self.sizes = dict(zip(self.dims.mesh_axes(), self.dims.mesh_shape()))
+        if world_size is not None:
+            self.dims.check_world_size(world_size)
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
                 "Mesh needs the default process group: build it inside a rank "
@@ -186,7 +180,7 @@ class Mesh:
                 f"world_size = {world_size}: expected the {actual} ranks of the "
                 "default process group"
             )
-        check_sizes(dp=dp, tp=tp, pp=pp, world_size=actual)
+        self.dims.check_world_size(actual)
         if device_type is None:
             from course_lib.runtime.device import rank_device
 
@@ -195,35 +189,45 @@ class Mesh:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.device_mesh = init_device_mesh(
-            device_type, tuple(self.sizes.values()), mesh_dim_names=DIMS
+            device_type, self.dims.mesh_shape(), mesh_dim_names=self.dims.mesh_axes()
         )
         self.rank = group_info().rank
         self.world_size = actual
-        coordinate = self.device_mesh.get_coordinate()
-        assert coordinate is not None  # every rank of the default group is in the mesh
-        self.coords = Coord(*coordinate)
+        self.at = self.dims.coords(self.rank)  # every axis, cp and ep included
+        self.coords = Coord(self.at.pp, self.at.dp, self.at.tp)
+        assert list(self.device_mesh.get_coordinate() or ()) == [
+            getattr(self.at, a) for a in self.dims.mesh_axes()
+        ], "torch's device mesh lays the grid out as ParallelDims does"
+        self._ep = _ep_groups(self.dims, self.rank) if self.dims.ep > 1 else None
 
-    # ---- sizes ---------------------------------------------------------------------------
-    def size(self, dim: Dim) -> int:
-        """Number of ranks along ``dim`` ("pp", "dp" or "tp")."""
-        return self.sizes[validate.choice("dim", dim, DIMS)]
+    def size(self, dim: Axis) -> int:
+        """Number of ranks along ``dim`` ("pp", "dp", "tp", "cp" or "ep")."""
+        return self.dims.size(validate.choice("dim", dim, AXES))
 
     @property
     def dp(self) -> int:
-        return self.sizes["dp"]
+        return self.dims.dp
 
     @property
     def tp(self) -> int:
-        return self.sizes["tp"]
+        return self.dims.tp
 
     @property
     def pp(self) -> int:
-        return self.sizes["pp"]
+        return self.dims.pp
+
+    @property
+    def cp(self) -> int:
+        return self.dims.cp
+
+    @property
+    def ep(self) -> int:
+        return self.dims.ep
 
     # ---- where am I ----------------------------------------------------------------------
-    def coord(self, dim: Dim) -> int:
+    def coord(self, dim: Axis) -> int:
         """This rank's index along ``dim``: its rank inside ``group(dim)``."""
-        return int(getattr(self.coords, validate.choice("dim", dim, DIMS)))
+        return int(getattr(self.at, validate.choice("dim", dim, AXES)))
 
     @property
     def dp_rank(self) -> int:
@@ -237,22 +241,60 @@ class Mesh:
     def pp_rank(self) -> int:
         return self.coords.pp
 
-    # ---- groups --------------------------------------------------------------------------
-    def group(self, dim: Dim) -> dist.ProcessGroup:
+    @property
+    def cp_rank(self) -> int:
+        return self.at.cp
+
+    @property
+    def ep_rank(self) -> int:
+        return self.at.ep
+
+    def group(self, dim: Axis) -> dist.ProcessGroup:
         """The process group of the ranks that share this rank's coordinates except along
         ``dim`` (pass it as ``group=`` to any collective)."""
-        return self.device_mesh.get_group(validate.choice("dim", dim, DIMS))
+        dim = validate.choice("dim", dim, AXES)
+        if dim in (self.device_mesh.mesh_dim_names or ()):
+            return self.device_mesh.get_group(dim)
+        if dim == "ep" and self._ep is not None:
+            return self._ep
+        raise ValueError(f"dim = {dim!r}: expected an axis of this mesh ({dim} = 1 has no group)")
 
-    def ranks(self, dim: Dim) -> list[int]:
+    def ranks(self, dim: Axis) -> list[int]:
         """The global ranks of ``group(dim)``, ordered by their coordinate along ``dim``."""
-        return self.device_mesh[validate.choice("dim", dim, DIMS)].mesh.tolist()
+        return self.dims.group_of(self.rank, validate.choice("dim", dim, AXES))
 
-    def __getitem__(self, dim: Dim) -> DeviceMesh:
-        """The 1-D ``DeviceMesh`` along ``dim``, for torch APIs that take one."""
-        return self.device_mesh[validate.choice("dim", dim, DIMS)]
+    def __getitem__(self, dim: Axis) -> DeviceMesh:
+        """The 1-D ``DeviceMesh`` along ``dim`` (pp, dp, tp; cp when cp > 1), for torch APIs."""
+        names = self.device_mesh.mesh_dim_names or ()
+        return self.device_mesh[validate.choice("dim", dim, names)]
 
     def __repr__(self) -> str:
+        extra = "".join(f", {a}={self.size(a)}" for a in ("cp", "ep") if self.size(a) > 1)
+        where = "".join(f", {a}={self.coord(a)}" for a in ("cp", "ep") if self.size(a) > 1)
         return (
-            f"Mesh(dp={self.dp}, tp={self.tp}, pp={self.pp}; rank {self.rank} at "
-            f"pp={self.pp_rank}, dp={self.dp_rank}, tp={self.tp_rank})"
+            f"Mesh(dp={self.dp}, tp={self.tp}, pp={self.pp}{extra}; rank {self.rank} at "
+            f"pp={self.pp_rank}, dp={self.dp_rank}, tp={self.tp_rank}{where})"
         )
+
+
+def _dims(dims: Any, sizes: dict[str, int]) -> ParallelDims:
+    """The ParallelDims a Mesh is built from: ``dims`` (or its ``.dims``) or the sizes."""
+    if dims is not None:
+        if any(v != 1 for v in sizes.values()):
+            raise ValueError(f"dims = {dims}: expected the sizes once, as dims or as dp=, tp=, ...")
+        return ParallelDims.of(dims)
+    for name in ("cp", "ep"):
+        validate.count(name, sizes[name], minimum=1)
+    check_sizes(dp=sizes["dp"], tp=sizes["tp"], pp=sizes["pp"])  # the 3-D messages first
+    return ParallelDims(**sizes)
+
+
+def _ep_groups(dims: ParallelDims, rank: int) -> dist.ProcessGroup:
+    """Every expert-parallel group (each rank takes part in making all of them); this rank's."""
+    mine: dist.ProcessGroup | None = None
+    for ranks in dims.groups("ep"):
+        group: dist.ProcessGroup = dist.new_group(ranks)
+        if rank in ranks:
+            mine = group
+    assert mine is not None
+    return mine

@@ -3,7 +3,8 @@
 ``plan(model, cluster, global_batch_tokens=..., total_tokens=...)`` enumerates dp x tp x pp
 layouts (x ZeRO stage, recomputation, micro-batch, interleaving), keeps those whose per-GPU
 memory fits, ranks them by predicted step time, and ``explain(result)`` says why the winner
-wins; ``launch_command(result)`` is the torchrun line (or sbatch file) that starts the winner.
+wins (and, from ``layout_thresholds``, why a layout is communication-bound);
+``launch_command(result)`` is the torchrun line (or sbatch file) that starts the winner.
 ``predict_memory(model, layout)`` gives one layout's per-rank memory by category: what a
 measured or virtual run of that layout is compared with. Every formula is in
 ``course_lib.measure.estimate``. Introduced in notebooks/14_planning_a_run.ipynb.
@@ -11,7 +12,7 @@ measured or virtual run of that layout is compared with. Every formula is in
 
 from course_lib.plan.comm_model import ASSUMPTION_SOURCES, DEFAULT_ASSUMPTIONS, Assumptions
 from course_lib.plan.explain import explain
-from course_lib.plan.launch import launch_command
+from course_lib.plan.launch import launch_command, layout_of
 from course_lib.plan.memory import (
     MEMORY_CATEGORIES,
     check_layout,
@@ -30,6 +31,7 @@ from course_lib.plan.planner import (
 )
 from course_lib.plan.presets import CLUSTERS, MODELS, cluster, model, this_machine
 from course_lib.plan.specs import RECOMPUTE, ClusterSpec, Layout, ModelSpec
+from course_lib.plan.thresholds import layout_thresholds
 from course_lib.plan.virtual_check import TOLERANCE as VIRTUAL_TOLERANCE
 from course_lib.plan.virtual_check import compare_with_virtual
 
@@ -40,6 +42,7 @@ __all__ = [
     "MEMORY_CATEGORIES",
     "check_layout",
     "launch_command",
+    "layout_of",
     "layers_per_stage",
     "microbatches",
     "predict_memory",
@@ -49,6 +52,7 @@ __all__ = [
     "TIME_PARTS",
     "evaluate",
     "explain",
+    "layout_thresholds",
     "plan",
     "step_time",
     "CLUSTERS",

@@ -2,8 +2,9 @@
 costs on it (bandwidth and per-message latency, two levels when the group spans nodes), and how
 much of each term the step hides (:class:`Assumptions`, every number with its source).
 
-Ranks are numbered tp innermost, then cp, dp, pp (Megatron's order; Llama 3's puts pp inside
-dp, which changes no link the planner prices). A group of ``size`` ranks that sit ``stride``
+Ranks are numbered tp innermost, then cp, dp, pp (Megatron's order, owned by
+``course_lib.dims.ParallelDims``: ``layout.dims.stride(axis)``; Llama 3's puts pp inside dp,
+which changes no link the planner prices). A group of ``size`` ranks that sit ``stride``
 apart keeps min(size, G / stride) of them in each node of G GPUs; when it spans nodes, the
 collective runs in two levels (``estimate.hierarchical_allreduce_time``: NVLink inside the node,
 the network across), and a point-to-point or ring exchange runs at the network's pace. Every
@@ -133,15 +134,15 @@ def tp_comm_s(
     model: ModelSpec, cluster: ClusterSpec, layout: Layout, layers: int, overlap: float
 ) -> float:
     """Exposed seconds of one micro-batch's tensor-parallel all-reduces on a stage of ``layers``:
-    ``estimate.tp_payload_bytes_per_layer`` (4 payloads of s b h per layer, 6 with full
+    ``estimate.tp_comm_bytes_per_layer``'s payloads (4 of s b h per layer, 6 with full
     recomputation; s the rank's s / cp tokens), each an all-reduce on the link tp spans."""
     t = layout.tp
     if t == 1:
         return 0.0
-    s, b, h = model.seq_len // layout.cp, layout.micro_batch, model.hidden
-    payload = 2 * s * b * h
-    calls = estimate.tp_payload_bytes_per_layer(s, b, h, recompute=layout.recompute) // payload
-    one = allreduce_s(payload, cluster, *span(cluster, 1, t))
+    s, b, h = model.seq // layout.cp, layout.micro_batch, model.hidden
+    tp = estimate.tp_comm_bytes_per_layer(s, b, h, t, recompute=layout.recompute)
+    payload, calls = int(tp["payload"]), int(tp["payloads"]) // int(tp["payload"])
+    one = allreduce_s(payload, cluster, *span(cluster, layout.dims.stride("tp"), t))
     return (1 - overlap) * layers * calls * one
 
 
@@ -155,7 +156,7 @@ def cp_comm_s(
     if c == 1:
         return 0.0
     sent = estimate.cp_comm_bytes_per_layer(
-        model.seq_len,
+        model.seq,
         layout.micro_batch,
         model.hidden,
         model.heads,
@@ -171,7 +172,7 @@ def cp_comm_s(
         for op, n in calls.items()
         if op != "irecv"
     )
-    bw, alpha = _link(cluster, span(cluster, layout.tp, c)[0])
+    bw, alpha = _link(cluster, span(cluster, layout.dims.stride("cp"), c)[0])
     return float((1 - overlap) * layers * (sent["sent"] / bw + steps * alpha))
 
 
@@ -186,9 +187,9 @@ def ep_comm_s(
     e = layout.ep
     if e == 1 or not model.experts:
         return 0.0
-    tokens = layout.micro_batch * model.seq_len // (layout.cp * layout.tp)
+    tokens = layout.micro_batch * model.seq // (layout.cp * layout.tp)
     sent = tokens * estimate.ep_all_to_all_bytes_per_token(model.hidden, ep=e, top_k=model.top_k)
-    nodes, per_node = span(cluster, layout.tp * layout.cp, e)
+    nodes, per_node = span(cluster, layout.dims.stride("ep"), e)
     near = (per_node - 1) / (e - 1)
     t = max(
         sent * near / (cluster.intra_GBps * 1e9), sent * (1 - near) / (cluster.inter_GBps * 1e9)
@@ -204,10 +205,10 @@ def p2p_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, overlap: float
     nodes (tp cp dp >= G), else NVLink; one alpha each."""
     if layout.pp == 1:
         return 0.0
-    inner = layout.tp * layout.cp * layout.dp
+    inner = layout.dims.stride("pp")  # tp cp dp: the ranks of one stage
     bw, alpha = _link(cluster, 2 if inner >= cluster.gpus_per_node else 1)
     boundary = estimate.pipeline_boundary_bytes(
-        layout.micro_batch, model.seq_len // layout.cp, model.hidden
+        layout.micro_batch, model.seq // layout.cp, model.hidden
     ) / (layout.tp if layout.sequence_parallel else 1)
     return (1 - overlap) * 2 * layout.virtual_stages * (boundary / bw + alpha)
 
@@ -219,7 +220,7 @@ def _dp_allreduce_s(
     ``calls`` equal pieces, each paying its own latency: the dense part over the dp x cp ranks
     that share it, the routed experts over the dp cp / ep ranks that share an expert."""
     group = layout.dp * layout.cp
-    dense = span(cluster, layout.tp, group)
+    dense = span(cluster, layout.dims.stride("cp"), group)  # dp x cp, cp innermost
     expert = span(cluster, layout.tp * layout.ep, group // layout.ep)
     return calls * (
         allreduce_s(width * grads[0] / calls, cluster, *dense)

@@ -1,10 +1,15 @@
-"""From a planned layout to the torchrun command that starts it (``plan.launch_command``)."""
+"""From a plan's row to what starts it: its :class:`~course_lib.plan.Layout` (``plan.layout_of``,
+which ``parallel.mesh.Mesh``, ``plan.run_layout.run_layout`` and the virtual cluster take) and the
+torchrun command (``plan.launch_command``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from course_lib import validate as _v
+from course_lib.plan.specs import Layout
+from course_lib.runtime.commands import launch_command as torchrun_command
+from course_lib.runtime.commands import slurm_script
 
 #: the layout columns of a plan row passed to the training script, as --name value (cp and ep
 #: are added when the row uses them)
@@ -29,9 +34,6 @@ def launch_command(
     ``--ep`` follow when the row uses them and ``args`` is the default). ``script``
     is your training script, or one exported by ``course_lib.cluster`` (``u14.run_3d`` takes
     ``args=("dp", "tp", "pp")``)."""
-    from course_lib.cluster import launch_command as torchrun_command
-    from course_lib.cluster import slurm_script
-
     inputs = getattr(result, "attrs", {}).get("inputs")
     if inputs is None or "cluster" not in inputs:
         raise TypeError(
@@ -61,4 +63,28 @@ def launch_command(
         return torchrun_command(script, nproc_per_node=nproc, args=values)
     return torchrun_command(
         script, nproc_per_node=nproc, nnodes=nodes, rdzv_endpoint=rdzv_endpoint, args=values
+    )
+
+
+def layout_of(result: Any, rank: int = 1) -> Layout:
+    """The Layout of the plan row ranked ``rank`` in ``result`` (what ``plan.plan`` returned)."""
+    if not hasattr(result, "columns") or "rank" not in result.columns:
+        raise TypeError(
+            f"result = {_v.describe(result)}: expected the DataFrame plan.plan() returned"
+        )
+    if len(result) == 0:
+        raise ValueError("result = an empty plan: expected a layout that fits")
+    rank = _v.count("rank", rank, minimum=1, maximum=len(result))
+    row = result[result["rank"] == rank].iloc[0]
+    get = {k: int(row[k]) for k in ("dp", "tp", "pp", "zero", "micro_batch", "v")}
+    return Layout(
+        get["dp"],
+        get["tp"],
+        get["pp"],
+        get["zero"],
+        str(row["recompute"]),  # type: ignore[arg-type]  # a Recompute, as the search wrote it
+        get["micro_batch"],
+        get["v"],
+        cp=int(row["cp"]) if "cp" in row.index else 1,
+        ep=int(row["ep"]) if "ep" in row.index else 1,
     )

@@ -90,12 +90,12 @@ def microbatches(model: ModelSpec, layout: Layout, global_batch_tokens: int) -> 
     """Micro-batches per step on each pipeline: global batch in sequences / (dp x micro_batch);
     refuses a batch that does not divide."""
     tokens = _v.count("global_batch_tokens", global_batch_tokens, minimum=1)
-    if tokens % model.seq_len:
+    if tokens % model.seq:
         raise ValueError(
-            f"global_batch_tokens = {tokens}: expected a multiple of seq_len = "
-            f"{model.seq_len} (whole sequences)"
+            f"global_batch_tokens = {tokens}: expected a multiple of seq = "
+            f"{model.seq} (whole sequences)"
         )
-    seqs = tokens // model.seq_len
+    seqs = tokens // model.seq
     per = layout.dp * layout.micro_batch
     if seqs % per:
         ok = [d for d in divisors(seqs) if d * layout.micro_batch <= seqs][:12]
@@ -159,8 +159,8 @@ def check_layout(
 
 def _check_cp_ep(model: ModelSpec, layout: Layout) -> None:
     """cp must divide the sequence; ep > 1 needs experts, and must divide them."""
-    if model.seq_len % layout.cp:
-        raise ValueError(f"cp = {layout.cp}: expected a divisor of seq_len = {model.seq_len}")
+    if model.seq % layout.cp:
+        raise ValueError(f"cp = {layout.cp}: expected a divisor of seq = {model.seq}")
     if layout.ep > 1 and (not model.experts or model.experts % layout.ep):
         raise ValueError(
             f"ep = {layout.ep}: expected a divisor of the {model.experts} experts"
@@ -221,7 +221,7 @@ def predict_memory(
     params, routed = _stage_params(model, layout, n, is_first, is_last)
     out = _model_state(layout, params, routed)
     out["activations"] = _activation_bytes(model, layout, n, m, first=which == "first" or p == 1)
-    out["logits"] = 4 * model.seq_len // layout.cp * b * model.vocab / t if is_last else 0
+    out["logits"] = 4 * model.seq // layout.cp * b * model.vocab / t if is_last else 0
     out["buffers"] = 2 * 2 * model.layer_params()["moe"] / t if layout.zero == 3 else 0
     out["total"] = sum(out.values())
     return out
@@ -274,7 +274,7 @@ def _layer_activations(model: ModelSpec, layout: Layout, recompute: Recompute) -
         tp=layout.tp,
         sequence_parallel=layout.sequence_parallel,
     )
-    s, b, h, a = model.seq_len, layout.micro_batch, model.hidden, model.heads
+    s, b, h, a = model.seq, layout.micro_batch, model.hidden, model.heads
     if layout.cp == 1 or recompute == "full":
         return estimate.activation_bytes_transformer_layer(
             s // layout.cp, b, h, a, recompute=recompute, **shape

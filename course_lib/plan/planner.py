@@ -74,7 +74,7 @@ def _stage_flops(
     """(weight-product FLOPs, attention FLOPs, recomputed FLOPs) per token of a stage of
     ``layers`` layers (MoE layers where the model has experts: the parameters a token uses),
     with the output layer's 6 V h when ``output``."""
-    h, s = model.hidden, model.seq_len
+    h, s = model.hidden, model.seq
     per_layer = model.layer_params()["moe_active" if model.experts else "dense"]
     weights = estimate.training_flops_per_token(layers * per_layer)
     attention = estimate.training_flops_per_token(0, layers=layers, hidden=h, seq=s)
@@ -98,7 +98,7 @@ def _compute_s(
     n, n_last = stages
     rate = how.matmul_efficiency * cluster.peak_flops
     speedup = 2 if how.fp8 else 1
-    per_rank = layout.micro_batch * model.seq_len / (layout.tp * layout.cp)
+    per_rank = layout.micro_batch * model.seq / (layout.tp * layout.cp)
 
     def seconds(flops: tuple[int, int, int]) -> tuple[float, float]:
         weights, attention, extra = flops

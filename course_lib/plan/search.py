@@ -71,7 +71,7 @@ def _keep(keys: dict[str, set[Any]], name: str, values: Sequence[Any]) -> list[A
 
 
 def _cps(model: ModelSpec) -> list[int]:
-    s = model.seq_len
+    s = model.seq
     return [
         c for c in (1, 2, 4, 8, 16, 32, 64) if c == 1 or (s % c == 0 and s // c >= MIN_CP_TOKENS)
     ]
@@ -104,7 +104,7 @@ def candidates(
 ) -> Iterator[Layout]:
     """Every layout :func:`plan.plan` weighs (see its docstring), each one that
     :func:`plan.check_layout` accepts."""
-    keys, seqs = _only(only), global_batch_tokens // model.seq_len
+    keys, seqs = _only(only), global_batch_tokens // model.seq
     for tp in _keep(keys, "tp", _tps(model, cluster, allow_tp_across_nodes)):
         for cp in _keep(keys, "cp", _cps(model)):
             if gpus % (tp * cp):
@@ -139,15 +139,15 @@ def plan_inputs(
         cluster.gpus if gpus is None else _v.count("gpus", gpus, minimum=1, maximum=cluster.gpus)
     )
     tokens = _v.count("global_batch_tokens", global_batch_tokens, minimum=1)
-    if tokens % model.seq_len:
+    if tokens % model.seq:
         raise ValueError(
-            f"global_batch_tokens = {tokens}: expected a multiple of seq_len = "
-            f"{model.seq_len} (whole sequences)"
+            f"global_batch_tokens = {tokens}: expected a multiple of seq = "
+            f"{model.seq} (whole sequences)"
         )
-    if tokens // model.seq_len > MAX_BATCH_SEQUENCES:
+    if tokens // model.seq > MAX_BATCH_SEQUENCES:
         raise ValueError(
             f"global_batch_tokens = {tokens}: expected at most {MAX_BATCH_SEQUENCES:,} "
-            f"sequences of seq_len = {model.seq_len} ({MAX_BATCH_SEQUENCES * model.seq_len:,} "
+            f"sequences of seq = {model.seq} ({MAX_BATCH_SEQUENCES * model.seq:,} "
             "tokens), the largest global batch the planner searches"
         )
     return n_gpus, tokens
@@ -161,5 +161,5 @@ def no_layout_message(
     return (
         f"gpus = {gpus}: no dp x tp x pp x cp layout divides it{narrowed} with tp dividing "
         f"the heads ({model.heads}, KV {model.kv_heads}) and dp dividing the "
-        f"global batch of {tokens // model.seq_len} sequences"
+        f"global batch of {tokens // model.seq} sequences"
     )

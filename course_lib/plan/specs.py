@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from course_lib import validate as _v
+from course_lib.dims import ParallelDims
 from course_lib.measure import estimate
 from course_lib.measure.estimate.activations import RECOMPUTE, Recompute
 from course_lib.measure.estimate.context import CP_METHODS, CpMethod
-from course_lib.measure.estimate.planning import Norm
+from course_lib.shape import ModelShape
 
 __all__ = [
     "ModelSpec",
@@ -39,49 +40,19 @@ def divisors(n: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """A decoder-only transformer's shape (what the planner needs, nothing more)."""
+class ModelSpec(ModelShape):
+    """A decoder-only transformer's shape (:class:`course_lib.shape.ModelShape`, every field of
+    it) and what the planner adds: dropout, the published count and its source. ``seq_len`` is
+    the old name of ``seq``, kept one release (attribute, constructor and :meth:`replace`)."""
 
-    name: str
-    layers: int  # transformer blocks L
-    hidden: int  # model width h
-    heads: int  # attention heads a
-    kv_heads: int  # key/value heads (= heads for multi-head attention; fewer for GQA)
-    ffn: int  # MLP inner width f
-    vocab: int  # vocabulary V
-    seq_len: int  # training sequence length s
-    gated_mlp: bool = True  # SwiGLU (three matrices) instead of GeLU (two)
-    bias: bool = False  # linear layers carry biases
-    tied_embeddings: bool = False  # output matrix shares the token embedding
-    learned_positions: bool = False  # a learned position table of seq_len x h
-    norm: Norm = "rmsnorm"  # "rmsnorm" or "layernorm"
-    embedding_norm: bool = False  # a norm after the embedding (BLOOM)
     dropout: bool = False  # dropout in training (adds 1-byte masks to activations)
     published_params: float | None = None  # the count the authors report
     source: str = ""  # where the shape and the count come from
-    # mixture of experts (experts = 0: a dense model); ffn stays the dense layers' MLP width
-    experts: int = 0  # routed experts per MoE layer E
-    top_k: int = 0  # routed experts each token uses
-    shared_experts: int = 0  # experts every token uses (DeepSeek)
-    expert_ffn: int = 0  # one expert's MLP width
-    dense_layers: int = 0  # the first layers keep a dense MLP (DeepSeek-V3: 3)
 
-    def __post_init__(self) -> None:
-        for f in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len"):
-            _v.count(f, getattr(self, f), minimum=1)
-        _v.choice("norm", self.norm, estimate.NORMS)
-        if _v.count("experts", self.experts, minimum=0):
-            _v.count("top_k", self.top_k, minimum=1, maximum=self.experts)
-            _v.count("expert_ffn", self.expert_ffn, minimum=1)
-            _v.count("shared_experts", self.shared_experts, minimum=0)
-            _v.count("dense_layers", self.dense_layers, minimum=0, maximum=self.layers - 1)
-        if self.hidden % self.heads:
-            raise ValueError(f"heads = {self.heads}: expected a divisor of hidden = {self.hidden}")
-        if self.heads % self.kv_heads:
-            raise ValueError(
-                f"kv_heads = {self.kv_heads}: expected a divisor of heads = "
-                f"{self.heads}: one of {', '.join(map(str, divisors(self.heads)))}"
-            )
+    @property
+    def seq_len(self) -> int:
+        """The old name of ``seq`` (kept one release)."""
+        return self.seq
 
     def params(self) -> dict[str, int]:
         """Parameter count by part (``estimate.transformer_param_count``)."""
@@ -97,26 +68,7 @@ class ModelSpec:
         return dict(_layer_params(self))
 
     def _count(self) -> dict[str, int]:
-        return estimate.transformer_param_count(
-            layers=self.layers,
-            hidden=self.hidden,
-            heads=self.heads,
-            kv_heads=self.kv_heads,
-            ffn=self.ffn,
-            vocab=self.vocab,
-            seq=self.seq_len,
-            gated_mlp=self.gated_mlp,
-            bias=self.bias,
-            tied_embeddings=self.tied_embeddings,
-            learned_positions=self.learned_positions,
-            norm=self.norm,
-            embedding_norm=self.embedding_norm,
-        )
-
-    @property
-    def moe_layers(self) -> int:
-        """Layers with a mixture-of-experts MLP (0 for a dense model)."""
-        return self.layers - self.dense_layers if self.experts else 0
+        return estimate.transformer_param_count(**self.dense())
 
     def _count_layer(self) -> dict[str, int]:
         dense = self.params()["per_layer"]
@@ -158,18 +110,35 @@ class ModelSpec:
         n_dense = self.layers - n_moe
         matmul_params = n_dense * lp["dense"] + n_moe * lp["moe_active"] + self.vocab * self.hidden
         model = estimate.training_flops_per_token(
-            matmul_params, layers=self.layers, hidden=self.hidden, seq=self.seq_len
+            matmul_params, layers=self.layers, hidden=self.hidden, seq=self.seq
         )
         extra = sum(
             estimate.recompute_flops_per_token(
-                params, layers=n, hidden=self.hidden, seq=self.seq_len, recompute=recompute
+                params, layers=n, hidden=self.hidden, seq=self.seq, recompute=recompute
             )
             for params, n in ((lp["dense"], n_dense), (lp["moe_active"], n_moe))
         )
         return model, model + extra
 
     def replace(self, **changes: Any) -> ModelSpec:
+        """A copy with ``changes`` (``seq_len`` still names ``seq``, one release)."""
+        if "seq_len" in changes:
+            changes["seq"] = changes.pop("seq_len")
         return dataclasses.replace(self, **changes)
+
+
+_spec_init = ModelSpec.__init__
+
+
+@functools.wraps(_spec_init)
+def _init_with_seq_len(self: ModelSpec, *args: Any, seq_len: int | None = None, **kw: Any) -> None:
+    """ModelSpec(..., seq_len=s) still builds ModelSpec(..., seq=s) (one release)."""
+    if seq_len is not None:
+        kw["seq"] = seq_len
+    _spec_init(self, *args, **kw)
+
+
+ModelSpec.__init__ = _init_with_seq_len  # type: ignore[method-assign]
 
 
 _ALPHA = {name: link.alpha_us * 1e-6 for name, link in estimate.LINK_SPEEDS.items()}
@@ -253,18 +222,35 @@ class Layout:
     grad_bytes: int = 2  # gradient width kept: 2 (bf16), 4 (Megatron's fp32 main grads)
 
     def __post_init__(self) -> None:
-        for f in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "cp", "ep"):
-            _v.count(f, getattr(self, f), minimum=1)
+        _v.count("micro_batch", self.micro_batch, minimum=1)
+        _ = self.dims  # checks dp, tp, pp, cp, ep, virtual_stages (ep divides dp)
         _v.choice("zero", self.zero, (0, 1, 2, 3))
         _v.choice("recompute", self.recompute, RECOMPUTE)
         _v.choice("cp_method", self.cp_method, CP_METHODS)
         _v.choice("grad_bytes", self.grad_bytes, (2, 4))
-        if self.dp % self.ep:
-            raise ValueError(
-                f"ep = {self.ep}: expected a divisor of dp = {self.dp}: one of "
-                f"{', '.join(map(str, divisors(self.dp)))}"
-            )
+
+    @functools.cached_property
+    def dims(self) -> ParallelDims:
+        """The layout's axes (:class:`course_lib.dims.ParallelDims`, the one owner of rank
+        order): what ``parallel.mesh.Mesh``, ``plan.three_d.run_3d`` and the virtual cluster
+        take."""
+        return ParallelDims(self.dp, self.tp, self.pp, self.cp, self.ep, self.virtual_stages)
+
+    @classmethod
+    def from_dims(cls, dims: ParallelDims, **settings: Any) -> Layout:
+        """The layout of ``dims`` with ``settings`` (zero, recompute, micro_batch, ...)."""
+        if not isinstance(dims, ParallelDims):
+            raise TypeError(f"dims = {_v.describe(dims)}: expected a course_lib.dims.ParallelDims")
+        return cls(
+            dp=dims.dp,
+            tp=dims.tp,
+            pp=dims.pp,
+            cp=dims.cp,
+            ep=dims.ep,
+            virtual_stages=dims.virtual_stages,
+            **settings,
+        )
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
+        return self.dims.world_size

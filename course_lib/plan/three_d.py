@@ -24,7 +24,7 @@ rank's measurements, the full parameters after training reassembled from the sha
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +33,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_lib import validate
+from course_lib.dims import ParallelDims
 from course_lib.models import GPT, GPTConfig
-from course_lib.plan.specs import ModelSpec
+from course_lib.plan.specs import Layout
+from course_lib.plan.three_d_reference import (
+    _build,
+    _optimizer,
+    make_batch,
+    reference_3d,
+    tiny_config,
+    tiny_spec,
+)
 
 if TYPE_CHECKING:
     from course_lib.parallel.pipeline import Action, PipelineRank
@@ -51,85 +60,6 @@ __all__ = [
     "LOSS_RTOL",
     "PARAM_TOL",
 ]
-
-
-def tiny_config(
-    *, layers: int = 2, width: int = 32, heads: int = 4, vocab: int = 64, seq: int = 16
-) -> GPTConfig:
-    """The GPT of the 3-D run: untied head (see the module docstring), no dropout."""
-    return GPTConfig(
-        vocab_size=vocab,
-        block_size=seq,
-        n_layer=layers,
-        n_head=heads,
-        n_embd=width,
-        tie_weights=False,
-    )
-
-
-def tiny_spec(config: GPTConfig) -> ModelSpec:
-    """The same model as the planner describes it (GeLU MLP, biases, LayerNorm, learned
-    positions, untied output)."""
-    return ModelSpec(
-        name="tiny GPT (3-D run)",
-        layers=config.n_layer,
-        hidden=config.n_embd,
-        heads=config.n_head,
-        kv_heads=config.n_head,
-        ffn=4 * config.n_embd,
-        vocab=config.vocab_size,
-        seq_len=config.block_size,
-        gated_mlp=False,
-        bias=config.bias,
-        tied_embeddings=config.tie_weights,
-        learned_positions=True,
-        norm="layernorm",
-    )
-
-
-def make_batch(
-    step: int, rows: int, config: GPTConfig, seed: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step ``step``'s full batch: (rows, seq) token ids and next-token targets, the same in
-    every process."""
-    gen = torch.Generator().manual_seed(1000 * seed + step)
-    tokens = torch.randint(0, config.vocab_size, (rows, config.block_size + 1), generator=gen)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-
-
-def _build(config: GPTConfig, seed: int) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(config)
-
-
-def _optimizer(params: Iterable[nn.Parameter], lr: float) -> torch.optim.Adam:
-    return torch.optim.Adam(params, lr=lr)
-
-
-def reference_3d(
-    *,
-    steps: int = 2,
-    batch: int = 8,
-    lr: float = 1e-3,
-    seed: int = 0,
-    config: GPTConfig | None = None,
-) -> dict[str, Any]:
-    """One process, the full batch: losses per step and the parameters after ``steps``."""
-    config = config or tiny_config()
-    model = _build(config, seed)
-    opt = _optimizer(model.parameters(), lr)
-    losses = []
-    for step in range(steps):
-        x, y = make_batch(step, batch, config, seed)
-        loss = model.loss(x, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return {
-        "losses": losses,
-        "params": {k: v.detach().clone() for k, v in model.named_parameters()},
-    }
 
 
 class _Embed(nn.Module):
@@ -293,7 +223,7 @@ def _stage_sizes(n_layer: int, pp: int) -> list[int]:
 
 
 def run_3d(
-    dp: int = 2,
+    dp: int | ParallelDims | Layout = 2,
     tp: int = 2,
     pp: int = 2,
     steps: int = 2,
@@ -311,10 +241,14 @@ def run_3d(
     after training, reassembled from the shards}``. Each rank's dict: coords (pp, dp, tp),
     losses (None off the last stage), memory (MemoryMeter's params/grads/optimizer bytes at the
     end), peak_bytes, params_numel, comm (CommMeter's summary: model and wire bytes sent),
-    calls (op -> count).
+    calls (op -> count). ``dp`` may be a ``plan.Layout`` or a ``ParallelDims`` instead of the
+    three sizes (its cp, ep and virtual stages 1).
     """
     import course_lib
 
+    if isinstance(dp, ParallelDims | Layout):  # a plan's layout: its dp x tp x pp, as laid out
+        d = ParallelDims.of(dp).require(("dp", "tp", "pp"), "the 3-D run")
+        dp, tp, pp = d.dp, d.tp, d.pp
     config = config or tiny_config()
     dp = validate.count("dp", dp, minimum=1)
     tp = validate.count("tp", tp, minimum=1)

@@ -115,23 +115,14 @@ def _simulate(
     on the virtual cluster at ``layout``'s dp x tp ranks."""
     from course_lib import virtual
 
-    shape = virtual.llama_like(
-        layers,
-        model.hidden,
-        model.heads,
-        model.kv_heads,
-        model.ffn,
-        model.vocab,
-        name=f"{model.name}, {layers} layer{'s' * (layers > 1)}",
-    )
-    return virtual.simulate_step(
-        shape,
-        world_size=layout.dp * layout.tp,
-        strategy="fsdp" if layout.tp == 1 else "fsdp+tp",
-        tp=layout.tp if layout.tp > 1 else None,
+    cut = model.replace(layers=layers, name=f"{model.name}, {layers} layer{'s' * (layers > 1)}")
+    return virtual.simulate_layout(  # zero 3: "fsdp", or "fsdp+tp" when tp > 1
+        cut,
+        layout,
         mixed_precision="bf16",
         batch=1,
-        seq_len=seq_len,
+        seq=seq_len,
+        checkpoint=None,
         timeout=timeout,
         count_comm=False,
     )

@@ -43,6 +43,7 @@ from torch.utils.checkpoint import (
 )
 
 from course_lib import validate
+from course_lib.measure.estimate.checkpointing import CHECKPOINT_POLICIES
 
 __all__ = [
     "POLICIES",
@@ -59,7 +60,7 @@ __all__ = [
 #: a model with ``blocks`` (``course_lib.models.GPT``); the functions return the same model
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
-POLICIES = ("none", "full", "every_k", "selective", "segments")
+POLICIES = CHECKPOINT_POLICIES  # "none", "full", "every_k", "selective", "segments" (estimate's)
 #: what the default selective policy keeps: the outputs of the matrix products
 MATMUL_OPS = ("mm", "addmm", "bmm")
 #: aten ops a selective policy may be asked to keep (by their overload packet name)

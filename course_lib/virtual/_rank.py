@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from course_lib.dims import ParallelDims
 from course_lib.virtual._build import build, make_optimizer, prime_optimizer
 from course_lib.virtual._patches import fast_fsdp_chunks, global_peak_only, meshes_outside_fake
 from course_lib.virtual._types import SimSpec, StepResult
@@ -120,8 +121,9 @@ def _mesh(spec: SimSpec) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
 
     world, tp = spec.world_size, spec.tp
-    if spec.strategy == "fsdp+tp":
-        return init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    if spec.strategy == "fsdp+tp":  # dp x tp, rank order from ParallelDims (tp innermost)
+        dims, keep = ParallelDims(dp=world // tp, tp=tp), ("dp", "tp")
+        return init_device_mesh("cpu", dims.mesh_shape(keep), mesh_dim_names=dims.mesh_axes(keep))
     return init_device_mesh("cpu", (world,))
 
 

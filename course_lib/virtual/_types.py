@@ -1,6 +1,6 @@
 """What crosses the process boundary of a virtual-cluster simulation: the checked arguments
 (:class:`SimSpec`, sent to the simulating process) and the plain numbers it sends back
-(:class:`StepResult`). Standard library only. Introduced in notebooks/10_zero_fsdp.ipynb.
+(:class:`StepResult`). No torch. Introduced in notebooks/10_zero_fsdp.ipynb.
 """
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from course_lib.measure.estimate.activations import RECOMPUTE  # noqa: F401  (simulate's)
+
 Strategy = Literal["fsdp", "fsdp_no_reshard", "tp", "fsdp+tp", "ddp"]
 MixedPrecision = Literal["bf16", "fp16"] | None
 Optimizer = Literal["adamw", "adam", "sgd"]
-Checkpoint = Literal["full", "selective"] | None
+Checkpoint = Literal["full", "selective"] | None  # a Recompute ("none" is None here)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib import validate as _v
+from course_lib.shape import ModelShape
 
 __all__ = ["LlamaLike", "llama_like", "PRESETS"]
 
@@ -94,22 +95,52 @@ class LlamaLike:
         top = self.kv_heads if limit is None else min(self.kv_heads, limit)
         return [t for t in range(1, top + 1) if not self.tp_problems(t)]
 
+    def shape(self, seq: int) -> ModelShape:
+        """These sizes as a :class:`course_lib.shape.ModelShape` trained on ``seq`` tokens."""
+        return ModelShape(
+            self.name,
+            self.layers,
+            self.hidden,
+            self.heads,
+            self.kv_heads,
+            self.ffn,
+            self.vocab,
+            seq,
+        )
+
     def __call__(self) -> "LlamaLikeModel":
         return LlamaLikeModel(self)
 
 
 def llama_like(
-    layers: int,
-    hidden: int,
-    heads: int,
-    kv_heads: int,
-    ffn: int,
-    vocab: int,
+    layers: int | ModelShape,
+    hidden: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    ffn: int | None = None,
+    vocab: int | None = None,
     *,
-    name: str = "llama-like",
+    name: str | None = None,
 ) -> LlamaLike:
-    """Shapes of a Llama-style decoder (see :class:`LlamaLike`)."""
-    return LlamaLike(layers, hidden, heads, kv_heads, ffn, vocab, name)
+    """Shapes of a Llama-style decoder (see :class:`LlamaLike`): the six sizes, or one
+    :class:`course_lib.shape.ModelShape` (a ``plan.ModelSpec``, ``LlamaConfig.shape()``) that is
+    Llama-shaped (SwiGLU, RMSNorm, no biases, untied output, rotary positions, dense)."""
+    if not isinstance(layers, ModelShape):
+        return LlamaLike(layers, hidden, heads, kv_heads, ffn, vocab, name or "llama-like")  # type: ignore[arg-type]
+    shape, sizes = layers, (hidden, heads, kv_heads, ffn, vocab)
+    if any(v is not None for v in sizes):
+        raise TypeError(
+            f"hidden, heads, kv_heads, ffn, vocab = {sizes}: expected None with a shape "
+            f"({shape.name} gives them)"
+        )
+    odd = shape.not_llama()
+    if odd:
+        raise ValueError(
+            f"shape = {shape.name}: expected a Llama-shaped model (SwiGLU, RMSNorm, no biases, "
+            f"untied output, rotary positions, dense); got {', '.join(odd)}"
+        )
+    s = shape
+    return LlamaLike(s.layers, s.hidden, s.heads, s.kv_heads, s.ffn, s.vocab, name or s.name)
 
 
 #: Named shapes. "zero-7.5b" and "7b" are Llama-7B blocks with the layer count / vocabulary

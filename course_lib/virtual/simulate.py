@@ -39,7 +39,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from course_lib import validate as _v
-from course_lib.virtual._types import MixedPrecision, SimSpec, StepResult, Strategy
+from course_lib.virtual._types import RECOMPUTE, MixedPrecision, SimSpec, StepResult, Strategy
 
 __all__ = ["simulate_step", "VirtualFrame", "STRATEGIES", "ROWS", "COLUMNS", "LABEL"]
 
@@ -57,8 +57,8 @@ STRATEGIES = {
 }
 OPTIMIZERS = ("adamw", "adam", "sgd")
 MIXED_PRECISION = (None, "bf16", "fp16")
-#: activation checkpointing of every block (None: none); see ``_build._apply_checkpointing``
-CHECKPOINT = (None, "full", "selective")
+#: activation checkpointing of every block (estimate's Recompute; None: "none", kept one release)
+CHECKPOINT = (None, *RECOMPUTE)
 LABEL = "virtual"
 
 #: rows of the result, in order
@@ -158,7 +158,7 @@ def check_arguments(
     world_size = _v.count("world_size", world_size, minimum=1)
     mixed_precision = _v.choice("mixed_precision", mixed_precision, MIXED_PRECISION)
     optimizer = _v.choice("optimizer", optimizer, OPTIMIZERS, case_insensitive=True)
-    checkpoint = _v.choice("checkpoint", checkpoint, CHECKPOINT)
+    checkpoint = None if _v.choice("checkpoint", checkpoint, CHECKPOINT) == "none" else checkpoint
     batch = _v.count("batch", batch, minimum=1)
     seq_len = _v.count("seq_len", seq_len, minimum=1)
     if not isinstance(reshard_after_forward, bool):
@@ -250,7 +250,7 @@ def simulate_step(
     tp: int | None = None,
     reshard_after_forward: bool = True,
     optimizer: str = "adamw",
-    checkpoint: str | None = None,  # checked into a Checkpoint ("full", "selective" or None)
+    checkpoint: str | None = None,  # a Recompute: "none" (None kept), "selective", "full"
     vocab: int | None = None,
     timeout: float = 300.0,
     fast_chunks: bool = True,
@@ -277,9 +277,9 @@ def simulate_step(
             foreach implementation, as on GPU. Its state is created before the measured step.
         checkpoint: activation checkpointing of every block of ``model.layers``, applied as
             torchtitan does (``checkpoint_wrapper``, non-reentrant, after tensor parallelism and
-            before ``fully_shard``): None (off), "full" (a block keeps its inputs and recomputes
-            the rest in backward) or "selective" (also keeps the outputs of the matmuls and of
-            the fused attention: ``_build.SELECTIVE_SAVE``). Introduced in
+            before ``fully_shard``): "none" (off; None too), "full" (a block keeps its inputs
+            and recomputes the rest in backward) or "selective" (also keeps the outputs of the
+            matmuls and of the fused attention: ``_build.SELECTIVE_SAVE``). Introduced in
             notebooks/06_activation_checkpointing.ipynb.
         vocab: size of the token-id range; read from ``model_fn.vocab`` when None.
         timeout: seconds for the whole simulation (its own process is stopped after that).

@@ -126,7 +126,7 @@ def test_expert_all_to_alls_use_unit_16s_bytes_per_token():
         (lambda: P.check_layout(P.model("Llama-2-7B"), P.Layout(2, ep=2)),
          "ep = 2: expected a divisor of the 0 experts (a dense model: ep = 1)"),
         (lambda: P.check_layout(P.model("Llama-2-7B"), P.Layout(1, cp=3)),
-         "cp = 3: expected a divisor of seq_len = 4096"),
+         "cp = 3: expected a divisor of seq = 4096"),
         (lambda: P.model("Llama-2-7B").replace(experts=8, top_k=9, expert_ffn=1),
          "top_k = 9: expected an int in 1..8"),
     ],

@@ -33,7 +33,7 @@ def test_a_global_batch_beyond_the_bound_is_refused_before_searching(sequences):
     assert time.monotonic() - t0 < 1.0
     assert str(info.value) == (
         f"global_batch_tokens = {sequences * 4096}: expected at most 10,000,000 sequences of "
-        "seq_len = 4096 (40,960,000,000 tokens), the largest global batch the planner searches"
+        "seq = 4096 (40,960,000,000 tokens), the largest global batch the planner searches"
     )
 
 
@@ -74,7 +74,7 @@ def test_more_stages_than_layers_is_refused_everywhere():
     [
         ({"pp": [3]}, r"^pp = 3: expected a divisor of layers = 32: one of 1, 2, 4, 8, 16, 32"),
         ({"tp": [3]}, r"^tp = 3: expected a divisor of heads = 32 and kv_heads = 32"),
-        ({"cp": [3]}, r"^cp = 3: expected a divisor of seq_len = 4096$"),
+        ({"cp": [3]}, r"^cp = 3: expected a divisor of seq = 4096$"),
         ({"ep": [2]}, r"^ep = 2: expected a divisor of the 0 experts \(a dense model: ep = 1\)$"),
         ({"zero": [4]}, r"^zero = 4: expected one of 0, 1, 2, 3$"),
         ({"v": [0]}, r"^virtual_stages = 0: expected an int >= 1$"),

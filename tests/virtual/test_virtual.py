@@ -326,7 +326,7 @@ def test_bad_checkpoint_policy_names_the_choices(monkeypatch):
         launch_module, "launch", lambda *a, **k: pytest.fail("a process was started")
     )
     with pytest.raises(
-        ValueError, match="checkpoint = 'every_k': expected one of None, full, selective"
+        ValueError, match="checkpoint = 'every_k': expected one of None, none, selective, full"
     ):
         virtual.simulate_step(
             EVEN, world_size=8, strategy="fsdp", batch=1, seq_len=8, checkpoint="every_k"

@@ -50,11 +50,19 @@ Every function names the same thing the same way:
   (tau: seconds of training between checkpoints), ``method`` (:data:`IntervalMethod`: "young",
   "daly"), ``duration_s``, ``interruptions``;
 * hardware: ``peak_flops`` (FLOP/s), ``mfu`` (0-1), ``size_bytes`` (a message),
-  ``*_GBps`` (link speeds).
+  ``*_GBps`` (link speeds; ``link_GBps`` is one link's GB/s per direction), ``alpha_s`` (a
+  message's latency, s);
+* thresholds: ``tokens`` is also tokens per GPU in one step or micro-batch, ``target`` a
+  fraction to stay below.
 
-Formulas of the course's own tiny GPT take its ``config`` (a ``models.GPTConfig``);
-:func:`gpt_param_count` takes the config's field names (``n_layer``, ``n_embd``,
-``vocab_size``, ``block_size``) so a config's fields can be passed as they are. Every argument
+A model's shape is one object, ``course_lib.shape.ModelShape`` (``GPTConfig.shape()``,
+``LlamaConfig.shape()``, a ``plan.ModelSpec``), whose fields carry these names:
+``transformer_param_count(**shape.dense())``. Formulas of the course's own tiny GPT take its
+``config`` (a ``models.GPTConfig``). Old names kept one release beside the one function of their
+quantity: :func:`gpt_param_count` (:func:`transformer_param_count`),
+:func:`tp_payload_bytes_per_layer` (:func:`tp_comm_bytes_per_layer`'s ``payloads``),
+:func:`gpus_for_training` (:func:`gpus_for_days`), :func:`training_days` (:func:`gpu_hours`).
+Every argument
 is checked with ``course_lib.validate`` (``name = value: expected ...``).
 
 This module imports nothing heavy (no torch), so it can be used anywhere, including in
@@ -79,8 +87,10 @@ parameters total and active, capacity, expert parallelism's all-to-all bytes, me
 under EP x ZeRO), ``planning`` (real architectures'
 parameter counts, pipeline in-flight layers, GPU-days),
 ``fp8`` (FP8 formats, bytes of a scaled cast, FP8 all-gather bytes and memory under FSDP, the
-share of a step FP8 speeds up) and ``failures`` (Young's and Daly's checkpoint intervals,
-goodput with restart cost, a job's MTBF, checkpoint bytes).
+share of a step FP8 speeds up), ``failures`` (Young's and Daly's checkpoint intervals,
+goodput with restart cost, a job's MTBF, checkpoint bytes) and ``overlap`` (when each
+parallelism's communication hides behind compute: the tokens, hidden size or micro-batches at
+which it does, each a ratio of FLOP/s to a link's bytes/s per direction times a shape factor).
 """
 
 from __future__ import annotations
@@ -98,6 +108,7 @@ from course_lib.measure.estimate import (  # noqa: E402
     memory,
     moe,
     offload,
+    overlap,
     planning,
     tensor_parallel,
     training,
@@ -116,6 +127,7 @@ from course_lib.measure.estimate.lora import *  # noqa: F401,F403
 from course_lib.measure.estimate.memory import *  # noqa: F401,F403
 from course_lib.measure.estimate.moe import *  # noqa: F401,F403
 from course_lib.measure.estimate.offload import *  # noqa: F401,F403
+from course_lib.measure.estimate.overlap import *  # noqa: F401,F403
 from course_lib.measure.estimate.planning import *  # noqa: F401,F403
 from course_lib.measure.estimate.tensor_parallel import *  # noqa: F401,F403
 from course_lib.measure.estimate.training import *  # noqa: F401,F403
@@ -141,4 +153,5 @@ __all__ = [
     *planning.__all__,
     *fp8.__all__,
     *failures.__all__,
+    *overlap.__all__,
 ]

@@ -45,8 +45,9 @@ __all__ = [
     "recompute_flops_per_token",
 ]
 
-#: what gets checkpointed (the names of ``techniques.checkpointing.POLICIES``)
-CheckpointPolicy = Literal["none", "full", "every_k", "selective", "segments"]
+#: what gets checkpointed: the layer policies (:data:`Recompute`, the one spelling of "none",
+#: "selective", "full" in the planner and the virtual cluster too) and two block policies
+CheckpointPolicy = Literal[Recompute, "every_k", "segments"]
 #: the policies (same names and order as ``techniques.checkpointing.POLICIES``)
 CHECKPOINT_POLICIES: tuple[CheckpointPolicy, ...] = (
     "none",
@@ -335,7 +336,15 @@ def recompute_flops_per_token(
     """FLOPs per token that recomputation adds to ``layers`` transformer layers of
     ``layer_params`` parameters each (the model's own FLOPs: ``training_flops_per_token``):
     ``full`` runs each layer's forward again, 2 P + 4 s h; ``selective`` the attention products'
-    forward, 4 s h (Korthikanti et al. 2022, Sec. 5); ``none`` 0."""
+    forward, 4 s h (Korthikanti et al. 2022, Sec. 5); ``none`` 0.
+
+    The accounting, against Korthikanti et al.'s Eq. 8: their hardware FLOPs with selective
+    recomputation, 72 B s L h^2 (1 + s/(3h) + V/(12 h L)), exceed their model FLOPs (Eq. 7,
+    s/(6h) in place of s/(3h)) by 12 s h per token and layer, three times the 4 s h here: Eq. 8
+    adds the attention core's whole forward-and-backward term (4 s h forward + 8 s h backward)
+    once more, where the recomputation itself runs only the core's forward (Q K^T and A V, 2 s h
+    each). This function counts what the recomputation executes; 3x it is the paper's count
+    (tests/measure/test_estimate_checkpointing.py derives both)."""
     P = _v.count("layer_params", layer_params)
     L, h, s = (_v.count("layers", layers), _v.count("hidden", hidden), _v.count("seq", seq))
     rec = _v.choice("recompute", recompute, RECOMPUTE, case_insensitive=True)

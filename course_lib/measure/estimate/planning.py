@@ -1,5 +1,5 @@
 """Formulas for planning a run at scale: parameter counts of real architectures, what a pipeline
-keeps in flight, tensor-parallel traffic and GPU-days (activations per layer:
+keeps in flight and GPU-days (tensor-parallel traffic: ``tensor_parallel``; activations per layer:
 ``activations.activation_bytes_transformer_layer``; FLOPs: ``training.training_flops_per_token``
 and ``checkpointing.recompute_flops_per_token``).
 
@@ -9,24 +9,20 @@ the rest of ``estimate``; "GB" is 1e9 bytes.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from course_lib import validate as _v
-from course_lib.measure.estimate.activations import RECOMPUTE, Recompute
+from course_lib.shape import NORMS, Norm
 
 __all__ = [
     "NORMS",
     "Norm",
     "transformer_param_count",
     "pipeline_inflight_layers",
-    "tp_payload_bytes_per_layer",
     "gpus_for_days",
     "gpu_hours",
     "mfu_from_gpu_hours",
 ]
 
-Norm = Literal["rmsnorm", "layernorm"]
-NORMS: tuple[Norm, ...] = ("rmsnorm", "layernorm")
+# Norm, NORMS: the norms a shape may have (defined with course_lib.shape.ModelShape)
 
 
 def transformer_param_count(
@@ -51,12 +47,15 @@ def transformer_param_count(
     attention q and o projections 2 h^2, k and v projections 2 h k (grouped-query attention,
     Ainslie et al. 2023, arXiv:2305.13245; k = h for multi-head attention); MLP 3 h f when gated
     (SwiGLU: gate, up, down; Shazeer 2020, arXiv:2002.05202) else 2 h f; biases (``bias``)
-    h + 2k + h + (2f or f) + h; two norms, h each (RMSNorm) or 2h (LayerNorm, with bias).
+    h + 2k + h + (2f or f) + h; two norms, h each (RMSNorm, or a LayerNorm without bias as
+    nanoGPT's ``bias=False``) or 2h (LayerNorm with its bias, when ``bias``).
     Outside the layers: token embedding V h, an output matrix V h unless ``tied_embeddings``,
     learned positions seq * h, a final norm, and an embedding norm (BLOOM) when asked.
 
     With h = 4096, f = 11008, 32 layers, V = 32000, gated, untied, RMSNorm this is
     6,738,415,616 (Llama-2-7B); GPT-3's shape gives 12 L h^2 + ... = 174.6e9 ("175B").
+    A shape's fields go in as they are: ``transformer_param_count(**shape.dense())``
+    (``course_lib.shape.ModelShape``; ``GPTConfig.shape()``, ``LlamaConfig.shape()``).
     Returns ``{"per_layer", "layers", "embedding", "output", "other", "total"}`` (ints).
     """
     L = _v.count("layers", layers, minimum=1)
@@ -71,7 +70,7 @@ def transformer_param_count(
             "hidden and kv_heads to divide heads"
         )
     k = g * h // a
-    norm_params = h if norm == "rmsnorm" else 2 * h
+    norm_params = 2 * h if norm == "layernorm" and bias else h
     attention = 2 * h * h + 2 * h * k + ((h + 2 * k + h) if bias else 0)
     mlp = (3 if gated_mlp else 2) * h * f + (((2 * f) if gated_mlp else f) + h if bias else 0)
     per_layer = attention + mlp + 2 * norm_params
@@ -114,23 +113,6 @@ def pipeline_inflight_layers(
         raise ValueError(f"virtual_stages = {v}: expected a divisor of layers_per_stage = {n}")
     chunks = min(m * v, v * p + p - 1) if p > 1 else 1
     return chunks * n // v
-
-
-def tp_payload_bytes_per_layer(
-    seq: int, batch: int, hidden: int, *, recompute: Recompute = "none", dtype_bytes: int = 2
-) -> int:
-    """Bytes one layer's tensor-parallel collectives carry per micro-batch, as the payload S of
-    the all-reduces (Shoeybi et al. 2019, arXiv:1909.08053: f and g, one all-reduce in the
-    attention and one in the MLP each way -- 4 per layer per step; with sequence parallelism
-    each becomes an all-gather plus a reduce-scatter of the same total traffic, Korthikanti et
-    al. Sec. 4.2.2). Each payload is s b h values; ``full`` recomputation runs the forward's two
-    again: 6. Returns the summed payloads (pass each payload's size to an all-reduce time model).
-    """
-    s, b = _v.count("seq", seq, minimum=1), _v.count("batch", batch, minimum=1)
-    h = _v.count("hidden", hidden, minimum=1)
-    rec = _v.choice("recompute", recompute, RECOMPUTE, case_insensitive=True)
-    calls = 6 if rec == "full" else 4
-    return calls * s * b * h * _v.count("dtype_bytes", dtype_bytes, minimum=1)
 
 
 def gpus_for_days(total_flops: float, *, days: float, peak_flops: float, mfu: float) -> float:

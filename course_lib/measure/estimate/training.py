@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from course_lib import validate as _v
+from course_lib.measure.estimate.planning import gpu_hours, gpus_for_days, transformer_param_count
 
 __all__ = [
     "gpt_param_count",
@@ -44,7 +45,9 @@ def gpt_param_count(
     bias: bool = True,
     tie_weights: bool = True,
 ) -> int:
-    """Parameters of our GPT-2 shaped model (``course_lib.models.GPT``), term by term:
+    """Parameters of our GPT-2 shaped model (``course_lib.models.GPT``): the old name, kept one
+    release, of ``transformer_param_count(**GPTConfig(...).shape().dense())["total"]``, which
+    counts it term by term:
 
     * per block: attention q, k, v and output projections ``4 C^2`` and the MLP ``8 C^2`` (its
       hidden layer is 4C wide) -- the ``12 L C^2`` of Kaplan et al. 2020 (arXiv:2001.08361
@@ -53,15 +56,21 @@ def gpt_param_count(
     * token embedding ``V C`` (shared with the output head when ``tie_weights``, else twice),
       position embedding ``block_size x C``, final LayerNorm ``2C`` (``C`` without bias).
     """
-    L, C = _v.count("n_layer", n_layer, minimum=1), _v.count("n_embd", n_embd, minimum=1)
-    V, T = (
-        _v.count("vocab_size", vocab_size, minimum=1),
-        _v.count("block_size", block_size, minimum=1),
-    )
-    norm = 2 * C if bias else C
-    per_block = 12 * C * C + (9 * C if bias else 0) + 2 * norm
-    embeddings = V * C * (1 if tie_weights else 2) + T * C
-    return L * per_block + embeddings + norm
+    C = _v.count("n_embd", n_embd, minimum=1)
+    return transformer_param_count(
+        layers=_v.count("n_layer", n_layer, minimum=1),
+        hidden=C,
+        heads=1,
+        kv_heads=1,
+        ffn=4 * C,
+        vocab=_v.count("vocab_size", vocab_size, minimum=1),
+        seq=_v.count("block_size", block_size, minimum=1),
+        gated_mlp=False,
+        bias=bias,
+        tied_embeddings=tie_weights,
+        learned_positions=True,
+        norm="layernorm",
+    )["total"]
 
 
 def training_flops_per_token(
@@ -93,32 +102,25 @@ def mfu(flops_per_step: float, step_s: float, peak_flops: float) -> float:
 
 def training_days(total_flops: float, *, gpus: int, peak_flops: float, mfu: float) -> float:
     """Days a run of ``total_flops`` takes on ``gpus`` GPUs of ``peak_flops`` at utilization
-    ``mfu``: ``total / (gpus x peak x mfu) / 86,400``."""
+    ``mfu``: ``total / (gpus x peak x mfu) / 86,400``, i.e. ``gpu_hours(...) / (24 gpus)``
+    (the old name, kept one release: use :func:`gpu_hours`)."""
     g = _v.count("gpus", gpus, minimum=1)
-    rate = (
-        g
-        * _v.number("peak_flops", peak_flops, positive=True)
-        * _v.number("mfu", mfu, positive=True, maximum=1)
-    )
-    return _v.number("total_flops", total_flops, minimum=0) / rate / SECONDS_PER_DAY
+    if _v.number("total_flops", total_flops, minimum=0) == 0:
+        return 0.0  # gpu_hours counts a run that does something
+    return gpu_hours(total_flops, peak_flops=peak_flops, mfu=mfu) / (24 * g)
 
 
 def gpus_for_training(
     n_params: int, tokens: int, *, days: float, peak_flops: float, mfu: float
 ) -> int:
     """Fewest GPUs that train ``n_params`` on ``tokens`` in ``days`` at utilization ``mfu``:
-    ``ceil(6 N D / (days x 86,400 x peak x mfu))``. The worked example of the sources (175B
-    parameters, 300B tokens = 3.15e23 FLOPs, 30 days, 50 % MFU) needs 1,944.4 V100, 779.02 A100
-    or 245.8 H100, so 1,945 / 780 / 246 whole GPUs (dense fp16/bf16 tensor-core peaks from
-    :data:`GPU_SPECS`)."""
-    total = training_flops_per_token(n_params) * _v.count("tokens", tokens)
-    per_gpu = (
-        _v.number("days", days, positive=True)
-        * SECONDS_PER_DAY
-        * _v.number("peak_flops", peak_flops, positive=True)
-        * _v.number("mfu", mfu, positive=True, maximum=1)
-    )
-    return math.ceil(total / per_gpu)
+    ``ceil(6 N D / (days x 86,400 x peak x mfu))``, i.e. ``ceil(gpus_for_days(6 N D, ...))``
+    (the old name, kept one release: use :func:`gpus_for_days`). The worked example of the
+    sources (175B parameters, 300B tokens = 3.15e23 FLOPs, 30 days, 50 % MFU) needs 1,944.4
+    V100, 779.02 A100 or 245.8 H100, so 1,945 / 780 / 246 whole GPUs (dense fp16/bf16
+    tensor-core peaks from :data:`GPU_SPECS`)."""
+    total = training_flops_per_token(n_params) * _v.count("tokens", tokens, minimum=1)
+    return math.ceil(gpus_for_days(total, days=days, peak_flops=peak_flops, mfu=mfu))
 
 
 # --------------------------------------------------------------------------------------------
