@@ -23,8 +23,14 @@ XDIST := -n $(PYTEST_JOBS)
 # The fast lane: every library test that needs no notebook or kernel, browser, torchrun or long run.
 FAST := -m "not slow and not notebook and not browser and not cluster"
 # Two installs for two users: a learner's (`make lab`: lectures and exercises, grading included)
-# and a maintainer's (`make test`: the same plus pytest, nbval, playwright, ruff and mypy).
-LAB_STAMP := $(VENV)/.installed-lab
+# and a maintainer's (`make test`: the same plus pytest, nbval, playwright, ruff and mypy, and
+# every optional extra). What units 04 and 07 add (bitsandbytes, peft, transformers) a learner
+# asks for by name: `make lab EXTRAS=units` (or adam8bit, lora; several: EXTRAS=adam8bit,lora);
+# each set of extras has its own stamp, so asking installs them once.
+EXTRAS ?=
+comma := ,
+LAB_EXTRAS := lab$(if $(EXTRAS),$(comma)$(EXTRAS))
+LAB_STAMP := $(VENV)/.installed-lab$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
 # The oldest torch the course supports (pyproject.toml's floor), tested by `make test-torch-floor`
 # in a virtual environment of its own. Its CPU wheel comes from PyTorch's CPU index.
 TORCH_FLOOR ?= 2.11.0
@@ -39,10 +45,12 @@ FLOOR_TORCH_ARGS ?= --index-url https://download.pytorch.org/whl/cpu
 # library runs took 771 s with it set and 680 s without.
 test test-fast test-torch-floor: export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: help install install-lab lab test test-fast test-torch-floor check lint format typecheck gpu-check exercises check-exercises notebooks slides site clean new-unit
+.PHONY: help install install-lab lab lab-instructor test test-fast test-torch-floor check lint format typecheck gpu-check exercises check-exercises notebooks slides site clean new-unit
 
 help:
 	@echo "make lab        install on first use, then start JupyterLab on notebooks/00_start_here.ipynb"
+	@echo "make lab-instructor   the same, with solutions/ listed in the file browser"
+	@echo "make lab EXTRAS=units   the same, adding what units 04 and 07 use (bitsandbytes, peft)"
 	@echo "make test       install on first use, then run the whole test suite"
 	@echo "make test-fast  the fast lane: library tests with no notebook, kernel, browser or torchrun (~3 min)"
 	@echo "make check      ruff check, ruff format --check and mypy (what CI runs before the tests)"
@@ -65,11 +73,12 @@ define PYTHON_CHECK
 	$(BIN)/python -m pip install --quiet --upgrade pip
 endef
 
-# A learner's install: the package, JupyterLab and what the lectures and exercises use.
+# A learner's install: the package, JupyterLab and what the lectures and exercises use (plus the
+# extras named in EXTRAS).
 $(LAB_STAMP): pyproject.toml constraints.txt
 	$(PYTHON_CHECK)
 	@# torch comes from the pin in constraints.txt, never from an unpinned resolve.
-	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -c constraints.txt -e ".[lab,units]"
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -c constraints.txt -e ".[$(LAB_EXTRAS)]"
 	@touch $(LAB_STAMP)
 
 # A maintainer's install adds the test, browser, lint and type-checking tools.
@@ -78,13 +87,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -c constraints.txt -e ".[lab,units,dev]"
 	@touch $(STAMP) $(LAB_STAMP)
 
-lab: $(LAB_STAMP)
+# `make lab` lists no solutions/ in the learner's file browser; `make lab-instructor` does
+# (COURSE_SOLUTIONS=show, read by jupyter/jupyter_server_config.py).
+lab-instructor: export COURSE_SOLUTIONS := show
+lab lab-instructor: $(LAB_STAMP)
 	@# Trust the course's notebooks (a signature in your Jupyter data folder) so their stored
 	@# widgets draw before anything is run; an untrusted notebook shows a one-line note instead.
 	@$(BIN)/jupyter trust notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb >/dev/null 2>&1 || true
-	@# Serve the whole course (notebooks/, exercises/, solutions/) and open unit 00 first, with
-	@# the course's settings (jupyter/: no news pop-up; terminals keep PATH) and .venv/bin first on
-	@# PATH, so `python` in JupyterLab's terminal is the course's (the exercises' grade line).
+	@# Serve the course (notebooks/, exercises/; solutions/ for an instructor) and open unit 00
+	@# first, with the course's settings (jupyter/: no news pop-up; terminals keep PATH; printed
+	@# text scrolls instead of wrapping) and .venv/bin first on PATH, so `python` in
+	@# JupyterLab's terminal is the course's (the exercises' grade line).
 	PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))" \
 	JUPYTER_CONFIG_PATH="$(CURDIR)/jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
 	$(BIN)/jupyter lab $(BROWSER_FLAG) $(ROOT_FLAG) --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks/00_start_here.ipynb

@@ -7,13 +7,27 @@
    ``course_lib.grading`` and those section files at module level (heavier imports go inside the
    check functions), so a check cell imports fast.
 4. Mechanism layers never import ``course_lib.units``.
+5. No module imports itself through others: the static import graph of course_lib has no circle.
+6. Every import follows the package order, :data:`LAYERS` (lowest first): a module imports its
+   own layer and the layers below, never one above (but the pairs in :data:`UPWARD`).
 
 Every violation is reported with its file, line and import, all at once.
+
+Rules 5 and 6 read every ``import`` statement of the package, wherever it is: at module level,
+inside a function (a deferred import is still a dependency; deferring one is how a circle
+hides) and under ``if TYPE_CHECKING:`` (a type is a
+dependency of the design even when nothing imports it at run time). An import names the
+module it reaches (``from course_lib.parallel import ddp`` is an edge to
+``course_lib.parallel.ddp``, ``from course_lib.models import GPT`` one to the package front
+``course_lib.models``); the parent packages Python imports on the way are not edges (or every
+front that re-exports its parts would be a circle). Imports by name at run time
+(``importlib.import_module(f"course_lib.units.{name}")``) are not seen.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 import re
 import subprocess
@@ -159,3 +173,349 @@ def test_a_check_cell_imports_no_heavy_module():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# ---- 5 and 6: no circles, and the package order ----------------------------------------------
+
+#: the package order, lowest first: each layer's names are the first names under course_lib/
+#: (a package or a module; "__init__" is course_lib's own front). A module may import its own
+#: layer and the layers below it. The tools sit on top.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("validate", ("validate", "catalogue")),  # pure Python: import nothing of the course
+    ("vocabulary", ("shape", "dims")),  # one model shape, one parallel layout
+    ("runtime", ("runtime", "ranks", "__init__")),
+    ("models/data", ("models", "data")),
+    ("measure", ("measure",)),
+    ("techniques", ("techniques",)),
+    ("parallel", ("parallel", "resilience")),
+    ("virtual", ("virtual",)),
+    ("plan", ("plan",)),
+    ("viz", ("viz",)),
+    ("units", ("units",)),
+    ("tools", ("grading", "grade", "publish", "bench", "bench_ranks", "gpu_check", "cluster")),
+)
+#: imports up the order that the design asks for: (from layer, to name) -> why
+UPWARD: dict[tuple[str, str], str] = {
+    ("units", "grading"): "a unit's checks are written with the grading helpers (rule 3)",
+    ("units", "cluster"): "a unit's cluster.py declares its torchrun experiments",
+}
+
+Graph = dict[str, dict[str, list[tuple[int, str]]]]  # module -> imported module -> (line, where)
+
+
+def _module_names(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _where(tree: ast.Module) -> dict[int, str]:
+    """id(import node) -> "module", "function" or "typing" (under ``if TYPE_CHECKING:``)."""
+    out: dict[int, str] = {}
+
+    def visit(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            here = where
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                here = "function" if where == "module" else where
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for sub in child.body:
+                    out.update({id(n): "typing" for n in ast.walk(sub)})
+                for sub in child.orelse:
+                    visit(sub, where)
+                continue
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                out.setdefault(id(child), here)
+            visit(child, here)
+
+    visit(tree, "module")
+    return out
+
+
+def module_graph(root: pathlib.Path = PACKAGE) -> Graph:
+    """The static import graph of the package at ``root`` (see the module docstring)."""
+    names = _module_names(root)
+
+    def resolve(name: str) -> str | None:
+        while name and name not in names:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: Graph = {}
+    for module, path in names.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        where = _where(tree)
+        edges = graph.setdefault(module, {})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                targets = [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                found = resolve(target)
+                if found is not None and found != module:
+                    edges.setdefault(found, []).append((node.lineno, where[id(node)]))
+    return graph
+
+
+def cycles(graph: Graph) -> list[list[str]]:
+    """Every circle of the graph, one per strongly connected component of more than one module:
+    the shortest path from the component's first module back to itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[set[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    found = []
+    for component in components:
+        start = min(component)
+        paths = {start: [start]}
+        frontier = [start]
+        circle = None
+        while frontier and circle is None:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph.get(v, {})):
+                    if w == start:
+                        circle = paths[v] + [start]
+                        break
+                    if w in component and w not in paths:
+                        paths[w] = paths[v] + [w]
+                        nxt.append(w)
+                if circle:
+                    break
+            frontier = nxt
+        found.append(circle)
+    return sorted(found)
+
+
+def describe_cycle(graph: Graph, circle: list[str]) -> str:
+    steps = [
+        f"{a} (line {graph[a][b][0][0]}, {graph[a][b][0][1]} level) -> {b}"
+        for a, b in zip(circle, circle[1:])
+    ]
+    return f"{circle[0]} imports itself through others: " + "; ".join(steps)
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else "__init__"
+    return next((layer for layer, names in LAYERS if name in names), None)
+
+
+def order_violations(graph: Graph) -> list[str]:
+    """Every import of a layer above the importer's (those in :data:`UPWARD` aside), and every
+    module whose package has no place in :data:`LAYERS`."""
+    rank = {layer: i for i, (layer, _) in enumerate(LAYERS)}
+    order = " < ".join(layer for layer, _ in LAYERS)
+    found = []
+    for module in sorted(graph):
+        mine = layer_of(module)
+        if mine is None:
+            found.append(f"{module}: its package has no place in LAYERS ({order}); add it")
+            continue
+        for target, where in sorted(graph[module].items()):
+            theirs = layer_of(target)
+            if theirs is None or rank[theirs] <= rank[mine]:
+                continue
+            if (mine, target.split(".")[1]) in UPWARD:
+                continue
+            line, level = where[0]
+            found.append(
+                f"{module}:{line} imports {target} ({level} level): layer {mine} must not "
+                f"import layer {theirs} above it (the order: {order})"
+            )
+    return found
+
+
+@functools.cache
+def _tree() -> Graph:
+    return module_graph()
+
+
+def test_no_module_imports_itself_through_others():
+    graph = _tree()
+    found = [describe_cycle(graph, c) for c in cycles(graph)]
+    assert not found, "import circles:\n" + "\n".join(found)
+
+
+def test_every_import_follows_the_package_order():
+    found = order_violations(_tree())
+    assert not found, "imports against the package order:\n" + "\n".join(found)
+
+
+def _graph(edges: str) -> Graph:
+    """A small graph from "a>b b>c" (each edge at line 1, module level)."""
+    graph: Graph = {}
+    for edge in edges.split():
+        a, b = edge.split(">")
+        graph.setdefault(a, {}).setdefault(b, []).append((1, "module"))
+        graph.setdefault(b, {})
+    return graph
+
+
+@pytest.mark.parametrize(
+    "edges, expected",
+    [
+        ("a>b b>c", []),
+        ("a>b b>a", [["a", "b", "a"]]),
+        ("a>b b>c c>a c>d", [["a", "b", "c", "a"]]),
+        ("a>b b>c c>b a>c", [["b", "c", "b"]]),  # a diamond around a circle of two
+        ("a>b b>a c>d d>c", [["a", "b", "a"], ["c", "d", "c"]]),
+        ("a>b a>c b>d c>d", []),  # a diamond is no circle
+    ],
+)
+def test_the_cycle_check_on_small_graphs(edges, expected):
+    assert cycles(_graph(edges)) == expected
+
+
+def _package(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
+    pkg = tmp_path / "course_lib"
+    for relpath, source in files.items():
+        (pkg / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / relpath).write_text(source)
+    return pkg
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {  # module level both ways
+            "parallel/a.py": "from course_lib.parallel.b import g\n",
+            "parallel/b.py": "from course_lib.parallel import a\n",
+        },
+        {  # the way back deferred into a function (pipeline <-> pipeline_run's shape)
+            "parallel/a.py": "from course_lib.parallel.b import g\n",
+            "parallel/b.py": "def g():\n    from course_lib.parallel.a import f\n",
+        },
+        {  # the way back only for types
+            "measure/a.py": "from . import b\n",
+            "measure/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from course_lib.measure.a import A\n",
+        },
+        {  # a package front and its part
+            "models/__init__.py": "from course_lib.models.llama import Llama\n",
+            "models/llama.py": "from course_lib.models import check\n",
+        },
+        {  # across packages, through a third module
+            "grading/x.py": "def f():\n    from course_lib.publish import nav\n",
+            "publish/nav.py": "from course_lib.publish.site import g\n",
+            "publish/site.py": "def g():\n    from course_lib.grading import x\n",
+        },
+    ],
+)
+def test_a_planted_circle_is_named(tmp_path, files):
+    graph = module_graph(_package(tmp_path, files))
+    (circle,) = cycles(graph)
+    assert len(circle) == len(files) + 1 and circle[0] == circle[-1]
+    assert {m.removeprefix("course_lib.").replace(".", "/") for m in circle} <= {
+        f.removesuffix(".py").removesuffix("/__init__") for f in files
+    }
+    assert "imports itself through others" in describe_cycle(graph, circle)
+
+
+@pytest.mark.parametrize(
+    "relpath, source, target, mine, theirs",
+    [
+        (
+            "measure/comm.py",
+            "from course_lib.parallel.groups import group_info\n",
+            "parallel/groups.py",
+            "measure",
+            "parallel",
+        ),
+        (
+            "runtime/x.py",
+            "def f():\n    from course_lib.models import GPT\n",
+            "models/__init__.py",
+            "runtime",
+            "models/data",
+        ),
+        (
+            "validate.py",
+            "from course_lib.runtime import launch\n",
+            "runtime/launch.py",
+            "validate",
+            "runtime",
+        ),
+        (
+            "plan/launch.py",
+            "def f():\n    from course_lib.cluster import slurm_script\n",
+            "cluster/__init__.py",
+            "plan",
+            "tools",
+        ),
+        (
+            "parallel/x.py",
+            "from course_lib import virtual\n",
+            "virtual/__init__.py",
+            "parallel",
+            "virtual",
+        ),
+        (
+            "units/u01_a/run.py",
+            "import course_lib.publish.site\n",
+            "publish/site.py",
+            "units",
+            "tools",
+        ),
+    ],
+)
+def test_a_planted_import_against_the_order_is_named(
+    tmp_path, relpath, source, target, mine, theirs
+):
+    found = order_violations(module_graph(_package(tmp_path, {relpath: source, target: ""})))
+    assert len(found) == 1, found
+    assert f"layer {mine} must not import layer {theirs} above it" in found[0], found
+
+
+def test_imports_down_the_order_and_the_named_upward_pairs_pass(tmp_path):
+    pkg = _package(
+        tmp_path,
+        {
+            "parallel/x.py": "from course_lib.measure import timing\nfrom course_lib import validate\n",
+            "units/u01_a/checks.py": "from course_lib.grading.core import passed\n",
+            "units/u01_a/cluster.py": "from course_lib.cluster import Experiment\n",
+            "gpu_check/x.py": "from course_lib.units import u01_a\n",
+        },
+    )
+    assert order_violations(module_graph(pkg)) == []
+
+
+def test_a_package_without_a_layer_is_named(tmp_path):
+    found = order_violations(module_graph(_package(tmp_path, {"newthing/x.py": "import os\n"})))
+    assert found == [
+        f"course_lib.newthing.x: its package has no place in LAYERS "
+        f"({' < '.join(layer for layer, _ in LAYERS)}); add it"
+    ]

@@ -1,5 +1,6 @@
 """What a unit can send to a cluster: named experiments, declared by each unit in its
-``units/uNN_topic/cluster.py``, found here by walking the units folder.
+``units/uNN_topic/cluster.py``, found here through the units the course's catalogue finds
+(:mod:`course_lib.catalogue`).
 
 An :class:`Experiment` wraps the function the lecture runs (``unit.run.x``) so that it takes the
 world size first: ``run(world_size, **settings)``. Its settings and their defaults are read from
@@ -14,13 +15,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import pathlib
 from collections.abc import Callable
 from typing import Any
 
-from course_lib import validate
-
-UNITS_DIR = pathlib.Path(__file__).resolve().parents[1] / "units"
+from course_lib import catalogue, validate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,9 +185,10 @@ def _coerce(key: str, value: Any, default: Any) -> Any:
 
 def _declarations() -> list[Experiment]:
     found: list[Experiment] = []
-    for path in sorted(UNITS_DIR.glob("u[0-9][0-9]_*/cluster.py")):
-        module = importlib.import_module(f"course_lib.units.{path.parent.name}.cluster")
-        found.extend(module.EXPERIMENTS)
+    for unit in catalogue.units():  # the units' packages, in order, as the catalogue finds them
+        if unit.package_dir is not None and (unit.package_dir / "cluster.py").is_file():
+            module = importlib.import_module(f"{unit.package}.cluster")
+            found.extend(module.EXPERIMENTS)
     return found
 
 

@@ -1,4 +1,4 @@
-"""What the generator adds to every exercise for the learner, and how one exercise is reset.
+"""What the generator adds to every exercise for the learner, and where a reset keeps its file.
 
 * a first markdown cell (id ``generated-header``): how to work, and the one way to grade from
   JupyterLab (the last cell, or one terminal line); where the file comes from stays in the
@@ -6,13 +6,12 @@
 * two last cells (ids ``grade-here-title``, ``grade-here``): a heading and a code cell calling
   :func:`course_lib.grading.here.grade_here`, which grades the saved notebook in a fresh kernel
   (the grader's own run of that cell does nothing);
-* ``python -m course_lib.grading.exercises reset NN``: the pristine exercise of unit NN written
-  back over ``exercises/NN_topic.ipynb``, the learner's file kept in ``exercises/backups/``.
+* :data:`BACKUP_DIR`: where ``python -m course_lib.grading.exercises reset NN`` (in
+  ``exercises.py``) keeps the learner's file before writing the pristine exercise back.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ __all__ = [
     "HEADER_ID",
     "grade_cells",
     "header_cell",
-    "reset_exercise",
 ]
 
 HEADER_ID = "generated-header"
@@ -66,11 +64,11 @@ def header_cell(unit: str) -> Any:
 
 def _onward(unit: str, root: Path | None) -> str:
     """Links back to the unit's lecture and on to the next one (course root ``root``), or ""."""
-    from course_lib.publish import navigation
+    from course_lib import catalogue
 
     if root is None or not (root / "notebooks" / f"{unit}.ipynb").is_file():
         return ""
-    _, this, after = navigation.neighbours(unit, root)
+    _, this, after = catalogue.neighbours(unit, root)
     links = [f"Back to the lecture: [{this.label}](../notebooks/{this.stem}.ipynb)"]
     if after is not None:
         links.append(f"Next: [{after.label}](../notebooks/{after.stem}.ipynb)")
@@ -91,42 +89,3 @@ def grade_cells(unit: str = "", root: Path | None = None) -> list[Any]:
     code.id = GRADE_CELL_ID
     code.metadata = {"tags": ["generated"]}
     return [title, code]
-
-
-def reset_exercise(
-    number: str, solutions_dir: Path | str = "solutions", out_dir: Path | str = "exercises"
-) -> tuple[Path, Path | None]:
-    """Write unit ``number``'s exercise as generated; (its path, the backup of the old file or None).
-
-    ``number`` is the unit's two digits (``"3"`` means ``"03"``) or its full name
-    (``"03_precision"``). The learner's file, when there is one, is moved to
-    ``out_dir/backups/NN_topic-YYYYmmdd-HHMMSS.ipynb`` first.
-    """
-    from course_lib.grading.exercises import ExerciseError, make_exercise
-    from course_lib.grading.notebooks import read_notebook, render_notebook, unit_names
-
-    solutions_dir, out_dir = Path(solutions_dir), Path(out_dir)
-    if not solutions_dir.is_dir():
-        raise ExerciseError(
-            f"{solutions_dir}: no such solutions directory (run it from the course folder)"
-        )
-    key = number.zfill(2) if number.isdigit() else number
-    units = unit_names(solutions_dir)
-    found = [u for u in units if u == key or u.split("_", 1)[0] == key]
-    if len(found) != 1:
-        raise ExerciseError(
-            f"unit = {number!r}: expected one of {', '.join(u.split('_', 1)[0] for u in units)}"
-        )
-    unit = found[0]
-    solution = solutions_dir / f"{unit}.ipynb"
-    text = render_notebook(
-        make_exercise(read_notebook(solution), solution, solution_rel=f"solutions/{unit}.ipynb")
-    )
-    target, backup = out_dir / f"{unit}.ipynb", None
-    if target.exists():
-        backup = out_dir / BACKUP_DIR / f"{unit}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
-        backup.parent.mkdir(parents=True, exist_ok=True)
-        target.replace(backup)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
-    return target, backup

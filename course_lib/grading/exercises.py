@@ -4,7 +4,9 @@
     python -m course_lib.grading.exercises check [--solutions solutions --out exercises]
     python -m course_lib.grading.exercises reset NN   # start unit NN's exercise over (a backup kept)
 
-For each ``solutions/NN_topic.ipynb`` the generator writes ``exercises/NN_topic.ipynb`` where
+This module builds, checks and resets the folder; one notebook's transformation is
+``exercise_transform.py`` (:func:`make_exercise`, re-exported here). For each
+``solutions/NN_topic.ipynb`` the generator writes ``exercises/NN_topic.ipynb`` where
 
 * every region from a ``### BEGIN SOLUTION`` line to its ``### END SOLUTION`` line (both included)
   becomes, at the BEGIN marker's indentation,
@@ -34,19 +36,20 @@ code cells, a stored error output, a graded check cell without a stored output) 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
-import re
 import sys
+import time
 from pathlib import Path
-from typing import Any
 
-from course_lib.grading.exercise_cells import (
-    GRADE_CELL_ID,
-    HEADER_ID,
-    grade_cells,
-    header_cell,
-    reset_exercise,
+from course_lib.grading.exercise_cells import BACKUP_DIR, GRADE_CELL_ID
+from course_lib.grading.exercise_transform import (  # noqa: F401 (re-exported: the generator's API)
+    BEGIN,
+    END,
+    TARGET_LABEL,
+    expected_outputs,
+    make_exercise,
+    strip_solution,
+    target_output,
 )
 from course_lib.grading.notebooks import (  # noqa: F401 (re-exported: the grader and tests)
     _CELL_ID,
@@ -81,182 +84,6 @@ __all__ = [
     "solution_tasks",
     "unit_names",
 ]
-
-BEGIN = "### BEGIN SOLUTION"
-END = "### END SOLUTION"
-_BEGIN_LINE = re.compile(r"^(?P<indent>[ \t]*)#+[ \t]*BEGIN SOLUTION[ \t]*$")
-_END_LINE = re.compile(r"^(?P<indent>[ \t]*)#+[ \t]*END SOLUTION[ \t]*$")
-# what an exercise's check cell shows before the learner runs it: a target, not a result
-TARGET_LABEL = "expected once your answer is right:"
-
-
-# --------------------------------------------------------------------------- the transformation
-def _count_answer_lines(lines: list[str]) -> int:
-    return sum(1 for line in lines if line.strip() and not line.strip().startswith("#"))
-
-
-def _hint(indent: str, k: int) -> str:
-    return (
-        f'{indent}raise NotImplementedError("FILL ME IN (roughly {k} line{"" if k == 1 else "s"})")'
-    )
-
-
-def strip_solution(source: str, *, where: str, index: int) -> str:
-    """Replace each BEGIN..END SOLUTION region of a code cell's source by a NotImplementedError hint."""
-    lines = source.split("\n")
-    out: list[str] = []
-    begin: tuple[int, str] | None = None  # (line number, indent) of the open region
-    answer: list[str] = []
-    for number, line in enumerate(lines, start=1):
-        b, e = _BEGIN_LINE.match(line), _END_LINE.match(line)
-        if b:
-            if begin is not None:
-                raise ExerciseError(
-                    f"{where}: cell index {index}, line {number}: nested '{BEGIN}' (the region opened at "
-                    f"line {begin[0]} is not closed); add '{END}' before it"
-                )
-            begin, answer = (number, b.group("indent")), []
-        elif e:
-            if begin is None:
-                raise ExerciseError(
-                    f"{where}: cell index {index}, line {number}: '{END}' without a '{BEGIN}' before it"
-                )
-            k = _count_answer_lines(answer)
-            if k == 0:
-                raise ExerciseError(
-                    f"{where}: cell index {index}, line {begin[0]}: empty solution region (no code between the markers)"
-                )
-            out.append(_hint(begin[1], k))
-            begin = None
-        elif "BEGIN SOLUTION" in line or "END SOLUTION" in line:
-            raise ExerciseError(
-                f"{where}: cell index {index}, line {number}: malformed marker {line.strip()!r}; a marker is "
-                f"a line of its own: '{BEGIN}' or '{END}'"
-            )
-        elif begin is not None:
-            answer.append(line)
-        else:
-            out.append(line)
-    if begin is not None:
-        raise ExerciseError(
-            f"{where}: cell index {index}, line {begin[0]}: '{BEGIN}' without a matching '{END}'"
-        )
-    return "\n".join(out)
-
-
-def _output_text(outputs: list) -> str:
-    """The text a list of outputs shows: streams and text/plain, in order."""
-    parts = []
-    for output in outputs:
-        if output.get("output_type") == "stream":
-            text = output.get("text", "")
-        elif output.get("output_type") == "error":
-            text = f"{output.get('ename', 'Error')}: {output.get('evalue', '')}"
-        else:
-            text = output.get("data", {}).get("text/plain", "")
-        parts.append("".join(text) if isinstance(text, list) else str(text))
-    return "".join(parts).rstrip("\n")
-
-
-def target_output(outputs: list):
-    """One display_data output that shows ``outputs`` as the target of a check cell.
-
-    ``expected once your answer is right: ✓ task 1: ...`` as text/plain, and as text/markdown with
-    the label in italics and the expected line in a code span (a code block when it has several
-    lines), so it reads as a note about the cell, not as something the cell printed.
-    """
-    import nbformat
-
-    text = _output_text(outputs)
-    if "\n" in text:
-        fence = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
-        markdown = f"*{TARGET_LABEL}*\n\n{fence}\n{text}\n{fence}"
-        plain = f"{TARGET_LABEL}\n{text}"
-    else:
-        ticks = "`" * (1 + max((len(m) for m in re.findall(r"`+", text)), default=0))
-        pad = " " if text.startswith("`") or text.endswith("`") else ""
-        markdown = f"*{TARGET_LABEL}* {ticks}{pad}{text}{pad}{ticks}"
-        plain = f"{TARGET_LABEL} {text}"
-    return nbformat.v4.new_output(
-        "display_data", data={"text/markdown": markdown, "text/plain": plain}
-    )
-
-
-def expected_outputs(cell) -> list | None:
-    """The solution's outputs an exercise's check cell must reproduce (None if it has none)."""
-    course = cell.get("metadata", {}).get("course", {})
-    found = course.get("expected_outputs") if isinstance(course, dict) else None
-    return list(found) if isinstance(found, list) else None
-
-
-def _exercise_code_cell(cell: Any, new: Any, where: str, index: int) -> None:
-    """``new`` (a copy of the solution's code ``cell``) with its answer stripped and its outputs
-    replaced: a check cell shows a target and keeps the solution's outputs in its metadata."""
-    for output in cell.get("outputs", []):
-        if output.get("output_type") == "error":
-            raise ExerciseError(
-                f"{where}: cell index {index} has a stored error output ({output.get('ename')}); "
-                f"fix the solution and execute it again: python -m course_lib.grading.execute {where}"
-            )
-    new.source = strip_solution(cell.source, where=where, index=index)
-    if CHECK_TAG in cell_tags(cell) and cell.get("outputs"):
-        course = dict(new.metadata.get("course", {}))
-        course["expected_outputs"] = copy.deepcopy(list(cell.outputs))
-        new.metadata["course"] = course
-        new.outputs = [target_output(cell.outputs)]
-    else:
-        new.outputs = []
-    new.execution_count = None
-
-
-def _no_markers(cell: Any, where: str, index: int) -> None:
-    """Solution markers belong in code cells only."""
-    for number, line in enumerate(cell.source.split("\n"), start=1):
-        if _BEGIN_LINE.match(line) or _END_LINE.match(line):
-            raise ExerciseError(
-                f"{where}: cell index {index}, line {number}: solution marker in a {cell.cell_type} "
-                "cell; markers are only allowed in code cells"
-            )
-
-
-def make_exercise(solution_nb, solution_path: Path | str, *, solution_rel: str | None = None):
-    """The exercise notebook (a new NotebookNode) generated from one solution notebook."""
-    import nbformat
-
-    solution_path = Path(solution_path)
-    where = str(solution_path)
-    unit = solution_path.stem
-    solution_rel = solution_rel or f"solutions/{solution_path.name}"
-    solution_tasks(solution_nb, where)  # validates tags and expected outputs
-
-    cells = [header_cell(unit)]
-    used_ids = {HEADER_ID, *(cell.id for cell in grade_cells())}
-    for index, cell in enumerate(solution_nb.cells):
-        new = copy.deepcopy(cell)
-        new.metadata = {
-            k: v
-            for k, v in new.get("metadata", {}).items()
-            if k not in ("execution", "ExecuteTime")
-        }
-        cid = cell.get("id")
-        if not (isinstance(cid, str) and _CELL_ID.match(cid)) or cid in used_ids:
-            cid = f"cell-{index}"
-        used_ids.add(cid)
-        new.id = cid
-        if cell.cell_type == "code":
-            _exercise_code_cell(cell, new, where, index)
-        else:
-            _no_markers(cell, where, index)
-        cells.append(new)
-
-    cells += grade_cells(unit, solution_path.resolve().parent.parent)
-    nb = nbformat.v4.new_notebook()
-    nb.nbformat, nb.nbformat_minor = 4, max(5, int(solution_nb.get("nbformat_minor", 5)))
-    nb.metadata = copy.deepcopy(dict(solution_nb.get("metadata", {})))
-    nb.metadata.pop("widgets", None)  # the solution's widget state: no widget output survives here
-    nb.metadata["course"] = {"generated_from": solution_rel, "unit": unit}
-    nb.cells = cells
-    return nb
 
 
 # --------------------------------------------------------------------------- build / check
@@ -326,6 +153,42 @@ def check_exercises(
                     f"extra: {path} has no solution {solutions_dir / path.name}; delete it"
                 )
     return problems
+
+
+def reset_exercise(
+    number: str, solutions_dir: Path | str = "solutions", out_dir: Path | str = "exercises"
+) -> tuple[Path, Path | None]:
+    """Write unit ``number``'s exercise as generated; (its path, the backup of the old file or None).
+
+    ``number`` is the unit's two digits (``"3"`` means ``"03"``) or its full name
+    (``"03_precision"``). The learner's file, when there is one, is moved to
+    ``out_dir/backups/NN_topic-YYYYmmdd-HHMMSS.ipynb`` first.
+    """
+    solutions_dir, out_dir = Path(solutions_dir), Path(out_dir)
+    if not solutions_dir.is_dir():
+        raise ExerciseError(
+            f"{solutions_dir}: no such solutions directory (run it from the course folder)"
+        )
+    key = number.zfill(2) if number.isdigit() else number
+    units = unit_names(solutions_dir)
+    found = [u for u in units if u == key or u.split("_", 1)[0] == key]
+    if len(found) != 1:
+        raise ExerciseError(
+            f"unit = {number!r}: expected one of {', '.join(u.split('_', 1)[0] for u in units)}"
+        )
+    unit = found[0]
+    solution = solutions_dir / f"{unit}.ipynb"
+    text = render_notebook(
+        make_exercise(read_notebook(solution), solution, solution_rel=f"solutions/{unit}.ipynb")
+    )
+    target, backup = out_dir / f"{unit}.ipynb", None
+    if target.exists():
+        backup = out_dir / BACKUP_DIR / f"{unit}-{time.strftime('%Y%m%d-%H%M%S')}.ipynb"
+        backup.parent.mkdir(parents=True, exist_ok=True)
+        target.replace(backup)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    return target, backup
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,8 +10,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from course_lib.catalogue import NOTEBOOK_NAME, stems
+
 CHECK_TAG = "NBVAL_CHECK_OUTPUT"
-SOLUTION_NAME = re.compile(r"^\d\d_[A-Za-z0-9_\-]+\.ipynb$")
+SOLUTION_NAME = NOTEBOOK_NAME  # a unit's notebook file name (course_lib.catalogue)
 _TASK_TAG = re.compile(r"^task-(.*)$")
 _POINTS_TAG = re.compile(r"^points-(.*)$")
 
@@ -175,9 +177,4 @@ def render_notebook(nb) -> str:
 
 def unit_names(solutions_dir: Path | str) -> list[str]:
     """Units (``NN_topic``) that have a solution notebook in ``solutions_dir``."""
-    solutions_dir = Path(solutions_dir)
-    if not solutions_dir.is_dir():
-        return []
-    return sorted(
-        p.stem for p in solutions_dir.iterdir() if p.is_file() and SOLUTION_NAME.match(p.name)
-    )
+    return stems(solutions_dir)  # the catalogue's one file-name rule

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from course_lib.parallel.groups import group_info
+from course_lib.runtime.groups import group_info
 
 __all__ = ["make_dispatch_mode", "describe_dispatch", "nbytes"]
 

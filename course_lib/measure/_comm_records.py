@@ -13,7 +13,7 @@ import torch
 
 from course_lib.measure import estimate
 from course_lib.measure._comm_dispatch import nbytes
-from course_lib.parallel.groups import GroupInfo, group_info
+from course_lib.runtime.groups import GroupInfo, group_info
 
 Api = Literal["c10d", "functional", "dispatch"]  # a wrapped call, or one the dispatcher saw
 

@@ -6,7 +6,7 @@ With memory.py, the only place in the course that imports PyTorch's private memo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,11 +18,6 @@ from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
-
-from course_lib.measure.memory import CATEGORIES
-
-if TYPE_CHECKING:
-    from course_lib.measure.memory import MemoryMeter
 
 # MemTracker reference type -> our category
 _CATEGORY_OF = {
@@ -37,7 +32,9 @@ _CATEGORY_OF = {
 
 
 def _empty() -> dict[str, int]:
-    return dict.fromkeys(CATEGORIES, 0)
+    # memory.CATEGORIES in its order (the meter passes it in, checked there: this module
+    # never imports memory, which imports it)
+    return dict.fromkeys(_CATEGORY_OF.values(), 0)
 
 
 class _NoHandle:
@@ -51,9 +48,11 @@ class _Tracker(MemTracker):
     """MemTracker plus a chronological timeline, per-device peaks with our categories, and the
     optimizer-transient correction. Everything that depends on MemTracker internals is here."""
 
-    def __init__(self, meter: "MemoryMeter") -> None:
+    def __init__(self, device: str, categories: tuple[str, ...]) -> None:
         super().__init__()
-        self._meter = meter
+        if tuple(_empty()) != categories:
+            raise RuntimeError(f"categories {categories} != the tracker's {tuple(_empty())}")
+        self._device = device
         self._n_ops = 0
         self._step_created: dict[int, list] = {}  # id(winfo) -> [winfo, born op, freed op]
         self._step_start: list[int] = []  # op count when each running step began
@@ -148,10 +147,10 @@ class _Tracker(MemTracker):
 
     # ---- timeline -------------------------------------------------------------------------
     def record(self, event: str, module: str = "", phase: str | None = None) -> None:
-        bd = self.breakdown(self._meter.device)
+        bd = self.breakdown(self._device)
         row = {"op": self._n_ops, "event": event, "module": module, "phase": phase or self.phase()}
         row.update(bd)
-        row["total"] = sum(bd[c] for c in CATEGORIES)
+        row["total"] = sum(bd.values())
         self.rows.append(row)
 
     def _name(self, module: nn.Module) -> str:

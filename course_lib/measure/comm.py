@@ -84,7 +84,7 @@ from course_lib.measure._comm_records import (
     records_of_call,
 )
 from course_lib.measure._comm_records import number as _num
-from course_lib.parallel.groups import group_info
+from course_lib.runtime.groups import group_info
 
 __all__ = ["CommMeter", "CommRecord", "PATCHED_FUNCTIONS", "collective_family"]
 

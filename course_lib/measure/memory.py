@@ -190,7 +190,7 @@ class MemoryMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
         from course_lib.measure._mem_tracker import _Tracker
 
-        tracker = _Tracker(self)
+        tracker = _Tracker(self.device, CATEGORIES)
         tracker.track_external(*self._model, *self._optimizer, *self._track)
         self._tracker = tracker
         # MemTracker's backward hooks make PyTorch warn when no input of a module requires grad

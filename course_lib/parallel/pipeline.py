@@ -23,21 +23,22 @@ activations a stage holds at once (its memory).
   shorter, so the fill and drain shrink to (p-1)/(v·m) of the ideal time, at the price of v times
   more messages.
 
-Running a step: ``pipeline_run.py`` (:func:`run_schedule`); recording and reading its timeline:
-``pipeline_trace.py`` (:func:`bubble_from_events`, :func:`replay`). Weight versions of a pipeline
+What one rank holds and does: ``pipeline_rank.py`` (:class:`PipelineRank`, :class:`Action`,
+:func:`stage_owner`); running a step: ``pipeline_run.py`` (:func:`run_schedule`); recording
+and reading its timeline: ``pipeline_trace.py`` (:func:`bubble_from_events`, :func:`replay`). Weight versions of a pipeline
 that never flushes (PipeDream-2BW): ``pipeline_2bw.py``. What we leave out (torch.distributed.pipelining has it): splitting a model
 by tracing it, stages whose input and output shapes differ, zero-bubble schedules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from course_lib import validate
+from course_lib.parallel.pipeline_rank import Action, PipelineRank, stage_owner
 from course_lib.parallel.pipeline_run import run_schedule
 from course_lib.parallel.pipeline_trace import bubble_from_events, replay
 
@@ -62,14 +63,6 @@ __all__ = [
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved")
 
 
-class Action(NamedTuple):
-    """One thing a rank does: ``kind`` "F" or "B", on ``microbatch``, for (global) ``stage``."""
-
-    kind: str
-    microbatch: int
-    stage: int
-
-
 # ---- the split -----------------------------------------------------------------------------
 def split_layers(n_layers: int, stages: int, *, sizes: Sequence[int] | None = None) -> list[range]:
     """The layers of each stage: ``stages`` equal ranges, or ``sizes[k]`` layers for stage k
@@ -91,12 +84,6 @@ def split_layers(n_layers: int, stages: int, *, sizes: Sequence[int] | None = No
         )
     bounds = [sum(sizes[:k]) for k in range(stages + 1)]
     return [range(bounds[k], bounds[k + 1]) for k in range(stages)]
-
-
-def stage_owner(stage: int, ranks: int) -> int:
-    """The rank that holds ``stage``: round robin, stage k on rank k mod p (with v = 1 stage
-    per rank that is rank k itself)."""
-    return stage % ranks
 
 
 # ---- the schedules: each rank's list of actions, in order ----------------------------------
@@ -214,40 +201,3 @@ def make_stack(
     config = GPTConfig(n_layer=n_layers, n_embd=width, n_head=heads, block_size=seq)
     torch.manual_seed(seed)
     return nn.Sequential(*[Block(config) for _ in range(n_layers)]).to(dtype)
-
-
-class PipelineRank(nn.Module):
-    """The stages one rank holds, cut from the full model ``layers`` by ``split`` (one range
-    of layers per stage): stages rank, rank+p, ... (round robin). ``stages[str(k)]`` is stage
-    k; :meth:`tensors` names parameters as in ``layers`` ("3.attn.c_attn.weight").
-    ``owner(stage, ranks) -> rank`` places the stages and routes the messages (default
-    :func:`stage_owner`)."""
-
-    def __init__(
-        self,
-        layers: nn.Sequential,
-        split: Sequence[range],
-        rank: int,
-        ranks: int,
-        *,
-        owner: Callable[[int, int], int] = stage_owner,
-    ):
-        super().__init__()
-        self.split, self.rank, self.ranks, self.owner = list(split), rank, ranks, owner
-        self.stage_ids = [k for k in range(len(split)) if owner(k, ranks) == rank]
-        self.max_in_flight: dict[int, int] = {}  # stage -> most micro-batches held (run_schedule)
-        self.stages = nn.ModuleDict(
-            {str(k): nn.Sequential(*[layers[i] for i in split[k]]) for k in self.stage_ids}
-        )
-
-    def tensors(self, which: str = "param") -> dict[str, torch.Tensor]:
-        """This rank's parameters or gradients named as in the full model (CPU copies)."""
-        which = validate.choice("which", which, ("param", "grad"))
-        out = {}
-        for k in self.stage_ids:
-            for name, p in self.stages[str(k)].named_parameters():
-                t = p if which == "param" else p.grad
-                if t is not None:
-                    j, rest = name.split(".", 1)
-                    out[f"{self.split[k].start + int(j)}.{rest}"] = t.detach().to("cpu", copy=True)
-        return out

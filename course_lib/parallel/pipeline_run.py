@@ -11,7 +11,7 @@ before backward, so the accumulated gradients are those of the full-batch mean.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -19,10 +19,8 @@ from torch import nn
 
 from course_lib import validate
 from course_lib.measure.timing import EventLog
+from course_lib.parallel.pipeline_rank import Action, PipelineRank
 from course_lib.parallel.pipeline_trace import StepTracer
-
-if TYPE_CHECKING:
-    from course_lib.parallel.pipeline import Action, PipelineRank
 
 __all__ = ["run_schedule"]
 

@@ -100,6 +100,11 @@ def check_options(stage: Any, optimizer: Any, reshard_after_forward: Any, prefet
     return int(stage)
 
 
+#: the class that runs each stage: zero_sharded.py and zero_full.py enter theirs where they
+#: define it (zero.py imports both), so this file never imports them
+RUNS_STAGE: dict[int, type[ZeroDataParallel]] = {}
+
+
 class ZeroDataParallel(nn.Module):
     """Wrap ``module`` for ZeRO stage ``stage`` (0-3) over ``group`` (default: all ranks).
 
@@ -120,10 +125,13 @@ class ZeroDataParallel(nn.Module):
 
     def __new__(cls, *args: Any, stage: Any = None, **kwargs: Any) -> ZeroDataParallel:
         if cls is ZeroDataParallel:  # the stage picks the class that runs it
-            from course_lib.parallel.zero_full import FullySharded
-            from course_lib.parallel.zero_sharded import ShardedOptimizer
-
-            cls = FullySharded if stage == 3 else ShardedOptimizer
+            runs = RUNS_STAGE.get(3 if stage == 3 else 0)
+            if runs is None:
+                raise RuntimeError(
+                    "the ZeRO stages are defined in zero_sharded.py and zero_full.py: import "
+                    "ZeroDataParallel from course_lib.parallel.zero"
+                )
+            cls = runs
         return super().__new__(cls)
 
     def __init__(

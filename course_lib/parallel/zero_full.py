@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from course_lib.parallel.tp_comms import apply
-from course_lib.parallel.zero_common import Unit, ZeroDataParallel
+from course_lib.parallel.zero_common import RUNS_STAGE, Unit, ZeroDataParallel
 from course_lib.runtime.compat import all_gather_single
 
 __all__ = ["FullySharded"]
@@ -153,3 +153,6 @@ class _GatherParams(torch.autograd.Function):
         wrapper._free(unit)  # the unit's backward is done: drop the full parameters
         shard_grad = wrapper._reduce_scatter_mean(grad_flat.contiguous(), unit.label)
         return shard_grad, None, None, None
+
+
+RUNS_STAGE[3] = FullySharded  # ZeroDataParallel(..., stage=3) makes one

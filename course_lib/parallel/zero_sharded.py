@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from course_lib import validate
-from course_lib.parallel.zero_common import Unit, ZeroDataParallel
+from course_lib.parallel.zero_common import RUNS_STAGE, Unit, ZeroDataParallel
 from course_lib.runtime.compat import all_gather_single
 
 __all__ = ["ShardedOptimizer"]
@@ -103,3 +103,6 @@ class ShardedOptimizer(ZeroDataParallel):
                 dist.all_reduce(t.div_(self.world_size), group=self.group)
             out[name] = t.cpu()
         return out
+
+
+RUNS_STAGE.update(dict.fromkeys((0, 1, 2), ShardedOptimizer))  # ZeroDataParallel(stage=0-2)

@@ -57,7 +57,7 @@ def parity_3d(
     checks that the dp replicas hold bit-identical parameters. Returns the largest differences
     and ``ok``."""
     s = result["setup"]
-    from course_lib.plan.three_d import reference_3d
+    from course_lib.plan.three_d_reference import reference_3d
 
     ref = reference or reference_3d(
         steps=s["steps"], batch=s["batch"], lr=s["lr"], seed=s["seed"], config=result["config"]
@@ -107,7 +107,7 @@ def memory_table(result: dict[str, Any]) -> pd.DataFrame:
     import pandas as pd
 
     from course_lib.plan.memory import predict_memory
-    from course_lib.plan.three_d import tiny_spec
+    from course_lib.plan.three_d_reference import tiny_spec
 
     lay = result["layout"]
     spec = tiny_spec(result["config"])

@@ -1,7 +1,8 @@
 """Navigation between units: the footer cell of every lecture and the site's previous/next links.
 
 "Next" and "previous" come from the lectures present in ``notebooks/`` (so unit 14 links unit 15
-once ``notebooks/15_*.ipynb`` exists), titles from README.md's course table. ``python -m
+once ``notebooks/15_*.ipynb`` exists), titles from README.md's course table, both as the course's
+catalogue finds them (:mod:`course_lib.catalogue`: ``Unit``, ``neighbours``). ``python -m
 course_lib.publish nav notebooks/*.ipynb`` (run by ``make notebooks``) writes or refreshes the
 footer: a markdown cell with the id :data:`FOOTER_ID` at the end of the lecture, skipped in slides.
 """
@@ -9,51 +10,21 @@ footer: a markdown cell with the id :data:`FOOTER_ID` at the end of the lecture,
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parents[2]
+from course_lib import catalogue
+from course_lib.catalogue import ROOT, Unit, neighbours
+
+__all__ = ["FOOTER_ID", "Unit", "footer", "github_slug", "neighbours", "units", "write_footer"]
+
 FOOTER_ID = "course-nav"
 
 
-@dataclass(frozen=True)
-class Unit:
-    """One lecture: its two-digit number, file stem (``03_mixed_precision``) and title."""
-
-    number: str
-    stem: str
-    title: str
-
-    @property
-    def label(self) -> str:
-        return f"Unit {self.number} — {self.title}"
-
-
 def units(root: Path = ROOT) -> list[Unit]:
-    """The lectures present in ``root/notebooks``, in order, titled from README.md's table."""
-    from course_lib.publish.site import course_map
-
-    titles = {row["unit"]: row["title"] for row in course_map(root / "README.md")}
-    found = []
-    for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
-        number = path.name[:2]
-        title = titles.get(number, path.stem[3:].replace("_", " ").capitalize())
-        found.append(Unit(number, path.stem, title))
-    return found
-
-
-def neighbours(stem: str, root: Path = ROOT) -> tuple[Unit | None, Unit, Unit | None]:
-    """(previous, this, next) unit of the lecture ``stem``; None at either end."""
-    present = units(root)
-    stems = [u.stem for u in present]
-    if stem not in stems:
-        raise ValueError(f"stem = {stem!r}: expected one of {', '.join(stems)}")
-    i = stems.index(stem)
-    before = present[i - 1] if i > 0 else None
-    after = present[i + 1] if i + 1 < len(present) else None
-    return before, present[i], after
+    """The units that have a lecture in ``root/notebooks``, in order (:mod:`course_lib.catalogue`)."""
+    return [u for u in catalogue.units(root) if u.lecture is not None]
 
 
 def footer(stem: str, root: Path = ROOT) -> str:

@@ -25,29 +25,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from course_lib.publish import assets, navigation, slides
+from course_lib import catalogue
+from course_lib.publish import assets, navigation, slides, snapshots
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def course_map(readme: Path = ROOT / "README.md") -> list[dict[str, str]]:
-    """The rows of README.md's course table: unit, title, what is measured, status."""
-    rows = []
-    for line in readme.read_text(encoding="utf-8").splitlines():
-        match = re.match(r"^\|\s*(\d\d)\s*\|(.+?)\|(.+?)\|(.+?)\|\s*$", line)
-        if match:
-            unit, title, measures, status = (part.strip() for part in match.groups())
-            rows.append(
-                {
-                    "unit": unit,
-                    "title": re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", title),
-                    "measures": measures,
-                    "status": status,
-                }
-            )
-    if not rows:
-        raise ValueError(f"no course table (| NN | title | measures | status |) in {readme}")
-    return rows
+    """The rows of README.md's course table: unit, title, what is measured, status
+    (:func:`course_lib.catalogue.readme_table`)."""
+    return catalogue.readme_table(readme)
 
 
 def _relative(urls: dict[str, str], prefix: str) -> dict[str, str]:
@@ -72,7 +59,13 @@ def _html_exporter(urls: tuple[tuple[str, str], ...]) -> Any:
 
 
 def _export_html(path: Path, out_dir: Path, urls: dict[str, str]) -> Path:
-    body, _ = _html_exporter(tuple(sorted(urls.items()))).from_filename(str(path))
+    """The page of the notebook at ``path``: its stored outputs, each "Explore" widget's snapshot
+    in place of the widget (:mod:`course_lib.publish.snapshots`)."""
+    import nbformat
+
+    nb = snapshots.static(nbformat.read(path, as_version=4))
+    resources = {"metadata": {"name": path.stem, "path": str(path.parent)}}
+    body, _ = _html_exporter(tuple(sorted(urls.items()))).from_notebook_node(nb, resources)
     out = out_dir / f"{path.stem}.html"
     out.write_text(body, encoding="utf-8")
     return out
@@ -211,7 +204,7 @@ def _generated_exercise(solution: Path, folder: Path) -> Path | None:
 def build(out: Path = ROOT / "build" / "site", *, units: list[str] | None = None) -> Path:
     """Write the site under ``out`` (lectures, slides, exercises, index); return index.html."""
     rows = course_map()
-    lectures = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    lectures = [u.lecture for u in catalogue.units(ROOT) if u.lecture is not None]
     if units is not None:
         known = [p.name[:2] for p in lectures]
         bad = [u for u in units if u not in known]
@@ -242,7 +235,7 @@ def build_slides(
     out: Path = ROOT / "build" / "slides", *, units: list[str] | None = None
 ) -> list[Path]:
     """Write only the slides (``make slides``) under ``out``, with their assets."""
-    lectures = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    lectures = [u.lecture for u in catalogue.units(ROOT) if u.lecture is not None]
     if units is not None:
         lectures = [p for p in lectures if p.name[:2] in units]
     out.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,10 @@ builds (a lent GPU machine may have 2.11), so code calls these two names from he
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -18,6 +20,7 @@ import torch.distributed as dist
 
 __all__ = [
     "all_gather_single",
+    "import_optional",
     "provide_new_collective_names",
     "quiet_import_logs",
     "reduce_scatter_single",
@@ -42,6 +45,21 @@ def quiet_import_logs() -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+def import_optional(name: str, *, extra: str, needed_for: str) -> ModuleType:
+    """Import ``name``, a library only some units use (pyproject.toml's optional extras, which
+    ``make lab`` leaves out); missing, an ImportError whose one line names what needs it and the
+    command that installs it."""
+    try:
+        with quiet_import_logs():
+            return importlib.import_module(name)
+    except ImportError as exc:
+        raise ImportError(
+            f"{needed_for} needs {name.split('.')[0]}, which `make lab` leaves out: run "
+            f'`pip install -c constraints.txt -e ".[{extra}]"` in the course folder (or start '
+            f"the course with `make lab EXTRAS={extra}`), then restart the kernel"
+        ) from exc
 
 
 def all_gather_single(

@@ -32,7 +32,8 @@ are dequantised and multiplied in fp32 (what DeepSeek-V3's kernels compute by ac
 each 128-wide K slice in fp32 and multiplying by its scales, up to the order of the sums).
 
 The layer that uses them, ``Float8Linear`` (with ``Float8Recipe``, ``RECIPES``,
-``convert_to_float8``, ``float8_layers``), lives in ``fp8_linear.py`` and is reachable from here.
+``convert_to_float8``, ``float8_layers``), lives in ``fp8_linear.py``, which builds on
+this module (never the other way round).
 
 Introduced in notebooks/17_fp8_training.ipynb.
 """
@@ -289,15 +290,3 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
     e, a = exact.detach().double(), approx.detach().double()
     norm = float(e.norm())
     return float((a - e).norm()) / norm if norm else float((a - e).norm())
-
-
-_LINEAR_NAMES = ("Float8Recipe", "RECIPES", "Float8Linear", "convert_to_float8", "float8_layers")
-
-
-def __getattr__(name: str) -> object:
-    # the layer lives in fp8_linear.py (one mechanism per file); reachable from here too
-    if name in _LINEAR_NAMES:
-        from course_lib.techniques import fp8_linear
-
-        return getattr(fp8_linear, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -93,7 +93,9 @@ def dequantize_nf4(
 def nf4_linear(linear: nn.Linear, *, double_quant: bool = True, blocksize: int = 64) -> nn.Module:
     """A frozen ``bitsandbytes.nn.Linear4bit`` (NF4) holding ``linear``'s weight; the bias stays
     in its dtype, compute happens in the weight's original dtype. Works on CPU and CUDA."""
-    import bitsandbytes as bnb
+    from course_lib.runtime.compat import import_optional
+
+    bnb = import_optional("bitsandbytes", extra="lora", needed_for="nf4_linear")
 
     if not isinstance(linear, nn.Linear):
         raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")

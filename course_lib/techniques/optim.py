@@ -140,15 +140,12 @@ class Adam(torch.optim.Optimizer):
 # --------------------------------------------------------------------------------------------
 def import_bitsandbytes():
     """Import bitsandbytes quietly (its CPU backend logs a warning about an optional 4-bit
-    matmul kernel we do not use). Raises ImportError with the install command if missing."""
+        matmul kernel we do not use). Missing (``make lab`` leaves it out), an ImportError naming the
+    command that installs it."""
+    from course_lib.runtime.compat import import_optional
+
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-    try:
-        import bitsandbytes as bnb
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "optimizer='adam8bit' needs bitsandbytes: pip install -c constraints.txt bitsandbytes"
-        ) from exc
-    return bnb
+    return import_optional("bitsandbytes", extra="adam8bit", needed_for="optimizer='adam8bit'")
 
 
 def make_optimizer(

@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-from course_lib.techniques import fp8
 from course_lib.techniques.fp8 import (
     SCALINGS,
     fp8_matmul,
@@ -14,7 +13,12 @@ from course_lib.techniques.fp8 import (
     scaled_mm_available,
     to_float8,
 )
-from course_lib.techniques.fp8_linear import RECIPES, Float8Linear, convert_to_float8
+from course_lib.techniques.fp8_linear import (
+    RECIPES,
+    Float8Linear,
+    convert_to_float8,
+    float8_layers,
+)
 
 
 def _x(seed=0, shape=(64, 256)):
@@ -166,7 +170,7 @@ def test_convert_skips_the_head_and_trains():
     torch.manual_seed(0)
     model = GPT(GPTConfig.tiny(n_embd=64, block_size=16, bias=False, tie_weights=False))
     convert_to_float8(model, recipe="tensorwise")
-    names = set(fp8.float8_layers(model))
+    names = set(float8_layers(model))
     assert "lm_head" not in names and len(names) == 8 and isinstance(model.lm_head, nn.Linear)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     idx = torch.randint(0, 65, (8, 16), generator=torch.Generator().manual_seed(1))

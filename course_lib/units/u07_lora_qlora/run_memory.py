@@ -117,10 +117,11 @@ def nf4_table(
     ``bitsandbytes.nn.Linear4bit`` with and without double quantization (measured from its
     tensors; code tables left out) beside ``estimate.nf4_bytes``; the relative rms error of
     bitsandbytes' and of our quantizer (``techniques.nf4``)."""
-    import bitsandbytes as bnb
-    import bitsandbytes.functional as bf
-
+    from course_lib.runtime.compat import import_optional
     from course_lib.techniques.nf4 import dequantize_nf4, nf4_linear, quantize_nf4, quantized_bytes
+
+    bnb = import_optional("bitsandbytes", extra="lora", needed_for="the NF4 table")
+    bf = import_optional("bitsandbytes.functional", extra="lora", needed_for="the NF4 table")
 
     rows = []
     gen = torch.Generator().manual_seed(seed)

@@ -26,14 +26,17 @@ from course_lib.grading.core import (
     expect_int,
     fail,
     fmt_int,
-    launch_learner,
     passed,
     run_learner,
 )
 from course_lib.grading.plain import learner_value
 from course_lib.grading.split import split_check
 from course_lib.units.u10_zero_fsdp.checks_stage2 import check_stage2_hook
-from course_lib.units.u10_zero_fsdp.checks_zero1 import check_zero1_step
+from course_lib.units.u10_zero_fsdp.checks_zero1 import (
+    GRADE_TIMEOUT_S,
+    ZERO_REFERENCES,
+    check_zero1_step,
+)
 
 __all__ = [
     "check_zero1_step",
@@ -44,12 +47,6 @@ __all__ = [
     "ESTIMATE_REFERENCES",
 ]
 
-#: the course's ZeRO, out of reach while the learner's code runs
-ZERO_REFERENCES = (
-    "course_lib.parallel.zero:ZeroDataParallel",
-    "course_lib.parallel.zero:ShardedOptimizer",
-    "course_lib.parallel.zero:FullySharded",
-)
 #: the course's formulas for per-rank ZeRO memory
 ESTIMATE_REFERENCES = tuple(
     f"course_lib.measure.estimate.zero:{f}"
@@ -60,13 +57,6 @@ ESTIMATE_REFERENCES = tuple(
         "zero_bytes_per_rank",
     )
 )
-GRADE_TIMEOUT_S = 90.0
-
-
-def _launch(task: int, worker, world_size: int, *args) -> list[dict]:
-    return launch_learner(task, worker, world_size, *args, timeout=GRADE_TIMEOUT_S)
-
-
 # --------------------------------------------------------------------------------------------
 # task 2: predict the memory per rank
 # --------------------------------------------------------------------------------------------

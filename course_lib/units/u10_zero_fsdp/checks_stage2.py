@@ -59,7 +59,7 @@ def collect_stage2_hook(fn, task: int = 3) -> dict:
     steps against one process, and after a backward the gradients MemoryMeter finds must be the
     shards' bytes alone."""
     from course_lib.units.u10_zero_fsdp._cases import training_case
-    from course_lib.units.u10_zero_fsdp.checks import ZERO_REFERENCES, _launch
+    from course_lib.units.u10_zero_fsdp.checks_zero1 import ZERO_REFERENCES, _launch
 
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")

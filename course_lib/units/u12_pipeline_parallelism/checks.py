@@ -28,7 +28,11 @@ from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.plain import describe, learner_value
 from course_lib.grading.records import need_record, plain_record
 from course_lib.grading.split import split_check
-from course_lib.units.u12_pipeline_parallelism.checks_bubble import check_bubble_prediction
+from course_lib.units.u12_pipeline_parallelism.checks_bubble import (
+    BUBBLE_REFERENCES,
+    _launch,
+    check_bubble_prediction,
+)
 
 __all__ = [
     "check_bubble_prediction",
@@ -39,35 +43,13 @@ __all__ = [
     "HOLDER_REFERENCES",
 ]
 
-BUBBLE_REFERENCES = (
-    "course_lib.measure.estimate.compute:pipeline_bubble_fraction",
-    "course_lib.measure.estimate.compute:pipeline_bubble_ratio",
-    "course_lib.parallel.pipeline:replay",
-    "course_lib.units.u12_pipeline_parallelism.run:replayed_bubble",
-)
 REPLAY_REFERENCES = BUBBLE_REFERENCES
 HOLDER_REFERENCES = (
-    "course_lib.parallel.pipeline:stage_owner",
+    "course_lib.parallel.pipeline_rank:stage_owner",
     "course_lib.units.u12_pipeline_parallelism.checks:_v_walk",
     "torch.distributed.pipelining._utils:generate_stage_to_rank_mapping",
     "torch.distributed.pipelining._utils:generate_rank_to_stage_mapping",
 )
-GRADE_TIMEOUT_S = 90.0
-
-
-def _launch(task: int, worker, world_size: int, *args):
-    from course_lib.runtime.errors import LaunchError
-    from course_lib.runtime.launch import launch
-
-    try:
-        return launch(worker, world_size, *args, timeout=GRADE_TIMEOUT_S)
-    except LaunchError as exc:
-        first = next(iter(exc.failures.values()), str(exc))
-        fail(
-            task,
-            f"the run on {world_size} ranks did not finish: "
-            f"{(str(first).strip().splitlines() or [''])[0]}",
-        )
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 with uneven stages. Re-exported by :mod:`checks`.
 
 ``collect_bubble_prediction`` calls the learner's formula on the drawn pipelines;
-``judge_bubble_prediction`` runs the course's GPipe on 3 real ranks, replays the order each rank
-ran on ideal hardware (``pipeline.replay``) and compares.
+``judge_bubble_prediction`` replays on ideal hardware (``pipeline.replay``) the order each of 3
+ranks runs in the course's GPipe (``pipeline.schedule_order``, the order a real run on 3 ranks
+records: ``_bubble_worker``, tests/units/u12_pipeline_parallelism) and compares.
 """
 
 from __future__ import annotations
@@ -16,7 +17,30 @@ from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.plain import describe, learner_value
 from course_lib.grading.split import split_check
 
-__all__ = ["check_bubble_prediction"]
+__all__ = ["check_bubble_prediction", "BUBBLE_REFERENCES"]
+
+BUBBLE_REFERENCES = (
+    "course_lib.measure.estimate.compute:pipeline_bubble_fraction",
+    "course_lib.measure.estimate.compute:pipeline_bubble_ratio",
+    "course_lib.parallel.pipeline:replay",
+    "course_lib.units.u12_pipeline_parallelism.run:replayed_bubble",
+)
+GRADE_TIMEOUT_S = 90.0
+
+
+def _launch(task: int, worker, world_size: int, *args):
+    from course_lib.runtime.errors import LaunchError
+    from course_lib.runtime.launch import launch
+
+    try:
+        return launch(worker, world_size, *args, timeout=GRADE_TIMEOUT_S)
+    except LaunchError as exc:
+        first = next(iter(exc.failures.values()), str(exc))
+        fail(
+            task,
+            f"the run on {world_size} ranks did not finish: "
+            f"{(str(first).strip().splitlines() or [''])[0]}",
+        )
 
 
 def _bubble_worker(rank, world_size, cases):
@@ -71,7 +95,6 @@ def collect_bubble_prediction(fn, task: int = 1) -> list[Any]:
     (uneven stages; one with m <= p), the order each rank ran replayed on ideal hardware, to
     1e-9."""
     from course_lib.units.u12_pipeline_parallelism._cases import bubble_cases
-    from course_lib.units.u12_pipeline_parallelism.checks import BUBBLE_REFERENCES
 
     return [
         learner_value(
@@ -82,20 +105,21 @@ def collect_bubble_prediction(fn, task: int = 1) -> list[Any]:
 
 
 def expect_bubble_prediction(task: int = 1) -> list[float]:
-    """What each drawn pipeline idles: a real GPipe run on 3 ranks, its order replayed on ideal
-    hardware (the grade runs it while the learner's side runs)."""
-    from course_lib.measure.timing import merge_event_logs
+    """What each drawn pipeline idles: the order each rank runs in the course's GPipe, replayed
+    on ideal hardware. A real run records exactly that order (``_bubble_worker``; a test runs it
+    on 3 ranks), so the grade replays the schedule rather than starting ranks to record it."""
+    from course_lib.parallel import pipeline as P
     from course_lib.units.u12_pipeline_parallelism._cases import BUBBLE_RANKS, bubble_cases
-    from course_lib.units.u12_pipeline_parallelism.checks import _launch
-    from course_lib.units.u12_pipeline_parallelism.run import _recorded_orders
 
-    cases = bubble_cases(task)
-    runs = _launch(task, _bubble_worker, BUBBLE_RANKS, cases)
     return [
         _replayed_idle(
-            _recorded_orders(merge_event_logs([r[i] for r in runs]), BUBBLE_RANKS), c["sizes"]
+            [
+                P.schedule_order("gpipe", r, BUBBLE_RANKS, c["microbatches"])
+                for r in range(BUBBLE_RANKS)
+            ],
+            c["sizes"],
         )
-        for i, c in enumerate(cases)
+        for c in bubble_cases(task)
     ]
 
 
@@ -123,7 +147,7 @@ def judge_bubble_prediction(data: Any, task: int = 1, expected: Any = None) -> N
             )
     passed(
         task,
-        "GPipe's idle fraction with uneven stages matches real runs on 3 ranks replayed on ideal "
+        "GPipe's idle fraction with uneven stages matches its order on 3 ranks replayed on ideal "
         "hardware (2 drawn pipelines)",
     )
 

@@ -39,7 +39,7 @@ def course_bubble(layers, m):
 def test_bubble_check(seed, capsys):
     C.check_bubble_prediction(good_bubble)
     assert capsys.readouterr().out == (
-        "✓ task 1: GPipe's idle fraction with uneven stages matches real runs on 3 ranks "
+        "✓ task 1: GPipe's idle fraction with uneven stages matches its order on 3 ranks "
         "replayed on ideal hardware (2 drawn pipelines)\n"
     )
     with pytest.raises(
@@ -52,6 +52,26 @@ def test_bubble_check(seed, capsys):
         C.check_bubble_prediction(course_bubble)
     with pytest.raises(AssertionError, match="must return a finite float, got str"):
         C.check_bubble_prediction(lambda layers, m: "0.2")
+
+
+@pytest.mark.slow
+def test_the_judge_replays_the_order_a_real_run_records(seed):
+    """The judge replays ``schedule_order`` instead of starting ranks: on 3 real ranks, each rank
+    runs exactly that order, for every drawn pipeline."""
+    from course_lib.measure.timing import merge_event_logs
+    from course_lib.parallel import pipeline as P
+    from course_lib.runtime.launch import launch
+    from course_lib.units.u12_pipeline_parallelism.checks_bubble import _bubble_worker
+    from course_lib.units.u12_pipeline_parallelism.run import _recorded_orders
+
+    cases = K.bubble_cases(1)
+    runs = launch(_bubble_worker, K.BUBBLE_RANKS, cases, timeout=120)
+    for i, case in enumerate(cases):
+        recorded = _recorded_orders(merge_event_logs([r[i] for r in runs]), K.BUBBLE_RANKS)
+        m = case["microbatches"]
+        assert recorded == [
+            P.schedule_order("gpipe", r, K.BUBBLE_RANKS, m) for r in range(K.BUBBLE_RANKS)
+        ]
 
 
 def test_bubble_cases_are_uneven_and_one_never_fills(seed):
