@@ -131,8 +131,11 @@ class JudgeSide:
             self._inputs_ready.set()
 
     def _warm(self) -> None:
-        """Import what the judges use (torch, the modules the unit's checks name) now, not after
-        the learner's side."""
+        """Import what the judges use (torch, the course's modules the unit's checks name) now,
+        not after the learner's side. A reference outside the course (a torch function a task
+        forbids, e.g. unit 12's ``torch.distributed.pipelining._utils``, 2.6 s of CPU with what
+        it imports) is something the learner may not call, not something a judge uses: a judge
+        that does need it imports it itself."""
         if not self.judges:
             return
         import importlib
@@ -142,7 +145,9 @@ class JudgeSide:
         with contextlib.suppress(Exception):
             importlib.import_module("torch")
             for spec in unit_references(self.unit):
-                importlib.import_module(spec.partition(":")[0])
+                module = spec.partition(":")[0]
+                if module.startswith("course_lib."):
+                    importlib.import_module(module)
 
 
 def _fail(spec: SolutionTask, message: str, tampered: str = "") -> TaskResult:
