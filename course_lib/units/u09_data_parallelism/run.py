@@ -11,10 +11,9 @@ torch's ``DistributedDataParallel``. Each function returns plain data or a tidy 
   (one all-reduce per parameter) and bucketed, beside 2(N-1)/N x gradient bytes;
 - :func:`ddp_bucket_sweep` (``parallel.bucket_sweep``): bucket caps swept for our DataParallel
   and torch's DDP, with a per-rank timeline of backward and bucket all-reduces;
-- :func:`accumulation_traffic`: K micro-steps with and without ``no_sync``;
-- :func:`straggler`: one rank slower by ``delay_s`` per step, every rank's step time;
-- :func:`accumulation_steps_for` / :func:`effective_batch`: the batch arithmetic of a DDP config;
-- :func:`scale_table`, :func:`source_check`: 7B / 70B through ``measure.estimate``.
+- :func:`accumulation_traffic`: K micro-steps, ``no_sync`` or not; :func:`straggler`: a slow rank;
+- :func:`accumulation_steps_for` / :func:`effective_batch`: a DDP config's batch arithmetic;
+- :func:`scale_table`, :func:`source_check`: 7B / 70B; :func:`dp_threshold`: where reduces hide.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from course_lib.parallel import harness as H
 from course_lib.parallel.bucket_sweep import BucketSweep, ddp_bucket_sweep, torch_ddp_buckets
 from course_lib.runtime.launch import launch
 from course_lib.techniques.accumulation import effective_batch
-from course_lib.units.u09_data_parallelism.run_efficiency import scaling_efficiency
+from course_lib.units.u09_data_parallelism.run_efficiency import dp_threshold, scaling_efficiency
 from course_lib.units.u09_data_parallelism.run_scale import (  # noqa: F401 (re-exported)
     accumulation_steps_for,
     scale_table,
@@ -45,6 +44,7 @@ from course_lib.units.u09_data_parallelism.run_scale import (  # noqa: F401 (re-
 
 __all__ = [
     "scaling_efficiency",
+    "dp_threshold",
     "SOURCE_GRADS",
     "model_fn",
     "batch_fn",

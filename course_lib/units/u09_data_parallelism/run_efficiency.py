@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 
 from course_lib import validate
+from course_lib.measure import estimate
 from course_lib.runtime.launch import launch
 
 
@@ -109,3 +110,31 @@ def scaling_efficiency(
     df["gradient_bytes"] = sum(p.numel() * 4 for p in _model(width).parameters())
     df["stand_in"] = stand_in
     return df
+
+
+#: tokens per rank swept by :func:`dp_threshold`: 256 to 8,192, doubling
+THRESHOLD_TOKENS = tuple(256 * 2**k for k in range(6))
+
+
+def dp_threshold(
+    speeds: Sequence[float] = (1e12, 2e12), *, params: int = 2**21, repeats: int = 6
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Where data parallelism's gradient all-reduce hides behind backward, MEASURED on 2 gloo
+    ranks (``measure.hiding.speed_sweep``): the gradients of ``params`` float32 parameters
+    all-reduced asynchronously while a stand-in backward of 4 x params x T FLOPs runs at each
+    stand-in speed of ``speeds`` (FLOP/s), T tokens per rank swept over
+    :data:`THRESHOLD_TOKENS`. ``measured``: the tokens from which the all-reduce leaves under
+    10 % of the backward exposed (``hiding.crossing``). ``formula``: ``estimate.dp_overlap_min_tokens`` (N = 2, 4-byte
+    gradients: F/B tokens) with the link's bandwidth as the all-reduce alone measured it."""
+    from course_lib.measure import hiding
+
+    n = validate.count("params", params, minimum=1024, maximum=2**23)
+    points, summary = hiding.speed_sweep(
+        "all_reduce", THRESHOLD_TOKENS, lambda t: n, lambda t: 4 * n * t, speeds, repeats=repeats
+    )
+    summary["formula"] = [
+        estimate.dp_overlap_min_tokens(world_size=2, peak_flops=f, link_GBps=bw / 1e9, grad_bytes=4)
+        for f, bw in zip(summary.speed, summary.bytes_per_s)
+    ]
+    summary["measured_over_formula"] = summary.measured / summary.formula
+    return points, summary

@@ -17,7 +17,8 @@ and uses the course's from-scratch ``parallel.zero.ZeroDataParallel`` beside PyT
   inter-node bytes measured beside :func:`hybrid_formula`; :func:`hybrid_at_scale` at 70B;
 - :func:`fsdp_timeline`: stage 3's per-rank Gantt chart with and without prefetch, and
   reshard-after-forward on and off (peak memory and bytes measured);
-- :func:`scale_grid`, :func:`source_checks`, :func:`smallest_stage`: 7B-70B through estimate.
+- :func:`scale_grid`, :func:`source_checks`, :func:`smallest_stage`: 7B-70B through estimate;
+- :func:`fsdp_threshold` (``run_threshold.py``): where the prefetched all-gather hides, measured.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from course_lib.units.u10_zero_fsdp.run_scale import (
     smallest_stage,
     source_checks,
 )
+from course_lib.units.u10_zero_fsdp.run_threshold import fsdp_threshold
 
 __all__ = [
     "model_fn",
@@ -82,6 +84,7 @@ __all__ = [
     "source_checks",
     "smallest_stage",
     "MEMORY_WIDTH",
+    "fsdp_threshold",
 ]
 
 

@@ -19,7 +19,9 @@ checked before any rank starts. Each function returns plain data or a tidy DataF
   beside ``estimate.tp_params_per_rank`` and ``estimate.activation_bytes_gpt``;
 - :func:`activation_formulas`, :func:`scale_table`, :func:`source_check`, :func:`source_bytes`
   (in ``run_scale.py``, re-exported): Korthikanti et al.'s formulas, a Llama-7B / 70B layer at
-  tp = 8 through ``measure.estimate``, and the sources' numbers recomputed.
+  tp = 8 through ``measure.estimate``, and the sources' numbers recomputed;
+- :func:`tp_threshold` (``run_threshold.py``): the hidden size from which the all-reduces stop
+  dominating, measured.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from course_lib.units.u11_tensor_parallelism.run_costs import (
     wire_bytes,
     wire_summary,
 )
+from course_lib.units.u11_tensor_parallelism.run_threshold import tp_threshold
 
 __all__ = [
     "CONFIG",
@@ -67,6 +70,7 @@ __all__ = [
     "scale_table",
     "source_check",
     "source_bytes",
+    "tp_threshold",
 ]
 
 

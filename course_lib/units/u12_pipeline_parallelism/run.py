@@ -19,7 +19,8 @@ DataFrame or plain data:
 - :func:`wire_bytes`: sends, receives and bytes each rank wrote to its sockets in one bf16 step;
 - :func:`weight_versions`: PipeDream-2BW's two weight versions beside GPipe/1F1B's one and
   PipeDream's p - s, measured in one process, with their loss curves;
-- :func:`scale_table`, :func:`source_check`: 7B-70B and the sources' numbers through estimate.
+- :func:`scale_table`, :func:`source_check`: 7B-70B and the sources' numbers through estimate;
+- :func:`pp_threshold` (``run_threshold.py``): where the stage-to-stage sends hide, measured.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from course_lib.units.u12_pipeline_parallelism.run_costs import (
     source_check,
     wire_bytes,
 )
+from course_lib.units.u12_pipeline_parallelism.run_threshold import pp_threshold
 from course_lib.units.u12_pipeline_parallelism.run_versions import (
     VERSION_POLICIES,
     weight_versions,
@@ -80,6 +82,7 @@ __all__ = [
     "TORCH_SCHEDULES",
     "weight_versions",
     "VERSION_POLICIES",
+    "pp_threshold",
 ]
 
 

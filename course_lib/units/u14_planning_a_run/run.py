@@ -3,7 +3,9 @@
 Everything here is a *prediction* composed from ``course_lib.measure.estimate`` and the planner
 (``course_lib.plan``); the checks against reality are the published runs (:func:`published_runs`,
 from ``course_lib.plan.published``)
-and, in the lecture, the measured runs of units 09-12. No matplotlib, no ipywidgets.
+and, in the lecture, the measured runs of units 09-12. :func:`threshold_table`
+(``run_thresholds.py``): every overlap threshold of ``estimate.overlap`` at real sizes. No
+matplotlib, no ipywidgets.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "straggler_table",
     "plan_problems",
     "PROBLEMS",
+    "threshold_table",
 ]
 
 #: columns of a plan worth showing, in order
@@ -384,3 +387,6 @@ def plan_problems(model, cluster, layout, global_batch_tokens: int) -> set[str]:
     elif seqs // per < layout.pp:
         found.add("fewer_microbatches_than_stages")
     return found
+
+
+from course_lib.units.u14_planning_a_run.run_thresholds import threshold_table  # noqa: E402

@@ -68,3 +68,29 @@ def test_plan_problems_reference():
     m, c = P.model("Llama-2-70B"), P.cluster("8xH100 + 400G IB", gpus=64)
     assert R.plan_problems(m, c, P.Layout(4, 16, 1), 1024 * 4096) == {"tp_across_nodes"}
     assert R.plan_problems(m, c, P.Layout(8, 8, 1), 1024 * 4096) == set()
+
+
+def test_threshold_table_by_hand():
+    """Each row is estimate.overlap at an H100 (989e12 bf16 FLOP/s) over NVLink (450e9 B/s per
+    direction) or one InfiniBand NDR port (50e9): F/B = 2,197.8 or 19,780 FLOPs a byte."""
+    t = R.threshold_table().set_index("case")
+    need = t["needs"]
+    assert need["Llama-2-7B, dp 8 in a node, 4,096 a GPU"] == pytest.approx(989e12 / 450e9 * 7 / 8)
+    assert need["Llama 3 405B, 16K GPUs: dp 128 over nodes, 8,192 a GPU"] == pytest.approx(
+        19780 * 127 / 128
+    )
+    assert need["the same, weights gathered in FP8"] == pytest.approx(19780 * 127 / 128 * 0.75)
+    assert need["MT-NLG, tp 16 over two nodes, h 20,480"] == pytest.approx(19780 * 15 * 2 / 6)
+    assert need["Llama 3 405B: pp 16, v 4, 16 micro-batches"] == 72  # m > 15 x 0.95 / (4 x 0.05)
+    gqa = t.loc["Llama 3 405B, tp 8: 8K over cp 16"]
+    assert gqa["needs"] == pytest.approx(19780 / 16) and gqa["has"] == 512 and not gqa["hides"]
+    assert need["full multi-head attention, 128K over cp 16"] == pytest.approx(19780)
+    assert need["DeepSeek-V3 experts, ep 64 across nodes"] == float("inf")
+    assert list(t["hides"]) == [True, False, False, True, False, False, True, False, True] + [
+        False,
+        True,
+        False,
+    ]
+    # half the peak halves every rate threshold
+    half = R.threshold_table(mfu=0.5).set_index("case")["needs"]
+    assert half["Llama 3 405B, tp 8: 8K over cp 16"] == pytest.approx(19780 / 32)
