@@ -94,3 +94,19 @@ def test_threshold_table_by_hand():
     # half the peak halves every rate threshold
     half = R.threshold_table(mfu=0.5).set_index("case")["needs"]
     assert half["Llama 3 405B, tp 8: 8K over cp 16"] == pytest.approx(19780 / 32)
+
+
+def test_restart_table_adds_daly_restart_cost_to_youngs_interval():
+    """R = 0 is Young's first-order loss (checkpoint_cost, a separate derivation) to 1e-3; the
+    loss grows with R; Llama 3's > 90 % needs a restart faster than 20 minutes and holds at 10
+    (the lecture's sentence)."""
+    from course_lib.units.u14_planning_a_run import run
+
+    table = run.restart_table((0, 5, 10, 20, 30))
+    lost = list(table["lost_fraction"])
+    assert abs(lost[0] - run.checkpoint_cost()["lost_fraction"]) < 1e-3
+    assert lost == sorted(lost) and len(set(lost)) == 5
+    by_r = dict(zip(table["restart_min"], table["goodput"]))
+    assert by_r[10] > 0.9 > by_r[20]
+    with pytest.raises(ValueError, match="restart_min"):
+        run.restart_table((-1,))
