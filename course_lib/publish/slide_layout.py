@@ -172,11 +172,15 @@ def output_px(out, max_lines: int | None = None) -> int:
         return WIDGET_PX
     if "text/html" in data:
         html = "".join(data["text/html"])
+        if "course-snapshot" in html:  # an explorer's snapshot: paragraphs of text
+            paragraphs = re.split(r"</p>|<br\s*/?>", html)
+            texts = [re.sub(r"<[^>]+>", "", par).strip() for par in paragraphs]
+            return OUTPUT_PAD_PX + sum(_text_px(text) for text in texts if text)
         return TABLE_PAD_PX + TABLE_ROW_PX * max(1, html.count("<tr"))
     return PROSE_LINE_PX * 2
 
 
-def _code_part(cell) -> Part:
+def _code_part(cell, room: int = SLIDE_PX) -> Part:
     outputs = cell.get("outputs", [])
     lines = len(cell.source.strip().splitlines())
     input_px = CODE_PAD_PX + CODE_LINE_PX * lines
@@ -189,18 +193,18 @@ def _code_part(cell) -> Part:
     hide, shown = lines > CODE_LINES, longest
     if not hide:  # the source stays if the outputs fit under it, printed text cut at most to
         # OUTPUT_LINES lines
-        room = SLIDE_PX - CODE_CELL_PX - input_px
+        under = room - CODE_CELL_PX - input_px
         cuts = range(longest, min(longest, OUTPUT_LINES) - 1, -1)
-        fit = next((n for n in cuts if height(n) <= room), None)
+        fit = next((n for n in cuts if height(n) <= under), None)
         hide, shown = fit is None, longest if fit is None else fit
     if hide:  # the outputs alone: printed text cut to what fits, figures drawn smaller if need be
         smaller = figures * (1 - MIN_FIGURE_SCALE)
-        while CODE_CELL_PX + height(shown) - smaller > SLIDE_PX and shown > MIN_OUTPUT_LINES:
+        while CODE_CELL_PX + height(shown) - smaller > room and shown > MIN_OUTPUT_LINES:
             shown -= 1
     px = height(shown)
     scale = 1.0
-    if figures and CODE_CELL_PX + px > SLIDE_PX:  # the figures give way to the rest
-        scale = max(MIN_FIGURE_SCALE, (SLIDE_PX - CODE_CELL_PX - (px - figures)) / figures)
+    if figures and CODE_CELL_PX + px > room:  # the figures give way to the rest
+        scale = max(MIN_FIGURE_SCALE, (room - CODE_CELL_PX - (px - figures)) / figures)
         px += math.ceil(figures * scale) - figures
     return Part(
         px=CODE_CELL_PX + px + (0 if hide else input_px),
@@ -282,10 +286,11 @@ def _markdown_part(cell) -> Part:
     return Part(px=pages[-1][1], pages=[text for text, _ in pages])
 
 
-def part(cell) -> Part:
-    """What a slide shows of ``cell`` and how tall it is there."""
+def part(cell, room: int = SLIDE_PX) -> Part:
+    """What a slide shows of ``cell`` and how tall it is there; a code cell shows what fits in
+    ``room`` pixels (less than a slide under a lead-in that introduces it)."""
     if cell.cell_type == "code":
-        return _code_part(cell)
+        return _code_part(cell, room)
     if cell.cell_type == "markdown":
         return _markdown_part(cell)
     return Part(px=0)

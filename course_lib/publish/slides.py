@@ -21,13 +21,16 @@ that every lecture follows them and an edited lecture is re-tagged by ``make not
   before it ends the section above, under that section's last slide when it fits), and a heading
   never stands at the foot of a slide whose next one holds what it heads. Every word of a
   lecture's text is on a slide;
+- a lead-in ("The table:") never ends a slide alone: it opens the slide of the code cell it
+  introduces, which shows under it what fits there (its output without its source, printed text
+  cut, figures smaller), its other outputs (a figure after a table) on the slide after;
+- an "Explore" widget shows as its stored snapshot (:mod:`course_lib.publish.snapshots`);
 - a cell tagged ``slide:<type>`` (``slide:skip``, ``slide:subslide``, ``slide:fragment``, ...)
   overrides the rules, for the cases they get wrong.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ from typing import Any
 import nbformat
 
 from course_lib.publish import slide_layout as layout
+from course_lib.publish import snapshots
 
 TEMPLATES = Path(__file__).parent / "templates"
 #: the screen the slides are made for (reveal.js scales them to the window)
@@ -155,9 +159,12 @@ def _scale_figures(cell, scale: float) -> None:
 def for_slides(nb):
     """A copy of ``nb`` as its slides show it: slide types by the rules, and of each tall cell
     what fits (:mod:`course_lib.publish.slide_layout`): a code cell's long printed text cut, the
-    rest on slides after it; a markdown cell's text over as many slides as it needs."""
-    nb = copy.deepcopy(nb)
+    rest on slides after it; a markdown cell's text over as many slides as it needs; an "Explore"
+    widget's snapshot in place of the widget (:mod:`course_lib.publish.snapshots`)."""
+    nb = snapshots.static(nb)  # a copy
     kinds = slide_types(nb)
+    rooms: dict[int, int] = {}  # a code cell under a lead-in shows what fits under it
+    rests: dict[int, list] = {}  # and the outputs that do not, on the slide after
     cells = []
     px = 0  # estimated height of what the current slide shows so far
     for index, cell in enumerate(nb.cells):
@@ -166,7 +173,10 @@ def for_slides(nb):
         cells.append(cell)
         if kind in ("skip", "notes"):
             continue
-        shown = layout.part(cell)
+        room = rooms.get(index, layout.SLIDE_PX)
+        if cell.cell_type == "code" and index not in rests and layout.part(cell, room).px > room:
+            rests[index] = _outputs_beyond(cell, room)  # too tall: last outputs on next slides
+        shown = layout.part(cell, room)
         before, px = px, (px if kind in ("-", "fragment") else 0) + shown.px
         if shown.hide_input:
             cell.metadata["transient"] = {"remove_source": True}
@@ -176,14 +186,18 @@ def for_slides(nb):
             cells += [
                 page for rest in _cut_outputs(cell, shown.output_lines) for page in _continued(rest)
             ]
+        if rests.get(index):
+            cells += _rest_of(rests[index])
         if cell.cell_type == "markdown":
             pages = shown.pages or [cell.source]
             after = _next_shown(kinds, index)
             if after is None or kinds[after] in ("slide", "subslide"):
                 code = nb.cells[after] if after is not None and kinds[after] == "subslide" else None
-                pages, joined = _lead_onto_next_slide(pages, code)
-                if joined and after is not None:
-                    kinds[after] = "-"
+                pages, room = _lead_onto_next_slide(pages, code)
+                if room is not None and after is not None:
+                    kinds[after], rooms[after] = "-", room
+                    if code is not None and (rest := _outputs_beyond(code, room)):
+                        rests[after] = rest
             if len(pages) > 1:
                 cell.source = pages[0]
                 if kind == "slide" and index > 0 and not _opens_section(pages[0]):
@@ -209,25 +223,57 @@ def _next_shown(kinds: list[str], index: int) -> int | None:
     )
 
 
-def _lead_onto_next_slide(pages: list[str], code) -> tuple[list[str], bool]:
+def _lead_onto_next_slide(pages: list[str], code) -> tuple[list[str], int | None]:
     """A text whose last block introduces what the next slide shows (a heading, or a lead-in
     such as "Which ones this build has:") does not end its slide alone: it moves onto the next
-    slide, above ``code`` (the code cell that opens that slide), when the two fit together; a
-    heading that does not fit there stands on a slide of its own. Returns the pages and whether
-    ``code`` now joins the last one."""
+    slide, above ``code`` (the code cell that opens that slide), when the code's output fits
+    under it (its source left out, its printed text cut or its figures drawn smaller if need be:
+    :func:`slide_layout.part` with the room the lead-in leaves); a heading that does not fit
+    there stands on a slide of its own. Returns the pages and, when ``code`` now joins the last
+    one, the room it has there (else None)."""
     blocks = layout.markdown_blocks(pages[-1])
     if not blocks or not layout.leads(blocks[-1]):
-        return pages, False
+        return pages, None
     lead = blocks[-1]
-    fits = code is not None and code.cell_type == "code"
-    fits = (
-        fits
-        and layout.part(nbformat.v4.new_markdown_cell(lead)).px + layout.part(code).px
-        <= layout.SLIDE_PX
-    )
+    room = layout.SLIDE_PX - layout.part(nbformat.v4.new_markdown_cell(lead)).px
+    fits = code is not None and code.cell_type == "code" and _first_fitting(code, room) > 0
     if len(blocks) > 1 and (fits or layout.heading_level(lead)):
-        return [*pages[:-1], "\n\n".join(blocks[:-1]), lead], fits
-    return pages, fits and len(blocks) == 1
+        return [*pages[:-1], "\n\n".join(blocks[:-1]), lead], room if fits else None
+    return pages, room if fits and len(blocks) == 1 else None
+
+
+def _first_fitting(code, room: int) -> int:
+    """How many of ``code``'s outputs fit in ``room`` pixels (all of them: their number; 0: not
+    even the first one); the source goes where the outputs need its place."""
+    outputs = code.get("outputs", [])
+    for count in range(len(outputs), 0, -1):
+        head = nbformat.v4.new_code_cell(code.source, outputs=outputs[:count])
+        if layout.part(head, room).px <= room:
+            return count
+    return 0 if outputs or layout.part(code, room).px > room else 1
+
+
+def _outputs_beyond(code, room: int) -> list:
+    """Leave in ``code`` the outputs that fit in ``room`` (at least its first); return the others
+    (a table's figure, say), which go on the slides after."""
+    count = max(1, _first_fitting(code, room))
+    rest = code.outputs[count:]
+    code.outputs = code.outputs[:count]
+    return rest
+
+
+def _rest_of(outputs: list) -> list[nbformat.NotebookNode]:
+    """The slides, one or more, for the outputs of a cell that did not fit on its own slide."""
+    cell = nbformat.v4.new_code_cell(
+        "",
+        outputs=outputs,
+        metadata={"slideshow": {"slide_type": "subslide"}, "transient": {"remove_source": True}},
+    )
+    rest = _outputs_beyond(cell, layout.SLIDE_PX) if len(outputs) > 1 else []
+    shown = layout.part(cell)
+    if shown.figure_scale < 1:
+        _scale_figures(cell, shown.figure_scale)
+    return [cell, *(_rest_of(rest) if rest else [])]
 
 
 def tag(path: str | Path) -> bool:

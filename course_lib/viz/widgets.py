@@ -20,19 +20,28 @@ into the unit's ``run.py``) and ``show()`` (a call into the unit's ``plots.py``)
             return [unit_plots.plot_square(result)]
 
 Driven from Python (tests do this): ``ex = SquareExplorer(); ex.n.value = 4; ex.run_button.click();
-ex.result``. Nothing runs until Run is pressed. This module is the one place in ``course_lib``
-where ipywidgets frames are built.
+ex.result``. Nothing runs until the explorer is shown or Run is pressed. This module is the one
+place in ``course_lib`` where ipywidgets frames are built.
+
+Shown (``explorer`` or ``explorer.widget`` ending a cell, or ``display(explorer)``), an explorer
+runs once at its default settings, so its output area holds that run's pictures, and after the
+widget the cell gets a **snapshot**: the same status line and pictures as plain outputs (one HTML
+output marked ``course-snapshot``, then the pictures), under a line saying that the live version
+runs in JupyterLab. A static page or slide, where no kernel connects the controls, shows the
+snapshot in place of the widget (:mod:`course_lib.publish`); JupyterLab hides it while the widget
+above it is live or shows pictures of its own (the course's ``jupyter/custom/custom.css``).
 """
 
 from __future__ import annotations
 
 import html
+import re
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-__all__ = ["Explorer", "STORED_NOTE"]
+__all__ = ["Explorer", "LIVE_NOTE", "SNAPSHOT_CLASS", "STORED_NOTE"]
 
 # A notebook stores each widget's last state; JupyterLab draws it on opening, but those controls
 # are connected to no kernel (JupyterLab puts the class jupyter-widgets-disconnected on each such
@@ -46,10 +55,32 @@ STORED_NOTE = (
     ".course-run.jupyter-widgets-disconnected{font-size:0}"
     ".course-run.jupyter-widgets-disconnected::after{content:'run the cell first';"
     "font-size:var(--jp-widgets-font-size,13px)}"
+    # the note says it once: no red "disconnected" mark on each control (ipywidgets' ::before)
+    ".jupyter-widgets.jupyter-widgets-disconnected::before{display:none;content:none}"
     "</style>"
     "<div class='course-stored-note'>This is the widget as it was saved: its controls are not "
     "connected. <b>Run this cell</b> (Shift+Enter) to connect them, then press Run.</div>"
 )
+
+
+#: the class of the snapshot's first output (its line and status): the publisher and JupyterLab's
+#: course style find the snapshot by it
+SNAPSHOT_CLASS = "course-snapshot"
+#: the snapshot's line: what it is, and where the live widget runs
+LIVE_NOTE = (
+    "This widget at its default settings, as run when the lecture was saved. The live version "
+    "runs in JupyterLab: run the cell there, set the controls, press Run."
+)
+
+
+class ExplorerBox(widgets.VBox):
+    """The explorer's box: shown by itself (``explorer.widget`` ending a cell), it shows the
+    explorer, default run and snapshot included."""
+
+    explorer: Explorer
+
+    def _ipython_display_(self):
+        self.explorer._ipython_display_()
 
 
 class Explorer:
@@ -82,12 +113,31 @@ class Explorer:
         self.output = widgets.Output()
         self.clear()
         self.run_button.on_click(lambda _button: self.run())
-        self.widget = widgets.VBox(
+        self.widget = ExplorerBox(
             [self.stored_note, widgets.HBox([*controls, self.run_button]), self.status, self.output]
         )
+        self.widget.explorer = self
 
-    def _ipython_display_(self):  # display(explorer), or an explorer ending a cell, shows it
-        display(self.widget)
+    def _ipython_display_(self):
+        """Shown (``display(explorer)``, an explorer or its ``widget`` ending a cell): a run at
+        the current settings if none has been made, the widget, then the snapshot of that run."""
+        if self.result is None:
+            self.run()
+        display(widgets.Widget._repr_mimebundle_(self.widget), raw=True)
+        for data in self.snapshot():
+            display(data, raw=True)
+
+    def snapshot(self) -> list[dict]:
+        """The widget's status line and pictures as plain display data (mime bundles), under
+        :data:`LIVE_NOTE`: what a page without a kernel shows in place of the widget."""
+        head = (
+            f'<div class="{SNAPSHOT_CLASS}"><p><em>{html.escape(LIVE_NOTE)}</em></p>'
+            f"<p>{self.status.value}</p></div>"
+        )
+        status = html.unescape(_TAGS.sub("", _BREAK.sub("\n", self.status.value)))
+        return [{"text/html": head, "text/plain": f"{LIVE_NOTE}\n{status}"}] + [
+            dict(out["data"]) for out in self.output.outputs if out.get("data")
+        ]
 
     def compute(self):
         """Run the measurement for the current controls and return the result."""
@@ -148,6 +198,9 @@ class Explorer:
         self.clear()
         first = message.partition("\n")[0]  # a launched rank's error carries its whole traceback
         self.status.value = f"<b>{label}:</b> {html.escape(first)}"
+
+
+_BREAK, _TAGS = re.compile(r"<br\s*/?>"), re.compile(r"<[^>]+>")
 
 
 def _display_data(obj) -> dict:

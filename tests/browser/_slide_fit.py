@@ -8,7 +8,8 @@ navigation) and reports, per slide,
   slide (the course's slides scroll then: what nobody scrolls in a lecture hall, and what a
   projector of a plain reveal.js deck cuts off), or a block in it (a cell, an output, a printed
   text, a table, a figure) is cut or scrolls, down or sideways (the deck draws a wide block in a
-  smaller font until it fits, down to 10 px: the slide template's ``fitWide``);
+  smaller font until it fits, down to 10 px: the slide template's ``fitWide``), or reaches past
+  the slide's right edge (cut there by a box around it);
 - **mid-word wraps**: a line break between two word characters (``[A-Za-z0-9_]``) of one text node:
   ``activat|ions`` or ``12|345`` broken over two lines. Breaks at spaces, hyphens and slashes are
   fine. Formulas (MathJax) and speaker notes are not looked at;
@@ -64,9 +65,17 @@ WALK = (
         if (slide.scrollWidth > slide.clientWidth + 4)
             out.push('the slide scrolls sideways (' + slide.scrollWidth + ' px of content in '
                      + slide.clientWidth + ')');
+        // a block reaching past the slide's content box on the right is cut there by a box
+        // around it that clips (a padded code block as wide as its cell: unit 15's code lines
+        // ran under the cell's edge, the block itself not scrolling)
+        const right = r.right - parseFloat(getComputedStyle(slide).paddingRight);
         for (const el of slide.querySelectorAll(BLOCKS)) {
             if (skip(el)) continue;
             const s = getComputedStyle(el);
+            const reach = el.getBoundingClientRect().right;
+            if (el.getClientRects().length && reach > right + 2)
+                out.push(name(el) + ' reaches past the slide\'s right edge by '
+                         + Math.round(reach - right) + ' px');
             if (cut(el, s)) out.push(name(el) + ' is cut or scrolls vertically ('
                                      + el.scrollHeight + ' px of content in ' + el.clientHeight + ')');
             if (wide(el, s)) out.push(name(el) + ' is cut or scrolls sideways ('

@@ -4,8 +4,8 @@ What only a browser sees: the page's JavaScript errors, whether stored widgets r
 ``VBox(children=...`` text), a widget that updates when its control changes and Run is pressed,
 an unfilled exercise check that shows one ✗ line and none of the check's source, the %ranks
 magics driven from the page (the ■ stop button, Kernel > Restart), and the static slides.
-JupyterLab serves a temporary copy of ``notebooks/`` and ``exercises/`` (running cells never
-touches the repository).
+JupyterLab serves a temporary copy of ``notebooks/``, ``exercises/`` and ``solutions/`` (running
+cells never touches the repository) with the course's settings, as ``make lab`` does.
 
 Playwright cannot download its own browser here, so it drives the system Chromium
 (``$COURSE_CHROMIUM``, else ``chromium`` / ``chromium-browser`` / ``google-chrome`` on PATH).
@@ -64,7 +64,7 @@ def _free_port() -> int:
 def lab(tmp_path_factory):
     """A JupyterLab server on a free port over a copy of the course's notebooks; its base URL."""
     root = tmp_path_factory.mktemp("lab")
-    for folder in ("notebooks", "exercises"):
+    for folder in ("notebooks", "exercises", "solutions"):  # solutions/: hidden from a learner
         shutil.copytree(ROOT / folder, root / folder)
     home = tmp_path_factory.mktemp("jupyter")
     port, token = _free_port(), "course-browser-test"
@@ -351,8 +351,11 @@ def test_unit01_widget_updates_on_run(browser, lab):
         for text in ("u01_backprop_memory as unit", "StepMemoryExplorer(", "explorer.run(")
     ]
     TIMINGS["run unit 01's explorer"] = _run_cells(page, needed)
-    # once the cell has run, its live widget shows neither
+    # once the cell has run, its live widget shows neither, nor the snapshot stored for pages
+    # without a kernel (issue 52 item 2)
     assert page.locator(".course-stored-note:visible").count() == 0
+    assert page.locator(".course-snapshot").count() >= 1
+    assert page.locator(".course-snapshot:visible").count() == 0
     explorer = page.locator(
         ".widget-vbox:has(.widget-html-content):has(button.widget-button:has-text('Run'))"
     ).last
@@ -828,4 +831,88 @@ def test_site_pages_draw_each_formula_of_a_table_on_one_line(browser, tmp_path):
         problems += [f"{name}: formula broken over lines: {tex!r}" for tex in broken]
     TIMINGS["site: pages with formulas in tables"] = time.perf_counter() - start
     assert not problems, "\n".join(problems)
+    page.close()
+
+
+RED_MARKS = """() => [...document.querySelectorAll('.jupyter-widgets-disconnected')].filter(el => {
+    // ipywidgets' red "disconnected" mark: the ::before of each view no kernel is connected to
+    const mark = getComputedStyle(el, '::before');
+    return el.offsetParent !== null && mark.display !== 'none'
+        && mark.content !== 'none' && mark.content !== 'normal';
+}).length"""
+
+
+def test_a_saved_widget_shows_its_note_without_red_marks_and_solutions_are_not_listed(browser, lab):
+    """Issue 52 item 3: before its cell runs, a saved widget showed 7-15 red "disconnected"
+    marks besides the orange note. Item 6: the learner's JupyterLab (make lab's settings) does
+    not list solutions/, which stays on disk for the grader; make lab-instructor lists it."""
+    base, token, root = lab
+    page, errors, _ = _open(browser, lab, "notebooks/12_pipeline_parallelism.ipynb")
+    page.locator(".course-stored-note:visible").first.wait_for(timeout=30_000)
+    assert page.locator(".jupyter-widgets-disconnected").count() > 0  # the saved views
+    assert page.evaluate(RED_MARKS) == 0
+    with urllib.request.urlopen(f"{base}/api/contents/?token={token}", timeout=10) as reply:
+        listed = {item["name"] for item in json.load(reply)["content"]}
+    assert {"notebooks", "exercises"} <= listed and "solutions" not in listed, listed
+    assert (root / "solutions" / "00_start_here.ipynb").exists()
+    page.evaluate("() => window.jupyterapp.commands.execute('filebrowser:go-to-path', {path: '/'})")
+    names = page.locator(".jp-DirListing-itemName").all_inner_texts()
+    assert "notebooks" in names and "solutions" not in names, names
+    assert errors == []
+    page.close()
+
+
+PRINTED_LINES_WRAPPED = r"""() => {
+    // each printed text (not a widget's) taller than its lines: a line wrapped in the output area
+    const wrapped = [];
+    for (const pre of document.querySelectorAll(
+            '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output pre, body > main .jp-OutputArea-output pre')) {
+        if (pre.closest('.jupyter-widgets') || !pre.offsetParent) continue;
+        const style = getComputedStyle(pre);
+        const line = parseFloat(style.lineHeight) || 1.4 * parseFloat(style.fontSize);
+        const lines = pre.textContent.replace(/\n$/, '').split('\n').length;
+        const text = pre.scrollHeight - parseFloat(style.paddingTop) - parseFloat(style.paddingBottom);
+        if (text > (lines + 0.5) * line)
+            wrapped.push(Math.round(text / line) + ' rows for ' + lines + ' lines: '
+                         + pre.textContent.slice(0, 50));
+    }
+    return wrapped;
+}"""
+#: lectures whose printed tables wrapped at 1280 x 720 (issue 52 item 4: "9.54 M/iB" in unit 02,
+#: unit 12's scale table, unit 14's planner summary)
+WIDE_PRINTS = ["02_batch_size_and_accumulation", "12_pipeline_parallelism", "14_planning_a_run"]
+
+
+@pytest.mark.parametrize("stem", WIDE_PRINTS)
+def test_printed_lines_scroll_instead_of_wrapping_at_1280_by_720(browser, lab, tmp_path, stem):
+    """Issue 52 item 4: at 1280 x 720 with the file browser open, a printed line wider than the
+    output area wrapped mid-number or mid-row. In JupyterLab (the course's custom.css) and on
+    the site's page (its template) each printed text keeps its lines and scrolls sideways."""
+    from course_lib.publish import assets, site
+
+    page, errors, _ = _open(browser, lab, f"notebooks/{stem}.ipynb")
+    page.set_viewport_size(slide_fit.SCREEN)
+    page.evaluate("() => window.jupyterapp.commands.execute('filebrowser:activate')")
+    page.wait_for_selector(".jp-FileBrowser:visible", timeout=10_000)
+    page.wait_for_timeout(1000)  # the notebook laid out again at its new width
+    width = page.evaluate(
+        "() => document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) "
+        ".jp-OutputArea-output').clientWidth"
+    )
+    assert width < 1000, width  # the narrow output area of a laptop screen with the sidebar
+    assert page.evaluate(PRINTED_LINES_WRAPPED) == []
+    assert errors == []
+    page.close()
+    try:
+        urls = assets.install(tmp_path / "vendor")
+    except assets.AssetError as exc:
+        pytest.skip(f"the pages' JavaScript is not available: {exc}")
+    html = site._export_html(
+        ROOT / "notebooks" / f"{stem}.ipynb", tmp_path, site._relative(urls, "./vendor/")
+    )
+    page = browser.new_page()
+    page.set_viewport_size(slide_fit.SCREEN)
+    page.goto(html.as_uri())
+    page.wait_for_timeout(500)
+    assert page.evaluate(PRINTED_LINES_WRAPPED.replace("body > main", "body")) == []
     page.close()

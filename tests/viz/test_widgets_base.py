@@ -62,7 +62,7 @@ def displayed(monkeypatch):
     """What the explorer passes to IPython's display, with whether a Figure was still open."""
     seen = []
 
-    def fake_display(obj):
+    def fake_display(obj, **kwargs):
         seen.append((obj, plt.fignum_exists(obj.number) if isinstance(obj, Figure) else None))
 
     monkeypatch.setattr(course_lib.viz.widgets, "display", fake_display)
@@ -82,8 +82,39 @@ def test_frame_holds_the_controls_the_button_the_status_and_the_output(displayed
     assert "course-run" in ex.run_button._dom_classes
     assert status is ex.status and output is ex.output
     assert ex.run_button.tooltip == "square n" and "press Run" in ex.status.value
-    ex._ipython_display_()
-    assert displayed == [(ex.widget, None)]
+    assert displayed == []
+
+
+def test_a_saved_widget_shows_its_note_and_no_red_mark_on_each_control():
+    """Issue 52 item 3: JupyterLab drew 7-15 red "disconnected" marks on a saved widget; the
+    stored note's style hides ipywidgets' mark (the ::before of each disconnected view)."""
+    rule = ".jupyter-widgets.jupyter-widgets-disconnected::before{display:none;content:none}"
+    assert rule in Square().stored_note.value
+
+
+def test_shown_it_runs_once_at_its_settings_and_adds_a_snapshot_for_pages_without_a_kernel(
+    displayed,
+):
+    """Issue 52 item 2: a static page or slide cannot run a cell. Shown, an explorer runs at its
+    default settings; after the widget come its status line and pictures as plain outputs, under
+    one line saying that the live version runs in JupyterLab."""
+    ex = Square()
+    ex._ipython_display_()  # as `ex` ending a cell does
+    assert ex.result == 9 and ex.shown == 1  # the default settings, run once
+    widget, head, picture, table = [obj for obj, _ in displayed]
+    view = widget["application/vnd.jupyter.widget-view+json"]
+    assert view["model_id"] == ex.widget.model_id
+    assert 'class="course-snapshot"' in head["text/html"]
+    assert course_lib.viz.widgets.LIVE_NOTE in head["text/plain"]
+    assert "runs in JupyterLab" in course_lib.viz.widgets.LIVE_NOTE
+    assert "n squared is <b>9</b>" in head["text/html"]
+    assert head["text/plain"].endswith("n squared is 9")
+    assert base64.b64decode(picture["image/png"])[:4] == b"\x89PNG"
+    assert table["text/plain"] == "{'n': 3, 'square': 9}"
+    assert [o["data"] for o in ex.output.outputs] == [picture, table]  # the widget shows the same
+    displayed.clear()
+    ex.widget._ipython_display_()  # `ex.widget` ending a cell: the same, without a second run
+    assert ex.shown == 1 and len(displayed) == 4
 
 
 def test_a_good_run_stores_the_result_and_shows_it(displayed):
