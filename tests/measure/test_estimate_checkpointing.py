@@ -97,3 +97,18 @@ def test_best_segment_length_is_sqrt_l_for_equal_costs():
 def test_bad_input(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+def test_selective_recompute_flops_against_korthikanti_eq8():
+    # Korthikanti et al. 2022: model FLOPs 72 B s L h^2 (1 + s/(6h) + V/(12hL)) (Eq. 7), hardware
+    # FLOPs with selective recomputation the same with s/(3h) (Eq. 8). Per token (B s tokens) the
+    # difference is 72 L h^2 s/(6h) = 12 s h L; the recomputation runs the attention core's forward
+    # only, Q K^T and A V at 2 s h FLOPs each per token and layer: 4 s h L, a third of Eq. 8's.
+    s, h, L, V = 2048, 12288, 96, 51200  # GPT-3 175B's shape, as in their Table
+    eq7 = 72 * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L)) / s
+    eq8 = 72 * s * L * h * h * (1 + s / (3 * h) + V / (12 * h * L)) / s
+    ours = estimate.recompute_flops_per_token(
+        12 * h * h, layers=L, hidden=h, seq=s, recompute="selective"
+    )
+    assert ours == 4 * s * h * L == 3_221_225_472 * 3
+    assert eq8 - eq7 == pytest.approx(3 * ours, rel=1e-12)

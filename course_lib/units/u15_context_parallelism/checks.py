@@ -1,16 +1,19 @@
 """Unit 15's graded checks (solutions/15_context_parallelism.ipynb,
 exercises/15_context_parallelism.ipynb).
 
-1. ``check_merge``: the learner's online-softmax merge of two partial attention results,
-   graded on random blocks (some with scores large enough that exp overflows float32) against
-   attention over all the keys; the course's ``merge_attention`` is out of reach;
+1. ``check_merge``: the learner's merge of THREE partial attention results, some of whose
+   queries see no key of a block (lse = -inf, out = 0: the case the lecture's two-part merge
+   turns into NaN), graded on random masks (some with scores large enough that exp overflows
+   float32) against masked attention over all the keys; the course's merge is out of reach;
 2. ``check_ring_block``: the ring step whose causal mask was applied to the wrong block, fixed:
    a ring over 2, 3 and 4 ranks simulated in one process with the learner's step must equal
    causal attention on the full sequence;
 3. ``check_llama_cp``: Llama 3 405B at a drawn context-parallel size and sequence length
    (the lecture prints cp 1 and 16 at 128K):
    activation bytes of one layer per GPU and bytes one GPU sends per layer with all-gather
-   K/V, both ints, against ``estimate`` (whose context functions are out of reach).
+   K/V, both ints, against ``estimate`` (whose context functions are out of reach);
+4. ``check_ring_overlap`` (``checks_overlap``): the shortest context at which ring attention
+   hides its K/V transfer, at drawn models, degrees and links.
 Each check is split (:mod:`course_lib.grading.split`): ``collect_X`` calls the learner's function
 on the drawn inputs and hands back what it returned (task 2: every block of every simulated rank,
 unmerged: the course's merge is absent from the grade's sandbox); ``judge_X`` draws the same
@@ -25,8 +28,9 @@ from typing import Any
 from course_lib.grading.core import expect_int, fail, passed, run_learner
 from course_lib.grading.plain import learner_value
 from course_lib.grading.split import split_check
+from course_lib.units.u15_context_parallelism.checks_overlap import check_ring_overlap
 
-__all__ = ["check_merge", "check_ring_block", "check_llama_cp"]
+__all__ = ["check_merge", "check_ring_block", "check_llama_cp", "check_ring_overlap"]
 
 UNIT = "u15_context_parallelism"
 
@@ -72,11 +76,28 @@ def _close(task: int, what: str, got, want) -> None:
 
 # ---- task 1 --------------------------------------------------------------------------------
 MERGE_CASES = 6
+NEG_INF = float("-inf")
+
+
+def masked_part(q, k, v, hidden):
+    """(out, lse) of queries q (B, H, m, D) over one block of keys with ``hidden`` (m, n) True
+    where a key is masked out; a query that sees no key of the block gets lse = -inf, out = 0."""
+    import math
+
+    import torch
+
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(hidden, NEG_INF)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(nan=0.0)  # a fully hidden row: 0
+    return p @ v, lse
 
 
 def _merge_cases(task: int):
-    """(q, k, v, na) of each of task 1's random splits: keys [:na] and [na:], the last two with
-    scores scaled by 40."""
+    """(q, k, v, sizes, hidden) of each case: three key blocks of ``sizes``; ``hidden`` (m, n)
+    masks random keys and hides whole blocks from some queries (the first two blocks from one,
+    the last from another, all but the middle from a third); every query sees some key; the
+    last two cases scale the scores by 40."""
     import torch
 
     from course_lib.grading.seeds import case_rng
@@ -84,43 +105,58 @@ def _merge_cases(task: int):
     g = torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63))
     for case in range(MERGE_CASES):
         scale = 40.0 if case >= 4 else 1.0
-        m, na, nb = (int(x) for x in torch.randint(2, 9, (3,), generator=g))
+        m = int(torch.randint(4, 9, (1,), generator=g))
+        sizes = [int(x) for x in torch.randint(2, 7, (3,), generator=g)]
+        n = sum(sizes)
+        hidden = torch.rand(m, n, generator=g) < 0.3
+        a, b = sizes[0], sizes[0] + sizes[1]
+        hidden[0, :b] = True  # query 0 sees only the last block
+        hidden[1, b:] = True  # query 1 sees nothing of the last block
+        hidden[2, :a] = True  # query 2 sees only the middle block
+        hidden[2, b:] = True
+        for i in range(m):  # every query sees some key, of a block it is meant to see
+            if bool(hidden[i].all()):
+                j = {0: b, 2: a}.get(i, 0)
+                hidden[i, j] = False
         q = torch.randn(2, 3, m, 8, generator=g) * scale
-        k = torch.randn(2, 3, na + nb, 8, generator=g)
-        v = torch.randn(2, 3, na + nb, 8, generator=g)
-        yield q, k, v, na
+        k = torch.randn(2, 3, n, 8, generator=g)
+        v = torch.randn(2, 3, n, 8, generator=g)
+        yield q, k, v, sizes, hidden
 
 
-def collect_merge(merge, task: int = 1) -> list[Any]:
-    """Task: ``merge(out_a, lse_a, out_b, lse_b) -> (out, lse)``: attention over two disjoint
-    key sets, each given as its output (B, H, m, D) and log-sum-exp (B, H, m), combined into
-    the attention over their union. Graded on 6 random splits, two with scores scaled by 40
-    (log-sum-exps near 100: exp overflows float32), float32."""
-    from course_lib.parallel.context_blocks import attention_block
-
-    out = []
-    for q, k, v, na in _merge_cases(task):
-        a = attention_block(q, k[:, :, :na], v[:, :, :na])
-        b = attention_block(q, k[:, :, na:], v[:, :, na:])
-        out.append(learner_value(run_learner(task, merge, *a, *b, forbid=MERGE_REFERENCES)))
+def _parts(q, k, v, sizes, hidden) -> list:
+    out, start = [], 0
+    for size in sizes:
+        cut = slice(start, start + size)
+        out.append(masked_part(q, k[:, :, cut], v[:, :, cut], hidden[:, cut]))
+        start += size
     return out
 
 
-def judge_merge(data: Any, task: int = 1) -> None:
-    from course_lib.parallel.context_blocks import attention_block
+def collect_merge(merge_all, task: int = 1) -> list[Any]:
+    """Task: ``merge_all(parts) -> (out, lse)``: the attention over three disjoint key blocks
+    from each block's (out (B, H, m, D), lse (B, H, m)); a query that sees no key of a block
+    has lse = -inf and out = 0 there. Graded on 6 random cases, every one with queries hidden
+    from whole blocks, two with scores scaled by 40 (lse near 100), float32."""
+    return [
+        learner_value(run_learner(task, merge_all, _parts(*c), forbid=MERGE_REFERENCES))
+        for c in _merge_cases(task)
+    ]
 
-    for case, ((q, k, v, _na), got) in enumerate(
+
+def judge_merge(data: Any, task: int = 1) -> None:
+    for case, ((q, k, v, _sizes, hidden), got) in enumerate(
         zip(_merge_cases(task), _results(task, data, MERGE_CASES, "merge"))
     ):
         if not isinstance(got, tuple) or len(got) != 2:
             fail(task, f"expected (out, lse), got {_type_name(got)}")
-        want_out, want_lse = attention_block(q, k, v)
+        want_out, want_lse = masked_part(q, k, v, hidden)
         _close(task, f"case {case + 1}: out", got[0], want_out)
         _close(task, f"case {case + 1}: lse", got[1], want_lse)
     passed(
         task,
-        "your merge equals attention over all keys on 6 random splits, large scores included "
-        f"(rtol={RTOL}, atol={ATOL})",
+        "your merge equals masked attention over all keys on 6 random cases, queries hidden "
+        f"from whole blocks and large scores included (rtol={RTOL}, atol={ATOL})",
     )
 
 

@@ -88,7 +88,8 @@ def plot_bytes(wire: pd.DataFrame) -> Figure:
         ax.plot(x, measured / 1024, "x", color="tab:red", ms=9, label="wire (measured by the OS)")
         ax.set_xticks(x, labels)
         ax.set_ylabel("KiB per rank, forward + backward")
-        ax.legend(loc="upper left")
+        # above the axes: inside, the legend covered the first bars
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
         fig.tight_layout()
     return fig
 

@@ -13,10 +13,14 @@ function returns a tidy DataFrame:
   CommMeter saw and measured by the OS, beside ``estimate.cp_comm_bytes_per_layer``;
 - :func:`timeline` / :func:`balance`: ring attention's compute and wait spans per rank and
   step, and the blocks each rank computed against ``estimate.cp_attention_work``;
+- :func:`block_times` (``run_balance.py``): the time of one full and one diagonal block, and
+  the compute time they predict for each rank of a causal ring;
 - :func:`saved_bytes` (``run_memory.py``): what attention keeps for backward per rank against
   the sequence length, written out on one process and ring on W ranks, beside
   ``estimate.attention_saved_bytes``;
 - :func:`train_parity`: the tiny GPT made context parallel trains as one process does;
+- :func:`ring_overlap` (``run_overlap.py``): a ring step's K/V
+  transfer against a stand-in compute of known speed on 2 ranks: where the wait vanishes;
 - :func:`llama3_scale` (``run_scale.py``): Llama 3 405B at 8K and 128K tokens.
 """
 
@@ -48,6 +52,8 @@ __all__ = [
     "wire_bytes",
     "timeline",
     "balance",
+    "block_times",
+    "ring_overlap",
     "train_parity",
     "saved_bytes",
     "LLAMA3_405B",
@@ -278,5 +284,7 @@ def balance(tl: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+from course_lib.units.u15_context_parallelism.run_balance import block_times  # noqa: E402
 from course_lib.units.u15_context_parallelism.run_memory import saved_bytes  # noqa: E402
+from course_lib.units.u15_context_parallelism.run_overlap import ring_overlap  # noqa: E402
 from course_lib.units.u15_context_parallelism.run_train import train_parity  # noqa: E402

@@ -15,6 +15,8 @@ from course_lib.viz.widgets import Explorer
 
 __all__ = ["RingExplorer"]
 
+_WIDE = {"description_width": "initial"}  # the whole label, not cut to 90 px
+
 
 class RingExplorer(Explorer):
     """ranks + sequence + Run; ``result`` is ``run.timeline``'s table."""
@@ -23,13 +25,25 @@ class RingExplorer(Explorer):
     expected_errors = (ValueError,)
 
     def __init__(self, *, world_size: int = 2, seq: int = 768):
-        self.world_size = widgets.Dropdown(options=(2, 3, 4), value=world_size, description="ranks")
-        self.seq = widgets.Dropdown(options=(384, 768, 1536), value=seq, description="tokens")
+        self.world_size = widgets.Dropdown(
+            options=(2, 3, 4), value=world_size, description="ranks (cp)", style=_WIDE
+        )
+        self.seq = widgets.Dropdown(
+            options=(384, 768, 1536),
+            value=seq,
+            description="sequence (tokens, all ranks)",
+            style=_WIDE,
+        )
         super().__init__(
             self.world_size,
             self.seq,
             tooltip="launch the ranks and trace ring attention in both layouts",
-            intro="Pick the ranks and the tokens, then press Run (causal attention).",
+            intro=(
+                "Pick the ranks and the length of the whole sequence, then press Run (causal "
+                "attention). Plotted: each rank's compute (blue) and wait (orange) spans, in "
+                "milliseconds after a barrier, forward then backward; the status line: the "
+                "least-loaded rank's compute time as a share of the busiest rank's."
+            ),
         )
 
     def compute(self):

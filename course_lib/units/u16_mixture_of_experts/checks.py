@@ -9,7 +9,9 @@ exercises/16_mixture_of_experts.ipynb).
    probabilities: its value and its gradient with respect to the probabilities;
 3. ``check_mixtral_plan``: Mixtral 8x7B with the experts over a drawn ep on a drawn number of
    GPUs (the lecture prints ep 8 on 128): all-to-all bytes per token and layer, and model-state
-   bytes per GPU, ints, against ``estimate`` (whose ``moe`` functions are out of reach).
+   bytes per GPU, ints, against ``estimate`` (whose ``moe`` functions are out of reach);
+4. ``check_ep_overlap`` (``checks_overlap``): the tokens per expert at which the experts' matmuls
+   hide the all-to-all, at drawn layouts over NVLink and InfiniBand.
 Cases come from the grading seed (``course_lib.grading.seeds``). Each check prints one deterministic line or raises AssertionError("✗ task N: ...").
 
 Each check is split (:mod:`course_lib.grading.split`): ``collect_X`` runs the learner's code on
@@ -24,8 +26,9 @@ from typing import Any
 from course_lib.grading.core import expect_int, fail, passed, run_learner
 from course_lib.grading.plain import learner_value
 from course_lib.grading.split import split_check
+from course_lib.units.u16_mixture_of_experts.checks_overlap import check_ep_overlap
 
-__all__ = ["check_dispatch", "check_balance_loss", "check_mixtral_plan"]
+__all__ = ["check_dispatch", "check_balance_loss", "check_mixtral_plan", "check_ep_overlap"]
 
 DISPATCH_REFERENCES = (
     "course_lib.parallel.expert_parallel:dispatch_splits",

@@ -20,9 +20,9 @@ _D, _F, _E, _CLUSTERS = 16, 32, 4, 8
 _OFFSET = torch.full((_D,), 0.75)  # what every token has in common
 
 
-def _task(steps: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _task(steps: int, batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens from 8 clusters; the target is a cluster-specific linear map of the token."""
-    g = torch.Generator().manual_seed(16)
+    g = torch.Generator().manual_seed(16 + seed)
     centres = _OFFSET + torch.randn(_CLUSTERS, _D, generator=g)  # all share one direction
     maps = torch.randn(_CLUSTERS, _D, _D, generator=g) / _D**0.5
     c = torch.randint(0, _CLUSTERS, (steps, batch), generator=g)
@@ -32,15 +32,21 @@ def _task(steps: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _run(
-    balancing: str, capacity_factor: float | None, top_k: int, steps: int, batch: int, loss: Any
+    balancing: str,
+    capacity_factor: float | None,
+    top_k: int,
+    steps: int,
+    batch: int,
+    loss: Any,
+    seed: int,
 ) -> list[dict[str, Any]]:
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     router: X.Router = "sigmoid" if balancing == "bias" else "softmax"
     moe = X.MoE(_D, _F, _E, top_k, capacity_factor=capacity_factor, router=router)
     with torch.no_grad():  # a router that starts out liking expert 0 a little more
         moe.router.weight[0] += 0.5 * _OFFSET / _OFFSET.norm()
     opt = torch.optim.Adam(moe.parameters(), lr=3e-3)
-    xs, ys = _task(steps, batch)
+    xs, ys = _task(steps, batch, seed)
     rows = []
     for step in range(steps):
         y, aux = moe(xs[step])
@@ -77,17 +83,20 @@ def train(
     steps: int = 150,
     batch: int = 64,
     loss: Any = None,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Train one MoE layer (16 wide, 4 experts of 32, top ``top_k``) with Adam on a synthetic
     regression task (8 clusters of tokens, each with its own linear map) for each balancing
     method and capacity factor. One row per (balancing, capacity_factor, step): the task loss
     (MSE), the balancing loss, the busiest expert's share of the assignments (1/4 = even, 1 =
     collapsed) and the share of assignments dropped. ``loss(probs, experts)``: use this
-    balancing loss instead of the course's (with "aux_loss"). Measured, one process."""
+    balancing loss instead of the course's (with "aux_loss"). ``seed`` draws the initial
+    weights and the task's tokens (0: the lecture's first run). Measured, one process."""
     names = validate.choices("balancing", balancing, BALANCING)
     k = validate.count("top_k", top_k, minimum=1, maximum=_E)
     n = validate.count("steps", steps, minimum=1)
     b = validate.count("batch", batch, minimum=1)
+    seed = validate.count("seed", seed, minimum=0)
     cfs = [None if c is None else validate.number("capacity_factors", c, positive=True)
            for c in capacity_factors]  # fmt: skip
     rows = []
@@ -96,7 +105,7 @@ def train(
     try:
         for name in names:
             for cf in cfs:
-                for row in _run(name, cf, k, n, b, loss):
+                for row in _run(name, cf, k, n, b, loss, seed):
                     rows.append({"balancing": name, "capacity_factor": cf, **row})
     finally:
         torch.set_num_threads(threads)

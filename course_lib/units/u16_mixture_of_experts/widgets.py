@@ -15,6 +15,8 @@ from course_lib.viz.widgets import Explorer
 
 __all__ = ["RoutingExplorer"]
 
+_WIDE = {"description_width": "initial"}  # the whole label, not cut to 90 px
+
 
 class RoutingExplorer(Explorer):
     """ranks + tokens + hot + Run; ``result`` is ``run.timeline``'s table."""
@@ -23,19 +25,28 @@ class RoutingExplorer(Explorer):
     expected_errors = (ValueError,)
 
     def __init__(self, *, world_size: int = 2, tokens: int = 1024, hot: float = 0.5):
-        self.world_size = widgets.Dropdown(options=(2, 4), value=world_size, description="ranks")
+        self.world_size = widgets.Dropdown(
+            options=(2, 4), value=world_size, description="ranks (ep)", style=_WIDE
+        )
         self.tokens = widgets.Dropdown(
-            options=(512, 1024, 2048), value=tokens, description="tokens/rank"
+            options=(512, 1024, 2048), value=tokens, description="tokens per rank", style=_WIDE
         )
         self.hot = widgets.FloatSlider(
-            value=hot, min=0.0, max=1.0, step=0.25, description="hot expert"
-        )
+            value=hot, min=0.0, max=1.0, step=0.25, style=_WIDE,
+            description="skew towards expert 0 (0 = as routed, 1 = nearly all)",
+        )  # fmt: skip
         super().__init__(
             self.world_size,
             self.tokens,
             self.hot,
             tooltip="launch the ranks and trace one expert-parallel MoE layer",
-            intro="Pick the ranks, the tokens per rank and how hot expert 0 is, then press Run.",
+            intro=(
+                "Pick the ranks, the tokens per rank and how strongly the router is pushed "
+                "towards expert 0 (on rank 0), then press Run. Plotted: each rank's route, "
+                "dispatch, experts and combine spans of one forward, in milliseconds after a "
+                "barrier, routing as it comes (top) and skewed (bottom); the status line: the "
+                "token rows the busiest and the idlest rank's experts processed."
+            ),
         )
 
     def compute(self):

@@ -4,13 +4,17 @@ Task 1: ``my_rowwise(x) -> (data, scale)``: rowwise E4M3 scaling of a 2-D tensor
 dequantisation scale per row (amax / 448), ``data`` in ``torch.float8_e4m3fn`` with
 ``data.float() * scale`` close to ``x``; graded on random tensors with outlier rows and columns
 and an all-zero row.
-Task 2: find the bug: a tensorwise cast that casts to FP8 *before* dividing by the scale (values
-above 448 saturate, small ones flush to 0, before the scale can help); ``fixed_cast(x) ->
-(data, scale)`` scales first.
+Task 2: find the bug in a tensorwise E5M2 cast for gradients adapted from an E4M3 one (the
+exercise's cell shows it); ``grad_cast(g) -> (data, scale)`` is graded on gradients spread over
+nine decades: no value may come back as 0 that the course's E5M2 cast keeps, and the error must
+be the course's.
 Task 3: predict, for Llama-2-13B under FSDP with an FP8 all-gather (linear weights in E4M3,
 everything else in bf16, gathered before forward and again before backward) on N GPUs, the bytes
 each GPU sends in the all-gathers of one step and its model-state bytes (fp32 master, fp32
 gradients, Adam's two fp32 moments, all sharded, plus the largest layer's gathered FP8 weights).
+
+Task 4 (``checks_overlap``): the tokens per GPU above which FSDP's collectives hide, with bf16
+and with FP8 matmuls and gathers, at drawn cluster sizes and links.
 
 Tolerances: a cast is judged by its error against the course's own cast of the same tensor
 (``x`` rebuilt from data and scale may differ from ours by rounding of the scale: 1 % of our
@@ -29,8 +33,15 @@ from typing import Any
 from course_lib.grading.core import expect_int, fail, passed, run_learner
 from course_lib.grading.plain import learner_value
 from course_lib.grading.split import split_check
+from course_lib.units.u17_fp8_training.checks_overlap import check_fp8_overlap
 
-__all__ = ["LLAMA2_13B", "check_rowwise", "check_fixed_cast", "check_fsdp_fp8"]
+__all__ = [
+    "LLAMA2_13B",
+    "check_rowwise",
+    "check_grad_cast",
+    "check_fsdp_fp8",
+    "check_fp8_overlap",
+]
 
 _FORBID_CAST = [
     "course_lib.techniques.fp8:to_float8",
@@ -82,16 +93,17 @@ def _kind(value: Any) -> str:
     return value.type_name if isinstance(value, Opaque) else type(value).__name__
 
 
-def _unpack(task: int, got, x):
+def _unpack(task: int, got, x, dtype: Any = None):
     import torch
 
+    dtype = torch.float8_e4m3fn if dtype is None else dtype
     if not (isinstance(got, tuple) and len(got) == 2):
         fail(task, f"expected a tuple (data, scale), got {_kind(got)}")
     data, scale = got
-    if not isinstance(data, torch.Tensor) or data.dtype != torch.float8_e4m3fn:
+    if not isinstance(data, torch.Tensor) or data.dtype != dtype:
         fail(
             task,
-            f"data: expected a torch.float8_e4m3fn tensor, got {getattr(data, 'dtype', _kind(data))}",
+            f"data: expected a {dtype} tensor, got {getattr(data, 'dtype', _kind(data))}",
         )
     if tuple(data.shape) != tuple(x.shape):
         fail(task, f"data: expected shape {tuple(x.shape)}, got {tuple(data.shape)}")
@@ -161,39 +173,59 @@ def judge_rowwise(answers: Any, task: int = 1) -> None:
 check_rowwise = split_check(collect_rowwise, judge_rowwise)
 
 
-def _tensorwise_cases(task: int = 2) -> list:
+def _gradient_cases(task: int = 2) -> list:
+    """Task 2's gradients: magnitudes log-uniform over nine decades below a drawn amax (random
+    signs), as the gradients of a real step spread, and one with a few large entries."""
+    import math
+
     import torch
 
     gen = _generator(task)
+    cases = []
+    for what, shape in (("gradient", (64, 128)), ("wider gradient", (32, 256))):
+        logs = torch.empty(shape).uniform_(math.log(1e-9), 0.0, generator=gen)
+        signs = torch.where(torch.rand(shape, generator=gen) < 0.5, -1.0, 1.0)
+        top = 10 ** float(torch.empty(()).uniform_(-6, -2, generator=gen))  # amax, 1e-6..1e-2
+        cases.append((what, signs * torch.exp(logs) * top))
+    spiky = cases[0][1].clone()
+    spiky[0, :4] *= 1e3  # a few large entries: amax far above the rest
+    return [*cases, ("gradient with a spike", spiky)]
+
+
+def collect_grad_cast(grad_cast, task: int = 2) -> list[Any]:
+    """``grad_cast(g) -> (data, scale)``: tensorwise E5M2 for gradients, one dequantisation
+    scale, ``data.float() * scale`` close to ``g``."""
     return [
-        ("values up to 5000", torch.randn(32, 64, generator=gen) * 1000),
-        ("values around 1e-4", torch.randn(32, 64, generator=gen) * 1e-4),
-        ("all zeros", torch.zeros(4, 8)),
+        learner_value(run_learner(task, grad_cast, g.clone(), forbid=_FORBID_CAST))
+        for _, g in _gradient_cases(task)
     ]
 
 
-def collect_fixed_cast(fixed_cast, task: int = 2) -> list[Any]:
-    """Tensorwise E4M3 that divides by the scale *before* casting: big values do not saturate,
-    small ones are not flushed to 0."""
-    return [
-        learner_value(run_learner(task, fixed_cast, x.clone(), forbid=_FORBID_CAST))
-        for _, x in _tensorwise_cases(task)
-    ]
+def judge_grad_cast(answers: Any, task: int = 2) -> None:
+    import torch
 
-
-def judge_fixed_cast(answers: Any, task: int = 2) -> None:
     from course_lib.techniques.fp8 import to_float8
 
-    cases = _tensorwise_cases(task)
-    for (what, x), got in zip(cases, _casts(task, answers, cases)):
-        data, scale = _unpack(task, got, x)
+    cases = _gradient_cases(task)
+    for (what, g), got in zip(cases, _casts(task, answers, cases)):
+        data, scale = _unpack(task, got, g, torch.float8_e5m2)
         if scale.numel() != 1:
             fail(task, f"{what}: a tensorwise cast has one scale, got {scale.numel()}")
-        _judge_cast(task, what, x, data, scale.reshape(1, 1), to_float8(x))
-    passed(task, "scale first, then cast: nothing saturates at 448 or flushes to 0 before scaling")
+        ours = to_float8(g, dtype="e5m2")
+        back = data.float() * scale.reshape(1, 1)
+        lost = int(((back == 0) & (g != 0)).sum())
+        lost_ours = int(((ours.dequantize() == 0) & (g != 0)).sum())
+        if lost > lost_ours:
+            fail(
+                task,
+                f"{what}: {lost} of {g.numel()} nonzero values come back as 0 "
+                f"(the course's cast of the same tensor loses {lost_ours})",
+            )
+        _judge_cast(task, what, g, data, scale.reshape(1, 1), ours)
+    passed(task, "your gradient cast keeps what the course's E5M2 cast keeps, as accurately")
 
 
-check_fixed_cast = split_check(collect_fixed_cast, judge_fixed_cast)
+check_grad_cast = split_check(collect_grad_cast, judge_grad_cast)
 
 
 def _fsdp_answer(world_size: int) -> tuple[float, float]:

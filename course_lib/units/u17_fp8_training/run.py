@@ -16,6 +16,8 @@ and bytes on the CPU, with speed taken to real sizes by formulas and cited figur
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.units.u17_fp8_training._setup import BATCH, BLOCK, CONFIG, batch_fn, model_fn
 from course_lib.units.u17_fp8_training.run_bytes import (
     GATHERS,
@@ -79,6 +81,7 @@ __all__ = [
     "delayed_spike",
     "train_curves",
     "torchao_available",
+    "torchao_parity",
 ]
 
 
@@ -93,3 +96,51 @@ def torchao_available() -> str | None:
     except ImportError:
         return None
     return str(getattr(torchao, "__version__", "unknown"))
+
+
+def torchao_parity(shapes=((16, 32, 64), (64, 128, 32), (128, 128, 512))) -> Any:
+    """The course's tensorwise ``Float8Linear`` against torchao's (``convert_to_float8_training``,
+    its default dynamic tensorwise recipe) on the same fp32 weight, input (normal x 3) and
+    upstream gradient: per (batch, in, out) shape, the largest |difference| of the output, the
+    input gradient and the weight gradient, each relative to the largest |value| of torchao's,
+    and the same for the plain fp32 layer against torchao's (what FP8 changes). Needs torchao
+    (``torchao_available``); refuses with one line where it does not import."""
+    import copy
+    import warnings
+
+    import pandas as pd
+    import torch
+
+    from course_lib.runtime.compat import quiet_import_logs
+    from course_lib.techniques.fp8_linear import Float8Linear
+
+    try:
+        with warnings.catch_warnings(), quiet_import_logs():
+            warnings.simplefilter("ignore")
+            import torchao.float8 as float8
+    except Exception as exc:  # noqa: BLE001 - absent, or built for another torch
+        raise RuntimeError(
+            f"torchao = not importable ({exc}): expected torchao installed"
+        ) from None
+    rows = []
+    for batch, n_in, n_out in shapes:
+        torch.manual_seed(0)
+        linear = torch.nn.Linear(n_in, n_out, bias=False)
+        theirs = torch.nn.Sequential(copy.deepcopy(linear))
+        float8.convert_to_float8_training(theirs)
+        ours = Float8Linear.from_linear(copy.deepcopy(linear), recipe="tensorwise")
+        x, grad = torch.randn(batch, n_in) * 3, torch.randn(batch, n_out)
+        results = []
+        for layer in (theirs, ours, linear):
+            xi = x.clone().requires_grad_()
+            layer.zero_grad(set_to_none=True)
+            y = layer(xi)
+            y.backward(grad)
+            w = layer[0].weight if isinstance(layer, torch.nn.Sequential) else layer.weight
+            results.append((y.detach(), xi.grad, w.grad))
+        row: dict = {"shape (batch, in, out)": f"{batch} x {n_in} x {n_out}"}
+        for who, got in (("course", results[1]), ("fp32 layer", results[2])):
+            for name, a, b in zip(("output", "input grad", "weight grad"), got, results[0]):
+                row[f"{who} vs torchao: {name}"] = float((a - b).abs().max() / b.abs().max())
+        rows.append(row)
+    return pd.DataFrame(rows)

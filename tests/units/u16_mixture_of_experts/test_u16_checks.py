@@ -3,6 +3,8 @@ calls the course's own answer is refused, a float where an int is asked is refus
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from _grading_seeds import FIXTURE_SEEDS  # seed 0: tests/_grading_seeds.py
@@ -133,6 +135,45 @@ def test_the_lectures_plan_or_a_copied_answer_fails(monkeypatch):
 )
 def test_judges_refuse_malformed_data(junk):
     # the judge half trusts nothing the learner's side hands back: a ✗, never a ✓ or a crash
-    for check in (C.check_dispatch, C.check_balance_loss, C.check_mixtral_plan):
+    for check in (C.check_dispatch, C.check_balance_loss, C.check_mixtral_plan, C.check_ep_overlap):
         with pytest.raises(AssertionError, match=rf"✗ task {check.task}: "):
             check.run_judge(junk)
+
+
+def ep_hiding_right(hidden, ffn, experts, ep, link_GBps, alpha_s):
+    compute = 2 * 3 * hidden * ffn / 989e12  # seconds of expert matmuls per row
+    wire = 2 * (ep - 1) / ep * hidden * 2 / (link_GBps * 1e9)  # dispatch + combine, per row
+    if compute <= wire:
+        return math.inf
+    return 2 * (ep - 1) * alpha_s / (compute - wire) * ep / experts
+
+
+def test_check_ep_overlap(seed, capsys):
+    from course_lib.units.u16_mixture_of_experts.checks_overlap import ep_answer, ep_cases
+
+    # hand-derived: DeepSeek-V3's experts at ep 64 over one 50 GB/s port never hide (the report's
+    # reason to limit each token to 4 nodes): the bytes alone take 6.3x the compute
+    ratio = 989e12 / 50e9 * (63 / 64) * 2 / (3 * 2048)
+    assert ratio == pytest.approx(6.34, abs=0.01)
+    assert math.isinf(ep_answer(7168, 2048, 256, 64, 50.0, 1e-5))
+    assert ep_answer(7168, 2048, 256, 64, 450.0, 0.0) == 0.0  # no latency: any batch hides
+    C.check_ep_overlap(ep_hiding_right)
+    assert capsys.readouterr().out.startswith("✓ task 4: the tokens per expert")
+    ungated = lambda h, f, e, ep, b, a: ep_hiding_right(h, f * 2 // 3, e, ep, b, a)  # noqa: E731
+    per_rank = lambda h, f, e, ep, b, a: ep_hiding_right(h, f, e, ep, b, a) * e / ep  # noqa: E731
+    for wrong in (ungated, per_rank):
+        if all(wrong(*c) == ep_answer(*c) for c in ep_cases()):
+            continue  # only infinite cases this seed: they cannot tell this mistake apart
+        with pytest.raises(AssertionError, match=r"✗ task 4: ep_hiding\("):
+            C.check_ep_overlap(wrong)
+    with pytest.raises(AssertionError, match="✗ task 4: uses the course's own"):
+        C.check_ep_overlap(_course_ep)
+
+
+def _course_ep(hidden, ffn, experts, ep, link_GBps, alpha_s):
+    from course_lib.measure import estimate
+
+    return estimate.ep_overlap_min_tokens_per_expert(
+        hidden=hidden, ffn=ffn, experts=experts, ep=ep, link_GBps=link_GBps, alpha_s=alpha_s,
+        peak_flops=989e12, gated_mlp=True,
+    )  # fmt: skip

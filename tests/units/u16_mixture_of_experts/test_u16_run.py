@@ -50,3 +50,13 @@ def test_imbalance_counts_the_rows_of_the_repeat_the_timeline_plot_draws():
     fig = plots.plot_timeline(tl)
     labels = {t.get_text().strip() for ax in fig.axes for t in ax.texts}
     assert {"102 rows", "204 rows"} <= labels
+
+
+def test_train_seed_draws_other_weights_and_tokens():
+    base = run.train(("none",), steps=3)
+    again = run.train(("none",), steps=3, seed=0)
+    other = run.train(("none",), steps=3, seed=1)
+    assert base.task_loss.tolist() == again.task_loss.tolist()
+    assert base.task_loss.tolist() != other.task_loss.tolist()
+    with pytest.raises(ValueError, match="seed = -1"):
+        run.train(("none",), steps=3, seed=-1)

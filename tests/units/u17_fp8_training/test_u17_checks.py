@@ -51,31 +51,70 @@ def test_rowwise(seed, capsys):
         C.check_rowwise(lambda x: (x, x.abs().amax(1) / 448))
 
 
-def cast_buggy(x):
-    scale = x.abs().max().clamp_min(1e-12) / 448.0
-    data = x.to(torch.float8_e4m3fn)  # the bug: cast first
-    return (data.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale
+def grad_cast_buggy(g):  # the exercise's bug: E4M3's 448 in an E5M2 cast
+    scale = g.abs().max().clamp_min(1e-12) / 448.0
+    return (g / scale).clamp(-448, 448).to(torch.float8_e5m2), scale
 
 
-def cast_fixed(x):
-    scale = x.abs().max().clamp_min(1e-12) / 448.0
-    return (x / scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale
+def grad_cast_right(g):
+    scale = g.abs().max().clamp_min(1e-12) / 57344.0
+    return (g / scale).clamp(-57344, 57344).to(torch.float8_e5m2), scale
 
 
-def test_fixed_cast(seed, capsys):
-    C.check_fixed_cast(cast_fixed)
-    assert capsys.readouterr().out.startswith("✓ task 2: scale first")
-    with pytest.raises(AssertionError, match="✗ task 2: values up to 5000: "):
-        C.check_fixed_cast(cast_buggy)
+def grad_cast_e4m3(g):  # the right scale for E4M3, the wrong format for the check
+    scale = g.abs().max().clamp_min(1e-12) / 448.0
+    return (g / scale).to(torch.float8_e4m3fn), scale
+
+
+def grad_cast_cast_first(g):  # casts before scaling: the gradients flush before the scale helps
+    scale = g.abs().max().clamp_min(1e-12) / 57344.0
+    return (g.to(torch.float8_e5m2).float() / scale).clamp(-57344, 57344).to(
+        torch.float8_e5m2
+    ), scale
+
+
+def test_grad_cast(seed, capsys):
+    C.check_grad_cast(grad_cast_right)
+    line = capsys.readouterr().out
+    assert line.startswith("✓ task 2: your gradient cast keeps")
+    assert "57" not in line and "448" not in line  # the ✓ line gives no answer away
+    with pytest.raises(AssertionError, match="✗ task 2: gradient: \\d+ of 8192 nonzero values"):
+        C.check_grad_cast(grad_cast_buggy)
+    with pytest.raises(AssertionError, match="✗ task 2: data: expected a torch.float8_e5m2"):
+        C.check_grad_cast(grad_cast_e4m3)
+    with pytest.raises(AssertionError, match="✗ task 2: gradient: "):
+        C.check_grad_cast(grad_cast_cast_first)
     with pytest.raises(AssertionError, match="✗ task 2: uses the course's own"):
-        C.check_fixed_cast(_course_tensorwise)
+        C.check_grad_cast(_course_e5m2)
 
 
-def _course_tensorwise(x):
+def _course_e5m2(g):
     from course_lib.techniques.fp8 import to_float8
 
-    q = to_float8(x)
+    q = to_float8(g, dtype="e5m2")
     return q.data, q.scale
+
+
+def fp8_overlap_right(world_size, link_GBps):
+    n, b = world_size, link_GBps * 1e9
+    bf16 = 989e12 / b * (n - 1) / n * 2 / 2  # forward and backward bind equally in bf16
+    fp8 = 1979e12 / b * (n - 1) / n * (1 + 2) / 4  # backward binds
+    return bf16, fp8
+
+
+def test_fp8_overlap(seed, capsys):
+    C.check_fp8_overlap(fp8_overlap_right)
+    assert capsys.readouterr().out.startswith("✓ task 4: FSDP's hiding threshold")
+    # hand-derived: 8 H100s over one 50 GB/s port, bf16: 19,780 x 7/8 = 17,307.5 tokens; FP8:
+    # 39,580 x 7/8 x 3/4 = 25,974.375
+    from course_lib.units.u17_fp8_training.checks_overlap import overlap_answer
+
+    assert overlap_answer(8, 50.0) == pytest.approx((17307.5, 25974.375), rel=1e-12)
+    same_flops = lambda n, b: (fp8_overlap_right(n, b)[0], fp8_overlap_right(n, b)[1] / 2)  # noqa: E731
+    forward_only = lambda n, b: (fp8_overlap_right(n, b)[0], 1979e12 / (b * 1e9) * (n - 1) / n / 2)  # noqa: E731
+    for wrong in (same_flops, forward_only):
+        with pytest.raises(AssertionError, match="✗ task 4: fp8_overlap\\("):
+            C.check_fp8_overlap(wrong)
 
 
 def fsdp_right(n):
@@ -140,6 +179,6 @@ def test_copied_fsdp_answers_fail_under_another_seed(monkeypatch):
 )
 def test_judges_refuse_malformed_data(junk):
     # the judge half trusts nothing the learner's side hands back: a ✗, never a ✓ or a crash
-    for check in (C.check_rowwise, C.check_fixed_cast, C.check_fsdp_fp8):
+    for check in (C.check_rowwise, C.check_grad_cast, C.check_fsdp_fp8, C.check_fp8_overlap):
         with pytest.raises(AssertionError, match=rf"✗ task {check.task}: "):
             check.run_judge(junk)

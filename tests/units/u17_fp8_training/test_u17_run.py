@@ -101,3 +101,17 @@ def test_scale_tables():
         estimate.fp8_cast_bytes(1, 7168, scaling="blockwise"),
     ]
     assert R.torchao_available() is None or isinstance(R.torchao_available(), str)
+
+
+def test_torchao_parity_in_the_lecture():
+    if R.torchao_available() is None:
+        with pytest.raises(RuntimeError, match="torchao = not importable"):
+            R.torchao_parity(((4, 8, 8),))
+        return
+    try:
+        df = R.torchao_parity(((16, 32, 64),))
+    except RuntimeError as exc:  # installed, but built for another torch (the floor's)
+        pytest.skip(str(exc))
+    course = df.filter(like="course vs torchao")
+    assert (course.abs() < 1e-5).all().all()  # the same arithmetic (test_fp8.py's tolerance)
+    assert (df.filter(like="fp32 layer vs torchao") > 1e-3).all().all()  # FP8 is not a no-op
