@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from course_lib.gpu_check import device_checks as dc
 from course_lib.gpu_check import fp8_checks as f8
+from course_lib.gpu_check import step_checks as st
 from course_lib.gpu_check import unit_runs as ur
 from course_lib.gpu_check.core import Check
 
@@ -21,6 +22,9 @@ CHECKS: tuple[Check, ...] = (
     Check("u05 parity", "a", ur.u05_parity),
     Check("u05 memory_fit", "a", ur.u05_memory_fit),
     Check("u05 step_breakdown", "a", ur.u05_step_breakdown),
+    Check(
+        "u19 profile, compile, flash vs naive attention", "a", st.inside_the_step, needs_cuda=True
+    ),
     Check("MemoryMeter vs torch.cuda.max_memory_allocated", "b", dc.meter_vs_allocator),
     Check("u05 h2d_bandwidth: pinned vs pageable", "c", dc.pinned_vs_pageable, needs_cuda=True),
     Check("u17 FP8 GEMM (torch._scaled_mm) vs bf16", "c", f8.fp8_gemm_speed, needs_cuda=True),
