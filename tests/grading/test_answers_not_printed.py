@@ -6,7 +6,9 @@ task's check cell runs is a reference answer. Each is written the ways a lecture
 (``1234567``, ``1,234,567``, ``0.9264``, ``92.64 %``, ``17,307.5``, 4-7 significant digits) and
 searched, as a whole number, in the unit's lecture (every cell's source and stored output) and in
 the solution's stored check lines (the exercise shows them as "expected once your answer is
-right"). Small integers (below 1,000), round numbers (two significant digits, powers of two) and
+right"). A task fires when all its searchable answers at a seed are found: units 01 and 02 grade
+the lecture's worked examples (7B and 70B shapes; 175B on 300B tokens) beside cases drawn per
+grading, which no page prints, so copying the examples passes nothing. Small integers (below 1,000), round numbers (two significant digits, powers of two) and
 spellings with fewer than four significant digits are too common to mean anything and are not
 searched.
 
@@ -34,12 +36,7 @@ PROBE = Path(__file__).with_name("_answers_probe.py")
 UNITS = sorted(p.stem for p in (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 
 #: units whose lecture or check lines print a task's answer today (reported; fixed in the unit)
-KNOWN: dict[str, str] = {
-    "01_backprop_memory": "task 5's answers (6,666,792,960 and 64,878,305,280) are not drawn: "
-    "the lecture prints both",
-    "02_batch_size_and_accumulation": "task 6's answer, 1,945, is printed in the lecture and in "
-    "the check's own line (and task 1's 1365.3 at seed 7 in the lecture)",
-}
+KNOWN: dict[str, str] = {}
 
 
 def _sig_digits(text: str) -> int:
@@ -120,19 +117,30 @@ def answers(unit: str, seed: str) -> dict[str, list[float]]:
 
 
 def printed_answers(unit: str) -> list[str]:
-    """Every (seed, task, answer, spelling, where) found."""
+    """Every (seed, task, answer, spelling, where) found, for the tasks whose answers are all
+    printed: a task is answered by what a learner can read only when every one of its answers
+    that can be searched for is there (a task that also grades cases drawn per grading, which
+    no lecture prints, cannot be passed by copying the worked example it shares with the
+    lecture; its check may name that example)."""
     places = haystacks(unit)
     hits = []
     for seed in SEEDS:
         for task, values in answers(unit, seed).items():
+            found, searched = [], 0
             for x in values:
-                for s in sorted(spellings(x)):
-                    pattern = re.compile(rf"(?<![\d.,]){re.escape(s)}(?![\d]|[.,]\d)")
-                    for where, text in places.items():
-                        if pattern.search(text):
-                            hits.append(
-                                f"seed {seed}, task {task}: {x!r} printed as {s!r} in {where}"
-                            )
+                if not spellings(x):
+                    continue
+                searched += 1
+                where_x = [
+                    f"seed {seed}, task {task}: {x!r} printed as {s!r} in {where}"
+                    for s in sorted(spellings(x))
+                    for where, text in places.items()
+                    if re.search(rf"(?<![\d.,]){re.escape(s)}(?![\d]|[.,]\d)", text)
+                ]
+                if where_x:
+                    found.append(where_x)
+            if searched and len(found) == searched:
+                hits += [line for lines in found for line in lines]
     return hits
 
 
