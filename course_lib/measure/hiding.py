@@ -12,7 +12,7 @@ and sends between real processes, timed on each rank.
 waited for after it (DDP's buckets, FSDP's prefetch, a pipeline's sends); without, the two one
 after the other (tensor parallelism's all-reduces between the matmuls that need them).
 :func:`crossing` finds, in a measured sweep, where the step stops being set by communication.
-Used by units 09-12.
+Used by units 09-12, 15 and 16.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ __all__ = ["OPS", "hiding_sweep", "crossing", "speed_sweep"]
 
 #: what travels: "all_reduce" (every rank's buffer summed), "all_gather" (each rank's buffer is
 #: its shard of a world_size times larger tensor), "send_recv" (each rank sends its buffer to the
-#: next rank and receives the previous one's, as a pipeline or a ring step does)
-OPS = ("all_reduce", "all_gather", "send_recv")
+#: next rank and receives the previous one's, as a pipeline or a ring step does), "all_to_all"
+#: (two ``all_to_all_single`` of the buffer in equal splits: an expert layer's dispatch and
+#: combine, each rank keeping 1/world_size of its rows)
+OPS = ("all_reduce", "all_gather", "send_recv", "all_to_all")
 
 
 def _start(op: str, buf: Any, out: Any, rank: int, world: int) -> list[Any]:
@@ -42,6 +44,8 @@ def _start(op: str, buf: Any, out: Any, rank: int, world: int) -> list[Any]:
         return [dist.all_reduce(buf, async_op=True)]
     if op == "all_gather":
         return [dist.all_gather(out, buf, async_op=True)]
+    if op == "all_to_all":
+        return [dist.all_to_all_single(o, buf, async_op=True) for o in out]
     return [dist.isend(buf, (rank + 1) % world), dist.irecv(out[0], (rank - 1) % world)]
 
 
@@ -74,7 +78,8 @@ def _worker(
     import torch
 
     bufs = [torch.ones(n) for n in numels]
-    outs = [[torch.empty(n) for _ in range(world if op == "all_gather" else 1)] for n in numels]
+    count = {"all_gather": world, "all_to_all": 2}.get(op, 1)
+    outs = [[torch.empty(n) for _ in range(count)] for n in numels]
     runs: list[list[tuple[float, float, float]]] = [[] for _ in numels]
     for _ in range(repeats + 1):  # rounds over the whole sweep: a busy spell hits one point once
         for i, c in enumerate(compute):
@@ -111,6 +116,11 @@ def hiding_sweep(
         raise TypeError(f"overlap = {overlap!r}: expected True or False")
     world = _v.count("world_size", world_size, minimum=2, maximum=4)
     reps = _v.count("repeats", repeats, minimum=1, maximum=10)
+    if op == "all_to_all" and any(n % world for n in ns):
+        raise ValueError(
+            f"numels = {_v.describe(ns)}: expected multiples of world_size = {world} for "
+            "all_to_all (equal splits)"
+        )
     from course_lib.runtime.launch import launch
 
     res = launch(_worker, world, op, ns, cs, overlap, reps, backend="gloo")

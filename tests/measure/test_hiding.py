@@ -35,6 +35,7 @@ def test_crossing_interpolates_on_log_x_after_two_points_below():
         (lambda: hiding.hiding_sweep("all_reduce", [8], [2.0]), ValueError, r"compute_s = 2.0"),
         (lambda: hiding.hiding_sweep("all_reduce", [8], [0.0], overlap=1), TypeError, "overlap"),
         (lambda: hiding.hiding_sweep("all_reduce", [8], [0.0], world_size=1), ValueError, "2..4"),
+        (lambda: hiding.hiding_sweep("all_to_all", [9], [0.0]), ValueError, r"multiples of world"),
     ],
 )
 def test_refusals_name_the_parameter(call, error, message):
@@ -51,3 +52,6 @@ def test_a_real_sweep_on_two_ranks():
     # without overlap the exchange comes after the sleep: the step is at least both
     seq = hiding.hiding_sweep("all_reduce", [1024], [0.02], overlap=False, repeats=1)
     assert seq.step_s.iloc[0] >= seq.slept_s.iloc[0] >= 0.02
+    # an expert layer's dispatch and combine: a long compute leaves less of it exposed
+    a2a = hiding.hiding_sweep("all_to_all", [1 << 20, 1 << 20], [0.0, 0.05], repeats=3)
+    assert (a2a.comm_s > 0).all() and a2a.exposed_s.iloc[1] < a2a.exposed_s.iloc[0]

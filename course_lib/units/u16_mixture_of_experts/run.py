@@ -33,6 +33,7 @@ from course_lib import validate
 from course_lib.measure import estimate
 from course_lib.parallel import experts as X
 from course_lib.runtime.launch import launch
+from course_lib.units.u16_mixture_of_experts.run_overlap import a2a_overlap
 from course_lib.units.u16_mixture_of_experts.run_scale import MODELS, architecture_params, scale
 from course_lib.units.u16_mixture_of_experts.run_train import BALANCING, train
 
@@ -49,6 +50,7 @@ __all__ = [
     "MODELS",
     "architecture_params",
     "scale",
+    "a2a_overlap",
 ]
 
 #: the layer of the runs: d_model, d_ff, n_experts, top_k, tokens per rank (tiny on purpose)

@@ -60,3 +60,31 @@ def test_train_seed_draws_other_weights_and_tokens():
     assert base.task_loss.tolist() != other.task_loss.tolist()
     with pytest.raises(ValueError, match="seed = -1"):
         run.train(("none",), steps=3, seed=-1)
+
+
+def test_narrowest_hiding_expert_by_hand():
+    """f > (F/B) (ep - 1)/ep p / 2 with no latency: F = 0.25 PFLOP/s, B = 1 GB/s, ep = 2, fp32:
+    250 x 1/2 x 4 / 2 = 250, strictly above: 251 (at 250 the bytes take exactly the compute's
+    time and the estimate says inf); twice the speed, 501."""
+    from course_lib.units.u16_mixture_of_experts.run_overlap import narrowest_hiding_expert
+
+    kw = dict(hidden=256, experts=4, ep=2, link_GBps=1.0, tokens=4096, dtype_bytes=4)
+    assert narrowest_hiding_expert(peak_flops=0.25e12, **kw) == 251
+    assert narrowest_hiding_expert(peak_flops=0.5e12, **kw) == 501
+
+
+def test_a2a_overlap_refuses_uneven_splits():
+    with pytest.raises(ValueError, match="experts = 3"):
+        run.a2a_overlap(experts=3)
+    with pytest.raises(ValueError, match="widths"):
+        run.a2a_overlap(widths=(0, 8))
+
+
+@pytest.mark.slow
+def test_a2a_overlap_on_two_ranks():
+    """Real dispatch and combine on 2 ranks: the bytes are the same at every width, and the
+    widest experts hide more of them than the narrowest."""
+    points, summary = run.a2a_overlap((64, 2048), tokens_per_expert=512, repeats=3)
+    assert list(summary.speed) == [0.25e12, 0.5e12] and (summary.formula > 0).all()
+    for _, g in points.groupby("speed"):
+        assert g.bytes.nunique() == 1 and g.ratio.iloc[-1] < g.ratio.iloc[0]
