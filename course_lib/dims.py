@@ -12,7 +12,11 @@ parallelism (every layer, K and V) sits next to it, data parallelism (once a ste
 pipeline (neighbours only) cross the slower links. Expert parallelism is carved out of the dp
 ranks, as Megatron carves its expert-parallel group out of the data-parallel one: the ep ranks of
 an expert group are ``ep`` consecutive dp ranks (ep divides dp), and the ranks that hold the same
-expert are the dp ranks ``ep`` apart.
+expert are the dp ranks ``ep`` apart. With ``etp`` >= 1 the experts are folded over the tp x cp x
+dp ranks of a stage instead (Megatron-Core's MoE "parallel folding", Liu et al. 2025,
+arXiv:2504.14960): those ranks, in rank order, are regrouped as (expert-data, ep, etp), etp
+innermost, so ep x etp divides tp x cp x dp and ep may exceed dp (Qwen3-235B-A22B: EP 32 on TP 2
+x DP 16).
 
 ``parallel.mesh.Mesh`` (real ranks), ``plan.Layout`` (the planner, which prices each group on the
 links its stride crosses) and the virtual cluster's device mesh all read rank order from here.
@@ -50,9 +54,10 @@ class Coords(NamedTuple):
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """The sizes of a layout's axes, checked: each an int >= 1, ``ep`` a divisor of ``dp``,
-    ``virtual_stages`` (interleaved pipeline chunks per rank) >= 1. ``world_size`` is
-    dp x tp x pp x cp (ep reuses dp's ranks)."""
+    """The sizes of a layout's axes, checked: each an int >= 1, ``ep`` a divisor of ``dp``
+    (or, folded with ``etp`` >= 1, ep x etp a divisor of tp x cp x dp), ``virtual_stages``
+    (interleaved pipeline chunks per rank) >= 1. ``world_size`` is dp x tp x pp x cp (ep
+    reuses dp's ranks, or a stage's)."""
 
     dp: int = 1
     tp: int = 1
@@ -60,11 +65,19 @@ class ParallelDims:
     cp: int = 1
     ep: int = 1
     virtual_stages: int = 1
+    etp: int = 0  # expert tensor parallelism of folded experts (0: ep carved out of dp)
 
     def __post_init__(self) -> None:
         for f in ("dp", "tp", "pp", "cp", "ep", "virtual_stages"):
             object.__setattr__(self, f, _v.count(f, getattr(self, f), minimum=1))
-        if self.dp % self.ep:
+        if _v.count("etp", self.etp, minimum=0):
+            stage = self.tp * self.cp * self.dp
+            if stage % (self.ep * self.etp):
+                raise ValueError(
+                    f"ep = {self.ep}, etp = {self.etp}: expected ep x etp to divide tp x cp x "
+                    f"dp = {stage} (the ranks of a stage the experts fold over)"
+                )
+        elif self.dp % self.ep:
             ok = [d for d in range(1, self.dp + 1) if self.dp % d == 0]
             raise ValueError(
                 f"ep = {self.ep}: expected a divisor of dp = {self.dp}: one of "
@@ -107,8 +120,10 @@ class ParallelDims:
 
     def stride(self, axis: Axis) -> int:
         """Distance in ranks between neighbours along ``axis`` (tp 1, cp tp, dp tp cp, pp
-        tp cp dp; ep, the innermost part of dp, that of dp)."""
+        tp cp dp; ep, the innermost part of dp, that of dp; folded, etp)."""
         axis = _v.choice("axis", axis, AXES)
+        if axis == "ep" and self.etp:
+            return self.etp
         inner = RANK_ORDER[RANK_ORDER.index("dp" if axis == "ep" else axis) + 1 :]
         return math.prod(self.size(a) for a in inner)
 
@@ -116,7 +131,8 @@ class ParallelDims:
         """The position of ``rank`` along every axis."""
         r = _v.count("rank", rank, minimum=0, maximum=self.world_size - 1)
         at = {a: r // self.stride(a) % self.size(a) for a in RANK_ORDER}
-        return Coords(at["pp"], at["dp"], at["cp"], at["tp"], at["dp"] % self.ep)
+        ep = r // self.etp % self.ep if self.etp else at["dp"] % self.ep
+        return Coords(at["pp"], at["dp"], at["cp"], at["tp"], ep)
 
     def rank(self, *, pp: int = 0, dp: int = 0, cp: int = 0, tp: int = 0) -> int:
         """The global rank at these coordinates (the inverse of :meth:`coords`)."""
@@ -131,8 +147,13 @@ class ParallelDims:
         ranks of one expert group."""
         axis = _v.choice("axis", axis, AXES)
         out: dict[tuple[int, ...], list[int]] = {}
+        stage = self.tp * self.cp * self.dp
         for r in range(self.world_size):
             c = self.coords(r)._asdict()
+            if axis == "ep" and self.etp:  # folded: the stage, its expert-data and etp place
+                key = (r // stage, r % stage // (self.ep * self.etp), r % self.etp)
+                out.setdefault(key, []).append(r)
+                continue
             if axis == "ep":
                 c["dp"] //= self.ep  # the expert group, not the place in it
             key = tuple(v for a, v in c.items() if a not in (axis, "ep"))

@@ -15,6 +15,7 @@ cost model via ``estimate.link_speed``). Introduced in notebooks/14_planning_a_r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ from course_lib.plan.specs import ClusterSpec, Layout, ModelSpec
 __all__ = [
     "Assumptions",
     "DEFAULT_ASSUMPTIONS",
+    "MATMUL_MODELS",
+    "EP_SCHEDULE_NAMES",
     "ASSUMPTION_SOURCES",
     "no_latency",
     "span",
@@ -57,8 +60,33 @@ ASSUMPTION_SOURCES = {
     "p2p_overlap": "0: a stage waits for the activation it receives (1F1B, Narayanan et al. "
     "2021, arXiv:2104.04473)",
     "fp8": "False: products in bf16; True runs the weight products at twice the bf16 peak (H100 "
-    "data sheet: 1,979 vs 989 dense TFLOP/s), attention in bf16, as DeepSeek-V3 did (Sec. 3.3)",
+    "data sheet: 1,979 vs 989 dense TFLOP/s), attention in bf16, as DeepSeek-V3 did (Sec. 3.3); "
+    "by shape, at the FP8 products' measured fraction of the FP8 peak (0.68 at 8192^3: "
+    "estimate.GEMM_CALIBRATIONS)",
+    "ep_schedule": "'none': the all-to-alls wait for nothing to hide behind; '1F1B-overlapped' "
+    "hides them behind the attention of the micro-batch running beside (Megatron-Core), "
+    "'DualPipe' behind the paired chunk's whole layer (arXiv:2412.19437 Sec. 3.2.1); what the "
+    "compute does not cover stays exposed (plan.moe_time)",
+    "ep_node_limit": "0: each token's copies travel on their own; DeepSeek-V3 sends each token "
+    "to at most M = 4 nodes, once per node, forwarded inside it over NVLink (Sec. 2.1.2, 3.2.2)",
+    "comm_sms": "0: every SM computes; DeepSeek-V3 gives 20 of the H800's 132 SMs to its "
+    "all-to-all kernels (arXiv:2412.19437 Sec. 3.2.2), so its products run on 112 (compute x "
+    "sms / (sms - comm_sms))",
+    "capacity_factor": "1.0: the busiest rank receives the mean of the tokens (balanced "
+    "routing); a capacity factor c lets it receive up to c times the mean (Switch Transformer, "
+    "arXiv:2101.03961 Sec. 2.2): its all-to-all, and by shape its expert products, take c "
+    "times as long (the other ranks wait for it)",
+    "matmul_model": "'flat': every product at matmul_efficiency x the peak. 'by shape': each "
+    "product of a layer timed from its shape (plan.gemm_time: the roofline of the card's FLOP/s "
+    "and memory bandwidth at the fraction of the peak an H100's 8192^3 GEMMs reach, measured "
+    "by the course's GPU check, docs/gpu-check-2026-11-27.md), plus the memory-bound kernels "
+    "between them at the memory bandwidth; matmul_efficiency is then unused",
 }
+#: the compute models :class:`Assumptions` knows
+MATMUL_MODELS = ("flat", "by shape")
+#: the pipeline schedules whose hiding of the expert all-to-alls is modelled
+#: (``plan.moe_time.EP_SCHEDULES`` says what each hides)
+EP_SCHEDULE_NAMES = ("none", "1F1B-overlapped", "DualPipe")
 
 
 @dataclass(frozen=True)
@@ -75,21 +103,32 @@ class Assumptions:
     p2p_overlap: float = 0.0
     dp_overlap: float = 1.0
     fp8: bool = False
+    matmul_model: str = "flat"
+    ep_schedule: str = "none"
+    ep_node_limit: int = 0
+    capacity_factor: float = 1.0
+    comm_sms: int = 0
 
     def __post_init__(self) -> None:
+        _v.count("comm_sms", self.comm_sms, minimum=0)
+        _v.choice("matmul_model", self.matmul_model, MATMUL_MODELS)
+        _v.choice("ep_schedule", self.ep_schedule, EP_SCHEDULE_NAMES)
+        _v.count("ep_node_limit", self.ep_node_limit, minimum=0)
+        _v.number("capacity_factor", self.capacity_factor, minimum=1, finite=True)
         _v.number("matmul_efficiency", self.matmul_efficiency, positive=True, maximum=1)
         for f in ("tp_overlap", "cp_overlap", "ep_overlap", "p2p_overlap", "dp_overlap"):
             _v.number(f, getattr(self, f), minimum=0, maximum=1)
         if not isinstance(self.fp8, bool):
             raise TypeError(f"fp8 = {self.fp8!r}: expected True or False")
 
-    def replace(self, **changes: float | bool) -> Assumptions:
+    def replace(self, **changes: float | bool | str) -> Assumptions:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
 DEFAULT_ASSUMPTIONS = Assumptions()
 
 
+@functools.cache
 def no_latency(cluster: ClusterSpec) -> ClusterSpec:
     """The same cluster with no per-message latency (what the bytes alone cost)."""
     return dataclasses.replace(cluster, alpha_intra_s=0.0, alpha_inter_s=0.0)
@@ -102,6 +141,7 @@ def span(cluster: ClusterSpec, stride: int, size: int) -> tuple[int, int]:
     return math.ceil(size / per_node), per_node
 
 
+@functools.cache
 def allreduce_s(size: float, cluster: ClusterSpec, nodes: int, per_node: int) -> float:
     """Seconds of an all-reduce of ``size`` bytes per rank over ``nodes`` x ``per_node`` ranks:
     a ring on NVLink inside one node, else two levels (``estimate.hierarchical_allreduce_time``),
@@ -135,13 +175,16 @@ def tp_comm_s(
 ) -> float:
     """Exposed seconds of one micro-batch's tensor-parallel all-reduces on a stage of ``layers``:
     ``estimate.tp_comm_bytes_per_layer``'s payloads (4 of s b h per layer, 6 with full
-    recomputation; s the rank's s / cp tokens), each an all-reduce on the link tp spans."""
+    recomputation; s the rank's s / cp tokens), each an all-reduce on the link tp spans; half
+    as many with a parallel block (PaLM: one all-reduce where a serial block has two)."""
     t = layout.tp
     if t == 1:
         return 0.0
     s, b, h = model.seq // layout.cp, layout.micro_batch, model.hidden
     tp = estimate.tp_comm_bytes_per_layer(s, b, h, t, recompute=layout.recompute)
     payload, calls = int(tp["payload"]), int(tp["payloads"]) // int(tp["payload"])
+    if model.parallel_block:  # attention and MLP outputs summed before one all-reduce (PaLM)
+        calls //= 2
     one = allreduce_s(payload, cluster, *span(cluster, layout.dims.stride("tp"), t))
     return (1 - overlap) * layers * calls * one
 
@@ -221,7 +264,8 @@ def _dp_allreduce_s(
     that share it, the routed experts over the dp cp / ep ranks that share an expert."""
     group = layout.dp * layout.cp
     dense = span(cluster, layout.dims.stride("cp"), group)  # dp x cp, cp innermost
-    expert = span(cluster, layout.tp * layout.ep, group // layout.ep)
+    split, share = layout.expert_split  # the ranks holding the same experts sit split apart
+    expert = span(cluster, split if layout.etp else layout.tp * layout.ep, share)
     return calls * (
         allreduce_s(width * grads[0] / calls, cluster, *dense)
         + allreduce_s(width * grads[1] / calls, cluster, *expert)

@@ -28,7 +28,7 @@ _PART_OF = {
 def _family(row: Any) -> str:
     extra = "".join(
         f" x {k.upper()} {row[k]}" for k in ("cp", "ep") if k in row.index and row[k] > 1
-    )
+    ) + (f" (folded, ETP {row['etp']})" if row.get("etp", 0) else "")
     return f"TP {row['tp']} x PP {row['pp']} x DP {row['dp']}{extra}"
 
 
@@ -68,10 +68,22 @@ def _winner(top: Any, usable: float) -> list[str]:
     ]
 
 
+def _experts(top: Any, how: Any) -> str:
+    """A mixture-of-experts winner's all-to-all, exposed and in all, and its expert products."""
+    return (
+        f"  Its experts: all-to-all {top['ep_comm_s']:.2f} s exposed of "
+        f"{top['ep_all_to_all_s']:.2f} s (schedule {how.ep_schedule}, node limit "
+        f"{how.ep_node_limit or 'none'}, capacity factor {how.capacity_factor:g}); expert "
+        f"products at {top['expert_gemm_efficiency']:.0%} of the "
+        f"{'FP8' if how.fp8 else 'bf16'} peak ({how.matmul_model})."
+    )
+
+
 def _thresholds(row: Any, inputs: dict[str, Any]) -> Any:
     """:func:`layout_thresholds` of a row of plan()'s result."""
     keys = ("dp", "tp", "pp", "zero", "recompute", "micro_batch")
     kw = {k: row[k] for k in keys} | {k: row.get(k, 1) for k in ("cp", "ep")}
+    kw["etp"] = row.get("etp", 0)
     lay = Layout(**kw, virtual_stages=row["v"])
     return layout_thresholds(
         inputs["model"],
@@ -154,6 +166,8 @@ def explain(result: Any, *, families: int = 8) -> str:
         return _nothing_fits(rejected.iloc[0], usable)
     top = result.iloc[0]
     lines = _winner(top, usable)
+    if top.get("expert_gemm_efficiency", float("nan")) == top.get("expert_gemm_efficiency"):
+        lines.append(_experts(top, inputs["assumptions"]))
     comm = tuple(k for k in _PART_OF if top[k] > 0)
     why = _why_bound(top, inputs, comm) if comm else ""
     if why:

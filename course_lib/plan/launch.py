@@ -87,4 +87,5 @@ def layout_of(result: Any, rank: int = 1) -> Layout:
         get["v"],
         cp=int(row["cp"]) if "cp" in row.index else 1,
         ep=int(row["ep"]) if "ep" in row.index else 1,
+        etp=int(row["etp"]) if "etp" in row.index else 0,
     )

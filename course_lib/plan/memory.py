@@ -108,6 +108,16 @@ def microbatches(model: ModelSpec, layout: Layout, global_batch_tokens: int) -> 
     return seqs // per
 
 
+@functools.cache
+def tp_choices(model: ModelSpec) -> list[int]:
+    """The tensor-parallel sizes ``model`` allows: divisors of the heads that divide the K/V
+    heads, or that the K/V heads divide (each rank then keeps one whole K/V head, replicated
+    tp / kv_heads times: ``ModelSpec.kv_replicated`` prices it). Multi-query attention (PaLM)
+    allows every divisor of the heads."""
+    g = model.kv_heads
+    return [t for t in divisors(model.heads) if g % t == 0 or t % g == 0]
+
+
 def check_layout(
     model: ModelSpec,
     layout: Layout,
@@ -117,7 +127,8 @@ def check_layout(
     uneven_stages: bool = False,
 ) -> None:
     """Refuse a layout that cannot run, naming the parameter, its value and the valid choices:
-    tp must divide heads and kv_heads; pp must divide layers (unless ``uneven_stages``) and may
+    tp must divide heads, and divide kv_heads or be a multiple of it (:func:`tp_choices`); pp
+    must divide layers (unless ``uneven_stages``) and may
     not exceed them; v must divide the layers of a stage (as :func:`stage_layers` counts them,
     as the search does); the layout may not use more GPUs than the cluster has; the
     global batch must split into whole micro-batches; an interleaved pipeline needs at least as
@@ -126,11 +137,14 @@ def check_layout(
         raise TypeError(f"model = {model!r}: expected a ModelSpec")
     if not isinstance(layout, Layout):
         raise TypeError(f"layout = {layout!r}: expected a Layout")
-    g = math.gcd(model.heads, model.kv_heads)
-    if g % layout.tp:
+    ok = tp_choices(model)
+    if layout.tp not in ok:
+        also = (
+            "" if model.kv_heads == model.heads else " (or a multiple of kv_heads: K/V replicated)"
+        )
         raise ValueError(
             f"tp = {layout.tp}: expected a divisor of heads = {model.heads} and "
-            f"kv_heads = {model.kv_heads}: one of {', '.join(map(str, divisors(g)))}"
+            f"kv_heads = {model.kv_heads}{also}: one of {', '.join(map(str, ok))}"
         )
     n = layers_per_stage(model, layout.pp, uneven_stages=uneven_stages)
     if n % layout.virtual_stages:
@@ -197,24 +211,25 @@ def predict_memory(
         model, layout, global_batch_tokens=global_batch_tokens, uneven_stages=uneven_stages
     )
     which = _v.choice("stage", stage, ("worst", "first", "last"))
-    if which == "worst":
-        first, last = (
-            predict_memory(
-                model,
-                layout,
-                global_batch_tokens=global_batch_tokens,
-                uneven_stages=uneven_stages,
-                stage=one,
-            )
-            for one in ("first", "last")
-        )
-        return first if first["total"] >= last["total"] else last
-    t, p, b = layout.tp, layout.pp, layout.micro_batch
     m = (
         microbatches(model, layout, global_batch_tokens)
         if global_batch_tokens is not None
-        else p * max(1, layout.virtual_stages)
+        else layout.pp * max(1, layout.virtual_stages)
     )
+    if which == "worst":  # the larger of the two, each counted once, the layout checked once
+        first, last = (
+            _stage_memory(model, layout, m, uneven_stages, one) for one in ("first", "last")
+        )
+        return first if first["total"] >= last["total"] else last
+    return _stage_memory(model, layout, m, uneven_stages, which)
+
+
+def _stage_memory(
+    model: ModelSpec, layout: Layout, m: int, uneven_stages: bool, which: str
+) -> dict[str, int | float]:
+    """:func:`predict_memory` of the ``which`` stage ("first" or "last") of a checked layout
+    with ``m`` micro-batches."""
+    t, p, b = layout.tp, layout.pp, layout.micro_batch
     n_first, n_last = stage_layers(model, p, uneven_stages=uneven_stages)
     n = n_first if which == "first" else n_last
     is_first, is_last = which == "first" or p == 1, which == "last" or p == 1
@@ -231,29 +246,48 @@ def _stage_params(
     model: ModelSpec, layout: Layout, layers: int, is_first: bool, is_last: bool
 ) -> tuple[int, int]:
     """(dense, routed-expert) parameters of a stage of ``layers`` layers: the dense part of each
-    layer (all of a dense model's), the norms, the embedding on the first stage and the output
+    layer (all of a dense model's, with the K/V heads tp > kv_heads replicates:
+    ``ModelSpec.kv_replicated``), the norms, the embedding on the first stage and the output
     layer on the last; the routed experts of its MoE layers apart (expert parallelism splits
     them)."""
     parts, lp = model.params(), model.layer_params()
-    dense = layers * (lp["moe"] - lp["routed"]) + parts["other"]
+    dense = layers * (lp["moe"] - lp["routed"] + model.kv_replicated(layout.tp)) + parts["other"]
     dense += parts["embedding"] if is_first else 0
     dense += (parts["output"] or (parts["embedding"] if layout.pp > 1 else 0)) if is_last else 0
     return dense, layers * lp["routed"]
 
 
 def _model_state(layout: Layout, dense: int, routed: int) -> dict[str, int | float]:
+    """:func:`_state` of ``layout``'s sizes (counted once per distinct set)."""
+    split, share = layout.expert_split
+    key = (layout.tp, layout.dp * layout.cp, split, share, layout.zero, layout.grad_bytes)
+    return dict(_state(*key, dense, routed))
+
+
+@functools.cache
+def _state(
+    t: int,
+    group: int,
+    split: int,
+    share: int,
+    zero: int,
+    grad_bytes: int,
+    dense: int,
+    routed: int,
+) -> dict[str, int | float]:
     """Weights, gradients and optimizer state per rank (``estimate.zero_state_breakdown_per_rank``:
-    bf16 weights, ``layout.grad_bytes`` gradients, fp32 master and Adam moments) of a stage's
-    ``dense`` parameters over tp, sharded by ZeRO over the dp x cp ranks that hold them, and of
-    its ``routed`` experts over tp x ep, sharded over the dp cp / ep ranks that share an expert
-    (as ``estimate.moe_model_state_bytes_per_rank`` groups them)."""
-    t, group = layout.tp, layout.dp * layout.cp
-    kw: dict[str, Any] = dict(stage=layout.zero, grad_bytes=layout.grad_bytes)
+    bf16 weights, ``grad_bytes`` gradients, fp32 master and Adam moments) of a stage's ``dense``
+    parameters over ``t`` = tp, sharded by ZeRO ``zero`` over the ``group`` = dp x cp ranks that
+    hold them, and of its ``routed`` experts split over ``split`` ranks and sharded over the
+    ``share`` ranks that hold the same experts (``Layout.expert_split``: tp x ep and dp cp / ep,
+    or folded ep x etp and tp cp dp / (ep etp); as ``estimate.moe_model_state_bytes_per_rank``
+    groups them)."""
+    kw: dict[str, Any] = dict(stage=zero, grad_bytes=grad_bytes)
     state = estimate.zero_state_breakdown_per_rank(-(-dense // t), world_size=group, **kw)
     out = {k: state[k] for k in ("params", "grads", "optimizer")}
     if routed:
-        shard = -(-routed // (t * layout.ep))
-        experts = estimate.zero_state_breakdown_per_rank(shard, world_size=group // layout.ep, **kw)
+        shard = -(-routed // split)
+        experts = estimate.zero_state_breakdown_per_rank(shard, world_size=share, **kw)
         out = {k: out[k] + experts[k] for k in out}
     return out
 
@@ -305,10 +339,13 @@ def _activation_bytes(
 
 def _activation_key(layout: Layout) -> Layout:
     """The layout with only what one layer's activations depend on (a cache key)."""
-    return Layout(
-        1, layout.tp, micro_batch=layout.micro_batch, cp=layout.cp, cp_method=layout.cp_method,
-        sequence_parallel=layout.sequence_parallel,
-    )  # fmt: skip
+    key = (layout.tp, layout.micro_batch, layout.cp, layout.cp_method, layout.sequence_parallel)
+    return _key_layout(*key)
+
+
+@functools.cache
+def _key_layout(tp: int, micro_batch: int, cp: int, cp_method: Any, sp: bool) -> Layout:
+    return Layout(1, tp, micro_batch=micro_batch, cp=cp, cp_method=cp_method, sequence_parallel=sp)
 
 
 _cached_layer = functools.cache(_layer_activations)

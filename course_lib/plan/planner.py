@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from course_lib import validate as _v
 from course_lib.measure import estimate
 from course_lib.plan import comm_model as cm
-from course_lib.plan import search
+from course_lib.plan import gemm_time, moe_time, search
 from course_lib.plan.comm_model import DEFAULT_ASSUMPTIONS, Assumptions
 from course_lib.plan.memory import (
     MEMORY_CATEGORIES,
@@ -72,16 +72,18 @@ def _stage_flops(
     model: ModelSpec, layout: Layout, layers: int, *, output: bool
 ) -> tuple[int, int, int]:
     """(weight-product FLOPs, attention FLOPs, recomputed FLOPs) per token of a stage of
-    ``layers`` layers (MoE layers where the model has experts: the parameters a token uses),
-    with the output layer's 6 V h when ``output``."""
-    h, s = model.hidden, model.seq
+    ``layers`` layers (MoE layers where the model has experts: the parameters a token uses; the
+    K/V heads tp > kv_heads replicates, ``ModelSpec.kv_replicated``), with the output layer's
+    6 V h when ``output``. Attention: 12 s w per layer, w = ``ModelShape.attention_width``."""
+    h, s = model.attention_width, model.seq
     per_layer = model.layer_params()["moe_active" if model.experts else "dense"]
+    per_layer += model.kv_replicated(layout.tp)  # K/V heads every rank of a group computes
     weights = estimate.training_flops_per_token(layers * per_layer)
     attention = estimate.training_flops_per_token(0, layers=layers, hidden=h, seq=s)
     extra = estimate.recompute_flops_per_token(
         per_layer, layers=layers, hidden=h, seq=s, recompute=layout.recompute
     )
-    out = estimate.training_flops_per_token(model.vocab * h) if output else 0
+    out = estimate.training_flops_per_token(model.vocab * model.hidden) if output else 0
     return weights + out, attention, extra
 
 
@@ -96,7 +98,11 @@ def _compute_s(
     first of ``stages``' layer counts) or the last with the output layer (the second). Each rank
     does 1 / (tp cp) of the stage's work; weight products at twice the rate with ``fp8``."""
     n, n_last = stages
-    rate = how.matmul_efficiency * cluster.peak_flops
+    slower = cluster.sms / (cluster.sms - how.comm_sms) if how.comm_sms else 1.0
+    if how.matmul_model == "by shape":
+        c, r = _compute_by_shape(model, cluster, layout, stages, how)
+        return c * slower, r * slower
+    rate = how.matmul_efficiency * cluster.peak_flops / slower
     speedup = 2 if how.fp8 else 1
     per_rank = layout.micro_batch * model.seq / (layout.tp * layout.cp)
 
@@ -111,30 +117,86 @@ def _compute_s(
     )
 
 
+def _shape_layer(model: ModelSpec, cluster: ClusterSpec, layout: Layout, how: Assumptions) -> Any:
+    """``plan.gemm_time.layer_time`` of one layer of ``model`` on a rank of ``layout``
+    (selective recomputation is the course's FlashAttention: scores never in memory)."""
+    queries = model.seq // layout.cp
+    return gemm_time.layer_time(
+        model, cluster, layout.tp, layout.ep, layout.micro_batch * queries, queries,
+        layout.recompute == "selective", layout.sequence_parallel, how.fp8, how.capacity_factor,
+        layout.etp,
+    )  # fmt: skip
+
+
+def _compute_by_shape(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    stages: tuple[int, int],
+    how: Assumptions,
+) -> tuple[float, float]:
+    """:func:`_compute_s` product by product (``plan.gemm_time``): a layer's forward, three
+    times for forward and backward (the backward's two products per weight product have its
+    FLOPs), the output layer on the last stage; recomputation runs the forward again (full) or
+    the attention core's (selective)."""
+    lt = _shape_layer(model, cluster, layout, how)
+    layer = lt.weights + lt.core + lt.elementwise
+    again = {"none": 0.0, "selective": lt.core, "full": layer}[layout.recompute]
+
+    def stage(n: int, output: bool) -> tuple[float, float]:
+        return 3 * (n * layer + (lt.output if output else 0.0)), n * again
+
+    n, n_last = stages
+    return max(stage(n, layout.pp == 1), stage(n_last, True), key=sum)
+
+
 def _stage_grads(model: ModelSpec, layout: Layout, stages: tuple[int, int]) -> tuple[int, int]:
     """(dense, routed-expert) parameters of the fullest stage on one rank: its layers' share
-    over tp (the routed experts also over ep) and the embedding or the output layer."""
+    over tp (the routed experts over ``Layout.expert_split``'s ranks: tp x ep, or folded ep x
+    etp) and the embedding or the output layer."""
     n, n_last = stages
     parts, lp = model.params(), model.layer_params()
-    dense_layer = lp["moe"] - lp["routed"]
+    dense_layer = lp["moe"] - lp["routed"] + model.kv_replicated(layout.tp)
     dense = max(
         n * dense_layer + parts["embedding"],
         n_last * dense_layer + (parts["output"] or parts["embedding"]),
     )
-    routed = n * lp["routed"] // layout.ep if model.experts else 0
-    return -(-dense // layout.tp), routed // layout.tp
+    routed = n * lp["routed"] // layout.expert_split[0] if model.experts else 0
+    return -(-dense // layout.tp), routed
 
 
 def _comm(
-    model: ModelSpec, cluster: ClusterSpec, layout: Layout, layers: int, how: Assumptions
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    layers: int,
+    how: Assumptions,
+    layer_s: float,
 ) -> dict[str, float]:
-    """Exposed seconds of one micro-batch's TP, CP, EP and stage-to-stage traffic."""
+    """Exposed seconds of one micro-batch's TP, CP, EP and stage-to-stage traffic (EP:
+    ``plan.moe_time``, hidden as ``how.ep_schedule`` says behind ``layer_s``, one layer's
+    compute)."""
     return {
         "tp_comm_s": cm.tp_comm_s(model, cluster, layout, layers, how.tp_overlap),
         "cp_comm_s": cm.cp_comm_s(model, cluster, layout, layers, how.cp_overlap),
-        "ep_comm_s": cm.ep_comm_s(model, cluster, layout, layers, how.ep_overlap),
+        "ep_comm_s": moe_time.ep_exposed_s(model, cluster, layout, layers, how, layer_s)[0],
         "p2p_s": cm.p2p_s(model, cluster, layout, how.p2p_overlap),
     }
+
+
+def _moe_row(
+    model: ModelSpec, cluster: ClusterSpec, layout: Layout, how: Assumptions, mn: tuple[int, int]
+) -> dict[str, float]:
+    """``ep_all_to_all_s``: the step's all-to-all seconds before any hiding (``ep_comm_s`` is
+    what stays exposed); ``expert_gemm_efficiency``: the fraction of the peak the routed
+    experts' products reach (by shape; ``matmul_efficiency`` when flat; nan when dense)."""
+    if not model.experts:
+        return {"ep_all_to_all_s": 0.0, "expert_gemm_efficiency": float("nan")}
+    total = moe_time.ep_exposed_s(model, cluster, layout, mn[1], how, 0.0)[1]
+    eff = how.matmul_efficiency
+    if how.matmul_model == "by shape":
+        eff = _shape_layer(model, cluster, layout, how).expert_efficiency
+    return {"ep_all_to_all_s": mn[0] * total, "expert_gemm_efficiency": eff}
 
 
 def step_time(
@@ -149,32 +211,35 @@ def step_time(
     """Seconds of one training step under ``layout``, by part (:data:`TIME_PARTS`), with
     ``latency_s`` (the part of the TP, CP, EP and stage-to-stage terms that is per-message
     latency: it scales with the number of micro-batches, the rest with the bytes), ``step_s``,
-    ``microbatches``, ``bubble_fraction``, ``mfu``, ``hfu``, ``tokens_per_s``. See the module
+    ``microbatches``, ``bubble_fraction``, ``mfu``, ``hfu`` (against the bf16 peak, what
+    ``ClusterSpec.peak_flops`` is), ``mfu_fp8_peak`` (with ``Assumptions.fp8``: the same model
+    FLOPs against the FP8 peak, ``ClusterSpec.fp8_flops``; nan without), ``tokens_per_s``, and
+    for an MoE model ``ep_all_to_all_s`` and ``expert_gemm_efficiency``. See the module
     docstring for the model; every term comes from ``estimate`` through ``plan.comm_model``."""
-    check_layout(
-        model, layout, cluster, global_batch_tokens=global_batch_tokens, uneven_stages=uneven_stages
-    )
+    kw: dict[str, Any] = dict(global_batch_tokens=global_batch_tokens, uneven_stages=uneven_stages)
+    check_layout(model, layout, cluster, **kw)
     if not isinstance(assumptions, Assumptions):
         raise TypeError(f"assumptions = {assumptions!r}: expected a plan.Assumptions")
     how, p, v = assumptions, layout.pp, layout.virtual_stages
     m = microbatches(model, layout, global_batch_tokens)
     stages = stage_layers(model, p, uneven_stages=uneven_stages)
     compute, recompute = _compute_s(model, cluster, layout, stages, how)
-    comm = _comm(model, cluster, layout, stages[0], how)
+    work = compute + recompute
+    layer_s = work / stages[0]
+    comm = _comm(model, cluster, layout, stages[0], how, layer_s)
     latency = sum(comm.values()) - sum(
-        _comm(model, cm.no_latency(cluster), layout, stages[0], how).values()
+        _comm(model, cm.no_latency(cluster), layout, stages[0], how, layer_s).values()
     )
-    per_mb = compute + recompute + sum(comm.values())
+    per_mb = work + sum(comm.values())
     bubble_fraction = estimate.pipeline_bubble_fraction(p, m, v)
     pipeline = m * per_mb / (1 - bubble_fraction)
-    grads = _stage_grads(model, layout, stages)
-    dp_comm = cm.dp_comm_s(
-        cluster, layout, grads, compute + recompute, (m, stages[0]), how.dp_overlap
-    )
+    grads, mn = _stage_grads(model, layout, stages), (m, stages[0])
+    dp_comm = cm.dp_comm_s(cluster, layout, grads, work, mn, how.dp_overlap)
     step = pipeline + dp_comm
     model_flops, hardware_flops = (
         global_batch_tokens * f for f in model.flops_per_token(layout.recompute)
     )
+    nan = float("nan")
     return {
         "compute_s": m * compute,
         "recompute_s": m * recompute,
@@ -187,7 +252,10 @@ def step_time(
         "bubble_fraction": bubble_fraction,
         "mfu": model_flops / (step * layout.gpus * cluster.peak_flops),
         "hfu": hardware_flops / (step * layout.gpus * cluster.peak_flops),
+        # FP8 products: the same model FLOPs against the FP8 peak too, named apart
+        "mfu_fp8_peak": model_flops / (step * layout.gpus * cluster.fp8_flops) if how.fp8 else nan,
         "tokens_per_s": global_batch_tokens / step,
+        **_moe_row(model, cluster, layout, how, mn),
     }
 
 
@@ -211,7 +279,10 @@ def evaluate(
     )
     usable = (1 - _v.number("reserve", reserve, minimum=0, maximum=0.9)) * cluster.memory_bytes
     row: dict[str, Any] = {
-        **{k: getattr(layout, k) for k in ("dp", "tp", "pp", "cp", "ep", "zero", "recompute")},
+        **{
+            k: getattr(layout, k)
+            for k in ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "recompute")
+        },
         "micro_batch": layout.micro_batch,
         "v": layout.virtual_stages,
         "memory_GB": mem["total"] / 1e9,
@@ -273,7 +344,8 @@ def plan(
     node unless ``allow_tp_across_nodes`` (then priced on the network it crosses); cp a power
     of two leaving each rank at least ``search.MIN_CP_TOKENS`` tokens; pp dividing the layers
     (any pp with ``uneven_stages``); dp = gpus / (tp cp pp) dividing the global batch in
-    sequences; for an MoE model ep dividing dp and the experts; micro-batch sizes up to
+    sequences; for an MoE model ep dividing dp and the experts, and the larger ep that folding
+    the experts over a stage's tp x cp x dp ranks allows (``etp`` 1); micro-batch sizes up to
     ``max_micro_batch`` that divide each replica's share; ZeRO 0-3; recomputation none /
     selective / full; interleaving v in 1, 2, 4, 8. ``only`` narrows any of these to the values given, e.g. ``only={"tp": [8], "pp": [16]}``.
 
@@ -290,12 +362,20 @@ def plan(
     search.check_only(model, only, uneven_stages)  # a layout no search could build: refused now
     kw: dict[str, Any] = dict(global_batch_tokens=tokens, reserve=reserve)
     kw |= dict(uneven_stages=uneven_stages, assumptions=assumptions, total_tokens=total_tokens)
+    timing: dict[str, Any] = dict(global_batch_tokens=tokens, assumptions=assumptions)
+    timing["uneven_stages"] = uneven_stages
+    if total_tokens is not None:
+        _v.number("total_tokens", total_tokens, positive=True)
     rows = []
     for layout in search.candidates(
         model, cluster, n_gpus, tokens, uneven_stages, most, allow_tp_across_nodes, only
     ):
         row = evaluate(model, cluster, layout, timed=False, **kw)
-        rows.append(evaluate(model, cluster, layout, **kw) if row["fits"] else row)
+        if row["fits"]:  # time it (its memory is counted)
+            row.update(step_time(model, cluster, layout, **timing))
+            if total_tokens is not None:
+                row["days"] = total_tokens / row["tokens_per_s"] / 86400
+        rows.append(row)
     if not rows:
         raise ValueError(search.no_layout_message(model, n_gpus, tokens, only))
     fits = _ranked(pd.DataFrame(rows))

@@ -121,6 +121,7 @@ MODELS: dict[str, ModelSpec] = {
             top_k=2,
             expert_ffn=14336,
             published_params=46.7e9,
+            published_active=12.9e9,
             source="Jiang et al. 2024, arXiv:2401.04088, Table 1 (46.7B total, 12.9B active: "
             "Mistral AI's announcement); the training sequence length is not published (4,096 "
             "here; the model serves 32K)",
@@ -139,13 +140,82 @@ MODELS: dict[str, ModelSpec] = {
             shared_experts=1,
             expert_ffn=2048,
             dense_layers=3,
+            head_dim=128,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            rope_head_dim=64,
+            v_head_dim=128,
             published_params=671e9,
-            source="DeepSeek-AI 2024, arXiv:2412.19437, Sec. 4.2 (61 layers, width 7168, 128 "
-            "heads, 3 dense layers, then 1 shared + 256 routed experts of width 2048, 8 active; "
-            "4K pre-training sequences); dense FFN 18,432 and vocabulary 129,280 from the "
-            "released config. Its multi-head latent attention is priced here as plain multi-head "
-            "attention of width 7168 (about 10 % more attention weights than MLA's, and MLA's "
-            "192-wide query-key heads do about 3x the 12 L h s attention FLOPs counted)",
+            published_active=37e9,
+            source="DeepSeek-AI 2024, arXiv:2412.19437, Sec. 1 and 4.2 (61 layers, width 7168; "
+            "MLA with 128 heads of 128, KV compression 512, query compression 1536, decoupled "
+            "RoPE 64 per head; 3 dense layers, then 1 shared + 256 routed experts of width 2048, "
+            "8 active; 4K pre-training sequences; 671B total, 37B activated, the multi-token "
+            "prediction module left out); dense FFN 18,432 and vocabulary 129,280 from the "
+            "released config",
+        ),
+        ModelSpec(
+            "Qwen3-30B-A3B",
+            48,
+            2048,
+            32,
+            4,
+            6144,
+            151936,
+            4096,
+            experts=128,
+            top_k=8,
+            expert_ffn=768,
+            head_dim=128,
+            qk_norm=True,
+            published_params=30.5e9,
+            published_active=3.3e9,
+            source="Qwen Team 2025, Qwen3 Technical Report, arXiv:2505.09388, Table 2 and the "
+            "Qwen3-30B-A3B model card (48 layers, 32 query and 4 K/V heads of 128 with QK-norm, "
+            "128 experts of width 768, 8 active, no shared expert; 30.5B total, 3.3B "
+            "activated); width 2,048, vocabulary 151,936 and untied embeddings from the "
+            "released config (recalled); every layer is MoE (ffn is unused); 4K pre-training "
+            "sequences (Sec. 3.2, stage 1)",
+        ),
+        ModelSpec(
+            "Qwen3-235B-A22B",
+            94,
+            4096,
+            64,
+            4,
+            12288,
+            151936,
+            4096,
+            experts=128,
+            top_k=8,
+            expert_ffn=1536,
+            head_dim=128,
+            qk_norm=True,
+            published_params=235e9,
+            published_active=22e9,
+            source="Qwen Team 2025, arXiv:2505.09388, Table 2 and the Qwen3-235B-A22B model "
+            "card (94 layers, 64 query and 4 K/V heads of 128 with QK-norm: heads x head_dim "
+            "= 8,192 on a width of 4,096; 128 experts of width 1,536, 8 active; 235B total, "
+            "22B activated); width, vocabulary and untied embeddings from the released config "
+            "(recalled); every layer is MoE (ffn is unused)",
+        ),
+        ModelSpec(
+            "PaLM-540B",
+            118,
+            18432,
+            48,
+            1,
+            4 * 18432,
+            256000,
+            2048,
+            head_dim=256,
+            parallel_block=True,
+            tied_embeddings=True,
+            published_params=540.35e9,
+            source="Chowdhery et al. 2022, PaLM, arXiv:2204.02311, Sec. 2 and Table 1 (118 "
+            "layers, d_model 18,432, 48 heads of 256, multi-query attention, SwiGLU of 4 "
+            "d_model, parallel layers, RoPE, shared input-output embeddings, no biases, a "
+            "256K-token vocabulary, 2,048-token sequences; 540.35B parameters)",
         ),
     ]
 }
@@ -157,11 +227,13 @@ def model(name: str) -> ModelSpec:
 
 
 _H100 = (
-    "NVIDIA H100 SXM data sheet: 80 GB HBM3, 989 TFLOP/s dense bf16, NVLink 4 900 GB/s "
+    "NVIDIA H100 SXM data sheet: 80 GB HBM3 (3.35 TB/s), 989 TFLOP/s dense bf16 (1,979 FP8), "
+    "NVLink 4 900 GB/s "
     "(450 per direction); one ConnectX-7 400 Gb/s (50 GB/s) NIC per GPU as in DGX H100"
 )
 _A100 = (
-    "NVIDIA A100 SXM 80GB data sheet: 312 TFLOP/s dense bf16, NVLink 3 600 GB/s (300 per "
+    "NVIDIA A100 SXM 80GB data sheet: 312 TFLOP/s dense bf16, HBM2e 2.04 TB/s, NVLink 3 600 "
+    "GB/s (300 per "
     "direction); one HDR 200 Gb/s (25 GB/s) NIC per GPU as in DGX A100"
 )
 CLUSTERS: dict[str, ClusterSpec] = {
@@ -176,6 +248,8 @@ CLUSTERS: dict[str, ClusterSpec] = {
             estimate.link_speed("NVLink H100").per_direction_GBps,
             estimate.link_speed("InfiniBand NDR").per_direction_GBps,
             _H100,
+            mem_GBps=3350.0,
+            fp8_peak_flops=1979e12,
         ),
         ClusterSpec(
             "8xA100-80GB + 200G IB",
@@ -186,6 +260,8 @@ CLUSTERS: dict[str, ClusterSpec] = {
             estimate.link_speed("NVLink A100").per_direction_GBps,
             estimate.link_speed("InfiniBand HDR").per_direction_GBps,
             _A100,
+            mem_GBps=2039.0,
+            sms=108,
         ),
         ClusterSpec(
             "8xV100-32GB + 100GbE",
@@ -195,7 +271,10 @@ CLUSTERS: dict[str, ClusterSpec] = {
             125e12,
             150.0,
             estimate.link_speed("100 GbE").per_direction_GBps,
-            "NVIDIA V100 SXM2 data sheet: 125 TFLOP/s fp16 tensor, NVLink 2 300 GB/s",
+            "NVIDIA V100 SXM2 data sheet: 125 TFLOP/s fp16 tensor, NVLink 2 300 GB/s, HBM2 "
+            "900 GB/s",
+            mem_GBps=900.0,
+            sms=80,
         ),
         ClusterSpec(
             "8xH800 + 400G IB",
@@ -207,7 +286,25 @@ CLUSTERS: dict[str, ClusterSpec] = {
             estimate.link_speed("InfiniBand NDR").per_direction_GBps,
             "DeepSeek-AI 2024, arXiv:2412.19437, Sec. 3.1 and 3.2.2: 8 H800 per node on NVLink "
             "(about 160 GB/s achievable) and 400 Gb/s InfiniBand (50 GB/s) per GPU; dense bf16 "
-            "peak as the H100 SXM's 989 TFLOP/s",
+            "peak as the H100 SXM's 989 TFLOP/s (FP8 1,979), HBM3 3.35 TB/s",
+            mem_GBps=3350.0,
+            fp8_peak_flops=1979e12,
+        ),
+        ClusterSpec(
+            "TPU v4 pod",
+            3072,
+            1,
+            32 * 10**9,
+            275e12,
+            135.0,
+            12.5,
+            "Jouppi et al. 2023, TPU v4, arXiv:2304.01433 (275 TFLOP/s bf16, 32 GB HBM, six "
+            "ICI links of 50 GB/s in a 3-D torus: about 135 GB/s per direction for a ring on "
+            "one axis pair, recalled) and Chowdhery et al. 2022, arXiv:2204.02311 Sec. 4 (3,072 "
+            "chips per pod, two pods joined over the data-center network: 12.5 GB/s per chip "
+            "assumed). A 'node' here is one pod (its ICI torus); HBM 1.2 TB/s",
+            mem_GBps=1200.0,
+            sms=0,
         ),
     ]
 }

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from course_lib import validate as _v
-from course_lib.plan.memory import check_layout, stage_layers
+from course_lib.plan.memory import check_layout, stage_layers, tp_choices
 from course_lib.plan.specs import RECOMPUTE, ClusterSpec, Layout, ModelSpec, divisors
 
 __all__ = [
@@ -78,8 +78,7 @@ def _cps(model: ModelSpec) -> list[int]:
 
 
 def _tps(model: ModelSpec, cluster: ClusterSpec, across: bool) -> list[int]:
-    g = math.gcd(model.heads, model.kv_heads)
-    return [t for t in divisors(g) if across or t <= cluster.gpus_per_node]
+    return [t for t in tp_choices(model) if across or t <= cluster.gpus_per_node]
 
 
 def _pps(model: ModelSpec, per_replica: int, uneven_stages: bool) -> list[int]:
@@ -90,6 +89,17 @@ def _pps(model: ModelSpec, per_replica: int, uneven_stages: bool) -> list[int]:
         for p in divisors(per_replica)
         if p <= model.layers and (uneven_stages or model.layers % p == 0)
     ]
+
+
+def _eps(model: ModelSpec, dp: int, stage: int) -> list[tuple[int, int]]:
+    """(ep, etp) pairs: ep dividing dp and the experts (etp 0: carved out of dp), and the ep
+    that only folding over a stage's tp x cp x dp ranks allows, with expert-TP 1 (Megatron-Core's
+    parallel folding, ``course_lib.dims``)."""
+    if not model.experts:
+        return [(1, 0)]
+    carved = divisors(math.gcd(dp, model.experts))
+    folded = [e for e in divisors(math.gcd(stage, model.experts)) if e not in carved]
+    return [(e, 0) for e in carved] + [(e, 1) for e in folded]
 
 
 def candidates(
@@ -113,18 +123,20 @@ def candidates(
                 dp = gpus // (tp * cp * pp)
                 if seqs % dp:
                     continue
-                eps = divisors(math.gcd(dp, model.experts)) if model.experts else [1]
+                eps = _eps(model, dp, tp * cp * dp)
                 n = stage_layers(model, pp, uneven_stages=uneven_stages)[0]  # as check_layout
                 q = seqs // dp
                 mbs = [d for d in range(1, min(q, max_micro_batch) + 1) if q % d == 0]
-                for ep in _keep(keys, "ep", eps):
+                for ep, etp in (e for e in eps if e[0] in keys.get("ep", {e[0]})):
                     for mb in _keep(keys, "micro_batch", mbs):
                         m = q // mb
                         vs = [v for v in (1, 2, 4, 8) if n % v == 0 and (v == 1 or m >= pp)]
                         for v in _keep(keys, "v", vs if pp > 1 else [1]):
                             for zero in _keep(keys, "zero", (0, 1, 2, 3)):
                                 for rec in _keep(keys, "recompute", RECOMPUTE):
-                                    yield Layout(dp, tp, pp, zero, rec, mb, v, cp=cp, ep=ep)
+                                    yield Layout(
+                                        dp, tp, pp, zero, rec, mb, v, cp=cp, ep=ep, etp=etp
+                                    )
 
 
 def plan_inputs(

@@ -47,6 +47,7 @@ class ModelSpec(ModelShape):
 
     dropout: bool = False  # dropout in training (adds 1-byte masks to activations)
     published_params: float | None = None  # the count the authors report
+    published_active: float | None = None  # the active count they report (mixture of experts)
     source: str = ""  # where the shape and the count come from
 
     @property
@@ -98,9 +99,31 @@ class ModelSpec(ModelShape):
         lp = self.layer_params()
         return self.params()["total"] + self.moe_layers * (lp["moe"] - lp["dense"])
 
+    @property
+    def active_params(self) -> int:
+        """The parameters one token uses: :attr:`n_params` less the routed experts it does not
+        go through (E - top_k of them in each MoE layer); the embedding and the output layer
+        counted, as DeepSeek-AI and Qwen count their "activated" parameters."""
+        lp = self.layer_params()
+        return self.n_params - self.moe_layers * (lp["moe"] - lp["moe_active"])
+
+    def kv_replicated(self, tp: int) -> int:
+        """Parameters per layer that tensor parallelism over ``tp`` ranks adds by replicating
+        K/V heads when tp > kv_heads (each rank keeps one whole K/V head, as Megatron does for
+        multi- and grouped-query attention; PaLM ran multi-query attention on 12-way model
+        parallelism): the K/V projections' P_kv (tp / kv_heads - 1), summed over the tp ranks
+        (each holds P_kv / kv_heads instead of P_kv / tp). 0 when kv_heads divides by tp."""
+        t = _v.count("tp", tp, minimum=1)
+        if t <= self.kv_heads:
+            return 0
+        kv = estimate.attention_param_count(**attention_fields(self))["kv"]
+        kv += 2 * self.kv_hidden if self.bias else 0
+        return kv * (t - self.kv_heads) // self.kv_heads
+
     def flops_per_token(self, recompute: Recompute = "none") -> tuple[int, int]:
         """(model FLOPs, hardware FLOPs) per trained token. Model FLOPs are what MFU counts, the
-        PaLM way (Chowdhery et al. 2022, arXiv:2204.02311, App. B): 6 N + 12 L h s, where N is
+        PaLM way (Chowdhery et al. 2022, arXiv:2204.02311, App. B): 6 N + 12 L s w (PaLM's
+        12 L H Q T; w = ``attention_width``, h for heads of h / a, MLA's own), where N is
         the parameters a matrix product uses (every layer's and the output layer's V h; the
         embedding lookup is not a product). Hardware FLOPs (HFU's count) add what ``recompute``
         runs again (``estimate.recompute_flops_per_token``): a run that recomputes everything
@@ -109,12 +132,13 @@ class ModelSpec(ModelShape):
         lp, n_moe = self.layer_params(), self.moe_layers
         n_dense = self.layers - n_moe
         matmul_params = n_dense * lp["dense"] + n_moe * lp["moe_active"] + self.vocab * self.hidden
+        w = self.attention_width
         model = estimate.training_flops_per_token(
-            matmul_params, layers=self.layers, hidden=self.hidden, seq=self.seq
+            matmul_params, layers=self.layers, hidden=w, seq=self.seq
         )
         extra = sum(
             estimate.recompute_flops_per_token(
-                params, layers=n, hidden=self.hidden, seq=self.seq, recompute=recompute
+                params, layers=n, hidden=w, seq=self.seq, recompute=recompute
             )
             for params, n in ((lp["dense"], n_dense), (lp["moe_active"], n_moe))
         )
@@ -125,6 +149,12 @@ class ModelSpec(ModelShape):
         if "seq_len" in changes:
             changes["seq"] = changes.pop("seq_len")
         return dataclasses.replace(self, **changes)
+
+
+def attention_fields(model: ModelShape) -> dict[str, Any]:
+    """The keywords ``estimate.attention_param_count`` takes, from ``model``."""
+    keys = ("hidden", "heads", "kv_heads", "head_dim", "q_lora_rank", "kv_lora_rank")
+    return {k: getattr(model, k) for k in (*keys, "rope_head_dim", "v_head_dim")}
 
 
 _spec_init = ModelSpec.__init__
@@ -170,15 +200,24 @@ class ClusterSpec:
     # model (estimate.link_speed(...).alpha_us, NVIDIA/nccl src/graph/tuning.cc)
     alpha_intra_s: float = _ALPHA["NVLink H100"]
     alpha_inter_s: float = _ALPHA["InfiniBand NDR"]
+    mem_GBps: float = 3350.0  # memory bandwidth per GPU, GB/s (the H100 SXM's HBM3)
+    fp8_peak_flops: float = 0.0  # dense FP8 peak in FLOP/s (0: twice peak_flops, Hopper's ratio)
+    sms: int = 132  # streaming multiprocessors, one GEMM output tile each per wave (0: none)
 
     def __post_init__(self) -> None:
         _v.count("gpus_per_node", self.gpus_per_node, minimum=1)
         _v.count("nodes", self.nodes, minimum=1)
         _v.count("memory_bytes", self.memory_bytes, minimum=1)
-        for f in ("peak_flops", "intra_GBps", "inter_GBps"):
+        _v.count("sms", self.sms, minimum=0)
+        for f in ("peak_flops", "intra_GBps", "inter_GBps", "mem_GBps"):
             _v.number(f, getattr(self, f), positive=True, finite=True)
-        for f in ("alpha_intra_s", "alpha_inter_s"):
+        for f in ("alpha_intra_s", "alpha_inter_s", "fp8_peak_flops"):
             _v.number(f, getattr(self, f), minimum=0, finite=True)
+
+    @property
+    def fp8_flops(self) -> float:
+        """The dense FP8 peak: ``fp8_peak_flops``, or twice the bf16 peak where it is 0."""
+        return self.fp8_peak_flops or 2 * self.peak_flops
 
     @property
     def gpus(self) -> int:
@@ -205,8 +244,9 @@ class ClusterSpec:
 class Layout:
     """How a run uses its GPUs: dp x tp x pp x cp ranks (tp innermost, then cp, dp, pp), expert
     parallelism over ep of the dp ranks (the experts split ep ways, as Megatron carves its
-    expert-parallel group out of the data-parallel one), and what each rank does to save
-    memory."""
+    expert-parallel group out of the data-parallel one) or, with ``etp`` >= 1, folded over the
+    tp x cp x dp ranks with expert-TP etp (``course_lib.dims``), and what each rank does to
+    save memory."""
 
     dp: int  # data-parallel replicas
     tp: int = 1  # tensor-parallel ranks (Megatron column/row split)
@@ -220,10 +260,11 @@ class Layout:
     ep: int = 1  # expert parallelism: the routed experts split over ep of the dp ranks
     cp_method: CpMethod = "allgather"  # how attention meets the other ranks' keys (Llama 3's)
     grad_bytes: int = 2  # gradient width kept: 2 (bf16), 4 (Megatron's fp32 main grads)
+    etp: int = 0  # experts folded over tp x cp x dp with this expert-TP (0: ep out of dp)
 
     def __post_init__(self) -> None:
         _v.count("micro_batch", self.micro_batch, minimum=1)
-        _ = self.dims  # checks dp, tp, pp, cp, ep, virtual_stages (ep divides dp)
+        _ = self.dims  # checks dp, tp, pp, cp, ep, virtual_stages, etp (ep divides dp, or folds)
         _v.choice("zero", self.zero, (0, 1, 2, 3))
         _v.choice("recompute", self.recompute, RECOMPUTE)
         _v.choice("cp_method", self.cp_method, CP_METHODS)
@@ -234,7 +275,9 @@ class Layout:
         """The layout's axes (:class:`course_lib.dims.ParallelDims`, the one owner of rank
         order): what ``parallel.mesh.Mesh``, ``plan.three_d.run_3d`` and the virtual cluster
         take."""
-        return ParallelDims(self.dp, self.tp, self.pp, self.cp, self.ep, self.virtual_stages)
+        return ParallelDims(
+            self.dp, self.tp, self.pp, self.cp, self.ep, self.virtual_stages, self.etp
+        )
 
     @classmethod
     def from_dims(cls, dims: ParallelDims, **settings: Any) -> Layout:
@@ -248,9 +291,20 @@ class Layout:
             cp=dims.cp,
             ep=dims.ep,
             virtual_stages=dims.virtual_stages,
+            etp=dims.etp,
             **settings,
         )
 
     @property
     def gpus(self) -> int:
         return self.dims.world_size
+
+    @property
+    def expert_split(self) -> tuple[int, int]:
+        """(ranks one MoE layer's routed experts are split over, ranks that hold the same
+        shard): tp x ep and dp cp / ep when ep is carved out of dp (the experts split over tp
+        like every layer); folded (``etp`` >= 1), ep x etp and tp cp dp / (ep etp)."""
+        if self.etp:
+            split = self.ep * self.etp
+            return split, self.tp * self.cp * self.dp // split
+        return self.tp * self.ep, self.dp * self.cp // self.ep

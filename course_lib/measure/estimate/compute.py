@@ -24,6 +24,11 @@ __all__ = [
     "ridge_point",
     "attainable_flops",
     "roofline_time",
+    "GemmCalibration",
+    "GEMM_CALIBRATIONS",
+    "calibrate_gemm",
+    "gemm_time",
+    "gemm_efficiency",
 ]
 
 
@@ -190,3 +195,113 @@ def roofline_time(
         _v.number("bytes_moved", bytes_moved, minimum=0)
         / _v.number("mem_bandwidth", mem_bandwidth, positive=True),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# One GEMM's time from its shape
+# --------------------------------------------------------------------------------------------
+class GemmCalibration(NamedTuple):
+    """What one card's GEMMs reach: ``peak_flops`` (the data sheet's dense peak of the dtype,
+    FLOP/s), ``mem_bandwidth`` (HBM, bytes/s), ``ceiling`` (the fraction of the peak a full
+    wave of output tiles sustains), ``sms`` (streaming multiprocessors: one output tile each
+    per wave; 0 leaves waves out), ``tile`` (rows x columns of one output tile), and
+    ``fixed_s`` (seconds each product costs besides, 0 by default), and where the figures come
+    from."""
+
+    peak_flops: float
+    mem_bandwidth: float
+    ceiling: float
+    sms: int = 0
+    tile: tuple[int, int] = (128, 256)
+    fixed_s: float = 0.0
+    source: str = ""
+
+
+def _waves(m: int, n: int, batch: int, c: GemmCalibration) -> tuple[int, float]:
+    """(waves of output tiles, useful fraction of the tiles' area) of ``batch`` m x n outputs."""
+    tm, tn = c.tile
+    tiles = batch * -(-m // tm) * -(-n // tn)
+    waves = -(-tiles // c.sms) if c.sms else 1
+    area = waves * (c.sms or tiles) * tm * tn
+    return waves, batch * m * n / area
+
+
+def gemm_time(
+    m: int,
+    n: int,
+    k: int,
+    calibration: GemmCalibration,
+    *,
+    batch: int = 1,
+    dtype_bytes: int = 2,
+    extra_bytes: float = 0,
+) -> float:
+    """Seconds of ``batch`` (m x k) @ (k x n) products on a card of ``calibration``: the
+    roofline's two bounds, max(compute, bytes / bandwidth), plus ``fixed_s``. Compute: the
+    output is cut in tiles, one per SM at a time; each wave of tiles takes a full tile's FLOPs
+    (2 x tile area x k) at ``ceiling`` x the peak shared by the SMs, so a product whose tiles
+    leave SMs idle or a tile half empty reaches less of the peak: the achievable fraction grows
+    with the size (Volkov's wave quantization; NVIDIA's "Matrix Multiplication Background
+    User's Guide" names the tile and wave effects). Bytes: batch (m k + k n + m n) dtype_bytes
+    + ``extra_bytes`` (what else the kernel moves, e.g. attention scores written to memory): a
+    thin product (few tokens per expert) is held by them."""
+    c = calibration
+    for name, x in (("m", m), ("n", n), ("k", k), ("batch", batch)):
+        _v.count(name, x, minimum=1)
+    waves, useful = _waves(m, n, batch, c)
+    compute = batch * matmul_flops(m, n, k) / useful / (c.ceiling * c.peak_flops)
+    moved = batch * matmul_bytes(m, n, k, dtype_bytes=dtype_bytes) + _v.number(
+        "extra_bytes", extra_bytes, minimum=0
+    )
+    return max(compute, moved / c.mem_bandwidth) + c.fixed_s
+
+
+def gemm_efficiency(
+    m: int, n: int, k: int, calibration: GemmCalibration, *, batch: int = 1, **kw: float
+) -> float:
+    """The fraction of the card's peak an (m x k) @ (k x n) product reaches
+    (:func:`gemm_time`): at 8192^3 in bf16 on an H100, 752.9 / 989 = 0.76 (its calibration)."""
+    seconds = gemm_time(m, n, k, calibration, batch=batch, **kw)  # type: ignore[arg-type]
+    return batch * matmul_flops(m, n, k) / (seconds * calibration.peak_flops)
+
+
+def calibrate_gemm(
+    n: int,
+    achieved_flops: float,
+    *,
+    peak_flops: float,
+    mem_bandwidth: float,
+    sms: int,
+    tile: tuple[int, int] = (128, 256),
+    source: str = "",
+) -> GemmCalibration:
+    """The :class:`GemmCalibration` whose n x n x n product reaches ``achieved_flops``: its
+    ceiling is the measured fraction of the peak over the product's wave and tile use."""
+    base = GemmCalibration(peak_flops, mem_bandwidth, 1.0, sms, tile, 0.0, source)
+    _, useful = _waves(_v.count("n", n, minimum=1), n, 1, base)
+    ceiling = _v.number("achieved_flops", achieved_flops, positive=True) / peak_flops / useful
+    return base._replace(ceiling=ceiling)
+
+
+_H100_CHECK = (
+    "the course's GPU check on an NVIDIA H100 80GB HBM3 (docs/gpu-check-2026-11-27.md, u17: an "
+    "8192^3 bf16 matmul at 752.9 TFLOP/s, an FP8 torch._scaled_mm at 1,339) against the data "
+    "sheet (989 bf16 and 1,979 FP8 dense TFLOP/s, 3.35 TB/s HBM3, 132 SMs); tiles of 128 x 256 "
+    "outputs, the size of Hopper's large cuBLAS/CUTLASS tiles (an assumption)"
+)
+#: per card and dtype, each from one measured product. A100: no figure was measured here; its
+#: products are assumed to reach the H100's bf16 ceiling on its own peak, bandwidth and SMs
+#: (A100 80GB SXM data sheet: 312 TFLOP/s, 2.04 TB/s, 108 SMs).
+GEMM_CALIBRATIONS: dict[str, GemmCalibration] = {
+    "H100 bf16": calibrate_gemm(8192, 752.9e12, peak_flops=989e12, mem_bandwidth=3.35e12, sms=132,
+                                source=_H100_CHECK),
+    "H100 fp8": calibrate_gemm(8192, 1339e12, peak_flops=1979e12, mem_bandwidth=3.35e12, sms=132,
+                               source=_H100_CHECK),
+}  # fmt: skip
+GEMM_CALIBRATIONS["A100 bf16"] = GEMM_CALIBRATIONS["H100 bf16"]._replace(
+    peak_flops=312e12,
+    mem_bandwidth=2.039e12,
+    sms=108,
+    source="assumed: the H100's bf16 ceiling (" + _H100_CHECK + ") on the A100 80GB SXM data "
+    "sheet's 312 TFLOP/s, 2.04 TB/s and 108 SMs",
+)

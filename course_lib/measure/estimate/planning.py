@@ -15,6 +15,7 @@ from course_lib.shape import NORMS, Norm
 __all__ = [
     "NORMS",
     "Norm",
+    "attention_param_count",
     "transformer_param_count",
     "pipeline_inflight_layers",
     "gpus_for_days",
@@ -23,6 +24,52 @@ __all__ = [
 ]
 
 # Norm, NORMS: the norms a shape may have (defined with course_lib.shape.ModelShape)
+
+
+def attention_param_count(
+    *,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int = 0,
+    bias: bool = False,
+    qk_norm: bool = False,
+    q_lora_rank: int = 0,
+    kv_lora_rank: int = 0,
+    rope_head_dim: int = 0,
+    v_head_dim: int = 0,
+) -> dict[str, int]:
+    """Parameters of one attention block (no input norm), by part, for h = hidden, a heads of
+    d = ``head_dim`` (0: h / a), g = ``kv_heads``, d_v = ``v_head_dim`` (0: d):
+
+    * multi-head, grouped-query, multi-query attention: ``q`` h a d, ``kv`` 2 h g d, ``o``
+      a d h; biases (``bias``) a d + 2 g d + h; ``qk_norm`` (Qwen3) 2 d;
+    * multi-head latent attention (``kv_lora_rank`` r_kv > 0; DeepSeek-AI 2024,
+      arXiv:2405.04434 Sec. 2.1, and arXiv:2412.19437 Sec. 2.1.1): queries from a latent of
+      r_q = ``q_lora_rank`` (h r_q + its norm r_q + r_q a (d + r), r = ``rope_head_dim``; with
+      r_q = 0 a full h a (d + r)), ``kv``: the joint down-projection with the shared RoPE key
+      h (r_kv + r), its norm r_kv, K and V up-projections r_kv a (d + d_v); ``o`` a d_v h.
+
+    ``kv`` is the part tensor parallelism replicates when tp > kv_heads (each rank keeps whole
+    K/V heads). Returns ``{"q", "kv", "o", "other", "total"}``. DeepSeek-V3 (h 7168, 128 heads
+    of 128 + 64, r_q 1536, r_kv 512): 187,107,328 per layer."""
+    h, a = _v.count("hidden", hidden, minimum=1), _v.count("heads", heads, minimum=1)
+    g = _v.count("kv_heads", kv_heads, minimum=1, maximum=a)
+    d = _v.count("head_dim", head_dim, minimum=0) or h // a
+    dv = _v.count("v_head_dim", v_head_dim, minimum=0) or d
+    r_q, r_kv, r = (
+        _v.count(n, x, minimum=0)
+        for n, x in (("q_lora_rank", q_lora_rank), ("kv_lora_rank", kv_lora_rank),
+                     ("rope_head_dim", rope_head_dim))
+    )  # fmt: skip
+    if r_kv:
+        q = (h * r_q + r_q + r_q * a * (d + r)) if r_q else h * a * (d + r)
+        kv = h * (r_kv + r) + r_kv + r_kv * a * (d + dv)
+    else:
+        q, kv = h * a * d, 2 * h * g * d
+    o = a * dv * h
+    other = ((a * d + 2 * g * d + h) if bias else 0) + (2 * d if qk_norm else 0)
+    return {"q": q, "kv": kv, "o": o, "other": other, "total": q + kv + o + other}
 
 
 def transformer_param_count(
@@ -40,6 +87,13 @@ def transformer_param_count(
     learned_positions: bool = False,
     norm: Norm = "rmsnorm",
     embedding_norm: bool = False,
+    head_dim: int = 0,
+    qk_norm: bool = False,
+    parallel_block: bool = False,
+    q_lora_rank: int = 0,
+    kv_lora_rank: int = 0,
+    rope_head_dim: int = 0,
+    v_head_dim: int = 0,
 ) -> dict[str, int]:
     """Exact parameter count of a decoder-only transformer, by part.
 
@@ -56,6 +110,10 @@ def transformer_param_count(
     6,738,415,616 (Llama-2-7B); GPT-3's shape gives 12 L h^2 + ... = 174.6e9 ("175B").
     A shape's fields go in as they are: ``transformer_param_count(**shape.dense())``
     (``course_lib.shape.ModelShape``; ``GPTConfig.shape()``, ``LlamaConfig.shape()``).
+    Attention of any shape (``head_dim`` apart from h / a, grouped- or multi-query, ``qk_norm``,
+    multi-head latent attention) is :func:`attention_param_count`'s; ``parallel_block`` (PaLM)
+    keeps one norm per layer. PaLM 540B (118 layers, h 18432, 48 heads of 256, one K/V head,
+    f 73728, V 256,000, tied, no biases): 540,356,474,880 (its Table 1: 540.35B).
     Returns ``{"per_layer", "layers", "embedding", "output", "other", "total"}`` (ints).
     """
     L = _v.count("layers", layers, minimum=1)
@@ -64,30 +122,26 @@ def transformer_param_count(
     f, V = _v.count("ffn", ffn, minimum=1), _v.count("vocab", vocab, minimum=1)
     s = _v.count("seq", seq)
     norm = _v.choice("norm", norm, NORMS)
-    if h % a or a % g:
+    if (h % a and not head_dim) or a % g:
         raise ValueError(
             f"hidden = {h}, heads = {a}, kv_heads = {g}: expected heads to divide "
-            "hidden and kv_heads to divide heads"
+            "hidden (or a head_dim) and kv_heads to divide heads"
         )
-    k = g * h // a
     norm_params = 2 * h if norm == "layernorm" and bias else h
-    attention = 2 * h * h + 2 * h * k + ((h + 2 * k + h) if bias else 0)
+    attention = attention_param_count(
+        hidden=h, heads=a, kv_heads=g, head_dim=head_dim, bias=bias, qk_norm=qk_norm,
+        q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank, rope_head_dim=rope_head_dim,
+        v_head_dim=v_head_dim,
+    )["total"]  # fmt: skip
     mlp = (3 if gated_mlp else 2) * h * f + (((2 * f) if gated_mlp else f) + h if bias else 0)
-    per_layer = attention + mlp + 2 * norm_params
-    embedding = V * h
-    output = 0 if tied_embeddings else V * h
+    per_layer = attention + mlp + (1 if parallel_block else 2) * norm_params
+    embedding, output = V * h, (0 if tied_embeddings else V * h)
     other = (
         norm_params + (s * h if learned_positions else 0) + (norm_params if embedding_norm else 0)
     )
     total = L * per_layer + embedding + output + other
-    return {
-        "per_layer": per_layer,
-        "layers": L * per_layer,
-        "embedding": embedding,
-        "output": output,
-        "other": other,
-        "total": total,
-    }
+    parts = dict(per_layer=per_layer, layers=L * per_layer, embedding=embedding, output=output)
+    return parts | {"other": other, "total": total}
 
 
 def pipeline_inflight_layers(
