@@ -172,7 +172,7 @@ DISAGREEMENTS: dict[str, str] = {
 }
 
 
-def _best(run: Any, only: dict[str, Any]) -> dict[str, Any]:
+def _best(run: Any, only: dict[str, Any]) -> dict[str, str | float]:
     result = P.plan(
         run.model,
         P.cluster(run.cluster, gpus=run.gpus),
@@ -297,7 +297,7 @@ def _cp_ep_numbers() -> dict[str, float]:
     exposed = P.step_time(
         ds.model, P.cluster(ds.cluster, gpus=ds.gpus), ds.layout,
         global_batch_tokens=ds.global_batch_tokens, uneven_stages=True,
-        assumptions=ds.assumptions.replace(ep_overlap=0.0),
+        assumptions=ds.assumptions.replace(ep_overlap=0.0, ep_schedule="none"),
     )  # fmt: skip
     out["deepseek_a2a_share_unhidden"] = exposed["ep_comm_s"] / exposed["step_s"]
     return out
