@@ -6,10 +6,12 @@ memory fits, ranks them by predicted step time, and ``explain(result)`` says why
 wins (and, from ``layout_thresholds``, why a layout is communication-bound);
 ``launch_command(result)`` is the torchrun line (or sbatch file) that starts the winner.
 ``predict_memory(model, layout)`` gives one layout's per-rank memory by category: what a
-measured or virtual run of that layout is compared with. Every formula is in
+measured or virtual run of that layout is compared with. ``efficiency_from_gpu_check`` and
+``fit_efficiency`` replace the assumed matmul efficiency by a measured one. Every formula is in
 ``course_lib.measure.estimate``. Introduced in notebooks/14_planning_a_run.ipynb.
 """
 
+from course_lib.plan.calibrate import efficiency_from_gpu_check, fit_efficiency
 from course_lib.plan.comm_model import ASSUMPTION_SOURCES, DEFAULT_ASSUMPTIONS, Assumptions
 from course_lib.plan.explain import explain
 from course_lib.plan.launch import launch_command, layout_of
@@ -36,6 +38,8 @@ from course_lib.plan.virtual_check import TOLERANCE as VIRTUAL_TOLERANCE
 from course_lib.plan.virtual_check import compare_with_virtual
 
 __all__ = [
+    "efficiency_from_gpu_check",
+    "fit_efficiency",
     "ASSUMPTION_SOURCES",
     "DEFAULT_ASSUMPTIONS",
     "Assumptions",
