@@ -107,5 +107,15 @@ class SweepExplorer(Explorer):
         from course_lib.units.u13_interconnects_and_backends.plots import plot_sweep
 
         self.figure = plot_sweep(df, self.fits)
-        cols = ["size_bytes", "time_s", "predicted_s", "residual_pct", "busbw_GBps"]
-        return [self.figure, self.residuals[cols].round(6)]
+        return [self.figure, residual_table(self.residuals)]
+
+
+def residual_table(residuals):
+    """The widget's table: one row per size, times in ms (3 decimals, i.e. to the microsecond),
+    the residual in % and the bus bandwidth in GB/s, rounded to what a 2-core sweep resolves."""
+    return residuals[["size_bytes"]].assign(
+        time_ms=(residuals["time_s"] * 1e3).round(3),
+        predicted_ms=(residuals["predicted_s"] * 1e3).round(3),
+        residual_pct=residuals["residual_pct"].round(1),
+        busbw_GBps=residuals["busbw_GBps"].round(4),
+    )

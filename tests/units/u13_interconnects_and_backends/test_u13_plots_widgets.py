@@ -13,7 +13,10 @@ import pytest  # noqa: E402
 from course_lib.units.u13_interconnects_and_backends import checks as G  # noqa: E402
 from course_lib.units.u13_interconnects_and_backends import plots as P  # noqa: E402
 from course_lib.units.u13_interconnects_and_backends import run as E  # noqa: E402
-from course_lib.units.u13_interconnects_and_backends.widgets import SweepExplorer  # noqa: E402
+from course_lib.units.u13_interconnects_and_backends.widgets import (  # noqa: E402
+    SweepExplorer,
+    residual_table,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -59,6 +62,36 @@ def test_plot_link_times_one_bar_per_link_and_model():
     assert len(ax.patches) == len(table)
     widths = sorted(round(p.get_width(), 6) for p in ax.patches)
     assert widths == sorted(round(t * 1e3, 6) for t in table["time_s"])
+
+
+def test_the_explorers_table_shows_ms_percent_and_gbps_rounded():
+    import pandas as pd
+
+    res = pd.DataFrame(
+        {
+            "size_bytes": [1024, 2048],
+            "time_s": [0.000384123, 0.0012345],
+            "predicted_s": [0.000251499, 0.0011],
+            "residual_pct": [34.554295, -10.891],
+            "busbw_GBps": [0.00266612, 1.6589],
+            "collective": ["all_reduce", "all_reduce"],
+        }
+    )
+    table = residual_table(res)
+    assert list(table.columns) == [
+        "size_bytes",
+        "time_ms",
+        "predicted_ms",
+        "residual_pct",
+        "busbw_GBps",
+    ]
+    assert table.to_dict("list") == {
+        "size_bytes": [1024, 2048],
+        "time_ms": [0.384, 1.234],
+        "predicted_ms": [0.251, 1.1],
+        "residual_pct": [34.6, -10.9],
+        "busbw_GBps": [0.0027, 1.6589],
+    }
 
 
 @pytest.mark.slow
