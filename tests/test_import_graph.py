@@ -10,6 +10,8 @@
 5. No module imports itself through others: the static import graph of course_lib has no circle.
 6. Every import follows the package order, :data:`LAYERS` (lowest first): a module imports its
    own layer and the layers below, never one above (but the pairs in :data:`UPWARD`).
+7. A part of a package under ``parallel/`` imports its siblings, never its own package's front
+   (the ``__init__`` that re-exports them): ``parallel.<pkg>`` sits in the parallel layer.
 
 Every violation is reported with its file, line and import, all at once.
 
@@ -373,6 +375,45 @@ def test_no_module_imports_itself_through_others():
 def test_every_import_follows_the_package_order():
     found = order_violations(_tree())
     assert not found, "imports against the package order:\n" + "\n".join(found)
+
+
+def front_imports(graph: Graph) -> list[str]:
+    """Every module of a package under ``parallel/`` (``parallel/zero/full.py``) that imports its
+    own package's front (``course_lib.parallel.zero``): the front re-exports the parts, so a part
+    imports the sibling that defines a name, or the front and its parts import each other."""
+    found = []
+    for module in sorted(graph):
+        parts = module.split(".")
+        if len(parts) != 4 or parts[1] != "parallel":
+            continue
+        front = ".".join(parts[:3])
+        if front in graph[module]:
+            line, level = graph[module][front][0]
+            found.append(
+                f"{module}:{line} imports its own package's front {front} ({level} level): "
+                "import the sibling module that defines the name"
+            )
+    return found
+
+
+def test_a_part_of_a_parallel_package_imports_its_siblings_not_its_front():
+    found = front_imports(_tree())
+    assert not found, "parts importing their front:\n" + "\n".join(found)
+
+
+def test_a_planted_import_of_the_own_front_is_named(tmp_path):
+    pkg = _package(
+        tmp_path,
+        {
+            "parallel/zero/__init__.py": "from course_lib.parallel.zero.common import Z\n",
+            "parallel/zero/common.py": "Z = 1\n",
+            "parallel/zero/full.py": "from course_lib.parallel.zero import Z\n"
+            "from course_lib.parallel.ddp import D\n",
+            "parallel/ddp/__init__.py": "D = 1\n",
+        },
+    )
+    found = front_imports(module_graph(pkg))
+    assert len(found) == 1 and "course_lib.parallel.zero.full:1" in found[0], found
 
 
 def _graph(edges: str) -> Graph:

@@ -48,7 +48,7 @@ import torch.distributed as dist
 
 from course_lib import validate
 from course_lib.dims import AXES, Axis, ParallelDims
-from course_lib.parallel.groups import group_info
+from course_lib.runtime.groups import group_info
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -3,8 +3,7 @@
 ``group_info(group)`` answers the three questions every parallel mechanism asks of its group:
 this process's rank in it, its size, and the global rank of its rank 0 (``broadcast`` and
 point-to-point calls address peers by global rank). ``group=None`` is the default group (all
-ranks). Part of the runtime (measurement and the parallel mechanisms both ask it);
-``course_lib.parallel.groups`` re-exports it.
+ranks). Part of the runtime: measurement and the parallel mechanisms both ask it.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ it walks the blocks of keys, keeping ``m``, ``l`` and an unnormalised accumulato
 Only one (block x block) score tile exists at a time. Backward saves q, k, v, the output and the
 log-sum-exps (O(seq) per head, never the (seq, seq) probabilities) and recomputes each tile's
 probabilities as ``exp(S - lse)``, with ``delta = rowsum(dO * O)``: ``dS = P (dO V^T - delta)``.
-Unit 15 uses the same algebra across ranks (``course_lib.parallel.context_blocks``:
+Unit 15 uses the same algebra across ranks (``course_lib.parallel.context.blocks``:
 ``merge_attention`` on normalised outputs, ``attention_block_backward`` per block); that layer
 sits above this one, so the tile step is written here for one process.
 

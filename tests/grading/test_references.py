@@ -143,7 +143,7 @@ def test_an_autograd_function_class_is_watched_without_endless_recursion():
     # torch.autograd.Function classes and their generated _backward_cls refer to each other
     from course_lib.grading.references import reference_codes
 
-    codes = reference_codes(["course_lib.parallel.tensor:ReduceFromTensorParallelRegion"])
+    codes = reference_codes(["course_lib.parallel.tensor.comms:ReduceFromTensorParallelRegion"])
     assert {c.co_name for c in codes} == {"forward", "backward"}
 
 

@@ -12,9 +12,9 @@ from torch import nn
 
 import course_lib
 from course_lib.measure import estimate
+from course_lib.measure.bucket_sweep import torch_ddp_buckets
 from course_lib.measure.wire import GLOO_SOURCE
 from course_lib.parallel import harness as H
-from course_lib.parallel.bucket_sweep import torch_ddp_buckets
 from course_lib.parallel.ddp import DataParallel, assign_buckets
 
 CAPS_MB = (0.0002, 0.001, 25.0)  # 209 B, 1,048 B: 4 and 2 buckets for a 6,800 B model; 25: 1

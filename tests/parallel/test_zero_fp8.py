@@ -1,4 +1,4 @@
-"""ZeRO-3 with bf16 / FP8 all-gathers (course_lib.parallel.zero_fp8): refusals before any
+"""ZeRO-3 with bf16 / FP8 all-gathers (course_lib.parallel.zero.fp8): refusals before any
 collective. The bytes and the loss on real ranks are checked in
 tests/units/u17_fp8_training/test_u17_run.py (one launch, slow lane)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from course_lib.parallel.zero_fp8 import GATHERS, LowPrecisionGatherSharded
+from course_lib.parallel.zero.fp8 import GATHERS, LowPrecisionGatherSharded
 
 
 def test_bad_options_are_refused_before_any_collective():
@@ -21,7 +21,7 @@ def test_bad_options_are_refused_before_any_collective():
 def _gathered_weights_rank(rank, world_size):
     import torch
 
-    from course_lib.parallel.zero_fp8 import LowPrecisionGatherSharded
+    from course_lib.parallel.zero.fp8 import LowPrecisionGatherSharded
     from course_lib.techniques.fp8 import to_float8
 
     torch.manual_seed(0)

@@ -57,10 +57,10 @@ def learner_name(data: Any) -> str:
 
 #: the course's own answers, out of reach while the learner's code runs (inside each rank)
 _RING_REFERENCES = (
-    "course_lib.parallel.collectives:ring_all_reduce",
-    "course_lib.parallel.collectives:ring_reduce_scatter",
-    "course_lib.parallel.collectives:ring_all_gather",
-    "course_lib.parallel.collectives:naive_ring_all_reduce",
+    "course_lib.parallel.collectives.ring:ring_all_reduce",
+    "course_lib.parallel.collectives.ring:ring_reduce_scatter",
+    "course_lib.parallel.collectives.ring:ring_all_gather",
+    "course_lib.parallel.collectives.ring:naive_ring_all_reduce",
 )
 
 

@@ -58,8 +58,8 @@ __all__ = [
 
 #: the course's answers to task 1, out of reach while the learner's hook runs
 HOOK_REFERENCES = (
-    "course_lib.parallel.ddp:DataParallel",
-    "course_lib.parallel.ddp:allreduce_gradients",
+    "course_lib.parallel.ddp.data_parallel:DataParallel",
+    "course_lib.parallel.ddp.data_parallel:allreduce_gradients",
 )
 # (not torch's DistributedDataParallel: torch itself calls its class methods during any
 # backward; and a DDP wrapper the harness never calls would average nothing)

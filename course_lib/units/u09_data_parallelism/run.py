@@ -9,7 +9,7 @@ torch's ``DistributedDataParallel``. Each function returns plain data or a tidy 
 - :func:`bucket_assignment`: our buckets beside torch's DDP's (its logging data), per cap;
 - :func:`bytes_per_step`: all-reduce calls and bytes each rank puts on the wire per step, naive
   (one all-reduce per parameter) and bucketed, beside 2(N-1)/N x gradient bytes;
-- :func:`ddp_bucket_sweep` (``parallel.bucket_sweep``): bucket caps swept for our DataParallel
+- :func:`ddp_bucket_sweep` (``measure.bucket_sweep``): bucket caps swept for our DataParallel
   and torch's DDP, with a per-rank timeline of backward and bucket all-reduces;
 - :func:`accumulation_traffic`: K micro-steps, ``no_sync`` or not; :func:`straggler`: a slow rank;
 - :func:`accumulation_steps_for` / :func:`effective_batch`: a DDP config's batch arithmetic;
@@ -19,7 +19,6 @@ torch's ``DistributedDataParallel``. Each function returns plain data or a tidy 
 from __future__ import annotations
 
 import contextlib
-import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -31,10 +30,15 @@ from torch import nn
 
 from course_lib import validate
 from course_lib.measure import estimate
+from course_lib.measure.bucket_sweep import torch_ddp_buckets
 from course_lib.parallel import harness as H
-from course_lib.parallel.bucket_sweep import BucketSweep, ddp_bucket_sweep, torch_ddp_buckets
 from course_lib.runtime.launch import launch
 from course_lib.techniques.accumulation import effective_batch
+from course_lib.units.u09_data_parallelism.run_buckets import (
+    BucketSweep,
+    ddp_bucket_sweep,
+    summarize_sweep,
+)
 from course_lib.units.u09_data_parallelism.run_efficiency import dp_threshold, scaling_efficiency
 from course_lib.units.u09_data_parallelism.run_scale import (  # noqa: F401 (re-exported)
     accumulation_steps_for,
@@ -70,7 +74,7 @@ SOURCE_GRADS = (0.20, 0.10, -0.05, 0.15)
 
 def model_fn(seed: int = 0, *, width: int = 32, dtype: torch.dtype = torch.float64) -> nn.Module:
     """The parity model: MLP 8 -> width -> width/2 -> 2 (float64 by default: Adam magnifies the
-    rounding noise of near-zero gradients, see parallel/harness.py)."""
+    rounding noise of near-zero gradients, see parallel/harness/compare.py)."""
     from course_lib.models import MLP, MLPConfig
 
     torch.manual_seed(seed)
@@ -378,19 +382,6 @@ def straggler(
     return pd.DataFrame(
         [r for res in launch(_straggler_worker, n, slow, delay, steps) for r in res]
     )
-
-
-def summarize_sweep(sweep: BucketSweep) -> pd.DataFrame:
-    """Per implementation and cap: n_buckets, step and no-DDP times (ms), and the ratio of our
-    step time to torch's at the same cap (printed, never graded)."""
-    s = sweep.summary.assign(
-        step_ms=sweep.summary.step_time_s * 1e3, no_ddp_ms=sweep.summary.local_step_time_s * 1e3
-    )
-    torch_ms = s[s.implementation == "torch"].set_index("bucket_cap_mb").step_ms
-    s["vs_torch"] = [
-        ms / torch_ms.get(cap, math.nan) for cap, ms in zip(s.bucket_cap_mb, s.step_ms)
-    ]
-    return s[["implementation", "bucket_cap_mb", "n_buckets", "step_ms", "no_ddp_ms", "vs_torch"]]
 
 
 def median_step(df: pd.DataFrame) -> pd.DataFrame:

@@ -28,8 +28,8 @@ def model_fn(
     taper: bool = True,
 ) -> MLP:
     """An MLP 8 -> width -> width/2 (-> width/2 ...) -> out with ``depth`` hidden layers (float64
-    by default: Adam magnifies rounding noise, see parallel/harness.py); ``taper=False``: every
-    hidden layer ``width`` wide."""
+    by default: Adam magnifies rounding noise, see parallel/harness/compare.py); ``taper=False``:
+    every hidden layer ``width`` wide."""
     from course_lib.models import MLP, MLPConfig
 
     torch.manual_seed(seed)
@@ -37,7 +37,9 @@ def model_fn(
     return MLP(MLPConfig(in_features=8, hidden=hidden, out_features=out)).to(dtype)
 
 
-def batch_fn(step: int, *, rows: int = 24, out: int = 2, dtype: torch.dtype = torch.float64):
+def batch_fn(
+    step: int, *, rows: int = 24, out: int = 2, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The full batch of step ``step`` (24 rows: divisible by 1, 2, 3 and 4 ranks)."""
     from course_lib.data import regression_task
 
@@ -49,7 +51,7 @@ def _memory_model(seed: int = 0) -> MLP:
     return model_fn(seed, width=MEMORY_WIDTH, out=3, dtype=torch.float32)
 
 
-def _memory_batch(step: int):
+def _memory_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return batch_fn(step, out=3, dtype=torch.float32)
 
 
@@ -63,7 +65,7 @@ def units_of(model: nn.Module) -> list[list[int]]:
     ]
 
 
-def _adamw(model):
+def _adamw(model: nn.Module) -> torch.optim.AdamW:
     return torch.optim.AdamW(model.parameters(), lr=LR)
 
 
@@ -79,7 +81,7 @@ def _zero_full_tensors(model: nn.Module, which: Which = "param") -> dict[str, to
     return full_tensors(cast(ZeroDataParallel, model), which)
 
 
-def _summary(table: pd.DataFrame) -> dict:
+def _summary(table: pd.DataFrame) -> dict[str, int | float | bool]:
     return {
         "comparisons": len(table),
         "failed": int((~table.ok).sum()),

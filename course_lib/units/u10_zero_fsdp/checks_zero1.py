@@ -19,9 +19,9 @@ __all__ = ["check_zero1_step", "ZERO_REFERENCES"]
 
 #: the course's ZeRO, out of reach while the learner's code runs (tasks 1 and 3)
 ZERO_REFERENCES = (
-    "course_lib.parallel.zero:ZeroDataParallel",
-    "course_lib.parallel.zero:ShardedOptimizer",
-    "course_lib.parallel.zero:FullySharded",
+    "course_lib.parallel.zero.common:ZeroDataParallel",
+    "course_lib.parallel.zero.sharded:ShardedOptimizer",
+    "course_lib.parallel.zero.full:FullySharded",
 )
 GRADE_TIMEOUT_S = 90.0
 

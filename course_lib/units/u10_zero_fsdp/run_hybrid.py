@@ -1,7 +1,7 @@
 """Unit 10, ZeRO-3 vs HSDP vs ZeRO++ on 4 ranks arranged as 2 "nodes" x 2 ranks: the bytes each
 rank sends inside its node and across nodes, measured, beside the formula; and parity.
 
-The schemes are ``parallel.zero_hybrid.HierarchicalSharded`` (the course's ZeRO-3 placed on
+The schemes are ``parallel.zero.hybrid.HierarchicalSharded`` (the course's ZeRO-3 placed on
 nodes). Every message is the course's ring or a pairwise exchange: each send goes to one peer in
 a measurement window of its own (``CommMeter``: bytes the process wrote while the send and its
 matching receive ran), and that peer's node says whether the bytes crossed a node boundary.
@@ -9,6 +9,9 @@ Used by notebooks/10_zero_fsdp.ipynb through :mod:`run`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 
@@ -23,7 +26,7 @@ HYBRID_LR = 0.05  #: SGD learning rate of the hybrid runs (an exact update: pari
 WEIGHT_BITS, GRAD_BITS, BLOCK = 8, 4, 64  #: ZeRO++ as in the paper: int8 weights, int4 gradients
 
 
-def wire_by_link(meter, node_of) -> dict[str, int]:
+def wire_by_link(meter: Any, node_of: Callable[[int], int]) -> dict[str, int]:
     """Measured bytes of ``meter``'s windows, split by where their sends went: ``intra`` (a peer
     on this rank's node), ``inter`` (another node), ``other`` (a window with no send, or sends
     to both kinds of peer: not attributed)."""
@@ -40,11 +43,11 @@ def wire_by_link(meter, node_of) -> dict[str, int]:
     return out
 
 
-def _hybrid_worker(rank: int, world_size: int, per_node: int, steps: int) -> list[dict]:
+def _hybrid_worker(rank: int, world_size: int, per_node: int, steps: int) -> list[dict[str, Any]]:
     import torch
 
     from course_lib.measure.comm import CommMeter
-    from course_lib.parallel.zero_hybrid import HierarchicalSharded, node_groups
+    from course_lib.parallel.zero.hybrid import HierarchicalSharded, node_groups
 
     nodes = node_groups(per_node)
     reference = _memory_model()  # one process, full batches: what every scheme must reproduce

@@ -10,11 +10,11 @@ from course_lib.grading.plain import describe
 
 #: the course's answers, out of reach while the learner's code runs in the ranks
 REFERENCES = (
-    "course_lib.parallel.tensor:RowParallelLinear",
-    "course_lib.parallel.tensor:ColumnParallelLinear",
-    "course_lib.parallel.tensor:ReduceFromTensorParallelRegion",
-    "course_lib.parallel.tensor:CopyToTensorParallelRegion",
-    "course_lib.parallel.tensor:ReduceScatterToSequenceRegion",
+    "course_lib.parallel.tensor.layers:RowParallelLinear",
+    "course_lib.parallel.tensor.layers:ColumnParallelLinear",
+    "course_lib.parallel.tensor.comms:ReduceFromTensorParallelRegion",
+    "course_lib.parallel.tensor.comms:CopyToTensorParallelRegion",
+    "course_lib.parallel.tensor.comms:ReduceScatterToSequenceRegion",
 )
 UNIT = "u11_tensor_parallelism"
 GRADE_TIMEOUT_S = 60.0

@@ -45,7 +45,7 @@ __all__ = [
 
 REPLAY_REFERENCES = BUBBLE_REFERENCES
 HOLDER_REFERENCES = (
-    "course_lib.parallel.pipeline_rank:stage_owner",
+    "course_lib.parallel.pipeline.rank:stage_owner",
     "course_lib.units.u12_pipeline_parallelism.checks:_v_walk",
     "torch.distributed.pipelining._utils:generate_stage_to_rank_mapping",
     "torch.distributed.pipelining._utils:generate_rank_to_stage_mapping",

@@ -22,7 +22,7 @@ __all__ = ["check_bubble_prediction", "BUBBLE_REFERENCES"]
 BUBBLE_REFERENCES = (
     "course_lib.measure.estimate.compute:pipeline_bubble_fraction",
     "course_lib.measure.estimate.compute:pipeline_bubble_ratio",
-    "course_lib.parallel.pipeline:replay",
+    "course_lib.parallel.pipeline.trace:replay",
     "course_lib.units.u12_pipeline_parallelism.run:replayed_bubble",
 )
 GRADE_TIMEOUT_S = 90.0

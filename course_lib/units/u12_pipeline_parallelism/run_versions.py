@@ -1,5 +1,5 @@
 """Unit 12, weight versions without flushes: PipeDream-2BW beside GPipe/1F1B and the original
-PipeDream, executed exactly in one process (``parallel.pipeline_2bw.run_versions``).
+PipeDream, executed exactly in one process (``parallel.pipeline.two_bw.run_versions``).
 
 A tiny regression (a 4-layer tanh MLP cut into 4 stages, a fixed linear teacher, float64) trained
 with SGD under each policy: the bytes of weight versions each stage held (measured from the
@@ -52,7 +52,7 @@ def weight_versions(
     values of step t minus the version its micro-batches used, per-step policies only); losses
     one column per policy, one row per step."""
     from course_lib.parallel.pipeline import split_layers
-    from course_lib.parallel.pipeline_2bw import run_versions
+    from course_lib.parallel.pipeline.two_bw import run_versions
 
     p = validate.count("stages", stages, minimum=1)
     m = validate.count("microbatches", microbatches, minimum=1)

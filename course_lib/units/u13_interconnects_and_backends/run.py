@@ -18,7 +18,7 @@ predicts, each returned as plain data (dicts, tidy pandas DataFrames); plots liv
   (``estimate.hierarchical_allreduce_breakdown``);
 - :func:`topology_report`: ``nvidia-smi topo -m`` when there is one.
 
-DDP's buckets, measured, are unit 09's (``course_lib.parallel.bucket_sweep``).
+DDP's buckets, measured, are unit 09's (``course_lib.measure.bucket_sweep``).
 
 Conventions (nccl-tests, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
 ``size_bytes`` is the full buffer: the all-reduce tensor, the all-gather *output*, the

@@ -34,10 +34,10 @@ __all__ = ["check_merge", "check_ring_block", "check_llama_cp", "check_ring_over
 
 UNIT = "u15_context_parallelism"
 
-MERGE_REFERENCES = ("course_lib.parallel.context_blocks:merge_attention",)
+MERGE_REFERENCES = ("course_lib.parallel.context.blocks:merge_attention",)
 RING_REFERENCES = (
-    "course_lib.parallel.context_ring:RingAttention.forward",
-    "course_lib.parallel.context_ring:ring_attention",
+    "course_lib.parallel.context.ring:RingAttention.forward",
+    "course_lib.parallel.context.ring:ring_attention",
 )
 SCALE_REFERENCES = (
     "course_lib.measure.estimate.context:cp_activation_bytes_per_layer",
@@ -221,7 +221,7 @@ def _merged_ring(task: int, world_size: int, blocks: Any):
     ranks' outputs concatenated along the sequence; a ✗ verdict for a malformed block."""
     import torch
 
-    from course_lib.parallel.context_blocks import merge_attention
+    from course_lib.parallel.context.blocks import merge_attention
 
     ranks = _results(task, blocks, world_size, f"blocks of a {world_size}-rank ring")
     outs = []

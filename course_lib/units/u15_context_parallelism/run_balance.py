@@ -18,7 +18,7 @@ import torch
 
 from course_lib import validate
 from course_lib.parallel import context as C
-from course_lib.parallel.context_blocks import (
+from course_lib.parallel.context.blocks import (
     attention_block,
     attention_block_backward,
     block_mask,

@@ -31,10 +31,10 @@ from course_lib.units.u16_mixture_of_experts.checks_overlap import check_ep_over
 __all__ = ["check_dispatch", "check_balance_loss", "check_mixtral_plan", "check_ep_overlap"]
 
 DISPATCH_REFERENCES = (
-    "course_lib.parallel.expert_parallel:dispatch_splits",
-    "course_lib.parallel.expert_parallel:ExpertParallel.forward",
+    "course_lib.parallel.experts.dispatch:dispatch_splits",
+    "course_lib.parallel.experts.dispatch:ExpertParallel.forward",
 )
-LOSS_REFERENCES = ("course_lib.parallel.moe:load_balancing_loss",)
+LOSS_REFERENCES = ("course_lib.parallel.experts.moe:load_balancing_loss",)
 SCALE_REFERENCES = (
     "course_lib.measure.estimate.moe:ep_all_to_all_bytes_per_token",
     "course_lib.measure.estimate.moe:moe_model_state_bytes_per_rank",

@@ -35,7 +35,7 @@ def _gather_worker(rank: int, world_size: int, gathers: Sequence[str], steps: in
     import torch.distributed as dist
 
     from course_lib.measure.comm import CommMeter, collective_family
-    from course_lib.parallel.zero_fp8 import LowPrecisionGatherSharded, gathered_numels
+    from course_lib.parallel.zero.fp8 import LowPrecisionGatherSharded, gathered_numels
     from course_lib.techniques.fp8_linear import convert_to_float8
 
     rows = []

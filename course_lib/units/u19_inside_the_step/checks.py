@@ -37,7 +37,7 @@ ROOFLINE_REFERENCES = (
     "course_lib.units.u19_inside_the_step.run_roofline:op_cost",
     "course_lib.units.u19_inside_the_step.run_roofline:op_table",
 )
-MERGE_REFERENCES = ("course_lib.parallel.context_blocks:merge_attention",)
+MERGE_REFERENCES = ("course_lib.parallel.context.blocks:merge_attention",)
 TILED_REFERENCES = (
     "course_lib.techniques.flash:flash_attention",
     "course_lib.techniques.flash:FlashAttention.forward",
@@ -182,7 +182,7 @@ def _merge_cases(task: int):
 
 
 def _partials(q, k, v, na):
-    from course_lib.parallel.context_blocks import attention_block
+    from course_lib.parallel.context.blocks import attention_block
 
     a = attention_block(q, k[:, :, :na], v[:, :, :na])
     return (*a, *attention_block(q, k[:, :, na:], v[:, :, na:]))
@@ -204,7 +204,7 @@ def _merge_grads(parts, dout, dlse):
     """Autograd through the course's merge: (d_out_a, d_lse_a, d_out_b, d_lse_b)."""
     import torch
 
-    from course_lib.parallel.context_blocks import merge_attention
+    from course_lib.parallel.context.blocks import merge_attention
 
     leaves = [p.detach().requires_grad_() for p in parts]
     out, lse = merge_attention(*leaves)
@@ -310,7 +310,7 @@ def _wrong_cases(task: int, cases: list, data: list) -> list[tuple[str, float]]:
     """(kind, worst error) of every case the learner's output misses; ✗ on malformed data."""
     import torch
 
-    from course_lib.parallel.context_blocks import attention_block
+    from course_lib.parallel.context.blocks import attention_block
 
     wrong = []
     for (kind, q, k, v, _bs), got in zip(cases, data):

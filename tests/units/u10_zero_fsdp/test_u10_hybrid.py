@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_lib.parallel import zero_hybrid as Z
+from course_lib.parallel.zero import hybrid as Z
 from course_lib.units.u10_zero_fsdp import run as R
 
 

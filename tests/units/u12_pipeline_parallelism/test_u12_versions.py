@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from course_lib.parallel.pipeline import split_layers
-from course_lib.parallel.pipeline_2bw import run_versions
+from course_lib.parallel.pipeline.two_bw import run_versions
 from course_lib.units.u12_pipeline_parallelism import run as R
 from course_lib.units.u12_pipeline_parallelism.run_versions import versions_batches, versions_model
 

@@ -25,7 +25,7 @@ def swapped_plan(routed, rank, n_experts):  # input and output splits swapped
 
 
 def course_plan(routed, rank, n_experts):
-    from course_lib.parallel.expert_parallel import dispatch_splits
+    from course_lib.parallel.experts.dispatch import dispatch_splits
 
     w = len(routed)
     counts = torch.bincount(routed[rank], minlength=n_experts)
@@ -62,7 +62,7 @@ def wrong_axis_loss(probs, experts):  # the exercise's bug: P averaged over the 
 
 
 def course_loss(probs, experts):
-    from course_lib.parallel.moe import load_balancing_loss
+    from course_lib.parallel.experts.moe import load_balancing_loss
 
     return load_balancing_loss(probs, experts)
 

@@ -92,7 +92,7 @@ def test_check_merge_backward(seed, capsys):
         C.check_merge_backward(no_lse_path)
 
     def course(out_a, lse_a, out_b, lse_b, dout, dlse):
-        from course_lib.parallel.context_blocks import merge_attention
+        from course_lib.parallel.context.blocks import merge_attention
 
         leaves = [t.detach().requires_grad_() for t in (out_a, lse_a, out_b, lse_b)]
         return torch.autograd.grad(merge_attention(*leaves), leaves, (dout, dlse))
