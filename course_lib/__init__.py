@@ -7,6 +7,8 @@ whole even if the notebook is interrupted meanwhile (``runtime.interrupts.import
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.runtime.interrupts import import_whole
 
 __version__ = "0.1.0"
@@ -23,7 +25,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'course_lib' has no attribute {name!r}")
@@ -32,5 +34,5 @@ def __getattr__(name: str):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))

@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _main_ranks(parser, args) -> int:
+def _main_ranks(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from course_lib import bench_ranks
 
     if args.runs < 1:

@@ -30,6 +30,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
@@ -52,7 +53,7 @@ class Tool:
     stop: str  # cell: stop the ranks
     start_again: bool = True  # whether `stop` leaves the tool able to start a second set
     kernel_module: str = "ipykernel_launcher"  # what the kernel's python runs (`-m`)
-    env: tuple = ()  # (name, value) pairs for the kernel's environment
+    env: tuple[tuple[str, str], ...] = ()  # (name, value) pairs for the kernel's environment
 
 
 COURSE = Tool(
@@ -119,7 +120,7 @@ class Result:
     raise_behaviour: str = ""
     note: str = ""
     leftover_processes: int | None = None
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 # "rank 1: raised ...", "[Rank 1 — error]", "error on rank 1" (not a mere "Rank 1:" header)
@@ -128,11 +129,11 @@ _NAMES_RANK_1 = re.compile(
 )
 
 
-def _all_alive(cell) -> bool:
+def _all_alive(cell: _kernel_driver.Cell) -> bool:
     return cell.finished and all(f"alive-{r}" in cell.stdout for r in range(4))
 
 
-def _shown(cell) -> str:
+def _shown(cell: _kernel_driver.Cell) -> str:
     return (cell.stdout + cell.stderr + cell.traceback).strip()
 
 
@@ -273,7 +274,7 @@ def measure(tool: Tool, trivial_runs: int = 20, cwd: str | None = None) -> Resul
     return result
 
 
-def _fmt(v, unit="s") -> str:
+def _fmt(v: float | None, unit: str = "s") -> str:
     if v is None:
         return "n/a"
     return f"{v * 1000:.0f} ms" if unit == "ms" else f"{v:.2f} s"

@@ -51,23 +51,23 @@ def choice(name: str, value: Any, valid: Iterable[Any], *, case_insensitive: boo
     return key
 
 
-def choices(name: str, values: Any, valid: Iterable[Any]) -> list:
+def choices(name: str, values: Any, valid: Iterable[Any]) -> list[Any]:
     """A list of choices; a single string is a list of one."""
     valid = tuple(valid)
     if isinstance(values, str):
         values = [values]
-    values = list(values)
-    if not values:
-        _fail(ValueError, name, values, "a non-empty list of " + ", ".join(map(str, valid)))
-    for v in values:
+    chosen: list[Any] = list(values)
+    if not chosen:
+        _fail(ValueError, name, chosen, "a non-empty list of " + ", ".join(map(str, valid)))
+    for v in chosen:
         if v not in valid:
             _fail(
                 ValueError,
                 name,
-                values,
+                chosen,
                 "each one of " + ", ".join(map(str, valid)) + f" ({describe(v)} is not)",
             )
-    return values
+    return chosen
 
 
 def count(name: str, value: Any, *, minimum: int | None = 0, maximum: int | None = None) -> int:
@@ -84,7 +84,7 @@ def count(name: str, value: Any, *, minimum: int | None = 0, maximum: int | None
         _fail(ValueError, name, value, _range_text(minimum, maximum))
     if maximum is not None and value > maximum:
         _fail(ValueError, name, value, _range_text(minimum, maximum))
-    return value
+    return int(value)
 
 
 def counts(name: str, values: Any, *, minimum: int = 1) -> list[int]:

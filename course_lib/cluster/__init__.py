@@ -22,7 +22,8 @@ from course_lib.cluster.experiment import Experiment, experiments, get
 from course_lib.cluster.local import torchrun_here
 from course_lib.cluster.results import differences
 from course_lib.cluster.runner import ClusterResult, load, main, run
-from course_lib.cluster.script import export, launch_command, render, slurm_script
+from course_lib.cluster.script import export, render
+from course_lib.runtime.commands import launch_command, slurm_script
 
 __all__ = [
     "ClusterResult",

@@ -8,7 +8,8 @@ import sys
 
 from course_lib.cluster.experiment import experiments, get
 from course_lib.cluster.runner import OneLineParser
-from course_lib.cluster.script import launch_command, render, slurm_script
+from course_lib.cluster.script import render
+from course_lib.runtime.commands import launch_command, slurm_script
 
 
 def _settings(exp, extra: list[str]) -> dict:

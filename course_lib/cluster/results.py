@@ -20,7 +20,10 @@ import json
 import os
 import pathlib
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FORMAT = "course_lib.cluster/1"
 
@@ -124,7 +127,7 @@ def _freeze(key: Any) -> Any:
     return tuple(_freeze(k) for k in key) if isinstance(key, list) else key
 
 
-def _decode_frame(val: dict):
+def _decode_frame(val: dict[str, Any]) -> pd.DataFrame:
     import pandas as pd
 
     columns = [_decode(c) for c in val["columns"]]
@@ -147,7 +150,7 @@ def _decode_frame(val: dict):
     return df
 
 
-def dumps(value: Any, meta: dict | None = None) -> str:
+def dumps(value: Any, meta: dict[str, Any] | None = None) -> str:
     """The JSON text of a results file: ``{"format", "meta", "value"}``."""
     return json.dumps(
         {"format": FORMAT, "meta": _encode(meta or {}), "value": _encode(value)},
@@ -156,7 +159,7 @@ def dumps(value: Any, meta: dict | None = None) -> str:
     )
 
 
-def loads(text: str) -> tuple[Any, dict]:
+def loads(text: str) -> tuple[Any, dict[str, Any]]:
     """``(value, meta)`` from the text :func:`dumps` wrote."""
     doc = json.loads(text)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -168,7 +171,7 @@ def loads(text: str) -> tuple[Any, dict]:
     return _decode(doc["value"]), _decode(doc["meta"])
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> pathlib.Path:
+def write_atomic(path: str | os.PathLike[str], text: str) -> pathlib.Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename, so a
     reader never sees half a file (a job killed mid-write leaves the old file or none)."""
     path = pathlib.Path(path)

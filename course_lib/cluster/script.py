@@ -79,7 +79,7 @@ def render(
     script: str = "experiment.py",
     out: str | None = None,
     world_size: int | None = None,
-    **settings,
+    **settings: Any,
 ) -> str:
     """The text of the exported script (see :func:`export`)."""
     exp = get(experiment)
@@ -128,11 +128,11 @@ def render(
 
 def export(
     experiment: str | Experiment,
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     *,
     out: str | None = None,
     world_size: int | None = None,
-    **settings,
+    **settings: Any,
 ) -> pathlib.Path:
     """Write a torchrun-ready script for ``experiment`` with ``settings`` to ``path``.
 

@@ -13,6 +13,7 @@ grader (which need nbformat / nbclient) are loaded on first use.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from course_lib.grading.core import (
     check_close,
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'course_lib.grading' has no attribute {name!r}")
@@ -69,5 +70,5 @@ def __getattr__(name: str):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))

@@ -177,10 +177,12 @@ def stub_source(source: str, targets: dict[str, str], filename: str = "<source>"
     return ast.unparse(tree) + "\n"
 
 
-_CACHE: dict[tuple[str, tuple[str, ...]], tuple[list[tuple[Path, Path]], list[tuple]]] = {}
+_CACHE: dict[
+    tuple[str, tuple[str, ...]], tuple[list[tuple[Path, Path]], list[tuple[str, int, int]]]
+] = {}
 
 
-def _stat(path: Path) -> tuple:
+def _stat(path: Path) -> tuple[str, int, int]:
     stat = path.stat()
     return (str(path), stat.st_size, stat.st_mtime_ns)
 

@@ -212,7 +212,7 @@ def _killed_report(
 
 def _ungraded_rows(
     item: Ungraded, folder: Path, solutions_dir: str | None, isolation: str
-) -> list[tuple]:
+) -> list[tuple[Any, ...]]:
     """0-point rows for a file that was not graded: one per task of the unit its name matches
     (a duplicate: one row), else one row with the unit empty."""
     from course_lib.grading.grader import default_solutions_dir

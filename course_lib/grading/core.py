@@ -121,8 +121,8 @@ def error_pair(exc: BaseException) -> tuple[str, str]:
 
 
 def launch_learner(
-    task: int, worker: Callable[..., dict], world_size: int, *args: Any, timeout: float
-) -> list[dict]:
+    task: int, worker: Callable[..., dict[Any, Any]], world_size: int, *args: Any, timeout: float
+) -> list[dict[Any, Any]]:
     """Run ``worker`` on ``world_size`` real ranks for a check; every rank's result dict.
 
     A rank's worker reports ``{"used": [...]}`` when the learner's code called the course's own

@@ -55,14 +55,14 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
-def _strip_timing(nb) -> None:
+def _strip_timing(nb: Any) -> None:
     for cell in nb.cells:
         meta = cell.get("metadata", {})
         for key in ("execution", "ExecuteTime"):
             meta.pop(key, None)
 
 
-def _kernel_metadata(nb, client, kernel_name: str) -> None:
+def _kernel_metadata(nb: Any, client: Any, kernel_name: str) -> None:
     """Store what JupyterLab itself writes when it opens the notebook on this kernel (the
     kernelspec's display name, the kernel's full language_info), so opening a notebook does not
     mark it modified and saving it makes no diff (on the same Python version)."""
@@ -86,7 +86,7 @@ def _kernel_metadata(nb, client, kernel_name: str) -> None:
 _TQDM_TEXT = re.compile(r"<[^>]+>")
 
 
-def _finish_progress_bars(nb) -> None:
+def _finish_progress_bars(nb: Any) -> None:
     """Give each stored tqdm progress bar the text of its final state.
 
     A tqdm bar in a notebook is a widget (an HBox of label, bar and counts); the text fallback a
@@ -128,7 +128,7 @@ WIDGET_TEXT = (
 )
 
 
-def _explain_stored_widgets(nb) -> None:
+def _explain_stored_widgets(nb: Any) -> None:
     """Replace each stored widget's text fallback (its repr, ``VBox(children=(HBox(...``) by a line
     saying what it is and how to use it. tqdm bars keep the text of their final state."""
     for cell in nb.cells:
@@ -192,7 +192,7 @@ def execute_notebook(
     kernel_name: str = "python3",
     allow_errors: bool = False,
     save: bool = True,
-):
+) -> Any:
     """Execute the notebook at ``path`` in a fresh kernel (cwd = its directory) and save it in place.
 
     Returns the executed notebook. Raises :class:`ExecuteError` naming the notebook and the failing

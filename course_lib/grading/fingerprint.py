@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,7 @@ class Fingerprint:
         return sorted(k for k in keys if self.files.get(k) != before.files.get(k))
 
 
-def _walk(top: Path):
+def _walk(top: Path) -> Iterator[Path]:
     for folder, dirs, names in os.walk(top):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         for name in names:

@@ -41,11 +41,8 @@ from course_lib.grading.compare import (  # noqa: F401 (re-exported)
     compare_outputs,
 )
 from course_lib.grading.exercises import (
-    CHECK_TAG,
-    SOLUTION_NAME,
     ExerciseError,
     SolutionTask,
-    cell_task,
     load_notebook_json,
     read_notebook,
     solution_tasks,
@@ -53,6 +50,7 @@ from course_lib.grading.exercises import (
 )
 from course_lib.grading.isolate import CheckJob
 from course_lib.grading.judge import JudgeSide, judge_task, seed_env
+from course_lib.grading.notebooks import CHECK_TAG, SOLUTION_NAME, cell_task
 from course_lib.grading.report import GradeReport, TaskResult
 from course_lib.grading.sandbox import run_learner_side
 from course_lib.grading.tamper import check_cell_changes, describe_change
@@ -83,7 +81,7 @@ def default_solutions_dir() -> Path:
     return Path(course_lib.__file__).resolve().parent.parent / "solutions"
 
 
-def find_solution(path: Path | str, nb, solutions_dir: Path | str | None = None) -> Path:
+def find_solution(path: Path | str, nb: Any, solutions_dir: Path | str | None = None) -> Path:
     """The solution notebook matching learner notebook ``nb`` (a NotebookNode or its JSON dict, read from ``path``)."""
     path = Path(path)
     explicit = solutions_dir is not None
@@ -130,7 +128,7 @@ def _quiet_logger() -> logging.Logger:
     return logger
 
 
-def _error_of(cell) -> tuple[str, str] | None:
+def _error_of(cell: Any) -> tuple[str, str] | None:
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
             return str(output.get("ename", "Error")), str(output.get("evalue", ""))
@@ -348,7 +346,7 @@ def _score(
     return None
 
 
-def _execute(nb, path: Path, seconds: int, kernel_name: str) -> tuple[int | None, str]:
+def _execute(nb: Any, path: Path, seconds: int, kernel_name: str) -> tuple[int | None, str]:
     """Run every code cell, recording errors; returns (index where execution stopped or None, status)."""
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 __all__ = ["GRADING_ENV", "grade_here", "notebook_path"]
 
@@ -92,7 +93,7 @@ def grade_here(*, solutions: str | Path | None = None, timeout: float = TIMEOUT_
     return process.returncode
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _stop(process: subprocess.Popen[Any]) -> None:
     """Stop the grader as Ctrl+C would (it shuts its kernel down), then for good."""
     process.send_signal(signal.SIGINT)
     try:

@@ -21,11 +21,18 @@ The repository's ``conftest.py`` loads this plugin; elsewhere pass
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
-from course_lib.grading.exercises import CHECK_TAG, expected_outputs
+from course_lib.grading.exercises import expected_outputs
+from course_lib.grading.notebooks import CHECK_TAG
+
+if TYPE_CHECKING:
+    import pytest
 
 
-def pytest_collection_modifyitems(session, config, items):
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
     try:
         import nbformat
         from nbval.plugin import IPyNbCell

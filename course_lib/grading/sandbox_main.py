@@ -91,7 +91,8 @@ def _grade_learner_side(request: dict[str, Any]) -> dict[str, Any]:
     with Zygote(str(request["unit"]), cwd=folder, seed=int(request["seed"])) as zygote:
         import nbformat
 
-        from course_lib.grading.grader import _error_of, _execute, _first_line
+        from course_lib.grading.compare import _first_line
+        from course_lib.grading.grader import _error_of, _execute
 
         path = folder / Path(str(request["name"])).name
         nb = nbformat.from_dict(request["notebook"])

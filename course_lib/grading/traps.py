@@ -42,7 +42,7 @@ _LOCK = threading.RLock()
 _KEEP = False
 
 
-def _dispatch(key: int, args: tuple, kwargs: dict) -> Any:
+def _dispatch(key: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     trap = _TRAPS[key]
     with _LOCK:
         for ids, used in _ACTIVE:

@@ -30,7 +30,7 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def _close_numbers(task, name, got, expected, rtol, atol) -> None:
+def _close_numbers(task: int, name: str, got: Any, expected: Any, rtol: float, atol: float) -> None:
     got_f, exp_f = float(got), float(expected)
     tol = f"rtol={rtol:g}, atol={atol:g}"
     if math.isnan(exp_f) and math.isnan(got_f):

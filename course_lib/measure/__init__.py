@@ -6,6 +6,8 @@ that only needs formulas stays light.
 
 from __future__ import annotations
 
+from typing import Any
+
 from course_lib.measure import estimate  # noqa: F401
 from course_lib.runtime.interrupts import import_whole
 
@@ -22,7 +24,7 @@ _LAZY = {
 __all__ = ["estimate", *_LAZY]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'course_lib.measure' has no attribute {name!r}")
@@ -31,5 +33,5 @@ def __getattr__(name: str):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))

@@ -5,6 +5,7 @@ convention is in comm.py's docstring). Introduced in notebooks/08_collectives.ip
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any, Literal
@@ -157,7 +158,7 @@ def _all_to_all(name: str, p: dict[str, Any], n: int, async_op: bool) -> CommRec
         received: Fraction | int = nbytes(outs) - (nbytes(outs[me]) if me < len(outs) else 0)
     else:
 
-        def others(t: torch.Tensor, splits: Any) -> Fraction:
+        def others(t: torch.Tensor, splits: Sequence[int] | None) -> Fraction:
             total = nbytes(t)
             if not splits:  # even split along dim 0
                 return Fraction(total * (n - 1), n)

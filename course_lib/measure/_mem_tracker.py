@@ -54,9 +54,9 @@ class _Tracker(MemTracker):
             raise RuntimeError(f"categories {categories} != the tracker's {tuple(_empty())}")
         self._device = device
         self._n_ops = 0
-        self._step_created: dict[int, list] = {}  # id(winfo) -> [winfo, born op, freed op]
+        self._step_created: dict[int, list[Any]] = {}  # id(winfo) -> [winfo, born op, freed op]
         self._step_start: list[int] = []  # op count when each running step began
-        self._our_opt_handles: tuple = ()
+        self._our_opt_handles: tuple[Any, ...] = ()
         self.peaks: dict[
             str, tuple[int, dict[str, int], int, str]
         ] = {}  # dev -> (total, bd, op, phase)
@@ -193,11 +193,15 @@ class _Tracker(MemTracker):
     def _register_global_optimizer_hook(self) -> None:
         super()._register_global_optimizer_hook()  # sets/unsets _in_opt, labels state OPT
 
-        def pre(optimizer, args, kwargs):
+        def pre(
+            optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> None:
             self._step_start.append(self._n_ops)
             self.record("pre_step", type(optimizer).__name__, "step")
 
-        def post(optimizer, args, kwargs):
+        def post(
+            optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> None:
             self._settle_step(optimizer, self._step_start.pop())
             self.record("post_step", type(optimizer).__name__, "step")
 

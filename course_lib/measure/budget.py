@@ -53,7 +53,7 @@ class MemoryBudget:
     simulated: bool = True
     """True on CPU: the budget is a number we compare against, not a device that can fail."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(
             self, "capacity_bytes", validate.count("capacity_bytes", self.capacity_bytes, minimum=1)
         )

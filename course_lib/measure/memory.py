@@ -311,7 +311,7 @@ def _is_fake(t: torch.Tensor) -> bool:
     return isinstance(t, FakeTensor)
 
 
-def _as_list(obj, cls, name: str) -> list:
+def _as_list(obj: Any, cls: type[T], name: str) -> list[T]:
     """``obj`` (one ``cls``, an iterable of them, or None) as a list; TypeError naming the value."""
     if obj is None:
         return []

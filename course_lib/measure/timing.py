@@ -32,7 +32,10 @@ import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "TimingResult",
@@ -143,10 +146,10 @@ def time_collective(
     *,
     warmup: int = 1,
     repeat: int = 5,
-    device=None,
+    device: Any = None,
     setup: Callable[[], Any] | None = None,
     max_over_ranks: bool = True,
-    group=None,
+    group: Any = None,
 ) -> list[float]:
     """Seconds of each of ``repeat`` calls of ``op`` (a collective), inside a rank.
 
@@ -247,7 +250,7 @@ class EventLog:
         return len(self._records)
 
 
-def merge_event_logs(logs: Iterable[EventLog | Iterable[Mapping[str, Any]]]):
+def merge_event_logs(logs: Iterable[EventLog | Iterable[Mapping[str, Any]]]) -> pd.DataFrame:
     """One pandas DataFrame from several ranks' logs (EventLogs or their ``to_records()``).
 
     Columns: rank, name, start, end, duration (seconds; start/end relative to the earliest

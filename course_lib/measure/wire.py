@@ -91,7 +91,7 @@ def wire_source(backend: str | None) -> str:
     return GLOO_SOURCE
 
 
-def _works(result: Any) -> list:
+def _works(result: Any) -> list[Any]:
     """The Work objects an asynchronous call returned (one, a list, or none)."""
     work_type = dist.distributed_c10d.Work
     if isinstance(result, work_type):
@@ -101,7 +101,7 @@ def _works(result: Any) -> list:
     return []
 
 
-def _number(x) -> int | float:
+def _number(x: Any) -> int | float:
     x = Fraction(x)
     return int(x) if x.denominator == 1 else float(x)
 
@@ -154,7 +154,7 @@ class WireWindows:
         self._saved_wait = ("wait" in work.__dict__, work.__dict__.get("wait"))
         original, tracker = work.wait, self
 
-        def wait(w, *args, **kwargs):
+        def wait(w: Any, *args: Any, **kwargs: Any) -> Any:
             window = tracker._open
             if window is None or id(w) not in window.pending:
                 return original(w, *args, **kwargs)
@@ -239,4 +239,5 @@ class WireWindows:
 def _read() -> int:
     # looked up through the module so that a test can replace read_wchar and prove where the
     # numbers come from
-    return sys.modules[__name__].read_wchar()
+    counter: int = sys.modules[__name__].read_wchar()
+    return counter

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -36,7 +36,15 @@ __all__ = ["PARTS", "TrainState", "rng_state", "set_rng_state"]
 PARTS = ("model", "optim", "step", "scheduler", "rng", "data")
 
 
-def rng_state() -> dict:
+class RngState(TypedDict):
+    """The state of every random generator of a process (what :func:`rng_state` returns)."""
+
+    torch: torch.Tensor
+    python: tuple[Any, ...]
+    numpy: Any
+
+
+def rng_state() -> RngState:
     """Every random generator of this process: torch's default one, Python's and NumPy's."""
     return {
         "torch": torch.get_rng_state(),
@@ -45,7 +53,7 @@ def rng_state() -> dict:
     }
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: RngState) -> None:
     """Put back what :func:`rng_state` returned."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])

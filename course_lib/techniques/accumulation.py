@@ -7,15 +7,23 @@ into equal micro-batches, each loss divided by their number, gradients summed by
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import nn
 
 from course_lib import validate
 
+#: a loss: (model output, targets) -> a scalar tensor
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
 __all__ = ["training_step", "split_batch", "accumulation_step", "effective_batch"]
 
 
-def training_step(model: nn.Module, optimizer, loss_fn, inputs, targets) -> torch.Tensor:
+def training_step(
+    model: nn.Module, optimizer: Any, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
     """Forward, backward, step, zero_grad: the unit every measurement in this unit times."""
     _check_optimizer(optimizer)
     loss = loss_fn(model(inputs), targets)
@@ -25,7 +33,7 @@ def training_step(model: nn.Module, optimizer, loss_fn, inputs, targets) -> torc
     return loss.detach()
 
 
-def _check_optimizer(optimizer) -> None:
+def _check_optimizer(optimizer: Any) -> None:
     if not (
         callable(getattr(optimizer, "step", None))
         and callable(getattr(optimizer, "zero_grad", None))
@@ -36,7 +44,9 @@ def _check_optimizer(optimizer) -> None:
         )
 
 
-def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int):
+def split_batch(
+    inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Split a batch into `micro_batches` equal micro-batches (views, no copies)."""
     micro_batches = validate.count("micro_batches", micro_batches, minimum=1)
     batch = inputs.shape[0]
@@ -49,7 +59,14 @@ def split_batch(inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int)
     return list(zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))
 
 
-def accumulation_step(model, optimizer, loss_fn, inputs, targets, micro_batches: int) -> None:
+def accumulation_step(
+    model: nn.Module,
+    optimizer: Any,
+    loss_fn: LossFn,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    micro_batches: int,
+) -> None:
     """One optimizer step on (inputs, targets), computed as `micro_batches` forward/backwards.
 
     The loss is a mean over samples, so each micro-batch loss is divided by the number of

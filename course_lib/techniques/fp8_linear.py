@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -227,7 +227,9 @@ class Float8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = as_2d(self.check_input(x))  # (M, K), M = every leading dim (0 rows: empty)
-        y = _Float8Matmul.apply(x2, self.weight, self).reshape(*x.shape[:-1], self.out_features)
+        fn: type[torch.autograd.Function] = _Float8Matmul  # torch leaves Function.apply untyped
+        y2 = cast(torch.Tensor, fn.apply(x2, self.weight, self))
+        y = y2.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:

@@ -38,7 +38,7 @@ __all__ = ["LoRALinear", "add_lora", "lora_modules", "trainable_params"]
 ModelT = TypeVar("ModelT", bound=nn.Module)
 
 
-def _check_rank(r, d_in: int, d_out: int, name: str) -> int:
+def _check_rank(r: object, d_in: int, d_out: int, name: str) -> int:
     if isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= min(d_in, d_out):
         raise ValueError(
             f"r = {r!r}: expected an int with 1 <= r <= min(d_in, d_out) = {min(d_in, d_out)} "
@@ -93,11 +93,11 @@ class LoRALinear(nn.Module):
         return (self.lora_B @ self.lora_A) * self.scaling  # (d_out, r) @ (r, d_in)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (..., d_in)
-        y = self.base(x)  # (..., d_out): frozen path
+        y: torch.Tensor = self.base(x)  # (..., d_out): frozen path
         if self.merged:
             return y  # the update is already inside base.weight
         # two thin matmuls, never the (d_out, d_in) product: (..., d_in) -> (..., r) -> (..., d_out)
-        u = self.dropout(x).to(self.lora_A.dtype) @ self.lora_A.T  # (..., r)
+        u: torch.Tensor = self.dropout(x).to(self.lora_A.dtype) @ self.lora_A.T  # (..., r)
         return y + (u @ self.lora_B.T * self.scaling).to(y.dtype)
 
     # merge/unmerge use ``with torch.no_grad()`` rather than the decorator: the decorator's wrapper

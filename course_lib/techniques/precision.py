@@ -65,7 +65,8 @@ def _dtype(fmt: str | torch.dtype, name: str = "fmt") -> torch.dtype:
 
 
 def _mode(mode: Any) -> str:
-    return validate.choice("mode", mode, MODES)
+    chosen: str = validate.choice("mode", mode, MODES)
+    return chosen
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,7 +240,9 @@ def prepare(model: torch.nn.Module, mode: str) -> torch.nn.Module:
     return model
 
 
-def make_scaler(mode: str, device: str | torch.device = "cpu", **kwargs: Any):
+def make_scaler(
+    mode: str, device: str | torch.device = "cpu", **kwargs: Any
+) -> torch.amp.GradScaler | None:
     """A ``torch.amp.GradScaler`` for ``fp16-mixed``; None for the other recipes
     (bf16 has fp32's exponent range, so its gradients do not underflow)."""
     if _mode(mode) != "fp16-mixed":

@@ -31,6 +31,8 @@ No unit imports another unit: what two units share lives in a mechanism layer
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Callable
+from types import ModuleType
 
 from course_lib.runtime.interrupts import import_whole
 
@@ -71,10 +73,10 @@ def contract_violations(unit_dir: pathlib.Path) -> list[str]:
     return problems
 
 
-def unit_getattr(package: str):
+def unit_getattr(package: str) -> Callable[[str], ModuleType]:
     """A PEP 562 ``__getattr__`` for a unit package: ``unit.run`` imports ``package.run``."""
 
-    def __getattr__(name: str):
+    def __getattr__(name: str) -> ModuleType:
         if name in UNIT_MODULES:
             return import_whole(f"{package}.{name}")  # torch too: never half
         raise AttributeError(

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from course_lib.measure.estimate.activations import RECOMPUTE  # noqa: F401  (simulate's)
+from course_lib.measure.estimate.activations import RECOMPUTE as RECOMPUTE  # simulate's
 
 Strategy = Literal["fsdp", "fsdp_no_reshard", "tp", "fsdp+tp", "ddp"]
 MixedPrecision = Literal["bf16", "fp16"] | None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TypedDict
 
 import pandas as pd
 
@@ -38,7 +39,7 @@ def format_zero_table(df: pd.DataFrame) -> str:
     model's exact parameter count; peak = the rank's whole peak (activations, buffers too).
     """
 
-    def gb(x) -> str:
+    def gb(x: float | None) -> str:
         return "-" if x is None or pd.isna(x) else f"{x:.3f}"
 
     header = (
@@ -100,7 +101,16 @@ def _legend(df: pd.DataFrame) -> str:
     )
 
 
-def bench_70b(world_size: int = 512, seq_len: int = 4096) -> dict:
+class Bench70B(TypedDict):
+    """What :func:`bench_70b` measured: the result frame, wall and simulating seconds, peak RSS."""
+
+    frame: pd.DataFrame
+    wall_s: float
+    cpu_s: float
+    rss: int
+
+
+def bench_70b(world_size: int = 512, seq_len: int = 4096) -> Bench70B:
     """One FSDP2 step of Llama-2-70B (bf16 compute, fp32 master + AdamW) on the virtual cluster."""
     t0 = time.perf_counter()
     df = simulate_step(

@@ -199,7 +199,8 @@ class Block(nn.Module):
         )  # (B, nq, T, hs)
         x = x + self.wo(y.transpose(1, 2).reshape(B, T, -1))
         f = self.ffn_norm(x)
-        return x + self.w2(F.silu(self.w1(f)) * self.w3(f))
+        out: torch.Tensor = x + self.w2(F.silu(self.w1(f)) * self.w3(f))
+        return out
 
 
 class LlamaLikeModel(nn.Module):
@@ -222,4 +223,5 @@ class LlamaLikeModel(nn.Module):
         cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)  # once, shared by the blocks
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return self.output(self.norm(x))  # (B, T, v)
+        logits: torch.Tensor = self.output(self.norm(x))  # (B, T, v)
+        return logits

@@ -45,6 +45,7 @@ Introduced in notebooks/10_zero_fsdp.ipynb.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -79,7 +80,7 @@ FIGURE1_GB = (120.0, 31.4, 16.6, 1.9)
 SEVEN_B_GB = (112.0, 38.5, 26.25, 14.0)
 
 
-def model_states(df) -> dict[str, int]:
+def model_states(df: pd.DataFrame) -> dict[str, int]:
     """Model-state bytes per rank from a ``simulate_step`` result, in ZeRO's sense.
 
     params, grads, optimizer: what the rank holds after backward, before the step (its shards,
@@ -145,7 +146,7 @@ def _virtual_columns(df: pd.DataFrame, row: dict[str, Any]) -> dict[str, Any]:
 def zero_table(
     model: LlamaLike,
     world_size: int,
-    targets_gb,
+    targets_gb: Sequence[float],
     *,
     paper_n_params: float,
     batch: int = 1,
@@ -201,7 +202,7 @@ def zero_table(
     return out
 
 
-def zero_figure1(*, world_size: int = 64, run_virtual: bool = True, **kwargs) -> pd.DataFrame:
+def zero_figure1(*, world_size: int = 64, run_virtual: bool = True, **kwargs: Any) -> pd.DataFrame:
     """Figure 1 of arXiv:1910.02054 (7.5B params, 64 GPUs) with FSDP2 on the virtual cluster."""
     return zero_table(
         PRESETS["zero-7.5b"],
@@ -213,7 +214,7 @@ def zero_figure1(*, world_size: int = 64, run_virtual: bool = True, **kwargs) ->
     )
 
 
-def zero_7b_table(*, world_size: int = 8, run_virtual: bool = True, **kwargs) -> pd.DataFrame:
+def zero_7b_table(*, world_size: int = 8, run_virtual: bool = True, **kwargs: Any) -> pd.DataFrame:
     """7B at 16 B/param on 8 GPUs: 112 / 38.5 / 26.25 / 14 GB, with FSDP2 on the virtual cluster."""
     return zero_table(
         PRESETS["7b"], world_size, SEVEN_B_GB, paper_n_params=7e9, run_virtual=run_virtual, **kwargs

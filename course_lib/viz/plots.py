@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping
 
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from course_lib.measure.estimate import fmt_bytes
 from course_lib.viz.style import (
@@ -105,7 +106,7 @@ def plot_measured_vs_predicted(
     title: str = "Memory: measured vs predicted",
     unit: str = "MiB",
     skip_total: bool = True,
-):
+) -> Figure:
     """Two stacked bars (predicted, measured), one segment per category, and the residual.
 
     ``measured``/``predicted``: category -> bytes (e.g. ``mem.peak_breakdown`` and
@@ -211,8 +212,12 @@ def _mark_peak(ax: Axes, tl: Any, cats: list[str], div: float) -> None:
 
 
 def plot_memory_timeline(
-    timeline, *, title: str = "Memory during a training step", unit: str = "MiB", categories=None
-):
+    timeline: Any,
+    *,
+    title: str = "Memory during a training step",
+    unit: str = "MiB",
+    categories: Iterable[str] | None = None,
+) -> Figure:
     """Stacked areas of memory by category over the events of ``MemoryMeter.timeline``, with the
     phases shaded (forward accumulates activations; backward frees them and creates gradients;
     the first optimizer step creates the optimizer state) and the peak marked.

@@ -33,7 +33,7 @@ import functools
 import numbers
 import textwrap
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, ParamSpec, TypeVar
 
 import matplotlib.pyplot as plt
 
@@ -42,6 +42,9 @@ from course_lib import validate
 if TYPE_CHECKING:
     from matplotlib.text import Text
     from matplotlib.typing import RcKeyType
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # ============================================================================================
 # style
@@ -84,7 +87,7 @@ PHASE_COLORS = {"forward": "#dbe9f6", "backward": "#fbe3d6", "step": "#dcefdc"}
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
 
 
-def require_columns(df, columns: list[str], name: str, *, nonempty: bool = False) -> None:
+def require_columns(df: Any, columns: list[str], name: str, *, nonempty: bool = False) -> None:
     """Raise TypeError/ValueError unless ``df`` is a DataFrame with ``columns`` (and, with
     ``nonempty``, at least one row): the input check of every plot function."""
     import pandas as pd
@@ -134,19 +137,19 @@ def style() -> Iterator[None]:
             readable(plt.figure(num))
 
 
-def styled(fn):
+def styled(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """Decorator: run a plot function inside ``style()`` (for functions not written as
     ``with style(): ...``)."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with style():
             return fn(*args, **kwargs)
 
     return wrapper
 
 
-def _texts_px(fig, below: float = float("inf")) -> tuple[list[tuple[Text, float]], float]:
+def _texts_px(fig: Any, below: float = float("inf")) -> tuple[list[tuple[Text, float]], float]:
     """``(Text, px on screen)`` for every text ``fig`` shows that measures under ``below`` px,
     and the figure's screen scale (screen pixels per PNG pixel: JupyterLab shrinks a PNG wider
     than its output area). One layout pass and one tight bounding box serve both; a text's
@@ -171,12 +174,12 @@ def _texts_px(fig, below: float = float("inf")) -> tuple[list[tuple[Text, float]
     return out, scale
 
 
-def text_px(fig) -> list[tuple[Text, float]]:
+def text_px(fig: Any) -> list[tuple[Text, float]]:
     """``(Text, size in px on screen)`` for every text ``fig`` shows (module docstring)."""
     return _texts_px(fig)[0]
 
 
-def readable(fig, *, min_px: float = MIN_TEXT_PX):
+def readable(fig: Any, *, min_px: float = MIN_TEXT_PX) -> Any:
     """Enlarge every text of ``fig`` smaller than ``min_px`` on screen to ``min_px``; ``fig``.
 
     Tick labels are enlarged through ``tick_params`` (so ticks matplotlib makes again at the
@@ -229,7 +232,7 @@ def wrap(text: str, width: int = LINE_CHARS, *, indent: str = "") -> str:
     )
 
 
-def print_wrapped(*parts, width: int = LINE_CHARS, indent: str = "  ") -> None:
+def print_wrapped(*parts: object, width: int = LINE_CHARS, indent: str = "  ") -> None:
     """``print(*parts)``, wrapped at word boundaries to ``width`` characters (``wrap``)."""
     print(wrap(" ".join(str(p) for p in parts), width, indent=indent))
 
@@ -238,7 +241,7 @@ def _unit(unit: str) -> float:
     return UNITS[validate.choice("unit", unit, UNITS)]
 
 
-def _check_mapping(name: str, value) -> dict:
+def _check_mapping(name: str, value: object) -> dict[str, float]:
     if not isinstance(value, Mapping):
         raise TypeError(f"{name} must be a dict of category -> bytes, got {type(value).__name__}")
     for k, v in value.items():

@@ -7,8 +7,10 @@ traced under FakeTensorMode, not from a GPU. Introduced in notebooks/10_zero_fsd
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from course_lib.viz.plots import CATEGORY_COLORS, UNITS, require_columns, style
 
@@ -27,8 +29,8 @@ VIRTUAL_COLORS = {
 
 
 def plot_virtual_breakdown(
-    frames, *, column: str = "at_peak", unit: str = "GiB", title: str | None = None
-):
+    frames: Any, *, column: str = "at_peak", unit: str = "GiB", title: str | None = None
+) -> Figure:
     """One stacked horizontal bar per result: the rank's bytes by category.
 
     ``frames``: a result, a list of results, or a mapping ``{bar label: result}`` (default

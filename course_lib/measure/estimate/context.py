@@ -187,7 +187,7 @@ def cp_activation_bytes_per_layer(
 
 def cp_attention_work(
     cp: int, *, rank: int, layout: CpLayout = "zigzag", causal: bool = True
-) -> dict[str, Any]:
+) -> dict[str, int | Fraction]:
     """The causal attention work of ``rank`` when a sequence is split over ``cp`` ranks and
     blocks the mask hides entirely are skipped (``parallel.context.ring_attention``):
     ``blocks`` (query-chunk x key-chunk products computed; a chunk is s/cp tokens contiguous,

@@ -146,7 +146,7 @@ def moe_model_state_bytes_per_rank(
     k: int = 12,
     param_bytes: int = 2,
     grad_bytes: int = 2,
-) -> dict[str, Any]:
+) -> dict[str, int | float]:
     """Model-state bytes per GPU (weights, gradients, optimizer state: ``param_bytes`` +
     ``grad_bytes`` + ``k`` per parameter) with ``world_size`` GPUs, ``stages`` pipeline stages
     (each holding 1/stages of every kind of parameter), the experts split over ``ep`` ranks and

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 
 from course_lib.measure.estimate import MiB, fmt_bytes
 from course_lib.viz.plots import CATEGORY_COLORS, require_columns, style
@@ -18,7 +19,7 @@ __all__ = ["plot_scaling_sweep", "plot_optimizer_states"]
 _MARKERS = {"params": "s", "grads": "o", "optimizer": "^", "activations": "D"}
 
 
-def plot_scaling_sweep(sweep: pd.DataFrame, *, title: str | None = None):
+def plot_scaling_sweep(sweep: pd.DataFrame, *, title: str | None = None) -> Figure:
     """Bytes per category against batch (left, at the largest width) and against width (right, at
     the largest batch): measured as markers, predicted as dashed lines, MiB on log-log axes."""
     require_columns(sweep, ["batch", "width", "category", "measured", "predicted"], "sweep")
@@ -26,7 +27,7 @@ def plot_scaling_sweep(sweep: pd.DataFrame, *, title: str | None = None):
         return _scaling_sweep(sweep, title)
 
 
-def _scaling_sweep(sweep, title):
+def _scaling_sweep(sweep: pd.DataFrame, title: str | None) -> Figure:
     fig, (ax_b, ax_w) = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True)
     for ax, x, fixed in ((ax_b, "batch", "width"), (ax_w, "width", "batch")):
         at = sweep[fixed].max()
@@ -61,14 +62,14 @@ def _scaling_sweep(sweep, title):
     return fig
 
 
-def plot_optimizer_states(table: pd.DataFrame, *, title: str | None = None):
+def plot_optimizer_states(table: pd.DataFrame, *, title: str | None = None) -> Figure:
     """Measured vs predicted optimizer-state bytes per optimizer (bars, MiB)."""
     require_columns(table, ["optimizer", "measured", "predicted"], "table")
     with style():
         return _optimizer_states(table, title)
 
 
-def _optimizer_states(table, title):
+def _optimizer_states(table: pd.DataFrame, title: str | None) -> Figure:
     fig, ax = plt.subplots(figsize=(10, 5))
     xs = range(len(table))
     width = 0.38

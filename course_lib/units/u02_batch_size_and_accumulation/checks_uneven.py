@@ -27,7 +27,7 @@ UNEVEN_BUG_CHOICES = {
 }
 
 
-def collect_uneven_accumulation(bug: str, accumulation_step, task: int = 5) -> dict[str, Any]:
+def collect_uneven_accumulation(bug: str, accumulation_step: Any, task: int = 5) -> dict[str, Any]:
     """Task (find the bug): name the bug of a loop that divides every micro-batch mean by the
     number of micro-batches when the last micro-batch is shorter, and fix it; the fixed loop
     must equal one full-batch step (float64, rtol 1e-9) twice in a row."""

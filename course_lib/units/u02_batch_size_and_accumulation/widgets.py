@@ -13,11 +13,15 @@ runs until Run is pressed.
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from course_lib.measure.estimate import MiB, fmt_bytes
 from course_lib.viz.widgets import Explorer
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["AccumulationExplorer"]
 
@@ -29,7 +33,9 @@ class AccumulationExplorer(Explorer):
     busy = "measuring..."
     extras = ("messages", "budget")
 
-    def __init__(self, *, device=None, in_features: int = 256, hidden: int = 512):
+    def __init__(
+        self, *, device: str | torch.device | None = None, in_features: int = 256, hidden: int = 512
+    ) -> None:
         self.device = device
         self.in_features = in_features
         self.hidden = hidden
@@ -50,7 +56,7 @@ class AccumulationExplorer(Explorer):
             tooltip="measure one optimizer step both ways",
         )
 
-    def compute(self):
+    def compute(self) -> Any:
         """Measure the accumulated and the full-batch step; check both against the budget."""
         import torch
 
@@ -92,10 +98,10 @@ class AccumulationExplorer(Explorer):
                 self.messages[row["mode"]] = f"{row['mode']}: {err}"
         return df.assign(fits=[budget.fits(int(p)) for p in df["peak_bytes"]])
 
-    def summary(self, df) -> str:
+    def summary(self, df: Any) -> str:
         return "<br>".join(html.escape(m) for m in self.messages.values())
 
-    def show(self, df):
+    def show(self, df: Any) -> list[Any]:
         from course_lib.units.u02_batch_size_and_accumulation.plots import plot_budget_check
 
         return [plot_budget_check(df, self.budget.capacity_bytes, label=self.budget.label())]

@@ -10,11 +10,17 @@ predicted vs measured memory. Nothing runs until Run is pressed.
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from course_lib.measure.estimate import fmt_bytes
 from course_lib.viz.widgets import Explorer
+
+if TYPE_CHECKING:
+    import torch
+
+    from course_lib.models import GPTConfig
 
 __all__ = ["PrecisionExplorer"]
 
@@ -24,7 +30,9 @@ class PrecisionExplorer(Explorer):
 
     busy = "measuring..."
 
-    def __init__(self, *, device=None, config=None):
+    def __init__(
+        self, *, device: str | torch.device | None = None, config: GPTConfig | None = None
+    ) -> None:
         from course_lib.techniques.precision import MODES
 
         self.device = device
@@ -46,7 +54,7 @@ class PrecisionExplorer(Explorer):
             intro="Pick recipes and sizes, then press Run.",
         )
 
-    def compute(self):
+    def compute(self) -> Any:
         """Measure one training step per selected recipe."""
         from course_lib.units.u03_mixed_precision.run import training_memory
 
@@ -63,13 +71,13 @@ class PrecisionExplorer(Explorer):
             device=self.device,
         )
 
-    def summary(self, df) -> str:
+    def summary(self, df: Any) -> str:
         peaks = df[df["category"] == "peak"].set_index("mode")["measured"]
         return "measured peak: " + ", ".join(
             f"{html.escape(m)} {fmt_bytes(int(v))}" for m, v in peaks.items()
         )
 
-    def show(self, df):
+    def show(self, df: Any) -> list[Any]:
         from course_lib.units.u03_mixed_precision.plots import plot_memory_by_mode
 
         return [

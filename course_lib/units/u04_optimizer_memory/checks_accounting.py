@@ -8,6 +8,7 @@ and prints the verdict."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
@@ -48,7 +49,7 @@ _FORBID_4 = (
 )
 
 
-def _measured_master_step_peak(widths) -> int:
+def _measured_master_step_peak(widths: Sequence[int]) -> int:
     """MemoryMeter's peak around the second step of the 16-byte recipe: a bf16 MLP, an fp32 master
     copy, torch.optim.Adam on the master (course_lib.techniques.optim.MasterWeights)."""
     import torch
@@ -72,7 +73,7 @@ def _measured_master_step_peak(widths) -> int:
     return int(mem.peak_bytes)
 
 
-def collect_predict_step_peak(predict_step_peak, task: int = 4) -> list[Any]:
+def collect_predict_step_peak(predict_step_peak: Any, task: int = 4) -> list[Any]:
     """The peak of one step of the 16-byte recipe, predicted, against MemoryMeter (within 1 %)."""
     return [
         run_learner(task, predict_step_peak, list(widths), forbid=_FORBID_4)
@@ -134,7 +135,7 @@ def _zero1_cases(task: int) -> list[tuple[str, int, bool, int]]:
     ]
 
 
-def collect_zero1_at_scale(zero1_bytes, task: int = 6) -> list[Any]:
+def collect_zero1_at_scale(zero1_bytes: Any, task: int = 6) -> list[Any]:
     """Model state per GPU under ZeRO stage 1, 16-byte and 12-byte accountings, 7B and 70B, against
     ``estimate.zero_bytes_per_rank`` (k = 12 with the master copy, 8 without)."""
     return [

@@ -6,8 +6,11 @@ Pure: nothing is measured here. Inputs are the DataFrames of
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 
 from course_lib.viz.plots import style
 
@@ -40,7 +43,7 @@ _PART_COLORS = {
 }
 
 
-def _need(df, columns, name: str) -> None:
+def _need(df: object, columns: Iterable[str], name: str) -> None:
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"{name} must be a pandas DataFrame, got {type(df).__name__}")
     missing = [c for c in columns if c not in df.columns]
@@ -48,7 +51,7 @@ def _need(df, columns, name: str) -> None:
         raise ValueError(f"{name} is missing columns {missing}; it has {list(df.columns)}")
 
 
-def plot_state_bytes(df: pd.DataFrame):
+def plot_state_bytes(df: pd.DataFrame) -> Figure:
     """Optimizer state in bytes per parameter: predicted (estimate) beside measured, per
     optimizer, with the measured residual written on each bar. ``df``: ``state_bytes_table()``."""
     _need(df, ["optimizer", "n_params", "predicted", "measured"], "df")
@@ -100,7 +103,7 @@ def _part_color(name: str) -> str:
     return "tab:gray"
 
 
-def plot_accounting(df: pd.DataFrame):
+def plot_accounting(df: pd.DataFrame) -> Figure:
     """Horizontal stacked bars: the components of each bytes-per-parameter figure of the
     literature. ``df``: ``accounting_table()``."""
     _need(df, ["source", "components", "bytes_per_param"], "df")
@@ -132,7 +135,7 @@ def plot_accounting(df: pd.DataFrame):
     return fig
 
 
-def plot_mixed_precision_accounting(df: pd.DataFrame):
+def plot_mixed_precision_accounting(df: pd.DataFrame) -> Figure:
     """Stacked bars, bytes per parameter by component: predicted, measured at rest, measured peak
     during the optimizer step. ``df``: ``mixed_precision_accounting()``."""
     _need(df, ["total"], "df")
@@ -173,7 +176,7 @@ def plot_mixed_precision_accounting(df: pd.DataFrame):
     return fig
 
 
-def plot_convergence(df: pd.DataFrame, *, loss_floor: float | None = None):
+def plot_convergence(df: pd.DataFrame, *, loss_floor: float | None = None) -> Figure:
     """Loss per step, one line per optimizer (same seed, same batches). ``df``: ``convergence()``."""
     _need(df, ["optimizer", "step", "loss"], "df")
     with style():

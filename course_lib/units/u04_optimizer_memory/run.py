@@ -20,7 +20,7 @@ Plain data out; plots in course_lib.units.u04_optimizer_memory.plots.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -60,7 +60,9 @@ DEFAULT_LR: dict[str, float] = {
 }
 
 
-def task_batch(config: GPTConfig, batch: int, seq: int, *, generator: torch.Generator):
+def task_batch(
+    config: GPTConfig, batch: int, seq: int, *, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The learnable sequence task of unit 03: :func:`course_lib.data.permutation_batch` (a fixed
     random permutation of the vocabulary)."""
     return permutation_batch(config, batch, seq, generator=generator)
@@ -141,7 +143,9 @@ def state_bytes_table(
 # --------------------------------------------------------------------------------------------
 # mixed-precision Adam, measured per parameter
 # --------------------------------------------------------------------------------------------
-def _per_param_row(label: str, bd: Mapping[str, int], buffers: int, n: int) -> dict:
+def _per_param_row(
+    label: str, bd: Mapping[str, int], buffers: int, n: int
+) -> dict[str, str | float]:
     """A MemoryMeter breakdown as bytes per parameter, by component of the master recipe."""
     return {
         "when": label,
@@ -208,7 +212,7 @@ def mixed_precision_accounting(
 # 16 or 12 bytes per parameter: the master copy, measured
 # --------------------------------------------------------------------------------------------
 #: recipe -> (what it stores, estimate.model_state_bytes arguments)
-RECIPES: dict[str, tuple[str, dict]] = {
+RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
     "fp32": ("fp32 params, grads, Adam m and v", dict(precision="fp32")),
     "16 B: bf16 + fp32 master": (
         "bf16 params and grads, fp32 master, fp32 Adam m and v",

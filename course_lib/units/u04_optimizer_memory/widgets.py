@@ -11,10 +11,14 @@ Run is pressed.
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from course_lib.viz.widgets import Explorer
+
+if TYPE_CHECKING:
+    from course_lib.models import GPTConfig
 
 __all__ = ["OptimizerExplorer"]
 
@@ -26,7 +30,7 @@ class OptimizerExplorer(Explorer):
     busy = "training..."
     extras = ("state",)
 
-    def __init__(self, *, config=None):
+    def __init__(self, *, config: GPTConfig | None = None) -> None:
         from course_lib.techniques.optim import OPTIMIZERS
 
         self.config = config
@@ -47,7 +51,7 @@ class OptimizerExplorer(Explorer):
             intro="Pick optimizers, then press Run.",
         )
 
-    def compute(self):
+    def compute(self) -> Any:
         """Train with each selected optimizer and measure its state."""
         from course_lib.units.u04_optimizer_memory.run import (
             DEFAULT_LR,
@@ -63,11 +67,11 @@ class OptimizerExplorer(Explorer):
         self.state = state_bytes_table(names, config=self.config)
         return df
 
-    def summary(self, df) -> str:
+    def summary(self, df: Any) -> str:
         final = df.groupby("optimizer", sort=False)["loss"].last()
         return "final loss: " + ", ".join(f"{html.escape(n)} {v:.3f}" for n, v in final.items())
 
-    def show(self, df):
+    def show(self, df: Any) -> list[Any]:
         from course_lib.units.u04_optimizer_memory.plots import plot_convergence, plot_state_bytes
 
         return [plot_convergence(df), plot_state_bytes(self.state)]

@@ -19,7 +19,9 @@ LR = 1e-2
 PARTS = ("compute", *PHASES)
 
 
-def _models(config: GPTConfig, dtype: torch.dtype, device: str | torch.device, seed: int = 0):
+def _models(
+    config: GPTConfig, dtype: torch.dtype, device: str | torch.device, seed: int = 0
+) -> list[GPT]:
     out = []
     for _ in range(2):
         torch.manual_seed(seed)
@@ -27,7 +29,9 @@ def _models(config: GPTConfig, dtype: torch.dtype, device: str | torch.device, s
     return out
 
 
-def _plain_optimizer(model, dtype):
+def _plain_optimizer(
+    model: torch.nn.Module, dtype: torch.dtype
+) -> torch.optim.Optimizer | MasterWeights:
     """The plain recipe: torch.optim.AdamW on fp32 parameters, unit 04's master weights on 16-bit."""
     if dtype == torch.float32:
         return torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 
 from course_lib.viz.plots import CATEGORY_COLORS, require_columns, style
 
@@ -24,7 +25,7 @@ PART_COLORS = {
 }
 
 
-def plot_memory_fit(df: pd.DataFrame, budget_bytes: int, *, simulated: bool = True):
+def plot_memory_fit(df: pd.DataFrame, budget_bytes: int, *, simulated: bool = True) -> Figure:
     """Device memory at the peak of a step, plain and offloaded: model state and activations
     stacked (measured), the predicted model state as a hatched outline, the budget as a line.
     ``df``: ``memory_fit()``; bytes shown in MiB."""
@@ -72,7 +73,7 @@ def plot_memory_fit(df: pd.DataFrame, budget_bytes: int, *, simulated: bool = Tr
     return fig
 
 
-def plot_tiers(df: pd.DataFrame, links: dict[str, float] | None = None):
+def plot_tiers(df: pd.DataFrame, links: dict[str, float] | None = None) -> Figure:
     """Measured bandwidth of each tier (GB/s, log scale) beside published link speeds (dashed:
     not measured here). ``df``: ``tier_bandwidth()`` (or ``h2d_bandwidth()`` indexed by a label)."""
     require_columns(df, ["GBps"], "df", nonempty=True)
@@ -95,7 +96,7 @@ def plot_tiers(df: pd.DataFrame, links: dict[str, float] | None = None):
     return fig
 
 
-def plot_step_breakdown(df: pd.DataFrame, *, predicted: dict[str, float] | None = None):
+def plot_step_breakdown(df: pd.DataFrame, *, predicted: dict[str, float] | None = None) -> Figure:
     """One stacked bar per measured step (its parts) beside its own measured total (black tick),
     the plain step (grey tick) and, if given, the predicted serial and overlapped times of the
     median parts (dashed lines). ``df``: ``step_breakdown()``; seconds shown in ms."""

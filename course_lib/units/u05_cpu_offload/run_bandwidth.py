@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pandas as pd
 import torch
@@ -16,7 +17,7 @@ import torch
 from course_lib import validate
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
-from course_lib.models import GPTConfig
+from course_lib.models import GPT, GPTConfig
 from course_lib.techniques.offload import OffloadAdamW, drop_page_cache
 from course_lib.units.u05_cpu_offload._setup import CONFIG, LR, _models, _plain_optimizer
 
@@ -24,7 +25,7 @@ from course_lib.units.u05_cpu_offload._setup import CONFIG, LR, _models, _plain_
 # --------------------------------------------------------------------------------------------
 # bandwidth of the tiers of this machine
 # --------------------------------------------------------------------------------------------
-def _median(xs):
+def _median(xs: Iterable[float]) -> float:
     xs = sorted(xs)
     return xs[len(xs) // 2]
 
@@ -122,7 +123,9 @@ def h2d_bandwidth(nbytes: int = 256 << 20, *, repeat: int = 5) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 # the parts of an offloaded step
 # --------------------------------------------------------------------------------------------
-def _timed_step(model, optimizer, idx, tgt, sync: Callable[[], None]) -> float:
+def _timed_step(
+    model: GPT, optimizer: Any, idx: torch.Tensor, tgt: torch.Tensor, sync: Callable[[], None]
+) -> float:
     """Seconds of one plain training step (zero_grad, forward, backward, step), synchronized."""
     sync()
     t0 = time.perf_counter()
@@ -157,7 +160,7 @@ def step_breakdown(
     ref = _plain_optimizer(plain, dtype)
     opt = OffloadAdamW(off.parameters(), lr=LR, tier=tier)
     gen = torch.Generator().manual_seed(1)
-    sync = (
+    sync: Callable[[], None] = (
         (lambda: torch.cuda.synchronize())
         if torch.device(device).type == "cuda"
         else (lambda: None)
@@ -193,7 +196,7 @@ def step_breakdown(
     return pd.DataFrame(rows)
 
 
-def predicted_step_times(parts: pd.DataFrame | dict) -> dict[str, float]:
+def predicted_step_times(parts: pd.DataFrame | dict[str, float]) -> dict[str, float]:
     """``estimate.offload_step_time`` from measured parts (a :func:`step_breakdown` row or the
     medians of its columns): ``serial_s`` (one after the other) and ``overlapped_s`` (max)."""
     get = parts.get  # a dict or a DataFrame row: both answer [name] and get(name, default)

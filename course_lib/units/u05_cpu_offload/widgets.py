@@ -9,6 +9,8 @@ the step-time model. Nothing runs until Run is pressed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import ipywidgets as widgets
 
 from course_lib.viz.widgets import Explorer
@@ -41,7 +43,7 @@ class OffloadExplorer(Explorer):
             intro="Pick a tier, a width and a batch, then press Run.",
         )
 
-    def compute(self):
+    def compute(self) -> Any:
         import dataclasses
 
         from course_lib.units.u05_cpu_offload.run import (
@@ -57,7 +59,7 @@ class OffloadExplorer(Explorer):
         self.predicted = predicted_step_times(df.median(numeric_only=True))
         return df
 
-    def summary(self, df) -> str:
+    def summary(self, df: Any) -> str:
         med = df.median(numeric_only=True)
         compute = med["compute"] / med["total"]
         return (
@@ -66,7 +68,7 @@ class OffloadExplorer(Explorer):
             f"overlapped {self.predicted['overlapped_s'] * 1e3:.1f} ms"
         )
 
-    def show(self, df):
+    def show(self, df: Any) -> list[Any]:
         from course_lib.units.u05_cpu_offload.plots import plot_step_breakdown
 
         return [plot_step_breakdown(df, predicted=self.predicted)]

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["plot_policies", "plot_segment_sweep", "plot_scale"]
 
 
-def plot_policies(df: pd.DataFrame, times: pd.DataFrame | None = None):
+def plot_policies(df: pd.DataFrame, times: pd.DataFrame | None = None) -> Figure:
     """Left: bytes kept for backward per policy, predicted beside measured (KiB). Right: the
     step's matmul FLOPs relative to no checkpointing (measured), and the time ratio if given."""
     require_columns(
@@ -66,7 +67,7 @@ def plot_policies(df: pd.DataFrame, times: pd.DataFrame | None = None):
     return fig
 
 
-def plot_segment_sweep(df: pd.DataFrame):
+def plot_segment_sweep(df: pd.DataFrame) -> Figure:
     """Kept bytes and backward peak against the segment length k, predicted and measured (KiB)."""
     require_columns(
         df,
@@ -98,7 +99,7 @@ def plot_segment_sweep(df: pd.DataFrame):
     return fig
 
 
-def plot_scale(df: pd.DataFrame):
+def plot_scale(df: pd.DataFrame) -> Figure:
     """Activation GB kept per policy for the sources' models (log scale), 16-bit."""
     require_columns(df, ["model", "policy", "kept_GB"], "df", nonempty=True)
     with style():

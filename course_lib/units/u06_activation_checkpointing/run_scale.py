@@ -6,6 +6,8 @@ names).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
 from course_lib import validate
@@ -20,7 +22,9 @@ MODELS = (
 )
 
 
-def scale_table(models=MODELS) -> pd.DataFrame:
+def scale_table(
+    models: Sequence[tuple[str, int, int, int, int, int]] = MODELS,
+) -> pd.DataFrame:
     """Activation GB (1e9 B) kept per policy at paper scale, 16-bit with dropout (Korthikanti et al.),
     plus the backward peak with one checkpoint rebuilt and the FLOPs ratio of each policy."""
     rows = []

@@ -8,9 +8,14 @@ to the tiny GPT and measures it beside no checkpointing (kept bytes, FLOPs, grad
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import ipywidgets as widgets
 
 from course_lib.viz.widgets import Explorer
+
+if TYPE_CHECKING:
+    from course_lib.models import GPTConfig
 
 __all__ = ["PolicyExplorer"]
 
@@ -21,7 +26,7 @@ class PolicyExplorer(Explorer):
     busy = "measuring..."
     expected_errors = (ValueError,)
 
-    def __init__(self, *, config=None):
+    def __init__(self, *, config: GPTConfig | None = None) -> None:
         from course_lib.techniques.checkpointing import POLICIES
         from course_lib.units.u06_activation_checkpointing.run import CONFIG
 
@@ -45,7 +50,7 @@ class PolicyExplorer(Explorer):
             intro="Pick a policy (k: spacing for every_k, segment length for segments), then press Run.",
         )
 
-    def compute(self):
+    def compute(self) -> Any:
         from course_lib.techniques.checkpointing import MATMUL_OPS
         from course_lib.units.u06_activation_checkpointing.run import policy_table
 
@@ -62,7 +67,7 @@ class PolicyExplorer(Explorer):
             self.config, batch=int(self.batch.value), seq=int(self.seq.value), cases=cases
         )
 
-    def summary(self, df) -> str:
+    def summary(self, df: Any) -> str:
         row = df.iloc[-1]
         return (
             f"{row['case']}: keeps {row['kept_vs_none']:.0%} of the bytes, {row['flops_ratio']:.3f}x "
@@ -70,7 +75,7 @@ class PolicyExplorer(Explorer):
             f"{row['max_grad_error']:.1g}"
         )
 
-    def show(self, df):
+    def show(self, df: Any) -> list[Any]:
         from course_lib.units.u06_activation_checkpointing.plots import plot_policies
 
         return [plot_policies(df)]

@@ -88,7 +88,7 @@ def _count_ranks(task: int) -> tuple[int, ...]:
     return (1, rng.randint(2, 12), 16, rng.randint(17, 256))
 
 
-def collect_count_lora(count_lora_params, task: int = 1) -> list[Any]:
+def collect_count_lora(count_lora_params: Any, task: int = 1) -> list[Any]:
     """Task 1: the learner's counts at r = 1, 16 and two ranks drawn from the grading seed."""
     return [
         run_learner(task, count_lora_params, r, forbid=_FORBID_COUNT) for r in _count_ranks(task)
@@ -121,7 +121,7 @@ def judge_count_lora(data: Any, task: int = 1) -> None:
 check_count_lora = split_check(collect_count_lora, judge_count_lora)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """``Conv1D``, the base of tasks 2 and 3, built on first use (this module imports no torch
     at import time)."""
     if name == "Conv1D":
@@ -137,7 +137,7 @@ def _init_case(task: int) -> tuple[int, int, int, int, Any]:
     return seed, d_in, d_out, r, rng
 
 
-def collect_init_adapter(init_adapter, task: int = 4) -> dict[str, Any]:
+def collect_init_adapter(init_adapter: Any, task: int = 4) -> dict[str, Any]:
     """Task 4: the (A, B) the learner's fixed init returns."""
     import torch
 

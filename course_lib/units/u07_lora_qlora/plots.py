@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.figure import Figure
 
 from course_lib.viz.plots import require_columns, style
 
@@ -16,7 +17,7 @@ __all__ = ["METHOD_COLORS", "plot_finetune", "plot_memory", "plot_scale"]
 METHOD_COLORS = {"full": "tab:blue", "lora": "tab:orange", "qlora": "tab:green"}
 
 
-def plot_finetune(df: pd.DataFrame):
+def plot_finetune(df: pd.DataFrame) -> Figure:
     """Loss per step of each method on the shifted task (log scale). ``df``: ``run.finetune()``."""
     require_columns(df, ["method", "step", "loss", "trainable"], "df", nonempty=True)
     with style():
@@ -45,7 +46,7 @@ _PARTS = (
 )
 
 
-def plot_memory(df: pd.DataFrame):
+def plot_memory(df: pd.DataFrame) -> Figure:
     """Bytes of the targeted weights, gradients and Adam state per method: measured bars, the
     prediction as a black tick on each. ``df``: ``run.memory_table()``."""
     require_columns(
@@ -82,7 +83,7 @@ def plot_memory(df: pd.DataFrame):
     return fig
 
 
-def plot_scale(df: pd.DataFrame, *, gpus_GB: tuple[float, ...] = (48, 80)):
+def plot_scale(df: pd.DataFrame, *, gpus_GB: tuple[float, ...] = (48, 80)) -> Figure:
     """Model-state GB (frozen base + trained state) per model and method, log scale, with lines at
     the memory of common GPUs. ``df``: ``run.scale_table()``."""
     require_columns(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import pandas as pd
 import torch
@@ -38,7 +38,7 @@ SHIFT = 3
 # --------------------------------------------------------------------------------------------
 def shifted_batch(
     config: GPTConfig, batch: int, seq: int, *, shift: int, generator: torch.Generator
-):
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The permutation task (``course_lib.data.permutation_batch``) with every target moved by
     ``shift`` (mod vocab): same inputs, a new rule to learn. ``shift=0`` is pre-training."""
     idx, tgt = permutation_batch(config, batch, seq, generator=generator)
@@ -67,7 +67,7 @@ def _train(
     seq: int,
     seed: int,
     label: str | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr)
     gen = torch.Generator().manual_seed(seed)
@@ -84,7 +84,9 @@ def _train(
 
 
 @functools.lru_cache(maxsize=4)
-def _pretrained_state(config: GPTConfig, steps: int, seed: int) -> tuple[dict, float]:
+def _pretrained_state(
+    config: GPTConfig, steps: int, seed: int
+) -> tuple[dict[str, torch.Tensor], float]:
     torch.manual_seed(seed)
     model = GPT(config)
     rows = _train(model, steps=steps, lr=1e-2, shift=0, batch=16, seq=16, seed=seed)

@@ -201,7 +201,7 @@ def scale_table() -> pd.DataFrame:
     (parameter counts measured on meta-device models; adapters at r 8 on q, v and at QLoRA's
     setting, r 64 on all seven linears) and GPT-3 175B with the LoRA paper's r 4 on q, v
     (Hu et al. 2021; GPT-3: h 12288, 96 layers). bf16-mixed Adam (16 B per trained parameter)."""
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     cases = []
     for name, cfg in llama_configs().items():
         n = count_params(_llama_on_meta(cfg))

@@ -10,10 +10,14 @@ draws the loss curves. Nothing runs until Run is pressed.
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from course_lib.viz.widgets import Explorer
+
+if TYPE_CHECKING:
+    from course_lib.models import GPTConfig
 
 __all__ = ["LoRAExplorer"]
 
@@ -23,7 +27,7 @@ class LoRAExplorer(Explorer):
 
     busy = "fine-tuning..."
 
-    def __init__(self, *, config=None):
+    def __init__(self, *, config: GPTConfig | None = None) -> None:
         from course_lib.units.u07_lora_qlora.run import GPT_TARGETS, METHODS
 
         self.config = config
@@ -43,7 +47,7 @@ class LoRAExplorer(Explorer):
             intro="Pick a rank and the layers that get adapters, then press Run.",
         )
 
-    def compute(self):
+    def compute(self) -> Any:
         """Fine-tune with each selected method."""
         from course_lib.units.u07_lora_qlora.run import finetune
 
@@ -59,11 +63,11 @@ class LoRAExplorer(Explorer):
             config=self.config,
         )
 
-    def summary(self, df) -> str:
+    def summary(self, df: Any) -> str:
         final = df.groupby("method", sort=False)["loss"].apply(lambda s: s.tail(10).mean())
         return "final loss: " + ", ".join(f"{html.escape(m)} {v:.3f}" for m, v in final.items())
 
-    def show(self, df):
+    def show(self, df: Any) -> list[Any]:
         from course_lib.units.u07_lora_qlora.plots import plot_finetune
 
         return [plot_finetune(df)]

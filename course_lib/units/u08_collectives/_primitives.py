@@ -6,12 +6,18 @@ collective) and :mod:`run_timing` (all-reduce timings). Introduced in notebooks/
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.distributed as dist
 
 from course_lib import validate
 from course_lib.measure import estimate
 from course_lib.parallel import collectives as C
+
+if TYPE_CHECKING:
+    from course_lib.measure.comm import CommMeter
 
 #: the eight primitives of torch.distributed shown in the notebook, in teaching order
 PRIMITIVES = (
@@ -37,13 +43,15 @@ COLLECTIVE_CHOICES = PRIMITIVES + tuple(f"{name} (from scratch)" for name in ALG
 WORKED_EXAMPLE_GRADS = (0.20, 0.10, -0.05, 0.15)
 
 
-def _launch(fn, world_size: int, *args, timeout: float = 60.0, **kwargs):
+def _launch(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 60.0, **kwargs: Any
+) -> list[Any]:
     from course_lib.runtime.launch import launch  # imported here: ranks never need it
 
     return launch(fn, world_size, *args, timeout=timeout, **kwargs)
 
 
-def _meter():
+def _meter() -> CommMeter:
     from course_lib.measure.comm import CommMeter
 
     # direct torch.distributed calls are all we make; dispatch=True would also import

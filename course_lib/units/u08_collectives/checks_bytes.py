@@ -48,7 +48,7 @@ def _composite_cases(task: int) -> tuple[list[tuple[int, int]], list[tuple[int, 
     return cases, [(2, 2 * rng.randint(256, 2048)), (4, 4 * rng.randint(256, 2048))]
 
 
-def collect_composite_bytes(predict, task: int = 3) -> dict[str, Any]:
+def collect_composite_bytes(predict: Any, task: int = 3) -> dict[str, Any]:
     """Task: predict the bytes one rank sends in an all-reduce done as ring reduce-scatter +
     ring all-gather. ``predict(size_bytes, world_size)`` returns a number of bytes.
 
@@ -144,7 +144,7 @@ def _scale_cases(task: int) -> list[tuple[int, int, str]]:
     return [(n, ws, scheme) for n, ws in (*SCALE_CASES, drawn) for scheme in SCALE_SCHEMES]
 
 
-def collect_scale_bytes(bytes_per_step, task: int = 6) -> list[Any]:
+def collect_scale_bytes(bytes_per_step: Any, task: int = 6) -> list[Any]:
     """Task: ``bytes_per_step(n_params, world_size, scheme)``: the bytes the busiest GPU sends in
     one step, bf16, for scheme "all_reduce" (ring all-reduce of the gradients), "zero3"
     (ring reduce-scatter of the gradients + ring all-gather of the parameters before forward and

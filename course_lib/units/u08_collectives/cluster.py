@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from course_lib import validate
 from course_lib.cluster import Experiment
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def timing(
     world_size: int,
     *,
-    sizes_bytes: tuple = (4 * 2**10, 256 * 2**10, 4 * 2**20),
-    algorithms: tuple = ("ring", "recursive_doubling", "gloo"),
+    sizes_bytes: tuple[int, ...] = (4 * 2**10, 256 * 2**10, 4 * 2**20),
+    algorithms: tuple[str, ...] = ("ring", "recursive_doubling", "gloo"),
     repeats: int = 5,
     warmup: int = 1,
-):
+) -> pd.DataFrame:
     """The lecture's all-reduce timing sweep (``unit.run.time_all_reduce``)."""
     from course_lib.units.u08_collectives import run
 
@@ -27,21 +32,21 @@ def timing(
     )
 
 
-def bytes_sent(world_size: int, *, numel: int = 4096):
+def bytes_sent(world_size: int, *, numel: int = 4096) -> pd.DataFrame:
     """Bytes each rank hands to send/recv per algorithm (``unit.run.measure_bytes``)."""
     from course_lib.units.u08_collectives import run
 
     return run.measure_bytes(world_size, numel=numel)
 
 
-def wire(world_size: int, *, size_bytes: int = 4 * 2**20):
+def wire(world_size: int, *, size_bytes: int = 4 * 2**20) -> pd.DataFrame:
     """Bytes each rank wrote to its sockets per collective (``unit.run.measure_wire_bytes``)."""
     from course_lib.units.u08_collectives import run
 
     return run.measure_wire_bytes(world_size, size_bytes)
 
 
-def _power_of_two(world_size: int, settings: dict) -> None:
+def _power_of_two(world_size: int, settings: dict[str, Any]) -> None:
     if "recursive_doubling" in settings.get("algorithms", ()):
         validate.power_of_two(
             "world_size",

@@ -12,6 +12,7 @@ wire). The wire bytes of every collective at a size where headers do not matter 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -108,8 +109,10 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
-def _primitives_worker(rank: int, world_size: int, names: Sequence[str], root: int) -> dict:
-    results = {}
+def _primitives_worker(
+    rank: int, world_size: int, names: Sequence[str], root: int
+) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
     for name in names:
         dist.barrier()  # no rank starts the next primitive while another is still in the last one
         with _meter() as meter:
@@ -127,7 +130,7 @@ def _primitives_worker(rank: int, world_size: int, names: Sequence[str], root: i
 
 def run_primitives(
     names: Sequence[str] = PRIMITIVES, world_size: int = 4, *, root: int = 0, timeout: float = 60.0
-) -> dict[str, dict]:
+) -> dict[str, dict[str, Any]]:
     """Run each named collective once on ``world_size`` real ranks (one launch for all).
 
     Returns ``{name: {"before": [row per rank], "after": [row per rank], "calls": [dict per
@@ -164,7 +167,9 @@ def run_primitives(
     }
 
 
-def bytes_table(name: str, result: dict, world_size: int, *, root: int = 0) -> pd.DataFrame:
+def bytes_table(
+    name: str, result: dict[str, Any], world_size: int, *, root: int = 0
+) -> pd.DataFrame:
     """Per-rank bytes of one run_primitives result (run with ``root``): predicted by estimate,
     measured on the wire (CommMeter), and the residual (wire - predicted; None if unmeasured)."""
     rows = []
@@ -216,7 +221,7 @@ def expected_after(name: str, world_size: int, *, root: int = 0) -> list[torch.T
 # --------------------------------------------------------------------------------------------
 def _bytes_worker(
     rank: int, world_size: int, algorithms: Sequence[str], numel: int, dtype: torch.dtype
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     rows = []
     for algorithm in algorithms:
         x = torch.randn(numel, dtype=dtype)  # (S,)

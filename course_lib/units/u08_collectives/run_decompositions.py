@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -29,7 +30,7 @@ from course_lib.units.u08_collectives._primitives import (
 # --------------------------------------------------------------------------------------------
 def _worked_example_worker(
     rank: int, world_size: int, grads: Sequence[float], lr: float, weight: float
-) -> dict:
+) -> dict[str, float]:
     n = world_size
     g = torch.tensor([grads[rank]], dtype=torch.float64)  # (1,) this worker's gradient
 
@@ -123,7 +124,9 @@ def _all_reduce_methods(
     return methods
 
 
-def _decomposition_worker(rank: int, world_size: int, numel: int, seed: int) -> list[dict]:
+def _decomposition_worker(
+    rank: int, world_size: int, numel: int, seed: int
+) -> list[dict[str, Any]]:
     n = world_size
     gen = torch.Generator().manual_seed(seed + rank)
     x = torch.randn(numel, generator=gen)  # (S,) this rank's "gradient"

@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
 import pandas as pd
 import torch
@@ -52,7 +53,9 @@ COMPARED = {
 # --------------------------------------------------------------------------------------------
 # 9. all-reduce is not all-gather; all-gather = gather + broadcast
 # --------------------------------------------------------------------------------------------
-def _confusion_worker(rank: int, world_size: int, grads) -> dict:
+def _confusion_worker(
+    rank: int, world_size: int, grads: Sequence[Sequence[float]]
+) -> dict[str, list[float]]:
     mine = torch.tensor(grads[rank])  # (k,)
     summed = mine.clone()
     dist.all_reduce(summed)
@@ -85,7 +88,9 @@ def confusion_example(grads: Sequence[Sequence[float]] = CONFUSION_GRADS) -> pd.
 # --------------------------------------------------------------------------------------------
 # 10. stragglers and lost ranks
 # --------------------------------------------------------------------------------------------
-def _straggler_worker(rank: int, world_size: int, sleeps: Sequence[float], numel: int) -> dict:
+def _straggler_worker(
+    rank: int, world_size: int, sleeps: Sequence[float], numel: int
+) -> dict[str, float]:
     x = torch.ones(numel)
     dist.all_reduce(x)  # warm the connections up
     dist.barrier()
@@ -153,7 +158,9 @@ def lost_rank(world_size: int = 4, *, lost: int = 3, timeout: float = 3.0) -> li
 # --------------------------------------------------------------------------------------------
 # 11. ring, recursive doubling, Rabenseifner
 # --------------------------------------------------------------------------------------------
-def _compare_worker(rank: int, world_size: int, sizes: Sequence[int], repeats: int) -> list[dict]:
+def _compare_worker(
+    rank: int, world_size: int, sizes: Sequence[int], repeats: int
+) -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
         x = torch.ones(size // 4)  # (S/4,) float32
@@ -221,7 +228,9 @@ def algorithm_comparison(
 # --------------------------------------------------------------------------------------------
 # the alpha-beta fit, judged on held-out sizes
 # --------------------------------------------------------------------------------------------
-def heldout_crossover(times: pd.DataFrame, world_size: int, held_out: Sequence[int]) -> dict:
+def heldout_crossover(
+    times: pd.DataFrame, world_size: int, held_out: Sequence[int]
+) -> dict[str, float | pd.DataFrame]:
     """Fit (alpha, beta) on the sizes of ``times`` (from ``time_all_reduce``) that are not in
     ``held_out``, then predict the held-out ones. Returns {"alpha", "beta", "errors" (a DataFrame:
     algorithm, size_bytes, measured_s, predicted_s, error_pct = 100 (predicted - measured) /

@@ -27,7 +27,7 @@ from course_lib.units.u08_collectives._primitives import TIMED, _launch
 # --------------------------------------------------------------------------------------------
 def _timing_worker(
     rank: int, world_size: int, numel: int, algorithms: Sequence[str], repeats: int, warmup: int
-) -> dict:
+) -> dict[str, list[float]]:
     x = torch.randn(numel)  # (S,) float32
     times: dict[str, list[float]] = {}
     for algorithm in algorithms:
@@ -89,7 +89,9 @@ def time_all_reduce(
     return pd.DataFrame(rows)
 
 
-def _timing_row(per_rank: list[dict], algorithm: str, size: int, repeats: int) -> dict:
+def _timing_row(
+    per_rank: list[dict[str, list[float]]], algorithm: str, size: int, repeats: int
+) -> dict[str, str | float]:
     """Median and quartiles of the slowest rank's time per call (a call ends with its last rank)."""
     slowest = [max(rank[algorithm][i] for rank in per_rank) for i in range(repeats)]
     q = statistics.quantiles(slowest, n=4) if repeats > 1 else [slowest[0]] * 3

@@ -12,6 +12,7 @@ and the one the course's formula assumes, plus headers.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import torch.distributed as dist
@@ -31,7 +32,9 @@ __all__ = ["WIRE_SIZE_BYTES", "measure_wire_bytes", "ratio_table"]
 WIRE_SIZE_BYTES = 4 * 2**20
 
 
-def _wire_worker(rank: int, world_size: int, names: Sequence[str], root: int, k: int) -> list[dict]:
+def _wire_worker(
+    rank: int, world_size: int, names: Sequence[str], root: int, k: int
+) -> list[dict[str, Any]]:
     rows = []
     for name in names:
         dist.barrier()  # nobody is still writing the previous collective's bytes

@@ -11,6 +11,7 @@ sent on the wire (measured by CommMeter through the OS) beside the estimate. Not
 from __future__ import annotations
 
 import html
+from typing import Any
 
 import ipywidgets as widgets
 
@@ -57,7 +58,7 @@ class CollectiveExplorer(Explorer):
             intro="Pick a collective and a number of ranks, then press Run.",
         )
 
-    def compute(self):
+    def compute(self) -> Any:
         """Launch the ranks and run the chosen collective once."""
         from course_lib.units.u08_collectives.run import bytes_table, run_primitives
 
@@ -71,7 +72,7 @@ class CollectiveExplorer(Explorer):
         self.table = bytes_table(name, result, n)
         return result
 
-    def summary(self, result) -> str:
+    def summary(self, result: Any) -> str:
         wire = self.table["sent, measured (wire)"]
         total = (
             html.escape(result["wire_source"][0])
@@ -83,7 +84,7 @@ class CollectiveExplorer(Explorer):
             f"{total} (one float32 per slot, 4 B each)"
         )
 
-    def show(self, result):
+    def show(self, result: Any) -> list[Any]:
         from course_lib.units.u08_collectives.plots import plot_before_after
 
         self.figure = plot_before_after(

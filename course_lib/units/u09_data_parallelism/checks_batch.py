@@ -45,7 +45,7 @@ def batch_cases(task: int) -> list[tuple[int, int, int, int | None]]:
 _STEPS_REFERENCES = ["course_lib.units.u09_data_parallelism.run_scale:accumulation_steps_for"]
 
 
-def collect_accumulation_steps(fn, task: int = 3) -> list[dict[str, Any]]:
+def collect_accumulation_steps(fn: Any, task: int = 3) -> list[dict[str, Any]]:
     """Task: ``fn(train_batch_size, micro_batch_per_gpu, world_size)`` returns the int number of
     accumulation steps that makes train = micro x steps x world hold, and raises ValueError
     when none does."""
@@ -123,7 +123,9 @@ def _width(task: int) -> int:
     return case_rng(task, UNIT).choice(BYTE_WIDTHS)
 
 
-def _bytes_worker(rank: int, world_size: int, micro_list: list[int], width: int) -> dict:
+def _bytes_worker(
+    rank: int, world_size: int, micro_list: list[int], width: int
+) -> dict[int, dict[str, Any]]:
     """The judge's measurement: the course's DataParallel, ``k`` micro-steps with no_sync on all
     but the last, counted by CommMeter (bytes on the wire, modelled bytes, calls)."""
     import contextlib
@@ -154,7 +156,7 @@ def _bytes_worker(rank: int, world_size: int, micro_list: list[int], width: int)
     return out
 
 
-def collect_bytes_prediction(fn, task: int = 4) -> list[Any]:
+def collect_bytes_prediction(fn: Any, task: int = 4) -> list[Any]:
     """Task: ``fn(n_params, dtype_bytes, world_size, micro_steps)`` predicts the int bytes each
     rank sends per optimizer step (a ring all-reduce of the gradients; ``no_sync`` on all
     micro-steps but the last), checked against the bytes each rank wrote to its sockets in

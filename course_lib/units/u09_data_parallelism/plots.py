@@ -4,8 +4,11 @@ matplotlib Figure out, drawn in the course style; nothing is measured here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from course_lib import validate
@@ -29,7 +32,7 @@ def _sub_lanes(spans: list[tuple[float, float]]) -> list[int]:
     return rows
 
 
-def _gantt(ax, events: pd.DataFrame, title: str) -> None:
+def _gantt(ax: Axes, events: pd.DataFrame, title: str) -> None:
     y, ticks, labels = 0.0, [], []
     for rank in sorted(events["rank"].unique()):
         for lane in ("compute", "comm"):
@@ -70,7 +73,10 @@ def _gantt(ax, events: pd.DataFrame, title: str) -> None:
 
 
 def plot_overlap(
-    events: pd.DataFrame, *, implementation: str = "course", bucket_caps_mb=None
+    events: pd.DataFrame,
+    *,
+    implementation: str = "course",
+    bucket_caps_mb: Sequence[float] | None = None,
 ) -> Figure:
     """Per-rank Gantt charts of one step, one panel per bucket cap: each layer's backward (blue)
     and each bucket's all-reduce (red, from launch to completion; buckets in flight together get

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -30,7 +31,15 @@ def _model(width: int) -> torch.nn.Module:
     return MLP(MLPConfig(in_features=width, hidden=(width, width), out_features=8))
 
 
-def _steps(model, stand_in: bool, compute_s: float, x, y, steps: int, group) -> list[float]:
+def _steps(
+    model: torch.nn.Module,
+    stand_in: bool,
+    compute_s: float,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    steps: int,
+    group: Any,
+) -> list[float]:
     import torch.distributed as dist
     import torch.nn.functional as F
 
@@ -51,7 +60,7 @@ def _steps(model, stand_in: bool, compute_s: float, x, y, steps: int, group) -> 
 
 
 def _efficiency_worker(
-    rank: int, world_size: int, sizes, stand_in: bool, compute_s: float, width: int, rows: int,
+    rank: int, world_size: int, sizes: Sequence[int], stand_in: bool, compute_s: float, width: int, rows: int,
     steps: int,
 ) -> dict[int, list[float]]:  # fmt: skip
     import torch.distributed as dist

@@ -78,7 +78,7 @@ def source_check(
     world_size: int = 8,
     link_GBps: float = 600.0,
     per_direction_GBps: float = 300.0,
-) -> dict:
+) -> dict[str, float]:
     """S4's "14 GB of gradients at 600 GB/s take about 23 ms", recomputed: the quote divides
     size by bandwidth; a ring all-reduce sends 2(N-1)/N of it from every rank. Seconds."""
     return {

@@ -9,6 +9,8 @@ few steps of an 8-layer MLP under the course's DataParallel and shows the last s
 
 from __future__ import annotations
 
+from typing import Any
+
 import ipywidgets as widgets
 
 from course_lib.viz.widgets import Explorer
@@ -38,7 +40,7 @@ class OverlapExplorer(Explorer):
             intro="Pick ranks and two bucket caps (MiB), then press Run.",
         )
 
-    def compute(self):
+    def compute(self) -> Any:
         from course_lib.units.u09_data_parallelism.run import ddp_bucket_sweep
 
         caps = sorted({float(self.small_cap.value), float(self.large_cap.value)})
@@ -53,7 +55,7 @@ class OverlapExplorer(Explorer):
             implementations=("course",),
         )
 
-    def summary(self, result) -> str:
+    def summary(self, result: Any) -> str:
         s = result.summary
         parts = [
             f"cap {c:g} MiB: {n} bucket(s), step {t * 1e3:.1f} ms"
@@ -61,7 +63,7 @@ class OverlapExplorer(Explorer):
         ]
         return "; ".join(parts) + " (times: this machine, noisy)"
 
-    def show(self, result):
+    def show(self, result: Any) -> list[Any]:
         from course_lib.units.u09_data_parallelism.plots import plot_overlap
 
         return [plot_overlap(result.events)]

@@ -8,8 +8,9 @@ fit, a plan that fits nowhere, one GPU).
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any
 
 from course_lib.grading.seeds import case_rng
 
@@ -29,7 +30,7 @@ def mlp_params(width: int, out: int = 2) -> int:
     return 8 * width + width + width * half + half + half * out + out
 
 
-def training_case(task: int, world_size: int) -> dict[str, Any]:
+def training_case(task: int, world_size: int) -> dict[str, int]:
     """Tasks 1 and 3: the MLP's width (its parameter count never a multiple of ``world_size``:
     the flat layout always has padding), its seed and the batches' seed."""
     rng = case_rng(task, UNIT)
@@ -37,7 +38,7 @@ def training_case(task: int, world_size: int) -> dict[str, Any]:
     return {"width": rng.choice(widths), "seed": rng.randrange(1000), "batch": rng.randrange(1000)}
 
 
-def memory_case(task: int, world_size: int) -> dict[str, Any]:
+def memory_case(task: int, world_size: int) -> dict[str, int]:
     """Task 2: the memory model's hidden width (some unit padded at ``world_size``)."""
     rng = case_rng(task, UNIT)
     widths = [
@@ -70,7 +71,7 @@ def _clear(n: int, world_size: int, gpu_gb: int) -> bool:
     return all(abs(_state(n, world_size, s) - cap) > cap / 1000 for s in range(4))
 
 
-def _plan_with(rng, want: int | None, sizes) -> tuple[int, int, int]:
+def _plan_with(rng: random.Random, want: int | None, sizes: Sequence[int]) -> tuple[int, int, int]:
     for _ in range(10_000):
         n = rng.randrange(5, 4000) * 10**8  # 0.5B - 400B parameters
         w, gb = rng.choice(sizes), rng.choice(GPU_GB)
@@ -79,7 +80,7 @@ def _plan_with(rng, want: int | None, sizes) -> tuple[int, int, int]:
     raise RuntimeError(f"no plan drawn with answer {want}")  # pragma: no cover
 
 
-def _exact_fit(rng, stage: int) -> tuple[int, int, int]:
+def _exact_fit(rng: random.Random, stage: int) -> tuple[int, int, int]:
     """A plan whose model state at ``stage`` is exactly the GPU's size (<= fits, < does not)."""
     for _ in range(10_000):
         w, gb = rng.choice(WORLD_SIZES[:6]), rng.randrange(12, 200)

@@ -10,7 +10,7 @@ from typing import Any
 from course_lib.grading.core import fail
 
 
-def rank_results(task: int, data: Any, world_size: int) -> list[dict]:
+def rank_results(task: int, data: Any, world_size: int) -> list[dict[str, Any]]:
     """``data["ranks"]``: one dict per rank, checked."""
     ranks = data.get("ranks") if isinstance(data, dict) else None
     if not (

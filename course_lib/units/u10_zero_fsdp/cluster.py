@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from course_lib.cluster import Experiment
 from course_lib.cluster.experiment import batch_divides
 
+if TYPE_CHECKING:
+    import pandas as pd
 
-def parity(world_size: int, *, stages: tuple = (1, 2, 3), steps: int = 3):
+
+def parity(world_size: int, *, stages: tuple[int, ...] = (1, 2, 3), steps: int = 3) -> pd.DataFrame:
     """ZeroDataParallel stages against one process (``unit.run.parity``)."""
     from course_lib.units.u10_zero_fsdp import run
 
     return run.parity((world_size,), stages, steps=steps)
 
 
-def memory(world_size: int, *, stages: tuple = (0, 1, 2, 3)):
+def memory(world_size: int, *, stages: tuple[int, ...] = (0, 1, 2, 3)) -> pd.DataFrame:
     """Model-state bytes per rank per stage, measured by MemoryMeter (``unit.run.memory_table``)."""
     from course_lib.units.u10_zero_fsdp import run
 
     return run.memory_table((world_size,), stages)
 
 
-def comm(world_size: int, *, stages: tuple = (0, 1, 2, 3), with_torch: bool = True):
+def comm(
+    world_size: int, *, stages: tuple[int, ...] = (0, 1, 2, 3), with_torch: bool = True
+) -> pd.DataFrame:
     """Bytes on the wire per step per stage, ours and torch's (``unit.run.comm_table``)."""
     from course_lib.units.u10_zero_fsdp import run
 

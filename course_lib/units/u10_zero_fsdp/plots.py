@@ -4,6 +4,8 @@ Figure out, drawn in the course style; nothing is measured here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.axes import Axes
@@ -147,7 +149,7 @@ def _gantt(ax: Axes, ev: pd.DataFrame) -> None:
     ax.grid(True, axis="x", alpha=0.3)
 
 
-def plot_timeline(events: pd.DataFrame, configs=None) -> Figure:
+def plot_timeline(events: pd.DataFrame, configs: str | Sequence[str] | None = None) -> Figure:
     """Per-rank Gantt charts of one stage-3 step, one panel per configuration: forward and
     backward of each unit (compute lane), all-gathers and reduce-scatters (comm lane, from
     launch to completion); from ``fsdp_timeline``."""

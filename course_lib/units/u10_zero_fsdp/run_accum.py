@@ -8,8 +8,9 @@ notebooks/10_zero_fsdp.ipynb through :mod:`run` (which re-exports these names).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -19,11 +20,18 @@ from course_lib.parallel import harness as H
 from course_lib.runtime.launch import launch
 from course_lib.units.u10_zero_fsdp._setup import LR, _memory_batch, _memory_model, units_of
 
+if TYPE_CHECKING:
+    from torch import nn
+
 #: what :func:`accumulation_comm_table` runs: name -> ZeRO stage (0: DDP with no_sync)
 ACCUM_CONFIGS = {"DDP, no_sync": 0, "stage 1": 1, "stage 2": 2, "stage 3": 3}
 
 
-def _make(config: str):
+def _make(
+    config: str,
+) -> tuple[
+    nn.Module, Callable[[], Any], Callable[..., Any], Callable[[], AbstractContextManager[Any]]
+]:
     """(model, optimizer step, zero_grad, context of the K - 1 silent micro-batches)."""
     import torch
 
@@ -39,7 +47,9 @@ def _make(config: str):
     return zero, zero.step, zero.zero_grad, nullcontext
 
 
-def _accum_worker(rank: int, world_size: int, configs, ks) -> list[dict]:
+def _accum_worker(
+    rank: int, world_size: int, configs: Sequence[str], ks: Sequence[int]
+) -> list[dict[str, Any]]:
     from course_lib.measure.comm import CommMeter
 
     rows = []

@@ -9,6 +9,8 @@ MemoryMeter beside the prediction. Nothing runs until Run is pressed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import ipywidgets as widgets
 
 from course_lib.viz.widgets import Explorer
@@ -32,18 +34,18 @@ class StageExplorer(Explorer):
             intro="Pick the number of ranks, then press Run.",
         )
 
-    def compute(self):
+    def compute(self) -> Any:
         from course_lib.units.u10_zero_fsdp.run import memory_table
 
         return memory_table((int(self.world_size.value),))
 
-    def summary(self, result) -> str:
+    def summary(self, result: Any) -> str:
         r0 = result[result["rank"] == 0]
         parts = [f"stage {s}: {t / 1024:.0f} KiB" for s, t in zip(r0.stage, r0.total)]
         exact = bool((result.residual == 0).all())
         return "; ".join(parts) + f" per rank (measured = predicted on every rank: {exact})"
 
-    def show(self, result):
+    def show(self, result: Any) -> list[Any]:
         from course_lib.units.u10_zero_fsdp.plots import plot_memory
 
         return [plot_memory(result)]

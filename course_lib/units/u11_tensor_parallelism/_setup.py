@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from course_lib.models import GPT, GPTConfig
@@ -23,18 +25,26 @@ def model_fn(
     return GPT(config).to(dtype)
 
 
-def batch_fn(step: int, *, config: GPTConfig = CONFIG, batch: int = BATCH):
+def batch_fn(
+    step: int, *, config: GPTConfig = CONFIG, batch: int = BATCH
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token batch of step ``step``: random token ids and the same ids shifted by one."""
     gen = torch.Generator().manual_seed(1000 + step)
     x = torch.randint(0, config.vocab_size, (batch, config.block_size), generator=gen)
     return x, torch.roll(x, -1, dims=1)
 
 
-def _check(tp, config=CONFIG, *, world_size=None, sequence_parallel=False) -> int:
+def _check(
+    tp: int,
+    config: GPTConfig = CONFIG,
+    *,
+    world_size: int | None = None,
+    sequence_parallel: bool = False,
+) -> int:
     return check_tp(config, tp, world_size=world_size, sequence_parallel=sequence_parallel)
 
 
-def _step_fn(model, batch):
+def _step_fn(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     from course_lib.parallel.tensor import sync_sequence_parallel_grads
 
     loss = H.cross_entropy_loss(model, batch)

@@ -27,7 +27,7 @@ checked before any rank starts. Each function returns plain data or a tidy DataF
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import cast
+from typing import Any, cast
 
 import pandas as pd
 import torch
@@ -77,7 +77,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # the worked example: X (1 x 8) times W (8 x 16) on 2 ranks
 # --------------------------------------------------------------------------------------------
-def _example_worker(rank: int, world_size: int) -> list[dict]:
+def _example_worker(rank: int, world_size: int) -> list[dict[str, Any]]:
     from course_lib.measure.comm import CommMeter, collective_family
     from course_lib.parallel.tensor import ColumnParallelLinear, RowParallelLinear
 
@@ -125,7 +125,7 @@ def worked_example() -> pd.DataFrame:
 _SPLIT_NAMES: dict[int | None, str] = {0: "rows (column parallel)", 1: "columns (row parallel)"}
 
 
-def _shapes_worker(rank: int, world_size: int, config: GPTConfig, tp: int) -> list[dict]:
+def _shapes_worker(rank: int, world_size: int, config: GPTConfig, tp: int) -> list[dict[str, Any]]:
     from course_lib.parallel.mesh import Mesh
     from course_lib.parallel.tensor import parallelize_gpt
 
@@ -162,7 +162,9 @@ def shard_shapes(
 # --------------------------------------------------------------------------------------------
 # parity with one process; torch's DTensor version
 # --------------------------------------------------------------------------------------------
-def _parity_worker(rank: int, world_size: int, steps: int, sp: bool, dtype) -> H.Record:
+def _parity_worker(
+    rank: int, world_size: int, steps: int, sp: bool, dtype: torch.dtype
+) -> H.Record:
     from course_lib.parallel.tensor import gather_full, parallelize_gpt
 
     model = parallelize_gpt(model_fn(dtype=dtype), sequence_parallel=sp)
@@ -205,7 +207,7 @@ def parity(
     return pd.DataFrame(rows)
 
 
-def _dtensor_gpt(model: GPT, tp_mesh):
+def _dtensor_gpt(model: GPT, tp_mesh: Any) -> GPT:
     """The tiny GPT split by torch's ``parallelize_module``. ColwiseParallel shards a Linear's
     output rows contiguously, so the fused qkv rows are first reordered rank by rank
     ([q_0 k_0 v_0 | q_1 k_1 v_1 | ...]) and the attention runs ``ParallelSelfAttention`` (heads
@@ -257,7 +259,7 @@ def _dtensor_gpt(model: GPT, tp_mesh):
     return model
 
 
-def _dtensor_worker(rank: int, world_size: int) -> dict:
+def _dtensor_worker(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
     import warnings
 
     from torch.distributed.device_mesh import init_device_mesh

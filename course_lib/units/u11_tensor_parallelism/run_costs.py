@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -29,7 +30,9 @@ from course_lib.units.u11_tensor_parallelism._setup import (
 # --------------------------------------------------------------------------------------------
 # collectives and bytes per step
 # --------------------------------------------------------------------------------------------
-def _comm_worker(rank: int, world_size: int, config: GPTConfig, batch: int, sp: bool) -> list[dict]:
+def _comm_worker(
+    rank: int, world_size: int, config: GPTConfig, batch: int, sp: bool
+) -> list[dict[str, Any]]:
     from course_lib.measure.comm import CommMeter, collective_family
     from course_lib.parallel.tensor import parallelize_gpt, sync_sequence_parallel_grads
 
@@ -137,7 +140,9 @@ def wire_bytes(
 # --------------------------------------------------------------------------------------------
 # memory per rank
 # --------------------------------------------------------------------------------------------
-def _memory_worker(rank: int, world_size: int, config: GPTConfig, batch: int, sp: bool) -> dict:
+def _memory_worker(
+    rank: int, world_size: int, config: GPTConfig, batch: int, sp: bool
+) -> dict[str, int]:
     from course_lib.measure.memory import MemoryMeter
     from course_lib.parallel.tensor import parallelize_gpt, sync_sequence_parallel_grads
 
@@ -186,7 +191,7 @@ def memory_per_rank(
     ``estimate.activation_bytes_gpt``), residual (measured - predicted). Bytes."""
     sizes = validate.counts("tps", tps, minimum=1)
     b = validate.count("batch", batch, minimum=1)
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     for t in sizes:
         for sp in sequence_parallel:
             sp = bool(sp) and t > 1

@@ -147,7 +147,7 @@ def scale_table(
     return pd.DataFrame(rows)
 
 
-def source_check(n_layer: int = 32) -> dict:
+def source_check(n_layer: int = 32) -> dict[str, int | dict[str, int] | dict[str, dict[str, int]]]:
     """S4's counts, recomputed: "one all-gather + one all-reduce per MLP" (Megatron's MLP makes
     one all-reduce in forward, g, and one in backward, f, and no all-gather), and "64
     all-reduces for 32 layers" (2 forward + 2 backward per layer: 4 x 32 = 128)."""

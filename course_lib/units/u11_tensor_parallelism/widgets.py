@@ -9,6 +9,8 @@ beside the prediction. Nothing runs until Run is pressed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import ipywidgets as widgets
 
 from course_lib.viz.widgets import Explorer
@@ -38,7 +40,7 @@ class SplitExplorer(Explorer):
             intro="Pick tp, sequence parallelism and the batch, then press Run.",
         )
 
-    def compute(self):
+    def compute(self) -> Any:
         from course_lib.units.u11_tensor_parallelism.run import memory_per_rank
 
         return memory_per_rank(
@@ -47,7 +49,7 @@ class SplitExplorer(Explorer):
             sequence_parallel=(bool(self.sequence_parallel.value),),
         )
 
-    def summary(self, result) -> str:
+    def summary(self, result: Any) -> str:
         act = result[(result.category == "activations") & (result["rank"] == 0)]
         parts = [
             f"tp {t}{' + SP' if sp else ''}: activations {m / 1024:,.1f} KiB "
@@ -56,7 +58,7 @@ class SplitExplorer(Explorer):
         ]
         return "; ".join(parts) + " on rank 0"
 
-    def show(self, result):
+    def show(self, result: Any) -> list[Any]:
         from course_lib.units.u11_tensor_parallelism.plots import plot_memory
 
         return [plot_memory(result)]

@@ -8,6 +8,7 @@ answers them. The draws keep the edge cases of each task: a pipeline that never 
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from course_lib.grading.seeds import case_rng
@@ -16,7 +17,7 @@ UNIT = "u12_pipeline_parallelism"
 BUBBLE_RANKS = 3  #: task 1 runs GPipe on this many real ranks
 
 
-def _uneven(rng, stages: int, most: int = 4) -> list[int]:
+def _uneven(rng: random.Random, stages: int, most: int = 4) -> list[int]:
     """Layers per stage, 1..most each, never all equal (the bottleneck is drawn too)."""
     while True:
         sizes = [rng.randint(1, most) for _ in range(stages)]
@@ -57,7 +58,7 @@ def replay_cases(task: int) -> list[dict[str, Any]]:
     return cases
 
 
-def holder_case(task: int) -> dict[str, Any]:
+def holder_case(task: int) -> dict[str, int]:
     """Task 3: the real step on 2 ranks with the stages in a V: chunks (3 or 4: a V that turns
     more than once), micro-batches (2 or 4) and the model's seed."""
     rng = case_rng(task, UNIT)

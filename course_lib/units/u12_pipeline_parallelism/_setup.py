@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -17,7 +19,7 @@ TORCH_SCHEDULES = {
 }
 
 
-class Setup(dict):
+class Setup(dict[str, Any]):
     """The model and batch of a run: n_layers, width, seq, rows (batch rows), dtype."""
 
     def __init__(
@@ -28,7 +30,7 @@ class Setup(dict):
         seq: int = 16,
         rows: int = 8,
         dtype: torch.dtype = torch.float64,
-    ):
+    ) -> None:
         super().__init__(
             n_layers=validate.count("n_layers", n_layers, minimum=1),
             width=validate.count("width", width, minimum=4),
@@ -37,13 +39,13 @@ class Setup(dict):
             dtype=dtype,
         )
 
-    def model(self, seed: int = 0):
+    def model(self, seed: int = 0) -> torch.nn.Sequential:
         return P.make_stack(
             self["n_layers"], width=self["width"], seq=self["seq"], seed=seed, dtype=self["dtype"]
         )
 
 
-def batch_fn(step: int, setup: Setup):
+def batch_fn(step: int, setup: Setup) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs (rows, seq, width) and targets of the same shape for step ``step``: a regression
     of the stack's output onto random targets (the loss is an MSE, a mean over the batch)."""
     g = torch.Generator().manual_seed(1000 + step)
@@ -54,7 +56,7 @@ def batch_fn(step: int, setup: Setup):
     )
 
 
-def _loss(model, batch):
+def _loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     return F.mse_loss(model(batch[0]), batch[1])
 
 
@@ -71,7 +73,9 @@ def reference(setup: Setup, steps: int = 1) -> H.Record:
         torch.set_num_threads(saved)
 
 
-def _config(schedule: str, ranks: int, microbatches: int, virtual: int, setup: Setup):
+def _config(
+    schedule: str, ranks: int, microbatches: int, virtual: int, setup: Setup
+) -> list[range]:
     return P.check_pipeline(
         schedule,
         n_layers=setup["n_layers"],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from course_lib.viz.plots import require_columns, style
@@ -13,7 +14,7 @@ from course_lib.viz.plots import require_columns, style
 __all__ = ["plot_gantt", "plot_bubble", "plot_memory"]
 
 
-def _gantt(ax, ev: pd.DataFrame, title: str, n_chunks: int) -> None:
+def _gantt(ax: Axes, ev: pd.DataFrame, title: str, n_chunks: int) -> None:
     cmap = plt.get_cmap("tab20")
     compute = ev[ev["lane"] == "compute"]
     ranks = sorted(compute["rank"].unique())

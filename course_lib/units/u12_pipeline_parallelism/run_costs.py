@@ -6,6 +6,7 @@ Used by notebooks/12_pipeline_parallelism.ipynb through :mod:`run` (which re-exp
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -25,7 +26,9 @@ from course_lib.units.u12_pipeline_parallelism._setup import (
 # --------------------------------------------------------------------------------------------
 # activation memory per stage
 # --------------------------------------------------------------------------------------------
-def _memory_worker(rank, world_size, schedules, microbatches, setup):
+def _memory_worker(
+    rank: int, world_size: int, schedules: Sequence[str], microbatches: int, setup: Setup
+) -> list[dict[str, Any]]:
     from course_lib.measure.memory import MemoryMeter
 
     x, y = batch_fn(0, setup)
@@ -90,7 +93,13 @@ def activation_memory(
 # --------------------------------------------------------------------------------------------
 # bytes on the wire
 # --------------------------------------------------------------------------------------------
-def _wire_worker(rank, world_size, items, microbatches, setup):
+def _wire_worker(
+    rank: int,
+    world_size: int,
+    items: Sequence[tuple[str, int]],
+    microbatches: int,
+    setup: Setup,
+) -> list[dict[str, Any]]:
     import torch.distributed as dist
 
     from course_lib.measure.comm import CommMeter

@@ -9,6 +9,8 @@ measured, replayed and predicted. Nothing runs until Run is pressed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import ipywidgets as widgets
 
 from course_lib.viz.widgets import Explorer
@@ -58,7 +60,7 @@ class ScheduleExplorer(Explorer):
             intro="Pick a schedule, p, m (and v for interleaved), then press Run.",
         )
 
-    def compute(self):
+    def compute(self) -> Any:
         from course_lib.units.u12_pipeline_parallelism.run import bubble_table, timelines
 
         p, m, v = int(self.ranks.value), int(self.microbatches.value), int(self.virtual.value)
@@ -74,14 +76,14 @@ class ScheduleExplorer(Explorer):
         )
         return events, bubble_table(events)
 
-    def summary(self, result) -> str:
+    def summary(self, result: Any) -> str:
         b = result[1].iloc[0]
         return (
             f"{b['schedule']}: idle {b['measured']:.0%} measured (this machine), "
             f"{b['replayed']:.0%} replayed on ideal hardware, {b['predicted']:.0%} predicted"
         )
 
-    def show(self, result):
+    def show(self, result: Any) -> list[Any]:
         from course_lib.units.u12_pipeline_parallelism.plots import plot_gantt
 
         return [plot_gantt(*result)]

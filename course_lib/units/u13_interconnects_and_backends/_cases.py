@@ -32,7 +32,7 @@ _KINDS = (
 )
 
 
-def _clear_winner(alpha, beta, bwd, grad) -> bool:
+def _clear_winner(alpha: float, beta: float, bwd: float, grad: int) -> bool:
     """The best candidate beats the next by more than 1e-6 (or ties exactly): float rounding in
     a learner's arithmetic cannot swap them."""
     from course_lib.measure import estimate
@@ -45,10 +45,13 @@ def _clear_winner(alpha, beta, bwd, grad) -> bool:
     return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15) or b - a > 1e-6 * max(b, 1e-12)
 
 
-def bucket_scenarios(task: int) -> list[tuple]:
+_Scenario = tuple[str, float, float, float, int, tuple[int, ...]]
+
+
+def bucket_scenarios(task: int) -> list[_Scenario]:
     """Task 2: one scenario per kind, (name, alpha, beta, backward s, gradient bytes, candidates)."""
     rng = case_rng(task, UNIT)
-    out = []
+    out: list[_Scenario] = []
     for name, (a0, a1), (w0, w1), (b0, b1), (g0, g1) in _KINDS:
         while True:
             alpha = round(rng.uniform(a0, a1), 7)
@@ -61,7 +64,7 @@ def bucket_scenarios(task: int) -> list[tuple]:
     return out
 
 
-def link_cases(task: int) -> list[tuple]:
+def link_cases(task: int) -> list[tuple[int, str, int, str]]:
     """Task 3: five (n_params, dtype, world_size, link): both NVLinks, three other links."""
     rng = case_rng(task, UNIT)
     others = rng.sample(

@@ -6,10 +6,13 @@ measured here. Bandwidths in GB/s (1e9 bytes/s), sizes labelled in KiB/MiB (1024
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from course_lib.measure.estimate import fmt_bytes
@@ -21,7 +24,7 @@ _COLORS = {"all_reduce": "tab:blue", "all_gather": "tab:orange", "reduce_scatter
 _STYLES = ["-", "--", ":", "-."]
 
 
-def _size_axis(ax, sizes) -> None:
+def _size_axis(ax: Axes, sizes: Iterable[float]) -> None:
     ax.set_xscale("log", base=2)
     ticks = sorted(set(int(s) for s in sizes))
     step = max(1, -(-len(ticks) // 4))  # at most 4 labels: readable size without overlapping
@@ -107,7 +110,7 @@ def plot_sweep(
     *,
     ceiling_GBps: float | None = None,
     title: str | None = None,
-):
+) -> Figure:
     """Left: time per call against size, measured (points) beside the fitted alpha-beta line.
     Right: bus bandwidth (nccl-tests busbw) against size, with the single-thread memcpy ceiling.
     One colour per collective, one line style per world size."""
@@ -146,7 +149,7 @@ def plot_sweep(
 
 
 @styled
-def plot_link_times(table: pd.DataFrame, *, title: str | None = None):
+def plot_link_times(table: pd.DataFrame, *, title: str | None = None) -> Figure:
     """Predicted ring all-reduce time of one step's gradients per link and model (log scale),
     from run.gradient_allreduce_table."""
     require_columns(table, ["n_params", "link", "time_s"], "table", nonempty=True)

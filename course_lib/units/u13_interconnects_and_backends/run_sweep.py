@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +68,7 @@ class SweepConfig:
     timeout: float = 120.0
     """seconds before a launch is declared hung"""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         collectives = validate.choices("collectives", tuple(self.collectives), SWEEP_COLLECTIVES)
         object.__setattr__(self, "collectives", tuple(collectives))
         world_sizes = validate.counts("world_sizes", self.world_sizes, minimum=2)
@@ -98,7 +99,7 @@ class SweepConfig:
         return cls(**kw)
 
 
-def _collective_op(collective: str, full: torch.Tensor, shard: torch.Tensor):
+def _collective_op(collective: str, full: torch.Tensor, shard: torch.Tensor) -> Callable[[], Any]:
     """A zero-argument callable running one collective on preallocated buffers.
     all_gather: shard (S/n) -> full (S); reduce_scatter: full (S) -> shard (S/n)."""
     if collective == "all_reduce":
@@ -140,7 +141,7 @@ def _sweep_worker(
     warmup: int,
     repeat: int,
     dtype: str,
-) -> list[dict] | None:
+) -> list[dict[str, Any]] | None:
     """Time one collective at every size on this rank; rank 0 returns the records.
 
     Each iteration starts after a barrier, so all ranks enter together; its time is the slowest

@@ -9,6 +9,7 @@ alone, two at once, a batch off by half a sequence; every recomputation mode.
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 from course_lib.grading.seeds import case_rng
@@ -18,7 +19,9 @@ CLUSTER = "8xH100 + 400G IB"
 SIZE_MODEL = "Llama-2-70B"
 SIZE_GPUS = (32, 128, 256, 512, 1024)  #: the lecture planned 64; 2048 would leave dp > the batch
 BUDGET_SLACK = 1.4  #: the budget: this many times the planner's fastest plan (to 0.1 day up)
-_BEST: dict[tuple, float] = {}
+_BEST: dict[tuple[int, float], float] = {}
+#: (model name, gpus, (dp, tp, pp, micro_batch), global batch tokens)
+_Plan = tuple[str, int, tuple[int, int, int, int], int]
 
 
 def size_case(task: int) -> dict[str, Any]:
@@ -47,7 +50,7 @@ def size_case(task: int) -> dict[str, Any]:
     }
 
 
-def _problem_plan(rng, want: frozenset) -> tuple:
+def _problem_plan(rng: random.Random, want: frozenset[str]) -> _Plan:
     """(model name, gpus, (dp, tp, pp, micro_batch), global batch tokens) with problems ``want``."""
     s = 4096  # both models' sequence length
     for _ in range(10_000):
@@ -80,7 +83,7 @@ def _problem_plan(rng, want: frozenset) -> tuple:
     raise RuntimeError(f"no plan drawn with problems {sorted(want)}")  # pragma: no cover
 
 
-def problem_cases(task: int) -> list[tuple]:
+def problem_cases(task: int) -> list[_Plan]:
     """Task 2: eight plans: two sound, each problem alone, two pairs of problems."""
     rng = case_rng(task, UNIT)
     T, F, B = "tp_across_nodes", "fewer_microbatches_than_stages", "batch_not_divisible"

@@ -16,7 +16,7 @@ __all__ = ["plot_top_memory", "plot_step_parts", "plot_mfu"]
 _EXTRA = {"activations": "tab:red", "logits": "tab:purple", "buffers": "tab:gray"}
 
 
-def _label(row) -> str:
+def _label(row: pd.Series) -> str:
     """A plan as a bar's label: every dimension it sets (cp, ep and the virtual stages v when
     they are not 1), so that no two plans of a chart read the same."""
     axes = [f"TP{row['tp']}"]
