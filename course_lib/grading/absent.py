@@ -18,9 +18,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -67,18 +69,42 @@ def unit_references(unit: str) -> list[str]:
     return sorted(set(found) - set(keep))
 
 
+def _source_of(module_name: str) -> str | None:
+    """The ``.py`` file of ``module_name``, found without importing it or its parent packages
+    (``importlib.util.find_spec("a.b.c")`` imports ``a.b``: for a package whose ``__init__``
+    imports torch, seconds of CPU before the sandbox starts): the top-level package is found as
+    Python finds it (an editable install's finder included), each submodule in its parent's
+    search path."""
+    parts = module_name.split(".")
+    try:
+        found = (
+            sys.modules[parts[0]].__spec__
+            if parts[0] in sys.modules
+            else importlib.util.find_spec(parts[0])
+        )
+        for depth in range(1, len(parts)):
+            locations = found.submodule_search_locations if found is not None else None
+            if not locations:
+                return None
+            found = importlib.machinery.PathFinder.find_spec(
+                ".".join(parts[: depth + 1]), list(locations)
+            )
+    except (ImportError, ValueError, AttributeError):
+        return None
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return None
+    return found.origin
+
+
 def _defined_in_file(spec: str) -> tuple[Path, str] | None:
     """(the module's file, the qualname) when the module named by ``spec`` defines it in its own
     source: found without running the module (importing a unit's references would import
     torch before the sandbox starts); None otherwise."""
     module_name, _, qualname = spec.partition(":")
-    try:
-        found = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):
+    origin = _source_of(module_name)
+    if origin is None:
         return None
-    if found is None or not found.origin or not found.origin.endswith(".py"):
-        return None
-    path = Path(os.path.realpath(found.origin))
+    path = Path(os.path.realpath(origin))
     try:
         body: list[ast.stmt] = ast.parse(path.read_text(), str(path)).body
     except (OSError, SyntaxError):

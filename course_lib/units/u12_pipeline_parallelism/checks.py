@@ -266,10 +266,18 @@ def _judge_grid(task: int, grid: Any) -> None:
                 )
 
 
-def judge_holder(data: Any, task: int = 3) -> None:
-    from course_lib.parallel import harness as H
+def expect_holder(task: int = 3) -> Any:
+    """One process on the full batch of the drawn V step: what the 2 ranks must equal (the
+    grade computes it while the learner's side runs)."""
     from course_lib.units.u12_pipeline_parallelism._cases import holder_case
     from course_lib.units.u12_pipeline_parallelism.run import reference
+
+    return reference(_holder_setup(holder_case(task)))
+
+
+def judge_holder(data: Any, task: int = 3, expected: Any = None) -> None:
+    from course_lib.parallel import harness as H
+    from course_lib.units.u12_pipeline_parallelism._cases import holder_case
 
     _judge_grid(task, data.get("grid") if isinstance(data, dict) else None)
     case = holder_case(task)
@@ -280,7 +288,7 @@ def judge_holder(data: Any, task: int = 3) -> None:
     if not (isinstance(records, list) and len(records) == 2 and isinstance(sent, list)):
         fail(task, f"{where}: the run handed back no record of its step")
     table = H.compare(
-        reference(_holder_setup(case)),
+        expected if expected is not None else expect_holder(task),
         [need_record(task, r, where, steps="its step") for r in records],
     )
     if not table.ok.all():
@@ -301,4 +309,4 @@ def judge_holder(data: Any, task: int = 3) -> None:
     )
 
 
-check_holder = split_check(collect_holder, judge_holder)
+check_holder = split_check(collect_holder, judge_holder, expect=expect_holder)
