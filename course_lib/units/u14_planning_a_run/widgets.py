@@ -120,9 +120,14 @@ class PlanExplorer(Explorer):
         )
 
     def summary(self, result) -> str:
-        from course_lib.plan import explain
+        import html
 
-        return "<pre>" + explain(result, families=5) + "</pre>"
+        from course_lib.plan import explain
+        from course_lib.viz.style import wrap
+
+        # wrapped here, between words, as the lecture prints it: a page without the course's
+        # style (the saved snapshot, the site) would otherwise wrap it anywhere
+        return "<pre>" + html.escape(wrap(explain(result, families=5), indent="    ")) + "</pre>"
 
     def show(self, result):
         from course_lib.units.u14_planning_a_run.plots import plot_top_memory
