@@ -1,7 +1,8 @@
 """No exercise task is answered by its lecture or by its own check's printed line.
 
 For every unit, the solution's code runs (``_answers_probe.py``, in a subprocess, no ranks) at
-each seed the grader's tests use, and every plain number an answer function returns while its
+a drawn grading seed (the worked examples a lecture could print are the same at every seed),
+and every plain number an answer function returns while its
 task's check cell runs is a reference answer. Each is written the ways a lecture prints numbers
 (``1234567``, ``1,234,567``, ``0.9264``, ``92.64 %``, ``17,307.5``, 4-7 significant digits) and
 searched, as a whole number, in the unit's lecture (every cell's source and stored output) and in
@@ -27,7 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _grading_seeds import SEEDS
+from _grading_seeds import FIXTURE_SEEDS
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +125,7 @@ def printed_answers(unit: str) -> list[str]:
     lecture; its check may name that example)."""
     places = haystacks(unit)
     hits = []
-    for seed in SEEDS:
+    for seed in FIXTURE_SEEDS:  # one drawn seed: the worked examples are the same at every seed
         for task, values in answers(unit, seed).items():
             found, searched = [], 0
             for x in values:
