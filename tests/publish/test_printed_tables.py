@@ -1,6 +1,6 @@
 """Tables in the stored lectures show figures, not Python's raw floats (issue 52, item 7).
 
-A printed DataFrame of lectures 00-13 (a cell's table, or ``.to_string()`` printed) may hold no
+A printed DataFrame of any lecture (a cell's table, or ``.to_string()`` printed) may hold no
 float with pandas' six default decimals (``16.001034`` where the lecture means 16 B/param) and no
 ``NaN`` / ``None`` (where the lecture means "no such figure": ``—``, said in a note). Tables whose
 digits are the lesson are listed in ``EXCEPTIONS`` with the reason.
@@ -13,9 +13,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-LECTURES = [
-    p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")) if int(p.name[:2]) <= 13
-]
+LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 #: a float printed with exactly six decimals (pandas' default), not in scientific notation
 SIX_DECIMALS = re.compile(r"(?<![\w.])-?\d+\.\d{6}(?![\w.])")
@@ -38,6 +36,8 @@ EXCEPTIONS = {
     "0.515873) and bitsandbytes' error beside ours, equal to the sixth decimal",
     ("12_pipeline_parallelism", "unit.run.source_check("): "the sources' own figures "
     "(m/(m+p-1) = 0.727273 at p 4, m 8) checked at full precision, so a mismatch shows",
+    ("14_planning_a_run", "three_d.parity_3d(run)"): "the 3-D run's loss beside one process's, "
+    "equal to the sixth decimal: the digits are the parity (the memory table's ratio is rounded)",
 }
 
 
@@ -113,6 +113,6 @@ def test_every_exception_names_a_cell_that_exists():
 
 
 def test_stored_lecture_tables_show_rounded_figures_not_raw_floats_or_nan():
-    assert len(LECTURES) == 14
+    assert len(LECTURES) == 20
     found = [hit for path in LECTURES for hit in raw_numbers(path)]
     assert found == [], "printed tables with raw floats or missing values:\n" + "\n".join(found)
