@@ -867,8 +867,12 @@ PRINTED_LINES_WRAPPED = r"""() => {
     const wrapped = [];
     for (const pre of document.querySelectorAll(
             '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output pre, body > main .jp-OutputArea-output pre')) {
-        if (pre.closest('.jupyter-widgets') || !pre.offsetParent) continue;
+        if (pre.closest('.jupyter-widgets')) continue;
         const style = getComputedStyle(pre);
+        // hidden now (a widget's snapshot under its live copy) but shown while the page loads
+        if (style.whiteSpace !== 'pre')
+            wrapped.push(style.whiteSpace + ': ' + pre.textContent.slice(0, 50));
+        if (!pre.offsetParent) continue;
         const line = parseFloat(style.lineHeight) || 1.4 * parseFloat(style.fontSize);
         const lines = pre.textContent.replace(/\n$/, '').split('\n').length;
         const text = pre.scrollHeight - parseFloat(style.paddingTop) - parseFloat(style.paddingBottom);
