@@ -193,6 +193,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("virtual", ("virtual",)),
     ("plan", ("plan",)),
     ("viz", ("viz",)),
+    ("kit", ("kit",)),  # what the units share: typed rows, sweeps, figures
     ("units", ("units",)),
     ("tools", ("grading", "grade", "publish", "bench", "bench_ranks", "gpu_check", "cluster")),
 )

@@ -62,3 +62,22 @@ def test_an_exception_says_why_and_lists_exactly_what_the_unit_has(name):
     assert len(why) > 40
     present = {p.stem for p in (UNITS_DIR / name).glob("*.py")} & set(units.UNIT_MODULES)
     assert present == set(modules), f"{name} now has {sorted(present)}: update the exception"
+
+
+# ---- typed rows (course_lib.kit): what plots and checks read is a field of a row ----------
+
+
+def _reading_modules(unit_dir: pathlib.Path):
+    for path in sorted(unit_dir.glob("*.py")):
+        if path.stem.startswith(("plots", "checks")):
+            yield importlib.import_module(f"course_lib.units.{unit_dir.name}.{path.stem}")
+
+
+@pytest.mark.parametrize("unit_dir", UNIT_DIRS, ids=lambda p: p.name)
+def test_the_columns_plots_and_checks_read_are_fields_of_their_rows(unit_dir):
+    from course_lib import kit
+
+    found = []
+    for module in _reading_modules(unit_dir):
+        found += kit.reads_violations(module.__name__, getattr(module, "READS", {}))
+    assert found == []
