@@ -23,8 +23,9 @@ XDIST := -n $(PYTEST_JOBS)
 # The fast lane: every library test that needs no notebook or kernel, browser, torchrun or long run.
 FAST := -m "not slow and not notebook and not browser and not cluster"
 # Two installs for two users: a learner's (`make lab`: lectures and exercises, grading included)
-# and a maintainer's (`make test`: the same plus pytest, nbval, playwright, ruff and mypy, and
-# every optional extra). What units 04 and 07 add (bitsandbytes, peft, transformers) a learner
+# and a maintainer's (`make test`: the same plus the maintainers' tools (course_tools: site,
+# slides, exercise generator, benchmarks), pytest, nbval, playwright, ruff and mypy, and every
+# optional extra). What units 04 and 07 add (bitsandbytes, peft, transformers) a learner
 # asks for by name: `make lab EXTRAS=units` (or adam8bit, lora; several: EXTRAS=adam8bit,lora);
 # each set of extras has its own stamp, so asking installs them once.
 EXTRAS ?=
@@ -61,7 +62,7 @@ help:
 	@echo "make notebooks  re-execute notebooks/ and solutions/ in place, then regenerate exercises/"
 	@echo "make slides     static reveal.js slides of every lecture in build/slides/ (open offline)"
 	@echo "make site       the course as static HTML in build/site/ (lectures, slides, exercises, index)"
-	@echo "make lint       ruff check over course_lib/ and tests/"
+	@echo "make lint       ruff check over course_lib/, course_tools/ and tests/"
 	@echo "make new-unit NN=05 TOPIC=cpu_offload TITLE=\"CPU offload\"   start a unit from course_lib/units/_template/"
 
 install: $(STAMP)
@@ -81,10 +82,10 @@ $(LAB_STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -c constraints.txt -e ".[$(LAB_EXTRAS)]"
 	@touch $(LAB_STAMP)
 
-# A maintainer's install adds the test, browser, lint and type-checking tools.
+# A maintainer's install adds the maintainers' tools and the test, browser, lint and type-checking tools.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON_CHECK)
-	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -c constraints.txt -e ".[lab,units,dev]"
+	$(BIN)/python -m pip install --quiet $(PIP_ARGS) -c constraints.txt -e ".[lab,units,tools,dev]"
 	@touch $(STAMP) $(LAB_STAMP)
 
 # `make lab` lists no solutions/ in the learner's file browser; `make lab-instructor` does
@@ -107,7 +108,7 @@ lab lab-instructor: $(LAB_STAMP)
 # one worker in one kernel (loadfile). Two sessions, not one: measured on a fresh clone, one
 # session mixing lectures with library tests took 28 minutes where the two took 25.
 test: $(STAMP)
-	$(BIN)/python -m course_lib.grading.exercises check
+	$(BIN)/python -m course_tools.exercises check
 	$(BIN)/pytest tests -q $(XDIST) --dist loadscope --durations=25
 	$(BIN)/pytest $(NBVAL_FLAGS) -q $(XDIST) --dist loadfile --durations=10 notebooks
 
@@ -117,19 +118,19 @@ test-fast: $(STAMP)
 # What CI runs before the tests: lint, formatting and types (strict mypy but for a named exclusion
 # list; the last line prints its length and the dict[str, Any] returns, which may only shrink).
 check: $(STAMP)
-	$(BIN)/ruff check course_lib tests conftest.py
-	$(BIN)/ruff format --check course_lib tests conftest.py
+	$(BIN)/ruff check course_lib course_tools tests conftest.py
+	$(BIN)/ruff format --check course_lib course_tools tests conftest.py
 	$(BIN)/mypy
 	$(BIN)/python tests/test_typing_debt.py
 
 format: $(STAMP)
-	$(BIN)/ruff format course_lib tests conftest.py
+	$(BIN)/ruff format course_lib course_tools tests conftest.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
 gpu-check: $(LAB_STAMP)
-	$(BIN)/python -m course_lib.gpu_check --out docs
+	$(BIN)/python -m course_tools.gpu_check --out docs
 
 # The fast lane against the oldest supported torch, in a virtual environment of its own.
 test-torch-floor:
@@ -139,32 +140,32 @@ test-torch-floor:
 	@# the course's other pins (constraints.txt), torch's replaced by the floor
 	@grep -v '^torch==' constraints.txt >> $(FLOOR_VENV)/constraints.txt
 	$(FLOOR_VENV)/bin/python -m pip install --quiet $(FLOOR_TORCH_ARGS) -c $(FLOOR_VENV)/constraints.txt "torch==$(TORCH_FLOOR)"
-	$(FLOOR_VENV)/bin/python -m pip install --quiet $(PIP_ARGS) -c $(FLOOR_VENV)/constraints.txt -e ".[lab,units,dev]"
+	$(FLOOR_VENV)/bin/python -m pip install --quiet $(PIP_ARGS) -c $(FLOOR_VENV)/constraints.txt -e ".[lab,units,tools,dev]"
 	$(FLOOR_VENV)/bin/python -c 'import torch; v = torch.__version__; print("torch", v); assert v.split("+")[0] == "$(TORCH_FLOOR)", v'
 	$(FLOOR_VENV)/bin/pytest tests -q $(FAST) $(XDIST) --dist loadscope
 
 exercises: $(LAB_STAMP)
-	$(BIN)/python -m course_lib.grading.exercises build
+	$(BIN)/python -m course_tools.exercises build
 
 check-exercises: $(LAB_STAMP)
-	$(BIN)/python -m course_lib.grading.exercises check
+	$(BIN)/python -m course_tools.exercises check
 
 notebooks: $(STAMP)
-	$(BIN)/python -m course_lib.grading.execute notebooks/*.ipynb solutions/*.ipynb
-	$(BIN)/python -m course_lib.publish nav notebooks/*.ipynb
-	$(BIN)/python -m course_lib.publish tag notebooks/*.ipynb
-	$(BIN)/python -m course_lib.grading.exercises build
+	$(BIN)/python -m course_tools.execute notebooks/*.ipynb solutions/*.ipynb
+	$(BIN)/python -m course_tools.publish nav notebooks/*.ipynb
+	$(BIN)/python -m course_tools.publish tag notebooks/*.ipynb
+	$(BIN)/python -m course_tools.exercises build
 
 # Both fetch reveal.js, require.js, jQuery, MathJax and the widgets manager once (pinned, checked)
 # into build/vendor/, so the pages open without a network.
 slides: $(STAMP)
-	$(BIN)/python -m course_lib.publish slides
+	$(BIN)/python -m course_tools.publish slides
 
 site: $(STAMP)
-	$(BIN)/python -m course_lib.publish site
+	$(BIN)/python -m course_tools.publish site
 
 lint: $(STAMP)
-	$(BIN)/ruff check course_lib tests conftest.py
+	$(BIN)/ruff check course_lib course_tools tests conftest.py
 
 new-unit: $(STAMP)
 	$(BIN)/python -m course_lib.units.new_unit "$(NN)" "$(TOPIC)" $(if $(TITLE),"$(TITLE)")

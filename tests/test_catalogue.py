@@ -101,7 +101,7 @@ def test_the_course_itself():
     readers agree with it."""
     from course_lib.cluster import experiments
     from course_lib.grading.notebooks import unit_names
-    from course_lib.publish import navigation
+    from course_tools.publish import navigation
 
     found = catalogue.units()
     stems = {u.stem for u in found}

@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.publish import navigation
+from course_tools.publish import navigation
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCES = ROOT / "docs" / "references.md"
@@ -77,7 +77,7 @@ def test_lecture_ends_with_its_exercise_and_neighbours(path):
     nb = nbformat.read(path, as_version=4)
     last = nb.cells[-1]
     assert last.cell_type == "markdown" and last.get("id") == navigation.FOOTER_ID, (
-        f"{path.name}: no footer; run `python -m course_lib.publish nav {path.name}`"
+        f"{path.name}: no footer; run `python -m course_tools.publish nav {path.name}`"
     )
     links = re.findall(r"\]\(([^)]+)\)", last.source)
     assert f"../exercises/{path.name}" in links

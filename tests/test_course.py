@@ -147,7 +147,7 @@ def test_stored_outputs_show_no_install_paths():
 
 
 def test_exercises_are_in_sync_with_solutions():
-    from course_lib.grading.exercises import check_exercises
+    from course_tools.exercises import check_exercises
 
     problems = check_exercises(ROOT / "solutions", ROOT / "exercises")
     assert problems == [], "run `make exercises`: " + "; ".join(problems)

@@ -29,7 +29,6 @@ SHAPE = re.compile(r"^[\w\[\]\.{}'\"(), *-]+? (= |is |must )|^[\w\[\]\.{}()'\"-]
 NOT_ARGUMENTS: dict[str, str] = {
     "runtime/_payload.py:_pickle_payload": "a pickling failure of what is sent to the ranks",
     "runtime/_rank_server.py:_handle": "an internal protocol error (unknown request kind)",
-    "publish/slides.py:_override": "a notebook cell's tag, not an argument",
     "cluster/results.py:_encode": "a value an experiment returned cannot be stored",
     "cluster/results.py:_decode": "a corrupt or foreign results file",
     "cluster/experiment.py:_coerce": "a unit's default of a type settings cannot express",

@@ -1,4 +1,4 @@
-"""python -m course_lib.gpu_check: no GPU, bad options, a whole --device cpu run, isolation.
+"""python -m course_tools.gpu_check: no GPU, bad options, a whole --device cpu run, isolation.
 
 The CUDA parts cannot run here; ``--device cpu`` runs the same code with them skipped, so the
 checks' CPU paths, the process isolation and the report writer are what these tests cover.
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import course_lib
-from course_lib import gpu_check
-from course_lib.gpu_check import device_checks
-from course_lib.gpu_check.core import Check, CheckResult, Outcome, Settings, run_checks
-from course_lib.gpu_check.report import Environment, render
+from course_tools import gpu_check
+from course_tools.gpu_check import device_checks
+from course_tools.gpu_check.core import Check, CheckResult, Outcome, Settings, run_checks
+from course_tools.gpu_check.report import Environment, render
 
 
 def test_without_a_gpu_it_says_so_exits_0_and_writes_nothing(tmp_path, monkeypatch, capsys):
@@ -38,7 +38,7 @@ def test_without_a_gpu_it_says_so_exits_0_and_writes_nothing(tmp_path, monkeypat
 def test_a_bad_option_exits_2_with_one_line_naming_it(tmp_path, capsys, argv, expected):
     assert gpu_check.main([*argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == f"python -m course_lib.gpu_check: error: {expected}"
+    assert err.strip() == f"python -m course_tools.gpu_check: error: {expected}"
     assert list(tmp_path.iterdir()) == []
 
 

@@ -12,10 +12,13 @@
    own layer and the layers below, never one above (but the pairs in :data:`UPWARD`).
 7. A part of a package under ``parallel/`` imports its siblings, never its own package's front
    (the ``__init__`` that re-exports them): ``parallel.<pkg>`` sits in the parallel layer.
+8. ``course_lib`` (the learner's package) never imports ``course_tools`` (the maintainers'
+   tools: publishing, the exercise generator, benchmarks, the GPU check), which sits above it as
+   the top layer: a lecture, an exercise, the grader and a rank run without it.
 
 Every violation is reported with its file, line and import, all at once.
 
-Rules 5 and 6 read every ``import`` statement of the package, wherever it is: at module level,
+Rules 5, 6 and 8 read every ``import`` statement of both packages, wherever it is: at module level,
 inside a function (a deferred import is still a dependency; deferring one is how a circle
 hides) and under ``if TYPE_CHECKING:`` (a type is a
 dependency of the design even when nothing imports it at run time). An import names the
@@ -40,6 +43,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "course_lib"
+TOOLS = ROOT / "course_tools"
 DRAWING = ("matplotlib", "ipywidgets")
 CHECKS_MAY_IMPORT = ("course_lib.grading",)
 
@@ -181,7 +185,8 @@ def test_a_check_cell_imports_no_heavy_module():
 
 #: the package order, lowest first: each layer's names are the first names under course_lib/
 #: (a package or a module; "__init__" is course_lib's own front). A module may import its own
-#: layer and the layers below it. The tools sit on top.
+#: layer and the layers below it. The maintainers' tools, the package course_tools (every module
+#: of it), sit on top (rule 8).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("validate", ("validate", "catalogue")),  # pure Python: import nothing of the course
     ("vocabulary", ("shape", "dims")),  # one model shape, one parallel layout
@@ -195,7 +200,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("viz", ("viz",)),
     ("kit", ("kit",)),  # what the units share: typed rows, sweeps, figures
     ("units", ("units",)),
-    ("tools", ("grading", "grade", "publish", "bench", "bench_ranks", "gpu_check", "cluster")),
+    ("grading/cluster", ("grading", "grade", "cluster")),
+    ("tools", ("course_tools",)),
 )
 #: imports up the order that the design asks for: (from layer, to name) -> why
 UPWARD: dict[tuple[str, str], str] = {
@@ -237,9 +243,12 @@ def _where(tree: ast.Module) -> dict[int, str]:
     return out
 
 
-def module_graph(root: pathlib.Path = PACKAGE) -> Graph:
-    """The static import graph of the package at ``root`` (see the module docstring)."""
-    names = _module_names(root)
+def module_graph(*roots: pathlib.Path) -> Graph:
+    """The static import graph of the packages at ``roots`` (default: course_lib and
+    course_tools; see the module docstring)."""
+    names: dict[str, pathlib.Path] = {}
+    for root in roots or (PACKAGE, TOOLS):
+        names.update(_module_names(root))
 
     def resolve(name: str) -> str | None:
         while name and name not in names:
@@ -333,7 +342,10 @@ def describe_cycle(graph: Graph, circle: list[str]) -> str:
 
 def layer_of(module: str) -> str | None:
     parts = module.split(".")
-    name = parts[1] if len(parts) > 1 else "__init__"
+    if parts[0] == TOOLS.name:
+        name = TOOLS.name
+    else:
+        name = parts[1] if len(parts) > 1 else "__init__"
     return next((layer for layer, names in LAYERS if name in names), None)
 
 
@@ -350,11 +362,18 @@ def order_violations(graph: Graph) -> list[str]:
             continue
         for target, where in sorted(graph[module].items()):
             theirs = layer_of(target)
+            line, level = where[0]
+            if module.split(".")[0] == PACKAGE.name and target.split(".")[0] == TOOLS.name:
+                found.append(
+                    f"{module}:{line} imports {target} ({level} level): course_lib never imports "
+                    "course_tools (the learner's package runs without the maintainers' tools; "
+                    "what a lecture or an exercise needs belongs in course_lib)"
+                )
+                continue
             if theirs is None or rank[theirs] <= rank[mine]:
                 continue
             if (mine, target.split(".")[1]) in UPWARD:
                 continue
-            line, level = where[0]
             found.append(
                 f"{module}:{line} imports {target} ({level} level): layer {mine} must not "
                 f"import layer {theirs} above it (the order: {order})"
@@ -442,8 +461,10 @@ def test_the_cycle_check_on_small_graphs(edges, expected):
     assert cycles(_graph(edges)) == expected
 
 
-def _package(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
-    pkg = tmp_path / "course_lib"
+def _package(
+    tmp_path: pathlib.Path, files: dict[str, str], name: str = "course_lib"
+) -> pathlib.Path:
+    pkg = tmp_path / name
     for relpath, source in files.items():
         (pkg / relpath).parent.mkdir(parents=True, exist_ok=True)
         (pkg / relpath).write_text(source)
@@ -471,9 +492,9 @@ def _package(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
             "models/llama.py": "from course_lib.models import check\n",
         },
         {  # across packages, through a third module
-            "grading/x.py": "def f():\n    from course_lib.publish import nav\n",
-            "publish/nav.py": "from course_lib.publish.site import g\n",
-            "publish/site.py": "def g():\n    from course_lib.grading import x\n",
+            "grading/x.py": "def f():\n    from course_lib.cluster import nav\n",
+            "cluster/nav.py": "from course_lib.cluster.site import g\n",
+            "cluster/site.py": "def g():\n    from course_lib.grading import x\n",
         },
     ],
 )
@@ -516,7 +537,7 @@ def test_a_planted_circle_is_named(tmp_path, files):
             "def f():\n    from course_lib.cluster import slurm_script\n",
             "cluster/__init__.py",
             "plan",
-            "tools",
+            "grading/cluster",
         ),
         (
             "parallel/x.py",
@@ -527,10 +548,10 @@ def test_a_planted_circle_is_named(tmp_path, files):
         ),
         (
             "units/u01_a/run.py",
-            "import course_lib.publish.site\n",
-            "publish/site.py",
+            "import course_lib.grade\n",
+            "grade.py",
             "units",
-            "tools",
+            "grading/cluster",
         ),
     ],
 )
@@ -549,10 +570,51 @@ def test_imports_down_the_order_and_the_named_upward_pairs_pass(tmp_path):
             "parallel/x.py": "from course_lib.measure import timing\nfrom course_lib import validate\n",
             "units/u01_a/checks.py": "from course_lib.grading.core import passed\n",
             "units/u01_a/cluster.py": "from course_lib.cluster import Experiment\n",
-            "gpu_check/x.py": "from course_lib.units import u01_a\n",
+            "grading/x.py": "from course_lib.units import u01_a\n",
         },
     )
-    assert order_violations(module_graph(pkg)) == []
+    tools = _package(
+        tmp_path,
+        {
+            "gpu_check/x.py": "from course_lib.units import u01_a\nfrom course_lib import grade\n",
+            "publish/site.py": "from course_tools.gpu_check import x\n",
+        },
+        name="course_tools",
+    )
+    assert order_violations(module_graph(pkg, tools)) == []
+
+
+@pytest.mark.parametrize(
+    "relpath, source",
+    [
+        ("grading/x.py", "from course_tools.exercises import build_exercises\n"),
+        ("units/u01_a/run.py", "def f():\n    import course_tools.publish.site\n"),
+        (
+            "validate.py",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import course_tools\n",
+        ),
+    ],
+)
+def test_a_planted_import_of_the_tools_is_named(tmp_path, relpath, source):
+    """Rule 8: course_lib imports nothing of course_tools, at any level, from any layer."""
+    pkg = _package(tmp_path, {relpath: source})
+    tools = _package(
+        tmp_path,
+        {"__init__.py": "", "exercises.py": "", "publish/__init__.py": "", "publish/site.py": ""},
+        name="course_tools",
+    )
+    found = order_violations(module_graph(pkg, tools))
+    assert len(found) == 1, found
+    module = "course_lib." + relpath.removesuffix(".py").replace("/", ".")
+    assert found[0].startswith(module) and "course_lib never imports course_tools" in found[0]
+
+
+def test_the_tools_are_a_layer_of_their_own_above_the_package():
+    assert LAYERS[-1] == ("tools", (TOOLS.name,))
+    assert layer_of("course_tools.publish.site") == "tools"
+    graph = _tree()
+    assert any(m.startswith("course_tools.") for m in graph), "course_tools is in the graph"
+    assert not [m for m in graph if m.startswith("course_lib.") and layer_of(m) == "tools"]
 
 
 def test_a_package_without_a_layer_is_named(tmp_path):

@@ -1,13 +1,13 @@
-"""Grading: verdict helpers, per-unit checks, the exercise generator and the grade command.
+"""Grading: verdict helpers, per-unit checks, an exercise made from its solution, the grade command.
 
 Import-light on purpose: importing ``course_lib.grading`` (as every check cell does) loads only the
-standard library. The helpers below come from :mod:`course_lib.grading.core`; the generator and the
-grader (which need nbformat / nbclient) are loaded on first use.
+standard library. The helpers below come from :mod:`course_lib.grading.core`; the grader (which
+needs nbformat / nbclient) is loaded on first use. Building ``exercises/`` and re-executing
+notebooks are the maintainers' (``course_tools.exercises``, ``course_tools.execute``).
 
-    python -m course_lib.grading.exercises build|check   # exercises/ from solutions/
-    python -m course_lib.grading.execute NB [NB ...]      # refresh a notebook's stored outputs
     python -m course_lib.grade NOTEBOOK.ipynb             # score a learner's notebook per task
     grade_here()                                          # the same, from the notebook's own kernel
+    python -m course_lib.grading.exercises reset NN       # start unit NN's exercise over
 """
 
 from __future__ import annotations
@@ -27,15 +27,12 @@ from course_lib.grading.core import (
 )
 
 _LAZY = {
-    "build_exercises": "course_lib.grading.exercises",
-    "check_exercises": "course_lib.grading.exercises",
     "ExerciseError": "course_lib.grading.exercises",
     "grade_notebook": "course_lib.grading.grader",
     "grade_here": "course_lib.grading.here",
     "GradeReport": "course_lib.grading.grader",
     "TaskResult": "course_lib.grading.grader",
     "GradingInputError": "course_lib.grading.grader",
-    "execute_notebook": "course_lib.grading.execute",
     "watch_references": "course_lib.grading.references",
 }
 
@@ -44,12 +41,9 @@ __all__ = [
     "GradeReport",
     "GradingInputError",
     "TaskResult",
-    "build_exercises",
     "check_close",
     "check_equal",
-    "check_exercises",
     "expect_int",
-    "execute_notebook",
     "fail",
     "fmt_int",
     "grade_here",

@@ -144,7 +144,7 @@ def _exercise_code_cell(cell: Any, new: Any, where: str, index: int) -> None:
         if output.get("output_type") == "error":
             raise ExerciseError(
                 f"{where}: cell index {index} has a stored error output ({output.get('ename')}); "
-                f"fix the solution and execute it again: python -m course_lib.grading.execute {where}"
+                f"fix the solution and execute it again: python -m course_tools.execute {where}"
             )
     new.source = strip_solution(cell.source, where=where, index=index)
     if CHECK_TAG in cell_tags(cell) and cell.get("outputs"):

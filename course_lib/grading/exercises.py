@@ -1,11 +1,11 @@
-"""Generate ``exercises/`` from ``solutions/`` (the source of truth) and detect drift.
+"""An exercise made from its solution, and a learner's way to start one over.
 
-    python -m course_lib.grading.exercises build [--solutions solutions --out exercises]
-    python -m course_lib.grading.exercises check [--solutions solutions --out exercises]
     python -m course_lib.grading.exercises reset NN   # start unit NN's exercise over (a backup kept)
 
-This module builds, checks and resets the folder; one notebook's transformation is
-``exercise_transform.py`` (:func:`make_exercise`, re-exported here). For each
+``python -m course_tools.exercises build|check`` (``make exercises``) writes and checks the whole
+``exercises/`` folder from ``solutions/`` (the source of truth) with :func:`make_exercise`; a
+reset writes one exercise back the same way, so the transformation lives here, with the grader
+(one notebook's transformation is ``exercise_transform.py``, re-exported here). For each
 ``solutions/NN_topic.ipynb`` the generator writes ``exercises/NN_topic.ipynb`` where
 
 * every region from a ``### BEGIN SOLUTION`` line to its ``### END SOLUTION`` line (both included)
@@ -36,7 +36,6 @@ code cells, a stored error output, a graded check cell without a stored output) 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -72,10 +71,9 @@ __all__ = [
     "TARGET_LABEL",
     "ExerciseError",
     "SolutionTask",
-    "build_exercises",
-    "check_exercises",
     "expected_outputs",
     "make_exercise",
+    "main",
     "reset_exercise",
     "load_notebook_json",
     "read_notebook",
@@ -84,75 +82,6 @@ __all__ = [
     "solution_tasks",
     "unit_names",
 ]
-
-
-# --------------------------------------------------------------------------- build / check
-def _expected_files(solutions_dir: Path, out_dir: Path) -> dict[Path, str]:
-    if not solutions_dir.is_dir():
-        raise ExerciseError(f"{solutions_dir}: no such solutions directory")
-    expected: dict[Path, str] = {}
-    for unit in unit_names(solutions_dir):
-        path = solutions_dir / f"{unit}.ipynb"
-        nb = read_notebook(path)
-        expected[out_dir / path.name] = render_notebook(
-            make_exercise(nb, path, solution_rel=f"solutions/{path.name}")
-        )
-    return expected
-
-
-def _is_generated(path: Path) -> bool:
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {})
-        return isinstance(meta.get("course"), dict) and "generated_from" in meta["course"]
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def build_exercises(
-    solutions_dir: Path | str = "solutions", out_dir: Path | str = "exercises"
-) -> list[Path]:
-    """Write ``out_dir/NN_topic.ipynb`` for every ``solutions_dir/NN_topic.ipynb``; return the paths.
-
-    Files are only rewritten when their bytes change. Exercise notebooks that this generator wrote
-    earlier (metadata ``course.generated_from``) whose solution no longer exists are deleted; other
-    files in ``out_dir`` are left alone (``check_exercises`` reports them). Everything is validated
-    before anything is written.
-    """
-    solutions_dir, out_dir = Path(solutions_dir), Path(out_dir)
-    expected = _expected_files(solutions_dir, out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for path, text in expected.items():
-        data = text.encode("utf-8")
-        if not path.exists() or path.read_bytes() != data:
-            path.write_bytes(data)
-    for path in sorted(out_dir.glob("*.ipynb")):
-        if path not in expected and _is_generated(path):
-            path.unlink()
-    return sorted(expected)
-
-
-def check_exercises(
-    solutions_dir: Path | str = "solutions", out_dir: Path | str = "exercises"
-) -> list[str]:
-    """Problems (one line each) if ``out_dir`` differs from what :func:`build_exercises` writes; [] if in sync."""
-    solutions_dir, out_dir = Path(solutions_dir), Path(out_dir)
-    expected = _expected_files(solutions_dir, out_dir)
-    problems = []
-    for path, text in expected.items():
-        if not path.exists():
-            problems.append(f"missing: {path} (run make exercises)")
-        elif path.read_bytes() != text.encode("utf-8"):
-            problems.append(
-                f"stale: {path} differs from what make exercises writes from {solutions_dir / path.name} "
-                "(edited by hand, or the solution changed); run make exercises"
-            )
-    if out_dir.is_dir():
-        for path in sorted(out_dir.glob("*.ipynb")):
-            if path not in expected:
-                problems.append(
-                    f"extra: {path} has no solution {solutions_dir / path.name}; delete it"
-                )
-    return problems
 
 
 def reset_exercise(
@@ -192,13 +121,14 @@ def reset_exercise(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``reset NN``: the pristine exercise back in place; says where the learner's file went."""
     parser = argparse.ArgumentParser(
         prog="python -m course_lib.grading.exercises",
-        description="Generate exercises/ from solutions/ (build), check that they are in sync "
-        "(check), or start one exercise over (reset NN: the learner's file is kept as a backup).",
+        description="Start one exercise over (reset NN): the generated exercise is written back "
+        "and the learner's file kept as a backup.",
     )
-    parser.add_argument("command", choices=["build", "check", "reset"])
-    parser.add_argument("unit", nargs="?", help="reset: the unit's number, e.g. 03")
+    parser.add_argument("command", choices=["reset"])
+    parser.add_argument("unit", nargs="?", help="the unit's number, e.g. 03")
     parser.add_argument(
         "--solutions", default="solutions", help="solutions directory (default: solutions)"
     )
@@ -206,31 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default="exercises", help="exercises directory (default: exercises)"
     )
     args = parser.parse_args(argv)
-    if args.command == "reset":
-        return _reset(args)
-    try:
-        if args.command == "build":
-            for path in build_exercises(args.solutions, args.out):
-                print(path)
-            return 0
-        problems = check_exercises(args.solutions, args.out)
-    except ExerciseError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    for problem in problems:
-        print(problem, file=sys.stderr)
-    if problems:
-        print(
-            f"{len(problems)} problem(s): {args.out}/ is out of sync with {args.solutions}/",
-            file=sys.stderr,
-        )
-        return 1
-    print(f"{args.out}/ is in sync with {args.solutions}/")
-    return 0
-
-
-def _reset(args: argparse.Namespace) -> int:
-    """``reset NN``: the pristine exercise back in place; says where the learner's file went."""
     if not args.unit:
         print("error: reset needs the unit's number, e.g. reset 03", file=sys.stderr)
         return 2

@@ -350,7 +350,7 @@ def _execute(nb: Any, path: Path, seconds: int, kernel_name: str) -> tuple[int |
     """Run every code cell, recording errors; returns (index where execution stopped or None, status)."""
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-    from course_lib.grading.execute import kernel_env, make_client
+    from course_lib.grading.kernels import kernel_env, make_client
     from course_lib.runtime.reap import no_process_left
 
     client = make_client(

@@ -154,7 +154,7 @@ def solution_tasks(nb, path: Path | str) -> dict[int, SolutionTask]:
         if not cell.get("outputs") or cell.get("execution_count") is None:
             raise ExerciseError(
                 f"{where}: check cell index {index} (task-{task}) has no stored output; execute the solution "
-                f"first: python -m course_lib.grading.execute {where}"
+                f"first: python -m course_tools.execute {where}"
             )
         tasks[task] = SolutionTask(
             task,

@@ -52,7 +52,7 @@ class Zygote:
     """A clean process for ``unit``'s checks (see the module doc); use it as a context manager."""
 
     def __init__(self, unit: str, *, cwd: Path, seed: int, env: dict[str, str] | None = None):
-        from course_lib.grading.execute import kernel_env
+        from course_lib.grading.kernels import kernel_env
 
         env = dict(env if env is not None else kernel_env())
         env["COURSE_GRADE_SEED"] = str(seed)

@@ -28,7 +28,7 @@ runs once at its default settings, so its output area holds that run's pictures,
 widget the cell gets a **snapshot**: the same status line and pictures as plain outputs (one HTML
 output marked ``course-snapshot``, then the pictures), under a line saying that the live version
 runs in JupyterLab. A static page or slide, where no kernel connects the controls, shows the
-snapshot in place of the widget (:mod:`course_lib.publish`); JupyterLab hides it while the widget
+snapshot in place of the widget (:mod:`course_tools.publish`); JupyterLab hides it while the widget
 above it is live or shows pictures of its own (the course's ``jupyter/custom/custom.css``).
 """
 

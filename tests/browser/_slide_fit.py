@@ -16,7 +16,7 @@ navigation) and reports, per slide,
 - **broken formulas**: a formula MathJax broke over lines (its TeX). nbconvert's MathJax setting
   breaks one that is wider than its box, and a table cell's box is narrow while MathJax measures
   it: each formula of unit 11's activation table stood on four to seven lines, the table ran off
-  its slide. The deck turns that setting off (course_lib/publish/templates/course_mathjax.html.j2);
+  its slide. The deck turns that setting off (course_tools/publish/templates/course_mathjax.html.j2);
   this finds a formula broken anyway. A slide with formulas in a table is read once the deck has
   typeset them again, as it does for every slide shown (what the audience sees).
 

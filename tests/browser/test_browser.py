@@ -636,7 +636,7 @@ def test_every_slide_of_every_deck_fits_the_screen(browser, tmp_path):
     over two lines; the decks open offline, without JavaScript errors, with their formulas drawn."""
     import nbformat
 
-    from course_lib.publish import assets, site, slides
+    from course_tools.publish import assets, site, slides
 
     try:
         urls = assets.install(tmp_path / "vendor")
@@ -807,8 +807,8 @@ def test_site_pages_draw_each_formula_of_a_table_on_one_line(browser, tmp_path):
     """``make site``'s lecture pages, where a markdown table holds formulas: nbconvert's MathJax
     setting broke each of them over two to seven lines (a table cell is narrow while MathJax
     measures it), and its column took the page's width; the course's pages keep a formula on its
-    line (course_lib/publish/templates/course_mathjax.html.j2). The slides are walked above."""
-    from course_lib.publish import assets, site
+    line (course_tools/publish/templates/course_mathjax.html.j2). The slides are walked above."""
+    from course_tools.publish import assets, site
 
     try:
         urls = assets.install(tmp_path / "vendor")
@@ -892,7 +892,7 @@ def test_printed_lines_scroll_instead_of_wrapping_at_1280_by_720(browser, lab, t
     """Issue 52 item 4: at 1280 x 720 with the file browser open, a printed line wider than the
     output area wrapped mid-number or mid-row. In JupyterLab (the course's custom.css) and on
     the site's page (its template) each printed text keeps its lines and scrolls sideways."""
-    from course_lib.publish import assets, site
+    from course_tools.publish import assets, site
 
     page, errors, _ = _open(browser, lab, f"notebooks/{stem}.ipynb")
     page.set_viewport_size(slide_fit.SCREEN)

@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.grading.exercises import build_exercises
+from course_tools.exercises import build_exercises
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SOLUTIONS = FIXTURES / "solutions"

@@ -9,7 +9,7 @@ import sys
 import nbformat
 import pytest
 
-from course_lib.grading.execute import ExecuteError, execute_notebook, main
+from course_tools.execute import ExecuteError, execute_notebook, main
 
 
 def test_reexecuting_the_fixture_reproduces_its_bytes(solution, tmp_path):
@@ -66,7 +66,7 @@ def test_timeout_and_missing_files(tmp_path):
     with pytest.raises(ValueError, match="timeout must be a positive number of seconds, got 0"):
         execute_notebook(slow, timeout=0)
     done = subprocess.run(
-        [sys.executable, "-m", "course_lib.grading.execute", str(tmp_path / "absent.ipynb")],
+        [sys.executable, "-m", "course_tools.execute", str(tmp_path / "absent.ipynb")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -180,7 +180,7 @@ def test_stored_widgets_keep_their_state_and_progress_bars_their_final_text(tmp_
 def test_a_stored_widget_says_what_it_is_instead_of_its_repr():
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-    from course_lib.grading.execute import WIDGET_TEXT, _explain_stored_widgets
+    from course_tools.execute import WIDGET_TEXT, _explain_stored_widgets
 
     view = {
         "application/vnd.jupyter.widget-view+json": {

@@ -1,4 +1,5 @@
-"""Exercise generator: hints, kept check outputs, canonical bytes, malformed markers, staleness."""
+"""Exercise generator: hints, kept check outputs, canonical bytes, malformed markers, staleness
+(one exercise: course_lib.grading.exercises; the folder: course_tools.exercises)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,12 @@ import pytest
 
 from course_lib.grading.exercises import (
     ExerciseError,
-    build_exercises,
-    check_exercises,
-    main,
     make_exercise,
     reset_exercise,
     solution_tasks,
     strip_solution,
 )
+from course_tools.exercises import build_exercises, check_exercises, main
 
 
 def _cells(path):
@@ -281,7 +280,7 @@ def test_cli_runs_as_module(solutions_dir, tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "course_lib.grading.exercises",
+        "course_tools.exercises",
         "build",
         "--solutions",
         str(solutions_dir),

@@ -14,8 +14,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from course_lib.publish import assets, site, slides
-from course_lib.publish import slide_layout as layout
+from course_tools.publish import assets, site, slides
+from course_tools.publish import slide_layout as layout
 
 ROOT = Path(__file__).resolve().parents[2]
 LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -274,7 +274,7 @@ def test_every_lecture_is_tagged_by_the_rules(path):
     stored = [c.metadata.get("slideshow", {}).get("slide_type") for c in nb.cells]
     assert stored == slides.slide_types(nb), (
         f"{path.name}: slide metadata differs from the rules; run "
-        f"`python -m course_lib.publish tag {path.relative_to(ROOT)}` (make notebooks does it)"
+        f"`python -m course_tools.publish tag {path.relative_to(ROOT)}` (make notebooks does it)"
     )
     n = slides.count_slides(nb)
     assert 10 <= n <= 60, f"{path.name} has {n} slides; a lecture should have about 15-50"

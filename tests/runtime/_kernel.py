@@ -1,6 +1,6 @@
 """Drive a real IPython kernel through jupyter_client, the way a notebook does (not a test module).
 
-``Kernel`` is ``course_lib.runtime._kernel_driver.Kernel`` sending cells as nbval and nbclient do
+``Kernel`` is ``course_tools.kernel_driver.Kernel`` sending cells as nbval and nbclient do
 (``store_history=False``) and reporting only what the cells print. ``interrupt`` is the
 notebook's "interrupt kernel" button (SIGINT to the kernel process); ``restart`` its "restart
 kernel". Every wait has a timeout, and ``close`` kills the kernel and any process it left behind.
@@ -13,8 +13,8 @@ import time
 
 import psutil
 
-from course_lib.runtime._kernel_driver import Cell as CellResult
-from course_lib.runtime._kernel_driver import Kernel as _Driver
+from course_tools.kernel_driver import Cell as CellResult
+from course_tools.kernel_driver import Kernel as _Driver
 
 __all__ = ["CellResult", "Kernel", "wait_for"]
 

@@ -1,10 +1,10 @@
-"""The launch benchmark's table (the benchmark itself is run by hand: python -m course_lib.bench launch)."""
+"""The launch benchmark's table (the benchmark itself is run by hand: python -m course_tools.bench launch)."""
 
 from __future__ import annotations
 
 import pytest
 
-from course_lib.bench import Timing, format_table, main, summary_line
+from course_tools.bench import Timing, format_table, main, summary_line
 
 
 def test_table_reports_median_p99_max_and_speedup():

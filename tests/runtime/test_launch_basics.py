@@ -158,7 +158,7 @@ def test_warm_launch_is_fast():
         t0 = time.perf_counter()
         course_lib.launch(_sum_of_ranks, 2)
         times.append(time.perf_counter() - t0)
-    # loose bound for a shared CI machine; `python -m course_lib.bench launch` checks 0.1 s
+    # loose bound for a shared CI machine; `python -m course_tools.bench launch` checks 0.1 s
     assert statistics.median(times) < 0.5, times
 
 

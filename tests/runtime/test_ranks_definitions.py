@@ -1,13 +1,13 @@
 """Which kernel definitions follow into persistent ranks (runtime/_definitions.py), and the
-benchmark table of ``python -m course_lib.bench ranks`` (pure: no process is started)."""
+benchmark table of ``python -m course_tools.bench ranks`` (pure: no process is started)."""
 
 from __future__ import annotations
 
 import pytest
 
-from course_lib.bench import main
-from course_lib.bench_ranks import Result, format_table
 from course_lib.runtime._definitions import definitions
+from course_tools.bench import main
+from course_tools.bench_ranks import Result, format_table
 
 CELL = """\
 import torch

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from course_lib.gpu_check import device_checks as dc
-from course_lib.gpu_check import fp8_checks as f8
-from course_lib.gpu_check import step_checks as st
-from course_lib.gpu_check import unit_runs as ur
-from course_lib.gpu_check.core import Check
+from course_tools.gpu_check import device_checks as dc
+from course_tools.gpu_check import fp8_checks as f8
+from course_tools.gpu_check import step_checks as st
+from course_tools.gpu_check import unit_runs as ur
+from course_tools.gpu_check.core import Check
 
 CHECKS: tuple[Check, ...] = (
     Check("u01 allocator_demo", "a", ur.u01_allocator_demo, needs_cuda=True),

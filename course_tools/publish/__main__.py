@@ -1,4 +1,4 @@
-"""Command line: ``python -m course_lib.publish {tag,nav,slides,site,assets}``."""
+"""Command line: ``python -m course_tools.publish {tag,nav,slides,site,assets}``."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from course_lib.publish import assets, navigation, site, slides
+from course_tools.publish import assets, navigation, site, slides
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.publish", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m course_tools.publish", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_tag = sub.add_parser("tag", help="write the slide metadata of lectures by the rules")
     p_tag.add_argument("paths", nargs="+")

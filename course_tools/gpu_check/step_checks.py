@@ -13,7 +13,7 @@ import importlib
 
 import torch
 
-from course_lib.gpu_check.core import Figure, Outcome, Settings, failed, skipped
+from course_tools.gpu_check.core import Figure, Outcome, Settings, failed, skipped
 
 
 def _median_ms(fn, repeat: int = 10) -> float:

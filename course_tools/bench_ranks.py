@@ -1,4 +1,4 @@
-"""Persistent ranks in a notebook, measured against the peers: ``python -m course_lib.bench ranks``.
+"""Persistent ranks in a notebook, measured against the peers: ``python -m course_tools.bench ranks``.
 
 Every tool is driven the way a learner drives it: through a real Jupyter kernel (jupyter_client),
 cell by cell, on this machine, 4 ranks on CPU. For each tool it measures
@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from course_lib.runtime import _kernel_driver
+from course_tools import kernel_driver
 
 
 @dataclass(frozen=True)
@@ -129,25 +129,25 @@ _NAMES_RANK_1 = re.compile(
 )
 
 
-def _all_alive(cell: _kernel_driver.Cell) -> bool:
+def _all_alive(cell: kernel_driver.Cell) -> bool:
     return cell.finished and all(f"alive-{r}" in cell.stdout for r in range(4))
 
 
-def _shown(cell: _kernel_driver.Cell) -> str:
+def _shown(cell: kernel_driver.Cell) -> str:
     return (cell.stdout + cell.stderr + cell.traceback).strip()
 
 
-def _open_kernel(tool: Tool, cwd: str) -> _kernel_driver.Kernel:
+def _open_kernel(tool: Tool, cwd: str) -> kernel_driver.Kernel:
     # nbdistributed starts its workers as `python` from PATH: put the environment's bin
     # first, as activating it would (without, its workers fail: ModuleNotFoundError zmq)
     path = os.pathsep.join([os.path.dirname(tool.python), os.environ.get("PATH", "")])
     env = dict(tool.env, **({"PATH": path} if tool.python else {}))
-    return _kernel_driver.Kernel(
+    return kernel_driver.Kernel(
         cwd, python=tool.python or None, extra_env=env, module=tool.kernel_module
     )
 
 
-def _start(kernel: _kernel_driver.Kernel, tool: Tool, result: Result) -> bool:
+def _start(kernel: kernel_driver.Kernel, tool: Tool, result: Result) -> bool:
     """Set up and start the ranks; whether every rank answers a cell (within 180 s)."""
     setup = kernel.run(tool.setup + "\nimport torch", timeout=120) if tool.setup else None
     if setup is not None and setup.error:
@@ -173,7 +173,7 @@ def _start(kernel: _kernel_driver.Kernel, tool: Tool, result: Result) -> bool:
     return True
 
 
-def _trivial_cells(kernel: _kernel_driver.Kernel, tool: Tool, result: Result, runs: int) -> None:
+def _trivial_cells(kernel: kernel_driver.Kernel, tool: Tool, result: Result, runs: int) -> None:
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
@@ -186,7 +186,7 @@ def _trivial_cells(kernel: _kernel_driver.Kernel, tool: Tool, result: Result, ru
         result.trivial_median_s, result.trivial_runs = statistics.median(times), len(times)
 
 
-def _raise_on_one(kernel: _kernel_driver.Kernel, tool: Tool, result: Result) -> None:
+def _raise_on_one(kernel: kernel_driver.Kernel, tool: Tool, result: Result) -> None:
     kernel.run(tool.set_state, timeout=60)
     raised = kernel.run(tool.raise_on_1, timeout=60)
     shown = _shown(raised)
@@ -207,7 +207,7 @@ def _raise_on_one(kernel: _kernel_driver.Kernel, tool: Tool, result: Result) -> 
     result.details["raise output"] = shown[-600:]
 
 
-def _interrupt(kernel: _kernel_driver.Kernel, tool: Tool, result: Result) -> None:
+def _interrupt(kernel: kernel_driver.Kernel, tool: Tool, result: Result) -> None:
     kernel.start(tool.sleep)
     time.sleep(1.0)
     t0 = time.perf_counter()
@@ -229,7 +229,7 @@ def _interrupt(kernel: _kernel_driver.Kernel, tool: Tool, result: Result) -> Non
     result.details["after interrupt output"] = _shown(after)[-400:]
 
 
-def _close_and_count(kernel: _kernel_driver.Kernel, result: Result) -> None:
+def _close_and_count(kernel: kernel_driver.Kernel, result: Result) -> None:
     """Shut the kernel down with the ranks running; count (then end) what it left behind."""
     procs = kernel.descendants()
     kernel.close()

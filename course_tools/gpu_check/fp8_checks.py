@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.gpu_check.core import Figure, Outcome, Settings, failed, skipped
+from course_tools.gpu_check.core import Figure, Outcome, Settings, failed, skipped
 
 #: the GEMM shape timed: large enough for the tensor cores to reach their stride
 SIZE = 8192

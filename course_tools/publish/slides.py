@@ -10,7 +10,7 @@ that every lecture follows them and an edited lecture is re-tagged by ``make not
 - any other markdown cell starts a **subslide** (one idea: the text and the code that follows it);
 - a code cell belongs to the (sub)slide of the text above it, except that it starts a subslide
   of its own when it does not fit under what is already there (heights from
-  :mod:`course_lib.publish.slide_layout`, for a 1280 x 720 screen) or when it shows a figure and
+  :mod:`course_tools.publish.slide_layout`, for a 1280 x 720 screen) or when it shows a figure and
   its subslide already has one; the setup cell (the first code cell: imports and constants) is
   **skipped**, and so is a code cell whose source is too long for a slide and has no output;
 - what a slide shows of a tall cell (only the output of a long code cell, the first lines of a
@@ -24,7 +24,7 @@ that every lecture follows them and an edited lecture is re-tagged by ``make not
 - a lead-in ("The table:") never ends a slide alone: it opens the slide of the code cell it
   introduces, which shows under it what fits there (its output without its source, printed text
   cut, figures smaller), its other outputs (a figure after a table) on the slide after;
-- an "Explore" widget shows as its stored snapshot (:mod:`course_lib.publish.snapshots`);
+- an "Explore" widget shows as its stored snapshot (:mod:`course_tools.publish.snapshots`);
 - a cell tagged ``slide:<type>`` (``slide:skip``, ``slide:subslide``, ``slide:fragment``, ...)
   overrides the rules, for the cases they get wrong.
 """
@@ -37,8 +37,8 @@ from typing import Any
 
 import nbformat
 
-from course_lib.publish import slide_layout as layout
-from course_lib.publish import snapshots
+from course_tools.publish import slide_layout as layout
+from course_tools.publish import snapshots
 
 TEMPLATES = Path(__file__).parent / "templates"
 #: the screen the slides are made for (reveal.js scales them to the window)
@@ -158,9 +158,9 @@ def _scale_figures(cell, scale: float) -> None:
 
 def for_slides(nb):
     """A copy of ``nb`` as its slides show it: slide types by the rules, and of each tall cell
-    what fits (:mod:`course_lib.publish.slide_layout`): a code cell's long printed text cut, the
+    what fits (:mod:`course_tools.publish.slide_layout`): a code cell's long printed text cut, the
     rest on slides after it; a markdown cell's text over as many slides as it needs; an "Explore"
-    widget's snapshot in place of the widget (:mod:`course_lib.publish.snapshots`)."""
+    widget's snapshot in place of the widget (:mod:`course_tools.publish.snapshots`)."""
     nb = snapshots.static(nb)  # a copy
     kinds = slide_types(nb)
     rooms: dict[int, int] = {}  # a code cell under a lead-in shows what fits under it
@@ -300,7 +300,7 @@ def count_slides(nb) -> int:
 def export(path: str | Path, out_dir: Path, urls: dict[str, str]) -> Path:
     """Write ``out_dir/<name>.slides.html`` for the notebook at ``path`` with its stored outputs.
 
-    ``urls`` maps each asset of :mod:`course_lib.publish.assets` to a URL relative to
+    ``urls`` maps each asset of :mod:`course_tools.publish.assets` to a URL relative to
     ``out_dir``, so the slides open offline.
     """
     exporter = _exporter(tuple(sorted(urls.items())))

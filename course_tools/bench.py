@@ -1,4 +1,4 @@
-"""Benchmarks of course_lib's own machinery: ``python -m course_lib.bench launch|virtual|ranks``.
+"""Benchmarks of course_lib's own machinery: ``python -m course_tools.bench launch|virtual|ranks``.
 
 ``virtual``: the virtual cluster (``course_lib/virtual/bench.py``): ZeRO Figure 1 and the 7B
 table reproduced with FSDP2 on a fake process group, and a Llama-2-70B step on 512 virtual ranks.
@@ -197,7 +197,7 @@ def bench_launch(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.bench", description=(__doc__ or "").split("\n")[0]
+        prog="python -m course_tools.bench", description=(__doc__ or "").split("\n")[0]
     )
     sub = parser.add_subparsers(dest="what", required=True)
     p = sub.add_parser(
@@ -220,7 +220,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "ranks",
         help="persistent ranks in a notebook: %%ranks vs nbdistributed "
-        "vs jupyter-distributed, through a real kernel (see course_lib/bench_ranks.py)",
+        "vs jupyter-distributed, through a real kernel (see course_tools/bench_ranks.py)",
     )
     r.add_argument("--runs", type=int, default=20, help="runs of the trivial cell")
     r.add_argument(
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main_ranks(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from course_lib import bench_ranks
+    from course_tools import bench_ranks
 
     if args.runs < 1:
         parser.error(f"--runs must be positive; got {args.runs}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 import course_lib
-from course_lib.gpu_check.core import GROUP_TITLES, CheckResult, Device, Figure
+from course_tools.gpu_check.core import GROUP_TITLES, CheckResult, Device, Figure
 
 _COMMAND_TIMEOUT_S = 10.0
 
@@ -108,7 +108,7 @@ def _header(env: Environment, results: list[CheckResult], when: dt.datetime) -> 
             "",
         ]
     lines += [
-        f"`python -m course_lib.gpu_check --device {env.device}`, {when:%Y-%m-%d %H:%M} UTC, "
+        f"`python -m course_tools.gpu_check --device {env.device}`, {when:%Y-%m-%d %H:%M} UTC, "
         f"commit {env.commit}: {len(results)} checks, {counts['passed']} passed, "
         f"{counts['failed']} failed, {counts['skipped']} skipped ({total:.0f} s in the checks).",
         "",

@@ -18,8 +18,8 @@ from types import ModuleType
 import pandas as pd
 import torch
 
-from course_lib.gpu_check.core import Figure, Outcome, Settings, failed
 from course_lib.models import GPT, MLP, GPTConfig, MLPConfig
+from course_tools.gpu_check.core import Figure, Outcome, Settings, failed
 
 MiB = 2**20
 

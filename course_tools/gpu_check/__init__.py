@@ -1,7 +1,7 @@
 """The GPU check: run the course's CUDA paths and write one report (issue 23, item 9).
 
-    python -m course_lib.gpu_check                  # on a machine with a GPU: docs/gpu-check-DATE.md
-    python -m course_lib.gpu_check --device cpu     # anywhere: the same code, CUDA parts skipped
+    python -m course_tools.gpu_check                  # on a machine with a GPU: docs/gpu-check-DATE.md
+    python -m course_tools.gpu_check --device cpu     # anywhere: the same code, CUDA parts skipped
 
 Four parts: a. the run functions of units 01-07 that take a ``device`` (small sizes);
 b. ``MemoryMeter`` against ``torch.cuda.max_memory_allocated``; c. pinned vs pageable copies;
@@ -12,9 +12,9 @@ fails, crashes or hangs does not stop the others. Without a GPU it says so and e
 
 from __future__ import annotations
 
-from course_lib.gpu_check.catalog import CHECKS, find
-from course_lib.gpu_check.cli import main
-from course_lib.gpu_check.core import (
+from course_tools.gpu_check.catalog import CHECKS, find
+from course_tools.gpu_check.cli import main
+from course_tools.gpu_check.core import (
     DEVICES,
     Check,
     CheckResult,
@@ -23,7 +23,7 @@ from course_lib.gpu_check.core import (
     run_check,
     run_checks,
 )
-from course_lib.gpu_check.report import Environment, environment, render, write_report
+from course_tools.gpu_check.report import Environment, environment, render, write_report
 
 __all__ = [
     "CHECKS",

@@ -1,4 +1,4 @@
-"""Drive a real Jupyter kernel cell by cell (``python -m course_lib.bench ranks`` and the
+"""Drive a real Jupyter kernel cell by cell (``python -m course_tools.bench ranks`` and the
 kernel tests in tests/runtime).
 
 A small jupyter_client wrapper: start a kernel (of this interpreter, or of another virtual
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Execute notebooks in place and save them with their outputs (``make notebooks``).
 
-    python -m course_lib.grading.execute notebooks/03_mixed_precision.ipynb [more.ipynb ...] [--timeout 300]
+    python -m course_tools.execute notebooks/03_mixed_precision.ipynb [more.ipynb ...] [--timeout 300]
 
 Each notebook runs top to bottom in a fresh ``python3`` kernel (nbclient) whose working directory is
 the notebook's own directory, so relative paths behave as in JupyterLab. The kernel imports the same
@@ -18,36 +18,20 @@ from __future__ import annotations
 
 import argparse
 import html
-import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KERNEL_ARGS", "ExecuteError", "execute_notebook", "kernel_env"]
+from course_lib.grading.kernels import kernel_env, make_client
 
-# the kernel's own log (e.g. ipykernel's "running over TCP without encryption" warning on every
-# start) is infrastructure noise on the command's stderr; cell output is unaffected
-KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
+__all__ = ["ExecuteError", "execute_notebook"]
+
 DEFAULT_TIMEOUT = 600.0  # seconds per cell; lecture notebooks run in about a minute in total
 
 
 class ExecuteError(RuntimeError):
     """A notebook could not be executed; the message names the notebook and the cell."""
-
-
-def kernel_env() -> dict[str, str]:
-    """Environment for a kernel: this process's, with the directory holding ``course_lib`` first
-    on PYTHONPATH so the kernel grades and measures with the same package as the caller."""
-    import course_lib
-
-    root = str(Path(course_lib.__file__).resolve().parent.parent)
-    env = dict(os.environ)
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
-    env["PYTHONPATH"] = os.pathsep.join([root, *parts])
-    env.pop("MPLBACKEND", None)  # let ipykernel pick its inline backend so figures are stored
-    env.pop("JPY_PARENT_PID", None)
-    return env
 
 
 def _one_line(exc: BaseException) -> str:
@@ -143,30 +127,6 @@ def _explain_stored_widgets(nb: Any) -> None:
 _WIDGET_REPR = re.compile(r"^[A-Z][A-Za-z]*\(")
 
 
-def make_client(
-    nb: Any, path: Path, *, timeout: float, kernel_name: str, allow_errors: bool, log: Any = None
-) -> Any:
-    """The nbclient set-up shared by ``execute`` and the grader: a fresh kernel whose working
-    directory is the notebook's folder, no timing metadata, and immediate shutdown."""
-    from nbclient import NotebookClient
-
-    kwargs = {"log": log} if log is not None else {}
-    return NotebookClient(
-        nb,
-        timeout=timeout,
-        kernel_name=kernel_name,
-        allow_errors=allow_errors,
-        record_timing=False,
-        # True: with False, nbclient raises KeyError when a cell writes into an
-        # ipywidgets.Output. The saved widget state is dropped afterwards (not deterministic).
-        store_widget_state=True,
-        shutdown_kernel="immediate",
-        extra_arguments=list(KERNEL_ARGS),
-        resources={"metadata": {"path": str(Path(path).resolve().parent)}},
-        **kwargs,
-    )
-
-
 def _run_cell(client: Any, cell: Any, index: int, path: Path, timeout: float) -> None:
     """Execute one cell; a timeout, a dead kernel or a cell error raise :class:`ExecuteError`."""
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
@@ -199,7 +159,7 @@ def execute_notebook(
     cell (a cell error unless ``allow_errors``, a cell running over ``timeout`` seconds, or a dead
     kernel); the file is then left untouched.
     """
-    from course_lib.grading.exercises import ExerciseError, read_notebook, render_notebook
+    from course_lib.grading.notebooks import ExerciseError, read_notebook, render_notebook
 
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -233,7 +193,7 @@ def execute_notebook(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_lib.grading.execute",
+        prog="python -m course_tools.execute",
         description="Execute notebooks in place (fresh kernel, cwd = the notebook's directory) and save their outputs.",
     )
     parser.add_argument("notebooks", nargs="+", metavar="NB", help="notebook files (.ipynb)")

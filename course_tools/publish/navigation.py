@@ -3,7 +3,7 @@
 "Next" and "previous" come from the lectures present in ``notebooks/`` (so unit 14 links unit 15
 once ``notebooks/15_*.ipynb`` exists), titles from README.md's course table, both as the course's
 catalogue finds them (:mod:`course_lib.catalogue`: ``Unit``, ``neighbours``). ``python -m
-course_lib.publish nav notebooks/*.ipynb`` (run by ``make notebooks``) writes or refreshes the
+course_tools.publish nav notebooks/*.ipynb`` (run by ``make notebooks``) writes or refreshes the
 footer: a markdown cell with the id :data:`FOOTER_ID` at the end of the lecture, skipped in slides.
 """
 

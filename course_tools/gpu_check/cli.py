@@ -1,4 +1,4 @@
-"""``python -m course_lib.gpu_check [--out DIR] [--device cuda|cpu] [--timeout S]``.
+"""``python -m course_tools.gpu_check [--out DIR] [--device cuda|cpu] [--timeout S]``.
 
 Exit status: 0 when every check passed or was skipped (and when there is no GPU: nothing runs,
 no report is written); 1 when a check failed (the report is written all the same); 2 for a
@@ -16,11 +16,11 @@ from typing import cast
 import torch
 
 from course_lib import validate
-from course_lib.gpu_check.catalog import CHECKS
-from course_lib.gpu_check.core import DEVICES, CheckResult, Device, Settings, run_checks
-from course_lib.gpu_check.report import environment, write_report
+from course_tools.gpu_check.catalog import CHECKS
+from course_tools.gpu_check.core import DEVICES, CheckResult, Device, Settings, run_checks
+from course_tools.gpu_check.report import environment, write_report
 
-PROG = "python -m course_lib.gpu_check"
+PROG = "python -m course_tools.gpu_check"
 #: seconds one check may take unless --timeout says otherwise
 DEFAULT_TIMEOUT_S = 300.0
 

@@ -9,7 +9,7 @@ Each package is one npm tarball, pinned by version and by the registry's sha512 
 value, so a tampered or truncated download is refused. Only the files a page uses are unpacked
 (MathJax's tarball is 21 MB; the subset is 5 MB). Tarballs are cached in
 ``build/vendor/`` (or ``$COURSE_VENDOR_DIR``); a machine without network access can be given the
-five files by hand (``python -m course_lib.publish assets`` says where they go).
+five files by hand (``python -m course_tools.publish assets`` says where they go).
 """
 
 from __future__ import annotations

@@ -8,13 +8,13 @@ import torch
 import torch.distributed as dist
 
 import course_lib
-from course_lib.gpu_check.core import Figure, Outcome, Settings, failed, skipped
-from course_lib.gpu_check.unit_runs import unit_run
 from course_lib.measure import estimate
 from course_lib.measure.memory import MemoryMeter
 from course_lib.measure.timing import time_collective
 from course_lib.models import GPT, GPTConfig
 from course_lib.runtime.device import rank_device, sync
+from course_tools.gpu_check.core import Figure, Outcome, Settings, failed, skipped
+from course_tools.gpu_check.unit_runs import unit_run
 
 MiB = 2**20
 #: the meter must explain the allocator's peak to within this share of it (after subtracting

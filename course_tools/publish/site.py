@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from course_lib import catalogue
-from course_lib.publish import assets, navigation, slides, snapshots
+from course_tools.publish import assets, navigation, slides, snapshots
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ def _html_exporter(urls: tuple[tuple[str, str], ...]) -> Any:
 
 def _export_html(path: Path, out_dir: Path, urls: dict[str, str]) -> Path:
     """The page of the notebook at ``path``: its stored outputs, each "Explore" widget's snapshot
-    in place of the widget (:mod:`course_lib.publish.snapshots`)."""
+    in place of the widget (:mod:`course_tools.publish.snapshots`)."""
     import nbformat
 
     nb = snapshots.static(nbformat.read(path, as_version=4))
