@@ -15,8 +15,7 @@ Introduced in notebooks/14_planning_a_run.ipynb.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from course_lib import validate as _v
 from course_lib.dims import ParallelDims
@@ -24,6 +23,7 @@ from course_lib.models import GPTConfig
 from course_lib.plan.specs import Layout
 from course_lib.plan.three_d import run_3d
 from course_lib.plan.three_d_reference import _build, make_batch, tiny_config
+from course_lib.plan.three_d_result import RankRun3D, Run3D
 
 __all__ = ["run_layout"]
 
@@ -41,7 +41,7 @@ class _ZeroRun:
     config: GPTConfig
 
 
-def _zero_rank(rank: int, world_size: int, run: _ZeroRun) -> dict[str, Any]:
+def _zero_rank(rank: int, world_size: int, run: _ZeroRun) -> RankRun3D:
     import torch
     import torch.distributed as dist
 
@@ -72,17 +72,19 @@ def _zero_rank(rank: int, world_size: int, run: _ZeroRun) -> dict[str, Any]:
             mean = loss.detach().reshape(1)
             dist.all_reduce(mean, group=group)
             losses.append(mean.item() / dp)
-    return {
-        "rank": rank,
-        "coords": tuple(mesh.coords),
-        "losses": losses,
-        "memory": {k: (mem.end_breakdown or {})[k] for k in ("params", "grads", "optimizer")},
-        "peak_bytes": mem.peak_bytes,
-        "params_numel": sum(p.numel() for p in model.parameters()),
-        "comm": comm.summary(),
-        "calls": comm.calls,
-        "params": model.full_tensors("param"),
-    }
+    c = mesh.coords
+    return RankRun3D(
+        rank=rank,
+        coords=(c.pp, c.dp, c.tp),
+        losses=tuple(losses),
+        memory={k: (mem.end_breakdown or {})[k] for k in ("params", "grads", "optimizer")},
+        peak_bytes=mem.peak_bytes,
+        params_numel=sum(p.numel() for p in model.parameters()),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+        comm=comm.summary(),
+        calls=comm.calls,
+        params=model.full_tensors("param"),
+    )
 
 
 def run_layout(
@@ -93,11 +95,11 @@ def run_layout(
     seed: int = 0,
     config: GPTConfig | None = None,
     timeout: float = 120.0,
-) -> dict[str, Any]:
+) -> Run3D:
     """Train the tiny GPT ``steps`` steps on ``layout.gpus`` ranks laid out as ``layout`` says
     (its axes, ZeRO stage and micro-batch; each dp rank trains ``micro_batch`` sequences per
     micro-batch, ``pp`` micro-batches per step with a pipeline). Returns what ``run_3d`` returns
-    (ranks, losses, params, layout, config, setup) with the layout under ``"plan_layout"``.
+    (a ``Run3D``) with the layout as its ``plan_layout``.
     Refused: cp, ep or interleaving (the course's runs do not combine them with the others),
     and ZeRO 1-3 with tp or pp > 1 (``run_3d`` averages gradients as DDP does)."""
     import course_lib
@@ -119,7 +121,7 @@ def run_layout(
             config=config,
             timeout=timeout,
         )
-        return {**out, "plan_layout": layout}
+        return replace(out, plan_layout=layout)
     if dims.tp > 1 or dims.pp > 1:
         raise ValueError(
             f"zero = {layout.zero}: expected 0 with tp = {dims.tp}, pp = {dims.pp} (the 3-D run "
@@ -127,13 +129,17 @@ def run_layout(
         )
     steps = _v.count("steps", steps, minimum=1)
     run = _ZeroRun(dims, layout.zero, steps, batch, lr, seed, config)
-    ranks = course_lib.launch(_zero_rank, dims.world_size, run, timeout=timeout)
-    return {
-        "ranks": ranks,
-        "losses": ranks[0]["losses"],
-        "params": ranks[0]["params"],
-        "layout": dict(dp=dims.dp, tp=dims.tp, pp=dims.pp),
-        "config": config,
-        "setup": dict(steps=steps, batch=batch, microbatches=m, lr=lr, seed=seed),
-        "plan_layout": layout,
-    }
+    ranks: list[RankRun3D] = course_lib.launch(_zero_rank, dims.world_size, run, timeout=timeout)
+    return Run3D(
+        ranks=tuple(ranks),
+        losses=tuple(float(x) for x in ranks[0].losses if x is not None),
+        params=ranks[0].params or {},
+        dims=ParallelDims(dp=dims.dp, tp=dims.tp, pp=dims.pp),
+        config=config,
+        steps=steps,
+        batch=batch,
+        microbatches=m,
+        lr=lr,
+        seed=seed,
+        plan_layout=layout,
+    )

@@ -17,16 +17,17 @@ Introduced in notebooks/14_planning_a_run.ipynb. Every piece is the course's own
 The model is cut as ``[embeddings] + blocks + [ln_f, lm_head]``: stage 0 holds the embeddings
 and the first L/pp blocks, the last stage the last blocks, the final LayerNorm and the head.
 The output matrix is not tied to the embedding (a tied one would live on two stages and need
-its own all-reduce between them). :func:`run_3d` trains ``steps`` steps and returns, with each
-rank's measurements, the full parameters after training reassembled from the shards, so
-:func:`reference_3d` (one process, full batch, same seed) can be compared with it.
+its own all-reduce between them). :func:`run_3d` trains ``steps`` steps and returns a
+:class:`~course_lib.plan.three_d_result.Run3D`: each rank's measurements (a ``RankRun3D``) and
+the full parameters after training reassembled from the shards, so :func:`reference_3d` (one
+process, full batch, same seed) can be compared with it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +45,7 @@ from course_lib.plan.three_d_reference import (
     tiny_config,
     tiny_spec,
 )
+from course_lib.plan.three_d_result import RankRun3D, Run3D
 
 if TYPE_CHECKING:
     from course_lib.parallel.pipeline import Action, PipelineRank
@@ -54,6 +56,8 @@ __all__ = [
     "make_batch",
     "reference_3d",
     "run_3d",
+    "Run3D",
+    "RankRun3D",
     "parity_3d",
     "memory_table",
     "comm_table",
@@ -139,7 +143,7 @@ class _Run3D:
     config: GPTConfig
 
 
-def _rank_fn(rank: int, world_size: int, run: _Run3D) -> dict[str, Any]:
+def _rank_fn(rank: int, world_size: int, run: _Run3D) -> RankRun3D:
     from course_lib.measure.comm import CommMeter
     from course_lib.measure.memory import MemoryMeter
     from course_lib.parallel.ddp import allreduce_gradients
@@ -174,18 +178,19 @@ def _rank_fn(rank: int, world_size: int, run: _Run3D) -> dict[str, Any]:
             opt.step()
             losses.append(_mean_loss(loss, dp_group, dp))
     full = _full_params(gather_full(pipe, "param", group=tp_group), split, n_layer)
-    return {
-        "rank": rank,
-        "coords": tuple(mesh.coords),
-        "losses": losses,
-        "memory": {k: (mem.end_breakdown or {})[k] for k in ("params", "grads", "optimizer")},
-        "peak_bytes": mem.peak_bytes,
-        "params_numel": sum(p.numel() for p in pipe.parameters()),
-        "buffer_bytes": sum(b.numel() * b.element_size() for b in pipe.buffers()),
-        "comm": comm.summary(),
-        "calls": comm.calls,
-        "params": full if mesh.tp_rank == 0 else None,
-    }
+    c = mesh.coords
+    return RankRun3D(
+        rank=rank,
+        coords=(c.pp, c.dp, c.tp),
+        losses=tuple(losses),
+        memory={k: (mem.end_breakdown or {})[k] for k in ("params", "grads", "optimizer")},
+        peak_bytes=mem.peak_bytes,
+        params_numel=sum(p.numel() for p in pipe.parameters()),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in pipe.buffers()),
+        comm=comm.summary(),
+        calls=comm.calls,
+        params=full if mesh.tp_rank == 0 else None,
+    )
 
 
 def run_schedule_3d(
@@ -234,15 +239,17 @@ def run_3d(
     seed: int = 0,
     config: GPTConfig | None = None,
     timeout: float = 120.0,
-) -> dict[str, Any]:
+) -> Run3D:
     """Train the tiny GPT ``steps`` steps on dp × tp × pp ranks (``course_lib.launch``, gloo).
 
-    Returns ``{"ranks": [per-rank dict], "losses": [loss per step], "params": full parameters
-    after training, reassembled from the shards}``. Each rank's dict: coords (pp, dp, tp),
-    losses (None off the last stage), memory (MemoryMeter's params/grads/optimizer bytes at the
-    end), peak_bytes, params_numel, comm (CommMeter's summary: model and wire bytes sent),
-    calls (op -> count). ``dp`` may be a ``plan.Layout`` or a ``ParallelDims`` instead of the
-    three sizes (its cp, ep and virtual stages 1).
+    Returns a :class:`~course_lib.plan.three_d_result.Run3D`: ``ranks`` (a ``RankRun3D`` each:
+    coords (pp, dp, tp), losses (None off the last stage), memory (MemoryMeter's
+    params/grads/optimizer bytes at the end), peak_bytes, params_numel, buffer_bytes, comm
+    (CommMeter's summary: model and wire bytes sent), calls (op -> count)), ``losses`` (loss
+    per step), ``params`` (full parameters after training, reassembled from the shards),
+    ``dims``, ``config`` and the settings; ``to_frame()`` is one row per rank. ``dp`` may be a
+    ``plan.Layout`` or a ``ParallelDims`` instead of the three sizes (its cp, ep and virtual
+    stages 1).
     """
     import course_lib
 
@@ -266,20 +273,29 @@ def run_3d(
 
     check_tp(config, tp)
     run = _Run3D(dp, tp, pp, steps, batch, m, lr, seed, config)
-    ranks = course_lib.launch(_rank_fn, dp * tp * pp, run, timeout=timeout)
-    last = [r for r in ranks if r["coords"][0] == pp - 1]
-    params = {}
+    return _result(run, course_lib.launch(_rank_fn, dp * tp * pp, run, timeout=timeout))
+
+
+def _result(run: _Run3D, ranks: list[RankRun3D]) -> Run3D:
+    """The run from its ranks' answers: the last stage's losses, the parameters of dp replica 0
+    (every stage's, gathered over tp) under the unsplit model's names."""
+    last = [r for r in ranks if r.coords[0] == run.pp - 1]
+    params: dict[str, torch.Tensor] = {}
     for r in ranks:
-        if r["params"] is not None and r["coords"][1] == 0:
-            params.update(r["params"])
-    return {
-        "ranks": ranks,
-        "losses": last[0]["losses"],
-        "params": params,
-        "layout": dict(dp=dp, tp=tp, pp=pp),
-        "config": config,
-        "setup": dict(steps=steps, batch=batch, microbatches=m, lr=lr, seed=seed),
-    }
+        if r.params is not None and r.coords[1] == 0:
+            params.update(r.params)
+    return Run3D(
+        ranks=tuple(ranks),
+        losses=tuple(cast(float, x) for x in last[0].losses),  # the last stage has them all
+        params=params,
+        dims=ParallelDims(dp=run.dp, tp=run.tp, pp=run.pp),
+        config=run.config,
+        steps=run.steps,
+        batch=run.batch,
+        microbatches=run.microbatches,
+        lr=run.lr,
+        seed=run.seed,
+    )
 
 
 # what a run_3d result is read with lives in three_d_report; re-exported here

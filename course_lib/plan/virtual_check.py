@@ -100,7 +100,7 @@ def compare_with_virtual(
         label="virtual",
         tolerance=TOLERANCE,
         gathered=virtual.model_states(runs[2])["gathered"],
-        sim_cpu_s=sum(df.attrs["simulate_s"] for df in runs.values()),
+        sim_cpu_s=sum(step.simulate_s for step in runs.values()),
         predicted_buffers=predict_memory(model.replace(layers=2), layout)["buffers"],
         title=f"virtual cluster (simulated) vs planner: {model.name} at dp {layout.dp}"
         f" x tp {layout.tp}, ZeRO-3; model state per rank, B",

@@ -22,8 +22,9 @@ from typing import TypedDict
 import pandas as pd
 
 from course_lib.virtual.model import PRESETS
+from course_lib.virtual.result import SimulatedStep
 from course_lib.virtual.simulate import simulate_step
-from course_lib.virtual.zero import zero_7b_table, zero_figure1
+from course_lib.virtual.zero import ZeroTable, zero_7b_table, zero_figure1
 
 __all__ = ["format_zero_table", "bench_70b", "run"]
 
@@ -31,7 +32,7 @@ TARGET_S = 30.0
 TARGET_RSS = 2**30
 
 
-def format_zero_table(df: pd.DataFrame) -> str:
+def format_zero_table(table: ZeroTable) -> str:
     """The ZeRO table as aligned text: GB per rank (1e9 B), ratio to the target, and the note.
 
     states = params + grads + optim (the shards); virtual = states + gathered (the bf16
@@ -60,7 +61,7 @@ def format_zero_table(df: pd.DataFrame) -> str:
         "why",
     )
     lines = [header]
-    for r in df.to_dict("records"):
+    for r in table.to_frame().to_dict("records"):
         lines.append(
             (
                 r["name"],
@@ -89,8 +90,8 @@ def format_zero_table(df: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
-def _legend(df: pd.DataFrame) -> str:
-    cpu = df["sim_cpu_s"].dropna() if "sim_cpu_s" in df else []
+def _legend(table: ZeroTable) -> str:
+    cpu = [step.simulate_s for step in table.runs.values()]
     return (
         "states = params + grads + optim (fp32 shards, Adam moments); virtual = states + "
         "gathered bf16 params alive at once; ratio = virtual / target; resid. = virtual - "
@@ -102,9 +103,9 @@ def _legend(df: pd.DataFrame) -> str:
 
 
 class Bench70B(TypedDict):
-    """What :func:`bench_70b` measured: the result frame, wall and simulating seconds, peak RSS."""
+    """What :func:`bench_70b` measured: the simulated step, wall and simulating seconds, peak RSS."""
 
-    frame: pd.DataFrame
+    step: SimulatedStep
     wall_s: float
     cpu_s: float
     rss: int
@@ -113,7 +114,7 @@ class Bench70B(TypedDict):
 def bench_70b(world_size: int = 512, seq_len: int = 4096) -> Bench70B:
     """One FSDP2 step of Llama-2-70B (bf16 compute, fp32 master + AdamW) on the virtual cluster."""
     t0 = time.perf_counter()
-    df = simulate_step(
+    step = simulate_step(
         PRESETS["llama2-70b"],
         world_size=world_size,
         strategy="fsdp",
@@ -124,18 +125,13 @@ def bench_70b(world_size: int = 512, seq_len: int = 4096) -> Bench70B:
         timeout=600,
     )
     wall = time.perf_counter() - t0
-    return {
-        "frame": df,
-        "wall_s": wall,
-        "cpu_s": df.attrs["simulate_s"],
-        "rss": df.attrs["rss_peak_bytes"],
-    }
+    return {"step": step, "wall_s": wall, "cpu_s": step.simulate_s, "rss": step.rss_peak_bytes}
 
 
 def _print_70b() -> None:
     """Part 3: Llama-2-70B on 512 virtual ranks, against the time and memory targets."""
     r = bench_70b()
-    df = r["frame"].set_index("category")
+    step = r["step"]
     n = PRESETS["llama2-70b"].n_params
     ok_t = "met" if r["wall_s"] <= TARGET_S else "NOT met"
     ok_m = "met" if r["rss"] <= TARGET_RSS else "NOT met"
@@ -149,11 +145,11 @@ def _print_70b() -> None:
         f"{r['rss'] / 2**30:.2f} GiB (target <= 1 GiB {ok_m})"
     )
     print(
-        f"   per rank (virtual): params {df.at['params', 'after_backward'] / 1e9:.3f} GB, "
-        f"grads {df.at['grads', 'after_backward'] / 1e9:.3f} GB, optimizer "
-        f"{df.at['optimizer', 'after_step'] / 1e9:.3f} GB, peak "
-        f"{df.at['total', 'at_peak'] / 1e9:.2f} GB (activations at the peak "
-        f"{df.at['activations', 'at_peak'] / 1e9:.2f} GB); 16 B x {n:,} / 512 = "
+        f"   per rank (virtual): params {step.at('params', 'after_backward') / 1e9:.3f} GB, "
+        f"grads {step.at('grads', 'after_backward') / 1e9:.3f} GB, optimizer "
+        f"{step.at('optimizer', 'after_step') / 1e9:.3f} GB, peak "
+        f"{step.at('total', 'at_peak') / 1e9:.2f} GB (activations at the peak "
+        f"{step.at('activations', 'at_peak') / 1e9:.2f} GB); 16 B x {n:,} / 512 = "
         f"{16 * n / 512 / 1e9:.3f} GB of model states"
     )
 
@@ -167,24 +163,24 @@ def run(*, figure1: bool = True, seven_b: bool = True, seventy_b: bool = True) -
     )
     if figure1:
         t0 = time.perf_counter()
-        df = zero_figure1(count_comm=False)
+        table = zero_figure1(count_comm=False)
         print(
             f"\n1. ZeRO Figure 1 (arXiv:1910.02054): 7.5B params, 64 ranks, per rank "
-            f"[{df.attrs['model']}: {df.attrs['n_params']:,} params; "
+            f"[{table.model}: {table.n_params:,} params; "
             f"{time.perf_counter() - t0:.0f} s]"
         )
-        print(format_zero_table(df))
-        print(_legend(df))
+        print(format_zero_table(table))
+        print(_legend(table))
     if seven_b:
         t0 = time.perf_counter()
-        df = zero_7b_table(count_comm=False)
+        table = zero_7b_table(count_comm=False)
         print(
             f"\n2. 7B at 16 B/param on 8 ranks (targets 112 / 38.5 / 26.25 / 14 GB) "
-            f"[{df.attrs['model']}: {df.attrs['n_params']:,} params; "
+            f"[{table.model}: {table.n_params:,} params; "
             f"{time.perf_counter() - t0:.0f} s]"
         )
-        print(format_zero_table(df))
-        print(_legend(df))
+        print(format_zero_table(table))
+        print(_legend(table))
     if seventy_b:
         _print_70b()
     return 0

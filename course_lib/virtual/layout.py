@@ -63,7 +63,7 @@ def layout_arguments(
 
 def simulate_layout(shape: ModelShape, layout: Any, **kwargs: Any) -> Any:
     """One training step of ``shape`` on the virtual cluster as ``layout`` lays it out
-    (``simulate_step(**layout_arguments(shape, layout, **kwargs))``): a VirtualFrame."""
+    (``simulate_step(**layout_arguments(shape, layout, **kwargs))``): a SimulatedStep."""
     from course_lib.virtual.simulate import simulate_step
 
     return simulate_step(**layout_arguments(shape, layout, **kwargs))

@@ -2,9 +2,10 @@
 rank of a cluster that does not exist, in one process.
 
     from course_lib import virtual
-    df = virtual.simulate_step(virtual.PRESETS["llama2-70b"], world_size=512, strategy="fsdp",
-                               mixed_precision="bf16", batch=1, seq_len=512)
-    df.attrs["title"]   # 'virtual cluster (simulated, not measured on GPUs): fsdp, 512 ranks, ...'
+    step = virtual.simulate_step(virtual.PRESETS["llama2-70b"], world_size=512, strategy="fsdp",
+                                 mixed_precision="bf16", batch=1, seq_len=512)
+    step.title        # 'virtual cluster (simulated, not measured on GPUs): fsdp, 512 ranks, ...'
+    step.to_frame()   # bytes on rank 0: one row per category, one column per moment
 
 How: a fake process group (``dist.init_process_group("fake", ...)``: every collective returns
 at once and moves nothing), the device mesh built before ``FakeTensorMode`` (tensors with shapes
@@ -32,16 +33,14 @@ Introduced in notebooks/10_zero_fsdp.ipynb; used again in 11 (tensor parallelism
 
 from __future__ import annotations
 
-import html
 import time
 from typing import Any, Callable
 
-import pandas as pd
-
 from course_lib import validate as _v
 from course_lib.virtual._types import RECOMPUTE, MixedPrecision, SimSpec, StepResult, Strategy
+from course_lib.virtual.result import COLUMNS, LABEL, ROWS, SimulatedStep
 
-__all__ = ["simulate_step", "VirtualFrame", "STRATEGIES", "ROWS", "COLUMNS", "LABEL"]
+__all__ = ["simulate_step", "SimulatedStep", "STRATEGIES", "ROWS", "COLUMNS", "LABEL"]
 
 #: strategy -> what it is
 STRATEGIES = {
@@ -59,65 +58,6 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 MIXED_PRECISION = (None, "bf16", "fp16")
 #: activation checkpointing of every block (estimate's Recompute; None: "none", kept one release)
 CHECKPOINT = (None, *RECOMPUTE)
-LABEL = "virtual"
-
-#: rows of the result, in order
-ROWS = (
-    "params",
-    "unsharded_params",
-    "grads",
-    "unsharded_grads",
-    "optimizer",
-    "activations",
-    "temporaries",
-    "all_gather",
-    "reduce_scatter",
-    "buffers",
-    "inputs",
-    "total",
-)
-#: numeric columns of the result (bytes, int)
-COLUMNS = ("at_peak", "max", "after_forward", "after_backward", "after_step")
-
-_ROW_HELP = {
-    "params": "this rank's parameters as stored (FSDP: its fp32 shard; TP: its slices)",
-    "unsharded_params": "gathered full parameters (bf16 with mixed precision) alive at the time",
-    "grads": "this rank's gradients as kept for the optimizer (FSDP: the reduced shard)",
-    "unsharded_grads": "full-size gradients before reduce-scatter",
-    "optimizer": "optimizer state kept between steps (Adam: 2 moments + a step counter per tensor)",
-    "activations": "tensors made in forward (what autograd saves, outputs)",
-    "temporaries": "backward scratch, activation gradients, and the optimizer step's transients",
-    "all_gather": "FSDP's all-gather output buffers",
-    "reduce_scatter": "FSDP's reduce-scatter input buffers",
-    "buffers": "module buffers",
-    "inputs": "the batch of token ids",
-    "total": "sum of the rows (at_peak: the rank's peak)",
-}
-
-
-class VirtualFrame(pd.DataFrame):
-    """A DataFrame whose repr (text and HTML) starts with its title, which says "virtual"."""
-
-    @property
-    def _constructor(self):
-        return VirtualFrame
-
-    @property
-    def title(self) -> str:
-        return self.attrs.get("title", "virtual cluster (simulated)")
-
-    def __repr__(self) -> str:
-        return f"{self.title}\n{super().__repr__()}"
-
-    def _repr_html_(self) -> str | None:
-        inner = super()._repr_html_()
-        return None if inner is None else f"<p><b>{html.escape(self.title)}</b></p>{inner}"
-
-    def gib(self) -> pd.DataFrame:
-        """The byte columns in GiB (2^30 B), rounded to 3 decimals, with the category index."""
-        out = VirtualFrame((self.set_index("category")[list(COLUMNS)] / 2**30).round(3))
-        out.attrs.update(self.attrs, units="GiB")
-        return out
 
 
 def _count_text(n: int) -> str:
@@ -132,19 +72,19 @@ def _divisors(n: int) -> list[int]:
 
 
 def check_arguments(
-    model_fn,
+    model_fn: Any,
     *,
-    world_size,
-    strategy,
-    mixed_precision,
-    batch,
-    seq_len,
-    tp,
-    reshard_after_forward,
-    optimizer,
-    vocab,
-    timeout,
-    checkpoint=None,
+    world_size: Any,
+    strategy: Any,
+    mixed_precision: Any,
+    batch: Any,
+    seq_len: Any,
+    tp: Any,
+    reshard_after_forward: Any,
+    optimizer: Any,
+    vocab: Any,
+    timeout: Any,
+    checkpoint: Any = None,
     fast_chunks: bool = True,
     count_comm: bool = True,
 ) -> SimSpec:
@@ -194,7 +134,7 @@ def _check_vocab(model_fn: Any, vocab: Any) -> int:
     return _v.count("vocab", vocab, minimum=1)
 
 
-def _check_tp(model_fn, strategy: str, world_size: int, tp) -> int:
+def _check_tp(model_fn: Any, strategy: str, world_size: int, tp: Any) -> int:
     uses_tp = strategy in ("tp", "fsdp+tp")
     if tp is None:
         if strategy == "fsdp+tp":
@@ -236,7 +176,7 @@ def _check_tp(model_fn, strategy: str, world_size: int, tp) -> int:
                 f"kv_heads and ffn ({'; '.join(found)}); valid here: "
                 f"{', '.join(map(str, valid))}"
             )
-    return tp
+    return int(tp)
 
 
 def simulate_step(
@@ -255,7 +195,7 @@ def simulate_step(
     timeout: float = 300.0,
     fast_chunks: bool = True,
     count_comm: bool = True,
-) -> VirtualFrame:
+) -> SimulatedStep:
     """Per-rank memory of one training step on a virtual cluster of ``world_size`` ranks.
 
     Args:
@@ -285,26 +225,26 @@ def simulate_step(
         timeout: seconds for the whole simulation (its own process is stopped after that).
         fast_chunks: skip building the world_size - 1 shards FSDP2 makes and throws away at
             set-up (same result, ~2x faster at 512 ranks; see ``_patches._LazyChunks``).
-        count_comm: count collectives with ``CommDebugMode`` (attrs["comm"]; None when False,
+        count_comm: count collectives with ``CommDebugMode`` (``comm``; None when False,
             which saves ~10 % of the time).
 
     Returns:
-        :class:`VirtualFrame` (a DataFrame) with one row per category of :data:`ROWS` and
-        columns ``category`` (str), ``at_peak``, ``max``, ``after_forward``,
-        ``after_backward``, ``after_step`` (int bytes on rank 0) and ``label`` (= "virtual").
-        ``at_peak`` is the breakdown at the moment the rank's total peaked during forward and
-        backward (the optimizer step is left out: see ``attrs["step_peak_bytes_traced"]``,
-        inflated by DTensor's global-shape propagation, which a GPU does not allocate); ``max`` each
-        category's largest value at the tracker's sampling points (every module's pre/post
-        forward/backward and its own peaks, and after forward/backward/step), so rows of
-        ``max`` do not add up to the total. ``after_backward``: before the optimizer step, the
-        model states ZeRO's accounting counts (params + grads + optimizer). The optimizer row
-        is the state kept between steps; tensors the step allocates and frees are counted in
-        ``temporaries`` (as ``MemoryMeter`` does). ``attrs``: label, title, strategy,
-        world_size, tp, dp, mixed_precision, optimizer, checkpoint, batch, seq_len, model, n_params (when
-        ``model_fn`` knows it), n_params_local, comm (collective counts from
-        ``CommDebugMode``: total / forward / backward), simulate_s (CPU seconds of the process),
-        launch_s (whole call), rss_peak_bytes (the process's peak resident memory), torch,
+        :class:`~course_lib.virtual.result.SimulatedStep`: ``to_frame()`` has one row per
+        category of :data:`ROWS` and columns ``category`` (str), ``at_peak``, ``max``,
+        ``after_forward``, ``after_backward``, ``after_step`` (int bytes on rank 0) and ``label``
+        (= "virtual"). ``at_peak`` is the breakdown at the moment the rank's total peaked during
+        forward and backward (the optimizer step is left out: see ``step_peak_bytes_traced``,
+        inflated by DTensor's global-shape propagation, which a GPU does not allocate); ``max``
+        each category's largest value at the tracker's sampling points (every module's pre/post
+        forward/backward and its own peaks, and after forward/backward/step), so rows of ``max``
+        do not add up to the total. ``after_backward``: before the optimizer step, the model
+        states ZeRO's accounting counts (params + grads + optimizer). The optimizer row is the
+        state kept between steps; tensors the step allocates and frees are counted in
+        ``temporaries`` (as ``MemoryMeter`` does). Its fields: title, strategy, world_size, tp,
+        dp, mixed_precision, optimizer, checkpoint, batch, seq_len, model, n_params (when
+        ``model_fn`` knows it), n_params_local, comm (collective counts from ``CommDebugMode``:
+        total / forward / backward), simulate_s (CPU seconds of the process), launch_s (whole
+        call), rss_peak_bytes (the process's peak resident memory), torch,
         activation_peak_bytes (the largest activations + temporaries during forward and
         backward, which need not fall at the total's peak; with ``checkpoint`` the rebuilt
         tensors count as activations) and activation_peak (every row at that moment).
@@ -334,7 +274,7 @@ def simulate_step(
 
     t0 = time.perf_counter()
     (raw,) = launch(rank_entry, 1, spec, backend="gloo", timeout=spec.timeout)
-    return to_frame(raw, spec, launch_s=time.perf_counter() - t0)
+    return to_result(raw, spec, launch_s=time.perf_counter() - t0)
 
 
 def _title(spec: SimSpec) -> str:
@@ -367,18 +307,16 @@ def _columns(raw: StepResult) -> dict[str, list[int]]:
     return columns
 
 
-def to_frame(raw: StepResult, spec: SimSpec, *, launch_s: float | None = None) -> VirtualFrame:
-    """The plain result of one simulation as a :class:`VirtualFrame`."""
-    model, tp, world = spec.model_fn, spec.tp, spec.world_size
+def to_result(raw: StepResult, spec: SimSpec, *, launch_s: float | None = None) -> SimulatedStep:
+    """The plain answer of one simulation as a :class:`SimulatedStep`."""
+    model = spec.model_fn
     act = raw.activation_peak
-    df = VirtualFrame({"category": list(ROWS), **_columns(raw), "label": [LABEL] * len(ROWS)})
-    df.attrs.update(
-        label=LABEL,
+    columns = _columns(raw)
+    return SimulatedStep(
         title=_title(spec),
         strategy=spec.strategy,
-        world_size=world,
-        tp=tp,
-        dp=world // tp,
+        world_size=spec.world_size,
+        tp=spec.tp,
         mixed_precision=spec.mixed_precision,
         optimizer=spec.optimizer,
         checkpoint=spec.checkpoint,
@@ -387,6 +325,7 @@ def to_frame(raw: StepResult, spec: SimSpec, *, launch_s: float | None = None) -
         model=getattr(model, "name", type(model).__name__),
         n_params=getattr(model, "n_params", None),
         n_params_local=raw.n_params_local,
+        breakdown={c: dict(zip(ROWS, columns[c])) for c in COLUMNS},
         comm=raw.comm,
         simulate_s=raw.wall_s,
         launch_s=launch_s,
@@ -395,6 +334,4 @@ def to_frame(raw: StepResult, spec: SimSpec, *, launch_s: float | None = None) -
         step_peak_bytes_traced=raw.step_peak_total,
         activation_peak_bytes=int(act.get("activations", 0) + act.get("temporaries", 0)),
         activation_peak={k: int(act.get(k, 0)) for k in ROWS},
-        rows=dict(_ROW_HELP),
     )
-    return df

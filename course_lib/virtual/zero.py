@@ -45,7 +45,8 @@ Introduced in notebooks/10_zero_fsdp.ipynb.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -53,9 +54,12 @@ import pandas as pd
 from course_lib.measure import estimate
 from course_lib.virtual._types import Strategy
 from course_lib.virtual.model import PRESETS, LlamaLike
-from course_lib.virtual.simulate import LABEL, simulate_step
+from course_lib.virtual.result import LABEL, SimulatedStep
+from course_lib.virtual.simulate import simulate_step
 
 __all__ = [
+    "ZeroRow",
+    "ZeroTable",
     "model_states",
     "zero_table",
     "zero_figure1",
@@ -80,22 +84,91 @@ FIGURE1_GB = (120.0, 31.4, 16.6, 1.9)
 SEVEN_B_GB = (112.0, 38.5, 26.25, 14.0)
 
 
-def model_states(df: pd.DataFrame) -> dict[str, int]:
+def model_states(step: SimulatedStep) -> dict[str, int]:
     """Model-state bytes per rank from a ``simulate_step`` result, in ZeRO's sense.
 
     params, grads, optimizer: what the rank holds after backward, before the step (its shards,
     or everything when replicated); gathered: the most bytes of gathered (unsharded) parameters
     alive at once during the step. ``total`` = the four.
     """
-    rows = df.set_index("category")
-    out = {
-        "params": int(rows.at["params", "after_backward"]),
-        "gathered": int(rows.at["unsharded_params", "max"]),
-        "grads": int(rows.at["grads", "after_backward"]),
-        "optimizer": int(rows.at["optimizer", "after_backward"]),
-    }
-    out["total"] = sum(out.values())
-    return out
+    if not isinstance(step, SimulatedStep):
+        raise TypeError(
+            f"step = {type(step).__name__}: expected the SimulatedStep that "
+            "virtual.simulate_step returned"
+        )
+    return step.model_states()
+
+
+@dataclass(frozen=True)
+class ZeroRow:
+    """One ZeRO stage of a :class:`ZeroTable`, GB = 1e9 bytes (see :func:`zero_table`). The
+    virtual cluster's fields are None on a stage it did not run (``label`` "estimate only")."""
+
+    stage: int
+    name: str
+    target_GB: float
+    estimate_GB: float
+    estimate_model_GB: float
+    strategy: Strategy | None
+    label: str
+    note: str
+    params_GB: float | None = None
+    gathered_GB: float | None = None
+    grads_GB: float | None = None
+    optimizer_GB: float | None = None
+    states_GB: float | None = None
+    virtual_GB: float | None = None
+    ratio: float | None = None
+    residual_GB: float | None = None
+    sim_cpu_s: float | None = None
+    peak_GB: float | None = None
+
+
+#: the table's columns in order: the estimate's, the virtual cluster's (rows that ran), the rest
+_ESTIMATE_COLUMNS = ("stage", "name", "target_GB", "estimate_GB", "estimate_model_GB", "strategy")
+_VIRTUAL_COLUMNS = (
+    "params_GB",
+    "gathered_GB",
+    "grads_GB",
+    "optimizer_GB",
+    "states_GB",
+    "virtual_GB",
+    "ratio",
+    "residual_GB",
+    "sim_cpu_s",
+    "peak_GB",
+)
+
+
+@dataclass(frozen=True)
+class ZeroTable:
+    """Per-stage model states per rank: the source's numbers, estimate, and the virtual cluster
+    (:func:`zero_table`). ``rows``: one :class:`ZeroRow` per stage 0-3; ``runs``: stage -> its
+    :class:`SimulatedStep` (stages that ran); ``title`` says "virtual cluster"."""
+
+    rows: tuple[ZeroRow, ...]
+    runs: Mapping[int, SimulatedStep]
+    world_size: int
+    model: str
+    n_params: int
+    paper_n_params: float
+    title: str
+
+    label = LABEL
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per stage; the virtual cluster's columns only when some stage ran (NaN on the
+        stages that did not), then ``label`` and ``note``."""
+        ran = any(r.virtual_GB is not None for r in self.rows)
+        columns = (*_ESTIMATE_COLUMNS, *(_VIRTUAL_COLUMNS if ran else ()), "label", "note")
+        records = [{c: getattr(r, c) for c in columns} for r in self.rows]
+        out = pd.DataFrame(records, columns=list(columns))
+        for c in _VIRTUAL_COLUMNS if ran else ():
+            out[c] = out[c].astype(float)
+        return out
+
+    def __repr__(self) -> str:
+        return f"{self.title}\n{self.to_frame()!r}"
 
 
 _NOTE = {
@@ -110,7 +183,7 @@ _NOTE = {
 def _estimate_row(
     stage: int, model: LlamaLike, world_size: int, target_gb: float, paper_n_params: float
 ) -> dict[str, Any]:
-    """One stage's row before the virtual cluster runs: the source's target and estimate's."""
+    """One stage's fields before the virtual cluster runs: the source's target and estimate's."""
     return {
         "stage": stage,
         "name": STAGE_NAMES[stage],
@@ -126,21 +199,28 @@ def _estimate_row(
         )
         / 1e9,
         "strategy": STAGE_STRATEGY[stage],
+        "note": _NOTE[stage],
     }
 
 
-def _virtual_columns(df: pd.DataFrame, row: dict[str, Any]) -> dict[str, Any]:
-    """The virtual cluster's columns of one stage's row (``row`` holds its targets)."""
-    states = model_states(df)
-    out: dict[str, Any] = {f"{k}_GB": v / 1e9 for k, v in states.items() if k != "total"}
-    out["states_GB"] = (states["total"] - states["gathered"]) / 1e9
-    out["virtual_GB"] = states["total"] / 1e9
-    out["ratio"] = out["virtual_GB"] / row["target_GB"]
-    out["residual_GB"] = out["virtual_GB"] - row["estimate_model_GB"]
-    out["sim_cpu_s"] = df.attrs["simulate_s"]
-    out["peak_GB"] = int(df.set_index("category").at["total", "at_peak"]) / 1e9
-    out["label"] = LABEL
-    return out
+def _virtual_row(row: dict[str, Any], step: SimulatedStep) -> ZeroRow:
+    """One stage's row with the virtual cluster's fields (``row`` holds its targets)."""
+    states = step.model_states()
+    virtual_gb = states["total"] / 1e9
+    return ZeroRow(
+        **row,
+        label=LABEL,
+        params_GB=states["params"] / 1e9,
+        gathered_GB=states["gathered"] / 1e9,
+        grads_GB=states["grads"] / 1e9,
+        optimizer_GB=states["optimizer"] / 1e9,
+        states_GB=(states["total"] - states["gathered"]) / 1e9,
+        virtual_GB=virtual_gb,
+        ratio=virtual_gb / row["target_GB"],
+        residual_GB=virtual_gb - row["estimate_model_GB"],
+        sim_cpu_s=step.simulate_s,
+        peak_GB=step.at("total", "at_peak") / 1e9,
+    )
 
 
 def zero_table(
@@ -154,11 +234,11 @@ def zero_table(
     run_virtual: bool = True,
     timeout: float = 300.0,
     count_comm: bool = True,
-) -> pd.DataFrame:
+) -> ZeroTable:
     """Per-stage model states per rank: the source's numbers, estimate, and the virtual cluster.
 
-    Columns: stage, name, target_GB (the source), estimate_GB (zero_bytes_per_rank at the
-    source's Ψ), estimate_model_GB (at this model's exact Ψ), strategy (the FSDP2 run, or
+    Returns a :class:`ZeroTable`; the columns of its ``to_frame()``: stage, name, target_GB
+    (the source), estimate_GB (zero_bytes_per_rank at the source's Ψ), estimate_model_GB (at this model's exact Ψ), strategy (the FSDP2 run, or
     None), params_GB, gathered_GB, grads_GB, optimizer_GB, states_GB (params + grads +
     optimizer), virtual_GB (states + gathered; see :func:`model_states`), ratio (virtual /
     target), residual_GB (virtual - estimate_model), peak_GB (the rank's whole peak, with
@@ -167,7 +247,7 @@ def zero_table(
     GB = 1e9 bytes, as the paper.
     """
     rows = []
-    runs = {}
+    runs: dict[int, SimulatedStep] = {}
     for stage in range(4):
         strategy = STAGE_STRATEGY[stage]
         row = _estimate_row(stage, model, world_size, float(targets_gb[stage]), paper_n_params)
@@ -182,27 +262,23 @@ def zero_table(
                 timeout=timeout,
                 count_comm=count_comm,
             )
-            row.update(_virtual_columns(runs[stage], row))
+            rows.append(_virtual_row(row, runs[stage]))
         else:
-            row["label"] = "estimate only"
-        row["note"] = _NOTE[stage]
-        rows.append(row)
-    out = pd.DataFrame(rows)
-    out.attrs.update(
-        label=LABEL,
+            rows.append(ZeroRow(**row, label="estimate only"))
+    return ZeroTable(
+        rows=tuple(rows),
+        runs=runs,
         world_size=world_size,
         model=model.name,
         n_params=model.n_params,
         paper_n_params=paper_n_params,
-        runs=runs,
         title=f"virtual cluster vs ZeRO accounting: {model.name} "
         f"({model.n_params / 1e9:.3f}B params), {world_size} ranks, bf16 "
         "params + fp32 master/Adam, GB per rank",
     )
-    return out
 
 
-def zero_figure1(*, world_size: int = 64, run_virtual: bool = True, **kwargs: Any) -> pd.DataFrame:
+def zero_figure1(*, world_size: int = 64, run_virtual: bool = True, **kwargs: Any) -> ZeroTable:
     """Figure 1 of arXiv:1910.02054 (7.5B params, 64 GPUs) with FSDP2 on the virtual cluster."""
     return zero_table(
         PRESETS["zero-7.5b"],
@@ -214,7 +290,7 @@ def zero_figure1(*, world_size: int = 64, run_virtual: bool = True, **kwargs: An
     )
 
 
-def zero_7b_table(*, world_size: int = 8, run_virtual: bool = True, **kwargs: Any) -> pd.DataFrame:
+def zero_7b_table(*, world_size: int = 8, run_virtual: bool = True, **kwargs: Any) -> ZeroTable:
     """7B at 16 B/param on 8 GPUs: 112 / 38.5 / 26.25 / 14 GB, with FSDP2 on the virtual cluster."""
     return zero_table(
         PRESETS["7b"], world_size, SEVEN_B_GB, paper_n_params=7e9, run_virtual=run_virtual, **kwargs

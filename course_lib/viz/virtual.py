@@ -12,7 +12,8 @@ from typing import Any
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from course_lib.viz.plots import CATEGORY_COLORS, UNITS, require_columns, style
+from course_lib.virtual.result import SimulatedStep
+from course_lib.viz.plots import CATEGORY_COLORS, UNITS, style
 
 __all__ = ["plot_virtual_breakdown", "VIRTUAL_COLORS"]
 
@@ -28,13 +29,17 @@ VIRTUAL_COLORS = {
 }
 
 
+def _bar_label(step: object) -> str:
+    return f"{step.strategy}, N={step.world_size}" if isinstance(step, SimulatedStep) else "?"
+
+
 def plot_virtual_breakdown(
     frames: Any, *, column: str = "at_peak", unit: str = "GiB", title: str | None = None
 ) -> Figure:
     """One stacked horizontal bar per result: the rank's bytes by category.
 
-    ``frames``: a result, a list of results, or a mapping ``{bar label: result}`` (default
-    labels: strategy and world size). ``column``: "at_peak" (the breakdown at the peak; the bar
+    ``frames``: a :class:`~course_lib.virtual.SimulatedStep`, a list of them, or a mapping
+    ``{bar label: step}`` (default labels: strategy and world size). ``column``: "at_peak" (the breakdown at the peak; the bar
     is the peak), "after_backward" or "after_step". The title always starts with
     "virtual cluster (simulated)".
     """
@@ -42,28 +47,25 @@ def plot_virtual_breakdown(
         items = list(frames.items())
     else:
         frames = [frames] if not isinstance(frames, Sequence) else list(frames)
-        items = [
-            (f"{f.attrs.get('strategy', '?')}, N={f.attrs.get('world_size', '?')}", f)
-            for f in frames
-        ]
+        items = [(_bar_label(f), f) for f in frames]
     if not items:
         raise ValueError("frames = []: expected at least one simulate_step result")
     if unit not in UNITS:
         raise ValueError(f"unit = {unit!r}: expected one of {', '.join(UNITS)}")
     for label, f in items:
-        require_columns(f, ["category", column], f"frames[{label!r}]", nonempty=True)
-        if f.attrs.get("label") != "virtual":
-            raise ValueError(
-                f"frames[{label!r}] is not a virtual-cluster result (attrs['label'] != 'virtual')"
+        if not isinstance(f, SimulatedStep):
+            raise TypeError(
+                f"frames[{label!r}] = {type(f).__name__}: expected a virtual-cluster result "
+                "(the SimulatedStep that virtual.simulate_step returned)"
             )
+        f.at("total", column)  # a column it does not have is refused, naming the valid ones
     scale = UNITS[unit]
     with style():
         fig, ax = plt.subplots(figsize=(10, 1.2 + 0.7 * len(items)))
         seen = set()
         for y, (_label, f) in enumerate(items):
             left = 0.0
-            rows = f.set_index("category")[column]
-            for cat, value in rows.items():
+            for cat, value in f.breakdown[column].items():
                 if cat == "total" or value <= 0:
                     continue
                 ax.barh(
@@ -79,9 +81,7 @@ def plot_virtual_breakdown(
         ax.set_xlabel(f"{unit} on one rank ({column.replace('_', ' ')})")
         head = "virtual cluster (simulated)"
         ax.set_title(
-            f"{head}: {title}"
-            if title
-            else f"{head}: per-rank memory, {items[0][1].attrs.get('model', '')}"
+            f"{head}: {title}" if title else f"{head}: per-rank memory, {items[0][1].model}"
         )
         ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     return fig

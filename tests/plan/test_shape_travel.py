@@ -126,7 +126,8 @@ def test_unit_14s_chosen_8_rank_plan_runs_on_real_ranks_from_its_layout():
     res = run_layout(layout, steps=2)
     par = three_d.parity_3d(res)
     assert par["ok"], par
-    assert [r["coords"] for r in res["ranks"]] == [(0, d, 0) for d in range(8)]
-    full = sum(t.numel() for t in res["params"].values())
-    for r in res["ranks"]:  # ZeRO-3: each rank keeps its eighth of the parameters (+ padding)
-        assert full / 8 <= r["params_numel"] < full / 8 + 8 * 64
+    assert [r.coords for r in res.ranks] == [(0, d, 0) for d in range(8)]
+    assert res.plan_layout == layout and res.dims.world_size == 8
+    full = sum(t.numel() for t in res.params.values())
+    for r in res.ranks:  # ZeRO-3: each rank keeps its eighth of the parameters (+ padding)
+        assert full / 8 <= r.params_numel < full / 8 + 8 * 64

@@ -33,8 +33,9 @@ def fsdp_shard_numel(cfg, n: int) -> int:
     return sum(math.ceil(s[0] / n) * math.prod(s[1:]) for s in shapes(cfg))
 
 
-def row(df, category, column):
-    return int(df.set_index("category").at[category, column])
+def row(step, category, column):
+    """Bytes of ``category`` at ``column``, read from the result's frame."""
+    return int(step.to_frame().set_index("category").at[category, column])
 
 
 @pytest.fixture(scope="module")
@@ -65,12 +66,12 @@ def test_fsdp_params_are_total_over_n_and_adam_state_is_twice_that(fsdp8):
     n_tensors = len(shapes(EVEN))
     # AdamW: two fp32 moments per element + one fp32 step counter per parameter tensor
     assert row(fsdp8, "optimizer", "after_step") == 2 * params + 4 * n_tensors
-    assert fsdp8.attrs["n_params_local"] == n // 8
+    assert fsdp8.n_params_local == n // 8
     # bf16 gathered parameters of the layers in flight never reach the whole model
     assert 0 < row(fsdp8, "unsharded_params", "max") < 2 * n
     states = virtual.model_states(fsdp8)
     assert states["total"] - states["gathered"] == 16 * n // 8 + 4 * n_tensors
-    comm = fsdp8.attrs["comm"]
+    comm = fsdp8.comm
     # 2 blocks + root: one all-gather each in forward and again in backward, one reduce-scatter each
     assert comm["forward"] == {"_allgather_base_": 3}
     assert comm["backward"] == {"_allgather_base_": 3, "_reduce_scatter_base_": 3}
@@ -96,7 +97,7 @@ def test_fsdp_padding_at_64_ranks_and_fast_chunks_change_nothing():
     assert params - 4 * (ODD.n_params + 2 * 24 * 256) / 64 == 0
     assert row(runs[0], "optimizer", "after_step") == 0  # plain SGD keeps nothing
     cols = list(virtual.COLUMNS)
-    assert runs[0][cols].equals(runs[1][cols])
+    assert runs[0].to_frame()[cols].equals(runs[1].to_frame()[cols])
 
 
 @pytest.mark.slow
@@ -106,7 +107,7 @@ def test_no_reshard_holds_every_gathered_parameter_like_zero2():
     )
     assert row(df, "unsharded_params", "max") == 2 * EVEN.n_params  # bf16, all layers at once
     assert row(df, "params", "after_backward") == 4 * EVEN.n_params // 16
-    assert df.attrs["comm"]["backward"] == {"_reduce_scatter_base_": 3}  # no re-gather
+    assert df.comm["backward"] == {"_reduce_scatter_base_": 3}  # no re-gather
 
 
 @pytest.mark.slow
@@ -116,9 +117,9 @@ def test_tp_splits_blocks_and_commdebugmode_counts_megatron_all_reduces(tp4):
     norms = [s for s in block if len(s) == 1]
     split = sum(math.prod(s) for s in block if len(s) == 2) // t
     replicated = cfg.n_params - sum(math.prod(s) for s in block) + sum(math.prod(s) for s in norms)
-    assert tp4.attrs["n_params_local"] == split + replicated
+    assert tp4.n_params_local == split + replicated
     assert row(tp4, "params", "after_backward") == 4 * (split + replicated)
-    comm = tp4.attrs["comm"]
+    comm = tp4.comm
     # forward: one all-reduce after each row-parallel layer (wo, w2): 2 per block
     assert comm["forward"] == {"all_reduce": 2 * cfg.layers}
     # backward: DTensor all-reduces the input gradient of each column-parallel layer
@@ -134,20 +135,24 @@ def test_fsdp_plus_tp_runs_in_two_dimensions():
     block = [s for s in shapes(EVEN)[1:-2] if len(s) == 2]
     in_blocks = sum(math.prod(s) for s in block)
     # block matrices split 4-way by tp, then 2-way by FSDP; the rest only 2-way by FSDP
-    assert df.attrs["n_params_local"] == in_blocks // 8 + (EVEN.n_params - in_blocks) // 2
-    assert df.attrs["dp"] == 2 and df.attrs["tp"] == 4
-    assert df.attrs["comm"]["forward"]["all_reduce"] == 2 * EVEN.layers
+    assert df.n_params_local == in_blocks // 8 + (EVEN.n_params - in_blocks) // 2
+    assert df.dp == 2 and df.tp == 4
+    assert df.comm["forward"]["all_reduce"] == 2 * EVEN.layers
 
 
 def test_result_is_labelled_virtual(fsdp8):
-    assert list(fsdp8["category"]) == list(virtual.ROWS)
-    assert set(fsdp8["label"]) == {"virtual"} and fsdp8.attrs["label"] == "virtual"
+    frame = fsdp8.to_frame()
+    assert list(frame["category"]) == list(virtual.ROWS)
+    assert set(frame["label"]) == {"virtual"} and fsdp8.label == "virtual"
     assert repr(fsdp8).startswith("virtual cluster")
     assert "virtual cluster" in fsdp8._repr_html_()
-    assert repr(fsdp8.gib()).startswith("virtual cluster")
-    assert fsdp8.attrs["world_size"] == 8 and fsdp8.attrs["strategy"] == "fsdp"
+    gib = fsdp8.gib()
+    assert gib.at["params", "after_backward"] == round(
+        row(fsdp8, "params", "after_backward") / 2**30, 3
+    )
+    assert fsdp8.world_size == 8 and fsdp8.strategy == "fsdp" and fsdp8.dp == 8
     for col in virtual.COLUMNS:
-        assert fsdp8[col].dtype.kind == "i"
+        assert frame[col].dtype.kind == "i"
     assert row(fsdp8, "total", "at_peak") >= row(fsdp8, "total", "after_step") > 0
 
 
@@ -208,28 +213,30 @@ def test_plot_title_says_virtual(fsdp8, tp4):
 
     fig = plot_virtual_breakdown({"fsdp": fsdp8, "tp": tp4})
     assert fig.axes[0].get_title().startswith("virtual cluster (simulated)")
-    with pytest.raises(ValueError, match="not a virtual-cluster result"):
-        plot_virtual_breakdown([_unlabelled(fsdp8)])
-
-
-def _unlabelled(df):
-    df = df.copy()
-    df.attrs = {}
-    return df
+    with pytest.raises(TypeError, match="expected a virtual-cluster result"):
+        plot_virtual_breakdown([fsdp8.to_frame()])  # the frame alone says nothing of its run
+    with pytest.raises(ValueError, match="column = 'peak': expected one of at_peak"):
+        plot_virtual_breakdown(fsdp8, column="peak")
 
 
 def test_zero_tables_estimate_columns_reproduce_the_sources():
     from course_lib.virtual.bench import format_zero_table
 
-    fig1 = virtual.zero_figure1(run_virtual=False)
+    fig1_table = virtual.zero_figure1(run_virtual=False)
+    fig1 = fig1_table.to_frame()
     # Figure 1 prints one decimal: 1.875 GB appears as 1.9
     assert list(fig1["estimate_GB"].round(1)) == [120.0, 31.4, 16.6, 1.9]
-    seven = virtual.zero_7b_table(run_virtual=False)
+    seven = virtual.zero_7b_table(run_virtual=False).to_frame()
     assert list(seven["estimate_GB"]) == [112.0, 38.5, 26.25, 14.0]
     assert virtual.PRESETS["zero-7.5b"].n_params == 7_500_754_944  # within 0.01 % of 7.5e9
     assert virtual.PRESETS["7b"].n_params == 7_000_002_560
     assert set(seven["label"]) == {"estimate only"}
-    text = format_zero_table(fig1)
+    assert (
+        fig1_table.runs == {}
+        and fig1_table.model == "7.5b (llama-7b blocks)"
+        and fig1_table.n_params == (7_500_754_944)
+    )
+    text = format_zero_table(fig1_table)
     assert "P_os+g+p (ZeRO-3)" in text and "ZeroRedundancyOptimizer" in text
 
 
@@ -295,21 +302,21 @@ def test_full_checkpointing_keeps_block_inputs_and_rebuilds_one_block(ck_runs):
         row(deeper, "activations", "after_forward") - row(full, "activations", "after_forward")
         == inp
     )
-    assert deeper.attrs["activation_peak_bytes"] - full.attrs["activation_peak_bytes"] == inp
+    assert deeper.activation_peak_bytes - full.activation_peak_bytes == inp
     # the peak: L kept inputs + one block rebuilt (estimate) + backward's scratch, which the
     # estimate leaves out (activation gradients, partly fp32 through the RMSNorm upcast): here
     # 23 % of the estimate, and at most 30 % (the stated tolerance)
     estimate = L * inp + W
-    peak = full.attrs["activation_peak_bytes"]
+    peak = full.activation_peak_bytes
     assert estimate < peak <= 1.3 * estimate
     # without checkpointing every block keeps W: the peak is L * W and more
-    assert none.attrs["activation_peak_bytes"] > L * W
-    assert peak < 0.55 * none.attrs["activation_peak_bytes"]
+    assert none.activation_peak_bytes > L * W
+    assert peak < 0.55 * none.activation_peak_bytes
     # same collectives: recomputation gathers nothing more (the block's parameters are
     # gathered for backward anyway)
-    assert full.attrs["comm"] == none.attrs["comm"]
-    assert full.attrs["checkpoint"] == "full" and "checkpoint full" in full.attrs["title"]
-    assert "checkpoint none" in none.attrs["title"]
+    assert full.comm == none.comm
+    assert full.checkpoint == "full" and "checkpoint full" in full.title
+    assert "checkpoint none" in none.title
 
 
 def test_selective_checkpointing_keeps_between_none_and_full(ck_runs):
@@ -318,7 +325,7 @@ def test_selective_checkpointing_keeps_between_none_and_full(ck_runs):
         for ck in (None, "full", "selective")
     }
     assert kept["full"] < kept["selective"] < kept[None]
-    assert "checkpoint selective" in ck_runs[(2, "selective")].attrs["title"]
+    assert "checkpoint selective" in ck_runs[(2, "selective")].title
 
 
 def test_bad_checkpoint_policy_names_the_choices(monkeypatch):
