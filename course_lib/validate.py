@@ -72,6 +72,9 @@ def choices(name: str, values: Any, valid: Iterable[Any]) -> list[Any]:
 
 def count(name: str, value: Any, *, minimum: int | None = 0, maximum: int | None = None) -> int:
     """An integer count in ``[minimum, maximum]`` (numpy ints and integral floats accepted)."""
+    if type(value) is int and (minimum is None or value >= minimum):
+        if maximum is None or value <= maximum:  # the common case, without the ABC checks
+            return value
     if isinstance(value, bool):
         _fail(TypeError, name, value, "an int, not a bool")
     if isinstance(value, numbers.Integral):

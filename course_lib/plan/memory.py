@@ -25,6 +25,7 @@ __all__ = [
     "stage_layers",
     "microbatches",
     "predict_memory",
+    "worst_stage_memory",
 ]
 
 #: the categories of :func:`predict_memory`, in plotting order
@@ -216,26 +217,50 @@ def predict_memory(
         if global_batch_tokens is not None
         else layout.pp * max(1, layout.virtual_stages)
     )
-    if which == "worst":  # the larger of the two, each counted once, the layout checked once
-        first, last = (
-            _stage_memory(model, layout, m, uneven_stages, one) for one in ("first", "last")
-        )
-        return first if first["total"] >= last["total"] else last
-    return _stage_memory(model, layout, m, uneven_stages, which)
+    if which == "worst":
+        return worst_stage_memory(model, layout, m, uneven_stages, {})
+    return _stage_memory(model, layout, m, uneven_stages, which, {})
+
+
+def worst_stage_memory(
+    model: ModelSpec, layout: Layout, m: int, uneven_stages: bool, memo: dict[Any, Any]
+) -> dict[str, int | float]:
+    """:func:`predict_memory` of the fuller stage, first or last, of a checked layout with
+    ``m`` micro-batches, each counted once. ``memo`` keeps what the layouts of one search share
+    (a stage's parameters, one layer's activations; ``plan.plan`` passes one per search); a
+    fresh ``memo`` counts everything again."""
+    first, last = (
+        _stage_memory(model, layout, m, uneven_stages, one, memo) for one in ("first", "last")
+    )
+    return first if first["total"] >= last["total"] else last
 
 
 def _stage_memory(
-    model: ModelSpec, layout: Layout, m: int, uneven_stages: bool, which: str
+    model: ModelSpec,
+    layout: Layout,
+    m: int,
+    uneven_stages: bool,
+    which: str,
+    memo: dict[Any, Any],
 ) -> dict[str, int | float]:
     """:func:`predict_memory` of the ``which`` stage ("first" or "last") of a checked layout
-    with ``m`` micro-batches."""
+    with ``m`` micro-batches (``memo``: :func:`worst_stage_memory`'s)."""
     t, p, b = layout.tp, layout.pp, layout.micro_batch
-    n_first, n_last = stage_layers(model, p, uneven_stages=uneven_stages)
+    if p not in memo:
+        memo[p] = stage_layers(model, p, uneven_stages=uneven_stages)
+    n_first, n_last = memo[p]
     n = n_first if which == "first" else n_last
     is_first, is_last = which == "first" or p == 1, which == "last" or p == 1
-    params, routed = _stage_params(model, layout, n, is_first, is_last)
-    out = _model_state(layout, params, routed)
-    out["activations"] = _activation_bytes(model, layout, n, m, first=which == "first" or p == 1)
+    key: tuple[Any, ...] = ("params", t, p, which)
+    if key not in memo:
+        memo[key] = _stage_params(model, layout, n, is_first, is_last)
+    out = _model_state(layout, *memo[key])
+    # one layer's activations depend on these, the layers in flight on p, v and m too
+    key = ("activations", t, p, b, layout.cp, layout.cp_method, layout.sequence_parallel)
+    key += (layout.recompute, layout.virtual_stages, m, which)
+    if key not in memo:
+        memo[key] = _activation_bytes(model, layout, n, m, first=which == "first" or p == 1)
+    out["activations"] = memo[key]
     out["logits"] = 4 * model.seq // layout.cp * b * model.vocab / t if is_last else 0
     out["buffers"] = 2 * 2 * model.layer_params()["moe"] / t if layout.zero == 3 else 0
     out["total"] = sum(out.values())

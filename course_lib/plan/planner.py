@@ -8,7 +8,8 @@ layers, plus the output layer on the last stage), each rank doing 1 / (tp cp) of
 * compute: its model FLOPs (``estimate.training_flops_per_token``: 6 P + 12 s h per layer per
   token, P what a token uses of an MoE layer; 6 V h for the output layer) at
   ``Assumptions.matmul_efficiency`` x the GPU's peak (weight products twice as fast with fp8);
-* recompute: the FLOPs recomputation adds, at the same rate;
+* recompute: the FLOPs recomputation adds, at the same rate (both ``plan.compute_time``; by
+  shape with ``Assumptions(matmul_model="by shape")``);
 * TP, CP, EP and stage-to-stage traffic (``plan.comm_model``): bytes from ``estimate`` on the
   link each group spans, alpha per message, two levels across nodes, each term less the
   fraction ``Assumptions`` says overlaps compute;
@@ -17,7 +18,10 @@ then the pipeline: (m + (p-1)/v) micro-batch times (the bubble is ``estimate.
 pipeline_bubble_fraction`` of the total), plus the data-parallel gradient traffic backward does
 not hide (``comm_model.dp_comm_s``). MFU = model FLOPs (``ModelSpec.flops_per_token``: PaLM's
 6 N + 12 L h s per token, N the parameters matrix products use) / (step time x GPUs x peak);
-HFU counts recomputation too. Introduced in notebooks/14_planning_a_run.ipynb.
+HFU counts recomputation too. :func:`plan` prices each of these parts once per family of
+layouts that share it (``_step_time``'s memo; ``memory.worst_stage_memory``'s), with the
+same numbers as :func:`evaluate` on each layout alone. Introduced in
+notebooks/14_planning_a_run.ipynb.
 """
 
 from __future__ import annotations
@@ -28,14 +32,15 @@ from typing import TYPE_CHECKING, Any
 from course_lib import validate as _v
 from course_lib.measure import estimate
 from course_lib.plan import comm_model as cm
-from course_lib.plan import gemm_time, moe_time, search
+from course_lib.plan import moe_time, search
 from course_lib.plan.comm_model import DEFAULT_ASSUMPTIONS, Assumptions
+from course_lib.plan.compute_time import compute_s, shape_layer
 from course_lib.plan.memory import (
     MEMORY_CATEGORIES,
     check_layout,
-    microbatches,
     predict_memory,
     stage_layers,
+    worst_stage_memory,
 )
 from course_lib.plan.specs import ClusterSpec, Layout, ModelSpec
 
@@ -68,88 +73,6 @@ TIME_PARTS = (
 )
 
 
-def _stage_flops(
-    model: ModelSpec, layout: Layout, layers: int, *, output: bool
-) -> tuple[int, int, int]:
-    """(weight-product FLOPs, attention FLOPs, recomputed FLOPs) per token of a stage of
-    ``layers`` layers (MoE layers where the model has experts: the parameters a token uses; the
-    K/V heads tp > kv_heads replicates, ``ModelSpec.kv_replicated``), with the output layer's
-    6 V h when ``output``. Attention: 12 s w per layer, w = ``ModelShape.attention_width``."""
-    h, s = model.attention_width, model.seq
-    per_layer = model.layer_params()["moe_active" if model.experts else "dense"]
-    per_layer += model.kv_replicated(layout.tp)  # K/V heads every rank of a group computes
-    weights = estimate.training_flops_per_token(layers * per_layer)
-    attention = estimate.training_flops_per_token(0, layers=layers, hidden=h, seq=s)
-    extra = estimate.recompute_flops_per_token(
-        per_layer, layers=layers, hidden=h, seq=s, recompute=layout.recompute
-    )
-    out = estimate.training_flops_per_token(model.vocab * model.hidden) if output else 0
-    return weights + out, attention, extra
-
-
-def _compute_s(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    layout: Layout,
-    stages: tuple[int, int],
-    how: Assumptions,
-) -> tuple[float, float]:
-    """(compute, recompute) seconds of one micro-batch on the slowest stage: a middle one (the
-    first of ``stages``' layer counts) or the last with the output layer (the second). Each rank
-    does 1 / (tp cp) of the stage's work; weight products at twice the rate with ``fp8``."""
-    n, n_last = stages
-    slower = cluster.sms / (cluster.sms - how.comm_sms) if how.comm_sms else 1.0
-    if how.matmul_model == "by shape":
-        c, r = _compute_by_shape(model, cluster, layout, stages, how)
-        return c * slower, r * slower
-    rate = how.matmul_efficiency * cluster.peak_flops / slower
-    speedup = 2 if how.fp8 else 1
-    per_rank = layout.micro_batch * model.seq / (layout.tp * layout.cp)
-
-    def seconds(flops: tuple[int, int, int]) -> tuple[float, float]:
-        weights, attention, extra = flops
-        return (weights / speedup + attention) * per_rank / rate, extra * per_rank / rate
-
-    return max(
-        seconds(_stage_flops(model, layout, n, output=layout.pp == 1)),
-        seconds(_stage_flops(model, layout, n_last, output=True)),
-        key=sum,
-    )
-
-
-def _shape_layer(model: ModelSpec, cluster: ClusterSpec, layout: Layout, how: Assumptions) -> Any:
-    """``plan.gemm_time.layer_time`` of one layer of ``model`` on a rank of ``layout``
-    (selective recomputation is the course's FlashAttention: scores never in memory)."""
-    queries = model.seq // layout.cp
-    return gemm_time.layer_time(
-        model, cluster, layout.tp, layout.ep, layout.micro_batch * queries, queries,
-        layout.recompute == "selective", layout.sequence_parallel, how.fp8, how.capacity_factor,
-        layout.etp,
-    )  # fmt: skip
-
-
-def _compute_by_shape(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    layout: Layout,
-    stages: tuple[int, int],
-    how: Assumptions,
-) -> tuple[float, float]:
-    """:func:`_compute_s` product by product (``plan.gemm_time``): a layer's forward, three
-    times for forward and backward (the backward's two products per weight product have its
-    FLOPs), the output layer on the last stage; recomputation runs the forward again (full) or
-    the attention core's (selective)."""
-    lt = _shape_layer(model, cluster, layout, how)
-    layer = lt.weights + lt.core + lt.elementwise
-    again = {"none": 0.0, "selective": lt.core, "full": layer}[layout.recompute]
-
-    def stage(n: int, output: bool) -> tuple[float, float]:
-        return 3 * (n * layer + (lt.output if output else 0.0)), n * again
-
-    n, n_last = stages
-    return max(stage(n, layout.pp == 1), stage(n_last, True), key=sum)
-
-
 def _stage_grads(model: ModelSpec, layout: Layout, stages: tuple[int, int]) -> tuple[int, int]:
     """(dense, routed-expert) parameters of the fullest stage on one rank: its layers' share
     over tp (the routed experts over ``Layout.expert_split``'s ranks: tp x ep, or folded ep x
@@ -173,14 +96,13 @@ def _comm(
     how: Assumptions,
     layer_s: float,
 ) -> dict[str, float]:
-    """Exposed seconds of one micro-batch's TP, CP, EP and stage-to-stage traffic (EP:
-    ``plan.moe_time``, hidden as ``how.ep_schedule`` says behind ``layer_s``, one layer's
-    compute)."""
+    """Exposed seconds of one micro-batch's TP, CP and EP traffic (EP: ``plan.moe_time``,
+    hidden as ``how.ep_schedule`` says behind ``layer_s``, one layer's compute); the
+    stage-to-stage sends are ``comm_model.p2p_s``."""
     return {
         "tp_comm_s": cm.tp_comm_s(model, cluster, layout, layers, how.tp_overlap),
         "cp_comm_s": cm.cp_comm_s(model, cluster, layout, layers, how.cp_overlap),
         "ep_comm_s": moe_time.ep_exposed_s(model, cluster, layout, layers, how, layer_s)[0],
-        "p2p_s": cm.p2p_s(model, cluster, layout, how.p2p_overlap),
     }
 
 
@@ -195,7 +117,7 @@ def _moe_row(
     total = moe_time.ep_exposed_s(model, cluster, layout, mn[1], how, 0.0)[1]
     eff = how.matmul_efficiency
     if how.matmul_model == "by shape":
-        eff = _shape_layer(model, cluster, layout, how).expert_efficiency
+        eff = shape_layer(model, cluster, layout, how).expert_efficiency
     return {"ep_all_to_all_s": mn[0] * total, "expert_gemm_efficiency": eff}
 
 
@@ -220,25 +142,86 @@ def step_time(
     check_layout(model, layout, cluster, **kw)
     if not isinstance(assumptions, Assumptions):
         raise TypeError(f"assumptions = {assumptions!r}: expected a plan.Assumptions")
-    how, p, v = assumptions, layout.pp, layout.virtual_stages
-    m = microbatches(model, layout, global_batch_tokens)
-    stages = stage_layers(model, p, uneven_stages=uneven_stages)
-    compute, recompute = _compute_s(model, cluster, layout, stages, how)
-    work = compute + recompute
-    layer_s = work / stages[0]
-    comm = _comm(model, cluster, layout, stages[0], how, layer_s)
-    latency = sum(comm.values()) - sum(
-        _comm(model, cm.no_latency(cluster), layout, stages[0], how, layer_s).values()
+    return _step_time(model, cluster, layout, global_batch_tokens, assumptions, uneven_stages, {})
+
+
+def _once(memo: dict[Any, Any], key: Any, make: Any) -> Any:
+    """``memo[key]``, made by ``make()`` the first time."""
+    if key not in memo:
+        memo[key] = make()
+    return memo[key]
+
+
+def _micro_batch(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    stages: tuple[int, int],
+    how: Assumptions,
+    memo: dict[Any, Any],
+) -> tuple[float, float, dict[str, float], float]:
+    """(compute, recompute, exposed traffic by part, its latency) of one micro-batch on the
+    slowest stage, each part counted once per :func:`_family` in ``memo``: the stage-to-stage
+    sends once per family and v, the rest once per family (the ZeRO stage changes none)."""
+    family = _family(layout)
+    compute, recompute = _once(
+        memo, ("compute", family), lambda: compute_s(model, cluster, layout, stages, how)
     )
+    layer_s = (compute + recompute) / stages[0]
+    bare = _once(memo, "no latency", lambda: cm.no_latency(cluster))
+    groups, groups_bare = _once(
+        memo,
+        ("comm", family),
+        lambda: tuple(_comm(model, c, layout, stages[0], how, layer_s) for c in (cluster, bare)),
+    )
+    p2p, p2p_bare = _once(
+        memo,
+        ("p2p", family, layout.virtual_stages),
+        lambda: tuple(cm.p2p_s(model, c, layout, how.p2p_overlap) for c in (cluster, bare)),
+    )
+    comm = {**groups, "p2p_s": p2p}
+    latency = sum(comm.values()) - sum({**groups_bare, "p2p_s": p2p_bare}.values())
+    return compute, recompute, comm, latency
+
+
+def _family(layout: Layout) -> tuple[Any, ...]:
+    """What every term of a micro-batch but the stage-to-stage sends depends on: the layout
+    less its ZeRO stage and interleaving."""
+    dims = (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.etp)
+    return (*dims, layout.micro_batch, layout.recompute, layout.sequence_parallel, layout.cp_method)
+
+
+def _step_time(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    layout: Layout,
+    global_batch_tokens: int,
+    how: Assumptions,
+    uneven_stages: bool,
+    memo: dict[Any, Any],
+) -> dict[str, float]:
+    """:func:`step_time` of a checked layout. ``memo`` keeps what layouts of one plan share
+    (the same model, cluster, batch and assumptions; :func:`_micro_batch`), so that
+    :func:`plan` prices each family once; a fresh ``memo`` prices everything again."""
+    p, v, family = layout.pp, layout.virtual_stages, _family(layout)
+    m = global_batch_tokens // model.seq // (layout.dp * layout.micro_batch)
+    stages = _once(memo, p, lambda: stage_layers(model, p, uneven_stages=uneven_stages))
+    compute, recompute, comm, latency = _micro_batch(model, cluster, layout, stages, how, memo)
+    work = compute + recompute
     per_mb = work + sum(comm.values())
     bubble_fraction = estimate.pipeline_bubble_fraction(p, m, v)
     pipeline = m * per_mb / (1 - bubble_fraction)
-    grads, mn = _stage_grads(model, layout, stages), (m, stages[0])
-    dp_comm = cm.dp_comm_s(cluster, layout, grads, work, mn, how.dp_overlap)
-    step = pipeline + dp_comm
-    model_flops, hardware_flops = (
-        global_batch_tokens * f for f in model.flops_per_token(layout.recompute)
+    grads = _once(memo, ("grads", family), lambda: _stage_grads(model, layout, stages))
+    dp_comm = _once(
+        memo,
+        ("dp", family, layout.zero, layout.grad_bytes),
+        lambda: cm.dp_comm_s(cluster, layout, grads, work, (m, stages[0]), how.dp_overlap),
     )
+    step = pipeline + dp_comm
+    flops = _once(
+        memo, ("flops", layout.recompute), lambda: model.flops_per_token(layout.recompute)
+    )
+    model_flops, hardware_flops = (global_batch_tokens * f for f in flops)
     nan = float("nan")
     return {
         "compute_s": m * compute,
@@ -255,7 +238,24 @@ def step_time(
         # FP8 products: the same model FLOPs against the FP8 peak too, named apart
         "mfu_fp8_peak": model_flops / (step * layout.gpus * cluster.fp8_flops) if how.fp8 else nan,
         "tokens_per_s": global_batch_tokens / step,
-        **_moe_row(model, cluster, layout, how, mn),
+        **_once(
+            memo, ("moe", family), lambda: _moe_row(model, cluster, layout, how, (m, stages[0]))
+        ),
+    }
+
+
+def _memory_row(layout: Layout, mem: dict[str, Any], usable: float) -> dict[str, Any]:
+    """The layout and its memory by category (GB), and whether it fits in ``usable`` bytes."""
+    return {
+        **{
+            k: getattr(layout, k)
+            for k in ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "recompute")
+        },
+        "micro_batch": layout.micro_batch,
+        "v": layout.virtual_stages,
+        "memory_GB": mem["total"] / 1e9,
+        **{f"{k}_GB": mem[k] / 1e9 for k in MEMORY_CATEGORIES},
+        "fits": mem["total"] <= usable,
     }
 
 
@@ -278,17 +278,7 @@ def evaluate(
         model, layout, global_batch_tokens=global_batch_tokens, uneven_stages=uneven_stages
     )
     usable = (1 - _v.number("reserve", reserve, minimum=0, maximum=0.9)) * cluster.memory_bytes
-    row: dict[str, Any] = {
-        **{
-            k: getattr(layout, k)
-            for k in ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "recompute")
-        },
-        "micro_batch": layout.micro_batch,
-        "v": layout.virtual_stages,
-        "memory_GB": mem["total"] / 1e9,
-        **{f"{k}_GB": mem[k] / 1e9 for k in MEMORY_CATEGORIES},
-        "fits": mem["total"] <= usable,
-    }
+    row = _memory_row(layout, mem, usable)
     if not timed:
         return row
     row.update(
@@ -360,19 +350,21 @@ def plan(
         raise TypeError(f"assumptions = {assumptions!r}: expected a plan.Assumptions")
     most = _v.count("max_micro_batch", max_micro_batch, minimum=1, maximum=search.MAX_MICRO_BATCH)
     search.check_only(model, only, uneven_stages)  # a layout no search could build: refused now
-    kw: dict[str, Any] = dict(global_batch_tokens=tokens, reserve=reserve)
-    kw |= dict(uneven_stages=uneven_stages, assumptions=assumptions, total_tokens=total_tokens)
-    timing: dict[str, Any] = dict(global_batch_tokens=tokens, assumptions=assumptions)
-    timing["uneven_stages"] = uneven_stages
     if total_tokens is not None:
         _v.number("total_tokens", total_tokens, positive=True)
-    rows = []
+    usable = (1 - _v.number("reserve", reserve, minimum=0, maximum=0.9)) * cluster.memory_bytes
+    seqs = tokens // model.seq
+    rows: list[dict[str, Any]] = []
+    memo: dict[Any, Any] = {"memory": {}}  # what the layouts share (``_step_time``, memory's)
     for layout in search.candidates(
         model, cluster, n_gpus, tokens, uneven_stages, most, allow_tp_across_nodes, only
     ):
-        row = evaluate(model, cluster, layout, timed=False, **kw)
+        # what evaluate() does, for a layout the search built valid, sharing ``memo``
+        m = seqs // (layout.dp * layout.micro_batch)
+        mem = worst_stage_memory(model, layout, m, uneven_stages, memo["memory"])
+        row = _memory_row(layout, mem, usable)
         if row["fits"]:  # time it (its memory is counted)
-            row.update(step_time(model, cluster, layout, **timing))
+            row.update(_step_time(model, cluster, layout, tokens, assumptions, uneven_stages, memo))
             if total_tokens is not None:
                 row["days"] = total_tokens / row["tokens_per_s"] / 86400
         rows.append(row)

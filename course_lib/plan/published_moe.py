@@ -1,7 +1,9 @@
 """The published-run record (:class:`PublishedRun`) and the runs of mixture-of-experts models and
 of PaLM, priced as run: DeepSeek-V3 (FP8, DualPipe, node-limited routing), Qwen3-30B-A3B
 (NVIDIA's Megatron-Bridge performance table on DGX-H100), PaLM 540B (multi-query attention and
-a parallel block on TPU v4). ``plan.published`` puts them beside the dense runs. Introduced in
+a parallel block on TPU v4), and DeepSeek-V3 and Qwen3-30B-A3B in bf16 from NVIDIA NeMo
+AutoModel's table (a PyTorch-native stack: FSDP2 over the data-parallel ranks, EP over them).
+``plan.published`` puts them beside the dense runs. Introduced in
 notebooks/14_planning_a_run.ipynb.
 """
 
@@ -46,8 +48,34 @@ class PublishedRun:
 
 _BY_SHAPE = DEFAULT_ASSUMPTIONS.replace(matmul_model="by shape")
 _BRIDGE = (
-    "NVIDIA Megatron-Bridge performance summary, DGX-H100 pre-training table (recalled, not "
-    "checked against the page while this was written)"
+    "NVIDIA Megatron-Bridge performance summary, "
+    "https://docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary.html, 25.11 NeMo "
+    "container, pre-training, System: DGX-H100"
+)
+_AUTOMODEL = (
+    "NVIDIA NeMo AutoModel performance summary, "
+    "https://docs.nvidia.com/nemo/automodel/latest/performance/performance-summary.md, "
+    "pre-training, System: DGX-H100, Precision: BF16 (Last Updated 2025-10-02 on the page): "
+    "mock data, full 4,096-token sequences, a fake balanced gate, Adam, no gradient clipping; "
+    "TE + DeepEP kernels"
+)
+#: what the AutoModel runs' configurations (examples/benchmark/configs/*_te_deepep.yaml, linked
+#: from the page) and their stack state, and how the Layout says it
+_AUTOMODEL_ASSUMED = (
+    "activation_checkpointing: true in the run's config (every layer recomputed, 'full'); FSDP2 "
+    "with its MoE parallelizer's default reshard_after_forward=False (each layer's weights stay "
+    "gathered from its forward to its backward: the course's ZeRO-2; as ZeRO-3 the step is the "
+    "same, the data-parallel traffic hides in both); 16 bytes per parameter (bf16 weights and "
+    "gradients, fp32 Adam state); products by shape in bf16; balanced routing (the fake gate), "
+    "no node limit; all-to-alls exposed (schedule none: the configs' interleaved 1F1B states no "
+    "overlap)"
+)
+#: what the Layout cannot say about the AutoModel runs
+_NO_FLASH_WITH_FULL = (
+    "the Layout cannot say full recomputation with FlashAttention (TE's fused attention): its "
+    "'full' also puts each layer's attention scores through memory, its 'selective' "
+    "(FlashAttention) recomputes only the attention core. Priced as 'full'; the run lies "
+    "between the two (what_if(..., layout={'recompute': 'selective'}))"
 )
 
 MOE_RUNS = [
@@ -64,11 +92,11 @@ MOE_RUNS = [
         "tokens; batch 15,360 x 4,096 tokens after the ramp (Sec. 4.2)",
         "micro-batch 1; products by shape (FP8 at the per-tensor _scaled_mm figure); balanced "
         "routing (capacity factor 1); the multi-token-prediction module is not priced",
-        "predicted fast: DualPipe hides every all-to-all here (7.9 s of them behind 10 s of "
-        "compute); DeepSeek's FP8 products scale each 1 x 128 / 128 x 128 block and promote "
-        "to fp32 on CUDA cores (slower than the per-tensor figure the calibration measured), "
-        "the routing is balanced per sequence, not per step, and DualPipe's bubble is smaller "
-        "than the 1F1B bubble charged here",
+        "the FP8 speed-up: its products at the bf16 rate bring the row within 5 % "
+        "(plan.published.what_if(..., fp8=False)). DeepSeek's FP8 products scale each 1 x 128 "
+        "/ 128 x 128 block and promote to fp32 on CUDA cores, slower than the per-tensor "
+        "_scaled_mm figure the calibration measured; DualPipe hides all 7.9 s of all-to-alls "
+        "behind 10 s of compute here (exposed, the row is 13 % slow)",
         uneven_stages=True,
         assumptions=_BY_SHAPE.replace(
             fp8=True, ep_schedule="DualPipe", ep_node_limit=4, comm_sms=20
@@ -78,19 +106,76 @@ MOE_RUNS = [
         "Qwen3-30B-A3B, 16 H100",
         model("Qwen3-30B-A3B"),
         "8xH100 + 400G IB",
-        Layout(8, 1, 2, 1, "selective", 1, 24, ep=8),
+        Layout(8, 1, 2, 1, "selective", 2, 24, ep=8),
         512 * 4096,
         {"tokens_per_gpu_s": 5275.0},
-        f"{_BRIDGE}: 16 H100, TP 1, PP 2, VP 24, EP 8, FP8, 5,275 tokens/s per GPU",
-        "global batch 512 x 4,096 tokens and micro-batch 1 (the table's usual settings, "
-        "recalled); ZeRO-1 (Megatron's distributed optimizer); products by shape; no "
-        "all-to-all overlap (schedule none); balanced routing",
-        "predicted 3x fast: NVIDIA's run reaches 15 % MFU; the planner prices each of its "
-        "products by shape (experts at 68 % of the FP8 peak, 16 local experts of 2,048 rows) "
-        "and the memory-bound kernels between them, and leaves out what a model this small "
-        "pays per kernel: launches and FP8 scaling kernels around every product, one layer "
-        "per virtual stage (VP 24), the permute / all-to-all synchronization of 128 experts",
+        f"{_BRIDGE}: 16 H100, FP8-CS (per-tensor current scaling), GBS 512, MBS 2, sequence "
+        "4,096, FSDP 0, TP 1, PP 2, CP 1, VP 24, EP 8, GA 32; 5,275 tokens/s and 121 model "
+        "TFLOP/s per GPU; token distribution force-balanced, dropless",
+        "recomputation not stated (selective); ZeRO-1 (Megatron's distributed optimizer); "
+        "products by shape; no all-to-all overlap (schedule none)",
+        "no term of the planner: NVIDIA's run reaches 15 % MFU; priced with no FP8 speed-up "
+        "and every all-to-all exposed it is still 2.5x fast. Its products are priced by shape "
+        "(experts at 68 % of the FP8 peak, 16 local experts of 2,048 rows) with the memory-bound "
+        "kernels between them; what is left, 11 ms per layer's forward and backward, is what a "
+        "model this small pays per kernel and per synchronization (FP8 scaling, permutes, the "
+        "all-to-alls of 128 experts, one layer per virtual stage). Not the model's: NeMo "
+        "AutoModel ran it in bf16 on 8 H100 at 12,040 tokens/s per GPU, 2.3x this row, and the "
+        "planner prices that run slow, not fast (its row below)",
         assumptions=_BY_SHAPE.replace(fp8=True),
+    ),
+    PublishedRun(
+        "Qwen3-30B-A3B, 8 H100, bf16",
+        model("Qwen3-30B-A3B"),
+        "8xH100 + 400G IB",
+        Layout(8, 1, 1, 2, "full", 4, 1, ep=8),
+        512 * 4096,
+        {"step_s": 21.773},
+        f"{_AUTOMODEL}: Qwen3 MoE 30B, 8 GPUs, GBS 512, MBS 4, LBS 4, GA 16, sequence 4,096, "
+        "TP 1, PP 1, CP 1, EP 8, FSDP 8; 21.773 s per global step, 277 model TFLOP/s and "
+        "12,040 tokens/s per GPU",
+        _AUTOMODEL_ASSUMED,
+        f"planned slow, not fast: {_NO_FLASH_WITH_FULL}: 'full' +61 %, 'selective' -24 %. The "
+        "3x of the 16-GPU FP8 row is not this model's",
+        assumptions=_BY_SHAPE,
+        large=False,  # one node: no band, as Korthikanti et al.'s 22B runs
+        extra={"tokens_per_gpu_s": 12040, "model_tflops_per_gpu": 277},
+    ),
+    PublishedRun(
+        "DeepSeek-V3, 256 H100, bf16",
+        model("DeepSeek-V3"),
+        "8xH100 + 400G IB",
+        Layout(64, 1, 4, 2, "full", 1, 8, ep=64),
+        512 * 4096,
+        {"step_s": 8.18},
+        f"{_AUTOMODEL}: DeepSeek V3 671B, 256 GPUs, GBS 512, MBS 1, LBS 8, GA 1, sequence "
+        "4,096, TP 1, PP 4, CP 1, EP 64, VP 8, FSDP 64; 8.18 s per global step, 250 model "
+        "TFLOP/s and 1,002 tokens/s per GPU",
+        _AUTOMODEL_ASSUMED,
+        f"{_NO_FLASH_WITH_FULL}: 'selective' +4 %. 4.2 s of the 12.1 s are exposed "
+        "all-to-alls (hidden as 1F1B-overlapped, +5 %)",
+        uneven_stages=True,
+        assumptions=_BY_SHAPE,
+        extra={"tokens_per_gpu_s": 1002, "model_tflops_per_gpu": 250},
+    ),
+    PublishedRun(
+        "DeepSeek-V3, 1,024 H100, bf16",
+        model("DeepSeek-V3"),
+        "8xH100 + 400G IB",
+        Layout(256, 1, 4, 2, "full", 1, 8, ep=64),
+        8192 * 4096,
+        {"step_s": 37.87},
+        f"{_AUTOMODEL}: DeepSeek V3 671B, 1,024 GPUs, GBS 8,192, MBS 1, LBS 8, GA 4, sequence "
+        "4,096, TP 1, PP 4, CP 1, EP 64, VP 8, FSDP 256; 37.87 s per global step, 216 model "
+        "TFLOP/s and 865 tokens/s per GPU",
+        _AUTOMODEL_ASSUMED + "; the Layout runs the rank's 32 sequences as one pipeline round "
+        "(the run: GA 4 rounds of 8, four pipeline flushes)",
+        f"{_NO_FLASH_WITH_FULL}: 'selective' -13 %. The run lost 14 % per GPU from 256 to "
+        "1,024 GPUs (865 against 1,002 tokens/s) at the same local batch; the planner's rate "
+        "rises 3 % (the GA-4 flushes and FSDP over 256 ranks are not priced)",
+        uneven_stages=True,
+        assumptions=_BY_SHAPE,
+        extra={"tokens_per_gpu_s": 865, "model_tflops_per_gpu": 216},
     ),
     PublishedRun(
         "PaLM 540B",

@@ -12,6 +12,7 @@ import pytest
 
 from course_lib import plan as P
 from course_lib.measure import estimate as E
+from course_lib.plan import compute_time
 from course_lib.plan.comm_model import tp_comm_s
 from course_lib.shape import ModelShape
 
@@ -153,8 +154,8 @@ def test_tp_above_the_kv_heads_replicates_them_and_pays_for_it():
     t12 = P.step_time(palm, cl, P.Layout(256, tp=12), **kw)["compute_s"]
     twelve = P.step_time(palm.replace(kv_heads=12), cl, P.Layout(256, tp=12), **kw)["compute_s"]
     assert t12 == pytest.approx(twelve, rel=1e-12)
-    flops = P.planner._stage_flops(palm, P.Layout(256, tp=12), 118, output=True)[0]
-    alone = P.planner._stage_flops(palm, P.Layout(256, tp=1), 118, output=True)[0]
+    flops = compute_time.stage_flops(palm, P.Layout(256, tp=12), 118, output=True)[0]
+    alone = compute_time.stage_flops(palm, P.Layout(256, tp=1), 118, output=True)[0]
     assert flops - alone == 6 * 118 * 11 * kv
 
 

@@ -110,3 +110,14 @@ def test_restart_table_adds_daly_restart_cost_to_youngs_interval():
     assert by_r[10] > 0.9 > by_r[20]
     with pytest.raises(ValueError, match="restart_min"):
         run.restart_table((-1,))
+
+
+def test_published_what_ifs():
+    from course_lib.plan import published
+
+    t = R.published_what_ifs()
+    assert list(t["what if"]) == [w[1] for w in R.WHAT_IFS]
+    for row, (name, _, layout, assumed) in zip(t.itertuples(index=False), R.WHAT_IFS, strict=True):
+        assert row[0] == name
+        assert row[3] == published.what_if(name, layout=layout, **assumed)["residual"]
+        assert row[2] == published.what_if(name)["residual"]
