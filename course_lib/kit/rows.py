@@ -8,16 +8,32 @@ from typing import Any
 
 import pandas as pd
 
+#: a field's metadata key for a column name that is no Python name ("measured / predicted")
+COLUMN = "column"
 
-def columns(row_type: type) -> tuple[str, ...]:
-    """The field names of ``row_type``, a frozen dataclass, in declaration order."""
+
+def column(name: str) -> dict[str, str]:
+    """The metadata of a field whose column is called ``name``:
+    ``ratio: float = dataclasses.field(metadata=kit.column("measured / predicted"))``."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name = {name!r}: expected a non-empty column name")
+    return {COLUMN: name}
+
+
+def _fields(row_type: type) -> tuple[dataclasses.Field[Any], ...]:
     if not (isinstance(row_type, type) and dataclasses.is_dataclass(row_type)):
         raise TypeError(f"row_type = {row_type!r}: expected a dataclass type (a unit's row)")
     if not row_type.__dataclass_params__.frozen:  # type: ignore[attr-defined]
         raise TypeError(
             f"row_type = {row_type.__name__}: a row is frozen; declare it @dataclass(frozen=True)"
         )
-    return tuple(f.name for f in dataclasses.fields(row_type))
+    return dataclasses.fields(row_type)
+
+
+def columns(row_type: type) -> tuple[str, ...]:
+    """The column names of ``row_type``, a frozen dataclass: its fields in declaration order
+    (a field whose metadata is :func:`column` under that name)."""
+    return tuple(f.metadata.get(COLUMN, f.name) for f in _fields(row_type))
 
 
 def frame(rows: Iterable[Any], row_type: type | None = None) -> pd.DataFrame:
@@ -31,14 +47,16 @@ def frame(rows: Iterable[Any], row_type: type | None = None) -> pd.DataFrame:
         if not rows:
             raise ValueError("rows = []: pass row_type so that an empty frame has its columns")
         row_type = type(rows[0])
-    names = columns(row_type)
+    names = [f.name for f in _fields(row_type)]
     for i, row in enumerate(rows):
         if type(row) is not row_type:
             raise TypeError(
                 f"rows[{i}] = {type(row).__name__}: expected {row_type.__name__} "
                 "(one row type per frame)"
             )
-    return pd.DataFrame([[getattr(r, n) for n in names] for r in rows], columns=list(names))
+    return pd.DataFrame(
+        [[getattr(r, n) for n in names] for r in rows], columns=list(columns(row_type))
+    )
 
 
 def reads_violations(module_name: str, reads: Mapping[type, Iterable[str]]) -> list[str]:

@@ -71,31 +71,11 @@ def _unseen_cases(task: int):
 
 def _measure(model, batch_shape, optimizer) -> dict:
     """One real training step of a copy of `model` under MemoryMeter, per category: params,
-    grads and optimizer at their largest over the step; activations when the forward ends."""
-    import copy
+    grads and optimizer at their largest over the step; activations when the forward ends
+    (the lecture's own measurement, run on the judge's side)."""
+    from course_lib.units.u01_backprop_memory.run import measure_step_memory
 
-    import torch
-    import torch.nn.functional as F
-
-    from course_lib.measure.memory import MemoryMeter
-
-    work = copy.deepcopy(model)
-    opt = {
-        "sgd": lambda p: torch.optim.SGD(p, lr=1e-3, foreach=False),
-        "momentum": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, foreach=False),
-        "adam": lambda p: torch.optim.Adam(p, lr=1e-3, foreach=False),
-    }[optimizer](work.parameters())
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch_shape[0], work.config.in_features, generator=g)
-    y = torch.randint(0, work.config.out_features, tuple(batch_shape), generator=g)
-    with MemoryMeter(work, opt) as meter:
-        F.cross_entropy(work(x), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    tl = meter.timeline
-    out = {c: int(tl[c].max()) for c in ("params", "grads", "optimizer")}
-    out["activations"] = int(tl[tl["event"] == "post_forward"].iloc[-1]["activations"])
-    return out
+    return measure_step_memory(model, batch_shape, optimizer)
 
 
 #: the course's own answers (and the meter the check measures with), out of reach while the

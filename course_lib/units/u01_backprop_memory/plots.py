@@ -10,10 +10,15 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from course_lib import kit
 from course_lib.measure.estimate import MiB, fmt_bytes
+from course_lib.units.u01_backprop_memory.run import OptimizerRow, ScalingRow
 from course_lib.viz.plots import CATEGORY_COLORS, require_columns, style
 
-__all__ = ["plot_scaling_sweep", "plot_optimizer_states"]
+READS = {
+    ScalingRow: ("batch", "width", "category", "measured", "predicted"),
+    OptimizerRow: ("optimizer", "measured", "predicted"),
+}
 
 # params and grads are equal in fp32: different markers keep both visible where they overlap
 _MARKERS = {"params": "s", "grads": "o", "optimizer": "^", "activations": "D"}
@@ -22,7 +27,7 @@ _MARKERS = {"params": "s", "grads": "o", "optimizer": "^", "activations": "D"}
 def plot_scaling_sweep(sweep: pd.DataFrame, *, title: str | None = None) -> Figure:
     """Bytes per category against batch (left, at the largest width) and against width (right, at
     the largest batch): measured as markers, predicted as dashed lines, MiB on log-log axes."""
-    require_columns(sweep, ["batch", "width", "category", "measured", "predicted"], "sweep")
+    require_columns(sweep, list(READS[ScalingRow]), "sweep")
     with style():
         return _scaling_sweep(sweep, title)
 
@@ -64,33 +69,27 @@ def _scaling_sweep(sweep: pd.DataFrame, title: str | None) -> Figure:
 
 def plot_optimizer_states(table: pd.DataFrame, *, title: str | None = None) -> Figure:
     """Measured vs predicted optimizer-state bytes per optimizer (bars, MiB)."""
-    require_columns(table, ["optimizer", "measured", "predicted"], "table")
+    require_columns(table, list(READS[OptimizerRow]), "table")
     with style():
         return _optimizer_states(table, title)
 
 
 def _optimizer_states(table: pd.DataFrame, title: str | None) -> Figure:
     fig, ax = plt.subplots(figsize=(10, 5))
-    xs = range(len(table))
-    width = 0.38
-    ax.bar(
-        [x - width / 2 for x in xs],
-        table["predicted"] / MiB,
-        width,
-        label="estimate",
-        color="tab:gray",
-    )
-    bars = ax.bar(
-        [x + width / 2 for x in xs],
-        table["measured"] / MiB,
-        width,
-        label="measured",
+    bars = kit.bars_beside(
+        ax,
+        table["optimizer"],
+        table["predicted"],
+        table["measured"],
         color=CATEGORY_COLORS["optimizer"],
+        scale=MiB,
+        width=0.38,
+        names=("estimate", "measured"),
+        predicted_style={"color": "tab:gray"},
     )
     # label every measured bar, so SGD's 0 B is visible too
     ax.bar_label(bars, labels=[fmt_bytes(int(b)) for b in table["measured"]], padding=3)
     ax.margins(y=0.15)
-    ax.set_xticks(list(xs), table["optimizer"])
     ax.set_ylabel("optimizer state (MiB)")
     ax.legend()
     ax.set_title(title or "Optimizer state: 0, 1 or 2 tensors the size of the parameters")

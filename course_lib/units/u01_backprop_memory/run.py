@@ -17,37 +17,67 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 from torch import nn
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.measure.estimate.memory import Optimizer
 from course_lib.measure.memory import MemoryMeter
 from course_lib.models import GPT, MLP, MLPConfig, count_params
 from course_lib.techniques import optim
 
-__all__ = [
-    "CATEGORIES",
-    "OPTIMIZERS",
-    "make_optimizer",
-    "make_batch",
-    "training_step",
-    "step_timeline",
-    "predict_step_memory",
-    "measure_step_memory",
-    "compare_step_memory",
-    "scaling_sweep",
-    "optimizer_state_comparison",
-    "allocator_demo",
-]
-
 #: the categories this unit predicts and measures (MemoryMeter also reports temporaries, other)
 CATEGORIES = ("params", "grads", "optimizer", "activations")
 #: optimizers compared in this unit (no state, one state tensor, two state tensors per parameter)
 OPTIMIZERS: tuple[Optimizer, ...] = ("sgd", "momentum", "adam")
+
+
+@dataclass(frozen=True)
+class CategoryRow:
+    """One category of one step: bytes predicted, measured, and measured - predicted."""
+
+    category: str
+    predicted: int
+    measured: int
+    residual: int
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    """One category at one (batch, width) of :func:`scaling_sweep`."""
+
+    batch: int
+    width: int
+    n_params: int
+    category: str
+    predicted: int
+    measured: int
+    residual: int
+
+
+@dataclass(frozen=True)
+class OptimizerRow:
+    """One optimizer's state after one step, measured beside the estimate."""
+
+    optimizer: str
+    states_per_param: int
+    predicted: int
+    measured: int
+    residual: int
+    bytes_per_param: float
+
+
+@dataclass(frozen=True)
+class AllocatorRow:
+    """CUDA's allocated and reserved bytes after one event of :func:`allocator_demo`."""
+
+    event: str
+    allocated: int
+    reserved: int
 
 
 def make_optimizer(name: str, model: nn.Module, lr: float = 1e-3) -> torch.optim.Optimizer:
@@ -196,15 +226,10 @@ def compare_step_memory(
     pred = predict_step_memory(model, batch_shape, optimizer)
     meas = measure_step_memory(model, batch_shape, optimizer, device=device)
     rows = [
-        {
-            "category": c,
-            "predicted": pred.get(c, 0),
-            "measured": meas[c],
-            "residual": meas[c] - pred.get(c, 0),
-        }
+        CategoryRow(c, pred.get(c, 0), meas[c], meas[c] - pred.get(c, 0))
         for c in (*CATEGORIES, "temporaries")
     ]
-    return pd.DataFrame(rows)
+    return kit.frame(rows, CategoryRow)
 
 
 def scaling_sweep(
@@ -221,25 +246,18 @@ def scaling_sweep(
     Model state (params, grads, optimizer) depends on the width only; activations on
     batch x width. One row per (batch, width, category).
     """
-    rows = []
+    rows: list[ScalingRow] = []
     for width in widths:
         model = MLP(MLPConfig(in_features=in_features, hidden=(width,) * depth))
         for batch in batches:
             pred = predict_step_memory(model, (batch,), optimizer)
             meas = measure_step_memory(model, (batch,), optimizer, device=device)
-            for c in CATEGORIES:
-                rows.append(
-                    {
-                        "batch": batch,
-                        "width": width,
-                        "n_params": count_params(model),
-                        "category": c,
-                        "predicted": pred[c],
-                        "measured": meas[c],
-                        "residual": meas[c] - pred[c],
-                    }
-                )
-    return pd.DataFrame(rows)
+            n = count_params(model)
+            rows += [
+                ScalingRow(batch, width, n, c, pred[c], meas[c], meas[c] - pred[c])
+                for c in CATEGORIES
+            ]
+    return kit.frame(rows, ScalingRow)
 
 
 def optimizer_state_comparison(
@@ -258,17 +276,10 @@ def optimizer_state_comparison(
         pred = estimate.model_state_bytes(
             n, precision="fp32", optimizer=name, n_param_tensors=n_tensors
         )["optimizer"]
-        rows.append(
-            {
-                "optimizer": name,
-                "states_per_param": estimate.STATE_TENSORS_PER_PARAM[name],
-                "predicted": pred,
-                "measured": meas["optimizer"],
-                "residual": meas["optimizer"] - pred,
-                "bytes_per_param": meas["optimizer"] / n,
-            }
-        )
-    return pd.DataFrame(rows)
+        got = meas["optimizer"]
+        states = estimate.STATE_TENSORS_PER_PARAM[name]
+        rows.append(OptimizerRow(name, states, pred, got, got - pred, got / n))
+    return kit.frame(rows, OptimizerRow)
 
 
 def allocator_demo(nbytes: int = 64 * 2**20, *, device=None) -> pd.DataFrame:
@@ -286,13 +297,8 @@ def allocator_demo(nbytes: int = 64 * 2**20, *, device=None) -> pd.DataFrame:
 
     def record(event: str) -> None:
         torch.cuda.synchronize(device)
-        rows.append(
-            {
-                "event": event,
-                "allocated": torch.cuda.memory_allocated(device),
-                "reserved": torch.cuda.memory_reserved(device),
-            }
-        )
+        used = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+        rows.append(AllocatorRow(event, *used))
 
     record("start")
     t = torch.empty(nbytes // 4, device=device)
@@ -304,4 +310,4 @@ def allocator_demo(nbytes: int = 64 * 2**20, *, device=None) -> pd.DataFrame:
     del t
     torch.cuda.empty_cache()
     record("free + empty_cache()")
-    return pd.DataFrame(rows)
+    return kit.frame(rows, AllocatorRow)

@@ -15,8 +15,6 @@ import ipywidgets as widgets
 from course_lib.measure.estimate import fmt_bytes
 from course_lib.viz.widgets import Explorer
 
-__all__ = ["StepMemoryExplorer"]
-
 
 class StepMemoryExplorer(Explorer):
     """Sliders + Run. After a run: ``result`` (the comparison table, a DataFrame), ``timeline``

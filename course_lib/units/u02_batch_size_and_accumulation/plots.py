@@ -10,22 +10,28 @@ import numpy as np
 import pandas as pd
 
 from course_lib.measure.estimate import GB, MiB
+from course_lib.units.u02_batch_size_and_accumulation.run import (
+    AccumulationRow,
+    ProbeRow,
+    ThroughputRow,
+)
+from course_lib.units.u02_batch_size_and_accumulation.run_roofline import RooflineRow
+from course_lib.units.u02_batch_size_and_accumulation.run_scale import EvalRow, PredictionRow
 from course_lib.viz.plots import require_columns, style
 
-__all__ = [
-    "plot_roofline",
-    "plot_throughput_vs_batch",
-    "plot_accumulation",
-    "plot_batch_search",
-    "plot_budget_check",
-    "plot_throughput_prediction",
-    "plot_lr_scaling",
-]
+READS = {
+    PredictionRow: ("batch", "predicted_samples_per_s", "measured_samples_per_s"),
+    EvalRow: ("run", "samples", "eval_loss"),
+    RooflineRow: ("op", "intensity", "flop_per_s"),
+    ThroughputRow: ("batch", "samples_per_s", "activation_bytes", "predicted_activation_bytes"),
+    AccumulationRow: ("accumulation_steps", "mode", "peak_bytes", "median_s"),
+    ProbeRow: ("batch", "peak_bytes", "fits"),
+}
 
 
 def plot_throughput_prediction(df: pd.DataFrame, *, title: str | None = None):
     """Samples/s against the batch: the roofline's bound (line) and the measurement (markers)."""
-    require_columns(df, ["batch", "predicted_samples_per_s", "measured_samples_per_s"], "df")
+    require_columns(df, list(READS[PredictionRow]), "df")
     with style():
         fig, ax = plt.subplots(figsize=(11, 5))
         ax.plot(
@@ -48,7 +54,7 @@ def plot_throughput_prediction(df: pd.DataFrame, *, title: str | None = None):
 
 def plot_lr_scaling(df: pd.DataFrame, *, title: str | None = None):
     """Held-out loss against samples seen, one line per (batch, learning rate) run."""
-    require_columns(df, ["run", "samples", "eval_loss"], "df")
+    require_columns(df, list(READS[EvalRow]), "df")
     with style():
         fig, ax = plt.subplots(figsize=(11, 5))
         for name, part in df.groupby("run", sort=False):
@@ -64,7 +70,7 @@ def plot_lr_scaling(df: pd.DataFrame, *, title: str | None = None):
 def plot_roofline(ops: pd.DataFrame, machine: dict, *, title: str | None = None):
     """Log-log roofline: attainable GFLOP/s = min(peak, intensity x bandwidth), with each op's
     measured GFLOP/s at its arithmetic intensity (FLOP/B)."""
-    require_columns(ops, ["op", "intensity", "flop_per_s"], "ops")
+    require_columns(ops, list(READS[RooflineRow]), "ops")
     for key in ("peak_flop_per_s", "bandwidth_bytes_per_s", "ridge_flop_per_byte"):
         if key not in machine:
             raise ValueError(f"machine is missing {key!r}; it has {sorted(machine)}")
@@ -107,9 +113,7 @@ def _roofline(ops, peak, bw, ridge, xs, machine, title):
 
 def plot_throughput_vs_batch(df: pd.DataFrame, *, title: str | None = None):
     """Samples/s (left) and activation MiB measured vs estimate (right) against batch size."""
-    require_columns(
-        df, ["batch", "samples_per_s", "activation_bytes", "predicted_activation_bytes"], "df"
-    )
+    require_columns(df, list(READS[ThroughputRow]), "df")
     with style():
         return _throughput_vs_batch(df, title)
 
@@ -140,7 +144,7 @@ def _throughput_vs_batch(df, title):
 def plot_accumulation(df: pd.DataFrame, *, title: str | None = None):
     """Peak MiB (left) and seconds per effective batch (right) against accumulation steps, for
     accumulated micro-batches vs one full batch of the same effective size."""
-    require_columns(df, ["accumulation_steps", "mode", "peak_bytes", "median_s"], "df")
+    require_columns(df, list(READS[AccumulationRow]), "df")
     with style():
         return _accumulation(df, title)
 
@@ -172,7 +176,7 @@ def plot_batch_search(
     probes: pd.DataFrame, capacity_bytes: int, *, label: str = "budget", title: str | None = None
 ):
     """Measured peak of every probed batch against the budget line (fits: green, not: red)."""
-    require_columns(probes, ["batch", "peak_bytes", "fits"], "probes")
+    require_columns(probes, list(READS[ProbeRow]), "probes")
     rows = probes.sort_values("batch")
     with style():
         return _batch_search(rows, capacity_bytes, label, title)

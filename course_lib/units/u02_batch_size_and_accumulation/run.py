@@ -15,26 +15,26 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 from torch import nn
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.measure.budget import MemoryBudget, SimulatedOOM
 from course_lib.measure.memory import MemoryMeter
 from course_lib.measure.timing import time_fn
 from course_lib.models import MLP
 from course_lib.runtime.device import default_device, sync
-from course_lib.techniques.accumulation import (
+from course_lib.techniques.accumulation import (  # noqa: F401 (effective_batch: re-exported)
     accumulation_step,
     effective_batch,
     split_batch,
     training_step,
 )
 from course_lib.techniques.optim import make_optimizer
-from course_lib.units.u02_batch_size_and_accumulation import run_scale
 from course_lib.units.u02_batch_size_and_accumulation.run_roofline import (  # noqa: F401 (re-exported)
     OpCost,
     elementwise_op_cost,
@@ -52,27 +52,53 @@ from course_lib.units.u02_batch_size_and_accumulation.run_scale import (  # noqa
     throughput_prediction,
 )
 
-__all__ = [
-    "SimulatedOOM",
-    "MemoryBudget",
-    "OpCost",
-    "matmul_op_cost",
-    "elementwise_op_cost",
-    "measure_matmul_throughput",
-    "measure_copy_bandwidth",
-    "roofline_ops",
-    "training_step",
-    "throughput_vs_batch",
-    "step_peak_bytes",
-    "largest_batch_that_fits",
-    "split_batch",
-    "accumulation_step",
-    "accumulation_vs_full_batch",
-    "accumulation_memory_and_time",
-    "effective_batch",
-    "default_device",
-    *run_scale.__all__,
-]
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    """One batch size of :func:`throughput_vs_batch`."""
+
+    batch: int
+    median_s: float
+    samples_per_s: float
+    activation_bytes: int
+    predicted_activation_bytes: int
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    """One probe of :func:`largest_batch_that_fits`."""
+
+    batch: int
+    peak_bytes: int
+    fits: bool
+
+
+@dataclass(frozen=True)
+class GradDiffRow:
+    """Accumulated vs full-batch gradients, one dtype and micro-batch count."""
+
+    dtype: str
+    micro_batches: int
+    micro_batch: int
+    max_abs_diff: float
+    rel_diff: float
+    eps: float
+
+
+@dataclass(frozen=True)
+class AccumulationRow:
+    """One optimizer step on an effective batch, accumulated or as one full batch."""
+
+    accumulation_steps: int
+    effective_batch: int
+    mode: str
+    micro_batch: int
+    peak_bytes: int
+    data_bytes: int
+    activation_bytes: int
+    median_s: float
+    samples_per_s: float
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,19 +173,18 @@ def throughput_vs_batch(
 
         t = time_fn(step, warmup=warmup, repeat=repeat)
         mem = step_peak_bytes(model, batch, optimizer=optimizer, device=device)
+        predicted = int(estimate.activation_bytes_mlp(batch, widths, activation=activation))
         rows.append(
-            {
-                "batch": batch,
-                "median_s": t.median_s,
-                "samples_per_s": batch / t.median_s,
-                "activation_bytes": mem["activations"],
-                "predicted_activation_bytes": int(
-                    estimate.activation_bytes_mlp(batch, widths, activation=activation)
-                ),
-                "peak_bytes": mem["peak_bytes"],
-            }
+            ThroughputRow(
+                batch,
+                t.median_s,
+                batch / t.median_s,
+                mem["activations"],
+                predicted,
+                mem["peak_bytes"],
+            )
         )
-    return pd.DataFrame(rows)
+    return kit.frame(rows, ThroughputRow)
 
 
 def largest_batch_that_fits(
@@ -180,7 +205,7 @@ def largest_batch_that_fits(
     """
     device = torch.device(device) if device is not None else default_device()
     multiple_of = validate.count("multiple_of", multiple_of, minimum=1)
-    probes: list[dict] = []
+    probes: list[ProbeRow] = []
 
     def fits(units: int) -> bool:
         batch = units * multiple_of
@@ -192,7 +217,7 @@ def largest_batch_that_fits(
         except torch.OutOfMemoryError:  # the real device ran out before the budget said so
             torch.cuda.empty_cache()
             p = budget.capacity_bytes + 1
-        probes.append({"batch": batch, "peak_bytes": p, "fits": budget.fits(p)})
+        probes.append(ProbeRow(batch, p, budget.fits(p)))
         return budget.fits(p)
 
     max_units = max_batch // multiple_of
@@ -211,7 +236,7 @@ def largest_batch_that_fits(
         "batch": batch,
         "peak_bytes": _peak_of(probes, batch) if units else None,
         "oom": oom,
-        "probes": pd.DataFrame(probes),
+        "probes": kit.frame(probes, ProbeRow),
     }
 
 
@@ -234,8 +259,8 @@ def _largest_true(fits: Callable[[int], bool], max_units: int) -> tuple[int, int
     return lo, hi
 
 
-def _peak_of(probes: list[dict], batch: int) -> int:
-    return next(p["peak_bytes"] for p in probes if p["batch"] == batch)
+def _peak_of(probes: list[ProbeRow], batch: int) -> int:
+    return next(p.peak_bytes for p in probes if p.batch == batch)
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,17 +291,9 @@ def accumulation_vs_full_batch(
         for k in micro_batch_counts:
             acc = _grads(base, nn.functional.cross_entropy, x, y, k)
             diff = max((a - f).abs().max().item() for a, f in zip(acc, full))
-            rows.append(
-                {
-                    "dtype": str(dtype).replace("torch.", ""),
-                    "micro_batches": k,
-                    "micro_batch": batch // k,
-                    "max_abs_diff": diff,
-                    "rel_diff": diff / scale,
-                    "eps": torch.finfo(dtype).eps,
-                }
-            )
-    return pd.DataFrame(rows)
+            name, eps = str(dtype).replace("torch.", ""), torch.finfo(dtype).eps
+            rows.append(GradDiffRow(name, k, batch // k, diff, diff / scale, eps))
+    return kit.frame(rows, GradDiffRow)
 
 
 def _grads(model, loss_fn, x, y, micro_batches: int) -> list[torch.Tensor]:
@@ -325,16 +342,16 @@ def accumulation_memory_and_time(
             t = time_fn(run, warmup=warmup, repeat=repeat)
             data = int(meter.peak_breakdown["other"])
             rows.append(
-                {
-                    "accumulation_steps": k,
-                    "effective_batch": effective,
-                    "mode": mode,
-                    "micro_batch": effective // count,
-                    "peak_bytes": int(meter.peak_bytes) - data,
-                    "data_bytes": data,
-                    "activation_bytes": int(meter.timeline["activations"].max()),
-                    "median_s": t.median_s,
-                    "samples_per_s": effective / t.median_s,
-                }
+                AccumulationRow(
+                    k,
+                    effective,
+                    mode,
+                    effective // count,
+                    int(meter.peak_bytes) - data,
+                    data,
+                    int(meter.timeline["activations"].max()),
+                    t.median_s,
+                    effective / t.median_s,
+                )
             )
-    return pd.DataFrame(rows)
+    return kit.frame(rows, AccumulationRow)

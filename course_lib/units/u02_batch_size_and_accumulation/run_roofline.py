@@ -14,18 +14,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.measure.timing import time_fn
 from course_lib.runtime.device import default_device, sync
-from course_lib.units.u02_batch_size_and_accumulation.run_scale import (  # noqa: F401 - re-exported
-    gpt_step_mfu,
-    lr_scaling_runs,
-    roofline_step_time,
-    simple_noise_scale_of,
-    teacher_task,
-    throughput_prediction,
-)
 
 
 # --------------------------------------------------------------------------------------------
@@ -45,6 +37,20 @@ class OpCost:
     def intensity(self) -> float:
         """Arithmetic intensity, FLOP per byte moved."""
         return estimate.arithmetic_intensity(self.flops, self.bytes)
+
+
+@dataclass(frozen=True)
+class RooflineRow:
+    """One operation placed on this machine's roofline (:func:`roofline_ops`)."""
+
+    op: str
+    flops: int
+    bytes: int
+    intensity: float
+    median_s: float
+    flop_per_s: float
+    attainable_flop_per_s: float
+    bound: str
 
 
 def matmul_op_cost(m: int, n: int, k: int, dtype: torch.dtype = torch.float32) -> OpCost:
@@ -133,24 +139,14 @@ def _roofline_jobs(
     return jobs
 
 
-def _time_op(
-    cost: OpCost, fn: Callable[[], object], device: torch.device, warmup: int, repeat: int
-) -> dict:
-    """One row of the roofline table: the op's cost and its measured FLOP/s."""
+def _time_op(fn: Callable[[], object], device: torch.device, warmup: int, repeat: int) -> float:
+    """Median seconds of one call of ``fn`` (synchronized)."""
 
     def run() -> None:
         fn()
         sync(device)
 
-    t = time_fn(run, warmup=warmup, repeat=repeat)
-    return {
-        "op": cost.name,
-        "flops": cost.flops,
-        "bytes": cost.bytes,
-        "intensity": cost.intensity,
-        "median_s": t.median_s,
-        "flop_per_s": cost.flops / t.median_s,
-    }
+    return time_fn(run, warmup=warmup, repeat=repeat).median_s
 
 
 def roofline_ops(
@@ -171,28 +167,36 @@ def roofline_ops(
     """
     device = torch.device(device) if device is not None else default_device()
     validate.counts("matmul_sizes", matmul_sizes)
-    bw = measure_copy_bandwidth(device=device, warmup=warmup, repeat=repeat)
+    bw = measure_copy_bandwidth(device=device, warmup=warmup, repeat=repeat)["bytes_per_s"]
 
     jobs = _roofline_jobs(matmul_sizes, elementwise_numel, device)
     with torch.no_grad():
-        rows = [_time_op(cost, fn, device, warmup, repeat) for cost, fn in jobs]
-    ops = pd.DataFrame(rows)
-    matmuls = ops[ops["op"].str.startswith("matmul")]
-    peak = float(matmuls["flop_per_s"].max())
+        timed = [(cost, _time_op(fn, device, warmup, repeat)) for cost, fn in jobs]
+    matmuls = [(c, s) for c, s in timed if c.name.startswith("matmul")]
+    best, best_s = max(matmuls, key=lambda cs: cs[0].flops / cs[1])
+    peak = best.flops / best_s
+    ridge = estimate.ridge_point(peak, bw)
     machine = {
         "peak_flop_per_s": peak,
-        "peak_source": str(matmuls.loc[matmuls["flop_per_s"].idxmax(), "op"]),
-        "bandwidth_bytes_per_s": bw["bytes_per_s"],
-        "ridge_flop_per_byte": estimate.ridge_point(peak, bw["bytes_per_s"]),
+        "peak_source": best.name,
+        "bandwidth_bytes_per_s": bw,
+        "ridge_flop_per_byte": ridge,
         "device": str(device),
     }
-    ops["attainable_flop_per_s"] = [
-        estimate.attainable_flops(i, peak, bw["bytes_per_s"]) for i in ops["intensity"]
+    rows = [
+        RooflineRow(
+            c.name,
+            c.flops,
+            c.bytes,
+            c.intensity,
+            s,
+            c.flops / s,
+            estimate.attainable_flops(c.intensity, peak, bw),
+            "compute" if c.intensity >= ridge else "memory",
+        )
+        for c, s in timed
     ]
-    ops["bound"] = [
-        "compute" if i >= machine["ridge_flop_per_byte"] else "memory" for i in ops["intensity"]
-    ]
-    return ops, machine
+    return kit.frame(rows, RooflineRow), machine
 
 
 def _repeated(fn: Callable[[], object], times: int) -> Callable[[], None]:

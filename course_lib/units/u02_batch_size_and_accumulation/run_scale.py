@@ -7,25 +7,38 @@ Introduced in notebooks/02_batch_size_and_accumulation.ipynb; re-exported by ``r
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.measure.timing import time_fn
 from course_lib.models import GPT, MLP, GPTConfig, MLPConfig, count_params
 from course_lib.runtime.device import default_device, sync
 
-__all__ = [
-    "roofline_step_time",
-    "throughput_prediction",
-    "gpt_step_mfu",
-    "teacher_task",
-    "lr_scaling_runs",
-    "simple_noise_scale_of",
-]
+
+@dataclass(frozen=True)
+class PredictionRow:
+    """Samples/s at one batch: the roofline's prediction beside the measurement."""
+
+    batch: int
+    intensity: float
+    predicted_samples_per_s: float
+    measured_samples_per_s: float
+    ratio: float = field(metadata=kit.column("measured / predicted"))
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """The held-out loss of one run of :func:`lr_scaling_runs` after ``samples`` samples."""
+
+    run: str
+    samples: int
+    step: int
+    eval_loss: float
 
 
 # --------------------------------------------------------------------------------------------
@@ -81,17 +94,11 @@ def throughput_prediction(model: MLP, measured: pd.DataFrame, machine: dict) -> 
         p = roofline_step_time(
             model, int(r["batch"]), machine["peak_flop_per_s"], machine["bandwidth_bytes_per_s"]
         )
+        predicted, got = r["batch"] / p["predicted_s"], float(r["samples_per_s"])
         rows.append(
-            {
-                "batch": int(r["batch"]),
-                "intensity": p["flops"] / p["bytes"],
-                "predicted_samples_per_s": r["batch"] / p["predicted_s"],
-                "measured_samples_per_s": float(r["samples_per_s"]),
-            }
+            PredictionRow(int(r["batch"]), p["flops"] / p["bytes"], predicted, got, got / predicted)
         )
-    out = pd.DataFrame(rows)
-    out["measured / predicted"] = out["measured_samples_per_s"] / out["predicted_samples_per_s"]
-    return out
+    return kit.frame(rows, PredictionRow)
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,14 +186,7 @@ def lr_scaling_runs(
         opt = torch.optim.SGD(model.parameters(), lr=lr)
         seen, step = 0, 0
         with torch.no_grad():
-            rows.append(
-                {
-                    "run": run["name"],
-                    "samples": 0,
-                    "step": 0,
-                    "eval_loss": float(F.cross_entropy(model(x_eval), y_eval)),
-                }
-            )
+            rows.append(EvalRow(run["name"], 0, 0, float(F.cross_entropy(model(x_eval), y_eval))))
         while seen + B <= samples:
             for group in opt.param_groups:
                 group["lr"] = estimate.warmup_lr(step, lr, warmup_steps=warm)
@@ -197,15 +197,9 @@ def lr_scaling_runs(
             seen, step = seen + B, step + 1
             if seen % eval_every == 0:
                 with torch.no_grad():
-                    rows.append(
-                        {
-                            "run": run["name"],
-                            "samples": seen,
-                            "step": step,
-                            "eval_loss": float(F.cross_entropy(model(x_eval), y_eval)),
-                        }
-                    )
-    return pd.DataFrame(rows)
+                    loss = F.cross_entropy(model(x_eval), y_eval)
+                    rows.append(EvalRow(run["name"], seen, step, float(loss)))
+    return kit.frame(rows, EvalRow)
 
 
 def simple_noise_scale_of(n_examples: int = 512, *, seed: int = 0) -> dict:

@@ -23,8 +23,6 @@ from course_lib.viz.widgets import Explorer
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["AccumulationExplorer"]
-
 
 class AccumulationExplorer(Explorer):
     """Sliders + Run. After a run: ``result`` (the measurement, one row per mode, with ``fits``),

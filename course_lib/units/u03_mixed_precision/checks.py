@@ -37,6 +37,7 @@ from course_lib.units.u03_mixed_precision.checks_scaler import (  # noqa: F401 (
     _REFERENCES,
     SCHEDULE,
     UNIT,
+    _drawn_mlp_task,
     _same_shape,
     _tensor_list,
     check_fp16_training,
@@ -46,18 +47,6 @@ from course_lib.units.u03_mixed_precision.checks_scaler import (  # noqa: F401 (
 
 if TYPE_CHECKING:
     from course_lib.measure.estimate import Precision
-
-__all__ = [
-    "check_underflow_recovery",
-    "check_scale_schedule",
-    "check_fp16_training",
-    "check_predict_bf16_weight",
-    "check_clip_bug",
-    "check_state_at_scale",
-    "BF16_RUNS",
-    "SCALE_MODELS",
-    "SCALE_RECIPES",
-]
 
 
 # ---------------------------------------------------------------------------------- task 4
@@ -175,21 +164,7 @@ _FORBID_5 = _REFERENCES + ("course_lib.techniques.precision:train_step",)
 
 def _clip_task(task: int):
     """The model, optimizer and batches of task 5, sizes and data drawn from the grading seed."""
-    import torch
-
-    rng = case_rng(task, UNIT)
-    d_in, hidden, d_out = rng.randint(8, 24), rng.randint(16, 48), rng.randint(2, 6)
-    torch.manual_seed(rng.getrandbits(31))
-    model = torch.nn.Sequential(
-        torch.nn.Linear(d_in, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, d_out)
-    )
-    opt = torch.optim.SGD(model.parameters(), lr=CLIP_LR)
-    gen = torch.Generator().manual_seed(rng.getrandbits(63))
-    batches = [
-        (torch.randn(8, d_in, generator=gen), 3 * torch.randn(8, d_out, generator=gen))
-        for _ in range(CLIP_STEPS)
-    ]
-    return model, opt, batches
+    return _drawn_mlp_task(task, CLIP_STEPS, lr=CLIP_LR, target_scale=3.0)
 
 
 def _clip_reference(task: int):

@@ -250,8 +250,9 @@ _FP16_STEPS, _FP16_INIT = 8, 2.0**20  # the initial scale is too large on purpos
 # steps overflow and must be skipped
 
 
-def _fp16_setup(task: int):
-    """The model, optimizer and batches of task 3, sizes and data drawn from the grading seed."""
+def _drawn_mlp_task(task: int, steps: int, *, lr: float | None = None, target_scale: float = 1.0):
+    """A GELU MLP, its SGD and ``steps`` batches of 8, sizes and data drawn from the grading
+    seed (the learning rate too, unless ``lr`` is given); targets times ``target_scale``."""
     import torch
 
     rng = case_rng(task, UNIT)
@@ -260,13 +261,20 @@ def _fp16_setup(task: int):
     model = torch.nn.Sequential(
         torch.nn.Linear(d_in, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, d_out)
     )
-    opt = torch.optim.SGD(model.parameters(), lr=rng.choice((0.02, 0.05, 0.1)))
+    opt = torch.optim.SGD(
+        model.parameters(), lr=lr if lr is not None else rng.choice((0.02, 0.05, 0.1))
+    )
     gen = torch.Generator().manual_seed(rng.getrandbits(63))
     batches = [
-        (torch.randn(8, d_in, generator=gen), torch.randn(8, d_out, generator=gen))
-        for _ in range(_FP16_STEPS)
+        (torch.randn(8, d_in, generator=gen), target_scale * torch.randn(8, d_out, generator=gen))
+        for _ in range(steps)
     ]
     return model, opt, batches
+
+
+def _fp16_setup(task: int):
+    """The model, optimizer and batches of task 3."""
+    return _drawn_mlp_task(task, _FP16_STEPS)
 
 
 def _fp16_loss(model, x, y):

@@ -12,18 +12,17 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from course_lib import validate
-from course_lib.viz.plots import CATEGORY_COLORS, style
+from course_lib.units.u03_mixed_precision.run import LossRow, MatmulRow, ModeMemoryRow
+from course_lib.viz.plots import CATEGORY_COLORS, require_columns, style
 
-__all__ = [
-    "MODE_COLORS",
-    "plot_bit_layouts",
-    "plot_gradient_histogram",
-    "plot_memory_by_mode",
-    "plot_matmul_speed",
-    "plot_loss_curves",
-]
+READS = {
+    ModeMemoryRow: ("mode", "category", "measured", "predicted"),
+    MatmulRow: ("n", "dtype", "gflops"),
+    LossRow: ("mode", "step", "loss", "skipped", "scale"),
+}
 
 #: one colour per training recipe
 MODE_COLORS = {
@@ -34,18 +33,10 @@ MODE_COLORS = {
 }
 
 
-def _need(df, columns, name: str) -> None:
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"{name} must be a pandas DataFrame, got {type(df).__name__}")
-    missing = [c for c in columns if c not in df.columns and c != df.index.name]
-    if missing:
-        raise ValueError(f"{name} is missing columns {missing}; it has {list(df.columns)}")
-
-
-def plot_bit_layouts(table: pd.DataFrame):
+def plot_bit_layouts(table: pd.DataFrame) -> Figure:
     """One bar per format split into sign / exponent / mantissa bits, annotated with the range
     (largest value, smallest subnormal) and eps. ``table``: ``format_table()``."""
-    _need(
+    require_columns(
         table,
         ["bits", "exponent_bits", "mantissa_bits", "max", "smallest_subnormal", "eps"],
         "table",
@@ -106,8 +97,8 @@ def _mark_fp16_range(ax: Axes, fp16: Any) -> None:
 
 
 def plot_gradient_histogram(
-    abs_grads, *, scale: float = 1.0, fp16_table: pd.DataFrame | None = None
-):
+    abs_grads: Any, *, scale: float = 1.0, fp16_table: pd.DataFrame | None = None
+) -> Figure:
     """Histogram of log2 |gradient| (a real backward), with fp16's smallest subnormal and smallest
     normal and bf16's smallest normal marked; with ``scale`` != 1 the scaled histogram too."""
     import torch
@@ -150,10 +141,10 @@ def plot_gradient_histogram(
     return fig
 
 
-def plot_memory_by_mode(df: pd.DataFrame, *, unit: str = "MiB"):
+def plot_memory_by_mode(df: pd.DataFrame, *, unit: str = "MiB") -> Figure:
     """Predicted and measured bars per recipe, stacked by category (params, grads, optimizer,
     activations), with the measured peak marked. ``df``: ``training_memory()``."""
-    _need(df, ["mode", "category", "measured", "predicted"], "df")
+    require_columns(df, list(READS[ModeMemoryRow]), "df")
     div = {"KiB": 2**10, "MiB": 2**20}[unit]
     modes = list(dict.fromkeys(df["mode"]))
     cats = ["params", "grads", "optimizer", "activations"]
@@ -195,9 +186,9 @@ def plot_memory_by_mode(df: pd.DataFrame, *, unit: str = "MiB"):
     return fig
 
 
-def plot_matmul_speed(df: pd.DataFrame):
+def plot_matmul_speed(df: pd.DataFrame) -> Figure:
     """Throughput (GFLOP/s, log scale) per dtype and matrix size. ``df``: ``matmul_speed()``."""
-    _need(df, ["n", "dtype", "gflops"], "df")
+    require_columns(df, list(READS[MatmulRow]), "df")
     sizes = sorted(set(df["n"]))
     dtypes = list(dict.fromkeys(df["dtype"]))
     colors = {"fp32": "tab:blue", "bf16": "tab:green", "fp16": "tab:orange"}
@@ -223,10 +214,10 @@ def plot_matmul_speed(df: pd.DataFrame):
     return fig
 
 
-def plot_loss_curves(df: pd.DataFrame):
+def plot_loss_curves(df: pd.DataFrame) -> Figure:
     """Loss per step for each recipe (left) and fp16's loss scale with skipped steps (right).
     ``df``: ``loss_curves()``."""
-    _need(df, ["mode", "step", "loss", "skipped", "scale"], "df")
+    require_columns(df, list(READS[LossRow]), "df")
     with style():
         fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [2, 1]})
         for mode, sub in df.groupby("mode", sort=False):

@@ -17,147 +17,84 @@ Plain data out; plots in course_lib.units.u03_mixed_precision.plots.
 
 from __future__ import annotations
 
-import math
 import time
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
 from course_lib.measure.estimate.memory import Precision
 from course_lib.models import GPT, GPTConfig, count_params
 from course_lib.runtime.device import default_device
 from course_lib.techniques import precision as P
-
-__all__ = [
-    "format_table",
-    "rounding_table",
-    "gradient_histogram",
-    "underflow_fractions",
-    "tiny_updates",
-    "training_memory",
-    "matmul_speed",
-    "loss_curves",
-    "default_device",
-    "permutation_batch",
-]
+from course_lib.units.u03_mixed_precision.run_formats import (  # noqa: F401 (re-exported)
+    RoundingRow,
+    UnderflowRow,
+    _formats,
+    format_table,
+    gradient_histogram,
+    rounding_table,
+    underflow_fractions,
+)
 
 
-def _formats(formats: Sequence[str]) -> list[str]:
-    if isinstance(formats, str):
-        formats = [formats]
-    for f in formats:
-        P.bit_layout(f)  # validates, names the valid choices
-    return list(formats)
+@dataclass(frozen=True)
+class UpdateRow:
+    """One weight after many tiny updates, in one storage recipe (:func:`tiny_updates`)."""
+
+    recipe: str
+    final: float
+    exact: float
+    rel_error: float
+    update_per_weight: float = field(metadata=kit.column("update/weight"))
+    half_eps: float = field(metadata=kit.column("eps/2 of storage"))
 
 
-# --------------------------------------------------------------------------------------------
-# formats
-# --------------------------------------------------------------------------------------------
-def format_table(formats: Sequence[str] = tuple(P.FORMATS)) -> pd.DataFrame:
-    """One row per format: bits, exponent/mantissa split, range and precision (from torch.finfo)."""
-    rows = [P.bit_layout(f).as_dict() for f in _formats(formats)]
-    return pd.DataFrame(rows).drop(columns=["dtype"]).set_index("name")
+@dataclass(frozen=True)
+class ModeMemoryRow:
+    """One category of one Adam step in one recipe (:func:`training_memory`), in bytes."""
+
+    mode: str
+    category: str
+    measured: int
+    predicted: int
+    residual: int
 
 
-def rounding_table(
-    values: Sequence[float], formats: Sequence[str] = ("fp32", "bf16", "fp16")
-) -> pd.DataFrame:
-    """Each value stored in each format: the stored value, its bits, the relative error, and
-    whether it underflowed to 0 or overflowed to inf."""
-    rows = []
-    for v in values:
-        for f in _formats(formats):
-            stored = P.round_trip(float(v), f)
-            rows.append(
-                {
-                    "value": float(v),
-                    "format": f,
-                    "stored": stored,
-                    "bits": P.bit_string(v, f),
-                    "rel_error": abs(stored - v) / abs(v)
-                    if v != 0 and math.isfinite(stored)
-                    else float("nan"),
-                    "underflow": v != 0 and stored == 0.0,
-                    "overflow": math.isinf(stored) and math.isfinite(v),
-                }
-            )
-    return pd.DataFrame(rows)
+@dataclass(frozen=True)
+class MatmulRow:
+    """An (n x n) @ (n x n) matmul in one dtype, timed (:func:`matmul_speed`)."""
+
+    n: int
+    dtype: str
+    median_s: float
+    p10_s: float
+    p90_s: float
+    gflops: float
+
+
+@dataclass(frozen=True)
+class LossRow:
+    """One training step of one recipe (:func:`loss_curves`)."""
+
+    mode: str
+    step: int
+    loss: float
+    skipped: bool
+    scale: float
+    seconds: float
 
 
 # --------------------------------------------------------------------------------------------
 # one model; the learnable task is course_lib.data.permutation_batch (re-exported here)
 # --------------------------------------------------------------------------------------------
-def _model(config: GPTConfig, seed: int, device) -> GPT:
+def _model(config: GPTConfig, seed: int, device: torch.device | str) -> GPT:
     torch.manual_seed(seed)
     return GPT(config).to(device)
-
-
-# --------------------------------------------------------------------------------------------
-# gradients: what fp16 would flush to zero
-# --------------------------------------------------------------------------------------------
-def gradient_histogram(
-    *, config: GPTConfig | None = None, batch: int = 8, seq: int = 64, seed: int = 0
-) -> torch.Tensor:
-    """All activation gradients (the ``grad_output`` of every Linear) of one fp32 backward of
-    the tiny GPT, as one flat fp32 tensor of their absolute values (zeros removed)."""
-    config = config or GPTConfig.tiny()
-    model = _model(config, seed, "cpu")
-    gen = torch.Generator().manual_seed(seed)
-    idx, tgt = permutation_batch(config, batch, seq, generator=gen)
-    grads: list[torch.Tensor] = []
-
-    def keep(
-        mod: torch.nn.Module, gin: object, gout: tuple[torch.Tensor, ...] | torch.Tensor
-    ) -> None:
-        grads.append(gout[0].detach().abs().flatten())
-
-    hooks = [
-        m.register_full_backward_hook(keep)
-        for m in model.modules()
-        if isinstance(m, torch.nn.Linear)
-    ]
-    try:
-        model.loss(idx, tgt).backward()
-    finally:
-        for h in hooks:
-            h.remove()
-    g = torch.cat(grads)
-    return g[g > 0]
-
-
-def underflow_fractions(
-    abs_grads: torch.Tensor,
-    scales: Sequence[float] = (1.0, 2.0**8, 2.0**16),
-    formats: Sequence[str] = ("fp16", "bf16"),
-) -> pd.DataFrame:
-    """Share of the gradient values that become 0 (underflow) or land below the smallest normal
-    (subnormal: fewer mantissa bits) when ``value * scale`` is stored in each format, and the
-    share that overflows to inf."""
-    if not isinstance(abs_grads, torch.Tensor) or abs_grads.numel() == 0:
-        raise ValueError("abs_grads must be a non-empty tensor of gradient magnitudes")
-    rows = []
-    for f in _formats(formats):
-        lay = P.bit_layout(f)
-        for s in scales:
-            if not s > 0:
-                raise ValueError(f"scales must be positive, got {s!r}")
-            stored = (abs_grads.double() * s).to(lay.dtype)
-            rows.append(
-                {
-                    "format": f,
-                    "scale": float(s),
-                    "zero": float((stored == 0).double().mean()),
-                    "subnormal": float(
-                        ((stored > 0) & (stored < lay.smallest_normal)).double().mean()
-                    ),
-                    "inf": float(torch.isinf(stored).double().mean()),
-                }
-            )
-    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,26 +123,19 @@ def tiny_updates(*, weight: float = 1.0, update: float = 1e-3, steps: int = 100)
             else:
                 w += u.to(store)
         final = float(w.float())
-        rows.append(
-            {
-                "recipe": name,
-                "final": final,
-                "exact": exact,
-                "rel_error": abs(final - exact) / abs(exact),
-                "update/weight": update / weight,
-                "eps/2 of storage": P.bit_layout(
-                    {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[store]
-                ).eps
-                / 2,
-            }
-        )
-    return pd.DataFrame(rows)
+        fmt = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[store]
+        error = abs(final - exact) / abs(exact)
+        half_eps = P.bit_layout(fmt).eps / 2
+        rows.append(UpdateRow(name, final, exact, error, update / weight, half_eps))
+    return kit.frame(rows, UpdateRow)
 
 
 # --------------------------------------------------------------------------------------------
 # memory of one training step, per recipe
 # --------------------------------------------------------------------------------------------
-def _measured_step(mode: Precision, config: GPTConfig, batch: int, seq: int, seed: int, device):
+def _measured_step(
+    mode: Precision, config: GPTConfig, batch: int, seq: int, seed: int, device: torch.device
+) -> tuple[Any, int, int]:
     """(MemoryMeter over the second Adam step of ``mode``, parameter count, parameter tensors);
     the first step creates the Adam state."""
     from course_lib.measure.memory import MemoryMeter
@@ -216,8 +146,9 @@ def _measured_step(mode: Precision, config: GPTConfig, batch: int, seq: int, see
     gen = torch.Generator().manual_seed(seed)
     idx, tgt = permutation_batch(config, batch, seq, generator=gen, device=device)
 
-    def loss_fn(m):
-        return m.loss(idx, tgt)
+    def loss_fn(m: Any) -> torch.Tensor:
+        loss: torch.Tensor = m.loss(idx, tgt)
+        return loss
 
     P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)  # creates the Adam state
     with MemoryMeter(model, opt) as mem:
@@ -274,16 +205,9 @@ def training_memory(
         predicted["peak"] = sum(predicted.values())
         meas["peak"] = mem.peak_bytes
         for cat in ("params", "grads", "optimizer", "activations", "peak"):
-            rows.append(
-                {
-                    "mode": mode,
-                    "category": cat,
-                    "measured": int(meas[cat]),
-                    "predicted": int(predicted[cat]),
-                    "residual": int(meas[cat]) - int(predicted[cat]),
-                }
-            )
-    return pd.DataFrame(rows)
+            got, want = int(meas[cat]), int(predicted[cat])
+            rows.append(ModeMemoryRow(mode, cat, got, want, got - want))
+    return kit.frame(rows, ModeMemoryRow)
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,7 +243,14 @@ def matmul_speed(
         torch.set_num_threads(saved_threads)
 
 
-def _matmul_rows(sizes, dtypes, warmup, repeat, device, time_fn) -> pd.DataFrame:
+def _matmul_rows(
+    sizes: Sequence[int],
+    dtypes: Sequence[str],
+    warmup: int,
+    repeat: int,
+    device: torch.device,
+    time_fn: Callable[..., Any],
+) -> pd.DataFrame:
     rows = []
     for n in sizes:
         n = validate.count("sizes", n, minimum=1)  # each size
@@ -333,18 +264,9 @@ def _matmul_rows(sizes, dtypes, warmup, repeat, device, time_fn) -> pd.DataFrame
             a = torch.randn(n, n, device=device).to(dt)
             b = torch.randn(n, n, device=device).to(dt)
             res = time_fn(lambda a=a, b=b: torch.mm(a, b), warmup=warmup, repeat=repeat)
-            flops = estimate.matmul_flops(n, n, n)
-            rows.append(
-                {
-                    "n": n,
-                    "dtype": f,
-                    "median_s": res.median_s,
-                    "p10_s": res.p10_s,
-                    "p90_s": res.p90_s,
-                    "gflops": flops / res.median_s / 1e9,
-                }
-            )
-    return pd.DataFrame(rows)
+            gflops = estimate.matmul_flops(n, n, n) / res.median_s / 1e9
+            rows.append(MatmulRow(n, f, res.median_s, res.p10_s, res.p90_s, gflops))
+    return kit.frame(rows, MatmulRow)
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,21 +302,14 @@ def loss_curves(
         for step in range(steps):
             idx, tgt = permutation_batch(config, batch, seq, generator=gen, device=device)
 
-            def loss_fn(m, idx=idx, tgt=tgt):
-                return m.loss(idx, tgt)
+            def loss_fn(m: Any, idx: torch.Tensor = idx, tgt: torch.Tensor = tgt) -> torch.Tensor:
+                loss: torch.Tensor = m.loss(idx, tgt)
+                return loss
 
             t0 = time.perf_counter()
             r = P.train_step(model, opt, loss_fn, mode=mode, scaler=scaler)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            rows.append(
-                {
-                    "mode": mode,
-                    "step": step,
-                    "loss": r.loss,
-                    "skipped": r.skipped,
-                    "scale": r.scale,
-                    "seconds": time.perf_counter() - t0,
-                }
-            )
-    return pd.DataFrame(rows)
+            seconds = time.perf_counter() - t0
+            rows.append(LossRow(mode, step, r.loss, r.skipped, r.scale, seconds))
+    return kit.frame(rows, LossRow)

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
     from course_lib.models import GPTConfig
 
-__all__ = ["PrecisionExplorer"]
-
 
 class PrecisionExplorer(Explorer):
     """Recipe picker + sliders + Run; ``result`` is the last ``training_memory`` DataFrame."""

@@ -68,21 +68,6 @@ def _learner(task: int, fn, *args, **kwargs):
     return run_learner(task, fn, *args, forbid=_REFERENCES, **kwargs)
 
 
-__all__ = [
-    "check_adam",
-    "check_adamw",
-    "check_adam_state_bytes",
-    "check_predict_step_peak",
-    "check_master_bug",
-    "check_zero1_at_scale",
-    "RTOL",
-    "ATOL",
-    "STEPS",
-    "PEAK_WIDTHS",
-    "PEAK_RTOL",
-    "SCALE_MODELS",
-]
-
 RTOL, ATOL, STEPS = 1e-5, 1e-7, 5
 
 

@@ -6,21 +6,21 @@ Pure: nothing is measured here. Inputs are the DataFrames of
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
-from course_lib.viz.plots import style
+from course_lib import kit
+from course_lib.units.u04_optimizer_memory.run import ConvergenceRow, PerParamRow, StateRow
+from course_lib.units.u04_optimizer_memory.run_accounting import AccountingRow
+from course_lib.viz.plots import require_columns, style
 
-__all__ = [
-    "OPTIMIZER_COLORS",
-    "plot_state_bytes",
-    "plot_accounting",
-    "plot_mixed_precision_accounting",
-    "plot_convergence",
-]
+READS = {
+    StateRow: ("optimizer", "n_params", "predicted", "measured"),
+    AccountingRow: ("source", "components", "bytes_per_param"),
+    PerParamRow: ("total",),
+    ConvergenceRow: ("optimizer", "step", "loss"),
+}
 
 #: one colour per optimizer
 OPTIMIZER_COLORS = {
@@ -43,39 +43,17 @@ _PART_COLORS = {
 }
 
 
-def _need(df: object, columns: Iterable[str], name: str) -> None:
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"{name} must be a pandas DataFrame, got {type(df).__name__}")
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{name} is missing columns {missing}; it has {list(df.columns)}")
-
-
 def plot_state_bytes(df: pd.DataFrame) -> Figure:
     """Optimizer state in bytes per parameter: predicted (estimate) beside measured, per
     optimizer, with the measured residual written on each bar. ``df``: ``state_bytes_table()``."""
-    _need(df, ["optimizer", "n_params", "predicted", "measured"], "df")
+    require_columns(df, list(READS[StateRow]), "df")
     with style():
         fig, ax = plt.subplots(figsize=(11, 4.5))
         xs = range(len(df))
         pred = df["predicted"] / df["n_params"]
         meas = df["measured"] / df["n_params"]
-        ax.bar(
-            [x - 0.2 for x in xs],
-            pred,
-            width=0.4,
-            color="lightgray",
-            edgecolor="black",
-            hatch="//",
-            label="predicted (estimate)",
-        )
-        ax.bar(
-            [x + 0.2 for x in xs],
-            meas,
-            width=0.4,
-            color=[OPTIMIZER_COLORS.get(o, "black") for o in df["optimizer"]],
-            label="measured",
-        )
+        colors = [OPTIMIZER_COLORS.get(o, "black") for o in df["optimizer"]]
+        kit.bars_beside(ax, df["optimizer"], pred, meas, color=colors)
         for x, (_, row) in zip(xs, df.iterrows()):
             res = row["measured"] - row["predicted"]
             ax.text(
@@ -87,7 +65,6 @@ def plot_state_bytes(df: pd.DataFrame) -> Figure:
                 rotation=90,
                 va="bottom",
             )
-        ax.set_xticks(list(xs), df["optimizer"])
         ax.set_ylabel("state bytes per parameter")
         ax.set_ylim(0, max(meas.max(), pred.max()) * 1.5 + 0.5)
         ax.set_title("Optimizer state of the tiny GPT (fp32 parameters)")
@@ -106,7 +83,7 @@ def _part_color(name: str) -> str:
 def plot_accounting(df: pd.DataFrame) -> Figure:
     """Horizontal stacked bars: the components of each bytes-per-parameter figure of the
     literature. ``df``: ``accounting_table()``."""
-    _need(df, ["source", "components", "bytes_per_param"], "df")
+    require_columns(df, list(READS[AccountingRow]), "df")
     with style():
         fig, ax = plt.subplots(figsize=(12, 0.85 * len(df) + 1.5))
         for y, (_, row) in enumerate(df.iterrows()):
@@ -138,7 +115,7 @@ def plot_accounting(df: pd.DataFrame) -> Figure:
 def plot_mixed_precision_accounting(df: pd.DataFrame) -> Figure:
     """Stacked bars, bytes per parameter by component: predicted, measured at rest, measured peak
     during the optimizer step. ``df``: ``mixed_precision_accounting()``."""
-    _need(df, ["total"], "df")
+    require_columns(df, list(READS[PerParamRow]), "df")
     parts = [c for c in df.columns if c != "total"]
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.5))
@@ -178,7 +155,7 @@ def plot_mixed_precision_accounting(df: pd.DataFrame) -> Figure:
 
 def plot_convergence(df: pd.DataFrame, *, loss_floor: float | None = None) -> Figure:
     """Loss per step, one line per optimizer (same seed, same batches). ``df``: ``convergence()``."""
-    _need(df, ["optimizer", "step", "loss"], "df")
+    require_columns(df, list(READS[ConvergenceRow]), "df")
     with style():
         fig, ax = plt.subplots(figsize=(11, 4.5))
         for name, sub in df.groupby("optimizer", sort=False):

@@ -19,33 +19,27 @@ Plain data out; plots in course_lib.units.u04_optimizer_memory.plots.
 
 from __future__ import annotations
 
-import math
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
+from course_lib.measure.estimate.memory import Optimizer
 from course_lib.models import GPT, GPTConfig, count_params
 from course_lib.techniques import optim as O
 from course_lib.units.u04_optimizer_memory.run_accounting import (  # noqa: F401 (re-exported)
     ACCOUNTINGS,
     accounting_table,
 )
-
-__all__ = [
-    "DEFAULT_LR",
-    "state_bytes_table",
-    "mixed_precision_accounting",
-    "RECIPES",
-    "recipe_table",
-    "ACCOUNTINGS",
-    "accounting_table",
-    "convergence",
-    "task_batch",
-]
+from course_lib.units.u04_optimizer_memory.run_recipes import (  # noqa: F401 (re-exported)
+    RECIPES,
+    RecipeRow,
+    recipe_table,
+)
 
 #: learning rates for the tiny GPT on the task: the best of a small grid (3-4 values each, 30 steps,
 #: batch 8, seq 16) -- SGD needs a far larger one than the adaptive methods
@@ -60,12 +54,45 @@ DEFAULT_LR: dict[str, float] = {
 }
 
 
-def task_batch(
-    config: GPTConfig, batch: int, seq: int, *, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The learnable sequence task of unit 03: :func:`course_lib.data.permutation_batch` (a fixed
-    random permutation of the vocabulary)."""
-    return permutation_batch(config, batch, seq, generator=generator)
+@dataclass(frozen=True)
+class StateRow:
+    """One optimizer's state after one step of the tiny GPT (:func:`state_bytes_table`)."""
+
+    optimizer: str
+    n_params: int
+    naive: int
+    predicted: int
+    measured: int
+    residual: int
+    moments: int
+    step: int
+    quant_meta: int
+    state_total: int
+    bytes_per_param: float
+    predicted_per_param: float
+
+
+@dataclass(frozen=True)
+class PerParamRow:
+    """Bytes per parameter by component of the master-weights recipe, predicted or measured."""
+
+    when: str
+    params: float = field(metadata=kit.column("params (16-bit)"))
+    grads: float = field(metadata=kit.column("grads (16-bit)"))
+    master: float = field(metadata=kit.column("master (fp32)"))
+    adam: float = field(metadata=kit.column("adam m, v (fp32)"))
+    scratch: float = field(metadata=kit.column("fp32 grads + scratch"))
+    total: float
+
+
+@dataclass(frozen=True)
+class ConvergenceRow:
+    """The loss of one optimizer at one step (:func:`convergence`)."""
+
+    optimizer: str
+    lr: float
+    step: int
+    loss: float
 
 
 def _model(config: GPTConfig, seed: int) -> GPT:
@@ -76,6 +103,37 @@ def _model(config: GPTConfig, seed: int) -> GPT:
 # --------------------------------------------------------------------------------------------
 # state bytes per optimizer
 # --------------------------------------------------------------------------------------------
+def _state_row(name: Optimizer, model: GPT, opt: torch.optim.Optimizer, measured: int) -> StateRow:
+    """The estimates beside the ``measured`` optimizer bytes after one step of ``opt``."""
+    n = count_params(model)
+    with_grad = [p for p in model.parameters() if p.grad is not None]  # the ones with state
+    naive = int(
+        estimate.model_state_bytes(
+            n, precision="fp32", optimizer=name, n_param_tensors=len(with_grad)
+        )["optimizer"]
+    )
+    pred = int(
+        estimate.adam8bit_state_bytes(p.numel() for p in with_grad)["total"]
+        if name == "adam8bit"
+        else naive
+    )
+    sb = O.state_bytes(opt)
+    return StateRow(
+        name,
+        n,
+        naive,
+        pred,
+        measured,
+        measured - pred,
+        sb["moments"],
+        sb["step"],
+        sb["quant_meta"],
+        sb["total"],
+        measured / n,
+        estimate.optimizer_state_bytes_per_param(name),
+    )
+
+
 def state_bytes_table(
     names: Sequence[str] = O.OPTIMIZERS,
     *,
@@ -104,58 +162,31 @@ def state_bytes_table(
     for name in validate.choices("names", names, O.OPTIMIZERS):
         model = _model(config, seed)
         opt = O.make_optimizer(name, model.parameters(), lr=DEFAULT_LR[name])
-        idx, tgt = task_batch(config, batch, seq, generator=torch.Generator().manual_seed(seed))
+        idx, tgt = permutation_batch(
+            config, batch, seq, generator=torch.Generator().manual_seed(seed)
+        )
         with MemoryMeter(model, opt) as mem:
             opt.zero_grad(set_to_none=True)
             model.loss(idx, tgt).backward()
             opt.step()
-        n = count_params(model)
-        with_grad = [p for p in model.parameters() if p.grad is not None]  # the ones with state
-        naive = int(
-            estimate.model_state_bytes(
-                n, precision="fp32", optimizer=name, n_param_tensors=len(with_grad)
-            )["optimizer"]
-        )
-        pred = (
-            estimate.adam8bit_state_bytes(p.numel() for p in with_grad)["total"]
-            if name == "adam8bit"
-            else naive
-        )
-        sb = O.state_bytes(opt)
-        measured = int(mem.end_breakdown["optimizer"])
-        rows.append(
-            {
-                "optimizer": name,
-                "n_params": n,
-                "naive": naive,
-                "predicted": int(pred),
-                "measured": measured,
-                "residual": measured - int(pred),
-                **{k: sb[k] for k in ("moments", "step", "quant_meta")},
-                "state_total": sb["total"],
-                "bytes_per_param": measured / n,
-                "predicted_per_param": estimate.optimizer_state_bytes_per_param(name),
-            }
-        )
-    return pd.DataFrame(rows)
+        rows.append(_state_row(name, model, opt, int(mem.end_breakdown["optimizer"])))
+    return kit.frame(rows, StateRow)
 
 
 # --------------------------------------------------------------------------------------------
 # mixed-precision Adam, measured per parameter
 # --------------------------------------------------------------------------------------------
-def _per_param_row(
-    label: str, bd: Mapping[str, int], buffers: int, n: int
-) -> dict[str, str | float]:
+def _per_param_row(label: str, bd: Mapping[str, int], buffers: int, n: int) -> PerParamRow:
     """A MemoryMeter breakdown as bytes per parameter, by component of the master recipe."""
-    return {
-        "when": label,
-        "params (16-bit)": (bd["params"] - buffers) / n,
-        "grads (16-bit)": bd["grads"] / n,
-        "master (fp32)": bd["other"] / n,
-        "adam m, v (fp32)": bd["optimizer"] / n,
-        "fp32 grads + scratch": (bd["activations"] + bd["temporaries"]) / n,
-        "total": (sum(bd.values()) - buffers) / n,
-    }
+    return PerParamRow(
+        label,
+        (bd["params"] - buffers) / n,
+        bd["grads"] / n,
+        bd["other"] / n,
+        bd["optimizer"] / n,
+        (bd["activations"] + bd["temporaries"]) / n,
+        (sum(bd.values()) - buffers) / n,
+    )
 
 
 def mixed_precision_accounting(
@@ -176,7 +207,7 @@ def mixed_precision_accounting(
     config = config or GPTConfig.tiny()
     model = _model(config, seed).to(dtype)
     mw = O.MasterWeights(model, "adam", lr=1e-3)
-    idx, tgt = task_batch(config, batch, seq, generator=torch.Generator().manual_seed(seed))
+    idx, tgt = permutation_batch(config, batch, seq, generator=torch.Generator().manual_seed(seed))
     for _ in range(2):  # the first step creates the Adam state
         mw.zero_grad()
         model.loss(idx, tgt).backward()
@@ -190,159 +221,21 @@ def mixed_precision_accounting(
     pred = estimate.model_state_bytes(
         n, precision="bf16-mixed", optimizer="adam", n_param_tensors=len(mw.master)
     )
-    predicted = {
-        "when": "predicted (ZeRO accounting)",
-        "params (16-bit)": pred["params"] / n,
-        "grads (16-bit)": pred["grads"] / n,
-        "master (fp32)": pred["master"] / n,
-        "adam m, v (fp32)": pred["optimizer"] / n,
-        "fp32 grads + scratch": 0.0,
-        "total": pred["total"] / n,
-    }
-    return pd.DataFrame(
-        [
-            predicted,
-            _per_param_row("measured at rest", mem.end_breakdown, buffers, n),
-            _per_param_row("measured peak during step", mem.peak_breakdown, buffers, n),
-        ]
-    ).set_index("when")
-
-
-# --------------------------------------------------------------------------------------------
-# 16 or 12 bytes per parameter: the master copy, measured
-# --------------------------------------------------------------------------------------------
-#: recipe -> (what it stores, estimate.model_state_bytes arguments)
-RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
-    "fp32": ("fp32 params, grads, Adam m and v", dict(precision="fp32")),
-    "16 B: bf16 + fp32 master": (
-        "bf16 params and grads, fp32 master, fp32 Adam m and v",
-        dict(precision="bf16-mixed"),
-    ),
-    "12 B: bf16, fp32 moments": (
-        "bf16 params and grads, fp32 Adam m and v, no master",
-        dict(precision="bf16-true", state_dtype_bytes=4),
-    ),
-    "8 B: bf16-true": ("bf16 params, grads, Adam m and v", dict(precision="bf16-true")),
-}
-
-
-class _Stepper:
-    """One recipe's optimizer behind one interface: zero_grad(), step(), the tensors it holds."""
-
-    def __init__(self, recipe: str, model: torch.nn.Module, lr: float) -> None:
-        self.master: Sequence[torch.Tensor] = ()
-        self._mw: O.MasterWeights | None
-        self.optimizer: torch.optim.Optimizer
-        if recipe == "16 B: bf16 + fp32 master":
-            self._mw = O.MasterWeights(model, "adam", lr=lr)
-            self.optimizer, self.master = self._mw.optimizer, self._mw.master
-        elif recipe == "12 B: bf16, fp32 moments":
-            self._mw = None
-            self.optimizer = O.Adam(model.parameters(), lr=lr, state_dtype=torch.float32)
-        else:
-            self._mw = None
-            self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-
-    def zero_grad(self) -> None:
-        (self._mw or self.optimizer).zero_grad(set_to_none=True)
-
-    def step(self) -> None:
-        (self._mw or self.optimizer).step()
-
-
-def _train_recipe(
-    model: GPT,
-    stepper: _Stepper,
-    config: GPTConfig,
-    batch: int,
-    seq: int,
-    steps: int,
-    seed: int,
-) -> tuple[float, float, float]:
-    """``steps`` steps of one recipe: (last loss, model-state B/param measured over the second
-    step's optimizer step, share of weights the last step left unchanged)."""
-    from course_lib.measure.memory import MemoryMeter
-
-    gen = torch.Generator().manual_seed(seed + 1)
-    n = count_params(model)
-    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    measured = math.nan
-    for step in range(steps):
-        idx, tgt = task_batch(config, batch, seq, generator=gen)
-        stepper.zero_grad()
-        loss = model.loss(idx, tgt)
-        loss.backward()
-        before = [p.detach().clone() for p in model.parameters()]
-        if step == 1:
-            with MemoryMeter(model, stepper.optimizer, track=stepper.master) as mem:
-                stepper.step()
-            end = mem.end_breakdown
-            measured = (
-                end["params"] - buffers + end["grads"] + end["optimizer"] + end["other"]
-            ) / n
-        else:
-            stepper.step()
-    unchanged = sum(int((p.detach() == b).sum()) for p, b in zip(model.parameters(), before)) / n
-    return float(loss.detach()), measured, unchanged
-
-
-def recipe_table(
-    *,
-    config: GPTConfig | None = None,
-    batch: int = 4,
-    seq: int = 32,
-    steps: int = 20,
-    lr: float = 1e-4,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """Each recipe of :data:`RECIPES` on the tiny GPT, from the same initial weights (the fp32
-    ones, rounded to bf16 for the 16-bit recipes) on the same batches.
-
-    Columns: ``stores``; ``predicted B/param`` (``estimate.model_state_bytes`` with the recipe's
-    arguments and the step counters it keeps); ``measured B/param`` (MemoryMeter at the end of the
-    second step: params without buffers + grads + optimizer state + master); after ``steps`` steps at
-    ``lr``: ``loss``, ``unchanged by last step`` (share of 16-bit weights the last step left exactly
-    as they were) and ``update error`` = ||w - w_fp32|| / ||w_fp32 - w_0||, the error of the total
-    update against the fp32 run (0 = the same update, 1 = as far off as the update itself).
-    """
-    config = config or GPTConfig.tiny()
-    validate.number("lr", lr, positive=True)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-        raise ValueError(f"steps = {steps!r}: expected an int >= 2 (the second step is measured)")
-    rows = []
-    fp32_final: list[torch.Tensor] = []  # RECIPES starts with fp32: set on the first recipe
-    start: list[torch.Tensor] = []
-    for recipe, (stores, kwargs) in RECIPES.items():
-        model = _model(config, seed)
-        if recipe != "fp32":
-            model = model.to(torch.bfloat16)
-        w0 = [p.detach().float().clone() for p in model.parameters()]
-        start = start or w0
-        stepper = _Stepper(recipe, model, lr)
-        n = count_params(model)
-        loss, measured, unchanged = _train_recipe(model, stepper, config, batch, seq, steps, seed)
-        final = [p.detach().float() for p in model.parameters()]
-        if recipe == "fp32":
-            fp32_final = final
-        num = sum(float((f - r).pow(2).sum()) for f, r in zip(final, fp32_final)) ** 0.5
-        den = sum(float((r - s).pow(2).sum()) for r, s in zip(fp32_final, start)) ** 0.5
-        # torch.optim.Adam keeps one step counter tensor per parameter; O.Adam a Python int
-        n_counters = len(w0) if isinstance(stepper.optimizer, torch.optim.Adam) else 0
-        pred = estimate.model_state_bytes(
-            n, optimizer="adam", n_param_tensors=n_counters, **kwargs
-        )["total"]
-        rows.append(
-            {
-                "recipe": recipe,
-                "stores": stores,
-                "predicted B/param": pred / n,
-                "measured B/param": measured,
-                "loss": loss,
-                "unchanged by last step": unchanged,
-                "update error": num / den,
-            }
-        )
-    return pd.DataFrame(rows).set_index("recipe")
+    predicted = PerParamRow(
+        "predicted (ZeRO accounting)",
+        pred["params"] / n,
+        pred["grads"] / n,
+        pred["master"] / n,
+        pred["optimizer"] / n,
+        0.0,
+        pred["total"] / n,
+    )
+    rows = [
+        predicted,
+        _per_param_row("measured at rest", mem.end_breakdown, buffers, n),
+        _per_param_row("measured peak during step", mem.peak_breakdown, buffers, n),
+    ]
+    return kit.frame(rows, PerParamRow).set_index("when")
 
 
 # --------------------------------------------------------------------------------------------
@@ -369,12 +262,10 @@ def convergence(
         opt = O.make_optimizer(name, model.parameters(), lr=lrs[name])
         gen = torch.Generator().manual_seed(seed + 1)
         for step in range(steps):
-            idx, tgt = task_batch(config, batch, seq, generator=gen)
+            idx, tgt = permutation_batch(config, batch, seq, generator=gen)
             opt.zero_grad(set_to_none=True)
             loss = model.loss(idx, tgt)
             loss.backward()
             opt.step()
-            rows.append(
-                {"optimizer": name, "lr": lrs[name], "step": step, "loss": float(loss.detach())}
-            )
-    return pd.DataFrame(rows)
+            rows.append(ConvergenceRow(name, lrs[name], step, float(loss.detach())))
+    return kit.frame(rows, ConvergenceRow)

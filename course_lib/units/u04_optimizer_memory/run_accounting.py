@@ -5,8 +5,11 @@ Used by notebooks/04_optimizer_memory.ipynb through :mod:`run` (which re-exports
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
+from course_lib import kit
 from course_lib.measure import estimate
 
 # --------------------------------------------------------------------------------------------
@@ -102,21 +105,24 @@ ACCOUNTINGS: tuple[tuple[str, str, tuple[tuple[str, str], ...], str], ...] = (
 )
 
 
+@dataclass(frozen=True)
+class AccountingRow:
+    """One bytes-per-parameter figure of the literature, from its components."""
+
+    source: str
+    counts: str
+    components: str
+    bytes_per_param: int
+    reference: str
+
+
 def accounting_table() -> pd.DataFrame:
     """The bytes-per-parameter figures of the literature, each computed from its components with
     ``estimate.dtype_bytes`` (nothing typed in by hand): source, what it counts, the components,
     bytes per parameter, and the reference."""
     rows = []
     for source, counts, parts, ref in ACCOUNTINGS:
-        rows.append(
-            {
-                "source": source,
-                "counts": counts,
-                "components": " + ".join(
-                    f"{name} {estimate.dtype_bytes(dt)}" for name, dt in parts
-                ),
-                "bytes_per_param": sum(estimate.dtype_bytes(dt) for _, dt in parts),
-                "reference": ref,
-            }
-        )
-    return pd.DataFrame(rows)
+        components = " + ".join(f"{name} {estimate.dtype_bytes(dt)}" for name, dt in parts)
+        total = sum(estimate.dtype_bytes(dt) for _, dt in parts)
+        rows.append(AccountingRow(source, counts, components, total, ref))
+    return kit.frame(rows, AccountingRow)

@@ -20,8 +20,6 @@ from course_lib.viz.widgets import Explorer
 if TYPE_CHECKING:
     from course_lib.models import GPTConfig
 
-__all__ = ["OptimizerExplorer"]
-
 
 class OptimizerExplorer(Explorer):
     """Optimizer picker + sliders + Run; ``result`` holds the last ``convergence`` DataFrame and

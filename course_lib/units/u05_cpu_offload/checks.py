@@ -40,15 +40,6 @@ from course_lib.units.u05_cpu_offload.checks_offload_step import (  # noqa: F401
     check_offload_step,
 )
 
-__all__ = [
-    "check_step_time",
-    "check_choose_offload",
-    "check_offload_step",
-    "OFFLOAD_LEVELS",
-    "STEP_RTOL",
-    "STEPS",
-]
-
 OFFLOAD_LEVELS = ("none", "optimizer", "optimizer+grads", "all")
 STEP_RTOL = 0.1
 UNIT = "u05_cpu_offload"

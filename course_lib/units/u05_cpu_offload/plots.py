@@ -10,9 +10,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from course_lib.units.u05_cpu_offload.run import FitRow
+from course_lib.units.u05_cpu_offload.run_bandwidth import TierRow
 from course_lib.viz.plots import CATEGORY_COLORS, require_columns, style
 
-__all__ = ["PART_COLORS", "plot_memory_fit", "plot_tiers", "plot_step_breakdown"]
+READS = {
+    FitRow: ("model_state_measured", "activations", "model_state_predicted"),
+    TierRow: ("GBps",),
+}
 
 #: one colour per part of an offloaded step
 PART_COLORS = {
@@ -29,9 +34,7 @@ def plot_memory_fit(df: pd.DataFrame, budget_bytes: int, *, simulated: bool = Tr
     """Device memory at the peak of a step, plain and offloaded: model state and activations
     stacked (measured), the predicted model state as a hatched outline, the budget as a line.
     ``df``: ``memory_fit()``; bytes shown in MiB."""
-    require_columns(
-        df, ["model_state_measured", "activations", "model_state_predicted"], "df", nonempty=True
-    )
+    require_columns(df, list(READS[FitRow]), "df", nonempty=True)
     mib = 2**20
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.5))
@@ -76,7 +79,7 @@ def plot_memory_fit(df: pd.DataFrame, budget_bytes: int, *, simulated: bool = Tr
 def plot_tiers(df: pd.DataFrame, links: dict[str, float] | None = None) -> Figure:
     """Measured bandwidth of each tier (GB/s, log scale) beside published link speeds (dashed:
     not measured here). ``df``: ``tier_bandwidth()`` (or ``h2d_bandwidth()`` indexed by a label)."""
-    require_columns(df, ["GBps"], "df", nonempty=True)
+    require_columns(df, list(READS[TierRow]), "df", nonempty=True)
     links = links or {}
     with style():
         fig, ax = plt.subplots(figsize=(10, 0.6 * (len(df) + len(links)) + 1.5))

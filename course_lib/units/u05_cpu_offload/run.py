@@ -19,18 +19,19 @@ Plain data out; plots in course_lib.units.u05_cpu_offload.plots.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
 from course_lib.measure.estimate.offload import OffloadLevel, OffloadPrecision
 from course_lib.models import GPTConfig, count_params
 from course_lib.techniques.offload import OffloadAdamW
-from course_lib.units.u05_cpu_offload._setup import (
+from course_lib.units.u05_cpu_offload._setup import (  # noqa: F401 (PARTS: re-exported)
     CONFIG,
     LR,
     PARTS,
@@ -47,23 +48,68 @@ from course_lib.units.u05_cpu_offload.run_bandwidth import (  # noqa: F401 (re-e
 if TYPE_CHECKING:
     from course_lib.measure.memory import MemoryMeter
 
-__all__ = [
-    "CONFIG",
-    "LR",
-    "parity",
-    "memory_fit",
-    "tier_bandwidth",
-    "h2d_bandwidth",
-    "step_breakdown",
-    "fsdp_offload_parity",
-    "scale_up",
-    "PARTS",
-]
-
 
 # --------------------------------------------------------------------------------------------
 # parity
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ParityRow:
+    """Plain vs offloaded AdamW after the same steps, one dtype and tier (:func:`parity`)."""
+
+    dtype: str
+    tier: str
+    steps: int
+    max_abs_diff: float
+    min_param_moved: float
+    to_host_bytes: int
+    to_device_bytes: int
+    n_params: int
+
+
+@dataclass(frozen=True)
+class FitRow:
+    """Device and host bytes of one training step, plain or offloaded (:func:`memory_fit`)."""
+
+    run: str
+    level: str
+    model_state_predicted: int
+    model_state_measured: int
+    activations: int
+    peak: int
+    peak_phase: str
+    host_predicted: int
+    host_measured: int
+    host_buffers: int
+    n_params: int
+
+
+@dataclass(frozen=True)
+class ScaleRow:
+    """One model size's offloaded step, estimated (:func:`scale_up`)."""
+
+    params: str
+    device_GB: float = field(metadata=kit.column("device GB"))
+    host_GB: float = field(metadata=kit.column("host GB"))
+    each_way_GB: float = field(metadata=kit.column("each way GB"))
+    compute_s: float = field(metadata=kit.column("compute s"))
+    transfer_s: float = field(metadata=kit.column("transfer s (each way)"))
+    host_adam_s: float = field(metadata=kit.column("host Adam s"))
+    overlapped_s: float = field(metadata=kit.column("overlapped s"))
+    serial_s: float = field(metadata=kit.column("serial s"))
+    no_offload_s: float = field(metadata=kit.column("no offload s"))
+
+
+@dataclass(frozen=True)
+class PlacementRow:
+    """Where one rank keeps one parameter under FSDP2 (:func:`fsdp_offload_parity`)."""
+
+    name: str
+    type: str
+    device: str
+    local_shape: tuple[int, ...]
+    full_shape: tuple[int, ...]
+
+
 def parity(
     *,
     steps: int = 5,
@@ -105,19 +151,19 @@ def parity(
                     for a, s in zip(plain.parameters(), start)
                 )
             rows.append(
-                {
-                    "dtype": str(dtype).removeprefix("torch."),
-                    "tier": tier,
-                    "steps": steps,
-                    "max_abs_diff": diff,
-                    "min_param_moved": moved,
-                    "to_host_bytes": opt.bytes_moved["to_host"],
-                    "to_device_bytes": opt.bytes_moved["to_device"],
-                    "n_params": count_params(off),
-                }
+                ParityRow(
+                    str(dtype).removeprefix("torch."),
+                    tier,
+                    steps,
+                    diff,
+                    moved,
+                    opt.bytes_moved["to_host"],
+                    opt.bytes_moved["to_device"],
+                    count_params(off),
+                )
             )
             opt.close()
-    return pd.DataFrame(rows)
+    return kit.frame(rows, ParityRow)
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,24 +247,21 @@ def memory_fit(
         bd = mem.peak_breakdown
         split = estimate.offload_split(n, level=level, precision=precision, optimizer="adamw")
         rows.append(
-            {
-                "run": label,
-                "level": level,
-                "model_state_predicted": split["device"],
-                "model_state_measured": bd["params"] + bd["grads"] + bd["optimizer"] + bd["other"],
-                "activations": bd["activations"] + bd["temporaries"],
-                "peak": mem.peak_bytes,
-                "peak_phase": mem.peak_phase,
-                "host_predicted": split["host"],
-                "host_measured": 0 if host is None else host["master"] + host["optimizer"],
-                "host_buffers": 0 if host is None else host["grads"] + host["staging"],
-                "n_params": n,
-            }
+            FitRow(
+                label,
+                level,
+                split["device"],
+                bd["params"] + bd["grads"] + bd["optimizer"] + bd["other"],
+                bd["activations"] + bd["temporaries"],
+                mem.peak_bytes,
+                mem.peak_phase,
+                split["host"],
+                0 if host is None else host["master"] + host["optimizer"],
+                0 if host is None else host["grads"] + host["staging"],
+                n,
+            )
         )
-    return pd.DataFrame(rows).set_index("run")
-
-
-__all__.append("predicted_step_times")
+    return kit.frame(rows, FitRow).set_index("run")
 
 
 # --------------------------------------------------------------------------------------------
@@ -255,15 +298,16 @@ def _fsdp_rank(rank: int, world_size: int, steps: int):
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh, offload_policy=policy)
     fully_shard(model, mesh=mesh, offload_policy=policy)
-    where = {
-        name: {
-            "type": type(p).__name__,
-            "device": str(p.to_local().device),
-            "local_shape": tuple(p.to_local().shape),
-            "full_shape": tuple(p.shape),
-        }
+    where = [
+        PlacementRow(
+            name,
+            type(p).__name__,
+            str(p.to_local().device),
+            tuple(p.to_local().shape),
+            tuple(p.shape),
+        )
         for name, p in model.named_parameters()
-    }
+    ]
     record = parallel_run(
         model,
         _fsdp_batch,
@@ -290,7 +334,7 @@ def fsdp_offload_parity(
         _fsdp_model, _fsdp_batch, steps=steps, optimizer_fn=make_optimizer_fn("adamw", lr=LR)
     )
     table = compare(ref, [r for r, _ in out])
-    where = pd.DataFrame(out[0][1]).T
+    where = kit.frame(out[0][1], PlacementRow).set_index("name").rename_axis(None)
     return table, where
 
 
@@ -321,21 +365,21 @@ def scale_up(
         tr = estimate.offload_transfer_times(n, link_GBps=link_GBps)
         host = estimate.host_adam_time(n, host_GBps=host_GBps)
         rows.append(
-            {
-                "params": f"{n / 1e9:g}B",
-                "device GB": split["device"] / 1e9,
-                "host GB": split["host"] / 1e9,
-                "each way GB": split["to_host"] / 1e9,
-                "compute s": compute,
-                "transfer s (each way)": tr["duplex_s"],
-                "host Adam s": host,
-                "overlapped s": estimate.offload_step_time(
+            ScaleRow(
+                f"{n / 1e9:g}B",
+                split["device"] / 1e9,
+                split["host"] / 1e9,
+                split["to_host"] / 1e9,
+                compute,
+                tr["duplex_s"],
+                host,
+                estimate.offload_step_time(
                     compute_s=compute, transfer_s=tr["duplex_s"], host_s=host
                 ),
-                "serial s": estimate.offload_step_time(
+                estimate.offload_step_time(
                     compute_s=compute, transfer_s=tr["serial_s"], host_s=host, overlap=False
                 ),
-                "no offload s": compute,
-            }
+                compute,
+            )
         )
-    return pd.DataFrame(rows).set_index("params")
+    return kit.frame(rows, ScaleRow).set_index("params")

@@ -9,12 +9,13 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
 from course_lib.models import GPT, GPTConfig
@@ -25,6 +26,26 @@ from course_lib.units.u05_cpu_offload._setup import CONFIG, LR, _models, _plain_
 # --------------------------------------------------------------------------------------------
 # bandwidth of the tiers of this machine
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TierRow:
+    """One place state can live on this machine, timed (:func:`tier_bandwidth`)."""
+
+    tier: str
+    GBps: float
+    bytes: int
+    note: str
+
+
+@dataclass(frozen=True)
+class CopyRow:
+    """Host <-> device copies from one kind of host memory, one direction (:func:`h2d_bandwidth`)."""
+
+    memory: str
+    direction: str
+    GBps: float
+    bytes: int
+
+
 def _median(xs: Iterable[float]) -> float:
     xs = sorted(xs)
     return xs[len(xs) // 2]
@@ -79,12 +100,10 @@ def tier_bandwidth(
         if dropped
         else "posix_fadvise is not available here: this read may come from the page cache"
     }
-    return pd.DataFrame(
-        [
-            {"tier": k, "GBps": nbytes / _median(v) / 1e9, "bytes": nbytes, "note": note.get(k, "")}
-            for k, v in times.items()
-        ]
-    ).set_index("tier")
+    rows = [
+        TierRow(k, nbytes / _median(v) / 1e9, nbytes, note.get(k, "")) for k, v in times.items()
+    ]
+    return kit.frame(rows, TierRow).set_index("tier")
 
 
 def h2d_bandwidth(nbytes: int = 256 << 20, *, repeat: int = 5) -> pd.DataFrame:
@@ -109,15 +128,9 @@ def h2d_bandwidth(nbytes: int = 256 << 20, *, repeat: int = 5) -> pd.DataFrame:
             ("device -> host", lambda h=host, pin=pinned: h.copy_(dev, non_blocking=pin)),
         ):
             r = time_fn(fn, warmup=2, repeat=repeat, sync=True)
-            rows.append(
-                {
-                    "memory": "pinned" if pinned else "pageable",
-                    "direction": direction,
-                    "GBps": nbytes / r.median_s / 1e9,
-                    "bytes": nbytes,
-                }
-            )
-    return pd.DataFrame(rows)
+            memory = "pinned" if pinned else "pageable"
+            rows.append(CopyRow(memory, direction, nbytes / r.median_s / 1e9, nbytes))
+    return kit.frame(rows, CopyRow)
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,8 +15,6 @@ import ipywidgets as widgets
 
 from course_lib.viz.widgets import Explorer
 
-__all__ = ["OffloadExplorer"]
-
 
 class OffloadExplorer(Explorer):
     """Tier, width and batch + Run; ``result`` holds the last ``step_breakdown`` DataFrame and

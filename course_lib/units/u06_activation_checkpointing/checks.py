@@ -30,15 +30,6 @@ from course_lib.grading.plain import describe
 from course_lib.grading.seeds import case_rng
 from course_lib.grading.split import split_check
 
-__all__ = [
-    "check_pick_policy",
-    "check_rng_fix",
-    "check_predict_kept_bytes",
-    "MENU",
-    "GRAD_RTOL",
-    "GRAD_ATOL",
-]
-
 _RUN = "course_lib.units.u06_activation_checkpointing.run"
 _CK = "course_lib.techniques.checkpointing"
 _EST = "course_lib.measure.estimate"
@@ -74,40 +65,24 @@ def _drawn_gpt(rng, *, n_layer: tuple[int, int], **extra):
     )
 
 
-def _gpt(config, seed: int = 0):
-    import torch
+def _gpt_and_batch(config, batch: int, seq: int, seed: int = 0):
+    """The lecture's GPT (weights from ``seed``) and a batch of ``batch`` x ``seq`` tokens."""
+    from course_lib.units.u06_activation_checkpointing.run import make_batch, make_model
 
-    from course_lib.models import GPT
-
-    torch.manual_seed(seed)
-    return GPT(config)
-
-
-def _batch(config, batch: int, seq: int, seed: int = 1):
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    return (
-        torch.randint(0, config.vocab_size, (batch, seq), generator=g),
-        torch.randint(0, config.vocab_size, (batch, seq), generator=g),
-    )
+    return (make_model(config, seed=seed), *make_batch(config, batch, seq))
 
 
 def _measure(base, idx, tgt, policy: str, k: int, save_ops) -> tuple[int, int]:
-    """(kept bytes when forward ends, matmul FLOPs of the step), both measured."""
+    """(kept bytes when forward ends, matmul FLOPs of the step), both measured (judge side)."""
     import copy
 
     from torch.utils.flop_counter import FlopCounterMode
 
-    from course_lib.measure.memory import MemoryMeter
     from course_lib.techniques.checkpointing import apply_checkpointing
+    from course_lib.units.u06_activation_checkpointing.run import kept_bytes
 
     model = apply_checkpointing(copy.deepcopy(base), policy, k=k, save_ops=save_ops)
-    with MemoryMeter(model) as meter:
-        logits = model(idx)
-    del logits
-    tl = meter.timeline
-    kept = int(tl[tl["event"] == "post_forward"].iloc[-1]["activations"])
+    kept = kept_bytes(model, idx)
     with FlopCounterMode(display=False) as fc:
         model.loss(idx, tgt).backward()
     return kept, int(fc.get_total_flops())
@@ -160,8 +135,7 @@ def _pick_menu(task: int):
     """Task 1's GPT, its batch, every menu option measured on it and the three budgets:
     everything fits; only some selective and block policies fit; only the smallest fits."""
     config, batch, seq = _pick_case(task)
-    base = _gpt(config)
-    idx, tgt = _batch(config, batch, seq)
+    base, idx, tgt = _gpt_and_batch(config, batch, seq)
     key = (config, batch, seq)
     if key not in _MENU_CACHE:  # deterministic: measured once per process and case
         _MENU_CACHE[key] = {
@@ -261,8 +235,8 @@ def _rng_case(task: int):
     """Task 2's GPT with dropout (its weights from the seed) and its batch."""
     rng = case_rng(task, UNIT)
     config = _drawn_gpt(rng, n_layer=(2, 3), dropout=0.2)
-    base = _gpt(config, seed=rng.getrandbits(31))
-    idx, tgt = _batch(config, rng.randint(1, 3), config.block_size)
+    seed = rng.getrandbits(31)
+    base, idx, tgt = _gpt_and_batch(config, rng.randint(1, 3), config.block_size, seed=seed)
     return config, base, idx, tgt
 
 
@@ -367,8 +341,7 @@ def judge_predict_kept_bytes(data: Any, task: int = 3) -> None:
     for (config, batch, seq, policy, k), got in zip(cases, data):
         if isinstance(got, bool) or not isinstance(got, int):
             fail(task, f"predict_kept_bytes must return an int (bytes), got {describe(got)}")
-        base = _gpt(config)
-        idx, tgt = _batch(config, batch, seq)
+        base, idx, tgt = _gpt_and_batch(config, batch, seq)
         expected, _ = _measure(base, idx, tgt, policy, k, MATMUL_OPS)
         if got != expected:
             fail(

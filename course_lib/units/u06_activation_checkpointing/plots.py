@@ -10,35 +10,33 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from course_lib import kit
+from course_lib.units.u06_activation_checkpointing.run import PolicyRow, SegmentRow, TimeRow
+from course_lib.units.u06_activation_checkpointing.run_scale import PaperScaleRow
 from course_lib.viz.plots import require_columns, style
 
-__all__ = ["plot_policies", "plot_segment_sweep", "plot_scale"]
+READS = {
+    PolicyRow: ("case", "kept_predicted", "kept_measured", "flops_ratio"),
+    TimeRow: ("case", "time_ratio"),
+    SegmentRow: ("k", "kept_predicted", "kept_measured", "peak_predicted", "peak_measured"),
+    PaperScaleRow: ("model", "policy", "kept_GB"),
+}
 
 
 def plot_policies(df: pd.DataFrame, times: pd.DataFrame | None = None) -> Figure:
     """Left: bytes kept for backward per policy, predicted beside measured (KiB). Right: the
     step's matmul FLOPs relative to no checkpointing (measured), and the time ratio if given."""
-    require_columns(
-        df, ["case", "kept_predicted", "kept_measured", "flops_ratio"], "df", nonempty=True
-    )
+    require_columns(df, list(READS[PolicyRow]), "df", nonempty=True)
     with style():
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8))
         xs = list(range(len(df)))
-        ax.bar(
-            [x - 0.2 for x in xs],
-            df["kept_predicted"] / 1024,
-            width=0.4,
-            color="lightgray",
-            edgecolor="black",
-            hatch="//",
-            label="predicted (estimate)",
-        )
-        ax.bar(
-            [x + 0.2 for x in xs],
-            df["kept_measured"] / 1024,
-            width=0.4,
-            color="tab:blue",
-            label="measured (MemoryMeter)",
+        kit.bars_beside(
+            ax,
+            df["case"],
+            df["kept_predicted"],
+            df["kept_measured"],
+            scale=1024,
+            names=("predicted (estimate)", "measured (MemoryMeter)"),
         )
         ax.set_xticks(xs, df["case"], rotation=30, ha="right")
         ax.set_ylabel("activation KiB kept when forward ends")
@@ -52,7 +50,7 @@ def plot_policies(df: pd.DataFrame, times: pd.DataFrame | None = None) -> Figure
             label="matmul FLOPs (FlopCounterMode)",
         )
         if times is not None:
-            require_columns(times, ["case", "time_ratio"], "times")
+            require_columns(times, list(READS[TimeRow]), "times")
             t = times.set_index("case")["time_ratio"].reindex(df["case"])
             bx.bar(
                 [x + 0.2 for x in xs], t, width=0.4, color="tab:gray", label="time (noisy on CPU)"
@@ -69,26 +67,23 @@ def plot_policies(df: pd.DataFrame, times: pd.DataFrame | None = None) -> Figure
 
 def plot_segment_sweep(df: pd.DataFrame) -> Figure:
     """Kept bytes and backward peak against the segment length k, predicted and measured (KiB)."""
-    require_columns(
-        df,
-        ["k", "kept_predicted", "kept_measured", "peak_predicted", "peak_measured"],
-        "df",
-        nonempty=True,
-    )
+    require_columns(df, list(READS[SegmentRow]), "df", nonempty=True)
     with style():
         fig, ax = plt.subplots(figsize=(8, 4.5))
-        ax.plot(
-            df["k"], df["kept_predicted"] / 1024, "--", color="tab:blue", label="kept, predicted"
-        )
-        ax.plot(df["k"], df["kept_measured"] / 1024, "o", color="tab:blue", label="kept, measured")
-        ax.plot(
-            df["k"],
-            df["peak_predicted"] / 1024,
-            "--",
-            color="tab:red",
-            label="peak, predicted (kept + k blocks)",
-        )
-        ax.plot(df["k"], df["peak_measured"] / 1024, "s", color="tab:red", label="peak, measured")
+        for what, color, marker, rule in (
+            ("kept", "tab:blue", "o", ""),
+            ("peak", "tab:red", "s", " (kept + k blocks)"),
+        ):
+            kit.line_beside(
+                ax,
+                df["k"],
+                df[f"{what}_predicted"],
+                df[f"{what}_measured"],
+                color=color,
+                marker=marker,
+                scale=1024,
+                names=(f"{what}, predicted{rule}", f"{what}, measured"),
+            )
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(df["k"]), [str(k) for k in df["k"]])
         ax.set_xlabel("blocks per checkpoint (segment length k)")
@@ -101,7 +96,7 @@ def plot_segment_sweep(df: pd.DataFrame) -> Figure:
 
 def plot_scale(df: pd.DataFrame) -> Figure:
     """Activation GB kept per policy for the sources' models (log scale), 16-bit."""
-    require_columns(df, ["model", "policy", "kept_GB"], "df", nonempty=True)
+    require_columns(df, list(READS[PaperScaleRow]), "df", nonempty=True)
     with style():
         fig, ax = plt.subplots(figsize=(11, 4.5))
         models = list(dict.fromkeys(df["model"]))

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import copy
 import functools
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.measure.estimate.checkpointing import CheckpointPolicy
 from course_lib.measure.memory import MemoryMeter
@@ -38,29 +39,12 @@ from course_lib.units.u06_activation_checkpointing.run_scale import (  # noqa: F
     virtual_7b_table,
 )
 
-__all__ = [
-    "CONFIG",
-    "CASES",
-    "make_model",
-    "make_batch",
-    "kept_bytes",
-    "plain_block_bytes",
-    "measure_case",
-    "policy_table",
-    "time_overhead",
-    "segment_sweep",
-    "cheapest_fitting_policy",
-    "scale_table",
-    "MODELS",
-    "source_corrections",
-    "virtual_7b_table",
-]
-
 #: the model of the lecture: 4 blocks, small enough to measure every policy in seconds
 CONFIG = GPTConfig.tiny(n_layer=4)
 
 #: (label, policy, k, save_ops) measured in the lecture
-CASES = (
+Case = tuple[str, CheckpointPolicy, int, Sequence[str]]
+CASES: tuple[Case, ...] = (
     ("none", "none", 1, ck.MATMUL_OPS),
     ("full", "full", 1, ck.MATMUL_OPS),
     ("every 2nd block", "every_k", 2, ck.MATMUL_OPS),
@@ -70,13 +54,56 @@ CASES = (
 )
 
 
+@dataclass(frozen=True)
+class PolicyRow:
+    """One checkpointing policy on the lecture's GPT, measured beside predicted."""
+
+    case: str
+    policy: str
+    k: int
+    save_ops: str
+    kept_predicted: int
+    kept_measured: int
+    kept_residual: int
+    peak_measured: int
+    flops_predicted: int
+    flops_measured: int
+    max_grad_error: float
+    flops_ratio: float
+    kept_vs_none: float
+
+
+@dataclass(frozen=True)
+class TimeRow:
+    """Median time of one forward + backward under one policy (:func:`time_overhead`)."""
+
+    case: str
+    median_ms: float
+    time_ratio: float
+
+
+@dataclass(frozen=True)
+class SegmentRow:
+    """One segment length k of :func:`segment_sweep`: kept bytes and backward peak."""
+
+    k: int
+    checkpoints: int
+    kept_predicted: int
+    kept_measured: int
+    peak_predicted: int
+    peak_measured: int
+    peak_residual: int
+
+
 def make_model(config: GPTConfig | None = None, *, seed: int = 0) -> GPT:
     """The tiny GPT with fixed weights (same seed, same model for every policy)."""
     torch.manual_seed(seed)
     return GPT(config or CONFIG)
 
 
-def make_batch(config: GPTConfig, batch: int, seq: int, *, seed: int = 1):
+def make_batch(
+    config: GPTConfig, batch: int, seq: int, *, seed: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random token ids and targets, (batch, seq) int64 each."""
     validate.count("batch", batch, minimum=1)
     validate.count("seq", seq, minimum=1, maximum=config.block_size)
@@ -102,12 +129,12 @@ def _grad(p: torch.Tensor) -> torch.Tensor:
 
 def measure_case(
     base: GPT,
-    idx,
-    targets,
+    idx: torch.Tensor,
+    targets: torch.Tensor,
     policy: str,
     *,
     k: int = 1,
-    save_ops=ck.MATMUL_OPS,
+    save_ops: Sequence[str] = ck.MATMUL_OPS,
     reference_grads: Sequence[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Apply one policy to a copy of ``base`` and measure kept bytes, peak, FLOPs and gradients."""
@@ -137,7 +164,11 @@ def measure_case(
 
 
 def policy_table(
-    config: GPTConfig | None = None, *, batch: int = 4, seq: int = 64, cases=CASES
+    config: GPTConfig | None = None,
+    *,
+    batch: int = 4,
+    seq: int = 64,
+    cases: Sequence[Case] = CASES,
 ) -> pd.DataFrame:
     """One row per policy: kept bytes, peak and FLOPs, measured beside predicted, and the
     largest gradient difference from the unchanged model."""
@@ -145,38 +176,37 @@ def policy_table(
     base = make_model(cfg)
     idx, targets = make_batch(cfg, batch, seq)
     ref = measure_case(base, idx, targets, "none")["grads"]
-    rows = []
+    measured = []
     for label, policy, k, ops in cases:
         m = measure_case(base, idx, targets, policy, k=k, save_ops=ops, reference_grads=ref)
+        measured.append((label, policy, k, ops, m))
+    nones = [m["flops"] for _, policy, _, _, m in measured if policy == "none"]
+    base_flops = nones[0] if nones else estimate.gpt_step_matmul_flops(cfg, batch, seq)["total"]
+    kept_none = estimate.checkpointed_activation_bytes_gpt(cfg, batch, seq)
+    rows = []
+    for label, policy, k, ops, m in measured:
         pred = estimate.checkpointed_activation_bytes_gpt(
             cfg, batch, seq, policy=policy, k=k, save_ops=ops
         )
         flops = estimate.gpt_step_matmul_flops(cfg, batch, seq, policy=policy, k=k, save_ops=ops)
         rows.append(
-            {
-                "case": label,
-                "policy": policy,
-                "k": k,
-                "save_ops": ",".join(ops) if policy == "selective" else "",
-                "kept_predicted": pred,
-                "kept_measured": m["kept"],
-                "kept_residual": m["kept"] - pred,
-                "peak_measured": m["peak"],
-                "flops_predicted": flops["total"],
-                "flops_measured": m["flops"],
-                "max_grad_error": m["max_grad_error"],
-            }
+            PolicyRow(
+                label,
+                policy,
+                k,
+                ",".join(ops) if policy == "selective" else "",
+                pred,
+                m["kept"],
+                m["kept"] - pred,
+                m["peak"],
+                flops["total"],
+                m["flops"],
+                m["max_grad_error"],
+                m["flops"] / base_flops,
+                m["kept"] / kept_none,
+            )
         )
-    df = pd.DataFrame(rows)
-    base_flops = (
-        int(df.loc[df["policy"] == "none", "flops_measured"].iloc[0])
-        if (df["policy"] == "none").any()
-        else estimate.gpt_step_matmul_flops(cfg, batch, seq)["total"]
-    )
-    df["flops_ratio"] = df["flops_measured"] / base_flops
-    df["kept_vs_none"] = df["kept_measured"] / estimate.checkpointed_activation_bytes_gpt(
-        cfg, batch, seq
-    )
+    df = kit.frame(rows, PolicyRow)
     df.attrs.update(config=cfg, batch=batch, seq=seq)
     return df
 
@@ -192,7 +222,12 @@ def plain_block_bytes(config: GPTConfig, batch: int, seq: int) -> int:
 
 
 def time_overhead(
-    config: GPTConfig | None = None, *, batch: int = 4, seq: int = 64, cases=CASES, rounds: int = 5
+    config: GPTConfig | None = None,
+    *,
+    batch: int = 4,
+    seq: int = 64,
+    cases: Sequence[Case] = CASES,
+    rounds: int = 5,
 ) -> pd.DataFrame:
     """Median time of one forward + backward per policy, and its ratio to ``none``.
 
@@ -208,7 +243,7 @@ def time_overhead(
         for label, p, k, ops in cases
     ]
 
-    def step(m):
+    def step(m: GPT) -> None:
         m.loss(idx, targets).backward()
         m.zero_grad(set_to_none=True)
 
@@ -218,9 +253,7 @@ def time_overhead(
             times[label].append(time_fn(functools.partial(step, m), warmup=1, repeat=1).median_s)
     med = {label: float(pd.Series(t).median()) for label, t in times.items()}
     ref = med.get("none", min(med.values()))
-    return pd.DataFrame(
-        [{"case": label, "median_ms": 1e3 * t, "time_ratio": t / ref} for label, t in med.items()]
-    )
+    return kit.frame([TimeRow(label, 1e3 * t, t / ref) for label, t in med.items()], TimeRow)
 
 
 def segment_sweep(
@@ -249,17 +282,17 @@ def segment_sweep(
         )
         pred_peak = pred_kept + k * plain
         rows.append(
-            {
-                "k": k,
-                "checkpoints": -(-cfg.n_layer // k),
-                "kept_predicted": pred_kept,
-                "kept_measured": m["kept"],
-                "peak_predicted": pred_peak,
-                "peak_measured": m["peak"],
-                "peak_residual": m["peak"] - pred_peak,
-            }
+            SegmentRow(
+                k,
+                -(-cfg.n_layer // k),
+                pred_kept,
+                m["kept"],
+                pred_peak,
+                m["peak"],
+                m["peak"] - pred_peak,
+            )
         )
-    df = pd.DataFrame(rows)
+    df = kit.frame(rows, SegmentRow)
     df.attrs.update(config=cfg, batch=batch, seq=seq, plain_block_bytes=plain)
     return df
 

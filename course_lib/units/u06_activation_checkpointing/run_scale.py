@@ -7,10 +7,11 @@ names).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.measure.estimate.checkpointing import CheckpointPolicy
 
@@ -20,6 +21,17 @@ MODELS = (
     ("7B (S4), b 16, s 32768", 32768, 16, 4096, 32, 32),
     ("GPT-3 175B, b 1, s 2048", 2048, 1, 12288, 96, 96),
 )
+
+
+@dataclass(frozen=True)
+class PaperScaleRow:
+    """One policy on one of the sources' models, estimated (:func:`scale_table`)."""
+
+    model: str
+    policy: str
+    kept_GB: float
+    peak_GB: float
+    flops_ratio: float
 
 
 def scale_table(
@@ -32,16 +44,9 @@ def scale_table(
         for policy in ("none", "selective", "full"):
             kept = estimate.checkpointed_activation_bytes(s, b, h, a, L, policy=policy)
             peak = estimate.checkpointed_peak_activation_bytes(s, b, h, a, L, policy=policy)
-            rows.append(
-                {
-                    "model": name,
-                    "policy": policy,
-                    "kept_GB": kept / 1e9,
-                    "peak_GB": peak / 1e9,
-                    "flops_ratio": estimate.checkpoint_flops_ratio(s, h, policy=policy, layers=L),
-                }
-            )
-    return pd.DataFrame(rows)
+            ratio = estimate.checkpoint_flops_ratio(s, h, policy=policy, layers=L)
+            rows.append(PaperScaleRow(name, policy, kept / 1e9, peak / 1e9, ratio))
+    return kit.frame(rows, PaperScaleRow)
 
 
 #: Llama-7B's shapes: hidden, heads, ffn hidden, vocabulary
@@ -66,8 +71,8 @@ def _virtual_7b_blocks(
         checkpoint=checkpoint,
         count_comm=False,
     )
-    act = df.set_index("category")["after_forward"]["activations"]
-    return (int(act), df.attrs["activation_peak_bytes"]), df.attrs["title"]
+    act = df.at("activations", "after_forward")
+    return (int(act), df.activation_peak_bytes), df.title
 
 
 def virtual_7b_table(
@@ -87,7 +92,7 @@ def virtual_7b_table(
     it), so value(L) = value(l2) + (L - l2) * (value(l2) - value(l1)). Columns: virtual kept
     after forward, virtual activation peak (activations + temporaries over forward and backward),
     the virtual bytes per block, and the estimate's kept and peak. ``attrs["titles"]``: the
-    VirtualFrame titles of the runs (they say "virtual cluster", not measured).
+    SimulatedStep titles of the runs (they say "virtual cluster", not measured).
     """
     l1, l2 = (validate.count("probe", p, minimum=1) for p in probe)
     if l2 <= l1:
@@ -126,6 +131,15 @@ def virtual_7b_table(
     return out
 
 
+@dataclass(frozen=True)
+class ClaimRow:
+    """One of the sources' activation claims beside what the formula gives."""
+
+    claim: str
+    source_says: str
+    formula_GB: float
+
+
 def source_corrections() -> pd.DataFrame:
     """The sources' activation claims beside what the formulas give (GB = 1e9 B)."""
     s, b, h, a, L = 2048, 16, 4096, 32, 32
@@ -135,27 +149,10 @@ def source_corrections() -> pd.DataFrame:
     no_s2 = 34 * s * b * h * L
     with_s2 = estimate.checkpointed_activation_bytes(s, b, h, a, L)
     full = estimate.checkpointed_activation_bytes(s, b, h, a, L, policy="full")
-    return pd.DataFrame(
-        [
-            {
-                "claim": "S4: residual stream, 7B b16 s2048",
-                "source_says": "8.6 GB",
-                "formula_GB": residual / 1e9,
-            },
-            {
-                "claim": "S4: 'a ~12x estimate = 100 GB' (all activations)",
-                "source_says": "100 GB",
-                "formula_GB": with_s2 / 1e9,
-            },
-            {
-                "claim": "  ... without the attention-score term (34sbh only)",
-                "source_says": "",
-                "formula_GB": no_s2 / 1e9,
-            },
-            {
-                "claim": "S4: block checkpoints cut memory 'to O(1)'",
-                "source_says": "O(1)",
-                "formula_GB": full / 1e9,
-            },
-        ]
-    )
+    rows = [
+        ClaimRow("S4: residual stream, 7B b16 s2048", "8.6 GB", residual / 1e9),
+        ClaimRow("S4: 'a ~12x estimate = 100 GB' (all activations)", "100 GB", with_s2 / 1e9),
+        ClaimRow("  ... without the attention-score term (34sbh only)", "", no_s2 / 1e9),
+        ClaimRow("S4: block checkpoints cut memory 'to O(1)'", "O(1)", full / 1e9),
+    ]
+    return kit.frame(rows, ClaimRow)

@@ -17,8 +17,6 @@ from course_lib.viz.widgets import Explorer
 if TYPE_CHECKING:
     from course_lib.models import GPTConfig
 
-__all__ = ["PolicyExplorer"]
-
 
 class PolicyExplorer(Explorer):
     """Batch, sequence, policy and k + Run; ``result`` holds the last ``policy_table``."""
@@ -52,9 +50,9 @@ class PolicyExplorer(Explorer):
 
     def compute(self) -> Any:
         from course_lib.techniques.checkpointing import MATMUL_OPS
-        from course_lib.units.u06_activation_checkpointing.run import policy_table
+        from course_lib.units.u06_activation_checkpointing.run import Case, policy_table
 
-        cases = (
+        cases: tuple[Case, ...] = (
             ("none", "none", 1, MATMUL_OPS),
             (
                 f"{self.policy.value} k={self.k.value}",

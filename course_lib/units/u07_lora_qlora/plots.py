@@ -9,9 +9,25 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from course_lib.units.u07_lora_qlora.run_finetune import LossRow
+from course_lib.units.u07_lora_qlora.run_memory import MemoryRow, ScaleRow
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["METHOD_COLORS", "plot_finetune", "plot_memory", "plot_scale"]
+
+READS = {
+    LossRow: ("method", "step", "loss", "trainable"),
+    MemoryRow: (
+        "method",
+        "grads",
+        "grads_pred",
+        "optimizer",
+        "optimizer_pred",
+        "target_weights",
+        "target_weights_pred",
+    ),
+    ScaleRow: ("model", "method", "adapter", "frozen_base_GB", "trained_state_GB", "total_GB"),
+}
 
 #: one colour per fine-tuning method
 METHOD_COLORS = {"full": "tab:blue", "lora": "tab:orange", "qlora": "tab:green"}
@@ -19,7 +35,7 @@ METHOD_COLORS = {"full": "tab:blue", "lora": "tab:orange", "qlora": "tab:green"}
 
 def plot_finetune(df: pd.DataFrame) -> Figure:
     """Loss per step of each method on the shifted task (log scale). ``df``: ``run.finetune()``."""
-    require_columns(df, ["method", "step", "loss", "trainable"], "df", nonempty=True)
+    require_columns(df, list(READS[LossRow]), "df", nonempty=True)
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.5))
         for method, sub in df.groupby("method", sort=False):
@@ -49,12 +65,7 @@ _PARTS = (
 def plot_memory(df: pd.DataFrame) -> Figure:
     """Bytes of the targeted weights, gradients and Adam state per method: measured bars, the
     prediction as a black tick on each. ``df``: ``run.memory_table()``."""
-    require_columns(
-        df,
-        ["method", *[p for p, _ in _PARTS], *[f"{p}_pred" for p, _ in _PARTS]],
-        "df",
-        nonempty=True,
-    )
+    require_columns(df, list(READS[MemoryRow]), "df", nonempty=True)
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.5))
         width = 0.8 / len(df)
@@ -86,12 +97,7 @@ def plot_memory(df: pd.DataFrame) -> Figure:
 def plot_scale(df: pd.DataFrame, *, gpus_GB: tuple[float, ...] = (48, 80)) -> Figure:
     """Model-state GB (frozen base + trained state) per model and method, log scale, with lines at
     the memory of common GPUs. ``df``: ``run.scale_table()``."""
-    require_columns(
-        df,
-        ["model", "method", "adapter", "frozen_base_GB", "trained_state_GB", "total_GB"],
-        "df",
-        nonempty=True,
-    )
+    require_columns(df, list(READS[ScaleRow]), "df", nonempty=True)
     with style():
         fig, ax = plt.subplots(figsize=(11, 0.45 * len(df) + 1.5))
         labels = [

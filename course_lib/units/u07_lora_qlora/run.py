@@ -21,11 +21,14 @@ Plain data out; plots in ``course_lib.units.u07_lora_qlora.plots``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import pandas as pd
 import torch
 from torch import nn
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.models import GPT, GPTConfig, LlamaConfig, count_params
 from course_lib.techniques.lora import add_lora, lora_modules, trainable_params
@@ -48,7 +51,7 @@ from course_lib.units.u07_lora_qlora.run_memory import (
     nf4_table,
     scale_table,
 )
-from course_lib.units.u07_lora_qlora.run_summary import TECHNIQUES, WORDS, technique_summary
+from course_lib.units.u07_lora_qlora.run_summary import TECHNIQUES, technique_summary
 
 __all__ = [
     "GPT_TARGETS",
@@ -68,9 +71,22 @@ __all__ = [
     "scale_table",
     "peft_parity",
     "TECHNIQUES",
-    "WORDS",
     "technique_summary",
 ]
+
+
+@dataclass(frozen=True)
+class CountRow:
+    """One model of :func:`count_table`: LoRA's trainable parameters, counted and predicted."""
+
+    model: str
+    targets: str
+    r: int
+    base_params: int
+    predicted: int
+    measured: int
+    residual: int
+    percent_of_base: float
 
 
 def count_table(r: int = 8) -> pd.DataFrame:
@@ -79,22 +95,16 @@ def count_table(r: int = 8) -> pd.DataFrame:
     r = validate.count("r", r, minimum=1)
     rows = []
 
-    def row(what, model, targets, predicted):
+    def row(what: str, model: nn.Module, targets: Sequence[str], predicted: int) -> None:
         base = count_params(model)
         add_lora(model, r=r, alpha=2 * r, targets=targets)
         measured = trainable_params(model)
         rows.append(
-            {
-                "model": what,
-                "targets": ", ".join(targets),
-                "r": r,
-                "base_params": base,
-                "predicted": predicted,
-                "measured": measured,
-                "residual": measured - predicted,
-                "percent_of_base": 100 * measured / base,
-            }
-        )
+            CountRow(
+                what, ", ".join(targets), r, base, predicted, measured, measured - predicted,
+                100 * measured / base,
+            )
+        )  # fmt: skip
 
     with torch.device("meta"):
         one = nn.Sequential(nn.Linear(4096, 4096, bias=False))
@@ -117,13 +127,13 @@ def count_table(r: int = 8) -> pd.DataFrame:
             [LLAMA_TARGETS[t] for t in targets],
             pred,
         )
-    return pd.DataFrame(rows)
+    return kit.frame(rows, CountRow)
 
 
 # --------------------------------------------------------------------------------------------
 # parity with peft
 # --------------------------------------------------------------------------------------------
-def peft_parity(*, r: int = 8, seed: int = 0) -> dict | None:
+def peft_parity(*, r: int = 8, seed: int = 0) -> dict[str, str | int | float] | None:
     """Our LoRA and ``peft``'s on the same pre-trained tiny GPT with the same (non-zero) adapter
     weights: max |difference| of the logits, before and after merging, and the trainable counts.
     None when peft is not installed."""

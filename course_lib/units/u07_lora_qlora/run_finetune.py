@@ -5,14 +5,14 @@ Used by notebooks/07_lora_qlora.ipynb through :mod:`run` (which re-exports these
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.data import permutation_batch
 from course_lib.measure.estimate.lora import FinetuneMethod
 from course_lib.models import GPT, GPTConfig
@@ -45,16 +45,14 @@ def shifted_batch(
     return idx, (tgt + shift) % config.vocab_size
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    # the tiny GPT's matmuls are far too small to share between threads: on 2 cores (or a busy
-    # machine) 2 threads made fine-tuning 5x slower than 1; restore the caller's setting after
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
+@dataclass(frozen=True)
+class LossRow:
+    """One training step of :func:`finetune`: its loss, and the parameters the method trains."""
+
+    method: str | None
+    step: int
+    loss: float
+    trainable: int
 
 
 def _train(
@@ -67,19 +65,22 @@ def _train(
     seq: int,
     seed: int,
     label: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[LossRow]:
     params = [p for p in model.parameters() if p.requires_grad]
+    k = trainable_params(model)
     opt = torch.optim.Adam(params, lr=lr)
     gen = torch.Generator().manual_seed(seed)
     rows = []
-    with _one_thread():
+    # the tiny GPT's matmuls are far too small to share between threads: on 2 cores (or a busy
+    # machine) 2 threads made fine-tuning 5x slower than 1
+    with kit.one_thread():
         for step in range(steps):
             idx, tgt = shifted_batch(model.config, batch, seq, shift=shift, generator=gen)
             loss = model.loss(idx, tgt)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            rows.append({"method": label, "step": step, "loss": float(loss.detach())})
+            rows.append(LossRow(label, step, float(loss.detach()), k))
     return rows
 
 
@@ -90,7 +91,7 @@ def _pretrained_state(
     torch.manual_seed(seed)
     model = GPT(config)
     rows = _train(model, steps=steps, lr=1e-2, shift=0, batch=16, seq=16, seed=seed)
-    return {k: v.clone() for k, v in model.state_dict().items()}, rows[-1]["loss"]
+    return {k: v.clone() for k, v in model.state_dict().items()}, rows[-1].loss
 
 
 def pretrained_model(*, config: GPTConfig | None = None, steps: int = 200, seed: int = 0) -> GPT:
@@ -149,7 +150,7 @@ def finetune(
     rows = []
     for method in validate.choices("methods", methods, METHODS):
         model = make_finetune_model(method, r=r, targets=targets, config=config, seed=seed)
-        got = _train(
+        rows += _train(
             model,
             steps=steps,
             lr=lr or DEFAULT_LR[method],
@@ -159,9 +160,7 @@ def finetune(
             seed=seed + 1,
             label=method,
         )
-        k = trainable_params(model)
-        rows += [{**row, "trainable": k} for row in got]
-    return pd.DataFrame(rows)
+    return kit.frame(rows, LossRow)
 
 
 def finetune_summary(df: pd.DataFrame, *, last: int = 10) -> pd.DataFrame:

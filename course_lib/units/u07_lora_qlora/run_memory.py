@@ -5,12 +5,14 @@ Used by notebooks/07_lora_qlora.ipynb through :mod:`run` (which re-exports these
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import pandas as pd
 import torch
 from torch import nn
 
+from course_lib import kit
 from course_lib.measure import estimate
 from course_lib.models import GPTConfig, Llama, LlamaConfig, count_params
 from course_lib.techniques.lora import lora_modules
@@ -60,6 +62,22 @@ def _target_weight_bytes(model: nn.Module, method: str) -> tuple[int, int, int]:
     return measured_w, pred_w, n_target
 
 
+@dataclass(frozen=True)
+class MemoryRow:
+    """One method of :func:`memory_table` (bytes at the end of one Adam step)."""
+
+    method: str
+    trainable: int
+    grads: int
+    grads_pred: int
+    optimizer: int
+    optimizer_pred: int
+    target_weights: int
+    target_weights_pred: int
+    target_params: int
+    bytes_per_target_param: float
+
+
 def memory_table(
     *, r: int = 8, config: GPTConfig | None = None, batch: int = 8, seq: int = 16, seed: int = 0
 ) -> pd.DataFrame:
@@ -91,25 +109,44 @@ def memory_table(
         )
         measured_w, pred_w, n_target = _target_weight_bytes(model, method)
         rows.append(
-            {
-                "method": method,
-                "trainable": k,
-                "grads": int(mem.end_breakdown["grads"]),
-                "grads_pred": pred["grads"],
-                "optimizer": int(mem.end_breakdown["optimizer"]),
-                "optimizer_pred": pred["optimizer"],
-                "target_weights": measured_w,
-                "target_weights_pred": pred_w,
-                "target_params": n_target,
-                "bytes_per_target_param": measured_w / n_target,
-            }
+            MemoryRow(
+                method=method,
+                trainable=k,
+                grads=int(mem.end_breakdown["grads"]),
+                grads_pred=pred["grads"],
+                optimizer=int(mem.end_breakdown["optimizer"]),
+                optimizer_pred=pred["optimizer"],
+                target_weights=measured_w,
+                target_weights_pred=pred_w,
+                target_params=n_target,
+                bytes_per_target_param=measured_w / n_target,
+            )
         )
-    return pd.DataFrame(rows)
+    return kit.frame(rows, MemoryRow)
 
 
 # --------------------------------------------------------------------------------------------
 # NF4: bytes and error
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NF4Row:
+    """One shape and double-quantization setting of :func:`nf4_table`."""
+
+    shape: str
+    params: int
+    double_quant: bool
+    measured_bytes: int
+    predicted_bytes: float
+    bytes_per_param: float
+    scale_bits_per_param: float
+    rel_rms_error_bnb: float
+    rel_rms_error_ours: float
+
+
+def _rel_rms(approx: torch.Tensor, w: torch.Tensor) -> float:
+    return float(((approx - w).pow(2).mean() / w.pow(2).mean()).sqrt())
+
+
 def nf4_table(
     shapes: Sequence[tuple[int, int]] = ((64, 192), (1024, 1024), (4096, 1024)), *, seed: int = 0
 ) -> pd.DataFrame:
@@ -140,23 +177,19 @@ def nf4_table(
             assert isinstance(weight, bnb.nn.Params4bit), "nf4_linear holds a Params4bit"
             theirs = bf.dequantize_4bit(weight.data, weight.quant_state)
             rows.append(
-                {
-                    "shape": f"{d_out} x {d_in}",
-                    "params": n,
-                    "double_quant": dq,
-                    "measured_bytes": measured,
-                    "predicted_bytes": estimate.nf4_bytes(n, double_quant=dq)["total"],
-                    "bytes_per_param": measured / n,
-                    "scale_bits_per_param": 8 * (got["scales"] + got["scales_of_scales"]) / n,
-                    "rel_rms_error_bnb": float(
-                        ((theirs - w).pow(2).mean() / w.pow(2).mean()).sqrt()
-                    ),
-                    "rel_rms_error_ours": float(
-                        ((ours - w).pow(2).mean() / w.pow(2).mean()).sqrt()
-                    ),
-                }
+                NF4Row(
+                    shape=f"{d_out} x {d_in}",
+                    params=n,
+                    double_quant=dq,
+                    measured_bytes=measured,
+                    predicted_bytes=estimate.nf4_bytes(n, double_quant=dq)["total"],
+                    bytes_per_param=measured / n,
+                    scale_bits_per_param=8 * (got["scales"] + got["scales_of_scales"]) / n,
+                    rel_rms_error_bnb=_rel_rms(theirs, w),
+                    rel_rms_error_ours=_rel_rms(ours, w),
+                )
             )
-    return pd.DataFrame(rows)
+    return kit.frame(rows, NF4Row)
 
 
 def model_nf4_loss(
@@ -196,12 +229,26 @@ def llama_configs() -> dict[str, LlamaConfig]:
     }
 
 
+@dataclass(frozen=True)
+class ScaleRow:
+    """One model and method of :func:`scale_table` (model state, GB)."""
+
+    model: str
+    params: int
+    method: str
+    adapter: str
+    trainable: int
+    frozen_base_GB: float
+    trained_state_GB: float
+    total_GB: float
+
+
 def scale_table() -> pd.DataFrame:
     """Model-state bytes (no activations) of full fine-tuning, LoRA and QLoRA for Llama 7B and 65B
     (parameter counts measured on meta-device models; adapters at r 8 on q, v and at QLoRA's
     setting, r 64 on all seven linears) and GPT-3 175B with the LoRA paper's r 4 on q, v
     (Hu et al. 2021; GPT-3: h 12288, 96 layers). bf16-mixed Adam (16 B per trained parameter)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[ScaleRow] = []
     cases = []
     for name, cfg in llama_configs().items():
         n = count_params(_llama_on_meta(cfg))
@@ -225,21 +272,19 @@ def scale_table() -> pd.DataFrame:
     )
     for model, n, r, targets, k in cases:
         for method in METHODS:
-            if method == "full" and any(
-                row["model"] == model and row["method"] == "full" for row in rows
-            ):
+            if method == "full" and any(r.model == model and r.method == "full" for r in rows):
                 continue
             b = estimate.finetune_state_bytes(n, method=method, lora_params=k)
             rows.append(
-                {
-                    "model": model,
-                    "params": n,
-                    "method": method,
-                    "adapter": "" if method == "full" else f"r {r}, {targets}",
-                    "trainable": n if method == "full" else k,
-                    "frozen_base_GB": b["base"] / estimate.GB,
-                    "trained_state_GB": (b["total"] - b["base"]) / estimate.GB,
-                    "total_GB": b["total"] / estimate.GB,
-                }
+                ScaleRow(
+                    model=model,
+                    params=n,
+                    method=method,
+                    adapter="" if method == "full" else f"r {r}, {targets}",
+                    trainable=n if method == "full" else k,
+                    frozen_base_GB=b["base"] / estimate.GB,
+                    trained_state_GB=(b["total"] - b["base"]) / estimate.GB,
+                    total_GB=b["total"] / estimate.GB,
+                )
             )
-    return pd.DataFrame(rows)
+    return kit.frame(rows, ScaleRow)

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 from torch.nn import functional as F
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.data import permutation_batch
 from course_lib.models import GPT, GPTConfig, count_params
 from course_lib.techniques import precision as P
@@ -38,7 +38,7 @@ from course_lib.techniques.checkpointing import apply_checkpointing
 from course_lib.techniques.lora import add_lora, trainable_params
 from course_lib.techniques.offload import OffloadAdamW
 from course_lib.techniques.optim import make_optimizer
-from course_lib.units.u07_lora_qlora.run_finetune import GPT_TARGETS, _one_thread
+from course_lib.units.u07_lora_qlora.run_finetune import GPT_TARGETS
 
 if TYPE_CHECKING:
     from course_lib.measure.memory import MemoryMeter
@@ -285,30 +285,60 @@ def _seconds_per_step(cases: list[_Case], rounds: int) -> list[float]:
     return [float(pd.Series(t).median()) for t in times]
 
 
-def _row(case: _Case, mem: MemoryMeter | None, seconds: float, n_base: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TechniqueRow:
+    """One technique of :func:`technique_summary` (NaN where it was not measured)."""
+
+    technique: str
+    setting: str
+    peak_vs_base: float
+    time_per_example_vs_base: float
+    peak_B: float
+    activation_peak_B: float
+    weights_B: float
+    grads_B: float
+    optimizer_B: float
+    host_B: float
+    seconds_per_example: float
+    trainable: float
+    trainable_pct: float
+    benefit: str
+    cost: str
+    note: str
+
+
+def _row(
+    case: _Case, mem: MemoryMeter | None, seconds: float, n_base: int, base: tuple[float, float]
+) -> TechniqueRow:
+    """``base``: the baseline's peak bytes and seconds per example, which the ratios divide by."""
     buffers = sum(b.numel() * b.element_size() for b in case.model.buffers())
-    trainable = trainable_params(case.model)
-    row: dict[str, Any] = {"technique": case.technique, "setting": case.setting}
-    if mem is None:
-        row.update(peak_B=math.nan, seconds_per_example=math.nan, trainable=math.nan)
-    else:
-        end = mem.end_breakdown
-        act = mem.timeline["activations"] + mem.timeline["temporaries"]
-        row.update(
-            peak_B=mem.peak_bytes,
-            activation_peak_B=int(act.max()),
-            weights_B=end["params"] - buffers,
-            grads_B=end["grads"],
-            optimizer_B=end["optimizer"],
-            host_B=case.host_bytes() if case.host_bytes else 0,
-            seconds_per_example=seconds / case.examples,
-            trainable=trainable,
-        )
     benefit, cost = WORDS[case.technique]
-    row.update(
-        trainable_pct=100 * row["trainable"] / n_base, benefit=benefit, cost=cost, note=case.note
+    peak = act_peak = weights = grads = state = host = per_example = trainable = math.nan
+    if mem is not None:  # else not measured: every number NaN
+        end = mem.end_breakdown
+        peak = mem.peak_bytes
+        act_peak = int((mem.timeline["activations"] + mem.timeline["temporaries"]).max())
+        weights, grads, state = end["params"] - buffers, end["grads"], end["optimizer"]
+        host = case.host_bytes() if case.host_bytes else 0
+        per_example, trainable = seconds / case.examples, trainable_params(case.model)
+    return TechniqueRow(
+        technique=case.technique,
+        setting=case.setting,
+        peak_vs_base=peak / base[0],
+        time_per_example_vs_base=per_example / base[1],
+        peak_B=peak,
+        activation_peak_B=act_peak,
+        weights_B=weights,
+        grads_B=grads,
+        optimizer_B=state,
+        host_B=host,
+        seconds_per_example=per_example,
+        trainable=trainable,
+        trainable_pct=100 * trainable / n_base,
+        benefit=benefit,
+        cost=cost,
+        note=case.note,
     )
-    return row
 
 
 def technique_summary(
@@ -350,14 +380,14 @@ def technique_summary(
     seq = validate.count("seq", seq, minimum=1, maximum=config.block_size)
     r = validate.count("r", r, minimum=1, maximum=config.n_embd)
     rounds = validate.count("rounds", rounds, minimum=1)
-    with _one_thread():  # the tiny GPT's matmuls gain nothing from a second thread
+    with kit.one_thread():  # the tiny GPT's matmuls gain nothing from a second thread
         cases = _cases(config, batch, seq, factor, r, seed)
         meters = [_measure(case) for case in cases]
         seconds = _seconds_per_step(cases, rounds)
     n_base = count_params(cases[0].model)
-    df = pd.DataFrame([_row(c, m, s, n_base) for c, m, s in zip(cases, meters, seconds)])
-    df.insert(2, "peak_vs_base", df["peak_B"] / df.loc[0, "peak_B"])
-    per_example = df["seconds_per_example"] / df.loc[0, "seconds_per_example"]
-    df.insert(3, "time_per_example_vs_base", per_example)
+    assert meters[0] is not None  # the baseline is always measured
+    base = (meters[0].peak_bytes, seconds[0] / cases[0].examples)
+    rows = [_row(c, m, s, n_base, base) for c, m, s in zip(cases, meters, seconds)]
+    df = kit.frame(rows, TechniqueRow)
     df.attrs.update(config=config, batch=batch, seq=seq, factor=factor, r=r, device="cpu")
     return df

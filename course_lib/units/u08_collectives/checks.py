@@ -30,11 +30,10 @@ from course_lib.units.u08_collectives.checks_bytes import (  # noqa: F401 (re-ex
 )
 from course_lib.units.u08_collectives.checks_ranks import (
     WORLD_SIZES,
-    _all_gather_worker,
-    _all_reduce_worker,
     _guarded,
     _launch_learner,
     _name,
+    _ring_worker,
     check_ring_bytes,
     check_ring_cases,
     draw_ring_case,
@@ -47,11 +46,11 @@ UNIT = "u08_collectives"
 # --------------------------------------------------------------------------------------------
 # tasks 1 and 2: the rings
 # --------------------------------------------------------------------------------------------
-def _collect_ring(fn, task: int, worker) -> dict[str, Any]:
+def _collect_ring(fn, task: int, gather: bool) -> dict[str, Any]:
     if not callable(fn):
         fail(task, f"expected a function, got {type(fn).__name__} {fn!r}")
     case = draw_ring_case(case_rng(task, UNIT))
-    runs = [_launch_learner(task, worker, n, fn, *case) for n in WORLD_SIZES]
+    runs = [_launch_learner(task, _ring_worker, n, fn, gather, *case) for n in WORLD_SIZES]
     return {"name": _name(fn), "runs": runs}
 
 
@@ -64,19 +63,27 @@ def collect_ring_all_reduce(fn, task: int = 1) -> dict[str, Any]:
     divisible by N: every rank must send exactly estimate.ring_allreduce_bytes_sent(S, N) bytes
     through point-to-point calls only.
     """
-    return _collect_ring(fn, task, _all_reduce_worker)
+    return _collect_ring(fn, task, gather=False)
 
 
-def judge_ring_all_reduce(data: Any, task: int = 1) -> None:
+def _judge_ring(data: Any, task: int, gather: bool) -> None:
     from course_lib.measure import estimate
 
     case = draw_ring_case(case_rng(task, UNIT))
     name = learner_name(data)
+    what = "the gathered tensor" if gather else "the all-reduced tensor"
+    formula = "(N-1)/N * S_out" if gather else "2(N-1)/N * S"
     for world_size, results in zip(WORLD_SIZES, need_runs(task, data, WORLD_SIZES)):
-        check_ring_cases(task, world_size, results, case, "the all-reduced tensor", False)
+        check_ring_cases(task, world_size, results, case, what, gather)
         size = world_size * case[2] * 4
-        expected = estimate.ring_allreduce_bytes_sent(size, world_size)
-        check_ring_bytes(task, name, world_size, results, size, expected, "2(N-1)/N * S")
+        bytes_sent = estimate.allgather_bytes_sent if gather else estimate.ring_allreduce_bytes_sent
+        check_ring_bytes(
+            task, name, world_size, results, size, bytes_sent(size, world_size), formula
+        )
+
+
+def judge_ring_all_reduce(data: Any, task: int = 1) -> None:
+    _judge_ring(data, task, gather=False)
     passed(
         task,
         "ring all-reduce matches dist.all_reduce on 2, 3 and 4 ranks (sizes that do not split "
@@ -96,19 +103,11 @@ def collect_ring_all_gather(fn, task: int = 2) -> dict[str, Any]:
     ``dist.all_gather_single`` (copies, no arithmetic), then bytes: each rank sends exactly
     estimate.allgather_bytes_sent(S_out, N) = (N-1)/N * S_out through point-to-point calls.
     """
-    return _collect_ring(fn, task, _all_gather_worker)
+    return _collect_ring(fn, task, gather=True)
 
 
 def judge_ring_all_gather(data: Any, task: int = 2) -> None:
-    from course_lib.measure import estimate
-
-    case = draw_ring_case(case_rng(task, UNIT))
-    name = learner_name(data)
-    for world_size, results in zip(WORLD_SIZES, need_runs(task, data, WORLD_SIZES)):
-        check_ring_cases(task, world_size, results, case, "the gathered tensor", True)
-        size = world_size * case[2] * 4
-        expected = estimate.allgather_bytes_sent(size, world_size)
-        check_ring_bytes(task, name, world_size, results, size, expected, "(N-1)/N * S_out")
+    _judge_ring(data, task, gather=True)
     passed(
         task,
         "ring all-gather equals dist.all_gather_single bit for bit on 2, 3 and 4 ranks "

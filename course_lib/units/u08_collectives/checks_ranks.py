@@ -100,58 +100,43 @@ def _guarded(fn, *args):
 # --------------------------------------------------------------------------------------------
 # the learner's side: what runs inside the ranks
 # --------------------------------------------------------------------------------------------
-def _all_reduce_worker(
+def _ring_worker(
     rank: int,
     world_size: int,
     fn,
+    gather: bool,
     numels: tuple[int, ...] = NUMELS,
     seed: int = 0,
     chunk: int = 512,
 ) -> dict:
-    """The tensors ``fn`` left in place, one per (dtype, numel), and the calls it made on an
-    evenly split tensor of ``world_size * chunk`` float32."""
+    """What ``fn`` left, one tensor per (dtype, numel), and the calls it made on an evenly split
+    tensor. All-reduce (``gather`` False): ``fn(x)`` sums x in place, then on ``world_size *
+    chunk`` float32. All-gather: ``fn(output, input)`` fills the N * k output from this rank's k
+    elements, then gathers ``chunk`` float32 elements per rank."""
     import torch
+
+    def args(numel: int, dtype: str) -> tuple:
+        if not gather:
+            return (ring_input(seed, ALL_REDUCE_SALT, rank, numel, dtype),)  # (S,)
+        mine = ring_input(seed, ALL_GATHER_SALT, rank, numel, dtype)  # (k,)
+        return torch.full((world_size * numel,), float("nan"), dtype=mine.dtype), mine  # (N*k,)
 
     results = []
     for dtype in DTYPES:
         for numel in numels:
-            got = ring_input(seed, ALL_REDUCE_SALT, rank, numel, dtype)
-            ok, err = _guarded(fn, got)
+            got = args(numel, dtype)
+            ok, err = _guarded(fn, *got)
             if not ok:
                 return {"error": err}
-            results.append(got)
-    x = torch.randn(world_size * chunk)  # (S,) divisible: the byte formula is exact
+            results.append(got[0])
+    # divisible sizes: the byte formula is exact
+    even = (
+        (torch.empty(world_size * chunk), torch.randn(chunk))
+        if gather
+        else (torch.randn(world_size * chunk),)
+    )
     with CallLog() as log:
-        ok, err = _guarded(fn, x)
-    if not ok:
-        return {"error": err}
-    return {"results": results, "calls": log.records}
-
-
-def _all_gather_worker(
-    rank: int,
-    world_size: int,
-    fn,
-    numels: tuple[int, ...] = NUMELS,
-    seed: int = 0,
-    chunk: int = 512,
-) -> dict:
-    """The outputs ``fn`` filled, one per (dtype, k), and the calls it made gathering ``chunk``
-    float32 elements per rank."""
-    import torch
-
-    results = []
-    for dtype in DTYPES:
-        for k in numels:
-            mine = ring_input(seed, ALL_GATHER_SALT, rank, k, dtype)  # (k,)
-            got = torch.full((world_size * k,), float("nan"), dtype=mine.dtype)  # (N*k,)
-            ok, err = _guarded(fn, got, mine)
-            if not ok:
-                return {"error": err}
-            results.append(got)
-    out, mine = torch.empty(world_size * chunk), torch.randn(chunk)
-    with CallLog() as log:
-        ok, err = _guarded(fn, out, mine)
+        ok, err = _guarded(fn, *even)
     if not ok:
         return {"error": err}
     return {"results": results, "calls": log.records}

@@ -17,9 +17,24 @@ from matplotlib.colors import TABLEAU_COLORS, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from course_lib.units.u08_collectives.run import AlgorithmBytesRow
+from course_lib.units.u08_collectives.run_timing import TimingRow
+from course_lib.units.u08_collectives.run_wire import WireRow
 from course_lib.viz.plots import styled
 
 __all__ = ["plot_before_after", "plot_bytes", "plot_primitives", "plot_ring_steps", "plot_times"]
+
+READS = {
+    AlgorithmBytesRow: (
+        "algorithm",
+        "rank",
+        "wire_bytes_sent",
+        "predicted_bytes_sent",
+        "size_bytes",
+    ),
+    WireRow: ("collective", "rank", "wire_bytes_sent", "predicted_bytes_sent", "size_bytes"),
+    TimingRow: ("algorithm", "size_bytes", "median_s", "p25_s", "p75_s"),
+}
 
 _RANK_COLOURS = list(TABLEAU_COLORS.values())  # tab10
 _SUM_COLOUR = "#4d4d4d"  # a value that mixes several ranks' data

@@ -12,13 +12,14 @@ wire). The wire bytes of every collective at a size where headers do not matter 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.parallel import collectives as C
 from course_lib.units.u08_collectives._primitives import (
     ALGORITHMS,
@@ -45,7 +46,6 @@ from course_lib.units.u08_collectives.run_decompositions import (  # noqa: F401 
 
 # sections 9-11 (what collectives mean for training) and the held-out fit
 from course_lib.units.u08_collectives.run_patterns import (
-    COMPARED,
     CONFUSION_GRADS,
     algorithm_comparison,
     confusion_example,
@@ -95,7 +95,6 @@ __all__ = [
     "run_primitives",
     "time_all_reduce",
     "worked_example",
-    "COMPARED",
     "CONFUSION_GRADS",
     "algorithm_comparison",
     "confusion_example",
@@ -151,19 +150,9 @@ def run_primitives(
         )
     root = validate.count("root", root, minimum=0, maximum=world_size - 1)
     per_rank = _launch(_primitives_worker, world_size, names, root, timeout=timeout)
+    # one list per key of the workers' results ("before", "after", "calls", ...), in rank order
     return {
-        name: {
-            key: [per_rank[r][name][key] for r in range(world_size)]
-            for key in (
-                "before",
-                "after",
-                "calls",
-                "wire_bytes_sent",
-                "model_bytes_sent",
-                "wire_source",
-            )
-        }
-        for name in names
+        name: {k: [res[name][k] for res in per_rank] for k in per_rank[0][name]} for name in names
     }
 
 
@@ -219,9 +208,24 @@ def expected_after(name: str, world_size: int, *, root: int = 0) -> list[torch.T
 # --------------------------------------------------------------------------------------------
 # 3. bytes of the from-scratch algorithms: predicted by estimate, counted and measured by CommMeter
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AlgorithmBytesRow:
+    """One algorithm and rank of :func:`measure_bytes` (bytes)."""
+
+    algorithm: str
+    rank: int
+    size_bytes: int
+    predicted_bytes_sent: float
+    payload_sent: int
+    wire_bytes_sent: int | None
+    residual: float | None
+    payload_received: int
+    p2p_calls: int
+
+
 def _bytes_worker(
     rank: int, world_size: int, algorithms: Sequence[str], numel: int, dtype: torch.dtype
-) -> list[dict[str, Any]]:
+) -> list[AlgorithmBytesRow]:
     rows = []
     for algorithm in algorithms:
         x = torch.randn(numel, dtype=dtype)  # (S,)
@@ -233,16 +237,20 @@ def _bytes_worker(
                 C.ring_all_gather(x, shard)
             else:
                 C.ALL_REDUCE_ALGORITHMS[algorithm](x)
+        size, wire = x.numel() * x.element_size(), meter.wire_bytes_sent
+        predicted = predicted_bytes_sent(algorithm, size, world_size, rank)
         rows.append(
-            {
-                "algorithm": algorithm,
-                "rank": rank,
-                "size_bytes": x.numel() * x.element_size(),
-                "payload_sent": int(meter.model_bytes_sent),
-                "payload_received": int(meter.model_bytes_received),
-                "wire_bytes_sent": meter.wire_bytes_sent,
-                "p2p_calls": sum(meter.calls.values()),
-            }
+            AlgorithmBytesRow(
+                algorithm=algorithm,
+                rank=rank,
+                size_bytes=size,
+                predicted_bytes_sent=predicted,
+                payload_sent=int(meter.model_bytes_sent),
+                wire_bytes_sent=wire,
+                residual=None if wire is None else wire - predicted,
+                payload_received=int(meter.model_bytes_received),
+                p2p_calls=sum(meter.calls.values()),
+            )
         )
     return rows
 
@@ -273,27 +281,7 @@ def measure_bytes(
             "world_size", world_size, maximum=16, note="recursive doubling needs one"
         )
     per_rank = _launch(_bytes_worker, world_size, algorithms, int(numel), dtype, timeout=timeout)
-    df = pd.DataFrame([row for rows in per_rank for row in rows])
-    df["predicted_bytes_sent"] = [
-        predicted_bytes_sent(a, s, world_size, r)
-        for a, s, r in zip(df.algorithm, df.size_bytes, df["rank"])
-    ]
-    df["residual"] = [
-        None if w is None else w - p for w, p in zip(df.wire_bytes_sent, df.predicted_bytes_sent)
-    ]
-    df = df[
-        [
-            "algorithm",
-            "rank",
-            "size_bytes",
-            "predicted_bytes_sent",
-            "payload_sent",
-            "wire_bytes_sent",
-            "residual",
-            "payload_received",
-            "p2p_calls",
-        ]
-    ]
+    df = kit.frame(kit.rows_of(per_rank, AlgorithmBytesRow), AlgorithmBytesRow)
     return df.sort_values(
         ["algorithm", "rank"],
         key=lambda c: (

@@ -17,14 +17,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.measure.timing import time_collective
 from course_lib.parallel import collectives as C
@@ -88,9 +88,19 @@ def confusion_example(grads: Sequence[Sequence[float]] = CONFUSION_GRADS) -> pd.
 # --------------------------------------------------------------------------------------------
 # 10. stragglers and lost ranks
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StragglerRow:
+    """One rank of :func:`straggler` (seconds)."""
+
+    rank: int
+    compute_s: float
+    in_all_reduce_s: float
+    step_s: float
+
+
 def _straggler_worker(
     rank: int, world_size: int, sleeps: Sequence[float], numel: int
-) -> dict[str, float]:
+) -> StragglerRow:
     x = torch.ones(numel)
     dist.all_reduce(x)  # warm the connections up
     dist.barrier()
@@ -99,12 +109,7 @@ def _straggler_worker(
     t_enter = time.perf_counter()
     dist.all_reduce(x)
     t_leave = time.perf_counter()
-    return {
-        "rank": rank,
-        "compute_s": t_enter - t_start,
-        "in_all_reduce_s": t_leave - t_enter,
-        "step_s": t_leave - t_start,
-    }
+    return StragglerRow(rank, t_enter - t_start, t_leave - t_enter, t_leave - t_start)
 
 
 def straggler(sleeps: Sequence[float], *, numel: int = 1024) -> pd.DataFrame:
@@ -120,7 +125,7 @@ def straggler(sleeps: Sequence[float], *, numel: int = 1024) -> pd.DataFrame:
         raise ValueError(f"sleeps = {sleeps!r}: expected one delay per rank, at least 2 ranks")
     numel = validate.count("numel", numel, minimum=1)
     rows = _launch(_straggler_worker, len(sleeps), sleeps, numel, timeout=60 + max(sleeps))
-    return pd.DataFrame(rows).set_index("rank")
+    return kit.frame(rows, StragglerRow).set_index("rank")
 
 
 def _lost_worker(rank: int, world_size: int, lost: int) -> float:
@@ -158,9 +163,24 @@ def lost_rank(world_size: int = 4, *, lost: int = 3, timeout: float = 3.0) -> li
 # --------------------------------------------------------------------------------------------
 # 11. ring, recursive doubling, Rabenseifner
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One algorithm and size of :func:`algorithm_comparison` (rank 0's calls)."""
+
+    algorithm: str
+    size_bytes: int
+    payload_sent: int
+    messages: int
+    median_s: float
+    predicted_messages: int
+    predicted_bytes: float
+
+
 def _compare_worker(
     rank: int, world_size: int, sizes: Sequence[int], repeats: int
-) -> list[dict[str, Any]]:
+) -> list[ComparisonRow]:
+    log2n = world_size.bit_length() - 1
+    steps = {"ring": 2 * (world_size - 1), "recursive_doubling": log2n, "rabenseifner": 2 * log2n}
     rows = []
     for size in sizes:
         x = torch.ones(size // 4)  # (S/4,) float32
@@ -171,15 +191,21 @@ def _compare_worker(
             t = time_collective(
                 partial(fn, x), warmup=1, repeat=repeats, setup=partial(x.fill_, 1.0)
             )
+            predicted = (
+                estimate.recursive_doubling_allreduce_bytes_sent(size, world_size)
+                if name == "recursive_doubling"
+                else estimate.ring_allreduce_bytes_sent(size, world_size)
+            )
             rows.append(
-                {
-                    "algorithm": name,
-                    "size_bytes": size,
-                    "rank": rank,
-                    "payload_sent": int(meter.model_bytes_sent),
-                    "messages": sends,
-                    "median_s": statistics.median(t),
-                }
+                ComparisonRow(
+                    name,
+                    size,
+                    int(meter.model_bytes_sent),
+                    sends,
+                    statistics.median(t),
+                    steps[name],
+                    predicted,
+                )
             )
     return rows
 
@@ -212,17 +238,7 @@ def algorithm_comparison(
     per_rank = _launch(
         _compare_worker, world_size, sizes, validate.count("repeats", repeats, minimum=1)
     )
-    df = pd.DataFrame(per_rank[0])
-    log2n = world_size.bit_length() - 1
-    steps = {"ring": 2 * (world_size - 1), "recursive_doubling": log2n, "rabenseifner": 2 * log2n}
-    df["predicted_messages"] = df["algorithm"].map(steps)
-    df["predicted_bytes"] = [
-        estimate.recursive_doubling_allreduce_bytes_sent(s, world_size)
-        if a == "recursive_doubling"
-        else estimate.ring_allreduce_bytes_sent(s, world_size)
-        for a, s in zip(df["algorithm"], df["size_bytes"])
-    ]
-    return df.drop(columns=["rank"])
+    return kit.frame(per_rank[0], ComparisonRow)
 
 
 # --------------------------------------------------------------------------------------------

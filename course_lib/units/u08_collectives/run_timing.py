@@ -9,12 +9,13 @@ import functools
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.measure.estimate.links import AllreduceAlgorithm
 from course_lib.measure.timing import time_collective
@@ -86,23 +87,28 @@ def time_all_reduce(
             _timing_worker, world_size, size // 4, algorithms, repeats, warmup, timeout=timeout
         )
         rows += [_timing_row(per_rank, a, size, repeats) for a in algorithms]
-    return pd.DataFrame(rows)
+    return kit.frame(rows, TimingRow)
+
+
+@dataclass(frozen=True)
+class TimingRow:
+    """One algorithm and size of :func:`time_all_reduce` (seconds per call)."""
+
+    algorithm: str
+    size_bytes: int
+    median_s: float
+    p25_s: float
+    p75_s: float
+    repeats: int
 
 
 def _timing_row(
     per_rank: list[dict[str, list[float]]], algorithm: str, size: int, repeats: int
-) -> dict[str, str | float]:
+) -> TimingRow:
     """Median and quartiles of the slowest rank's time per call (a call ends with its last rank)."""
     slowest = [max(rank[algorithm][i] for rank in per_rank) for i in range(repeats)]
     q = statistics.quantiles(slowest, n=4) if repeats > 1 else [slowest[0]] * 3
-    return {
-        "algorithm": algorithm,
-        "size_bytes": size,
-        "median_s": statistics.median(slowest),
-        "p25_s": q[0],
-        "p75_s": q[2],
-        "repeats": repeats,
-    }
+    return TimingRow(algorithm, size, statistics.median(slowest), q[0], q[2], repeats)
 
 
 def _steps_and_message(algorithm: str, size_bytes: float, world_size: int) -> tuple[int, float]:

@@ -11,13 +11,14 @@ and the one the course's formula assumes, plus headers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import pandas as pd
 import torch.distributed as dist
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.units.u08_collectives._primitives import (
     COLLECTIVE_CHOICES,
     _launch,
@@ -32,21 +33,47 @@ __all__ = ["WIRE_SIZE_BYTES", "measure_wire_bytes", "ratio_table"]
 WIRE_SIZE_BYTES = 4 * 2**20
 
 
+@dataclass(frozen=True)
+class WireRow:
+    """One collective and rank of :func:`measure_wire_bytes`: bytes, and the same in units of S."""
+
+    collective: str
+    rank: int
+    size_bytes: int
+    predicted_bytes_sent: float | None
+    wire_bytes_sent: int | None
+    residual: float | None
+    predicted_S: float
+    wire_S: float
+    residual_S: float
+    wire_source: str
+
+
 def _wire_worker(
     rank: int, world_size: int, names: Sequence[str], root: int, k: int
-) -> list[dict[str, Any]]:
+) -> list[WireRow]:
+    size = 4 * world_size * k  # S
     rows = []
     for name in names:
         dist.barrier()  # nobody is still writing the previous collective's bytes
         with _meter() as meter:
             _run_primitive(name, rank, world_size, root, k)
+        wire = meter.wire_bytes_sent
+        pred = estimated_bytes_sent(name, world_size, rank, root=root, k=k)
+        residual = None if wire is None or pred is None else wire - pred
         rows.append(
-            {
-                "collective": name,
-                "rank": rank,
-                "wire_bytes_sent": meter.wire_bytes_sent,
-                "wire_source": meter.wire_source,
-            }
+            WireRow(
+                collective=name,
+                rank=rank,
+                size_bytes=size,
+                predicted_bytes_sent=pred,
+                wire_bytes_sent=wire,
+                residual=residual,
+                predicted_S=math.nan if pred is None else pred / size,
+                wire_S=math.nan if wire is None else wire / size,
+                residual_S=math.nan if residual is None else residual / size,
+                wire_source=meter.wire_source,
+            )
         )
     return rows
 
@@ -62,14 +89,6 @@ def _wire_names(names: Sequence[str] | str | None, world_size: int) -> list[str]
             "world_size", world_size, minimum=2, maximum=8, note="for recursive doubling"
         )
     return names
-
-
-#: columns in bytes and their twins in units of S
-_IN_UNITS_OF_S = (
-    ("predicted_bytes_sent", "predicted_S"),
-    ("wire_bytes_sent", "wire_S"),
-    ("residual", "residual_S"),
-)
 
 
 def measure_wire_bytes(
@@ -108,34 +127,11 @@ def measure_wire_bytes(
     root = validate.count("root", root, minimum=0, maximum=world_size - 1)
     k = size_bytes // (4 * world_size)
     per_rank = _launch(_wire_worker, world_size, names, root, k, timeout=timeout)
-    df = pd.DataFrame([row for rows in per_rank for row in rows])
-    df["size_bytes"] = size_bytes
-    df["predicted_bytes_sent"] = [
-        estimated_bytes_sent(c, world_size, r, root=root, k=k)
-        for c, r in zip(df.collective, df["rank"])
-    ]
-    measured = df.wire_bytes_sent.notna()
-    df["residual"] = (df.wire_bytes_sent - df.predicted_bytes_sent).where(measured)
-    for col, new in _IN_UNITS_OF_S:
-        df[new] = df[col].astype(float) / size_bytes
+    df = kit.frame(kit.rows_of(per_rank, WireRow), WireRow)
     order = {name: i for i, name in enumerate(names)}
-    df = df.sort_values(
+    return df.sort_values(
         ["collective", "rank"], key=lambda c: c.map(order) if c.name == "collective" else c
-    )
-    return df[
-        [
-            "collective",
-            "rank",
-            "size_bytes",
-            "predicted_bytes_sent",
-            "wire_bytes_sent",
-            "residual",
-            "predicted_S",
-            "wire_S",
-            "residual_S",
-            "wire_source",
-        ]
-    ].reset_index(drop=True)
+    ).reset_index(drop=True)
 
 
 def ratio_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -11,10 +11,17 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from course_lib import validate
+from course_lib import kit, validate
+from course_lib.units.u09_data_parallelism.run import StragglerRow
+from course_lib.units.u09_data_parallelism.run_traffic import BytesRow
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["plot_overlap", "plot_bytes", "plot_straggler", "plot_sweep"]
+
+READS = {
+    BytesRow: ("world_size", "version", "wire_bytes", "predicted", "all_reduce_calls"),
+    StragglerRow: ("rank", "slow", "compute_s", "step_s"),
+}
 
 _LANE_COLOUR = {"compute": "tab:blue", "comm": "tab:red"}
 
@@ -113,12 +120,7 @@ def plot_overlap(
 def plot_bytes(df: pd.DataFrame) -> Figure:
     """Bytes each rank put on the wire per step (measured, median over ranks) beside the ring's
     2(N-1)/N x gradient bytes, per world size and version (``bytes_per_step``)."""
-    require_columns(
-        df,
-        ["world_size", "version", "wire_bytes", "predicted", "all_reduce_calls"],
-        "df",
-        nonempty=True,
-    )
+    require_columns(df, list(READS[BytesRow]), "df", nonempty=True)
     g = df.groupby(["world_size", "version"], as_index=False).agg(
         wire=("wire_bytes", "median"),
         predicted=("predicted", "first"),
@@ -127,23 +129,16 @@ def plot_bytes(df: pd.DataFrame) -> Figure:
     labels = [f"N={n}\n{v} ({c} calls)" for n, v, c in zip(g.world_size, g.version, g.calls)]
     with style():
         fig, ax = plt.subplots(figsize=(8, 4))
-        x = range(len(g))
-        ax.bar(
-            [i - 0.2 for i in x],
-            g.predicted / 1024,
-            0.4,
-            color="tab:grey",
-            label="predicted: 2(N-1)/N x gradient bytes",
-        )
-        ax.bar(
-            [i + 0.2 for i in x],
-            g.wire / 1024,
-            0.4,
+        kit.bars_beside(
+            ax,
+            labels,
+            g.predicted,
+            g.wire,
             color="tab:red",
-            label="measured: written to the sockets",
+            scale=1024,
+            names=("predicted: 2(N-1)/N x gradient bytes", "measured: written to the sockets"),
+            predicted_style={"color": "tab:grey"},
         )
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(labels)
         ax.set_ylabel("KiB per rank per step")
         ax.set_title("Gradient all-reduce: bytes each rank sends")
         ax.legend(loc="upper left")
@@ -154,7 +149,7 @@ def plot_bytes(df: pd.DataFrame) -> Figure:
 def plot_straggler(df: pd.DataFrame) -> Figure:
     """Every rank's step time split into its own compute and the wait inside the all-reduce
     (``straggler``, medians over steps, ms)."""
-    require_columns(df, ["rank", "slow", "compute_s", "step_s"], "df", nonempty=True)
+    require_columns(df, list(READS[StragglerRow]), "df", nonempty=True)
     g = df.groupby("rank", as_index=False)[["compute_s", "step_s"]].median()
     with style():
         fig, ax = plt.subplots(figsize=(7, 3.5))

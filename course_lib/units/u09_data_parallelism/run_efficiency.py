@@ -14,14 +14,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.runtime.launch import launch
+
+
+@dataclass(frozen=True)
+class EfficiencyRow:
+    """One world size of :func:`scaling_efficiency`."""
+
+    world_size: int
+    step_s: float
+    samples_per_s: float
+    efficiency: float
+    overhead_s: float
+    gradient_bytes: int
+    stand_in: bool
 
 
 def _model(width: int) -> torch.nn.Module:
@@ -107,18 +121,20 @@ def scaling_efficiency(
     rows = validate.count("rows", rows, minimum=1)
     steps = validate.count("steps", steps, minimum=1, maximum=20)
     res = launch(_efficiency_worker, max(sizes), sizes, stand_in, compute_s, width, rows, steps)
-    rows_out = []
-    for n in sizes:
-        slowest = [max(ts) for ts in zip(*(r[n] for r in res[:n]))]  # the slowest rank's step
-        # noise on a shared machine only lengthens a step: the fastest step is the estimate
-        rows_out.append({"world_size": n, "step_s": min(slowest)})
-    df = pd.DataFrame(rows_out)
-    df["samples_per_s"] = df.world_size * rows / df.step_s
-    df["efficiency"] = df.samples_per_s / (df.world_size * df.samples_per_s.iloc[0])
-    df["overhead_s"] = df.step_s - df.step_s.iloc[0]
-    df["gradient_bytes"] = sum(p.numel() * 4 for p in _model(width).parameters())
-    df["stand_in"] = stand_in
-    return df
+    grad_bytes = sum(p.numel() * 4 for p in _model(width).parameters())
+    # per N, the slowest rank's step; noise on a shared machine only lengthens a step, so the
+    # fastest of those steps is the estimate
+    step_s = {n: min(max(ts) for ts in zip(*(r[n] for r in res[:n]))) for n in sizes}
+    one = rows / step_s[1]  # samples per second at N = 1
+    return kit.frame(
+        [
+            EfficiencyRow(
+                n, s, n * rows / s, n * rows / s / (n * one), s - step_s[1], grad_bytes, stand_in
+            )
+            for n, s in step_s.items()
+        ],
+        EfficiencyRow,
+    )
 
 
 #: tokens per rank swept by :func:`dp_threshold`: 256 to 8,192, doubling

@@ -81,10 +81,7 @@ def _zero_full_tensors(model: nn.Module, which: Which = "param") -> dict[str, to
     return full_tensors(cast(ZeroDataParallel, model), which)
 
 
-def _summary(table: pd.DataFrame) -> dict[str, int | float | bool]:
-    return {
-        "comparisons": len(table),
-        "failed": int((~table.ok).sum()),
-        "worst": float((table.max_abs_diff / table.tolerance).max()),
-        "ok": bool(table.ok.all()),
-    }
+def _summary(table: pd.DataFrame) -> tuple[int, int, float, bool]:
+    """comparisons, failed, worst (max |difference| / tolerance) and ok of a harness table."""
+    worst = float((table.max_abs_diff / table.tolerance).max())
+    return len(table), int((~table.ok).sum()), worst, bool(table.ok.all())

@@ -11,7 +11,9 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from course_lib import validate
+from course_lib import kit, validate
+from course_lib.units.u10_zero_fsdp.run import TimelineRow
+from course_lib.units.u10_zero_fsdp.run_memory import CommRow, MemoryRow
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["plot_memory", "plot_comm", "plot_timeline", "plot_tradeoff", "plot_scale"]
@@ -25,17 +27,27 @@ _SPAN_COLOUR = {
     "backward": "tab:cyan",
 }
 
+READS = {
+    MemoryRow: (
+        "world_size",
+        "rank",
+        "stage",
+        "params",
+        "grads",
+        "optimizer",
+        "predicted",
+        "paper",
+    ),
+    CommRow: ("world_size", "config", "wire_bytes", "predicted", "vs_ddp"),
+    TimelineRow: ("rank", "config", "peak_bytes", "wire_bytes"),
+}
+
 
 def plot_memory(df: pd.DataFrame) -> Figure:
     """Model state per rank (rank 0, KiB) by stage and world size, measured (stacked bars:
     params, grads, optimizer), the padded-layout prediction (black tick) and the paper's
     formula without padding (grey dot); from ``memory_table``."""
-    require_columns(
-        df,
-        ["world_size", "rank", "stage", "params", "grads", "optimizer", "predicted", "paper"],
-        "df",
-        nonempty=True,
-    )
+    require_columns(df, list(READS[MemoryRow]), "df", nonempty=True)
     d = df[df["rank"] == 0].sort_values(["world_size", "stage"]).reset_index(drop=True)
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.2))
@@ -74,9 +86,7 @@ def plot_memory(df: pd.DataFrame) -> Figure:
 def plot_comm(df: pd.DataFrame) -> Figure:
     """Bytes each rank wrote to its sockets per step (median over ranks) beside the prediction,
     as multiples of DDP's all-reduce; from ``comm_table``."""
-    require_columns(
-        df, ["world_size", "config", "wire_bytes", "predicted", "vs_ddp"], "df", nonempty=True
-    )
+    require_columns(df, list(READS[CommRow]), "df", nonempty=True)
     g = (
         df.dropna(subset=["wire_bytes"])
         .groupby(["world_size", "config"], as_index=False, sort=False)
@@ -89,29 +99,17 @@ def plot_comm(df: pd.DataFrame) -> Figure:
     g["ddp"] = g.wire / g.vs_ddp
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.2))
-        x = range(len(g))
-        ax.bar(
-            [i - 0.2 for i in x],
+        kit.bars_beside(
+            ax,
+            [f"N={n}\n{c}" for n, c in zip(g.world_size, g.config)],
             g.predicted / g.ddp,
-            0.4,
-            color="tab:grey",
-            label="predicted (ring collectives)",
-        )
-        ax.bar(
-            [i + 0.2 for i in x],
             g.vs_ddp,
-            0.4,
             color="tab:red",
-            label="measured: written to the sockets",
+            names=("predicted (ring collectives)", "measured: written to the sockets"),
+            predicted_style={"color": "tab:grey"},
         )
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
-        ax.set_xticks(list(x))
-        ax.set_xticklabels(
-            [f"N={n}\n{c}" for n, c in zip(g.world_size, g.config)],
-            fontsize=7,
-            rotation=30,
-            ha="right",
-        )
+        plt.setp(ax.get_xticklabels(), fontsize=7, rotation=30, ha="right")
         ax.set_ylabel("bytes sent / DDP's all-reduce")
         ax.set_title("Traffic per step: stages 1-2 = DDP, stage 3 = 1.5 x DDP")
         ax.legend(loc="upper left", fontsize=8)
@@ -185,9 +183,7 @@ def plot_timeline(events: pd.DataFrame, configs: str | Sequence[str] | None = No
 def plot_tradeoff(summary: pd.DataFrame) -> Figure:
     """Peak memory against bytes sent per step (rank 0), one point per configuration; from
     ``fsdp_timeline``'s summary."""
-    require_columns(
-        summary, ["rank", "config", "peak_bytes", "wire_bytes"], "summary", nonempty=True
-    )
+    require_columns(summary, list(READS[TimelineRow]), "summary", nonempty=True)
     d = summary[summary["rank"] == 0]
     with style():
         fig, ax = plt.subplots(figsize=(6.5, 4))

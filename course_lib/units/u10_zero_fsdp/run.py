@@ -24,17 +24,17 @@ and uses the course's from-scratch ``parallel.zero.ZeroDataParallel`` beside PyT
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.parallel import harness as H
 from course_lib.runtime.launch import launch
 from course_lib.units.u10_zero_fsdp._setup import (  # noqa: F401 (_memory_model: the notebooks)
     LR,
-    MEMORY_WIDTH,
     _adamw,
     _memory_model,
     _self,
@@ -49,7 +49,6 @@ from course_lib.units.u10_zero_fsdp.run_accum import (
     accumulation_comm_table,
 )
 from course_lib.units.u10_zero_fsdp.run_hybrid import (
-    HYBRID_CONFIGS,
     hybrid_at_scale,
     hybrid_formula,
     hybrid_table,
@@ -78,15 +77,12 @@ __all__ = [
     "hybrid_table",
     "hybrid_formula",
     "hybrid_at_scale",
-    "HYBRID_CONFIGS",
     "fsdp_timeline",
     "scale_grid",
     "source_checks",
     "smallest_stage",
-    "MEMORY_WIDTH",
     "fsdp_threshold",
 ]
-
 
 # --------------------------------------------------------------------------------------------
 # parity: our stages against one process, and against PyTorch's own
@@ -96,6 +92,19 @@ _VARIANTS: dict[str, dict[str, Any]] = {
     "prefetch": {"prefetch": True},
     "keep after forward": {"reshard_after_forward": False},
 }
+
+
+@dataclass(frozen=True)
+class ParityRow:
+    """One world size, stage and variant of :func:`parity`."""
+
+    world_size: int
+    stage: int
+    variant: str
+    comparisons: int
+    failed: int
+    worst: float
+    ok: bool
 
 
 def _parity_worker(rank: int, world_size: int, stages, variants, steps: int) -> dict:
@@ -139,8 +148,8 @@ def parity(
         results = launch(_parity_worker, n, stages, variants, steps)
         for key in results[0]:
             table = H.compare(reference, [r[key] for r in results])
-            rows.append({"world_size": n, "stage": key[0], "variant": key[1], **_summary(table)})
-    return pd.DataFrame(rows)
+            rows.append(ParityRow(n, key[0], key[1], *_summary(table)))
+    return kit.frame(rows, ParityRow)
 
 
 def _torch_worker(rank: int, world_size: int, steps: int) -> dict:
@@ -192,6 +201,20 @@ TORCH_TWIN = {
 }
 
 
+@dataclass(frozen=True)
+class TorchParityRow:
+    """One implementation of :func:`torch_parity`; ``twin`` and ``loss_diff`` for ours only."""
+
+    implementation: str
+    losses: list[float]
+    comparisons: int
+    failed: int
+    worst: float
+    ok: bool
+    twin: str | None
+    loss_diff: float | None
+
+
 def torch_parity(*, world_size: int = 2, steps: int = 3) -> pd.DataFrame:
     """Ours and PyTorch's on the same ranks, model and batches (float64, AdamW lr 1e-2). One row
     per implementation: losses (per step), worst and ok against one process (harness
@@ -204,19 +227,12 @@ def torch_parity(*, world_size: int = 2, steps: int = 3) -> pd.DataFrame:
     rows = []
     for name in results[0]:
         rec = [r[name] for r in results]
-        row = {
-            "implementation": name,
-            "losses": rec[0].losses,
-            **_summary(H.compare(reference, rec)),
-        }
         twin = TORCH_TWIN.get(name)
-        if twin:
-            row["twin"] = twin
-            row["loss_diff"] = max(
-                abs(a - b) for a, b in zip(rec[0].losses, results[0][twin].losses)
-            )
-        rows.append(row)
-    return pd.DataFrame(rows)
+        theirs = [] if twin is None else results[0][twin].losses
+        diff = max((abs(a - b) for a, b in zip(rec[0].losses, theirs)), default=None)
+        summary = _summary(H.compare(reference, rec))
+        rows.append(TorchParityRow(name, rec[0].losses, *summary, twin=twin, loss_diff=diff))
+    return kit.frame(rows, TorchParityRow)
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,6 +244,19 @@ TIMELINE_CONFIGS: dict[str, dict[str, Any]] = {
     "keep, no prefetch": {"prefetch": False, "reshard_after_forward": False},
     "keep, prefetch": {"prefetch": True, "reshard_after_forward": False},
 }
+
+
+@dataclass(frozen=True)
+class TimelineRow:
+    """One rank and configuration of :func:`fsdp_timeline`'s summary."""
+
+    rank: int
+    config: str
+    prefetch: bool
+    reshard_after_forward: bool
+    peak_bytes: int
+    wire_bytes: int | None
+    all_gathers: int
 
 
 def _timeline_worker(
@@ -265,16 +294,19 @@ def _timeline_worker(
         log = model.log
         assert log is not None  # step 2 set it
         events += [{**e, "meta": {**e["meta"], "config": name}} for e in log.to_records()]
+        gathers = sum(
+            comm.calls.get(op, 0) for op in ("all_gather_single", "all_gather_into_tensor")
+        )
+        wire = comm.wire_bytes_sent  # of the last step
         rows.append(
-            {
-                "rank": rank,
-                "config": name,
+            TimelineRow(
+                rank,
+                name,
                 **TIMELINE_CONFIGS[name],
-                "peak_bytes": peak,
-                "wire_bytes": comm.wire_bytes_sent,  # of the last step
-                "all_gathers": comm.calls.get("all_gather_single", 0)
-                + comm.calls.get("all_gather_into_tensor", 0),
-            }
+                peak_bytes=peak,
+                wire_bytes=wire,
+                all_gathers=gathers,
+            )
         )
     return {"events": events, "rows": rows}
 
@@ -303,5 +335,5 @@ def fsdp_timeline(
     res = launch(_timeline_worker, n, configs, width, depth, batch)
     events = merge_event_logs([r["events"] for r in res])
     events["config"] = [m["config"] for m in events["meta"]]
-    summary = pd.DataFrame([row for r in res for row in r["rows"]])
+    summary = kit.frame([row for r in res for row in r["rows"]], TimelineRow)
     return events, summary

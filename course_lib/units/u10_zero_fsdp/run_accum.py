@@ -10,15 +10,35 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.parallel import harness as H
 from course_lib.runtime.launch import launch
 from course_lib.units.u10_zero_fsdp._setup import LR, _memory_batch, _memory_model, units_of
+
+
+@dataclass(frozen=True)
+class AccumRow:
+    """One rank, configuration and K of :func:`accumulation_comm_table` (bytes of one step)."""
+
+    world_size: int
+    rank: int
+    config: str
+    stage: int
+    K: int
+    calls: int
+    wire_bytes: int | None
+    payload_bytes: float
+    wire_source: str
+    predicted: float
+    residual: float | None
+    vs_ddp: float | None
+
 
 if TYPE_CHECKING:
     from torch import nn
@@ -49,9 +69,13 @@ def _make(
 
 def _accum_worker(
     rank: int, world_size: int, configs: Sequence[str], ks: Sequence[int]
-) -> list[dict[str, Any]]:
+) -> list[AccumRow]:
     from course_lib.measure.comm import CommMeter
 
+    units = units_of(_memory_model())
+    psi = sum(map(sum, units))
+    padded = psi + estimate.zero_padding(units, world_size)
+    ddp = estimate.zero_bytes_sent_per_step(4 * psi, world_size, stage=0)
     rows = []
     for config in configs:
         model, step, zero_grad, silent = _make(config)
@@ -64,18 +88,25 @@ def _accum_worker(
                             H.mse_loss(model, batch).backward()
                     step()
                 zero_grad()
+            s, wire = ACCUM_CONFIGS[config], meter.wire_bytes_sent
+            predicted = estimate.zero_bytes_sent_per_step(
+                4 * (padded if s else psi), world_size, stage=s, micro_batches=k
+            )
             rows.append(
-                {
-                    "world_size": world_size,
-                    "rank": rank,
-                    "config": config,
-                    "stage": ACCUM_CONFIGS[config],
-                    "K": k,
-                    "calls": sum(meter.calls.values()),
-                    "wire_bytes": meter.wire_bytes_sent,
-                    "payload_bytes": meter.model_bytes_sent,
-                    "wire_source": meter.wire_source,
-                }
+                AccumRow(
+                    world_size=world_size,
+                    rank=rank,
+                    config=config,
+                    stage=s,
+                    K=k,
+                    calls=sum(meter.calls.values()),
+                    wire_bytes=wire,
+                    payload_bytes=meter.model_bytes_sent,
+                    wire_source=meter.wire_source,
+                    predicted=predicted,
+                    residual=None if wire is None else wire - predicted,
+                    vs_ddp=None if wire is None else wire / ddp,
+                )
             )
     return rows
 
@@ -97,15 +128,5 @@ def accumulation_comm_table(
     ks = validate.counts("micro_batches", micro_batches, minimum=1)
     n = validate.count("world_size", world_size, minimum=2)
     configs = validate.choices("configs", configs, tuple(ACCUM_CONFIGS))
-    df = pd.DataFrame([r for res in launch(_accum_worker, n, configs, ks) for r in res])
-    units = units_of(_memory_model())
-    psi = sum(map(sum, units))
-    padded = psi + estimate.zero_padding(units, n)
-    df["predicted"] = [
-        estimate.zero_bytes_sent_per_step(4 * (padded if s else psi), n, stage=s, micro_batches=k)
-        for s, k in zip(df.stage, df.K)
-    ]
-    ddp = estimate.zero_bytes_sent_per_step(4 * psi, n, stage=0)
-    df["residual"] = [None if w is None else w - p for w, p in zip(df.wire_bytes, df.predicted)]
-    df["vs_ddp"] = [None if w is None else w / ddp for w in df.wire_bytes]
-    return df
+    res = launch(_accum_worker, n, configs, ks)
+    return kit.frame(kit.rows_of(res, AccumRow), AccumRow)

@@ -11,11 +11,12 @@ Used by notebooks/10_zero_fsdp.ipynb through :mod:`run`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.parallel import harness as H
 from course_lib.runtime.launch import launch
 from course_lib.units.u10_zero_fsdp._setup import _memory_batch, _memory_model
@@ -24,6 +25,26 @@ from course_lib.units.u10_zero_fsdp._setup import _memory_batch, _memory_model
 HYBRID_CONFIGS = {"ZeRO-3": "zero3", "HSDP": "hsdp", "ZeRO++": "zero++"}
 HYBRID_LR = 0.05  #: SGD learning rate of the hybrid runs (an exact update: parity is simple)
 WEIGHT_BITS, GRAD_BITS, BLOCK = 8, 4, 64  #: ZeRO++ as in the paper: int8 weights, int4 gradients
+
+
+@dataclass(frozen=True)
+class HybridRow:
+    """One rank and configuration of :func:`hybrid_table` (bytes of the second step)."""
+
+    rank: int
+    node: int
+    config: str
+    wire_bytes: int | None
+    intra: int
+    inter: int
+    other: int
+    intra_msgs: int
+    inter_msgs: int
+    secondary_bytes: int
+    max_diff: float
+    rel_error: float
+    formula_intra: float
+    formula_inter: float
 
 
 def wire_by_link(meter: Any, node_of: Callable[[int], int]) -> dict[str, int]:
@@ -43,13 +64,17 @@ def wire_by_link(meter: Any, node_of: Callable[[int], int]) -> dict[str, int]:
     return out
 
 
-def _hybrid_worker(rank: int, world_size: int, per_node: int, steps: int) -> list[dict[str, Any]]:
+def _hybrid_worker(rank: int, world_size: int, per_node: int, steps: int) -> list[HybridRow]:
     import torch
 
+    from course_lib.measure import estimate
     from course_lib.measure.comm import CommMeter
     from course_lib.parallel.zero.hybrid import HierarchicalSharded, node_groups
+    from course_lib.units.u10_zero_fsdp._setup import units_of
 
     nodes = node_groups(per_node)
+    units = units_of(_memory_model())
+    psi = sum(map(sum, units)) + estimate.zero_padding(units, world_size)
     reference = _memory_model()  # one process, full batches: what every scheme must reproduce
     opt = torch.optim.SGD(reference.parameters(), lr=HYBRID_LR)
     start = {n: p.detach().clone() for n, p in reference.named_parameters()}
@@ -77,10 +102,13 @@ def _hybrid_worker(rank: int, world_size: int, per_node: int, steps: int) -> lis
         ref = {n: p.detach() for n, p in reference.named_parameters()}
         diff = torch.cat([(got[n] - ref[n]).reshape(-1) for n in ref])  # vs one process
         update = torch.cat([(ref[n] - start[n]).reshape(-1) for n in ref])  # its whole update
+        formula = hybrid_formula(config, psi, world_size // per_node, per_node)
         rows.append(
-            {"rank": rank, "node": nodes.node, "config": config, "wire_bytes": total, **split,
-             "secondary_bytes": secondary, "max_diff": float(diff.abs().max()),
-             "rel_error": float(diff.norm() / update.norm())}
+            HybridRow(
+                rank, nodes.node, config, total, **split, secondary_bytes=secondary,
+                max_diff=float(diff.abs().max()), rel_error=float(diff.norm() / update.norm()),
+                formula_intra=formula["intra"], formula_inter=formula["inter"],
+            )
         )  # fmt: skip
     return rows
 
@@ -127,11 +155,9 @@ def hybrid_table(*, nodes: int = 2, per_node: int = 2, steps: int = 3) -> pd.Dat
     g = validate.count("per_node", per_node, minimum=2)
     steps = validate.count("steps", steps, minimum=2)
     res = launch(_hybrid_worker, m * g, g, steps)
-    df = pd.DataFrame([r for rows in res for r in rows])
+    df = kit.frame(kit.rows_of(res, HybridRow), HybridRow)
     units = units_of(_memory_model())
     psi = sum(map(sum, units)) + estimate.zero_padding(units, m * g)
-    for side in ("intra", "inter"):
-        df[f"formula_{side}"] = [hybrid_formula(c, psi, m, g)[side] for c in df.config]
     df.attrs.update(psi=psi, nodes=m, per_node=g)
     return df
 

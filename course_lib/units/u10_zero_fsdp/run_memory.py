@@ -6,12 +6,13 @@ Used by notebooks/10_zero_fsdp.ipynb through :mod:`run` (which re-exports these 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.parallel import harness as H
 from course_lib.runtime.launch import launch
@@ -22,14 +23,36 @@ from course_lib.units.u10_zero_fsdp._setup import (
     units_of,
 )
 
+if TYPE_CHECKING:
+    from course_lib.measure.comm import CommMeter
+
 
 # --------------------------------------------------------------------------------------------
 # memory per rank
 # --------------------------------------------------------------------------------------------
-def _memory_worker(rank: int, world_size: int, stages) -> list[dict]:
+@dataclass(frozen=True)
+class MemoryRow:
+    """One rank and stage of :func:`memory_table` (bytes)."""
+
+    world_size: int
+    rank: int
+    stage: int
+    params: int
+    grads: int
+    optimizer: int
+    total: int
+    predicted: float
+    padding: float
+    paper: float
+    residual: float
+
+
+def _memory_worker(rank: int, world_size: int, stages: Sequence[int]) -> list[MemoryRow]:
     from course_lib.measure.memory import MemoryMeter
     from course_lib.parallel.zero import ZeroDataParallel
 
+    units = units_of(_memory_model())
+    psi = sum(map(sum, units))
     rows = []
     for stage in stages:
         model = ZeroDataParallel(_memory_model(), stage=stage, lr=LR)
@@ -39,15 +62,25 @@ def _memory_worker(rank: int, world_size: int, stages) -> list[dict]:
         with MemoryMeter(model, model.optimizer) as after:  # what stays between steps
             pass
         bd = after.start_breakdown
+        total = bd["params"] + bd["grads"] + bd["optimizer"]
+        pred = estimate.zero_layout_bytes_per_rank(units, stage=stage, world_size=world_size)
+        paper = estimate.zero_bytes_per_rank(
+            psi, stage=stage, world_size=world_size, k=8, param_bytes=4, grad_bytes=4
+        )
         rows.append(
-            {
-                "world_size": world_size,
-                "rank": rank,
-                "stage": stage,
-                "params": bd["params"],
-                "grads": bd["grads"],
-                "optimizer": bd["optimizer"],
-            }
+            MemoryRow(
+                world_size=world_size,
+                rank=rank,
+                stage=stage,
+                params=bd["params"],
+                grads=bd["grads"],
+                optimizer=bd["optimizer"],
+                total=total,
+                predicted=pred["total"],
+                padding=pred["padding"],
+                paper=paper,
+                residual=total - pred["total"],
+            )
         )
     return rows
 
@@ -63,23 +96,8 @@ def memory_table(
     no padding and no step counters) and residual (measured - predicted)."""
     sizes = validate.counts("world_sizes", world_sizes, minimum=1)
     stages = [validate.choice("stages[i]", s, (0, 1, 2, 3)) for s in stages]
-    rows = [r for n in sizes for res in launch(_memory_worker, n, stages) for r in res]
-    df = pd.DataFrame(rows)
-    units = units_of(_memory_model())
-    psi = sum(map(sum, units))
-    df["total"] = df.params + df.grads + df.optimizer
-    pred = [
-        estimate.zero_layout_bytes_per_rank(units, stage=s, world_size=n)
-        for s, n in zip(df.stage, df.world_size)
-    ]
-    df["predicted"] = [p["total"] for p in pred]
-    df["padding"] = [p["padding"] for p in pred]
-    df["paper"] = [
-        estimate.zero_bytes_per_rank(psi, stage=s, world_size=n, k=8, param_bytes=4, grad_bytes=4)
-        for s, n in zip(df.stage, df.world_size)
-    ]
-    df["residual"] = df.total - df.predicted
-    return df
+    runs = [launch(_memory_worker, n, stages) for n in sizes]
+    return kit.frame(kit.rows_of(runs, MemoryRow), MemoryRow)
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,21 +115,54 @@ def _metered_steps(step: Callable[[], None], zero_grad: Callable[[], None]) -> A
     return meter
 
 
-def _comm_row(rank: int, world_size: int, name: str, stage: int, reshard: bool, meter) -> dict:
-    return {
-        "world_size": world_size,
-        "rank": rank,
-        "config": name,
-        "stage": stage,
-        "reshard_after_forward": reshard,
-        "calls": dict(meter.calls),
-        "wire_bytes": meter.wire_bytes_sent,
-        "model_bytes": meter.model_bytes_sent,
-        "wire_source": meter.wire_source,
-    }
+@dataclass(frozen=True)
+class CommRow:
+    """One rank and configuration of :func:`comm_table` (bytes of one step)."""
+
+    world_size: int
+    rank: int
+    config: str
+    stage: int
+    reshard_after_forward: bool
+    calls: dict[str, int]
+    wire_bytes: int | None
+    model_bytes: float
+    wire_source: str
+    predicted: float
+    vs_ddp: float | None
+    residual: float | None
 
 
-def _comm_worker(rank: int, world_size: int, stages, with_torch: bool) -> list[dict]:
+def _comm_row(
+    rank: int, world_size: int, name: str, stage: int, reshard: bool, meter: CommMeter
+) -> CommRow:
+    units = units_of(_memory_model())
+    psi = sum(map(sum, units))
+    padded = psi + (estimate.zero_padding(units, world_size) if stage else 0)
+    predicted = estimate.zero_bytes_sent_per_step(
+        4 * padded, world_size, stage=stage, reshard_after_forward=reshard
+    )
+    ddp = estimate.ring_allreduce_bytes_sent(4 * psi, world_size)
+    wire = meter.wire_bytes_sent
+    return CommRow(
+        world_size=world_size,
+        rank=rank,
+        config=name,
+        stage=stage,
+        reshard_after_forward=reshard,
+        calls=dict(meter.calls),
+        wire_bytes=wire,
+        model_bytes=meter.model_bytes_sent,
+        wire_source=meter.wire_source,
+        predicted=predicted,
+        vs_ddp=None if wire is None else wire / ddp,
+        residual=None if wire is None else wire - predicted,
+    )
+
+
+def _comm_worker(
+    rank: int, world_size: int, stages: Sequence[int], with_torch: bool
+) -> list[CommRow]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -165,20 +216,5 @@ def comm_table(
     all-reduce of the unpadded gradients), residual (measured - predicted: gloo's headers)."""
     sizes = validate.counts("world_sizes", world_sizes, minimum=2)
     stages = [validate.choice("stages[i]", s, (0, 1, 2, 3)) for s in stages]
-    rows = [
-        r for n in sizes for res in launch(_comm_worker, n, stages, bool(with_torch)) for r in res
-    ]
-    df = pd.DataFrame(rows)
-    units = units_of(_memory_model())
-    psi = sum(map(sum, units))
-    padded = [
-        psi + (estimate.zero_padding(units, n) if s else 0) for s, n in zip(df.stage, df.world_size)
-    ]
-    df["predicted"] = [
-        estimate.zero_bytes_sent_per_step(4 * p, n, stage=s, reshard_after_forward=r)
-        for p, n, s, r in zip(padded, df.world_size, df.stage, df.reshard_after_forward)
-    ]
-    ddp = [estimate.ring_allreduce_bytes_sent(4 * psi, n) for n in df.world_size]
-    df["vs_ddp"] = [None if w is None else w / d for w, d in zip(df.wire_bytes, ddp)]
-    df["residual"] = [None if w is None else w - p for w, p in zip(df.wire_bytes, df.predicted)]
-    return df
+    runs = [launch(_comm_worker, n, stages, bool(with_torch)) for n in sizes]
+    return kit.frame(kit.rows_of(runs, CommRow), CommRow)

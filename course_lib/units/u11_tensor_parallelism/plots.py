@@ -11,6 +11,8 @@ from matplotlib.colors import TABLEAU_COLORS
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from course_lib.units.u11_tensor_parallelism.run import ShapeRow
+from course_lib.units.u11_tensor_parallelism.run_costs import MemoryRow
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["plot_split", "plot_memory", "plot_scale"]
@@ -21,6 +23,11 @@ _PANELS = (
     ("mlp.c_fc.weight", "MLP c_fc: column parallel", 1),
     ("mlp.c_proj.weight", "MLP c_proj: row parallel", 1),
 )
+
+READS = {
+    ShapeRow: ("tp_rank", "parameter", "full", "on_rank"),
+    MemoryRow: ("tp", "sequence_parallel", "rank", "category", "measured", "predicted"),
+}
 
 
 def _draw_shard(
@@ -63,7 +70,7 @@ def plot_split(shapes: pd.DataFrame) -> Figure:
     """The four weight matrices of a block (rows = output features, columns = input features,
     as nn.Linear stores them), coloured by the rank that holds each part, with each rank's
     shard shape as measured on that rank, from ``run.shard_shapes``."""
-    require_columns(shapes, ["tp_rank", "parameter", "full", "on_rank"], "shapes", nonempty=True)
+    require_columns(shapes, list(READS[ShapeRow]), "shapes", nonempty=True)
     ranks = shapes.drop_duplicates(["tp_rank", "parameter"])
     tp = int(ranks.tp_rank.max()) + 1
     with style():
@@ -100,12 +107,7 @@ def plot_split(shapes: pd.DataFrame) -> Figure:
 def plot_memory(mem: pd.DataFrame, *, rank: int = 0) -> Figure:
     """Per-rank memory of one Adam step by category, measured (bars) beside predicted (black
     ticks), for every (tp, sequence_parallel) of ``run.memory_per_rank``; KiB (1024 B)."""
-    require_columns(
-        mem,
-        ["tp", "sequence_parallel", "rank", "category", "measured", "predicted"],
-        "mem",
-        nonempty=True,
-    )
+    require_columns(mem, list(READS[MemoryRow]), "mem", nonempty=True)
     df = mem[mem["rank"] == rank]
     configs = list(dict.fromkeys(zip(df.tp, df.sequence_parallel)))
     cats = list(dict.fromkeys(df.category))

@@ -27,12 +27,13 @@ checked before any rank starts. Each function returns plain data or a tidy DataF
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.models import GPT, Block, GPTConfig
 from course_lib.parallel import harness as H
 from course_lib.runtime.launch import launch
@@ -64,7 +65,6 @@ __all__ = [
     "wire_bytes",
     "memory_per_rank",
     "activation_formulas",
-    "LayerShape",
     "LLAMA_7B",
     "LLAMA_70B",
     "scale_table",
@@ -125,7 +125,19 @@ def worked_example() -> pd.DataFrame:
 _SPLIT_NAMES: dict[int | None, str] = {0: "rows (column parallel)", 1: "columns (row parallel)"}
 
 
-def _shapes_worker(rank: int, world_size: int, config: GPTConfig, tp: int) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ShapeRow:
+    """One rank and parameter of the first block in :func:`shard_shapes`."""
+
+    rank: int
+    tp_rank: int
+    parameter: str
+    full: tuple[int, ...]
+    on_rank: tuple[int, ...]
+    split: str
+
+
+def _shapes_worker(rank: int, world_size: int, config: GPTConfig, tp: int) -> list[ShapeRow]:
     from course_lib.parallel.mesh import Mesh
     from course_lib.parallel.tensor import parallelize_gpt
 
@@ -134,14 +146,14 @@ def _shapes_worker(rank: int, world_size: int, config: GPTConfig, tp: int) -> li
     full = dict(model_fn(config=config).named_parameters())
     block = "blocks.0."
     return [
-        {
-            "rank": rank,
-            "tp_rank": mesh.tp_rank,
-            "parameter": name[len(block) :],
-            "full": tuple(full[name].shape),
-            "on_rank": tuple(p.shape),
-            "split": _SPLIT_NAMES.get(getattr(p, "tp_split", (None,))[0], "replicated"),
-        }
+        ShapeRow(
+            rank,
+            mesh.tp_rank,
+            name[len(block) :],
+            tuple(full[name].shape),
+            tuple(p.shape),
+            _SPLIT_NAMES.get(getattr(p, "tp_split", (None,))[0], "replicated"),
+        )
         for name, p in model.named_parameters()
         if name.startswith(block)
     ]
@@ -156,7 +168,8 @@ def shard_shapes(
     that does not divide the heads or the width, or exceeds ``world_size``, before launching."""
     world_size = tp if world_size is None else world_size
     tp = _check(tp, config, world_size=world_size)
-    return pd.DataFrame([r for res in launch(_shapes_worker, world_size, config, tp) for r in res])
+    res = launch(_shapes_worker, world_size, config, tp)
+    return kit.frame(kit.rows_of(res, ShapeRow), ShapeRow)
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,6 +182,18 @@ def _parity_worker(
 
     model = parallelize_gpt(model_fn(dtype=dtype), sequence_parallel=sp)
     return H.parallel_run(model, batch_fn, steps=steps, step_fn=_step_fn, gather_fn=gather_full)
+
+
+@dataclass(frozen=True)
+class ParityRow:
+    """One (tp, sequence_parallel) of :func:`parity`."""
+
+    tp: int
+    sequence_parallel: bool
+    comparisons: int
+    failed: int
+    worst: float
+    ok: bool
 
 
 def parity(
@@ -194,17 +219,10 @@ def parity(
     for t in sizes:
         for sp in dict.fromkeys(bool(sp) and t > 1 for sp in sequence_parallel):  # tp 1: no SP
             table = H.compare(reference, launch(_parity_worker, t, steps, bool(sp), dtype))
-            rows.append(
-                {
-                    "tp": t,
-                    "sequence_parallel": bool(sp),
-                    "comparisons": len(table),
-                    "failed": int((~table.ok).sum()),
-                    "worst": float((table.max_abs_diff / table.tolerance).max()),
-                    "ok": bool(table.ok.all()),
-                }
-            )
-    return pd.DataFrame(rows)
+            worst = float((table.max_abs_diff / table.tolerance).max())
+            failed, ok = int((~table.ok).sum()), bool(table.ok.all())
+            rows.append(ParityRow(t, bool(sp), len(table), failed, worst, ok))
+    return kit.frame(rows, ParityRow)
 
 
 def _dtensor_gpt(model: GPT, tp_mesh: Any) -> GPT:
@@ -290,6 +308,19 @@ def _dtensor_worker(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
     return {"losses": losses, "counts": counts}
 
 
+@dataclass(frozen=True)
+class DTensorRow:
+    """One tp of :func:`dtensor_loss`: the losses, and DTensor's collectives counted."""
+
+    tp: int
+    one_process: float
+    course: float
+    dtensor: float
+    max_abs_diff: float
+    dtensor_forward: dict[str, int]
+    dtensor_backward: dict[str, int]
+
+
 def dtensor_loss(tps: Sequence[int] = (2, 4)) -> pd.DataFrame:
     """The tiny GPT split with torch's DTensor ``parallelize_module`` (ColwiseParallel on qkv
     and c_fc, RowwiseParallel on the two output projections) and with ours, one forward and
@@ -305,28 +336,20 @@ def dtensor_loss(tps: Sequence[int] = (2, 4)) -> pd.DataFrame:
     rows = []
     for t in sizes:
         res = launch(_dtensor_worker, t)[0]
-        c = res["counts"]["dtensor"]
-        rows.append(
-            {
-                "tp": t,
-                "one_process": reference,
-                "course": res["losses"]["course"],
-                "dtensor": res["losses"]["dtensor"],
-                "max_abs_diff": max(
-                    abs(res["losses"][k] - reference) for k in ("course", "dtensor")
-                ),
-                "dtensor_forward": c["forward"],
-                "dtensor_backward": c["backward"],
-            }
+        c, ours, theirs = (
+            res["counts"]["dtensor"],
+            res["losses"]["course"],
+            res["losses"]["dtensor"],
         )
-    return pd.DataFrame(rows)
+        diff = max(abs(ours - reference), abs(theirs - reference))
+        rows.append(DTensorRow(t, reference, ours, theirs, diff, c["forward"], c["backward"]))
+    return kit.frame(rows, DTensorRow)
 
 
 # the formulas and the 7B / 70B scale-up (run_scale.py), re-exported here
 from course_lib.units.u11_tensor_parallelism.run_scale import (  # noqa: E402
     LLAMA_7B,
     LLAMA_70B,
-    LayerShape,
     activation_formulas,
     scale_table,
     source_bytes,

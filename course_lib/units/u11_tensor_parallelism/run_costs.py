@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.models import GPTConfig
 from course_lib.parallel import harness as H
@@ -30,9 +30,24 @@ from course_lib.units.u11_tensor_parallelism._setup import (
 # --------------------------------------------------------------------------------------------
 # collectives and bytes per step
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CollectiveRow:
+    """One rank, mode, phase and op of :func:`collective_counts` (bytes of one step)."""
+
+    rank: int
+    tp: int
+    sequence_parallel: bool
+    phase: str
+    op: str
+    calls: int
+    payload_bytes: int
+    model_sent: float
+    wire_sent: int | None
+
+
 def _comm_worker(
     rank: int, world_size: int, config: GPTConfig, batch: int, sp: bool
-) -> list[dict[str, Any]]:
+) -> list[CollectiveRow]:
     from course_lib.measure.comm import CommMeter, collective_family
     from course_lib.parallel.tensor import parallelize_gpt, sync_sequence_parallel_grads
 
@@ -53,17 +68,17 @@ def _comm_worker(
             recs = [r for r in meter.records if r["op"] == op]
             wire = [r["wire_sent"] for r in recs]
             rows.append(
-                {
-                    "rank": rank,
-                    "tp": world_size,
-                    "sequence_parallel": sp,
-                    "phase": phase,
-                    "op": collective_family(op),
-                    "calls": n,
-                    "payload_bytes": sum(r["bytes"] for r in recs),
-                    "model_sent": float(sum(r["model_sent"] for r in recs)),
-                    "wire_sent": None if None in wire else int(sum(wire)),
-                }
+                CollectiveRow(
+                    rank=rank,
+                    tp=world_size,
+                    sequence_parallel=sp,
+                    phase=phase,
+                    op=collective_family(op),
+                    calls=n,
+                    payload_bytes=sum(r["bytes"] for r in recs),
+                    model_sent=float(sum(r["model_sent"] for r in recs)),
+                    wire_sent=None if None in wire else int(sum(wire)),
+                )
             )
     return rows
 
@@ -82,13 +97,8 @@ def collective_counts(
     bytes the rank wrote to its sockets during the calls, /proc/self/io)."""
     tp = _check(tp, config, sequence_parallel=any(sequence_parallel))
     b = validate.count("batch", batch, minimum=1)
-    rows = [
-        r
-        for sp in sequence_parallel
-        for res in launch(_comm_worker, tp, config, b, bool(sp))
-        for r in res
-    ]
-    return pd.DataFrame(rows)
+    runs = [launch(_comm_worker, tp, config, b, bool(sp)) for sp in sequence_parallel]
+    return kit.frame(kit.rows_of(runs, CollectiveRow), CollectiveRow)
 
 
 def wire_summary(
@@ -176,6 +186,19 @@ def _memory_worker(
 _SNAPSHOT = torch.nn.Identity()
 
 
+@dataclass(frozen=True)
+class MemoryRow:
+    """One tp, mode, rank and category of :func:`memory_per_rank` (bytes)."""
+
+    tp: int
+    sequence_parallel: bool
+    rank: int
+    category: str
+    measured: int
+    predicted: int
+    residual: int
+
+
 def memory_per_rank(
     tps: Sequence[int] = (1, 2, 4),
     *,
@@ -191,11 +214,11 @@ def memory_per_rank(
     ``estimate.activation_bytes_gpt``), residual (measured - predicted). Bytes."""
     sizes = validate.counts("tps", tps, minimum=1)
     b = validate.count("batch", batch, minimum=1)
-    rows: list[dict[str, Any]] = []
+    rows: list[MemoryRow] = []
     for t in sizes:
         for sp in sequence_parallel:
             sp = bool(sp) and t > 1
-            if any(r["tp"] == t and r["sequence_parallel"] == sp for r in rows):
+            if any(r.tp == t and r.sequence_parallel == sp for r in rows):
                 continue  # tp = 1 has nothing to split along the sequence
             _check(t, config, sequence_parallel=sp)
             n = estimate.tp_params_per_rank(config, t)["per_rank"]
@@ -208,16 +231,5 @@ def memory_per_rank(
                         config, b, tp=t, sequence_parallel=sp
                     ),
                 }
-                for cat, p in pred.items():
-                    rows.append(
-                        {
-                            "tp": t,
-                            "sequence_parallel": sp,
-                            "rank": rank,
-                            "category": cat,
-                            "measured": m[cat],
-                            "predicted": p,
-                            "residual": m[cat] - p,
-                        }
-                    )
-    return pd.DataFrame(rows)
+                rows += [MemoryRow(t, sp, rank, c, m[c], p, m[c] - p) for c, p in pred.items()]
+    return kit.frame(rows, MemoryRow)

@@ -9,9 +9,12 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from course_lib.units.u12_pipeline_parallelism.run_costs import ActivationRow
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["plot_gantt", "plot_bubble", "plot_memory"]
+
+READS = {ActivationRow: ("schedule", "stage", "measured_mb", "predicted")}
 
 
 def _gantt(ax: Axes, ev: pd.DataFrame, title: str, n_chunks: int) -> None:
@@ -128,7 +131,7 @@ def plot_bubble(table: pd.DataFrame) -> Figure:
 def plot_memory(df: pd.DataFrame) -> Figure:
     """Peak activations of each stage in micro-batches' worth (MemoryMeter's peak over one
     micro-batch measured alone) beside the prediction, per schedule (``run.activation_memory``)."""
-    require_columns(df, ["schedule", "stage", "measured_mb", "predicted"], "df", nonempty=True)
+    require_columns(df, list(READS[ActivationRow]), "df", nonempty=True)
     schedules = list(dict.fromkeys(df.schedule))
     with style():
         fig, ax = plt.subplots(figsize=(8, 3.6))

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.measure.timing import merge_event_logs
 from course_lib.parallel import harness as H
@@ -59,7 +60,6 @@ from course_lib.units.u12_pipeline_parallelism.run_costs import (
 )
 from course_lib.units.u12_pipeline_parallelism.run_threshold import pp_threshold
 from course_lib.units.u12_pipeline_parallelism.run_versions import (
-    VERSION_POLICIES,
     weight_versions,
 )
 
@@ -81,7 +81,6 @@ __all__ = [
     "source_check",
     "TORCH_SCHEDULES",
     "weight_versions",
-    "VERSION_POLICIES",
     "pp_threshold",
 ]
 
@@ -136,6 +135,19 @@ def _parity_worker(rank, world_size, items, microbatches, setup, steps):
     return out
 
 
+@dataclass(frozen=True)
+class ParityRow:
+    """One implementation and schedule of :func:`parity`."""
+
+    implementation: str
+    schedule: str
+    virtual: int
+    comparisons: int
+    failed: int
+    worst: float
+    ok: bool
+
+
 def parity(
     schedules: Sequence[str] = ("naive", "gpipe", "1f1b", "interleaved"),
     *,
@@ -164,18 +176,11 @@ def parity(
     rows = []
     for key in items:
         table = H.compare(ref, [r[key] for r in records])
+        worst = float((table.max_abs_diff / table.tolerance).max())
         rows.append(
-            {
-                "implementation": key[0],
-                "schedule": key[1],
-                "virtual": key[2],
-                "comparisons": len(table),
-                "failed": int((~table.ok).sum()),
-                "worst": float((table.max_abs_diff / table.tolerance).max()),
-                "ok": bool(table.ok.all()),
-            }
+            ParityRow(*key, len(table), int((~table.ok).sum()), worst, bool(table.ok.all()))
         )
-    return pd.DataFrame(rows)
+    return kit.frame(rows, ParityRow)
 
 
 # --------------------------------------------------------------------------------------------

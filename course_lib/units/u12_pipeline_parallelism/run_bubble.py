@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.parallel import pipeline as P
 from course_lib.runtime.launch import launch
@@ -59,7 +60,25 @@ class SleepLayer(nn.Module):
         return _Sleep.apply(x * self.scale, self.forward_s, self.backward_s)
 
 
-def _sleep_worker(rank: int, world_size: int, cases, forward_s: float, repeats: int) -> list[dict]:
+@dataclass(frozen=True)
+class SleepBubbleRow:
+    """One (p, m, schedule) of :func:`sleep_bubble_table`: idle fractions over the ranks."""
+
+    p: int
+    m: int
+    schedule: str
+    virtual: int
+    measured: float
+    min_rank: float
+    max_rank: float
+    predicted: float
+    residual: float
+    within: bool
+
+
+def _sleep_worker(
+    rank: int, world_size: int, cases, forward_s: float, repeats: int
+) -> list[SleepBubbleRow]:
     import torch.distributed as dist
 
     from course_lib.measure.timing import EventLog, merge_event_logs
@@ -84,7 +103,22 @@ def _sleep_worker(rank: int, world_size: int, cases, forward_s: float, repeats: 
                 steps.append(P.bubble_from_events(merge_event_logs(gathered)))
         # a late wake-up only ever adds idle time: keep the least disturbed step
         idle = min(steps, key=lambda d: statistics.fmean(d.values()))
-        rows.append({"schedule": schedule, "m": m, "virtual": v, "idle": idle})
+        mean = statistics.fmean(idle.values())
+        pred = estimate.pipeline_bubble_fraction(world_size, m, v)
+        rows.append(
+            SleepBubbleRow(
+                world_size,
+                m,
+                schedule,
+                v,
+                mean,
+                min(idle.values()),
+                max(idle.values()),
+                pred,
+                mean - pred,
+                abs(mean - pred) <= SLEEP_TOLERANCE,
+            )
+        )
     return rows
 
 
@@ -116,24 +150,6 @@ def sleep_bubble_table(
             v = 2 if s == "interleaved" else 1
             P.check_pipeline(s, n_layers=p * v, ranks=p, microbatches=m, batch_rows=m, virtual=v)
             by_p.setdefault(p, []).append((s, m, v))
-    rows = []
-    for p, items in by_p.items():  # one launch per pipeline depth
-        for r in launch(_sleep_worker, p, items, forward_s, repeats)[0]:
-            idle = r["idle"]
-            pred = estimate.pipeline_bubble_fraction(p, r["m"], r["virtual"])
-            mean = statistics.fmean(idle.values())
-            rows.append(
-                {
-                    "p": p,
-                    "m": r["m"],
-                    "schedule": r["schedule"],
-                    "virtual": r["virtual"],
-                    "measured": mean,
-                    "min_rank": min(idle.values()),
-                    "max_rank": max(idle.values()),
-                    "predicted": pred,
-                    "residual": mean - pred,
-                    "within": abs(mean - pred) <= SLEEP_TOLERANCE,
-                }
-            )
-    return pd.DataFrame(rows)
+    # one launch per pipeline depth; every rank gathered the same idle times: rank 0's rows
+    runs = [launch(_sleep_worker, p, items, forward_s, repeats)[0] for p, items in by_p.items()]
+    return kit.frame(kit.rows_of(runs, SleepBubbleRow), SleepBubbleRow)

@@ -6,13 +6,13 @@ Used by notebooks/12_pipeline_parallelism.ipynb through :mod:`run` (which re-exp
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.parallel import pipeline as P
 from course_lib.runtime.launch import launch
@@ -26,9 +26,22 @@ from course_lib.units.u12_pipeline_parallelism._setup import (
 # --------------------------------------------------------------------------------------------
 # activation memory per stage
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ActivationRow:
+    """One schedule and stage of :func:`activation_memory`."""
+
+    schedule: str
+    stage: int
+    peak_activations: int
+    per_microbatch: int
+    held: int
+    measured_mb: float
+    predicted: int
+
+
 def _memory_worker(
     rank: int, world_size: int, schedules: Sequence[str], microbatches: int, setup: Setup
-) -> list[dict[str, Any]]:
+) -> list[ActivationRow]:
     from course_lib.measure.memory import MemoryMeter
 
     x, y = batch_fn(0, setup)
@@ -45,15 +58,12 @@ def _memory_worker(
         order = P.schedule_order(name, rank, world_size, microbatches)
         with MemoryMeter(model) as mem:
             P.run_schedule(model, order, x, y, microbatches=microbatches, loss_fn=F.mse_loss)
-        rows.append(
-            {
-                "schedule": name,
-                "stage": rank,
-                "peak_activations": int(mem.timeline["activations"].max()),
-                "per_microbatch": per_mb,
-                "held": model.max_in_flight[rank],
-            }
+        peak = int(mem.timeline["activations"].max())
+        predicted = {"gpipe": microbatches, "naive": 1}.get(
+            name, min(world_size - rank, microbatches)
         )
+        held = model.max_in_flight[rank]
+        rows.append(ActivationRow(name, rank, peak, per_mb, held, peak / per_mb, predicted))
     return rows
 
 
@@ -75,36 +85,46 @@ def activation_memory(
         n_layers=ranks, width=32, seq=16, rows=2 * microbatches, dtype=torch.float32
     )
     _config("1f1b" if "1f1b" in schedules else "gpipe", ranks, microbatches, 1, setup)
-    df = pd.DataFrame(
-        [
-            r
-            for res in launch(_memory_worker, ranks, list(schedules), microbatches, setup)
-            for r in res
-        ]
-    )
-    df["measured_mb"] = df["peak_activations"] / df["per_microbatch"]
-    df["predicted"] = [
-        {"gpipe": microbatches, "naive": 1}.get(s, min(ranks - st, microbatches))
-        for s, st in zip(df["schedule"], df["stage"])
-    ]
+    res = launch(_memory_worker, ranks, list(schedules), microbatches, setup)
+    df = kit.frame(kit.rows_of(res, ActivationRow), ActivationRow)
     return df.sort_values(["schedule", "stage"], ignore_index=True)
 
 
 # --------------------------------------------------------------------------------------------
 # bytes on the wire
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WireRow:
+    """One schedule and rank of :func:`wire_bytes` (bytes of one step)."""
+
+    schedule: str
+    virtual: int
+    rank: int
+    sends: int
+    recvs: int
+    model_bytes: int
+    wire_bytes: int | None
+    wire_source: str
+    boundary: int
+    predicted: int
+    residual: int | None
+
+
 def _wire_worker(
     rank: int,
     world_size: int,
     items: Sequence[tuple[str, int]],
     microbatches: int,
     setup: Setup,
-) -> list[dict[str, Any]]:
+) -> list[WireRow]:
     import torch.distributed as dist
 
     from course_lib.measure.comm import CommMeter
 
     x, y = batch_fn(0, setup)
+    boundary = estimate.pipeline_boundary_bytes(
+        setup["rows"] // microbatches, setup["seq"], setup["width"], dtype_bytes=2
+    )
     rows = []
     for name, v in items:
         split = _config(name, world_size, microbatches, v, setup)
@@ -114,17 +134,21 @@ def _wire_worker(
         dist.barrier()  # a warm step first: gloo opens its connections
         with CommMeter(dispatch=False) as comm:
             P.run_schedule(model, order, x, y, microbatches=microbatches, loss_fn=F.mse_loss)
+        sends, wire = comm.calls.get("isend", 0), comm.wire_bytes_sent
         rows.append(
-            {
-                "schedule": name,
-                "virtual": v,
-                "rank": rank,
-                "sends": comm.calls.get("isend", 0),
-                "recvs": comm.calls.get("recv", 0),
-                "model_bytes": int(comm.model_bytes_sent),
-                "wire_bytes": comm.wire_bytes_sent,
-                "wire_source": comm.wire_source,
-            }
+            WireRow(
+                schedule=name,
+                virtual=v,
+                rank=rank,
+                sends=sends,
+                recvs=comm.calls.get("recv", 0),
+                model_bytes=int(comm.model_bytes_sent),
+                wire_bytes=wire,
+                wire_source=comm.wire_source,
+                boundary=boundary,
+                predicted=sends * boundary,
+                residual=None if wire is None else wire - sends * boundary,
+            )
         )
         dist.barrier()
     return rows
@@ -154,13 +178,8 @@ def wire_bytes(
     items = [(s, virtual if s == "interleaved" else 1) for s in schedules]
     for s, v in items:
         _config(s, ranks, microbatches, v, setup)
-    df = pd.DataFrame(
-        [r for res in launch(_wire_worker, ranks, items, microbatches, setup) for r in res]
-    )
-    df["boundary"] = estimate.pipeline_boundary_bytes(batch, seq, width, dtype_bytes=2)
-    df["predicted"] = df["sends"] * df["boundary"]
-    df["residual"] = [None if w is None else w - p for w, p in zip(df.wire_bytes, df.predicted)]
-    return df
+    res = launch(_wire_worker, ranks, items, microbatches, setup)
+    return kit.frame(kit.rows_of(res, WireRow), WireRow)
 
 
 def message_table(df: pd.DataFrame, *, ranks: int, microbatches: int) -> pd.DataFrame:

@@ -207,18 +207,9 @@ def collect_bucket_choice(choose_bucket_bytes, task: int = 2, inputs: Any = None
     to bandwidth-bound, one whose backward hides everything)."""
     return [
         learner_value(
-            run_learner(
-                task,
-                choose_bucket_bytes,
-                alpha,
-                beta,
-                bwd,
-                grad,
-                list(cands),
-                forbid=_BUCKET_REFERENCES,
-            )
+            run_learner(task, choose_bucket_bytes, *case, list(cands), forbid=_BUCKET_REFERENCES)
         )
-        for _name, alpha, beta, bwd, grad, cands in inputs
+        for _name, *case, cands in inputs
     ]
 
 
@@ -277,7 +268,7 @@ def _measure_all_reduce(sizes) -> dict[int, float]:
     records = launch(
         _sweep_worker, 2, "all_reduce", list(sizes), 2, 7, "float32", backend="gloo", timeout=120.0
     )[0]
-    return {int(r["size_bytes"]): float(r["time_min_s"]) for r in records}
+    return {int(r.size_bytes): float(r.time_min_s) for r in records}
 
 
 def collect_predict_heldout(predict_time_s, task: int = 5) -> dict[str, list[Any]]:

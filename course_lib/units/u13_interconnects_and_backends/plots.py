@@ -16,9 +16,16 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from course_lib.measure.estimate import fmt_bytes
+from course_lib.units.u13_interconnects_and_backends.run import GradientRow
+from course_lib.units.u13_interconnects_and_backends.run_sweep import SweepRow
 from course_lib.viz.plots import require_columns, styled
 
 __all__ = ["plot_sweep", "plot_link_times"]
+
+READS = {
+    SweepRow: ("collective", "world_size", "size_bytes", "time_s", "busbw_GBps", "backend"),
+    GradientRow: ("n_params", "link", "time_s", "grad_bytes"),
+}
 
 _COLORS = {"all_reduce": "tab:blue", "all_gather": "tab:orange", "reduce_scatter": "tab:green"}
 _STYLES = ["-", "--", ":", "-."]

@@ -31,12 +31,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.units.u13_interconnects_and_backends.run_sweep import (
     SWEEP_COLLECTIVES,
@@ -62,8 +63,45 @@ __all__ = [
     "link_table",
     "gradient_allreduce_table",
     "topology_report",
-    "TOPO_EXAMPLE",
 ]
+
+
+@dataclass(frozen=True)
+class PlacementRow:
+    """:func:`placement_table`: one parallelism's traffic per step on NVLink and InfiniBand."""
+
+    parallelism: str
+    calls_per_step: int
+    bytes_per_call: int
+    nvlink_s: float
+    infiniband_s: float
+    overlaps_compute: bool
+
+
+@dataclass(frozen=True)
+class LinkRow:
+    """:func:`link_table`: one published link speed."""
+
+    link: str
+    kind: str
+    per_direction_GBps: float
+    headline_GBps: float
+    headline_is: str
+    note: str
+    source: str
+
+
+@dataclass(frozen=True)
+class GradientRow:
+    """:func:`gradient_allreduce_table`: one model's gradient all-reduce on one link."""
+
+    n_params: int
+    grad_bytes: int
+    link: str
+    per_direction_GBps: float
+    time_s: float
+    time_headline_s: float
+    headline_is: str
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,12 +147,8 @@ def memcpy_bandwidth(
     n = max(1, size // 4)
     src = torch.ones(n, dtype=torch.float32)
     dst = torch.empty_like(src)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread, as each gloo rank's transport copies with one
-    try:
+    with kit.one_thread():  # one thread, as each gloo rank's transport copies with one
         r = time_fn(lambda: dst.copy_(src), warmup=warmup, repeat=repeat, sync=False)
-    finally:
-        torch.set_num_threads(threads)
     return {
         "size_bytes": 4 * n,
         "time_s": r.median_s,
@@ -174,19 +208,12 @@ def placement_table(
         ("pipeline (send activations, one boundary)", 2, activ, False, False),
         ("data (all-reduce of gradients)", 1, grads, True, True),
     ]
-    out = []
-    for name, calls, size, collective, overlaps in rows:
-        out.append(
-            {
-                "parallelism": name,
-                "calls_per_step": calls,
-                "bytes_per_call": size,
-                "nvlink_s": per_step(calls, size, collective, nv),
-                "infiniband_s": per_step(calls, size, collective, ib),
-                "overlaps_compute": overlaps,
-            }
-        )
-    return pd.DataFrame(out)
+    out = [
+        PlacementRow(name, calls, size, per_step(calls, size, collective, nv),
+                     per_step(calls, size, collective, ib), overlaps)
+        for name, calls, size, collective, overlaps in rows
+    ]  # fmt: skip
+    return kit.frame(out, PlacementRow)
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,20 +223,11 @@ def link_table() -> pd.DataFrame:
     """estimate.LINK_SPEEDS as one table: name, kind, per_direction_GBps (what the course uses),
     headline_GBps (as the vendor quotes it), headline_is ("bidirectional": both directions
     added, or "per direction"), note, source."""
-    return pd.DataFrame(
-        [
-            {
-                "link": k.name,
-                "kind": k.kind,
-                "per_direction_GBps": k.per_direction_GBps,
-                "headline_GBps": k.headline_GBps,
-                "headline_is": k.headline_is,
-                "note": k.note,
-                "source": k.source,
-            }
-            for k in estimate.LINK_SPEEDS.values()
-        ]
-    )
+    return kit.frame(
+        [LinkRow(k.name, k.kind, k.per_direction_GBps, k.headline_GBps, k.headline_is, k.note,
+                 k.source) for k in estimate.LINK_SPEEDS.values()],
+        LinkRow,
+    )  # fmt: skip
 
 
 def gradient_allreduce_table(
@@ -230,22 +248,13 @@ def gradient_allreduce_table(
             n = int(n)  # papers write 7e9
         grad_bytes = validate.count("n_params", n, minimum=1) * width
         for link in estimate.LINK_SPEEDS.values():
-            rows.append(
-                {
-                    "n_params": int(n),
-                    "grad_bytes": grad_bytes,
-                    "link": link.name,
-                    "per_direction_GBps": link.per_direction_GBps,
-                    "time_s": estimate.allreduce_time_on_link(
-                        grad_bytes, world_size, link.per_direction_GBps
-                    ),
-                    "time_headline_s": estimate.allreduce_time_on_link(
-                        grad_bytes, world_size, link.headline_GBps
-                    ),
-                    "headline_is": link.headline_is,
-                }
+            t, t_headline = (
+                estimate.allreduce_time_on_link(grad_bytes, world_size, gbps)
+                for gbps in (link.per_direction_GBps, link.headline_GBps)
             )
-    return pd.DataFrame(rows)
+            row = (int(n), grad_bytes, link.name, link.per_direction_GBps, t, t_headline)
+            rows.append(GradientRow(*row, link.headline_is))
+    return kit.frame(rows, GradientRow)
 
 
 # --------------------------------------------------------------------------------------------

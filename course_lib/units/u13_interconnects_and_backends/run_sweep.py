@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.measure.timing import time_collective
 from course_lib.runtime import compat
@@ -47,26 +47,26 @@ class SweepConfig:
     """What :func:`collective_sweep` measures. The default is small enough for a 2-core laptop
     (a few seconds per world size); :meth:`full` is the nccl-tests-like sweep for real hardware."""
 
+    #: which collectives, a subset of SWEEP_COLLECTIVES
     collectives: tuple[str, ...] = SWEEP_COLLECTIVES
-    """which collectives, a subset of SWEEP_COLLECTIVES"""
+    #: numbers of ranks; one launch per world size and collective
     world_sizes: tuple[int, ...] = (2, 4)
-    """numbers of ranks; one launch per world size and collective"""
+    #: smallest message (full buffer, see the module docstring), bytes
     min_bytes: int = estimate.KiB
-    """smallest message (full buffer, see the module docstring), bytes"""
+    #: largest message, bytes
     max_bytes: int = 16 * estimate.MiB
-    """largest message, bytes"""
+    #: ratio between consecutive sizes
     factor: int = 4
-    """ratio between consecutive sizes"""
+    #: untimed iterations per size (connection setup, first-touch allocation)
     warmup: int = 2
-    """untimed iterations per size (connection setup, first-touch allocation)"""
+    #: timed iterations per size; the median is reported
     repeat: int = 5
-    """timed iterations per size; the median is reported"""
+    #: element type of the buffers: float32, bfloat16 or float16
     dtype: str = "float32"
-    """element type of the buffers: float32, bfloat16 or float16"""
+    #: 'auto' (NCCL with one GPU per rank, else gloo), 'gloo' or 'nccl'
     backend: str = "auto"
-    """'auto' (NCCL with one GPU per rank, else gloo), 'gloo' or 'nccl'"""
+    #: seconds before a launch is declared hung
     timeout: float = 120.0
-    """seconds before a launch is declared hung"""
 
     def __post_init__(self) -> None:
         collectives = validate.choices("collectives", tuple(self.collectives), SWEEP_COLLECTIVES)
@@ -97,6 +97,23 @@ class SweepConfig:
         )
         kw.update(overrides)
         return cls(**kw)
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """:func:`collective_sweep`: one collective at one size on ``world_size`` ranks (rank 0's
+    record of the slowest rank's times, nccl-tests' bandwidths)."""
+
+    backend: str
+    collective: str
+    world_size: int
+    size_bytes: int
+    time_s: float
+    time_min_s: float
+    time_max_s: float
+    repeat: int
+    algbw_GBps: float
+    busbw_GBps: float
 
 
 def _collective_op(collective: str, full: torch.Tensor, shard: torch.Tensor) -> Callable[[], Any]:
@@ -136,13 +153,13 @@ def _check_collective(
 def _sweep_worker(
     rank: int,
     world_size: int,
-    collective: str,
+    collective: estimate.Collective,
     sizes: list[int],
     warmup: int,
     repeat: int,
     dtype: str,
-) -> list[dict[str, Any]] | None:
-    """Time one collective at every size on this rank; rank 0 returns the records.
+) -> list[SweepRow] | None:
+    """Time one collective at every size on this rank; rank 0 returns the rows.
 
     Each iteration starts after a barrier, so all ranks enter together; its time is the slowest
     rank's (MAX over ranks: the collective is done when the last rank is done), and the reported
@@ -162,14 +179,11 @@ def _sweep_worker(
             _check_collective(collective, full, shard, rank, world_size)
         op = _collective_op(collective, full, shard)
         t = sorted(time_collective(op, warmup=warmup, repeat=repeat, device=device))
-        records.append(
-            {
-                "size_bytes": numel * itemsize,
-                "time_s": statistics.median(t),
-                "time_min_s": t[0],
-                "time_max_s": t[-1],
-            }
-        )
+        size, median = numel * itemsize, statistics.median(t)
+        alg = estimate.algbw(size, median) / 1e9
+        bus = estimate.busbw(alg, collective, world_size)
+        row = (size, median, t[0], t[-1], repeat, alg, bus)
+        records.append(SweepRow(str(dist.get_backend()), collective, world_size, *row))
     return records if rank == 0 else None
 
 
@@ -191,7 +205,7 @@ def collective_sweep(config: SweepConfig | None = None, *, progress: bool = True
         raise TypeError(f"config must be a SweepConfig, got {type(config).__name__}")
     sizes = config.sizes()
     jobs = [(w, c) for w in config.world_sizes for c in config.collectives]
-    rows = []
+    rows: list[SweepRow] = []
     bar = tqdm(jobs, desc="collective sweep", disable=not progress, leave=False)
     for world_size, collective in bar:
         backend = resolve_backend(config.backend, world_size)
@@ -207,20 +221,8 @@ def collective_sweep(config: SweepConfig | None = None, *, progress: bool = True
             backend=backend,
             timeout=config.timeout,
         )
-        for rec in results[0]:
-            alg = estimate.algbw(rec["size_bytes"], rec["time_s"]) / 1e9
-            rows.append(
-                {
-                    "backend": backend,
-                    "collective": collective,
-                    "world_size": world_size,
-                    **rec,
-                    "repeat": config.repeat,
-                    "algbw_GBps": alg,
-                    "busbw_GBps": estimate.busbw(alg, collective, world_size),
-                }
-            )
-    return pd.DataFrame(rows)
+        rows += results[0]
+    return kit.frame(rows, SweepRow)
 
 
 _SWEEP_COLUMNS = ("collective", "world_size", "size_bytes", "time_s")

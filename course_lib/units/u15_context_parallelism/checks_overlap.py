@@ -13,6 +13,7 @@ rank (the threshold can be a whole number, where rounding decides), against
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
@@ -56,7 +57,7 @@ def ring_answer(
     return cp * math.ceil(n)  # a whole number of tokens per rank
 
 
-def collect_ring_overlap(fn, task: int = 4) -> list[Any]:
+def collect_ring_overlap(fn: Callable[..., Any], task: int = 4) -> list[Any]:
     """``fn(heads, kv_heads, tp, cp, link_GBps, causal, mfu) -> seq``, an int, three cases."""
     return [
         learner_value(run_learner(task, fn, *case, forbid=FORBID), builtin_only=True)

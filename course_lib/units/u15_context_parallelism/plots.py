@@ -9,9 +9,21 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from course_lib.units.u15_context_parallelism.run import LayoutRow, SpanRow, WireRow
+from course_lib.units.u15_context_parallelism.run_memory import SavedRow
+from course_lib.units.u15_context_parallelism.run_scale import ScaleRow
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["plot_layouts", "plot_timeline", "plot_bytes", "plot_saved", "plot_scale"]
+
+READS = {
+    LayoutRow: ("layout", "rank", "tokens", "causal_blocks"),
+    SpanRow: ("layout", "rank", "phase", "kind", "start", "end", "repeat"),
+    WireRow: ("cp", "method", "layout", "predicted", "sent", "wire"),
+    SavedRow: ("seq", "kind", "measured", "predicted"),
+    ScaleRow: ("seq", "cp", "act_flash_GiB", "act_flash_allgather_GiB", "act_no_flash_GiB",
+               "ring_MiB", "allgather_MiB", "ulysses_MiB"),
+}  # fmt: skip
 
 _KIND_COLORS = {"compute": "tab:blue", "wait": "tab:orange"}
 

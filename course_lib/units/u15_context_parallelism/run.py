@@ -28,25 +28,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.parallel import context as C
 from course_lib.runtime.launch import launch
-from course_lib.units.u15_context_parallelism.run_scale import (
-    LLAMA3_405B,
-    LLAMA3_TABLE4,
-    llama3_scale,
-)
+from course_lib.units.u15_context_parallelism.run_scale import LLAMA3_TABLE4, llama3_scale
 
 __all__ = [
-    "Shape",
-    "SHAPE",
     "layouts",
     "parity",
     "wire_bytes",
@@ -56,7 +51,6 @@ __all__ = [
     "ring_overlap",
     "train_parity",
     "saved_bytes",
-    "LLAMA3_405B",
     "LLAMA3_TABLE4",
     "llama3_scale",
 ]
@@ -64,6 +58,74 @@ __all__ = [
 #: attention inputs of the runs: (batch, heads, kv_heads, seq, head_dim), tiny on purpose
 Shape = tuple[int, int, int, int, int]
 SHAPE: Shape = (1, 8, 4, 64, 8)
+
+
+@dataclass(frozen=True)
+class LayoutRow:
+    """:func:`layouts`: the tokens one rank holds in one layout, and its causal work."""
+
+    layout: str
+    rank: int
+    tokens: list[int]
+    causal_blocks: int
+    share_of_scores: str
+
+
+@dataclass(frozen=True)
+class ParityRow:
+    """:func:`parity`: one method and layout on ``world_size`` ranks against one process."""
+
+    world_size: int
+    method: str
+    layout: str
+    causal: bool
+    out_max_diff: float
+    dq_max_diff: float
+    dk_max_diff: float
+    dv_max_diff: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class WireRow:
+    """:func:`wire_bytes`: what rank 0 sent in one phase of one attention call."""
+
+    cp: int
+    method: str
+    layout: str
+    phase: str
+    calls: str
+    predicted: int
+    sent: int
+    wire: int | None
+    framing: int | None
+
+
+@dataclass(frozen=True)
+class SpanRow:
+    """:func:`timeline`: one compute (with the blocks it computed) or wait span of a rank."""
+
+    layout: str
+    repeat: int
+    rank: int
+    phase: str
+    step: int
+    kind: str
+    blocks: int | None
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class BalanceRow:
+    """:func:`balance`: one rank's causal blocks, counted and predicted, and its compute time."""
+
+    layout: str
+    rank: int
+    blocks: int
+    predicted_blocks: int
+    compute_s: float
+    compute_vs_busiest: float
 
 
 def _cases(world_size: int, shape: Shape, causal: Sequence[bool]):
@@ -135,16 +197,9 @@ def layouts(world_size: int = 4, seq: int = 16) -> pd.DataFrame:
     for lay in C.LAYOUTS:
         for r in range(w):
             work = estimate.cp_attention_work(w, rank=r, layout=lay)
-            rows.append(
-                {
-                    "layout": lay,
-                    "rank": r,
-                    "tokens": C.positions(seq, rank=r, world_size=w, layout=lay).tolist(),
-                    "causal_blocks": work["blocks"],
-                    "share_of_scores": str(work["share"]),
-                }
-            )
-    return pd.DataFrame(rows)
+            tokens = C.positions(seq, rank=r, world_size=w, layout=lay).tolist()
+            rows.append(LayoutRow(lay, r, tokens, int(work["blocks"]), str(work["share"])))
+    return kit.frame(rows, LayoutRow)
 
 
 def parity(
@@ -170,17 +225,14 @@ def parity(
             )
             ref.backward(dout)
             want = [ref.detach(), *(t.grad for t in leaves)]
-            row = {"world_size": w, "method": key[0], "layout": key[1], "causal": key[2]}
-            ok = True
-            for i, name in enumerate(("out", "dq", "dk", "dv")):
-                got = C.unshard_sequence(
-                    [r[key]["tensors"][i] for r in results], dim=2, layout=key[1]
-                )
-                row[f"{name}_max_diff"] = float((got - want[i]).abs().max())
-                ok &= bool(torch.allclose(got, want[i], rtol=1e-5, atol=1e-5))
-            row["ok"] = ok
-            rows.append(row)
-    return pd.DataFrame(rows)
+            got = [
+                C.unshard_sequence([r[key]["tensors"][i] for r in results], dim=2, layout=key[1])
+                for i in range(4)
+            ]
+            out, dq, dk, dv = (float((a - b).abs().max()) for a, b in zip(got, want))
+            ok = all(torch.allclose(a, b, rtol=1e-5, atol=1e-5) for a, b in zip(got, want))
+            rows.append(ParityRow(w, key[0], key[1], key[2], out, dq, dk, dv, ok))
+    return kit.frame(rows, ParityRow)
 
 
 def wire_bytes(
@@ -201,25 +253,16 @@ def wire_bytes(
                 s, b, h * d, h, w, kv_heads=hk, method=method, dtype_bytes=4
             )
             for phase, (calls, sent, wire) in zip(("forward", "backward"), r["meters"]):
-                rows.append(
-                    {
-                        "cp": w,
-                        "method": method,
-                        "layout": layout,
-                        "phase": phase,
-                        "calls": ", ".join(f"{n} {op}" for op, n in calls.items()),
-                        "predicted": pred[f"sent_{phase}"],
-                        "sent": int(sent),
-                        "wire": wire,
-                        "framing": None if wire is None else wire - int(sent),
-                    }
-                )
-    return pd.DataFrame(rows)
+                said = ", ".join(f"{n} {op}" for op, n in calls.items())
+                framing = None if wire is None else wire - int(sent)
+                row = (w, method, layout, phase, said, pred[f"sent_{phase}"], int(sent), wire)
+                rows.append(WireRow(*row, framing))
+    return kit.frame(rows, WireRow)
 
 
-def _timeline_worker(rank: int, world_size: int, shape: Shape, repeats: int) -> list[dict]:
+def _timeline_worker(rank: int, world_size: int, shape: Shape, repeats: int) -> list[SpanRow]:
     q, k, v, dout = _inputs(shape)
-    rows: list[dict] = []
+    rows: list[SpanRow] = []
     for layout in C.LAYOUTS:
         cut: dict[str, Any] = dict(rank=rank, world_size=world_size, dim=2, layout=layout)
         for rep in range(repeats + 1):  # the first is a warm-up
@@ -230,17 +273,11 @@ def _timeline_worker(rank: int, world_size: int, shape: Shape, repeats: int) -> 
             y = C.ring_attention(*leaves, layout=layout, check_shapes=False, trace=trace)
             y.backward(C.shard_sequence(dout, **cut))
             if rep:
-                for row in trace:
-                    rows.append(
-                        {
-                            "layout": layout,
-                            "repeat": rep,
-                            "rank": rank,
-                            **row,
-                            "start": row["start"] - t0,
-                            "end": row["end"] - t0,
-                        }
-                    )
+                rows += [
+                    SpanRow(layout, rep, rank, s["phase"], s["step"], s["kind"], s.get("blocks"),
+                            s["start"] - t0, s["end"] - t0)
+                    for s in trace
+                ]  # fmt: skip
     return rows
 
 
@@ -255,7 +292,7 @@ def timeline(
     reps = validate.count("repeats", repeats, minimum=1)
     for lay in C.LAYOUTS:
         C.segments(shape[3], rank=0, world_size=w, layout=lay)  # refuses a bad seq here
-    return pd.DataFrame([r for res in launch(_timeline_worker, w, shape, reps) for r in res])
+    return kit.sweep(_timeline_worker, [dict(shape=shape, repeats=reps)], SpanRow, world_size=w)
 
 
 def balance(tl: pd.DataFrame) -> pd.DataFrame:
@@ -264,24 +301,17 @@ def balance(tl: pd.DataFrame) -> pd.DataFrame:
     backward, median over repeats) relative to the layout's busiest rank."""
     comp = tl[tl.kind == "compute"]
     w = int(comp["rank"].max()) + 1
-    rows = []
+    found = []
     for (lay, rank), part in comp.groupby(["layout", "rank"]):
         fwd = part[(part.phase == "forward") & (part.repeat == part.repeat.min())]
-        secs = (part.end - part.start).groupby(part.repeat).sum().median()
-        rows.append(
-            {
-                "layout": lay,
-                "rank": int(rank),
-                "blocks": int(fwd.blocks.sum()),
-                "predicted_blocks": estimate.cp_attention_work(w, rank=int(rank), layout=lay)[
-                    "blocks"
-                ],
-                "compute_s": float(secs),
-            }
-        )
-    out = pd.DataFrame(rows)
-    out["compute_vs_busiest"] = out.compute_s / out.groupby("layout").compute_s.transform("max")
-    return out
+        secs = float((part.end - part.start).groupby(part.repeat).sum().median())
+        found.append((lay, int(rank), int(fwd.blocks.sum()), secs))
+    busiest = {lay: max(s for other, *_, s in found if other == lay) for lay, *_ in found}
+    return kit.frame(
+        [BalanceRow(lay, r, b, int(estimate.cp_attention_work(w, rank=r, layout=lay)["blocks"]), s,
+                    s / busiest[lay]) for lay, r, b, s in found],
+        BalanceRow,
+    )  # fmt: skip
 
 
 from course_lib.units.u15_context_parallelism.run_balance import block_times  # noqa: E402

@@ -12,11 +12,12 @@ compute (``run.balance``).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.parallel import context as C
 from course_lib.parallel.context.blocks import (
     attention_block,
@@ -25,7 +26,22 @@ from course_lib.parallel.context.blocks import (
     visibility,
 )
 
-__all__ = ["block_kinds", "block_times"]
+__all__ = ["BlockTimeRow", "block_kinds", "block_times"]
+
+
+@dataclass(frozen=True)
+class BlockTimeRow:
+    """:func:`block_times`: one rank's blocks, the measured block costs, the time they predict."""
+
+    layout: str
+    rank: int
+    full: int
+    diagonal: int
+    block_tokens: int
+    t_full_ms: float
+    t_diag_ms: float
+    predicted_ms: float
+    predicted_vs_busiest: float
 
 
 def block_kinds(world_size: int, seq: int, layout: str) -> list[dict[str, int]]:
@@ -69,21 +85,12 @@ def block_times(
     _, h, _, s, d = shape
     reps = validate.count("repeats", repeats, minimum=1)
     rows = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each rank of the ring runs
-    try:
+    with kit.one_thread():  # as each rank of the ring runs
         for lay in C.LAYOUTS:
             n = s // (world_size * C.chunks_per_rank(lay))
-            t_full = _block_seconds(n, h, d, False, reps)
-            t_diag = _block_seconds(n, h, d, True, reps)
-            for row in block_kinds(world_size, s, lay):
-                rows.append({"layout": lay, **row, "block_tokens": n, "t_full_ms": t_full * 1e3,
-                             "t_diag_ms": t_diag * 1e3,
-                             "predicted_ms": (row["full"] * t_full + row["diagonal"] * t_diag) * 1e3})  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
-    out = pd.DataFrame(rows)
-    out["predicted_vs_busiest"] = out.predicted_ms / out.groupby("layout").predicted_ms.transform(
-        "max"
-    )
-    return out
+            full, diag = (1e3 * _block_seconds(n, h, d, m, reps) for m in (False, True))
+            kinds = block_kinds(world_size, s, lay)
+            pred = [k["full"] * full + k["diagonal"] * diag for k in kinds]
+            rows += [BlockTimeRow(lay, k["rank"], k["full"], k["diagonal"], n, full, diag, p,
+                                  p / max(pred)) for k, p in zip(kinds, pred)]  # fmt: skip
+    return kit.frame(rows, BlockTimeRow)

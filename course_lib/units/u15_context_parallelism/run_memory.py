@@ -7,17 +7,29 @@ the forward passes through the hook, and the bytes of the distinct storages are 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.parallel import context as C
 from course_lib.runtime.launch import launch
 
-__all__ = ["saved_bytes"]
+__all__ = ["SavedRow", "saved_bytes"]
+
+
+@dataclass(frozen=True)
+class SavedRow:
+    """:func:`saved_bytes`: what one kind of attention keeps for backward at one length."""
+
+    seq: int
+    kind: str
+    measured: int
+    predicted: int
+    residual: int
 
 
 def _saved(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
@@ -34,12 +46,14 @@ def _saved(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
     return sum(seen.values())
 
 
-def _inputs(seq: int, heads: int, head_dim: int):
+def _inputs(seq: int, heads: int, head_dim: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seq)
     return [torch.randn(1, heads, seq, head_dim, generator=g).requires_grad_() for _ in range(3)]
 
 
-def _ring_worker(rank: int, world_size: int, seqs: list[int], heads: int, head_dim: int):
+def _ring_worker(
+    rank: int, world_size: int, seqs: list[int], heads: int, head_dim: int
+) -> list[int]:
     out = []
     for s in seqs:
         cut: dict[str, Any] = dict(rank=rank, world_size=world_size, dim=2, layout="zigzag")
@@ -77,13 +91,5 @@ def saved_bytes(
             (f"ring, one rank of {w}", ring_bytes, dict(cp=w)),
         ):
             pred = estimate.attention_saved_bytes(s, 1, heads * head_dim, heads, **kw)
-            rows.append(
-                {
-                    "seq": s,
-                    "kind": kind,
-                    "measured": measured,
-                    "predicted": pred,
-                    "residual": measured - pred,
-                }
-            )
-    return pd.DataFrame(rows)
+            rows.append(SavedRow(s, kind, measured, pred, measured - pred))
+    return kit.frame(rows, SavedRow)

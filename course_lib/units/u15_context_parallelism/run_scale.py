@@ -9,14 +9,15 @@ parallelism of each phase).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 
-__all__ = ["LLAMA3_405B", "LLAMA3_TABLE4", "llama3_scale"]
+__all__ = ["LLAMA3_405B", "LLAMA3_TABLE4", "ScaleRow", "llama3_scale"]
 
 #: Llama 3 405B (arXiv:2407.21783, Table 3)
 LLAMA3_405B = {"layers": 126, "hidden": 16384, "ffn": 53248, "heads": 128, "kv_heads": 8}
@@ -30,6 +31,35 @@ LLAMA3_TABLE4 = pd.DataFrame(
     ],
     columns=["gpus", "tp", "cp", "pp", "dp", "seq", "batch_per_dp", "tflops_per_gpu", "mfu_pct"],
 )
+
+
+@dataclass(frozen=True)
+class ScaleRow:
+    """:func:`llama3_scale`: one layer at one (seq, cp): activations and bytes sent per rank."""
+
+    seq: int
+    cp: int
+    tokens_per_rank: int
+    act_flash_GiB: float
+    act_flash_allgather_GiB: float
+    act_no_flash_GiB: float
+    ring_MiB: float | None
+    allgather_MiB: float | None
+    ulysses_MiB: float | None
+
+
+def _sent_MiB(
+    seq: int, batch: int, cp: int, method: estimate.CpMethod, **common: Any
+) -> float | None:
+    """MiB one rank sends per layer (forward + backward); None where ``method`` cannot split."""
+    m = LLAMA3_405B
+    try:
+        sent = estimate.cp_comm_bytes_per_layer(
+            seq, batch, m["hidden"], m["heads"], cp, method=method, **common
+        )["sent"]
+    except ValueError:
+        return None
+    return float(sent) / 2**20
 
 
 def llama3_scale(
@@ -54,24 +84,16 @@ def llama3_scale(
             act: dict[str, Any] = dict(
                 cp=c, ffn=m["ffn"], gated_mlp=True, sequence_parallel=True, **common
             )
-            row: dict = {"seq": s, "cp": c, "tokens_per_rank": s // c}
-            variants: tuple[tuple[str, dict[str, Any]], ...] = (
-                ("act_flash_GiB", dict(method="ring")),
-                ("act_flash_allgather_GiB", dict(method="allgather")),
-                ("act_no_flash_GiB", dict(flash=False)),
-            )
-            for label, kw in variants:
-                b = estimate.cp_activation_bytes_per_layer(
+            variants: tuple[dict[str, Any], ...] = (
+                dict(method="ring"), dict(method="allgather"), dict(flash=False)
+            )  # fmt: skip
+            gib = [
+                estimate.cp_activation_bytes_per_layer(
                     s, batch, m["hidden"], m["heads"], **act, **kw
                 )
-                row[label] = b / 2**30
-            for method in estimate.CP_METHODS:
-                try:
-                    sent = estimate.cp_comm_bytes_per_layer(
-                        s, batch, m["hidden"], m["heads"], c, method=method, **common
-                    )["sent"]
-                    row[f"{method}_MiB"] = sent / 2**20
-                except ValueError:
-                    row[f"{method}_MiB"] = None
-            rows.append(row)
-    return pd.DataFrame(rows)
+                / 2**30
+                for kw in variants
+            ]
+            sent = [_sent_MiB(s, batch, c, method, **common) for method in estimate.CP_METHODS]
+            rows.append(ScaleRow(s, c, s // c, *gib, *sent))
+    return kit.frame(rows, ScaleRow)

@@ -3,22 +3,35 @@ process (notebooks/15_context_parallelism.ipynb). Re-exported by ``run.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.models import GPT, GPTConfig
 from course_lib.parallel import context as C
 from course_lib.runtime.launch import launch
 
-__all__ = ["CONFIG", "train_parity"]
+__all__ = ["CONFIG", "TrainRow", "train_parity"]
 
 #: 2 layers, 4 heads, width 64, 32 tokens: splits over 1, 2, 4 ranks in both layouts
 CONFIG = GPTConfig.tiny(n_layer=2, block_size=32)
 BATCH, LR = 2, 0.1
+
+
+@dataclass(frozen=True)
+class TrainRow:
+    """:func:`train_parity`: one step's loss, context parallel and in one process."""
+
+    method: str
+    layout: str
+    step: int
+    one_process: float
+    context_parallel: float
+    abs_diff: float
 
 
 def _model() -> GPT:
@@ -32,7 +45,9 @@ def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.roll(x, -1, dims=1)
 
 
-def _losses(model, steps: int, cut=None) -> list[float]:
+def _losses(
+    model: GPT, steps: int, cut: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> list[float]:
     """SGD steps; the loss of each step (over the whole sequence: the ranks' mean)."""
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     out = []
@@ -51,10 +66,11 @@ def _losses(model, steps: int, cut=None) -> list[float]:
     return out
 
 
-def _train_worker(rank: int, world_size: int, method: str, layout: str, steps: int):
-    model = C.parallelize_context(_model(), method=method, layout=layout)
+def _train_worker(rank: int, world_size: int, method: str, layout: str, steps: int) -> list[float]:
+    model = _model()
+    C.parallelize_context(model, method=method, layout=layout)  # in place
 
-    def cut(t):
+    def cut(t: torch.Tensor) -> torch.Tensor:
         return C.shard_sequence(t, rank=rank, world_size=world_size, dim=1, layout=layout)
 
     return _losses(model, steps, cut)
@@ -77,15 +93,7 @@ def train_parity(
     for m in ms:
         lay = "contiguous" if m == "ulysses" else "zigzag"
         got = launch(_train_worker, w, m, lay, n)[0]
-        for step, (a, b) in enumerate(zip(reference, got)):
-            rows.append(
-                {
-                    "method": m,
-                    "layout": lay,
-                    "step": step,
-                    "one_process": a,
-                    "context_parallel": b,
-                    "abs_diff": abs(a - b),
-                }
-            )
-    return pd.DataFrame(rows)
+        rows += [
+            TrainRow(m, lay, i, a, b, abs(a - b)) for i, (a, b) in enumerate(zip(reference, got))
+        ]
+    return kit.frame(rows, TrainRow)

@@ -11,6 +11,7 @@ drawn layouts (one over NVLink, one over InfiniBand, one either), within 1e-6 re
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
@@ -53,7 +54,7 @@ def ep_answer(hidden: int, ffn: int, experts: int, ep: int, link: float, alpha: 
     )  # fmt: skip
 
 
-def collect_ep_overlap(ep_hiding, task: int = 4) -> list[Any]:
+def collect_ep_overlap(ep_hiding: Callable[..., Any], task: int = 4) -> list[Any]:
     """``ep_hiding(hidden, ffn, experts, ep, link_GBps, alpha_s) -> tokens per expert``."""
     return [
         learner_value(run_learner(task, ep_hiding, *case, forbid=FORBID), builtin_only=True)

@@ -9,9 +9,17 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from course_lib.units.u16_mixture_of_experts.run import SpanRow, WireRow
+from course_lib.units.u16_mixture_of_experts.run_train import TrainRow
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["plot_training", "plot_capacity", "plot_bytes", "plot_timeline"]
+
+READS = {
+    TrainRow: ("balancing", "step", "busiest_share", "task_loss", "capacity_factor", "dropped"),
+    WireRow: ("ep", "rank", "predicted", "sent", "wire", "router", "capacity_factor"),
+    SpanRow: ("hot", "rank", "phase", "start", "end", "rows", "repeat"),
+}
 
 _PHASE_COLORS = {
     "route": "tab:gray",

@@ -22,30 +22,29 @@ function returns a tidy DataFrame:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.parallel import experts as X
 from course_lib.runtime.launch import launch
 from course_lib.units.u16_mixture_of_experts.run_overlap import a2a_overlap
 from course_lib.units.u16_mixture_of_experts.run_scale import MODELS, architecture_params, scale
-from course_lib.units.u16_mixture_of_experts.run_train import BALANCING, train
+from course_lib.units.u16_mixture_of_experts.run_train import train
 
 __all__ = [
-    "CASES",
     "params",
     "parity",
     "wire_bytes",
     "ep_dp",
     "timeline",
     "imbalance",
-    "BALANCING",
     "train",
     "MODELS",
     "architecture_params",
@@ -61,6 +60,87 @@ CASES: tuple[tuple[float | None, str, int], ...] = (
     (1.0, "softmax", 0),
     (None, "sigmoid", 1),
 )
+
+
+@dataclass(frozen=True)
+class ParamRow:
+    """:func:`params`: parameters counted on the module beside the estimate."""
+
+    count: str
+    counted: int
+    predicted: int
+
+
+@dataclass(frozen=True)
+class ParityRow:
+    """:func:`parity`: one case of :data:`CASES` on ``world_size`` ranks against one process."""
+
+    world_size: int
+    capacity_factor: float | None
+    router: str
+    shared: int
+    dropped: int
+    out_max_diff: float
+    dx_max_diff: float
+    grad_max_diff: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class WireRow:
+    """:func:`wire_bytes`: what one rank sent in one phase of one MoE layer."""
+
+    ep: int
+    capacity_factor: float | None
+    router: str
+    rank: int
+    phase: str
+    calls: str
+    predicted: int
+    sent: int
+    wire: int | None
+    framing: int | None
+
+
+@dataclass(frozen=True)
+class MeshRow:
+    """:func:`ep_dp`: one rank's groups, its gradient all-reduces and its error."""
+
+    rank: int
+    ep_group: list[int]
+    expert_dp_group: list[int]
+    sync_calls: str
+    out_max_diff: float
+    grad_max_diff: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class SpanRow:
+    """:func:`timeline`: one phase of one rank's MoE forward, and the rows it handled."""
+
+    hot: float
+    rank: int
+    phase: str
+    start: float
+    end: float
+    rows: int
+    repeat: int
+
+
+@dataclass(frozen=True)
+class ImbalanceRow:
+    """:func:`imbalance`: one rank's expert rows and the median times of its layer."""
+
+    hot: float
+    rank: int
+    expert_rows: int
+    experts_ms: float
+    layer_ms: float
+
+
+def _calls(calls: dict[str, int]) -> str:
+    return ", ".join(f"{n} {op}" for op, n in calls.items())
 
 
 def _build(cf: float | None, router: Any, shared: int, d: int = D, f: int = F) -> X.MoE:
@@ -81,9 +161,7 @@ def params() -> pd.DataFrame:
     router = sum(p.numel() for p in moe.router.parameters())
     counted = {"total": sum(p.numel() for p in moe.parameters()), "active": router + K * one}
     pred = estimate.moe_param_count(D, F, E, top_k=K, bias=True)
-    return pd.DataFrame(
-        [{"count": k, "counted": v, "predicted": pred[k]} for k, v in counted.items()]
-    )
+    return kit.frame([ParamRow(k, v, pred[k]) for k, v in counted.items()], ParamRow)
 
 
 def _worker(rank: int, world_size: int, cases: tuple) -> dict:
@@ -111,6 +189,14 @@ def _worker(rank: int, world_size: int, cases: tuple) -> dict:
             "meters": [(m.calls, int(m.model_bytes_sent), m.wire_bytes_sent) for m in (fwd, bwd)],
         }
     return out
+
+
+def _runs(world_sizes: Sequence[int], minimum: int) -> Iterator[tuple[int, list[dict]]]:
+    """(W, every rank's :func:`_worker` results) per world size, all checked before any runs."""
+    ws = validate.counts("world_sizes", world_sizes, minimum=minimum)
+    if any(E % w for w in ws):
+        raise ValueError(f"world_sizes = {list(world_sizes)}: expected divisors of {E}")
+    return ((w, launch(_worker, w, CASES)) for w in ws)
 
 
 def _compare(world_size: int, case: tuple, results: list[dict]) -> dict[str, Any]:
@@ -144,19 +230,13 @@ def parity(world_sizes: Sequence[int] = (1, 2, 4)) -> pd.DataFrame:
     (after ``sync_moe_grads``, against the gradient of the mean of the ranks' losses), ok
     (all within 1e-6)."""
     rows = []
-    for w in validate.counts("world_sizes", world_sizes, minimum=1):
-        if E % w:
-            raise ValueError(f"world_sizes = {list(world_sizes)}: expected divisors of {E}")
-        results = launch(_worker, w, CASES)
+    for w, results in _runs(world_sizes, minimum=1):
         for case in CASES:
             d = _compare(w, case, results)
-            rows.append({
-                "world_size": w, "capacity_factor": case[0], "router": case[1],
-                "shared": case[2], "dropped": sum(r[case]["dropped"] for r in results),
-                "out_max_diff": d["out"], "dx_max_diff": d["dx"], "grad_max_diff": d["grads"],
-                "ok": max(d.values()) <= 1e-6,
-            })  # fmt: skip
-    return pd.DataFrame(rows)
+            dropped = sum(r[case]["dropped"] for r in results)
+            diffs = (d["out"], d["dx"], d["grads"])
+            rows.append(ParityRow(w, *case, dropped, *diffs, max(diffs) <= 1e-6))
+    return kit.frame(rows, ParityRow)
 
 
 def wire_bytes(world_sizes: Sequence[int] = (2, 4)) -> pd.DataFrame:
@@ -167,23 +247,16 @@ def wire_bytes(world_sizes: Sequence[int] = (2, 4)) -> pd.DataFrame:
     ``all_to_all_single`` addressed to other ranks), wire (MEASURED: what the OS saw this rank
     write, gloo's message headers included), framing = wire - sent."""
     rows = []
-    for w in validate.counts("world_sizes", world_sizes, minimum=2):
-        if E % w:
-            raise ValueError(f"world_sizes = {list(world_sizes)}: expected divisors of {E}")
-        results = launch(_worker, w, CASES)
+    for w, results in _runs(world_sizes, minimum=2):
         for case in CASES:
             routed = [res[case]["routed"] for res in results]
             for rank, res in enumerate(results):
                 pred = estimate.ep_all_to_all_bytes(routed, D, rank=rank, dtype_bytes=4)
                 for phase, (calls, sent, wire) in zip(("forward", "backward"), res[case]["meters"]):
-                    rows.append({
-                        "ep": w, "capacity_factor": case[0], "router": case[1], "rank": rank,
-                        "phase": phase,
-                        "calls": ", ".join(f"{n} {op}" for op, n in calls.items()),
-                        "predicted": pred[f"sent_{phase}"], "sent": sent, "wire": wire,
-                        "framing": None if wire is None else wire - sent,
-                    })  # fmt: skip
-    return pd.DataFrame(rows)
+                    rows.append(WireRow(w, case[0], case[1], rank, phase, _calls(calls),
+                                        pred[f"sent_{phase}"], sent, wire,
+                                        None if wire is None else wire - sent))  # fmt: skip
+    return kit.frame(rows, WireRow)
 
 
 def _mesh_worker(rank: int, world_size: int, ep: int) -> dict:
@@ -223,20 +296,21 @@ def ep_dp(world_size: int = 4, ep: int = 2) -> pd.DataFrame:
     results = launch(_mesh_worker, w, e)
     wrapped = [{CASES[0]: {**r, "dx": torch.zeros(T, D)}} for r in results]
     d = _compare(w, CASES[0], wrapped)
-    return pd.DataFrame([
-        {"rank": i, "ep_group": r["groups"][0], "expert_dp_group": r["groups"][1],
-         "sync_calls": ", ".join(f"{n} {op}" for op, n in r["calls"].items()),
-         "out_max_diff": d["out"], "grad_max_diff": d["grads"],
-         "ok": max(d["out"], d["grads"]) <= 1e-6}
-        for i, r in enumerate(results)
-    ])  # fmt: skip
+    ok = max(d["out"], d["grads"]) <= 1e-6
+    return kit.frame(
+        [MeshRow(i, r["groups"][0], r["groups"][1], _calls(r["calls"]), d["out"], d["grads"], ok)
+         for i, r in enumerate(results)],
+        MeshRow,
+    )  # fmt: skip
 
 
 _TD, _TF = 128, 512  # the timeline's layer: wide enough that the experts' work shows
 
 
-def _timeline_worker(rank: int, world_size: int, hot: float, tokens: int, repeats: int) -> list:
-    rows: list[dict] = []
+def _timeline_worker(
+    rank: int, world_size: int, hot: float, tokens: int, repeats: int
+) -> list[SpanRow]:
+    rows: list[SpanRow] = []
     torch.manual_seed(0)
     moe = X.MoE(_TD, _TF, world_size * 2, 1, router="sigmoid")
     with torch.no_grad():
@@ -253,8 +327,8 @@ def _timeline_worker(rank: int, world_size: int, hot: float, tokens: int, repeat
         with torch.no_grad():
             ep(x)
         if rep:
-            rows += [{**r, "repeat": rep, "start": r["start"] - t0, "end": r["end"] - t0}
-                     for r in ep.trace]  # fmt: skip
+            rows += [SpanRow(hot, r["rank"], r["phase"], r["start"] - t0, r["end"] - t0,
+                             r["rows"], rep) for r in ep.trace]  # fmt: skip
     return rows
 
 
@@ -270,11 +344,8 @@ def timeline(
     n = validate.count("tokens", tokens, minimum=1)
     reps = validate.count("repeats", repeats, minimum=1)
     hots = [validate.number("hot", h, minimum=0.0, maximum=1.0) for h in hot]
-    rows = []
-    for h in hots:
-        for res in launch(_timeline_worker, w, h, n, reps):
-            rows += [{"hot": h, **r} for r in res]
-    return pd.DataFrame(rows)
+    configs = kit.grid(hot=hots, tokens=(n,), repeats=(reps,))
+    return kit.sweep(_timeline_worker, configs, SpanRow, world_size=w)
 
 
 def imbalance(tl: pd.DataFrame) -> pd.DataFrame:
@@ -285,9 +356,7 @@ def imbalance(tl: pd.DataFrame) -> pd.DataFrame:
     for (h, rank), part in tl.groupby(["hot", "rank"]):
         exp = part[part.phase == "experts"].sort_values("repeat")
         whole = part.groupby("repeat").apply(lambda p: p.end.max() - p.start.min())
-        rows.append({
-            "hot": h, "rank": int(rank), "expert_rows": int(exp.rows.iloc[-1]),
-            "experts_ms": 1e3 * float((exp.end - exp.start).median()),
-            "layer_ms": 1e3 * float(whole.median()),
-        })  # fmt: skip
-    return pd.DataFrame(rows)
+        experts_s = float((exp.end - exp.start).median())
+        rows.append(ImbalanceRow(h, int(rank), int(exp.rows.iloc[-1]), 1e3 * experts_s,
+                                 1e3 * float(whole.median())))  # fmt: skip
+    return kit.frame(rows, ImbalanceRow)

@@ -33,9 +33,9 @@ def _attention(m: dict[str, Any]) -> int:
     h, a = m["hidden"], m["heads"]
     if m["mla"] is None:  # grouped-query attention: q and o are h x h, k and v h x kv_hidden
         d = h // a
-        return 2 * h * h + 2 * h * m["kv_heads"] * d
+        return int(2 * h * h + 2 * h * m["kv_heads"] * d)
     q, kv, d, r = (m["mla"][k] for k in ("q_rank", "kv_rank", "head_dim", "rope"))
-    return (
+    return int(
         h * q + q  # query down-projection + its norm
         + q * a * (d + r)  # query up-projection (content + RoPE part)
         + h * (kv + r) + kv  # joint KV down-projection + shared RoPE key + norm

@@ -4,20 +4,34 @@ the two balancing methods and what the capacity factor drops (``unit.run.train``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.parallel import experts as X
 
-__all__ = ["BALANCING", "train"]
+__all__ = ["BALANCING", "TrainRow", "train"]
 
 #: how the router is kept balanced: nothing, Switch's auxiliary loss, DeepSeek-V3's bias
 BALANCING = ("none", "aux_loss", "bias")
 _D, _F, _E, _CLUSTERS = 16, 32, 4, 8
 _OFFSET = torch.full((_D,), 0.75)  # what every token has in common
+
+
+@dataclass(frozen=True)
+class TrainRow:
+    """:func:`train`: one step of one balancing method at one capacity factor."""
+
+    balancing: str
+    capacity_factor: float | None
+    step: int
+    task_loss: float
+    aux_loss: float
+    busiest_share: float
+    dropped: float
 
 
 def _task(steps: int, batch: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,7 +53,7 @@ def _run(
     batch: int,
     loss: Any,
     seed: int,
-) -> list[dict[str, Any]]:
+) -> list[TrainRow]:
     torch.manual_seed(seed)
     router: X.Router = "sigmoid" if balancing == "bias" else "softmax"
     moe = X.MoE(_D, _F, _E, top_k, capacity_factor=capacity_factor, router=router)
@@ -63,15 +77,9 @@ def _run(
         if balancing == "bias":
             with torch.no_grad():
                 X.update_bias(moe.bias, r.experts, 1e-2)
-        rows.append(
-            {
-                "step": step,
-                "task_loss": float(task.detach()),
-                "aux_loss": float(aux.detach()),
-                "busiest_share": float(load.max()),
-                "dropped": float(1 - r.keep.float().mean()),
-            }
-        )
+        dropped = float(1 - r.keep.float().mean())
+        row = (step, float(task.detach()), float(aux.detach()), float(load.max()), dropped)
+        rows.append(TrainRow(balancing, capacity_factor, *row))
     return rows
 
 
@@ -99,14 +107,6 @@ def train(
     seed = validate.count("seed", seed, minimum=0)
     cfs = [None if c is None else validate.number("capacity_factors", c, positive=True)
            for c in capacity_factors]  # fmt: skip
-    rows = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is several times faster here
-    try:
-        for name in names:
-            for cf in cfs:
-                for row in _run(name, cf, k, n, b, loss, seed):
-                    rows.append({"balancing": name, "capacity_factor": cf, **row})
-    finally:
-        torch.set_num_threads(threads)
-    return pd.DataFrame(rows)
+    with kit.one_thread():  # tiny matrices: one thread is several times faster here
+        rows = [r for name in names for cf in cfs for r in _run(name, cf, k, n, b, loss, seed)]
+    return kit.frame(rows, TrainRow)

@@ -1,9 +1,6 @@
-"""Unit 17's shared setup: the GPT every section uses, its batches, and a one-thread guard."""
+"""Unit 17's shared setup: the GPT every section uses and its batches."""
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Iterator
 
 import torch
 
@@ -29,17 +26,8 @@ def model_fn(seed: int = 0, *, config: GPTConfig = CONFIG) -> GPT:
     return GPT(config)
 
 
-def batch_fn(generator: torch.Generator, *, config: GPTConfig = CONFIG, batch: int = BATCH):
+def batch_fn(
+    generator: torch.Generator, *, config: GPTConfig = CONFIG, batch: int = BATCH
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The next batch of the permutation task (``course_lib.data.permutation_batch``)."""
     return permutation_batch(config, batch, config.block_size, generator=generator)
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Tiny matmuls run faster on one thread than shared between two busy cores."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)

@@ -10,6 +10,7 @@ reach).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
@@ -46,7 +47,7 @@ def overlap_answer(world_size: int, link_GBps: float) -> tuple[float, float]:
     )
 
 
-def collect_fp8_overlap(fp8_overlap, task: int = 4) -> list[Any]:
+def collect_fp8_overlap(fp8_overlap: Callable[..., Any], task: int = 4) -> list[Any]:
     """``fp8_overlap(world_size, link_GBps) -> (bf16_tokens, fp8_tokens)``, two floats."""
     return [
         learner_value(run_learner(task, fp8_overlap, n, b, forbid=FORBID))

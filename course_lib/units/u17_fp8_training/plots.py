@@ -8,9 +8,12 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from course_lib.units.u17_fp8_training.run_training import CurveRow
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["PRECISION_COLORS", "plot_outliers", "plot_curves", "plot_spike", "plot_allgather"]
+
+READS = {CurveRow: ("precision", "step", "loss")}
 
 #: one colour per precision or recipe
 PRECISION_COLORS = {

@@ -18,27 +18,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from course_lib.units.u17_fp8_training._setup import BATCH, BLOCK, CONFIG, batch_fn, model_fn
+from course_lib.units.u17_fp8_training._setup import BLOCK, CONFIG, batch_fn, model_fn
 from course_lib.units.u17_fp8_training.run_bytes import (
-    GATHERS,
     allgather_bytes,
     allgather_summary,
     memory_summary,
     weight_cache_bytes,
 )
 from course_lib.units.u17_fp8_training.run_numerics import (
-    LAYER,
-    captured_activations,
     formats_table,
     outlier_table,
     recipe_errors,
     scaled_mm_parity,
-    trained_model,
 )
 from course_lib.units.u17_fp8_training.run_scale import (
-    ACTIVE_PARAMS,
     LLAMA3,
-    REPORTED,
     dispatch_table,
     fsdp_table,
     peak_matmul_table,
@@ -52,26 +46,19 @@ from course_lib.units.u17_fp8_training.run_training import (
 )
 
 __all__ = [
-    "BATCH",
     "BLOCK",
     "CONFIG",
     "batch_fn",
     "model_fn",
-    "GATHERS",
     "allgather_bytes",
     "allgather_summary",
     "memory_summary",
     "weight_cache_bytes",
-    "LAYER",
-    "captured_activations",
     "formats_table",
     "outlier_table",
     "recipe_errors",
     "scaled_mm_parity",
-    "trained_model",
     "LLAMA3",
-    "REPORTED",
-    "ACTIVE_PARAMS",
     "peak_matmul_table",
     "dispatch_table",
     "fsdp_table",

@@ -7,16 +7,35 @@ Used by notebooks/17_fp8_training.ipynb through :mod:`run` (which re-exports the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
-from course_lib.runtime.launch import launch
 from course_lib.units.u17_fp8_training._setup import BLOCK, batch_fn, model_fn
 
 GATHERS = ("fp32", "bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class GatherRow:
+    """:func:`allgather_bytes`: one collective family of one rank's measured step."""
+
+    rank: int
+    gather: str
+    op: str
+    calls: int
+    payload_bytes: int
+    model_sent: float
+    wire_sent: int | None
+    loss: float
+    state_bytes: int
+    largest_gather_bytes: int
+    numel_linear: int
+    numel_other: int
+    numel_largest: int
 
 
 def _state_bytes(model) -> int:
@@ -31,7 +50,9 @@ def _state_bytes(model) -> int:
     return total
 
 
-def _gather_worker(rank: int, world_size: int, gathers: Sequence[str], steps: int) -> list[dict]:
+def _gather_worker(
+    rank: int, world_size: int, gathers: Sequence[str], steps: int
+) -> list[GatherRow]:
     import torch.distributed as dist
 
     from course_lib.measure.comm import CommMeter, collective_family
@@ -58,21 +79,15 @@ def _gather_worker(rank: int, world_size: int, gathers: Sequence[str], steps: in
         for op in comm.calls:
             recs = [r for r in comm.records if r["op"] == op]
             wire = [r["wire_sent"] for r in recs]
-            rows.append(
-                {
-                    "rank": rank,
-                    "gather": gather,
-                    "op": collective_family(op),
-                    "calls": len(recs),
-                    "payload_bytes": sum(r["bytes"] for r in recs),
-                    "model_sent": float(sum(r["model_sent"] for r in recs)),
-                    "wire_sent": None if None in wire else int(sum(wire)),
-                    "loss": float(loss.detach()),
-                    "state_bytes": state,
-                    "largest_gather_bytes": fsdp.largest_gather_bytes,
-                    **{f"numel_{k}": v for k, v in numels.items()},
-                }
-            )
+            rows.append(GatherRow(
+                rank, gather, collective_family(op), len(recs),
+                payload_bytes=sum(r["bytes"] for r in recs),
+                model_sent=float(sum(r["model_sent"] for r in recs)),
+                wire_sent=None if None in wire else int(sum(wire)),
+                loss=float(loss.detach()), state_bytes=state,
+                largest_gather_bytes=fsdp.largest_gather_bytes, numel_linear=numels["linear"],
+                numel_other=numels["other"], numel_largest=numels["largest"],
+            ))  # fmt: skip
     return rows
 
 
@@ -94,8 +109,8 @@ def allgather_bytes(
     n = validate.count("world_size", world_size, minimum=2)
     names = validate.choices("gathers", gathers, GATHERS)
     steps = validate.count("steps", steps, minimum=2)
-    res = launch(_gather_worker, n, names, steps, timeout=timeout)
-    return pd.DataFrame([r for rank_rows in res for r in rank_rows])
+    config = dict(gathers=names, steps=steps)
+    return kit.sweep(_gather_worker, [config], GatherRow, world_size=n, timeout=timeout)
 
 
 def allgather_summary(df: pd.DataFrame) -> pd.DataFrame:

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.techniques.fp8 import (
     fp8_matmul,
@@ -24,7 +24,7 @@ from course_lib.techniques.fp8 import (
     to_float8,
 )
 from course_lib.techniques.fp8_linear import RECIPES, Float8Linear
-from course_lib.units.u17_fp8_training._setup import BLOCK, batch_fn, model_fn, one_thread
+from course_lib.units.u17_fp8_training._setup import BLOCK, batch_fn, model_fn
 
 #: the layer whose input the numerics sections cast: block 0's MLP input projection
 LAYER = "blocks.0.mlp.c_fc"
@@ -69,7 +69,7 @@ def _trained_state(steps: int, seed: int) -> dict[str, torch.Tensor]:
     model = model_fn(seed)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(seed + 1)
-    with one_thread():
+    with kit.one_thread():
         for _ in range(steps):
             loss = model.loss(*batch_fn(gen))
             opt.zero_grad(set_to_none=True)
@@ -147,7 +147,9 @@ def outlier_table(
     return pd.DataFrame(rows)
 
 
-def _grads(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor, bf16: bool = False):
+def _grads(
+    layer: nn.Module, x: torch.Tensor, dy: torch.Tensor, bf16: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     x = x.clone().requires_grad_(True)
     for p in layer.parameters():
         p.grad = None

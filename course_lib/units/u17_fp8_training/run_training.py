@@ -7,27 +7,37 @@ Used by notebooks/17_fp8_training.ipynb through :mod:`run` (which re-exports the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.techniques.fp8 import relative_error
 from course_lib.techniques.fp8_linear import RECIPES, Float8Linear, convert_to_float8
-from course_lib.units.u17_fp8_training._setup import BLOCK, batch_fn, model_fn, one_thread
+from course_lib.units.u17_fp8_training._setup import BLOCK, batch_fn, model_fn
 
 #: what :func:`train_curves` can train: full precision, bf16 autocast, each FP8 recipe
 PRECISIONS = ("fp32", "bf16", *RECIPES)
 
 
-def _train_one(precision: str, *, steps: int, lr: float, seed: int) -> list[dict]:
+@dataclass(frozen=True)
+class CurveRow:
+    """:func:`train_curves`: one step's loss in one precision."""
+
+    precision: str
+    step: int
+    loss: float
+
+
+def _train_one(precision: str, *, steps: int, lr: float, seed: int) -> list[CurveRow]:
     model = model_fn(seed)
     if precision in RECIPES:
         convert_to_float8(model, recipe=precision, block=BLOCK)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed + 1)
     rows = []
-    with one_thread():
+    with kit.one_thread():
         for step in range(steps):
             idx, tgt = batch_fn(gen)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
@@ -35,7 +45,7 @@ def _train_one(precision: str, *, steps: int, lr: float, seed: int) -> list[dict
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            rows.append({"precision": precision, "step": step, "loss": float(loss.detach())})
+            rows.append(CurveRow(precision, step, float(loss.detach())))
     return rows
 
 
@@ -48,7 +58,8 @@ def train_curves(
     steps = validate.count("steps", steps, minimum=1)
     lr = validate.number("lr", lr, positive=True)
     names = validate.choices("precisions", precisions, PRECISIONS)
-    return pd.DataFrame([r for p in names for r in _train_one(p, steps=steps, lr=lr, seed=seed)])
+    rows = [r for p in names for r in _train_one(p, steps=steps, lr=lr, seed=seed)]
+    return kit.frame(rows, CurveRow)
 
 
 def curve_summary(df: pd.DataFrame, *, last: int = 5) -> pd.DataFrame:
@@ -84,7 +95,7 @@ def delayed_spike(
     current = Float8Linear.from_linear(lin, recipe="tensorwise")
     gen = torch.Generator().manual_seed(seed + 1)
     rows = []
-    with torch.no_grad(), one_thread():
+    with torch.no_grad(), kit.one_thread():
         for step in range(steps):
             x = torch.randn(64, 128, generator=gen) * (factor if step == spike_at else 1.0)
             ref = lin(x)

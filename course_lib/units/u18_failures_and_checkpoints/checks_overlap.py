@@ -12,6 +12,7 @@ reach).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
@@ -57,7 +58,7 @@ def largest_dp(global_tokens: int, link_GBps: float) -> int:
     return lo
 
 
-def collect_dp_overlap(fn, task: int = 4) -> list[Any]:
+def collect_dp_overlap(fn: Callable[..., Any], task: int = 4) -> list[Any]:
     """``fn(global_tokens, link_GBps) -> world_size``, an int, at three drawn cases."""
     return [
         learner_value(run_learner(task, fn, g, b, forbid=FORBID), builtin_only=True)

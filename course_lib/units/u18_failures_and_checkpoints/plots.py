@@ -7,7 +7,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from course_lib.units.u18_failures_and_checkpoints.run_scale import GoodputRow
 from course_lib.viz.plots import require_columns, style
+
+READS = {GoodputRow: ("interval_s", "goodput")}
 
 __all__ = ["plot_forget", "plot_timeline", "plot_losses", "plot_cost", "plot_goodput"]
 

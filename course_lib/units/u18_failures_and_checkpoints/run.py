@@ -15,10 +15,8 @@ that reshard, a rank killed and the run resumed under torchrun, and what failure
 
 from __future__ import annotations
 
-from course_lib.units.u18_failures_and_checkpoints._train import BATCH, CHUNKS, WIDTHS
-from course_lib.units.u18_failures_and_checkpoints.run_cost import SIZES, save_cost
+from course_lib.units.u18_failures_and_checkpoints.run_cost import save_cost
 from course_lib.units.u18_failures_and_checkpoints.run_elastic import (
-    TIMELINE,
     elastic_run,
     read_timeline,
     restart_summary,
@@ -31,7 +29,6 @@ from course_lib.units.u18_failures_and_checkpoints.run_reshard import (
     reshard_run,
 )
 from course_lib.units.u18_failures_and_checkpoints.run_scale import (
-    LLAMA3,
     PARAMS_405B,
     goodput_curve,
     gpu_mtbf_s,
@@ -44,9 +41,7 @@ from course_lib.units.u18_failures_and_checkpoints.run_trouble import (
 )
 
 __all__ = [
-    "SIZES",
     "save_cost",
-    "LLAMA3",
     "PARAMS_405B",
     "goodput_curve",
     "gpu_mtbf_s",
@@ -54,10 +49,6 @@ __all__ = [
     "grad_norm_table",
     "hung_collective",
     "straggler_table",
-    "BATCH",
-    "CHUNKS",
-    "WIDTHS",
-    "TIMELINE",
     "elastic_run",
     "read_timeline",
     "restart_summary",

@@ -9,12 +9,13 @@ time only where a caller passes it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 
 #: Llama Team 2024 (arXiv:2407.21783), Sec. 3.3.4: a 54-day snapshot of 405B pre-training on up
@@ -39,7 +40,7 @@ def gpu_mtbf_s() -> float:
     """Mean time between unexpected interruptions of one GPU's share of the job (seconds):
     the job's MTBF times the GPUs (failures of independent parts add up)."""
     job = estimate.job_mtbf(LLAMA3["days"] * 86400, LLAMA3["unexpected"])
-    return job * LLAMA3["gpus"]
+    return float(job * LLAMA3["gpus"])
 
 
 def scale_table(
@@ -73,19 +74,20 @@ def scale_table(
     return pd.DataFrame(rows)
 
 
+@dataclass(frozen=True)
+class GoodputRow:
+    """:func:`goodput_curve`: the goodput at one checkpoint interval."""
+
+    interval_s: float
+    goodput: float
+
+
 def goodput_curve(
     save_s: float, mtbf_s: float, *, restart_s: float = 0.0, points: int = 60
 ) -> pd.DataFrame:
     """Goodput against the checkpoint interval (log-spaced around Young's): interval_s, goodput."""
     young = estimate.optimal_interval(save_s, mtbf_s)
-    taus = np.geomspace(
-        young / 30, min(young * 30, 20 * mtbf_s), validate.count("points", points, minimum=2)
-    )
-    return pd.DataFrame(
-        {
-            "interval_s": taus,
-            "goodput": [
-                estimate.goodput(float(t), save_s, mtbf_s, restart_s=restart_s) for t in taus
-            ],
-        }
-    )
+    n = validate.count("points", points, minimum=2)
+    taus = np.geomspace(young / 30, min(young * 30, 20 * mtbf_s), n).tolist()
+    rows = [GoodputRow(t, estimate.goodput(t, save_s, mtbf_s, restart_s=restart_s)) for t in taus]
+    return kit.frame(rows, GoodputRow)

@@ -13,6 +13,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from course_lib.units.u19_inside_the_step.run_fusion import FusionBytesRow
+from course_lib.units.u19_inside_the_step.run_roofline import OpRow
 from course_lib.viz.plots import require_columns, style
 
 __all__ = [
@@ -23,6 +25,11 @@ __all__ = [
     "plot_memory_sweep",
     "plot_flash_point",
 ]
+
+READS = {
+    OpRow: ("op", "flops", "intensity", "predicted_us"),
+    FusionBytesRow: ("op", "bytes", "path"),
+}
 
 _KIND_COLORS = {
     "op": "tab:blue",

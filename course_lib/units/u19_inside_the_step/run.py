@@ -17,8 +17,6 @@ Each section lives in its own file and is re-exported here, so the notebook call
 from __future__ import annotations
 
 from course_lib.units.u19_inside_the_step.run_flash import (
-    H100_SRAM_BYTES,
-    LLAMA3_405B,
     attention_memory,
     llama405b_attention,
     memory_sweep,
@@ -43,7 +41,6 @@ from course_lib.units.u19_inside_the_step.run_profile import (
     gpt_step_profile,
 )
 from course_lib.units.u19_inside_the_step.run_roofline import (
-    ELEMENTWISE_FLOPS,
     H100,
     block_ops,
     machine_roofs,
@@ -54,8 +51,6 @@ from course_lib.units.u19_inside_the_step.run_roofline import (
 )
 
 __all__ = [
-    "H100_SRAM_BYTES",
-    "LLAMA3_405B",
     "attention_memory",
     "llama405b_attention",
     "memory_sweep",
@@ -74,7 +69,6 @@ __all__ = [
     "gpt_setup",
     "gpt_step_memory",
     "gpt_step_profile",
-    "ELEMENTWISE_FLOPS",
     "H100",
     "block_ops",
     "machine_roofs",

@@ -13,32 +13,83 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.techniques.flash import flash_attention, naive_attention
-
-__all__ = [
-    "H100_SRAM_BYTES",
-    "LLAMA3_405B",
-    "online_softmax_steps",
-    "parity_table",
-    "attention_memory",
-    "memory_sweep",
-    "theorem2",
-    "llama405b_attention",
-]
 
 #: H100 shared memory per SM, bytes (NVIDIA H100 Tensor Core GPU Architecture whitepaper: up to
 #: 228 KB of the 256 KB combined L1 / shared memory)
 H100_SRAM_BYTES = 228 * 1024
 #: Llama 3 405B (arXiv:2407.21783, Table 3)
 LLAMA3_405B = {"hidden": 16384, "heads": 128, "kv_heads": 8, "ffn": 53248, "head_dim": 128}
+
+
+@dataclass(frozen=True)
+class SoftmaxStepRow:
+    """:func:`online_softmax_steps`: one block of the row and the running statistics after it."""
+
+    block: int
+    block_max: float
+    m: float
+    rescale: float
+    l: float  # noqa: E741 - the paper's name for the running sum
+
+
+@dataclass(frozen=True)
+class FlashParityRow:
+    """:func:`parity_table`: flash_attention against the reference at one shape."""
+
+    seq: int
+    block_size: int
+    key_blocks: int
+    causal: bool
+    out_err: float
+    grad_err: float
+
+
+@dataclass(frozen=True)
+class AttentionMemoryRow:
+    """:func:`attention_memory`: flash and written-out attention's bytes at one length."""
+
+    seq: int
+    block_size: int
+    causal: bool
+    flash_saved_bytes: int
+    flash_peak_bytes: int
+    naive_saved_bytes: int
+    naive_peak_bytes: int
+    flash_predicted_bytes: int
+    naive_predicted_bytes: int
+
+
+@dataclass(frozen=True)
+class Theorem2Row:
+    """:func:`theorem2`: HBM accesses of standard attention and of FlashAttention at one N."""
+
+    N: int
+    d: int
+    M_values: int
+    standard: float
+    flash: float
+    ratio: float
+
+
+@dataclass(frozen=True)
+class LlamaAttentionRow:
+    """:func:`llama405b_attention`: one Llama 3 405B layer's attention memory at one length."""
+
+    seq: int
+    scores_GiB: float
+    lse_GiB: float
+    layer_naive_GiB: float
+    layer_flash_GiB: float
 
 
 def online_softmax_steps(x: Sequence[float], block_size: int) -> pd.DataFrame:
@@ -53,20 +104,14 @@ def online_softmax_steps(x: Sequence[float], block_size: int) -> pd.DataFrame:
         m_new = max(m, float(block.max()))
         rescale = math.exp(m - m_new)  # exp(-inf) = 0 for the first block
         total = total * rescale + float(torch.exp(block - m_new).sum())
-        rows.append(
-            {
-                "block": i,
-                "block_max": float(block.max()),
-                "m": m_new,
-                "rescale": rescale,
-                "l": total,
-            }
-        )
+        rows.append(SoftmaxStepRow(i, float(block.max()), m_new, rescale, total))
         m = m_new
-    return pd.DataFrame(rows)
+    return kit.frame(rows, SoftmaxStepRow)
 
 
-def _inputs(n: int, *, heads: int = 2, head_dim: int = 16, seed: int = 0, dtype=torch.float64):
+def _inputs(
+    n: int, *, heads: int = 2, head_dim: int = 16, seed: int = 0, dtype: torch.dtype = torch.float64
+) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [
         torch.randn(1, heads, n, head_dim, generator=g, dtype=dtype).requires_grad_()
@@ -90,22 +135,15 @@ def parity_table(
                 dout = torch.randn_like(out)
                 got = torch.autograd.grad(out, (q, k, v), dout)
                 want = torch.autograd.grad(ref, (q, k, v), dout)
-                rows.append(
-                    {
-                        "seq": n,
-                        "block_size": bs,
-                        "key_blocks": -(-n // bs),
-                        "causal": causal,
-                        "out_err": float((out - ref).detach().abs().max()),
-                        "grad_err": max(float((a - b).abs().max()) for a, b in zip(got, want)),
-                    }
-                )
-    return pd.DataFrame(rows)
+                out_err = float((out - ref).detach().abs().max())
+                grad_err = max(float((a - b).abs().max()) for a, b in zip(got, want))
+                rows.append(FlashParityRow(n, bs, -(-n // bs), causal, out_err, grad_err))
+    return kit.frame(rows, FlashParityRow)
 
 
 def attention_memory(
     seq: int, *, block_size: int = 64, causal: bool = True, heads: int = 2, head_dim: int = 32
-) -> dict[str, Any]:
+) -> AttentionMemoryRow:
     """Measured with MemoryMeter, float32, batch 1, for "flash" and "naive": the bytes alive
     after a forward that it created (what is saved for backward, with the output) and, in a
     second run, the peak over forward + backward (q, k, v and the upstream gradient counted); with flash's prediction 4 B x heads x seq x (head_dim + 1)
@@ -114,7 +152,7 @@ def attention_memory(
     from course_lib.measure.memory import MemoryMeter
 
     n = validate.count("seq", seq, minimum=1)
-    res: dict[str, Any] = {"seq": n, "block_size": block_size, "causal": causal}
+    measured = []  # flash saved, flash peak, naive saved, naive peak
     for name in ("flash", "naive"):
         for backward in (False, True):
             q, k, v = _inputs(n, heads=heads, head_dim=head_dim, dtype=torch.float32)
@@ -126,21 +164,20 @@ def attention_memory(
                     out = naive_attention(q, k, v, causal=causal)
                 if backward:
                     out.backward(dout)
-            if backward:
-                res[f"{name}_peak_bytes"] = mem.peak_bytes
-            else:  # what forward leaves alive: the output and what autograd saved
-                res[f"{name}_saved_bytes"] = mem.end_breakdown["activations"]
+            # forward alone: what it leaves alive (the output and what autograd saved)
+            measured.append(mem.peak_bytes if backward else mem.end_breakdown["activations"])
             del out
-    res["flash_predicted_bytes"] = 4 * heads * n * (head_dim + 1)
-    res["naive_predicted_bytes"] = 4 * heads * n * n
-    return res
+    flash_saved, flash_peak, naive_saved, naive_peak = measured
+    return AttentionMemoryRow(
+        n, block_size, causal, flash_saved, flash_peak, naive_saved, naive_peak,
+        4 * heads * n * (head_dim + 1), 4 * heads * n * n,
+    )  # fmt: skip
 
 
 def memory_sweep(seqs: Sequence[int] = (128, 256, 512), *, block_size: int = 64) -> pd.DataFrame:
     """:func:`attention_memory` at each sequence length, one row each."""
-    return pd.DataFrame(
-        [attention_memory(n, block_size=block_size) for n in validate.counts("seqs", seqs)]
-    )
+    rows = [attention_memory(n, block_size=block_size) for n in validate.counts("seqs", seqs)]
+    return kit.frame(rows, AttentionMemoryRow)
 
 
 def theorem2(
@@ -160,11 +197,8 @@ def theorem2(
     rows = []
     for n in validate.counts("seqs", seqs):
         standard, flash = n * d + n * n, n * n * d * d / m
-        rows.append(
-            {"N": n, "d": d, "M_values": m, "standard": standard, "flash": flash,
-             "ratio": standard / flash}
-        )  # fmt: skip
-    return pd.DataFrame(rows)
+        rows.append(Theorem2Row(n, d, m, standard, flash, standard / flash))
+    return kit.frame(rows, Theorem2Row)
 
 
 def llama405b_attention(seqs: Sequence[int] = (8192, 131072), *, batch: int = 1) -> pd.DataFrame:
@@ -181,14 +215,7 @@ def llama405b_attention(seqs: Sequence[int] = (8192, 131072), *, batch: int = 1)
         flash = estimate.activation_bytes_transformer_layer(
             s, b, m["hidden"], m["heads"], recompute="selective", **kw
         )
-        lse = 4 * m["heads"] * s * b
-        rows.append(
-            {
-                "seq": s,
-                "scores_GiB": 5 * m["heads"] * s * s * b / 2**30,
-                "lse_GiB": lse / 2**30,
-                "layer_naive_GiB": full / 2**30,
-                "layer_flash_GiB": (flash + lse) / 2**30,
-            }
-        )
-    return pd.DataFrame(rows)
+        lse, scores = 4 * m["heads"] * s * b, 5 * m["heads"] * s * s * b
+        gib = (x / 2**30 for x in (scores, lse, full, flash + lse))
+        rows.append(LlamaAttentionRow(s, *gib))
+    return kit.frame(rows, LlamaAttentionRow)

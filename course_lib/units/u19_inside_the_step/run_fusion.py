@@ -8,24 +8,27 @@ from __future__ import annotations
 import shutil
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure.profile import profile_step
 from course_lib.measure.timing import time_fn
 
-__all__ = [
-    "fused_chain",
-    "chain_inputs",
-    "fusion_bytes",
-    "compiler",
-    "eager_vs_compiled",
-    "fused_loop",
-]
+
+@dataclass(frozen=True)
+class FusionBytesRow:
+    """:func:`fusion_bytes`: what one operator (or the fused loop) reads and writes."""
+
+    op: str
+    read_bytes: int
+    written_bytes: int
+    path: str
+    bytes: int
 
 
 def fused_chain(x, bias, residual, weight, ln_bias, p: float = 0.1):
@@ -60,14 +63,10 @@ def fusion_bytes(rows: int, width: int) -> pd.DataFrame:
         ("add (residual)", 2 * n, n, 0),
         ("layer_norm", n, n, 0),
     ]
-    rows_ = [
-        {"op": op, "read_bytes": 4 * r, "written_bytes": 4 * w + extra, "path": "eager"}
-        for op, r, w, extra in eager
-    ]
-    rows_.append({"op": "fused", "read_bytes": 8 * n, "written_bytes": 4 * n, "path": "fused"})
-    df = pd.DataFrame(rows_)
-    df["bytes"] = df.read_bytes + df.written_bytes
-    return df
+    moved = [(op, 4 * r, 4 * w + extra, "eager") for op, r, w, extra in eager]
+    moved.append(("fused", 8 * n, 4 * n, "fused"))
+    out = [FusionBytesRow(op, r, w, path, r + w) for op, r, w, path in moved]
+    return kit.frame(out, FusionBytesRow)
 
 
 def compiler() -> str | None:

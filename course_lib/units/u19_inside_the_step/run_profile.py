@@ -6,23 +6,27 @@ all-reduces are found in the trace. Re-exported by ``run.py``.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure.profile import StepProfile, profile_step
 from course_lib.runtime.launch import launch
 
-__all__ = [
-    "gpt_setup",
-    "gpt_matmul_flops",
-    "gpt_step_profile",
-    "gpt_step_memory",
-    "ddp_step_profiles",
-    "comm_table",
-]
+
+@dataclass(frozen=True)
+class AllReduceRow:
+    """:func:`comm_table`: one all-reduce of one rank's DDP step, hidden and exposed."""
+
+    rank: int
+    all_reduce: int
+    start_ms: float
+    duration_ms: float
+    hidden_ms: float
+    exposed_ms: float
 
 
 def gpt_setup(*, batch: int = 8, seed: int = 0) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
@@ -134,14 +138,6 @@ def comm_table(profiles: list[StepProfile]) -> pd.DataFrame:
         reduces = [s for s in prof.comm() if "all_reduce" in s.name or "allreduce" in s.name]
         for i, s in enumerate(reduces):
             hidden = prof.hidden_us(s)
-            rows.append(
-                {
-                    "rank": prof.rank,
-                    "all_reduce": i,
-                    "start_ms": s.start_us / 1e3,
-                    "duration_ms": s.duration_us / 1e3,
-                    "hidden_ms": hidden / 1e3,
-                    "exposed_ms": (s.duration_us - hidden) / 1e3,
-                }
-            )
-    return pd.DataFrame(rows)
+            us = (s.start_us, s.duration_us, hidden, s.duration_us - hidden)
+            rows.append(AllReduceRow(prof.rank, i, *(t / 1e3 for t in us)))
+    return kit.frame(rows, AllReduceRow)

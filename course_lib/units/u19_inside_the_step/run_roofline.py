@@ -12,26 +12,16 @@ the ridge peak / bandwidth. H100 SXM figures: NVIDIA's datasheet (989 TFLOP/s de
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure.profile import profile_step
 from course_lib.measure.timing import time_fn
-
-__all__ = [
-    "H100",
-    "ELEMENTWISE_FLOPS",
-    "machine_roofs",
-    "op_cost",
-    "roofline",
-    "block_ops",
-    "op_table",
-    "measure_ops",
-]
 
 #: NVIDIA H100 SXM datasheet: dense BF16 tensor-core FLOP/s and HBM3 bytes/s
 H100 = {"name": "H100 SXM (datasheet, bf16)", "flops_per_s": 989e12, "bytes_per_s": 3.35e12}
@@ -39,6 +29,18 @@ H100 = {"name": "H100 SXM (datasheet, bf16)", "flops_per_s": 989e12, "bytes_per_
 #: FLOPs per element the course counts for each elementwise operator (a convention: what
 #: matters is that it is a handful, not thousands)
 ELEMENTWISE_FLOPS = {"add": 1, "gelu": 8, "layernorm": 8, "softmax": 5}
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """:func:`op_table`: one operator's FLOPs, bytes, intensity and roofline prediction."""
+
+    op: str
+    flops: int
+    bytes: int
+    intensity: float
+    bound: str
+    predicted_us: float
 
 
 def machine_roofs(*, n: int = 512, copy_mib: int = 64, repeat: int = 5) -> dict[str, Any]:
@@ -106,7 +108,9 @@ def _ew(name: str, numel: int, inputs: int, b: int, row: int) -> dict[str, Any]:
     )  # fmt: skip
 
 
-def block_ops(tokens: int, width: int, heads: int, seq: int, *, bytes_per_value: int = 4):
+def block_ops(
+    tokens: int, width: int, heads: int, seq: int, *, bytes_per_value: int = 4
+) -> list[dict[str, Any]]:
     """The operators of one GPT block's forward at ``tokens`` = batch x seq rows: its four
     matmuls (QKV, attention output, MLP up and down), the attention softmax over
     (batch x heads x seq x seq) scores, GELU, a LayerNorm and a residual add."""
@@ -131,20 +135,12 @@ def op_table(ops: Sequence[Mapping[str, Any]], roofs: Mapping[str, Any]) -> pd.D
     rows = []
     for op, (bound, seconds) in zip(ops, preds):
         flops, nbytes = op_cost(op)
-        rows.append(
-            {
-                "op": op.get("name", op["kind"]),
-                "flops": flops,
-                "bytes": nbytes,
-                "intensity": flops / nbytes,
-                "bound": bound,
-                "predicted_us": seconds * 1e6,
-            }
-        )
-    return pd.DataFrame(rows)
+        name = op.get("name", op["kind"])
+        rows.append(OpRow(name, flops, nbytes, flops / nbytes, bound, seconds * 1e6))
+    return kit.frame(rows, OpRow)
 
 
-def _runner(op: Mapping[str, Any]):
+def _runner(op: Mapping[str, Any]) -> Callable[[], Any]:
     """A zero-argument call of the operator ``op`` describes, on random float32 tensors."""
     name = str(op.get("name", ""))
     if op["kind"] == "matmul":

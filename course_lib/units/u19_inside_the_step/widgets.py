@@ -19,7 +19,7 @@ _WIDE = {"description_width": "initial"}  # the whole label, not cut to 90 px
 
 
 class FlashExplorer(Explorer):
-    """sequence + block size + causal + Run; ``result`` is ``run.attention_memory``'s dict."""
+    """sequence + block size + causal + Run; ``result`` is ``run.attention_memory``'s row as a dict."""
 
     busy = "measuring both attentions..."
     expected_errors = (ValueError,)
@@ -46,12 +46,16 @@ class FlashExplorer(Explorer):
         )
 
     def compute(self):
+        import dataclasses
+
         from course_lib.units.u19_inside_the_step.run import attention_memory
 
-        return attention_memory(
-            int(self.seq.value),
-            block_size=int(self.block_size.value),
-            causal=bool(self.causal.value),
+        return dataclasses.asdict(
+            attention_memory(
+                int(self.seq.value),
+                block_size=int(self.block_size.value),
+                causal=bool(self.causal.value),
+            )
         )
 
     def summary(self, result) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from _grading_seeds import copied_fails, seed_fixture  # noqa: F401 (the seed fixture)
 
+from course_lib import kit
 from course_lib.models import count_params
 from course_lib.units.u01_backprop_memory import checks as grading
 
@@ -35,30 +36,25 @@ def stub(*args):
     raise NotImplementedError("FILL ME IN (roughly 3 lines)")
 
 
-def test_optimizer_state_check(capsys, seed):
-    grading.check_optimizer_state_bytes(solution_optimizer_state_bytes, task=1)
-    out = capsys.readouterr().out.strip()
-    assert (
-        out
-        == "✓ task 1: optimizer state matches MemoryMeter on 4 unseen MLPs (SGD, momentum, Adam)"
-    )
-
+def test_optimizer_state_check(seed):
     def no_step_counter(model, optimizer):
         return 4 * {"sgd": 0, "momentum": 1, "adam": 2}[optimizer] * count_params(model)
 
-    with pytest.raises(AssertionError, match=r"✗ task 1: .*step' counter per parameter tensor"):
-        grading.check_optimizer_state_bytes(no_step_counter, task=1)
-    with pytest.raises(AssertionError, match="✗ task 1: not implemented yet"):
-        grading.check_optimizer_state_bytes(stub, task=1)
-
-
-def test_predict_step_memory_check(capsys, seed):
-    grading.check_predict_step_memory(solution_predict_step_memory, task=2)
-    assert capsys.readouterr().out.strip() == (
-        "✓ task 2: params, grads, optimizer and activations match MemoryMeter exactly on 4 "
-        "unseen MLPs"
+    said = kit.check_table(
+        grading.check_optimizer_state_bytes,
+        [
+            (solution_optimizer_state_bytes, "✓ task 1"),
+            (no_step_counter, r"✗ task 1: .*step' counter per parameter tensor"),
+            (stub, "✗ task 1: not implemented yet"),
+        ],
+        task=1,
+    )
+    assert said[0] == (
+        "✓ task 1: optimizer state matches MemoryMeter on 4 unseen MLPs (SGD, momentum, Adam)"
     )
 
+
+def test_predict_step_memory_check(seed):
     def relu_everywhere(model, batch_shape, optimizer):
         out = solution_predict_step_memory(model, batch_shape, optimizer)
         out["activations"] = 4 * batch_shape[0] * sum(model.config.widths[1:])
@@ -74,16 +70,21 @@ def test_predict_step_memory_check(capsys, seed):
         del out["grads"]
         return out
 
-    with pytest.raises(
-        AssertionError, match=r"✗ task 2: .*activation=(gelu|silu).*activations.*gelu/silu keep z"
-    ):
-        grading.check_predict_step_memory(relu_everywhere, task=2)
-    with pytest.raises(AssertionError, match=r"✗ task 2: .*the input x is created before the step"):
-        grading.check_predict_step_memory(counts_input, task=2)
-    with pytest.raises(AssertionError, match=r"✗ task 2: .*missing \['grads'\]"):
-        grading.check_predict_step_memory(missing_key, task=2)
-    with pytest.raises(AssertionError, match="✗ task 2: not implemented yet"):
-        grading.check_predict_step_memory(stub, task=2)
+    said = kit.check_table(
+        grading.check_predict_step_memory,
+        [
+            (solution_predict_step_memory, "✓ task 2"),
+            (relu_everywhere, r"✗ task 2: .*activation=(gelu|silu).*activations.*gelu/silu keep z"),
+            (counts_input, r"✗ task 2: .*the input x is created before the step"),
+            (missing_key, r"✗ task 2: .*missing \['grads'\]"),
+            (stub, "✗ task 2: not implemented yet"),
+        ],
+        task=2,
+    )
+    assert said[0] == (
+        "✓ task 2: params, grads, optimizer and activations match MemoryMeter exactly on 4 "
+        "unseen MLPs"
+    )
 
 
 # ------------------------------------------------------------ tasks 3-5 (predict, bug, scale)
@@ -93,13 +94,8 @@ def gpt_activation_bytes(config, batch, seq):
     return 4 * (config.n_layer * per_layer + 2 * B * T * C + 2 * B * T + B * T * config.vocab_size)
 
 
-def test_gpt_activation_check(capsys, seed):
+def test_gpt_activation_check(seed):
     from course_lib.measure import estimate
-
-    grading.check_gpt_activation_bytes(gpt_activation_bytes, task=3)
-    assert capsys.readouterr().out.strip() == (
-        "✓ task 3: GPT activation bytes match MemoryMeter exactly (0 B tolerance) on 3 unseen shapes"
-    )
 
     def no_logits(config, batch, seq):
         return gpt_activation_bytes(config, batch, seq) - 4 * batch * seq * config.vocab_size
@@ -110,18 +106,23 @@ def test_gpt_activation_check(capsys, seed):
             - 4 * 3 * config.n_layer * batch * seq * config.n_embd
         )
 
-    with pytest.raises(AssertionError, match=r"✗ task 3: .*the logits, B x T x vocab"):
-        grading.check_gpt_activation_bytes(no_logits, task=3)
-    with pytest.raises(AssertionError, match=r"✗ task 3: .* B is not what MemoryMeter measured"):
-        grading.check_gpt_activation_bytes(thirteen, task=3)
-    with pytest.raises(
-        AssertionError, match="✗ task 3: uses the course's own activation_bytes_gpt"
-    ):
-        grading.check_gpt_activation_bytes(
-            lambda c, b, t: estimate.activation_bytes_gpt(c, b, t), task=3
-        )
-    with pytest.raises(AssertionError, match="✗ task 3: not implemented yet"):
-        grading.check_gpt_activation_bytes(stub, task=3)
+    def course_own(config, batch, seq):
+        return estimate.activation_bytes_gpt(config, batch, seq)
+
+    said = kit.check_table(
+        grading.check_gpt_activation_bytes,
+        [
+            (gpt_activation_bytes, "✓ task 3"),
+            (no_logits, r"✗ task 3: .*the logits, B x T x vocab"),
+            (thirteen, r"✗ task 3: .* B is not what MemoryMeter measured"),
+            (course_own, "✗ task 3: uses the course's own activation_bytes_gpt"),
+            (stub, "✗ task 3: not implemented yet"),
+        ],
+        task=3,
+    )
+    assert said[0] == (
+        "✓ task 3: GPT activation bytes match MemoryMeter exactly (0 B tolerance) on 3 unseen shapes"
+    )
 
 
 def test_eval_memory_bug_check(capsys, seed):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from _grading_seeds import FIXTURE_SEEDS  # seed 0: tests/_grading_seeds.py
 
+from course_lib import kit
 from course_lib.units.u15_context_parallelism import checks as C
 
 
@@ -56,18 +57,19 @@ def course_merge(parts):
     return _pairwise(merge_attention)(parts)
 
 
-def test_check_merge(seed, capsys):
-    C.check_merge(good_merge)
-    assert capsys.readouterr().out.startswith("✓ task 1: your merge equals masked attention")
-    with pytest.raises(AssertionError, match=r"✗ task 1: case \d: out differs"):
-        C.check_merge(average_merge)
-    with pytest.raises(AssertionError, match=r"✗ task 1: case [56]: out differs"):
-        C.check_merge(naive_merge)
-    # the lecture's two-part merge, applied twice, turns a query with two empty parts into NaN
-    with pytest.raises(AssertionError, match=r"✗ task 1: case 1: out differs .* by up to nan"):
-        C.check_merge(_pairwise(lecture_merge))
-    with pytest.raises(AssertionError, match="✗ task 1: uses the course's own merge_attention"):
-        C.check_merge(course_merge)
+def test_check_merge(seed):
+    kit.check_table(
+        C.check_merge,
+        [
+            (good_merge, "✓ task 1: your merge equals masked attention"),
+            (average_merge, r"✗ task 1: case \d: out differs"),
+            (naive_merge, r"✗ task 1: case [56]: out differs"),
+            # the lecture's two-part merge, applied twice, turns a query with two empty parts
+            # into NaN
+            (_pairwise(lecture_merge), r"✗ task 1: case 1: out differs .* by up to nan"),
+            (course_merge, "✗ task 1: uses the course's own merge_attention"),
+        ],
+    )
 
 
 def test_every_merge_case_hides_whole_blocks_from_some_queries():
@@ -153,13 +155,15 @@ def course_step(q, k, v, *, rank, src):
     return ring_attention(q, k, v) if src == rank else None, None
 
 
-def test_check_ring_block(seed, capsys):
-    C.check_ring_block(good_step)
-    assert capsys.readouterr().out.startswith("✓ task 2: your ring step")
-    with pytest.raises(AssertionError, match="✗ task 2: 2 ranks: the output differs"):
-        C.check_ring_block(buggy_step)
-    with pytest.raises(AssertionError, match="✗ task 2: uses the course's own"):
-        C.check_ring_block(course_step)
+def test_check_ring_block(seed):
+    kit.check_table(
+        C.check_ring_block,
+        [
+            (good_step, "✓ task 2: your ring step"),
+            (buggy_step, "✗ task 2: 2 ranks: the output differs"),
+            (course_step, "✗ task 2: uses the course's own"),
+        ],
+    )
 
 
 def good_llama(cp, seq):

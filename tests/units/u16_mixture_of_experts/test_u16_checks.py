@@ -9,6 +9,7 @@ import pytest
 import torch
 from _grading_seeds import FIXTURE_SEEDS  # seed 0: tests/_grading_seeds.py
 
+from course_lib import kit
 from course_lib.units.u16_mixture_of_experts import checks as C
 
 
@@ -40,13 +41,15 @@ def seed(request, monkeypatch):
     return request.param
 
 
-def test_check_dispatch(seed, capsys):
-    C.check_dispatch(good_plan)
-    assert capsys.readouterr().out.startswith("✓ task 1: your dispatch plan is right")
-    with pytest.raises(AssertionError, match=r"✗ task 1: case \d+ .*input_splits"):
-        C.check_dispatch(swapped_plan)
-    with pytest.raises(AssertionError, match="✗ task 1: uses the course's own"):
-        C.check_dispatch(course_plan)
+def test_check_dispatch(seed):
+    kit.check_table(
+        C.check_dispatch,
+        [
+            (good_plan, "✓ task 1: your dispatch plan is right"),
+            (swapped_plan, r"✗ task 1: case \d+ .*input_splits"),
+            (course_plan, "✗ task 1: uses the course's own"),
+        ],
+    )
 
 
 def good_loss(probs, experts):
@@ -67,16 +70,18 @@ def course_loss(probs, experts):
     return load_balancing_loss(probs, experts)
 
 
-def test_check_balance_loss(seed, capsys):
-    C.check_balance_loss(good_loss)
-    assert capsys.readouterr().out.startswith("✓ task 2: your balancing loss")
-    with pytest.raises(
-        AssertionError,
-        match=r"✗ task 2: case \d+ \(\d+ tokens, \d+ experts, top-\d\): your loss is",
-    ):
-        C.check_balance_loss(wrong_axis_loss)
-    with pytest.raises(AssertionError, match="✗ task 2: uses the course's own"):
-        C.check_balance_loss(course_loss)
+def test_check_balance_loss(seed):
+    kit.check_table(
+        C.check_balance_loss,
+        [
+            (good_loss, "✓ task 2: your balancing loss"),
+            (
+                wrong_axis_loss,
+                r"✗ task 2: case \d+ \(\d+ tokens, \d+ experts, top-\d\): your loss is",
+            ),
+            (course_loss, "✗ task 2: uses the course's own"),
+        ],
+    )
 
 
 def good_mixtral(ep, gpus):
@@ -98,20 +103,25 @@ def course_mixtral(ep, gpus):
     return estimate.ep_all_to_all_bytes_per_token(4096, ep=ep, top_k=2), 0
 
 
-def test_check_mixtral_plan(seed, capsys):
-    C.check_mixtral_plan(good_mixtral)
-    assert capsys.readouterr().out == (
-        "✓ task 3: Mixtral 8x7B at a drawn ep and cluster: all-to-all bytes per token and memory "
-        "per GPU\n"
+def float_mixtral(ep, gpus):
+    a2a, state = good_mixtral(ep, gpus)
+    return float(a2a), state
+
+
+def test_check_mixtral_plan(seed):
+    said = kit.check_table(
+        C.check_mixtral_plan,
+        [
+            (good_mixtral, "✓ task 3: "),
+            (forgot_backward, r"✗ task 3: ep \d on \d+ GPUs: a2a_bytes = .*too small"),
+            (course_mixtral, "✗ task 3: uses the course's own"),
+            (float_mixtral, "✗ task 3: .*must be an int"),
+        ],
     )
-    with pytest.raises(
-        AssertionError, match=r"✗ task 3: ep \d on \d+ GPUs: a2a_bytes = .*too small"
-    ):
-        C.check_mixtral_plan(forgot_backward)
-    with pytest.raises(AssertionError, match="✗ task 3: uses the course's own"):
-        C.check_mixtral_plan(course_mixtral)
-    with pytest.raises(AssertionError, match="must be an int"):
-        C.check_mixtral_plan(lambda ep, g: (float(good_mixtral(ep, g)[0]), good_mixtral(ep, g)[1]))
+    assert said[0] == (
+        "✓ task 3: Mixtral 8x7B at a drawn ep and cluster: all-to-all bytes per token and memory "
+        "per GPU"
+    )
 
 
 def test_the_lectures_plan_or_a_copied_answer_fails(monkeypatch):
