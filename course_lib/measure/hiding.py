@@ -172,7 +172,8 @@ def speed_sweep(
     ``summary``, one row per speed: ``measured`` = :func:`crossing` of ratio to ``level`` (with
     overlap; 1 without: where communication stops dominating), and the link as measured alone:
     ``alpha_s``, ``bytes_per_s`` (:func:`estimate.fit_alpha_beta`, relative, over every point's
-    ``comm_s``; bandwidth = buffer bytes / time when every buffer is the same size)."""
+    ``comm_s``; bandwidth = buffer bytes / median time of the largest buffer when every buffer is
+    the same size, or when the fit finds no time growing with size: noise beat the sizes)."""
     from course_lib.measure import estimate
 
     sp = [_v.number("speeds", v, positive=True, finite=True) for v in speeds]
@@ -185,11 +186,14 @@ def speed_sweep(
     df.insert(0, "speed", [f for _ in grid for f in sp])
     df = df.sort_values(["speed", "x"], kind="stable", ignore_index=True)
     df["ratio"] = df.exposed_s / df.slept_s if overlap else (df.step_s - df.slept_s) / df.slept_s
+    alpha, beta = 0.0, 0.0
     if len(set(numels)) > 1:
         alpha, beta = estimate.fit_alpha_beta(df.bytes, df.comm_s, relative=True)
+    if beta > 0:
         alpha, bw = max(alpha, 0.0), 1 / beta
-    else:
-        alpha, bw = 0.0, numels[0] * 4 / float(df.comm_s.median())
+    else:  # one size, or sizes so close that noise beat them: the largest buffer alone
+        largest = df[df.bytes == df.bytes.max()]
+        alpha, bw = 0.0, float(largest.bytes.iloc[0]) / float(largest.comm_s.median())
     rows = []
     for f, g in df.groupby("speed", sort=False):
         cut = crossing(g.x, g.ratio, level if overlap else 1.0)

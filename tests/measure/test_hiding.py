@@ -55,3 +55,37 @@ def test_a_real_sweep_on_two_ranks():
     # an expert layer's dispatch and combine: a long compute leaves less of it exposed
     a2a = hiding.hiding_sweep("all_to_all", [1 << 20, 1 << 20], [0.0, 0.05], repeats=3)
     assert (a2a.comm_s > 0).all() and a2a.exposed_s.iloc[1] < a2a.exposed_s.iloc[0]
+
+
+def _fake_sweep(times):
+    import pandas as pd
+
+    def sweep(op, numels, compute, *, overlap, repeats):
+        return pd.DataFrame(
+            dict(
+                numel=numels,
+                bytes=[4 * n for n in numels],
+                compute_s=compute,
+                slept_s=compute,
+                comm_s=[times[n] for n in numels],
+                exposed_s=[0.0] * len(numels),
+                step_s=compute,
+            )
+        )
+
+    return sweep
+
+
+def test_the_link_is_fitted_and_a_fit_that_noise_beat_falls_back_to_the_largest_buffer(
+    monkeypatch,
+):
+    # 1 ms + 4n bytes at 1 GB/s: the fit finds both
+    monkeypatch.setattr(hiding, "hiding_sweep", _fake_sweep({1000: 1e-3 + 4e-6, 2000: 1e-3 + 8e-6}))
+    _, summary = hiding.speed_sweep("send_recv", [1000, 2000], lambda x: x, float, [1.0])
+    assert summary.bytes_per_s[0] == pytest.approx(1e9) and summary.alpha_s[0] == pytest.approx(
+        1e-3
+    )
+    # a busy machine: the larger buffer came back faster (a negative slope): 8,000 B in 2 ms
+    monkeypatch.setattr(hiding, "hiding_sweep", _fake_sweep({1000: 3e-3, 2000: 2e-3}))
+    _, summary = hiding.speed_sweep("send_recv", [1000, 2000], lambda x: x, float, [1.0])
+    assert summary.bytes_per_s[0] == pytest.approx(4e6) and summary.alpha_s[0] == 0.0

