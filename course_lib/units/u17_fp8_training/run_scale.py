@@ -120,8 +120,9 @@ ACTIVE_PARAMS = {"Llama-3-70B": 70_553_706_496, "DeepSeek-V3": 37e9}
 
 def peak_matmul_table(*, tokens: float = 1e6) -> pd.DataFrame:
     """GPU-seconds of matmul per ``tokens`` trained, 6 N FLOPs per token (N activated
-    parameters), at the H100's dense bf16 and FP8 peaks: the best any step could do, from the
-    datasheet. Real steps run at 30-45 % of peak (MFU, unit 14)."""
+    parameters, shown in billions; the FLOPs in GFLOP), at the H100's dense bf16 and FP8 peaks:
+    the best any step could do, from the datasheet. Real steps run at 30-45 % of peak (MFU,
+    unit 14)."""
     t = validate.number("tokens", tokens, positive=True)
     rows = []
     for model, n in ACTIVE_PARAMS.items():
@@ -129,8 +130,8 @@ def peak_matmul_table(*, tokens: float = 1e6) -> pd.DataFrame:
         rows.append(
             {
                 "model": model,
-                "activated params": n,
-                "FLOPs per token (6N)": 6 * n,
+                "activated params (billions)": n / 1e9,
+                "GFLOP per token (6N)": 6 * n / 1e9,
                 "GPU-s at bf16 peak": flops / estimate.H100_PEAK_FLOPS["bf16"],
                 "GPU-s at FP8 peak": flops / estimate.H100_PEAK_FLOPS["fp8"],
             }
