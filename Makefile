@@ -168,7 +168,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check course_lib course_tools tests conftest.py
 
 new-unit: $(STAMP)
-	$(BIN)/python -m course_lib.units.new_unit "$(NN)" "$(TOPIC)" $(if $(TITLE),"$(TITLE)")
+	$(BIN)/python -m course_tools.new_unit "$(NN)" "$(TOPIC)" $(if $(TITLE),"$(TITLE)")
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache .mypy_cache .ruff_cache

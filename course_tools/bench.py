@@ -1,6 +1,6 @@
 """Benchmarks of course_lib's own machinery: ``python -m course_tools.bench launch|virtual|ranks``.
 
-``virtual``: the virtual cluster (``course_lib/virtual/bench.py``): ZeRO Figure 1 and the 7B
+``virtual``: the virtual cluster (``bench_virtual.py``): ZeRO Figure 1 and the 7B
 table reproduced with FSDP2 on a fake process group, and a Llama-2-70B step on 512 virtual ranks.
 
 ``ranks``: persistent ranks against their peers (``bench_ranks.py``).
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "ranks":
         return _main_ranks(parser, args)
     if args.what == "virtual":
-        from course_lib.virtual import bench as virtual_bench
+        from course_tools import bench_virtual as virtual_bench
 
         parts = set(args.only or ("figure1", "7b", "70b"))
         return virtual_bench.run(

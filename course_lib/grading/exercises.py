@@ -18,7 +18,7 @@ reset writes one exercise back the same way, so the transformation lives here, w
   execution count, so an unfilled check never looks passed. The solution's outputs themselves go
   in the cell's metadata, ``course.expected_outputs``: the learner's run of the cell replaces the
   target with their real output, and ``nbval`` compares against ``course.expected_outputs``
-  through the pytest plugin :mod:`course_lib.grading.nbval_targets` (loaded by the repository's
+  through the pytest plugin :mod:`course_tools.nbval_targets` (loaded by the repository's
   ``conftest.py``; without it nbval refuses the cell as "Unrun reference cell has outputs", it
   never passes it). The grader compares with the solution file itself;
 * a first markdown cell says how to work and how to grade, and two last cells grade the saved

@@ -20,7 +20,8 @@ otherwise).
 
 What every unit's checks share at the wall lives here too: :func:`learner_value` and
 :func:`learner_number` (a learner's numbers, of numpy's types too, as the plain ints and floats
-the judges compare), and a find-the-bug diagnosis (:func:`bug_data` on the learner's side,
+the judges compare), :func:`type_name` (what type came back, as the judge names it), and a
+find-the-bug diagnosis (:func:`bug_data` on the learner's side,
 :func:`judge_bug` on the judge's).
 """
 
@@ -47,6 +48,7 @@ __all__ = [
     "learner_number",
     "learner_value",
     "roundtrip",
+    "type_name",
 ]
 
 #: the most a task's data may take once encoded (a check hands back results, not datasets)
@@ -266,6 +268,15 @@ def describe(value: Any) -> str:
     if isinstance(value, numbers.Number) or isinstance(value, (str, type(None))):
         return f"{type(value).__name__} {value!r}"
     return f"{type(value).__name__} {value!r}"[:200]
+
+
+def type_name(value: Any, *, short: bool = False) -> str:
+    """The name of the type the learner's code made, on either side of the wall: an
+    :class:`Opaque`'s ``type_name`` (``"numpy.int64"``; ``short``: the last part, ``"int64"``),
+    anything else's ``type(value).__name__``."""
+    if isinstance(value, Opaque):
+        return value.type_name.rsplit(".", 1)[-1] if short else value.type_name
+    return type(value).__name__
 
 
 # --------------------------------------------------------------------------- a learner's values

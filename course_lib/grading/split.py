@@ -29,7 +29,8 @@ Rules for the halves (what makes the wall hold):
   ``fail`` as before; in the grade command that verdict crosses as data and fails the task.
 - ``judge`` draws the cases again from the same seed, computes the expected values with the
   course's reference code, and compares. It trusts nothing in ``data``: a missing key, a wrong
-  type or shape is a ✗ line (:func:`need`), never a crash that could be read as a pass.
+  type or shape is a ✗ line (:func:`need`, :func:`need_list`), never a crash that could be
+  read as a pass.
 - ``prepare`` (optional) computes, on the judge's side and before the sandbox starts, inputs that
   need code the learner may not call; its plain data is handed to ``collect`` as ``inputs=``,
   and to ``judge`` too when it takes an ``inputs`` keyword (the judge may trust those: they never
@@ -46,7 +47,7 @@ from typing import Any, Callable
 
 from course_lib.grading.verdicts import fail
 
-__all__ = ["CollectFailed", "SplitCheck", "need", "split_check"]
+__all__ = ["CollectFailed", "SplitCheck", "need", "need_list", "split_check"]
 
 
 class CollectFailed:
@@ -170,3 +171,11 @@ def need(task: int, data: Any, key: str, kind: type | tuple[type, ...], what: st
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         fail(task, f"the run handed back no {what or key} (got {type(value).__name__})")
     return value
+
+
+def need_list(task: int, data: Any, n: int, what: str, per: str = "cases") -> list[Any]:
+    """``data`` if it is a list of ``n`` items; otherwise the ✗ verdict "the run handed back no
+    <what> for each of the <n> <per>". For the judge: it trusts nothing it is given."""
+    if not isinstance(data, list) or len(data) != n:
+        fail(task, f"the run handed back no {what} for each of the {n} {per}")
+    return data

@@ -123,7 +123,7 @@ def test_exercise_and_solution_under_nbval(exercise, solution, tmp_path):
         "-p",
         "no:cacheprovider",
         "-p",
-        "course_lib.grading.nbval_targets",
+        "course_tools.nbval_targets",
         "-o",
         "addopts=",
         "--rootdir",

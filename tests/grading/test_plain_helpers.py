@@ -1,6 +1,7 @@
 """The learner's-value helpers of course_lib.grading.plain that every unit's checks share: a
-learner's numbers and containers as plain data (learner_number, learner_value), and a
-find-the-bug diagnosis across the wall (bug_data on the learner's side, judge_bug on the judge's)."""
+learner's numbers and containers as plain data (learner_number, learner_value), a find-the-bug
+diagnosis across the wall (bug_data on the learner's side, judge_bug on the judge's), the name of
+what came back (type_name), and the judge's guard on a list of answers (split.need_list)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ import pytest
 import torch
 
 from course_lib.grading import plain
-from course_lib.grading.plain import bug_data, judge_bug, learner_number, learner_value
+from course_lib.grading.plain import (
+    Opaque,
+    bug_data,
+    judge_bug,
+    learner_number,
+    learner_value,
+    type_name,
+)
+from course_lib.grading.split import need_list
 
 
 class _Liar(int):
@@ -169,3 +178,47 @@ def test_bug_data_is_plain_even_when_repr_raises():
 )
 def test_malformed_data_is_a_verdict_not_a_crash(data):
     assert _verdict(data).startswith("✗ task 4: bug must be one of ['a', 'b'], got ")
+
+
+# --------------------------------------------------------------------------- type_name, need_list
+@pytest.mark.parametrize(
+    "value, full, short",
+    [
+        (np.int64(3), "numpy.int64", "int64"),  # crosses as an Opaque: the learner's type
+        (np.float32(0.5), "numpy.float32", "float32"),
+        (collections.Counter("ab"), "collections.Counter", "Counter"),
+        (3.0, "float", "float"),
+        ((1, 2), "tuple", "tuple"),
+        (None, "NoneType", "NoneType"),
+        (torch.zeros(2), "Tensor", "Tensor"),
+    ],
+)
+def test_type_name_names_the_type_the_learner_made_on_either_side(value, full, short):
+    seen = plain.roundtrip(value)  # what the judge holds
+    assert type_name(seen) == full and type_name(seen, short=True) == short
+    if not isinstance(seen, Opaque):  # in the learner's kernel: the same name
+        assert type_name(value) == full
+
+
+def test_type_name_of_an_opaque_is_its_recorded_name():
+    assert type_name(Opaque("my.module.Odd", "<Odd>")) == "my.module.Odd"
+    assert type_name(Opaque("my.module.Odd", "<Odd>"), short=True) == "Odd"
+    assert type_name(Opaque("Odd", "<Odd>"), short=True) == "Odd"
+
+
+def test_need_list_hands_back_the_list_itself():
+    data = [1, "two", None]
+    assert need_list(3, data, 3, "answer") is data
+    assert need_list(3, [], 0, "answer") == []
+
+
+@pytest.mark.parametrize("data", [None, (1, 2), [1], [1, 2, 3], {"0": 1, "1": 2}, "ab"])
+def test_need_list_refuses_anything_but_a_list_of_n(data):
+    with pytest.raises(AssertionError) as info:
+        need_list(3, data, 2, "answer")
+    assert str(info.value) == "✗ task 3: the run handed back no answer for each of the 2 cases"
+    with pytest.raises(AssertionError) as info:
+        need_list(5, data, 2, "(data, scale)", "tensors")
+    assert str(info.value) == (
+        "✗ task 5: the run handed back no (data, scale) for each of the 2 tensors"
+    )

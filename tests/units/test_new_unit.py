@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from course_lib.units import new_unit as N
+from course_tools import new_unit as N
 
 
 def test_new_unit_copies_the_template(tmp_path):

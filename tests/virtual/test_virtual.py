@@ -220,7 +220,7 @@ def test_plot_title_says_virtual(fsdp8, tp4):
 
 
 def test_zero_tables_estimate_columns_reproduce_the_sources():
-    from course_lib.virtual.bench import format_zero_table
+    from course_tools.bench_virtual import format_zero_table
 
     fig1_table = virtual.zero_figure1(run_virtual=False)
     fig1 = fig1_table.to_frame()

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading.core import expect_int, fail, passed, run_learner
-from course_lib.grading.plain import Opaque
+from course_lib.grading.plain import type_name
 from course_lib.grading.seeds import case_rng
 from course_lib.grading.split import split_check
 from course_lib.units.u01_backprop_memory.checks_eval import (  # noqa: F401 (re-exported)
@@ -152,7 +152,7 @@ def judge_predict_step_memory(data: Any, task: int = 2) -> None:
     for (model, batch_shape, opt), got in zip(cases, _answers(task, data, len(cases))):
         measured = _measure(model, batch_shape, opt)
         if not isinstance(got, dict):
-            kind = got.type_name if isinstance(got, Opaque) else type(got).__name__
+            kind = type_name(got)
             fail(task, f"expected a dict with keys {list(_CATEGORIES)}, got {kind}")
         missing = [c for c in _CATEGORIES if c not in got]
         if missing:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
+from course_lib.grading.plain import type_name
 from course_lib.grading.seeds import case_rng
-from course_lib.grading.split import split_check
+from course_lib.grading.split import need, split_check
 
 UNIT = "u04_optimizer_memory"
 
@@ -109,18 +110,8 @@ def _detached(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
-def _dtype_name(value: Any) -> str:
-    from course_lib.grading.plain import Opaque
-
-    if isinstance(value, Opaque):
-        return value.type_name
-    return str(getattr(value, "dtype", type(value).__name__))
-
-
 def judge_master_bug(data: Any, task: int = 5) -> None:
     import torch
-
-    from course_lib.grading.split import need
 
     ref_w, ref_m = _master_reference(task)
     start = [p.detach().clone() for p in _master_task(task)[0].parameters()]
@@ -131,7 +122,7 @@ def judge_master_bug(data: Any, task: int = 5) -> None:
         fail(
             task,
             f"expected .master to be the {len(ref_m)} fp32 master tensors, got "
-            f"{[_dtype_name(m) for m in master]}",
+            f"{[str(getattr(m, 'dtype', type_name(m))) for m in master]}",
         )
     weights = need(task, data, "weights", list, "model's weights")
     if len(weights) != len(start) or any(

@@ -34,7 +34,7 @@ from typing import Any
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.plain import describe, learner_number
 from course_lib.grading.seeds import case_rng
-from course_lib.grading.split import need, split_check
+from course_lib.grading.split import need, need_list, split_check
 from course_lib.units.u05_cpu_offload.checks_offload_step import (  # noqa: F401 (re-exported)
     STEPS,
     check_offload_step,
@@ -244,8 +244,7 @@ def judge_choose_offload(data: Any, task: int = 2) -> None:
     """Exact choice on several budgets (device bytes from the unit's table)."""
     GB = 10**9
     cases = _offload_cases(task)
-    if not isinstance(data, list) or len(data) != len(cases):
-        fail(task, f"the run handed back no choice for each of the {len(cases)} budgets")
+    need_list(task, data, len(cases), "choice", "budgets")
     for (n, budget, act, expected), got in zip(cases, data):
         if got is not None and not isinstance(got, str):
             fail(task, f"expected a level name (str) or None, got {describe(got)}")

@@ -28,7 +28,7 @@ from typing import Any
 from course_lib.grading.core import fail, fmt_int, passed, run_learner
 from course_lib.grading.plain import describe
 from course_lib.grading.seeds import case_rng
-from course_lib.grading.split import split_check
+from course_lib.grading.split import need_list, split_check
 
 _RUN = "course_lib.units.u06_activation_checkpointing.run"
 _CK = "course_lib.techniques.checkpointing"
@@ -170,8 +170,7 @@ def judge_pick_policy(data: Any, task: int = 1) -> None:
 
     base, idx, tgt, measured, budgets = _pick_menu(task)
     base_flops = measured[("none", 1, tuple(MATMUL_OPS))][1]
-    if not isinstance(data, list) or len(data) != len(budgets):
-        fail(task, f"the run handed back no choice for each of the {len(budgets)} budgets")
+    need_list(task, data, len(budgets), "choice", "budgets")
     for budget, choice in zip(budgets, data):
         key = _choice_key(task, choice, budget, measured, base, idx, tgt)
         got_kept, got_flops = measured[key]
@@ -285,8 +284,7 @@ def judge_rng_fix(data: Any, task: int = 2) -> None:
         )
     names = [n for n, _ in base.named_parameters()]
     got = data.get("grads")
-    if not isinstance(got, list) or len(got) != len(names):
-        fail(task, f"the run handed back no gradient for each of the {len(names)} parameters")
+    need_list(task, got, len(names), "gradient", "parameters")
     _same_grads(task, names, got, ref)
     passed(
         task,
@@ -336,8 +334,7 @@ def judge_predict_kept_bytes(data: Any, task: int = 3) -> None:
     from course_lib.techniques.checkpointing import MATMUL_OPS
 
     cases = _kept_cases(task)
-    if not isinstance(data, list) or len(data) != len(cases):
-        fail(task, f"the run handed back no prediction for each of the {len(cases)} cases")
+    need_list(task, data, len(cases), "prediction")
     for (config, batch, seq, policy, k), got in zip(cases, data):
         if isinstance(got, bool) or not isinstance(got, int):
             fail(task, f"predict_kept_bytes must return an int (bytes), got {describe(got)}")

@@ -30,9 +30,9 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
-from course_lib.grading.plain import Opaque, describe
+from course_lib.grading.plain import describe, type_name
 from course_lib.grading.seeds import case_rng
-from course_lib.grading.split import split_check
+from course_lib.grading.split import need_list, split_check
 from course_lib.units.u07_lora_qlora.checks_layers import (  # noqa: F401 (re-exported)
     _FORBID_LAYER,
     ATOL,
@@ -98,8 +98,7 @@ def collect_count_lora(count_lora_params: Any, task: int = 1) -> list[Any]:
 def judge_count_lora(data: Any, task: int = 1) -> None:
     """Exact counts at each rank; an int is required."""
     ranks = _count_ranks(task)
-    if not isinstance(data, list) or len(data) != len(ranks):
-        fail(task, f"the run handed back no count for each of the {len(ranks)} ranks")
+    need_list(task, data, len(ranks), "count", "ranks")
     for r, got in zip(ranks, data):
         if isinstance(got, bool) or not isinstance(got, int):
             fail(task, f"count_lora_params({r}) returned {describe(got)}: expected an int")
@@ -156,7 +155,7 @@ def judge_init_adapter(data: Any, task: int = 4) -> None:
     if not (
         isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)
     ):
-        kind = got.type_name if isinstance(got, Opaque) else type(got).__name__
+        kind = type_name(got)
         fail(task, f"init_adapter must return a tuple (A, B) of two tensors, got {kind}")
     A, B = (t.detach().clone().float().requires_grad_(True) for t in got)
     if tuple(A.shape) != (r, d_in) or tuple(B.shape) != (d_out, r):

@@ -33,14 +33,13 @@ from typing import Any, Sequence
 
 from course_lib.grading.core import expect_int, fail, passed, run_learner
 from course_lib.grading.plain import learner_value
-from course_lib.grading.split import need, split_check
+from course_lib.grading.split import need, need_list, split_check
 from course_lib.units.u13_interconnects_and_backends.checks_links import (
     SCALE_GPUS,
     SCALE_NODES,
     buggy_predict_allreduce_s,
     check_allreduce_prediction,
     check_scale_up,
-    results,
 )
 
 __all__ = [
@@ -160,7 +159,7 @@ def judge_alpha_beta_fit(data: Any, task: int = 1) -> None:
 
     cases = list(_fit_cases(task))
     n = 0
-    for (coll, ws, sizes, times), answer in zip(cases, results(task, data, len(cases), "fit")):
+    for (coll, ws, sizes, times), answer in zip(cases, need_list(task, data, len(cases), "fit")):
         fit = answer.get("fit") if isinstance(answer, dict) else None
         if not (isinstance(fit, tuple) and len(fit) == 2 and all(type(v) is float for v in fit)):
             got = answer.get("got") if isinstance(answer, dict) else answer
@@ -219,7 +218,7 @@ def judge_bucket_choice(data: Any, task: int = 2) -> None:
 
     scenarios = bucket_scenarios(task)
     for (name, alpha, beta, bwd, grad, cands), got in zip(
-        scenarios, results(task, data, len(scenarios), "bucket size")
+        scenarios, need_list(task, data, len(scenarios), "bucket size")
     ):
         expected = reference_bucket_bytes(alpha, beta, bwd, grad, cands)
         expect_int(task, f"the bucket size (bytes) in scenario '{name}'", got)

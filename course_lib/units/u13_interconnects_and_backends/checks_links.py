@@ -9,8 +9,7 @@
 Each check is split (:mod:`course_lib.grading.split`): ``collect_X`` calls the learner's function
 on the drawn cases and hands back what it returned; ``judge_X`` draws the same cases, computes
 what ``estimate`` says and gives the verdict (a learner's value crosses as
-:func:`course_lib.grading.plain.learner_value` reads it). Also :func:`results`, which the other
-checks of the unit share.
+:func:`course_lib.grading.plain.learner_value` reads it).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.plain import learner_value
-from course_lib.grading.split import split_check
+from course_lib.grading.split import need_list, split_check
 
 __all__ = [
     "SCALE_GPUS",
@@ -28,15 +27,7 @@ __all__ = [
     "buggy_predict_allreduce_s",
     "check_allreduce_prediction",
     "check_scale_up",
-    "results",
 ]
-
-
-def results(task: int, data: Any, n: int, what: str) -> list:
-    """``data`` if it is a list of ``n`` results, else the ✗ verdict (the judge trusts nothing)."""
-    if not isinstance(data, list) or len(data) != n:
-        fail(task, f"the run handed back no {what} for each of the {n} cases")
-    return data
 
 
 # --------------------------------------------------------------------------------------------
@@ -87,7 +78,7 @@ def judge_allreduce_prediction(data: Any, task: int = 3) -> None:
     from course_lib.units.u13_interconnects_and_backends._cases import link_cases
 
     cases = link_cases(task)
-    for (n_params, dtype, ws, link), got in zip(cases, results(task, data, len(cases), "time")):
+    for (n_params, dtype, ws, link), got in zip(cases, need_list(task, data, len(cases), "time")):
         expected = _time_on_link(n_params, dtype, ws, link)
         if isinstance(got, bool) or not isinstance(got, (int, float)):
             fail(
@@ -167,7 +158,7 @@ def judge_scale_up(data: Any, task: int = 4) -> None:
     from course_lib.units.u13_interconnects_and_backends._cases import scale_models
 
     models = scale_models(task)
-    for n_params, got in zip(models, results(task, data, len(models), "answer")):
+    for n_params, got in zip(models, need_list(task, data, len(models), "answer")):
         expected = _scale_expected(n_params)
         if not isinstance(got, dict) or set(got) != {"node", "cluster"}:
             fail(

@@ -26,8 +26,8 @@ import numbers
 from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
-from course_lib.grading.plain import learner_value
-from course_lib.grading.split import split_check
+from course_lib.grading.plain import learner_value, type_name
+from course_lib.grading.split import need_list, split_check
 
 __all__ = [
     "check_sized_run",
@@ -58,7 +58,8 @@ def _layout(task, got):
         if not isinstance(got[k], kind) or isinstance(got[k], bool):
             fail(
                 task,
-                f"layout[{k!r}] must be {kind.__name__}, got {_type_name(got[k])} {got[k]!r}",
+                f"layout[{k!r}] must be {kind.__name__}, "
+                f"got {type_name(got[k], short=True)} {got[k]!r}",
             )
     try:
         return Layout(**got)
@@ -85,15 +86,6 @@ def _planned_size_case(task: int, case: dict, layout) -> tuple[dict, float]:
     except ValueError as exc:
         fail(task, f"the planner refuses this layout: {exc}")
     return row, (1 - P.DEFAULT_RESERVE) * cluster.memory_bytes / 1e9
-
-
-def _type_name(value: Any) -> str:
-    """``type(value).__name__`` of what the learner returned, as the judge sees it."""
-    from course_lib.grading.plain import Opaque
-
-    if isinstance(value, Opaque):
-        return value.type_name.rsplit(".", 1)[-1]
-    return type(value).__name__
 
 
 # ---- task 1 --------------------------------------------------------------------------------
@@ -132,7 +124,11 @@ def judge_sized_run(data: Any, task: int = 1) -> None:
         or not isinstance(memory, numbers.Real)
         or not math.isfinite(memory)
     ):
-        fail(task, f"memory_bytes must be a number of bytes, got {_type_name(memory)} {memory!r}")
+        fail(
+            task,
+            "memory_bytes must be a number of bytes, "
+            f"got {type_name(memory, short=True)} {memory!r}",
+        )
     row, usable = _planned_size_case(task, case, layout)
     budget = case["budget_days"]
     if not row["fits"]:
@@ -198,8 +194,7 @@ def judge_plan_problems(data: Any, task: int = 2) -> None:
     from course_lib.units.u14_planning_a_run.run import plan_problems
 
     plans = list(_problem_plans(task))
-    if not isinstance(data, list) or len(data) != len(plans):
-        fail(task, f"the run handed back no answer for each of the {len(plans)} plans")
+    need_list(task, data, len(plans), "answer", "plans")
     for i, ((model, cluster, layout, tokens), answer) in enumerate(zip(plans, data)):
         items = answer.get("set") if isinstance(answer, dict) else None
         try:
@@ -208,7 +203,11 @@ def judge_plan_problems(data: Any, task: int = 2) -> None:
             got = None
         if got is None:
             other = answer.get("other") if isinstance(answer, dict) else answer
-            fail(task, f"fn must return a set of problem names, got {_type_name(other)} {other!r}")
+            fail(
+                task,
+                "fn must return a set of problem names, "
+                f"got {type_name(other, short=True)} {other!r}",
+            )
         expected = plan_problems(model, cluster, layout, tokens)
         if got != expected:
             fail(
@@ -273,14 +272,15 @@ def judge_mfu_prediction(data: Any, task: int = 3) -> None:
     from course_lib.units.u14_planning_a_run._cases import mfu_cases
 
     cases = mfu_cases(task)
-    if not isinstance(data, list) or len(data) != len(cases):
-        fail(task, f"the run handed back no MFU for each of the {len(cases)} layouts")
+    need_list(task, data, len(cases), "MFU", "layouts")
     for c, got in zip(cases, data):
         model, cluster, layout, new = _mfu_case(c)
         tokens = c["tokens"]
         parts = P.step_time(model, cluster, layout, global_batch_tokens=tokens)
         if isinstance(got, bool) or not isinstance(got, numbers.Real) or not math.isfinite(got):
-            fail(task, f"fn must return the MFU as a float, got {_type_name(got)} {got!r}")
+            fail(
+                task, f"fn must return the MFU as a float, got {type_name(got, short=True)} {got!r}"
+            )
         got = float(got)
         expected = P.step_time(
             model.replace(seq_len=new), cluster, layout, global_batch_tokens=tokens

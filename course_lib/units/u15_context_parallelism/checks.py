@@ -26,8 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading.core import expect_int, fail, passed, run_learner
-from course_lib.grading.plain import learner_value
-from course_lib.grading.split import split_check
+from course_lib.grading.plain import learner_value, type_name
+from course_lib.grading.split import need_list, split_check
 from course_lib.units.u15_context_parallelism.checks_overlap import check_ring_overlap
 
 __all__ = ["check_merge", "check_ring_block", "check_llama_cp", "check_ring_overlap"]
@@ -46,27 +46,11 @@ SCALE_REFERENCES = (
 RTOL, ATOL = 1e-5, 1e-5  # float32
 
 
-def _type_name(value: Any) -> str:
-    """``type(value).__name__`` of what the learner returned, as the judge sees it."""
-    from course_lib.grading.plain import Opaque
-
-    if isinstance(value, Opaque):
-        return value.type_name.rsplit(".", 1)[-1]
-    return type(value).__name__
-
-
-def _results(task: int, data: Any, n: int, what: str) -> list:
-    """``data`` if it is a list of ``n`` results, else the ✗ verdict (the judge trusts nothing)."""
-    if not isinstance(data, list) or len(data) != n:
-        fail(task, f"the run handed back no {what} for each of the {n} cases")
-    return data
-
-
 def _close(task: int, what: str, got, want) -> None:
     import torch
 
     if not isinstance(got, torch.Tensor):
-        fail(task, f"{what}: expected a tensor, got {_type_name(got)}")
+        fail(task, f"{what}: expected a tensor, got {type_name(got, short=True)}")
     if tuple(got.shape) != tuple(want.shape):
         fail(task, f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
     if not torch.allclose(got.float(), want.float(), rtol=RTOL, atol=ATOL):
@@ -146,10 +130,10 @@ def collect_merge(merge_all, task: int = 1) -> list[Any]:
 
 def judge_merge(data: Any, task: int = 1) -> None:
     for case, ((q, k, v, _sizes, hidden), got) in enumerate(
-        zip(_merge_cases(task), _results(task, data, MERGE_CASES, "merge"))
+        zip(_merge_cases(task), need_list(task, data, MERGE_CASES, "merge"))
     ):
         if not isinstance(got, tuple) or len(got) != 2:
-            fail(task, f"expected (out, lse), got {_type_name(got)}")
+            fail(task, f"expected (out, lse), got {type_name(got, short=True)}")
         want_out, want_lse = masked_part(q, k, v, hidden)
         _close(task, f"case {case + 1}: out", got[0], want_out)
         _close(task, f"case {case + 1}: lse", got[1], want_lse)
@@ -223,12 +207,12 @@ def _merged_ring(task: int, world_size: int, blocks: Any):
 
     from course_lib.parallel.context.blocks import merge_attention
 
-    ranks = _results(task, blocks, world_size, f"blocks of a {world_size}-rank ring")
+    ranks = need_list(task, blocks, world_size, f"blocks of a {world_size}-rank ring")
     outs = []
     for r, parts in enumerate(ranks):
         acc = None
         for src, part in zip(
-            _ring_order(world_size, r), _results(task, parts, world_size, "block")
+            _ring_order(world_size, r), need_list(task, parts, world_size, "block")
         ):
             if part is None:
                 continue
@@ -248,7 +232,7 @@ def _merged_ring(task: int, world_size: int, blocks: Any):
 def judge_ring_block(data: Any, task: int = 2) -> None:
     import torch.nn.functional as F
 
-    rings = _results(task, data, len(RING_SIZES), "ring")
+    rings = need_list(task, data, len(RING_SIZES), "ring")
     for (w, q, k, v), blocks in zip(_ring_inputs(task), rings):
         _close(
             task,

@@ -18,7 +18,7 @@ from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.plain import learner_value
-from course_lib.grading.split import split_check
+from course_lib.grading.split import need_list, split_check
 
 __all__ = ["RING_MODELS", "ring_cases", "ring_answer", "check_ring_overlap"]
 
@@ -67,8 +67,7 @@ def collect_ring_overlap(fn: Callable[..., Any], task: int = 4) -> list[Any]:
 
 def judge_ring_overlap(answers: Any, task: int = 4) -> None:
     cases = ring_cases(task)
-    if not isinstance(answers, list) or len(answers) != len(cases):
-        fail(task, f"the run handed back no answer for each of the {len(cases)} cases")
+    need_list(task, answers, len(cases), "answer")
     for case, got in zip(cases, answers):
         call = "shortest_hidden_context({}, {}, {}, {}, {:g}, {}, {:g})".format(*case)
         if not isinstance(got, int) or isinstance(got, bool):

@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading.core import expect_int, fail, passed, run_learner
-from course_lib.grading.plain import learner_value
-from course_lib.grading.split import split_check
+from course_lib.grading.plain import learner_value, type_name
+from course_lib.grading.split import need_list, split_check
 from course_lib.units.u16_mixture_of_experts.checks_overlap import check_ep_overlap
 
 __all__ = ["check_dispatch", "check_balance_loss", "check_mixtral_plan", "check_ep_overlap"]
@@ -43,13 +43,6 @@ SCALE_REFERENCES = (
 
 
 UNIT = "u16_mixture_of_experts"
-
-
-def _kind(value: Any) -> str:
-    """The type name of a value as the judge sees it (an Opaque's is the learner's type)."""
-    from course_lib.grading.plain import Opaque
-
-    return value.type_name if isinstance(value, Opaque) else type(value).__name__
 
 
 # ---- task 1 --------------------------------------------------------------------------------
@@ -100,11 +93,10 @@ def judge_dispatch(data: Any, task: int = 1) -> None:
     import torch
 
     cases = _dispatch_cases(task)
-    if not isinstance(data, list) or len(data) != len(cases):
-        fail(task, f"the run handed back no plan for each of the {len(cases)} routings")
+    need_list(task, data, len(cases), "plan", "routings")
     for case, ((w, e, routed, rank), got) in enumerate(zip(cases, data)):
         if not isinstance(got, tuple) or len(got) != 3:
-            fail(task, f"expected (order, input_splits, output_splits), got {_kind(got)}")
+            fail(task, f"expected (order, input_splits, output_splits), got {type_name(got)}")
         order = got[0]
         want = torch.argsort(routed[rank], stable=True)
         if (
@@ -168,8 +160,7 @@ def judge_balance_loss(data: Any, task: int = 2) -> None:
     import torch
 
     cases = _loss_cases(task)
-    if not isinstance(data, list) or len(data) != len(cases):
-        fail(task, f"the run handed back no loss for each of the {len(cases)} batches")
+    need_list(task, data, len(cases), "loss", "batches")
     for case, ((t, e, k, probs), res) in enumerate(zip(cases, data)):
         got = res.get("loss") if isinstance(res, dict) else None
         if not isinstance(got, torch.Tensor) or got.numel() != 1:

@@ -16,7 +16,7 @@ from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.plain import learner_value
-from course_lib.grading.split import split_check
+from course_lib.grading.split import need_list, split_check
 
 __all__ = ["EP_SHAPES", "ep_cases", "ep_answer", "check_ep_overlap"]
 
@@ -64,8 +64,7 @@ def collect_ep_overlap(ep_hiding: Callable[..., Any], task: int = 4) -> list[Any
 
 def judge_ep_overlap(answers: Any, task: int = 4) -> None:
     cases = ep_cases(task)
-    if not isinstance(answers, list) or len(answers) != len(cases):
-        fail(task, f"the run handed back no answer for each of the {len(cases)} layouts")
+    need_list(task, answers, len(cases), "answer", "layouts")
     for case, got in zip(cases, answers):
         call = "ep_hiding({}, {}, {}, {}, {:g}, {:g})".format(*case)
         if not isinstance(got, int | float) or isinstance(got, bool):

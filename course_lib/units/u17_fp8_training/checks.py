@@ -31,8 +31,8 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading.core import expect_int, fail, passed, run_learner
-from course_lib.grading.plain import learner_value
-from course_lib.grading.split import split_check
+from course_lib.grading.plain import learner_value, type_name
+from course_lib.grading.split import need_list, split_check
 from course_lib.units.u17_fp8_training.checks_overlap import check_fp8_overlap
 
 __all__ = [
@@ -86,29 +86,22 @@ def _cases(task: int = 1):
     return [("outliers", x), ("tiny values", tiny), ("normal", torch.randn(16, 32, generator=gen))]
 
 
-def _kind(value: Any) -> str:
-    """The type name of a value as the judge sees it (an Opaque's is the learner's type)."""
-    from course_lib.grading.plain import Opaque
-
-    return value.type_name if isinstance(value, Opaque) else type(value).__name__
-
-
 def _unpack(task: int, got, x, dtype: Any = None):
     import torch
 
     dtype = torch.float8_e4m3fn if dtype is None else dtype
     if not (isinstance(got, tuple) and len(got) == 2):
-        fail(task, f"expected a tuple (data, scale), got {_kind(got)}")
+        fail(task, f"expected a tuple (data, scale), got {type_name(got)}")
     data, scale = got
     if not isinstance(data, torch.Tensor) or data.dtype != dtype:
         fail(
             task,
-            f"data: expected a {dtype} tensor, got {getattr(data, 'dtype', _kind(data))}",
+            f"data: expected a {dtype} tensor, got {getattr(data, 'dtype', type_name(data))}",
         )
     if tuple(data.shape) != tuple(x.shape):
         fail(task, f"data: expected shape {tuple(x.shape)}, got {tuple(data.shape)}")
     if not isinstance(scale, torch.Tensor):
-        fail(task, f"scale: expected a tensor, got {_kind(scale)}")
+        fail(task, f"scale: expected a tensor, got {type_name(scale)}")
     return data, scale.float()
 
 
@@ -130,9 +123,7 @@ def _judge_cast(task: int, what: str, x, data, scale, ours) -> None:
 def _casts(task: int, data: Any, cases: list) -> list:
     """The learner's (data, scale) for each case, as handed back; a ✗ if there is not one per
     case."""
-    if not isinstance(data, list) or len(data) != len(cases):
-        fail(task, f"the run handed back no (data, scale) for each of the {len(cases)} tensors")
-    return data
+    return need_list(task, data, len(cases), "(data, scale)", "tensors")
 
 
 def collect_rowwise(my_rowwise, task: int = 1) -> list[Any]:
@@ -258,8 +249,7 @@ def collect_fsdp_fp8(fsdp_fp8_step, task: int = 3) -> list[Any]:
 
 def judge_fsdp_fp8(answers: Any, task: int = 3) -> None:
     sizes = fsdp_sizes(task)
-    if not isinstance(answers, list) or len(answers) != len(sizes):
-        fail(task, f"the run handed back no answer for each of the {len(sizes)} cluster sizes")
+    need_list(task, answers, len(sizes), "answer", "cluster sizes")
     for n, got in zip(sizes, answers):
         if not (isinstance(got, tuple) and len(got) == 2):
             fail(task, f"fsdp_fp8_step({n}): expected a tuple (allgather_bytes, memory_bytes)")

@@ -15,7 +15,7 @@ from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.plain import learner_value
-from course_lib.grading.split import split_check
+from course_lib.grading.split import need_list, split_check
 
 __all__ = ["OVERLAP_CASES", "overlap_cases", "overlap_answer", "check_fp8_overlap"]
 
@@ -57,8 +57,7 @@ def collect_fp8_overlap(fp8_overlap: Callable[..., Any], task: int = 4) -> list[
 
 def judge_fp8_overlap(answers: Any, task: int = 4) -> None:
     cases = overlap_cases(task)
-    if not isinstance(answers, list) or len(answers) != len(cases):
-        fail(task, f"the run handed back no answer for each of the {len(cases)} cases")
+    need_list(task, answers, len(cases), "answer")
     for (n, b), got in zip(cases, answers):
         where = f"fp8_overlap({n}, {b:g})"
         if not (isinstance(got, tuple) and len(got) == 2):

@@ -30,7 +30,7 @@ from typing import Any
 from course_lib.grading.core import error_pair, fail, launch_learner, passed, refuse, run_learner
 from course_lib.grading.plain import learner_value
 from course_lib.grading.seeds import case_rng
-from course_lib.grading.split import need, split_check
+from course_lib.grading.split import need, need_list, split_check
 from course_lib.units.u18_failures_and_checkpoints.checks_overlap import check_dp_overlap
 
 __all__ = [
@@ -324,8 +324,7 @@ def collect_cluster(smallest_cluster, task: int = 3) -> list[Any]:
 
 def judge_cluster(answers: Any, task: int = 3) -> None:
     cases = _cluster_cases(task)
-    if not isinstance(answers, list) or len(answers) != len(cases):
-        fail(task, f"the run handed back no answer for each of the {len(cases)} cases")
+    need_list(task, answers, len(cases), "answer")
     for (save_s, restart_s), got in zip(cases, answers):
         call = f"smallest_cluster({save_s}, {restart_s})"
         if not isinstance(got, int) or isinstance(got, bool):

@@ -17,7 +17,7 @@ from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.plain import learner_value
-from course_lib.grading.split import split_check
+from course_lib.grading.split import need_list, split_check
 
 __all__ = ["DP_CASES", "dp_cases", "largest_dp", "check_dp_overlap"]
 
@@ -68,8 +68,7 @@ def collect_dp_overlap(fn: Callable[..., Any], task: int = 4) -> list[Any]:
 
 def judge_dp_overlap(answers: Any, task: int = 4) -> None:
     cases = dp_cases(task)
-    if not isinstance(answers, list) or len(answers) != len(cases):
-        fail(task, f"the run handed back no answer for each of the {len(cases)} cases")
+    need_list(task, answers, len(cases), "answer")
     for (g, b), got in zip(cases, answers):
         call = f"largest_dp({g:,}, {b:g})"
         if not isinstance(got, int) or isinstance(got, bool):

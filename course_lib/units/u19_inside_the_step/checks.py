@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
-from course_lib.grading.plain import learner_value
-from course_lib.grading.split import split_check
+from course_lib.grading.plain import learner_value, type_name
+from course_lib.grading.split import need_list, split_check
 
 __all__ = ["MACHINES", "check_roofline", "check_merge_backward", "check_fixed_tiled"]
 
@@ -74,22 +74,6 @@ def _generator(task: int):
     return torch.Generator().manual_seed(_rng(task).getrandbits(63))
 
 
-def _type_name(value: Any) -> str:
-    """``type(value).__name__`` of what the learner returned, as the judge sees it."""
-    from course_lib.grading.plain import Opaque
-
-    if isinstance(value, Opaque):
-        return value.type_name.rsplit(".", 1)[-1]
-    return type(value).__name__
-
-
-def _results(task: int, data: Any, n: int, what: str) -> list:
-    """``data`` if it is a list of ``n`` results, else the ✗ verdict (the judge trusts nothing)."""
-    if not isinstance(data, list) or len(data) != n:
-        fail(task, f"the run handed back no {what} for each of the {n} cases")
-    return data
-
-
 # ---- task 1 --------------------------------------------------------------------------------
 def roofline_cases(task: int = 1) -> list[tuple[str, float, float, list[dict[str, Any]]]]:
     """(machine, flops_per_s, bytes_per_s, ops) for each machine: 4 matmuls (one with 1 to 16
@@ -130,16 +114,20 @@ def judge_roofline(data: Any, task: int = 1) -> None:
     from course_lib.units.u19_inside_the_step.run_roofline import op_cost, roofline
 
     cases = roofline_cases(task)
-    for (name, peak, bw, ops), got in zip(cases, _results(task, data, len(cases), "answer")):
+    for (name, peak, bw, ops), got in zip(cases, need_list(task, data, len(cases), "answer")):
         if not isinstance(got, (list, tuple)) or len(got) != len(ops):
             fail(
                 task,
-                f"{name}: expected a list of {len(ops)} (bound, seconds), got {_type_name(got)}",
+                f"{name}: expected a list of {len(ops)} (bound, seconds), "
+                f"got {type_name(got, short=True)}",
             )
         for op, pair, (bound, seconds) in zip(ops, got, roofline(ops, peak, bw)):
             what = ", ".join(f"{k}={v}" for k, v in op.items() if k != "bytes_per_value")
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                fail(task, f"{name}, {what}: expected (bound, seconds), got {_type_name(pair)}")
+                fail(
+                    task,
+                    f"{name}, {what}: expected (bound, seconds), got {type_name(pair, short=True)}",
+                )
             if pair[0] != bound:
                 flops, nbytes = op_cost(op)
                 fail(
@@ -148,7 +136,11 @@ def judge_roofline(data: Any, task: int = 1) -> None:
                     f"{flops / nbytes:.3g} FLOP/B against a ridge of {peak / bw:.3g}",
                 )
             if not isinstance(pair[1], (int, float)) or isinstance(pair[1], bool):
-                fail(task, f"{name}, {what}: seconds must be a number, got {_type_name(pair[1])}")
+                fail(
+                    task,
+                    f"{name}, {what}: seconds must be a number, "
+                    f"got {type_name(pair[1], short=True)}",
+                )
             if abs(pair[1] - seconds) > SECONDS_RTOL * seconds:
                 fail(task, f"{name}, {what}: {pair[1]:.6g} s is not the roofline time")
     passed(
@@ -217,13 +209,16 @@ def judge_merge_backward(data: Any, task: int = 2) -> None:
     names = ("d_out_a", "d_lse_a", "d_out_b", "d_lse_b")
     cases = list(_merge_cases(task))
     for case, ((q, k, v, na, dout, dlse), got) in enumerate(
-        zip(cases, _results(task, data, MERGE_CASES, "gradients"))
+        zip(cases, need_list(task, data, MERGE_CASES, "gradients"))
     ):
         if not isinstance(got, tuple) or len(got) != 4:
-            fail(task, f"expected a tuple of 4 gradients {names}, got {_type_name(got)}")
+            fail(task, f"expected a tuple of 4 gradients {names}, got {type_name(got, short=True)}")
         for name, g, want in zip(names, got, _merge_grads(_partials(q, k, v, na), dout, dlse)):
             if not isinstance(g, torch.Tensor):
-                fail(task, f"case {case + 1}: {name}: expected a tensor, got {_type_name(g)}")
+                fail(
+                    task,
+                    f"case {case + 1}: {name}: expected a tensor, got {type_name(g, short=True)}",
+                )
             if tuple(g.shape) != tuple(want.shape):
                 fail(
                     task,
@@ -317,7 +312,9 @@ def _wrong_cases(task: int, cases: list, data: list) -> list[tuple[str, float]]:
         got = got.get("out") if isinstance(got, dict) else got
         want = attention_block(q, k, v)[0]
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
-            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else _type_name(got)
+            shape = (
+                tuple(got.shape) if isinstance(got, torch.Tensor) else type_name(got, short=True)
+            )
             fail(task, f"expected a tensor of shape {tuple(want.shape)}, got {shape}")
         if not torch.allclose(got.double(), want, rtol=TILED_RTOL, atol=TILED_ATOL):
             wrong.append((kind, float((got.double() - want).abs().max())))
@@ -326,7 +323,7 @@ def _wrong_cases(task: int, cases: list, data: list) -> list[tuple[str, float]]:
 
 def judge_fixed_tiled(data: Any, task: int = 3) -> None:
     cases = tiled_cases(task)
-    data = _results(task, data, len(cases), "output")
+    data = need_list(task, data, len(cases), "output")
     for (_kind, _q, k, _v, bs), got in zip(cases, data):
         untiled = got.get("untiled") if isinstance(got, dict) else None
         if untiled:

@@ -1,4 +1,4 @@
-"""Start a unit: ``python -m course_lib.units.new_unit NN TOPIC "Title"`` (``make new-unit``).
+"""Start a unit: ``python -m course_tools.new_unit NN TOPIC "Title"`` (``make new-unit``).
 
 Copies the required modules of ``course_lib/units/_template/`` (``REQUIRED_MODULES`` and
 ``__init__.py``; the optional ``cluster.py`` is copied by hand when a unit needs it) to
@@ -15,7 +15,7 @@ import sys
 
 from course_lib.units import REQUIRED_MODULES
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def new_unit(number: str, topic: str, title: str, *, root: pathlib.Path = ROOT) -> pathlib.Path:

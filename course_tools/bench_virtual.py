@@ -1,4 +1,4 @@
-"""``python -m course_lib.bench virtual``: the virtual cluster against the ZeRO numbers, and how
+"""``python -m course_tools.bench virtual``: the virtual cluster against the ZeRO numbers, and how
 fast it simulates a 70B model on 512 ranks.
 
 1. Figure 1 of the ZeRO paper (7.5B params, 64 GPUs, 16 B/param): target, estimate

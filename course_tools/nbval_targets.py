@@ -15,7 +15,7 @@ cells against the solution's outputs, not against the target text they show.
    file shows (the target, or the learner's own last run).
 
 The repository's ``conftest.py`` loads this plugin; elsewhere pass
-``-p course_lib.grading.nbval_targets``.
+``-p course_tools.nbval_targets``.
 """
 
 from __future__ import annotations
