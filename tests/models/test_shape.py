@@ -168,10 +168,15 @@ def test_checkpoint_policies_are_spelled_one_way():
 
 
 def test_a_config_with_llama_field_names_still_counts_as_its_layer():
-    from course_lib.units.u11_tensor_parallelism.run_scale import LLAMA_70B as s
+    from types import SimpleNamespace
 
+    from course_lib.units.u11_tensor_parallelism.run_scale import LLAMA_70B
+
+    s = SimpleNamespace(
+        n_embd=8192, n_head=64, n_kv_head=8, ffn_hidden=28672, n_layer=80, vocab_size=32000
+    )
     kv = s.n_embd // s.n_head * s.n_kv_head  # grouped-query attention: 8 KV heads of 128
     want = (2 * s.n_embd**2 + 2 * s.n_embd * kv + 3 * s.n_embd * s.ffn_hidden, 2 * s.n_embd)
-    assert TP._layer_params(s) == want
+    assert TP._layer_params(s) == want == TP._layer_params(LLAMA_70B)  # the same layer
     with pytest.raises(TypeError, match="config = 3: expected a ModelShape, GPTConfig or Llama"):
         TP._layer_params(3)

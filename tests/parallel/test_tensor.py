@@ -110,10 +110,13 @@ def test_bad_splits_are_refused_with_the_valid_choices():
         T.check_tp(CFG, 8, world_size=4)
     with pytest.raises(ValueError, match=r"seq = 6: expected a multiple of tp = 4"):
         T.check_tp(CFG, 4, sequence_parallel=True, seq=6)
-    with pytest.raises(ValueError, match=r"n_kv_head = 8: expected a multiple of tp = 16"):
-        from course_lib.units.u11_tensor_parallelism.run import LLAMA_70B
+    from course_lib.units.u11_tensor_parallelism.run import LLAMA_70B  # a ModelShape
 
-        T.check_tp(LLAMA_70B, 16)
+    with pytest.raises(ValueError, match=r"kv_heads = 8: expected a multiple of tp = 16"):
+        T.check_tp(LLAMA_70B, 16)  # the 64 query heads would split; the 8 key/value heads not
+    with pytest.raises(ValueError, match=r"seq = 6: expected a multiple of tp = 4"):
+        T.check_tp(LLAMA_70B, 4, sequence_parallel=True, seq=6)
+    assert T.check_tp(LLAMA_70B, 8, sequence_parallel=True) == 8  # seq 4096
     with pytest.raises(ValueError, match="dropout = 0.1"):
         T.check_tp(GPTConfig.tiny(dropout=0.1), 2)
     assert T.check_tp(LlamaConfig.llama_7b_like(), 8) == 8

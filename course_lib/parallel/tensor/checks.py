@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from course_lib import validate
+from course_lib.shape import ModelShape
 
 __all__ = ["valid_tp", "check_tp", "check_split"]
 
@@ -43,18 +44,25 @@ def check_tp(
     sequence_parallel: bool = False,
     seq: int | None = None,
 ) -> int:
-    """Refuse a split of ``config`` (a GPTConfig or LlamaConfig) over ``tp`` ranks before any
-    rank starts: heads, width and MLP width must divide by ``tp``; ``tp`` may not exceed the
-    ``world_size``; with sequence parallelism the sequence must divide too. Returns ``tp``."""
+    """Refuse a split of ``config`` (a GPTConfig, a LlamaConfig or a ModelShape) over ``tp`` ranks
+    before any rank starts: heads (key/value heads too), width and MLP width must divide by
+    ``tp``, each named as ``config`` names it; ``tp`` may not exceed the ``world_size``; with
+    sequence parallelism the sequence must divide too. Returns ``tp``."""
     tp = validate.count("tp", tp, minimum=1)
     if world_size is not None:
         _check_world(tp, world_size)
-    ffn = getattr(config, "ffn_hidden", 4 * config.n_embd)
-    sizes = [("n_head", config.n_head), ("n_embd", config.n_embd), ("ffn_hidden", ffn)]
-    if hasattr(config, "n_kv_head"):  # grouped-query attention: the key/value heads split too
-        sizes.append(("n_kv_head", config.n_kv_head))
+    default_seq: int | None
+    if isinstance(config, ModelShape):
+        sizes = [(n, getattr(config, n)) for n in ("heads", "hidden", "ffn", "kv_heads")]
+        default_seq = config.seq
+    else:
+        ffn = getattr(config, "ffn_hidden", 4 * config.n_embd)
+        sizes = [("n_head", config.n_head), ("n_embd", config.n_embd), ("ffn_hidden", ffn)]
+        if hasattr(config, "n_kv_head"):  # grouped-query attention: the key/value heads split too
+            sizes.append(("n_kv_head", config.n_kv_head))
+        default_seq = getattr(config, "block_size", None)
     if sequence_parallel:
-        sizes.append(("seq", config.block_size if seq is None else seq))
+        sizes.append(("seq", default_seq if seq is None else seq))
     for name, n in sizes:
         check_split(name, n, tp)
     if getattr(config, "dropout", 0.0):

@@ -7,7 +7,6 @@ on ranks. Re-exported by ``run.py``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -15,10 +14,10 @@ import torch
 from course_lib import validate
 from course_lib.measure import estimate
 from course_lib.parallel.tensor import check_tp
+from course_lib.shape import ModelShape
 
 __all__ = [
     "activation_formulas",
-    "LayerShape",
     "LLAMA_7B",
     "LLAMA_70B",
     "H100_BF16_FLOPS",
@@ -65,29 +64,11 @@ def activation_formulas(
     return pd.DataFrame(rows)
 
 
-@dataclass(frozen=True)
-class LayerShape:
-    """The shapes of a Llama layer that the estimates need (LlamaConfig has no grouped-query
-    attention; Llama-2-70B has 8 key/value heads)."""
-
-    n_embd: int
-    """model width h"""
-    n_head: int
-    """query heads a"""
-    n_kv_head: int
-    """key/value heads (grouped-query attention)"""
-    ffn_hidden: int
-    """SwiGLU inner width"""
-    n_layer: int
-    """layers"""
-    vocab_size: int = 32000
-    """vocabulary"""
-
-
-#: Llama-7B (Touvron et al. 2023): 32 layers, width 4096, 32 heads, SwiGLU 11008
-LLAMA_7B = LayerShape(4096, 32, 32, 11008, 32)
-#: Llama-2-70B (Touvron et al. 2023b): 80 layers, width 8192, 64 heads, 8 KV heads, SwiGLU 28672
-LLAMA_70B = LayerShape(8192, 64, 8, 28672, 80)
+#: Llama-7B (Touvron et al. 2023): 32 layers, width 4096, 32 heads, SwiGLU 11008, 2,048 tokens
+LLAMA_7B = ModelShape("Llama-7B", 32, 4096, 32, 32, 11008, 32000, seq=2048)
+#: Llama-2-70B (Touvron et al. 2023b): 80 layers, width 8192, 64 heads, 8 KV heads (grouped-query
+#: attention), SwiGLU 28672, 4,096 tokens
+LLAMA_70B = ModelShape("Llama-2-70B", 80, 8192, 64, 8, 28672, 32000, seq=4096)
 
 
 H100_BF16_FLOPS = 989e12  #: H100 SXM dense bf16 peak (NVIDIA's datasheet), FLOP/s
@@ -95,14 +76,15 @@ UTILIZATION = 0.5  #: the fraction of peak a well-tuned layer reaches (an assump
 
 
 def scale_table(
-    shapes: Sequence[tuple[str, LayerShape]] = (("Llama-7B", LLAMA_7B), ("Llama-2-70B", LLAMA_70B)),
+    shapes: Sequence[ModelShape] = (LLAMA_7B, LLAMA_70B),
     tps: Sequence[int] = (1, 2, 4, 8),
     *,
     seq: int = 4096,
     batch: int = 1,
     links: Sequence[str] = ("NVLink H100", "InfiniBand NDR"),
 ) -> pd.DataFrame:
-    """One Llama layer per tp, through ``estimate``: its parameters on one rank, model state
+    """One layer of each shape (a ``ModelShape``; ``model`` is its name) per tp, at one
+    sequence length ``seq`` for all, through ``estimate``: its parameters on one rank, model state
     (16 B/param: bf16 mixed precision with Adam), activations (Korthikanti et al., 16-bit,
     dropout masks; with and without sequence parallelism), the bytes of one all-reduce
     (s b h x 2 B), what a rank sends per layer per step (4 ring all-reduces), and the time of
@@ -112,25 +94,25 @@ def scale_table(
     bf16 peak; attention's s^2 FLOPs left out). Bytes in B; seconds."""
     sizes = validate.counts("tps", tps, minimum=1)
     rows = []
-    for name, shape in shapes:
+    for shape in shapes:
         for t in sizes:
             check_tp(shape, t)
             state = estimate.tp_layer_state_bytes(shape, t)
-            comm = estimate.tp_comm_bytes_per_layer(seq, batch, shape.n_embd, t)
+            comm = estimate.tp_comm_bytes_per_layer(seq, batch, shape.hidden, t)
             row = {
-                "model": name,
+                "model": shape.name,
                 "tp": t,
                 "layer_params_per_rank": state["params"],
                 "state_bytes": state["bytes"],
                 "activations_tp": estimate.activation_bytes_transformer_layer(
-                    seq, batch, shape.n_embd, shape.n_head, tp=t
+                    seq, batch, shape.hidden, shape.heads, tp=t
                 ),
                 "activations_sp": estimate.activation_bytes_transformer_layer(
-                    seq, batch, shape.n_embd, shape.n_head, tp=t, sequence_parallel=True
+                    seq, batch, shape.hidden, shape.heads, tp=t, sequence_parallel=True
                 ),
                 "allreduce_bytes": comm["payload"],
                 "sent_per_layer": comm["sent"],
-                "allreduces_per_step": 4 * shape.n_layer,
+                "allreduces_per_step": 4 * shape.layers,
                 "compute_s_per_layer": estimate.training_flops_per_token(
                     estimate.tp_layer_state_bytes(shape, 1)["params"]
                 )
