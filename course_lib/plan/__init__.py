@@ -32,7 +32,7 @@ from course_lib.plan.planner import (
     step_time,
 )
 from course_lib.plan.presets import CLUSTERS, MODELS, cluster, model, this_machine
-from course_lib.plan.specs import RECOMPUTE, ClusterSpec, Layout, ModelSpec
+from course_lib.plan.specs import ATTENTION, RECOMPUTE, ClusterSpec, Layout, ModelSpec
 from course_lib.plan.thresholds import layout_thresholds
 from course_lib.plan.virtual_check import TOLERANCE as VIRTUAL_TOLERANCE
 from course_lib.plan.virtual_check import compare_with_virtual
@@ -62,6 +62,7 @@ __all__ = [
     "CLUSTERS",
     "MODELS",
     "RECOMPUTE",
+    "ATTENTION",
     "ClusterSpec",
     "Layout",
     "ModelSpec",

@@ -12,7 +12,7 @@ from typing import Any
 from course_lib.measure import estimate
 from course_lib.plan import gemm_time
 from course_lib.plan.comm_model import Assumptions
-from course_lib.plan.specs import ClusterSpec, Layout, ModelSpec
+from course_lib.plan.specs import ClusterSpec, Layout, ModelSpec, recompute_flops
 
 __all__ = ["stage_flops", "compute_s", "shape_layer"]
 
@@ -23,15 +23,15 @@ def stage_flops(
     """(weight-product FLOPs, attention FLOPs, recomputed FLOPs) per token of a stage of
     ``layers`` layers (MoE layers where the model has experts: the parameters a token uses; the
     K/V heads tp > kv_heads replicates, ``ModelSpec.kv_replicated``), with the output layer's
-    6 V h when ``output``. Attention: 12 s w per layer, w = ``ModelShape.attention_width``."""
+    6 V h when ``output``. Attention: 12 s w per layer, w = ``ModelShape.attention_width``;
+    recomputed: what the layout's recomputation and attention kernel run again
+    (``specs.recompute_flops``)."""
     h, s = model.attention_width, model.seq
     per_layer = model.layer_params()["moe_active" if model.experts else "dense"]
     per_layer += model.kv_replicated(layout.tp)  # K/V heads every rank of a group computes
     weights = estimate.training_flops_per_token(layers * per_layer)
     attention = estimate.training_flops_per_token(0, layers=layers, hidden=h, seq=s)
-    extra = estimate.recompute_flops_per_token(
-        per_layer, layers=layers, hidden=h, seq=s, recompute=layout.recompute
-    )
+    extra = recompute_flops(per_layer, layers, h, s, layout.recompute, layout.kernel)
     out = estimate.training_flops_per_token(model.vocab * model.hidden) if output else 0
     return weights + out, attention, extra
 
@@ -67,12 +67,13 @@ def compute_s(
 
 
 def shape_layer(model: ModelSpec, cluster: ClusterSpec, layout: Layout, how: Assumptions) -> Any:
-    """``plan.gemm_time.layer_time`` of one layer of ``model`` on a rank of ``layout``
-    (selective recomputation is the course's FlashAttention: scores never in memory)."""
+    """``plan.gemm_time.layer_time`` of one layer of ``model`` on a rank of ``layout``, with
+    its attention kernel (``Layout.kernel``): flash moves no scores through memory, eager
+    writes and reads them (the products' extra bytes and the softmax's)."""
     queries = model.seq // layout.cp
     return gemm_time.layer_time(
         model, cluster, layout.tp, layout.ep, layout.micro_batch * queries, queries,
-        layout.recompute == "selective", layout.sequence_parallel, how.fp8, how.capacity_factor,
+        layout.kernel == "flash", layout.sequence_parallel, how.fp8, how.capacity_factor,
         layout.etp,
     )  # fmt: skip
 
@@ -86,11 +87,15 @@ def _compute_by_shape(
 ) -> tuple[float, float]:
     """:func:`compute_s` product by product (``plan.gemm_time``): a layer's forward, three
     times for forward and backward (the backward's two products per weight product have its
-    FLOPs), the output layer on the last stage; recomputation runs the forward again (full) or
-    the attention core's (selective)."""
+    FLOPs), the output layer on the last stage. Run again (``specs.recompute_flops``'s
+    count): eager, the attention core's forward (selective) or the layer's (full); flash, the
+    core's forward for its backward's scores, and with full the layer's forward besides."""
     lt = shape_layer(model, cluster, layout, how)
     layer = lt.weights + lt.core + lt.elementwise
-    again = {"none": 0.0, "selective": lt.core, "full": layer}[layout.recompute]
+    if layout.kernel == "flash":
+        again = lt.core + (layer if layout.recompute == "full" else 0.0)
+    else:
+        again = {"none": 0.0, "selective": lt.core, "full": layer}[layout.recompute]
 
     def stage(n: int, output: bool) -> tuple[float, float]:
         return 3 * (n * layer + (lt.output if output else 0.0)), n * again

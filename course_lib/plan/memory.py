@@ -257,7 +257,7 @@ def _stage_memory(
     out = _model_state(layout, *memo[key])
     # one layer's activations depend on these, the layers in flight on p, v and m too
     key = ("activations", t, p, b, layout.cp, layout.cp_method, layout.sequence_parallel)
-    key += (layout.recompute, layout.virtual_stages, m, which)
+    key += (layout.recompute, layout.kernel, layout.virtual_stages, m, which)
     if key not in memo:
         memo[key] = _activation_bytes(model, layout, n, m, first=which == "first" or p == 1)
     out["activations"] = memo[key]
@@ -317,11 +317,17 @@ def _state(
     return out
 
 
-def _layer_activations(model: ModelSpec, layout: Layout, recompute: Recompute) -> int | float:
-    """One layer's activation bytes per rank under ``layout`` with ``recompute``
-    (``estimate.activation_bytes_transformer_layer``; with cp > 1 ``estimate.
-    cp_activation_bytes_per_layer``, FlashAttention unless nothing is recomputed). An MoE
-    layer's MLP activations: each token through its top_k routed and the shared experts."""
+def _layer_activations(
+    model: ModelSpec, layout: Layout, recompute: Recompute, kernel: str = "eager"
+) -> int | float:
+    """One layer's activation bytes per rank under ``layout`` with ``recompute`` and the
+    attention ``kernel`` (``estimate.activation_bytes_transformer_layer``; with cp > 1 ``estimate.
+    cp_activation_bytes_per_layer``): the score matrix (its softmax and dropout) is kept only by
+    the eager kernel with nothing recomputed; the flash kernel keeps what selective
+    recomputation keeps. An MoE layer's MLP activations: each token through its top_k routed
+    and the shared experts."""
+    if kernel == "flash" and recompute == "none":
+        recompute = "selective"  # no score matrix kept: Korthikanti's selective bytes
     mlp_width = (
         (model.top_k + model.shared_experts) * model.expert_ffn if model.experts else model.ffn
     )
@@ -349,15 +355,18 @@ def _activation_bytes(
     """Activation bytes a stage of ``layers`` keeps at its peak: one layer's bytes times the
     layers in flight (the first stage: ``pipeline_inflight_layers``; a later one runs each
     micro-batch's backward right after its forward), plus the layer rebuilt for its backward
-    under full recomputation."""
+    under full recomputation (both with the layout's attention kernel, ``Layout.kernel``)."""
     if first:
         inflight = estimate.pipeline_inflight_layers(
             layers, layout.pp, microbatches, layout.virtual_stages
         )
     else:
         inflight = layers
-    activations = inflight * _cached_layer(model, _activation_key(layout), layout.recompute)
-    if layout.recompute == "full":  # the layer being rebuilt for its backward
+    one = _cached_layer(model, _activation_key(layout), layout.recompute, layout.kernel)
+    activations = inflight * one
+    # the layer being rebuilt for its backward, counted without a score matrix under either
+    # kernel (an eager kernel's one layer of scores, 5 a s^2 b / tp bytes, is left out)
+    if layout.recompute == "full":
         activations += _cached_layer(model, _activation_key(layout), "selective")
     return activations
 

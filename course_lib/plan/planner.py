@@ -188,7 +188,8 @@ def _family(layout: Layout) -> tuple[Any, ...]:
     """What every term of a micro-batch but the stage-to-stage sends depends on: the layout
     less its ZeRO stage and interleaving."""
     dims = (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.etp)
-    return (*dims, layout.micro_batch, layout.recompute, layout.sequence_parallel, layout.cp_method)
+    settings = (layout.recompute, layout.kernel, layout.sequence_parallel, layout.cp_method)
+    return (*dims, layout.micro_batch, *settings)
 
 
 def _step_time(
@@ -219,7 +220,9 @@ def _step_time(
     )
     step = pipeline + dp_comm
     flops = _once(
-        memo, ("flops", layout.recompute), lambda: model.flops_per_token(layout.recompute)
+        memo,
+        ("flops", layout.recompute, layout.kernel),
+        lambda: model.flops_per_token(layout.recompute, layout.kernel),
     )
     model_flops, hardware_flops = (global_batch_tokens * f for f in flops)
     nan = float("nan")

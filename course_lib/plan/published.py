@@ -43,6 +43,17 @@ _GPT: dict[str, Any] = dict(
     gated_mlp=False, bias=True, norm="layernorm", tied_embeddings=True, learned_positions=True
 )
 _KORTHIKANTI = "Korthikanti et al. 2022, arXiv:2205.05198, Table 3 (shapes) and Table 5"
+#: the kernel of the runs before FlashAttention (Dao et al., arXiv:2205.14135, May 2022)
+_EAGER_2022 = (
+    "eager: Megatron's fused scale-mask-softmax kernel writes the scores to memory (the "
+    "5 a s / h term of Korthikanti et al.'s Eq. 1, which their selective recomputation drops); "
+    "the run predates FlashAttention (arXiv:2205.14135, May 2022)"
+)
+_LLAMA_ATTENTION = (
+    "not stated in Table 4 or Sec. 3.3; flash assumed (Meta's stack is not public; "
+    "FlashAttention was every 2024 stack's kernel), the kernel the course paired with "
+    "selective recomputation before it could be named: the same price"
+)
 
 
 def _megatron_gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -63,7 +74,7 @@ def _korthikanti(
         f"Korthikanti {name} ({rec})",
         _megatron_gpt(f"GPT-{name}", layers, hidden, heads),
         "8xA100-80GB + 200G IB",
-        Layout(1, 8, pp, 1, rec, 1, 1, sequence_parallel=not full, grad_bytes=4),
+        Layout(1, 8, pp, 1, rec, 1, 1, sequence_parallel=not full, grad_bytes=4, attention="eager"),
         batch * 2048,
         {"step_s": step},
         f"{_KORTHIKANTI}: {step} s per iteration with "
@@ -79,6 +90,7 @@ def _korthikanti(
             "all-reduces cost more than the model charges (not a large run: no band)"
         ),
         large=pp > 1,
+        attention_source=_EAGER_2022,
     )
 
 
@@ -100,31 +112,33 @@ _RUNS = [
         "Llama 3 405B, 8K, 8,192 GPUs",
         _LLAMA,
         _H100,
-        Layout(64, 8, 16, 2, "selective", 1, 4),
+        Layout(64, 8, 16, 2, "selective", 1, 4, attention="flash"),
         2048 * 8192,
         {"mfu": 0.43},
         f"{_LLAMA_SRC}: TP 8, CP 1, PP 16, DP 64, 16M tokens, 430 TFLOP/s, 43 % MFU",
         _LLAMA_ASSUMED,
         _LLAMA_WHY,
         uneven_stages=True,
+        attention_source=_LLAMA_ATTENTION,
     ),
     PublishedRun(
         "Llama 3 405B, 8K, 16,384 GPUs",
         _LLAMA,
         _H100,
-        Layout(128, 8, 16, 2, "selective", 1, 4),
+        Layout(128, 8, 16, 2, "selective", 1, 4, attention="flash"),
         2048 * 8192,
         {"mfu": 0.41},
         f"{_LLAMA_SRC}: TP 8, CP 1, PP 16, DP 128, 16M tokens, 400 TFLOP/s, 41 % MFU",
         _LLAMA_ASSUMED,
         _LLAMA_WHY,
         uneven_stages=True,
+        attention_source=_LLAMA_ATTENTION,
     ),
     PublishedRun(
         "Llama 3 405B, 128K, 16,384 GPUs",
         _LLAMA.replace(seq_len=131072),
         _H100,
-        Layout(8, 8, 16, 2, "selective", 1, 4, cp=16),
+        Layout(8, 8, 16, 2, "selective", 1, 4, cp=16, attention="flash"),
         128 * 131072,
         {"mfu": 0.38},
         f"{_LLAMA_SRC}: TP 8, CP 16, PP 16, DP 8, 131,072-token sequences, 16M tokens, "
@@ -132,12 +146,13 @@ _RUNS = [
         _LLAMA_ASSUMED,
         _LLAMA_WHY,
         uneven_stages=True,
+        attention_source=_LLAMA_ATTENTION,
     ),
     PublishedRun(
         "BLOOM-176B",
         model("BLOOM-176B"),
         _A100,
-        Layout(8, 4, 12, 1, "full", 2, 1, sequence_parallel=False, grad_bytes=4),
+        Layout(8, 4, 12, 1, "full", 2, 1, sequence_parallel=False, grad_bytes=4, attention="eager"),
         2048 * 2048,
         {"hardware_tflops": 150.0},
         "BigScience 2022, arXiv:2211.05100, Sec. 3.4: 384 A100 80 GB, TP 4, PP 12, DP 8, "
@@ -148,12 +163,14 @@ _RUNS = [
         "Megatron-DeepSpeed of 2022 without sequence parallelism: its kernels ran below the "
         "assumed 60 %",
         uneven_stages=True,
+        attention_source="not stated (Sec. 3.4 names fused CUDA kernels, recalled); eager: "
+        "Megatron-DeepSpeed's fused softmax, trained March-July 2022, before FlashAttention",
     ),
     PublishedRun(
         "MT-NLG 530B",
         model("MT-NLG-530B"),
         _A100,
-        Layout(8, 8, 35, 1, "full", 1, 1, sequence_parallel=False, grad_bytes=4),
+        Layout(8, 8, 35, 1, "full", 1, 1, sequence_parallel=False, grad_bytes=4, attention="eager"),
         1920 * 2048,
         {"step_s": 60.1},
         "Smith et al. 2022, arXiv:2201.11990, Sec. 2.4 and 3: 2,240 A100 80 GB, TP 8, PP "
@@ -161,12 +178,15 @@ _RUNS = [
         "counting the recomputation)",
         "micro-batch 1, ZeRO-1 and fp32 main grads (DeepSpeed), no interleaving",
         "DeepSpeed's pipeline of 2021 without sequence parallelism: kernels below the assumed 60 %",
+        attention_source=_EAGER_2022,
     ),
     PublishedRun(
         "OPT-175B",
         model("GPT-3-175B").replace(name="OPT-175B", vocab=50272, tied_embeddings=True),
         _A100,
-        Layout(124, 8, 1, 3, "full", 8, 1, sequence_parallel=False, grad_bytes=4),
+        Layout(
+            124, 8, 1, 3, "full", 8, 1, sequence_parallel=False, grad_bytes=4, attention="eager"
+        ),
         992 * 2048,
         {"hardware_tflops": 147.0},
         "Zhang et al. 2022, arXiv:2205.01068, Sec. 2.4: 992 A100 80 GB, FSDP with Megatron "
@@ -175,6 +195,8 @@ _RUNS = [
         "hardware rate with full recomputation) nor the micro-batch (8 sequences per "
         "replica: 124 x 8 x 2,048 = 2.03M tokens)",
         "'up to' 147 TFLOP/s is the best stretch, not the run's mean",
+        attention_source="not stated; eager: Metaseq's Megatron kernels of 2021-22, before "
+        "FlashAttention",
     ),
 ]
 _TABLE5 = (
@@ -208,14 +230,13 @@ MISSES = {
     "Qwen3-30B-A3B, 16 H100": "predicted 67 % fast (3x), and no term the planner has closes "
     "it: no FP8 speed-up and every all-to-all exposed still leave it 61 % fast. The figure is "
     "on NVIDIA's page (25.11 container). The same model in bf16 on 8 H100 (NeMo AutoModel) ran "
-    "at 12,040 tokens/s per GPU, 2.3x this row, and the planner prices that run slow: the 3x "
+    "at 12,040 tokens/s per GPU, 2.3x this row, and the planner prices that run 7 % fast: the 3x "
     "is in this run (one layer per virtual stage, 32 micro-batches of 2 through PP 2, its "
     "stack), not in the model",
-    "DeepSeek-V3, 256 H100, bf16": "predicted 48 % slow: full recomputation priced without "
-    "FlashAttention (the Layout cannot say both); with FlashAttention and no layer recomputed "
-    "('selective') it is 4 % slow. 4.2 s of the 12.1 s are exposed all-to-alls",
-    "DeepSeek-V3, 1,024 H100, bf16": "predicted 23 % slow, as the 256-GPU run; 'selective' 13 % "
-    "fast. The run lost 14 % per GPU going to 1,024 GPUs; the planner's rate rises 3 %",
+    "DeepSeek-V3, 256 H100, bf16": "predicted 19 % slow (full recomputation with flash "
+    "attention, as run); the term: 4.2 s of the 9.7 s are exposed all-to-alls. Hidden behind "
+    "the other micro-batch's attention (ep_schedule '1F1B-overlapped') it is 11 % fast: the "
+    "run hid part of them. The 1,024-GPU run of the same layout lands within 1 %",
     "Korthikanti 530B (selective)": "predicted 18 % slow: Megatron's 2022 GEMMs ran above the "
     "assumed 60 % of peak (56 % MFU behind an 11 % bubble needs 63 % or more)",
     "Korthikanti 530B (full)": "predicted 24 % slow, as the selective run",
@@ -246,7 +267,7 @@ def reported(run: PublishedRun) -> dict[str, Any]:
     FLOPs of the recomputation it ran) through the model FLOPs of a step; from GPU-hours per
     trillion tokens through the tokens a step trains."""
     peak = cluster(run.cluster).peak_flops
-    model_f, hardware_f = run.model.flops_per_token(run.layout.recompute)
+    model_f, hardware_f = run.model.flops_per_token(run.layout.recompute, run.layout.kernel)
     step_flops = run.global_batch_tokens * model_f
     printed = run.printed
     if "step_s" in printed:
@@ -328,6 +349,7 @@ def published_table(names: list[str] | None = None) -> pd.DataFrame:
                 "GPUs": r.gpus,
                 "layout": dims + (f" EP{lay.ep}" if lay.ep > 1 else ""),
                 "recompute": lay.recompute,
+                "attention": lay.kernel,
                 "micro_batch": lay.micro_batch,
                 "memory_GB": row["memory_GB"],
                 "fits": row["fits"],

@@ -25,7 +25,9 @@ class PublishedRun:
     ``mfu`` (model FLOPs, the PaLM count), ``hardware_tflops`` (per GPU, recomputation
     counted), ``step_s`` (seconds per step), ``gpu_hours_per_T`` (GPU-hours per trillion
     tokens) or ``tokens_per_gpu_s`` (tokens per second per GPU). ``why``: what the planner
-    leaves out that explains its residual."""
+    leaves out that explains its residual. ``attention_source``: where the attention kernel the
+    layout names (``Layout.attention``) comes from, or that the source does not say and which
+    kernel its stack defaulted to."""
 
     name: str
     model: ModelSpec
@@ -40,6 +42,7 @@ class PublishedRun:
     assumptions: Assumptions = DEFAULT_ASSUMPTIONS
     large: bool = True  # one of the issue's large runs, held to +/-15 %
     extra: dict[str, Any] = field(default_factory=dict)
+    attention_source: str = ""
 
     @property
     def gpus(self) -> int:
@@ -70,12 +73,17 @@ _AUTOMODEL_ASSUMED = (
     "no node limit; all-to-alls exposed (schedule none: the configs' interleaved 1F1B states no "
     "overlap)"
 )
-#: what the Layout cannot say about the AutoModel runs
-_NO_FLASH_WITH_FULL = (
-    "the Layout cannot say full recomputation with FlashAttention (TE's fused attention): its "
-    "'full' also puts each layer's attention scores through memory, its 'selective' "
-    "(FlashAttention) recomputes only the attention core. Priced as 'full'; the run lies "
-    "between the two (what_if(..., layout={'recompute': 'selective'}))"
+#: the AutoModel runs' attention kernel
+_AUTOMODEL_FLASH = (
+    "flash: the configs' names and the page say TE (Transformer Engine) kernels, whose "
+    "DotProductAttention runs its fused (cuDNN) or flash backend, no score matrix in memory, "
+    "wherever the shapes allow (its unfused fallback is for shapes those do not support); with "
+    "activation_checkpointing every layer is recomputed besides (full + flash)"
+)
+_FLASH_NOT_STATED = (
+    "not stated by the source; flash, the kernel its stack defaulted to: Megatron-Core's "
+    "attention_backend 'auto' picks Transformer Engine's fused or flash attention "
+    "(megatron/core/transformer/transformer_config.py, recalled)"
 )
 
 MOE_RUNS = [
@@ -83,7 +91,7 @@ MOE_RUNS = [
         "DeepSeek-V3",
         model("DeepSeek-V3"),
         "8xH800 + 400G IB",
-        Layout(128, 1, 16, 1, "selective", 1, 1, ep=64),
+        Layout(128, 1, 16, 1, "selective", 1, 1, ep=64, attention="flash"),
         15360 * 4096,
         {"gpu_hours_per_T": 180_000.0},
         "DeepSeek-AI 2024, arXiv:2412.19437, Sec. 1, 2.1.2 and 3.2: 2,048 H800, PP 16, EP 64 "
@@ -101,12 +109,15 @@ MOE_RUNS = [
         assumptions=_BY_SHAPE.replace(
             fp8=True, ep_schedule="DualPipe", ep_node_limit=4, comm_sms=20
         ),
+        attention_source="not stated in the paper (Sec. 3.2.3 recomputes RMSNorm and MLA's "
+        "up-projections, not the attention core); flash assumed, as every 2024 training stack "
+        "ran it; with flash, 'selective' prices as 'none' (nothing more to drop)",
     ),
     PublishedRun(
         "Qwen3-30B-A3B, 16 H100",
         model("Qwen3-30B-A3B"),
         "8xH100 + 400G IB",
-        Layout(8, 1, 2, 1, "selective", 2, 24, ep=8),
+        Layout(8, 1, 2, 1, "selective", 2, 24, ep=8, attention="flash"),
         512 * 4096,
         {"tokens_per_gpu_s": 5275.0},
         f"{_BRIDGE}: 16 H100, FP8-CS (per-tensor current scaling), GBS 512, MBS 2, sequence "
@@ -121,48 +132,53 @@ MOE_RUNS = [
         "model this small pays per kernel and per synchronization (FP8 scaling, permutes, the "
         "all-to-alls of 128 experts, one layer per virtual stage). Not the model's: NeMo "
         "AutoModel ran it in bf16 on 8 H100 at 12,040 tokens/s per GPU, 2.3x this row, and the "
-        "planner prices that run slow, not fast (its row below)",
+        "planner prices that run within 7 % (its row below)",
         assumptions=_BY_SHAPE.replace(fp8=True),
+        attention_source=_FLASH_NOT_STATED,
     ),
     PublishedRun(
         "Qwen3-30B-A3B, 8 H100, bf16",
         model("Qwen3-30B-A3B"),
         "8xH100 + 400G IB",
-        Layout(8, 1, 1, 2, "full", 4, 1, ep=8),
+        Layout(8, 1, 1, 2, "full", 4, 1, ep=8, attention="flash"),
         512 * 4096,
         {"step_s": 21.773},
         f"{_AUTOMODEL}: Qwen3 MoE 30B, 8 GPUs, GBS 512, MBS 4, LBS 4, GA 16, sequence 4,096, "
         "TP 1, PP 1, CP 1, EP 8, FSDP 8; 21.773 s per global step, 277 model TFLOP/s and "
         "12,040 tokens/s per GPU",
         _AUTOMODEL_ASSUMED,
-        f"planned slow, not fast: {_NO_FLASH_WITH_FULL}: 'full' +61 %, 'selective' -24 %. The "
-        "3x of the 16-GPU FP8 row is not this model's",
+        "within 7 % (full recomputation with flash attention, as run); with the eager kernel "
+        "it would be 61 % slow, with no layer recomputed 24 % fast. The 3x of the 16-GPU FP8 "
+        "row is not this model's",
         assumptions=_BY_SHAPE,
         large=False,  # one node: no band, as Korthikanti et al.'s 22B runs
         extra={"tokens_per_gpu_s": 12040, "model_tflops_per_gpu": 277},
+        attention_source=_AUTOMODEL_FLASH,
     ),
     PublishedRun(
         "DeepSeek-V3, 256 H100, bf16",
         model("DeepSeek-V3"),
         "8xH100 + 400G IB",
-        Layout(64, 1, 4, 2, "full", 1, 8, ep=64),
+        Layout(64, 1, 4, 2, "full", 1, 8, ep=64, attention="flash"),
         512 * 4096,
         {"step_s": 8.18},
         f"{_AUTOMODEL}: DeepSeek V3 671B, 256 GPUs, GBS 512, MBS 1, LBS 8, GA 1, sequence "
         "4,096, TP 1, PP 4, CP 1, EP 64, VP 8, FSDP 64; 8.18 s per global step, 250 model "
         "TFLOP/s and 1,002 tokens/s per GPU",
         _AUTOMODEL_ASSUMED,
-        f"{_NO_FLASH_WITH_FULL}: 'selective' +4 %. 4.2 s of the 12.1 s are exposed "
-        "all-to-alls (hidden as 1F1B-overlapped, +5 %)",
+        "predicted 19 % slow; the term: 4.2 s of the 9.7 s are exposed all-to-alls (schedule "
+        "'none'); hidden behind the other micro-batch's attention (1F1B-overlapped) the row is "
+        "11 % fast: the run hid part of them, which its configs do not state",
         uneven_stages=True,
         assumptions=_BY_SHAPE,
         extra={"tokens_per_gpu_s": 1002, "model_tflops_per_gpu": 250},
+        attention_source=_AUTOMODEL_FLASH,
     ),
     PublishedRun(
         "DeepSeek-V3, 1,024 H100, bf16",
         model("DeepSeek-V3"),
         "8xH100 + 400G IB",
-        Layout(256, 1, 4, 2, "full", 1, 8, ep=64),
+        Layout(256, 1, 4, 2, "full", 1, 8, ep=64, attention="flash"),
         8192 * 4096,
         {"step_s": 37.87},
         f"{_AUTOMODEL}: DeepSeek V3 671B, 1,024 GPUs, GBS 8,192, MBS 1, LBS 8, GA 4, sequence "
@@ -170,18 +186,19 @@ MOE_RUNS = [
         "TFLOP/s and 865 tokens/s per GPU",
         _AUTOMODEL_ASSUMED + "; the Layout runs the rank's 32 sequences as one pipeline round "
         "(the run: GA 4 rounds of 8, four pipeline flushes)",
-        f"{_NO_FLASH_WITH_FULL}: 'selective' -13 %. The run lost 14 % per GPU from 256 to "
-        "1,024 GPUs (865 against 1,002 tokens/s) at the same local batch; the planner's rate "
-        "rises 3 % (the GA-4 flushes and FSDP over 256 ranks are not priced)",
+        "within 1 % (full recomputation with flash attention, as run). The run lost 14 % per "
+        "GPU from 256 to 1,024 GPUs (865 against 1,002 tokens/s) at the same local batch; the "
+        "planner's rate rises 3 % (the GA-4 flushes and FSDP over 256 ranks are not priced)",
         uneven_stages=True,
         assumptions=_BY_SHAPE,
         extra={"tokens_per_gpu_s": 865, "model_tflops_per_gpu": 216},
+        attention_source=_AUTOMODEL_FLASH,
     ),
     PublishedRun(
         "PaLM 540B",
         model("PaLM-540B"),
         "TPU v4 pod",
-        Layout(512, 12, 1, 3, "full", 4, 1),
+        Layout(512, 12, 1, 3, "full", 4, 1, attention="eager"),
         2048 * 2048,
         {"mfu": 0.462},
         "Chowdhery et al. 2022, arXiv:2204.02311, Sec. 4 and Table 3: 6,144 TPU v4 in two "
@@ -196,5 +213,7 @@ MOE_RUNS = [
         "within the band: model FLOPs at the GEMM ceiling measured on an H100 (no TPU v4 "
         "figure), one all-reduce per parallel block",
         assumptions=_BY_SHAPE,
+        attention_source="not stated in the paper; eager assumed: XLA's attention on TPU v4 "
+        "(2021-22) wrote the scores to memory, FlashAttention (arXiv:2205.14135) came after",
     ),
 ]

@@ -26,10 +26,54 @@ __all__ = [
     "ClusterSpec",
     "Layout",
     "RECOMPUTE",
+    "ATTENTION",
+    "attention_kernel",
+    "recompute_flops",
     "divisors",
 ]
 
 # RECOMPUTE (from estimate): the recomputation policies the planner weighs (Korthikanti et al.)
+
+#: the attention kernels a layout can name (``Layout.attention``): "flash" keeps no score matrix
+#: and moves none through memory, and its backward recomputes the scores tile by tile
+#: (FlashAttention: Dao et al. 2022, arXiv:2205.14135, Sec. 3.1); "eager" writes the softmax
+#: of the scores to memory, reads it back and keeps it for backward (what Korthikanti et al.
+#: 2022's Eq. 1 counts: 5 a s / h bytes per token and layer with dropout)
+ATTENTION = ("flash", "eager")
+
+
+def attention_kernel(recompute: Recompute, attention: str | None = None) -> str:
+    """The attention kernel a layout runs: ``attention`` when it names one (:data:`ATTENTION`),
+    else the one its recomputation implied before the kernel could be named (the course's
+    pairing, still :func:`plan.plan`'s search): FlashAttention with ``selective``, eager with
+    ``none`` and ``full``."""
+    if attention is not None:
+        return str(_v.choice("attention", attention, ATTENTION))
+    return "flash" if recompute == "selective" else "eager"
+
+
+def recompute_flops(
+    layer_params: int, layers: int, width: int, seq: int, recompute: Recompute, kernel: str
+) -> int:
+    """FLOPs per token that ``layers`` layers run again in backward, by recomputation and by the
+    attention kernel (``estimate.recompute_flops_per_token``'s counts; w = ``width``):
+
+    * eager: what ``recompute`` runs again: 0, the attention core's forward (4 s w,
+      Korthikanti's selective) or the whole layer's forward (2 P + 4 s w);
+    * flash: its backward recomputes the scores, priced as the core's forward again (4 s w,
+      what selective recomputation costs: the course's count; FlashAttention's backward
+      recomputes Q K^T, 2 s w of it), so ``none`` and ``selective`` cost the same (selective has
+      nothing left to drop); ``full`` runs the layer's forward again and the kernel's backward
+      recomputes its scores too (2 P + 8 s w)."""
+
+    def run(rec: Recompute) -> int:
+        return estimate.recompute_flops_per_token(
+            layer_params, layers=layers, hidden=width, seq=seq, recompute=rec
+        )
+
+    if kernel == "eager":
+        return run(recompute)
+    return run("selective") + (run("full") if recompute == "full" else 0)
 
 
 def divisors(n: int) -> list[int]:
@@ -120,14 +164,17 @@ class ModelSpec(ModelShape):
         kv += 2 * self.kv_hidden if self.bias else 0
         return kv * (t - self.kv_heads) // self.kv_heads
 
-    def flops_per_token(self, recompute: Recompute = "none") -> tuple[int, int]:
+    def flops_per_token(
+        self, recompute: Recompute = "none", attention: str | None = None
+    ) -> tuple[int, int]:
         """(model FLOPs, hardware FLOPs) per trained token. Model FLOPs are what MFU counts, the
         PaLM way (Chowdhery et al. 2022, arXiv:2204.02311, App. B): 6 N + 12 L s w (PaLM's
         12 L H Q T; w = ``attention_width``, h for heads of h / a, MLA's own), where N is
         the parameters a matrix product uses (every layer's and the output layer's V h; the
         embedding lookup is not a product). Hardware FLOPs (HFU's count) add what ``recompute``
         runs again (``estimate.recompute_flops_per_token``): a run that recomputes everything
-        does about 8 N, so its hardware rate is about 4/3 of its model rate.
+        does about 8 N, so its hardware rate is about 4/3 of its model rate. ``attention``: the
+        kernel (:func:`attention_kernel`; what it recomputes: :func:`recompute_flops`).
         An MoE layer counts the parameters a token uses (``layer_params()["moe_active"]``)."""
         lp, n_moe = self.layer_params(), self.moe_layers
         n_dense = self.layers - n_moe
@@ -136,10 +183,9 @@ class ModelSpec(ModelShape):
         model = estimate.training_flops_per_token(
             matmul_params, layers=self.layers, hidden=w, seq=self.seq
         )
+        kernel = attention_kernel(recompute, attention)
         extra = sum(
-            estimate.recompute_flops_per_token(
-                params, layers=n, hidden=w, seq=self.seq, recompute=recompute
-            )
+            recompute_flops(params, n, w, self.seq, recompute, kernel)
             for params, n in ((lp["dense"], n_dense), (lp["moe_active"], n_moe))
         )
         return model, model + extra
@@ -245,14 +291,15 @@ class Layout:
     """How a run uses its GPUs: dp x tp x pp x cp ranks (tp innermost, then cp, dp, pp), expert
     parallelism over ep of the dp ranks (the experts split ep ways, as Megatron carves its
     expert-parallel group out of the data-parallel one) or, with ``etp`` >= 1, folded over the
-    tp x cp x dp ranks with expert-TP etp (``course_lib.dims``), and what each rank does to
-    save memory."""
+    tp x cp x dp ranks with expert-TP etp (``course_lib.dims``), what each rank does to save
+    memory, and the attention kernel it runs (``attention``, independent of ``recompute``:
+    "flash" or "eager", :data:`ATTENTION`; None keeps the pairing of :func:`attention_kernel`)."""
 
     dp: int  # data-parallel replicas
     tp: int = 1  # tensor-parallel ranks (Megatron column/row split)
     pp: int = 1  # pipeline stages
     zero: int = 1  # ZeRO stage over the dp ranks: 0 (DDP), 1, 2, 3 (FSDP)
-    recompute: Recompute = "selective"  # none, selective (attention core; FlashAttention), full
+    recompute: Recompute = "selective"  # none, selective (the attention core), full
     micro_batch: int = 1  # sequences per micro-batch
     virtual_stages: int = 1  # interleaved pipeline: chunks per rank (v)
     sequence_parallel: bool = True  # split LayerNorm/dropout activations over tp too
@@ -261,6 +308,8 @@ class Layout:
     cp_method: CpMethod = "allgather"  # how attention meets the other ranks' keys (Llama 3's)
     grad_bytes: int = 2  # gradient width kept: 2 (bf16), 4 (Megatron's fp32 main grads)
     etp: int = 0  # experts folded over tp x cp x dp with this expert-TP (0: ep out of dp)
+    # the attention kernel, "flash" or "eager" (ATTENTION); None: the one recompute implies
+    attention: str | None = None
 
     def __post_init__(self) -> None:
         _v.count("micro_batch", self.micro_batch, minimum=1)
@@ -269,6 +318,14 @@ class Layout:
         _v.choice("recompute", self.recompute, RECOMPUTE)
         _v.choice("cp_method", self.cp_method, CP_METHODS)
         _v.choice("grad_bytes", self.grad_bytes, (2, 4))
+        if self.attention is not None:
+            _v.choice("attention", self.attention, ATTENTION)
+
+    @property
+    def kernel(self) -> str:
+        """The attention kernel this layout runs (:func:`attention_kernel`): ``attention``, or
+        where it is None the one ``recompute`` implies (flash with selective, else eager)."""
+        return attention_kernel(self.recompute, self.attention)
 
     @functools.cached_property
     def dims(self) -> ParallelDims:

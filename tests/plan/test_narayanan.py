@@ -76,6 +76,12 @@ def test_table_1_as_run():
     # the 1.7B and 3.6B rows inside +/-15 % (+15 %, +14 %), every row inside +/-20 %, all optimistic
     assert max(map(abs, as_run[:2])) < 0.15 and max(map(abs, as_run)) < 0.2, as_run
     assert min(as_run) > 0, as_run
-    # the 7.5B (TP 4) and 18.4B (TP 8) rows stay just outside +/-15 % (+17 %, +16 %): the
-    # A100 GEMM ceiling is assumed, not measured
+    # the 7.5B (TP 4) and 18.4B (TP 8) rows stay just outside +/-15 % (+17 %, +16 %). The term
+    # that separates them from the TP 1-2 rows: the TP all-reduces (6 per layer with full
+    # recomputation, none hidden), each a ring at NVLink 3's data-sheet 300 GB/s per direction,
+    # where nccl-tests reports about 200-230 GB/s of all-reduce bus bandwidth on 8 A100s
+    # (github.com/NVIDIA/nccl-tests/issues/149): at 230 GB/s the two rows come to +14 % and
+    # +11 %. The planner keeps every link at its data sheet; the lecture (section 2.3) says so.
+    # The +15 % all rows share is the A100 GEMM ceiling, assumed, not measured
+    assert 0.15 < as_run[2] < 0.18 and 0.15 < as_run[3] < 0.17, as_run
     assert 0.15 < as_run[2] < 0.2 and 0.15 < as_run[3] < 0.2, as_run

@@ -44,6 +44,8 @@ def test_each_row_is_the_page_and_its_tokens_per_gpu_follow_from_its_step(
     assert "automodel" in run.source and "Precision: BF16" in run.source
     assert "2025-10-02" in run.source  # the date the page shows
     assert not run.assumptions.fp8 and run.layout.recompute == "full"
+    # TE's attention (the configs' te_deepep): flash, with every layer recomputed besides
+    assert run.layout.attention == "flash" and "TE" in run.attention_source
     # the page's FSDP column is the data-parallel ranks, its EP carved out of them
     lay = run.layout
     assert lay.dp * lay.pp == gpus and lay.dp == {8: 8, 256: 64, 1024: 256}[gpus]
@@ -63,40 +65,53 @@ def test_the_two_pages_count_model_flops_per_token_alike():
 
 def test_the_residuals_are_the_ones_stated(table):
     res = table["residual"]
-    assert res[QWEN8] == pytest.approx(0.61, abs=0.01)
-    assert res[DS256] == pytest.approx(0.48, abs=0.01)
-    assert res[DS1024] == pytest.approx(0.23, abs=0.01)
-    assert {DS256, DS1024} <= set(PB.MISSES) and QWEN8 not in PB.MISSES
+    assert res[QWEN8] == pytest.approx(-0.066, abs=0.005)
+    assert res[DS256] == pytest.approx(0.19, abs=0.005)
+    assert res[DS1024] == pytest.approx(-0.006, abs=0.005)
+    assert (table.loc[[QWEN8, DS256, DS1024], "attention"] == "flash").all()
+    assert DS256 in PB.MISSES and not {QWEN8, DS1024} & set(PB.MISSES)
     assert not table.loc[QWEN8, "large"] and not table.loc[QWEN8, "fits"]
     assert QWEN8 in PB.MEMORY_MISSES and table.loc[[DS256, DS1024], "fits"].all()
 
 
-def test_full_recomputation_with_flash_attention_lies_between_the_two_layouts():
-    """The Layout cannot say both: 'full' (scores through memory, every layer again) prices each
-    run slow, 'selective' (FlashAttention, only the core again) at or below the reported step."""
-    selective = {n: PB.what_if(n, layout={"recompute": "selective"})["residual"] for n, *_ in PAGE}
-    assert selective[QWEN8] == pytest.approx(-0.24, abs=0.01)
-    assert selective[DS256] == pytest.approx(0.04, abs=0.01)
-    assert selective[DS1024] == pytest.approx(-0.13, abs=0.01)
+def test_full_recomputation_with_flash_attention_lies_between_eager_and_no_recomputation():
+    """As run (full + flash) each row lies between the eager kernel (scores through memory,
+    every layer again: the only 'full' before the kernel could be named, 23-61 % slow) and no
+    layer recomputed (flash: 4 % slow to 24 % fast, and no longer fits)."""
+    eager = {n: PB.what_if(n, layout={"attention": "eager"})["residual"] for n, *_ in PAGE}
+    none = {n: PB.what_if(n, layout={"recompute": "none"}) for n, *_ in PAGE}
+    assert eager[QWEN8] == pytest.approx(0.61, abs=0.01)
+    assert eager[DS256] == pytest.approx(0.48, abs=0.01)
+    assert eager[DS1024] == pytest.approx(0.23, abs=0.01)
+    assert none[QWEN8]["residual"] == pytest.approx(-0.24, abs=0.01)
+    assert none[DS256]["residual"] == pytest.approx(0.04, abs=0.01)
+    assert none[DS1024]["residual"] == pytest.approx(-0.13, abs=0.01)
     for name, *_ in PAGE:
-        assert selective[name] < PB.what_if(name)["residual"]
-        assert selective[name] < 0.05 and PB.what_if(name)["residual"] > 0.2
+        assert none[name]["residual"] < PB.what_if(name)["residual"] < eager[name]
+        assert not none[name]["fits"]  # recomputation is what makes the layout fit
+        # with flash, selective recomputation has nothing left to drop: the price of none
+        sel = PB.what_if(name, layout={"recompute": "selective"})
+        assert sel["predicted step_s"] == none[name]["predicted step_s"]
     # ZeRO-2 (reshard_after_forward=False) or ZeRO-3: the same step, the traffic hides in both
     for name, *_ in PAGE:
         zero3 = PB.what_if(name, layout={"zero": 3})["predicted step_s"]
         assert zero3 == pytest.approx(PB.what_if(name)["predicted step_s"])
-    # DeepSeek-V3 at 256 GPUs: 4.2 s of exposed all-to-alls; hidden (1F1B-overlapped), +5 %
-    assert PB.as_published(DS256)["ep_comm_s"] == pytest.approx(4.2, abs=0.05)
+    # DeepSeek-V3 at 256 GPUs: 4.2 s of the 9.7 s exposed all-to-alls (the miss's term);
+    # hidden behind the other micro-batch's attention (1F1B-overlapped), 11 % fast
+    row = PB.as_published(DS256)
+    assert row["ep_comm_s"] == pytest.approx(4.2, abs=0.05)
+    assert row["step_s"] == pytest.approx(9.74, abs=0.01)
     overlapped = PB.what_if(DS256, ep_schedule="1F1B-overlapped")["residual"]
-    assert overlapped == pytest.approx(0.045, abs=0.01)
+    assert overlapped == pytest.approx(-0.107, abs=0.005)
 
 
 def test_the_planner_is_not_fast_on_these_models_in_bf16():
-    """What the rows show about the two misses: priced in bf16, neither model comes out fast
-    (the planner's miss on DeepSeek-V3's FP8 row is not in its bf16 products), and the planner's
-    bf16 price of the 16-GPU Qwen3 layout is within 15 % of what AutoModel ran in bf16."""
+    """What the rows show about the two misses: priced in bf16 as run, neither model comes out
+    more than 7 % fast (the planner's 32 % miss on DeepSeek-V3's FP8 row is not in its bf16
+    products), and the planner's bf16 price of the 16-GPU Qwen3 layout is within 15 % of what
+    AutoModel ran in bf16."""
     for name, *_ in PAGE:
-        assert PB.what_if(name)["residual"] > 0.2
+        assert PB.what_if(name)["residual"] > -0.07
     assert abs(PB.what_if("DeepSeek-V3", fp8=False)["residual"]) < 0.05
     bridge = PB.RUNS["Qwen3-30B-A3B, 16 H100"]
     bf16 = PB.what_if(bridge, fp8=False)["predicted step_s"]
@@ -108,4 +123,4 @@ def test_the_planner_is_not_fast_on_these_models_in_bf16():
         n: PB.RUNS[n].global_batch_tokens / PB.what_if(n)["predicted step_s"] / PB.RUNS[n].gpus
         for n in (DS256, DS1024)
     }
-    assert rate[DS1024] / rate[DS256] == pytest.approx(1.03, abs=0.01)
+    assert rate[DS1024] / rate[DS256] == pytest.approx(1.035, abs=0.01)

@@ -43,8 +43,6 @@ EXCEPTIONS = {
     "0.515873) and bitsandbytes' error beside ours, equal to the sixth decimal",
     ("12_pipeline_parallelism", "unit.run.source_check("): "the sources' own figures "
     "(m/(m+p-1) = 0.727273 at p 4, m 8) checked at full precision, so a mismatch shows",
-    ("14_planning_a_run", '"published": m.published_params'): "pending: parameter counts to be "
-    "shown in billions",
     ("14_planning_a_run", "three_d.parity_3d(run)"): "the 3-D run's loss beside one process's, "
     "equal to the sixth decimal: the digits are the parity (the memory table's ratio is rounded)",
 }

@@ -30,6 +30,8 @@ __all__ = [
     "published_runs",
     "WHAT_IFS",
     "published_what_ifs",
+    "FAMILY_MISSES",
+    "published_families",
     "decision_numbers",
     "failures_at_scale",
     "checkpoint_cost",
@@ -143,20 +145,6 @@ def top_plans(result, n: int = 8):
     return out.reset_index(drop=True)
 
 
-#: the search around each published run when the planner looks for its own best: the whole space
-#: where that takes under a second, narrowed (and said so here) where it would take longer
-_PP = [1, 2, 4, 8, 16, 32]  # uneven stages allow any depth; these are the ones that matter
-BEST_SEARCH: dict[str, dict[str, Any]] = {
-    "Llama 3 405B, 8K, 8,192 GPUs": {"pp": _PP},
-    "Llama 3 405B, 8K, 16,384 GPUs": {"pp": _PP},
-    "Llama 3 405B, 128K, 16,384 GPUs": {"micro_batch": [1], "pp": [8, 16, 32]},
-    "BLOOM-176B": {"pp": [1, 2, 3, 4, 6, 8, 12, 16, 24]},
-    "MT-NLG 530B": {},
-    "OPT-175B": {"micro_batch": [1, 2, 4, 8]},
-    "DeepSeek-V3": {"micro_batch": [1], "v": [1], "pp": [8, 16], "zero": [1]},
-}
-
-
 #: published runs that fit but that the planner ranks more than a few percent (NEAR) behind its
 #: own best, and who is right; the lecture's section 2.3 says the same
 NEAR = 0.05
@@ -215,67 +203,6 @@ def published_runs(best: bool = True):
         out = pd.concat([out, pd.DataFrame(rows)], axis=1)
         out["published vs best"] = out["predicted step_s"] / out["best step_s"] - 1
     return out
-
-
-_SHAPE = {"matmul_model": "by shape"}
-#: (run, what changes, layout fields, ``Assumptions`` fields): each a term of a miss, re-priced
-WHAT_IFS: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
-    *(
-        (name, "products by shape", {}, _SHAPE)
-        for name in (
-            "Llama 3 405B, 8K, 8,192 GPUs",
-            "Llama 3 405B, 8K, 16,384 GPUs",
-            "BLOOM-176B",
-            "MT-NLG 530B",
-            "OPT-175B",
-            "Korthikanti 530B (selective)",
-            "Korthikanti 1T (selective)",
-        )
-    ),
-    ("DeepSeek-V3", "FP8 products at the bf16 rate", {}, {"fp8": False}),
-    ("DeepSeek-V3", "all-to-alls exposed", {}, {"ep_schedule": "none"}),
-    (
-        "Qwen3-30B-A3B, 16 H100",
-        "no FP8, all-to-alls exposed",
-        {},
-        {"fp8": False, "ep_schedule": "none"},
-    ),
-    *(
-        (name, "FlashAttention, no layer recomputed", {"recompute": "selective"}, {})
-        for name in (
-            "Qwen3-30B-A3B, 8 H100, bf16",
-            "DeepSeek-V3, 256 H100, bf16",
-            "DeepSeek-V3, 1,024 H100, bf16",
-        )
-    ),
-    ("Llama 3 405B, 8K, 8,192 GPUs", "no interleaving (v 1)", {"virtual_stages": 1}, {}),
-    ("Llama 3 405B, 128K, 16,384 GPUs", "full recomputation", {"recompute": "full"}, {}),
-]
-
-
-def published_what_ifs():
-    """Each of :data:`WHAT_IFS`: the published run priced again with one term changed
-    (``plan.published.what_if``), its memory per GPU, whether it fits, and the residual
-    beside the one as published. A DataFrame, one row per what-if."""
-    import pandas as pd
-
-    from course_lib.plan import published
-
-    rows = []
-    for name, change, layout, assumed in WHAT_IFS:
-        before = published.what_if(name)
-        after = published.what_if(name, layout=layout, **assumed)
-        rows.append(
-            {
-                "run": name,
-                "what if": change,
-                "residual as published": before["residual"],
-                "residual": after["residual"],
-                "memory_GB": after["memory_GB"],
-                "fits": after["fits"],
-            }
-        )
-    return pd.DataFrame(rows)
 
 
 def decision_numbers() -> dict[str, float]:
@@ -392,5 +319,12 @@ from course_lib.units.u14_planning_a_run.run_failures import (  # noqa: E402
     failures_at_scale,
     restart_table,
     straggler_table,
+)
+from course_lib.units.u14_planning_a_run.run_published import (  # noqa: E402
+    BEST_SEARCH,
+    FAMILY_MISSES,
+    WHAT_IFS,
+    published_families,
+    published_what_ifs,
 )
 from course_lib.units.u14_planning_a_run.run_thresholds import threshold_table  # noqa: E402
