@@ -72,18 +72,8 @@ def _zero_rank(rank: int, world_size: int, run: _ZeroRun) -> RankRun3D:
             mean = loss.detach().reshape(1)
             dist.all_reduce(mean, group=group)
             losses.append(mean.item() / dp)
-    c = mesh.coords
-    return RankRun3D(
-        rank=rank,
-        coords=(c.pp, c.dp, c.tp),
-        losses=tuple(losses),
-        memory={k: (mem.end_breakdown or {})[k] for k in ("params", "grads", "optimizer")},
-        peak_bytes=mem.peak_bytes,
-        params_numel=sum(p.numel() for p in model.parameters()),
-        buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
-        comm=comm.summary(),
-        calls=comm.calls,
-        params=model.full_tensors("param"),
+    return RankRun3D.measured(
+        rank, mesh.coords, losses, mem, model, comm, model.full_tensors("param")
     )
 
 

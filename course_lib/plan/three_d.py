@@ -178,19 +178,8 @@ def _rank_fn(rank: int, world_size: int, run: _Run3D) -> RankRun3D:
             opt.step()
             losses.append(_mean_loss(loss, dp_group, dp))
     full = _full_params(gather_full(pipe, "param", group=tp_group), split, n_layer)
-    c = mesh.coords
-    return RankRun3D(
-        rank=rank,
-        coords=(c.pp, c.dp, c.tp),
-        losses=tuple(losses),
-        memory={k: (mem.end_breakdown or {})[k] for k in ("params", "grads", "optimizer")},
-        peak_bytes=mem.peak_bytes,
-        params_numel=sum(p.numel() for p in pipe.parameters()),
-        buffer_bytes=sum(b.numel() * b.element_size() for b in pipe.buffers()),
-        comm=comm.summary(),
-        calls=comm.calls,
-        params=full if mesh.tp_rank == 0 else None,
-    )
+    params = full if mesh.tp_rank == 0 else None
+    return RankRun3D.measured(rank, mesh.coords, losses, mem, pipe, comm, params)
 
 
 def run_schedule_3d(

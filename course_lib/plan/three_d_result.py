@@ -7,7 +7,7 @@ memory and traffic tables). Introduced in notebooks/14_planning_a_run.ipynb.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,32 @@ class RankRun3D:
     comm: Mapping[str, Any]
     calls: Mapping[str, int]
     params: Mapping[str, torch.Tensor] | None
+
+    @classmethod
+    def measured(
+        cls,
+        rank: int,
+        coords: Any,
+        losses: Sequence[float | None],
+        mem: Any,
+        module: torch.nn.Module,
+        comm: Any,
+        params: Mapping[str, torch.Tensor] | None,
+    ) -> RankRun3D:
+        """A rank's row from what it measured: ``coords`` (a mesh's, with pp, dp, tp), the
+        MemoryMeter ``mem`` and CommMeter ``comm`` it ran under, the ``module`` it trained."""
+        return cls(
+            rank=rank,
+            coords=(coords.pp, coords.dp, coords.tp),
+            losses=tuple(losses),
+            memory={k: (mem.end_breakdown or {})[k] for k in ("params", "grads", "optimizer")},
+            peak_bytes=mem.peak_bytes,
+            params_numel=sum(p.numel() for p in module.parameters()),
+            buffer_bytes=sum(b.numel() * b.element_size() for b in module.buffers()),
+            comm=comm.summary(),
+            calls=comm.calls,
+            params=params,
+        )
 
     def as_dict(self) -> dict[str, object]:
         """The rank's dict as ``run_3d`` returned it before its result was typed (losses a

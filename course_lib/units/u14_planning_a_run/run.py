@@ -163,14 +163,7 @@ DISAGREEMENTS: dict[str, str] = {
 
 
 def _best(run: Any, only: dict[str, Any]) -> dict[str, str | float]:
-    result = P.plan(
-        run.model,
-        P.cluster(run.cluster, gpus=run.gpus),
-        global_batch_tokens=run.global_batch_tokens,
-        uneven_stages=run.uneven_stages,
-        assumptions=run.assumptions,
-        only=only or None,
-    )
+    result = plan_published_run(run, only)
     top = result.iloc[0]
     dims = f"DP{top.dp} TP{top.tp} PP{top.pp}" + "".join(
         f" {k.upper()}{top[k]}" for k in ("cp", "ep") if top[k] > 1
@@ -324,6 +317,7 @@ from course_lib.units.u14_planning_a_run.run_published import (  # noqa: E402
     BEST_SEARCH,
     FAMILY_MISSES,
     WHAT_IFS,
+    plan_published_run,
     published_families,
     published_what_ifs,
 )

@@ -166,7 +166,7 @@ def family_rank(result: Any, family: tuple[int, ...]) -> tuple[int | None, tuple
     return (seen.index(family) + 1 if family in seen else None), seen[0]
 
 
-def _run_plan(run: Any, only: dict[str, Any] | None) -> Any:
+def plan_published_run(run: Any, only: dict[str, Any] | None) -> Any:
     """``plan()`` on a published run's model, GPUs, batch and assumptions."""
     return P.plan(
         run.model,
@@ -190,7 +190,7 @@ def published_families() -> pd.DataFrame:
     for name, r in published.RUNS.items():
         lay = r.layout
         family = (lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.etp)
-        cases.append((name, family, _run_plan(r, BEST_SEARCH.get(name))))
+        cases.append((name, family, plan_published_run(r, BEST_SEARCH.get(name))))
     q = QWEN3_235B
     result = P.plan(
         P.model(q["model"]),
