@@ -34,12 +34,17 @@ def efficiency_from_gpu_check(report: str | Path, *, peak_flops: float) -> float
     """The measured bf16 8192^3 matmul of a ``make gpu-check`` report (its path, or its text)
     over ``peak_flops`` (the card's dense bf16 peak, FLOP/s). The report's 2026-11-27 H100 run:
     752.9 TFLOP/s over 989 = 0.761. Raises ValueError naming the report when the row is
-    missing."""
+    missing, FileNotFoundError when a path (a Path, or one line ending .md) names no file."""
     peak = _v.number("peak_flops", peak_flops, positive=True, finite=True)
     text = str(report)
     where = "the report text"
     if "\n" not in text and Path(text).is_file():
         where, text = text, Path(text).read_text(encoding="utf-8")
+    elif isinstance(report, Path) or ("\n" not in text and text.endswith(".md")):
+        raise FileNotFoundError(
+            f"report = {text!r}: expected the path of a gpu-check report (no such file from "
+            f"{Path.cwd()}) or the report's text"
+        )
     found = _GPU_CHECK_ROW.search(text)
     if found is None:
         raise ValueError(

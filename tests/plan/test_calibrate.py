@@ -37,3 +37,11 @@ def test_fit_efficiency_finds_the_efficiency_a_step_was_predicted_with():
     assert fitted.replace(matmul_efficiency=0.6) == P.DEFAULT_ASSUMPTIONS  # nothing else moved
     with pytest.raises(ValueError, match="measured_step_s = 0.001: expected between"):
         P.fit_efficiency(model, cluster, layout, global_batch_tokens=BATCH, measured_step_s=1e-3)
+
+
+def test_a_report_path_that_names_no_file_says_so(tmp_path):
+    """A learner running the lecture from another folder: the path is missing, not the row."""
+    with pytest.raises(FileNotFoundError, match="report = '.*gpu-check.md': expected the path"):
+        P.efficiency_from_gpu_check(str(tmp_path / "gpu-check.md"), peak_flops=989e12)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        P.efficiency_from_gpu_check(tmp_path / "report.txt", peak_flops=989e12)
