@@ -133,3 +133,38 @@ def test_the_report_escapes_tables_and_shows_errors():
     assert "2 checks, 1 passed, 1 failed, 0 skipped" in text
     assert "```text\nTraceback: boom\n```" in text
     assert "| GPUs | 1: 0: Card, 80 GiB, sm 9.0 |" in text
+
+
+def test_the_fp8_and_step_checks_time_with_the_one_cuda_timer():
+    from course_tools.gpu_check import cuda_time, fp8_checks, step_checks
+
+    for module in (fp8_checks, step_checks):
+        assert module.median_ms is cuda_time.median_ms
+        assert not hasattr(module, "_median_ms")
+
+
+def test_the_cuda_timer_warms_up_then_takes_the_median_of_event_pairs(monkeypatch):
+    """CUDA events stood in for on the CPU: each pair reports the next of the given times."""
+    from course_tools.gpu_check.cuda_time import median_ms
+
+    elapsed = iter([5.0, 1.0, 9.0, 3.0, 7.0, 2.0])
+    calls, synced = [], []
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+
+        def record(self) -> None:
+            pass
+
+        def elapsed_time(self, end: Event) -> float:
+            assert synced, "read before the device is synchronized"
+            return next(elapsed)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: synced.append(1))
+    assert median_ms(lambda: calls.append(1), repeat=5) == 5.0  # 1, 3, 5, 7, 9
+    assert len(calls) == 6 and len(synced) == 5  # one warm-up call, untimed
+    assert median_ms(lambda: None, repeat=1) == 2.0
+    with pytest.raises(ValueError, match="repeat = 0: expected"):
+        median_ms(lambda: None, repeat=0)

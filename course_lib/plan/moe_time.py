@@ -71,7 +71,8 @@ def all_to_all(
     capacity_factor: float = 1.0,
 ) -> AllToAll:
     """:class:`AllToAll` of one MoE layer for a rank's micro-batch of tokens (micro_batch x seq
-    / (cp tp)), bf16 rows of h. Each token's top_k copies go to experts spread evenly over ep
+    / (cp tp)), bf16 rows of h, each moving ``estimate.ep_all_to_all_bytes_per_assignment``
+    when it leaves its rank. Each token's top_k copies go to experts spread evenly over ep
     ranks, (per_node - 1) / (ep - 1) of the others in its node (NVLink), the rest across nodes
     (network): there, ``node_limit`` (DeepSeek-V3's M = 4) sends one copy per node. Dispatch and
     combine, forward and backward: 4 transfers. The busiest rank receives ``capacity_factor``
@@ -80,7 +81,7 @@ def all_to_all(
     if e == 1 or not model.experts:
         return AllToAll(0.0, 0.0, 0.0, 0.0, 0.0)
     tokens = layout.micro_batch * model.seq // (layout.cp * layout.tp)
-    row = 2 * model.hidden
+    row = estimate.ep_all_to_all_bytes_per_assignment(model.hidden)  # a copy: 4 x 2h
     nodes = span(cluster, layout.dims.stride("ep"), e)[0]
     k = model.top_k
     near_copies, far_copies = k * (e - 1) / e, 0.0  # copies to other ranks: all in the node
@@ -89,8 +90,8 @@ def all_to_all(
         far_copies = _node_copies(k, nodes, node_limit)
         # to ranks of the own node, and (node-limited) forwarded inside the node they reach
         near_copies = k * (e - 1) / e - every_remote + (every_remote - far_copies)
-    nv = 4 * capacity_factor * tokens * near_copies * row / (cluster.intra_GBps * 1e9)
-    net_bytes = 4 * far_copies * row
+    nv = capacity_factor * tokens * near_copies * row / (cluster.intra_GBps * 1e9)
+    net_bytes = far_copies * row
     net = capacity_factor * tokens * net_bytes / (cluster.inter_GBps * 1e9)
     alpha = cluster.alpha_inter_s if nodes > 1 else cluster.alpha_intra_s
     return AllToAll(nv, net, 4 * alpha, max(nv, net) + 4 * alpha, net_bytes)

@@ -13,22 +13,10 @@ from __future__ import annotations
 import torch
 
 from course_tools.gpu_check.core import Figure, Outcome, Settings, failed, skipped
+from course_tools.gpu_check.cuda_time import median_ms
 
 #: the GEMM shape timed: large enough for the tensor cores to reach their stride
 SIZE = 8192
-
-
-def _median_ms(fn, repeat: int = 10) -> float:
-    fn()  # warm-up: kernels chosen, workspace allocated
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def _layer_step(layer: torch.nn.Module, x: torch.Tensor) -> None:
@@ -46,8 +34,8 @@ def fp8_gemm_speed(settings: Settings) -> Outcome:
     a = torch.randn(SIZE, SIZE, device="cuda", generator=gen)
     b = torch.randn(SIZE, SIZE, device="cuda", generator=gen)
     a16, b16, qa, qb = a.bfloat16(), b.bfloat16(), to_float8(a), to_float8(b)
-    t16 = _median_ms(lambda: a16 @ b16.t())
-    t8 = _median_ms(lambda: fp8_matmul(qa, qb, out_dtype=torch.bfloat16))
+    t16 = median_ms(lambda: a16 @ b16.t())
+    t8 = median_ms(lambda: fp8_matmul(qa, qb, out_dtype=torch.bfloat16))
     out, how = fp8_matmul(qa, qb, out_dtype=torch.bfloat16)
     flops = 2 * SIZE**3
     lin = torch.nn.Linear(SIZE, SIZE, bias=False, device="cuda", dtype=torch.bfloat16)
@@ -58,8 +46,8 @@ def fp8_gemm_speed(settings: Settings) -> Outcome:
         f"FP8 {how} (TFLOP/s)": round(flops / t8 / 1e9, 1),
         "FP8 / bf16 GEMM speedup": round(t16 / t8, 3),
         "FP8 GEMM relative error vs fp32 (%)": round(100 * relative_error(out, a @ b.t()), 3),
-        "bf16 nn.Linear fwd+bwd (ms)": round(_median_ms(lambda: _layer_step(lin, x)), 3),
-        "eager Float8Linear fwd+bwd (ms)": round(_median_ms(lambda: _layer_step(fp8_layer, x)), 3),
+        "bf16 nn.Linear fwd+bwd (ms)": round(median_ms(lambda: _layer_step(lin, x)), 3),
+        "eager Float8Linear fwd+bwd (ms)": round(median_ms(lambda: _layer_step(fp8_layer, x)), 3),
         # the step's three products (y, dx, dw) are all SIZE^3: the rest of the step is the
         # amax, scale, cast, transpose and check passes that torch.compile would fuse
         "of which its 3 GEMMs, at the FP8 speed above (ms)": round(3 * t8, 3),

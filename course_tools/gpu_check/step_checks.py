@@ -9,24 +9,14 @@ on the GPU, and SDPA's flash backend against the written-out attention in time a
 
 from __future__ import annotations
 
+import functools
 import importlib
+from collections.abc import Callable
 
 import torch
 
 from course_tools.gpu_check.core import Figure, Outcome, Settings, failed, skipped
-
-
-def _median_ms(fn, repeat: int = 10) -> float:
-    fn()  # warm-up: kernels chosen (and compiled), workspace allocated
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+from course_tools.gpu_check.cuda_time import median_ms
 
 
 def _profile_and_history(figures: dict[str, Figure]) -> None:
@@ -65,10 +55,14 @@ def _compiled_chain(figures: dict[str, Figure]) -> None:
     run = importlib.import_module("course_lib.units.u19_inside_the_step.run")
     x, b, r, w, lb = (t.cuda() for t in run.chain_inputs(8192, 4096))
     compiled = torch.compile(run.fused_chain)
-    eager_ms = _median_ms(lambda: run.fused_chain(x, b, r, w, lb))
-    compiled_ms = _median_ms(lambda: compiled(x, b, r, w, lb))
+    eager_ms = median_ms(lambda: run.fused_chain(x, b, r, w, lb))
+    compiled_ms = median_ms(lambda: compiled(x, b, r, w, lb))
     figures["fused chain 8192 x 4096: eager (ms)"] = round(eager_ms, 3)
     figures["fused chain: torch.compile (ms)"] = round(compiled_ms, 3)
+
+
+def _forward_backward(attention: Callable[[], torch.Tensor]) -> None:
+    attention().sum().backward()
 
 
 def _attention(figures: dict[str, Figure]) -> bool:
@@ -97,7 +91,7 @@ def _attention(figures: dict[str, Figure]) -> bool:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
-            ms = _median_ms(lambda fn=fn: fn().sum().backward(), repeat=5)
+            ms = median_ms(functools.partial(_forward_backward, fn), repeat=5)
             peak = torch.cuda.max_memory_allocated() - base
         results[name] = (ms, peak)
         figures[f"{name} fwd+bwd (ms)"] = round(ms, 3)

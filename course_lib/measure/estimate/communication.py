@@ -221,11 +221,16 @@ def collective_bytes_sent(
             )
         fn = scatter_bytes_sent if c == "scatter" else gather_bytes_sent
         return fn(s, n, root=root)
-    if c == "all_reduce":
-        return ring_allreduce_bytes_sent(s, n)
+    one = {
+        "all_reduce": ring_allreduce_bytes_sent,
+        "all_gather": allgather_bytes_sent,
+        "reduce_scatter": reduce_scatter_bytes_sent,
+    }
+    if c in one:
+        return one[c](s, n)
     if c == "send_recv":
         return s
-    return exact(Fraction((n - 1) * s, n))
+    return exact(Fraction((n - 1) * s, n))  # all_to_all, broadcast, reduce
 
 
 def zero_bytes_sent_per_step(

@@ -16,6 +16,7 @@ from fractions import Fraction
 from typing import Literal
 
 from course_lib import validate as _v
+from course_lib.measure.estimate.memory import dtype_bytes
 from course_lib.measure.estimate.units import exact
 
 __all__ = [
@@ -106,8 +107,8 @@ def fp8_cast_bytes(
 
 
 Gather = Literal["fp32", "bf16", "fp8"]
-#: bytes per parameter an all-gather carries for the linear layers' weights
-GATHER_DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp8": 1}
+#: bytes per parameter an all-gather carries for the linear layers' weights (``dtype_bytes``)
+GATHER_DTYPE_BYTES: dict[str, int] = {g: dtype_bytes(g) for g in ("fp32", "bf16", "fp8")}
 
 
 def fsdp_allgather_bytes_sent(

@@ -22,6 +22,7 @@ __all__ = [
     "moe_param_count",
     "moe_capacity",
     "ep_all_to_all_bytes",
+    "ep_all_to_all_bytes_per_assignment",
     "ep_all_to_all_bytes_per_token",
     "moe_model_state_bytes_per_rank",
 ]
@@ -120,19 +121,34 @@ def ep_all_to_all_bytes(
     }
 
 
+def ep_all_to_all_bytes_per_assignment(
+    hidden: int, *, dtype_bytes: int = 2, backward: bool = True
+) -> int:
+    """Bytes one assignment (a token's row for one expert) moves over one MoE layer when its
+    expert sits on another rank: the row out (dispatch) and its result back (combine), hidden x
+    dtype_bytes each, and both again in backward: 4 hidden dtype_bytes (2 hidden dtype_bytes
+    with ``backward=False``). 32 KiB for a bf16 row of 4,096. The one count of what an
+    all-to-all moves per row: :func:`ep_all_to_all_bytes_per_token` (uniform routing),
+    ``overlap.ep_overlap_min_tokens_per_expert`` and the planner's ``plan.moe_time`` use it."""
+    h = _v.count("hidden", hidden, minimum=1)
+    p = _v.count("dtype_bytes", dtype_bytes, minimum=1)
+    passes = 2 if _v.choice("backward", backward, (True, False)) else 1
+    return 2 * passes * h * p
+
+
 def ep_all_to_all_bytes_per_token(
     hidden: int, *, ep: int, top_k: int, dtype_bytes: int = 2
 ) -> int | float:
     """Bytes one rank sends per token of its own and MoE layer, forward and backward, under
     uniform routing: each of the token's top_k assignments leaves the rank with probability
-    (ep-1)/ep, travels there (dispatch) and back (combine), and backward repeats both:
-    4 top_k (ep-1)/ep hidden dtype_bytes. The count exchange is left out (per layer, not per
-    token). Balanced routing is the best case; a hot expert's rank receives more."""
-    h = _v.count("hidden", hidden, minimum=1)
+    (ep-1)/ep and moves :func:`ep_all_to_all_bytes_per_assignment` (dispatch and combine,
+    forward and backward): 4 top_k (ep-1)/ep hidden dtype_bytes. The count exchange is left
+    out (per layer, not per token). Balanced routing is the best case; a hot expert's rank
+    receives more."""
+    row = ep_all_to_all_bytes_per_assignment(hidden, dtype_bytes=dtype_bytes)
     n = _v.count("ep", ep, minimum=1)
     k = _v.count("top_k", top_k, minimum=1)
-    p = _v.count("dtype_bytes", dtype_bytes, minimum=1)
-    return exact(Fraction(4 * k * (n - 1) * h * p, n))
+    return exact(Fraction(k * (n - 1) * row, n))
 
 
 def moe_model_state_bytes_per_rank(

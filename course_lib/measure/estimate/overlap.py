@@ -36,6 +36,7 @@ import math
 
 from course_lib import validate as _v
 from course_lib.measure.estimate.compute import microbatches_for_bubble
+from course_lib.measure.estimate.moe import ep_all_to_all_bytes_per_assignment
 
 __all__ = [
     "dp_overlap_min_tokens",
@@ -239,10 +240,11 @@ def ep_overlap_min_tokens_per_expert(
 
     Per rank, E/ep experts of c assignments: A = c E / ep rows. Compute: 2 P_e FLOPs a row
     (P_e = 2 h f, or 3 h f ``gated_mlp``), A 2 P_e / F. All-to-all, balanced routing: a share
-    (ep-1)/ep of the rows travels, h p bytes each, in dispatch and again in combine, 2 (ep-1)/ep
-    A h p / B, plus (ep-1) pairwise steps of ``alpha_s`` each for both. Per row the condition is
-    2 P_e / F > 2 (ep-1)/ep h p / B, i.e. f > (F/B) (ep-1)/ep p / 2 (ungated; / 3 gated): the
-    rows cancel, and only the latency sets a number of tokens,
+    (ep-1)/ep of the rows travels, h p bytes each, in dispatch and again in combine
+    (``ep_all_to_all_bytes_per_assignment``, forward), 2 (ep-1)/ep A h p / B, plus (ep-1)
+    pairwise steps of ``alpha_s`` each for both. Per row the condition is 2 P_e / F >
+    2 (ep-1)/ep h p / B, i.e. f > (F/B) (ep-1)/ep p / 2 (ungated; / 3 gated): the rows cancel,
+    and only the latency sets a number of tokens,
     c = 2 (ep-1) alpha ep / (E (2 P_e/F - 2 (ep-1)/ep h p / B)). DeepSeek-V3's experts (h 7,168,
     f 2,048, SwiGLU) at ep = 64 in bf16: the all-to-all is (F/B) (63/64) 2 / (3 x 2,048) = 0.70
     of the expert compute over NVLink and 6.3x over one 50 GB/s port: across nodes it never
@@ -259,7 +261,8 @@ def ep_overlap_min_tokens_per_expert(
     if n == 1:
         return 0.0
     p_e = (3 if gated_mlp else 2) * h * f
-    margin = 2 * p_e - ratio * 2 * (n - 1) / n * h * p  # FLOPs per row the transfer leaves
+    row = ep_all_to_all_bytes_per_assignment(h, dtype_bytes=p, backward=False)  # 2 h p
+    margin = 2 * p_e - ratio * (n - 1) / n * row  # FLOPs per row the transfer leaves
     if margin <= 0:
         return math.inf
     f_eff = peak_flops * mfu

@@ -20,7 +20,6 @@ __all__ = [
     "pipeline_inflight_layers",
     "gpus_for_days",
     "gpu_hours",
-    "mfu_from_gpu_hours",
 ]
 
 # Norm, NORMS: the norms a shape may have (defined with course_lib.shape.ModelShape)
@@ -185,15 +184,3 @@ def gpu_hours(total_flops: float, *, peak_flops: float, mfu: float) -> float:
     f = _v.number("total_flops", total_flops, positive=True)
     u = _v.number("mfu", mfu, positive=True, maximum=1)
     return f / (3600 * u * _v.number("peak_flops", peak_flops, positive=True))
-
-
-def mfu_from_gpu_hours(total_flops: float, hours: float, *, peak_flops: float) -> float:
-    """The MFU a reported GPU-hour figure implies: F / (hours * 3600 * peak). Llama-2-7B:
-    6 x 6.74e9 x 2e12 over 184,320 A100-hours (Touvron et al. 2023, arXiv:2307.09288, Table 2)
-    at 312 TFLOP/s: 39 %."""
-    f = _v.number("total_flops", total_flops, positive=True)
-    return f / (
-        _v.number("hours", hours, positive=True)
-        * 3600
-        * _v.number("peak_flops", peak_flops, positive=True)
-    )

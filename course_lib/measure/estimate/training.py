@@ -17,6 +17,7 @@ __all__ = [
     "gpt_param_count",
     "training_flops_per_token",
     "mfu",
+    "mfu_from_gpu_hours",
     "gpus_for_training",
     "training_days",
     "GpuSpec",
@@ -98,6 +99,14 @@ def mfu(flops_per_step: float, step_s: float, peak_flops: float) -> float:
         / _v.number("step_s", step_s, positive=True)
         / _v.number("peak_flops", peak_flops, positive=True)
     )
+
+
+def mfu_from_gpu_hours(total_flops: float, hours: float, *, peak_flops: float) -> float:
+    """The MFU a reported GPU-hour figure implies: F / (hours * 3600 * peak). Llama-2-7B:
+    6 x 6.74e9 x 2e12 over 184,320 A100-hours (Touvron et al. 2023, arXiv:2307.09288, Table 2)
+    at 312 TFLOP/s: 39 %. The one MFU formula, :func:`mfu`, with the hours in seconds."""
+    f = _v.number("total_flops", total_flops, positive=True)
+    return mfu(f, _v.number("hours", hours, positive=True) * 3600, peak_flops)
 
 
 def training_days(total_flops: float, *, gpus: int, peak_flops: float, mfu: float) -> float:
