@@ -111,7 +111,7 @@ class Bench70B(TypedDict):
     rss: int
 
 
-def bench_70b(world_size: int = 512, seq_len: int = 4096) -> Bench70B:
+def bench_70b(world_size: int = 512, seq: int = 4096) -> Bench70B:
     """One FSDP2 step of Llama-2-70B (bf16 compute, fp32 master + AdamW) on the virtual cluster."""
     t0 = time.perf_counter()
     step = simulate_step(
@@ -120,7 +120,7 @@ def bench_70b(world_size: int = 512, seq_len: int = 4096) -> Bench70B:
         strategy="fsdp",
         mixed_precision="bf16",
         batch=1,
-        seq_len=seq_len,
+        seq=seq,
         count_comm=False,
         timeout=600,
     )

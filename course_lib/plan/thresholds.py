@@ -98,7 +98,7 @@ def layout_thresholds(
       ep_overlap_min_tokens_per_expert`` (may be inf: never hides)."""
     mfu = assumptions.matmul_efficiency
     kw: dict[str, Any] = dict(peak_flops=cluster.peak_flops, mfu=mfu)
-    tokens = layout.micro_batch * model.seq_len // layout.cp
+    tokens = layout.micro_batch * model.seq // layout.cp
     rows: list[dict[str, Any]] = []
     group = layout.dp * layout.cp
     if group > 1:
@@ -120,7 +120,7 @@ def layout_thresholds(
         rows += _pp_rows(model, cluster, layout, global_batch_tokens, kw)
     if layout.cp > 1:
         link, gbps, _ = _link(cluster, layout.tp, layout.cp)
-        n = model.seq_len // layout.cp
+        n = model.seq // layout.cp
         need = estimate.cp_ring_overlap_min_tokens(
             heads=model.heads, kv_heads=model.kv_heads, tp=layout.tp, causal=True,
             link_GBps=gbps, **kw)  # fmt: skip

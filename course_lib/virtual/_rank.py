@@ -220,7 +220,7 @@ def simulate_in_process(spec: SimSpec) -> StepResult:
         n_params_local = sum(_local(p).numel() for p in model.parameters())
         opt = make_optimizer(spec.optimizer, model.parameters())
         prime_optimizer(opt)
-        idx = torch.randint(0, spec.vocab, (spec.batch, spec.seq_len))  # (B, T)
+        idx = torch.randint(0, spec.vocab, (spec.batch, spec.seq))  # (B, T)
         tracker = _tracker(model, opt, fsdp_like, idx)
         comm = CommDebugMode() if spec.count_comm else contextlib.nullcontext()
         t_setup = time.process_time()

@@ -27,7 +27,7 @@ class SimSpec:
     tp: int  # tensor-parallel degree (1 without tensor parallelism)
     mixed_precision: MixedPrecision
     batch: int
-    seq_len: int
+    seq: int  # tokens per sequence
     vocab: int
     reshard_after_forward: bool
     optimizer: Optimizer

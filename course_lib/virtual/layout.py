@@ -56,7 +56,7 @@ def layout_arguments(
         strategy=strategy,
         tp=tp,
         batch=getattr(layout, "micro_batch", 1) if batch is None else batch,
-        seq_len=shape.seq if seq is None else seq,
+        seq=shape.seq if seq is None else seq,
         **settings,
     )
 

@@ -82,7 +82,7 @@ class SimulatedStep:
     optimizer: Optimizer
     checkpoint: Checkpoint
     batch: int
-    seq_len: int
+    seq: int  # tokens per sequence
     model: str
     n_params: int | None
     n_params_local: int
@@ -98,6 +98,11 @@ class SimulatedStep:
 
     label = LABEL  # what every frame and figure of the virtual cluster is labelled with
     row_help = ROW_HELP
+
+    @property
+    def seq_len(self) -> int:
+        """The old name of ``seq`` (kept one release)."""
+        return self.seq
 
     @property
     def dp(self) -> int:

@@ -3,7 +3,7 @@ rank of a cluster that does not exist, in one process.
 
     from course_lib import virtual
     step = virtual.simulate_step(virtual.PRESETS["llama2-70b"], world_size=512, strategy="fsdp",
-                                 mixed_precision="bf16", batch=1, seq_len=512)
+                                 mixed_precision="bf16", batch=1, seq=512)
     step.title        # 'virtual cluster (simulated, not measured on GPUs): fsdp, 512 ranks, ...'
     step.to_frame()   # bytes on rank 0: one row per category, one column per moment
 
@@ -78,7 +78,7 @@ def check_arguments(
     strategy: Any,
     mixed_precision: Any,
     batch: Any,
-    seq_len: Any,
+    seq: Any,
     tp: Any,
     reshard_after_forward: Any,
     optimizer: Any,
@@ -87,6 +87,7 @@ def check_arguments(
     checkpoint: Any = None,
     fast_chunks: bool = True,
     count_comm: bool = True,
+    seq_len: Any = None,
 ) -> SimSpec:
     """Every check, before any process starts; returns the normalised spec."""
     if not callable(model_fn):
@@ -100,7 +101,7 @@ def check_arguments(
     optimizer = _v.choice("optimizer", optimizer, OPTIMIZERS, case_insensitive=True)
     checkpoint = None if _v.choice("checkpoint", checkpoint, CHECKPOINT) == "none" else checkpoint
     batch = _v.count("batch", batch, minimum=1)
-    seq_len = _v.count("seq_len", seq_len, minimum=1)
+    seq = _v.count(*seq_argument(seq, seq_len), minimum=1)
     if not isinstance(reshard_after_forward, bool):
         raise TypeError(
             f"reshard_after_forward = {_v.describe(reshard_after_forward)}: expected True or False"
@@ -112,7 +113,7 @@ def check_arguments(
         tp=_check_tp(model_fn, strategy, world_size, tp),
         mixed_precision=mixed_precision,
         batch=batch,
-        seq_len=seq_len,
+        seq=seq,
         vocab=_check_vocab(model_fn, vocab),
         reshard_after_forward=reshard_after_forward,
         optimizer=optimizer,
@@ -121,6 +122,19 @@ def check_arguments(
         fast_chunks=bool(fast_chunks),
         count_comm=bool(count_comm),
     )
+
+
+def seq_argument(seq: Any, seq_len: Any, *, default: int | None = None) -> tuple[str, Any]:
+    """``seq`` or ``seq_len``, its old name (kept one release): (the name the caller gave, the
+    value). Giving both is an error; giving neither is ``default`` (an error when None)."""
+    if seq is not None and seq_len is not None:
+        raise TypeError(
+            f"seq = {seq!r}, seq_len = {seq_len!r}: expected seq alone (seq_len is its old "
+            "name, kept one release; give one of them)"
+        )
+    if seq is None and seq_len is None and default is None:
+        raise TypeError("seq = None: expected the tokens per sequence, an int >= 1 (seq=...)")
+    return ("seq", default if seq is None else seq) if seq_len is None else ("seq_len", seq_len)
 
 
 def _check_vocab(model_fn: Any, vocab: Any) -> int:
@@ -186,7 +200,7 @@ def simulate_step(
     strategy: Strategy,
     mixed_precision: MixedPrecision = None,
     batch: int,
-    seq_len: int,
+    seq: int | None = None,
     tp: int | None = None,
     reshard_after_forward: bool = True,
     optimizer: str = "adamw",
@@ -195,6 +209,7 @@ def simulate_step(
     timeout: float = 300.0,
     fast_chunks: bool = True,
     count_comm: bool = True,
+    seq_len: int | None = None,
 ) -> SimulatedStep:
     """Per-rank memory of one training step on a virtual cluster of ``world_size`` ranks.
 
@@ -209,7 +224,8 @@ def simulate_step(
         mixed_precision: None (fp32 everywhere), "bf16" or "fp16": FSDP2/replicate
             ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)`` over fp32 parameters
             (fp32 master weights + Adam = the ZeRO paper's accounting); "tp" uses autocast.
-        batch, seq_len: the micro-batch of token ids each rank sees.
+        batch, seq: the micro-batch of token ids each rank sees: ``batch`` sequences of
+            ``seq`` tokens (both required; ``seq_len`` may name ``seq`` for one release).
         tp: tensor-parallel degree. None: world_size for "tp", 1 for the others; required
             for "fsdp+tp" (a divisor of world_size, and of the model's heads, kv_heads, ffn).
         reshard_after_forward: FSDP2's option ("fsdp_no_reshard" forces False).
@@ -227,6 +243,7 @@ def simulate_step(
             set-up (same result, ~2x faster at 512 ranks; see ``_patches._LazyChunks``).
         count_comm: count collectives with ``CommDebugMode`` (``comm``; None when False,
             which saves ~10 % of the time).
+        seq_len: the old name of ``seq``, kept one release (giving both is a TypeError).
 
     Returns:
         :class:`~course_lib.virtual.result.SimulatedStep`: ``to_frame()`` has one row per
@@ -241,10 +258,11 @@ def simulate_step(
         states ZeRO's accounting counts (params + grads + optimizer). The optimizer row is the
         state kept between steps; tensors the step allocates and frees are counted in
         ``temporaries`` (as ``MemoryMeter`` does). Its fields: title, strategy, world_size, tp,
-        dp, mixed_precision, optimizer, checkpoint, batch, seq_len, model, n_params (when
-        ``model_fn`` knows it), n_params_local, comm (collective counts from ``CommDebugMode``:
-        total / forward / backward), simulate_s (CPU seconds of the process), launch_s (whole
-        call), rss_peak_bytes (the process's peak resident memory), torch,
+        dp, mixed_precision, optimizer, checkpoint, batch, seq (``seq_len`` still reads it, one
+        release), model, n_params (when ``model_fn`` knows it), n_params_local, comm
+        (collective counts from ``CommDebugMode``: total / forward / backward), simulate_s (CPU
+        seconds of the process), launch_s (whole call), rss_peak_bytes (the process's peak
+        resident memory), torch,
         activation_peak_bytes (the largest activations + temporaries during forward and
         backward, which need not fall at the total's peak; with ``checkpoint`` the rebuilt
         tensors count as activations) and activation_peak (every row at that moment).
@@ -259,6 +277,7 @@ def simulate_step(
         strategy=strategy,
         mixed_precision=mixed_precision,
         batch=batch,
+        seq=seq,
         seq_len=seq_len,
         tp=tp,
         reshard_after_forward=reshard_after_forward,
@@ -288,7 +307,7 @@ def _title(spec: SimSpec) -> str:
         + (f" {_count_text(n_params)} params" if n_params else "")
         + f", {spec.mixed_precision or 'fp32'}, {spec.optimizer}, "
         + f"checkpoint {spec.checkpoint or 'none'}, "
-        + f"batch {spec.batch} x seq {spec.seq_len}; "
+        + f"batch {spec.batch} x seq {spec.seq}; "
         "bytes on rank 0"
     )
 
@@ -321,7 +340,7 @@ def to_result(raw: StepResult, spec: SimSpec, *, launch_s: float | None = None) 
         optimizer=spec.optimizer,
         checkpoint=spec.checkpoint,
         batch=spec.batch,
-        seq_len=spec.seq_len,
+        seq=spec.seq,
         model=getattr(model, "name", type(model).__name__),
         n_params=getattr(model, "n_params", None),
         n_params_local=raw.n_params_local,

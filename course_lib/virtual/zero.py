@@ -55,7 +55,7 @@ from course_lib.measure import estimate
 from course_lib.virtual._types import Strategy
 from course_lib.virtual.model import PRESETS, LlamaLike
 from course_lib.virtual.result import LABEL, SimulatedStep
-from course_lib.virtual.simulate import simulate_step
+from course_lib.virtual.simulate import seq_argument, simulate_step
 
 __all__ = [
     "ZeroRow",
@@ -230,10 +230,11 @@ def zero_table(
     *,
     paper_n_params: float,
     batch: int = 1,
-    seq_len: int = 64,
+    seq: int | None = None,
     run_virtual: bool = True,
     timeout: float = 300.0,
     count_comm: bool = True,
+    seq_len: int | None = None,
 ) -> ZeroTable:
     """Per-stage model states per rank: the source's numbers, estimate, and the virtual cluster.
 
@@ -244,8 +245,10 @@ def zero_table(
     target), residual_GB (virtual - estimate_model), peak_GB (the rank's whole peak, with
     activations and buffers), sim_cpu_s (CPU seconds of the simulation), note, label
     (= "virtual" on rows run on the virtual cluster, else "estimate only").
-    GB = 1e9 bytes, as the paper.
+    GB = 1e9 bytes, as the paper. ``batch`` sequences of ``seq`` tokens (None: 64) per rank;
+    ``seq_len`` is the old name of ``seq``, kept one release (giving both is a TypeError).
     """
+    seq_name, seq_value = seq_argument(seq, seq_len, default=64)
     rows = []
     runs: dict[int, SimulatedStep] = {}
     for stage in range(4):
@@ -258,7 +261,7 @@ def zero_table(
                 strategy=strategy,
                 mixed_precision="bf16",
                 batch=batch,
-                seq_len=seq_len,
+                **{seq_name: seq_value},
                 timeout=timeout,
                 count_comm=count_comm,
             )

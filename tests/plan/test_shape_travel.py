@@ -94,7 +94,7 @@ def test_the_virtual_cluster_takes_the_shape_and_the_layout(travelled):
     layout = P.Layout(dp=gpus // 8, tp=8, zero=3, recompute="selective")
     spec = _checked(**virtual.layout_arguments(shape, layout, timeout=60))
     assert (spec.world_size, spec.tp, spec.strategy) == (gpus, 8, "tp" if gpus == 8 else "fsdp+tp")
-    assert (spec.seq_len, spec.batch, spec.checkpoint, spec.vocab) == (4096, 1, "selective", 32000)
+    assert (spec.seq, spec.batch, spec.checkpoint, spec.vocab) == (4096, 1, "selective", 32000)
     fsdp = _checked(**virtual.layout_arguments(shape, ParallelDims(dp=gpus), zero=2))
     assert (fsdp.strategy, fsdp.world_size, fsdp.tp, fsdp.checkpoint) == (
         "fsdp_no_reshard",

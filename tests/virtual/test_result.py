@@ -59,7 +59,7 @@ def step_of(model, **settings):
         strategy=settings.get("strategy", "fsdp"),
         mixed_precision="bf16",
         batch=1,
-        seq_len=4096,
+        seq=4096,
         tp=settings.get("tp"),
         reshard_after_forward=True,
         optimizer="adamw",
@@ -106,7 +106,8 @@ def test_to_frame_is_the_old_frame_and_the_fields_hold_its_attributes(
         "bf16",
         "adamw",
     )
-    assert (step.checkpoint, step.batch, step.seq_len) == ("full", 1, 4096)
+    assert (step.checkpoint, step.batch, step.seq) == ("full", 1, 4096)
+    assert step.seq_len == 4096  # the old name, kept one release
     assert step.comm == COMM and step.n_params_local == 1234
     assert (step.simulate_s, step.launch_s, step.rss_peak_bytes) == (2.5, 3.0, 3 * 2**20)
     assert step.step_peak_bytes_traced == 512

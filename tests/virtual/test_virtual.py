@@ -41,13 +41,13 @@ def row(step, category, column):
 @pytest.fixture(scope="module")
 def fsdp8():
     return virtual.simulate_step(
-        EVEN, world_size=8, strategy="fsdp", mixed_precision="bf16", batch=2, seq_len=32
+        EVEN, world_size=8, strategy="fsdp", mixed_precision="bf16", batch=2, seq=32
     )
 
 
 @pytest.fixture(scope="module")
 def tp4():
-    return virtual.simulate_step(EVEN, world_size=4, strategy="tp", batch=2, seq_len=32)
+    return virtual.simulate_step(EVEN, world_size=4, strategy="tp", batch=2, seq=32)
 
 
 def test_llama_like_counts_its_parameters():
@@ -85,7 +85,7 @@ def test_fsdp_padding_at_64_ranks_and_fast_chunks_change_nothing():
             world_size=64,
             strategy="fsdp",
             batch=1,
-            seq_len=16,
+            seq=16,
             optimizer="sgd",
             fast_chunks=fast,
         )
@@ -103,7 +103,7 @@ def test_fsdp_padding_at_64_ranks_and_fast_chunks_change_nothing():
 @pytest.mark.slow
 def test_no_reshard_holds_every_gathered_parameter_like_zero2():
     df = virtual.simulate_step(
-        EVEN, world_size=16, strategy="fsdp_no_reshard", mixed_precision="bf16", batch=1, seq_len=16
+        EVEN, world_size=16, strategy="fsdp_no_reshard", mixed_precision="bf16", batch=1, seq=16
     )
     assert row(df, "unsharded_params", "max") == 2 * EVEN.n_params  # bf16, all layers at once
     assert row(df, "params", "after_backward") == 4 * EVEN.n_params // 16
@@ -130,7 +130,7 @@ def test_tp_splits_blocks_and_commdebugmode_counts_megatron_all_reduces(tp4):
 @pytest.mark.slow
 def test_fsdp_plus_tp_runs_in_two_dimensions():
     df = virtual.simulate_step(
-        EVEN, world_size=8, strategy="fsdp+tp", tp=4, mixed_precision="bf16", batch=1, seq_len=16
+        EVEN, world_size=8, strategy="fsdp+tp", tp=4, mixed_precision="bf16", batch=1, seq=16
     )
     block = [s for s in shapes(EVEN)[1:-2] if len(s) == 2]
     in_blocks = sum(math.prod(s) for s in block)
@@ -178,7 +178,7 @@ def test_bad_configurations_are_refused_before_any_process(monkeypatch, kwargs, 
         raise AssertionError("a process was started")
 
     monkeypatch.setattr(launch_module, "launch", no_launch)
-    args = dict(world_size=8, strategy="fsdp", batch=1, seq_len=8) | kwargs
+    args = dict(world_size=8, strategy="fsdp", batch=1, seq=8) | kwargs
     with pytest.raises(
         ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")
     ):
@@ -187,9 +187,9 @@ def test_bad_configurations_are_refused_before_any_process(monkeypatch, kwargs, 
     with pytest.raises(
         ValueError, match=r"kv_heads = 4 is not divisible by tp = 8\); valid here: 1, 2, 4"
     ):
-        virtual.simulate_step(EVEN, world_size=8, strategy="tp", batch=1, seq_len=8)
+        virtual.simulate_step(EVEN, world_size=8, strategy="tp", batch=1, seq=8)
     with pytest.raises(TypeError, match="model_fn"):
-        virtual.simulate_step(torch.nn.Linear, world_size=4, strategy="tp", batch=1, seq_len=8)
+        virtual.simulate_step(torch.nn.Linear, world_size=4, strategy="tp", batch=1, seq=8)
 
 
 def test_no_process_left_behind(fsdp8, tp4):
@@ -249,7 +249,7 @@ def test_a_failing_model_fn_is_reported_and_leaves_no_process():
 
     with pytest.raises(LaunchError, match="model_fn broke on purpose"):
         virtual.simulate_step(
-            _broken_model, world_size=4, strategy="fsdp", batch=1, seq_len=8, vocab=16, timeout=60
+            _broken_model, world_size=4, strategy="fsdp", batch=1, seq=8, vocab=16, timeout=60
         )
     children = {p.pid for p in psutil.Process().children(recursive=True)}
     assert children <= launch_module.helper_pids()
@@ -279,7 +279,7 @@ def llama_block_saved_bytes(cfg, b, s):
 
 @pytest.fixture(scope="module")
 def ck_runs():
-    run = dict(world_size=8, strategy="fsdp", mixed_precision="bf16", batch=ACT_B, seq_len=ACT_S)
+    run = dict(world_size=8, strategy="fsdp", mixed_precision="bf16", batch=ACT_B, seq=ACT_S)
     return {
         (layers, ck): virtual.simulate_step(act_cfg(layers), checkpoint=ck, **run)
         for layers, ck in ((2, None), (2, "full"), (3, "full"), (2, "selective"))
@@ -336,5 +336,5 @@ def test_bad_checkpoint_policy_names_the_choices(monkeypatch):
         ValueError, match="checkpoint = 'every_k': expected one of None, none, selective, full"
     ):
         virtual.simulate_step(
-            EVEN, world_size=8, strategy="fsdp", batch=1, seq_len=8, checkpoint="every_k"
+            EVEN, world_size=8, strategy="fsdp", batch=1, seq=8, checkpoint="every_k"
         )

@@ -67,7 +67,7 @@ def _virtual_7b_blocks(
         strategy="fsdp",
         mixed_precision="bf16",
         batch=batch,
-        seq_len=seq,
+        seq=seq,
         checkpoint=checkpoint,
         count_comm=False,
     )

@@ -236,7 +236,7 @@ def _mfu_case(c: dict[str, Any]) -> tuple:
     model = P.model(c["model"])
     dp, tp, pp = c["layout"]
     layout = P.Layout(dp, tp, pp, 1, c["recompute"], 1)
-    return model, P.cluster(CLUSTER, gpus=c["gpus"]), layout, c["factor"] * model.seq_len
+    return model, P.cluster(CLUSTER, gpus=c["gpus"]), layout, c["factor"] * model.seq
 
 
 def prepare_mfu_prediction(task: int = 3) -> list[dict[str, Any]]:
@@ -282,15 +282,14 @@ def judge_mfu_prediction(data: Any, task: int = 3) -> None:
                 task, f"fn must return the MFU as a float, got {type_name(got, short=True)} {got!r}"
             )
         got = float(got)
-        expected = P.step_time(
-            model.replace(seq_len=new), cluster, layout, global_batch_tokens=tokens
-        )["mfu"]
+        longer = model.replace(seq=new)
+        expected = P.step_time(longer, cluster, layout, global_batch_tokens=tokens)["mfu"]
         if abs(got - expected) > 0.01 * expected:
             dp, tp, pp = c["layout"]
             fail(
                 task,
                 f"{c['model']}, DP {dp} x TP {tp} x PP {pp}, {c['recompute']} recomputation, "
-                f"{tokens} tokens per batch, s {model.seq_len} -> {new}: MFU {parts['mfu']:.4f} "
+                f"{tokens} tokens per batch, s {model.seq} -> {new}: MFU {parts['mfu']:.4f} "
                 f"-> you predicted {got:.4f}, more than 1 % "
                 f"{'below' if got < expected else 'above'} the planner",
             )

@@ -298,7 +298,7 @@ def plan_problems(model, cluster, layout, global_batch_tokens: int) -> set[str]:
     found = set()
     if layout.tp > cluster.gpus_per_node:
         found.add("tp_across_nodes")
-    seqs, rest = divmod(global_batch_tokens, model.seq_len)
+    seqs, rest = divmod(global_batch_tokens, model.seq)
     per = layout.dp * layout.micro_batch
     if rest or seqs % per:
         found.add("batch_not_divisible")

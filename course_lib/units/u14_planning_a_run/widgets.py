@@ -48,7 +48,7 @@ class PlanExplorer(Explorer):
             description="hidden",
             continuous_update=False,
         )
-        self.seq_len = widgets.Dropdown(options=SEQ_LENGTHS, value=4096, description="seq")
+        self.seq = widgets.Dropdown(options=SEQ_LENGTHS, value=4096, description="seq")
         self.cluster = widgets.Dropdown(
             options=list(CLUSTERS), value=cluster, description="cluster"
         )
@@ -66,7 +66,7 @@ class PlanExplorer(Explorer):
         self.model.observe(lambda _change: self._model_changed(), names="value")
         self._model_changed()
         super().__init__(
-            widgets.VBox([self.model, self.layers, self.hidden, self.seq_len]),
+            widgets.VBox([self.model, self.layers, self.hidden, self.seq]),
             widgets.VBox([self.cluster, self.gpus, self.batch]),
             tooltip="plan the run",
             intro="Pick a model (or custom + sliders), a cluster and a batch, then Run.",
@@ -80,9 +80,9 @@ class PlanExplorer(Explorer):
         for slider in (self.layers, self.hidden):
             slider.layout.display = None if custom else "none"
         if not custom:
-            own = model(self.model.value).seq_len
-            self.seq_len.options = sorted({*SEQ_LENGTHS, own})
-            self.seq_len.value = own
+            own = model(self.model.value).seq
+            self.seq.options = sorted({*SEQ_LENGTHS, own})
+            self.seq.value = own
 
     def spec(self):
         """The ModelSpec the controls describe: a preset at the chosen seq, or a custom one
@@ -92,7 +92,7 @@ class PlanExplorer(Explorer):
         from course_lib.plan import ModelSpec, model
 
         if self.model.value != CUSTOM:
-            return replace(model(self.model.value), seq_len=int(self.seq_len.value))
+            return replace(model(self.model.value), seq=int(self.seq.value))
         h = int(self.hidden.value)
         return ModelSpec(
             "custom",
@@ -102,7 +102,7 @@ class PlanExplorer(Explorer):
             max(1, h // 1024),
             (8 * h // 3 + 255) // 256 * 256,
             32000,
-            int(self.seq_len.value),
+            int(self.seq.value),
         )
 
     def compute(self):
@@ -110,7 +110,7 @@ class PlanExplorer(Explorer):
 
         spec = self.spec()
         tokens = int(self.batch.value) * 2**20
-        tokens -= tokens % spec.seq_len
+        tokens -= tokens % spec.seq
         return plan_run(
             spec,
             self.cluster.value,

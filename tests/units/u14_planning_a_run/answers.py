@@ -12,7 +12,7 @@ def sized_run(gpus, total_tokens, budget_days):
 
     model = P.model("Llama-2-70B")
     parts = model.params()
-    s, h, V = model.seq_len, model.hidden, model.vocab
+    s, h, V = model.seq, model.hidden, model.vocab
 
     def layer(tp, recompute):
         return estimate.activation_bytes_transformer_layer(
@@ -50,7 +50,7 @@ def problems(model, cluster, layout, global_batch_tokens):
     found = set()
     if layout.tp > cluster.gpus_per_node:
         found.add("tp_across_nodes")
-    seqs, rest = divmod(global_batch_tokens, model.seq_len)
+    seqs, rest = divmod(global_batch_tokens, model.seq)
     if rest or seqs % (layout.dp * layout.micro_batch):
         found.add("batch_not_divisible")
     elif seqs // (layout.dp * layout.micro_batch) < layout.pp:
@@ -59,7 +59,7 @@ def problems(model, cluster, layout, global_batch_tokens):
 
 
 def predict_mfu(parts, model, layout, new_seq):
-    s, h, V = model.seq_len, model.hidden, model.vocab
+    s, h, V = model.seq, model.hidden, model.vocab
     P = model.params()["per_layer"]
     n = model.layers // layout.pp
 

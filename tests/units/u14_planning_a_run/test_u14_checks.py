@@ -148,7 +148,7 @@ def test_mfu_prediction(seed, capsys):
         from course_lib import plan as P
 
         return P.step_time(
-            model.replace(seq_len=new_seq),
+            model.replace(seq=new_seq),
             P.cluster("8xH100 + 400G IB", gpus=layout.gpus),
             layout,
             global_batch_tokens=2**20,

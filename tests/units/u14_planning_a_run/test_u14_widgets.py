@@ -33,12 +33,12 @@ def test_only_the_controls_that_apply_are_shown_and_each_changes_the_plan():
     """Issue 26 item 4: a preset fixes layers and hidden (their sliders are hidden); seq applies."""
     ex = W.PlanExplorer(model="Llama-2-70B", gpus=64)
     assert ex.layers.layout.display == "none" and ex.hidden.layout.display == "none"
-    assert ex.seq_len.value == ex.spec().seq_len == 4096  # the preset's own length
+    assert ex.seq.value == ex.spec().seq == 4096  # the preset's own length
     ex.run_button.click()
     columns = ["dp", "tp", "pp", "zero", "micro_batch", "memory_GB", "step_s"]
     at_4k = ex.result[columns].iloc[0].tolist()
-    ex.seq_len.value = 8192
-    assert ex.spec().seq_len == 8192 and ex.spec().layers == 80
+    ex.seq.value = 8192
+    assert ex.spec().seq == 8192 and ex.spec().layers == 80
     ex.run_button.click()
     assert ex.result[columns].iloc[0].tolist() != at_4k  # the winner or its numbers move
     ex.model.value = W.CUSTOM
