@@ -31,7 +31,14 @@ from course_lib.plan.planner import (
     plan,
     step_time,
 )
-from course_lib.plan.presets import CLUSTERS, MODELS, cluster, model, this_machine
+from course_lib.plan.presets import (
+    CLUSTERS,
+    MODELS,
+    NVLINK_NCCL_FRACTION,
+    cluster,
+    model,
+    this_machine,
+)
 from course_lib.plan.specs import ATTENTION, RECOMPUTE, ClusterSpec, Layout, ModelSpec
 from course_lib.plan.thresholds import layout_thresholds
 from course_lib.plan.virtual_check import TOLERANCE as VIRTUAL_TOLERANCE
@@ -61,6 +68,7 @@ __all__ = [
     "step_time",
     "CLUSTERS",
     "MODELS",
+    "NVLINK_NCCL_FRACTION",
     "RECOMPUTE",
     "ATTENTION",
     "ClusterSpec",

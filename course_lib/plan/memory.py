@@ -202,7 +202,8 @@ def predict_memory(
       (``estimate.pipeline_inflight_layers``; the last stage keeps one micro-batch); with
       ``full`` recomputation, plus one layer rebuilt during its backward;
     * logits: the last stage's fp32 logits for the loss, 4 s b V / tp;
-    * buffers: ZeRO-3's gathered weights of two layers (the one running, the one prefetched).
+    * buffers: ZeRO-3's gathered weights of two layers (the one running, the one prefetched),
+      a rank's own experts only (:func:`_zero3_buffers`).
 
     Without ``global_batch_tokens`` the pipeline is assumed full (at least pp micro-batches).
     Not counted: the CUDA context, NCCL and allocator fragmentation (the planner leaves a
@@ -262,9 +263,20 @@ def _stage_memory(
         memo[key] = _activation_bytes(model, layout, n, m, first=which == "first" or p == 1)
     out["activations"] = memo[key]
     out["logits"] = 4 * model.seq // layout.cp * b * model.vocab / t if is_last else 0
-    out["buffers"] = 2 * 2 * model.layer_params()["moe"] / t if layout.zero == 3 else 0
+    out["buffers"] = _zero3_buffers(model, layout) if layout.zero == 3 else 0
     out["total"] = sum(out.values())
     return out
+
+
+def _zero3_buffers(model: ModelSpec, layout: Layout) -> float:
+    """Bytes of ZeRO-3's gathered bf16 weights: two layers (the one running, the one
+    prefetched), each what one rank holds of it once gathered: the dense part over tp, the
+    routed experts over the ranks they are split over (tp x ep, ``Layout.expert_split``): the
+    gather runs among the ranks that share an expert shard, so no rank ever holds another's
+    experts."""
+    lp = model.layer_params()
+    dense = lp["moe"] - lp["routed"] + model.kv_replicated(layout.tp)
+    return 2 * 2 * (dense / layout.tp + lp["routed"] / layout.expert_split[0])
 
 
 def _stage_params(

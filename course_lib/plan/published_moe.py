@@ -132,7 +132,7 @@ MOE_RUNS = [
         "model this small pays per kernel and per synchronization (FP8 scaling, permutes, the "
         "all-to-alls of 128 experts, one layer per virtual stage). Not the model's: NeMo "
         "AutoModel ran it in bf16 on 8 H100 at 12,040 tokens/s per GPU, 2.3x this row, and the "
-        "planner prices that run within 7 % (its row below)",
+        "planner prices that run within 3 % (its row below)",
         assumptions=_BY_SHAPE.replace(fp8=True),
         attention_source=_FLASH_NOT_STATED,
     ),
@@ -147,8 +147,8 @@ MOE_RUNS = [
         "TP 1, PP 1, CP 1, EP 8, FSDP 8; 21.773 s per global step, 277 model TFLOP/s and "
         "12,040 tokens/s per GPU",
         _AUTOMODEL_ASSUMED,
-        "within 7 % (full recomputation with flash attention, as run); with the eager kernel "
-        "it would be 61 % slow, with no layer recomputed 24 % fast. The 3x of the 16-GPU FP8 "
+        "within 3 % (full recomputation with flash attention, as run); with the eager kernel "
+        "it would be 64 % slow, with no layer recomputed 21 % fast. The 3x of the 16-GPU FP8 "
         "row is not this model's",
         assumptions=_BY_SHAPE,
         large=False,  # one node: no band, as Korthikanti et al.'s 22B runs

@@ -239,7 +239,7 @@ class ClusterSpec:
     nodes: int  # nodes in the cluster
     memory_bytes: int  # memory per GPU in bytes (80 GB = 80e9)
     peak_flops: float  # dense bf16 peak per GPU in FLOP/s
-    intra_GBps: float  # GPU-to-GPU inside a node, per direction, GB/s (1e9 B/s)
+    intra_GBps: float  # GPU-to-GPU inside a node, per direction, GB/s (1e9 B/s), as NCCL reaches
     inter_GBps: float  # each GPU's share of the network, per direction, GB/s
     source: str = ""
     # latency of one ring step in seconds, inside a node and across the network: NCCL's cost

@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from course_lib import validate as _v
 from course_lib.plan.memory import predict_memory
 from course_lib.plan.specs import Layout, ModelSpec
 
@@ -74,9 +75,16 @@ def _predicted_state(model: ModelSpec, layout: Layout) -> int | float:
 
 
 def compare_with_virtual(
-    model: ModelSpec, layout: Layout, *, seq_len: int = 128, timeout: float = 120.0
+    model: ModelSpec,
+    layout: Layout,
+    *,
+    seq: int | None = None,
+    timeout: float = 120.0,
+    seq_len: int | None = None,
 ) -> pd.DataFrame:
-    """Model state per rank, planner vs virtual cluster, for ``layout`` (zero 3, pp 1).
+    """Model state per rank, planner vs virtual cluster, for ``layout`` (zero 3, pp 1), each
+    rank's micro-batch one sequence of ``seq`` tokens (128; ``seq_len``, its old name, is
+    kept one release).
 
     Returns a DataFrame with rows ``per layer``, ``rest`` (embedding, output, final norm) and
     ``1 layer + rest`` / ``2 layers + rest`` and columns ``predicted_B`` (predict_memory),
@@ -87,12 +95,15 @@ def compare_with_virtual(
     the 2-layer run, beside the planner's ``buffers``).
     """
     from course_lib import virtual
+    from course_lib.virtual.simulate import seq_argument
 
     _check(model, layout)
+    name, tokens = seq_argument(seq, seq_len, default=128)
+    tokens = _v.count(name, tokens, minimum=1)
     pred, virt, runs = {}, {}, {}
     for k in (1, 2):
         pred[k] = _predicted_state(model.replace(layers=k), layout)
-        runs[k] = _simulate(model, layout, k, seq_len=seq_len, timeout=timeout)
+        runs[k] = _simulate(model, layout, k, seq=tokens, timeout=timeout)
         st = virtual.model_states(runs[k])
         virt[k] = st["total"] - st["gathered"]
     out = pd.DataFrame(_rows(pred, virt, layout))
@@ -109,7 +120,7 @@ def compare_with_virtual(
 
 
 def _simulate(
-    model: ModelSpec, layout: Layout, layers: int, *, seq_len: int, timeout: float
+    model: ModelSpec, layout: Layout, layers: int, *, seq: int, timeout: float
 ) -> pd.DataFrame:
     """One bf16 FSDP (or FSDP + TP) training step of ``model`` cut to ``layers`` layers, traced
     on the virtual cluster at ``layout``'s dp x tp ranks."""
@@ -121,7 +132,7 @@ def _simulate(
         layout,
         mixed_precision="bf16",
         batch=1,
-        seq=seq_len,
+        seq=seq,
         checkpoint=None,
         timeout=timeout,
         count_comm=False,

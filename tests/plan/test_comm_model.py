@@ -11,7 +11,7 @@ from course_lib import plan as P
 from course_lib.measure import estimate
 
 H100 = "8xH100 + 400G IB"
-NV, IB = 450e9, 50e9  # bytes/s per direction (NVLink 4, NDR)
+NV, IB = 0.8 * 450e9, 50e9  # bytes/s per direction: NVLink 4 at 0.8 of its line rate (NCCL), NDR
 A_NV, A_IB = 3.4e-6, 9.6e-6  # NCCL's ring-step latencies
 
 
@@ -39,11 +39,11 @@ def test_tp_across_nodes_is_priced_on_the_network_in_two_levels():
     m, c = P.model("GPT-3-175B"), P.cluster(H100, gpus=16)
     t = P.step_time(m, c, P.Layout(1, 16, 1, 1, "selective", 1), global_batch_tokens=2048)
     payload = 2 * 2048 * 12288
-    one = estimate.hierarchical_allreduce_time(payload, nodes=2, gpus_per_node=8, intra_GBps=450,
+    one = estimate.hierarchical_allreduce_time(payload, nodes=2, gpus_per_node=8, intra_GBps=360,
                                                inter_GBps=50, alpha_intra=A_NV, alpha_inter=A_IB)  # fmt: skip
     assert t["tp_comm_s"] == pytest.approx(96 * 4 * one, rel=1e-12)
     inside = P.step_time(m, c, P.Layout(2, 8, 1, 1, "selective", 1), global_batch_tokens=2 * 2048)
-    assert t["tp_comm_s"] > 1.5 * inside["tp_comm_s"]  # the same payload, half of it over IB
+    assert t["tp_comm_s"] > 1.4 * inside["tp_comm_s"]  # the same payload, half of it over IB
 
 
 @pytest.mark.parametrize("dp, tp, link, alpha", [(1, 2, NV, A_NV), (4, 2, IB, A_IB)])
@@ -72,7 +72,7 @@ def test_overlap_is_a_stated_parameter_per_term():
 
 
 def test_context_parallel_traffic_is_unit_15s_bytes_on_the_network():
-    m = P.model("Llama-3-405B").replace(seq_len=131072)
+    m = P.model("Llama-3-405B").replace(seq=131072)
     lay = P.Layout(1, 8, 1, 1, "selective", 1, cp=16)
     c = P.cluster(H100, gpus=128)
     from course_lib.plan import comm_model as cm
@@ -115,7 +115,7 @@ def test_expert_all_to_alls_use_unit_16s_bytes_per_token():
     inside = cm.ep_comm_s(mix, P.cluster(H100), lay, 1, 0.0)
     assert inside == pytest.approx(4096 * per_token / NV + 4 * A_NV)
     across = cm.ep_comm_s(mix, P.cluster(H100, gpus=16), P.Layout(16, 1, 1, ep=16), 1, 0.0)
-    assert across > 5 * inside  # half the peers are a network hop away
+    assert across > 4 * inside  # half the peers are a network hop away
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ layers, TP, PP, GPUs, batch, TFLOP/s per GPU counting the recomputation. Formula
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -29,12 +30,15 @@ TABLE_1 = [
 ]  # fmt: skip
 
 
-def _as_run(row: tuple) -> float:
+def _as_run(row: tuple, nvlink_GBps: float | None = None) -> float:
     """The residual by shape without sequence parallelism, at the best micro-batch, v and
-    ZeRO 0/1 (``plan()`` always splits those kernels, so each layout is evaluated here)."""
+    ZeRO 0/1 (``plan()`` always splits those kernels, so each layout is evaluated here);
+    ``nvlink_GBps`` replaces the preset's NVLink rate."""
     n, a, h, L, tp, pp, gpus, batch, tflops = row
     m = ModelSpec(f"GPT-{n}B", L, h, a, a, 4 * h, 51200, 2048, dropout=True, **_GPT)
     how, cl = P.DEFAULT_ASSUMPTIONS.replace(matmul_model="by shape"), P.cluster(A100, gpus=gpus)
+    if nvlink_GBps is not None:
+        cl = dataclasses.replace(cl, intra_GBps=nvlink_GBps)
     dp = gpus // (tp * pp)
     best = math.inf
     for mb in [d for d in range(1, 9) if (batch // dp) % d == 0]:
@@ -73,15 +77,20 @@ def test_table_1_flat_and_by_shape():
 
 def test_table_1_as_run():
     as_run = [_as_run(r) for r in TABLE_1]
-    # the 1.7B and 3.6B rows inside +/-15 % (+15 %, +14 %), every row inside +/-20 %, all optimistic
-    assert max(map(abs, as_run[:2])) < 0.15 and max(map(abs, as_run)) < 0.2, as_run
+    # the 1.7B-18.4B rows inside +/-15 % (+14.9, +12.9, +14.8, +12.0 %), every row inside
+    # +/-20 %, all optimistic: the +15 % every row shares is the A100 GEMM ceiling, assumed
+    assert max(map(abs, as_run[:4])) < 0.15 and max(map(abs, as_run)) < 0.2, as_run
     assert min(as_run) > 0, as_run
-    # the 7.5B (TP 4) and 18.4B (TP 8) rows stay just outside +/-15 % (+17 %, +16 %). The term
-    # that separates them from the TP 1-2 rows: the TP all-reduces (6 per layer with full
-    # recomputation, none hidden), each a ring at NVLink 3's data-sheet 300 GB/s per direction,
-    # where nccl-tests reports about 200-230 GB/s of all-reduce bus bandwidth on 8 A100s
-    # (github.com/NVIDIA/nccl-tests/issues/149): at 230 GB/s the two rows come to +14 % and
-    # +11 %. The planner keeps every link at its data sheet; the lecture (section 2.3) says so.
-    # The +15 % all rows share is the A100 GEMM ceiling, assumed, not measured
-    assert 0.15 < as_run[2] < 0.18 and 0.15 < as_run[3] < 0.17, as_run
-    assert 0.15 < as_run[2] < 0.2 and 0.15 < as_run[3] < 0.2, as_run
+    assert as_run[0] > 0.145 and as_run[2] > 0.145, as_run  # by a hair: the margin is stated
+    # the term that moved the 7.5B (TP 4) and 18.4B (TP 8) rows inside: the TP all-reduces (6
+    # per layer with full recomputation, none hidden) on NVLink at 0.8 of its line rate, what
+    # NCCL reaches (plan.NVLINK_NCCL_FRACTION). At the data sheet's 300 GB/s per direction they
+    # were +17 % and +16 %; at NCCL's 370-of-450 reading (0.82) the 7.5B row is +15.1 %
+    nvlink = P.cluster(A100).intra_GBps
+    assert nvlink == pytest.approx(240.0) and P.NVLINK_NCCL_FRACTION == 0.8
+    line_rate = [_as_run(r, 300.0) for r in TABLE_1[2:4]]
+    assert 0.17 < line_rate[0] < 0.18 and 0.155 < line_rate[1] < 0.165, line_rate
+    assert _as_run(TABLE_1[2], 300.0 * 370 / 450) > 0.15
+    # the TP 1 row hardly moves with NVLink's rate (by 0.01 point): it sends only its
+    # data-parallel gradients, whose NVLink level is a small part of a two-level all-reduce
+    assert abs(_as_run(TABLE_1[0], 300.0) - as_run[0]) < 0.001

@@ -38,6 +38,22 @@ def test_predict_memory_categories_by_hand():
     assert z3["buffers"] == 4 * m.params()["per_layer"]
 
 
+def test_zero3_gathers_only_a_ranks_own_experts():
+    """ZeRO-3 on a MoE: each of the two gathered layers is its dense part over tp and the
+    routed experts over tp x ep, the experts a rank computes with; never all of them."""
+    mix = P.model("Mixtral-8x7B")  # 8 experts of 3 x 4,096 x 14,336, top 2
+    experts = 8 * 3 * 4096 * 14336
+    layer = mix.layer_params()
+    assert layer["routed"] == experts
+    dense = layer["moe"] - experts  # attention, norms, the router
+    for dp, tp, ep in ((8, 1, 8), (8, 1, 1), (4, 2, 4), (8, 1, 2)):
+        mem = P.predict_memory(mix, P.Layout(dp, tp, 1, 3, "selective", 1, ep=ep))
+        assert mem["buffers"] == pytest.approx(2 * 2 * (dense / tp + experts / (tp * ep)))
+    # EP 8: one expert a rank, about an eighth of the whole layer's 2 x 2 x 176M bytes
+    ep8 = P.predict_memory(mix, P.Layout(8, 1, 1, 3, "selective", 1, ep=8))["buffers"]
+    assert ep8 < 0.2 * 2 * 2 * layer["moe"]
+
+
 def test_plan_seven_b_on_one_node_explains_itself():
     result = P.plan(
         P.model("Llama-2-7B"), P.cluster(H100), global_batch_tokens=4 * 2**20, total_tokens=2e12

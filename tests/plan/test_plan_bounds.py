@@ -19,7 +19,7 @@ MODELS = {**P.MODELS, **{r.model.name: r.model for r in published.RUNS.values()}
 
 def _plan(model, gpus=8, sequences=1024, **kwargs):
     return P.plan(
-        model, P.cluster(H100, gpus=gpus), global_batch_tokens=sequences * model.seq_len, **kwargs
+        model, P.cluster(H100, gpus=gpus), global_batch_tokens=sequences * model.seq, **kwargs
     )
 
 
@@ -99,7 +99,7 @@ def test_uneven_stages_never_leave_a_stage_without_a_layer(name):
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_layout_the_search_weighs_passes_the_checks(name):
     m = MODELS[name]
-    tokens = 2048 * m.seq_len
+    tokens = 2048 * m.seq
     for gpus in (8, 2048):
         for uneven in (False, True):
             layouts = search.candidates(m, P.cluster(H100, gpus=gpus), gpus, tokens, uneven, 8,

@@ -65,7 +65,7 @@ def test_the_two_pages_count_model_flops_per_token_alike():
 
 def test_the_residuals_are_the_ones_stated(table):
     res = table["residual"]
-    assert res[QWEN8] == pytest.approx(-0.066, abs=0.005)
+    assert res[QWEN8] == pytest.approx(-0.029, abs=0.005)
     assert res[DS256] == pytest.approx(0.19, abs=0.005)
     assert res[DS1024] == pytest.approx(-0.006, abs=0.005)
     assert (table.loc[[QWEN8, DS256, DS1024], "attention"] == "flash").all()
@@ -76,14 +76,14 @@ def test_the_residuals_are_the_ones_stated(table):
 
 def test_full_recomputation_with_flash_attention_lies_between_eager_and_no_recomputation():
     """As run (full + flash) each row lies between the eager kernel (scores through memory,
-    every layer again: the only 'full' before the kernel could be named, 23-61 % slow) and no
-    layer recomputed (flash: 4 % slow to 24 % fast, and no longer fits)."""
+    every layer again: the only 'full' before the kernel could be named, 23-64 % slow) and no
+    layer recomputed (flash: 4 % slow to 21 % fast, and no longer fits)."""
     eager = {n: PB.what_if(n, layout={"attention": "eager"})["residual"] for n, *_ in PAGE}
     none = {n: PB.what_if(n, layout={"recompute": "none"}) for n, *_ in PAGE}
-    assert eager[QWEN8] == pytest.approx(0.61, abs=0.01)
+    assert eager[QWEN8] == pytest.approx(0.64, abs=0.01)
     assert eager[DS256] == pytest.approx(0.48, abs=0.01)
     assert eager[DS1024] == pytest.approx(0.23, abs=0.01)
-    assert none[QWEN8]["residual"] == pytest.approx(-0.24, abs=0.01)
+    assert none[QWEN8]["residual"] == pytest.approx(-0.21, abs=0.01)
     assert none[DS256]["residual"] == pytest.approx(0.04, abs=0.01)
     assert none[DS1024]["residual"] == pytest.approx(-0.13, abs=0.01)
     for name, *_ in PAGE:
@@ -107,16 +107,16 @@ def test_full_recomputation_with_flash_attention_lies_between_eager_and_no_recom
 
 def test_the_planner_is_not_fast_on_these_models_in_bf16():
     """What the rows show about the two misses: priced in bf16 as run, neither model comes out
-    more than 7 % fast (the planner's 32 % miss on DeepSeek-V3's FP8 row is not in its bf16
-    products), and the planner's bf16 price of the 16-GPU Qwen3 layout is within 15 % of what
-    AutoModel ran in bf16."""
+    more than 4 % fast (the planner's 32 % miss on DeepSeek-V3's FP8 row is not in its bf16
+    products), and the planner's bf16 price of the 16-GPU Qwen3 layout is within 10 % of what
+    AutoModel ran in bf16 (8 % above it)."""
     for name, *_ in PAGE:
-        assert PB.what_if(name)["residual"] > -0.07
+        assert PB.what_if(name)["residual"] > -0.04
     assert abs(PB.what_if("DeepSeek-V3", fp8=False)["residual"]) < 0.05
     bridge = PB.RUNS["Qwen3-30B-A3B, 16 H100"]
     bf16 = PB.what_if(bridge, fp8=False)["predicted step_s"]
     tokens = bridge.global_batch_tokens / bf16 / bridge.gpus
-    assert tokens / PB.RUNS[QWEN8].extra["tokens_per_gpu_s"] == pytest.approx(1.12, abs=0.01)
+    assert tokens / PB.RUNS[QWEN8].extra["tokens_per_gpu_s"] == pytest.approx(1.08, abs=0.01)
     # the run lost 14 % per GPU from 256 to 1,024 GPUs; the planner's rate rises 3 %
     assert 865 / 1002 == pytest.approx(0.86, abs=0.01)
     rate = {

@@ -44,3 +44,25 @@ def test_refuses_layouts_it_cannot_simulate():
         compare_with_virtual(m, P.Layout(dp=4, pp=2, zero=3))
     with pytest.raises(ValueError, match="gated_mlp"):
         compare_with_virtual(P.model("GPT-3-175B"), P.Layout(dp=8, zero=3))
+
+
+def test_the_sequence_is_named_seq_and_seq_len_still_works_one_release(monkeypatch):
+    from course_lib.plan import virtual_check
+
+    seen = []
+
+    def stop(model, layout, layers, *, seq, timeout):
+        seen.append(seq)
+        raise RuntimeError("no simulation in this test")
+
+    monkeypatch.setattr(virtual_check, "_simulate", stop)
+    m, lay = P.model("Llama-2-7B"), P.Layout(dp=8, zero=3, recompute="none")
+    for kw, want in (({}, 128), ({"seq": 64}, 64), ({"seq_len": 32}, 32)):
+        with pytest.raises(RuntimeError, match="no simulation"):
+            compare_with_virtual(m, lay, **kw)
+        assert seen.pop() == want
+    with pytest.raises(TypeError, match="seq = 64, seq_len = 32"):
+        compare_with_virtual(m, lay, seq=64, seq_len=32)
+    with pytest.raises(ValueError, match="seq_len = 0"):
+        compare_with_virtual(m, lay, seq_len=0)
+    assert not seen  # both refused before any simulation

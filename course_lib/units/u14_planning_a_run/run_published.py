@@ -142,7 +142,7 @@ FAMILY_MISSES = {
     "its FSDP group at 64 to 128 ranks. (Its own layout does not fit in the course's memory "
     "model either: plan.published.MEMORY_MISSES)",
     "Qwen3-30B-A3B, 16 H100": "the planner's best keeps all 128 experts on each rank (EP 1, "
-    "ZeRO-3): " + _NO_EP_GAIN,
+    "PP 4, ZeRO-2): " + _NO_EP_GAIN,
     "Qwen3-30B-A3B, 8 H100, bf16": "the planner's best splits the layers and the heads (TP 2, "
     "PP 2, EP 1): " + _NO_EP_GAIN + "; AutoModel's recipe for it uses neither (TP 1, PP 1 "
     "on the page): EP over the FSDP ranks is how it splits the experts",
