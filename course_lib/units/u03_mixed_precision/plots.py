@@ -15,6 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from course_lib import validate
+from course_lib.techniques.precision import BitLayout
 from course_lib.units.u03_mixed_precision.run import LossRow, MatmulRow, ModeMemoryRow
 from course_lib.viz.plots import CATEGORY_COLORS, require_columns, style
 
@@ -22,6 +23,7 @@ READS = {
     ModeMemoryRow: ("mode", "category", "measured", "predicted"),
     MatmulRow: ("n", "dtype", "gflops"),
     LossRow: ("mode", "step", "loss", "skipped", "scale"),
+    BitLayout: ("bits", "exponent_bits", "mantissa_bits", "max", "smallest_subnormal", "eps"),
 }
 
 #: one colour per training recipe
@@ -36,11 +38,7 @@ MODE_COLORS = {
 def plot_bit_layouts(table: pd.DataFrame) -> Figure:
     """One bar per format split into sign / exponent / mantissa bits, annotated with the range
     (largest value, smallest subnormal) and eps. ``table``: ``format_table()``."""
-    require_columns(
-        table,
-        ["bits", "exponent_bits", "mantissa_bits", "max", "smallest_subnormal", "eps"],
-        "table",
-    )
+    require_columns(table, list(READS[BitLayout]), "table")
     names = list(table.index)
     with style():
         fig, ax = plt.subplots(figsize=(12, 0.9 * len(names) + 1.2))

@@ -56,8 +56,8 @@ def _formats(formats: Sequence[str]) -> list[str]:
 # --------------------------------------------------------------------------------------------
 def format_table(formats: Sequence[str] = tuple(P.FORMATS)) -> pd.DataFrame:
     """One row per format: bits, exponent/mantissa split, range and precision (from torch.finfo)."""
-    rows = [P.bit_layout(f).as_dict() for f in _formats(formats)]
-    return pd.DataFrame(rows).drop(columns=["dtype"]).set_index("name")
+    rows = [P.bit_layout(f) for f in _formats(formats)]
+    return kit.frame(rows, P.BitLayout).drop(columns=["dtype"]).set_index("name")
 
 
 def rounding_table(

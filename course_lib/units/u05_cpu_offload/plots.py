@@ -11,12 +11,13 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from course_lib.units.u05_cpu_offload.run import FitRow
-from course_lib.units.u05_cpu_offload.run_bandwidth import TierRow
+from course_lib.units.u05_cpu_offload.run_bandwidth import StepRow, TierRow
 from course_lib.viz.plots import CATEGORY_COLORS, require_columns, style
 
 READS = {
     FitRow: ("model_state_measured", "activations", "model_state_predicted"),
     TierRow: ("GBps",),
+    StepRow: ("compute", "to_host", "store_read", "host_adam", "store_write", "to_device", "total"),
 }
 
 #: one colour per part of an offloaded step

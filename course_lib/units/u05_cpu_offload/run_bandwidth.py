@@ -19,7 +19,7 @@ from course_lib import kit, validate
 from course_lib.data import permutation_batch
 from course_lib.measure import estimate
 from course_lib.models import GPT, GPTConfig
-from course_lib.techniques.offload import OffloadAdamW, drop_page_cache
+from course_lib.techniques.offload import PHASES, OffloadAdamW, drop_page_cache
 from course_lib.units.u05_cpu_offload._setup import CONFIG, LR, _models, _plain_optimizer
 
 
@@ -149,6 +149,35 @@ def _timed_step(
     return time.perf_counter() - t0
 
 
+@dataclass(frozen=True)
+class StepRow:
+    """One measured offloaded step of :func:`step_breakdown` (seconds; bytes moved by each phase
+    of ``OffloadAdamW``, None where it moved none)."""
+
+    step: int
+    compute: float
+    to_host: float
+    store_read: float
+    host_adam: float
+    store_write: float
+    to_device: float
+    total: float  # timed around the whole step by its own clock
+    plain: float  # the same step with the plain optimizer on the device
+    to_host_bytes: int | None
+    store_read_bytes: int | None
+    host_adam_bytes: int | None
+    store_write_bytes: int | None
+    to_device_bytes: int | None
+
+
+def _step_row(step: int, compute: float, opt: OffloadAdamW, total: float, plain: float) -> StepRow:
+    """One step's row: the optimizer's own phase timings and bytes (None: it moved none)."""
+    t, b = opt.last_times, {p: opt.bytes_moved[p] or None for p in PHASES}
+    phases = (t["to_host"], t["store_read"], t["host_adam"], t["store_write"], t["to_device"])
+    moved = (b["to_host"], b["store_read"], b["host_adam"], b["store_write"], b["to_device"])
+    return StepRow(step, compute, *phases, total, plain, *moved)
+
+
 def step_breakdown(
     *,
     tier: str = "file",
@@ -194,19 +223,12 @@ def step_breakdown(
             opt.step()
             t_end = time.perf_counter()
             if k >= warmup:
-                rows.append(
-                    {
-                        "step": k - warmup,
-                        "compute": t1 - t0,
-                        **opt.last_times,
-                        "total": t_end - t0,
-                        "plain": t_plain,
-                        **{f"{p}_bytes": b for p, b in opt.bytes_moved.items() if b},
-                    }
-                )
+                rows.append(_step_row(k - warmup, t1 - t0, opt, t_end - t0, t_plain))
     finally:
         opt.close()
-    return pd.DataFrame(rows)
+    df = kit.frame(rows, StepRow)
+    # a phase's bytes only where it moved some: the memory tier has no store_* columns
+    return df.drop(columns=[f"{p}_bytes" for p in PHASES if df[f"{p}_bytes"].isna().all()])
 
 
 def predicted_step_times(parts: pd.DataFrame | dict[str, float]) -> dict[str, float]:

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from course_lib.units.u08_collectives.run import AlgorithmBytesRow
-from course_lib.units.u08_collectives.run_timing import TimingRow
+from course_lib.units.u08_collectives.run_timing import CurveRow, TimingRow
 from course_lib.units.u08_collectives.run_wire import WireRow
 from course_lib.viz.plots import styled
 
@@ -34,6 +34,7 @@ READS = {
     ),
     WireRow: ("collective", "rank", "wire_bytes_sent", "predicted_bytes_sent", "size_bytes"),
     TimingRow: ("algorithm", "size_bytes", "median_s", "p25_s", "p75_s"),
+    CurveRow: ("algorithm", "size_bytes", "predicted_s"),
 }
 
 _RANK_COLOURS = list(TABLEAU_COLORS.values())  # tab10

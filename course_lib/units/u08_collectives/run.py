@@ -12,7 +12,7 @@ wire). The wire bytes of every collective at a size where headers do not matter 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -156,6 +156,17 @@ def run_primitives(
     }
 
 
+@dataclass(frozen=True)
+class PrimitiveBytesRow:
+    """One rank of :func:`bytes_table` (bytes)."""
+
+    rank: int
+    calls: str
+    predicted: float | None = field(metadata=kit.column("sent, predicted (estimate)"))
+    wire: int | None = field(metadata=kit.column("sent, measured (wire)"))
+    residual: float | None = field(metadata=kit.column("residual (wire - predicted)"))
+
+
 def bytes_table(
     name: str, result: dict[str, Any], world_size: int, *, root: int = 0
 ) -> pd.DataFrame:
@@ -165,18 +176,10 @@ def bytes_table(
     for rank in range(world_size):
         predicted = estimated_bytes_sent(name, world_size, rank, root=root)
         wire = result["wire_bytes_sent"][rank]
-        rows.append(
-            {
-                "rank": rank,
-                "calls": ", ".join(f"{op} x{k}" for op, k in sorted(result["calls"][rank].items())),
-                "sent, predicted (estimate)": predicted,
-                "sent, measured (wire)": wire,
-                "residual (wire - predicted)": None
-                if wire is None or predicted is None
-                else wire - predicted,
-            }
-        )
-    return pd.DataFrame(rows).set_index("rank")
+        calls = ", ".join(f"{op} x{k}" for op, k in sorted(result["calls"][rank].items()))
+        residual = None if wire is None or predicted is None else wire - predicted
+        rows.append(PrimitiveBytesRow(rank, calls, predicted, wire, residual))
+    return kit.frame(rows, PrimitiveBytesRow).set_index("rank")
 
 
 def expected_after(name: str, world_size: int, *, root: int = 0) -> list[torch.Tensor]:

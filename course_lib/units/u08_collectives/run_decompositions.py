@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.parallel import collectives as C
 from course_lib.runtime import compat
 from course_lib.units.u08_collectives._primitives import (
@@ -28,9 +28,23 @@ from course_lib.units.u08_collectives._primitives import (
 # --------------------------------------------------------------------------------------------
 # 2. the worked example and the two decompositions of all-reduce
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkedExampleRow:
+    """One rank of :func:`worked_example`: its gradient, the mean four ways, the SGD step."""
+
+    rank: int
+    grad: float
+    all_reduce: float = field(metadata=kit.column("mean via all_reduce"))
+    reduce_broadcast: float = field(metadata=kit.column("mean via reduce+broadcast"))
+    rs_ag: float = field(metadata=kit.column("mean via reduce_scatter+all_gather"))
+    ring: float = field(metadata=kit.column("mean via ring (from scratch)"))
+    sgd_step: float = field(metadata=kit.column("sgd step"))
+    new_weight: float = field(metadata=kit.column("new weight"))
+
+
 def _worked_example_worker(
     rank: int, world_size: int, grads: Sequence[float], lr: float, weight: float
-) -> dict[str, float]:
+) -> WorkedExampleRow:
     n = world_size
     g = torch.tensor([grads[rank]], dtype=torch.float64)  # (1,) this worker's gradient
 
@@ -51,23 +65,9 @@ def _worked_example_worker(
     via_rs_ag = full[:1]
 
     via_ring = C.ring_all_reduce(g.clone())
-    means = {
-        k: float(v.item()) / n
-        for k, v in {
-            "all_reduce": via_all_reduce,
-            "reduce+broadcast": via_reduce_broadcast,
-            "reduce_scatter+all_gather": via_rs_ag,
-            "ring (from scratch)": via_ring,
-        }.items()
-    }
-    mean = means["all_reduce"]
-    return {
-        "rank": rank,
-        "grad": float(g.item()),
-        **{f"mean via {k}": v for k, v in means.items()},
-        "sgd step": -lr * mean,
-        "new weight": weight - lr * mean,
-    }
+    vias = (via_all_reduce, via_reduce_broadcast, via_rs_ag, via_ring)
+    ar, rb, rs_ag, ring = (float(v.item()) / n for v in vias)
+    return WorkedExampleRow(rank, float(g.item()), ar, rb, rs_ag, ring, -lr * ar, weight - lr * ar)
 
 
 def worked_example(
@@ -86,7 +86,7 @@ def worked_example(
     grads = [float(g) for g in grads]
     world_size = validate.count("len(grads)", len(grads), minimum=1, maximum=16)
     rows = _launch(_worked_example_worker, world_size, grads, lr, weight, timeout=timeout)
-    return pd.DataFrame(rows).set_index("rank")
+    return kit.frame(rows, WorkedExampleRow).set_index("rank")
 
 
 def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -124,9 +124,21 @@ def _all_reduce_methods(
     return methods
 
 
+@dataclass(frozen=True)
+class DecompositionRow:
+    """One rank and method of :func:`all_reduce_decompositions`."""
+
+    rank: int
+    method: str
+    compared_with: str = field(metadata=kit.column("compared with"))
+    max_abs_difference: float = field(metadata=kit.column("max abs difference"))
+    bitwise_equal: bool = field(metadata=kit.column("bitwise equal"))
+    summation_bound: float = field(metadata=kit.column("summation bound"))
+
+
 def _decomposition_worker(
     rank: int, world_size: int, numel: int, seed: int
-) -> list[dict[str, Any]]:
+) -> list[DecompositionRow]:
     n = world_size
     gen = torch.Generator().manual_seed(seed + rank)
     x = torch.randn(numel, generator=gen)  # (S,) this rank's "gradient"
@@ -150,14 +162,14 @@ def _decomposition_worker(
     C.ring_all_gather(full3, shard)  # the same input as torch's all-gather
     checks.append(("ring all_gather (from scratch)", full3, full, "all_gather_into_tensor"))
     return [
-        {
-            "rank": rank,
-            "method": method,
-            "compared with": f"dist.{ref_name}",
-            "max abs difference": float((got - want).abs().max()),
-            "bitwise equal": bool(torch.equal(got, want)),
-            "summation bound": bound,
-        }
+        DecompositionRow(
+            rank,
+            method,
+            f"dist.{ref_name}",
+            float((got - want).abs().max()),
+            bool(torch.equal(got, want)),
+            bound,
+        )
         for method, got, want, ref_name in checks
     ]
 
@@ -174,4 +186,4 @@ def all_reduce_decompositions(
     """
     world_size = validate.count("world_size", world_size, minimum=1, maximum=16)
     per_rank = _launch(_decomposition_worker, world_size, int(numel), int(seed), timeout=timeout)
-    return pd.DataFrame([row for rows in per_rank for row in rows])
+    return kit.frame(kit.rows_of(per_rank, DecompositionRow), DecompositionRow)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import pandas as pd
@@ -53,9 +53,17 @@ COMPARED = {
 # --------------------------------------------------------------------------------------------
 # 9. all-reduce is not all-gather; all-gather = gather + broadcast
 # --------------------------------------------------------------------------------------------
-def _confusion_worker(
-    rank: int, world_size: int, grads: Sequence[Sequence[float]]
-) -> dict[str, list[float]]:
+@dataclass(frozen=True)
+class ConfusionRow:
+    """One rank of :func:`confusion_example`: its gradient and what each collective gave it."""
+
+    grad: list[float]
+    all_reduce: list[float]
+    all_gather: list[float]
+    gather_broadcast: list[float] = field(metadata=kit.column("gather+broadcast"))
+
+
+def _confusion_worker(rank: int, world_size: int, grads: Sequence[Sequence[float]]) -> ConfusionRow:
     mine = torch.tensor(grads[rank])  # (k,)
     summed = mine.clone()
     dist.all_reduce(summed)
@@ -66,12 +74,7 @@ def _confusion_worker(
     dist.gather(mine, at_root if rank == 0 else None, dst=0)
     flat = torch.cat(at_root) if rank == 0 else torch.empty(world_size * mine.numel())
     dist.broadcast(flat, src=0)
-    return {
-        "grad": mine.tolist(),
-        "all_reduce": summed.tolist(),
-        "all_gather": torch.cat(gathered).tolist(),
-        "gather+broadcast": flat.tolist(),
-    }
+    return ConfusionRow(mine.tolist(), summed.tolist(), torch.cat(gathered).tolist(), flat.tolist())
 
 
 def confusion_example(grads: Sequence[Sequence[float]] = CONFUSION_GRADS) -> pd.DataFrame:
@@ -82,7 +85,7 @@ def confusion_example(grads: Sequence[Sequence[float]] = CONFUSION_GRADS) -> pd.
     if len(grads) < 2 or len({len(g) for g in grads}) != 1:
         raise ValueError(f"grads = {grads!r}: expected at least 2 gradients of the same length")
     rows = _launch(_confusion_worker, len(grads), grads)
-    return pd.DataFrame(rows).rename_axis("rank")
+    return kit.frame(rows, ConfusionRow).rename_axis("rank")
 
 
 # --------------------------------------------------------------------------------------------

@@ -140,6 +140,18 @@ def fit_per_message_alpha_beta(
     return estimate.fit_alpha_beta(xs, ys, relative=True)
 
 
+@dataclass(frozen=True)
+class ModelFitRow:
+    """One algorithm and size of :func:`compare_with_model` (seconds per call)."""
+
+    algorithm: str
+    size_bytes: int
+    measured_s: float
+    predicted_s: float
+    residual_s: float  # measured - predicted
+    ratio: float  # measured / predicted
+
+
 def compare_with_model(
     times: pd.DataFrame,
     world_size: int,
@@ -153,22 +165,15 @@ def compare_with_model(
     ratio (measured / predicted).
     """
     sub = times[times.algorithm.isin(list(algorithms))]
-    out = pd.DataFrame(
-        {
-            "algorithm": sub.algorithm.values,
-            "size_bytes": sub.size_bytes.values,
-            "measured_s": sub.median_s.values,
-            "predicted_s": [
-                estimate.allreduce_time(
-                    s, world_size, alpha=max(alpha, 0.0), beta=max(beta, 1e-15), algorithm=a
-                )
-                for a, s in zip(sub.algorithm, sub.size_bytes)
-            ],
-        }
-    )
-    out["residual_s"] = out.measured_s - out.predicted_s
-    out["ratio"] = out.measured_s / out.predicted_s
-    return out
+    rows = []
+    for a, s, measured in zip(sub.algorithm, sub.size_bytes, sub.median_s):
+        predicted = estimate.allreduce_time(
+            s, world_size, alpha=max(alpha, 0.0), beta=max(beta, 1e-15), algorithm=a
+        )
+        rows.append(
+            ModelFitRow(a, s, measured, predicted, measured - predicted, measured / predicted)
+        )
+    return kit.frame(rows, ModelFitRow)
 
 
 def model_crossover_bytes(world_size: int, alpha: float, beta: float) -> float:
@@ -220,16 +225,21 @@ def model_curves(
 ) -> pd.DataFrame:
     """``estimate.allreduce_time`` on a grid of sizes, for drawing the model's lines.
     Columns: algorithm, size_bytes, predicted_s."""
-    return pd.DataFrame(
+    a_, b_ = max(alpha, 0.0), max(beta, 1e-15)
+    return kit.frame(
         [
-            {
-                "algorithm": a,
-                "size_bytes": s,
-                "predicted_s": estimate.allreduce_time(
-                    s, world_size, alpha=max(alpha, 0.0), beta=max(beta, 1e-15), algorithm=a
-                ),
-            }
+            CurveRow(a, s, estimate.allreduce_time(s, world_size, alpha=a_, beta=b_, algorithm=a))
             for a in algorithms
             for s in sizes_bytes
-        ]
+        ],
+        CurveRow,
     )
+
+
+@dataclass(frozen=True)
+class CurveRow:
+    """One algorithm and size of :func:`model_curves` (seconds per call)."""
+
+    algorithm: str
+    size_bytes: float
+    predicted_s: float

@@ -6,10 +6,11 @@ Used by notebooks/09_data_parallelism.ipynb through :mod:`run` (which re-exports
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 
 
@@ -33,6 +34,19 @@ def accumulation_steps_for(train_batch_size: int, micro_batch_per_gpu: int, worl
 # --------------------------------------------------------------------------------------------
 # at scale, through estimate
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ScaleRow:
+    """One model and link of :func:`scale_table` (bytes; seconds)."""
+
+    params: int
+    link: str
+    grad_bytes: int
+    sent_per_rank: float  # 2(N-1)/N of grad_bytes
+    allreduce_s: float
+    model_state_per_rank: int
+    fits: bool  # the model state fits in the GPU's memory
+
+
 def scale_table(
     n_params: Sequence[float] = (7e9, 70e9),
     *,
@@ -57,19 +71,17 @@ def scale_table(
             link = estimate.link_speed(name)
             grad = psi * b
             rows.append(
-                {
-                    "params": psi,
-                    "link": link.name,
-                    "grad_bytes": grad,
-                    "sent_per_rank": estimate.ring_allreduce_bytes_sent(grad, n),
-                    "allreduce_s": estimate.allreduce_time_on_link(
-                        grad, n, link.per_direction_GBps
-                    ),
-                    "model_state_per_rank": state,
-                    "fits": state <= mem * 1e9,
-                }
+                ScaleRow(
+                    psi,
+                    link.name,
+                    grad,
+                    estimate.ring_allreduce_bytes_sent(grad, n),
+                    estimate.allreduce_time_on_link(grad, n, link.per_direction_GBps),
+                    state,
+                    state <= mem * 1e9,
+                )
             )
-    return pd.DataFrame(rows)
+    return kit.frame(rows, ScaleRow)
 
 
 def source_check(

@@ -6,10 +6,11 @@ Used by notebooks/10_zero_fsdp.ipynb through :mod:`run` (which re-exports these 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 
 
@@ -59,6 +60,16 @@ def _stages_gb(n_params: int, world_size: int, *, k: int = 12) -> str:
     )
 
 
+@dataclass(frozen=True)
+class SourceRow:
+    """One of the sources' claims (:func:`source_checks`), quoted and recomputed."""
+
+    source: str
+    claim: str
+    quoted: str
+    recomputed: str
+
+
 def source_checks() -> pd.DataFrame:
     """The sources' ZeRO figures, recomputed with estimate (GB = 1e9 B). One row per claim:
     source, claim, quoted, recomputed."""
@@ -81,4 +92,4 @@ def source_checks() -> pd.DataFrame:
         ("S2", "stage 1 saves ~60 % of optimizer state (N = 8)", "60 %", f"{100 * (1 - 1 / 8):g} %"),
         ("S4", "ZeRO-3 traffic vs DDP (one micro-batch per step)", "3x", f"{traffic:g}x"),
     ]  # fmt: skip
-    return pd.DataFrame(rows, columns=["source", "claim", "quoted", "recomputed"])
+    return kit.frame([SourceRow(*row) for row in rows], SourceRow)

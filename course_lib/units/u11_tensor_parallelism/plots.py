@@ -13,6 +13,7 @@ from matplotlib.patches import Rectangle
 
 from course_lib.units.u11_tensor_parallelism.run import ShapeRow
 from course_lib.units.u11_tensor_parallelism.run_costs import MemoryRow
+from course_lib.units.u11_tensor_parallelism.run_scale import LayerScaleRow
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["plot_split", "plot_memory", "plot_scale"]
@@ -27,6 +28,7 @@ _PANELS = (
 READS = {
     ShapeRow: ("tp_rank", "parameter", "full", "on_rank"),
     MemoryRow: ("tp", "sequence_parallel", "rank", "category", "measured", "predicted"),
+    LayerScaleRow: ("model", "tp", "state_bytes", "activations_tp", "activations_sp"),
 }
 
 
@@ -146,12 +148,7 @@ def plot_scale(table: pd.DataFrame) -> Figure:
     """From ``run.scale_table``: left, one layer's memory on a rank (model state, activations
     with tensor parallelism, with sequence parallelism) against tp, per model; right, the time
     of one layer's 4 all-reduces per step on each link (log scale)."""
-    require_columns(
-        table,
-        ["model", "tp", "state_bytes", "activations_tp", "activations_sp"],
-        "table",
-        nonempty=True,
-    )
+    require_columns(table, list(READS[LayerScaleRow]), "table", nonempty=True)
     links = [c for c in table.columns if c.startswith("comm_s_per_layer ")]
     with style():
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5.5))

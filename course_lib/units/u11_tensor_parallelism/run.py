@@ -27,7 +27,7 @@ checked before any rank starts. Each function returns plain data or a tidy DataF
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pandas as pd
@@ -77,7 +77,21 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # the worked example: X (1 x 8) times W (8 x 16) on 2 ranks
 # --------------------------------------------------------------------------------------------
-def _example_worker(rank: int, world_size: int) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class ExampleRow:
+    """One split and rank of :func:`worked_example` (shapes as tuples)."""
+
+    split: str
+    rank: int
+    x_on_rank: tuple[int, ...]
+    W_on_rank: tuple[int, ...] = field(metadata=kit.column("W_on_rank (in x out)"))
+    local_product: tuple[int, ...]
+    collective: str
+    y: tuple[int, ...]
+    equals_X_W: bool
+
+
+def _example_worker(rank: int, world_size: int) -> list[ExampleRow]:
     from course_lib.measure.comm import CommMeter, collective_family
     from course_lib.parallel.tensor import ColumnParallelLinear, RowParallelLinear
 
@@ -95,16 +109,16 @@ def _example_worker(rank: int, world_size: int) -> list[dict[str, Any]]:
             y = layer(x)
         local_x = x if split == "column" else x.chunk(world_size, dim=1)[rank]
         rows.append(
-            {
-                "split": split,
-                "rank": rank,
-                "x_on_rank": tuple(local_x.shape),
-                "W_on_rank (in x out)": tuple(layer.weight.t().shape),
-                "local_product": tuple((local_x @ layer.weight.t()).shape),
-                "collective": ", ".join(collective_family(op) for op in meter.calls) or "none",
-                "y": tuple(y.shape),
-                "equals_X_W": bool(torch.allclose(y, expected)),
-            }
+            ExampleRow(
+                split,
+                rank,
+                tuple(local_x.shape),
+                tuple(layer.weight.t().shape),
+                tuple((local_x @ layer.weight.t()).shape),
+                ", ".join(collective_family(op) for op in meter.calls) or "none",
+                tuple(y.shape),
+                bool(torch.allclose(y, expected)),
+            )
         )
     return rows
 
@@ -115,7 +129,7 @@ def worked_example() -> pd.DataFrame:
     by rows (each rank: its 1 x 4 slice of X times a 4 x 16 block, partial outputs summed by an
     all-reduce). One row per split and rank: shapes, the collective CommMeter saw, and whether
     the result equals X W computed in one process."""
-    return pd.DataFrame([r for res in launch(_example_worker, 2) for r in res])
+    return kit.frame(kit.rows_of(launch(_example_worker, 2), ExampleRow), ExampleRow)
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -101,6 +101,19 @@ def collective_counts(
     return kit.frame(kit.rows_of(runs, CollectiveRow), CollectiveRow)
 
 
+@dataclass(frozen=True)
+class WireSummaryRow:
+    """One tp and mode of :func:`wire_summary` (bytes one rank sends per step)."""
+
+    tp: int
+    sequence_parallel: bool
+    calls: int
+    predicted: int
+    model_of_calls: float
+    wire: int | None  # None: the OS cannot see the sockets
+    ratio: float | None = field(metadata=kit.column("wire/predicted"))
+
+
 def wire_summary(
     counts: pd.DataFrame, *, config: GPTConfig = CONFIG, batch: int = BATCH
 ) -> pd.DataFrame:
@@ -116,19 +129,11 @@ def wire_summary(
             config.block_size, batch, config.n_embd, t, dtype_bytes=4, sequence_parallel=sp
         )
         wire = None if part.wire_sent.isna().any() else int(part.wire_sent.sum())
-        rows.append(
-            {
-                "tp": t,
-                "sequence_parallel": bool(sp),
-                "calls": int(part.calls.sum()),
-                "predicted": pred["sent"] * config.n_layer,
-                "model_of_calls": part.model_sent.sum(),
-                "wire": wire,
-            }
-        )
-    out = pd.DataFrame(rows)
-    out["wire/predicted"] = [None if w is None else w / p for w, p in zip(out.wire, out.predicted)]
-    return out
+        predicted = pred["sent"] * config.n_layer
+        ratio = None if wire is None else wire / predicted
+        calls, model = int(part.calls.sum()), part.model_sent.sum()
+        rows.append(WireSummaryRow(t, bool(sp), calls, predicted, model, wire, ratio))
+    return kit.frame(rows, WireSummaryRow)
 
 
 def wire_bytes(

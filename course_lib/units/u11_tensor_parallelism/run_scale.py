@@ -7,11 +7,12 @@ on ranks. Re-exported by ``run.py``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.parallel.tensor import check_tp
 from course_lib.shape import ModelShape
@@ -31,6 +32,17 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 # formulas and scale
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FormulaRow:
+    """One tp of :func:`activation_formulas` (bytes of one layer's activations)."""
+
+    tp: int
+    tensor_parallel: float  # estimate, tensor parallelism alone
+    paper_tp: float  # the paper's closed form of the same
+    sequence_parallel: float  # estimate, with sequence parallelism
+    paper_sp: float
+
+
 def activation_formulas(
     seq: int = 2048,
     batch: int = 1,
@@ -51,17 +63,17 @@ def activation_formulas(
             else s * b * h * (34 + 5 * a * s / h)
         )
         rows.append(
-            {
-                "tp": t,
-                "tensor_parallel": estimate.activation_bytes_transformer_layer(s, b, h, a, tp=t),
-                "paper_tp": paper_tp,
-                "sequence_parallel": estimate.activation_bytes_transformer_layer(
+            FormulaRow(
+                t,
+                estimate.activation_bytes_transformer_layer(s, b, h, a, tp=t),
+                paper_tp,
+                estimate.activation_bytes_transformer_layer(
                     s, b, h, a, tp=t, sequence_parallel=True
                 ),
-                "paper_sp": s * b * h * (34 / t + 5 * a * s / (h * t)),
-            }
+                s * b * h * (34 / t + 5 * a * s / (h * t)),
+            )
         )
-    return pd.DataFrame(rows)
+    return kit.frame(rows, FormulaRow)
 
 
 #: Llama-7B (Touvron et al. 2023): 32 layers, width 4096, 32 heads, SwiGLU 11008, 2,048 tokens
@@ -73,6 +85,23 @@ LLAMA_70B = ModelShape("Llama-2-70B", 80, 8192, 64, 8, 28672, 32000, seq=4096)
 
 H100_BF16_FLOPS = 989e12  #: H100 SXM dense bf16 peak (NVIDIA's datasheet), FLOP/s
 UTILIZATION = 0.5  #: the fraction of peak a well-tuned layer reaches (an assumption)
+
+
+@dataclass(frozen=True)
+class LayerScaleRow:
+    """One shape and tp of :func:`scale_table` (bytes; seconds); the frame adds one
+    ``comm_s_per_layer <link>`` column per link."""
+
+    model: str
+    tp: int
+    layer_params_per_rank: int
+    state_bytes: int
+    activations_tp: float
+    activations_sp: float
+    allreduce_bytes: int
+    sent_per_layer: int
+    allreduces_per_step: int
+    compute_s_per_layer: float
 
 
 def scale_table(
@@ -93,40 +122,44 @@ def scale_table(
     ``estimate.training_flops_per_token``, over tp ranks at ``UTILIZATION`` of an H100's
     bf16 peak; attention's s^2 FLOPs left out). Bytes in B; seconds."""
     sizes = validate.counts("tps", tps, minimum=1)
-    rows = []
+    bandwidths = [estimate.link_speed(link).per_direction_GBps for link in links]
+    rows, comm_s = [], []
     for shape in shapes:
+        s, b, h, a = seq, batch, shape.hidden, shape.heads
+        flops = estimate.training_flops_per_token(estimate.tp_layer_state_bytes(shape, 1)["params"])
         for t in sizes:
             check_tp(shape, t)
             state = estimate.tp_layer_state_bytes(shape, t)
             comm = estimate.tp_comm_bytes_per_layer(seq, batch, shape.hidden, t)
-            row = {
-                "model": shape.name,
-                "tp": t,
-                "layer_params_per_rank": state["params"],
-                "state_bytes": state["bytes"],
-                "activations_tp": estimate.activation_bytes_transformer_layer(
-                    seq, batch, shape.hidden, shape.heads, tp=t
-                ),
-                "activations_sp": estimate.activation_bytes_transformer_layer(
-                    seq, batch, shape.hidden, shape.heads, tp=t, sequence_parallel=True
-                ),
-                "allreduce_bytes": comm["payload"],
-                "sent_per_layer": comm["sent"],
-                "allreduces_per_step": 4 * shape.layers,
-                "compute_s_per_layer": estimate.training_flops_per_token(
-                    estimate.tp_layer_state_bytes(shape, 1)["params"]
-                )
-                * (seq * batch)
-                / t
-                / (H100_BF16_FLOPS * UTILIZATION),
-            }
-            for link in links:
-                bw = estimate.link_speed(link).per_direction_GBps
-                row[f"comm_s_per_layer {link}"] = (
+            act_tp = estimate.activation_bytes_transformer_layer(s, b, h, a, tp=t)
+            act_sp = estimate.activation_bytes_transformer_layer(
+                s, b, h, a, tp=t, sequence_parallel=True
+            )
+            compute_s = flops * (seq * batch) / t / (H100_BF16_FLOPS * UTILIZATION)
+            rows.append(
+                LayerScaleRow(
+                    shape.name,
+                    t,
+                    state["params"],
+                    state["bytes"],
+                    act_tp,
+                    act_sp,
+                    comm["payload"],
+                    comm["sent"],
+                    4 * shape.layers,
+                    compute_s,
+                )  # fmt: skip
+            )
+            comm_s.append(
+                [
                     4 * estimate.allreduce_time_on_link(comm["payload"], t, bw) if t > 1 else 0.0
-                )
-            rows.append(row)
-    return pd.DataFrame(rows)
+                    for bw in bandwidths
+                ]
+            )
+    df = kit.frame(rows, LayerScaleRow)
+    for i, link in enumerate(links):
+        df[f"comm_s_per_layer {link}"] = [c[i] for c in comm_s]
+    return df
 
 
 def source_check(n_layer: int = 32) -> dict[str, int | dict[str, int] | dict[str, dict[str, int]]]:
@@ -144,18 +177,21 @@ def source_check(n_layer: int = 32) -> dict[str, int | dict[str, int] | dict[str
     }
 
 
+@dataclass(frozen=True)
+class SourceBytesRow:
+    """One worker of :func:`source_bytes`: its values and their bfloat16 bytes."""
+
+    worker: int
+    values: list[float]
+    bytes: str  # hex, little-endian, as torch stores them
+    nbytes: int
+
+
 def source_bytes() -> pd.DataFrame:
     """The sources' bfloat16 bytes (S1: 1.0 2.0 3.0 4.0 -> 80 3f 00 40 40 40 80 40), computed:
     each value's little-endian bytes as torch stores them."""
     rows = []
     for worker, values in ((0, [1.0, 2.0, 3.0, 4.0]), (1, [5.0, 6.0, 7.0, 8.0])):
         raw = torch.tensor(values, dtype=torch.bfloat16).view(torch.uint8).tolist()
-        rows.append(
-            {
-                "worker": worker,
-                "values": values,
-                "bytes": " ".join(f"{v:02x}" for v in raw),
-                "nbytes": len(raw),
-            }
-        )
-    return pd.DataFrame(rows)
+        rows.append(SourceBytesRow(worker, values, " ".join(f"{v:02x}" for v in raw), len(raw)))
+    return kit.frame(rows, SourceBytesRow)

@@ -62,6 +62,13 @@ def test_step_breakdown_parts_add_up_to_their_own_total():
     assert pred["overlapped_s"] <= pred["serial_s"]
 
 
+def test_step_breakdown_has_a_bytes_column_only_for_the_phases_that_moved_bytes():
+    df = run.step_breakdown(tier="memory", steps=1, config=SMALL, batch=2)
+    n = sum(p.numel() for p in GPT(SMALL).parameters())
+    assert [c for c in df.columns if c.endswith("_bytes")] == ["to_host_bytes", "to_device_bytes"]
+    assert list(df["to_host_bytes"]) == [4 * n] and list(df["to_device_bytes"]) == [4 * n]
+
+
 def test_fsdp2_cpu_offload_matches_one_process():
     table, where = run.fsdp_offload_parity(steps=2)
     assert table["ok"].all(), table[~table["ok"]]
