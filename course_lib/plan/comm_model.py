@@ -34,7 +34,6 @@ __all__ = [
     "allreduce_s",
     "tp_comm_s",
     "cp_comm_s",
-    "ep_comm_s",
     "p2p_s",
     "dp_comm_s",
 ]
@@ -217,28 +216,6 @@ def cp_comm_s(
     )
     bw, alpha = _link(cluster, span(cluster, layout.dims.stride("cp"), c)[0])
     return float((1 - overlap) * layers * (sent["sent"] / bw + steps * alpha))
-
-
-def ep_comm_s(
-    model: ModelSpec, cluster: ClusterSpec, layout: Layout, layers: int, overlap: float
-) -> float:
-    """Exposed seconds of one micro-batch's expert-parallel all-to-alls (dispatch and combine,
-    forward and backward) on a stage of ``layers`` MoE layers: ``estimate.
-    ep_all_to_all_bytes_per_token`` (uniform routing) times the rank's tokens; the bytes for
-    peers in the node go over NVLink, the rest over the network, side by side (the slower sets
-    the pace), plus one network alpha per all-to-all."""
-    e = layout.ep
-    if e == 1 or not model.experts:
-        return 0.0
-    tokens = layout.micro_batch * model.seq // (layout.cp * layout.tp)
-    sent = tokens * estimate.ep_all_to_all_bytes_per_token(model.hidden, ep=e, top_k=model.top_k)
-    nodes, per_node = span(cluster, layout.dims.stride("ep"), e)
-    near = (per_node - 1) / (e - 1)
-    t = max(
-        sent * near / (cluster.intra_GBps * 1e9), sent * (1 - near) / (cluster.inter_GBps * 1e9)
-    )
-    alpha = _link(cluster, nodes)[1]
-    return (1 - overlap) * layers * (t + 4 * alpha)
 
 
 def p2p_s(model: ModelSpec, cluster: ClusterSpec, layout: Layout, overlap: float) -> float:

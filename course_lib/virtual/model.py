@@ -72,10 +72,12 @@ class LlamaLike:
 
     @property
     def n_params(self) -> int:
-        """Exact parameter count of the module this builds."""
-        h, kv = self.hidden, self.kv_heads * self.head_dim
-        per_layer = 2 * h + 2 * h * h + 2 * h * kv + 3 * h * self.ffn
-        return self.layers * per_layer + 2 * self.vocab * h + h
+        """Exact parameter count of the module this builds (``estimate.transformer_param_count``
+        of its shape: two RMSNorms, Q/K/V/O and a SwiGLU per layer, untied embedding and output,
+        a final norm; tests/virtual check it against the built module)."""
+        from course_lib.measure import estimate
+
+        return int(estimate.transformer_param_count(**self.shape(1).dense())["total"])
 
     def tp_problems(self, tp: int) -> list[str]:
         """Why ``tp``-way tensor parallelism cannot split these shapes ([] when it can).

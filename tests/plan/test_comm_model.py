@@ -107,14 +107,15 @@ def test_moe_models_count_their_experts_with_unit_16s_formulas():
 
 
 def test_expert_all_to_alls_use_unit_16s_bytes_per_token():
-    from course_lib.plan import comm_model as cm
+    from course_lib.plan import moe_time
 
     mix = P.model("Mixtral-8x7B")
     lay = P.Layout(8, 1, 1, 1, "selective", 1, ep=8)
     per_token = estimate.ep_all_to_all_bytes_per_token(4096, ep=8, top_k=2)
-    inside = cm.ep_comm_s(mix, P.cluster(H100), lay, 1, 0.0)
+    inside = moe_time.all_to_all(mix, P.cluster(H100), lay).total
     assert inside == pytest.approx(4096 * per_token / NV + 4 * A_NV)
-    across = cm.ep_comm_s(mix, P.cluster(H100, gpus=16), P.Layout(16, 1, 1, ep=16), 1, 0.0)
+    lay16 = P.Layout(16, 1, 1, ep=16)
+    across = moe_time.all_to_all(mix, P.cluster(H100, gpus=16), lay16).total
     assert across > 4 * inside  # half the peers are a network hop away
 
 

@@ -9,7 +9,6 @@ import math
 import pytest
 
 from course_lib import plan as P
-from course_lib.plan import comm_model as cm
 from course_lib.plan import gemm_time as G
 from course_lib.plan import moe_time as MT
 from course_lib.plan.published import RUNS
@@ -17,11 +16,23 @@ from course_lib.plan.published import RUNS
 H800, H100 = "8xH800 + 400G IB", "8xH100 + 400G IB"
 
 
-def test_balanced_all_to_all_is_the_old_ep_term():
+def test_balanced_all_to_all_is_unit_16s_bytes_on_the_links_they_cross():
+    """Uniform routing, by hand: the rank's 4,096 tokens x unit 16's bytes per token, the share
+    for peers in the node over NVLink and the rest over the network side by side (the slower
+    sets the pace), plus one alpha of the slowest link per all-to-all (4)."""
+    from course_lib.measure import estimate
+
     ds = P.model("DeepSeek-V3")
-    for gpus, lay in ((8, P.Layout(8, ep=8)), (2048, P.Layout(128, 1, 16, ep=64))):
-        cl = P.cluster(H800, gpus=gpus)
-        assert MT.all_to_all(ds, cl, lay).total == pytest.approx(cm.ep_comm_s(ds, cl, lay, 1, 0.0))
+    sent = 4096 * estimate.ep_all_to_all_bytes_per_token(7168, ep=8, top_k=8)
+    cl = P.cluster(H800, gpus=8)  # one node: every peer on NVLink
+    want = sent / (cl.intra_GBps * 1e9) + 4 * cl.alpha_intra_s
+    assert MT.all_to_all(ds, cl, P.Layout(8, ep=8)).total == pytest.approx(want)
+    cl = P.cluster(H800, gpus=2048)  # EP 64 on 8 nodes: 7 of the 63 peers in the node
+    sent = 4096 * estimate.ep_all_to_all_bytes_per_token(7168, ep=64, top_k=8)
+    near = 7 / 63
+    t = max(sent * near / (cl.intra_GBps * 1e9), sent * (1 - near) / (cl.inter_GBps * 1e9))
+    got = MT.all_to_all(ds, cl, P.Layout(128, 1, 16, ep=64)).total
+    assert got == pytest.approx(t + 4 * cl.alpha_inter_s)
 
 
 def test_node_limited_routing_sends_one_copy_per_node():
