@@ -9,12 +9,16 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from course_lib.units.u12_pipeline_parallelism.run import BubbleRow
 from course_lib.units.u12_pipeline_parallelism.run_costs import ActivationRow
 from course_lib.viz.plots import require_columns, style
 
 __all__ = ["plot_gantt", "plot_bubble", "plot_memory"]
 
-READS = {ActivationRow: ("schedule", "stage", "measured_mb", "predicted")}
+READS = {
+    ActivationRow: ("schedule", "stage", "measured_mb", "predicted"),
+    BubbleRow: ("schedule", "virtual", "measured", "min_rank", "max_rank", "replayed", "predicted"),
+}
 
 
 def _gantt(ax: Axes, ev: pd.DataFrame, title: str, n_chunks: int) -> None:
@@ -85,12 +89,7 @@ def plot_gantt(events: pd.DataFrame, bubbles: pd.DataFrame | None = None) -> Fig
 def plot_bubble(table: pd.DataFrame) -> Figure:
     """Idle fraction per schedule: measured on the ranks' timelines (bar: mean, whiskers: min
     and max over ranks), replayed on ideal hardware, and predicted by estimate."""
-    require_columns(
-        table,
-        ["schedule", "virtual", "measured", "min_rank", "max_rank", "replayed", "predicted"],
-        "table",
-        nonempty=True,
-    )
+    require_columns(table, list(READS[BubbleRow]), "table", nonempty=True)
     labels = [s + (f" v={v}" if v > 1 else "") for s, v in zip(table.schedule, table.virtual)]
     x = range(len(table))
     with style():

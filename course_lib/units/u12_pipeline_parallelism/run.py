@@ -148,6 +148,33 @@ class ParityRow:
     ok: bool
 
 
+@dataclass(frozen=True)
+class HeldRow:
+    """:func:`timelines` (``attrs["held"]``): the most micro-batches one stage held."""
+
+    rank: int
+    lane: str
+    schedule: str
+    virtual: int
+    stage: int
+    held: int
+
+
+@dataclass(frozen=True)
+class BubbleRow:
+    """:func:`bubble_table`: one schedule's idle fraction, measured beside its predictions."""
+
+    schedule: str
+    virtual: int
+    measured: float
+    min_rank: float
+    max_rank: float
+    replayed: float
+    predicted: float
+    narayanan: float | None
+    residual: float
+
+
 def parity(
     schedules: Sequence[str] = ("naive", "gpipe", "1f1b", "interleaved"),
     *,
@@ -264,7 +291,7 @@ def timelines(
             ]
             frames.append(merge_event_logs([mine]))
     df = pd.concat(frames, ignore_index=True)
-    held = pd.DataFrame([{"rank": r["rank"], **r["meta"]} for r in memory])
+    held = kit.frame([HeldRow(rank=r["rank"], **r["meta"]) for r in memory], HeldRow)
     df.attrs["held"] = held
     df.attrs.update(ranks=ranks, microbatches=microbatches, n_layers=n_layers)
     return df
@@ -310,25 +337,16 @@ def bubble_table(events: pd.DataFrame) -> pd.DataFrame:
         ev = ev[ev["repeat"] == ev["repeat"].min()]
         idle = P.bubble_from_events(ev)
         predicted = (p - 1) / p if s == "naive" else estimate.pipeline_bubble_fraction(p, m, v)
+        measured = statistics.fmean(idle.values())
+        replayed = replayed_bubble(
+            s, ranks=p, microbatches=m, virtual=v, n_layers=events.attrs["n_layers"],
+            orders=_recorded_orders(ev, p),
+        )  # fmt: skip
+        ratio = None if s == "naive" else estimate.pipeline_bubble_ratio(p, m, v)
         rows.append(
-            {
-                "schedule": s,
-                "virtual": v,
-                "measured": statistics.fmean(idle.values()),
-                "min_rank": min(idle.values()),
-                "max_rank": max(idle.values()),
-                "replayed": replayed_bubble(
-                    s,
-                    ranks=p,
-                    microbatches=m,
-                    virtual=v,
-                    n_layers=events.attrs["n_layers"],
-                    orders=_recorded_orders(ev, p),
-                ),
-                "predicted": predicted,
-                "narayanan": None if s == "naive" else estimate.pipeline_bubble_ratio(p, m, v),
-            }
-        )
-    df = pd.DataFrame(rows)
-    df["residual"] = df["measured"] - df["predicted"]
-    return df
+            BubbleRow(
+                s, v, measured, min(idle.values()), max(idle.values()), replayed, predicted,
+                ratio, measured - predicted,
+            )
+        )  # fmt: skip
+    return kit.frame(rows, BubbleRow)

@@ -199,6 +199,22 @@ def message_table(df: pd.DataFrame, *, ranks: int, microbatches: int) -> pd.Data
 # --------------------------------------------------------------------------------------------
 # at scale, through estimate
 # --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PipelineScaleRow:
+    """:func:`scale_table`: one model's boundary bytes, send time and bubbles at scale."""
+
+    model: str
+    layers: int
+    hidden: int
+    layers_per_stage: float
+    boundary_bytes: int
+    sent_per_rank_step: int
+    send_s: float
+    bubble_1f1b: float
+    bubble_v2: float
+    bubble_v4: float
+
+
 def scale_table(
     models: Sequence[tuple[str, int, int]] = (("7B", 32, 4096), ("70B", 80, 8192)),
     *,
@@ -220,20 +236,13 @@ def scale_table(
         boundary = estimate.pipeline_boundary_bytes(micro_batch, seq, h, dtype_bytes=2)
         per_step = 2 * m * boundary
         rows.append(
-            {
-                "model": name,
-                "layers": layers,
-                "hidden": h,
-                "layers_per_stage": layers / p,
-                "boundary_bytes": boundary,
-                "sent_per_rank_step": per_step,
-                "send_s": per_step / (speed.per_direction_GBps * 1e9),
-                "bubble_1f1b": estimate.pipeline_bubble_fraction(p, m),
-                "bubble_v2": estimate.pipeline_bubble_fraction(p, m, 2),
-                "bubble_v4": estimate.pipeline_bubble_fraction(p, m, 4),
-            }
-        )
-    return pd.DataFrame(rows)
+            PipelineScaleRow(
+                name, layers, h, layers / p, boundary, per_step,
+                per_step / (speed.per_direction_GBps * 1e9),
+                *(estimate.pipeline_bubble_fraction(p, m, v) for v in (1, 2, 4)),
+            )
+        )  # fmt: skip
+    return kit.frame(rows, PipelineScaleRow)
 
 
 def source_check() -> pd.DataFrame:

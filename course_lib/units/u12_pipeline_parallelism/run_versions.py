@@ -9,11 +9,13 @@ notebooks/12_pipeline_parallelism.ipynb through :mod:`run`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 import torch
 from torch import nn
 
-from course_lib import validate
+from course_lib import kit, validate
 
 #: policy label -> ``run_versions``'s policy
 VERSION_POLICIES = {
@@ -21,6 +23,19 @@ VERSION_POLICIES = {
     "PipeDream-2BW": "2bw",
     "PipeDream (per micro-batch)": "pipedream",
 }
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    """:func:`weight_versions`: the weight versions one stage kept alive under one policy."""
+
+    policy: str
+    stage: int
+    versions: int
+    bytes: int
+    one_version_bytes: int
+    lag: int
+    steps_behind: list[int] | None  # per-step policies only
 
 
 def versions_model(seed: int = 0) -> nn.Sequential:
@@ -77,12 +92,11 @@ def weight_versions(
             one = sum(p.numel() * p.element_size() for i in r for p in model[i].parameters())
             used = {j: v for (st, j), v in run.used.items() if st == s}
             rows_out.append(
-                {"policy": label, "stage": s, "versions": run.peak_versions[s],
-                 "bytes": run.peak_bytes[s], "one_version_bytes": one,
-                 "lag": max(abs(f - b) for f, b in used.values()),
-                 "steps_behind": None if policy == "pipedream" else
-                 sorted({j // m - f for j, (f, _) in used.items()})}
+                VersionRow(label, s, run.peak_versions[s], run.peak_bytes[s], one,
+                           max(abs(f - b) for f, b in used.values()),
+                           None if policy == "pipedream" else
+                           sorted({j // m - f for j, (f, _) in used.items()}))
             )  # fmt: skip
     losses = pd.DataFrame({label: run.losses for label, run in runs.items()})
     losses.index.name = "step"
-    return pd.DataFrame(rows_out), losses
+    return kit.frame(rows_out, VersionRow), losses

@@ -17,7 +17,7 @@ from matplotlib.lines import Line2D
 
 from course_lib.measure.estimate import fmt_bytes
 from course_lib.units.u13_interconnects_and_backends.run import GradientRow
-from course_lib.units.u13_interconnects_and_backends.run_sweep import SweepRow
+from course_lib.units.u13_interconnects_and_backends.run_sweep import FitRow, SweepRow
 from course_lib.viz.plots import require_columns, styled
 
 __all__ = ["plot_sweep", "plot_link_times"]
@@ -25,6 +25,7 @@ __all__ = ["plot_sweep", "plot_link_times"]
 READS = {
     SweepRow: ("collective", "world_size", "size_bytes", "time_s", "busbw_GBps", "backend"),
     GradientRow: ("n_params", "link", "time_s", "grad_bytes"),
+    FitRow: ("collective", "world_size", "alpha_s", "beta_s_per_byte"),
 }
 
 _COLORS = {"all_reduce": "tab:blue", "all_gather": "tab:orange", "reduce_scatter": "tab:green"}
@@ -125,9 +126,7 @@ def plot_sweep(
         df, ["collective", "world_size", "size_bytes", "time_s", "busbw_GBps"], "df", nonempty=True
     )
     if fits is not None:
-        require_columns(
-            fits, ["collective", "world_size", "alpha_s", "beta_s_per_byte"], "fits", nonempty=True
-        )
+        require_columns(fits, list(READS[FitRow]), "fits", nonempty=True)
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 6.2))
     world_sizes = sorted(df["world_size"].unique())
     collectives = list(dict.fromkeys(df["collective"]))

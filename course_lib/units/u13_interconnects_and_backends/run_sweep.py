@@ -225,6 +225,20 @@ def collective_sweep(config: SweepConfig | None = None, *, progress: bool = True
     return kit.frame(rows, SweepRow)
 
 
+@dataclass(frozen=True)
+class FitRow:
+    """:func:`fit_sweep`: alpha and beta of one collective on ``world_size`` ranks (``backend``:
+    None where the sweep has no backend column; the frame then has none either)."""
+
+    backend: str | None
+    collective: str
+    world_size: int
+    alpha_s: float
+    beta_s_per_byte: float
+    algbw_fit_GBps: float
+    busbw_fit_GBps: float
+
+
 _SWEEP_COLUMNS = ("collective", "world_size", "size_bytes", "time_s")
 
 
@@ -260,18 +274,12 @@ def fit_sweep(df: pd.DataFrame) -> pd.DataFrame:
         )
         # beta <= 0: the times do not grow with size (sizes too small for the noise): no bandwidth
         alg = (1.0 / beta / 1e9) if beta > 0 else math.nan
+        bus = estimate.busbw(alg, key["collective"], key["world_size"]) if beta > 0 else math.nan
         rows.append(
-            {
-                **key,
-                "alpha_s": alpha,
-                "beta_s_per_byte": beta,
-                "algbw_fit_GBps": alg,
-                "busbw_fit_GBps": estimate.busbw(alg, key["collective"], key["world_size"])
-                if beta > 0
-                else math.nan,
-            }
+            FitRow(key.get("backend"), key["collective"], key["world_size"], alpha, beta, alg, bus)
         )
-    return pd.DataFrame(rows)
+    fits = kit.frame(rows, FitRow)
+    return fits if "backend" in keys else fits.drop(columns="backend")
 
 
 def sweep_residuals(df: pd.DataFrame, fits: pd.DataFrame) -> pd.DataFrame:

@@ -3,10 +3,12 @@ architectures with ``estimate.moe_*`` (``unit.run.scale``, ``unit.run.MODELS``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from course_lib import kit
 from course_lib.measure import estimate
 
 __all__ = ["MODELS", "architecture_params", "scale"]
@@ -70,6 +72,22 @@ def architecture_params(name: str) -> dict[str, int]:
     return {**parts, "total": total, "active": active}
 
 
+@dataclass(frozen=True)
+class ScaleRow:
+    """:func:`scale`: one (model, ep, GPUs) at scale; the model-state GiB per GPU of each
+    pipeline depth follow ``gpus`` in columns ``GiB_per_gpu_pp{stages}``."""
+
+    model: str
+    total_B: float
+    published_total_B: float
+    active_B: float
+    active_no_embed_B: float
+    published_active_B: float
+    ep: int
+    gpus: int
+    a2a_KiB_per_token_layer: float
+
+
 def scale(
     layouts: tuple[tuple[str, int, int], ...] = (
         ("Mixtral 8x7B", 8, 128),
@@ -85,28 +103,19 @@ def scale(
     ``estimate.moe_model_state_bytes_per_rank``) for each pipeline depth in ``stages``; and
     the all-to-all KiB one GPU sends per token and MoE layer (bf16, uniform routing,
     ``estimate.ep_all_to_all_bytes_per_token``)."""
-    rows = []
+    rows, per_depth = [], []
     for name, ep, gpus in layouts:
         p = architecture_params(name)
         m = MODELS[name]
-        row: dict[str, Any] = {
-            "model": name,
-            "total_B": p["total"] / 1e9,
-            "published_total_B": m["published_total"] / 1e9,
-            "active_B": p["active"] / 1e9,
-            "active_no_embed_B": (p["active"] - p["embeddings"]) / 1e9,
-            "published_active_B": m["published_active"] / 1e9,
-            "ep": ep,
-            "gpus": gpus,
-        }
-        for pp in stages:
-            mem = estimate.moe_model_state_bytes_per_rank(
-                p["total"] - p["experts"], p["experts"], ep=ep, world_size=gpus, stage=stage,
-                stages=pp,
-            )  # fmt: skip
-            row[f"GiB_per_gpu_pp{pp}"] = mem["total"] / 2**30
-        row["a2a_KiB_per_token_layer"] = (
-            estimate.ep_all_to_all_bytes_per_token(m["hidden"], ep=ep, top_k=m["top_k"]) / 1024
-        )
-        rows.append(row)
-    return pd.DataFrame(rows)
+        a2a = estimate.ep_all_to_all_bytes_per_token(m["hidden"], ep=ep, top_k=m["top_k"]) / 1024
+        rows.append(ScaleRow(
+            name, p["total"] / 1e9, m["published_total"] / 1e9, p["active"] / 1e9,
+            (p["active"] - p["embeddings"]) / 1e9, m["published_active"] / 1e9, ep, gpus, a2a,
+        ))  # fmt: skip
+        per_depth.append([estimate.moe_model_state_bytes_per_rank(
+            p["total"] - p["experts"], p["experts"], ep=ep, world_size=gpus, stage=stage, stages=pp
+        )["total"] / 2**30 for pp in stages])  # fmt: skip
+    df = kit.frame(rows, ScaleRow)
+    for i, pp in enumerate(stages):  # after gpus, one column per depth
+        df.insert(8 + i, f"GiB_per_gpu_pp{pp}", [gib[i] for gib in per_depth])
+    return df

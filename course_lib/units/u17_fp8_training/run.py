@@ -16,8 +16,10 @@ and bytes on the CPU, with speed taken to real sizes by formulas and cited figur
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
+from course_lib import kit
 from course_lib.units.u17_fp8_training._setup import BLOCK, CONFIG, batch_fn, model_fn
 from course_lib.units.u17_fp8_training.run_bytes import (
     allgather_bytes,
@@ -72,6 +74,20 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class TorchaoRow:
+    """:func:`torchao_parity`: one shape; the output's and each gradient's largest difference to
+    torchao's, relative to torchao's largest value (the course's layer, then the fp32 layer)."""
+
+    shape: str = field(metadata=kit.column("shape (batch, in, out)"))
+    output: float = field(metadata=kit.column("course vs torchao: output"))
+    input_grad: float = field(metadata=kit.column("course vs torchao: input grad"))
+    weight_grad: float = field(metadata=kit.column("course vs torchao: weight grad"))
+    fp32_output: float = field(metadata=kit.column("fp32 layer vs torchao: output"))
+    fp32_input_grad: float = field(metadata=kit.column("fp32 layer vs torchao: input grad"))
+    fp32_weight_grad: float = field(metadata=kit.column("fp32 layer vs torchao: weight grad"))
+
+
 def torchao_available() -> str | None:
     """torchao's version when it is installed (its float8 training could then be compared with
     ours), else None: the course does not depend on it."""
@@ -95,7 +111,6 @@ def torchao_parity(shapes=((16, 32, 64), (64, 128, 32), (128, 128, 512))) -> Any
     import copy
     import warnings
 
-    import pandas as pd
     import torch
 
     from course_lib.runtime.compat import quiet_import_logs
@@ -125,9 +140,10 @@ def torchao_parity(shapes=((16, 32, 64), (64, 128, 32), (128, 128, 512))) -> Any
             y.backward(grad)
             w = layer[0].weight if isinstance(layer, torch.nn.Sequential) else layer.weight
             results.append((y.detach(), xi.grad, w.grad))
-        row: dict = {"shape (batch, in, out)": f"{batch} x {n_in} x {n_out}"}
-        for who, got in (("course", results[1]), ("fp32 layer", results[2])):
-            for name, a, b in zip(("output", "input grad", "weight grad"), got, results[0]):
-                row[f"{who} vs torchao: {name}"] = float((a - b).abs().max() / b.abs().max())
-        rows.append(row)
-    return pd.DataFrame(rows)
+        gaps = [
+            float((a - b).abs().max() / b.abs().max())
+            for got in results[1:]  # the course's layer, then the plain fp32 one
+            for a, b in zip(got, results[0])
+        ]
+        rows.append(TorchaoRow(f"{batch} x {n_in} x {n_out}", *gaps))
+    return kit.frame(rows, TorchaoRow)

@@ -7,7 +7,7 @@ Used by notebooks/17_fp8_training.ipynb through :mod:`run` (which re-exports the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -113,6 +113,42 @@ def allgather_bytes(
     return kit.sweep(_gather_worker, [config], GatherRow, world_size=n, timeout=timeout)
 
 
+@dataclass(frozen=True)
+class GatherSummaryRow:
+    """:func:`allgather_summary`: rank 0's all-gather bytes per step for one gather."""
+
+    gather: str
+    all_gathers: int = field(metadata=kit.column("all-gathers"))
+    predicted: float
+    ring_model: float = field(metadata=kit.column("ring model of the calls"))
+    wire: int | None = field(metadata=kit.column("wire (measured)"))
+    wire_over_predicted: float | None = field(metadata=kit.column("wire / predicted"))
+    amax_all_reduces: int = field(metadata=kit.column("amax all-reduces"))
+    amax_wire: int = field(metadata=kit.column("amax wire (measured)"))
+
+
+@dataclass(frozen=True)
+class MemorySummaryRow:
+    """:func:`memory_summary`: rank 0's state bytes and largest gather for one gather."""
+
+    gather: str
+    state_measured: int = field(metadata=kit.column("state bytes (measured)"))
+    state_predicted: float = field(metadata=kit.column("state bytes (predicted)"))
+    largest_measured: int = field(metadata=kit.column("largest gather (measured)"))
+    largest_predicted: float = field(metadata=kit.column("largest gather (predicted)"))
+
+
+@dataclass(frozen=True)
+class CacheRow:
+    """:func:`weight_cache_bytes`: the FP8 weight cache of one scaling beside the masters."""
+
+    scaling: str
+    masters: int = field(metadata=kit.column("fp32 masters (B)"))
+    measured: int = field(metadata=kit.column("FP8 cache, measured (B)"))
+    predicted: int = field(metadata=kit.column("FP8 cache, predicted (B)"))
+    ratio: float = field(metadata=kit.column("cache / masters"))
+
+
 def allgather_summary(df: pd.DataFrame) -> pd.DataFrame:
     """Rank 0's all-gather bytes per step for each gather: predicted
     (``estimate.fsdp_allgather_bytes_sent`` on the padded sizes), the ring model of the calls
@@ -128,19 +164,13 @@ def allgather_summary(df: pd.DataFrame) -> pd.DataFrame:
             gather=gather,
         )
         ar = part[part.op == "all_reduce"]
-        rows.append(
-            {
-                "gather": gather,
-                "all-gathers": int(ag.calls),
-                "predicted": pred,
-                "ring model of the calls": float(ag.model_sent),
-                "wire (measured)": ag.wire_sent,
-                "wire / predicted": None if ag.wire_sent is None else ag.wire_sent / pred,
-                "amax all-reduces": int(ar.calls.sum()) if len(ar) else 0,
-                "amax wire (measured)": int(ar.wire_sent.sum()) if len(ar) else 0,
-            }
-        )
-    return pd.DataFrame(rows)
+        wire = ag.wire_sent
+        rows.append(GatherSummaryRow(
+            gather, int(ag.calls), pred, float(ag.model_sent), wire,
+            None if wire is None else wire / pred, int(ar.calls.sum()) if len(ar) else 0,
+            int(ar.wire_sent.sum()) if len(ar) else 0,
+        ))  # fmt: skip
+    return kit.frame(rows, GatherSummaryRow)
 
 
 def memory_summary(df: pd.DataFrame) -> pd.DataFrame:
@@ -154,16 +184,10 @@ def memory_summary(df: pd.DataFrame) -> pd.DataFrame:
         pred = estimate.fsdp_fp8_memory_per_gpu(
             n_params, world_size, largest_layer_params=int(r.numel_largest), gather=gather
         )
-        rows.append(
-            {
-                "gather": gather,
-                "state bytes (measured)": int(r.state_bytes),
-                "state bytes (predicted)": pred["sharded"],
-                "largest gather (measured)": int(r.largest_gather_bytes),
-                "largest gather (predicted)": pred["gathered"],
-            }
-        )
-    return pd.DataFrame(rows)
+        rows.append(MemorySummaryRow(
+            gather, int(r.state_bytes), pred["sharded"], int(r.largest_gather_bytes), pred["gathered"]
+        ))  # fmt: skip
+    return kit.frame(rows, MemorySummaryRow)
 
 
 def weight_cache_bytes(*, block: int = BLOCK) -> pd.DataFrame:
@@ -187,13 +211,5 @@ def weight_cache_bytes(*, block: int = BLOCK) -> pd.DataFrame:
             estimate.fp8_cast_bytes(*w.shape, scaling=scaling, block=block, block_rows=block)
             for w in weights
         )
-        rows.append(
-            {
-                "scaling": scaling,
-                "fp32 masters (B)": master,
-                "FP8 cache, measured (B)": measured,
-                "FP8 cache, predicted (B)": predicted,
-                "cache / masters": measured / master,
-            }
-        )
-    return pd.DataFrame(rows)
+        rows.append(CacheRow(scaling, master, measured, predicted, measured / master))
+    return kit.frame(rows, CacheRow)

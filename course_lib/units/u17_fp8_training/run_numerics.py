@@ -9,7 +9,9 @@ tensorwise and rowwise scales; blockwise products are emulated (dequantise, mult
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -29,6 +31,54 @@ from course_lib.units.u17_fp8_training._setup import BLOCK, batch_fn, model_fn
 LAYER = "blocks.0.mlp.c_fc"
 
 
+@dataclass(frozen=True)
+class FormatRow:
+    """:func:`formats_table`: one format as torch has it beside the paper (NaN: no paper row)."""
+
+    format: str
+    max: float
+    max_paper: float = field(metadata=kit.column("max (paper)"))
+    min_normal: float = field(metadata=kit.column("min normal"))
+    min_normal_paper: float = field(metadata=kit.column("min normal (paper)"))
+    min_subnormal: float = field(metadata=kit.column("min subnormal"))
+    min_subnormal_paper: float = field(metadata=kit.column("min subnormal (paper)"))
+    epsilon: float
+
+
+@dataclass(frozen=True)
+class OutlierRow:
+    """:func:`outlier_table`: one cast of the activations with one channel grown."""
+
+    outlier_x: float = field(metadata=kit.column("outlier x"))
+    amax_over_median: float = field(metadata=kit.column("amax / median"))
+    cast: str
+    error_other: float = field(metadata=kit.column("error, other channels"))
+    flushed: float = field(metadata=kit.column("flushed to 0"))
+    output_error: float = field(metadata=kit.column("output error"))
+
+
+@dataclass(frozen=True)
+class RecipeErrorRow:
+    """:func:`recipe_errors`: one recipe's errors against fp32 at one outlier factor."""
+
+    outlier_x: float = field(metadata=kit.column("outlier x"))
+    recipe: str
+    output: float
+    input_grad: float = field(metadata=kit.column("input grad"))
+    weight_grad: float = field(metadata=kit.column("weight grad"))
+    gemm: str
+
+
+@dataclass(frozen=True)
+class ScaledMMRow:
+    """:func:`scaled_mm_parity`: the kernel against its emulation for one scaling."""
+
+    scaling: str
+    kernel: str
+    max_abs_diff: float = field(metadata=kit.column("max abs diff"))
+    bitwise_equal: bool = field(metadata=kit.column("bitwise equal"))
+
+
 def formats_table() -> pd.DataFrame:
     """E4M3, E5M2 and bf16 as torch implements them (``torch.finfo``; the smallest subnormal read
     from the bit pattern 0x01) beside Micikevicius et al.'s Table 1 (``estimate.fp8_format``)."""
@@ -37,30 +87,20 @@ def formats_table() -> pd.DataFrame:
         fi, paper = torch.finfo(dtype), estimate.fp8_format(name)
         tiny = float(torch.tensor([1], dtype=torch.uint8).view(dtype).float())
         rows.append(
-            {
-                "format": f"{name} (torch.{dtype})".replace("torch.torch.", "torch."),
-                "max": float(fi.max),
-                "max (paper)": paper.max_normal,
-                "min normal": float(fi.smallest_normal),
-                "min normal (paper)": paper.min_normal,
-                "min subnormal": tiny,
-                "min subnormal (paper)": paper.min_subnormal,
-                "epsilon": float(fi.eps),
-            }
-        )
+            FormatRow(
+                f"{name} (torch.{dtype})".replace("torch.torch.", "torch."),
+                float(fi.max), paper.max_normal, float(fi.smallest_normal), paper.min_normal,
+                tiny, paper.min_subnormal, float(fi.eps),
+            )
+        )  # fmt: skip
     fi = torch.finfo(torch.bfloat16)
+    tiny = float(torch.tensor([1], dtype=torch.int16).view(torch.bfloat16).float())
+    nan = math.nan
     rows.append(
-        {
-            "format": "bf16 (torch.bfloat16)",
-            "max": float(fi.max),
-            "min normal": float(fi.smallest_normal),
-            "min subnormal": float(
-                torch.tensor([1], dtype=torch.int16).view(torch.bfloat16).float()
-            ),
-            "epsilon": float(fi.eps),
-        }
-    )
-    return pd.DataFrame(rows)
+        FormatRow("bf16 (torch.bfloat16)", float(fi.max), nan, float(fi.smallest_normal), nan,
+                  tiny, nan, float(fi.eps))
+    )  # fmt: skip
+    return kit.frame(rows, FormatRow)
 
 
 @functools.lru_cache(maxsize=2)
@@ -134,16 +174,14 @@ def outlier_table(
         for name, xq in _casts(x, block).items():
             normal = x[:, keep]
             rows.append(
-                {
-                    "outlier x": f,
-                    "amax / median": float(x.abs().max() / x.abs().median()),
-                    "cast": name,
-                    "error, other channels": relative_error(xq[:, keep], normal),
-                    "flushed to 0": float(((xq[:, keep] == 0) & (normal != 0)).float().mean()),
-                    "output error": relative_error(xq @ wq[name].T, ref),
-                }
-            )
-    return pd.DataFrame(rows)
+                OutlierRow(
+                    f, float(x.abs().max() / x.abs().median()), name,
+                    relative_error(xq[:, keep], normal),
+                    float(((xq[:, keep] == 0) & (normal != 0)).float().mean()),
+                    relative_error(xq @ wq[name].T, ref),
+                )
+            )  # fmt: skip
+    return kit.frame(rows, OutlierRow)
 
 
 def _grads(
@@ -183,17 +221,11 @@ def recipe_errors(
         runs += [(r, Float8Linear.from_linear(lin, recipe=r, block=block), False) for r in recipes]
         for name, layer, bf16 in runs:
             got = _grads(layer, x, dy, bf16)
+            y, gx, gw = (relative_error(g, r) for g, r in zip(got, ref))
             rows.append(
-                {
-                    "outlier x": factor,
-                    "recipe": name,
-                    "output": relative_error(got[0], ref[0]),
-                    "input grad": relative_error(got[1], ref[1]),
-                    "weight grad": relative_error(got[2], ref[2]),
-                    "gemm": getattr(layer, "gemm", "bf16 matmul"),
-                }
+                RecipeErrorRow(factor, name, y, gx, gw, getattr(layer, "gemm", "bf16 matmul"))
             )
-    return pd.DataFrame(rows)
+    return kit.frame(rows, RecipeErrorRow)
 
 
 def scaled_mm_parity(*, m: int = 64, k: int = 128, n: int = 96, seed: int = 0) -> pd.DataFrame:
@@ -219,14 +251,6 @@ def scaled_mm_parity(*, m: int = 64, k: int = 128, n: int = 96, seed: int = 0) -
         except (RuntimeError, NotImplementedError):
             continue  # no kernel for this scaling on this CPU (torch 2.11: tensorwise only)
         emulated, _ = fp8_matmul(qa, qb, emulate=True)
-        rows.append(
-            {
-                "scaling": scaling,
-                "kernel": "_scaled_mm",
-                "max abs diff": float((kernel - emulated).abs().max()),
-                "bitwise equal": bool(torch.equal(kernel, emulated)),
-            }
-        )
-    if not rows:
-        return pd.DataFrame(columns=["scaling", "kernel", "max abs diff", "bitwise equal"])
-    return pd.DataFrame(rows)
+        diff = float((kernel - emulated).abs().max())
+        rows.append(ScaledMMRow(scaling, "_scaled_mm", diff, bool(torch.equal(kernel, emulated))))
+    return kit.frame(rows, ScaledMMRow)

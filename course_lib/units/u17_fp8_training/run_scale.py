@@ -8,11 +8,11 @@ Used by notebooks/17_fp8_training.ipynb through :mod:`run` (which re-exports the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 
 
@@ -45,6 +45,51 @@ REPORTED = {
 }
 
 
+@dataclass(frozen=True)
+class SpeedupRow:
+    """:func:`speedup_table`: one Llama 3 size (its ``other`` column is named with the share)."""
+
+    model: str
+    linear_share: float = field(metadata=kit.column("linear share of FLOPs"))
+    all_in_gemms: float = field(metadata=kit.column("speedup, all time in GEMMs"))
+    other: float = field(metadata=kit.column("speedup, other time outside GEMMs"))
+    reported_tensorwise: float | None = field(metadata=kit.column("reported, tensorwise"))
+    reported_rowwise: float | None = field(metadata=kit.column("reported, rowwise"))
+
+
+@dataclass(frozen=True)
+class FsdpRow:
+    """:func:`fsdp_table`: one Llama 3 size under FSDP with one gather precision."""
+
+    model: str
+    gather: str
+    params: int
+    sent_GB: float = field(metadata=kit.column("all-gather sent per step (GB)"))
+    states_GiB: float = field(metadata=kit.column("model states per GPU (GiB)"))
+    largest_GiB: float = field(metadata=kit.column("largest layer gathered (GiB)"))
+
+
+@dataclass(frozen=True)
+class PeakMatmulRow:
+    """:func:`peak_matmul_table`: one model's matmul GPU-seconds at the datasheet's peaks."""
+
+    model: str
+    active_B: float = field(metadata=kit.column("activated params (billions)"))
+    gflop_per_token: float = field(metadata=kit.column("GFLOP per token (6N)"))
+    bf16_s: float = field(metadata=kit.column("GPU-s at bf16 peak"))
+    fp8_s: float = field(metadata=kit.column("GPU-s at FP8 peak"))
+
+
+@dataclass(frozen=True)
+class DispatchRow:
+    """:func:`dispatch_table`: one token's dispatch in one precision (``copies``: named with
+    the count)."""
+
+    dispatch_in: str = field(metadata=kit.column("dispatch in"))
+    per_copy: int = field(metadata=kit.column("bytes per copy"))
+    copies: int = field(metadata=kit.column("bytes for the copies"))
+
+
 def speedup_table(*, seq: int = 8192, other_time: float = 0.3) -> pd.DataFrame:
     """Per Llama 3 size: the share of training FLOPs in the layers' linear GEMMs
     (``estimate.linear_flops_fraction``), the step speedup if the whole step ran at peak and
@@ -60,19 +105,13 @@ def speedup_table(*, seq: int = 8192, other_time: float = 0.3) -> pd.DataFrame:
             layers=s.layers, hidden=s.hidden, seq=seq, ffn=s.ffn, heads=s.heads,
             kv_heads=s.kv_heads, vocab=s.vocab,
         )  # fmt: skip
-        rows.append(
-            {
-                "model": s.name,
-                "linear share of FLOPs": f,
-                "speedup, all time in GEMMs": estimate.fp8_step_speedup(f, matmul_speedup=ratio),
-                f"speedup, {other:.0%} outside GEMMs": estimate.fp8_step_speedup(
-                    f * (1 - other), matmul_speedup=ratio
-                ),
-                "reported, tensorwise": REPORTED.get((s.name, "tensorwise")),
-                "reported, rowwise": REPORTED.get((s.name, "rowwise")),
-            }
-        )
-    return pd.DataFrame(rows)
+        speedups = [
+            estimate.fp8_step_speedup(g, matmul_speedup=ratio) for g in (f, f * (1 - other))
+        ]
+        reported = [REPORTED.get((s.name, scaling)) for scaling in ("tensorwise", "rowwise")]
+        rows.append(SpeedupRow(s.name, f, *speedups, *reported))
+    named = {"speedup, other time outside GEMMs": f"speedup, {other:.0%} outside GEMMs"}
+    return kit.frame(rows, SpeedupRow).rename(columns=named)
 
 
 def fsdp_table(*, world_size: int = 64) -> pd.DataFrame:
@@ -99,17 +138,9 @@ def fsdp_table(*, world_size: int = 64) -> pd.DataFrame:
             mem = estimate.fsdp_fp8_memory_per_gpu(
                 counts["total"], n, largest_layer_params=linear_per_layer, gather=gather
             )
-            rows.append(
-                {
-                    "model": s.name,
-                    "gather": gather,
-                    "params": counts["total"],
-                    "all-gather sent per step (GB)": sent / 1e9,
-                    "model states per GPU (GiB)": mem["sharded"] / 2**30,
-                    "largest layer gathered (GiB)": mem["gathered"] / 2**30,
-                }
-            )
-    return pd.DataFrame(rows)
+            gib = mem["sharded"] / 2**30, mem["gathered"] / 2**30
+            rows.append(FsdpRow(s.name, gather, counts["total"], sent / 1e9, *gib))
+    return kit.frame(rows, FsdpRow)
 
 
 #: activated parameters per token used for 6N training FLOPs: Llama-3-70B's count from its
@@ -127,16 +158,11 @@ def peak_matmul_table(*, tokens: float = 1e6) -> pd.DataFrame:
     rows = []
     for model, n in ACTIVE_PARAMS.items():
         flops = 6 * n * t
+        peaks = estimate.H100_PEAK_FLOPS
         rows.append(
-            {
-                "model": model,
-                "activated params (billions)": n / 1e9,
-                "GFLOP per token (6N)": 6 * n / 1e9,
-                "GPU-s at bf16 peak": flops / estimate.H100_PEAK_FLOPS["bf16"],
-                "GPU-s at FP8 peak": flops / estimate.H100_PEAK_FLOPS["fp8"],
-            }
+            PeakMatmulRow(model, n / 1e9, 6 * n / 1e9, flops / peaks["bf16"], flops / peaks["fp8"])
         )
-    return pd.DataFrame(rows)
+    return kit.frame(rows, PeakMatmulRow)
 
 
 #: DeepSeek-V3 (DeepSeek-AI 2024, arXiv:2412.19437): hidden size 7168, 8 routed experts per
@@ -152,13 +178,5 @@ def dispatch_table(*, hidden: int = DEEPSEEK_V3_HIDDEN, copies: int = 8) -> pd.D
     c = validate.count("copies", copies, minimum=1)
     bf16 = 2 * h
     fp8 = estimate.fp8_cast_bytes(1, h, scaling="blockwise", block=128)
-    return pd.DataFrame(
-        [
-            {"dispatch in": "bf16", "bytes per copy": bf16, f"bytes for {c} copies": c * bf16},
-            {
-                "dispatch in": "fp8 + 1x128 scales",
-                "bytes per copy": fp8,
-                f"bytes for {c} copies": c * fp8,
-            },
-        ]
-    )
+    rows = [DispatchRow("bf16", bf16, c * bf16), DispatchRow("fp8 + 1x128 scales", fp8, c * fp8)]
+    return kit.frame(rows).rename(columns={"bytes for the copies": f"bytes for {c} copies"})

@@ -7,7 +7,7 @@ Used by notebooks/17_fp8_training.ipynb through :mod:`run` (which re-exports the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -28,6 +28,16 @@ class CurveRow:
     precision: str
     step: int
     loss: float
+
+
+@dataclass(frozen=True)
+class SpikeRow:
+    """:func:`delayed_spike`: one step's forward error and saturated inputs under one scaling."""
+
+    step: int
+    scaling: str
+    output_error: float = field(metadata=kit.column("output error"))
+    saturated: int = field(metadata=kit.column("saturated inputs"))
 
 
 def _train_one(precision: str, *, steps: int, lr: float, seed: int) -> list[CurveRow]:
@@ -103,12 +113,7 @@ def delayed_spike(
                 ("current (tensorwise)", current),
                 (f"delayed ({history} steps)", delayed),
             ):
-                rows.append(
-                    {
-                        "step": step,
-                        "scaling": name,
-                        "output error": relative_error(layer(x), ref),
-                        "saturated inputs": layer.saturated["input"] if layer is delayed else 0,
-                    }
-                )
-    return pd.DataFrame(rows)
+                error = relative_error(layer(x), ref)  # the call counts what it saturated
+                saturated = layer.saturated["input"] if layer is delayed else 0
+                rows.append(SpikeRow(step, name, error, saturated))
+    return kit.frame(rows, SpikeRow)

@@ -11,15 +11,27 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 import course_lib
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.measure import estimate
 
 #: parameter counts the lecture saves (fp32 weights and Adam's two moments: 12 B each)
 SIZES = (2**16, 2**18, 2**20, 2**21)
+
+
+@dataclass(frozen=True)
+class CostRow:
+    """:func:`save_cost`: one size saved blocking and with ``async_save`` (rank 0's clock)."""
+
+    params: int
+    bytes_on_disk: int = field(metadata=kit.column("bytes on disk"))
+    blocking_s: float = field(metadata=kit.column("blocking s"))
+    async_blocked_s: float = field(metadata=kit.column("async: loop blocked s"))
+    async_written_s: float = field(metadata=kit.column("async: until written s"))
 
 
 def _cost_rank(rank, world_size, *, sizes, root):
@@ -49,15 +61,7 @@ def _cost_rank(rank, world_size, *, sizes, root):
         pending.wait()
         total = time.perf_counter() - t0
         size = resilience.checkpoint_bytes(path / "blocking")
-        rows.append(
-            {
-                "params": n,
-                "bytes on disk": size,
-                "blocking s": blocking,
-                "async: loop blocked s": blocked,
-                "async: until written s": total,
-            }
-        )
+        rows.append(CostRow(n, size, blocking, blocked, total))
     return rows
 
 
@@ -73,7 +77,7 @@ def save_cost(sizes: Sequence[int] = SIZES, *, world_size: int = 2) -> pd.DataFr
         rows = course_lib.launch(_cost_rank, world_size, sizes=tuple(ns), root=root)[0]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    df = pd.DataFrame(rows)
+    df = kit.frame(rows, CostRow)
     df.insert(
         2,
         "predicted bytes",

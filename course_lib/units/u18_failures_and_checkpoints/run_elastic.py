@@ -8,6 +8,7 @@ and exported to torchrun by ``cluster.py`` (``u18.elastic``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -15,14 +16,39 @@ import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 
 import course_lib
-from course_lib import validate
+from course_lib import kit, validate
 
 #: the file in the checkpoint folder where every rank of every attempt logs its events
 TIMELINE = "timeline.jsonl"
+
+
+@dataclass(frozen=True)
+class LossRow:
+    """:func:`elastic_run`: one step of rank 0 in one attempt."""
+
+    step: int
+    loss: float
+    attempt: int
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """:func:`read_timeline`: one event a rank logged (NaN or None: a field it does not log)."""
+
+    t: float
+    rank: int
+    attempt: int
+    event: str
+    step: float = math.nan
+    loss: float = math.nan
+    work_s: float = math.nan
+    step_s: float = math.nan
+    error: str | None = None  # "peer lost" only
 
 
 def _log(root: pathlib.Path, rank: int, attempt: int, event: str, **fields) -> None:
@@ -51,7 +77,7 @@ def _train(state, data, path, rank, attempt, steps, every, kill_step, kill_rank,
 
     losses = []
     for step, loss in T.steps_until(state, data, steps, delay_s=delay):
-        losses.append({"step": step, "loss": loss, "attempt": attempt})
+        losses.append(LossRow(step, loss, attempt))
         _log(path, rank, attempt, "step", step=step, loss=loss, **state.timing)
         if step % every == 0 and step < steps:
             resilience.save(state, path / f"step_{step:06d}")
@@ -130,14 +156,16 @@ def elastic_run(
         slow_rank=slow_rank,
         slow_s=float(slow_s),
     )
-    return pd.DataFrame(res[0])
+    return kit.frame(res[0], LossRow)
 
 
 def read_timeline(root: str | os.PathLike) -> pd.DataFrame:
     """Every event the ranks logged in ``root``: t (seconds from the first event), rank,
     attempt, event (start, loaded, step, saved, killed, done), step, loss, work_s, step_s."""
     lines = (pathlib.Path(root) / TIMELINE).read_text().splitlines()
-    df = pd.DataFrame([json.loads(line) for line in lines if line.strip()])
+    df = kit.frame([EventRow(**json.loads(line)) for line in lines if line.strip()], EventRow)
+    if df["error"].isna().all():  # no rank lost a peer
+        df = df.drop(columns="error")
     df["t"] = df["t"] - df["t"].min()
     return df.sort_values("t", kind="stable").reset_index(drop=True)
 

@@ -11,12 +11,54 @@ import pathlib
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 import course_lib
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.resilience import PARTS
+
+
+@dataclass(frozen=True)
+class ReshardRow:
+    """:func:`reshard_run`: one resumed step beside the same step of the unbroken run."""
+
+    step: int
+    world_size: int
+    uninterrupted: float
+    resumed: float
+    same: bool
+
+
+@dataclass(frozen=True)
+class ForgetRow:
+    """:func:`forget_table`: one step after a resume that left one part of the state fresh."""
+
+    forgot: str
+    step: int
+    step_counted: int = field(metadata=kit.column("step counted"))
+    loss: float
+    uninterrupted: float
+    gap: float
+
+
+@dataclass(frozen=True)
+class ForgetSummaryRow:
+    """:func:`forget_summary`: one forgotten part against the unbroken run."""
+
+    forgot: str
+    largest_gap: float = field(metadata=kit.column("largest |loss gap|"))
+    bit_for_bit: bool = field(metadata=kit.column("bit for bit"))
+    ends_at: int = field(metadata=kit.column("run ends at step"))
+
+
+@dataclass(frozen=True)
+class CaseRow:
+    """:func:`bad_checkpoints`: one checkpoint and what ``load`` said of it."""
+
+    case: str
+    says: str = field(metadata=kit.column("load says"))
 
 
 def _segment(rank, world_size, *, root, start, stop, steps, save_at, parts=PARTS):
@@ -73,13 +115,10 @@ def reshard_run(
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ref_by_step = dict(ref_losses)
-    df = pd.DataFrame(
-        [
-            {"step": s, "world_size": w, "uninterrupted": ref_by_step[s], "resumed": loss}
-            for s, w, loss in rows
-        ]
+    df = kit.frame(
+        [ReshardRow(s, w, ref_by_step[s], loss, ref_by_step[s] == loss) for s, w, loss in rows],
+        ReshardRow,
     )
-    df["same"] = df["uninterrupted"] == df["resumed"]
     df.attrs["weights_equal"] = bool(resumed_w is not None and (resumed_w == ref_w).all())
     df.attrs["saved_on"], df.attrs["cuts"] = sizes[0], cuts
     return df
@@ -122,30 +161,20 @@ def forget_table(
     rows = []
     for part, curve in curves.items():
         for i, (counted, loss) in enumerate(curve):
-            rows.append(
-                {
-                    "forgot": part,
-                    "step": cut + i + 1,
-                    "step counted": counted,
-                    "loss": loss,
-                    "uninterrupted": after[i],
-                    "gap": loss - after[i],
-                }
-            )
-    return pd.DataFrame(rows)
+            rows.append(ForgetRow(part, cut + i + 1, counted, loss, after[i], loss - after[i]))
+    return kit.frame(rows, ForgetRow)
 
 
 def forget_summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per forgotten part: the largest |gap| to the uninterrupted run and whether the resumed
     losses are the same bits."""
-    g = df.groupby("forgot", sort=False)
-    return pd.DataFrame(
-        {
-            "largest |loss gap|": g["gap"].apply(lambda s: float(s.abs().max())),
-            "bit for bit": g["gap"].apply(lambda s: bool((s == 0).all())),
-            "run ends at step": g["step counted"].max(),
-        }
-    ).reset_index()
+    rows = [
+        ForgetSummaryRow(
+            part, float(g.gap.abs().max()), bool((g.gap == 0).all()), int(g["step counted"].max())
+        )
+        for part, g in df.groupby("forgot", sort=False)
+    ]
+    return kit.frame(rows, ForgetSummaryRow)
 
 
 def _bad_rank(rank, world_size, *, root):
@@ -197,4 +226,4 @@ def bad_checkpoints(world_size: int = 2) -> pd.DataFrame:
         )[0]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return pd.DataFrame({"case": list(cases), "load says": list(cases.values())})
+    return kit.frame([CaseRow(case, says) for case, says in cases.items()], CaseRow)

@@ -9,7 +9,7 @@ time only where a caller passes it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,19 @@ def gpu_mtbf_s() -> float:
     return float(job * LLAMA3["gpus"])
 
 
+@dataclass(frozen=True)
+class ScaleRow:
+    """:func:`scale_table`: one cluster size, Young's and Daly's intervals and their goodput."""
+
+    GPUs: int
+    mtbf_h: float = field(metadata=kit.column("job MTBF h"))
+    save_s: float = field(metadata=kit.column("save s"))
+    young_min: float = field(metadata=kit.column("Young interval min"))
+    daly_min: float = field(metadata=kit.column("Daly interval min"))
+    goodput_young: float = field(metadata=kit.column("goodput (Young)"))
+    goodput_daly: float = field(metadata=kit.column("goodput (Daly)"))
+
+
 def scale_table(
     gpus: Sequence[int] = (1024, 4096, 16384, 65536, 131072),
     *,
@@ -60,18 +73,9 @@ def scale_table(
         m = gpu_mtbf_s() / n
         young = estimate.optimal_interval(save, m)
         daly = estimate.optimal_interval(save, m, method="daly")
-        rows.append(
-            {
-                "GPUs": n,
-                "job MTBF h": m / 3600,
-                "save s": save,
-                "Young interval min": young / 60,
-                "Daly interval min": daly / 60,
-                "goodput (Young)": estimate.goodput(young, save, m, restart_s=restart_s),
-                "goodput (Daly)": estimate.goodput(daly, save, m, restart_s=restart_s),
-            }
-        )
-    return pd.DataFrame(rows)
+        goodputs = [estimate.goodput(t, save, m, restart_s=restart_s) for t in (young, daly)]
+        rows.append(ScaleRow(n, m / 3600, save, young / 60, daly / 60, *goodputs))
+    return kit.frame(rows, ScaleRow)
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,37 @@ import re
 import shutil
 import tempfile
 import textwrap
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 import course_lib
-from course_lib import validate
+from course_lib import kit, validate
 from course_lib.runtime.errors import LaunchError
 
 #: the longest message a row of :func:`hung_collective` shows (whole words, then " …")
 SAID_CHARS = 64
+
+
+@dataclass(frozen=True)
+class HungRow:
+    """:func:`hung_collective`: one rank the launcher stopped."""
+
+    rank: int
+    said: str
+    waiting_in: str = field(metadata=kit.column("waiting in"))
+
+
+@dataclass(frozen=True)
+class NormRow:
+    """:func:`grad_norm_table`: one rank's gradient norms and the clip scale each gives."""
+
+    rank: int
+    local: float = field(metadata=kit.column("local norm (bug)"))
+    all_reduced: float = field(metadata=kit.column("all-reduced norm"))
+    full: float = field(metadata=kit.column("full norm (1 process)"))
+    scale_bug: float = field(metadata=kit.column("scale (bug)"))
+    scale_right: float = field(metadata=kit.column("scale (right)"))
 
 
 def _hang_rank(rank, world_size):
@@ -51,12 +73,9 @@ def hung_collective(timeout: float = 4.0) -> pd.DataFrame:
     except LaunchError as err:
         failures = err.failures
     else:
-        return pd.DataFrame({"rank": [], "said": [], "waiting in": []})
-    rows = [
-        {"rank": rank, "said": _said(text), "waiting in": _where(text)}
-        for rank, text in sorted(failures.items())
-    ]
-    return pd.DataFrame(rows)
+        failures = {}  # nothing hung: no row
+    rows = [HungRow(rank, _said(text), _where(text)) for rank, text in sorted(failures.items())]
+    return kit.frame(rows, HungRow)
 
 
 def _said(text: str) -> str:
@@ -111,14 +130,9 @@ def _norm_rank(rank, world_size, *, max_norm):
     local_sq = sum(float((g.double() ** 2).sum()) for g in local)
     box = torch.tensor([local_sq], dtype=torch.float64)
     dist.all_reduce(box)
-    return {
-        "rank": rank,
-        "local norm (bug)": local_sq**0.5,
-        "all-reduced norm": float(box.item()) ** 0.5,
-        "full norm (1 process)": float(full.double().norm()),
-        "scale (bug)": min(1.0, max_norm / local_sq**0.5),
-        "scale (right)": min(1.0, max_norm / float(box.item()) ** 0.5),
-    }
+    local, total = local_sq**0.5, float(box.item()) ** 0.5
+    scales = [min(1.0, max_norm / norm) for norm in (local, total)]
+    return NormRow(rank, local, total, float(full.double().norm()), *scales)
 
 
 def grad_norm_table(*, world_size: int = 2, max_norm: float = 0.3) -> pd.DataFrame:
@@ -127,4 +141,4 @@ def grad_norm_table(*, world_size: int = 2, max_norm: float = 0.3) -> pd.DataFra
     full gradient's norm; and the clip scale each gives (``max_norm``)."""
     max_norm = validate.number("max_norm", max_norm, positive=True)
     rows = course_lib.launch(_norm_rank, world_size, max_norm=max_norm)
-    return pd.DataFrame(rows)
+    return kit.frame(rows, NormRow)
