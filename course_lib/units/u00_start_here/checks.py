@@ -15,7 +15,7 @@ from typing import Any
 from course_lib.grading.core import expect_int, fail, fmt_int, passed, run_learner
 from course_lib.grading.plain import bug_data, judge_bug
 from course_lib.grading.seeds import case_rng
-from course_lib.grading.split import split_check
+from course_lib.grading.split import need, need_list, split_check
 
 UNIT = "u00_start_here"
 
@@ -72,9 +72,8 @@ def judge_count_parameters(data: Any, task: int = 1) -> None:
         got = data.get(name) if isinstance(data, dict) else None
         expect_int(task, f"the parameter count of model '{name}'", got)
         if got != expected:
-            hint = ""
-            if name == "tied_lm" and got > expected:
-                hint = " (a tied weight is one tensor: count it once)"
+            tied = name == "tied_lm" and got > expected
+            hint = " (a tied weight is one tensor: count it once)" if tied else ""
             fail(task, f"model '{name}': parameter count {got!r} is not the model's{hint}")
     passed(
         task,
@@ -85,6 +84,11 @@ def judge_count_parameters(data: Any, task: int = 1) -> None:
 check_count_parameters = split_check(collect_count_parameters, judge_count_parameters)
 
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def _bytes_in(model, dtype) -> int:
+    """The bytes ``model``'s parameters take once converted to ``dtype`` (a copy is converted)."""
+    return sum(p.numel() * p.element_size() for p in copy.deepcopy(model).to(dtype).parameters())
 
 
 def collect_parameter_bytes(parameter_bytes, task: int = 2) -> list[Any]:
@@ -102,13 +106,10 @@ def judge_parameter_bytes(data: Any, task: int = 2) -> None:
     import torch
 
     model = _unseen_models(task)["tied_lm"]
-    got_all = data if isinstance(data, list) and len(data) == len(_DTYPES) else [None] * 4
-    for name, got in zip(_DTYPES, got_all):
+    for name, got in zip(_DTYPES, need_list(task, data, len(_DTYPES), "answer", "dtypes")):
         dtype = getattr(torch, name)
-        converted = copy.deepcopy(model).to(dtype)
-        expected = sum(p.numel() * p.element_size() for p in converted.parameters())
         expect_int(task, f"the bytes for {dtype}", got)
-        if got != expected:
+        if got != _bytes_in(model, dtype):
             fail(task, f"dtype {dtype}: {got!r} B is not what the converted parameters take")
     passed(task, "parameter bytes match for fp32, bf16, fp16 and fp64 on an unseen tied model")
 
@@ -134,24 +135,22 @@ def judge_adam_training_bytes(data: Any, task: int = 3) -> None:
     from course_lib.measure import estimate
 
     sizes = _state_sizes(task)
-    got_all = data if isinstance(data, list) and len(data) == len(sizes) else [None] * len(sizes)
-    results = {}
-    for n_params, got in zip(sizes, got_all):
+    answers = dict(zip(sizes, need_list(task, data, len(sizes), "answer")))
+    for n_params, got in answers.items():
         expected = estimate.model_state_bytes(n_params, precision="fp32", optimizer="adam")["total"]
         expect_int(task, f"the bytes for n_params={fmt_int(n_params)}", got)
         if got != expected:
             hint = ""
-            if isinstance(got, int) and got in (4 * n_params, 8 * n_params, 12 * n_params):
+            if got in (4 * n_params, 8 * n_params, 12 * n_params):
                 hint = f" ({got // n_params} B/param: count the weight, its gradient and Adam's two averages)"
             fail(
                 task,
                 f"n_params={fmt_int(n_params)}: {got!r} B is not the model state{hint}",
             )
-        results[n_params] = got
     passed(
         task,
-        f"Adam fp32 model state: 7B parameters -> {results[7 * 10**9] / 1e9:g} GB, "
-        f"70B -> {results[70 * 10**9] / 1e12:g} TB",
+        f"Adam fp32 model state: 7B parameters -> {answers[7 * 10**9] / 1e9:g} GB, "
+        f"70B -> {answers[70 * 10**9] / 1e12:g} TB",
     )
 
 
@@ -191,9 +190,9 @@ def _gpt(config):
     return GPT(config)
 
 
-def _measure_gpt_state(config) -> tuple[dict[str, int], Any]:
-    """One Adam step (fp32, torch.optim defaults) of a GPT under MemoryMeter; the model state at
-    the end of the step."""
+def _measure_gpt_state(config) -> dict[str, int]:
+    """One Adam step (fp32, torch.optim defaults) of a GPT under MemoryMeter: the model state at
+    the end of the step, and the parameter count ``n`` (for the hints)."""
     import torch
     import torch.nn.functional as F
 
@@ -205,7 +204,8 @@ def _measure_gpt_state(config) -> tuple[dict[str, int], Any]:
     with MemoryMeter(model, opt) as mem:
         F.cross_entropy(model(idx).flatten(0, 1), idx.flatten()).backward()
         opt.step()
-    return {k: int(mem.end_breakdown[k]) for k in ("params", "grads", "optimizer")}, model
+    measured = {k: int(mem.end_breakdown[k]) for k in ("params", "grads", "optimizer")}
+    return {**measured, "n": sum(p.numel() for p in model.parameters())}
 
 
 _MEASURE_REFERENCES = (
@@ -228,30 +228,23 @@ def collect_predict_measured_state(predict_state, task: int = 4) -> list[Any]:
 def expect_predict_measured_state(task: int = 4) -> list[dict[str, int]]:
     """What MemoryMeter measures on each unseen GPT (and its parameter count, for the hints):
     the grade measures it while the learner's side runs."""
-    out = []
-    for config in _unseen_gpts(task):
-        measured, model = _measure_gpt_state(config)
-        out.append({**measured, "n": sum(p.numel() for p in model.parameters())})
-    return out
+    return [_measure_gpt_state(config) for config in _unseen_gpts(task)]
 
 
 def judge_predict_measured_state(data: Any, task: int = 4, expected: Any = None) -> None:
     configs = _unseen_gpts(task)
     expected = expected if expected is not None else expect_predict_measured_state(task)
-    got_all = data if isinstance(data, list) and len(data) == len(configs) else [None] * 3
-    for config, got, measured in zip(configs, got_all, expected):
-        n = measured["n"]
-        keys = ("params", "grads", "optimizer")
+    keys = ("params", "grads", "optimizer")
+    for config, got, measured in zip(configs, need_list(task, data, 3, "answer"), expected):
         if not isinstance(got, dict) or any(k not in got for k in keys):
             fail(task, f"expected a dict with keys {list(keys)}, got {got!r}")
         for key in keys:
-            value = measured[key]
             expect_int(task, f"{key} (bytes)", got[key])
-            if got[key] != value:
+            if got[key] != measured[key]:
                 hint = ""
-                if key == "params" and got[key] == 4 * n:
+                if key == "params" and got[key] == 4 * measured["n"]:
                     hint = " (the meter files the model's buffers under params too)"
-                elif key == "optimizer" and got[key] == 8 * n:
+                elif key == "optimizer" and got[key] == 8 * measured["n"]:
                     hint = " (Adam also keeps a 'step' counter per parameter tensor)"
                 fail(
                     task,
@@ -327,15 +320,13 @@ def judge_weight_bytes_bug(data: Any, task: int = 5) -> None:
         "that is not what goes wrong; compare the buggy count with "
         "sum(p.numel() for p in model.parameters())",
     )
-    got_all = data.get("bytes") if isinstance(data.get("bytes"), dict) else {}
+    got_all = need(task, data, "bytes", dict, "weight bytes")
     for name, model in _bug_models(task).items():
         for dtype_name in ("float32", "bfloat16"):
             dtype = getattr(torch, dtype_name)
-            converted = copy.deepcopy(model).to(dtype)
-            expected = sum(p.numel() * p.element_size() for p in converted.parameters())
             got = got_all.get(f"{name}/{dtype_name}")
             expect_int(task, f"the weight bytes of '{name}'", got)
-            if got != expected:
+            if got != _bytes_in(model, dtype):
                 fail(task, f"model '{name}', {dtype}: {got!r} B is not what its parameters take")
     passed(task, "bug named (state_dict overcounts) and the fixed count matches on 5 models")
 

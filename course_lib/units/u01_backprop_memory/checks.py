@@ -25,7 +25,7 @@ from typing import Any
 from course_lib.grading.core import expect_int, fail, passed, run_learner
 from course_lib.grading.plain import type_name
 from course_lib.grading.seeds import case_rng
-from course_lib.grading.split import split_check
+from course_lib.grading.split import need_list, split_check
 from course_lib.units.u01_backprop_memory.checks_eval import (  # noqa: F401 (re-exported)
     EVAL_BUG_CHOICES,
     check_eval_memory_bug,
@@ -69,15 +69,6 @@ def _unseen_cases(task: int):
     return cases
 
 
-def _measure(model, batch_shape, optimizer) -> dict:
-    """One real training step of a copy of `model` under MemoryMeter, per category: params,
-    grads and optimizer at their largest over the step; activations when the forward ends
-    (the lecture's own measurement, run on the judge's side)."""
-    from course_lib.units.u01_backprop_memory.run import measure_step_memory
-
-    return measure_step_memory(model, batch_shape, optimizer)
-
-
 #: the course's own answers (and the meter the check measures with), out of reach while the
 #: learner's function runs: the task is to predict, from the model, what the meter will say
 _REFERENCES = (
@@ -98,11 +89,13 @@ def _describe(model, batch_shape, optimizer) -> str:
     )
 
 
-def _answers(task: int, data: Any, n: int) -> list:
-    """``data`` if it is a list of ``n`` answers, one per case (the judge trusts nothing)."""
-    if not isinstance(data, list) or len(data) != n:
-        fail(task, f"the run handed back no list of {n} answers (got {type(data).__name__})")
-    return data
+def _measure(model, batch_shape, optimizer) -> dict:
+    """One real training step of a copy of `model` under MemoryMeter, per category: params,
+    grads and optimizer at their largest over the step; activations when the forward ends
+    (the lecture's own measurement, run on the judge's side)."""
+    from course_lib.units.u01_backprop_memory.run import measure_step_memory
+
+    return measure_step_memory(model, batch_shape, optimizer)
 
 
 def collect_optimizer_state_bytes(optimizer_state_bytes, task: int = 1) -> list[Any]:
@@ -115,7 +108,7 @@ def collect_optimizer_state_bytes(optimizer_state_bytes, task: int = 1) -> list[
 
 def judge_optimizer_state_bytes(data: Any, task: int = 1) -> None:
     cases = _unseen_cases(task)
-    for (model, batch_shape, opt), got in zip(cases, _answers(task, data, len(cases))):
+    for (model, batch_shape, opt), got in zip(cases, need_list(task, data, len(cases), "answer")):
         expected = _measure(model, batch_shape, opt)["optimizer"]
         expect_int(task, f"the optimizer-state bytes ({opt})", got)
         if got != expected:
@@ -149,11 +142,10 @@ def collect_predict_step_memory(predict_step_memory, task: int = 2) -> list[Any]
 
 def judge_predict_step_memory(data: Any, task: int = 2) -> None:
     cases = _unseen_cases(task)
-    for (model, batch_shape, opt), got in zip(cases, _answers(task, data, len(cases))):
+    for (model, batch_shape, opt), got in zip(cases, need_list(task, data, len(cases), "answer")):
         measured = _measure(model, batch_shape, opt)
         if not isinstance(got, dict):
-            kind = type_name(got)
-            fail(task, f"expected a dict with keys {list(_CATEGORIES)}, got {kind}")
+            fail(task, f"expected a dict with keys {list(_CATEGORIES)}, got {type_name(got)}")
         missing = [c for c in _CATEGORIES if c not in got]
         if missing:
             fail(task, f"expected a dict with keys {list(_CATEGORIES)}, missing {missing}")
@@ -254,7 +246,7 @@ def collect_gpt_activation_bytes(gpt_activation_bytes, task: int = 3) -> list[An
 
 def judge_gpt_activation_bytes(data: Any, task: int = 3) -> None:
     cases = _unseen_gpt_cases(task)
-    for (config, batch, seq), got in zip(cases, _answers(task, data, len(cases))):
+    for (config, batch, seq), got in zip(cases, need_list(task, data, len(cases), "answer")):
         measured = _measure_gpt_forward(config, batch, seq)
         expect_int(task, "the activation bytes", got)
         if got != measured:

@@ -114,8 +114,9 @@ def collect_eval_memory_bug(bug: str, predict_all, task: int = 4) -> dict[str, A
     return data
 
 
-def _judge_bug(task: int, data: Any) -> None:
-    """The diagnosis must be one of the choices, and the right one (fails otherwise)."""
+def judge_eval_memory_bug(data: Any, task: int = 4) -> None:
+    import torch
+
     judge_bug(
         task,
         data,
@@ -124,12 +125,6 @@ def _judge_bug(task: int, data: Any) -> None:
         "that is not what makes the memory grow with the number of batches; look at what each "
         "kept output still refers to",
     )
-
-
-def judge_eval_memory_bug(data: Any, task: int = 4) -> None:
-    import torch
-
-    _judge_bug(task, data)
     model, batches = _eval_case(task)
     # what one batch costs with autograd on (its saved activations and transients), plus the
     # outputs the loop must return: the most a fixed loop may hold at once

@@ -66,22 +66,13 @@ def collect_scale_up(scale_up, task: int = 5) -> dict[str, Any]:
     """Task (scale it up): parameters, fp32 Adam model state and activations (batch 1) of our
     GPT at 7B and 70B shapes, 4,096 tokens, against estimate (exact)."""
     return {
-        name: run_learner(
-            task,
-            scale_up,
-            shape["n_layer"],
-            shape["n_embd"],
-            shape["n_head"],
-            shape["vocab_size"],
-            shape["seq"],
-            forbid=_SCALE_REFERENCES,
-        )
+        # a shape's values in order: n_layer, n_embd, n_head, vocab_size, seq
+        name: run_learner(task, scale_up, *shape.values(), forbid=_SCALE_REFERENCES)
         for name, shape in _scale_shapes(task).items()
     }
 
 
 def judge_scale_up(data: Any, task: int = 5) -> None:
-    shown = {}
     for name, shape in _scale_shapes(task).items():
         expected = _scale_expected(**shape)
         got = data.get(name) if isinstance(data, dict) else None
@@ -97,8 +88,7 @@ def judge_scale_up(data: Any, task: int = 5) -> None:
                     task,
                     f"{name} ({shape}): {key}: {got[key]!r} is not estimate's{hint}",
                 )
-        shown[name] = expected
-    s7, s70 = shown["7B"], shown["70B"]
+    s7, s70 = (_scale_expected(**SCALE_CASES[name]) for name in ("7B", "70B"))
     passed(
         task,
         f"7B-shaped: {s7['params'] / 1e9:.2f}B params, {s7['model_state'] / 1e9:.0f} GB state, "

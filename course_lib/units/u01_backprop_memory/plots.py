@@ -29,69 +29,61 @@ def plot_scaling_sweep(sweep: pd.DataFrame, *, title: str | None = None) -> Figu
     the largest batch): measured as markers, predicted as dashed lines, MiB on log-log axes."""
     require_columns(sweep, list(READS[ScalingRow]), "sweep")
     with style():
-        return _scaling_sweep(sweep, title)
-
-
-def _scaling_sweep(sweep: pd.DataFrame, title: str | None) -> Figure:
-    fig, (ax_b, ax_w) = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True)
-    for ax, x, fixed in ((ax_b, "batch", "width"), (ax_w, "width", "batch")):
-        at = sweep[fixed].max()
-        part = sweep[sweep[fixed] == at]
-        for cat, rows in part.groupby("category", sort=False):
-            rows = rows.sort_values(x)
-            color = CATEGORY_COLORS.get(cat, "black")
-            ax.plot(rows[x], rows["predicted"] / MiB, "--", color=color, alpha=0.7)
-            # a category that is 0 (SGD's optimizer state) cannot sit on a log axis
-            shown = rows[rows["measured"] > 0]
-            ax.plot(
-                shown[x],
-                shown["measured"] / MiB,
-                _MARKERS.get(cat, "o"),
-                color=color,
-                label=cat,
-                ms=9 if cat == "params" else 6,
-                mfc="none" if cat == "params" else color,
-            )
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel(f"{x} ({fixed} = {at})")
-        ax.grid(True, which="both", alpha=0.3)
-    ax_b.set_ylabel("MiB")
-    ax_w.legend(loc="upper left", fontsize=11)
-    fig.suptitle(
-        title
-        or "Measured (markers) vs estimate (dashed lines): model state follows\n"
-        "the width; activations follow batch x width"
-    )
-    fig.tight_layout()
-    return fig
+        fig, (ax_b, ax_w) = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True)
+        for ax, x, fixed in ((ax_b, "batch", "width"), (ax_w, "width", "batch")):
+            at = sweep[fixed].max()
+            part = sweep[sweep[fixed] == at]
+            for cat, rows in part.groupby("category", sort=False):
+                rows = rows.sort_values(x)
+                color = CATEGORY_COLORS.get(cat, "black")
+                ax.plot(rows[x], rows["predicted"] / MiB, "--", color=color, alpha=0.7)
+                # a category that is 0 (SGD's optimizer state) cannot sit on a log axis
+                shown = rows[rows["measured"] > 0]
+                ax.plot(
+                    shown[x],
+                    shown["measured"] / MiB,
+                    _MARKERS.get(cat, "o"),
+                    color=color,
+                    label=cat,
+                    ms=9 if cat == "params" else 6,
+                    mfc="none" if cat == "params" else color,
+                )
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel(f"{x} ({fixed} = {at})")
+            ax.grid(True, which="both", alpha=0.3)
+        ax_b.set_ylabel("MiB")
+        ax_w.legend(loc="upper left", fontsize=11)
+        fig.suptitle(
+            title
+            or "Measured (markers) vs estimate (dashed lines): model state follows\n"
+            "the width; activations follow batch x width"
+        )
+        fig.tight_layout()
+        return fig
 
 
 def plot_optimizer_states(table: pd.DataFrame, *, title: str | None = None) -> Figure:
     """Measured vs predicted optimizer-state bytes per optimizer (bars, MiB)."""
     require_columns(table, list(READS[OptimizerRow]), "table")
     with style():
-        return _optimizer_states(table, title)
-
-
-def _optimizer_states(table: pd.DataFrame, title: str | None) -> Figure:
-    fig, ax = plt.subplots(figsize=(10, 5))
-    bars = kit.bars_beside(
-        ax,
-        table["optimizer"],
-        table["predicted"],
-        table["measured"],
-        color=CATEGORY_COLORS["optimizer"],
-        scale=MiB,
-        width=0.38,
-        names=("estimate", "measured"),
-        predicted_style={"color": "tab:gray"},
-    )
-    # label every measured bar, so SGD's 0 B is visible too
-    ax.bar_label(bars, labels=[fmt_bytes(int(b)) for b in table["measured"]], padding=3)
-    ax.margins(y=0.15)
-    ax.set_ylabel("optimizer state (MiB)")
-    ax.legend()
-    ax.set_title(title or "Optimizer state: 0, 1 or 2 tensors the size of the parameters")
-    fig.tight_layout()
-    return fig
+        fig, ax = plt.subplots(figsize=(10, 5))
+        bars = kit.bars_beside(
+            ax,
+            table["optimizer"],
+            table["predicted"],
+            table["measured"],
+            color=CATEGORY_COLORS["optimizer"],
+            scale=MiB,
+            width=0.38,
+            names=("estimate", "measured"),
+            predicted_style={"color": "tab:gray"},
+        )
+        # label every measured bar, so SGD's 0 B is visible too
+        ax.bar_label(bars, labels=[fmt_bytes(int(b)) for b in table["measured"]], padding=3)
+        ax.margins(y=0.15)
+        ax.set_ylabel("optimizer state (MiB)")
+        ax.legend()
+        ax.set_title(title or "Optimizer state: 0, 1 or 2 tensors the size of the parameters")
+        fig.tight_layout()
+        return fig

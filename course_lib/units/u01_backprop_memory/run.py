@@ -95,9 +95,8 @@ def make_batch(model: nn.Module, batch_shape: Sequence[int], *, device="cpu", se
     if isinstance(model, MLP):
         if len(shape) != 1:
             raise ValueError(f"batch_shape for an MLP is (batch,), got {batch_shape!r}")
-        cfg = model.config
-        x = torch.randn(shape[0], cfg.in_features, generator=g)
-        y = torch.randint(0, cfg.out_features, shape, generator=g)
+        x = torch.randn(shape[0], model.config.in_features, generator=g)
+        y = torch.randint(0, model.config.out_features, shape, generator=g)
     elif isinstance(model, GPT):
         if len(shape) != 2:
             raise ValueError(f"batch_shape for a GPT is (batch, seq), got {batch_shape!r}")
@@ -108,15 +107,9 @@ def make_batch(model: nn.Module, batch_shape: Sequence[int], *, device="cpu", se
     return x.to(device), y.to(device)
 
 
-def _loss(model: nn.Module, x, y) -> torch.Tensor:
-    if isinstance(model, GPT):
-        return model.loss(x, y)
-    return nn.functional.cross_entropy(model(x), y)
-
-
 def training_step(model: nn.Module, optimizer, x, y) -> None:
     """forward (caches activations) -> backward (grads) -> step (optimizer state) -> zero_grad."""
-    loss = _loss(model, x, y)
+    loss = model.loss(x, y) if isinstance(model, GPT) else nn.functional.cross_entropy(model(x), y)
     loss.backward()
     del loss  # the graph (and its cached activations) is already freed by backward
     optimizer.step()
@@ -146,18 +139,6 @@ def step_timeline(
     return meter.timeline, meter
 
 
-def _describe(model: nn.Module) -> dict:
-    """What the formulas need to know about a model: parameter count, tensors, dtype."""
-    if not isinstance(model, (MLP, GPT)):
-        raise TypeError(f"model must be a course_lib.models.MLP or GPT, got {type(model).__name__}")
-    p = next(model.parameters())
-    return {
-        "n_params": count_params(model),
-        "n_tensors": len(list(model.parameters())),
-        "dtype_bytes": p.element_size(),
-    }
-
-
 def predict_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer: Optimizer) -> dict:
     """Predicted bytes per category for one training step of `model` (fp32).
 
@@ -165,10 +146,12 @@ def predict_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer:
     step counter for Adam); activations from estimate.activation_bytes_mlp / _gpt: the bytes
     autograd has cached at the end of the forward pass, the activation peak.
     """
-    info = _describe(model)
+    if not isinstance(model, (MLP, GPT)):
+        raise TypeError(f"model must be a course_lib.models.MLP or GPT, got {type(model).__name__}")
     validate.choice("optimizer", optimizer, sorted(OPTIMIZERS))
+    params = list(model.parameters())
     state = estimate.model_state_bytes(
-        info["n_params"], precision="fp32", optimizer=optimizer, n_param_tensors=info["n_tensors"]
+        count_params(model), precision="fp32", optimizer=optimizer, n_param_tensors=len(params)
     )
     acts: int | float
     if isinstance(model, MLP):
@@ -179,19 +162,14 @@ def predict_step_memory(model: nn.Module, batch_shape: Sequence[int], optimizer:
             activation=validate.choice(
                 "activation", model.config.activation, estimate.MLP_ACTIVATION_SAVES
             ),
-            dtype_bytes=info["dtype_bytes"],
+            dtype_bytes=params[0].element_size(),
         )
     else:
         batch, seq = batch_shape
         acts = estimate.activation_bytes_gpt(
-            model.config, batch, seq, dtype_bytes=info["dtype_bytes"]
+            model.config, batch, seq, dtype_bytes=params[0].element_size()
         )
-    return {
-        "params": state["params"],
-        "grads": state["grads"],
-        "optimizer": state["optimizer"],
-        "activations": int(acts),
-    }
+    return {c: state[c] for c in ("params", "grads", "optimizer")} | {"activations": int(acts)}
 
 
 def measure_step_memory(
@@ -269,14 +247,10 @@ def optimizer_state_comparison(
 ) -> pd.DataFrame:
     """Measured optimizer-state bytes after one step, per optimizer, beside the estimate."""
     n = count_params(model)
-    n_tensors = len(list(model.parameters()))
     rows = []
     for name in optimizers:
-        meas = measure_step_memory(model, batch_shape, name, device=device)
-        pred = estimate.model_state_bytes(
-            n, precision="fp32", optimizer=name, n_param_tensors=n_tensors
-        )["optimizer"]
-        got = meas["optimizer"]
+        got = measure_step_memory(model, batch_shape, name, device=device)["optimizer"]
+        pred = predict_step_memory(model, batch_shape, name)["optimizer"]
         states = estimate.STATE_TENSORS_PER_PARAM[name]
         rows.append(OptimizerRow(name, states, pred, got, got - pred, got / n))
     return kit.frame(rows, OptimizerRow)

@@ -47,11 +47,8 @@ class StepMemoryExplorer(Explorer):
         )
 
     def _shape(self) -> tuple[int, ...]:
-        return (
-            (int(self.batch.value),)
-            if self.model_kind.value == "mlp"
-            else (int(self.batch.value), self.seq)
-        )
+        batch = int(self.batch.value)
+        return (batch,) if self.model_kind.value == "mlp" else (batch, self.seq)
 
     def _build(self):
         import torch

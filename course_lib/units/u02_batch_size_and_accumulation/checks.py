@@ -30,7 +30,7 @@ from typing import Any
 
 from course_lib.grading.core import expect_int, fail, passed, run_learner
 from course_lib.grading.seeds import case_rng
-from course_lib.grading.split import need, split_check
+from course_lib.grading.split import need, need_list, split_check
 from course_lib.units.u02_batch_size_and_accumulation.checks_accumulation import (  # noqa: F401 (re-exported)
     _ACCUMULATION_REFERENCES,
     check_accumulation_step,
@@ -51,13 +51,6 @@ _INTENSITY_REFERENCES = (
 )
 
 # ---------------------------------------------------------------------------------- task 1
-
-
-def _answers(task: int, data: Any, n: int) -> list:
-    """``data`` if it is a list of ``n`` answers, one per case (the judge trusts nothing)."""
-    if not isinstance(data, list) or len(data) != n:
-        fail(task, f"the run handed back no list of {n} answers (got {type(data).__name__})")
-    return data
 
 
 def _intensity_cases(task: int) -> list[tuple[int, int, int, int]]:
@@ -85,7 +78,7 @@ def judge_matmul_intensity(data: Any, task: int = 1) -> None:
     from course_lib.measure import estimate
 
     cases = _intensity_cases(task)
-    for (m, n, k, b), got in zip(cases, _answers(task, data, len(cases))):
+    for (m, n, k, b), got in zip(cases, need_list(task, data, len(cases), "answer")):
         expected = estimate.matmul_arithmetic_intensity(m, n, k, dtype_bytes=b)
         try:
             ok = abs(float(got) - expected) <= 1e-9 * expected
@@ -187,7 +180,7 @@ def collect_plan_accumulation(plan_accumulation, task: int = 2) -> dict[str, Any
 
 def judge_plan_accumulation(data: Any, task: int = 2) -> None:
     cases, indivisible = _plan_cases(task)
-    plans = _answers(task, need(task, data, "plans", list, "plans"), len(cases))
+    plans = need_list(task, need(task, data, "plans", list, "plans"), len(cases), "plan")
     for (target, max_micro, ranks), got in zip(cases, plans):
         expected = _plan_reference(target, max_micro, ranks)
         try:
@@ -279,7 +272,7 @@ def collect_largest_batch(largest_batch, task: int = 4) -> list[Any]:
 
 def judge_largest_batch(data: Any, task: int = 4) -> None:
     cases = _fit_cases(task)
-    for (model, budget), got in zip(cases, _answers(task, data, len(cases))):
+    for (model, budget), got in zip(cases, need_list(task, data, len(cases), "answer")):
         expect_int(task, "the batch size", got)
         where = f"MLP widths={model.config.widths}, budget {budget:,} B"
         if got < 1:
@@ -331,9 +324,8 @@ def gpu_cases(task: int = 6):
 
     peak = {name: estimate.gpu_spec(name).peak_flops for name in ("V100", "A100", "H100")}
     cases = [
-        ("175B, 300B tokens, 30 days, V100", 175 * 10**9, 300 * 10**9, 30, peak["V100"], 0.5),
-        ("175B, 300B tokens, 30 days, A100", 175 * 10**9, 300 * 10**9, 30, peak["A100"], 0.5),
-        ("175B, 300B tokens, 30 days, H100", 175 * 10**9, 300 * 10**9, 30, peak["H100"], 0.5),
+        (f"175B, 300B tokens, 30 days, {gpu}", 175 * 10**9, 300 * 10**9, 30, peak[gpu], 0.5)
+        for gpu in ("V100", "A100", "H100")
     ]
     rng = case_rng(task, UNIT)
     for low, high in ((1, 30), (30, 400)):
@@ -357,8 +349,8 @@ def judge_gpus_needed(data: Any, task: int = 6) -> None:
     from course_lib.measure import estimate
 
     cases = gpu_cases(task)
-    answers = []
-    for (label, n, tokens, days, peak, util), got in zip(cases, _answers(task, data, len(cases))):
+    answers = need_list(task, data, len(cases), "answer")
+    for (label, n, tokens, days, peak, util), got in zip(cases, answers):
         expected = estimate.gpus_for_training(n, tokens, days=days, peak_flops=peak, mfu=util)
         expect_int(task, f"the GPU count ({label})", got)
         if got != expected:
@@ -371,7 +363,6 @@ def judge_gpus_needed(data: Any, task: int = 6) -> None:
             elif abs(got - exact * util) < 1.5:
                 hint = " (at an MFU below 1 each GPU delivers only that fraction of its peak)"
             fail(task, f"{label}: {got!r} GPUs is not the count that finishes in time{hint}")
-        answers.append(got)
     passed(
         task,
         f"175B on 300B tokens in 30 days at 50 % MFU: {answers[0]:,} V100, {answers[1]:,} A100, "

@@ -81,64 +81,60 @@ def plot_roofline(ops: pd.DataFrame, machine: dict, *, title: str | None = None)
     hi = max(ops["intensity"].max(), ridge) * 4
     xs = np.geomspace(lo, hi, 200)
     with style():
-        return _roofline(ops, peak, bw, ridge, xs, machine, title)
-
-
-def _roofline(ops, peak, bw, ridge, xs, machine, title):
-    fig, ax = plt.subplots(figsize=(12, 5.5))
-    ax.plot(
-        xs,
-        np.minimum(peak, xs * bw) / GB,
-        "k-",
-        lw=2,
-        label=f"roof: {peak / GB:.0f} GFLOP/s, {bw / GB:.1f} GB/s",
-    )
-    ax.axvline(ridge, color="gray", ls=":", label=f"ridge point {ridge:.1f} FLOP/B")
-    for _, row in ops.iterrows():
-        marker = "s" if row["op"].startswith("matmul") else "o"
-        ax.plot(row["intensity"], row["flop_per_s"] / GB, marker, ms=8, label=row["op"])
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
-    ax.set_ylabel("GFLOP/s")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=11, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title(
-        title
-        or f"Roofline of this machine ({machine.get('device', '?')}): roof and points measured"
-    )
-    fig.tight_layout()
-    return fig
+        fig, ax = plt.subplots(figsize=(12, 5.5))
+        ax.plot(
+            xs,
+            np.minimum(peak, xs * bw) / GB,
+            "k-",
+            lw=2,
+            label=f"roof: {peak / GB:.0f} GFLOP/s, {bw / GB:.1f} GB/s",
+        )
+        ax.axvline(ridge, color="gray", ls=":", label=f"ridge point {ridge:.1f} FLOP/B")
+        for _, row in ops.iterrows():
+            marker = "s" if row["op"].startswith("matmul") else "o"
+            ax.plot(row["intensity"], row["flop_per_s"] / GB, marker, ms=8, label=row["op"])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+        ax.set_ylabel("GFLOP/s")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=11, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.set_title(
+            title
+            or f"Roofline of this machine ({machine.get('device', '?')}): roof and points measured"
+        )
+        fig.tight_layout()
+        return fig
 
 
 def plot_throughput_vs_batch(df: pd.DataFrame, *, title: str | None = None):
     """Samples/s (left) and activation MiB measured vs estimate (right) against batch size."""
     require_columns(df, list(READS[ThroughputRow]), "df")
     with style():
-        return _throughput_vs_batch(df, title)
-
-
-def _throughput_vs_batch(df, title):
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(13, 5))
-    ax_t.plot(df["batch"], df["samples_per_s"], "o-", color="tab:blue")
-    ax_t.set_xscale("log", base=2)
-    ax_t.set_yscale("log")
-    ax_t.set_xlabel("batch size")
-    ax_t.set_ylabel("samples / s (median step time)")
-    ax_t.set_title("Throughput (measured)")
-    ax_t.grid(True, alpha=0.3)
-    ax_m.plot(
-        df["batch"], df["predicted_activation_bytes"] / MiB, "--", color="gray", label="estimate"
-    )
-    ax_m.plot(df["batch"], df["activation_bytes"] / MiB, "o", color="tab:red", label="measured")
-    ax_m.set_xlabel("batch size")
-    ax_m.set_ylabel("activations after forward (MiB)")
-    ax_m.set_title("Activations: measured vs estimate")
-    ax_m.legend()
-    ax_m.grid(True, alpha=0.3)
-    fig.suptitle(title or "Bigger batches: more samples/s (until compute-bound), linear memory")
-    fig.tight_layout()
-    return fig
+        fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(13, 5))
+        ax_t.plot(df["batch"], df["samples_per_s"], "o-", color="tab:blue")
+        ax_t.set_xscale("log", base=2)
+        ax_t.set_yscale("log")
+        ax_t.set_xlabel("batch size")
+        ax_t.set_ylabel("samples / s (median step time)")
+        ax_t.set_title("Throughput (measured)")
+        ax_t.grid(True, alpha=0.3)
+        ax_m.plot(
+            df["batch"],
+            df["predicted_activation_bytes"] / MiB,
+            "--",
+            color="gray",
+            label="estimate",
+        )
+        ax_m.plot(df["batch"], df["activation_bytes"] / MiB, "o", color="tab:red", label="measured")
+        ax_m.set_xlabel("batch size")
+        ax_m.set_ylabel("activations after forward (MiB)")
+        ax_m.set_title("Activations: measured vs estimate")
+        ax_m.legend()
+        ax_m.grid(True, alpha=0.3)
+        fig.suptitle(title or "Bigger batches: more samples/s (until compute-bound), linear memory")
+        fig.tight_layout()
+        return fig
 
 
 def plot_accumulation(df: pd.DataFrame, *, title: str | None = None):
@@ -146,30 +142,26 @@ def plot_accumulation(df: pd.DataFrame, *, title: str | None = None):
     accumulated micro-batches vs one full batch of the same effective size."""
     require_columns(df, list(READS[AccumulationRow]), "df")
     with style():
-        return _accumulation(df, title)
-
-
-def _accumulation(df, title):
-    fig, (ax_m, ax_t) = plt.subplots(1, 2, figsize=(13, 5))
-    for mode, rows in df.groupby("mode", sort=False):
-        style = "o-" if mode == "accumulated" else "s--"
-        ax_m.plot(rows["accumulation_steps"], rows["peak_bytes"] / MiB, style, label=mode)
-        ax_t.plot(rows["accumulation_steps"], rows["median_s"] * 1e3, style, label=mode)
-    for ax in (ax_m, ax_t):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("accumulation steps k")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    ax_m.set_ylabel("peak memory of one step (MiB)")
-    ax_m.set_title("Peak memory (measured)")
-    ax_t.set_ylabel("ms per effective batch (median)")
-    ax_t.set_title("Time per effective batch (measured)")
-    fig.suptitle(
-        (title or "Gradient accumulation trades time for memory")
-        + "\neffective batch = micro-batch x k"
-    )
-    fig.tight_layout()
-    return fig
+        fig, (ax_m, ax_t) = plt.subplots(1, 2, figsize=(13, 5))
+        for mode, rows in df.groupby("mode", sort=False):
+            line = "o-" if mode == "accumulated" else "s--"
+            ax_m.plot(rows["accumulation_steps"], rows["peak_bytes"] / MiB, line, label=mode)
+            ax_t.plot(rows["accumulation_steps"], rows["median_s"] * 1e3, line, label=mode)
+        for ax in (ax_m, ax_t):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("accumulation steps k")
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+        ax_m.set_ylabel("peak memory of one step (MiB)")
+        ax_m.set_title("Peak memory (measured)")
+        ax_t.set_ylabel("ms per effective batch (median)")
+        ax_t.set_title("Time per effective batch (measured)")
+        fig.suptitle(
+            (title or "Gradient accumulation trades time for memory")
+            + "\neffective batch = micro-batch x k"
+        )
+        fig.tight_layout()
+        return fig
 
 
 def plot_batch_search(
@@ -179,26 +171,22 @@ def plot_batch_search(
     require_columns(probes, list(READS[ProbeRow]), "probes")
     rows = probes.sort_values("batch")
     with style():
-        return _batch_search(rows, capacity_bytes, label, title)
-
-
-def _batch_search(rows, capacity_bytes, label, title):
-    fig, ax = plt.subplots(figsize=(11, 5))
-    ax.plot(rows["batch"], rows["peak_bytes"] / MiB, "-", color="gray", alpha=0.5)
-    ok, bad = rows[rows["fits"]], rows[~rows["fits"]]
-    ax.plot(ok["batch"], ok["peak_bytes"] / MiB, "o", color="tab:green", label="fits")
-    ax.plot(
-        bad["batch"], bad["peak_bytes"] / MiB, "x", color="tab:red", ms=9, label="out of memory"
-    )
-    ax.axhline(capacity_bytes / MiB, color="black", ls="--", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size (probes: doubling, then bisection)")
-    ax.set_ylabel("measured peak of one step (MiB)")
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    ax.set_title(title or "Largest batch that fits: measured peak per probe")
-    fig.tight_layout()
-    return fig
+        fig, ax = plt.subplots(figsize=(11, 5))
+        ax.plot(rows["batch"], rows["peak_bytes"] / MiB, "-", color="gray", alpha=0.5)
+        ok, bad = rows[rows["fits"]], rows[~rows["fits"]]
+        ax.plot(ok["batch"], ok["peak_bytes"] / MiB, "o", color="tab:green", label="fits")
+        ax.plot(
+            bad["batch"], bad["peak_bytes"] / MiB, "x", color="tab:red", ms=9, label="out of memory"
+        )
+        ax.axhline(capacity_bytes / MiB, color="black", ls="--", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (probes: doubling, then bisection)")
+        ax.set_ylabel("measured peak of one step (MiB)")
+        ax.legend()
+        ax.grid(True, alpha=0.3)
+        ax.set_title(title or "Largest batch that fits: measured peak per probe")
+        fig.tight_layout()
+        return fig
 
 
 def plot_budget_check(
@@ -208,16 +196,12 @@ def plot_budget_check(
     green, out of memory: red). ``df``: the explorer's result (mode, peak_bytes, fits)."""
     require_columns(df, ["mode", "peak_bytes", "fits"], "df")
     with style():
-        return _budget_check(df, capacity_bytes, label, title)
-
-
-def _budget_check(df, capacity_bytes, label, title):
-    fig, ax = plt.subplots(figsize=(9, 3.5))
-    colors = ["tab:green" if f else "tab:red" for f in df["fits"]]
-    ax.barh(df["mode"], df["peak_bytes"] / MiB, color=colors)
-    ax.axvline(capacity_bytes / MiB, color="black", ls="--", label=label)
-    ax.set_xlabel("measured peak of one optimizer step (MiB)")
-    ax.set_title(title or "green: fits the budget, red: out of memory")
-    ax.legend(fontsize=11, loc="lower right")
-    fig.tight_layout()
-    return fig
+        fig, ax = plt.subplots(figsize=(9, 3.5))
+        colors = ["tab:green" if f else "tab:red" for f in df["fits"]]
+        ax.barh(df["mode"], df["peak_bytes"] / MiB, color=colors)
+        ax.axvline(capacity_bytes / MiB, color="black", ls="--", label=label)
+        ax.set_xlabel("measured peak of one optimizer step (MiB)")
+        ax.set_title(title or "green: fits the budget, red: out of memory")
+        ax.legend(fontsize=11, loc="lower right")
+        fig.tight_layout()
+        return fig

@@ -14,6 +14,7 @@ Every function returns plain data (dicts, pandas DataFrames); plots live in cour
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,9 +26,8 @@ from course_lib import kit, validate
 from course_lib.measure import estimate
 from course_lib.measure.budget import MemoryBudget, SimulatedOOM
 from course_lib.measure.memory import MemoryMeter
-from course_lib.measure.timing import time_fn
 from course_lib.models import MLP
-from course_lib.runtime.device import default_device, sync
+from course_lib.runtime.device import default_device
 from course_lib.techniques.accumulation import (  # noqa: F401 (effective_batch: re-exported)
     accumulation_step,
     effective_batch,
@@ -42,6 +42,7 @@ from course_lib.units.u02_batch_size_and_accumulation.run_roofline import (  # n
     measure_copy_bandwidth,
     measure_matmul_throughput,
     roofline_ops,
+    time_op,
 )
 from course_lib.units.u02_batch_size_and_accumulation.run_scale import (  # noqa: F401 - re-exported
     gpt_step_mfu,
@@ -166,24 +167,12 @@ def throughput_vs_batch(
         work = copy.deepcopy(model).to(device)
         opt = make_optimizer(optimizer, work.parameters(), lr=1e-2)
         x, y = _mlp_batch(work, batch, device=device)
-
-        def step(work=work, opt=opt, x=x, y=y):
-            training_step(work, opt, nn.functional.cross_entropy, x, y)
-            sync(device)
-
-        t = time_fn(step, warmup=warmup, repeat=repeat)
+        step = functools.partial(training_step, work, opt, nn.functional.cross_entropy, x, y)
+        median_s = time_op(step, device, warmup, repeat)
         mem = step_peak_bytes(model, batch, optimizer=optimizer, device=device)
+        acts, peak = mem["activations"], mem["peak_bytes"]
         predicted = int(estimate.activation_bytes_mlp(batch, widths, activation=activation))
-        rows.append(
-            ThroughputRow(
-                batch,
-                t.median_s,
-                batch / t.median_s,
-                mem["activations"],
-                predicted,
-                mem["peak_bytes"],
-            )
-        )
+        rows.append(ThroughputRow(batch, median_s, batch / median_s, acts, predicted, peak))
     return kit.frame(rows, ThroughputRow)
 
 
@@ -332,14 +321,12 @@ def accumulation_memory_and_time(
             work = copy.deepcopy(model).to(device)
             opt = make_optimizer(optimizer, work.parameters(), lr=1e-2)
             x, y = _mlp_batch(work, effective, device=device)
+            step = functools.partial(
+                accumulation_step, work, opt, nn.functional.cross_entropy, x, y, count
+            )
             with MemoryMeter(work, opt, track=(x, y)) as meter:
-                accumulation_step(work, opt, nn.functional.cross_entropy, x, y, count)
-
-            def run(work=work, opt=opt, x=x, y=y, count=count):
-                accumulation_step(work, opt, nn.functional.cross_entropy, x, y, count)
-                sync(device)
-
-            t = time_fn(run, warmup=warmup, repeat=repeat)
+                step()
+            median_s = time_op(step, device, warmup, repeat)
             data = int(meter.peak_breakdown["other"])
             rows.append(
                 AccumulationRow(
@@ -350,8 +337,8 @@ def accumulation_memory_and_time(
                     int(meter.peak_bytes) - data,
                     data,
                     int(meter.timeline["activations"].max()),
-                    t.median_s,
-                    effective / t.median_s,
+                    median_s,
+                    effective / median_s,
                 )
             )
     return kit.frame(rows, AccumulationRow)

@@ -80,18 +80,8 @@ def measure_matmul_throughput(
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     cost = matmul_op_cost(n, n, n, dtype)
-
-    def run():
-        torch.mm(a, b)
-        sync(device)
-
-    t = time_fn(run, warmup=warmup, repeat=repeat)
-    return {
-        "n": n,
-        "flops": cost.flops,
-        "median_s": t.median_s,
-        "flop_per_s": cost.flops / t.median_s,
-    }
+    median_s = time_op(functools.partial(torch.mm, a, b), device, warmup, repeat)
+    return {"n": n, "flops": cost.flops, "median_s": median_s, "flop_per_s": cost.flops / median_s}
 
 
 def measure_copy_bandwidth(
@@ -103,14 +93,9 @@ def measure_copy_bandwidth(
         raise ValueError(f"nbytes must be >= 4, got {nbytes}")
     src = torch.randn(nbytes // 4, device=device)
     dst = torch.empty_like(src)
-
-    def run():
-        dst.copy_(src)
-        sync(device)
-
-    t = time_fn(run, warmup=warmup, repeat=repeat)
+    median_s = time_op(functools.partial(dst.copy_, src), device, warmup, repeat)
     moved = 2 * src.numel() * src.element_size()  # read + write
-    return {"nbytes": moved, "median_s": t.median_s, "bytes_per_s": moved / t.median_s}
+    return {"nbytes": moved, "median_s": median_s, "bytes_per_s": moved / median_s}
 
 
 def _roofline_jobs(
@@ -139,8 +124,9 @@ def _roofline_jobs(
     return jobs
 
 
-def _time_op(fn: Callable[[], object], device: torch.device, warmup: int, repeat: int) -> float:
-    """Median seconds of one call of ``fn`` (synchronized)."""
+def time_op(fn: Callable[[], object], device: torch.device, warmup: int, repeat: int) -> float:
+    """Median seconds of one call of ``fn``, the device synchronized inside the timed call
+    (the unit's timer: ops, training steps, accumulated steps)."""
 
     def run() -> None:
         fn()
@@ -171,7 +157,7 @@ def roofline_ops(
 
     jobs = _roofline_jobs(matmul_sizes, elementwise_numel, device)
     with torch.no_grad():
-        timed = [(cost, _time_op(fn, device, warmup, repeat)) for cost, fn in jobs]
+        timed = [(cost, time_op(fn, device, warmup, repeat)) for cost, fn in jobs]
     matmuls = [(c, s) for c, s in timed if c.name.startswith("matmul")]
     best, best_s = max(matmuls, key=lambda cs: cs[0].flops / cs[1])
     peak = best.flops / best_s

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 from course_lib import kit, validate
 from course_lib.measure import estimate
-from course_lib.measure.timing import time_fn
 from course_lib.models import GPT, MLP, GPTConfig, MLPConfig, count_params
-from course_lib.runtime.device import default_device, sync
+from course_lib.runtime.device import default_device
+from course_lib.units.u02_batch_size_and_accumulation.run_roofline import time_op
 
 
 @dataclass(frozen=True)
@@ -54,35 +54,26 @@ def roofline_step_time(model: MLP, batch: int, peak_flops: float, bandwidth: flo
         raise TypeError(f"model must be a course_lib.models.MLP, got {type(model).__name__}")
     B = validate.count("batch", batch, minimum=1)
     widths = model.config.widths
-    flops = moved = 0
-    total = 0.0
+    ops: list[tuple[int, int]] = []  # (FLOP, bytes) of each operation, in the step's order
+    flops = 0  # the matmuls' FLOP: the model FLOP of the step
     for i, (d_in, d_out) in enumerate(zip(widths, widths[1:])):
-        shapes = [
-            (B, d_out, d_in),
-            (d_in, d_out, B),
-        ]  # forward (B x d_in @ d_in x d_out), weight grad
+        # forward (B x d_in @ d_in x d_out), weight grad
+        shapes = [(B, d_out, d_in), (d_in, d_out, B)]
         if i > 0:
             shapes.append((B, d_in, d_out))  # gradient of the layer's input
-        for m, n, k in shapes:
-            f, b = estimate.matmul_flops(m, n, k), estimate.matmul_bytes(m, n, k)
-            flops, moved, total = (
-                flops + f,
-                moved + b,
-                total + estimate.roofline_time(f, b, peak_flops, bandwidth),
-            )
+        matmuls = [(estimate.matmul_flops(*s), estimate.matmul_bytes(*s)) for s in shapes]
+        flops += sum(f for f, _ in matmuls)
+        ops += matmuls
         if i < len(widths) - 2:  # the activation: forward and backward, one read and one write each
-            b = 2 * 2 * 4 * B * d_out
-            moved, total = (
-                moved + b,
-                total + estimate.roofline_time(2 * B * d_out, b, peak_flops, bandwidth),
-            )
+            ops.append((2 * B * d_out, 2 * 2 * 4 * B * d_out))
     n_params = count_params(model)
-    sgd = 12 * n_params
-    moved, total = (
-        moved + sgd,
-        total + estimate.roofline_time(2 * n_params, sgd, peak_flops, bandwidth),
-    )
-    return {"batch": B, "flops": flops, "bytes": moved, "predicted_s": total}
+    ops.append((2 * n_params, 12 * n_params))  # SGD
+    return {
+        "batch": B,
+        "flops": flops,
+        "bytes": sum(b for _, b in ops),
+        "predicted_s": sum(estimate.roofline_time(f, b, peak_flops, bandwidth) for f, b in ops),
+    }
 
 
 def throughput_prediction(model: MLP, measured: pd.DataFrame, machine: dict) -> pd.DataFrame:
@@ -127,9 +118,8 @@ def gpt_step_mfu(
         model.loss(idx, idx).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        sync(device)
 
-    t = time_fn(step, warmup=warmup, repeat=repeat)
+    median_s = time_op(step, device, warmup, repeat)
     n = count_params(model)
     per_token = estimate.training_flops_per_token(
         n, layers=config.n_layer, hidden=config.n_embd, seq=T
@@ -139,10 +129,10 @@ def gpt_step_mfu(
         "params": n,
         "tokens": B * T,
         "flops_per_step": flops,
-        "median_s": t.median_s,
-        "achieved_flop_per_s": flops / t.median_s,
+        "median_s": median_s,
+        "achieved_flop_per_s": flops / median_s,
         "peak_flop_per_s": peak_flops,
-        "mfu": estimate.mfu(flops, t.median_s, peak_flops),
+        "mfu": estimate.mfu(flops, median_s, peak_flops),
         "six_n_share": 6 * n / per_token,
     }
 

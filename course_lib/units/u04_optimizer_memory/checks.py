@@ -27,7 +27,7 @@ from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.seeds import case_rng
-from course_lib.grading.split import need, split_check
+from course_lib.grading.split import need, need_list, split_check
 from course_lib.units.u04_optimizer_memory.checks_accounting import (  # noqa: F401 (re-exported)
     _FORBID_4,
     _FORBID_6,
@@ -151,30 +151,41 @@ def _compare(task: int, what: str, got: Any, expected) -> None:
 
 
 _WEIGHT_DECAYS = (0.0, 0.1)  # task 1: without and with (L2) weight decay
+_DECOUPLED_DECAYS = (0.1,)  # task 2: AdamW's decoupled weight decay
+
+
+def _collect_parity(MyAdam, task: int, decoupled: bool, decays: tuple[float, ...]) -> list[Any]:
+    """The parameters after the learner's optimizer ran, one run per weight decay."""
+    out = []
+    for wd in decays:
+        kw = dict(**_hyper(task), eps=1e-8, weight_decay=wd)
+        out.append(
+            _run(lambda ps, kw=kw: MyAdam(ps, decoupled=decoupled, **kw), task=task, learner=True)
+        )
+    return out
+
+
+def _judge_parity(data: Any, task: int, reference, decays: tuple[float, ...]) -> None:
+    """Each run of :func:`_collect_parity` against ``reference`` (torch.optim.Adam or AdamW)."""
+    hyper = _hyper(task)
+    for wd, got in zip(decays, need_list(task, data, len(decays), "parameters", "runs")):
+        kw = dict(**hyper, eps=1e-8, weight_decay=wd)
+        expected = _run(lambda ps, kw=kw: reference(ps, **kw), task=task, learner=False)
+        what = (
+            f"{reference.__name__}(lr={hyper['lr']:g}, betas={hyper['betas']}, weight_decay={wd:g})"
+        )
+        _compare(task, what, got, expected)
 
 
 def collect_adam(MyAdam, task: int = 1) -> list[Any]:
     """Parity with torch.optim.Adam: lr=1e-2 default betas, weight_decay 0 and 0.1 (L2)."""
-    hyper = _hyper(task)
-    out = []
-    for wd in _WEIGHT_DECAYS:
-        kw = dict(**hyper, eps=1e-8, weight_decay=wd)
-        out.append(
-            _run(lambda ps, kw=kw: MyAdam(ps, decoupled=False, **kw), task=task, learner=True)
-        )
-    return out
+    return _collect_parity(MyAdam, task, decoupled=False, decays=_WEIGHT_DECAYS)
 
 
 def judge_adam(data: Any, task: int = 1) -> None:
     import torch
 
-    hyper = _hyper(task)
-    got_all = data if isinstance(data, list) and len(data) == len(_WEIGHT_DECAYS) else [None] * 2
-    for wd, got in zip(_WEIGHT_DECAYS, got_all):
-        kw = dict(**hyper, eps=1e-8, weight_decay=wd)
-        expected = _run(lambda ps, kw=kw: torch.optim.Adam(ps, **kw), task=task, learner=False)
-        what = f"Adam(lr={hyper['lr']:g}, betas={hyper['betas']}, weight_decay={wd:g})"
-        _compare(task, what, got, expected)
+    _judge_parity(data, task, torch.optim.Adam, _WEIGHT_DECAYS)
     passed(
         task,
         f"MyAdam matches torch.optim.Adam over {STEPS} steps, weight_decay 0 and 0.1 "
@@ -187,18 +198,13 @@ check_adam = split_check(collect_adam, judge_adam)
 
 def collect_adamw(MyAdam, task: int = 2) -> list[Any]:
     """Parity with torch.optim.AdamW (decoupled weight decay 0.1)."""
-    kw: dict[str, Any] = dict(**_hyper(task), eps=1e-8, weight_decay=0.1)
-    return _run(lambda ps: MyAdam(ps, decoupled=True, **kw), task=task, learner=True)
+    return _collect_parity(MyAdam, task, decoupled=True, decays=_DECOUPLED_DECAYS)
 
 
 def judge_adamw(data: Any, task: int = 2) -> None:
     import torch
 
-    hyper = _hyper(task)
-    kw: dict[str, Any] = dict(**hyper, eps=1e-8, weight_decay=0.1)
-    expected = _run(lambda ps: torch.optim.AdamW(ps, **kw), task=task, learner=False)
-    what = f"AdamW(lr={hyper['lr']:g}, betas={hyper['betas']}, weight_decay=0.1)"
-    _compare(task, what, data, expected)
+    _judge_parity(data, task, torch.optim.AdamW, _DECOUPLED_DECAYS)
     passed(
         task,
         f"MyAdam(decoupled=True) matches torch.optim.AdamW over {STEPS} steps "

@@ -13,7 +13,7 @@ from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.seeds import case_rng
-from course_lib.grading.split import split_check
+from course_lib.grading.split import need_list, split_check
 
 UNIT = "u04_optimizer_memory"
 
@@ -85,9 +85,7 @@ def judge_predict_step_peak(data: Any, task: int = 4) -> None:
     from course_lib.grading.core import expect_int
 
     widths_drawn = peak_widths(task)
-    n_cases = len(widths_drawn)
-    got_all = data if isinstance(data, list) and len(data) == n_cases else [None] * n_cases
-    for widths, answer in zip(widths_drawn, got_all):
+    for widths, answer in zip(widths_drawn, need_list(task, data, len(widths_drawn), "answer")):
         got = expect_int(task, f"predict_step_peak({list(widths)})", answer)
         measured = _measured_master_step_peak(widths)
         if not abs(got - measured) <= PEAK_RTOL * measured:
@@ -149,8 +147,7 @@ def judge_zero1_at_scale(data: Any, task: int = 6) -> None:
     from course_lib.measure import estimate
 
     cases = _zero1_cases(task)
-    got_all = data if isinstance(data, list) and len(data) == len(cases) else [None] * len(cases)
-    for (name, n, master, world), answer in zip(cases, got_all):
+    for (name, n, master, world), answer in zip(cases, need_list(task, data, len(cases), "answer")):
         got = expect_int(task, f"zero1_bytes({n:,}, {world}, master={master})", answer)
         expected = estimate.zero_bytes_per_rank(n, stage=1, world_size=world, k=12 if master else 8)
         if got != expected:

@@ -90,6 +90,8 @@ def _same_as_reference(task: int, master: list, ref_m: list, weights: list) -> N
 
 def collect_master_bug(MyMaster, task: int = 5) -> dict[str, Any]:
     """The fixed master-weights class: same fp32 master and bf16 weights as the recipe done right."""
+    import torch
+
     model, batches = _master_task(task)
     mw = run_learner(task, MyMaster, model, lr=MASTER_LR, forbid=_FORBID_5)
     for x, y in batches:
@@ -98,16 +100,10 @@ def collect_master_bug(MyMaster, task: int = 5) -> dict[str, Any]:
         run_learner(task, mw.step, forbid=_FORBID_5)
     master = run_learner(task, lambda: list(getattr(mw, "master", None) or []))
     return {
-        "master": [_detached(m) for m in master],
+        # the learner's tensors as plain data (their values, no autograd history)
+        "master": [m.detach().clone() if isinstance(m, torch.Tensor) else m for m in master],
         "weights": [p.detach().clone() for p in model.parameters()],
     }
-
-
-def _detached(value: Any) -> Any:
-    """A tensor of the learner's as plain data (its values, no autograd history); else as is."""
-    import torch
-
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
 def judge_master_bug(data: Any, task: int = 5) -> None:

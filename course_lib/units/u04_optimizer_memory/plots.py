@@ -49,12 +49,11 @@ def plot_state_bytes(df: pd.DataFrame) -> Figure:
     require_columns(df, list(READS[StateRow]), "df")
     with style():
         fig, ax = plt.subplots(figsize=(11, 4.5))
-        xs = range(len(df))
         pred = df["predicted"] / df["n_params"]
         meas = df["measured"] / df["n_params"]
         colors = [OPTIMIZER_COLORS.get(o, "black") for o in df["optimizer"]]
         kit.bars_beside(ax, df["optimizer"], pred, meas, color=colors)
-        for x, (_, row) in zip(xs, df.iterrows()):
+        for x, (_, row) in enumerate(df.iterrows()):
             res = row["measured"] - row["predicted"]
             ax.text(
                 x + 0.2,

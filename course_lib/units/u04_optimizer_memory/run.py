@@ -38,6 +38,7 @@ from course_lib.units.u04_optimizer_memory.run_accounting import (  # noqa: F401
 from course_lib.units.u04_optimizer_memory.run_recipes import (  # noqa: F401 (re-exported)
     RECIPES,
     RecipeRow,
+    _model,
     recipe_table,
 )
 
@@ -95,11 +96,6 @@ class ConvergenceRow:
     loss: float
 
 
-def _model(config: GPTConfig, seed: int) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(config)
-
-
 # --------------------------------------------------------------------------------------------
 # state bytes per optimizer
 # --------------------------------------------------------------------------------------------
@@ -107,16 +103,12 @@ def _state_row(name: Optimizer, model: GPT, opt: torch.optim.Optimizer, measured
     """The estimates beside the ``measured`` optimizer bytes after one step of ``opt``."""
     n = count_params(model)
     with_grad = [p for p in model.parameters() if p.grad is not None]  # the ones with state
-    naive = int(
-        estimate.model_state_bytes(
-            n, precision="fp32", optimizer=name, n_param_tensors=len(with_grad)
-        )["optimizer"]
+    state = estimate.model_state_bytes(
+        n, precision="fp32", optimizer=name, n_param_tensors=len(with_grad)
     )
-    pred = int(
-        estimate.adam8bit_state_bytes(p.numel() for p in with_grad)["total"]
-        if name == "adam8bit"
-        else naive
-    )
+    naive = pred = int(state["optimizer"])
+    if name == "adam8bit":
+        pred = int(estimate.adam8bit_state_bytes(p.numel() for p in with_grad)["total"])
     sb = O.state_bytes(opt)
     return StateRow(
         name,

@@ -32,6 +32,12 @@ class RecipeRow:
     update_error: float = field(metadata=kit.column("update error"))
 
 
+def _model(config: GPTConfig, seed: int) -> GPT:
+    """The tiny GPT every run of the unit starts from: ``GPT(config)`` after ``manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return GPT(config)
+
+
 # --------------------------------------------------------------------------------------------
 # 16 or 12 bytes per parameter: the master copy, measured
 # --------------------------------------------------------------------------------------------
@@ -137,8 +143,7 @@ def recipe_table(
     fp32_final: list[torch.Tensor] = []  # RECIPES starts with fp32: set on the first recipe
     start: list[torch.Tensor] = []
     for recipe, (stores, kwargs) in RECIPES.items():
-        torch.manual_seed(seed)
-        model = GPT(config)
+        model = _model(config, seed)
         if recipe != "fp32":
             model = model.to(torch.bfloat16)
         w0 = [p.detach().float().clone() for p in model.parameters()]
