@@ -33,15 +33,13 @@ from course_lib.grading.split import need_list, split_check
 _RUN = "course_lib.units.u06_activation_checkpointing.run"
 _CK = "course_lib.techniques.checkpointing"
 _EST = "course_lib.measure.estimate"
-#: options the learner may choose from: (policy, k, save_ops); k runs 1..n_layer where it applies
-MENU = ("none", "full", "every_k", "selective", "segments")
 #: gradient tolerance of task 2. The same ops on the same inputs give bitwise-equal gradients on
 #: CPU; the tolerance only forgives a different but equivalent order of the sums. A different
 #: dropout mask in the recomputation changes gradients by about 1e-2.
 GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-7
 UNIT = "u06_activation_checkpointing"
 _MENU_CACHE: dict = {}  # per (config, batch, seq): every menu option measured
-_PICK_FORBID = [f"{_RUN}:cheapest_fitting_policy"]
+_PICK_FORBID = [f"{_RUN}:cheapest_fitting_policy", f"{_RUN}:policy_options"]
 #: the estimates stay in the grade's sandbox, trapped but present: task 1's answer may use them
 #: (the notebook's hint), task 3 refuses them by its trap alone (course_lib.grading.absent)
 KEEP_IN_SANDBOX = (
@@ -76,26 +74,11 @@ def _measure(base, idx, tgt, policy: str, k: int, save_ops) -> tuple[int, int]:
     """(kept bytes when forward ends, matmul FLOPs of the step), both measured (judge side)."""
     import copy
 
-    from torch.utils.flop_counter import FlopCounterMode
-
     from course_lib.techniques.checkpointing import apply_checkpointing
-    from course_lib.units.u06_activation_checkpointing.run import kept_bytes
+    from course_lib.units.u06_activation_checkpointing.run import kept_and_flops
 
     model = apply_checkpointing(copy.deepcopy(base), policy, k=k, save_ops=save_ops)
-    kept = kept_bytes(model, idx)
-    with FlopCounterMode(display=False) as fc:
-        model.loss(idx, tgt).backward()
-    return kept, int(fc.get_total_flops())
-
-
-def _menu(n_layer: int):
-    from course_lib.techniques.checkpointing import MATMUL_OPS
-
-    out: list[tuple[str, int, tuple[str, ...]]] = [("none", 1, MATMUL_OPS)]
-    out += [("selective", 1, ops) for ops in (MATMUL_OPS, ("mm", "addmm"), ("bmm",))]
-    out += [("every_k", k, MATMUL_OPS) for k in range(1, n_layer + 1)]
-    out += [("segments", k, MATMUL_OPS) for k in range(2, n_layer + 1)]
-    return out
+    return kept_and_flops(model, idx, tgt)
 
 
 def _choice_key(
@@ -132,15 +115,18 @@ def _pick_case(task: int):
 
 
 def _pick_menu(task: int):
-    """Task 1's GPT, its batch, every menu option measured on it and the three budgets:
-    everything fits; only some selective and block policies fit; only the smallest fits."""
+    """Task 1's GPT, its batch, every menu option (``run.policy_options``) measured on it and the
+    three budgets: everything fits; only some selective and block policies fit; only the
+    smallest fits."""
+    from course_lib.units.u06_activation_checkpointing.run import policy_options
+
     config, batch, seq = _pick_case(task)
     base, idx, tgt = _gpt_and_batch(config, batch, seq)
     key = (config, batch, seq)
     if key not in _MENU_CACHE:  # deterministic: measured once per process and case
         _MENU_CACHE[key] = {
             (p, k, tuple(ops)): _measure(base, idx, tgt, p, k, ops)
-            for p, k, ops in _menu(config.n_layer)
+            for p, k, ops in policy_options(config.n_layer)
         }
     measured = dict(_MENU_CACHE[key])
     kept = sorted({v[0] for v in measured.values()})

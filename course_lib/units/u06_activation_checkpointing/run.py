@@ -121,6 +121,17 @@ def kept_bytes(model: torch.nn.Module, idx: torch.Tensor) -> int:
     return int(tl[tl["event"] == "post_forward"].iloc[-1]["activations"])
 
 
+def kept_and_flops(model: GPT, idx: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
+    """Measured on ``model``: the bytes :func:`kept_bytes` finds, then the matmul FLOPs of one
+    forward + backward, recomputation included (``FlopCounterMode``); the gradients stay."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    kept = kept_bytes(model, idx)
+    with FlopCounterMode(display=False) as flops:
+        model.loss(idx, targets).backward()
+    return kept, int(flops.get_total_flops())
+
+
 def _grad(p: torch.Tensor) -> torch.Tensor:
     """``p.grad`` after a backward, which gives every parameter of the GPT one."""
     assert p.grad is not None, "backward gives every parameter a gradient"
@@ -138,17 +149,13 @@ def measure_case(
     reference_grads: Sequence[torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Apply one policy to a copy of ``base`` and measure kept bytes, peak, FLOPs and gradients."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     model = ck.apply_checkpointing(copy.deepcopy(base), policy, k=k, save_ops=save_ops)
-    kept = kept_bytes(model, idx)
+    kept, flops = kept_and_flops(model, idx, targets)
+    grads = [_grad(p).detach().clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
     with MemoryMeter(model) as meter:
         model.loss(idx, targets).backward()
     peak = meter.peak_breakdown["activations"] + meter.peak_breakdown["temporaries"]
-    model.zero_grad(set_to_none=True)
-    with FlopCounterMode(display=False) as flops:
-        model.loss(idx, targets).backward()
-    grads = [_grad(p).detach().clone() for p in model.parameters()]
     err = (
         max(float((g - r).abs().max()) for g, r in zip(grads, reference_grads))
         if reference_grads is not None
@@ -157,7 +164,7 @@ def measure_case(
     return {
         "kept": kept,
         "peak": int(peak),
-        "flops": int(flops.get_total_flops()),
+        "flops": flops,
         "grads": grads,
         "max_grad_error": err,
     }
@@ -175,16 +182,13 @@ def policy_table(
     cfg = config or CONFIG
     base = make_model(cfg)
     idx, targets = make_batch(cfg, batch, seq)
-    ref = measure_case(base, idx, targets, "none")["grads"]
-    measured = []
-    for label, policy, k, ops in cases:
-        m = measure_case(base, idx, targets, policy, k=k, save_ops=ops, reference_grads=ref)
-        measured.append((label, policy, k, ops, m))
-    nones = [m["flops"] for _, policy, _, _, m in measured if policy == "none"]
-    base_flops = nones[0] if nones else estimate.gpt_step_matmul_flops(cfg, batch, seq)["total"]
+    ref = measure_case(base, idx, targets, "none")  # the unchanged model, measured
     kept_none = estimate.checkpointed_activation_bytes_gpt(cfg, batch, seq)
     rows = []
-    for label, policy, k, ops, m in measured:
+    for label, policy, k, ops in cases:
+        m = measure_case(
+            base, idx, targets, policy, k=k, save_ops=ops, reference_grads=ref["grads"]
+        )
         pred = estimate.checkpointed_activation_bytes_gpt(
             cfg, batch, seq, policy=policy, k=k, save_ops=ops
         )
@@ -202,7 +206,7 @@ def policy_table(
                 flops["total"],
                 m["flops"],
                 m["max_grad_error"],
-                m["flops"] / base_flops,
+                m["flops"] / ref["flops"],
                 m["kept"] / kept_none,
             )
         )
@@ -297,18 +301,24 @@ def segment_sweep(
     return df
 
 
+def policy_options(n_layer: int) -> list[tuple[CheckpointPolicy, int, tuple[str, ...]]]:
+    """Every (policy, k, save_ops) worth comparing on a GPT of ``n_layer`` blocks: none, three
+    selective choices, every_k for k = 1..n_layer and segments for k = 2..n_layer."""
+    options: list[tuple[CheckpointPolicy, int, tuple[str, ...]]] = [("none", 1, ck.MATMUL_OPS)]
+    options += [("selective", 1, ops) for ops in (ck.MATMUL_OPS, ("mm", "addmm"), ("bmm",))]
+    options += [("every_k", k, ck.MATMUL_OPS) for k in range(1, n_layer + 1)]
+    options += [("segments", k, ck.MATMUL_OPS) for k in range(2, n_layer + 1)]
+    return options
+
+
 def cheapest_fitting_policy(
     config: GPTConfig, batch: int, seq: int, budget: int
 ) -> dict[str, Any] | None:
     """The policy whose kept bytes fit ``budget`` with the fewest recomputed matmul FLOPs
     (ties: fewer bytes), from the exact formulas; None if nothing fits."""
     budget = validate.count("budget", budget, minimum=0)
-    options: list[tuple[CheckpointPolicy, int, tuple[str, ...]]] = [("none", 1, ck.MATMUL_OPS)]
-    options += [("selective", 1, ops) for ops in (ck.MATMUL_OPS, ("mm", "addmm"), ("bmm",))]
-    options += [("every_k", k, ck.MATMUL_OPS) for k in range(1, config.n_layer + 1)]
-    options += [("segments", k, ck.MATMUL_OPS) for k in range(2, config.n_layer + 1)]
     best = None
-    for policy, k, ops in options:
+    for policy, k, ops in policy_options(config.n_layer):
         kept = estimate.checkpointed_activation_bytes_gpt(
             config, batch, seq, policy=policy, k=k, save_ops=ops
         )

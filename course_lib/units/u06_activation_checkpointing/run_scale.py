@@ -143,9 +143,8 @@ class ClaimRow:
 def source_corrections() -> pd.DataFrame:
     """The sources' activation claims beside what the formulas give (GB = 1e9 B)."""
     s, b, h, a, L = 2048, 16, 4096, 32, 32
-    residual = (
-        2 * s * b * h * L
-    )  # S4's "residual stream": one 16-bit value per token and width per layer
+    # S4's "residual stream": one 16-bit value per token and width per layer
+    residual = 2 * s * b * h * L
     no_s2 = 34 * s * b * h * L
     with_s2 = estimate.checkpointed_activation_bytes(s, b, h, a, L)
     full = estimate.checkpointed_activation_bytes(s, b, h, a, L, policy="full")

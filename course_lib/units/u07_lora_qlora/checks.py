@@ -35,9 +35,6 @@ from course_lib.grading.seeds import case_rng
 from course_lib.grading.split import need_list, split_check
 from course_lib.units.u07_lora_qlora.checks_layers import (  # noqa: F401 (re-exported)
     _FORBID_LAYER,
-    ATOL,
-    RTOL,
-    TOLERANCE,
     _conv1d_class,
     check_lora_merge,
     check_qv_forward,

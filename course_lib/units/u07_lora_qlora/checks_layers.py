@@ -54,21 +54,13 @@ def _conv1d_class():
 def _build(task: int, cls, base, *, r: int, alpha: int, shapes: dict[str, tuple[int, int]]):
     """The learner's ``cls(base, r=r, alpha=alpha)``, its adapter tensors checked by shape (the
     check drives them: a layer without them cannot be run further)."""
-    import torch
-
     layer = run_learner(task, cls, base, r=r, alpha=alpha, forbid=_FORBID_LAYER)
     made = (
         f"{getattr(cls, '__name__', 'the class')}({type(base).__name__}({base.in_features}, "
         f"{base.out_features}), r={r}, alpha={alpha})"
     )
     for name, shape in shapes.items():
-        t = getattr(layer, name, None)
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
-            fail(
-                task,
-                f"{made}.{name}: expected a tensor of shape {shape}, got "
-                f"{getattr(t, 'shape', t)!r}",
-            )
+        _shaped(task, f"{made}.{name}", getattr(layer, name, None), shape)
     return layer
 
 
@@ -110,6 +102,21 @@ def _adapter(task: int, run: Any, shapes: dict[str, tuple[int, int]]) -> dict[st
     return out
 
 
+def _drawn_base(rng, make) -> tuple[Any, int, int, Any]:
+    """A rank r and an alpha (never r: a missing scaling shows) drawn from ``rng``, the base
+    layer ``make()`` with its weights and a random bias from the grading seed, and the generator
+    that draws the batch and sets B."""
+    import torch
+
+    r = rng.choice((2, 4, 8))
+    alpha = rng.choice([a for a in (1, 4, 8, 16, 32) if a != r])
+    torch.manual_seed(rng.getrandbits(31))
+    base = make()
+    with torch.no_grad():
+        base.bias.normal_()
+    return base, r, alpha, torch.Generator().manual_seed(rng.getrandbits(63))
+
+
 # ---------------------------------------------------------------------------------- task 2
 def _qv_case(task: int):
     """A GPT-2 ``c_attn`` (Conv1D d -> 3d) as it is before the learner's class sees it, with d,
@@ -118,13 +125,7 @@ def _qv_case(task: int):
 
     rng = case_rng(task, UNIT)
     d = rng.randint(8, 24)
-    r = rng.choice((2, 4, 8))
-    alpha = rng.choice([a for a in (1, 4, 8, 16, 32) if a != r])  # scaling != 1
-    torch.manual_seed(rng.getrandbits(31))
-    base = _conv1d_class()(d, 3 * d)
-    with torch.no_grad():
-        base.bias.normal_()
-    g = torch.Generator().manual_seed(rng.getrandbits(63))
+    base, r, alpha, g = _drawn_base(rng, lambda: _conv1d_class()(d, 3 * d))
     x = torch.randn(rng.randint(2, 4), rng.randint(3, 6), d, generator=g)
     return base, d, r, alpha, x, g
 
@@ -243,13 +244,8 @@ def _merge_case(task: int, kind: str):
     rng = case_rng(task, UNIT)
     d_in, d_out = rng.randint(12, 40), rng.randint(6, 30)
     d_out += d_out == d_in  # never square: the two layouts must differ
-    r = rng.choice((2, 4, 8))
-    alpha = rng.choice([a for a in (1, 4, 8, 16, 32) if a != r])  # scaling != 1
-    torch.manual_seed(rng.getrandbits(31))
-    base = nn.Linear(d_in, d_out) if kind == "linear" else _conv1d_class()(d_in, d_out)
-    with torch.no_grad():
-        base.bias.normal_()
-    g = torch.Generator().manual_seed(rng.getrandbits(63))
+    make = nn.Linear if kind == "linear" else _conv1d_class()
+    base, r, alpha, g = _drawn_base(rng, lambda: make(d_in, d_out))
     x = torch.randn(rng.randint(3, 8), d_in, generator=g)
     return base, r, alpha, x, g
 

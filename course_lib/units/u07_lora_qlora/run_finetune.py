@@ -56,16 +56,9 @@ class LossRow:
 
 
 def _train(
-    model: GPT,
-    *,
-    steps: int,
-    lr: float,
-    shift: int,
-    batch: int,
-    seq: int,
-    seed: int,
-    label: str | None = None,
+    model: GPT, *, steps: int, lr: float, shift: int, seed: int, label: str | None = None
 ) -> list[LossRow]:
+    """``steps`` Adam steps of ``model``'s trainable parameters, a fresh batch of 16 x 16 each."""
     params = [p for p in model.parameters() if p.requires_grad]
     k = trainable_params(model)
     opt = torch.optim.Adam(params, lr=lr)
@@ -75,7 +68,7 @@ def _train(
     # machine) 2 threads made fine-tuning 5x slower than 1
     with kit.one_thread():
         for step in range(steps):
-            idx, tgt = shifted_batch(model.config, batch, seq, shift=shift, generator=gen)
+            idx, tgt = shifted_batch(model.config, 16, 16, shift=shift, generator=gen)
             loss = model.loss(idx, tgt)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -90,7 +83,7 @@ def _pretrained_state(
 ) -> tuple[dict[str, torch.Tensor], float]:
     torch.manual_seed(seed)
     model = GPT(config)
-    rows = _train(model, steps=steps, lr=1e-2, shift=0, batch=16, seq=16, seed=seed)
+    rows = _train(model, steps=steps, lr=1e-2, shift=0, seed=seed)
     return {k: v.clone() for k, v in model.state_dict().items()}, rows[-1].loss
 
 
@@ -150,16 +143,8 @@ def finetune(
     rows = []
     for method in validate.choices("methods", methods, METHODS):
         model = make_finetune_model(method, r=r, targets=targets, config=config, seed=seed)
-        rows += _train(
-            model,
-            steps=steps,
-            lr=lr or DEFAULT_LR[method],
-            shift=SHIFT,
-            batch=16,
-            seq=16,
-            seed=seed + 1,
-            label=method,
-        )
+        rate = lr or DEFAULT_LR[method]
+        rows += _train(model, steps=steps, lr=rate, shift=SHIFT, seed=seed + 1, label=method)
     return kit.frame(rows, LossRow)
 
 

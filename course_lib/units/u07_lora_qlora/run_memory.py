@@ -229,6 +229,10 @@ def llama_configs() -> dict[str, LlamaConfig]:
     }
 
 
+#: LoRA adapters as (rank, targets): names of estimate.LLAMA_LINEARS or "all"
+Adapters = tuple[tuple[int, tuple[str, ...] | str], ...]
+
+
 @dataclass(frozen=True)
 class ScaleRow:
     """One model and method of :func:`scale_table` (model state, GB)."""
@@ -248,43 +252,31 @@ def scale_table() -> pd.DataFrame:
     (parameter counts measured on meta-device models; adapters at r 8 on q, v and at QLoRA's
     setting, r 64 on all seven linears) and GPT-3 175B with the LoRA paper's r 4 on q, v
     (Hu et al. 2021; GPT-3: h 12288, 96 layers). bf16-mixed Adam (16 B per trained parameter)."""
-    rows: list[ScaleRow] = []
-    cases = []
-    for name, cfg in llama_configs().items():
-        n = count_params(_llama_on_meta(cfg))
-        for r, targets in ((8, ("q", "v")), (64, "all")):
+    both: Adapters = ((8, ("q", "v")), (64, "all"))  # Llama's adapters as (r, targets)
+    models = [  # (model, parameters, hidden, ffn, layers, adapters)
+        (f"Llama {name}", count_params(_llama_on_meta(c)), c.n_embd, c.ffn_hidden, c.n_layer, both)
+        for name, c in llama_configs().items()
+    ]
+    models.append(("GPT-3 175B", 175_000_000_000, 12288, 4 * 12288, 96, ((4, ("q", "v")),)))
+    rows = []
+    for model, n, hidden, ffn, layers, adapters in models:
+        for i, (r, targets) in enumerate(adapters):
             k = estimate.transformer_lora_params(
-                hidden=cfg.n_embd,
-                ffn=cfg.ffn_hidden,
-                layers=cfg.n_layer,
-                r=r,
-                targets=targets,
+                hidden=hidden, ffn=ffn, layers=layers, r=r, targets=targets
             )
-            cases.append((f"Llama {name}", n, r, "q, v" if targets != "all" else "all seven", k))
-    cases.append(
-        (
-            "GPT-3 175B",
-            175_000_000_000,
-            4,
-            "q, v",
-            estimate.transformer_lora_params(hidden=12288, ffn=4 * 12288, layers=96, r=4),
-        )
-    )
-    for model, n, r, targets, k in cases:
-        for method in METHODS:
-            if method == "full" and any(r.model == model and r.method == "full" for r in rows):
-                continue
-            b = estimate.finetune_state_bytes(n, method=method, lora_params=k)
-            rows.append(
-                ScaleRow(
-                    model=model,
-                    params=n,
-                    method=method,
-                    adapter="" if method == "full" else f"r {r}, {targets}",
-                    trainable=n if method == "full" else k,
-                    frozen_base_GB=b["base"] / estimate.GB,
-                    trained_state_GB=(b["total"] - b["base"]) / estimate.GB,
-                    total_GB=b["total"] / estimate.GB,
+            adapter = f"r {r}, {'all seven' if targets == 'all' else 'q, v'}"
+            for method in METHODS[1:] if i else METHODS:  # one full fine-tuning row per model
+                b = estimate.finetune_state_bytes(n, method=method, lora_params=k)
+                rows.append(
+                    ScaleRow(
+                        model=model,
+                        params=n,
+                        method=method,
+                        adapter="" if method == "full" else adapter,
+                        trainable=n if method == "full" else k,
+                        frozen_base_GB=b["base"] / estimate.GB,
+                        trained_state_GB=(b["total"] - b["base"]) / estimate.GB,
+                        total_GB=b["total"] / estimate.GB,
+                    )
                 )
-            )
     return kit.frame(rows, ScaleRow)

@@ -45,21 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["TECHNIQUES", "WORDS", "technique_summary"]
 
-#: the rows of :func:`technique_summary`, in order (S0 §5.4.9's list; PEFT split in two)
-TECHNIQUES = (
-    "baseline",
-    "larger batch",
-    "smaller batch",
-    "gradient accumulation",
-    "reduced precision (bf16)",
-    "mixed precision (bf16)",
-    "less-stateful optimizer",
-    "CPU offload",
-    "activation checkpointing",
-    "LoRA",
-    "QLoRA",
-)
-
 #: what each technique buys and what it costs, in a few words (S0 §5.4.9, rephrased; at most 50
 #: characters each, pandas' default column width, so that a displayed table shows them whole)
 WORDS: dict[str, tuple[str, str]] = {
@@ -100,6 +85,9 @@ WORDS: dict[str, tuple[str, str]] = {
     ),
 }
 
+#: the rows of :func:`technique_summary`, in order (S0 §5.4.9's list; PEFT split in two)
+TECHNIQUES = tuple(WORDS)
+
 
 @dataclass
 class _Case:
@@ -120,10 +108,11 @@ def _xent(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def _adam_case(technique, setting, model, idx, tgt, *, note="", name="adam") -> _Case:
-    """``model`` trained by ``name`` (an optimizer of unit 04) over its trainable parameters, one
-    plain forward/backward/step on (idx, tgt) per optimizer step."""
-    opt = make_optimizer(name, [p for p in model.parameters() if p.requires_grad], lr=1e-3)
+def _adam_case(technique, setting, model, idx, tgt, *, note="", name="adam", opt=None) -> _Case:
+    """``model`` trained by ``name`` (an optimizer of unit 04; or by ``opt``) over its trainable
+    parameters, one plain forward/backward/step on (idx, tgt) per optimizer step."""
+    if opt is None:
+        opt = make_optimizer(name, [p for p in model.parameters() if p.requires_grad], lr=1e-3)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -136,17 +125,12 @@ def _adam_case(technique, setting, model, idx, tgt, *, note="", name="adam") -> 
 def _batch_cases(base: GPT, batches: dict[int, tuple], batch: int, factor: int) -> list[_Case]:
     big, small = factor * batch, batch // factor
     cases = [
-        _adam_case(
-            "baseline",
-            f"fp32, Adam, batch {batch}",
-            copy.deepcopy(base),
-            *batches[batch],
-            note="every ratio divides by this row",
-        ),
-        _adam_case("larger batch", f"batch {big} vs {batch}", copy.deepcopy(base), *batches[big]),
-        _adam_case(
-            "smaller batch", f"batch {small} vs {batch}", copy.deepcopy(base), *batches[small]
-        ),
+        _adam_case(technique, setting, copy.deepcopy(base), *batches[size], note=note)
+        for technique, setting, size, note in (
+            ("baseline", f"fp32, Adam, batch {batch}", batch, "every ratio divides by this row"),
+            ("larger batch", f"batch {big} vs {batch}", big, ""),
+            ("smaller batch", f"batch {small} vs {batch}", small, ""),
+        )
     ]
     model = copy.deepcopy(base)
     opt = make_optimizer("adam", model.parameters(), lr=1e-3)
@@ -186,11 +170,6 @@ def _offload_case(base: GPT, idx, tgt) -> _Case:
     model = copy.deepcopy(base)
     opt = OffloadAdamW(model.parameters(), lr=1e-3)
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        model.loss(idx, tgt).backward()
-        opt.step()
-
     def metered() -> MemoryMeter:
         opt.zero_grad(set_to_none=True)
         with MemoryMeter(model) as mem:
@@ -205,11 +184,10 @@ def _offload_case(base: GPT, idx, tgt) -> _Case:
         "weights, fp32 grads and AdamW state are in host_B. On a CPU both sides are the same RAM: "
         "the time ratio measures RAM copies, not a PCIe link"
     )
-    host = opt.host_bytes
     setting = "OffloadAdamW: master, grads, m, v on the host"
-    return _Case(
-        "CPU offload", setting, model, step, len(idx), None, metered, lambda: host()["total"], note
-    )
+    case = _adam_case("CPU offload", setting, model, idx, tgt, note=note, opt=opt)
+    case.metered, case.host_bytes = metered, lambda: opt.host_bytes()["total"]
+    return case
 
 
 def _lora_cases(base: GPT, idx, tgt, r: int) -> list[_Case]:
@@ -238,9 +216,8 @@ def _cases(config: GPTConfig, batch: int, seq: int, factor: int, r: int, seed: i
     torch.manual_seed(seed)
     base = GPT(config)
     gen = torch.Generator().manual_seed(seed + 1)
-    big = permutation_batch(config, factor * batch, seq, generator=gen)
-    batches = {factor * batch: big, batch: (big[0][:batch], big[1][:batch])}
-    batches[batch // factor] = (big[0][: batch // factor], big[1][: batch // factor])
+    x, y = permutation_batch(config, factor * batch, seq, generator=gen)  # the larger batch
+    batches = {n: (x[:n], y[:n]) for n in (factor * batch, batch, batch // factor)}
     idx, tgt = batches[batch]
     checkpointed = apply_checkpointing(copy.deepcopy(base), "full")
     return [

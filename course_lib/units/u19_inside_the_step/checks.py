@@ -26,6 +26,7 @@ from typing import Any
 
 from course_lib.grading.core import fail, passed, run_learner
 from course_lib.grading.plain import learner_value, type_name
+from course_lib.grading.seeds import case_rng
 from course_lib.grading.split import need_list, split_check
 
 __all__ = ["MACHINES", "check_roofline", "check_merge_backward", "check_fixed_tiled"]
@@ -62,23 +63,17 @@ MERGE_RTOL, MERGE_ATOL = 1e-6, 1e-9  # float64
 TILED_RTOL, TILED_ATOL = 1e-9, 1e-10  # float64
 
 
-def _rng(task: int):
-    from course_lib.grading.seeds import case_rng
-
-    return case_rng(task, UNIT)
-
-
 def _generator(task: int):
     import torch
 
-    return torch.Generator().manual_seed(_rng(task).getrandbits(63))
+    return torch.Generator().manual_seed(case_rng(task, UNIT).getrandbits(63))
 
 
 # ---- task 1 --------------------------------------------------------------------------------
 def roofline_cases(task: int = 1) -> list[tuple[str, float, float, list[dict[str, Any]]]]:
     """(machine, flops_per_s, bytes_per_s, ops) for each machine: 4 matmuls (one with 1 to 16
     rows: a decode step) and 3 elementwise operators, shapes drawn from the grading seed."""
-    rng = _rng(task)
+    rng = case_rng(task, UNIT)
     cases = []
     for name, peak, bw, b in MACHINES:
         ops: list[dict[str, Any]] = []
@@ -251,7 +246,7 @@ def tiled_cases(task: int = 3):
     """(kind, q, k, v, block_size) of each case: float64, 1 x 3 heads x odd length x 8."""
     import torch
 
-    rng, g = _rng(task), _generator(task)
+    rng, g = case_rng(task, UNIT), _generator(task)
     out = []
     for kind in TILED_KINDS:
         for _ in range(2):

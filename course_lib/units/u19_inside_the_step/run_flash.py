@@ -11,6 +11,7 @@ Llama Team 2024 (arXiv:2407.21783), Table 3: 405B has width 16,384, 128 heads of
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,16 +153,14 @@ def attention_memory(
     from course_lib.measure.memory import MemoryMeter
 
     n = validate.count("seq", seq, minimum=1)
+    flash = functools.partial(flash_attention, block_size=block_size)
     measured = []  # flash saved, flash peak, naive saved, naive peak
-    for name in ("flash", "naive"):
+    for attention in (flash, naive_attention):
         for backward in (False, True):
             q, k, v = _inputs(n, heads=heads, head_dim=head_dim, dtype=torch.float32)
             dout = torch.randn(1, heads, n, head_dim)
             with MemoryMeter(track=(q, k, v, dout)) as mem:
-                if name == "flash":
-                    out = flash_attention(q, k, v, causal=causal, block_size=block_size)
-                else:
-                    out = naive_attention(q, k, v, causal=causal)
+                out = attention(q, k, v, causal=causal)
                 if backward:
                     out.backward(dout)
             # forward alone: what it leaves alive (the output and what autograd saved)

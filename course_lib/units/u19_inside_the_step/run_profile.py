@@ -44,19 +44,14 @@ def gpt_setup(*, batch: int = 8, seed: int = 0) -> tuple[Any, Any, torch.Tensor,
 
 def gpt_matmul_flops(model, x) -> dict[str, int]:
     """Predicted matmul FLOPs of one training step of ``model`` (the course's GPT) on ``x``
-    (batch, seq), from shapes alone: forward 2 x tokens x (weights of every Linear, the tied
-    output head included) plus, per layer, the two attention products 2 x 2 x B x H x S^2 x
-    head_dim; backward twice the forward (gradients of the input and of the weight)."""
-    from torch import nn
+    (batch, seq), from shapes alone (``estimate.gpt_step_matmul_flops``): forward 2 x tokens x
+    (weights of every Linear, the tied output head included) plus, per layer, the two attention
+    products 2 x 2 x B x H x S^2 x head_dim; backward twice the forward (gradients of the input
+    and of the weight)."""
+    from course_lib.measure import estimate
 
-    b, s = x.shape
-    cfg = model.config
-    linear = sum(
-        m.in_features * m.out_features for m in model.modules() if isinstance(m, nn.Linear)
-    )
-    attention = cfg.n_layer * 2 * 2 * b * cfg.n_head * s * s * (cfg.n_embd // cfg.n_head)
-    forward = 2 * b * s * linear + attention
-    return {"forward": forward, "backward": 2 * forward, "step": 3 * forward}
+    flops = estimate.gpt_step_matmul_flops(model.config, *x.shape)
+    return {"forward": flops["forward"], "backward": flops["backward"], "step": flops["total"]}
 
 
 def _train_step(model, opt, x, y) -> None:

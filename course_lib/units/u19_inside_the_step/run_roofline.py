@@ -73,16 +73,16 @@ def op_cost(op: Mapping[str, Any]) -> tuple[int, int]:
       "bytes_per_value"}``: numel x flops_per_element FLOPs, numel x (inputs + outputs) values.
     """
     kind = validate.choice("op['kind']", op.get("kind"), ("matmul", "elementwise"))
-    b = validate.count("op['bytes_per_value']", op.get("bytes_per_value"), minimum=1)
+
+    def field(name: str, minimum: int = 1) -> int:
+        return validate.count(f"op[{name!r}]", op.get(name), minimum=minimum)
+
+    b = field("bytes_per_value")
     if kind == "matmul":
-        m, k, n = (validate.count(f"op[{d!r}]", op.get(d), minimum=1) for d in "mkn")
+        m, k, n = (field(d) for d in "mkn")
         return 2 * m * k * n, (m * k + k * n + m * n) * b
-    numel = validate.count("op['numel']", op.get("numel"), minimum=1)
-    io = validate.count("op['inputs']", op.get("inputs"), minimum=1) + validate.count(
-        "op['outputs']", op.get("outputs"), minimum=1
-    )
-    fpe = validate.count("op['flops_per_element']", op.get("flops_per_element"), minimum=0)
-    return numel * fpe, numel * io * b
+    numel, io = field("numel"), field("inputs") + field("outputs")
+    return numel * field("flops_per_element", minimum=0), numel * io * b
 
 
 def roofline(
