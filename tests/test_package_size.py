@@ -4,9 +4,13 @@ docstrings, comments and blank lines do not count (the explanations stay free).
 The maintainers' tools (publishing, the GPU check, benchmarks, the exercise generator) live in
 course_tools/ and are not counted. Run this file to print the counts per package.
 
-The aim (issue 49) is course_lib at most 45,000 with course_lib/units/ at most 19,000. Today
-they are 45,501 and 21,772 (the units grew by their typed rows): the ceilings below hold them at
-today's size so that neither grows while the units are slimmed; lower them as they shrink.
+The aim (issue 49): course_lib at most 45,000 lines with course_lib/units/ at most 19,000. The
+issue counted plain lines at main 06d6689, where course_lib had 56,407 (39,436 code lines) and the
+units 24,768 (18,063 code lines). Since then the grading wall (a sandbox per notebook, a judge
+outside it), the planner's third edition, the typed rows and the shared kit added code, and the
+maintainers' tools moved out. Today, in code lines, course_lib is 45,492 and the units 21,714: the
+aim is not met in either count. The ceilings below hold both where they are, so that neither grows
+while the units are slimmed; lower them as they shrink, never raise them.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "course_lib"
 #: ceilings in code lines; lower them when the package shrinks, never raise them
-LIMITS = {"course_lib": 45_600, "course_lib/units": 21_800}
+LIMITS = {"course_lib": 45_500, "course_lib/units": 21_720}
 AIM = {"course_lib": 45_000, "course_lib/units": 19_000}
 _SKIP = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
 
