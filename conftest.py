@@ -16,9 +16,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 pytest_plugins = ["course_tools.nbval_targets"]
 
 
-# The longest modules of the library's tests (each one scope under --dist loadscope, 2-4 minutes of
-# one worker): started first, so the last minutes are short modules on both workers.
-LONG_MODULES = ("tests/browser/", "tests/test_course.py", "tests/cluster/")
+# The longest modules of the library's tests (each one scope under --dist loadscope, 1-4 minutes of
+# one worker; the wall's one batch of attackers and the answers probe are single fixtures): started
+# first, so the last minutes are short modules on both workers.
+LONG_MODULES = (
+    "tests/browser/",
+    "tests/test_course.py",
+    "tests/cluster/",
+    "tests/grading/test_wall.py",
+    "tests/grading/test_answers_not_printed.py",
+)
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -3,6 +3,13 @@ answer functions returned while that task's check cell ran (the reference answer
 grading seed in ``COURSE_GRADE_SEED``).
 
     python tests/grading/_answers_probe.py solutions/15_context_parallelism.ipynb
+    python tests/grading/_answers_probe.py solutions/*.ipynb   # one JSON line per notebook
+
+Several notebooks: torch and course_lib are imported once, and each notebook runs in a child
+forked from that process, as a fresh interpreter would after the same imports (its own
+namespace, folder and state; nothing it does reaches the next one); each child's JSON is printed
+on a line of its own, ``{"notebook": path, "answers": {...}}``, or ``"error"`` and the child's
+exit status when it did not finish.
 
 No rank is launched: ``course_lib.launch`` refuses (a check that needs ranks records nothing,
 and a code answer that returns tensors records nothing either: only plain numbers are answers a
@@ -97,5 +104,44 @@ def main(path: str) -> None:
     print(json.dumps(found))
 
 
+def main_each(paths: list[str]) -> None:
+    """Each notebook in a child forked after the imports every one of them makes."""
+    import torch  # noqa: F401 - imported once, before the forks
+
+    import course_lib  # noqa: F401
+    import course_lib.runtime.launch  # noqa: F401
+
+    for path in paths:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its stdout is the pipe
+            os.close(read)
+            os.dup2(write, 1)
+            code = 0
+            try:
+                main(path)
+            except BaseException as exc:  # noqa: BLE001 - reported by the parent
+                print(f"probe failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        os.close(write)
+        with os.fdopen(read, encoding="utf-8") as pipe:
+            out = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        lines = out.strip().splitlines()
+        if os.waitstatus_to_exitcode(status) == 0 and lines:
+            print(json.dumps({"notebook": path, "answers": json.loads(lines[-1])}), flush=True)
+        else:
+            exit_code = os.waitstatus_to_exitcode(status)
+            print(json.dumps({"notebook": path, "error": exit_code}), flush=True)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) == 2:
+        main(sys.argv[1])
+    else:
+        main_each(sys.argv[1:])

@@ -1,17 +1,17 @@
 """No exercise task is answered by its lecture or by its own check's printed line.
 
-For every unit, the solution's code runs (``_answers_probe.py``, in a subprocess, no ranks) at
-a drawn grading seed (the worked examples a lecture could print are the same at every seed),
-and every plain number an answer function returns while its
-task's check cell runs is a reference answer. Each is written the ways a lecture prints numbers
-(``1234567``, ``1,234,567``, ``0.9264``, ``92.64 %``, ``17,307.5``, 4-7 significant digits) and
-searched, as a whole number, in the unit's lecture (every cell's source and stored output) and in
-the solution's stored check lines (the exercise shows them as "expected once your answer is
-right"). A task fires when all its searchable answers at a seed are found: units 01 and 02 grade
-the lecture's worked examples (7B and 70B shapes; 175B on 300B tokens) beside cases drawn per
-grading, which no page prints, so copying the examples passes nothing. Small integers (below 1,000), round numbers (two significant digits, powers of two) and
-spellings with fewer than four significant digits are too common to mean anything and are not
-searched.
+For every unit, the solution's code runs (``_answers_probe.py``: in a child forked per unit from
+one process that imported torch, no ranks) at a drawn grading seed (the worked examples a
+lecture could print are the same at every seed), and every plain number an answer function
+returns while its task's check cell runs is a reference answer. Each is written the ways a lecture
+prints numbers (``1234567``, ``1,234,567``, ``0.9264``, ``92.64 %``, ``17,307.5``, 4-7 significant
+digits) and searched, as a whole number, in the unit's lecture (every cell's source and stored
+output) and in the solution's stored check lines (the exercise shows them as "expected once your
+answer is right"). A task fires when all its searchable answers at a seed are found: units 01 and
+02 grade the lecture's worked examples (7B and 70B shapes; 175B on 300B tokens) beside cases drawn
+per grading, which no page prints, so copying the examples passes nothing. Small integers (below
+1,000), round numbers (two significant digits, powers of two) and spellings with fewer than four
+significant digits are too common to mean anything and are not searched.
 
 Units where it still fires are listed in ``KNOWN`` (strict xfail): they are reported, to be fixed
 in their own units; an entry that stops firing fails until it is removed.
@@ -19,10 +19,12 @@ in their own units; an entry that stops firing fails until it is removed.
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -107,14 +109,38 @@ def haystacks(unit: str) -> dict[str, str]:
     }
 
 
-def answers(unit: str, seed: str) -> dict[str, list[float]]:
+@functools.cache
+def _every_unit(seed: str) -> dict[str, dict | str]:
+    """unit -> its answers at ``seed``, or why there are none: every solution probed in one
+    process that imports torch once and runs each notebook in a child forked from it."""
     env = {**os.environ, "COURSE_GRADE_SEED": seed, "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run(
-        [sys.executable, str(PROBE), str(ROOT / "solutions" / f"{unit}.ipynb")],
-        capture_output=True, text=True, env=env, timeout=600, cwd=ROOT,
+    paths = [str(ROOT / "solutions" / f"{unit}.ipynb") for unit in UNITS]
+    probe = subprocess.Popen(
+        [sys.executable, str(PROBE), *paths], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env, cwd=ROOT, start_new_session=True,
     )  # fmt: skip
+    try:
+        stdout, stderr = probe.communicate(timeout=1200)
+    except subprocess.TimeoutExpired:
+        os.killpg(probe.pid, signal.SIGKILL)  # the probe and the child it forked
+        stdout, stderr = probe.communicate()
+    done = subprocess.CompletedProcess(probe.args, probe.returncode, stdout, stderr)
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    found: dict[str, dict | str] = {unit: f"not probed: {done.stderr[-2000:]}" for unit in UNITS}
+    for line in done.stdout.splitlines():
+        if line.startswith('{"notebook": '):
+            reply = json.loads(line)
+            unit = Path(reply["notebook"]).stem
+            found[unit] = reply.get(
+                "answers", f"exit status {reply.get('error')}; {done.stderr[-2000:]}"
+            )
+    return found
+
+
+def answers(unit: str, seed: str) -> dict[str, list[float]]:
+    found = _every_unit(seed)[unit]
+    assert isinstance(found, dict), f"{unit}: the probe failed: {found}"
+    return found
 
 
 def printed_answers(unit: str) -> list[str]:

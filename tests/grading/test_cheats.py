@@ -110,6 +110,21 @@ def _bound(stmt: ast.stmt) -> list[str]:
     return [(a.asname or a.name).split(".")[0] for a in getattr(stmt, "names", [])]
 
 
+SPLIT_ANSWER = "a right answer split over cells"
+# unit 05's task 2: the answer's table as a literal constant in one cell, a helper in another:
+# both travel
+_SPLIT_HELPERS = (
+    'DEVICE_BYTES = {"none": 2 + 2 + 4 + 4 + 4, "optimizer": 2 + 2, "optimizer+grads": 2, "all": 0}\n'
+    "\n\ndef _fits(per_param, n, activations, budget):\n"
+    "    return per_param * n + activations <= budget\n"
+    "\n\ndef choose_offload(n_params, budget_bytes, activation_bytes):\n"
+    "    for level, per_param in DEVICE_BYTES.items():\n"
+    "        if _fits(per_param, n_params, activation_bytes, budget_bytes):\n"
+    "            return level\n"
+    "    return None\n"
+)
+
+
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
     """``verdicts(unit)``: every cheat of the unit run in one clean-process batch (one zygote
@@ -125,6 +140,8 @@ def verdicts(tmp_path_factory):
             first, trick_task = min(expected), UNITS[unit][1][2]
             cases = {name: (src, first) for name, src in _cheats(unit).items()}
             cases.update({t: (_trick(unit, t), trick_task) for t in TRICKS})
+            if unit == "05":  # the honest answer beside the cheats, in the same zygote
+                cases[SPLIT_ANSWER] = (_SPLIT_HELPERS, 2)
             jobs = []
             for source, task in cases.values():
                 _, nb = _learner(unit, source, tmp)
@@ -188,23 +205,6 @@ def test_an_input_transformer_that_rewrites_check_cells_scores_zero(unit, tmp_pa
     assert all("faked" not in t.message for t in report.tasks)
 
 
-def test_a_right_answer_split_over_cells_passes(tmp_path):
-    # the answer's table as a literal constant in one cell, a helper in another: both travel
-    helpers = (
-        'DEVICE_BYTES = {"none": 2 + 2 + 4 + 4 + 4, "optimizer": 2 + 2, "optimizer+grads": 2, "all": 0}\n'
-        "\n\ndef _fits(per_param, n, activations, budget):\n"
-        "    return per_param * n + activations <= budget\n"
-        "\n\ndef choose_offload(n_params, budget_bytes, activation_bytes):\n"
-        "    for level, per_param in DEVICE_BYTES.items():\n"
-        "        if _fits(per_param, n_params, activation_bytes, budget_bytes):\n"
-        "            return level\n"
-        "    return None\n"
-    )
-    _, nb = _learner("05", helpers, tmp_path)
-    solution = read_notebook(REPO / "solutions" / "05_cpu_offload.ipynb")
-    expected = solution_tasks(solution, "05")
-    job = jobs_for("course_lib.units.u05_cpu_offload", solution, nb, expected)[2]
-    with Zygote(job.unit, cwd=tmp_path, seed=3) as zygote:
-        (result,) = zygote.run([job], timeout=240)
-    verdict = clean_verdict(result, expected[2])
+def test_a_right_answer_split_over_cells_passes(verdicts):
+    verdict = verdicts("05")[SPLIT_ANSWER]
     assert verdict.passed, verdict.message

@@ -2,11 +2,13 @@
 
 One batch grades, on a copy of the course, a class in which every attack of
 tests/grading/_attacks.py is a student (no answer written, each attack in its own notebook, for
-units 00, 08 (its checks launch ranks) and 14; 00, 08 and 10 for switching the traps off), beside
-honest students: the solutions and the untouched exercises of units 00, 08 and 14. Each test below is one attack class; each asserts that the attack
-scores 0 on every task of at least three units, that the honest students keep their true scores,
-untampered, and that the course's files are byte-identical afterwards; a regrade of the honest
-students, and of the attackers who aimed at them, gives the same scores. Every one of these
+units 00, 08 (its checks launch ranks) and 14; 00, 08 and 10 for switching the traps off; 00, 05
+and 14 for the two whose cells act in the kernel alone, where a unit whose checks launch ranks
+adds time and no path), beside honest students: the solutions and the untouched
+exercises of units 00, 08 and 14. Each test below is one attack class; each asserts that the
+attack scores 0 on every task of at least three units, that the honest students keep their true
+scores, untampered, and that the course's files are byte-identical afterwards; a regrade of the
+honest students, and of the attackers who aimed at them, gives the same scores. Every one of these
 attacks scored marks, or changed another student's, before the sandbox (main at 06d6689).
 """
 
@@ -27,10 +29,16 @@ from course_lib.grading.sandbox import unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ("00_start_here", "08_collectives", "14_planning_a_run")  # the honest students' units
+#: the attacks whose cells act in the learner's kernel only (on the grader's processes and files),
+#: the same cells in every unit; a check carries of them only imports, constants and functions
+#: it never calls
+KERNEL_ONLY = ("forge_kernel", "course_writes")
 #: the units each attack is tried on (the course's answer an attack calls exists in these)
 ATTACK_UNITS = {
     attack: ("00_start_here", "08_collectives", "10_zero_fsdp")
     if attack == "traps_off"
+    else ("00_start_here", "05_cpu_offload", "14_planning_a_run")
+    if attack in KERNEL_ONLY
     else ("00_start_here", "08_collectives", "14_planning_a_run")
     for attack in ATTACKS
 }
