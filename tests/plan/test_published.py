@@ -180,3 +180,28 @@ def test_the_residuals_the_explanations_quote_are_the_ones_computed():
         row = PB.what_if(name, layout=change)
         assert row["fits"], name
         assert f"{round(100 * row['residual'])} % slow" in PB.MEMORY_MISSES[name], (name, row)
+
+
+def test_qwen3_235b_is_priced_as_the_recipe_ran_it():
+    """Megatron-Bridge's DGX-H100 row (1,575 tokens/s per GPU; the row has no GBS cell, the H100
+    recipe's V1 gives 2,048): TP 2, PP 8, EP 32 folded over TP x DP with expert-TP 1, FP8, the
+    all-to-alls overlapped (moe_a2a_overlap); VP 4 priced as v 1 (94 layers over 8 uneven
+    stages). The numbers its explanation and the lecture quote."""
+    name = "Qwen3-235B-A22B, 256 H100"
+    run = PB.RUNS[name]
+    lay = run.layout
+    assert (lay.dp, lay.tp, lay.pp, lay.ep, lay.etp, lay.virtual_stages) == (16, 2, 8, 32, 1, 1)
+    assert run.gpus == 256 and run.global_batch_tokens == 2048 * 4096
+    assert run.assumptions.fp8 and run.assumptions.ep_schedule == "1F1B-overlapped"
+    assert "no GBS" in run.source and "V2 sets 8,192" in run.assumed
+    # the page's tokens/s and model TFLOP/s agree with its FLOPs per token within the course's
+    # count (148 GFLOP a token on the page, the course counts attention in full: 167)
+    assert 233e12 / 1575 == pytest.approx(148e9, rel=0.01)
+    reported = PB.reported(run)["reported step_s"]
+    assert reported == pytest.approx(2048 * 4096 / (1575 * 256))
+    as_run = PB.what_if(run)
+    assert as_run["fits"] and round(100 * as_run["residual"]) == -8
+    assert abs(as_run["residual"]) < PB.TOLERANCE and name not in PB.MISSES
+    assert round(100 * PB.what_if(run, ep_schedule="none")["residual"]) == 9
+    assert abs(PB.what_if(run, fp8=False)["residual"]) < 0.015
+    assert PB.what_if(name) == as_run

@@ -99,7 +99,7 @@ def mfu_cases(task: int) -> list[dict[str, Any]]:
     rng = case_rng(task, UNIT)
     recs = rng.sample(("none", "selective", "full"), 2)
     small_tp, small_pp = rng.choice((1, 2, 4)), rng.choice((1, 2, 4))
-    small_gpus = rng.choice((8, 16))
+    small_gpus = max(rng.choice((8, 16)), small_tp * small_pp)  # TP 4 x PP 4 needs 16
     big_tp, big_pp = rng.choice((4, 8)), rng.choice((2, 4))
     return [
         {

@@ -171,3 +171,18 @@ def test_copied_mfus_fail_under_another_seed(monkeypatch):
     monkeypatch.setenv("COURSE_GRADE_SEED", "7")
     with pytest.raises(AssertionError, match="✗ task 3: "):
         C.check_mfu_prediction(lambda *a: next(answers))
+
+
+def test_task_3_draws_a_whole_layout_under_every_seed(monkeypatch):
+    """Every drawn layout fills its GPUs with at least one data-parallel rank (a seed once drew
+    TP 4 x PP 4 on 8 GPUs: dp 0, and the grade stopped with an error instead of a verdict)."""
+    from course_lib.units.u14_planning_a_run._cases import mfu_cases
+
+    tp4pp4 = 0
+    for seed in range(400):
+        monkeypatch.setenv("COURSE_GRADE_SEED", str(seed))
+        for c in mfu_cases(3):
+            dp, tp, pp = c["layout"]
+            assert dp >= 1 and dp * tp * pp == c["gpus"], (seed, c)
+            tp4pp4 += (tp, pp, c["gpus"]) == (4, 4, 16)
+    assert tp4pp4 > 0  # the case that broke is still drawn
