@@ -32,18 +32,14 @@ MODELS: dict[str, dict[str, Any]] = {
 
 
 def _attention(m: dict[str, Any]) -> int:
-    h, a = m["hidden"], m["heads"]
-    if m["mla"] is None:  # grouped-query attention: q and o are h x h, k and v h x kv_hidden
-        d = h // a
-        return int(2 * h * h + 2 * h * m["kv_heads"] * d)
-    q, kv, d, r = (m["mla"][k] for k in ("q_rank", "kv_rank", "head_dim", "rope"))
-    return int(
-        h * q + q  # query down-projection + its norm
-        + q * a * (d + r)  # query up-projection (content + RoPE part)
-        + h * (kv + r) + kv  # joint KV down-projection + shared RoPE key + norm
-        + kv * a * 2 * d  # K and V up-projections
-        + a * d * h  # output projection
-    )  # fmt: skip
+    """One layer's attention parameters (``estimate.attention_param_count``): grouped-query, or
+    DeepSeek's multi-head latent attention (query and joint K/V latents, a shared RoPE key)."""
+    kw: dict[str, Any] = {"hidden": m["hidden"], "heads": m["heads"], "kv_heads": m["kv_heads"]}
+    if m["mla"] is not None:
+        mla = m["mla"]
+        kw.update(kv_heads=m["heads"], head_dim=mla["head_dim"], q_lora_rank=mla["q_rank"])
+        kw.update(kv_lora_rank=mla["kv_rank"], rope_head_dim=mla["rope"])
+    return int(estimate.attention_param_count(**kw)["total"])
 
 
 def architecture_params(name: str) -> dict[str, int]:

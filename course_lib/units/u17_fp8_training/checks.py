@@ -220,14 +220,20 @@ check_grad_cast = split_check(collect_grad_cast, judge_grad_cast)
 
 
 def _fsdp_answer(world_size: int) -> tuple[float, float]:
+    """(bytes each rank sends in the step's all-gathers, model-state bytes per GPU): the
+    course's own estimate.fp8 functions on Llama-2-13B, FP8 linear weights, bf16 the rest."""
+    from course_lib.measure import estimate
+
     h, f, L, V = (LLAMA2_13B[k] for k in ("hidden", "ffn", "layers", "vocab"))
     linear_layer = 4 * h * h + 3 * h * f
     other = 2 * V * h + (2 * L + 1) * h  # embedding, head, two norms per layer and a final one
-    n = world_size
-    sent = 2 * (n - 1) / n * (L * linear_layer * 1 + other * 2)
-    total = L * linear_layer + other
-    memory = 16 * total / n + linear_layer
-    return sent, memory
+    sent = estimate.fsdp_allgather_bytes_sent(
+        linear_params=L * linear_layer, other_params=other, world_size=world_size
+    )
+    memory = estimate.fsdp_fp8_memory_per_gpu(
+        L * linear_layer + other, world_size, largest_layer_params=linear_layer
+    )["total"]
+    return float(sent), float(memory)
 
 
 def fsdp_sizes(task: int) -> list[int]:
