@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 import torch
 
@@ -85,9 +84,18 @@ def test_sleep_bubble_four_ranks_matches_the_formula():
     df = run.sleep_bubble_table(cases, schedules=schedules)
     if not df.within.all():
         # Four ranks on two shared cores: a neighbour's burst only ever adds idle time, so a
-        # second, longer measurement keeps each row's least idle (the estimator the table uses).
-        again = run.sleep_bubble_table(cases, schedules=schedules, repeats=4)
-        df["measured"] = np.minimum(df.measured, again.measured)
+        # second, longer measurement of the rows that missed keeps each one's least idle (the
+        # estimator the table uses); the rows within tolerance are not measured again.
+        bad = df[~df.within]
+        again = run.sleep_bubble_table(
+            tuple(sorted({(int(r.p), int(r.m)) for r in bad.itertuples()})),
+            schedules=tuple(sorted(set(bad.schedule))),
+            repeats=4,
+        )
+        key = ["p", "m", "schedule"]
+        best = again.set_index(key).measured
+        for i in bad.index:
+            df.loc[i, "measured"] = min(df.at[i, "measured"], best[tuple(df.loc[i, key])])
         df["within"] = (df.measured - df.predicted).abs() <= run.SLEEP_TOLERANCE
     assert df.within.all(), df[["p", "m", "schedule", "measured", "predicted"]]
 
