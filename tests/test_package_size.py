@@ -8,7 +8,7 @@ The aim (issue 49): course_lib at most 45,000 lines with course_lib/units/ at mo
 issue counted plain lines at main 06d6689, where course_lib had 56,407 (39,436 code lines) and the
 units 24,768 (18,063 code lines). Since then the grading wall (a sandbox per notebook, a judge
 outside it), the planner's third edition, the typed rows and the shared kit added code, and the
-maintainers' tools moved out. Today, in code lines, course_lib is 45,492 and the units 21,714: the
+maintainers' tools moved out. Today, in code lines, course_lib is 45,500 and the units 21,698: the
 aim is not met in either count. The ceilings below hold both where they are, so that neither grows
 while the units are slimmed; lower them as they shrink, never raise them.
 """
